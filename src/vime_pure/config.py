@@ -1,0 +1,178 @@
+"""Launch-time configuration records: the parallel layout and the batching policy.
+
+Both are frozen ``attrs`` records validated at construction, so a record that exists is valid.
+``check_feasible`` validates what can be known before any data arrives.
+
+Example: ``ParallelLayout(dp=8, cp=2, pp=2, vpp=2, microbatch_group=4)`` needs every rank's
+micro-batch count in a step to be a multiple of 4, so a step holds a multiple of
+``dp * 4 = 32`` micro-batches in total (``align_multiple == 32``).
+"""
+
+from typing import Literal
+
+import attrs
+
+from vime_pure.errors import ScheduleError, field_error
+
+Packing = Literal["ffd", "first_fit", "flops"]
+Balance = Literal["strided", "tokens", "flops"]
+PACKINGS: tuple[str, ...] = ("ffd", "first_fit", "flops")
+BALANCES: tuple[str, ...] = ("strided", "tokens", "flops")
+
+
+def _positive_int(field: str, value: object, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise field_error(ScheduleError, field, value, "must be a positive integer", fix)
+
+
+@attrs.frozen(kw_only=False)
+class ParallelLayout:
+    """Model-parallel layout of the trainer, as the scheduler needs it.
+
+    ``dp``: data-parallel ranks that each receive their own micro-batches.
+    ``cp``: context-parallel size; a micro-batch is shared by ``cp`` GPUs, so its token
+    budget is ``max_tokens_per_gpu * cp``.
+    ``pp`` / ``vpp``: pipeline stages and virtual stages per rank (informational for ``pp``).
+    ``microbatch_group``: Megatron's ``microbatch_group_size_per_vp_stage``; required when
+    ``vpp > 1``, because the interleaved schedule needs every rank's micro-batch count to be a
+    multiple of it.
+    """
+
+    dp: int
+    cp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    microbatch_group: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        _positive_int("dp", self.dp, "pass the data-parallel size, e.g. dp=8")
+        _positive_int("cp", self.cp, "pass cp=1 when context parallelism is off")
+        _positive_int("pp", self.pp, "pass pp=1 when pipeline parallelism is off")
+        _positive_int("vpp", self.vpp, "pass vpp=1 when virtual pipeline stages are off")
+        if self.vpp > 1:
+            if self.microbatch_group is None:
+                raise field_error(
+                    ScheduleError, "microbatch_group", None,
+                    f"is required when vpp={self.vpp} > 1 (Megatron's "
+                    "microbatch_group_size_per_vp_stage)",
+                    "pass microbatch_group=pp (Megatron's default) or the value your trainer uses",
+                )
+            _positive_int("microbatch_group", self.microbatch_group,
+                          "pass a positive microbatch_group, usually equal to pp")
+        elif self.microbatch_group is not None:
+            _positive_int("microbatch_group", self.microbatch_group,
+                          "omit microbatch_group or pass a positive integer")
+
+    @property
+    def microbatch_multiple(self) -> int:
+        """Every rank's micro-batch count in a step is a multiple of this."""
+        return self.microbatch_group if self.vpp > 1 and self.microbatch_group else 1
+
+    @property
+    def align_multiple(self) -> int:
+        """The total micro-batch count of a step is a multiple of this: ``dp * microbatch_multiple``."""
+        return self.dp * self.microbatch_multiple
+
+
+@attrs.frozen
+class BatchingPolicy:
+    """How a rollout batch becomes steps and micro-batches.
+
+    ``global_batch_size`` counts **groups** (rollout executions), never samples.
+    Dynamic packing is on when ``max_tokens_per_gpu`` is set; otherwise static chunks of
+    ``micro_batch_size`` samples. ``packing`` picks the bin-packing algorithm of dynamic
+    packing, ``balance`` how packed micro-batches are spread over DP ranks.
+    ``allow_partial_step``: trailing groups that do not fill a step form one smaller final step
+    (when feasible) instead of being dropped and reported.
+    """
+
+    global_batch_size: int
+    max_tokens_per_gpu: int | None = None
+    micro_batch_size: int | None = None
+    packing: str = "ffd"
+    balance: str = "strided"
+    allow_partial_step: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        _positive_int("global_batch_size", self.global_batch_size,
+                      "pass the number of groups (rollout executions) per optimizer step")
+        if self.max_tokens_per_gpu is None and self.micro_batch_size is None:
+            raise field_error(
+                ScheduleError, "max_tokens_per_gpu", None,
+                "and micro_batch_size=None: one of them is needed",
+                "set max_tokens_per_gpu for dynamic packing, or micro_batch_size for static chunks",
+            )
+        if self.max_tokens_per_gpu is not None:
+            _positive_int("max_tokens_per_gpu", self.max_tokens_per_gpu,
+                          "pass the per-GPU token budget of one micro-batch, e.g. 16384")
+        if self.micro_batch_size is not None:
+            _positive_int("micro_batch_size", self.micro_batch_size,
+                          "pass the number of samples per static micro-batch, e.g. 1")
+        if self.packing not in PACKINGS:
+            raise field_error(ScheduleError, "packing", self.packing, "is not a packing algorithm",
+                              f"use one of {PACKINGS}")
+        if self.balance not in BALANCES:
+            raise field_error(ScheduleError, "balance", self.balance, "is not a balance mode",
+                              f"use one of {BALANCES}")
+        if not isinstance(self.allow_partial_step, bool):
+            raise field_error(ScheduleError, "allow_partial_step", self.allow_partial_step,
+                              "must be a bool", "pass True or False")
+
+    @property
+    def dynamic(self) -> bool:
+        """True when micro-batches are packed under a token budget."""
+        return self.max_tokens_per_gpu is not None
+
+    def token_cap(self, layout: ParallelLayout) -> int | None:
+        """Token budget of one micro-batch: ``max_tokens_per_gpu * cp`` (None when static)."""
+        return None if self.max_tokens_per_gpu is None else self.max_tokens_per_gpu * layout.cp
+
+
+def check_feasible(layout: ParallelLayout, policy: BatchingPolicy) -> None:
+    """Reject at launch what can be known to fail before any data arrives.
+
+    Static packing forms exactly ``global_batch_size * samples_per_group / micro_batch_size``
+    micro-batches and cannot split them further, so with one sample per group a full step needs
+    ``global_batch_size / micro_batch_size`` to be a multiple of ``layout.align_multiple``.
+    Example: gbs=64, mbs=4, dp=8 gives 16 micro-batches, 2 per rank: fine; dp=8 with vpp=2 and
+    microbatch_group=4 needs a multiple of 32: rejected, with the fix.
+    Dynamic packing can always split micro-batches, provided a step has enough samples; we only
+    require ``global_batch_size >= align_multiple`` (each group yields at least one sample).
+    """
+    multiple = layout.align_multiple
+    if policy.dynamic:
+        if policy.global_batch_size < multiple:
+            raise ScheduleError(
+                f"global_batch_size={policy.global_batch_size} groups cannot fill "
+                f"dp*microbatch_group={multiple} micro-batches when a group has one sample. "
+                f"Fix: raise global_batch_size to at least {multiple}, or lower dp / "
+                "microbatch_group."
+            )
+        return
+    mbs = policy.micro_batch_size
+    assert mbs is not None  # invariant of BatchingPolicy: static implies micro_batch_size
+    if policy.global_batch_size % mbs:
+        raise ScheduleError(
+            f"global_batch_size={policy.global_batch_size} is not a multiple of "
+            f"micro_batch_size={mbs}: the last static micro-batch of every step would be short. "
+            f"Fix: use a global_batch_size that is a multiple of {mbs}."
+        )
+    count = policy.global_batch_size // mbs
+    if count % multiple:
+        raise ScheduleError(static_misalignment_message(count, policy, layout))
+
+
+def static_misalignment_message(count: int, policy: BatchingPolicy, layout: ParallelLayout) -> str:
+    """Explain why ``count`` static micro-batches cannot be spread evenly, and how to fix it."""
+    multiple = layout.align_multiple
+    mbs = policy.micro_batch_size
+    need = (count + multiple - 1) // multiple * multiple
+    vpp = (f" * microbatch_group={layout.microbatch_group} (vpp={layout.vpp})"
+           if layout.vpp > 1 else "")
+    return (
+        f"static packing forms {count} micro-batches of micro_batch_size={mbs}, which is not a "
+        f"multiple of dp={layout.dp}{vpp} = {multiple}. Fix: make the step's sample count a "
+        f"multiple of micro_batch_size*{multiple} = {mbs * multiple} (e.g. {need * mbs} samples), "
+        "change micro_batch_size or dp, or use dynamic packing (max_tokens_per_gpu), which can "
+        "split micro-batches to align"
+    )

@@ -1,0 +1,18 @@
+"""Typed errors of the functional core.
+
+Every rejected input raises a subclass of :class:`VimeError` (itself a ``ValueError``) whose
+message names the field, the offending value and the change that would fix it.
+"""
+
+
+class VimeError(ValueError):
+    """Base class of every error vime raises for bad input or an infeasible configuration."""
+
+
+class ScheduleError(VimeError):
+    """A workload, layout or policy that cannot be scheduled, with the reason and the fix."""
+
+
+def field_error(cls: type[VimeError], field: str, value: object, problem: str, fix: str) -> VimeError:
+    """Build ``cls`` with the house format: ``field=value: problem. Fix: fix.``"""
+    return cls(f"{field}={value!r}: {problem}. Fix: {fix}.")
