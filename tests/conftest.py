@@ -17,5 +17,5 @@ settings.register_profile("default", max_examples=100, **_COMMON)
 settings.register_profile("dev", max_examples=2000, **_COMMON)
 if os.environ.get("HYPOTHESIS_PROFILE"):
     settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
-elif os.environ.get("CI", "").lower() != "true":
-    settings.load_profile("default")
+else:
+    settings.load_profile("ci" if os.environ.get("CI", "").lower() == "true" else "default")
