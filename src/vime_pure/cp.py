@@ -54,18 +54,19 @@ class ZigzagOffsets:
         return sum(b - a for a, b in self.response)
 
 
-def _check(total_length: int, response_length: int, cp_rank: int, cp_size: int) -> None:
-    def integer(field: str, value: object, lo: int, fix: str) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-            raise field_error(CPConfigError, field, value, f"must be an integer >= {lo}", fix)
+def _integer(field: str, value: object, lo: int, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise field_error(CPConfigError, field, value, f"must be an integer >= {lo}", fix)
 
-    integer("cp_size", cp_size, 1, "pass the context-parallel size, 1 when CP is off")
-    integer("cp_rank", cp_rank, 0, "pass this rank's index in the CP group")
+
+def _check(total_length: int, response_length: int, cp_rank: int, cp_size: int) -> None:
+    _integer("cp_size", cp_size, 1, "pass the context-parallel size, 1 when CP is off")
+    _integer("cp_rank", cp_rank, 0, "pass this rank's index in the CP group")
     if cp_rank >= cp_size:
         raise field_error(CPConfigError, "cp_rank", cp_rank, f"is not below cp_size={cp_size}",
                           "pass a rank in [0, cp_size)")
-    integer("response_length", response_length, 0, "pass the response token count")
-    integer("total_length", total_length, 1, "pass prompt + response token count")
+    _integer("response_length", response_length, 0, "pass the response token count")
+    _integer("total_length", total_length, 1, "pass prompt + response token count")
     if response_length >= total_length:
         raise field_error(CPConfigError, "response_length", response_length,
                           f"must be below total_length={total_length} (the first response "
