@@ -27,6 +27,8 @@ from vime_pure.errors import VimeError, field_error
 from vime_pure.grouping import group_samples
 
 RejectionDenominator = Literal["original", "surviving"]
+# Masks arrive as lists of 0/1 (ints or floats) or arrays, one per sample.
+Masks = Sequence[Sequence[float | int]] | Sequence[np.ndarray]
 REJECTION_DENOMINATORS: tuple[str, ...] = ("original", "surviving")
 
 
@@ -85,7 +87,7 @@ def group_totals(dense: Int64[np.ndarray, " n"],
     return totals[dense]
 
 
-def _mask_totals(loss_masks: Sequence[Sequence[float]] | Sequence[np.ndarray],
+def _mask_totals(loss_masks: Masks,
                  n: int, field: str) -> Float64[np.ndarray, " n"]:
     per_sample = np.array([float(np.asarray(m, dtype=np.float64).sum()) for m in loss_masks],
                           dtype=np.float64)
@@ -96,8 +98,7 @@ def _mask_totals(loss_masks: Sequence[Sequence[float]] | Sequence[np.ndarray],
 
 
 def group_mask_sums(group_ids: Sequence[Hashable] | np.ndarray,
-                    loss_masks: Sequence[Sequence[float]] | Sequence[np.ndarray]
-                    ) -> Float64[np.ndarray, " n"]:
+                    loss_masks: Masks) -> Float64[np.ndarray, " n"]:
     """Loss-mask total of each sample's whole group, computed after masking (float64)."""
     per_sample = _mask_totals(loss_masks, len(group_ids), "loss_masks")
     return group_totals(dense_group_ids(group_ids), per_sample)
@@ -105,11 +106,10 @@ def group_mask_sums(group_ids: Sequence[Hashable] | np.ndarray,
 
 def sample_denominators(mode: LossMode | str,
                         group_ids: Sequence[Hashable] | np.ndarray,
-                        loss_masks: Sequence[Sequence[float]] | Sequence[np.ndarray], *,
+                        loss_masks: Masks, *,
                         norm: float | int | None = None,
-                        rejection_masks: Sequence[Sequence[float]] | Sequence[np.ndarray]
-                        | None = None,
-                        denominator: RejectionDenominator = "original",
+                        rejection_masks: Masks | None = None,
+                        denominator: RejectionDenominator | str = "original",
                         ) -> Float64[np.ndarray, " n"]:
     """Per-sample denominator ``D[i]`` of ``mode`` for one whole step (see :class:`LossMode`).
 

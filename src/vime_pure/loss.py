@@ -71,7 +71,7 @@ def microbatch_loss(per_token: Float[Tensor, " t"], loss_mask: Float[Tensor, " t
 
 def megatron_loss_scale(mode: LossMode | str, num_microbatches: int, num_groups: int, dp: int,
                         cp: int, *, num_samples: int | None = None,
-                        path: MegatronPath = "pair",
+                        path: MegatronPath | str = "pair",
                         total_num_tokens: int | None = None) -> float:
     """Factor ``s`` that the shell multiplies into each micro-batch's partial ``P``.
 
