@@ -15,11 +15,11 @@ import torch
 
 from vime_pure import (LossConfigError, LossMode, VimeError, group_mask_sums, reduce_train_step,
                        sample_denominators, step_divisor)
-from vime_pure.cp import CPConfigError, slice_packed_response, zigzag_offsets
+from vime_pure.cp import CPConfigError, slice_packed_response, slice_sequence, zigzag_offsets
 from vime_pure.loss import (megatron_loss_scale, microbatch_loss, rejection_mask,
                             sample_index_from_lengths)
 from vime_pure.policy_loss import (entropy_from_logits, kl_penalty, policy_loss,
-                                   ppo_clip_loss)
+                                   ppo_clip_loss, tis_weights)
 
 GROUPS = ["R0", "R0", "R0", "R1"]
 MASKS = [[1.0] * 3] * 4
@@ -119,6 +119,10 @@ def test_megatron_scale_docstring_numbers():
     (lambda: LossMode.parse("seq_mean"), "mode"),
     (lambda: sample_denominators("sample_token_sum_norm", [0], [[1]]), "norm"),
     (lambda: sample_denominators("token_mean", [0], [[1]], denominator="kept"), "denominator"),
+    (lambda: kl_penalty(torch.zeros(1), torch.zeros(1), "k2"), "kind"),
+    (lambda: rejection_mask(torch.zeros(1), torch.ones(1), low=2.0, high=0.5), "low/high"),
+    (lambda: ppo_clip_loss(torch.zeros(1), torch.zeros(1), torch.ones(1), dual_clip=0.5),
+     "dual_clip"),
 ])
 def test_bad_loss_config_raises_typed_error_naming_the_field(call, field):
     with pytest.raises(LossConfigError, match=rf"^{field}") as info:
@@ -133,6 +137,24 @@ def test_cp_offsets_docstring_example():
     assert r0.num_response_tokens + r1.num_response_tokens == 8
     local, lengths = slice_packed_response(torch.arange(10), [16, 4], [8, 2], 1, 2)
     assert local.tolist() == [0, 1, 2, 3, 4, 8, 9] and lengths.tolist() == [5, 2]
+
+
+@pytest.mark.parametrize("cp", [1, 2, 3, 4])
+def test_slice_sequence_ranks_reassemble_the_padded_sequence(cp):
+    seq = torch.arange(10)
+    assert slice_sequence(seq, 0, 2, pad_value=-1).tolist() == [0, 1, 2, 9, -1, -1]
+    local = [slice_sequence(seq, r, cp, pad_value=-1) for r in range(cp)]
+    half = local[0].shape[0] // 2
+    chunks = [None] * (2 * cp)
+    for r, piece in enumerate(local):
+        chunks[r], chunks[2 * cp - 1 - r] = piece[:half], piece[half:]
+    whole = torch.cat(chunks)
+    assert whole[:10].tolist() == seq.tolist() and bool((whole[10:] == -1).all())
+
+
+def test_tis_weights_truncate_at_the_cap():
+    w = tis_weights(torch.log(torch.tensor([3.0, 0.5])), torch.zeros(2), cap=2.0)
+    assert w.tolist() == pytest.approx([2.0, 0.5]) and not w.requires_grad
 
 
 @pytest.mark.parametrize("args, field", [((10, 10, 0, 2), "response_length"),

@@ -8,7 +8,18 @@ the **full** step-level ``D``, so partials add up: ``sum_over_pieces(P) / C == L
 any split, and so do their gradients (the sum is linear in ``x``).
 
 The shell feeds ``P * megatron_loss_scale(...)`` to Megatron, whose division by
-``num_microbatches`` and DDP's average over ``dp * cp`` then cancel (derivation there).
+``num_microbatches`` and DDP's average over ``dp * cp`` then cancel (derivation there)::
+
+    # once per step, from whole samples (numpy, torch-free):
+    dens = sample_denominators(mode, group_ids, loss_masks)          # D[i], one per sample
+    scale = megatron_loss_scale(mode, K, G_s, dp, cp, num_samples=N_s)
+    # in Megatron's loss_func, per micro-batch, on every DP x CP rank:
+    mask, lengths = slice_packed_response(row_mask, total_lens, resp_lens, cp_rank, cp)
+    partial = microbatch_loss(per_token, mask, sample_index_from_lengths(lengths),
+                              dens_of_row_samples)
+    return partial * scale, {"loss": partial.detach()}               # the "pair" path
+    # report: sum "loss" partials over micro-batches and DP x CP ranks, divide by
+    # step_divisor(mode, G_s, N_s)  (reduce_train_step / all_reduce_step_sums).
 
 Invariants the tests assert: the sum of scaled partials over micro-batches, DP ranks and zigzag
 CP shards equals the whole-step value and gradient in every mode; the worked example below.
@@ -116,8 +127,8 @@ def megatron_loss_scale(mode: LossMode | str, num_microbatches: int, num_groups:
 
 @jaxtyped(typechecker=beartype)
 def rejection_mask(log_ratio: Float[Tensor, " t"], loss_mask: Float[Tensor, " t"], *,
-                   low: float | int, high: float | int, sample_index: Int[Tensor, " t"] | None = None
-                   ) -> Float[Tensor, " t"]:
+                   low: float | int, high: float | int,
+                   sample_index: Int[Tensor, " t"] | None = None) -> Float[Tensor, " t"]:
     """Masked importance sampling: ``loss_mask`` with rejected tokens set to 0.
 
     A token is rejected when its importance ratio ``exp(log_ratio)`` (e.g. trainer over rollout
@@ -128,9 +139,11 @@ def rejection_mask(log_ratio: Float[Tensor, " t"], loss_mask: Float[Tensor, " t"
     Example: ``log_ratio = log([1.0, 3.0, 0.5])``, mask ones, band ``[0.6, 2]`` -> ``[1, 0, 0]``.
     """
     if not 0 <= low <= high:
-        raise field_error(LossConfigError, "low/high", (low, high), "is not a band 0 <= low <= high",
-                          "pass e.g. low=0.5, high=2.0")
-    lo, hi = torch.log(torch.tensor(low, dtype=torch.float64)), torch.log(torch.tensor(high, dtype=torch.float64))
+        raise field_error(LossConfigError, "low/high", (low, high),
+                          "is not a band 0 <= low <= high", "pass e.g. low=0.5, high=2.0")
+    # Compare in log space (float64): ratios themselves can overflow for large log gaps.
+    lo = torch.log(torch.tensor(float(low), dtype=torch.float64))
+    hi = torch.log(torch.tensor(float(high), dtype=torch.float64))
     ratio = log_ratio.detach().to(torch.float64)
     if sample_index is None:
         keep = (ratio >= lo) & (ratio <= hi)

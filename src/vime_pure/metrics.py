@@ -70,7 +70,7 @@ class Metric:
 
     @classmethod
     def of(cls, values: Iterable[float | int], reduction: Reduction = "mean") -> "Metric":
-        """Metric of plain observations. Example: ``Metric.of([1, 3], "max") == Metric(3, 2, "max")``."""
+        """Metric of observations. Example: ``Metric.of([1, 3], "max") == Metric(3, 2, "max")``."""
         xs = [float(x) for x in values]
         if reduction == "mean":
             return cls(math.fsum(xs), len(xs), reduction)

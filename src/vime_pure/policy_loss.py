@@ -77,7 +77,7 @@ def ppo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, "
 
 @jaxtyped(typechecker=beartype)
 def kl_penalty(log_probs: Float[Tensor, " t"], ref_log_probs: Float[Tensor, " t"],
-               kind: KLKind = "k3") -> Float[Tensor, " t"]:
+               kind: KLKind | str = "k3") -> Float[Tensor, " t"]:
     """Per-token KL estimate of the policy from the reference (Schulman's k1 or k3).
 
     Example: ``logp = log(0.5)``, ``ref = log(0.25)``: k1 = log 2 = 0.693,
@@ -123,7 +123,8 @@ def tis_weights(old_log_probs: Float[Tensor, " t"], rollout_log_probs: Float[Ten
 def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t"],
                 advantages: Float[Tensor, " t"], *, entropy: Float[Tensor, " t"] | None = None,
                 ref_log_probs: Float[Tensor, " t"] | None = None, kl_coef: float | int = 0.0,
-                kl_kind: KLKind = "k3", entropy_coef: float | int = 0.0, eps_clip: float | int = 0.2,
+                kl_kind: KLKind | str = "k3", entropy_coef: float | int = 0.0,
+                eps_clip: float | int = 0.2,
                 eps_clip_high: float | int | None = None, dual_clip: float | int | None = None,
                 tis: Float[Tensor, " t"] | None = None) -> PolicyTerms:
     """All per-token pieces and their weighted total (see the module formulas).
