@@ -3,7 +3,8 @@
 See ``vime_pure.schedule`` for the contract and invariants; this module only computes.
 """
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -18,11 +19,11 @@ from vime_pure.validate import as_flops, as_lengths, check_same_length
 
 
 def plan(
-    lengths: Sequence[int] | np.ndarray,
-    group_ids: Sequence[Hashable],
-    layout: ParallelLayout,
-    policy: BatchingPolicy,
-    flops: Sequence[float] | np.ndarray | None,
+    lengths: Sequence[Any] | np.ndarray,
+    group_ids: Sequence[Any],
+    layout: Any,
+    policy: Any,
+    flops: Sequence[Any] | np.ndarray | None,
 ) -> Schedule:
     if not isinstance(layout, ParallelLayout):
         raise ScheduleError(f"layout={layout!r} is not a ParallelLayout. "

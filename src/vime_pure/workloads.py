@@ -38,7 +38,7 @@ class Workload:
         return int(self.lengths.size)
 
 
-def _lognormal(rng: np.random.Generator, median: float, sigma: float, size: int,
+def _lognormal(rng: np.random.Generator, median: int, sigma: float, size: int,
                lo: int, hi: int) -> np.ndarray:
     return np.clip(np.exp(rng.normal(np.log(median), sigma, size)), lo, hi).astype(np.int64)
 
