@@ -16,11 +16,18 @@ Example::
 import importlib
 from typing import Any
 
+from vime_pure.batch import RolloutBatch, schedule_for
 from vime_pure.config import BatchingPolicy, ParallelLayout, check_feasible
-from vime_pure.errors import ScheduleError, VimeError
+from vime_pure.errors import (DumpFormatError, RewardError, RolloutBatchError,
+                              RolloutValidationError, ScheduleError, VimeError)
 from vime_pure.invariants import ScheduleInvariantError
 from vime_pure.denominators import group_mask_sums
+from vime_pure.rewards import (RewardNormalization, grpo_advantages, gspo_advantages,
+                               normalize_rewards, reinforce_pp_baseline_advantages)
+from vime_pure.rollout import FlatRollout, fallback_ids, flatten_rollout_output, normalized_loss_mask
+from vime_pure.sample import Sample, Status
 from vime_pure.schedule import Schedule, StepPlan, build_schedule
+from vime_pure.shard import PackedMicroBatch, RankShard, shard
 
 # Names whose modules import torch (or are heavier); loaded on first attribute access so that
 # ``import vime_pure`` stays torch-free and fast. Maps public name -> defining module.
@@ -29,15 +36,35 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "BatchingPolicy",
+    "DumpFormatError",
+    "FlatRollout",
+    "PackedMicroBatch",
     "ParallelLayout",
+    "RankShard",
+    "RewardError",
+    "RewardNormalization",
+    "RolloutBatch",
+    "RolloutBatchError",
+    "RolloutValidationError",
+    "Sample",
     "Schedule",
     "ScheduleError",
     "ScheduleInvariantError",
+    "Status",
     "StepPlan",
     "VimeError",
     "build_schedule",
     "check_feasible",
+    "fallback_ids",
+    "flatten_rollout_output",
     "group_mask_sums",
+    "grpo_advantages",
+    "gspo_advantages",
+    "normalize_rewards",
+    "normalized_loss_mask",
+    "reinforce_pp_baseline_advantages",
+    "schedule_for",
+    "shard",
     *_LAZY,
 ]
 

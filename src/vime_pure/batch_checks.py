@@ -1,0 +1,127 @@
+"""Construction-time checks of ``RolloutBatch`` (the invariants listed in ``vime_pure.batch``).
+
+Columns can come from a file (``vime_shell.dump``), so every violation is a typed
+``RolloutBatchError`` naming the column, the sample and the fix, never an ``assert``.
+Cross-field shapes are checked by a ``@jaxtyped(typechecker=beartype)`` helper, because
+``@jaxtyped`` does nothing on an attrs class.
+"""
+
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
+
+import numpy as np
+from beartype import beartype
+from jaxtyping import Bool, Float32, Float64, Int32, Int64, TypeCheckError, UInt8, jaxtyped
+
+from vime_pure.denominators import group_totals
+from vime_pure.errors import RolloutBatchError
+from vime_pure.ragged import row_sums
+from vime_pure.sample import STATUSES
+
+if TYPE_CHECKING:
+    from vime_pure.batch import RolloutBatch
+
+
+def check_batch(b: "RolloutBatch") -> None:
+    from vime_pure.batch import COLUMNS
+
+    check_dtypes(b, COLUMNS, "RolloutBatch")
+    try:
+        _shapes(b.lengths, b.token_offsets, b.response_lengths, b.response_offsets, b.tokens,
+                b.loss_masks, b.rollout_log_probs, b.group_ids, b.prompt_groups,
+                b.group_mask_sums, b.rewards, b.advantages, b.statuses, b.removed,
+                b.sample_indices)
+    except TypeCheckError as exc:
+        raise shape_error("RolloutBatch", exc) from None
+    check_offsets("token_offsets", b.token_offsets, b.lengths, len(b.tokens), "lengths")
+    check_offsets("response_offsets", b.response_offsets, b.response_lengths,
+                  len(b.loss_masks), "response_lengths")
+    _first_bad(b.lengths < 1, "lengths", b.lengths, "every sample needs at least one token")
+    _first_bad((b.response_lengths < 0) | (b.response_lengths > b.lengths), "response_lengths",
+               b.response_lengths, "must lie in [0, lengths[i]]")
+    _first_bad(b.tokens < 0, "tokens", b.tokens, "token ids are non-negative")
+    _first_bad(b.loss_masks > 1, "loss_masks", b.loss_masks, "masks are 0/1")
+    mask_sums = row_sums(b.loss_masks, b.response_offsets)
+    _first_bad(b.removed & (mask_sums > 0), "loss_masks of removed sample", mask_sums,
+               "remove_sample zeroes the mask")
+    if b.rollout_log_probs is not None:
+        _first_bad(~np.isfinite(b.rollout_log_probs), "rollout_log_probs", b.rollout_log_probs,
+                   "log-probs are finite")
+    _check_dense("group_ids", b.group_ids, b.group_id_values)
+    _check_dense("prompt_groups", b.prompt_groups, b.prompt_group_values)
+    first = np.unique(b.group_ids, return_index=True)[1]
+    _first_bad(b.prompt_groups != b.prompt_groups[first][b.group_ids], "prompt_groups",
+               b.prompt_groups, "a rollout group answers one prompt")
+    expected = group_totals(b.group_ids, mask_sums.astype(np.float64))
+    _first_bad(b.group_mask_sums != expected, "group_mask_sums", b.group_mask_sums,
+               f"must equal the group's loss-mask total (here {expected.tolist()[:4]}...)")
+    for name in ("rewards", "advantages"):
+        col = getattr(b, name)
+        _first_bad(~np.isfinite(col), name, col, "must be finite")
+        _first_bad(col != col[first][b.group_ids], name, col, "siblings share one value")
+    _first_bad(b.statuses >= len(STATUSES), "statuses", b.statuses,
+               f"codes index {[s.value for s in STATUSES]}")
+    _first_bad(b.sample_indices < -1, "sample_indices", b.sample_indices, "-1 means unknown")
+
+
+def check_dtypes(record: object, columns: dict[str, np.dtype], what: str) -> None:
+    for name, dtype in columns.items():
+        col = getattr(record, name)
+        if col is None and name == "rollout_log_probs":
+            continue
+        if not isinstance(col, np.ndarray) or col.dtype != dtype or col.ndim != 1:
+            got = (f"{col.dtype}[{','.join(map(str, col.shape))}]"
+                   if isinstance(col, np.ndarray) else type(col).__name__)
+            raise RolloutBatchError(f"{what}.{name} is {got}; expected a 1-D {dtype} array. "
+                                    f"Fix: build it with {what} helpers or cast with "
+                                    f".astype(np.{dtype})")
+
+
+def shape_error(what: str, exc: TypeCheckError) -> RolloutBatchError:
+    lines = [ln for ln in str(exc).splitlines() if "parameter" in ln or "axis" in ln or "=" in ln]
+    return RolloutBatchError(f"{what} columns have inconsistent lengths: "
+                             + " ".join(lines[:6])
+                             + ". Fix: give every per-sample column n entries, offsets n+1.")
+
+
+def check_offsets(name: str, offsets: np.ndarray, lengths: np.ndarray, flat_len: int,
+                  length_name: str) -> None:
+    if offsets[0] != 0 or offsets[-1] != flat_len:
+        raise RolloutBatchError(f"{name} runs from {int(offsets[0])} to {int(offsets[-1])} but "
+                                f"the flat column has {flat_len} entries. Fix: offsets start at "
+                                "0 and end at the flat length.")
+    _first_bad(np.diff(offsets) != lengths, name, np.diff(offsets),
+               f"consecutive offsets differ by {length_name}[i]")
+
+
+def _first_bad(bad: np.ndarray, name: str, values: np.ndarray, rule: str) -> None:
+    """Raise for the first True of ``bad`` (vectorised check, one Python branch)."""
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise RolloutBatchError(f"{name}[{i}]={values[i].item()!r} breaks the rule: {rule}. "
+                                "Fix: rebuild the batch with RolloutBatch.from_samples, or "
+                                "correct the source data.")
+
+
+def _check_dense(name: str, ids: np.ndarray, values: tuple[Hashable, ...]) -> None:
+    bad = [v for v in values if type(v) not in (int, str)]
+    if bad or len(set(values)) != len(values):
+        raise RolloutBatchError(f"{name} original values {list(values)[:8]} must be distinct "
+                                "ints or strs. Fix: use unique int/str ids.")
+    uniq, first = np.unique(ids, return_index=True)
+    if not np.array_equal(uniq, np.arange(len(values))) or np.any(np.diff(first) <= 0):
+        raise RolloutBatchError(f"{name} must number {len(values)} groups 0..{len(values) - 1} "
+                                f"in first-occurrence order, got {ids[:8].tolist()}... Fix: "
+                                "densify with vime_pure.grouping.group_samples.")
+
+
+@jaxtyped(typechecker=beartype)
+def _shapes(lengths: Int64[np.ndarray, " n"], token_offsets: Int64[np.ndarray, " n+1"],
+            response_lengths: Int64[np.ndarray, " n"],
+            response_offsets: Int64[np.ndarray, " n+1"], tokens: Int32[np.ndarray, " t"],
+            loss_masks: UInt8[np.ndarray, " r"], rollout_log_probs: Float32[np.ndarray, " r"] | None,
+            group_ids: Int64[np.ndarray, " n"], prompt_groups: Int64[np.ndarray, " n"],
+            group_mask_sums: Float64[np.ndarray, " n"], rewards: Float64[np.ndarray, " n"],
+            advantages: Float64[np.ndarray, " n"], statuses: UInt8[np.ndarray, " n"],
+            removed: Bool[np.ndarray, " n"], sample_indices: Int64[np.ndarray, " n"]) -> None:
+    """Cross-field shapes: per-sample columns n, offsets n+1, masks and log-probs alike."""

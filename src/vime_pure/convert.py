@@ -1,0 +1,191 @@
+"""Samples -> ``RolloutBatch`` columns: one Python pass over the samples, then numpy.
+
+The per-sample loop only reads attributes and does cheap type checks; when a check fails it
+calls the ``vime_pure.rollout`` helper that builds the error naming the sample's path. Tokens
+given as numpy arrays are concatenated; lists are chained and converted once. Converting Python
+ints costs tens of ns per token, so a shell that receives lists should turn each sample's tokens
+into an int32 array as it arrives (``benchmarks/batch_convert.py`` measures both).
+
+Example: samples with ``tokens=[1, 2, 3], response_length=2`` and ``tokens=[4, 5],
+response_length=1, loss_mask=[0]`` give ``tokens=[1, 2, 3, 4, 5]``, ``token_offsets=[0, 3, 5]``,
+``loss_masks=[1, 1, 0]`` and ``response_offsets=[0, 2, 3]``.
+"""
+
+import itertools
+from typing import Any
+
+import numpy as np
+from jaxtyping import Float32, Int32, UInt8
+
+from vime_pure.denominators import group_totals
+from vime_pure.errors import RolloutValidationError
+from vime_pure.grouping import group_samples
+from vime_pure.ragged import offsets_from_lengths, row_positions, row_sums
+from vime_pure.rewards import RewardNormalization, normalize_rewards, scalar_reward
+from vime_pure.rollout import (FlatRollout, check_mask_length,
+                               check_response_length, flatten_rollout_output, mask_values)
+from vime_pure.sample import STATUSES, as_status
+
+_STATUS_CODE: dict[Any, int] = {s: k for k, s in enumerate(STATUSES)}  # str values hash alike
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def batch_columns(output: object, reward_key: str | None,
+                  normalization: RewardNormalization) -> dict[str, Any]:
+    """Keyword arguments of ``RolloutBatch`` for a validated rollout output."""
+    if not isinstance(normalization, RewardNormalization):
+        raise RolloutValidationError(f"normalization={normalization!r} is not a "
+                                     "RewardNormalization. Fix: pass RewardNormalization(...).")
+    flat = flatten_rollout_output(output)
+    n = len(flat.samples)
+    if n == 0:
+        raise RolloutValidationError("output holds no samples. Fix: return at least one "
+                                     "Sample; a batch with nothing to train is a rollout bug.")
+    rows = _read_samples(flat, reward_key)
+    lengths = np.array(rows["lengths"], dtype=np.int64)
+    response_lengths = np.array(rows["response_lengths"], dtype=np.int64)
+    response_offsets = offsets_from_lengths(response_lengths)
+    masks = _flat_masks(flat, rows, response_offsets)
+    groups, prompts = group_samples(flat.group_ids), group_samples(flat.prompt_groups)
+    rewards = np.array(rows["rewards"], dtype=np.float64)
+    return dict(
+        tokens=_flat_tokens(flat, rows["tokens"], int(lengths.sum())),
+        token_offsets=offsets_from_lengths(lengths), lengths=lengths,
+        response_lengths=response_lengths, loss_masks=masks, response_offsets=response_offsets,
+        rollout_log_probs=_flat_log_probs(flat, rows["log_probs"], response_offsets),
+        group_ids=groups.dense, group_id_values=groups.ids,
+        prompt_groups=prompts.dense, prompt_group_values=prompts.ids,
+        group_mask_sums=group_totals(groups.dense,
+                                     row_sums(masks, response_offsets).astype(np.float64)),
+        rewards=rewards,
+        advantages=normalize_rewards(rewards, groups.dense, prompts.dense, normalization,
+                                     where=flat.path),
+        statuses=np.array(rows["statuses"], dtype=np.uint8),
+        removed=np.array(rows["removed"], dtype=np.bool_),
+        sample_indices=np.array(rows["indices"], dtype=np.int64),
+    )
+
+
+def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, list]:
+    cols: dict[str, list] = {k: [] for k in ("tokens", "lengths", "response_lengths", "masks",
+                                             "log_probs", "rewards", "statuses", "removed",
+                                             "indices")}
+    for i, s in enumerate(flat.samples):
+        tokens = s.tokens
+        if not isinstance(tokens, (list, tuple, np.ndarray)) or len(tokens) == 0:
+            raise RolloutValidationError(f"{flat.path(i)}: tokens={tokens!r:.60} is not a "
+                                         "non-empty list of token ids. Fix: set prompt + "
+                                         "response token ids.")
+        rl = s.response_length
+        if type(rl) is not int or rl < 0 or rl > len(tokens):
+            rl = check_response_length(s, flat.path(i))
+        mask, lp, reward = s.loss_mask, s.rollout_log_probs, s.reward
+        if mask is not None and len(mask) != rl:
+            check_mask_length(s, rl, flat.path(i))
+        if lp is not None and len(lp) != rl:
+            raise RolloutValidationError(f"{flat.path(i)}: len(rollout_log_probs)={len(lp)} but "
+                                         f"response_length={rl}. Fix: one log-prob per response "
+                                         "token.")
+        if type(reward) is not float:
+            reward = scalar_reward(reward, reward_key, flat.path(i))
+        code = _STATUS_CODE.get(s.status)
+        if code is None:
+            code = _STATUS_CODE[as_status(s.status, f"{flat.path(i)}.status")]
+        if type(s.remove_sample) is not bool:
+            raise RolloutValidationError(f"{flat.path(i)}: remove_sample={s.remove_sample!r} is "
+                                         "not a bool. Fix: set True or False.")
+        index = s.index
+        if index is not None and (isinstance(index, (bool, np.bool_)) or not isinstance(
+                index, (int, np.integer)) or index < 0):
+            raise RolloutValidationError(f"{flat.path(i)}: index={index!r} is not a "
+                                         "non-negative int. Fix: set an int index or None.")
+        cols["tokens"].append(tokens)
+        cols["lengths"].append(len(tokens))
+        cols["response_lengths"].append(rl)
+        cols["masks"].append(None if s.remove_sample else mask)
+        cols["log_probs"].append(lp)
+        cols["rewards"].append(reward)
+        cols["statuses"].append(code)
+        cols["removed"].append(s.remove_sample)
+        cols["indices"].append(-1 if index is None else int(index))
+    return cols
+
+
+def _concat(parts: list, dtype: type | None = None) -> np.ndarray:
+    """Flatten ragged parts: one ``concatenate`` for arrays, one conversion for lists."""
+    if parts and all(type(p) is np.ndarray for p in parts):
+        out = np.concatenate(parts)
+        return out if dtype is None else out.astype(dtype, copy=False)
+    return np.array(list(itertools.chain.from_iterable(parts)), dtype=dtype)
+
+
+def _flat_tokens(flat: FlatRollout, parts: list, total: int) -> Int32[np.ndarray, " t"]:
+    try:
+        tokens = _concat(parts)
+    except (TypeError, ValueError):
+        tokens = np.zeros(0, dtype=np.float64)  # fall through to the per-sample search
+    if tokens.dtype.kind not in "iu" or tokens.shape != (total,):
+        for i, p in enumerate(parts):
+            arr = np.asarray(p, dtype=object)
+            bad = [t for t in arr.ravel().tolist()
+                   if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer))]
+            if bad or arr.ndim != 1:
+                raise RolloutValidationError(
+                    f"{flat.path(i)}: tokens hold {bad[0] if bad else arr.tolist()!r:.60}, not "
+                    "integer token ids. Fix: store token ids as ints (detokenise nothing).")
+    if tokens.size and (tokens.min() < 0 or tokens.max() > _INT32_MAX):
+        k = int(np.argmax((tokens < 0) | (tokens > _INT32_MAX)))
+        i = int(np.searchsorted(offsets_from_lengths(np.array([len(p) for p in parts])), k,
+                                side="right")) - 1
+        raise RolloutValidationError(f"{flat.path(i)}: token id {int(tokens[k])} is outside "
+                                     f"[0, {_INT32_MAX}]. Fix: pass the tokenizer's ids.")
+    return tokens.astype(np.int32, copy=False)
+
+
+def _flat_masks(flat: FlatRollout, rows: dict[str, list], offsets: np.ndarray
+                ) -> UInt8[np.ndarray, " r"]:
+    """All ones, explicit masks written over them, removed samples zeroed."""
+    masks = np.ones(int(offsets[-1]), dtype=np.uint8)
+    explicit = [i for i, m in enumerate(rows["masks"]) if m is not None]
+    if explicit:
+        values = _ints_or_floats([rows["masks"][i] for i in explicit])
+        if values.size and (values.dtype.kind not in "biuf" or not np.isin(values, (0, 1)).all()):
+            for i in explicit:
+                mask_values(np.asarray(rows["masks"][i]), flat.path(i))
+        masks[row_positions(offsets, np.array(explicit, dtype=np.int64))] = values
+    removed = np.flatnonzero(np.array(rows["removed"], dtype=np.bool_))
+    if removed.size:
+        masks[row_positions(offsets, removed)] = 0
+    return masks
+
+
+def _ints_or_floats(parts: list) -> np.ndarray:
+    try:
+        return _concat(parts)
+    except (TypeError, ValueError):
+        return np.array([], dtype=object)
+
+
+def _flat_log_probs(flat: FlatRollout, parts: list, offsets: np.ndarray
+                    ) -> Float32[np.ndarray, " r"] | None:
+    present = [p is not None for p in parts]
+    if not any(present):
+        return None
+    if not all(present):
+        i = present.index(not present[0])
+        raise RolloutValidationError(
+            f"{flat.path(i)}: rollout_log_probs is {'set' if present[i] else 'None'} but "
+            f"{flat.path(0)} has it {'set' if present[0] else 'None'}. Fix: record rollout "
+            "log-probs for every sample or for none (never silently train on a mix).")
+    try:
+        values = _concat(parts, np.float32)
+    except (TypeError, ValueError) as exc:
+        raise RolloutValidationError(f"rollout_log_probs are not all numbers ({exc}). Fix: "
+                                     "store one float per response token.") from None
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        i = int(np.searchsorted(offsets, bad[0], side="right")) - 1
+        raise RolloutValidationError(f"{flat.path(i)}: rollout_log_probs holds {values[bad[0]]}. "
+                                     "Fix: log-probs must be finite.")
+    return values
+
