@@ -6,12 +6,13 @@ Cross-field shapes are checked by a ``@jaxtyped(typechecker=beartype)`` helper, 
 ``@jaxtyped`` does nothing on an attrs class.
 """
 
-from collections.abc import Hashable
+import functools
+import re
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
 import numpy as np
-from beartype import beartype
-from jaxtyping import Bool, Float32, Float64, Int32, Int64, TypeCheckError, UInt8, jaxtyped
+from jaxtyping import Bool, Float32, Float64, Int32, Int64, TypeCheckError, UInt8
 
 from vime_pure.denominators import group_totals
 from vime_pure.errors import RolloutBatchError
@@ -27,12 +28,12 @@ def check_batch(b: "RolloutBatch") -> None:
 
     check_dtypes(b, COLUMNS, "RolloutBatch")
     try:
-        _shapes(b.lengths, b.token_offsets, b.response_lengths, b.response_offsets, b.tokens,
-                b.loss_masks, b.rollout_log_probs, b.group_ids, b.prompt_groups,
-                b.group_mask_sums, b.rewards, b.advantages, b.statuses, b.removed,
-                b.sample_indices)
+        shape_checker(_shapes)(
+            b.lengths, b.token_offsets, b.response_lengths, b.response_offsets, b.tokens,
+            b.loss_masks, b.rollout_log_probs, b.group_ids, b.prompt_groups,
+            b.group_mask_sums, b.rewards, b.advantages, b.statuses, b.removed, b.sample_indices)
     except TypeCheckError as exc:
-        raise shape_error("RolloutBatch", exc) from None
+        raise shape_error("RolloutBatch", b, exc) from None
     check_offsets("token_offsets", b.token_offsets, b.lengths, len(b.tokens), "lengths")
     check_offsets("response_offsets", b.response_offsets, b.response_lengths,
                   len(b.loss_masks), "response_lengths")
@@ -64,6 +65,16 @@ def check_batch(b: "RolloutBatch") -> None:
     _first_bad(b.sample_indices < -1, "sample_indices", b.sample_indices, "-1 means unknown")
 
 
+@functools.cache
+def shape_checker(fn: Callable[..., None]) -> Callable[..., None]:
+    """``@jaxtyped(typechecker=beartype)`` applied on first use, so importing vime_pure does
+    not import beartype (about 0.3 s); the checks themselves run on every construction."""
+    from beartype import beartype
+    from jaxtyping import jaxtyped
+
+    return jaxtyped(typechecker=beartype)(fn)
+
+
 def check_dtypes(record: object, columns: dict[str, np.dtype], what: str) -> None:
     for name, dtype in columns.items():
         col = getattr(record, name)
@@ -77,11 +88,17 @@ def check_dtypes(record: object, columns: dict[str, np.dtype], what: str) -> Non
                                     f".astype(np.{dtype})")
 
 
-def shape_error(what: str, exc: TypeCheckError) -> RolloutBatchError:
-    lines = [ln for ln in str(exc).splitlines() if "parameter" in ln or "axis" in ln or "=" in ln]
-    return RolloutBatchError(f"{what} columns have inconsistent lengths: "
-                             + " ".join(lines[:6])
-                             + ". Fix: give every per-sample column n entries, offsets n+1.")
+def shape_error(what: str, record: object, exc: TypeCheckError) -> RolloutBatchError:
+    """Turn jaxtyping's report into one line naming the column, its shape and the axis sizes."""
+    text = str(exc)
+    found = re.search(r"parameter '(\w+)'", text)
+    name = found.group(1) if found else "?"
+    col = getattr(record, name, None)
+    shape = col.shape if isinstance(col, np.ndarray) else None
+    axes = ", ".join(re.findall(r"^(\w+=\d+)$", text, flags=re.M))
+    return RolloutBatchError(f"{what}.{name} has shape {shape}, which disagrees with the other "
+                             f"columns ({axes}). Fix: give every per-sample column n entries, "
+                             "offsets n+1 entries, masks and log-probs one per response token.")
 
 
 def check_offsets(name: str, offsets: np.ndarray, lengths: np.ndarray, flat_len: int,
@@ -115,7 +132,6 @@ def _check_dense(name: str, ids: np.ndarray, values: tuple[Hashable, ...]) -> No
                                 "densify with vime_pure.grouping.group_samples.")
 
 
-@jaxtyped(typechecker=beartype)
 def _shapes(lengths: Int64[np.ndarray, " n"], token_offsets: Int64[np.ndarray, " n+1"],
             response_lengths: Int64[np.ndarray, " n"],
             response_offsets: Int64[np.ndarray, " n+1"], tokens: Int32[np.ndarray, " t"],

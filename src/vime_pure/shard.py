@@ -36,11 +36,10 @@ for next-token prediction is the trainer's job.
 
 import attrs
 import numpy as np
-from beartype import beartype
-from jaxtyping import Float32, Float64, Int32, Int64, TypeCheckError, UInt8, jaxtyped
+from jaxtyping import Float32, Float64, Int32, Int64, TypeCheckError, UInt8
 
 from vime_pure.batch import RolloutBatch
-from vime_pure.batch_checks import check_dtypes, check_offsets, shape_error
+from vime_pure.batch_checks import check_dtypes, check_offsets, shape_checker, shape_error
 from vime_pure.errors import RolloutBatchError
 from vime_pure.ragged import gather_rows, offsets_from_lengths, row_positions
 from vime_pure.schedule import MicroBatch, Schedule
@@ -200,12 +199,12 @@ def _check_schedule_matches(batch: RolloutBatch, schedule: Schedule) -> None:
 def _check_shard(s: RankShard) -> None:
     check_dtypes(s, SHARD_COLUMNS, "RankShard")
     try:
-        _shapes(s.sample_indices, s.lengths, s.response_lengths, s.group_ids,
-                s.group_mask_sums, s.advantages, s.rewards, s.token_offsets, s.response_offsets,
-                s.tokens, s.loss_masks, s.rollout_log_probs, s.step_of_microbatch,
-                s.microbatch_offsets)
+        shape_checker(_shapes)(
+            s.sample_indices, s.lengths, s.response_lengths, s.group_ids, s.group_mask_sums,
+            s.advantages, s.rewards, s.token_offsets, s.response_offsets, s.tokens,
+            s.loss_masks, s.rollout_log_probs, s.step_of_microbatch, s.microbatch_offsets)
     except TypeCheckError as exc:
-        raise shape_error("RankShard", exc) from None
+        raise shape_error("RankShard", s, exc) from None
     check_offsets("token_offsets", s.token_offsets, s.lengths, len(s.tokens), "lengths")
     check_offsets("response_offsets", s.response_offsets, s.response_lengths,
                   len(s.loss_masks), "response_lengths")
@@ -224,7 +223,6 @@ def _check_shard(s: RankShard) -> None:
                                 "Fix: build shards with shard(batch, schedule).")
 
 
-@jaxtyped(typechecker=beartype)
 def _shapes(sample_indices: Int64[np.ndarray, " k"], lengths: Int64[np.ndarray, " k"],
             response_lengths: Int64[np.ndarray, " k"], group_ids: Int64[np.ndarray, " k"],
             group_mask_sums: Float64[np.ndarray, " k"], advantages: Float64[np.ndarray, " k"],
