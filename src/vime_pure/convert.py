@@ -15,11 +15,10 @@ import itertools
 from typing import Any
 
 import numpy as np
-from jaxtyping import Float32, Int32, UInt8
+from jaxtyping import Float32, Int32, Int64, UInt8
 
 from vime_pure.denominators import group_totals
 from vime_pure.errors import RolloutValidationError
-from vime_pure.grouping import group_samples
 from vime_pure.ragged import offsets_from_lengths, row_positions, row_sums
 from vime_pure.rewards import RewardNormalization, normalize_rewards, scalar_reward
 from vime_pure.rollout import (FlatRollout, check_mask_length,
@@ -46,19 +45,20 @@ def batch_columns(output: object, reward_key: str | None,
     response_lengths = np.array(rows["response_lengths"], dtype=np.int64)
     response_offsets = offsets_from_lengths(response_lengths)
     masks = _flat_masks(flat, rows, response_offsets)
-    groups, prompts = group_samples(flat.group_ids), group_samples(flat.prompt_groups)
+    groups, group_values = dense_first_occurrence(flat.group_ids)
+    prompts, prompt_values = dense_first_occurrence(flat.prompt_groups)
     rewards = np.array(rows["rewards"], dtype=np.float64)
     return dict(
         tokens=_flat_tokens(flat, rows["tokens"], int(lengths.sum())),
         token_offsets=offsets_from_lengths(lengths), lengths=lengths,
         response_lengths=response_lengths, loss_masks=masks, response_offsets=response_offsets,
         rollout_log_probs=_flat_log_probs(flat, rows["log_probs"], response_offsets),
-        group_ids=groups.dense, group_id_values=groups.ids,
-        prompt_groups=prompts.dense, prompt_group_values=prompts.ids,
-        group_mask_sums=group_totals(groups.dense,
+        group_ids=groups, group_id_values=group_values,
+        prompt_groups=prompts, prompt_group_values=prompt_values,
+        group_mask_sums=group_totals(groups,
                                      row_sums(masks, response_offsets).astype(np.float64)),
         rewards=rewards,
-        advantages=normalize_rewards(rewards, groups.dense, prompts.dense, normalization,
+        advantages=normalize_rewards(rewards, groups, prompts, normalization,
                                      where=flat.path),
         statuses=np.array(rows["statuses"], dtype=np.uint8),
         removed=np.array(rows["removed"], dtype=np.bool_),
@@ -67,9 +67,10 @@ def batch_columns(output: object, reward_key: str | None,
 
 
 def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, list]:
-    cols: dict[str, list] = {k: [] for k in ("tokens", "lengths", "response_lengths", "masks",
-                                             "log_probs", "rewards", "statuses", "removed",
-                                             "indices")}
+    """Per-sample fields as lists; fast checks inline, error messages built only on failure."""
+    tokens_l, lengths, resp_l, masks, log_probs = [], [], [], [], []
+    rewards, statuses, removed, indices = [], [], [], []
+    completed, truncated, aborted = STATUSES
     for i, s in enumerate(flat.samples):
         tokens = s.tokens
         if not isinstance(tokens, (list, tuple, np.ndarray)) or len(tokens) == 0:
@@ -79,7 +80,8 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, list]:
         rl = s.response_length
         if type(rl) is not int or rl < 0 or rl > len(tokens):
             rl = check_response_length(s, flat.path(i))
-        mask, lp, reward = s.loss_mask, s.rollout_log_probs, s.reward
+        mask, lp, reward, status, remove = (s.loss_mask, s.rollout_log_probs, s.reward,
+                                            s.status, s.remove_sample)
         if mask is not None and len(mask) != rl:
             check_mask_length(s, rl, flat.path(i))
         if lp is not None and len(lp) != rl:
@@ -88,27 +90,46 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, list]:
                                          "token.")
         if type(reward) is not float:
             reward = scalar_reward(reward, reward_key, flat.path(i))
-        code = _STATUS_CODE.get(s.status)
-        if code is None:
-            code = _STATUS_CODE[as_status(s.status, f"{flat.path(i)}.status")]
-        if type(s.remove_sample) is not bool:
-            raise RolloutValidationError(f"{flat.path(i)}: remove_sample={s.remove_sample!r} is "
-                                         "not a bool. Fix: set True or False.")
+        # Identity tests: hashing a str-Enum member runs Python code.
+        code = (0 if status is completed else 1 if status is truncated else 2
+                if status is aborted else _STATUS_CODE[as_status(status, f"{flat.path(i)}.status")])
+        if type(remove) is not bool:
+            raise RolloutValidationError(f"{flat.path(i)}: remove_sample={remove!r} is not a "
+                                         "bool. Fix: set True or False.")
         index = s.index
-        if index is not None and (isinstance(index, (bool, np.bool_)) or not isinstance(
-                index, (int, np.integer)) or index < 0):
-            raise RolloutValidationError(f"{flat.path(i)}: index={index!r} is not a "
-                                         "non-negative int. Fix: set an int index or None.")
-        cols["tokens"].append(tokens)
-        cols["lengths"].append(len(tokens))
-        cols["response_lengths"].append(rl)
-        cols["masks"].append(None if s.remove_sample else mask)
-        cols["log_probs"].append(lp)
-        cols["rewards"].append(reward)
-        cols["statuses"].append(code)
-        cols["removed"].append(s.remove_sample)
-        cols["indices"].append(-1 if index is None else int(index))
-    return cols
+        if index is not None and type(index) is not int:
+            index = _check_index(index, flat.path(i))
+        if index is not None and index < 0:
+            _check_index(index, flat.path(i))
+        tokens_l.append(tokens)
+        lengths.append(len(tokens))
+        resp_l.append(rl)
+        masks.append(None if remove else mask)
+        log_probs.append(lp)
+        rewards.append(reward)
+        statuses.append(code)
+        removed.append(remove)
+        indices.append(-1 if index is None else index)
+    return dict(tokens=tokens_l, lengths=lengths, response_lengths=resp_l, masks=masks,
+                log_probs=log_probs, rewards=rewards, statuses=statuses, removed=removed,
+                indices=indices)
+
+
+def _check_index(index: object, where: str) -> int:
+    if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)) or (
+            index < 0):
+        raise RolloutValidationError(f"{where}: index={index!r} is not a non-negative int. "
+                                     "Fix: set an int index or None.")
+    return int(index)
+
+
+def dense_first_occurrence(ids: tuple) -> tuple[Int64[np.ndarray, " n"], tuple]:
+    """Dense ids in first-occurrence order and the original id of each (as ``group_samples``
+    numbers them; a dict pass and one ``fromiter`` instead of per-element array writes)."""
+    first: dict = {}
+    dense = np.fromiter((first.setdefault(g, len(first)) for g in ids), dtype=np.int64,
+                        count=len(ids))
+    return dense, tuple(first)
 
 
 def _concat(parts: list, dtype: type | None = None) -> np.ndarray:
@@ -149,7 +170,8 @@ def _flat_masks(flat: FlatRollout, rows: dict[str, list], offsets: np.ndarray
     explicit = [i for i, m in enumerate(rows["masks"]) if m is not None]
     if explicit:
         values = _ints_or_floats([rows["masks"][i] for i in explicit])
-        if values.size and (values.dtype.kind not in "biuf" or not np.isin(values, (0, 1)).all()):
+        if values.size and (values.dtype.kind not in "biuf"
+                            or ((values != 0) & (values != 1)).any()):
             for i in explicit:
                 mask_values(np.asarray(rows["masks"][i]), flat.path(i))
         masks[row_positions(offsets, np.array(explicit, dtype=np.int64))] = values
