@@ -34,12 +34,12 @@ def check_batch(b: "RolloutBatch") -> None:
             b.group_mask_sums, b.rewards, b.advantages, b.statuses, b.removed, b.sample_indices)
     except TypeCheckError as exc:
         raise shape_error("RolloutBatch", b, exc) from None
-    check_offsets("token_offsets", b.token_offsets, b.lengths, len(b.tokens), "lengths")
-    check_offsets("response_offsets", b.response_offsets, b.response_lengths,
-                  len(b.loss_masks), "response_lengths")
     _first_bad(b.lengths < 1, "lengths", b.lengths, "every sample needs at least one token")
     _first_bad((b.response_lengths < 0) | (b.response_lengths > b.lengths), "response_lengths",
                b.response_lengths, "must lie in [0, lengths[i]]")
+    check_offsets("token_offsets", b.token_offsets, b.lengths, len(b.tokens), "lengths")
+    check_offsets("response_offsets", b.response_offsets, b.response_lengths,
+                  len(b.loss_masks), "response_lengths")
     _first_bad(b.tokens < 0, "tokens", b.tokens, "token ids are non-negative")
     _first_bad(b.loss_masks > 1, "loss_masks", b.loss_masks, "masks are 0/1")
     mask_sums = row_sums(b.loss_masks, b.response_offsets)

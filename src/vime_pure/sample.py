@@ -118,7 +118,7 @@ class Sample:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Sample":
+    def from_dict(cls, data: object) -> "Sample":
         """Inverse of ``to_dict``. A legacy ``rollout_id`` key is read only when ``group_id`` is
         absent (``group_id`` wins when both are present); unknown keys are an error."""
         if not isinstance(data, Mapping):
