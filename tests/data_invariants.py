@@ -31,7 +31,8 @@ def assert_rolloutbatch_invariants(b: RolloutBatch, samples=None, group_ids=None
         assert b.rewards[i] == b.rewards[j] and b.advantages[i] == b.advantages[j]
     assert list(first) == list(range(len(first))) == list(range(b.num_groups))
     ids = b.original_group_ids()
-    np.testing.assert_array_equal(b.group_mask_sums, group_mask_sums(ids, masks))
+    np.testing.assert_array_equal(
+        b.group_mask_sums, group_mask_sums(ids, [np.asarray(m, dtype=np.float64) for m in masks]))
     for i in range(n):
         if b.removed[i]:
             assert sum(masks[i]) == 0

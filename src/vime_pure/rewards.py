@@ -25,13 +25,14 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import attrs
 import numpy as np
-from jaxtyping import Float64, Int64
+from jaxtyping import Float64, Int, Int64, Real
 
 from vime_pure.errors import RewardError, field_error
 from vime_pure.grouping import group_samples
 
 METHODS: tuple[str, ...] = ("grpo", "gspo", "reinforce_pp_baseline")
-Ids = Sequence[Hashable] | Int64[np.ndarray, " n"]
+Ids = Sequence[Hashable] | Int[np.ndarray, " n"]
+Rewards = Sequence[float | int] | Real[np.ndarray, " n"]
 
 
 @attrs.frozen(kw_only=True)
@@ -111,7 +112,7 @@ def group_rewards(rewards: Float64[np.ndarray, " n"], groups: Int64[np.ndarray, 
     return per_group
 
 
-def normalize_rewards(rewards: Sequence[float] | Float64[np.ndarray, " n"], group_ids: Ids,
+def normalize_rewards(rewards: Rewards, group_ids: Ids,
                       prompt_groups: Ids, config: RewardNormalization = RewardNormalization(),
                       where: Callable[[int], str] = _sample_name) -> Float64[np.ndarray, " n"]:
     """Per-sample advantages under ``config`` (see the module docstring for the formulas).
@@ -145,7 +146,7 @@ def normalize_rewards(rewards: Sequence[float] | Float64[np.ndarray, " n"], grou
     return centred[groups]
 
 
-def grpo_advantages(rewards: Sequence[float] | Float64[np.ndarray, " n"], group_ids: Ids,
+def grpo_advantages(rewards: Rewards, group_ids: Ids,
                     prompt_groups: Ids, *, normalize_std: bool = True, eps: float = 1e-6
                     ) -> Float64[np.ndarray, " n"]:
     """GRPO: centre per prompt group, optionally divide by its std (Dr. GRPO: ``False``)."""
@@ -153,7 +154,7 @@ def grpo_advantages(rewards: Sequence[float] | Float64[np.ndarray, " n"], group_
     return normalize_rewards(rewards, group_ids, prompt_groups, cfg)
 
 
-def gspo_advantages(rewards: Sequence[float] | Float64[np.ndarray, " n"], group_ids: Ids,
+def gspo_advantages(rewards: Rewards, group_ids: Ids,
                     prompt_groups: Ids, *, normalize_std: bool = True, eps: float = 1e-6
                     ) -> Float64[np.ndarray, " n"]:
     """GSPO: the same advantages as GRPO (GSPO differs in the sequence-level policy ratio)."""
@@ -162,7 +163,7 @@ def gspo_advantages(rewards: Sequence[float] | Float64[np.ndarray, " n"], group_
 
 
 def reinforce_pp_baseline_advantages(
-        rewards: Sequence[float] | Float64[np.ndarray, " n"], group_ids: Ids,
+        rewards: Rewards, group_ids: Ids,
         prompt_groups: Ids, *, normalize_std: bool = True, eps: float = 1e-6
 ) -> Float64[np.ndarray, " n"]:
     """REINFORCE++ with a group baseline: subtract the prompt mean, whiten over the batch."""

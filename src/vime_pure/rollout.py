@@ -102,7 +102,9 @@ def flatten_rollout_output(output: object) -> FlatRollout:
     depth = walk.check_depth()
     samples = tuple(walk.samples)
     locs = tuple(walk.locations)
-    raw = [as_group_key(s.group_id, "group_id", loc) for s, loc in zip(samples, locs)]
+    # Inline fast path: ids are mostly None, int or str; only the rest pay for a call.
+    raw = [g if (g := s.group_id) is None or type(g) is int or type(g) is str
+           else as_group_key(g, "group_id", loc) for s, loc in zip(samples, locs)]
     if depth >= 2:
         _check_compact_leaves(raw, walk.leaf_of, locs)
     group_ids = fallback_ids(raw)
@@ -196,8 +198,8 @@ def _check_compact_leaves(raw: list[GroupKey | None], leaf_of: list[int],
 
 def _prompt_groups(samples: tuple[Sample, ...], locs: tuple[Location, ...],
                    depth: int) -> list[GroupKey]:
-    explicit = [as_group_key(s.prompt_group, "prompt_group", loc)
-                for s, loc in zip(samples, locs)]
+    explicit = [p if (p := s.prompt_group) is None or type(p) is int or type(p) is str
+                else as_group_key(p, "prompt_group", loc) for s, loc in zip(samples, locs)]
     if depth == 0:
         missing = next((i for i, p in enumerate(explicit) if p is None), None)
         if missing is not None:

@@ -1,5 +1,6 @@
 """Hypothesis strategies for rollout outputs: samples, nestings of lists/tuples, id schemes."""
 
+import numpy as np
 from hypothesis import strategies as st
 
 from vime_pure import BatchingPolicy, ParallelLayout, Sample, Status
@@ -9,21 +10,21 @@ finite = st.floats(-10, 10, allow_nan=False, allow_infinity=False, width=32)
 
 @st.composite
 def samples(draw, group_id=None, reward=None, with_log_probs: bool | None = None) -> Sample:
-    """A valid sample; ``group_id`` / ``reward`` fixed when given, else drawn."""
+    """A valid sample; ``group_id`` / ``reward`` fixed when given, else drawn. Tokens and
+    log-probs come from one drawn seed (cheap to generate; their values are not under test)."""
     prompt = draw(st.integers(1, 6))
     resp = draw(st.integers(0, 6))
-    tokens = draw(st.lists(st.integers(0, 50_000), min_size=prompt + resp,
-                           max_size=prompt + resp))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     lp = with_log_probs if with_log_probs is not None else draw(st.booleans())
+    explicit_mask = draw(st.booleans())
     return Sample(
-        tokens=tokens, response_length=resp,
-        loss_mask=draw(st.none() | st.lists(st.integers(0, 1), min_size=resp, max_size=resp)),
+        tokens=rng.integers(0, 50_000, prompt + resp).tolist(), response_length=resp,
+        loss_mask=rng.integers(0, 2, resp).tolist() if explicit_mask else None,
         reward=reward if reward is not None else draw(finite),
         status=draw(st.sampled_from(list(Status))),
         group_id=group_id,
         index=draw(st.none() | st.integers(0, 10**6)),
-        rollout_log_probs=draw(st.lists(st.floats(-20, 0, width=32), min_size=resp,
-                                        max_size=resp)) if lp else None,
+        rollout_log_probs=(-rng.random(resp, dtype=np.float32) * 5).tolist() if lp else None,
         remove_sample=draw(st.booleans()),
     )
 
