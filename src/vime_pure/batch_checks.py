@@ -30,15 +30,16 @@ def check_batch(b: "RolloutBatch") -> None:
     try:
         shape_checker(_shapes)(
             b.lengths, b.token_offsets, b.response_lengths, b.response_offsets, b.tokens,
-            b.loss_masks, b.rollout_log_probs, b.group_ids, b.prompt_groups,
+            b.rollout_log_probs, b.loss_masks, b.group_ids, b.prompt_groups,
             b.group_mask_sums, b.rewards, b.advantages, b.statuses, b.removed, b.sample_indices)
     except TypeCheckError as exc:
         raise shape_error("RolloutBatch", b, exc) from None
     _first_bad(b.lengths < 1, "lengths", b.lengths, "every sample needs at least one token")
     _first_bad((b.response_lengths < 0) | (b.response_lengths > b.lengths), "response_lengths",
                b.response_lengths, "must lie in [0, lengths[i]]")
-    check_offsets("token_offsets", b.token_offsets, b.lengths, len(b.tokens), "lengths")
-    check_offsets("response_offsets", b.response_offsets, b.response_lengths,
+    check_offsets("token_offsets", b.token_offsets, b.lengths, "tokens", len(b.tokens),
+                  "lengths")
+    check_offsets("response_offsets", b.response_offsets, b.response_lengths, "loss_masks",
                   len(b.loss_masks), "response_lengths")
     _first_bad(b.tokens < 0, "tokens", b.tokens, "token ids are non-negative")
     _first_bad(b.loss_masks > 1, "loss_masks", b.loss_masks, "masks are 0/1")
@@ -101,12 +102,13 @@ def shape_error(what: str, record: object, exc: TypeCheckError) -> RolloutBatchE
                              "offsets n+1 entries, masks and log-probs one per response token.")
 
 
-def check_offsets(name: str, offsets: np.ndarray, lengths: np.ndarray, flat_len: int,
-                  length_name: str) -> None:
+def check_offsets(name: str, offsets: np.ndarray, lengths: np.ndarray, flat_name: str,
+                  flat_len: int, length_name: str) -> None:
     if offsets[0] != 0 or offsets[-1] != flat_len:
-        raise RolloutBatchError(f"{name} runs from {int(offsets[0])} to {int(offsets[-1])} but "
-                                f"the flat column has {flat_len} entries. Fix: offsets start at "
-                                "0 and end at the flat length.")
+        raise RolloutBatchError(f"{flat_name} has {flat_len} entries but {name} run from "
+                                f"{int(offsets[0])} to {int(offsets[-1])} (the sum of "
+                                f"{length_name}). Fix: give each sample exactly "
+                                f"{length_name}[i] entries in {flat_name}.")
     _first_bad(np.diff(offsets) != lengths, name, np.diff(offsets),
                f"consecutive offsets differ by {length_name}[i]")
 
@@ -135,7 +137,8 @@ def _check_dense(name: str, ids: np.ndarray, values: tuple[Hashable, ...]) -> No
 def _shapes(lengths: Int64[np.ndarray, " n"], token_offsets: Int64[np.ndarray, " n+1"],
             response_lengths: Int64[np.ndarray, " n"],
             response_offsets: Int64[np.ndarray, " n+1"], tokens: Int32[np.ndarray, " t"],
-            loss_masks: UInt8[np.ndarray, " r"], rollout_log_probs: Float32[np.ndarray, " r"] | None,
+            rollout_log_probs: Float32[np.ndarray, " r"] | None,
+            loss_masks: UInt8[np.ndarray, " r"],
             group_ids: Int64[np.ndarray, " n"], prompt_groups: Int64[np.ndarray, " n"],
             group_mask_sums: Float64[np.ndarray, " n"], rewards: Float64[np.ndarray, " n"],
             advantages: Float64[np.ndarray, " n"], statuses: UInt8[np.ndarray, " n"],

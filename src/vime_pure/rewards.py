@@ -62,10 +62,12 @@ def scalar_reward(reward: object, reward_key: str | None, where: str) -> float:
     if isinstance(reward, Mapping):
         if reward_key is None:
             raise RewardError(f"{where}: reward is a dict with keys {sorted(reward)} but "
-                              "reward_key=None. Fix: pass reward_key naming the reward to train on.")
+                              "reward_key=None. Fix: pass reward_key naming the reward to "
+                              "train on.")
         if reward_key not in reward:
             raise RewardError(f"{where}: reward has no key {reward_key!r} (keys: "
-                              f"{sorted(reward)}). Fix: set reward[{reward_key!r}] on every sample.")
+                              f"{sorted(reward)}). Fix: set reward[{reward_key!r}] on every "
+                              "sample.")
         reward = reward[reward_key]
     if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, (int, float, np.number)):
         raise RewardError(f"{where}: reward={reward!r} is not a number. Fix: set sample.reward "

@@ -257,9 +257,10 @@ def check_response_length(sample: Sample, where: str) -> int:
 
 
 def check_mask_length(sample: Sample, n: int, where: str) -> None:
-    if len(sample.loss_mask) != n:  # type: ignore[arg-type]
+    got = len(sample.loss_mask)  # type: ignore[arg-type]
+    if got != n:
         raise RolloutValidationError(
-            f"{where}: len(loss_mask)={len(sample.loss_mask)} but response_length={n}. "  # type: ignore[arg-type]
+            f"{where}: len(loss_mask)={got} but response_length={n}. "
             "Fix: give one mask value per response token (not per prompt+response token), "
             "or set loss_mask=None for all ones.")
 

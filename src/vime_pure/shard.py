@@ -202,11 +202,12 @@ def _check_shard(s: RankShard) -> None:
         shape_checker(_shapes)(
             s.sample_indices, s.lengths, s.response_lengths, s.group_ids, s.group_mask_sums,
             s.advantages, s.rewards, s.token_offsets, s.response_offsets, s.tokens,
-            s.loss_masks, s.rollout_log_probs, s.step_of_microbatch, s.microbatch_offsets)
+            s.rollout_log_probs, s.loss_masks, s.step_of_microbatch, s.microbatch_offsets)
     except TypeCheckError as exc:
         raise shape_error("RankShard", s, exc) from None
-    check_offsets("token_offsets", s.token_offsets, s.lengths, len(s.tokens), "lengths")
-    check_offsets("response_offsets", s.response_offsets, s.response_lengths,
+    check_offsets("token_offsets", s.token_offsets, s.lengths, "tokens", len(s.tokens),
+                  "lengths")
+    check_offsets("response_offsets", s.response_offsets, s.response_lengths, "loss_masks",
                   len(s.loss_masks), "response_lengths")
     sizes = np.array([len(mb) for mb in s.micro_batch_indices], dtype=np.int64)
     starts = [mb[0] if mb else -1 for mb in s.micro_batch_indices]
@@ -228,7 +229,8 @@ def _shapes(sample_indices: Int64[np.ndarray, " k"], lengths: Int64[np.ndarray, 
             group_mask_sums: Float64[np.ndarray, " k"], advantages: Float64[np.ndarray, " k"],
             rewards: Float64[np.ndarray, " k"], token_offsets: Int64[np.ndarray, " k+1"],
             response_offsets: Int64[np.ndarray, " k+1"], tokens: Int32[np.ndarray, " t"],
-            loss_masks: UInt8[np.ndarray, " r"], rollout_log_probs: Float32[np.ndarray, " r"] | None,
+            rollout_log_probs: Float32[np.ndarray, " r"] | None,
+            loss_masks: UInt8[np.ndarray, " r"],
             step_of_microbatch: Int64[np.ndarray, " m"],
             microbatch_offsets: Int64[np.ndarray, " m+1"]) -> None:
     """Cross-field shapes of a shard: rows k, offsets k+1, masks/log-probs r, micro-batches m."""
