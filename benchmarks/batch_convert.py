@@ -1,17 +1,22 @@
 """64k-sample rollout batch: ``RolloutBatch.from_samples`` + ``build_schedule`` + ``shard``.
 
-Workload: 8192 prompts x 8 samples (depth-1 output), prompt 32-256 tokens, response 16-768
-tokens (uniform, seeded), float rewards, rollout log-probs on every sample, dp=8, FFD packing
-under 16k tokens per GPU, ``global_batch_size`` = all groups (one step per batch).
+Two seeded workloads of 8192 prompts x 8 samples (depth-1 output), float rewards, rollout
+log-probs on every sample, dp=8, FFD packing under 16k tokens per GPU, one step per batch:
 
-Token storage matters: converting Python ints costs tens of ns per token, so the benchmark
-times samples whose tokens/log-probs are numpy arrays (what a shell should build as each
-sample arrives) and, separately, plain Python lists. Baseline measured in the same run: one
+- ``short``: prompt 16-64 tokens, response 16-128 (about 110 tokens per sample);
+- ``long``: prompt 32-256 tokens, response 16-768 (about 540 tokens per sample).
+
+Per-sample work (validation, ids, rewards) is Python; per-token work (copying tokens, masks,
+log-probs into columns, gathering each rank's rows) is numpy and grows with the token count,
+so both are printed, with ns per token. Tokens and log-probs are numpy arrays, as a shell
+should build them when each sample arrives; ``--lists`` also times plain Python lists, whose
+int conversion costs tens of ns per token. Baseline measured in the same run: one
 ``np.concatenate`` of every sample's token array (the copy any columnar conversion must make);
-ratios are median / baseline median.
+ratios are median / baseline median. ``build_schedule`` (the scheduler, not this module) is
+timed once.
 
 Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python -m benchmarks.batch_convert`` (``--quick`` for
-a 2k-sample smoke run, ``--repeats N``).
+a 2k-sample smoke run, ``--repeats N``, ``--lists``).
 """
 
 import argparse
@@ -24,14 +29,19 @@ import numpy as np
 from vime_pure import BatchingPolicy, ParallelLayout, RolloutBatch, Sample, schedule_for, shard
 
 
-def make_output(num_prompts: int, per_prompt: int, as_lists: bool, seed: int = 0) -> list:
+WORKLOADS = {"short": ((16, 65), (16, 129)), "long": ((32, 257), (16, 769))}
+
+
+def make_output(num_prompts: int, per_prompt: int, as_lists: bool, workload: str = "long",
+                seed: int = 0) -> list:
+    (p_lo, p_hi), (r_lo, r_hi) = WORKLOADS[workload]
     rng = np.random.default_rng(seed)
     out = []
-    for p in range(num_prompts):
-        prompt = rng.integers(0, 150_000, rng.integers(32, 257), dtype=np.int32)
+    for _ in range(num_prompts):
+        prompt = rng.integers(0, 150_000, rng.integers(p_lo, p_hi), dtype=np.int32)
         group = []
         for _ in range(per_prompt):
-            resp = int(rng.integers(16, 769))
+            resp = int(rng.integers(r_lo, r_hi))
             tokens = np.concatenate([prompt, rng.integers(0, 150_000, resp, dtype=np.int32)])
             log_probs = -rng.random(resp, dtype=np.float32)
             group.append(Sample(
@@ -51,43 +61,44 @@ def median_s(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def run(num_prompts: int, repeats: int, with_lists: bool) -> None:
+def run(num_prompts: int, repeats: int, workload: str, with_lists: bool) -> float:
     layout = ParallelLayout(dp=8)
     policy = BatchingPolicy(global_batch_size=num_prompts * 8, max_tokens_per_gpu=16384)
-    output = make_output(num_prompts, 8, as_lists=False)
+    output = make_output(num_prompts, 8, as_lists=False, workload=workload)
     token_parts = [s.tokens for group in output for s in group]
     n, total = len(token_parts), sum(len(t) for t in token_parts)
-    print(f"{n} samples, {total / 1e6:.1f}M tokens, dp={layout.dp}, repeats={repeats}")
+    print(f"[{workload}] {n} samples, {total / 1e6:.1f}M tokens ({total / n:.0f} per sample), "
+          f"dp={layout.dp}, medians of {repeats}")
     floor = median_s(lambda: np.concatenate(token_parts), repeats)
     batch = RolloutBatch.from_samples(output)
     sched = schedule_for(batch, layout, policy)
-    rows = [("baseline: concatenate tokens", floor),
-            ("from_samples (array tokens)", median_s(lambda: RolloutBatch.from_samples(output),
-                                                     repeats)),
-            ("build_schedule", median_s(lambda: schedule_for(batch, layout, policy), repeats)),
-            ("shard (8 ranks)", median_s(lambda: shard(batch, sched), repeats))]
-    convert_shard = rows[1][1] + rows[3][1]
-    rows.append(("convert + shard", convert_shard))
-    rows.append(("convert + schedule + shard", convert_shard + rows[2][1]))
+    convert = median_s(lambda: RolloutBatch.from_samples(output), repeats)
+    sharding = median_s(lambda: shard(batch, sched), repeats)
+    rows = [("baseline: concatenate tokens", floor), ("from_samples", convert),
+            ("shard (8 ranks)", sharding), ("convert + shard", convert + sharding),
+            ("build_schedule (once)", median_s(lambda: schedule_for(batch, layout, policy), 1))]
     if with_lists:
-        listed = make_output(num_prompts, 8, as_lists=True)
-        rows.append(("from_samples (Python-list tokens)",
+        listed = make_output(num_prompts, 8, as_lists=True, workload=workload)
+        rows.append(("from_samples, Python-list tokens",
                      median_s(lambda: RolloutBatch.from_samples(listed), max(1, repeats // 2))))
     for name, secs in rows:
-        print(f"  {name:36s} {secs * 1e3:9.1f} ms   x{secs / floor:6.1f} baseline")
-    print(f"convert+shard of {n} samples: {convert_shard:.3f} s (median)")
+        print(f"  {name:34s} {secs * 1e3:8.1f} ms  x{secs / floor:6.1f} baseline  "
+              f"{secs / total * 1e9:6.1f} ns/token")
+    print(f"[{workload}] convert+shard of {n} samples: {convert + sharding:.3f} s (median)")
+    return convert + sharding
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2k samples, 2 repeats (smoke)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--no-lists", action="store_true", help="skip the Python-list variant")
+    parser.add_argument("--lists", action="store_true", help="also time Python-list tokens")
     args = parser.parse_args(argv)
     if args.quick:
-        run(num_prompts=256, repeats=2, with_lists=True)
-    else:
-        run(num_prompts=8192, repeats=args.repeats, with_lists=not args.no_lists)
+        run(num_prompts=256, repeats=2, workload="short", with_lists=True)
+        return
+    for workload in WORKLOADS:
+        run(num_prompts=8192, repeats=args.repeats, workload=workload, with_lists=args.lists)
 
 
 if __name__ == "__main__":

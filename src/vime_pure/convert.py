@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from jaxtyping import Float32, Int32, Int64, UInt8
 
+from vime_pure.batch_checks import all_finite
 from vime_pure.denominators import group_totals
 from vime_pure.errors import RolloutValidationError
 from vime_pure.ragged import offsets_from_lengths, row_positions, row_sums
@@ -154,7 +155,10 @@ def _flat_tokens(flat: FlatRollout, parts: list, total: int) -> Int32[np.ndarray
                 raise RolloutValidationError(
                     f"{flat.path(i)}: tokens hold {bad[0] if bad else arr.tolist()!r:.60}, not "
                     "integer token ids. Fix: store token ids as ints (detokenise nothing).")
-    if tokens.size and (tokens.min() < 0 or tokens.max() > _INT32_MAX):
+        raise RolloutValidationError(f"tokens flatten to {tokens.dtype}{tokens.shape}, not "
+                                     f"{total} integers. Fix: store token ids as flat int lists.")
+    in_range = tokens.min() >= 0 and (tokens.dtype == np.int32 or tokens.max() <= _INT32_MAX)
+    if not in_range:
         k = int(np.argmax((tokens < 0) | (tokens > _INT32_MAX)))
         i = int(np.searchsorted(offsets_from_lengths(np.array([len(p) for p in parts])), k,
                                 side="right")) - 1
@@ -204,8 +208,8 @@ def _flat_log_probs(flat: FlatRollout, parts: list, offsets: np.ndarray
     except (TypeError, ValueError) as exc:
         raise RolloutValidationError(f"rollout_log_probs are not all numbers ({exc}). Fix: "
                                      "store one float per response token.") from None
-    bad = np.flatnonzero(~np.isfinite(values))
-    if bad.size:
+    if not all_finite(values):
+        bad = np.flatnonzero(~np.isfinite(values))
         i = int(np.searchsorted(offsets, bad[0], side="right")) - 1
         raise RolloutValidationError(f"{flat.path(i)}: rollout_log_probs holds {values[bad[0]]}. "
                                      "Fix: log-probs must be finite.")
