@@ -22,8 +22,8 @@ from vime_pure.denominators import group_totals
 from vime_pure.errors import RolloutValidationError
 from vime_pure.ragged import offsets_from_lengths, row_positions, row_sums
 from vime_pure.rewards import RewardNormalization, normalize_rewards, scalar_reward
-from vime_pure.rollout import (FlatRollout, check_mask_length,
-                               check_response_length, flatten_rollout_output, mask_values)
+from vime_pure.rollout import (FlatRollout, check_response_length, flatten_rollout_output,
+                               mask_values)
 from vime_pure.sample import STATUSES, as_status
 
 _STATUS_CODE: dict[Any, int] = {s: k for k, s in enumerate(STATUSES)}  # str values hash alike
@@ -42,12 +42,11 @@ def batch_columns(output: object, reward_key: str | None,
         raise RolloutValidationError("output holds no samples. Fix: return at least one "
                                      "Sample; a batch with nothing to train is a rollout bug.")
     rows = _read_samples(flat, reward_key)
-    lengths = np.array(rows["lengths"], dtype=np.int64)
-    response_lengths = np.array(rows["response_lengths"], dtype=np.int64)
+    lengths, response_lengths = rows["lengths"], rows["response_lengths"]
     response_offsets = offsets_from_lengths(response_lengths)
     masks = _flat_masks(flat, rows, response_offsets)
-    groups, group_values = dense_first_occurrence(flat.group_ids)
-    prompts, prompt_values = dense_first_occurrence(flat.prompt_groups)
+    groups, group_values = flat.group_dense, flat.group_values
+    prompts, prompt_values = flat.prompt_dense, flat.prompt_values
     rewards = np.array(rows["rewards"], dtype=np.float64)
     return dict(
         tokens=_flat_tokens(flat, rows["tokens"], int(lengths.sum())),
@@ -67,53 +66,59 @@ def batch_columns(output: object, reward_key: str | None,
     )
 
 
-def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, list]:
-    """Per-sample fields as lists; fast checks inline, error messages built only on failure."""
-    tokens_l, lengths, resp_l, masks, log_probs = [], [], [], [], []
-    rewards, statuses, removed, indices = [], [], [], []
-    completed, truncated, aborted = STATUSES
-    for i, s in enumerate(flat.samples):
-        tokens = s.tokens
-        if not isinstance(tokens, (list, tuple, np.ndarray)) or len(tokens) == 0:
-            raise RolloutValidationError(f"{flat.path(i)}: tokens={tokens!r:.60} is not a "
-                                         "non-empty list of token ids. Fix: set prompt + "
-                                         "response token ids.")
-        rl = s.response_length
-        if type(rl) is not int or rl < 0 or rl > len(tokens):
-            rl = check_response_length(s, flat.path(i))
-        mask, lp, reward, status, remove = (s.loss_mask, s.rollout_log_probs, s.reward,
-                                            s.status, s.remove_sample)
-        if mask is not None and len(mask) != rl:
-            check_mask_length(s, rl, flat.path(i))
-        if lp is not None and len(lp) != rl:
-            raise RolloutValidationError(f"{flat.path(i)}: len(rollout_log_probs)={len(lp)} but "
-                                         f"response_length={rl}. Fix: one log-prob per response "
-                                         "token.")
-        if type(reward) is not float:
-            reward = scalar_reward(reward, reward_key, flat.path(i))
-        # Identity tests: hashing a str-Enum member runs Python code.
-        code = (0 if status is completed else 1 if status is truncated else 2
-                if status is aborted else _STATUS_CODE[as_status(status, f"{flat.path(i)}.status")])
-        if type(remove) is not bool:
-            raise RolloutValidationError(f"{flat.path(i)}: remove_sample={remove!r} is not a "
-                                         "bool. Fix: set True or False.")
-        index = s.index
-        if index is not None and type(index) is not int:
-            index = _check_index(index, flat.path(i))
-        if index is not None and index < 0:
-            _check_index(index, flat.path(i))
-        tokens_l.append(tokens)
-        lengths.append(len(tokens))
-        resp_l.append(rl)
-        masks.append(None if remove else mask)
-        log_probs.append(lp)
-        rewards.append(reward)
-        statuses.append(code)
-        removed.append(remove)
-        indices.append(-1 if index is None else index)
-    return dict(tokens=tokens_l, lengths=lengths, response_lengths=resp_l, masks=masks,
+def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
+    """Per-sample fields, read column by column with list comprehensions and checked with
+    numpy; a failing check falls back to the per-sample helper that names the path."""
+    ss = flat.samples
+    n = len(ss)
+    tokens = [s.tokens for s in ss]
+    bad = next((i for i, t in enumerate(tokens) if type(t) not in _SEQUENCES
+                and not isinstance(t, (list, tuple, np.ndarray))), None)
+    lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=n) if bad is None else None
+    if bad is not None or lengths.min() < 1:
+        i = bad if bad is not None else int(np.argmin(lengths))
+        raise RolloutValidationError(f"{flat.path(i)}: tokens={tokens[i]!r:.60} is not a "
+                                     "non-empty list of token ids. Fix: set prompt + "
+                                     "response token ids.")
+    resp_raw = [s.response_length for s in ss]
+    resp = (np.fromiter(resp_raw, dtype=np.int64, count=n)
+            if all(type(r) is int for r in resp_raw) else None)
+    if resp is None or ((resp < 0) | (resp > lengths)).any():  # numpy ints, or an error
+        resp = np.fromiter((check_response_length(s, flat.path(i)) for i, s in enumerate(ss)),
+                           dtype=np.int64, count=n)
+    masks = [None if s.remove_sample else s.loss_mask for s in ss]
+    log_probs = [s.rollout_log_probs for s in ss]
+    for name, col in (("loss_mask", [s.loss_mask for s in ss]), ("rollout_log_probs", log_probs)):
+        sizes = np.fromiter((-1 if m is None else len(m) for m in col), dtype=np.int64, count=n)
+        wrong = np.flatnonzero((sizes >= 0) & (sizes != resp))
+        if wrong.size:
+            i = int(wrong[0])
+            raise RolloutValidationError(
+                f"{flat.path(i)}: len({name})={int(sizes[i])} but response_length="
+                f"{int(resp[i])}. Fix: give one value per response token (not per prompt + "
+                "response token)" + (", or set loss_mask=None for all ones." if name ==
+                                     "loss_mask" else "."))
+    rewards = [s.reward for s in ss]
+    if not all(type(r) is float for r in rewards):
+        rewards = [r if type(r) is float else scalar_reward(r, reward_key, flat.path(i))
+                   for i, r in enumerate(rewards)]
+    completed, truncated, aborted = STATUSES  # identity tests: hashing a str-Enum is slow
+    statuses = [0 if st is completed else 1 if st is truncated else 2 if st is aborted else
+                _STATUS_CODE[as_status(st, f"{flat.path(i)}.status")]
+                for i, st in enumerate(s.status for s in ss)]
+    removed = [s.remove_sample for s in ss]
+    odd = next((i for i, r in enumerate(removed) if type(r) is not bool), None)
+    if odd is not None:
+        raise RolloutValidationError(f"{flat.path(odd)}: remove_sample={removed[odd]!r} is not "
+                                     "a bool. Fix: set True or False.")
+    indices = [-1 if (k := s.index) is None else k if type(k) is int and k >= 0
+               else _check_index(k, flat.path(i)) for i, s in enumerate(ss)]
+    return dict(tokens=tokens, lengths=lengths, response_lengths=resp, masks=masks,
                 log_probs=log_probs, rewards=rewards, statuses=statuses, removed=removed,
                 indices=indices)
+
+
+_SEQUENCES = (list, tuple, np.ndarray)
 
 
 def _check_index(index: object, where: str) -> int:
@@ -122,15 +127,6 @@ def _check_index(index: object, where: str) -> int:
         raise RolloutValidationError(f"{where}: index={index!r} is not a non-negative int. "
                                      "Fix: set an int index or None.")
     return int(index)
-
-
-def dense_first_occurrence(ids: tuple) -> tuple[Int64[np.ndarray, " n"], tuple]:
-    """Dense ids in first-occurrence order and the original id of each (as ``group_samples``
-    numbers them; a dict pass and one ``fromiter`` instead of per-element array writes)."""
-    first: dict = {}
-    dense = np.fromiter((first.setdefault(g, len(first)) for g in ids), dtype=np.int64,
-                        count=len(ids))
-    return dense, tuple(first)
 
 
 def _concat(parts: list, dtype: type | None = None) -> np.ndarray:

@@ -29,7 +29,7 @@ from collections.abc import Hashable, Sequence
 
 import attrs
 import numpy as np
-from jaxtyping import UInt8
+from jaxtyping import Int64, UInt8
 
 from vime_pure.errors import RolloutValidationError
 from vime_pure.sample import Sample
@@ -56,6 +56,10 @@ class FlatRollout:
     depth: int
     group_ids: tuple[GroupKey, ...]
     prompt_groups: tuple[GroupKey, ...]
+    group_dense: Int64[np.ndarray, " n"]  # first-occurrence numbering of group_ids
+    group_values: tuple[GroupKey, ...]  # group_values[group_dense[i]] == group_ids[i]
+    prompt_dense: Int64[np.ndarray, " n"]
+    prompt_values: tuple[GroupKey, ...]
 
     def path(self, i: int) -> str:
         """Where sample ``i`` sits in the rollout output, e.g. ``output[3][1][2]``."""
@@ -79,16 +83,9 @@ def fallback_ids(ids: Sequence[GroupKey | None]) -> list[GroupKey]:
     Example: ``[None, 0, None, "x", 2]`` -> ``[1, 0, 3, "x", 2]``.
     """
     used = {i for i in ids if type(i) is int and i >= 0}
-    out: list[GroupKey] = []
-    nxt = 0
-    for i in ids:
-        if i is None:
-            while nxt in used:
-                nxt += 1
-            i = nxt
-            nxt += 1
-        out.append(i)
-    return out
+    missing = sum(1 for i in ids if i is None)
+    fresh = iter([k for k in range(missing + len(used)) if k not in used])
+    return [next(fresh) if i is None else i for i in ids]
 
 
 def flatten_rollout_output(output: object) -> FlatRollout:
@@ -107,11 +104,23 @@ def flatten_rollout_output(output: object) -> FlatRollout:
            else as_group_key(g, "group_id", loc) for s, loc in zip(samples, locs)]
     if depth >= 2:
         _check_compact_leaves(raw, walk.leaf_of, locs)
-    group_ids = fallback_ids(raw)
-    prompts = _prompt_groups(samples, locs, depth)
-    _check_groups_within_prompts(group_ids, prompts, locs)
-    return FlatRollout(samples=samples, locations=locs, depth=depth,
-                       group_ids=tuple(group_ids), prompt_groups=tuple(prompts))
+    group_ids = tuple(fallback_ids(raw))
+    prompts = tuple(_prompt_groups(samples, locs, depth))
+    group_dense, group_values = dense_first_occurrence(group_ids)
+    prompt_dense, prompt_values = dense_first_occurrence(prompts)
+    _check_groups_within_prompts(group_dense, prompt_dense, group_ids, prompts, locs)
+    return FlatRollout(samples=samples, locations=locs, depth=depth, group_ids=group_ids,
+                       prompt_groups=prompts, group_dense=group_dense, group_values=group_values,
+                       prompt_dense=prompt_dense, prompt_values=prompt_values)
+
+
+def dense_first_occurrence(ids: Sequence[Hashable]) -> tuple[Int64[np.ndarray, " n"], tuple]:
+    """Dense numbers in first-occurrence order and the original id of each, as
+    ``grouping.group_samples`` numbers them (one dict pass and one ``fromiter``)."""
+    first: dict = {}
+    dense = np.fromiter((first.setdefault(g, len(first)) for g in ids), dtype=np.int64,
+                        count=len(ids))
+    return dense, tuple(first)
 
 
 class _Walk:
@@ -129,6 +138,12 @@ class _Walk:
             self.deepest = (len(loc), loc)
         kind: str | None = None
         leaf = len(self.leaf_depths)
+        if node and all(type(child) is Sample for child in node):  # a leaf: extend in bulk
+            self.samples.extend(node)
+            self.locations.extend([loc + (k,) for k in range(len(node))])
+            self.leaf_of.extend([leaf] * len(node))
+            self.leaf_depths.append((len(loc), loc + (0,)))
+            return
         for k, child in enumerate(node):
             here = loc + (k,)
             if isinstance(child, Sample):
@@ -214,16 +229,21 @@ def _prompt_groups(samples: tuple[Sample, ...], locs: tuple[Location, ...],
     return [fresh[loc[0]] if p is None else p for loc, p in zip(locs, explicit)]
 
 
-def _check_groups_within_prompts(group_ids: list[GroupKey], prompts: list[GroupKey],
+def _check_groups_within_prompts(groups: np.ndarray, prompts: np.ndarray,
+                                 group_ids: tuple, prompt_ids: tuple,
                                  locs: tuple[Location, ...]) -> None:
-    seen: dict[GroupKey, int] = {}
-    for i, (gid, prompt) in enumerate(zip(group_ids, prompts)):
-        j = seen.setdefault(gid, i)
-        if prompts[j] != prompt:
-            raise _fail(locs[i], f"group_id={gid!r} with prompt_group={prompt!r}, but "
-                        f"{path_of(locs[j])} has the same group_id with prompt_group="
-                        f"{prompts[j]!r}; a rollout group answers one prompt, so these ids "
-                        "collide", "give each rollout execution a unique group_id (or None)")
+    """A rollout group answers one prompt: vectorised, the message built only on failure."""
+    if not len(groups):
+        return
+    first = np.unique(groups, return_index=True)[1]
+    split = np.flatnonzero(prompts != prompts[first][groups])
+    if split.size:
+        i = int(split[0])
+        j = int(first[groups[i]])
+        raise _fail(locs[i], f"group_id={group_ids[i]!r} with prompt_group={prompt_ids[i]!r}, "
+                    f"but {path_of(locs[j])} has the same group_id with prompt_group="
+                    f"{prompt_ids[j]!r}; a rollout group answers one prompt, so these ids "
+                    "collide", "give each rollout execution a unique group_id (or None)")
 
 
 def normalized_loss_mask(sample: Sample, where: str = "sample") -> UInt8[np.ndarray, " r"]:
