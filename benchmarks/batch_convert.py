@@ -52,13 +52,16 @@ def make_output(num_prompts: int, per_prompt: int, as_lists: bool, workload: str
     return out
 
 
-def median_s(fn: Callable[[], object], repeats: int) -> float:
-    times = []
+def median_s(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Median wall and CPU (process) seconds. On a shared machine the CPU time is the stable
+    one: wall time also counts waiting for a core."""
+    wall, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def run(num_prompts: int, repeats: int, workload: str, with_lists: bool) -> float:
@@ -69,23 +72,26 @@ def run(num_prompts: int, repeats: int, workload: str, with_lists: bool) -> floa
     n, total = len(token_parts), sum(len(t) for t in token_parts)
     print(f"[{workload}] {n} samples, {total / 1e6:.1f}M tokens ({total / n:.0f} per sample), "
           f"dp={layout.dp}, medians of {repeats}")
-    floor = median_s(lambda: np.concatenate(token_parts), repeats)
+    baseline = median_s(lambda: np.concatenate(token_parts), repeats)
+    floor = baseline[1]
     batch = RolloutBatch.from_samples(output)
     sched = schedule_for(batch, layout, policy)
     convert = median_s(lambda: RolloutBatch.from_samples(output), repeats)
     sharding = median_s(lambda: shard(batch, sched), repeats)
-    rows = [("baseline: concatenate tokens", floor), ("from_samples", convert),
-            ("shard (8 ranks)", sharding), ("convert + shard", convert + sharding),
+    both = (convert[0] + sharding[0], convert[1] + sharding[1])
+    rows = [("baseline: concatenate tokens", baseline), ("from_samples", convert), ("shard (8 ranks)", sharding), ("convert + shard", both),
             ("build_schedule (once)", median_s(lambda: schedule_for(batch, layout, policy), 1))]
     if with_lists:
         listed = make_output(num_prompts, 8, as_lists=True, workload=workload)
         rows.append(("from_samples, Python-list tokens",
                      median_s(lambda: RolloutBatch.from_samples(listed), max(1, repeats // 2))))
-    for name, secs in rows:
-        print(f"  {name:34s} {secs * 1e3:8.1f} ms  x{secs / floor:6.1f} baseline  "
-              f"{secs / total * 1e9:6.1f} ns/token")
-    print(f"[{workload}] convert+shard of {n} samples: {convert + sharding:.3f} s (median)")
-    return convert + sharding
+    print(f"  {'':34s} {'wall ms':>8s} {'cpu ms':>8s} {'cpu/baseline':>12s} {'cpu ns/token':>12s}")
+    for name, (wall, cpu) in rows:
+        print(f"  {name:34s} {wall * 1e3:8.1f} {cpu * 1e3:8.1f} {cpu / floor:12.1f} "
+              f"{cpu / total * 1e9:12.1f}")
+    print(f"[{workload}] convert+shard of {n} samples: {both[1]:.3f} s CPU, {both[0]:.3f} s "
+          "wall (medians)")
+    return both[1]
 
 
 def main(argv: list[str] | None = None) -> None:
