@@ -85,7 +85,8 @@ def run(num_prompts: int, repeats: int, workload: str, with_lists: bool) -> floa
         listed = make_output(num_prompts, 8, as_lists=True, workload=workload)
         rows.append(("from_samples, Python-list tokens",
                      median_s(lambda: RolloutBatch.from_samples(listed), max(1, repeats // 2))))
-    print(f"  {'':34s} {'wall ms':>8s} {'cpu ms':>8s} {'cpu/baseline':>12s} {'cpu ns/token':>12s}")
+    print(f"  {'':34s} {'wall ms':>8s} {'cpu ms':>8s} {'cpu/baseline':>12s} "
+          f"{'cpu ns/token':>12s}")
     for name, (wall, cpu) in rows:
         print(f"  {name:34s} {wall * 1e3:8.1f} {cpu * 1e3:8.1f} {cpu / floor:12.1f} "
               f"{cpu / total * 1e9:12.1f}")

@@ -24,7 +24,8 @@ from vime_pure.invariants import ScheduleInvariantError
 from vime_pure.denominators import group_mask_sums
 from vime_pure.rewards import (RewardNormalization, grpo_advantages, gspo_advantages,
                                normalize_rewards, reinforce_pp_baseline_advantages)
-from vime_pure.rollout import FlatRollout, fallback_ids, flatten_rollout_output, normalized_loss_mask
+from vime_pure.rollout import (FlatRollout, fallback_ids, flatten_rollout_output,
+                               normalized_loss_mask)
 from vime_pure.sample import Sample, Status
 from vime_pure.schedule import Schedule, StepPlan, build_schedule
 from vime_pure.shard import PackedMicroBatch, RankShard, shard

@@ -11,7 +11,6 @@ response_length=1, loss_mask=[0]`` give ``tokens=[1, 2, 3, 4, 5]``, ``token_offs
 ``loss_masks=[1, 1, 0]`` and ``response_offsets=[0, 2, 3]``.
 """
 
-import itertools
 from typing import Any
 
 import numpy as np
@@ -130,11 +129,10 @@ def _check_index(index: object, where: str) -> int:
 
 
 def _concat(parts: list, dtype: type | None = None) -> np.ndarray:
-    """Flatten ragged parts: one ``concatenate`` for arrays, one conversion for lists."""
-    if parts and all(type(p) is np.ndarray for p in parts):
-        out = np.concatenate(parts)
-        return out if dtype is None else out.astype(dtype, copy=False)
-    return np.array(list(itertools.chain.from_iterable(parts)), dtype=dtype)
+    """Flatten ragged parts (arrays, lists or tuples) with one ``concatenate``; it converts
+    lists as fast as chaining them first. Non-numbers raise or give a non-numeric dtype,
+    which the callers check."""
+    return np.concatenate(parts, dtype=dtype) if parts else np.zeros(0, dtype=dtype)
 
 
 def _flat_tokens(flat: FlatRollout, parts: list, total: int) -> Int32[np.ndarray, " t"]:

@@ -24,7 +24,7 @@ Access path for a trainer (e.g. the Megatron shell), micro-batch ``j`` of this r
         mb.cu_seqlens               # int64 [k+1], sample boundaries in the row
         mb.loss_mask                # float32 [T], 0 on prompts, the response mask elsewhere
         mb.advantages               # float32 [T], the sample's advantage on response tokens
-        mb.rollout_log_probs        # float32 [T] or None, engine log-prob of each token
+        mb.rollout_log_probs        # float32 [T] or None, engine log-prob per token, 0 on prompts
         mb.group_mask_sums          # float64 [k], per-sample group denominators
         mb.num_groups               # G_s of the micro-batch's step (mb.step)
 
@@ -69,6 +69,14 @@ class PackedMicroBatch:
     advantages: Float32[np.ndarray, " T"]
     rollout_log_probs: Float32[np.ndarray, " T"] | None
     group_mask_sums: Float64[np.ndarray, " k"]
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            shape_checker(_packed_shapes)(
+                self.sample_indices, self.cu_seqlens, self.group_mask_sums, self.tokens,
+                self.positions, self.loss_mask, self.advantages, self.rollout_log_probs)
+        except TypeCheckError as exc:
+            raise shape_error("PackedMicroBatch", self, exc) from None
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -234,3 +242,11 @@ def _shapes(sample_indices: Int64[np.ndarray, " k"], lengths: Int64[np.ndarray, 
             step_of_microbatch: Int64[np.ndarray, " m"],
             microbatch_offsets: Int64[np.ndarray, " m+1"]) -> None:
     """Cross-field shapes of a shard: rows k, offsets k+1, masks/log-probs r, micro-batches m."""
+
+
+def _packed_shapes(sample_indices: Int64[np.ndarray, " k"], cu_seqlens: Int64[np.ndarray, " k+1"],
+                   group_mask_sums: Float64[np.ndarray, " k"], tokens: Int32[np.ndarray, " T"],
+                   positions: Int64[np.ndarray, " T"], loss_mask: Float32[np.ndarray, " T"],
+                   advantages: Float32[np.ndarray, " T"],
+                   rollout_log_probs: Float32[np.ndarray, " T"] | None) -> None:
+    """Cross-field shapes of a packed row: k samples, T tokens."""
