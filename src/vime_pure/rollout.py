@@ -116,11 +116,10 @@ def flatten_rollout_output(output: object) -> FlatRollout:
 
 def dense_first_occurrence(ids: Sequence[Hashable]) -> tuple[Int64[np.ndarray, " n"], tuple]:
     """Dense numbers in first-occurrence order and the original id of each, as
-    ``grouping.group_samples`` numbers them (one dict pass and one ``fromiter``)."""
-    first: dict = {}
-    dense = np.fromiter((first.setdefault(g, len(first)) for g in ids), dtype=np.int64,
-                        count=len(ids))
-    return dense, tuple(first)
+    ``grouping.group_samples`` numbers them (C-level ``dict.fromkeys`` and ``map`` passes)."""
+    values = tuple(dict.fromkeys(ids))  # keeps first-occurrence order
+    number = {v: k for k, v in enumerate(values)}
+    return np.fromiter(map(number.__getitem__, ids), dtype=np.int64, count=len(ids)), values
 
 
 class _Walk:
