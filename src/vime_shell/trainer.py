@@ -339,6 +339,13 @@ class MegatronTrainer:
         dist.broadcast(buf, src=src, group=group)
         flat.copy_(buf.cpu())
 
+    def shutdown(self) -> None:
+        """Drop Megatron's parallel state so another layout can be built in this process."""
+        from megatron.core import parallel_state
+
+        self.model, self.optimizer, self.scheduler = [], None, None
+        parallel_state.destroy_model_parallel()
+
     # -- weights -----------------------------------------------------------------------------
     def export_hf(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(hf_name, full tensor)`` for every weight; collective, drain on every rank."""
