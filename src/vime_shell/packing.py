@@ -11,8 +11,11 @@ tensors one Megatron forward needs, concatenating the samples into a single row.
   ``cu_seqlens`` instead;
 - per **response token** ``r`` (prompt tokens never enter the loss): ``logit_index`` (row
   position whose output predicts it), ``loss_mask``, ``advantages``, ``old_log_probs``,
-  ``ref_log_probs``, ``denominators`` (the token's group mask total, step-level data), and
-  ``sample`` (position of its sample inside the micro-batch).
+  ``ref_log_probs``, ``denominators`` (the token's group mask total, step-level data),
+  ``sample`` (position of its sample inside the micro-batch) and ``response_slot`` (its place
+  among the micro-batch's response tokens: all of them, except under context parallelism);
+- with context parallelism (THD only) each sample is padded to a multiple of ``2*cp`` and the
+  row holds this CP rank's zigzag chunks (chunks ``r`` and ``2cp-1-r`` of every sample).
 
 Invariants (tested in ``tests/shell/test_packing.py``): every sample's response tokens appear
 once, in order; the per-token log-probs of a packed row equal those of each sample run alone
@@ -126,6 +129,7 @@ class PackedRow:
     ref_log_probs: Float[torch.Tensor, " R"] | None
     denominators: Float[torch.Tensor, " R"]
     sample: Int[torch.Tensor, " R"]
+    response_slot: Int[torch.Tensor, " R"]
     indices: tuple[int, ...]
     response_lengths: tuple[int, ...]
 
@@ -133,12 +137,22 @@ class PackedRow:
     def num_tokens(self) -> int:
         return int(self.tokens.shape[1])
 
-    def to(self, device: torch.device | str) -> "PackedRow":
-        def move(t):
-            return t.to(device) if isinstance(t, torch.Tensor) else t
-        return attrs.evolve(self, **{f.name: move(getattr(self, f.name))
-                                     for f in attrs.fields(PackedRow)
-                                     if isinstance(getattr(self, f.name), torch.Tensor)})
+    @property
+    def num_response_tokens(self) -> int:
+        """Response tokens of the whole micro-batch (over all CP ranks)."""
+        return sum(self.response_lengths)
+
+    def to(self, device: torch.device | str | int) -> "PackedRow":
+        """The row with every tensor (THD ``cu_seqlens`` included) on ``device``."""
+        import dataclasses
+
+        moved = {f.name: getattr(self, f.name).to(device) for f in attrs.fields(PackedRow)
+                 if isinstance(getattr(self, f.name), torch.Tensor)}
+        if self.packed_seq_params is not None:
+            p = self.packed_seq_params
+            moved["packed_seq_params"] = dataclasses.replace(
+                p, cu_seqlens_q=p.cu_seqlens_q.to(device), cu_seqlens_kv=p.cu_seqlens_kv.to(device))
+        return attrs.evolve(self, **moved)
 
 
 def block_causal_mask(lengths: Sequence[int]) -> torch.Tensor:
@@ -168,8 +182,30 @@ def _gather(column: np.ndarray | None, offsets: np.ndarray, idx: np.ndarray) -> 
     return np.concatenate([column[offsets[i]:offsets[i + 1]] for i in idx])
 
 
-def pack(rows: TrainRows, indices: Sequence[int], packing: str = "mask") -> PackedRow:
-    """Pack samples ``indices`` (positions into ``rows``) into one row; see the module docstring."""
+def zigzag_positions(lengths: Sequence[int], cp_size: int, cp_rank: int) -> np.ndarray:
+    """Row positions CP rank ``cp_rank`` holds: of every sample (length a multiple of
+    ``2*cp_size``), chunks ``cp_rank`` and ``2*cp_size-1-cp_rank`` of ``2*cp_size`` equal chunks.
+
+    Example: lengths ``[8]``, cp 2, rank 0 -> ``[0, 1, 6, 7]``; rank 1 -> ``[2, 3, 4, 5]``.
+    """
+    out, start = [], 0
+    for n in lengths:
+        c = n // (2 * cp_size)
+        for k in (cp_rank, 2 * cp_size - 1 - cp_rank):
+            out.append(np.arange(start + k * c, start + (k + 1) * c))
+        start += n
+    return np.concatenate(out).astype(np.int64)
+
+
+def pack(rows: TrainRows, indices: Sequence[int], packing: str = "mask", cp_size: int = 1,
+         cp_rank: int = 0) -> PackedRow:
+    """Pack samples ``indices`` (positions into ``rows``) into one row; see the module docstring.
+
+    With ``cp_size > 1`` (THD only) every sample is padded to a multiple of ``2*cp_size`` and
+    the row keeps only this CP rank's zigzag chunks; the per-token columns keep the response
+    tokens predicted on this rank, ``response_slot`` says where each sits in the full row's
+    response tokens. Denominators stay the whole group's, so CP partial sums add up exactly.
+    """
     idx = np.asarray(indices, dtype=np.int64)
     if idx.size == 0 or idx.min() < 0 or idx.max() >= rows.num_samples:
         raise field_error(PackingError, "indices", list(indices),
@@ -178,16 +214,35 @@ def pack(rows: TrainRows, indices: Sequence[int], packing: str = "mask") -> Pack
     if packing not in ("mask", "thd"):
         raise field_error(PackingError, "packing", packing, "is not a packing mode",
                           "use 'mask' (CPU) or 'thd' (CUDA with TransformerEngine)")
+    if cp_size > 1 and packing != "thd":
+        raise field_error(PackingError, "cp_size", cp_size, "needs THD packing",
+                          "use packing='thd' on CUDA with TransformerEngine, or cp_size=1")
     lens, resp = rows.lengths[idx], rows.response_lengths[idx]
-    tokens = _gather(rows.tokens, rows.token_offsets, idx)
-    starts = _offsets(lens)[:-1]
-    positions = np.concatenate([np.arange(n) for n in lens])
+    padded = lens if cp_size == 1 else -(-lens // (2 * cp_size)) * (2 * cp_size)
+    starts = _offsets(padded)[:-1]
+    tokens = np.zeros(int(padded.sum()), dtype=np.int64)
+    for k, i in enumerate(idx):  # padding (cp > 1 only) sits after each sample's real tokens
+        tokens[starts[k]:starts[k] + lens[k]] = rows.tokens[rows.token_offsets[i]:rows.token_offsets[i + 1]]
+    positions = np.concatenate([np.arange(n) for n in padded])
     labels = np.zeros_like(tokens)
     labels[:-1] = tokens[1:]
     # Response token j of sample k sits at starts[k] + lens[k] - resp[k] + j and is predicted by
     # the output one position earlier.
     logit_index = np.concatenate([s + n - r - 1 + np.arange(r) for s, n, r in zip(starts, lens, resp)])
+    slot = np.arange(len(logit_index))
+    if cp_size > 1:
+        local = zigzag_positions(padded.tolist(), cp_size, cp_rank)
+        to_local = np.full(len(tokens), -1, dtype=np.int64)
+        to_local[local] = np.arange(len(local))
+        keep = to_local[logit_index] >= 0
+        tokens, positions, labels = tokens[local], positions[local], labels[local]
+        logit_index, slot = to_local[logit_index[keep]], slot[keep]
+    else:
+        keep = np.ones(len(logit_index), dtype=bool)
     ro = rows.response_offsets
+
+    def column(a):
+        return None if a is None else tensor(a[keep], torch.float32)
 
     def tensor(a, dtype):
         return None if a is None else torch.as_tensor(np.ascontiguousarray(a), dtype=dtype)
@@ -196,13 +251,14 @@ def pack(rows: TrainRows, indices: Sequence[int], packing: str = "mask") -> Pack
         tokens=tensor(tokens, torch.long)[None], position_ids=tensor(positions, torch.long)[None],
         labels=tensor(labels, torch.long)[None],
         attention_mask=block_causal_mask(lens.tolist()) if packing == "mask" else None,
-        packed_seq_params=thd_params(lens.tolist()) if packing == "thd" else None,
+        packed_seq_params=thd_params(padded.tolist()) if packing == "thd" else None,
         logit_index=tensor(logit_index, torch.long),
-        loss_mask=tensor(_gather(rows.loss_mask, ro, idx), torch.float32),
-        advantages=tensor(_gather(rows.advantages, ro, idx), torch.float32),
-        old_log_probs=tensor(_gather(rows.old_log_probs, ro, idx), torch.float32),
-        ref_log_probs=tensor(_gather(rows.ref_log_probs, ro, idx), torch.float32),
-        denominators=tensor(np.repeat(rows.denominators[idx], resp), torch.float32),
-        sample=tensor(np.repeat(np.arange(len(idx)), resp), torch.long),
+        loss_mask=column(_gather(rows.loss_mask, ro, idx)),
+        advantages=column(_gather(rows.advantages, ro, idx)),
+        old_log_probs=column(_gather(rows.old_log_probs, ro, idx)),
+        ref_log_probs=column(_gather(rows.ref_log_probs, ro, idx)),
+        denominators=column(np.repeat(rows.denominators[idx], resp)),
+        sample=tensor(np.repeat(np.arange(len(idx)), resp)[keep], torch.long),
+        response_slot=tensor(slot, torch.long),
         indices=tuple(int(i) for i in idx), response_lengths=tuple(int(r) for r in resp),
     )

@@ -47,25 +47,27 @@ class Platform:
         return self.transformer_engine
 
     def transformer_overrides(self) -> dict[str, object]:
-        """TransformerConfig fields this platform forces (CPU: fp32, no fusions, no SP)."""
+        """TransformerConfig fields this platform forces (local spec: no fusions, no SP)."""
         common: dict[str, object] = dict(
             hidden_dropout=0.0, attention_dropout=0.0, variable_seq_lengths=True,
             params_dtype=self.dtype, pipeline_dtype=self.dtype,
             bf16=self.dtype is torch.bfloat16, fp16=False,
         )
-        if self.kind == "cuda":
+        if self.transformer_engine:
             return common
+        # Megatron's local (torch) spec: no TE/Apex kernels, so no fusions and no SP with torch
+        # norms; on CPU also CPU initialisation.
         return dict(
             common, sequence_parallel=False, bias_dropout_fusion=False,
             masked_softmax_fusion=False, gradient_accumulation_fusion=False,
             apply_rope_fusion=False, persist_layer_norm=False, bias_activation_fusion=False,
-            use_cpu_initialization=True,
+            use_cpu_initialization=self.kind == "cpu",
         )
 
 
-def detect_platform(force_cpu: bool = False) -> Platform:
-    """CUDA when available (and not ``force_cpu``), else CPU; installs the CPU layer on CPU."""
-    if torch.cuda.is_available() and not force_cpu:
+def detect_platform() -> Platform:
+    """CUDA when available, else CPU (installing the CPU compatibility layer)."""
+    if torch.cuda.is_available():
         has_te = importlib.util.find_spec("transformer_engine") is not None
         return Platform(kind="cuda", backend="nccl", dtype=torch.bfloat16,
                         transformer_engine=has_te, packing="thd" if has_te else "mask")

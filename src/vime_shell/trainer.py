@@ -138,14 +138,17 @@ class MegatronTrainer:
     def from_hf(cls, hf_dir: str | Path, config: TrainerConfig = TrainerConfig(), *,
                 tp: int = 1, pp: int = 1, cp: int = 1,
                 num_layers_per_virtual_stage: int | None = None,
-                force_cpu: bool = False) -> "MegatronTrainer":
-        """Detect the platform, resolve the layout for the launched world, init, build."""
+                platform: Platform | None = None) -> "MegatronTrainer":
+        """Detect the platform (unless given), resolve the layout for the launched world,
+        initialise distributed + Megatron parallel state, build. Flags map 1:1 to Megatron's
+        ``--tensor-model-parallel-size`` etc.; a layout the platform cannot run raises
+        ``UnsupportedLayoutError`` before anything is built."""
         import torch.distributed as dist
 
         from vime_shell.model import _hf_config
         from vime_shell.platform import detect_platform, initialize_parallel, resolve_layout
 
-        platform = detect_platform(force_cpu=force_cpu)
+        platform = platform or detect_platform()
         world = dist.get_world_size() if dist.is_initialized() else _env_world_size()
         layout = resolve_layout(world_size=world, num_layers=_hf_config(hf_dir).num_hidden_layers,
                                 platform=platform, tp=tp, pp=pp, cp=cp,
@@ -209,8 +212,12 @@ class MegatronTrainer:
 
     # -- data --------------------------------------------------------------------------------
     def _packed(self, rows: TrainRows, microbatches: Sequence[Sequence[int]]) -> list[PackedRow]:
+        from megatron.core import parallel_state as mpu
+
         device = torch.cuda.current_device() if self.platform.kind == "cuda" else "cpu"
-        out = [pack(rows, mb, self.platform.packing) for mb in microbatches]
+        cp_size, cp_rank = self.layout.cp, mpu.get_context_parallel_rank()
+        out = [pack(rows, mb, self.platform.packing, cp_size=cp_size, cp_rank=cp_rank)
+               for mb in microbatches]
         return [r.to(device) for r in out] if self.platform.kind == "cuda" else out
 
     def _iterators(self, packed: list[PackedRow]):
@@ -311,10 +318,12 @@ class MegatronTrainer:
             return logp.sum() * 0.0, {"log_probs": logp}
 
         reports = self._run(packed, loss_fn, forward_only=True)
-        sizes = [int(r.logit_index.numel()) for r in packed]
+        sizes = [r.num_response_tokens for r in packed]
         flat = torch.zeros(sum(sizes), dtype=torch.float32)
         if mpu.is_pipeline_last_stage(ignore_virtual=True):
-            flat = torch.cat([r["log_probs"].float().cpu() for r in reports])
+            for row, report, piece in zip(packed, reports, torch.split(flat, sizes)):
+                piece[row.response_slot.cpu()] = report["log_probs"].float().cpu()
+        self._sum_over_context_parallel(flat)
         self._broadcast_from_last_stage(flat)
         out: list[np.ndarray | None] = [None] * rows.num_samples
         for row, piece in zip(packed, torch.split(flat, sizes)):
@@ -326,6 +335,17 @@ class MegatronTrainer:
                               f"samples {missing[:8]} are in no micro-batch",
                               "pass the plan built from the same schedule as the rows")
         return out
+
+    def _sum_over_context_parallel(self, flat: torch.Tensor) -> None:
+        """CP ranks hold disjoint response tokens (zeros elsewhere): their sum is the full row."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as mpu
+
+        if self.layout.cp == 1:
+            return
+        buf = flat.cuda() if self.platform.kind == "cuda" else flat
+        dist.all_reduce(buf, group=mpu.get_context_parallel_group())
+        flat.copy_(buf.cpu())
 
     def _broadcast_from_last_stage(self, flat: torch.Tensor) -> None:
         import torch.distributed as dist

@@ -102,3 +102,36 @@ def test_mismatched_columns_are_typed_errors():
 def test_packed_log_probs_equal_unpacked(megatron_runs, name):
     for rank in ((0,) if name == "dp1" else (0, 1)):
         assert megatron_runs["per_rank"][rank][name]["packing_max"] <= 1e-5
+
+
+def test_zigzag_positions_docstring_example():
+    from vime_shell.packing import zigzag_positions
+
+    assert zigzag_positions([8], 2, 0).tolist() == [0, 1, 6, 7]
+    assert zigzag_positions([8], 2, 1).tolist() == [2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_context_parallel_slices_partition_the_response_tokens(cp):
+    from vime_shell.synthetic import synthetic_rows
+
+    rows = synthetic_rows(64, num_groups=5, seed=2, with_old_log_probs=True)
+    mb = list(range(rows.num_samples))
+    full = pack(rows, mb, packing="thd")
+    parts = [pack(rows, mb, packing="thd", cp_size=cp, cp_rank=r) for r in range(cp)]
+    slots = torch.cat([p.response_slot for p in parts])
+    assert sorted(slots.tolist()) == list(range(full.num_response_tokens))
+    for name in ("loss_mask", "advantages", "old_log_probs", "denominators"):
+        merged = torch.zeros(full.num_response_tokens)
+        for p in parts:
+            merged[p.response_slot] = getattr(p, name)
+        assert torch.equal(merged, getattr(full, name)), name
+    for p in parts:  # every local logit position predicts the right token in the padded row
+        assert p.packed_seq_params.cu_seqlens_q[-1] % (2 * cp) == 0
+        assert p.tokens.shape[1] * cp == int(p.packed_seq_params.cu_seqlens_q[-1])
+        assert torch.equal(p.labels[0, p.logit_index], full.labels[0, full.logit_index][p.response_slot])
+
+
+def test_context_parallel_needs_thd():
+    with pytest.raises(PackingError, match="cp_size"):
+        pack(_rows(), [0, 1], packing="mask", cp_size=2)
