@@ -92,6 +92,28 @@ class TrainRows:
     def num_samples(self) -> int:
         return len(self.lengths)
 
+    @classmethod
+    def from_shard(cls, shard, *, old_log_probs: np.ndarray | None = None,
+                   ref_log_probs: np.ndarray | None = None,
+                   denominators: np.ndarray | None = None) -> "TrainRows":
+        """Rows of a ``vime_pure.shard.RankShard`` (its samples in execution order).
+
+        Per-sample advantages are broadcast to the sample's response tokens; ``denominators``
+        default to the shard's ``group_mask_sums`` (the ``group_token_mean`` mode); pass the
+        step-level ``D`` of another loss mode to override. Log-prob columns are flat over
+        response tokens (e.g. from :meth:`MegatronTrainer.compute_log_probs`, concatenated).
+        """
+        return cls(tokens=np.asarray(shard.tokens, dtype=np.int64),
+                   lengths=np.asarray(shard.lengths, dtype=np.int64),
+                   response_lengths=np.asarray(shard.response_lengths, dtype=np.int64),
+                   loss_mask=np.asarray(shard.loss_masks, dtype=np.float64),
+                   advantages=np.repeat(np.asarray(shard.advantages, dtype=np.float64),
+                                        shard.response_lengths),
+                   denominators=np.asarray(shard.group_mask_sums if denominators is None
+                                           else denominators, dtype=np.float64),
+                   group=np.asarray(shard.group_ids, dtype=np.int64),
+                   old_log_probs=old_log_probs, ref_log_probs=ref_log_probs)
+
     def select(self, indices: Sequence[int]) -> "TrainRows":
         """The rows ``indices`` in that order (e.g. a rank's ``schedule.partitions[rank]``)."""
         idx = np.asarray(indices, dtype=np.int64)

@@ -93,6 +93,16 @@ class RankPlan:
     steps: tuple[StepSpec, ...]
 
     @classmethod
+    def from_shard(cls, shard) -> "RankPlan":
+        """The plan of a ``vime_pure.shard.RankShard``: per step ``num_groups`` and its
+        ``num_microbatches`` micro-batches, as local positions into the shard's rows."""
+        local = iter(shard.micro_batch_indices)
+        return cls(steps=tuple(
+            StepSpec(num_groups=int(g), microbatches=tuple(tuple(int(i) for i in next(local))
+                                                           for _ in range(int(k))))
+            for k, g in zip(shard.num_microbatches, shard.num_groups)))
+
+    @classmethod
     def from_schedule(cls, schedule, dp_rank: int) -> "RankPlan":
         """Local positions (into ``schedule.partitions[dp_rank]``) of every step's micro-batches."""
         local = iter(schedule.micro_batch_indices[dp_rank])
