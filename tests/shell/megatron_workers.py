@@ -15,6 +15,7 @@ import numpy as np
 NUM_GROUPS, GLOBAL_BATCH, MAX_TOKENS, LR = 32, 24, 48, 1e-3
 ROLLOUT_SEEDS = (11, 12)  # two rollout batches, each giving steps of [24, 8] groups
 
+PACKING_CHECK_LAYOUTS = ("dp1", "pp2")
 LAYOUTS: dict[str, dict] = {
     "dp2": {},
     "dp2_distopt_overlap": {"distopt": True},
@@ -102,7 +103,9 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
         old = trainer.compute_log_probs(rows, plan)  # old log-probs, recomputed as in RL
         if r == 0:
             out["hf_logprob_max"] = _max_diff(old, _hf_log_probs(hf_model, rows))
-            if trainer.layout.vpp == 1:  # a singleton plan needs no microbatch_group multiple
+            # Singleton micro-batches: DP1 and PP2 (a VPP plan would need microbatch_group
+            # multiples; TP2 pays ~10 gloo all-reduces per forward, so it is left out for time).
+            if name in PACKING_CHECK_LAYOUTS:
                 single = RankPlan(steps=(StepSpec(num_groups=1, microbatches=tuple(
                     (i,) for i in range(rows.num_samples))),))
                 out["packing_max"] = _max_diff(old, trainer.compute_log_probs(rows, single))
@@ -140,6 +143,32 @@ def conversion_only(hf_dir: str) -> dict:
     return out
 
 
+def compat_report() -> dict:
+    """Facts about the installed CPU compatibility layer, checked by test_launch."""
+    import torch
+
+    from vime_shell import cuda_compat
+
+    ids = [id(getattr(torch.cuda, n)) for n in cuda_compat.PATCHED_ATTRIBUTES]
+    t = torch.zeros(2, device="cuda")
+    torch.cuda.manual_seed(3)
+    a = torch.rand(2)
+    torch.cuda.manual_seed(3)
+    state = torch.cuda.get_rng_state()
+    b = torch.rand(1)
+    torch.cuda.set_rng_state(state)
+    with torch.cuda.stream(torch.cuda.Stream()):
+        torch.cuda.current_stream().synchronize()
+    return {
+        "reinstall": cuda_compat.install(), "distinct": len(set(ids)) == len(ids),
+        "is_available": torch.cuda.is_available(), "zeros_device": t.device.type,
+        "cuda_is_identity": t.cuda() is t, "type_name": t.type(),
+        "int_device": torch.empty(3, device=torch.cuda.current_device()).device.type,
+        "to_int": t.to(0).device.type,
+        "manual_seed_repeats": torch.equal(a[:1], b) and torch.equal(b, torch.rand(1)),
+    }
+
+
 def all_layouts_worker(rank: int, hf_dir: str, llama_dir: str, names: tuple[str, ...],
                        with_dp1: bool) -> dict:
     """Every layout of ``names`` on the 2-process world, then DP1 on rank 0 (world of 1)."""
@@ -154,6 +183,7 @@ def all_layouts_worker(rank: int, hf_dir: str, llama_dir: str, names: tuple[str,
     warnings.filterwarnings("ignore", category=UserWarning, module="megatron")
     warnings.filterwarnings("ignore", category=FutureWarning)
     detect_platform()
+    compat = compat_report()
     dist.init_process_group("gloo")
     results = {name: run_layout(hf_dir, name, **LAYOUTS[name]) for name in names}
     dist.barrier()
@@ -163,4 +193,5 @@ def all_layouts_worker(rank: int, hf_dir: str, llama_dir: str, names: tuple[str,
         results["dp1"] = run_layout(hf_dir, "dp1")
         results["llama_conversion"] = conversion_only(llama_dir)
         dist.destroy_process_group()
+    results["compat"] = compat
     return results

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.shell.megatron_workers import PACKING_CHECK_LAYOUTS
 from vime_shell.packing import PackingError, TrainRows, block_causal_mask, pack
 
 
@@ -98,7 +99,7 @@ def test_mismatched_columns_are_typed_errors():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dp1", "dp2", "tp2", "pp2"])
+@pytest.mark.parametrize("name", PACKING_CHECK_LAYOUTS)
 def test_packed_log_probs_equal_unpacked(megatron_runs, name):
     for rank in ((0,) if name == "dp1" else (0, 1)):
         assert megatron_runs["per_rank"][rank][name]["packing_max"] <= 1e-5
