@@ -73,14 +73,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: build the trainer and run one self-check step on synthetic rollouts."""
     args = build_parser().parse_args(argv)
     try:
-        trainer = trainer_from_args(args)
         from vime_shell.synthetic import synthetic_rows, synthetic_schedule
-
-        rows, schedule = synthetic_rows(trainer.bridge.hf_config.vocab_size, num_groups=8,
-                                        seed=args.seed), None
-        schedule = synthetic_schedule(rows, trainer.layout, global_batch_size=8)
         from vime_shell.trainer import RankPlan
 
+        trainer = trainer_from_args(args)
+        rows = synthetic_rows(trainer.bridge.hf_config.vocab_size, num_groups=8, seed=args.seed)
+        schedule = synthetic_schedule(rows, trainer.layout, global_batch_size=8)
         plan = RankPlan.from_schedule(schedule, trainer.dp_rank)
         results = trainer.train(rows.select(schedule.partitions[trainer.dp_rank]), plan)
     except VimeError as exc:

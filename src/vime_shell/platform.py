@@ -19,6 +19,7 @@ Example: world size 4, ``tp=1, pp=2``, 4 layers, ``num_layers_per_virtual_stage=
 """
 
 import importlib.util
+import os
 from typing import Literal
 
 import attrs
@@ -148,7 +149,12 @@ def initialize_parallel(layout: TrainLayout, platform: Platform, seed: int = 123
     from megatron.core import parallel_state, tensor_parallel
 
     if not dist.is_initialized():
-        dist.init_process_group(backend=platform.backend)
+        if "MASTER_ADDR" not in os.environ and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            # A plain `python ...` run (no torchrun): a private single-process group.
+            dist.init_process_group(backend=platform.backend, store=dist.HashStore(),
+                                    rank=0, world_size=1)
+        else:
+            dist.init_process_group(backend=platform.backend)
     if platform.kind == "cuda":
         torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
     parallel_state.initialize_model_parallel(
