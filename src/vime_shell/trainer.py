@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from vime_pure.errors import VimeError, field_error
-from vime_shell.objective import LossConfig, megatron_loss_factor, microbatch_loss
+from vime_shell.objective import (STEP_KEYS, TOKEN_KEYS, LossConfig, loss_factor,
+                                  microbatch_objective)
 from vime_shell.packing import PackedRow, TrainRows, pack
 from vime_shell.platform import Platform, TrainLayout
 
@@ -261,11 +262,13 @@ class MegatronTrainer:
             raise field_error(VimeError, "microbatches", (), "is empty",
                               "pass the step's micro-batches from the schedule")
         packed = self._packed(rows, step.microbatches)
-        factor = megatron_loss_factor(len(packed), step.num_groups, self.layout.dp)
+        num_samples = self._step_samples(step)
         cfg = self.config.loss
+        factor = loss_factor(cfg, len(packed), step.num_groups, num_samples, self.layout.dp,
+                             self.layout.cp)
 
         def loss_fn(row: PackedRow, output: torch.Tensor):
-            return microbatch_loss(-output[0, row.logit_index], row, cfg, factor)
+            return microbatch_objective(-output[0, row.logit_index], row, cfg, factor)
 
         for chunk in self.model:
             chunk.zero_grad_buffer()
@@ -277,7 +280,7 @@ class MegatronTrainer:
                             "gradients). Fix: lower the learning rate or check the data.")
         self.scheduler.step(increment=step.num_groups)
         self.steps_done += 1
-        metrics = self._reduce(reports, step.num_groups)
+        metrics = self._reduce(reports, step.num_groups, num_samples)
         return StepResult(metrics=metrics, num_groups=step.num_groups,
                           num_microbatches=len(packed), lr=float(self.optimizer.param_groups[0]["lr"]),
                           grad_norm=float(grad_norm if grad_norm is not None else 0.0))
@@ -286,29 +289,37 @@ class MegatronTrainer:
         """Every step of ``plan`` in order (several optimizer steps per rollout batch)."""
         return [self.train_step(rows, step) for step in plan.steps]
 
-    def _reduce(self, reports: list[dict], num_groups: int) -> dict[str, float]:
-        """Sum (sum, count) pairs over micro-batches and ranks; loss is divided by ``G_s``."""
+    def _step_samples(self, step: StepSpec) -> int:
+        """``N_s``: the step's sample count over all DP ranks (sample-mean modes divide by it)."""
         import torch.distributed as dist
         from megatron.core import parallel_state as mpu
 
-        names = ["loss", "pg_loss", "ratio", "clipfrac", "log_prob", "kl", "tokens"]
-        totals = torch.zeros(len(names), 2, dtype=torch.float64)
+        local = torch.tensor([sum(len(mb) for mb in step.microbatches)], dtype=torch.int64,
+                             device="cuda" if self.platform.kind == "cuda" else "cpu")
+        dist.all_reduce(local, group=mpu.get_data_parallel_group())
+        return int(local.item())
+
+    def _reduce(self, reports: list[dict], num_groups: int, num_samples: int) -> dict[str, float]:
+        """Sum the rows' report sums over micro-batches and ranks (``all_reduce_step_sums``);
+        loss-like keys are divided by the step divisor ``C``, token keys by the token count."""
+        from megatron.core import parallel_state as mpu
+
+        from vime_pure.denominators import step_divisor
+        from vime_pure.metrics import Metric
+        from vime_shell.collectives import all_reduce_step_sums
+
+        keys = (*STEP_KEYS, *TOKEN_KEYS, "tokens")
+        # Only the last pipeline stage computed losses; TP ranks hold identical copies.
         owner = (mpu.is_pipeline_last_stage(ignore_virtual=True)
                  and mpu.get_tensor_model_parallel_rank() == 0)
-        if owner:
-            for report in reports:
-                for i, name in enumerate(names):
-                    if name in report:
-                        totals[i] += report[name].double().cpu()
-        device = "cuda" if self.platform.kind == "cuda" else "cpu"
-        totals = totals.to(device)
-        dist.all_reduce(totals)
-        totals = totals.cpu()
-        out = {"loss": float(totals[0, 0]) / num_groups}
-        for i, name in enumerate(names[1:], start=1):
-            s, c = float(totals[i, 0]), float(totals[i, 1])
-            if c > 0:
-                out[name] = s if name == "tokens" else s / c
+        sums = {k: sum(float(r[k]) for r in reports) if owner else 0.0 for k in keys}
+        totals = all_reduce_step_sums(sums, None, check_keys=False,
+                                      device="cuda" if self.platform.kind == "cuda" else "cpu")
+        divisor = step_divisor(self.config.loss.mode, num_groups, num_samples)
+        out = {k: totals[k] / divisor for k in STEP_KEYS}
+        out.update({k: Metric(totals[k], totals["tokens"]).value for k in TOKEN_KEYS})
+        out["tokens"] = totals["tokens"]
+        out["num_samples"] = float(num_samples)
         return out
 
     @torch.no_grad()
