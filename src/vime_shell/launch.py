@@ -46,13 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def trainer_from_args(args: argparse.Namespace):
     """Validate the layout for this platform and world, then build the trainer."""
-    from vime_shell.model import _hf_config
+    from vime_shell.model import read_hf_config
     from vime_shell.objective import LossConfig
     from vime_shell.platform import detect_platform, resolve_layout
     from vime_shell.trainer import MegatronTrainer, OptimConfig, TrainerConfig
 
     platform = detect_platform()
-    num_layers = _hf_config(args.hf_checkpoint).num_hidden_layers
+    num_layers = read_hf_config(args.hf_checkpoint).num_hidden_layers
     # Resolve first: a bad layout must fail before any process group or model exists.
     resolve_layout(world_size=int(os.environ.get("WORLD_SIZE", "1")), num_layers=num_layers,
                    platform=platform, tp=args.tensor_model_parallel_size,

@@ -40,7 +40,13 @@ class ModelLoadError(VimeError):
     """An HF model directory that cannot be loaded into Megatron, with the reason and the fix."""
 
 
-def _hf_config(hf_dir: str | Path):
+def read_hf_config(hf_dir: str | Path):
+    """The transformers config of ``hf_dir``, normalised for mbridge (``rope_theta`` restored).
+
+    Raises ``ModelLoadError`` for a missing ``config.json`` or a RoPE variant the bridge cannot
+    convert. Example: a transformers-5 Qwen2 config with ``rope_parameters={"rope_theta": 1e4,
+    "rope_type": "default"}`` comes back with ``rope_theta == 1e4``.
+    """
     from transformers import AutoConfig
 
     path = Path(hf_dir)
@@ -68,7 +74,7 @@ def make_bridge(hf_dir: str | Path, platform: Platform):
     from mbridge import AutoBridge
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
-    config = _hf_config(hf_dir)
+    config = read_hf_config(hf_dir)
     try:
         bridge = AutoBridge.from_config(config, dtype=platform.dtype)  # adjustment 4
     except ValueError as exc:

@@ -156,12 +156,12 @@ class MegatronTrainer:
         ``UnsupportedLayoutError`` before anything is built."""
         import torch.distributed as dist
 
-        from vime_shell.model import _hf_config
+        from vime_shell.model import read_hf_config
         from vime_shell.platform import detect_platform, initialize_parallel, resolve_layout
 
         platform = platform or detect_platform()
         world = dist.get_world_size() if dist.is_initialized() else _env_world_size()
-        layout = resolve_layout(world_size=world, num_layers=_hf_config(hf_dir).num_hidden_layers,
+        layout = resolve_layout(world_size=world, num_layers=read_hf_config(hf_dir).num_hidden_layers,
                                 platform=platform, tp=tp, pp=pp, cp=cp,
                                 num_layers_per_virtual_stage=num_layers_per_virtual_stage)
         initialize_parallel(layout, platform, seed=config.seed)

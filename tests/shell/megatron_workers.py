@@ -82,7 +82,8 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
                                     TrainerConfig)
 
     t0 = time.perf_counter()
-    optim = OptimConfig(lr=LR, use_distributed_optimizer=distopt, overlap_grad_reduce=distopt)
+    optim = OptimConfig(lr=LR, use_distributed_optimizer=distopt, overlap_grad_reduce=distopt,
+                        overlap_param_gather=distopt)
     trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=optim), tp=tp, pp=pp,
                                       num_layers_per_virtual_stage=vpl)
     hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)

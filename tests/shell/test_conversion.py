@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from vime_shell.model import ModelLoadError, _hf_config
+from vime_shell.model import ModelLoadError, read_hf_config
 
 TOL = 1e-5
 ROUNDTRIP_LAYOUTS = ["dp1", "tp2", "pp2", "pp2_vpp2"]
@@ -45,7 +45,7 @@ def test_llama_roundtrip_and_logits(megatron_runs):
 
 def test_missing_config_is_a_typed_error(tmp_path):
     with pytest.raises(ModelLoadError, match="no config.json"):
-        _hf_config(tmp_path)
+        read_hf_config(tmp_path)
 
 
 def test_scaled_rope_is_rejected_with_the_fix(tmp_path):
@@ -57,11 +57,11 @@ def test_scaled_rope_is_rejected_with_the_fix(tmp_path):
     data["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
     (tmp_path / "config.json").write_text(json.dumps(data))
     with pytest.raises(ModelLoadError, match="rope_type"):
-        _hf_config(tmp_path)
+        read_hf_config(tmp_path)
 
 
 def test_rope_theta_is_read_from_rope_parameters(tmp_path):
     from vime_shell.tiny_model import hf_config, TinyModelSpec
 
     hf_config(TinyModelSpec(rope_theta=5000.0)).save_pretrained(tmp_path)
-    assert _hf_config(tmp_path).rope_theta == 5000.0
+    assert read_hf_config(tmp_path).rope_theta == 5000.0
