@@ -2,8 +2,8 @@
 
 Two rollout batches of 32 groups, each scheduled as steps of [24, 8] groups (a partial step),
 old log-probs recomputed with the log-prob step, PPO with Adam (lr 1e-3), fp32. The final
-parameters and every step's loss on DP2, DP2 + distributed optimizer + overlapped grad reduce,
-TP2, PP2 and PP2xVPP2 must equal DP1 to 1e-5.
+parameters and every step's loss on DP2, DP2 + distributed optimizer + overlapped grad reduce
+and param gather, TP2, PP2 and PP2xVPP2 must equal DP1 to 1e-5.
 """
 
 import numpy as np
