@@ -16,6 +16,7 @@ NUM_GROUPS, GLOBAL_BATCH, MAX_TOKENS, LR = 32, 24, 48, 1e-3
 ROLLOUT_SEEDS = (11, 12)  # two rollout batches, each giving steps of [24, 8] groups
 
 PACKING_CHECK_LAYOUTS = ("dp1", "pp2")
+RESUME_CHECK_LAYOUTS = ("dp1", "dp2_distopt_overlap")
 LAYOUTS: dict[str, dict] = {
     "dp2": {},
     "dp2_distopt_overlap": {"distopt": True},
@@ -50,6 +51,28 @@ def _hf_log_probs(hf_model, rows) -> list[np.ndarray]:
             r = int(rows.response_lengths[i])
             n = toks.shape[1]
             out.append(logp[n - r - 1:n - 1].gather(1, toks[0, n - r:, None])[:, 0].numpy())
+    return out
+
+
+def _resume(hf_dir: str, checkpoint: str, optim, vocab: int, *, tp, pp, vpl) -> dict:
+    """A fresh trainer loads the checkpoint taken before rollout 2 and trains rollout 2 again."""
+    import attrs as _attrs
+
+    from vime_shell.trainer import MegatronTrainer, RankPlan, TrainerConfig
+
+    trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=optim), tp=tp, pp=pp,
+                                      num_layers_per_virtual_stage=vpl)
+    trainer.load_checkpoint(checkpoint)
+    rows_all = rollout_rows(vocab, ROLLOUT_SEEDS[1])
+    schedule = rollout_schedule(rows_all, trainer.layout)
+    rows = rows_all.select(schedule.partitions[trainer.dp_rank])
+    plan = RankPlan.from_schedule(schedule, trainer.dp_rank)
+    old = trainer.compute_log_probs(rows, plan)
+    results = trainer.train(_attrs.evolve(rows, old_log_probs=np.concatenate(old)), plan)
+    out = {"final": {k: v.numpy() for k, v in trainer.hf_state_dict().items()},
+           "metrics": [r.metrics for r in results], "steps_done": trainer.steps_done,
+           "scheduler_groups": int(trainer.scheduler.num_steps)}
+    trainer.shutdown()
     return out
 
 
@@ -96,7 +119,10 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
                                       for k in original),
                  "logit_max": _logit_diff(trainer, hf_model, vocab),
                  "metrics": [], "trace": [], "lr": []}
+    checkpoint = f"{hf_dir}-ckpt-{name}"
     for r, seed in enumerate(ROLLOUT_SEEDS):
+        if r == 1 and name in RESUME_CHECK_LAYOUTS:
+            trainer.save_checkpoint(checkpoint)
         rows_all = rollout_rows(vocab, seed)
         schedule = rollout_schedule(rows_all, trainer.layout)
         rows = rows_all.select(schedule.partitions[trainer.dp_rank])
@@ -121,6 +147,8 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
     out["scheduler_groups"] = int(trainer.scheduler.num_steps)
     out["final"] = {k: v.numpy() for k, v in trainer.hf_state_dict().items()}
     trainer.shutdown()
+    if name in RESUME_CHECK_LAYOUTS:
+        out["resume"] = _resume(hf_dir, checkpoint, optim, vocab, tp=tp, pp=pp, vpl=vpl)
     out["seconds"] = time.perf_counter() - t0
     return out
 
