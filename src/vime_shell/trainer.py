@@ -380,6 +380,13 @@ class MegatronTrainer:
         dist.broadcast(buf, src=src, group=group)
         flat.copy_(buf.cpu())
 
+    def _finish_param_sync(self) -> None:
+        """With ``overlap_param_gather`` the all-gather of updated shards is deferred to the
+        next forward; anything that reads parameters outside a forward must force it first."""
+        if self.config.optim.overlap_param_gather:
+            for chunk in self.model:
+                chunk.start_param_sync(force_sync=True)
+
     # -- checkpoints ---------------------------------------------------------------------------
     def _sub_optimizers(self) -> list:
         return list(getattr(self.optimizer, "chained_optimizers", [self.optimizer]))
@@ -408,6 +415,7 @@ class MegatronTrainer:
 
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
+        self._finish_param_sync()
         state = {"layout": attrs.asdict(self.layout), "steps_done": self.steps_done,
                  "model": [c.state_dict() for c in self.model],
                  "optimizer": self._optimizer_state(), "scheduler": self.scheduler.state_dict(),
@@ -458,12 +466,14 @@ class MegatronTrainer:
         """``(hf_name, full tensor)`` for every weight; collective, drain on every rank."""
         from vime_shell.model import export_hf_weights
 
+        self._finish_param_sync()
         return export_hf_weights(self.bridge, self.model)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """All weights under HF names, as CPU tensors, on every rank."""
         from vime_shell.model import hf_state_dict
 
+        self._finish_param_sync()
         return hf_state_dict(self.bridge, self.model)
 
 

@@ -35,7 +35,7 @@ def test_ratio_one_surrogate_gives_minus_advantage_group_mean_and_gradient():
     loss, report = microbatch_objective(logp, _row(), LossConfig(), factor=2.0)
     loss.backward()
     # pg = -A = -1 on 3 masked tokens over D = 3 -> P = -1; scaled by 2.
-    assert float(loss) == pytest.approx(-2.0)
+    assert loss.item() == pytest.approx(-2.0)
     assert float(report["loss"]) == pytest.approx(-1.0)
     assert logp.grad.tolist() == pytest.approx([-2 / 3, -2 / 3, -2 / 3, 0.0])
     assert float(report["tokens"]) == 3.0
