@@ -148,6 +148,8 @@ def initialize_parallel(layout: TrainLayout, platform: Platform, seed: int = 123
     import torch.distributed as dist
     from megatron.core import parallel_state, tensor_parallel
 
+    if platform.kind == "cuda":  # before NCCL initialises, so each rank binds its own GPU
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     if not dist.is_initialized():
         if "MASTER_ADDR" not in os.environ and int(os.environ.get("WORLD_SIZE", "1")) == 1:
             # A plain `python ...` run (no torchrun): a private single-process group.
@@ -155,8 +157,6 @@ def initialize_parallel(layout: TrainLayout, platform: Platform, seed: int = 123
                                     rank=0, world_size=1)
         else:
             dist.init_process_group(backend=platform.backend)
-    if platform.kind == "cuda":
-        torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,

@@ -4,6 +4,14 @@ import attrs
 import numpy as np
 
 
+def _init_nccl(rank: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    _init_nccl(rank)
+
+
 def _rows_and_plan(trainer, vocab: int, num_groups: int = 8):
     from vime_shell.synthetic import synthetic_rows, synthetic_schedule
     from vime_shell.trainer import RankPlan
@@ -22,7 +30,7 @@ def thd_vs_mask_worker(rank: int, hf_dir: str) -> dict:
     from vime_shell.platform import Platform, detect_platform
     from vime_shell.trainer import MegatronTrainer
 
-    dist.init_process_group("nccl")
+    _init_nccl(rank)
     thd = detect_platform()
     out = {"thd_platform": attrs.asdict(thd, value_serializer=lambda i, a, v: str(v))}
     results = {}
@@ -46,7 +54,7 @@ def bf16_step_worker(rank: int, hf_dir: str) -> dict:
 
     from vime_shell.trainer import MegatronTrainer, OptimConfig, TrainerConfig
 
-    dist.init_process_group("nccl")
+    _init_nccl(rank)
     trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=OptimConfig(lr=1e-3)))
     before = trainer.hf_state_dict()
     rows, plan = _rows_and_plan(trainer, trainer.bridge.hf_config.vocab_size)
@@ -66,7 +74,7 @@ def cp_worker(rank: int, hf_dir: str, cp: int) -> dict:
 
     from vime_shell.trainer import MegatronTrainer, OptimConfig, TrainerConfig
 
-    dist.init_process_group("nccl")
+    _init_nccl(rank)
     trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=OptimConfig(lr=1e-3)), cp=cp)
     rows, plan = _rows_and_plan(trainer, trainer.bridge.hf_config.vocab_size)
     logps = trainer.compute_log_probs(rows, plan)
