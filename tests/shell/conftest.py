@@ -47,6 +47,8 @@ def megatron_runs(tmp_path_factory) -> dict:
             return pickle.loads(cache.read_bytes())
         result = _compute(root)
         cache.write_bytes(pickle.dumps(result))
+        per_layout = ", ".join(f"{name} {run['seconds']:.1f}s"
+                               for name, run in result["per_rank"][0].items() if "seconds" in run)
         print(f"\n[megatron_runs] 2-process spawn over {len(LAYOUTS)} layouts + DP1: "
-              f"{result['wall_s']:.1f} s wall")
+              f"{result['wall_s']:.1f} s wall ({per_layout})")
         return result
