@@ -52,6 +52,7 @@ def test_config_file_then_flags(tmp_path, suffix, text):
     (dict(rollout_top_p=0.0), "rollout_top_p"),
     (dict(max_tokens_per_gpu=None), "max_tokens_per_gpu"),
     (dict(advantage_estimator="ppo2"), "advantage_estimator"),
+    (dict(rollout_turn_reward="max"), "rollout_turn_reward"),
 ])
 def test_bad_values_name_the_field(kwargs, field):
     with pytest.raises(ConfigError, match=field):

@@ -55,6 +55,7 @@ class TrainConfig:
                                     "rollout function, 'pkg.mod:fn'")
     custom_rm_path: str | None = _f(None, "reward function 'pkg.mod:fn'; default exact match")
     rollout_num_turns: int = _f(2, "turns per execution of the compact rollout (2-3)")
+    rollout_turn_reward: str = _f("mean", "compact rollout reward: mean of turns, or 'all'")
     num_rollout: int = _f(300, "rollout batches to generate and train on")
     rollout_batch_size: int = _f(16, "prompts per rollout batch")
     n_samples_per_prompt: int = _f(8, "rollout executions per prompt")
@@ -96,6 +97,7 @@ class TrainConfig:
         _in_range("logprob_gap_tolerance", self.logprob_gap_tolerance, 0.0, 1e9, "use 1e-4")
         _one_of("rollout_engine", self.rollout_engine, (None, *ENGINES))
         _one_of("advantage_estimator", self.advantage_estimator, ESTIMATORS)
+        _one_of("rollout_turn_reward", self.rollout_turn_reward, ("mean", "all"))
         from vime_shell.tasks import TASKS
 
         _one_of("task", self.task, tuple(TASKS))

@@ -43,12 +43,13 @@ def tokenizer(model_dir):
 
 
 def make_ctx(engine, tokenizer, *, task="reverse2", rollout_id=0, reward_fn=exact_match_reward,
-             num_turns=2, seed=0):
+             num_turns=2, seed=0, turn_reward="mean"):
     t = get_task(task)
     return RolloutContext(
         rollout_id=rollout_id, engine=engine, tokenizer=tokenizer, task=t,
         prompts=t.examples(N_PROMPTS, seed=seed, rollout_id=rollout_id),
         n_samples_per_prompt=N_SAMPLES, num_turns=num_turns, reward_fn=reward_fn,
+        turn_reward=turn_reward,
         sampling=SamplingParams(max_new_tokens=t.answer_length,
                                 seed=rollout_sampling_seed(seed, rollout_id)))
 
@@ -86,9 +87,10 @@ def test_same_context_same_samples_and_next_rollout_differs(engine, tokenizer):
     assert a != c
 
 
-@pytest.mark.parametrize("num_turns", [2, 3])
-def test_compact_rollout_siblings_share_group_and_all_turns_reward(engine, tokenizer, num_turns):
-    ctx = make_ctx(engine, tokenizer, num_turns=num_turns)
+@pytest.mark.parametrize("num_turns, turn_reward", [(2, "mean"), (3, "all")])
+def test_compact_rollout_siblings_share_group_and_reward(engine, tokenizer, num_turns,
+                                                          turn_reward):
+    ctx = make_ctx(engine, tokenizer, num_turns=num_turns, turn_reward=turn_reward)
     flat = run_rollout(compact_rollout, ctx)
     assert flat.depth == 2
     assert len(flat.samples) == N_PROMPTS * N_SAMPLES * num_turns
@@ -100,7 +102,8 @@ def test_compact_rollout_siblings_share_group_and_all_turns_reward(engine, token
             assert len({s.group_id for s in siblings}) == 1
             assert {s.prompt_group for s in siblings} == {p}
             turn_ok = [s.metadata["response"] == s.metadata["label"] for s in siblings]
-            assert {s.reward for s in siblings} == {float(all(turn_ok))}
+            expected = all(turn_ok) if turn_reward == "all" else sum(turn_ok) / num_turns
+            assert {s.reward for s in siblings} == {float(expected)}
             for prev, nxt in zip(siblings, siblings[1:]):  # compaction: only the last answer
                 assert nxt.metadata["prompt"] == prev.metadata["response"] + ">"
             for s in siblings:
@@ -112,6 +115,8 @@ def test_compact_rollout_rejects_unchainable_task_and_bad_turns(engine, tokenize
         compact_rollout(make_ctx(engine, tokenizer, task="count_a"))
     with pytest.raises(TaskError, match="num_turns"):
         compact_rollout(make_ctx(engine, tokenizer, num_turns=4))
+    with pytest.raises(TaskError, match="turn_reward"):
+        compact_rollout(make_ctx(engine, tokenizer, turn_reward="max"))
 
 
 def test_custom_reward_fn_is_used(engine, tokenizer):
