@@ -3,7 +3,7 @@
 Asserts :mod:`vime_shell.tasks`' invariants: prompts and labels stay inside the embedded
 tokenizer's alphabet; labels have ``answer_length`` characters and are correct for their
 prompts; exact-match reward is 1 only for the label; draws are a pure function of
-``(seed, rollout_id)``; chaining builds the next turn; ``--custom-rm-path`` loads by path.
+``(seed, rollout_id)``; the next turn is labelled from the previous label; ``--custom-rm-path`` loads by path.
 """
 
 import sys
@@ -71,11 +71,15 @@ def test_exact_match_rewards_only_the_label(label, response):
     assert exact_match_reward(_S(response=response, label=label)) == float(response == label)
 
 
-def test_chain_builds_the_next_turn():
-    assert get_task("reverse2").chain("74") == TaskExample(prompt="74>", label="47")
-    assert get_task("copy2").chain("74") == TaskExample(prompt="74=", label="74")
+def test_next_turn_shows_the_response_and_labels_from_the_truth():
+    first = TaskExample(prompt="47>", label="74")
+    assert get_task("reverse2").next_turn("74", first) == TaskExample(prompt="74>", label="47")
+    # A wrong or empty answer does not move the label: no reward for a degenerate history.
+    assert get_task("reverse2").next_turn("", first) == TaskExample(prompt=">", label="47")
+    assert get_task("copy2").next_turn("11", TaskExample(prompt="47=", label="47")) == \
+        TaskExample(prompt="11=", label="47")
     with pytest.raises(TaskError, match="addmod10"):
-        get_task("addmod10").chain("7")
+        get_task("addmod10").next_turn("7", TaskExample(prompt="3+4=", label="7"))
 
 
 def test_unknown_task_and_incomplete_metadata_are_typed_errors():

@@ -110,7 +110,7 @@ def compact_rollout(ctx: RolloutContext) -> list[list[list[Sample]]]:
     """``n_samples_per_prompt`` executions of ``num_turns`` chained turns per prompt.
 
     Example: reverse2 with 2 turns: turn 0 ``"47>"`` -> ``"74"``, turn 1 sees only ``"74>"``
-    and must answer ``"47"``; both samples share a group id; with ``turn_reward="all"`` both
+    and must answer ``"47"`` (see ``DigitTask.next_turn``); both samples share a group id; with ``turn_reward="all"`` both
     get 1.0 iff both turns are right, with ``"mean"`` they get 0.5 when one turn is right.
     """
     if not 2 <= ctx.num_turns <= 3:
@@ -131,7 +131,8 @@ def compact_rollout(ctx: RolloutContext) -> list[list[list[Sample]]]:
                         index=j * ctx.num_turns + t, turn=t)
             turns[j].append(s)
         # Compaction: the next turn's context is this turn's answer alone.
-        examples = [ctx.task.chain(turns[j][-1].metadata["response"]) for j in range(len(turns))]
+        examples = [ctx.task.next_turn(turns[j][-1].metadata["response"], examples[j])
+                    for j in range(len(turns))]
     out: list[list[list[Sample]]] = [[] for _ in ctx.prompts]
     for j, siblings in enumerate(turns):
         rewards = [float(ctx.reward_fn(s)) for s in siblings]

@@ -10,7 +10,8 @@ answers or answers that must end with EOS are not learned (see the stack facts).
 Invariants the tests assert: prompts and labels use only the embedded tokenizer's alphabet;
 ``len(label) == task.answer_length``; ``reward(label, label) == 1`` and any other response
 gets 0; draws are a pure function of ``(seed, rollout_id)`` (resume replays the same prompts);
-``chain`` (multi-turn) builds the next turn's example from a previous response.
+``next_turn`` (multi-turn) shows the next turn only the previous *response* but labels it
+from the previous *label*, so a turn is answerable only when the turns before it were right.
 
 Rewards: a reward function takes a ``Sample`` whose ``metadata`` holds ``"prompt"``,
 ``"response"`` (decoded text, special tokens skipped) and ``"label"``, and returns a float.
@@ -67,19 +68,29 @@ class DigitTask:
         if self.kind == "addmod":
             a, b = (int(x) for x in rng.integers(0, 10, size=2))
             return TaskExample(prompt=f"{a}+{b}=", label=str((a + b) % 10))
-        return self.chain("".join(str(d) for d in rng.integers(0, 10, size=self.width)))
+        digits = "".join(str(d) for d in rng.integers(0, 10, size=self.width))
+        return TaskExample(prompt=digits + self._separator(), label=self._apply(digits))
 
-    def chain(self, text: str) -> TaskExample:
-        """The example whose input is ``text``: next turn of a multi-turn rollout.
+    def next_turn(self, response: str, previous: TaskExample) -> TaskExample:
+        """The next turn of a multi-turn rollout, in a context compacted to ``response``.
 
-        Example: ``TASKS["reverse2"].chain("74") == TaskExample(prompt="74>", label="47")``.
+        The prompt is built from the model's previous answer, the label from the previous
+        *label* (the right answer given a right history). Labelling from the response instead
+        is exploitable: emitting nothing makes the next turn's label empty, and trivially met.
+        Example: ``TASKS["reverse2"].next_turn("74", TaskExample(prompt="47>", label="74"))``
+        is ``TaskExample(prompt="74>", label="47")``; after a wrong ``"11"`` the prompt is
+        ``"11>"`` and the label still ``"47"``.
         """
-        if self.kind == "reverse":
-            return TaskExample(prompt=text + ">", label=text[::-1])
-        if self.kind == "copy":
-            return TaskExample(prompt=text + "=", label=text)
-        raise field_error(TaskError, "task", self.name, "cannot chain turns",
-                          "use reverse2 or copy2 for multi-turn rollouts")
+        return TaskExample(prompt=response + self._separator(), label=self._apply(previous.label))
+
+    def _separator(self) -> str:
+        if not self.chainable:
+            raise field_error(TaskError, "task", self.name, "cannot chain turns",
+                              "use reverse2 or copy2 for multi-turn rollouts")
+        return ">" if self.kind == "reverse" else "="
+
+    def _apply(self, digits: str) -> str:
+        return digits[::-1] if self.kind == "reverse" else digits
 
     def examples(self, n: int, *, seed: int, rollout_id: int) -> tuple[TaskExample, ...]:
         """``n`` examples, a pure function of ``(seed, rollout_id)``."""

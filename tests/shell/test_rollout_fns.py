@@ -106,6 +106,7 @@ def test_compact_rollout_siblings_share_group_and_reward(engine, tokenizer, num_
             assert {s.reward for s in siblings} == {float(expected)}
             for prev, nxt in zip(siblings, siblings[1:]):  # compaction: only the last answer
                 assert nxt.metadata["prompt"] == prev.metadata["response"] + ">"
+                assert nxt.metadata["label"] == prev.metadata["label"][::-1]
             for s in siblings:
                 assert_sample_invariants(s, tokenizer)
 
