@@ -70,7 +70,7 @@ class TrainConfig:
     balance_by_flops: bool = _f(False, "balance estimated FLOPs across DP ranks")
     allow_partial_train_step: bool = _f(False, "train a short last step instead of dropping")
     # optimisation
-    lr: float = _f(5e-4, "Adam learning rate")
+    lr: float = _f(3e-4, "Adam learning rate")
     advantage_estimator: str = _f("grpo", f"one of {ESTIMATORS}")
     eps_clip: float = _f(0.2, "PPO ratio clip")
     logprob_gap_tolerance: float = _f(1e-4, "max engine-trainer log-prob gap after a sync")
@@ -90,7 +90,7 @@ class TrainConfig:
             if getattr(self, name) is not None:
                 _at_least(name, getattr(self, name), 1)
         _at_least("seed", self.seed, 0)
-        _in_range("lr", self.lr, 0.0, 1.0, "use e.g. 5e-4 (a 100k-param model), 1e-6 (7B)")
+        _in_range("lr", self.lr, 0.0, 1.0, "use e.g. 3e-4 (the 334k-param embedded model), 1e-6 (7B)")
         _in_range("rollout_temperature", self.rollout_temperature, 0.0, 100.0, "use 1.0")
         _in_range("rollout_top_p", self.rollout_top_p, 1e-6, 1.0, "use 1.0")
         _in_range("eps_clip", self.eps_clip, 0.0, 10.0, "use 0.2")

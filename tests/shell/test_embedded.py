@@ -40,8 +40,8 @@ def test_finished_build_is_reused_and_specs_get_their_own_directory(built):
     stamp = (built / "model.safetensors").stat().st_mtime_ns
     assert build_embedded(built.parent) == built
     assert (built / "model.safetensors").stat().st_mtime_ns == stamp
-    wider = build_embedded(built.parent, EmbeddedSpec(hidden_size=128, num_attention_heads=2))
-    assert wider != built
+    narrower = EmbeddedSpec(hidden_size=64, num_attention_heads=1, num_key_value_heads=1)
+    assert build_embedded(built.parent, narrower) != built
     assert not [p for p in built.parent.iterdir() if p.name.startswith(".building-")]
 
 
