@@ -8,7 +8,8 @@ tokens. This policy balances individual samples instead:
 1. **Distribute**: per step, longest-processing-time first: samples by decreasing FLOPs, each
    to the currently lightest rank (a heap). Ranks holding a very long sample get fewer samples;
    dealing equal counts per rank instead cannot absorb a heavy tail.
-2. **Pack per rank** with first-fit-decreasing under the token cap.
+2. **Pack per rank** into the target count ``M`` of token-balanced bins (LPT by tokens) when
+   that respects the cap, else with first-fit-decreasing.
 3. **Equalise counts**: every rank needs the same count ``M`` (a multiple of the VPP
    ``microbatch_group``). ``M`` starts at the aligned lower bound ``ceil(K_lb / dp)`` where
    ``K_lb`` is the step's bin lower bound; ranks above ``M`` hand their emptiest micro-batches'
@@ -34,6 +35,7 @@ from jaxtyping import Float, Int
 from vime_pure import kernels
 
 REFINE_TOLERANCE = 5e-3  # stop refining once the heaviest rank is within 0.5% of its bound
+EXTRA_GROUP_THRESHOLD = 0.02  # above 2% over the bound, try one more micro-batch group per rank
 
 
 def lpt_ranks(work: Float[np.ndarray, " n"], step_of: Int[np.ndarray, " n"],
@@ -62,21 +64,74 @@ def balance_step(order: list[int], ranks: list[int], sizes: Int[np.ndarray, " n"
                  ) -> tuple[list[list[int]], kernels.Bins] | None:
     """Per-rank micro-batches of one step. ``order``: positions sorted by (rank, size
     descending); ``ranks[k]``: the rank of ``order[k]``. Returns (bin numbers per rank, bins)."""
-    size_list = sizes.tolist()
+    step = _Step(sizes, work, cap)
     cuts = np.searchsorted(np.asarray(ranks), np.arange(dp + 1)).tolist()
-    per_rank = [kernels.ffd_sorted(order[a:b], [size_list[i] for i in order[a:b]], cap)
-                for a, b in zip(cuts[:-1], cuts[1:])]
-    count = _bin_lower_bound(sizes, cap)
-    m = max(-(-count // dp), 1)
+    slices = [(order[a:b], [step.size[i] for i in order[a:b]]) for a, b in zip(cuts[:-1], cuts[1:])]
+    ffd: dict[int, kernels.Bins] = {}  # per-rank FFD packing, computed on first need
+    m = max(-(-_bin_lower_bound(sizes, cap) // dp), 1)
     m = -(-m // multiple) * multiple
-    while m * dp <= len(size_list):
-        equal = _equalise(per_rank, m, sizes, work, cap)
-        if equal is not None:
-            _refine(equal, sizes, work, cap)
-            bins = [b for rank in equal for b in rank]
-            return [list(range(r * m, (r + 1) * m)) for r in range(dp)], bins
-        m += multiple
+    while m * dp <= len(step.size):
+        equal = _equalise(_pack_ranks(slices, m, cap, ffd), m, step)
+        if equal is None:
+            m += multiple
+            continue
+        best = _refine(equal, step)
+        if best > 1 + EXTRA_GROUP_THRESHOLD and (m + multiple) * dp <= len(step.size):
+            # The token cap forces FLOPs onto some ranks at this count: one more micro-batch
+            # group per rank usually removes the straggler (see the module's trade-off).
+            wider = _equalise(_pack_ranks(slices, m + multiple, cap, ffd), m + multiple, step)
+            if wider is not None and _refine(wider, step) < best - EXTRA_GROUP_THRESHOLD / 2:
+                equal, m = wider, m + multiple
+        bins = [b for rank in equal for b in rank]
+        return [list(range(r * m, (r + 1) * m)) for r in range(dp)], bins
     return None
+
+
+def _pack_ranks(slices: list[tuple[list[int], list[int]]], m: int, cap: int,
+                ffd: dict[int, kernels.Bins]) -> list[kernels.Bins]:
+    """Every rank's items in ``m`` token-balanced bins (LPT by tokens) when that respects the
+    cap, else its first-fit-decreasing packing (which ``_equalise`` then brings to ``m``)."""
+    out = []
+    for r, (items, item_sizes) in enumerate(slices):
+        bins = lpt_bins(items, item_sizes, m, cap) if sum(item_sizes) <= m * cap else None
+        if bins is None:
+            if r not in ffd:
+                ffd[r] = kernels.ffd_sorted(items, item_sizes, cap)
+            bins = ffd[r]
+        out.append(bins)
+    return out
+
+
+def lpt_bins(items: list[int], item_sizes: list[int], m: int, cap: int) -> kernels.Bins | None:
+    """Items (sorted by size, largest first) into exactly ``m`` bins, each to the bin with the
+    fewest tokens; None when a bin would be empty or a multi-item bin would exceed ``cap``.
+    Example: sizes [9, 5, 4, 3, 1] into 2 bins give [9, 1] and [5, 4, 3]."""
+    if len(items) < m:
+        return None
+    bins: kernels.Bins = [[] for _ in range(m)]
+    heap = [(0, j) for j in range(m)]
+    for i, size in zip(items, item_sizes):
+        tokens, j = heap[0]
+        if tokens and tokens + size > cap:
+            return None
+        bins[j].append(i)
+        heapq.heapreplace(heap, (tokens + size, j))
+    return bins
+
+
+class _Step:
+    """One step's sizes and work as Python lists (per-bin sums of a few items are cheaper in
+    Python than through numpy calls), plus the arrays for vectorised searches."""
+
+    def __init__(self, sizes: np.ndarray, work: np.ndarray, cap: int) -> None:
+        self.sizes, self.work, self.cap = sizes, work, cap
+        self.size, self.flops = sizes.tolist(), work.tolist()
+
+    def tokens(self, items: list[int]) -> int:
+        return sum(map(self.size.__getitem__, items))
+
+    def load(self, bins: kernels.Bins) -> float:
+        return sum(sum(map(self.flops.__getitem__, b)) for b in bins)
 
 
 def _bin_lower_bound(sizes: np.ndarray, cap: int) -> int:
@@ -88,112 +143,113 @@ def _bin_lower_bound(sizes: np.ndarray, cap: int) -> int:
     return over + max(by_volume, big)
 
 
-def _equalise(per_rank: list[kernels.Bins], m: int, sizes: np.ndarray, work: np.ndarray,
-              cap: int) -> list[kernels.Bins] | None:
+def _equalise(per_rank: list[kernels.Bins], m: int, step: _Step) -> list[kernels.Bins] | None:
     """Bring every rank to exactly ``m`` bins, or None if the overflow does not fit."""
-    ranks = [[list(b) for b in bins] for bins in per_rank]
+    ranks = [list(bins) for bins in per_rank]
     pool: list[int] = []
     for bins in ranks:
         if len(bins) > m:
-            bins.sort(key=lambda b: -int(sizes[b].sum()))  # stable: keeps FFD order on ties
+            bins.sort(key=lambda b: -step.tokens(b))  # stable: keeps FFD order on ties
             pool.extend(i for b in bins[m:] for i in b)
             del bins[m:]
-    if pool:
-        if not _place(ranks, pool, m, sizes, work, cap):
-            return None
+    if pool and not _place(ranks, pool, m, step):
+        return None
     for r, bins in enumerate(ranks):
         if len(bins) < m:
-            split = kernels.split_to_count(bins, sizes, m)
+            split = kernels.split_to_count(bins, step.sizes, m)
             if split is None:
                 return None
             ranks[r] = split
     return ranks
 
 
-def _place(ranks: list[kernels.Bins], pool: list[int], m: int, sizes: np.ndarray,
-           work: np.ndarray, cap: int) -> bool:
+def _place(ranks: list[kernels.Bins], pool: list[int], m: int, step: _Step) -> bool:
     """Put ``pool`` items (largest first) into bins with room on the lightest possible rank,
-    opening a bin on a rank below ``m`` bins when no room is left anywhere."""
-    owner = np.array([r for r, bins in enumerate(ranks) for _ in bins], dtype=np.int64)
+    opening a bin on a rank below ``m`` bins when no room is left anywhere. New lists replace
+    the bins that grow, so the caller's per-rank packing is never mutated."""
     ref = [(r, j) for r, bins in enumerate(ranks) for j in range(len(bins))]
-    room = np.array([cap - int(sizes[b].sum()) for bins in ranks for b in bins], dtype=np.int64)
-    load = np.array([float(work[[i for b in bins for i in b]].sum()) for bins in ranks])
-    for i in sorted(pool, key=lambda j: (-int(sizes[j]), j)):
-        size = int(sizes[i])
-        fit = np.flatnonzero(room >= size) if size <= cap else np.zeros(0, dtype=np.int64)
+    owner = np.array([r for r, _ in ref], dtype=np.int64)
+    room = np.array([step.cap - step.tokens(ranks[r][j]) for r, j in ref], dtype=np.int64)
+    load = np.array([step.load(bins) for bins in ranks])
+    for i in sorted(pool, key=lambda j: (-step.size[j], j)):
+        size = step.size[i]
+        fit = np.flatnonzero(room >= size) if size <= step.cap else np.zeros(0, dtype=np.int64)
         if fit.size:
             slot = int(fit[np.argmin(load[owner[fit]])])
             r, j = ref[slot]
-            ranks[r][j].append(i)
+            ranks[r][j] = [*ranks[r][j], i]
             room[slot] -= size
         else:
-            short = [r for r in range(len(ranks)) if len(ranks[r]) < m]
+            short = [q for q in range(len(ranks)) if len(ranks[q]) < m]
             if not short:
                 return False
             r = min(short, key=lambda q: (load[q], q))
             ranks[r].append([i])
             owner = np.append(owner, r)
             ref.append((r, len(ranks[r]) - 1))
-            room = np.append(room, cap - size)
-        load[r] += float(work[i])
+            room = np.append(room, step.cap - size)
+        load[r] += step.flops[i]
     return True
 
 
-def _refine(ranks: list[kernels.Bins], sizes: np.ndarray, work: np.ndarray, cap: int) -> None:
+def _refine(ranks: list[kernels.Bins], step: _Step) -> float:
     """Move or swap single samples from the heaviest to the lightest rank while that lowers the
-    heaviest rank's load (in place). Every micro-batch stays non-empty and within the cap."""
-    load = np.array([float(work[[i for b in bins for i in b]].sum()) for bins in ranks])
+    heaviest rank's load (in place). Every micro-batch stays non-empty and within the cap.
+    Returns the final straggler ratio: heaviest rank load / ``max(heaviest sample, mean)``."""
+    load = np.array([step.load(bins) for bins in ranks])
     # No assignment beats max(heaviest sample, mean load); stop close to that bound.
-    bound = max(float(load.mean()), float(work.max(initial=0.0))) * (1 + REFINE_TOLERANCE)
+    bound = max(float(load.mean()), float(step.work.max(initial=0.0)))
     for _ in range(2 * len(ranks)):
         a, b = int(np.argmax(load)), int(np.argmin(load))
         gap = float(load[a] - load[b])
-        if a == b or load[a] <= bound:
-            return
-        best = _best_exchange(ranks[a], ranks[b], sizes, work, cap, gap)
+        if a == b or load[a] <= bound * (1 + REFINE_TOLERANCE):
+            break
+        best = _best_exchange(ranks[a], ranks[b], step, gap)
         if best is None:
-            return
-        (ja, ia), (jb, ib), delta = best
-        ranks[a][ja].remove(ia)
-        ranks[b][jb].append(ia)
-        if ib >= 0:
-            ranks[b][jb].remove(ib)
-            ranks[a][ja].append(ib)
+            break
+        (ja, xa), (jb, xb), delta = best
+        ranks[a][ja] = [i for i in ranks[a][ja] if i != xa]
+        ranks[b][jb] = [*ranks[b][jb], xa]
+        if xb >= 0:
+            ranks[b][jb] = [i for i in ranks[b][jb] if i != xb]
+            ranks[a][ja].append(xb)
         load[a] -= delta
         load[b] += delta
+    return float(load.max()) / bound if bound > 0 else 1.0
 
 
-def _items(bins: kernels.Bins, sizes: np.ndarray, work: np.ndarray):
-    item = np.array([i for b in bins for i in b], dtype=np.int64)
+def _items(bins: kernels.Bins, step: _Step):
+    """Items of a rank with their bin, sizes and work; per bin its tokens and item count."""
+    item = [i for b in bins for i in b]
     slot = np.array([j for j, b in enumerate(bins) for _ in b], dtype=np.int64)
-    tokens = np.array([int(sizes[b].sum()) for b in bins], dtype=np.int64)
+    tokens = np.array([step.tokens(b) for b in bins], dtype=np.int64)
     count = np.array([len(b) for b in bins], dtype=np.int64)
-    return item, slot, tokens, count
+    return np.array(item, dtype=np.int64), slot, tokens, count
 
 
-def _best_exchange(heavy: kernels.Bins, light: kernels.Bins, sizes: np.ndarray,
-                   work: np.ndarray, cap: int, gap: float):
-    """The move or swap whose FLOPs transfer is closest to ``gap / 2`` (None if none helps)."""
-    ia, sa, ta, ca = _items(heavy, sizes, work)
-    ib, sb, tb, cb = _items(light, sizes, work)
-    wa, wb = work[ia], work[ib]
+def _best_exchange(heavy: kernels.Bins, light: kernels.Bins, step: _Step, gap: float):
+    """The move or swap whose FLOPs transfer is closest to ``gap / 2`` (None if none helps):
+    ((heavy bin, sample), (light bin, sample or -1 for a move), FLOPs moved)."""
+    ia, sa, ta, ca = _items(heavy, step)
+    ib, sb, tb, cb = _items(light, step)
+    wa, wb, za, zb, cap = step.work[ia], step.work[ib], step.sizes[ia], step.sizes[ib], step.cap
     # Swaps: x from heavy bin sa, y from light bin sb; a bin left with one sample may exceed cap.
     delta = wa[:, None] - wb[None, :]
-    fit_a = (ta[sa][:, None] - sizes[ia][:, None] + sizes[ib][None, :] <= cap) | (ca[sa] == 1)[:, None]
-    fit_b = (tb[sb][None, :] - sizes[ib][None, :] + sizes[ia][:, None] <= cap) | (cb[sb] == 1)[None, :]
+    fit_a = (ta[sa] - za)[:, None] + zb[None, :] <= cap
+    fit_a |= (ca[sa] == 1)[:, None]
+    fit_b = (tb[sb] - zb)[None, :] + za[:, None] <= cap
+    fit_b |= (cb[sb] == 1)[None, :]
     score = np.where((delta > 0) & (delta < gap) & fit_a & fit_b, np.abs(delta - gap / 2), np.inf)
     # Moves: x into the light bin with the most room, if x's bin keeps a sample.
     room = cap - tb
     target = int(np.argmax(room))
-    movable = (ca[sa] > 1) & (sizes[ia] <= room[target]) & (wa < gap) & (wa > 0)
+    movable = (ca[sa] > 1) & (za <= room[target]) & (wa < gap) & (wa > 0)
     move_score = np.where(movable, np.abs(wa - gap / 2), np.inf)
-    k = int(np.argmin(score)) if score.size else -1
-    best_swap = score.flat[k] if k >= 0 else np.inf
-    best_move = int(np.argmin(move_score)) if move_score.size else -1
-    if best_move >= 0 and move_score[best_move] <= best_swap and np.isfinite(move_score[best_move]):
-        x = best_move
+    k = int(np.argmin(score))
+    x = int(np.argmin(move_score))
+    if np.isfinite(move_score[x]) and move_score[x] <= score.flat[k]:
         return (int(sa[x]), int(ia[x])), (target, -1), float(wa[x])
-    if not np.isfinite(best_swap):
+    if not np.isfinite(score.flat[k]):
         return None
     x, y = divmod(k, len(ib))
     return (int(sa[x]), int(ia[x])), (int(sb[y]), int(ib[y])), float(wa[x] - wb[y])
