@@ -13,6 +13,7 @@ Example: ``group_ids = ["a", "b", "a", "c"]`` gives groups ``[[0, 2], [1], [3]]`
 """
 
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -45,7 +46,7 @@ class Grouping:
         return np.diff(self.offsets)
 
 
-def _dense_numpy(group_ids: Sequence[Hashable]) -> tuple[np.ndarray, list[int]] | None:
+def _dense_numpy(group_ids: Sequence[Any]) -> tuple[np.ndarray, list[int]] | None:
     """Dense ids and first-occurrence positions via ``np.unique``, or None if not applicable."""
     if isinstance(group_ids, np.ndarray):
         arr = group_ids
@@ -68,7 +69,7 @@ def _dense_numpy(group_ids: Sequence[Hashable]) -> tuple[np.ndarray, list[int]] 
     return dense, first[by_first].tolist()
 
 
-def _dense_dict(group_ids: Sequence[Hashable]) -> tuple[np.ndarray, list[int]]:
+def _dense_dict(group_ids: Sequence[Any]) -> tuple[np.ndarray, list[int]]:
     first: dict[Hashable, int] = {}
     positions: list[int] = []
     dense = np.empty(len(group_ids), dtype=np.int64)
@@ -85,7 +86,7 @@ def _dense_dict(group_ids: Sequence[Hashable]) -> tuple[np.ndarray, list[int]]:
     return dense, positions
 
 
-def group_samples(group_ids: Sequence[Hashable]) -> Grouping:
+def group_samples(group_ids: Sequence[Any]) -> Grouping:
     """Group sample indices by ``group_id`` in first-occurrence order (O(n log n) in C for int
     and str ids, O(n) dict otherwise)."""
     fast = _dense_numpy(group_ids)

@@ -5,8 +5,9 @@ Work that spans the whole batch is done once with numpy (grouping, step slicing,
 size sort, index assembly); only the inherently sequential kernels run per step in Python.
 """
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from itertools import accumulate, chain
+from typing import Any
 
 import numpy as np
 
@@ -22,11 +23,11 @@ from vime_pure.validate import as_flops, as_lengths, check_same_length
 
 
 def plan(
-    lengths: Sequence[int] | np.ndarray,
-    group_ids: Sequence[Hashable],
-    layout: ParallelLayout,
-    policy: BatchingPolicy,
-    flops: Sequence[float] | np.ndarray | None,
+    lengths: Sequence[Any] | np.ndarray,
+    group_ids: Sequence[Any],
+    layout: Any,
+    policy: Any,
+    flops: Sequence[Any] | np.ndarray | None,
 ) -> Schedule:
     if not isinstance(layout, ParallelLayout):
         raise ScheduleError(f"layout={layout!r} is not a ParallelLayout. "
@@ -39,28 +40,59 @@ def plan(
     work = proxy_flops(sizes) if flops is None else as_flops(flops, len(sizes))
     check_feasible(layout, policy)
     grouping = group_samples(group_ids)
-    step_groups, dropped = _plan_steps(grouping, layout, policy)
-    bounds = grouping.offsets[[g for g, _ in step_groups] + [step_groups[-1][1]]]
-    kept = grouping.order[: bounds[-1]]  # samples of kept steps, group-major, step by step
-    step_of = np.repeat(np.arange(len(step_groups)), np.diff(bounds))
-    presorted = _presort(kept, sizes, work, step_of, bounds, layout, policy)
+    gbs, num_groups = policy.global_batch_size, grouping.num_groups
+    full = num_groups // gbs
+    step_groups = [(k * gbs, (k + 1) * gbs) for k in range(full)]
+    if policy.allow_partial_step and full * gbs < num_groups:
+        step_groups.append((full * gbs, num_groups))  # tried; dropped and reported if infeasible
+    steps, partial_error = _build_steps(step_groups, full, grouping, sizes, work, layout, policy)
+    if not steps:
+        raise _too_few_groups(num_groups, gbs, partial_error)
 
-    steps: list[StepPlan] = []
-    for s, (g0, g1) in enumerate(step_groups):
-        lo, hi = int(bounds[s]), int(bounds[s + 1])
-        samples = kept[lo:hi]
-        parts, bins = _step_bins(samples, sizes, work, layout, policy, s,
-                                 _slice(presorted, lo, hi))
-        steps.append(_step_plan(parts, bins, samples, g1 - g0))
-
-    dropped_samples = np.sort(grouping.order[bounds[-1]:]).tolist()
+    kept_groups = step_groups[len(steps) - 1][1]
+    dropped_samples = np.sort(grouping.order[grouping.offsets[kept_groups]:]).tolist()
     partitions, local = _assemble(steps, layout.dp)
     return Schedule(
         layout=layout, policy=policy, lengths=tuple(sizes.tolist()),
         sample_group=tuple(grouping.dense.tolist()), steps=tuple(steps),
         partitions=partitions, micro_batch_indices=local,
-        dropped_groups=tuple(grouping.ids[g] for g in dropped),
+        dropped_groups=grouping.ids[kept_groups:],
         dropped_samples=tuple(dropped_samples),
+    )
+
+
+def _build_steps(step_groups: list[tuple[int, int]], full: int, grouping: Grouping,
+                 sizes: np.ndarray, work: np.ndarray, layout: ParallelLayout,
+                 policy: BatchingPolicy) -> tuple[list[StepPlan], ScheduleError | None]:
+    """Plan every step; a failing partial step (index ``full``) is left out, with its error."""
+    if not step_groups:
+        return [], None
+    bounds = grouping.offsets[[g for g, _ in step_groups] + [step_groups[-1][1]]]
+    kept = grouping.order[: bounds[-1]]  # samples of the steps, group-major, step by step
+    step_of = np.repeat(np.arange(len(step_groups)), np.diff(bounds))
+    presorted = _presort(kept, sizes, work, step_of, bounds, layout, policy)
+    steps: list[StepPlan] = []
+    for s, (g0, g1) in enumerate(step_groups):
+        lo, hi = int(bounds[s]), int(bounds[s + 1])
+        samples = kept[lo:hi]
+        try:
+            parts, bins = _step_bins(samples, sizes, work, layout, policy, s,
+                                     _slice(presorted, lo, hi))
+        except ScheduleError as exc:
+            if s < full:
+                raise
+            return steps, exc  # an infeasible partial step is dropped and reported
+        steps.append(_step_plan(parts, bins, samples, g1 - g0))
+    return steps, None
+
+
+def _too_few_groups(num_groups: int, gbs: int, partial_error: ScheduleError | None) -> ScheduleError:
+    partial = (f" allow_partial_step=True could not help: {partial_error}"
+               if partial_error is not None else "")
+    return ScheduleError(
+        f"only {num_groups} groups arrived but one step needs global_batch_size={gbs} "
+        f"groups.{partial} Fix: lower global_batch_size to at most {num_groups}, generate "
+        "more rollouts per batch, or set allow_partial_step=True."
     )
 
 
@@ -85,38 +117,6 @@ def _slice(presorted, lo: int, hi: int):
         order, ranks = presorted
         return order[lo:hi] - lo, ranks[lo:hi]
     return presorted[lo:hi] - lo
-
-
-def _plan_steps(grouping: Grouping, layout: ParallelLayout,
-                policy: BatchingPolicy) -> tuple[list[tuple[int, int]], list[int]]:
-    """Full steps of ``global_batch_size`` groups, plus an optional partial one; the rest drop."""
-    gbs, num_groups = policy.global_batch_size, grouping.num_groups
-    full = num_groups // gbs
-    steps = [(s * gbs, (s + 1) * gbs) for s in range(full)]
-    tail = (full * gbs, num_groups)
-    if tail[1] > tail[0] and policy.allow_partial_step and _partial_feasible(
-            grouping, tail, layout, policy):
-        steps.append(tail)
-        tail = (num_groups, num_groups)
-    if not steps:
-        partial = (" allow_partial_step=True could not help: the trailing groups cannot form "
-                   f"dp*microbatch_group={layout.align_multiple} aligned micro-batches."
-                   if policy.allow_partial_step else "")
-        raise ScheduleError(
-            f"only {num_groups} groups arrived but one step needs global_batch_size={gbs} "
-            f"groups.{partial} Fix: lower global_batch_size to at most {num_groups}, generate "
-            "more rollouts per batch, or set allow_partial_step=True."
-        )
-    return steps, list(range(*tail))
-
-
-def _partial_feasible(grouping: Grouping, tail: tuple[int, int], layout: ParallelLayout,
-                      policy: BatchingPolicy) -> bool:
-    count = int(grouping.offsets[tail[1]] - grouping.offsets[tail[0]])
-    if policy.dynamic:
-        return count >= layout.align_multiple
-    chunks = -(-count // policy.micro_batch_size)
-    return chunks % layout.align_multiple == 0
 
 
 def _step_bins(samples: np.ndarray, sizes: np.ndarray, work: np.ndarray, layout: ParallelLayout,
@@ -163,10 +163,13 @@ def _align(bins: kernels.Bins, step_sizes: np.ndarray, layout: ParallelLayout,
         raise ScheduleError(f"step {step}: " + static_misalignment_message(len(bins), policy, layout))
     aligned = kernels.split_to_multiple(bins, step_sizes, multiple)
     if aligned is None:
+        target = -(-len(bins) // multiple) * multiple
         raise ScheduleError(
-            f"step {step}: {len(step_sizes)} samples cannot form a multiple of "
-            f"dp*microbatch_group={multiple} micro-batches (each needs at least one sample). "
-            f"Fix: raise global_batch_size so a step has at least {multiple} samples, or lower dp."
+            f"step {step}: its {len(step_sizes)} samples pack into {len(bins)} micro-batches "
+            f"under the cap {policy.token_cap(layout)}; a multiple of dp*microbatch_group="
+            f"{multiple} needs {target}, but splitting can make at most {len(step_sizes)} (one "
+            "per sample). Fix: raise global_batch_size (more samples per step), raise "
+            "max_tokens_per_gpu so samples share micro-batches, or lower dp / microbatch_group."
         )
     return aligned
 
