@@ -129,6 +129,7 @@ def reference_schedule(lengths, group_ids, dp: int, multiple: int, gbs: int, cap
     cut = len(groups) if allow_partial else len(groups) // gbs * gbs
     steps = []
     for start in range(0, cut, gbs):
+        partial = start + gbs > len(groups)
         samples = [i for g in groups[start:start + gbs] for i in g]
         sizes = [int(lengths[i]) for i in samples]
         bins = naive_first_fit_decreasing(sizes, cap)
@@ -137,6 +138,10 @@ def reference_schedule(lengths, group_ids, dp: int, multiple: int, gbs: int, cap
             count = -(-len(bins) // multiple) * multiple
             bins = [b for b in naive_karmarkar_karp(work, count, equal=False) if b]
         bins = naive_split_to_multiple(bins, sizes, multiple)
+        if bins is None:  # too few samples to align: a partial step is dropped
+            if partial:
+                break
+            raise ValueError(f"step at group {start} cannot be aligned to {multiple}")
         if mode == "strided":
             parts = [list(range(r, len(bins), dp)) for r in range(dp)]
         else:
@@ -147,3 +152,14 @@ def reference_schedule(lengths, group_ids, dp: int, multiple: int, gbs: int, cap
     return steps
 
 
+
+
+def naive_lpt(weights, parts: int) -> list[list[int]]:
+    """Heaviest first, each to the part with the least load (first such part on ties)."""
+    loads = [0.0] * parts
+    out: list[list[int]] = [[] for _ in range(parts)]
+    for i in sorted(range(len(weights)), key=lambda j: (-float(weights[j]), j)):
+        p = min(range(parts), key=lambda q: (loads[q], q))
+        out[p].append(i)
+        loads[p] += float(weights[i])
+    return [sorted(items) for items in out]

@@ -46,7 +46,7 @@ class Grouping:
         return np.diff(self.offsets)
 
 
-def _dense_numpy(group_ids: Sequence[Any]) -> tuple[np.ndarray, list[int]] | None:
+def _dense_numpy(group_ids: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, list[int]] | None:
     """Dense ids and first-occurrence positions via ``np.unique``, or None if not applicable."""
     if isinstance(group_ids, np.ndarray):
         arr = group_ids
@@ -69,7 +69,7 @@ def _dense_numpy(group_ids: Sequence[Any]) -> tuple[np.ndarray, list[int]] | Non
     return dense, first[by_first].tolist()
 
 
-def _dense_dict(group_ids: Sequence[Any]) -> tuple[np.ndarray, list[int]]:
+def _dense_dict(group_ids: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, list[int]]:
     first: dict[Hashable, int] = {}
     positions: list[int] = []
     dense = np.empty(len(group_ids), dtype=np.int64)
@@ -86,7 +86,7 @@ def _dense_dict(group_ids: Sequence[Any]) -> tuple[np.ndarray, list[int]]:
     return dense, positions
 
 
-def group_samples(group_ids: Sequence[Any]) -> Grouping:
+def group_samples(group_ids: Sequence[Any] | np.ndarray) -> Grouping:
     """Group sample indices by ``group_id`` in first-occurrence order (O(n log n) in C for int
     and str ids, O(n) dict otherwise)."""
     fast = _dense_numpy(group_ids)

@@ -24,7 +24,7 @@ from vime_pure.validate import as_flops, as_lengths, check_same_length
 
 def plan(
     lengths: Sequence[Any] | np.ndarray,
-    group_ids: Sequence[Any],
+    group_ids: Sequence[Any] | np.ndarray,
     layout: Any,
     policy: Any,
     flops: Sequence[Any] | np.ndarray | None,

@@ -105,7 +105,7 @@ def _pack_ranks(slices: list[tuple[list[int], list[int]]], m: int, cap: int,
 def lpt_bins(items: list[int], item_sizes: list[int], m: int, cap: int) -> kernels.Bins | None:
     """Items (sorted by size, largest first) into exactly ``m`` bins, each to the bin with the
     fewest tokens; None when a bin would be empty or a multi-item bin would exceed ``cap``.
-    Example: sizes [9, 5, 4, 3, 1] into 2 bins give [9, 1] and [5, 4, 3]."""
+    Example: sizes [9, 5, 4, 3, 1] into 2 bins give [9, 3] and [5, 4, 1]."""
     if len(items) < m:
         return None
     bins: kernels.Bins = [[] for _ in range(m)]
