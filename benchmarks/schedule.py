@@ -119,12 +119,12 @@ def run(layouts, sizes, policies, ref_budget_s: float, ref_steps: bool = False,
     info, rows = machine(), []
     for name in layouts:
         for policy in policies:
-            ref_ok = True
+            ref_ok = ref_budget_s > 0
             for size in sizes:
                 repeats = 3 if SIZES[size] >= 65536 else 5
                 single_step = size.startswith("step")
                 row = run_case(name, size, policy, repeats,
-                               reference=ref_steps if single_step else ref_ok)
+                               reference=ref_steps and ref_ok if single_step else ref_ok)
                 rows.append(row)
                 ref = row.get("reference")
                 if ref is not None and ref["wall_ms"] > 1e3 * ref_budget_s and not single_step:
@@ -157,12 +157,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--ref-steps", action="store_true",
                         help="also time the reference on single big steps (minutes: it is "
                              "quadratic within a step)")
+    parser.add_argument("--no-reference", action="store_true", help="time vime only")
     args = parser.parse_args(argv)
     layouts = args.layouts.split(",") if args.layouts else (
         QUICK["layouts"] if args.quick else list(LAYOUTS))
     sizes = args.sizes.split(",") if args.sizes else (QUICK["sizes"] if args.quick else list(SIZES))
-    result = run(layouts, sizes, list(POLICIES), 0.5 if args.quick else args.ref_budget,
-                 args.ref_steps)
+    budget = 0.0 if args.no_reference else 0.5 if args.quick else args.ref_budget
+    result = run(layouts, sizes, list(POLICIES), budget, args.ref_steps)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     readme = args.readme or (None if args.quick else Path("benchmarks/README.md"))
