@@ -35,6 +35,7 @@ from jaxtyping import Float, Int
 from vime_pure import kernels
 
 REFINE_TOLERANCE = 5e-3  # stop refining once the heaviest rank is within 0.5% of its bound
+REFINE_PARTNERS = 4  # light ranks tried for an exchange with the heaviest one
 EXTRA_GROUP_THRESHOLD = 0.02  # above 2% over the bound, try one more micro-batch group per rank
 
 
@@ -76,12 +77,13 @@ def balance_step(order: list[int], ranks: list[int], sizes: Int[np.ndarray, " n"
             m += multiple
             continue
         best = _refine(equal, step)
-        if best > 1 + EXTRA_GROUP_THRESHOLD and (m + multiple) * dp <= len(step.size):
+        if best > 1 + EXTRA_GROUP_THRESHOLD and multiple == 1 and (m + 1) * dp <= len(step.size):
             # The token cap forces FLOPs onto some ranks at this count: one more micro-batch
-            # group per rank usually removes the straggler (see the module's trade-off).
-            wider = _equalise(_pack_ranks(slices, m + multiple, cap, ffd), m + multiple, step)
+            # per rank usually removes the straggler (see the module's trade-off). Under VPP
+            # the next count is a whole microbatch_group more per rank: not worth it.
+            wider = _equalise(_pack_ranks(slices, m + 1, cap, ffd), m + 1, step)
             if wider is not None and _refine(wider, step) < best - EXTRA_GROUP_THRESHOLD / 2:
-                equal, m = wider, m + multiple
+                equal, m = wider, m + 1
         bins = [b for rank in equal for b in rank]
         return [list(range(r * m, (r + 1) * m)) for r in range(dp)], bins
     return None
@@ -164,32 +166,61 @@ def _equalise(per_rank: list[kernels.Bins], m: int, step: _Step) -> list[kernels
 
 
 def _place(ranks: list[kernels.Bins], pool: list[int], m: int, step: _Step) -> bool:
-    """Put ``pool`` items (largest first) into bins with room on the lightest possible rank,
-    opening a bin on a rank below ``m`` bins when no room is left anywhere. New lists replace
-    the bins that grow, so the caller's per-rank packing is never mutated."""
+    """Put ``pool`` items (largest first) into bins with room on the lightest possible rank.
+    When no bin has room: open a bin on a rank below ``m`` bins, else eject a smaller item from
+    a bin where the swap fits (the smallest such item) and place that one later. Ejected items
+    are strictly smaller, so the pool's token total shrinks and the loop ends. New lists replace
+    the bins that change, so the caller's per-rank packing is never mutated."""
     ref = [(r, j) for r, bins in enumerate(ranks) for j in range(len(bins))]
     owner = np.array([r for r, _ in ref], dtype=np.int64)
     room = np.array([step.cap - step.tokens(ranks[r][j]) for r, j in ref], dtype=np.int64)
     load = np.array([step.load(bins) for bins in ranks])
-    for i in sorted(pool, key=lambda j: (-step.size[j], j)):
-        size = step.size[i]
+    queue = [(-step.size[i], i) for i in pool]
+    heapq.heapify(queue)
+    while queue:
+        size, i = -queue[0][0], heapq.heappop(queue)[1]
         fit = np.flatnonzero(room >= size) if size <= step.cap else np.zeros(0, dtype=np.int64)
         if fit.size:
             slot = int(fit[np.argmin(load[owner[fit]])])
             r, j = ref[slot]
             ranks[r][j] = [*ranks[r][j], i]
             room[slot] -= size
-        else:
-            short = [q for q in range(len(ranks)) if len(ranks[q]) < m]
-            if not short:
-                return False
-            r = min(short, key=lambda q: (load[q], q))
+        elif any(len(bins) < m for bins in ranks):
+            r = min((q for q in range(len(ranks)) if len(ranks[q]) < m),
+                    key=lambda q: (load[q], q))
             ranks[r].append([i])
             owner = np.append(owner, r)
             ref.append((r, len(ranks[r]) - 1))
             room = np.append(room, step.cap - size)
+        else:
+            ejected = _eject(ranks, ref, room, size, step)
+            if ejected is None:
+                return False
+            slot, y = ejected
+            r, j = ref[slot]
+            ranks[r][j] = [*(k for k in ranks[r][j] if k != y), i]
+            room[slot] -= size - step.size[y]
+            load[r] -= step.flops[y]
+            heapq.heappush(queue, (-step.size[y], y))
         load[r] += step.flops[i]
     return True
+
+
+def _eject(ranks: list[kernels.Bins], ref: list[tuple[int, int]], room: np.ndarray, size: int,
+           step: _Step) -> tuple[int, int] | None:
+    """(bin slot, item) of the smallest item lighter than ``size`` whose removal makes room for
+    ``size``; ties by slot then position. None when no bin allows such a swap."""
+    items = [(slot, y) for slot, (r, j) in enumerate(ref) for y in ranks[r][j]]
+    if size > step.cap or not items:
+        return None
+    slot = np.array([t[0] for t in items], dtype=np.int64)
+    item = np.array([t[1] for t in items], dtype=np.int64)
+    small = step.sizes[item]
+    ok = (small < size) & (room[slot] + small >= size)
+    if not ok.any():
+        return None
+    k = int(np.flatnonzero(ok)[np.argmin(small[ok])])
+    return int(slot[k]), int(item[k])
 
 
 def _refine(ranks: list[kernels.Bins], step: _Step) -> float:
@@ -199,13 +230,18 @@ def _refine(ranks: list[kernels.Bins], step: _Step) -> float:
     load = np.array([step.load(bins) for bins in ranks])
     # No assignment beats max(heaviest sample, mean load); stop close to that bound.
     bound = max(float(load.mean()), float(step.work.max(initial=0.0)))
-    for _ in range(2 * len(ranks)):
-        a, b = int(np.argmax(load)), int(np.argmin(load))
-        gap = float(load[a] - load[b])
-        if a == b or load[a] <= bound * (1 + REFINE_TOLERANCE):
+    budget = 2 * len(ranks)  # exchange searches, about 2 per rank
+    while budget > 0:
+        a = int(np.argmax(load))
+        if load[a] <= bound * (1 + REFINE_TOLERANCE):
             break
-        best = _best_exchange(ranks[a], ranks[b], step, gap)
-        if best is None:
+        # The lightest rank first; when its micro-batches are too full, the next lightest.
+        for b in np.argsort(load, kind="stable")[:REFINE_PARTNERS].tolist():
+            budget -= 1
+            best = _best_exchange(ranks[a], ranks[b], step, float(load[a] - load[b]))
+            if b != a and best is not None:
+                break
+        else:
             break
         (ja, xa), (jb, xb), delta = best
         ranks[a][ja] = [i for i in ranks[a][ja] if i != xa]
