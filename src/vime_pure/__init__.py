@@ -25,6 +25,7 @@ from vime_pure.schedule import Schedule, StepPlan, build_schedule
 # Names whose modules import torch (or are heavier); loaded on first attribute access so that
 # ``import vime_pure`` stays torch-free and fast. Maps public name -> defining module.
 _LAZY: dict[str, str] = {
+    "FlopsModel": "vime_pure.flops",
 }
 
 __all__ = [
