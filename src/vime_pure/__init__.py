@@ -42,6 +42,7 @@ _LAZY: dict[str, str] = {
                      "slice_sequence", "slice_packed_response"], "vime_pure.cp"),
     **dict.fromkeys(["PolicyTerms", "ppo_clip_loss", "kl_penalty", "entropy_from_logits",
                      "token_log_probs", "tis_weights", "policy_loss"], "vime_pure.policy_loss"),
+    "FlopsModel": "vime_pure.flops",
 }
 
 __all__ = [

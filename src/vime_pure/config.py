@@ -15,9 +15,9 @@ import attrs
 from vime_pure.errors import ScheduleError, field_error
 
 Packing = Literal["ffd", "first_fit", "flops"]
-Balance = Literal["strided", "tokens", "flops"]
+Balance = Literal["strided", "tokens", "flops", "straggler"]
 PACKINGS: tuple[str, ...] = ("ffd", "first_fit", "flops")
-BALANCES: tuple[str, ...] = ("strided", "tokens", "flops")
+BALANCES: tuple[str, ...] = ("strided", "tokens", "flops", "straggler")
 
 
 def _positive_int(field: str, value: object, fix: str) -> None:

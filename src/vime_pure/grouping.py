@@ -5,8 +5,11 @@ A *group* is one rollout execution; it may emit several samples (siblings) that 
 siblings keep their relative order, so the grouping depends on completion order only through
 where each group first appears.
 
-Example: ``group_ids = ["a", "b", "a", "c"]`` gives groups ``[[0, 2], [1], [3]]`` and dense ids
-``[0, 1, 0, 2]``.
+Integer ids (a list of Python ints or an integer array) are grouped with one ``numpy.unique``
+(a sort, in C); other hashables fall back to a dict. Both paths give the same numbering.
+
+Example: ``group_ids = ["a", "b", "a", "c"]`` gives groups ``[[0, 2], [1], [3]]``, dense ids
+``[0, 1, 0, 2]``, ``order = [0, 2, 1, 3]`` and ``offsets = [0, 2, 3, 4]``.
 """
 
 from collections.abc import Hashable, Sequence
@@ -21,30 +24,76 @@ from vime_pure.errors import ScheduleError
 
 @attrs.frozen(eq=False)
 class Grouping:
-    """Samples grouped by id: ``members[g]`` are the sample indices of group ``g`` in order."""
+    """Samples grouped by id. ``order[offsets[g]:offsets[g + 1]]`` are the sample indices of
+    group ``g`` in their original relative order (group-major order of all samples)."""
 
     ids: tuple[Hashable, ...]  # original group id of dense group g (first-occurrence order)
     dense: Int64[np.ndarray, " n"]  # dense group number of every sample
-    members: tuple[Int64[np.ndarray, " k"], ...]
+    order: Int64[np.ndarray, " n"]  # sample indices, group by group
+    offsets: Int64[np.ndarray, " g1"]  # group g occupies order[offsets[g]:offsets[g + 1]]
 
     @property
     def num_groups(self) -> int:
         return len(self.ids)
 
+    @property
+    def members(self) -> tuple[Int64[np.ndarray, " k"], ...]:
+        """Sample indices of every group, in order (one array per group)."""
+        return tuple(np.split(self.order, self.offsets[1:-1])) if self.ids else ()
 
-def group_samples(group_ids: Sequence[Any]) -> Grouping:
-    """Group sample indices by ``group_id`` in first-occurrence order (O(n))."""
+    def sizes(self) -> Int64[np.ndarray, " g"]:
+        """Number of samples of every group."""
+        return np.diff(self.offsets)
+
+
+def _dense_numpy(group_ids: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, list[int]] | None:
+    """Dense ids and first-occurrence positions via ``np.unique``, or None if not applicable."""
+    if isinstance(group_ids, np.ndarray):
+        arr = group_ids
+    elif isinstance(group_ids, list | tuple) and set(map(type, group_ids)) == {int}:
+        arr = np.asarray(group_ids)  # object dtype when an int exceeds 64 bits
+    else:
+        return None
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        return None
+    order = np.argsort(arr, kind="stable")  # equal ids stay in index order
+    ordered = arr[order]
+    new = np.ones(len(arr), dtype=bool)
+    new[1:] = ordered[1:] != ordered[:-1]
+    first = order[new]  # first occurrence of every distinct id, in id order
+    by_first = np.argsort(first, kind="stable")
+    rank = np.empty_like(by_first)
+    rank[by_first] = np.arange(len(by_first))
+    dense = np.empty(len(arr), dtype=np.int64)
+    dense[order] = rank[np.cumsum(new) - 1]
+    return dense, first[by_first].tolist()
+
+
+def _dense_dict(group_ids: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, list[int]]:
     first: dict[Hashable, int] = {}
+    positions: list[int] = []
     dense = np.empty(len(group_ids), dtype=np.int64)
     for i, gid in enumerate(group_ids):
         try:
-            dense[i] = first.setdefault(gid, len(first))
+            g = first.setdefault(gid, len(first))
         except TypeError as exc:  # unhashable id
             raise ScheduleError(
                 f"group_ids[{i}]={gid!r} is not hashable ({exc}). Fix: use an int or str group id."
             ) from None
+        if g == len(positions):
+            positions.append(i)
+        dense[i] = g
+    return dense, positions
+
+
+def group_samples(group_ids: Sequence[Any] | np.ndarray) -> Grouping:
+    """Group sample indices by ``group_id`` in first-occurrence order (O(n log n) in C for int
+    and str ids, O(n) dict otherwise)."""
+    fast = _dense_numpy(group_ids)
+    dense, first = fast if fast is not None else _dense_dict(group_ids)
     # A stable sort by dense id keeps siblings in their original relative order.
-    order = np.argsort(dense, kind="stable")
-    bounds = np.cumsum(np.bincount(dense, minlength=len(first)))[:-1] if len(first) else []
-    members = tuple(np.split(order, bounds)) if len(first) else ()
-    return Grouping(ids=tuple(first), dense=dense, members=members)
+    order = np.argsort(dense, kind="stable").astype(np.int64, copy=False)
+    offsets = np.zeros(len(first) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dense, minlength=len(first)), out=offsets[1:])
+    ids = tuple(map(group_ids.__getitem__, first))
+    return Grouping(ids=ids, dense=dense, order=order, offsets=offsets)

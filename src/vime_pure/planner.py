@@ -1,9 +1,12 @@
 """The scheduling pipeline behind ``build_schedule``: steps, packing, alignment, distribution.
 
 See ``vime_pure.schedule`` for the contract and invariants; this module only computes.
+Work that spans the whole batch is done once with numpy (grouping, step slicing, the per-step
+size sort, index assembly); only the inherently sequential kernels run per step in Python.
 """
 
 from collections.abc import Sequence
+from itertools import accumulate, chain
 from typing import Any
 
 import numpy as np
@@ -14,13 +17,14 @@ from vime_pure.config import static_misalignment_message
 from vime_pure.errors import ScheduleError
 from vime_pure.flops import proxy_flops
 from vime_pure.grouping import Grouping, group_samples
+from vime_pure.rank_balance import balance_step, lpt_ranks
 from vime_pure.schedule import Schedule, StepPlan
 from vime_pure.validate import as_flops, as_lengths, check_same_length
 
 
 def plan(
     lengths: Sequence[Any] | np.ndarray,
-    group_ids: Sequence[Any],
+    group_ids: Sequence[Any] | np.ndarray,
     layout: Any,
     policy: Any,
     flops: Sequence[Any] | np.ndarray | None,
@@ -38,36 +42,48 @@ def plan(
     grouping = group_samples(group_ids)
     gbs, num_groups = policy.global_batch_size, grouping.num_groups
     full = num_groups // gbs
-    steps = [_build_step(range(k * gbs, (k + 1) * gbs), k, grouping, sizes, work, layout, policy)
-             for k in range(full)]
-    dropped = list(range(full * gbs, num_groups))
-    partial_error = None
-    if dropped and policy.allow_partial_step:
-        try:
-            steps.append(_build_step(dropped, full, grouping, sizes, work, layout, policy))
-            dropped = []
-        except ScheduleError as exc:  # an infeasible partial step is dropped and reported
-            partial_error = exc
+    step_groups = [(k * gbs, (k + 1) * gbs) for k in range(full)]
+    if policy.allow_partial_step and full * gbs < num_groups:
+        step_groups.append((full * gbs, num_groups))  # tried; dropped and reported if infeasible
+    steps, partial_error = _build_steps(step_groups, full, grouping, sizes, work, layout, policy)
     if not steps:
         raise _too_few_groups(num_groups, gbs, partial_error)
 
-    dropped_samples = sorted(int(i) for g in dropped for i in grouping.members[g])
+    kept_groups = step_groups[len(steps) - 1][1]
+    dropped_samples = np.sort(grouping.order[grouping.offsets[kept_groups]:]).tolist()
     partitions, local = _assemble(steps, layout.dp)
     return Schedule(
         layout=layout, policy=policy, lengths=tuple(sizes.tolist()),
         sample_group=tuple(grouping.dense.tolist()), steps=tuple(steps),
         partitions=partitions, micro_batch_indices=local,
-        dropped_groups=tuple(grouping.ids[g] for g in dropped),
+        dropped_groups=grouping.ids[kept_groups:],
         dropped_samples=tuple(dropped_samples),
     )
 
 
-def _build_step(groups: Sequence[int], index: int, grouping: Grouping, sizes: np.ndarray,
-                work: np.ndarray, layout: ParallelLayout, policy: BatchingPolicy) -> StepPlan:
-    samples = np.concatenate([grouping.members[g] for g in groups])
-    bins = _pack(samples, sizes, work, layout, policy)
-    aligned = _align(bins, samples, sizes, layout, policy, step=index)
-    return _distribute(aligned, samples, sizes, work, layout, policy, len(groups))
+def _build_steps(step_groups: list[tuple[int, int]], full: int, grouping: Grouping,
+                 sizes: np.ndarray, work: np.ndarray, layout: ParallelLayout,
+                 policy: BatchingPolicy) -> tuple[list[StepPlan], ScheduleError | None]:
+    """Plan every step; a failing partial step (index ``full``) is left out, with its error."""
+    if not step_groups:
+        return [], None
+    bounds = grouping.offsets[[g for g, _ in step_groups] + [step_groups[-1][1]]]
+    kept = grouping.order[: bounds[-1]]  # samples of the steps, group-major, step by step
+    step_of = np.repeat(np.arange(len(step_groups)), np.diff(bounds))
+    presorted = _presort(kept, sizes, work, step_of, bounds, layout, policy)
+    steps: list[StepPlan] = []
+    for s, (g0, g1) in enumerate(step_groups):
+        lo, hi = int(bounds[s]), int(bounds[s + 1])
+        samples = kept[lo:hi]
+        try:
+            parts, bins = _step_bins(samples, sizes, work, layout, policy, s,
+                                     _slice(presorted, lo, hi))
+        except ScheduleError as exc:
+            if s < full:
+                raise
+            return steps, exc  # an infeasible partial step is dropped and reported
+        steps.append(_step_plan(parts, bins, samples, g1 - g0))
+    return steps, None
 
 
 def _too_few_groups(num_groups: int, gbs: int, partial_error: ScheduleError | None) -> ScheduleError:
@@ -80,63 +96,123 @@ def _too_few_groups(num_groups: int, gbs: int, partial_error: ScheduleError | No
     )
 
 
-def _pack(samples: np.ndarray, sizes: np.ndarray, work: np.ndarray,
-          layout: ParallelLayout, policy: BatchingPolicy) -> kernels.Bins:
+def _presort(kept: np.ndarray, sizes: np.ndarray, work: np.ndarray, step_of: np.ndarray,
+             bounds: np.ndarray, layout: ParallelLayout, policy: BatchingPolicy):
+    """One lexsort for all steps: per step the positions by decreasing size (ties by position)
+    for FFD, or, for ``balance="straggler"``, by rank then decreasing size."""
+    if not policy.dynamic or policy.packing != "ffd" and policy.balance != "straggler":
+        return None
+    position = np.arange(len(kept))
+    if policy.balance == "straggler":
+        ranks = lpt_ranks(work[kept], step_of, bounds, layout.dp)
+        return np.lexsort((position, -sizes[kept], ranks, step_of)), ranks
+    return np.lexsort((position, -sizes[kept], step_of))
+
+
+def _slice(presorted, lo: int, hi: int):
+    """The step's share of ``_presort``'s output, as positions into the step."""
+    if presorted is None:
+        return None
+    if isinstance(presorted, tuple):
+        order, ranks = presorted
+        return order[lo:hi] - lo, ranks[lo:hi]
+    return presorted[lo:hi] - lo
+
+
+def _step_bins(samples: np.ndarray, sizes: np.ndarray, work: np.ndarray, layout: ParallelLayout,
+               policy: BatchingPolicy, step: int, presorted) -> tuple[list[list[int]], kernels.Bins]:
+    """Micro-batches of one step (positions into ``samples``) and each rank's bin numbers."""
+    step_sizes = sizes[samples]
+    if policy.dynamic and policy.balance == "straggler":
+        order, ranks = presorted
+        result = balance_step(order.tolist(), ranks[order].tolist(), step_sizes, work[samples],
+                              policy.token_cap(layout), layout.dp, layout.microbatch_multiple)
+        if result is not None:
+            return result
+        presorted = None  # fall back to packing, alignment and FLOPs balancing below
+    bins = _pack(samples, step_sizes, work, layout, policy, presorted)
+    bins = _align(bins, step_sizes, layout, policy, step)
+    return _distribute(bins, samples, step_sizes, work, layout, policy), bins
+
+
+def _pack(samples: np.ndarray, step_sizes: np.ndarray, work: np.ndarray, layout: ParallelLayout,
+          policy: BatchingPolicy, presorted: np.ndarray | None) -> kernels.Bins:
     """Bins of positions into ``samples``."""
     n = len(samples)
     if not policy.dynamic:
         mbs = policy.micro_batch_size
         return [list(range(i, min(i + mbs, n))) for i in range(0, n, mbs)]
     cap = policy.token_cap(layout)
-    step_sizes = sizes[samples]
     if policy.packing == "first_fit":
         return kernels.first_fit(step_sizes, cap)
-    ffd = kernels.first_fit_decreasing(step_sizes, cap)
+    if presorted is None:
+        ffd = kernels.first_fit_decreasing(step_sizes, cap)
+    else:
+        ffd = kernels.ffd_sorted(presorted.tolist(), step_sizes[presorted].tolist(), cap)
     if policy.packing == "ffd":
         return ffd
     return kernels.flops_balanced_pack(step_sizes, work[samples], cap, len(ffd))
 
 
-def _align(bins: kernels.Bins, samples: np.ndarray, sizes: np.ndarray, layout: ParallelLayout,
+def _align(bins: kernels.Bins, step_sizes: np.ndarray, layout: ParallelLayout,
            policy: BatchingPolicy, step: int) -> kernels.Bins:
     multiple = layout.align_multiple
     if len(bins) % multiple == 0:
         return bins
     if not policy.dynamic:
         raise ScheduleError(f"step {step}: " + static_misalignment_message(len(bins), policy, layout))
-    aligned = kernels.split_to_multiple(bins, sizes[samples], multiple)
+    aligned = kernels.split_to_multiple(bins, step_sizes, multiple)
     if aligned is None:
         target = -(-len(bins) // multiple) * multiple
         raise ScheduleError(
-            f"step {step}: its {len(samples)} samples pack into {len(bins)} micro-batches under "
-            f"the cap {policy.token_cap(layout)}; a multiple of dp*microbatch_group={multiple} "
-            f"needs {target}, but splitting can make at most {len(samples)} (one per sample). "
-            "Fix: raise global_batch_size (more samples per step), raise max_tokens_per_gpu so "
-            "samples share micro-batches, or lower dp / microbatch_group."
+            f"step {step}: its {len(step_sizes)} samples pack into {len(bins)} micro-batches "
+            f"under the cap {policy.token_cap(layout)}; a multiple of dp*microbatch_group="
+            f"{multiple} needs {target}, but splitting can make at most {len(step_sizes)} (one "
+            "per sample). Fix: raise global_batch_size (more samples per step), raise "
+            "max_tokens_per_gpu so samples share micro-batches, or lower dp / microbatch_group."
         )
     return aligned
 
 
-def _distribute(bins: kernels.Bins, samples: np.ndarray, sizes: np.ndarray, work: np.ndarray,
-                layout: ParallelLayout, policy: BatchingPolicy, num_groups: int) -> StepPlan:
-    dp = layout.dp
+def bin_sums(bins: kernels.Bins, per_item: np.ndarray) -> np.ndarray:
+    """Sum of ``per_item`` over every (non-empty) bin, vectorised."""
+    flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64)
+    starts = np.zeros(len(bins), dtype=np.int64)
+    np.cumsum([len(b) for b in bins[:-1]], out=starts[1:])
+    return np.add.reduceat(per_item[flat], starts) if len(flat) else np.zeros(0)
+
+
+def _distribute(bins: kernels.Bins, samples: np.ndarray, step_sizes: np.ndarray,
+                work: np.ndarray, layout: ParallelLayout, policy: BatchingPolicy) -> list[list[int]]:
     if policy.balance == "strided":
-        parts = kernels.strided(len(bins), dp)
-    else:
-        per_sample = sizes if policy.balance == "tokens" else work
-        weights = np.array([float(per_sample[samples[b]].sum()) for b in bins])
-        parts = kernels.karmarkar_karp_equal(weights, dp)
-    micro = tuple(tuple(tuple(int(samples[p]) for p in bins[j]) for j in part) for part in parts)
-    return StepPlan(num_groups=num_groups, num_microbatches=len(bins) // dp, microbatches=micro)
+        return kernels.strided(len(bins), layout.dp)
+    per_item = step_sizes.astype(np.float64) if policy.balance == "tokens" else work[samples]
+    return kernels.karmarkar_karp_equal(bin_sums(bins, per_item), layout.dp)
+
+
+def _step_plan(parts: list[list[int]], bins: kernels.Bins, samples: np.ndarray,
+               num_groups: int) -> StepPlan:
+    """Translate positions to global sample ids in one gather, then cut into tuples."""
+    ordered = [bins[j] for part in parts for j in part]
+    ids = samples[np.fromiter(chain.from_iterable(ordered), dtype=np.int64)].tolist()
+    micro, start = [], 0
+    for part in parts:
+        rank = []
+        for j in part:
+            end = start + len(bins[j])
+            rank.append(tuple(ids[start:end]))
+            start = end
+        micro.append(tuple(rank))
+    return StepPlan(num_groups=num_groups, num_microbatches=len(parts[0]),
+                    microbatches=tuple(micro))
 
 
 def _assemble(steps: list[StepPlan], dp: int):
-    partitions: list[list[int]] = [[] for _ in range(dp)]
-    local: list[list[tuple[int, ...]]] = [[] for _ in range(dp)]
-    for step in steps:
-        for rank, mbs in enumerate(step.microbatches):
-            for mb in mbs:
-                start = len(partitions[rank])
-                partitions[rank].extend(mb)
-                local[rank].append(tuple(range(start, start + len(mb))))
-    return tuple(map(tuple, partitions)), tuple(map(tuple, local))
+    """Per rank: the partition (all steps' micro-batches in order) and local index ranges."""
+    partitions, local = [], []
+    for rank in range(dp):
+        mbs = list(chain.from_iterable(step.microbatches[rank] for step in steps))
+        ends = list(accumulate(map(len, mbs)))
+        partitions.append(tuple(chain.from_iterable(mbs)))
+        local.append(tuple(map(tuple, map(range, [0, *ends[:-1]], ends))))
+    return tuple(partitions), tuple(local)

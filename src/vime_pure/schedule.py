@@ -104,7 +104,7 @@ class Schedule:
 
 def build_schedule(
     lengths: Sequence[Any] | np.ndarray,
-    group_ids: Sequence[Any],
+    group_ids: Sequence[Any] | np.ndarray,
     layout: Any,
     policy: Any,
     flops: Sequence[Any] | np.ndarray | None = None,

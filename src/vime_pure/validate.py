@@ -45,7 +45,7 @@ def as_flops(flops: Sequence[Any] | np.ndarray, n: int) -> Float64[np.ndarray, "
     return arr
 
 
-def check_same_length(lengths: np.ndarray, group_ids: Sequence[object]) -> None:
+def check_same_length(lengths: np.ndarray, group_ids: Sequence[object] | np.ndarray) -> None:
     if len(group_ids) != len(lengths):
         raise ScheduleError(f"group_ids has {len(group_ids)} entries but lengths has "
                             f"{len(lengths)}. Fix: pass one group id per sample.")
