@@ -19,16 +19,29 @@ from typing import Any
 from vime_pure.config import BatchingPolicy, ParallelLayout, check_feasible
 from vime_pure.errors import ScheduleError, VimeError
 from vime_pure.invariants import ScheduleInvariantError
-from vime_pure.denominators import group_mask_sums
+from vime_pure.denominators import (LossConfigError, LossMode, group_mask_sums,
+                                    sample_denominators, step_divisor)
+from vime_pure.metrics import (Metric, MetricError, merge_metrics, metric_values,
+                               reduce_metrics, reduce_train_step)
 from vime_pure.schedule import Schedule, StepPlan, build_schedule
 
 # Names whose modules import torch (or are heavier); loaded on first attribute access so that
 # ``import vime_pure`` stays torch-free and fast. Maps public name -> defining module.
 _LAZY: dict[str, str] = {
+    **dict.fromkeys(["microbatch_loss", "megatron_loss_scale", "rejection_mask",
+                     "sample_index_from_lengths"], "vime_pure.loss"),
+    **dict.fromkeys(["CPConfigError", "ZigzagOffsets", "zigzag_offsets", "slice_response",
+                     "slice_sequence", "slice_packed_response"], "vime_pure.cp"),
+    **dict.fromkeys(["PolicyTerms", "ppo_clip_loss", "kl_penalty", "entropy_from_logits",
+                     "token_log_probs", "tis_weights", "policy_loss"], "vime_pure.policy_loss"),
 }
 
 __all__ = [
     "BatchingPolicy",
+    "LossConfigError",
+    "LossMode",
+    "Metric",
+    "MetricError",
     "ParallelLayout",
     "Schedule",
     "ScheduleError",
@@ -38,6 +51,12 @@ __all__ = [
     "build_schedule",
     "check_feasible",
     "group_mask_sums",
+    "merge_metrics",
+    "metric_values",
+    "reduce_metrics",
+    "reduce_train_step",
+    "sample_denominators",
+    "step_divisor",
     *_LAZY,
 ]
 

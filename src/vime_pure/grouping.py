@@ -10,6 +10,7 @@ Example: ``group_ids = ["a", "b", "a", "c"]`` gives groups ``[[0, 2], [1], [3]]`
 """
 
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -31,7 +32,7 @@ class Grouping:
         return len(self.ids)
 
 
-def group_samples(group_ids: Sequence[Hashable]) -> Grouping:
+def group_samples(group_ids: Sequence[Any]) -> Grouping:
     """Group sample indices by ``group_id`` in first-occurrence order (O(n))."""
     first: dict[Hashable, int] = {}
     dense = np.empty(len(group_ids), dtype=np.int64)

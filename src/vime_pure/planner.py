@@ -3,7 +3,8 @@
 See ``vime_pure.schedule`` for the contract and invariants; this module only computes.
 """
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -18,11 +19,11 @@ from vime_pure.validate import as_flops, as_lengths, check_same_length
 
 
 def plan(
-    lengths: Sequence[int] | np.ndarray,
-    group_ids: Sequence[Hashable],
-    layout: ParallelLayout,
-    policy: BatchingPolicy,
-    flops: Sequence[float] | np.ndarray | None,
+    lengths: Sequence[Any] | np.ndarray,
+    group_ids: Sequence[Any],
+    layout: Any,
+    policy: Any,
+    flops: Sequence[Any] | np.ndarray | None,
 ) -> Schedule:
     if not isinstance(layout, ParallelLayout):
         raise ScheduleError(f"layout={layout!r} is not a ParallelLayout. "
@@ -35,14 +36,20 @@ def plan(
     work = proxy_flops(sizes) if flops is None else as_flops(flops, len(sizes))
     check_feasible(layout, policy)
     grouping = group_samples(group_ids)
-    step_groups, dropped = _plan_steps(grouping, sizes, layout, policy)
-
-    steps: list[StepPlan] = []
-    for s, groups in enumerate(step_groups):
-        samples = np.concatenate([grouping.members[g] for g in groups])
-        bins = _pack(samples, sizes, work, layout, policy)
-        aligned = _align(bins, samples, sizes, layout, policy, step=s)
-        steps.append(_distribute(aligned, samples, sizes, work, layout, policy, len(groups)))
+    gbs, num_groups = policy.global_batch_size, grouping.num_groups
+    full = num_groups // gbs
+    steps = [_build_step(range(k * gbs, (k + 1) * gbs), k, grouping, sizes, work, layout, policy)
+             for k in range(full)]
+    dropped = list(range(full * gbs, num_groups))
+    partial_error = None
+    if dropped and policy.allow_partial_step:
+        try:
+            steps.append(_build_step(dropped, full, grouping, sizes, work, layout, policy))
+            dropped = []
+        except ScheduleError as exc:  # an infeasible partial step is dropped and reported
+            partial_error = exc
+    if not steps:
+        raise _too_few_groups(num_groups, gbs, partial_error)
 
     dropped_samples = sorted(int(i) for g in dropped for i in grouping.members[g])
     partitions, local = _assemble(steps, layout.dp)
@@ -55,36 +62,22 @@ def plan(
     )
 
 
-def _plan_steps(
-    grouping: Grouping, sizes: np.ndarray, layout: ParallelLayout, policy: BatchingPolicy
-) -> tuple[list[range], list[int]]:
-    """Full steps of ``global_batch_size`` groups, plus an optional partial one; the rest drop."""
-    gbs, num_groups = policy.global_batch_size, grouping.num_groups
-    full = num_groups // gbs
-    steps = [range(s * gbs, (s + 1) * gbs) for s in range(full)]
-    tail = range(full * gbs, num_groups)
-    if tail and policy.allow_partial_step and _partial_feasible(grouping, tail, layout, policy):
-        steps.append(tail)
-        tail = range(0)
-    if not steps:
-        partial = (" allow_partial_step=True could not help: the trailing groups cannot form "
-                   f"dp*microbatch_group={layout.align_multiple} aligned micro-batches."
-                   if policy.allow_partial_step else "")
-        raise ScheduleError(
-            f"only {num_groups} groups arrived but one step needs global_batch_size={gbs} "
-            f"groups.{partial} Fix: lower global_batch_size to at most {num_groups}, generate "
-            "more rollouts per batch, or set allow_partial_step=True."
-        )
-    return steps, list(tail)
+def _build_step(groups: Sequence[int], index: int, grouping: Grouping, sizes: np.ndarray,
+                work: np.ndarray, layout: ParallelLayout, policy: BatchingPolicy) -> StepPlan:
+    samples = np.concatenate([grouping.members[g] for g in groups])
+    bins = _pack(samples, sizes, work, layout, policy)
+    aligned = _align(bins, samples, sizes, layout, policy, step=index)
+    return _distribute(aligned, samples, sizes, work, layout, policy, len(groups))
 
 
-def _partial_feasible(grouping: Grouping, tail: range, layout: ParallelLayout,
-                      policy: BatchingPolicy) -> bool:
-    count = sum(len(grouping.members[g]) for g in tail)
-    if policy.dynamic:
-        return count >= layout.align_multiple
-    chunks = -(-count // policy.micro_batch_size)
-    return chunks % layout.align_multiple == 0
+def _too_few_groups(num_groups: int, gbs: int, partial_error: ScheduleError | None) -> ScheduleError:
+    partial = (f" allow_partial_step=True could not help: {partial_error}"
+               if partial_error is not None else "")
+    return ScheduleError(
+        f"only {num_groups} groups arrived but one step needs global_batch_size={gbs} "
+        f"groups.{partial} Fix: lower global_batch_size to at most {num_groups}, generate "
+        "more rollouts per batch, or set allow_partial_step=True."
+    )
 
 
 def _pack(samples: np.ndarray, sizes: np.ndarray, work: np.ndarray,
@@ -113,10 +106,13 @@ def _align(bins: kernels.Bins, samples: np.ndarray, sizes: np.ndarray, layout: P
         raise ScheduleError(f"step {step}: " + static_misalignment_message(len(bins), policy, layout))
     aligned = kernels.split_to_multiple(bins, sizes[samples], multiple)
     if aligned is None:
+        target = -(-len(bins) // multiple) * multiple
         raise ScheduleError(
-            f"step {step}: {len(samples)} samples cannot form a multiple of "
-            f"dp*microbatch_group={multiple} micro-batches (each needs at least one sample). "
-            f"Fix: raise global_batch_size so a step has at least {multiple} samples, or lower dp."
+            f"step {step}: its {len(samples)} samples pack into {len(bins)} micro-batches under "
+            f"the cap {policy.token_cap(layout)}; a multiple of dp*microbatch_group={multiple} "
+            f"needs {target}, but splitting can make at most {len(samples)} (one per sample). "
+            "Fix: raise global_batch_size (more samples per step), raise max_tokens_per_gpu so "
+            "samples share micro-batches, or lower dp / microbatch_group."
         )
     return aligned
 

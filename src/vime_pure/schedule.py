@@ -39,6 +39,7 @@ Example: 8 groups of one sample each, lengths 100..800, ``dp=2``, ``max_tokens_p
 """
 
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -102,17 +103,19 @@ class Schedule:
 
 
 def build_schedule(
-    lengths: Sequence[int] | np.ndarray,
-    group_ids: Sequence[Hashable],
-    layout: ParallelLayout,
-    policy: BatchingPolicy,
-    flops: Sequence[float] | np.ndarray | None = None,
+    lengths: Sequence[Any] | np.ndarray,
+    group_ids: Sequence[Any],
+    layout: Any,
+    policy: Any,
+    flops: Sequence[Any] | np.ndarray | None = None,
 ) -> Schedule:
     """Plan the steps of one rollout batch. See the module docstring for the algorithm.
 
     ``lengths[i]``: total tokens of sample ``i`` (prompt + response); ``group_ids[i]``: its
     rollout group (any hashable); ``flops[i]``: optional workload estimate used by
     ``packing="flops"`` / ``balance="flops"`` (default: ``vime_pure.flops.proxy_flops``).
+    Arguments are typed loosely on purpose: this is the user boundary, and every value is
+    validated here with a ``ScheduleError`` that names the field, instead of a type-check error.
     Raises ``ScheduleError`` for bad input or an infeasible configuration.
     """
     from vime_pure.planner import plan

@@ -1,6 +1,7 @@
 """Validation of per-sample scheduler inputs, with errors that name the field, value and fix."""
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from jaxtyping import Float64, Int64
@@ -8,7 +9,7 @@ from jaxtyping import Float64, Int64
 from vime_pure.errors import ScheduleError
 
 
-def as_lengths(lengths: Sequence[int] | np.ndarray) -> Int64[np.ndarray, " n"]:
+def as_lengths(lengths: Sequence[Any] | np.ndarray) -> Int64[np.ndarray, " n"]:
     """Per-sample token counts as int64; every entry must be a positive integer."""
     arr = np.asarray(lengths)
     if arr.ndim != 1:
@@ -27,7 +28,7 @@ def as_lengths(lengths: Sequence[int] | np.ndarray) -> Int64[np.ndarray, " n"]:
     return arr
 
 
-def as_flops(flops: Sequence[float] | np.ndarray, n: int) -> Float64[np.ndarray, " n"]:
+def as_flops(flops: Sequence[Any] | np.ndarray, n: int) -> Float64[np.ndarray, " n"]:
     """Per-sample workload estimates as float64: finite and non-negative, one per sample."""
     try:
         arr = np.asarray(flops, dtype=np.float64)

@@ -1,0 +1,56 @@
+"""The ``vime schedule`` command: table output, JSONL input, JSON stats and clear errors."""
+
+import json
+
+import pytest
+
+from vime_shell.cli import main
+
+
+def test_schedule_synthetic_prints_table(capsys):
+    rc = main(["schedule", "--synthetic", "--num-groups", "70", "--fanout", "agentic8",
+               "--global-batch-size", "32", "--dp", "4", "--max-tokens-per-gpu", "16384",
+               "--balance-data"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "mb/rank" in out and "tok imb" in out
+    rows = [line for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert len(rows) == 2  # 70 groups -> 2 full steps of 32
+    assert "dropped: 6 groups" in out
+
+
+def test_schedule_jsonl_and_json_stats(tmp_path, capsys):
+    path = tmp_path / "w.jsonl"
+    rows = [{"length": 100 * (i % 5 + 1), "group_id": f"g{i // 2}"} for i in range(16)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    out_json = tmp_path / "stats.json"
+    rc = main(["schedule", "--input", str(path), "--global-batch-size", "8", "--dp", "2",
+               "--max-tokens-per-gpu", "600", "--json", str(out_json)])
+    assert rc == 0
+    stats = json.loads(out_json.read_text())
+    assert stats[0]["num_groups"] == 8 and stats[0]["num_samples"] == 16
+    assert stats[0]["over_cap_multi"] == 0
+    assert "trained: 8 groups in 1 steps" in capsys.readouterr().out
+
+
+def test_schedule_errors_are_one_line_with_fix(tmp_path, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"length": 10}\n')
+    assert main(["schedule", "--input", str(path), "--global-batch-size", "1", "--dp", "1",
+                 "--micro-batch-size", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.jsonl:1" in err and "Fix:" in err
+    assert main(["schedule", "--synthetic", "--global-batch-size", "8", "--dp", "2",
+                 "--vpp", "2", "--max-tokens-per-gpu", "100"]) == 2
+    assert "microbatch_group" in capsys.readouterr().err
+
+
+def test_demo_runs(capsys):
+    assert main(["demo"]) == 0
+    assert "trained:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["schedule", "--synthetic", "--dp", "2"]])
+def test_missing_global_batch_size(argv, capsys):
+    assert main(argv) == 2
+    assert "--global-batch-size" in capsys.readouterr().err

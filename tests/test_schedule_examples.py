@@ -1,0 +1,188 @@
+"""Named scenarios users hit, each with exact expected schedules."""
+
+import pytest
+
+from tests.invariant_helpers import assert_schedule_invariants
+from vime_pure import (BatchingPolicy, ParallelLayout, ScheduleError, build_schedule,
+                       check_feasible)
+
+
+def _build(lengths, groups, layout, policy):
+    s = build_schedule(lengths, groups, layout, policy)
+    assert_schedule_invariants(s, groups)
+    return s
+
+
+def test_static_stride():
+    # 8 samples, mbs=2 -> 4 chunks [0,1] [2,3] [4,5] [6,7], round-robin over dp=2.
+    s = _build([10] * 8, list(range(8)), ParallelLayout(dp=2),
+               BatchingPolicy(global_batch_size=8, micro_batch_size=2))
+    assert s.steps[0].microbatches == (((0, 1), (4, 5)), ((2, 3), (6, 7)))
+    assert s.partitions == ((0, 1, 4, 5), (2, 3, 6, 7))
+    assert s.micro_batch_indices == (((0, 1), (2, 3)), ((0, 1), (2, 3)))
+
+
+def test_static_balance_over_several_steps():
+    # Two steps of 4 groups; token balancing pairs heavy with light chunks on each rank.
+    lengths = [100, 1, 90, 2, 5, 80, 6, 70]
+    s = _build(lengths, list(range(8)), ParallelLayout(dp=2),
+               BatchingPolicy(global_batch_size=4, micro_batch_size=1, balance="tokens"))
+    assert s.num_steps == 2
+    for step in s.steps:
+        loads = [sum(lengths[i] for mb in r for i in mb) for r in step.microbatches]
+        assert step.num_microbatches == 2
+        assert max(loads) - min(loads) <= 12
+    assert {tuple(sorted(i for mb in r for i in mb)) for r in s.steps[0].microbatches} == {
+        (0, 1), (2, 3)}
+
+
+def test_uniform_dynamic_packs_to_lower_bound():
+    # 16 samples of 250 tokens, cap 1000 -> exactly 4 per micro-batch, 4 micro-batches, dp=2.
+    s = _build([250] * 16, list(range(16)), ParallelLayout(dp=2),
+               BatchingPolicy(global_batch_size=16, max_tokens_per_gpu=1000))
+    assert s.steps[0].num_microbatches == 2
+    assert all(len(mb) == 4 for r in s.steps[0].microbatches for mb in r)
+
+
+def test_oversize_sample_sits_alone():
+    s = _build([5000, 300, 300, 300], list(range(4)), ParallelLayout(dp=2),
+               BatchingPolicy(global_batch_size=4, max_tokens_per_gpu=1000))
+    mbs = [mb for r in s.steps[0].microbatches for mb in r]
+    assert (0,) in mbs
+    assert all(sum([5000, 300, 300, 300][i] for i in mb) <= 1000 for mb in mbs if len(mb) > 1)
+
+
+def test_cp_multiplies_the_cap():
+    # cap = 600 * cp(2) = 1200: two 500-token samples share a micro-batch.
+    s = _build([500] * 4, list(range(4)), ParallelLayout(dp=1, cp=2),
+               BatchingPolicy(global_batch_size=4, max_tokens_per_gpu=600))
+    assert s.steps[0].num_microbatches == 2
+
+
+def test_vpp_rounds_microbatch_count_up():
+    # 6 samples of 400 with cap 1000 pack into 3 bins; dp=1, vpp=2, group 4 -> split to 4.
+    layout = ParallelLayout(dp=1, pp=2, vpp=2, microbatch_group=4)
+    s = _build([400] * 6, list(range(6)), layout,
+               BatchingPolicy(global_batch_size=6, max_tokens_per_gpu=1000))
+    assert s.steps[0].num_microbatches == 4
+
+
+def test_siblings_kept_together_across_steps():
+    # Group "a" has non-contiguous siblings; gbs=2 groups per step: a+b, then c+d.
+    groups = ["a", "b", "a", "c", "d", "a", "c"]
+    s = _build([10] * 7, groups, ParallelLayout(dp=1),
+               BatchingPolicy(global_batch_size=2, max_tokens_per_gpu=100))
+    first = sorted(i for r in s.steps[0].microbatches for mb in r for i in mb)
+    assert first == [0, 1, 2, 5]
+    assert [st.num_groups for st in s.steps] == [2, 2]
+
+
+def test_trailing_groups_dropped_and_reported():
+    s = _build([10] * 7, ["a", "b", "c", "c", "d", "e", "f"], ParallelLayout(dp=1),
+               BatchingPolicy(global_batch_size=4, max_tokens_per_gpu=100))
+    assert s.dropped_groups == ("e", "f")
+    assert s.dropped_samples == (5, 6)
+
+
+def test_partial_step_opted_in():
+    s = _build([10] * 7, ["a", "b", "c", "c", "d", "e", "f"], ParallelLayout(dp=2),
+               BatchingPolicy(global_batch_size=4, max_tokens_per_gpu=20,
+                              allow_partial_step=True))
+    assert [st.num_groups for st in s.steps] == [4, 2]
+    assert s.dropped_groups == () and s.dropped_samples == ()
+
+
+def test_partial_step_infeasible_under_vpp_is_dropped_not_crashed():
+    # Trailing 2 groups of 1 sample cannot form dp*group = 4 micro-batches: dropped, reported.
+    layout = ParallelLayout(dp=2, pp=2, vpp=2, microbatch_group=2)
+    s = _build([10] * 10, list(range(10)), layout,
+               BatchingPolicy(global_batch_size=8, max_tokens_per_gpu=100,
+                              allow_partial_step=True))
+    assert s.num_steps == 1
+    assert s.dropped_groups == (8, 9)
+
+
+def test_fewer_groups_than_a_step():
+    with pytest.raises(ScheduleError, match=r"only 3 groups arrived.*global_batch_size=8"):
+        build_schedule([10, 10, 10, 10], [0, 0, 1, 2], ParallelLayout(dp=1),
+                       BatchingPolicy(global_batch_size=8, max_tokens_per_gpu=100))
+
+
+def test_misaligned_static_config():
+    policy = BatchingPolicy(global_batch_size=6, micro_batch_size=2)
+    with pytest.raises(ScheduleError, match=r"3 micro-batches.*multiple of dp=2.*Fix:"):
+        check_feasible(ParallelLayout(dp=2), policy)
+    with pytest.raises(ScheduleError, match="Fix:"):
+        build_schedule([5] * 6, list(range(6)), ParallelLayout(dp=2), policy)
+
+
+def test_static_step_with_siblings_misaligned_names_the_step():
+    # gbs=2 groups -> 3 samples in step 0 -> 3 chunks of 1, not a multiple of dp=2.
+    with pytest.raises(ScheduleError, match=r"step 0: .*3 micro-batches"):
+        build_schedule([5, 5, 5, 5], ["a", "a", "b", "c"], ParallelLayout(dp=2),
+                       BatchingPolicy(global_batch_size=2, micro_batch_size=1))
+
+
+def test_dynamic_step_too_small_to_align():
+    # Five samples that each fill a micro-batch cannot become 8 micro-batches for dp=4.
+    with pytest.raises(ScheduleError, match="splitting can make at most 5"):
+        build_schedule([100, 100, 100, 60, 50], [0, 1, 2, 3, 3], ParallelLayout(dp=4),
+                       BatchingPolicy(global_batch_size=4, max_tokens_per_gpu=100))
+
+
+def test_flops_packing_respects_the_cap():
+    lengths = [900, 850, 100, 90, 80, 700, 50, 40]
+    s = _build(lengths, list(range(8)), ParallelLayout(dp=2),
+               BatchingPolicy(global_batch_size=8, max_tokens_per_gpu=1000, packing="flops",
+                              balance="flops"))
+    for r in s.steps[0].microbatches:
+        for mb in r:
+            assert len(mb) == 1 or sum(lengths[i] for i in mb) <= 1000
+
+
+def test_module_docstring_example():
+    s = _build(list(range(100, 900, 100)), list(range(8)), ParallelLayout(dp=2),
+               BatchingPolicy(global_batch_size=8, max_tokens_per_gpu=1000))
+    packed = sorted(sorted(((i + 1) * 100 for i in mb), reverse=True)
+                    for r in s.steps[0].microbatches for mb in r)
+    assert packed == [[500, 100], [600, 400], [700, 300], [800, 200]]
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(dp=0), "dp"), (dict(dp=2, cp=0), "cp"), (dict(dp=2, vpp=2), "microbatch_group"),
+    (dict(dp=2, vpp=2, microbatch_group=0), "microbatch_group"), (dict(dp=True), "dp"),
+])
+def test_layout_errors_name_the_field(kwargs, field):
+    with pytest.raises(ScheduleError, match=rf"^{field}=.*Fix:"):
+        ParallelLayout(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(global_batch_size=0, micro_batch_size=1), "global_batch_size"),
+    (dict(global_batch_size=4), "max_tokens_per_gpu"),
+    (dict(global_batch_size=4, max_tokens_per_gpu=-1), "max_tokens_per_gpu"),
+    (dict(global_batch_size=4, max_tokens_per_gpu=10, packing="best_fit"), "packing"),
+    (dict(global_batch_size=4, max_tokens_per_gpu=10, balance="random"), "balance"),
+])
+def test_policy_errors_name_the_field(kwargs, field):
+    with pytest.raises(ScheduleError, match=rf"^{field}=.*Fix:"):
+        BatchingPolicy(**kwargs)
+
+
+def test_input_errors():
+    layout, policy = ParallelLayout(dp=1), BatchingPolicy(global_batch_size=1,
+                                                          max_tokens_per_gpu=10)
+    with pytest.raises(ScheduleError, match="group_ids has 1 entries but lengths has 2"):
+        build_schedule([1, 2], [0], layout, policy)
+    with pytest.raises(ScheduleError, match=r"flops\[1\]"):
+        build_schedule([1, 2], [0, 1], layout, policy, flops=[1.0, float("nan")])
+    with pytest.raises(ScheduleError, match=r"group_ids\[0\].*not hashable"):
+        build_schedule([1], [[1]], layout, policy)
+    with pytest.raises(ScheduleError, match="not a ParallelLayout"):
+        build_schedule([1], [0], 4, policy)
+
+
+def test_dynamic_gbs_below_alignment_rejected_at_launch():
+    with pytest.raises(ScheduleError, match="at least 16"):
+        check_feasible(ParallelLayout(dp=8, pp=2, vpp=2, microbatch_group=2),
+                       BatchingPolicy(global_batch_size=8, max_tokens_per_gpu=1000))
