@@ -78,3 +78,61 @@ def step_stats(schedule: Schedule, flops: np.ndarray | None = None) -> tuple[Ste
             cap_use=cap_use, max_microbatch_tokens=max(flat), over_cap_multi=over,
         ))
     return tuple(out)
+
+
+@attrs.frozen
+class PolicySummary:
+    """Whole-schedule summary of one policy, for side-by-side comparison.
+
+    ``microbatches``: total over steps and ranks; ``microbatch_bound``: the sum over steps of
+    ``ceil(step tokens / cap)`` (unaligned); ``microbatch_bound_aligned`` rounds each step's
+    bound up to the layout's ``align_multiple``. Imbalances are means and worsts over steps of
+    max/mean rank load, with the mean of the per-step bounds ``max(max item, total/dp)/(total/dp)``.
+    ``pad_waste``: extra tokens if each micro-batch were a padded ``[n, max_len]`` batch, as a
+    fraction of real tokens. ``dropped_groups``: groups not trained.
+    """
+
+    microbatches: int
+    microbatch_bound: int
+    microbatch_bound_aligned: int
+    token_imbalance_mean: float
+    token_imbalance_worst: float
+    token_imbalance_bound: float
+    flops_imbalance_mean: float
+    flops_imbalance_worst: float
+    flops_imbalance_bound: float
+    pad_waste: float
+    over_cap_multi: int
+    dropped_groups: int
+
+
+def summarize(schedule: Schedule, flops: np.ndarray | None = None) -> PolicySummary:
+    """Summarise ``schedule``. Example: one step, dp=2, rank loads 1000/600 tokens gives
+    ``token_imbalance_mean == 1.25``."""
+    stats = step_stats(schedule, flops)
+    lengths = np.asarray(schedule.lengths, dtype=np.int64)
+    cap = schedule.token_cap
+    bound = aligned = 0
+    padded = real = 0
+    multiple = schedule.layout.align_multiple
+    for step in schedule.steps:
+        mbs = [list(mb) for rank in step.microbatches for mb in rank]
+        tokens = sum(int(lengths[mb].sum()) for mb in mbs)
+        step_bound = -(-tokens // cap) if cap else len(mbs)
+        bound += step_bound
+        aligned += -(-step_bound // multiple) * multiple
+        padded += sum(len(mb) * int(lengths[mb].max()) for mb in mbs)
+        real += tokens
+    return PolicySummary(
+        microbatches=sum(s.microbatches_per_rank for s in stats) * schedule.layout.dp,
+        microbatch_bound=bound, microbatch_bound_aligned=aligned,
+        token_imbalance_mean=float(np.mean([s.token_imbalance for s in stats])),
+        token_imbalance_worst=max(s.token_imbalance for s in stats),
+        token_imbalance_bound=float(np.mean([s.token_imbalance_bound for s in stats])),
+        flops_imbalance_mean=float(np.mean([s.flops_imbalance for s in stats])),
+        flops_imbalance_worst=max(s.flops_imbalance for s in stats),
+        flops_imbalance_bound=float(np.mean([s.flops_imbalance_bound for s in stats])),
+        pad_waste=padded / real - 1.0 if real else 0.0,
+        over_cap_multi=sum(s.over_cap_multi for s in stats),
+        dropped_groups=len(schedule.dropped_groups),
+    )

@@ -18,11 +18,13 @@ import argparse
 import json
 from pathlib import Path
 
+import attrs
 import numpy as np
 
 from vime_pure import BatchingPolicy, ParallelLayout, build_schedule
 from vime_pure.errors import VimeError
-from vime_pure.report import StepStats, step_stats
+from vime_pure.config import BALANCES, PACKINGS
+from vime_pure.report import PolicySummary, StepStats, step_stats, summarize
 from vime_pure.workloads import FANOUTS, synthetic_workload
 
 
@@ -54,7 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     pol.add_argument("--balance-by-flops", action="store_true", help="balance by estimated FLOPs")
     pol.add_argument("--allow-partial-train-step", action="store_true",
                      help="train trailing groups as one smaller final step when feasible")
-    p.add_argument("--json", type=Path, default=None, help="also write per-step stats as JSON")
+    rep = p.add_argument_group("reports")
+    rep.add_argument("--json", type=Path, default=None, help="also write per-step stats as JSON")
+    rep.add_argument("--compare", action="store_true",
+                     help="run every packing x balance policy side by side and print a summary")
+    rep.add_argument("--plot", type=Path, default=None,
+                     help="PNG of one step's per-rank loads, stacked by micro-batch")
+    rep.add_argument("--plot-step", type=int, default=0, help="step drawn by --plot")
     p.set_defaults(handler=run)
 
 
@@ -117,9 +125,46 @@ def format_table(stats: tuple[StepStats, ...]) -> str:
     return "\n".join(rows)
 
 
+def format_compare(rows: list[tuple[str, str, PolicySummary]]) -> str:
+    head = (f"{'packing':>9} {'balance':>8} {'mbs':>6} {'bound':>6} {'aligned':>7} {'tok imb mean/worst':>18} "
+            f"{'tok LB':>6} {'flops imb mean/worst':>20} {'flops LB':>8} {'pad waste':>9} "
+            f"{'over cap':>8} {'dropped':>7}")
+    out = [head, "-" * len(head)]
+    for packing, balance, s in rows:
+        out.append(
+            f"{packing:>9} {balance:>8} {s.microbatches:>6} {s.microbatch_bound:>6} "
+            f"{s.microbatch_bound_aligned:>7} "
+            f"{s.token_imbalance_mean:>8.3f} / {s.token_imbalance_worst:<7.3f} "
+            f"{s.token_imbalance_bound:>6.3f} {s.flops_imbalance_mean:>9.3f} / "
+            f"{s.flops_imbalance_worst:<8.3f} {s.flops_imbalance_bound:>8.3f} "
+            f"{s.pad_waste:>9.1%} {s.over_cap_multi:>8} {s.dropped_groups:>7}")
+    return "\n".join(out)
+
+
+def compare(lengths, groups, layout: ParallelLayout, policy: BatchingPolicy):
+    """Summaries of every packing x balance combination under ``policy``'s other settings."""
+    rows = []
+    for packing in PACKINGS:
+        for balance in BALANCES:
+            variant = attrs.evolve(policy, packing=packing, balance=balance)
+            rows.append((packing, balance,
+                         summarize(build_schedule(lengths, groups, layout, variant))))
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     lengths, groups = load_workload(args)
     layout, policy = policy_from_args(args)
+    if args.compare:
+        if not policy.dynamic:
+            raise VimeError("--compare needs dynamic packing. Fix: set --max-tokens-per-gpu.")
+        print(f"compare: {len(lengths)} samples in {len(set(groups))} groups, dp={layout.dp} "
+              f"cp={layout.cp} vpp={layout.vpp}, cap={policy.token_cap(layout):,} tokens; "
+              "bound = sum over steps of ceil(step tokens / cap), aligned = each step's bound rounded up to "
+              f"a multiple of {layout.align_multiple}; LB = mean per-step "
+              "imbalance lower bound max(max item, total/dp)/(total/dp)")
+        print(format_compare(compare(lengths, groups, layout, policy)))
+        return 0
     schedule = build_schedule(lengths, groups, layout, policy)
     stats = step_stats(schedule)
     cap = policy.token_cap(layout)
@@ -133,8 +178,13 @@ def run(args: argparse.Namespace) -> int:
           f"{len(schedule.dropped_groups)} groups / {len(schedule.dropped_samples)} samples"
           + (" (set --allow-partial-train-step to train them when feasible)"
              if schedule.dropped_groups and not policy.allow_partial_step else ""))
-    if args.json is not None:
-        import attrs
+    if args.plot is not None:
+        if not 0 <= args.plot_step < schedule.num_steps:
+            raise VimeError(f"--plot-step {args.plot_step} is out of range. Fix: pass a step "
+                            f"in 0..{schedule.num_steps - 1}.")
+        from vime_shell.plots import plot_step_loads
 
+        print(f"plot: {plot_step_loads(schedule, args.plot, args.plot_step)}")
+    if args.json is not None:
         args.json.write_text(json.dumps([attrs.asdict(s) for s in stats], indent=1))
     return 0
