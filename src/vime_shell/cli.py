@@ -1,4 +1,5 @@
-"""The ``vime`` command line: ``vime schedule`` (plan and report steps) and ``vime demo``.
+"""The ``vime`` command line: ``vime train`` (the RL loop), ``vime schedule`` (plan and report
+steps) and ``vime demo`` (``vime train`` with the embedded default, writing ``runs/demo/``).
 
 Each subcommand lives in its own module with ``add_arguments(parser)`` and ``run(args) -> int``.
 """
@@ -11,10 +12,16 @@ from vime_pure.errors import VimeError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vime_shell import schedule_cmd
+    from vime_shell import schedule_cmd, train_cmd
 
     parser = argparse.ArgumentParser(prog="vime", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser(
+        "train", help="run the RL loop (generate, reward, schedule, train, sync)",
+        description=train_cmd.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False)
+    train_cmd.add_arguments(train)
+    train.set_defaults(handler=train_cmd.run)
     schedule_cmd.add_arguments(sub.add_parser(
         "schedule", help="plan the steps of a workload and print a per-step table",
         description=schedule_cmd.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
@@ -24,17 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from vime_shell import schedule_cmd
+    from vime_shell import train_cmd
 
-    print("vime demo: scheduling a synthetic agentic rollout batch "
-          "(2048 groups of 1-4 samples, dp=8, vpp=2, 32k tokens/GPU, FLOPs balancing)\n")
-    argv = ["--synthetic", "--num-groups", "2048", "--fanout", "agentic8",
-            "--global-batch-size", "512", "--dp", "8", "--vpp", "2",
-            "--microbatch-group-size-per-vp-stage", "2", "--max-tokens-per-gpu", "32768",
-            "--balance-by-flops", "--allow-partial-train-step"]
-    parser = argparse.ArgumentParser()
-    schedule_cmd.add_arguments(parser)
-    return schedule_cmd.run(parser.parse_args(argv))
+    print("vime demo: RL from scratch on the embedded tiny Qwen2 (reverse two digits, exact-match "
+          "reward), HF engine + Megatron-core on CPU; writing runs/demo/", file=sys.stderr)
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    train_cmd.add_arguments(parser)
+    return train_cmd.run(parser.parse_args(["--run-dir", "runs/demo"]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

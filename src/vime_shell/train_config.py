@@ -80,6 +80,21 @@ class TrainConfig:
     save_interval: int = _f(50, "rollouts between checkpoints")
     load: str | None = _f(None, "checkpoint directory to resume from")
     run_dir: str = _f("runs/demo", "metrics.jsonl, TensorBoard and plots go here")
+    # parallel layout (Megatron names; the data-parallel size is world / (tp * pp))
+    tensor_model_parallel_size: int = _f(1, "tensor-parallel size")
+    pipeline_model_parallel_size: int = _f(1, "pipeline-parallel size")
+    num_layers_per_virtual_pipeline_stage: int | None = _f(None, "layers per virtual stage")
+    # rollout dumps and replay, HF export
+    save_rollout_data: str | None = _f(None, "dump every rollout batch to this path template "
+                                       "(must contain {rollout_id})")
+    load_rollout_data: str | None = _f(None, "replay dumps from this path template (or one "
+                                       "literal path, replayed every rollout)")
+    load_rollout_data_mode: str = _f("train-only", "train-only: no engine; forge: keep the "
+                                     "engine and its weight syncs")
+    load_rollout_data_fallback: bool = _f(False, "replay rollout 0's dump when a rollout's "
+                                          "dump is missing")
+    save_hf: str | None = _f(None, "write the trained weights as an HF checkpoint here")
+    save_hf_max_shard_size: str = _f("5GB", "size limit of one safetensors shard")
 
     def __attrs_post_init__(self) -> None:
         _check_types(self)
@@ -104,6 +119,13 @@ class TrainConfig:
         if self.rollout_num_turns > 3:
             raise field_error(ConfigError, "rollout_num_turns", self.rollout_num_turns,
                               "must be 2 or 3", "use 2 (or the single-turn rollout)")
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+            _at_least(name, getattr(self, name), 1)
+        _one_of("load_rollout_data_mode", self.load_rollout_data_mode, ("train-only", "forge"))
+        if self.save_rollout_data is not None and "{rollout_id}" not in self.save_rollout_data:
+            raise field_error(ConfigError, "save_rollout_data", self.save_rollout_data,
+                              "lacks {rollout_id}: every rollout would overwrite one file",
+                              "use e.g. 'dumps/rollout_{rollout_id}.npz'")
         self.batching_policy()  # BatchingPolicy's own checks (max_tokens / micro_batch_size)
         self._check_steps()
 
