@@ -45,7 +45,8 @@ def _observe(event, out: list, *, engine_check: bool = False) -> None:
             "tokens": np.asarray(event.batch.tokens).copy(),
             "advantages": np.asarray(event.batch.advantages).copy(),
             "rollout_log_probs": (None if event.batch.rollout_log_probs is None
-                                  else np.asarray(event.batch.rollout_log_probs).copy())}
+                                  else np.asarray(event.batch.rollout_log_probs).copy()),
+            "has_engine": event.engine is not None}
     if engine_check:
         state = event.trainer.hf_state_dict()  # collective: every rank calls it
         engine = getattr(event, "engine", None)

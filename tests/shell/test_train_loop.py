@@ -123,10 +123,12 @@ def _fixed_multi_turn_batch():
         return Sample(tokens=prompt + response, response_length=len(response), group_id=group,
                       loss_mask=mask, reward=0.0, rollout_log_probs=[-1.0] * len(response))
 
-    output = [[[s([4, 5, 6], [7, 8], 0), s([7, 8, 6], [5], 0)],
-               [s([4, 5, 6], [9, 9], 1), s([9, 9, 6], [4, 4], 1, mask=[1, 0])]],
-              [[s([5, 5, 6], [5], 2), s([5, 6], [5, 5], 2)],
-               [s([5, 5, 6], [3, 3], 3), s([3, 3, 6], [6, 7], 3), s([6, 7, 6], [4], 3)]]]
+    # Sparse string group ids: replay must keep them as they are.
+    a, b, c, d = "exec-9", "exec-2", "exec-7", "exec-4"
+    output = [[[s([4, 5, 6], [7, 8], a), s([7, 8, 6], [5], a)],
+               [s([4, 5, 6], [9, 9], b), s([9, 9, 6], [4, 4], b, mask=[1, 0])]],
+              [[s([5, 5, 6], [5], c), s([5, 6], [5, 5], c)],
+               [s([5, 5, 6], [3, 3], d), s([3, 3, 6], [6, 7], d), s([6, 7, 6], [4], d)]]]
     batch = RolloutBatch.from_samples(output)
     per_group = np.array([0.25, -0.5, 0.0, 3.0])
     return attrs.evolve(batch, advantages=per_group[batch.group_ids]), per_group
