@@ -18,10 +18,7 @@ from vime_shell.replay import ReplayError, ReplaySource, dump_path
 
 @pytest.fixture(scope="module")
 def replay_runs(tmp_path_factory):
-    from vime_shell.embedded import build_embedded
-
-    cache = tmp_path_factory.mktemp("embedded")
-    build_embedded(cache)
+    cache = tmp_path_factory.mktemp("embedded")  # the worker builds the embedded model
     root = tmp_path_factory.mktemp("replay")
     return root, spawn(replay_worker, 1, str(root), str(cache))[0]
 

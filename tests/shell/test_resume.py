@@ -28,10 +28,7 @@ def _metrics(path) -> list[dict]:
 
 
 def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
-    from vime_shell.embedded import build_embedded
-
-    cache = tmp_path / "embedded"
-    build_embedded(cache)
+    cache = tmp_path / "embedded"  # built by the first process, reused by the second
     proc = mp.get_context("spawn").Process(
         target=killed_worker, args=(str(tmp_path), str(cache), free_port(), 3))
     proc.start()
