@@ -5,7 +5,8 @@ rollout order, flushed as soon as the rollout ends (``REQUIRED_KEYS`` are always
 resumed run the lines of rollouts at or after the resume point are dropped first, so the file
 never holds a rollout twice. TensorBoard scalars go to ``<run_dir>/tb`` when the
 ``tensorboard`` package is installed (silently skipped otherwise). At the end,
-``curves.png`` (reward and loss per rollout) and ``schedule.png`` (per-rank micro-batch token
+``curves.png`` (reward, loss, entropy and gradient norm per rollout; on-policy GRPO's loss
+is ~0 by construction, entropy and gradient norm show the learning) and ``schedule.png`` (per-rank micro-batch token
 loads of the last rollout's first step) are drawn with :mod:`vime_shell.plots`.
 
 Example line: ``{"rollout": 0, "reward_mean": 0.0078, "loss": -0.0012, "num_groups": 128,
@@ -91,7 +92,7 @@ class RunLogger:
         out = []
         if self.records:
             series = {k: [r[k] if r[k] is not None else math.nan for r in self.records]
-                      for k in ("reward_mean", "loss", "entropy") if k in self.records[0]}
+                      for k in ("reward_mean", "loss", "entropy", "grad_norm") if k in self.records[0]}
             out.append(plot_curves(series, self.run_dir / CURVES,
                                    title=f"{len(self.records)} rollouts"))
         if last_schedule is not None and last_schedule.steps:

@@ -25,9 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import os
+    import warnings
 
     from vime_shell.train_loop import run_training
 
+    # Megatron and mbridge announce every missing optional kernel (TE, Apex) on CPU: noise here.
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"(megatron|mbridge)\.")
+    warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True")
     cfg = config_from_args(args)
     result = run_training(cfg)
     if int(os.environ.get("RANK", "0")) == 0 and result.records:

@@ -1,0 +1,96 @@
+"""The embedded demo's learning curve: reward from scratch to learned, in wall-clock minutes.
+
+Runs ``vime train`` with the default configuration (what ``vime demo`` / ``make demo`` run) in
+a subprocess, exactly as a user would, then reads its ``metrics.jsonl`` and reports:
+
+- **start** / **end**: mean reward of the first / last 10 rollouts;
+- **learned at**: the first rollout whose trailing 10-rollout mean reward reaches ``--target``
+  (0.8), and the wall-clock minutes to it (process start included: imports, model build);
+- **minutes**: the whole run; **tokens/s**: median over rollouts of trained tokens per second
+  of rollout time (generation + training + weight sync);
+- the machine's load average before and after (the 2-core machine is shared: compare runs only
+  at similar load).
+
+The curve is a measurement, not a test: the seed fixes the data, but the time depends on the
+machine. Result JSON: ``--out`` (default ``runs/demo_curve.json``).
+
+Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python -m benchmarks.demo_curve``
+(``--run-dir``, ``--target``, and any ``vime train`` flag after ``--``, e.g. ``-- --seed 1``).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WINDOW = 10
+
+
+def summarize(records: list[dict], wall_s: float, target: float) -> dict:
+    """Curve summary from metrics records and the run's wall time (see the module docstring).
+
+    Example: rewards ``[0, 0, ..., 0.9, 0.9]`` reaching a trailing mean of 0.8 at rollout 140
+    give ``learned_at_rollout == 140``.
+    """
+    rewards = [r["reward_mean"] for r in records]
+    seconds = [r["rollout_s"] + r["train_s"] + r["sync_s"] for r in records]
+    startup = max(wall_s - sum(seconds), 0.0)
+    learned_at, learned_min = None, None
+    for k in range(len(rewards)):
+        window = rewards[max(0, k - WINDOW + 1):k + 1]
+        if k + 1 >= WINDOW and sum(window) / len(window) >= target:
+            learned_at, learned_min = k, (startup + sum(seconds[:k + 1])) / 60
+            break
+    head, tail = rewards[:WINDOW], rewards[-WINDOW:]
+    return {
+        "rollouts": len(records),
+        "reward_start": sum(head) / len(head), "reward_end": sum(tail) / len(tail),
+        "target": target, "learned_at_rollout": learned_at, "learned_at_minutes": learned_min,
+        "minutes": wall_s / 60, "startup_s": startup,
+        "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in records),
+        "seconds_per_rollout_median": statistics.median(seconds),
+        "reward_curve": rewards,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.demo_curve")
+    parser.add_argument("--run-dir", default="runs/demo")
+    parser.add_argument("--target", type=float, default=0.8)
+    parser.add_argument("--out", default="runs/demo_curve.json")
+    args = parser.parse_args(own)
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, ["src", env.get("PYTHONPATH")]))
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "vime_shell.cli", "train", "--run-dir", args.run_dir,
+                    *extra], check=True, env=env)
+    wall = time.perf_counter() - start
+    from vime_shell.run_log import read_metrics
+
+    result = summarize(read_metrics(args.run_dir), wall, args.target)
+    result.update(load_before=load_before, load_after=os.getloadavg(), cpus=os.cpu_count(),
+                  run_dir=args.run_dir, flags=extra,
+                  plots=[str(Path(args.run_dir) / n) for n in ("curves.png", "schedule.png")])
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    learned = (f"reached {args.target} (10-rollout mean) at rollout {result['learned_at_rollout']}"
+               f" after {result['learned_at_minutes']:.1f} min" if result["learned_at_rollout"]
+               is not None else f"never reached {args.target}")
+    print(f"demo curve: reward {result['reward_start']:.3f} -> {result['reward_end']:.3f} over "
+          f"{result['rollouts']} rollouts in {result['minutes']:.1f} min; {learned}; "
+          f"{result['tokens_per_s_median']:.0f} tokens/s (median), "
+          f"{result['seconds_per_rollout_median']:.2f} s/rollout; load {load_before[0]:.1f} -> "
+          f"{result['load_after'][0]:.1f} on {result['cpus']} CPUs; {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
