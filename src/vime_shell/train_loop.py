@@ -115,10 +115,17 @@ class _Loop:
         self.cfg, self.on_rollout = cfg, on_rollout
         self.hf_dir = Path(cfg.hf_checkpoint).expanduser() if cfg.hf_checkpoint else build_embedded()
         launch_checks(cfg, self.hf_dir)
+        hf_config = read_hf_config(self.hf_dir)
+        tp = cfg.tensor_model_parallel_size
+        if hf_config.vocab_size % tp:  # Megatron's vocab-parallel embedding splits rows evenly
+            raise field_error(ConfigError, "tensor_model_parallel_size", tp,
+                              f"does not divide the model's vocab_size={hf_config.vocab_size}",
+                              "use a TP size that divides it (the embedded model's 19-token "
+                              "vocabulary allows only TP=1), or pad the vocabulary")
         platform = detect_platform()
         world = int(os.environ.get("WORLD_SIZE", "1"))
         layout = resolve_layout(
-            world_size=world, num_layers=read_hf_config(self.hf_dir).num_hidden_layers,
+            world_size=world, num_layers=hf_config.num_hidden_layers,
             platform=platform, tp=cfg.tensor_model_parallel_size,
             pp=cfg.pipeline_model_parallel_size,
             num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage)
