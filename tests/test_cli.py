@@ -1,4 +1,5 @@
-"""The ``vime schedule`` command: table output, JSONL input, JSON stats and clear errors."""
+"""The ``vime`` command line: ``vime schedule`` (table output, JSONL input, JSON stats and clear
+errors), and what ``vime demo`` launches."""
 
 import json
 
@@ -45,9 +46,18 @@ def test_schedule_errors_are_one_line_with_fix(tmp_path, capsys):
     assert "microbatch_group" in capsys.readouterr().err
 
 
-def test_demo_runs(capsys):
+def test_demo_is_train_with_the_default_config(monkeypatch):
+    # The loop itself runs in tests/shell/test_train_loop.py; here: what `vime demo` launches.
+    from vime_shell import train_loop
+    from vime_shell.train_config import TrainConfig
+
+    seen = []
+    monkeypatch.setattr(train_loop, "run_training", lambda cfg: seen.append(cfg) or
+                        train_loop.TrainResult(records=[], plots=[], hf_checkpoint=None,
+                                               start_rollout=0))
     assert main(["demo"]) == 0
-    assert "trained:" in capsys.readouterr().out
+    assert main(["demo", "--num-rollout", "5"]) == 0
+    assert seen == [TrainConfig(run_dir="runs/demo"), TrainConfig(num_rollout=5)]
 
 
 @pytest.mark.parametrize("argv", [["schedule", "--synthetic", "--dp", "2"]])

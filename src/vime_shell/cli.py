@@ -25,7 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
     schedule_cmd.add_arguments(sub.add_parser(
         "schedule", help="plan the steps of a workload and print a per-step table",
         description=schedule_cmd.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
-    demo = sub.add_parser("demo", help="run the embedded CPU demo (what `make demo` runs)")
+    demo = sub.add_parser(
+        "demo", help="the embedded CPU demo (what `make demo` runs): `vime train` with the "
+        "default config, writing runs/demo/", allow_abbrev=False)
+    train_cmd.add_arguments(demo)  # same flags, e.g. `vime demo --seed 1`
     demo.set_defaults(handler=_demo)
     return parser
 
@@ -34,10 +37,9 @@ def _demo(args: argparse.Namespace) -> int:
     from vime_shell import train_cmd
 
     print("vime demo: RL from scratch on the embedded tiny Qwen2 (reverse two digits, exact-match "
-          "reward), HF engine + Megatron-core on CPU; writing runs/demo/", file=sys.stderr)
-    parser = argparse.ArgumentParser(allow_abbrev=False)
-    train_cmd.add_arguments(parser)
-    return train_cmd.run(parser.parse_args(["--run-dir", "runs/demo"]))
+          "reward), HF engine + Megatron-core on CPU; writing runs/demo/ (the defaults of "
+          "`vime train`)", file=sys.stderr)
+    return train_cmd.run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
