@@ -81,10 +81,12 @@ class TrainerConfig:
 
 @attrs.frozen(kw_only=True)
 class StepSpec:
-    """One optimizer step on one rank: ``G_s`` and the rank's micro-batches (local positions)."""
+    """One optimizer step on one rank: ``G_s``, the rank's micro-batches (local positions) and,
+    when known, the step's sample count ``N_s`` over all DP ranks (else it is all-reduced)."""
 
     num_groups: int
     microbatches: tuple[tuple[int, ...], ...]
+    num_samples: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -98,16 +100,18 @@ class RankPlan:
         """The plan of a ``vime_pure.shard.RankShard``: per step ``num_groups`` and its
         ``num_microbatches`` micro-batches, as local positions into the shard's rows."""
         local = iter(shard.micro_batch_indices)
+        samples = getattr(shard, "num_samples", None) or (None,) * len(shard.num_groups)
         return cls(steps=tuple(
-            StepSpec(num_groups=int(g), microbatches=tuple(tuple(int(i) for i in next(local))
-                                                           for _ in range(int(k))))
-            for k, g in zip(shard.num_microbatches, shard.num_groups)))
+            StepSpec(num_groups=int(g), num_samples=None if n is None else int(n),
+                     microbatches=tuple(tuple(int(i) for i in next(local))
+                                        for _ in range(int(k))))
+            for k, g, n in zip(shard.num_microbatches, shard.num_groups, samples)))
 
     @classmethod
     def from_schedule(cls, schedule, dp_rank: int) -> "RankPlan":
         """Local positions (into ``schedule.partitions[dp_rank]``) of every step's micro-batches."""
         local = iter(schedule.micro_batch_indices[dp_rank])
-        steps = tuple(StepSpec(num_groups=s.num_groups,
+        steps = tuple(StepSpec(num_groups=s.num_groups, num_samples=s.num_samples,
                                microbatches=tuple(next(local) for _ in range(s.num_microbatches)))
                       for s in schedule.steps)
         return cls(steps=steps)
@@ -294,6 +298,8 @@ class MegatronTrainer:
         import torch.distributed as dist
         from megatron.core import parallel_state as mpu
 
+        if step.num_samples is not None:
+            return step.num_samples
         local = torch.tensor([sum(len(mb) for mb in step.microbatches)], dtype=torch.int64,
                              device="cuda" if self.platform.kind == "cuda" else "cpu")
         dist.all_reduce(local, group=mpu.get_data_parallel_group())
