@@ -67,6 +67,8 @@ def _resume(hf_dir: str, checkpoint: str, optim, vocab: int, *, tp, pp, vpl) -> 
     schedule = rollout_schedule(rows_all, trainer.layout)
     rows = rows_all.select(schedule.partitions[trainer.dp_rank])
     plan = RankPlan.from_schedule(schedule, trainer.dp_rank)
+    # Without N_s in the plan the trainer all-reduces it: the metrics must not change.
+    plan = RankPlan(steps=tuple(_attrs.evolve(s, num_samples=None) for s in plan.steps))
     old = trainer.compute_log_probs(rows, plan)
     results = trainer.train(_attrs.evolve(rows, old_log_probs=np.concatenate(old)), plan)
     out = {"final": {k: v.numpy() for k, v in trainer.hf_state_dict().items()},

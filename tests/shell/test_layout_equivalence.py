@@ -55,7 +55,14 @@ def test_lr_schedule_advances_by_real_group_counts(megatron_runs, name):
 
 
 def test_reported_metrics_are_count_weighted_means(megatron_runs):
-    for m in megatron_runs["per_rank"][0]["dp1"]["metrics"]:
+    from tests.shell.megatron_workers import ROLLOUT_SEEDS, rollout_rows, rollout_schedule
+    from vime_shell.platform import TrainLayout
+
+    run = megatron_runs["per_rank"][0]["dp1"]
+    steps = [s for seed in ROLLOUT_SEEDS for s in rollout_schedule(
+        rollout_rows(128, seed), TrainLayout(**run["layout"])).steps]
+    assert [m["num_samples"] for m in run["metrics"]] == [s.num_samples for s in steps]
+    for m in run["metrics"]:
         assert m["tokens"] > 0
         assert 0.0 <= m["clipfrac"] <= 1.0
         assert m["log_prob"] < 0.0
