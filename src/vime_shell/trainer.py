@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from vime_pure.errors import VimeError, field_error
-from vime_shell.objective import STEP_KEYS, TOKEN_KEYS, loss_factor, microbatch_objective
+from vime_shell.objective import (STEP_KEYS, TOKEN_KEYS, loss_factor, microbatch_objective,
+                                  response_log_probs)
 from vime_shell.packing import PackedRow, TrainRows, pack
 from vime_shell.platform import Platform, TrainLayout
 from vime_shell.train_plan import (OptimConfig, RankPlan, StepResult, StepSpec,  # noqa: F401
@@ -163,7 +164,9 @@ class MegatronTrainer:
             row = next(data_iterator)
             if record_step is not None and model is self.model[0]:
                 self.trace.append((record_step, row.indices, row.num_tokens))
-            out = model(row.tokens, row.position_ids, row.attention_mask, labels=row.labels,
+            # No labels: the last stage returns vocab-parallel logits [1, T, V/tp], of which the
+            # loss needs only the rows that predict response tokens.
+            out = model(row.tokens, row.position_ids, row.attention_mask,
                         packed_seq_params=row.packed_seq_params)
             return out, partial(loss_fn, row)
         return forward_step
@@ -190,7 +193,8 @@ class MegatronTrainer:
                              self.layout.cp)
 
         def loss_fn(row: PackedRow, output: torch.Tensor):
-            return microbatch_objective(-output[0, row.logit_index], row, cfg, factor)
+            logp, entropy = response_log_probs(output, row, with_entropy=True)
+            return microbatch_objective(logp, row, cfg, factor, entropy=entropy)
 
         for chunk in self.model:
             chunk.zero_grad_buffer()
@@ -259,7 +263,7 @@ class MegatronTrainer:
         packed = self._packed(rows, microbatches)
 
         def loss_fn(row: PackedRow, output: torch.Tensor):
-            logp = -output[0, row.logit_index].float()
+            logp, _ = response_log_probs(output, row, with_entropy=False)
             return logp.sum() * 0.0, {"log_probs": logp}
 
         reports = self._run(packed, loss_fn, forward_only=True)

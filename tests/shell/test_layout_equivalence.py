@@ -26,10 +26,13 @@ def test_final_params_and_losses_equal_dp1(megatron_runs, name):
     run = megatron_runs["per_rank"][0][name]
     param_delta = _param_delta(run["final"], ref["final"])
     loss_delta = max(abs(a["loss"] - b["loss"]) for a, b in zip(run["metrics"], ref["metrics"]))
+    report_delta = max(abs(a[k] - b[k]) for a, b in zip(run["metrics"], ref["metrics"])
+                       for k in ("pg_loss", "entropy", "clipfrac", "ratio", "log_prob", "tokens"))
     print(f"{name}: max |param - dp1| = {param_delta:.2e}, max |loss - dp1| = {loss_delta:.2e}")
     assert len(run["metrics"]) == len(ref["metrics"]) == 4
     assert param_delta <= TOL
     assert loss_delta <= TOL
+    assert report_delta <= TOL
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
@@ -63,6 +66,7 @@ def test_reported_metrics_are_count_weighted_means(megatron_runs):
         rollout_rows(128, seed), TrainLayout(**run["layout"])).steps]
     assert [m["num_samples"] for m in run["metrics"]] == [s.num_samples for s in steps]
     for m in run["metrics"]:
+        assert 0.0 < m["entropy"] <= np.log(128) + 1e-6
         assert m["tokens"] > 0
         assert 0.0 <= m["clipfrac"] <= 1.0
         assert m["log_prob"] < 0.0
