@@ -46,18 +46,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def trainer_from_args(args: argparse.Namespace):
     """Validate the layout for this platform and world, then build the trainer."""
-    from vime_shell.model import read_hf_config
-    from vime_shell.objective import LossConfig
+    from vime_shell.model import hf_num_layers
     from vime_shell.platform import detect_platform, resolve_layout
-    from vime_shell.trainer import MegatronTrainer, OptimConfig, TrainerConfig
 
-    platform = detect_platform()
-    num_layers = read_hf_config(args.hf_checkpoint).num_hidden_layers
-    # Resolve first: a bad layout must fail before any process group or model exists.
+    platform = detect_platform(install_compat=False)  # from_hf installs it below
+    num_layers = hf_num_layers(args.hf_checkpoint)
+    # Resolve first: a bad layout must fail before Megatron is imported or any process group
+    # or model exists.
     resolve_layout(world_size=int(os.environ.get("WORLD_SIZE", "1")), num_layers=num_layers,
                    platform=platform, tp=args.tensor_model_parallel_size,
                    pp=args.pipeline_model_parallel_size, cp=args.context_parallel_size,
                    num_layers_per_virtual_stage=args.num_layers_per_virtual_pipeline_stage)
+    from vime_shell.objective import LossConfig
+    from vime_shell.trainer import MegatronTrainer, OptimConfig, TrainerConfig
+
     config = TrainerConfig(
         optim=OptimConfig(lr=args.lr, use_distributed_optimizer=args.use_distributed_optimizer,
                           overlap_grad_reduce=args.overlap_grad_reduce,
