@@ -174,6 +174,13 @@ class MegatronTrainer:
     def _run(self, packed: list[PackedRow], loss_fn, forward_only: bool, record_step=None):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        group = self.layout.microbatch_group
+        if self.layout.vpp > 1 and len(packed) % group:
+            raise field_error(VimeError, "num_microbatches", len(packed),
+                              f"is not a multiple of microbatch_group={group}, which the "
+                              f"interleaved schedule (vpp={self.layout.vpp}) needs",
+                              "build the plan from a Schedule planned for this layout "
+                              "(TrainLayout.scheduler_layout())")
         return get_forward_backward_func()(
             forward_step_func=self._forward_step(loss_fn, record_step),
             data_iterator=self._iterators(packed), model=self.model,
