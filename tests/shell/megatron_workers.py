@@ -138,6 +138,14 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
                 single = RankPlan(steps=(StepSpec(num_groups=1, microbatches=tuple(
                     (i,) for i in range(rows.num_samples))),))
                 out["packing_max"] = _max_diff(old, trainer.compute_log_probs(rows, single))
+            if trainer.layout.vpp > 1:  # an odd micro-batch count cannot interleave
+                from vime_pure.errors import VimeError
+
+                try:
+                    trainer.compute_log_probs(rows, RankPlan(steps=(StepSpec(
+                        num_groups=1, microbatches=((0,),)),)))
+                except VimeError as exc:
+                    out["vpp_error"] = str(exc)
         rows = attrs.evolve(rows, old_log_probs=np.concatenate(old))
         start = len(trainer.trace)
         results = trainer.train(rows, plan)

@@ -44,3 +44,8 @@ def test_step_plan_has_a_partial_step_and_equal_counts(megatron_runs, name):
     for r, s, _, _ in run["trace"]:
         counts[(r, s)] = counts.get((r, s), 0) + 1
     assert [counts[(0, s)] for s in (0, 1)] == [st.num_microbatches for st in schedule.steps]
+
+
+def test_interleaved_schedule_rejects_a_count_it_cannot_run(megatron_runs):
+    message = megatron_runs["per_rank"][0]["pp2_vpp2"]["vpp_error"]
+    assert message.startswith("num_microbatches=1: is not a multiple of microbatch_group=2")
