@@ -75,14 +75,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: build the trainer and run one self-check step on synthetic rollouts."""
     args = build_parser().parse_args(argv)
     try:
-        from vime_shell.synthetic import synthetic_rows, synthetic_schedule
-        from vime_shell.trainer import RankPlan
+        from vime_shell.synthetic import synthetic_batch, synthetic_schedule
+        from vime_shell.train_plan import rank_inputs
 
         trainer = trainer_from_args(args)
-        rows = synthetic_rows(trainer.bridge.hf_config.vocab_size, num_groups=8, seed=args.seed)
-        schedule = synthetic_schedule(rows, trainer.layout, global_batch_size=8)
-        plan = RankPlan.from_schedule(schedule, trainer.dp_rank)
-        results = trainer.train(rows.select(schedule.partitions[trainer.dp_rank]), plan)
+        batch = synthetic_batch(trainer.bridge.hf_config.vocab_size, num_groups=12,
+                                seed=args.seed)
+        schedule = synthetic_schedule(batch, trainer.layout, global_batch_size=8)
+        results = trainer.train(*rank_inputs(batch, schedule, trainer.dp_rank))
     except VimeError as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

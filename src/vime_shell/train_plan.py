@@ -99,3 +99,18 @@ class StepResult:
     num_microbatches: int
     lr: float
     grad_norm: float
+
+
+def rank_inputs(batch, schedule, dp_rank: int, *, old_log_probs=None, ref_log_probs=None):
+    """``(TrainRows, RankPlan)`` of DP rank ``dp_rank`` for a ``RolloutBatch`` under the
+    ``Schedule`` planned for it, through ``vime_pure.shard`` (rows in execution order).
+
+    Example: ``rows, plan = rank_inputs(batch, schedule, trainer.dp_rank)``, then
+    ``trainer.train(rows, plan)``; log-prob columns are flat over the rank's response tokens.
+    """
+    from vime_pure import shard
+    from vime_shell.packing import TrainRows
+
+    mine = shard(batch, schedule)[dp_rank]
+    rows = TrainRows.from_shard(mine, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs)
+    return rows, RankPlan.from_shard(mine)
