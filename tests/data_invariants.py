@@ -64,11 +64,13 @@ def assert_shard_invariants(shards: tuple[RankShard, ...], b: RolloutBatch,
     assert len(shards) == sched.layout.dp
     per_step = [st.num_microbatches for st in sched.steps]
     groups = [st.num_groups for st in sched.steps]
+    samples = [st.num_samples for st in sched.steps]
     for rank, sh in enumerate(shards):
         assert sh.rank == rank
         assert sh.sample_indices.tolist() == list(sched.partitions[rank])
         assert sh.micro_batch_indices == sched.micro_batch_indices[rank]
         assert list(sh.num_microbatches) == per_step and list(sh.num_groups) == groups
+        assert list(sh.num_samples) == samples
         for k, g in enumerate(sh.sample_indices.tolist()):
             assert _rows(sh.tokens, sh.token_offsets, k) == _rows(b.tokens, b.token_offsets, g)
             assert (_rows(sh.loss_masks, sh.response_offsets, k)
@@ -84,6 +86,7 @@ def assert_shard_invariants(shards: tuple[RankShard, ...], b: RolloutBatch,
             for mb in step.microbatches[rank]:
                 packed = sh.microbatch(j)
                 assert packed.step == s and packed.num_groups == step.num_groups
+                assert packed.num_samples == step.num_samples
                 assert packed.sample_indices.tolist() == list(mb)
                 _assert_packed_row(packed, b)
                 j += 1

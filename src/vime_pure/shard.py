@@ -27,6 +27,7 @@ Access path for a trainer (e.g. the Megatron shell), micro-batch ``j`` of this r
         mb.rollout_log_probs        # float32 [T] or None, engine log-prob per token, 0 on prompts
         mb.group_mask_sums          # float64 [k], per-sample group denominators
         mb.num_groups               # G_s of the micro-batch's step (mb.step)
+        mb.num_samples              # N_s of that step (for sample_token_mean's step_divisor)
 
 Example: 2 samples of lengths 3 and 2 (response 2 and 1) packed in one micro-batch give
 ``positions == [0, 1, 2, 0, 1]``, ``cu_seqlens == [0, 3, 5]`` and
@@ -61,6 +62,7 @@ class PackedMicroBatch:
 
     step: int
     num_groups: int
+    num_samples: int
     sample_indices: Int64[np.ndarray, " k"]
     cu_seqlens: Int64[np.ndarray, " k+1"]
     tokens: Int32[np.ndarray, " T"]
@@ -85,8 +87,8 @@ class RankShard:
 
     Row ``i`` is batch row ``sample_indices[i]``. Ragged columns are flat with offsets rebased
     to this shard. ``num_microbatches[s]`` / ``num_groups[s]`` are step ``s``'s per-rank
-    micro-batch count and group count ``G_s``; ``step_of_microbatch[j]`` is micro-batch ``j``'s
-    step.
+    micro-batch count and group count ``G_s``, ``num_samples[s]`` its sample count ``N_s``
+    over all ranks; ``step_of_microbatch[j]`` is micro-batch ``j``'s step.
     """
 
     rank: int
@@ -107,6 +109,7 @@ class RankShard:
     step_of_microbatch: Int64[np.ndarray, " m"]
     num_microbatches: tuple[int, ...]
     num_groups: tuple[int, ...]
+    num_samples: tuple[int, ...]
 
     def __attrs_post_init__(self) -> None:
         _check_shard(self)
@@ -151,7 +154,7 @@ class RankShard:
             log_probs[resp_pos] = self.rollout_log_probs[r0:r1]
         step = int(self.step_of_microbatch[j])
         return PackedMicroBatch(
-            step=step, num_groups=self.num_groups[step],
+            step=step, num_groups=self.num_groups[step], num_samples=self.num_samples[step],
             sample_indices=self.sample_indices[rows], cu_seqlens=cu,
             tokens=self.tokens[t0:t1], positions=positions, loss_mask=loss_mask,
             advantages=advantages, rollout_log_probs=log_probs,
@@ -163,13 +166,15 @@ def shard(batch: RolloutBatch, schedule: Schedule) -> tuple[RankShard, ...]:
     _check_schedule_matches(batch, schedule)
     per_step = tuple(step.num_microbatches for step in schedule.steps)
     groups = tuple(step.num_groups for step in schedule.steps)
+    samples = tuple(step.num_samples for step in schedule.steps)
     step_of = np.repeat(np.arange(len(per_step), dtype=np.int64), per_step)
-    return tuple(_rank_shard(batch, schedule, rank, per_step, groups, step_of)
+    return tuple(_rank_shard(batch, schedule, rank, per_step, groups, samples, step_of)
                  for rank in range(schedule.layout.dp))
 
 
 def _rank_shard(batch: RolloutBatch, schedule: Schedule, rank: int, per_step: tuple[int, ...],
-                groups: tuple[int, ...], step_of: np.ndarray) -> RankShard:
+                groups: tuple[int, ...], samples: tuple[int, ...], step_of: np.ndarray
+                ) -> RankShard:
     rows = np.asarray(schedule.partitions[rank], dtype=np.int64)
     tokens, token_offsets = gather_rows(batch.tokens, batch.token_offsets, rows)
     resp_pos = row_positions(batch.response_offsets, rows)
@@ -186,7 +191,8 @@ def _rank_shard(batch: RolloutBatch, schedule: Schedule, rank: int, per_step: tu
         micro_batch_indices=mbs,
         microbatch_offsets=offsets_from_lengths(np.array([len(mb) for mb in mbs],
                                                          dtype=np.int64)),
-        step_of_microbatch=step_of.copy(), num_microbatches=per_step, num_groups=groups)
+        step_of_microbatch=step_of.copy(), num_microbatches=per_step, num_groups=groups,
+        num_samples=samples)
 
 
 def _check_schedule_matches(batch: RolloutBatch, schedule: Schedule) -> None:
@@ -225,10 +231,11 @@ def _check_shard(s: RankShard) -> None:
         raise RolloutBatchError(f"RankShard {s.rank}: micro_batch_indices do not enumerate its "
                                 "rows in order. Fix: build shards with shard(batch, schedule).")
     expected_steps = np.repeat(np.arange(len(s.num_microbatches)), s.num_microbatches)
-    if (len(s.num_groups) != len(s.num_microbatches)
+    if (not len(s.num_groups) == len(s.num_samples) == len(s.num_microbatches)
             or not np.array_equal(expected_steps, s.step_of_microbatch)):
         raise RolloutBatchError(f"RankShard {s.rank}: num_microbatches={s.num_microbatches}, "
-                                f"num_groups={s.num_groups} and step_of_microbatch disagree. "
+                                f"num_groups={s.num_groups}, num_samples={s.num_samples} and "
+                                "step_of_microbatch disagree. "
                                 "Fix: build shards with shard(batch, schedule).")
 
 

@@ -1,123 +1,83 @@
-"""Loop checkpoints for ``--save DIR`` / ``--load DIR``: trainer state plus the rollout counter.
+"""Trainer checkpoints for resume: one file per rank, same layout on reload.
 
-Layout under ``DIR`` (Megatron's tracker file name, so tools that read it keep working)::
+Purpose: ``--save`` / ``--load`` for the RL loop. Each global rank writes ``rankNNNNN.pt``
+(temp file + rename, so a crash never leaves a half-written file under the final name) holding
+its model chunks' state dicts, per sub-optimizer the inner torch optimizer state and its (main)
+parameters, the LR scheduler, the trainer's step counter, the CPU RNG and Megatron's rng
+tracker states.
 
-    DIR/latest_checkpointed_iteration.txt   "6": rollouts completed at the newest checkpoint
-    DIR/rollout_000006/rank00000.pt ...      model, optimizer, LR scheduler, step counter and
-                                             torch RNG of each rank (MegatronTrainer)
-    DIR/rollout_000006/loop_state.pt         rollout counter, python / numpy RNG, the config
+Why the inner optimizer: Megatron's ``get_parameter_state_dp_zero`` round trip assumes fused
+Adam and fails on torch Adam's per-parameter ``step``; with the layout fixed, each rank's shard
+of the distributed optimizer *is* its inner optimizer, which this saves exactly.
 
-Atomicity: everything is written into ``DIR/.tmp-rollout_000006`` first, renamed into place by
-rank 0, and only then does the tracker move (temp file + ``os.replace``). A run killed at any
-moment leaves the tracker pointing at a complete checkpoint (or absent); a leftover ``.tmp-*``
-directory is ignored and overwritten.
+Invariant (tested in ``tests/shell/test_checkpoint_resume.py``): a fresh trainer that loads a
+checkpoint and trains the remaining rollouts ends bit-identical to the uninterrupted run, with
+the plain and with the distributed optimizer.
 
-Why resume reproduces the data: prompts and sampling seeds are pure functions of
-``(seed, rollout_id)``; after loading, the trainer's weights are synced to the engine before
-the first rollout. The rollout counter is the only loop state that decides what comes next,
-so a resumed run continues at exactly the next rollout: nothing is generated twice or skipped.
-Settings that decide the data (``DATA_FIELDS``) must match the checkpoint's.
-
-Example: ``--save ck --save-interval 2 --num-rollout 5`` writes ``ck/rollout_000002`` and
-``ck/rollout_000004`` (and ``ck/rollout_000005`` at the end); ``--load ck`` then starts at
-rollout 5.
+Example: ``save_checkpoint(trainer, "ckpt/rollout_3")`` on 2 ranks writes ``rank00000.pt`` and
+``rank00001.pt``; ``load_checkpoint(trainer, "ckpt/rollout_3")`` with another layout raises.
 """
 
-import os
-import random
 from pathlib import Path
 
 import attrs
-import numpy as np
+import torch
 
 from vime_pure.errors import VimeError, field_error
 
-TRACKER = "latest_checkpointed_iteration.txt"
-LOOP_STATE = "loop_state.pt"
-DATA_FIELDS = ("seed", "task", "rollout_batch_size", "n_samples_per_prompt",
-               "rollout_function_path", "load_rollout_data")
+
+def _sub_optimizers(trainer) -> list:
+    return list(getattr(trainer.optimizer, "chained_optimizers", [trainer.optimizer]))
 
 
-class CheckpointError(VimeError):
-    """A checkpoint that cannot be resumed (incomplete, or from a different data setup)."""
+def _optimizer_state(trainer) -> list[dict]:
+    return [{"inner": o.optimizer.state_dict(),
+             "main": [p.detach().clone() for g in o.optimizer.param_groups for p in g["params"]]}
+            for o in _sub_optimizers(trainer)]
 
 
-@attrs.frozen(kw_only=True)
-class LoopState:
-    """What a checkpoint restores besides the trainer: ``rollouts_done`` is the next rollout id."""
-
-    rollouts_done: int
-    config: dict
-
-
-def checkpoint_dir(root: str | Path, rollouts_done: int) -> Path:
-    return Path(root) / f"rollout_{rollouts_done:06d}"
-
-
-def save(root: str | Path, rollouts_done: int, trainer, config: dict) -> Path:
-    """Collective: every rank's trainer state, then rank 0's loop state, rename and tracker."""
-    import torch
+def save_checkpoint(trainer, path: str | Path) -> None:
+    """Write this rank's state under ``path`` (collective: ends with a barrier)."""
     import torch.distributed as dist
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
-    root = Path(root)
-    final = checkpoint_dir(root, rollouts_done)
-    tmp = root / f".tmp-{final.name}"
-    if dist.get_rank() == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        _remove(tmp)
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {"layout": attrs.asdict(trainer.layout), "steps_done": trainer.steps_done,
+             "model": [c.state_dict() for c in trainer.model],
+             "optimizer": _optimizer_state(trainer), "scheduler": trainer.scheduler.state_dict(),
+             "rng": {"cpu": torch.get_rng_state(),
+                     "tracker": get_cuda_rng_tracker().get_states()}}
+    name = f"rank{dist.get_rank():05d}.pt"
+    torch.save(state, out / f"{name}.tmp")
+    (out / f"{name}.tmp").replace(out / name)
     dist.barrier()
-    trainer.save_checkpoint(tmp)  # per-rank files, atomic each; ends with a barrier
-    if dist.get_rank() == 0:
-        state = {"rollouts_done": rollouts_done, "config": config,
-                 "python_random": random.getstate(), "numpy_random": np.random.get_state()}
-        torch.save(state, tmp / (LOOP_STATE + ".tmp"))
-        (tmp / (LOOP_STATE + ".tmp")).replace(tmp / LOOP_STATE)
-        _remove(final)
-        tmp.rename(final)
-        tracker_tmp = root / (TRACKER + ".tmp")
-        tracker_tmp.write_text(f"{rollouts_done}\n")
-        os.replace(tracker_tmp, root / TRACKER)
+
+
+@torch.no_grad()  # parameters are restored in place
+def load_checkpoint(trainer, path: str | Path) -> None:
+    """Restore what :func:`save_checkpoint` wrote with the same layout (collective)."""
+    import torch.distributed as dist
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    file = Path(path) / f"rank{dist.get_rank():05d}.pt"
+    if not file.is_file():
+        raise field_error(VimeError, "path", str(path), f"has no {file.name}",
+                          "pass a directory written by save_checkpoint with this world size")
+    state = torch.load(file, map_location="cpu", weights_only=False)
+    if state["layout"] != attrs.asdict(trainer.layout):
+        raise field_error(VimeError, "layout", state["layout"],
+                          f"differs from this run's {attrs.asdict(trainer.layout)}",
+                          "resume with the parallel sizes the checkpoint was written with")
+    for chunk, sd in zip(trainer.model, state["model"]):
+        chunk.load_state_dict(sd, strict=True)
+    for opt, saved in zip(_sub_optimizers(trainer), state["optimizer"]):
+        opt.optimizer.load_state_dict(saved["inner"])
+        params = [p for g in opt.optimizer.param_groups for p in g["params"]]
+        for param, value in zip(params, saved["main"]):
+            param.copy_(value)
+    trainer.scheduler.load_state_dict(state["scheduler"])
+    trainer.steps_done = state["steps_done"]
+    torch.set_rng_state(state["rng"]["cpu"])
+    get_cuda_rng_tracker().set_states(state["rng"]["tracker"])
     dist.barrier()
-    return final
-
-
-def latest(root: str | Path) -> Path | None:
-    """The newest complete checkpoint under ``root``, or None when there is none yet."""
-    tracker = Path(root) / TRACKER
-    if not tracker.is_file():
-        return None
-    text = tracker.read_text().strip()
-    if not text.isdigit():
-        raise field_error(CheckpointError, str(tracker), text, "is not a rollout count",
-                          "delete the file to start fresh, or restore it")
-    path = checkpoint_dir(root, int(text))
-    if not (path / LOOP_STATE).is_file():
-        raise field_error(CheckpointError, "--load", str(root),
-                          f"points at {path.name}, which has no {LOOP_STATE}",
-                          "restore the checkpoint directory or point --load elsewhere")
-    return path
-
-
-def load(path: Path, trainer, config: dict) -> LoopState:
-    """Collective: restore the trainer and the RNGs; check the data settings match."""
-    import torch
-
-    state = torch.load(path / LOOP_STATE, map_location="cpu", weights_only=False)
-    for name in DATA_FIELDS:
-        then, now = state["config"].get(name), config.get(name)
-        if then != now:
-            raise field_error(CheckpointError, name, now,
-                              f"differs from the checkpoint's {then!r} ({path}): the resumed "
-                              "run would not continue the same data",
-                              f"resume with {name}={then!r}, or start a new --save directory")
-    trainer.load_checkpoint(path)
-    random.setstate(state["python_random"])
-    np.random.set_state(state["numpy_random"])
-    return LoopState(rollouts_done=int(state["rollouts_done"]), config=state["config"])
-
-
-def _remove(path: Path) -> None:
-    import shutil
-
-    if path.exists():
-        shutil.rmtree(path)

@@ -46,18 +46,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def trainer_from_args(args: argparse.Namespace):
     """Validate the layout for this platform and world, then build the trainer."""
-    from vime_shell.model import read_hf_config
-    from vime_shell.objective import LossConfig
+    from vime_shell.model import hf_num_layers
     from vime_shell.platform import detect_platform, resolve_layout
-    from vime_shell.trainer import MegatronTrainer, OptimConfig, TrainerConfig
 
-    platform = detect_platform()
-    num_layers = read_hf_config(args.hf_checkpoint).num_hidden_layers
-    # Resolve first: a bad layout must fail before any process group or model exists.
+    platform = detect_platform(install_compat=False)  # from_hf installs it below
+    num_layers = hf_num_layers(args.hf_checkpoint)
+    # Resolve first: a bad layout must fail before Megatron is imported or any process group
+    # or model exists.
     resolve_layout(world_size=int(os.environ.get("WORLD_SIZE", "1")), num_layers=num_layers,
                    platform=platform, tp=args.tensor_model_parallel_size,
                    pp=args.pipeline_model_parallel_size, cp=args.context_parallel_size,
                    num_layers_per_virtual_stage=args.num_layers_per_virtual_pipeline_stage)
+    from vime_shell.objective import LossConfig
+    from vime_shell.trainer import MegatronTrainer, OptimConfig, TrainerConfig
+
     config = TrainerConfig(
         optim=OptimConfig(lr=args.lr, use_distributed_optimizer=args.use_distributed_optimizer,
                           overlap_grad_reduce=args.overlap_grad_reduce,
@@ -73,14 +75,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: build the trainer and run one self-check step on synthetic rollouts."""
     args = build_parser().parse_args(argv)
     try:
-        from vime_shell.synthetic import synthetic_rows, synthetic_schedule
-        from vime_shell.trainer import RankPlan
+        from vime_shell.synthetic import synthetic_batch, synthetic_schedule
+        from vime_shell.train_plan import rank_inputs
 
         trainer = trainer_from_args(args)
-        rows = synthetic_rows(trainer.bridge.hf_config.vocab_size, num_groups=8, seed=args.seed)
-        schedule = synthetic_schedule(rows, trainer.layout, global_batch_size=8)
-        plan = RankPlan.from_schedule(schedule, trainer.dp_rank)
-        results = trainer.train(rows.select(schedule.partitions[trainer.dp_rank]), plan)
+        batch = synthetic_batch(trainer.bridge.hf_config.vocab_size, num_groups=12,
+                                seed=args.seed)
+        schedule = synthetic_schedule(batch, trainer.layout, global_batch_size=8)
+        results = trainer.train(*rank_inputs(batch, schedule, trainer.dp_rank))
     except VimeError as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

@@ -40,6 +40,21 @@ class ModelLoadError(VimeError):
     """An HF model directory that cannot be loaded into Megatron, with the reason and the fix."""
 
 
+def hf_num_layers(hf_dir: str | Path) -> int:
+    """``num_hidden_layers`` from ``config.json`` without importing transformers (fast launch
+    checks). Example: a 4-layer tiny Qwen2 directory gives 4."""
+    import json
+
+    path = Path(hf_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+        return int(config.get("num_hidden_layers") or config["text_config"]["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"hf_dir={str(hf_dir)!r}: cannot read num_hidden_layers from "
+                             f"config.json ({exc}). Fix: pass a directory written by "
+                             "save_pretrained.") from None
+
+
 def read_hf_config(hf_dir: str | Path):
     """The transformers config of ``hf_dir``, normalised for mbridge (``rope_theta`` restored).
 

@@ -66,15 +66,17 @@ class Platform:
         )
 
 
-def detect_platform() -> Platform:
-    """CUDA when available, else CPU (installing the CPU compatibility layer)."""
+def detect_platform(install_compat: bool = True) -> Platform:
+    """CUDA when available, else CPU, installing the CPU compatibility layer unless
+    ``install_compat=False`` (launch checks that must not import Megatron yet)."""
     if torch.cuda.is_available():
         has_te = importlib.util.find_spec("transformer_engine") is not None
         return Platform(kind="cuda", backend="nccl", dtype=torch.bfloat16,
                         transformer_engine=has_te, packing="thd" if has_te else "mask")
-    from vime_shell import cuda_compat
+    if install_compat:
+        from vime_shell import cuda_compat
 
-    cuda_compat.install()
+        cuda_compat.install()
     return Platform(kind="cpu", backend="gloo", dtype=torch.float32,
                     transformer_engine=False, packing="mask")
 

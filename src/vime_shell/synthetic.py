@@ -1,49 +1,68 @@
 """Deterministic synthetic rollouts for the launch self-check and the shell tests.
 
-Purpose: groups of 1-3 sibling samples with random prompts, responses, loss masks (some
-tokens masked, some groups fully masked when asked) and group advantages, plus the step-level
-group denominators from ``vime_pure.group_mask_sums``. Same seed, same rows.
+Purpose: a real ``RolloutBatch`` built from ``Sample``s the way a rollout function returns them:
+prompts with 2 rollout groups each, groups of 1-3 sibling samples sharing a ``group_id``
+(compact, multi-turn style), random prompts and responses, loss masks with some tokens masked,
+and rewards that ``RolloutBatch.from_samples`` turns into GRPO advantages per prompt. Same
+seed, same batch.
 
-Example: ``synthetic_rows(128, num_groups=8, seed=0)`` gives 8 groups (about 16 samples) of
-3-14 tokens each, with response tokens 1..8 per sample.
+Example: ``synthetic_batch(128, num_groups=8, seed=0)`` gives 8 groups (about 16 samples) over
+4 prompts, of 3-14 tokens each with 1-8 response tokens per sample.
 """
 
 import numpy as np
 
-from vime_pure import BatchingPolicy, build_schedule, group_mask_sums
+from vime_pure import BatchingPolicy, RolloutBatch, Sample, schedule_for
 from vime_shell.packing import TrainRows
 
 
-def synthetic_rows(vocab_size: int, *, num_groups: int, seed: int = 0,
-                   max_siblings: int = 3, with_old_log_probs: bool = False) -> TrainRows:
-    """Rows of ``num_groups`` groups; advantages are per group (broadcast to siblings' tokens)."""
+def synthetic_samples(vocab_size: int, *, num_groups: int, seed: int = 0,
+                      max_siblings: int = 3) -> list[list[list[Sample]]]:
+    """Compact rollout output ``[prompt][group][sibling]``; 2 groups per prompt."""
     rng = np.random.default_rng(seed)
-    tokens, lengths, resp, masks, advs, groups, old = [], [], [], [], [], [], []
+    prompts: list[list[list[Sample]]] = []
     for g in range(num_groups):
-        adv = float(rng.normal())
+        if g % 2 == 0:
+            prompts.append([])
+        reward = float(rng.integers(0, 2))
+        group = []
         for _ in range(int(rng.integers(1, max_siblings + 1))):
             prompt, response = int(rng.integers(2, 7)), int(rng.integers(1, 9))
-            tokens.append(rng.integers(0, vocab_size, prompt + response))
-            lengths.append(prompt + response)
-            resp.append(response)
-            mask = (rng.random(response) > 0.2).astype(np.float64)
-            masks.append(mask)
-            advs.append(np.full(response, adv))
-            old.append(-np.abs(rng.normal(2.0, 0.5, response)))
-            groups.append(g)
-    return TrainRows(
-        tokens=np.concatenate(tokens).astype(np.int64), lengths=np.asarray(lengths, np.int64),
-        response_lengths=np.asarray(resp, np.int64), loss_mask=np.concatenate(masks),
-        advantages=np.concatenate(advs), denominators=group_mask_sums(groups, masks),
-        group=np.asarray(groups, np.int64),
-        old_log_probs=np.concatenate(old) if with_old_log_probs else None)
+            group.append(Sample(
+                tokens=rng.integers(0, vocab_size, prompt + response).tolist(),
+                response_length=response,
+                loss_mask=(rng.random(response) > 0.2).astype(int).tolist(),
+                reward=reward, group_id=f"g{g}"))
+        prompts[-1].append(group)
+    return prompts
 
 
-def synthetic_schedule(rows: TrainRows, layout, *, global_batch_size: int,
+def synthetic_batch(vocab_size: int, *, num_groups: int, seed: int = 0) -> RolloutBatch:
+    """The validated columnar batch of :func:`synthetic_samples` (advantages included)."""
+    return RolloutBatch.from_samples(
+        synthetic_samples(vocab_size, num_groups=num_groups, seed=seed))
+
+
+def synthetic_schedule(batch: RolloutBatch, layout, *, global_batch_size: int,
                        max_tokens_per_gpu: int = 48, allow_partial_step: bool = True):
-    """The rollout-side schedule of ``rows`` for a trainer ``layout`` (a ``TrainLayout``)."""
+    """The rollout-side schedule of ``batch`` for a trainer ``layout`` (a ``TrainLayout``)."""
     policy = BatchingPolicy(global_batch_size=global_batch_size,
                             max_tokens_per_gpu=max_tokens_per_gpu,
                             allow_partial_step=allow_partial_step)
-    return build_schedule(rows.lengths.tolist(), rows.group.tolist(),
-                          layout.scheduler_layout(), policy)
+    return schedule_for(batch, layout.scheduler_layout(), policy)
+
+
+def synthetic_rows(vocab_size: int, *, num_groups: int, seed: int = 0,
+                   with_old_log_probs: bool = False) -> TrainRows:
+    """All samples of a synthetic batch as trainer rows (batch order), for packing tests."""
+    batch = synthetic_batch(vocab_size, num_groups=num_groups, seed=seed)
+    old = None
+    if with_old_log_probs:
+        rng = np.random.default_rng(seed + 1)
+        old = -np.abs(rng.normal(2.0, 0.5, int(batch.response_lengths.sum())))
+    return TrainRows(
+        tokens=batch.tokens.astype(np.int64), lengths=batch.lengths,
+        response_lengths=batch.response_lengths,
+        loss_mask=batch.loss_masks.astype(np.float64),
+        advantages=np.repeat(batch.advantages, batch.response_lengths),
+        denominators=batch.group_mask_sums, group=batch.group_ids, old_log_probs=old)

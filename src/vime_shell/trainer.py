@@ -12,11 +12,15 @@ Wiring that matters (each is silently wrong when missing):
   the last micro-batch;
 - every virtual-pipeline chunk gets its own iterator over the **same** micro-batch list;
 - ``opt_param_scheduler.step(increment=G_s)``, so a partial step of 8 groups moves the schedule
-  by 8, not by a full step.
+  by 8, not by a full step;
+- under ``overlap_param_gather`` the all-gather of updated shards waits for the next forward,
+  so export and checkpoint force it first (else ranks read stale shards).
 
 Invariants (tested in ``tests/shell``): final loss and parameters after k steps are equal across
 DP1, DP2, DP2 + distributed optimizer + overlap, TP2, PP2 and PP2xVPP2 (fp32, 1e-5); the
-micro-batches and tokens each rank ran equal the schedule's.
+micro-batches and tokens each rank ran equal the schedule's; log-probs equal transformers'.
+Records (configs, plans, results) live in :mod:`vime_shell.train_plan`, checkpoints in
+:mod:`vime_shell.checkpoint`.
 
 Example::
 
@@ -31,97 +35,16 @@ from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
 
-import attrs
 import numpy as np
 import torch
 
 from vime_pure.errors import VimeError, field_error
-from vime_shell.objective import (STEP_KEYS, TOKEN_KEYS, LossConfig, loss_factor,
-                                  microbatch_objective)
+from vime_shell.objective import (STEP_KEYS, TOKEN_KEYS, loss_factor, microbatch_objective,
+                                  response_log_probs)
 from vime_shell.packing import PackedRow, TrainRows, pack
 from vime_shell.platform import Platform, TrainLayout
-
-
-@attrs.frozen(kw_only=True)
-class OptimConfig:
-    """Adam and LR schedule. LR warmup/decay lengths count **groups** (the unit of
-    ``increment=G_s``), e.g. ``lr_decay_groups=640`` decays over 20 steps of 32 groups."""
-
-    lr: float = 1e-5
-    min_lr: float = 0.0
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    lr_warmup_groups: int = 0
-    lr_decay_groups: int | None = None
-    lr_decay_style: str = "constant"
-    use_distributed_optimizer: bool = False
-    overlap_grad_reduce: bool = False
-    overlap_param_gather: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        if not self.lr > 0:
-            raise field_error(VimeError, "lr", self.lr, "must be positive", "use e.g. 1e-6")
-        if self.overlap_param_gather and not self.use_distributed_optimizer:
-            raise field_error(VimeError, "overlap_param_gather", True,
-                              "needs the distributed optimizer",
-                              "set use_distributed_optimizer=True or drop overlap_param_gather")
-
-
-@attrs.frozen(kw_only=True)
-class TrainerConfig:
-    """Everything the trainer needs besides the model directory and the layout."""
-
-    optim: OptimConfig = attrs.field(factory=OptimConfig)
-    loss: LossConfig = attrs.field(factory=LossConfig)
-    seed: int = 1234
-
-
-@attrs.frozen(kw_only=True)
-class StepSpec:
-    """One optimizer step on one rank: ``G_s`` and the rank's micro-batches (local positions)."""
-
-    num_groups: int
-    microbatches: tuple[tuple[int, ...], ...]
-
-
-@attrs.frozen(kw_only=True)
-class RankPlan:
-    """The steps of one rollout batch as one DP rank runs them."""
-
-    steps: tuple[StepSpec, ...]
-
-    @classmethod
-    def from_shard(cls, shard) -> "RankPlan":
-        """The plan of a ``vime_pure.shard.RankShard``: per step ``num_groups`` and its
-        ``num_microbatches`` micro-batches, as local positions into the shard's rows."""
-        local = iter(shard.micro_batch_indices)
-        return cls(steps=tuple(
-            StepSpec(num_groups=int(g), microbatches=tuple(tuple(int(i) for i in next(local))
-                                                           for _ in range(int(k))))
-            for k, g in zip(shard.num_microbatches, shard.num_groups)))
-
-    @classmethod
-    def from_schedule(cls, schedule, dp_rank: int) -> "RankPlan":
-        """Local positions (into ``schedule.partitions[dp_rank]``) of every step's micro-batches."""
-        local = iter(schedule.micro_batch_indices[dp_rank])
-        steps = tuple(StepSpec(num_groups=s.num_groups,
-                               microbatches=tuple(next(local) for _ in range(s.num_microbatches)))
-                      for s in schedule.steps)
-        return cls(steps=steps)
-
-
-@attrs.frozen(kw_only=True)
-class StepResult:
-    """Reduced metrics of one step (identical on every rank) and what this rank ran."""
-
-    metrics: dict[str, float]
-    num_groups: int
-    num_microbatches: int
-    lr: float
-    grad_norm: float
+from vime_shell.train_plan import (OptimConfig, RankPlan, StepResult, StepSpec,  # noqa: F401
+                                   TrainerConfig)
 
 
 class MegatronTrainer:
@@ -241,7 +164,9 @@ class MegatronTrainer:
             row = next(data_iterator)
             if record_step is not None and model is self.model[0]:
                 self.trace.append((record_step, row.indices, row.num_tokens))
-            out = model(row.tokens, row.position_ids, row.attention_mask, labels=row.labels,
+            # No labels: the last stage returns vocab-parallel logits [1, T, V/tp], of which the
+            # loss needs only the rows that predict response tokens.
+            out = model(row.tokens, row.position_ids, row.attention_mask,
                         packed_seq_params=row.packed_seq_params)
             return out, partial(loss_fn, row)
         return forward_step
@@ -249,6 +174,13 @@ class MegatronTrainer:
     def _run(self, packed: list[PackedRow], loss_fn, forward_only: bool, record_step=None):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        group = self.layout.microbatch_group
+        if self.layout.vpp > 1 and len(packed) % group:
+            raise field_error(VimeError, "num_microbatches", len(packed),
+                              f"is not a multiple of microbatch_group={group}, which the "
+                              f"interleaved schedule (vpp={self.layout.vpp}) needs",
+                              "build the plan from a Schedule planned for this layout "
+                              "(TrainLayout.scheduler_layout())")
         return get_forward_backward_func()(
             forward_step_func=self._forward_step(loss_fn, record_step),
             data_iterator=self._iterators(packed), model=self.model,
@@ -268,7 +200,8 @@ class MegatronTrainer:
                              self.layout.cp)
 
         def loss_fn(row: PackedRow, output: torch.Tensor):
-            return microbatch_objective(-output[0, row.logit_index], row, cfg, factor)
+            logp, entropy = response_log_probs(output, row, with_entropy=True)
+            return microbatch_objective(logp, row, cfg, factor, entropy=entropy)
 
         for chunk in self.model:
             chunk.zero_grad_buffer()
@@ -294,6 +227,8 @@ class MegatronTrainer:
         import torch.distributed as dist
         from megatron.core import parallel_state as mpu
 
+        if step.num_samples is not None:
+            return step.num_samples
         local = torch.tensor([sum(len(mb) for mb in step.microbatches)], dtype=torch.int64,
                              device="cuda" if self.platform.kind == "cuda" else "cpu")
         dist.all_reduce(local, group=mpu.get_data_parallel_group())
@@ -335,7 +270,7 @@ class MegatronTrainer:
         packed = self._packed(rows, microbatches)
 
         def loss_fn(row: PackedRow, output: torch.Tensor):
-            logp = -output[0, row.logit_index].float()
+            logp, _ = response_log_probs(output, row, with_entropy=False)
             return logp.sum() * 0.0, {"log_probs": logp}
 
         reports = self._run(packed, loss_fn, forward_only=True)
@@ -388,71 +323,19 @@ class MegatronTrainer:
                 chunk.start_param_sync(force_sync=True)
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def _sub_optimizers(self) -> list:
-        return list(getattr(self.optimizer, "chained_optimizers", [self.optimizer]))
-
-    def _optimizer_state(self) -> list[dict]:
-        """Per sub-optimizer: the inner torch optimizer's state and its (main) parameters.
-
-        Megatron's own ``get_parameter_state_dp_zero`` round trip assumes fused Adam and fails
-        on torch Adam's per-parameter ``step``; with the layout fixed, each rank's shard is
-        simply its inner optimizer, which this saves exactly.
-        """
-        return [{"inner": o.optimizer.state_dict(),
-                 "main": [p.detach().clone() for g in o.optimizer.param_groups for p in g["params"]]}
-                for o in self._sub_optimizers()]
-
     def save_checkpoint(self, path: str | Path) -> None:
-        """Write this rank's model, optimizer, LR scheduler, step counter and RNG under ``path``.
+        """Per-rank checkpoint of model, optimizer, scheduler, step counter, RNG (collective);
+        see :func:`vime_shell.checkpoint.save_checkpoint`."""
+        from vime_shell.checkpoint import save_checkpoint
 
-        Collective; one ``rankNNNNN.pt`` per global rank, each written atomically (temp file
-        + rename). Resuming needs the same layout (``load_checkpoint`` checks it).
-        Example: ``trainer.save_checkpoint("ckpt/rollout_3")`` on 2 ranks writes
-        ``rank00000.pt`` and ``rank00001.pt``.
-        """
-        import torch.distributed as dist
-        from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
         self._finish_param_sync()
-        state = {"layout": attrs.asdict(self.layout), "steps_done": self.steps_done,
-                 "model": [c.state_dict() for c in self.model],
-                 "optimizer": self._optimizer_state(), "scheduler": self.scheduler.state_dict(),
-                 "rng": {"cpu": torch.get_rng_state(),
-                         "tracker": get_cuda_rng_tracker().get_states()}}
-        tmp = out / f"rank{dist.get_rank():05d}.pt.tmp"
-        torch.save(state, tmp)
-        tmp.replace(out / f"rank{dist.get_rank():05d}.pt")
-        dist.barrier()
+        save_checkpoint(self, path)
 
-    @torch.no_grad()  # parameters are restored in place
     def load_checkpoint(self, path: str | Path) -> None:
-        """Restore what :meth:`save_checkpoint` wrote (same layout); collective."""
-        import torch.distributed as dist
-        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+        """Restore :meth:`save_checkpoint` output written with the same layout (collective)."""
+        from vime_shell.checkpoint import load_checkpoint
 
-        file = Path(path) / f"rank{dist.get_rank():05d}.pt"
-        if not file.is_file():
-            raise field_error(VimeError, "path", str(path), f"has no {file.name}",
-                              "pass a directory written by save_checkpoint with this world size")
-        state = torch.load(file, map_location="cpu", weights_only=False)
-        if state["layout"] != attrs.asdict(self.layout):
-            raise field_error(VimeError, "layout", state["layout"],
-                              f"differs from this run's {attrs.asdict(self.layout)}",
-                              "resume with the parallel sizes the checkpoint was written with")
-        for chunk, sd in zip(self.model, state["model"]):
-            chunk.load_state_dict(sd, strict=True)
-        for opt, saved in zip(self._sub_optimizers(), state["optimizer"]):
-            opt.optimizer.load_state_dict(saved["inner"])
-            params = [p for g in opt.optimizer.param_groups for p in g["params"]]
-            for param, value in zip(params, saved["main"]):
-                param.copy_(value)
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.steps_done = state["steps_done"]
-        torch.set_rng_state(state["rng"]["cpu"])
-        get_cuda_rng_tracker().set_states(state["rng"]["tracker"])
-        dist.barrier()
+        load_checkpoint(self, path)
 
     def shutdown(self) -> None:
         """Drop Megatron's parallel state so another layout can be built in this process."""

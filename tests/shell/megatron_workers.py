@@ -12,7 +12,7 @@ import time
 import attrs
 import numpy as np
 
-NUM_GROUPS, GLOBAL_BATCH, MAX_TOKENS, LR = 32, 24, 48, 1e-3
+NUM_GROUPS, GLOBAL_BATCH, MAX_TOKENS, LR = 32, 24, 48, 1e-4
 ROLLOUT_SEEDS = (11, 12)  # two rollout batches, each giving steps of [24, 8] groups
 
 PACKING_CHECK_LAYOUTS = ("dp1", "pp2")
@@ -26,17 +26,27 @@ LAYOUTS: dict[str, dict] = {
 }
 
 
-def rollout_rows(vocab_size: int, seed: int):
-    from vime_shell.synthetic import synthetic_rows
+def rollout_batch(vocab_size: int, seed: int):
+    from vime_shell.synthetic import synthetic_batch
 
-    return synthetic_rows(vocab_size, num_groups=NUM_GROUPS, seed=seed)
+    return synthetic_batch(vocab_size, num_groups=NUM_GROUPS, seed=seed)
 
 
-def rollout_schedule(rows, layout):
+def rollout_schedule(batch, layout):
     from vime_shell.synthetic import synthetic_schedule
 
-    return synthetic_schedule(rows, layout, global_batch_size=GLOBAL_BATCH,
+    return synthetic_schedule(batch, layout, global_batch_size=GLOBAL_BATCH,
                               max_tokens_per_gpu=MAX_TOKENS)
+
+
+def rank_rollout(vocab_size: int, seed: int, trainer):
+    """This rank's rows and plan of a rollout batch, through ``shard(batch, schedule)``."""
+    from vime_shell.train_plan import rank_inputs
+
+    batch = rollout_batch(vocab_size, seed)
+    schedule = rollout_schedule(batch, trainer.layout)
+    rows, plan = rank_inputs(batch, schedule, trainer.dp_rank)
+    return rows, plan, schedule
 
 
 def _hf_log_probs(hf_model, rows) -> list[np.ndarray]:
@@ -63,10 +73,9 @@ def _resume(hf_dir: str, checkpoint: str, optim, vocab: int, *, tp, pp, vpl) -> 
     trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=optim), tp=tp, pp=pp,
                                       num_layers_per_virtual_stage=vpl)
     trainer.load_checkpoint(checkpoint)
-    rows_all = rollout_rows(vocab, ROLLOUT_SEEDS[1])
-    schedule = rollout_schedule(rows_all, trainer.layout)
-    rows = rows_all.select(schedule.partitions[trainer.dp_rank])
-    plan = RankPlan.from_schedule(schedule, trainer.dp_rank)
+    rows, plan, _ = rank_rollout(vocab, ROLLOUT_SEEDS[1], trainer)
+    # Without N_s in the plan the trainer all-reduces it: the metrics must not change.
+    plan = RankPlan(steps=tuple(_attrs.evolve(s, num_samples=None) for s in plan.steps))
     old = trainer.compute_log_probs(rows, plan)
     results = trainer.train(_attrs.evolve(rows, old_log_probs=np.concatenate(old)), plan)
     out = {"final": {k: v.numpy() for k, v in trainer.hf_state_dict().items()},
@@ -123,10 +132,7 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
     for r, seed in enumerate(ROLLOUT_SEEDS):
         if r == 1 and name in RESUME_CHECK_LAYOUTS:
             trainer.save_checkpoint(checkpoint)
-        rows_all = rollout_rows(vocab, seed)
-        schedule = rollout_schedule(rows_all, trainer.layout)
-        rows = rows_all.select(schedule.partitions[trainer.dp_rank])
-        plan = RankPlan.from_schedule(schedule, trainer.dp_rank)
+        rows, plan, schedule = rank_rollout(vocab, seed, trainer)
         old = trainer.compute_log_probs(rows, plan)  # old log-probs, recomputed as in RL
         if r == 0:
             out["hf_logprob_max"] = _max_diff(old, _hf_log_probs(hf_model, rows))
@@ -136,6 +142,14 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
                 single = RankPlan(steps=(StepSpec(num_groups=1, microbatches=tuple(
                     (i,) for i in range(rows.num_samples))),))
                 out["packing_max"] = _max_diff(old, trainer.compute_log_probs(rows, single))
+            if trainer.layout.vpp > 1:  # an odd micro-batch count cannot interleave
+                from vime_pure.errors import VimeError
+
+                try:
+                    trainer.compute_log_probs(rows, RankPlan(steps=(StepSpec(
+                        num_groups=1, microbatches=((0,),)),)))
+                except VimeError as exc:
+                    out["vpp_error"] = str(exc)
         rows = attrs.evolve(rows, old_log_probs=np.concatenate(old))
         start = len(trainer.trace)
         results = trainer.train(rows, plan)
