@@ -14,7 +14,7 @@ Defaults are the measured demo (reverse2 from scratch on 2 CPU cores, the embedd
 Qwen2): 16 prompts x 8 samples, temperature 1, answers capped at the task's length, lr 3e-4,
 one optimizer step per rollout (``global_batch_size`` = 128 groups). With the HF engine, the
 built-in single-turn rollout and a plain-torch GRPO step standing in for the trainer, the mean
-reward went from 0.00 to >= 0.8 (10-rollout average) after 134-152 rollouts (5 seeds).
+reward went from 0.00 to >= 0.8 (10-rollout average) after 133-152 rollouts (6 runs).
 """
 
 import argparse
