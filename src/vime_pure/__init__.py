@@ -16,14 +16,22 @@ Example::
 import importlib
 from typing import Any
 
+from vime_pure.batch import RolloutBatch, schedule_for
 from vime_pure.config import BatchingPolicy, ParallelLayout, check_feasible
-from vime_pure.errors import ScheduleError, VimeError
+from vime_pure.errors import (DumpFormatError, RewardError, RolloutBatchError,
+                              RolloutValidationError, ScheduleError, VimeError)
 from vime_pure.invariants import ScheduleInvariantError
 from vime_pure.denominators import (LossConfigError, LossMode, group_mask_sums,
                                     sample_denominators, step_divisor)
 from vime_pure.metrics import (Metric, MetricError, merge_metrics, metric_values,
                                reduce_metrics, reduce_train_step)
+from vime_pure.rewards import (RewardNormalization, grpo_advantages, gspo_advantages,
+                               normalize_rewards, reinforce_pp_baseline_advantages)
+from vime_pure.rollout import (FlatRollout, fallback_ids, flatten_rollout_output,
+                               normalized_loss_mask)
+from vime_pure.sample import Sample, Status
 from vime_pure.schedule import Schedule, StepPlan, build_schedule
+from vime_pure.shard import PackedMicroBatch, RankShard, shard
 
 # Names whose modules import torch (or are heavier); loaded on first attribute access so that
 # ``import vime_pure`` stays torch-free and fast. Maps public name -> defining module.
@@ -38,24 +46,44 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "BatchingPolicy",
+    "DumpFormatError",
+    "FlatRollout",
     "LossConfigError",
     "LossMode",
     "Metric",
     "MetricError",
+    "PackedMicroBatch",
     "ParallelLayout",
+    "RankShard",
+    "RewardError",
+    "RewardNormalization",
+    "RolloutBatch",
+    "RolloutBatchError",
+    "RolloutValidationError",
+    "Sample",
     "Schedule",
     "ScheduleError",
     "ScheduleInvariantError",
+    "Status",
     "StepPlan",
     "VimeError",
     "build_schedule",
     "check_feasible",
+    "fallback_ids",
+    "flatten_rollout_output",
     "group_mask_sums",
+    "grpo_advantages",
+    "gspo_advantages",
     "merge_metrics",
     "metric_values",
+    "normalize_rewards",
+    "normalized_loss_mask",
     "reduce_metrics",
     "reduce_train_step",
+    "reinforce_pp_baseline_advantages",
     "sample_denominators",
+    "schedule_for",
+    "shard",
     "step_divisor",
     *_LAZY,
 ]
