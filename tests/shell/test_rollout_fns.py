@@ -12,21 +12,17 @@ import textwrap
 
 import pytest
 
-# The Sample record comes from the issue-5 data model; until that lands on main this module
-# skips (and only then), whatever order the branches merge in.
-pytest.importorskip("vime_pure.sample", reason="needs vime_pure.sample (issue 5 data model)")
-
-from vime_pure.errors import RolloutValidationError  # noqa: E402
-from vime_pure.sample import Sample, Status  # noqa: E402
-from vime_shell.embedded import EmbeddedSpec, build_embedded, load_tokenizer  # noqa: E402
-from vime_shell.engines import SamplingParams  # noqa: E402
-from vime_shell.engines.hf import HfEngine  # noqa: E402
-from vime_shell.plugins import PluginError  # noqa: E402
-from vime_shell.rollout_fns import (  # noqa: E402
+from vime_pure.errors import RolloutValidationError
+from vime_pure.sample import Sample, Status
+from vime_shell.embedded import EmbeddedSpec, build_embedded, load_tokenizer
+from vime_shell.engines import SamplingParams
+from vime_shell.engines.hf import HfEngine
+from vime_shell.plugins import PluginError
+from vime_shell.rollout_fns import (
     RolloutContext, compact_rollout, load_rollout_function, rollout_sampling_seed, run_rollout,
     single_turn_rollout,
 )
-from vime_shell.tasks import TaskError, exact_match_reward, get_task  # noqa: E402
+from vime_shell.tasks import TaskError, exact_match_reward, get_task
 
 N_PROMPTS, N_SAMPLES = 3, 4
 
