@@ -13,7 +13,8 @@ sampling parameters, reward function) and returns samples nested in lists or tup
   sibling gets the execution's reward: with ``turn_reward="all"`` the minimum of its turns'
   rewards ("all turns correct" for 0/1 rewards), with ``"mean"`` (default) their mean. From
   scratch, "all" never starts learning reverse2 (two 2-token answers right by chance: ~1/361^2
-  per execution; 0.000 after 400 rollouts), while "mean" gives partial credit and learns.
+  per execution; 0.000 after 400 rollouts), while "mean" gives partial credit and learns
+  (embedded model, 16 prompts x 8 executions x 2 turns: 0.00 -> 0.75 in ~250 rollouts).
 
 Invariants the tests assert: ``tokens == prompt_ids + response_ids``; ``response_length``,
 ``loss_mask`` and ``rollout_log_probs`` all have one entry per response token; group ids are
