@@ -151,7 +151,12 @@ def _pack(samples: np.ndarray, step_sizes: np.ndarray, work: np.ndarray, layout:
         ffd = kernels.ffd_sorted(presorted.tolist(), step_sizes[presorted].tolist(), cap)
     if policy.packing == "ffd":
         return ffd
-    return kernels.flops_balanced_pack(step_sizes, work[samples], cap, len(ffd))
+    # FLOPs packing straight into FFD's aligned count (no token-driven splits afterwards); it
+    # never costs micro-batches: when LPT's weaker packing would need more, FFD's bins are kept.
+    multiple = layout.align_multiple
+    aligned = -(-len(ffd) // multiple) * multiple
+    packed = kernels.flops_balanced_pack(step_sizes, work[samples], cap, min(aligned, n))
+    return packed if -(-len(packed) // multiple) * multiple <= aligned else ffd
 
 
 def _align(bins: kernels.Bins, step_sizes: np.ndarray, layout: ParallelLayout,
