@@ -3,6 +3,11 @@
 See ``vime_pure.schedule`` for the contract and invariants; this module only computes.
 Work that spans the whole batch is done once with numpy (grouping, step slicing, the per-step
 size sort, index assembly); only the inherently sequential kernels run per step in Python.
+
+Policy details: ``packing="flops"`` packs by LPT on FLOPs straight into FFD's aligned count and
+keeps FFD's bins when LPT would need more micro-batches, so it never costs micro-batches.
+``balance="straggler"`` (``vime_pure.rank_balance``) distributes samples before packing; it falls
+back to packing + FLOPs balancing under static packing or when a step is too small for it.
 """
 
 from collections.abc import Sequence
