@@ -54,3 +54,19 @@ def test_demo_runs(capsys):
 def test_missing_global_batch_size(argv, capsys):
     assert main(argv) == 2
     assert "--global-batch-size" in capsys.readouterr().err
+
+
+def test_schedule_reads_rollout_dump(tmp_path, capsys):
+    from vime_pure import RolloutBatch, Sample
+    from vime_shell.dump import save_rollout_batch
+
+    output = [[Sample(tokens=[1] * (3 + p + k), response_length=2, reward=float(k % 2),
+                      group_id=f"p{p}-{k}", prompt_group=p) for k in range(4)] for p in range(4)]
+    path = save_rollout_batch(tmp_path / "rollout_0.npz", RolloutBatch.from_samples(output))
+    rc = main(["schedule", "--input", str(path), "--global-batch-size", "8", "--dp", "2",
+               "--max-tokens-per-gpu", "16", "--json", str(tmp_path / "s.json")])
+    assert rc == 0
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert [s["num_groups"] for s in stats] == [8, 8]
+    assert sum(s["num_samples"] for s in stats) == 16
+    assert "16 samples in 16 groups" in capsys.readouterr().out

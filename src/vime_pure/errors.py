@@ -16,3 +16,19 @@ class ScheduleError(VimeError):
 def field_error(cls: type[VimeError], field: str, value: object, problem: str, fix: str) -> VimeError:
     """Build ``cls`` with the house format: ``field=value: problem. Fix: fix.``"""
     return cls(f"{field}={value!r}: {problem}. Fix: {fix}.")
+
+
+class RolloutValidationError(VimeError):
+    """A rollout function's output (nesting, ids, masks, tokens, rewards) is malformed."""
+
+
+class RewardError(VimeError):
+    """Rewards that cannot be normalised: missing, non-finite, or unequal among siblings."""
+
+
+class RolloutBatchError(VimeError):
+    """Columns of a ``RolloutBatch`` or ``RankShard`` that disagree in dtype, shape or value."""
+
+
+class DumpFormatError(VimeError):
+    """A rollout dump that is truncated, corrupt, of another version, or holds an invalid batch."""

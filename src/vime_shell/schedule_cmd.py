@@ -2,6 +2,7 @@
 
 Input is one of:
   --input FILE.jsonl   one JSON object per sample: {"length": <int>, "group_id": <int|str>}
+  --input DUMP         a rollout dump written by save_rollout_batch / --save-rollout-data
   --synthetic          a seeded long-tailed workload (see vime_pure.workloads): prompt
                        lognormal(median 500, sigma 0.4), response lognormal(median 2000) with
                        per-prompt and per-sample spread, fan-out grpo8 | grpo16 | agentic8
@@ -16,6 +17,7 @@ micro-batch fill) and the largest micro-batch. Dropped trailing groups are repor
 
 import argparse
 import json
+import zipfile
 from pathlib import Path
 
 import attrs
@@ -30,7 +32,7 @@ from vime_pure.workloads import FANOUTS, synthetic_workload
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("workload")
-    src.add_argument("--input", type=Path, help="JSONL workload file")
+    src.add_argument("--input", type=Path, help="JSONL workload file or rollout dump")
     src.add_argument("--synthetic", action="store_true", help="use a seeded synthetic workload")
     src.add_argument("--num-groups", type=int, default=1024, help="synthetic: rollout groups")
     src.add_argument("--fanout", choices=sorted(FANOUTS), default="agentic8",
@@ -107,6 +109,11 @@ def load_workload(args: argparse.Namespace) -> tuple[np.ndarray, list]:
         return w.lengths, w.group_ids.tolist()
     if not args.input.exists():
         raise VimeError(f"--input {args.input} does not exist. Fix: pass an existing file.")
+    if zipfile.is_zipfile(args.input):  # rollout dumps are versioned .npz (zip) files
+        from vime_shell.dump import workload_from_dump
+
+        lengths, group_ids = workload_from_dump(args.input)
+        return np.asarray(lengths), list(group_ids)
     return load_jsonl(args.input)
 
 

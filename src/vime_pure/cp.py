@@ -1,0 +1,161 @@
+"""Zigzag context parallelism: which positions, logits and response tokens a CP rank holds.
+
+A sample of ``total_length = L`` tokens (prompt ``P = L - R`` then response ``R``) is cut into
+``2 * cp_size`` chunks of ``chunk = ceil(L / (2 * cp_size))`` positions (the last ones padded).
+Rank ``r`` holds chunks ``r`` and ``2*cp_size - 1 - r``, which balances causal-attention work.
+The logit at position ``p`` predicts token ``p + 1``, so response token ``P + j`` (response
+index ``j``) is scored by the logit at ``P - 1 + j``: rank ``r`` owns the response indices whose
+logit position falls in its chunks.
+
+Invariants the tests assert: for every ``(L, R, cp_size)`` the ranks' chunks tile
+``[0, 2*cp_size*chunk)``, their response index ranges tile ``[0, R)`` without overlap, token
+ranges are logit ranges shifted by one, and slicing then concatenating over ranks is a
+permutation of the sample's response tokens. Hence CP partial numerators over full
+denominators sum to the full value.
+
+Example: ``L = 16, R = 8, cp_size = 2`` (prompt 8, chunk 4): rank 0 holds positions [0,4) and
+[12,16) and scores response indices [5,8); rank 1 holds [4,8) and [8,12) and scores [0,5).
+"""
+
+import attrs
+import torch
+from jaxtyping import Int, Shaped, jaxtyped
+from beartype import beartype
+from torch import Tensor
+
+from vime_pure.errors import VimeError, field_error
+
+Range = tuple[int, int]
+
+
+class CPConfigError(VimeError):
+    """A context-parallel rank/size or sample length that cannot be laid out."""
+
+
+@attrs.frozen
+class ZigzagOffsets:
+    """Where one sample lives on one CP rank (half-open position ranges, two per field).
+
+    ``chunks``: the rank's two chunks of sequence positions. ``logits``: the logit positions of
+    the response inside them. ``tokens``: the response tokens those logits score (logits + 1).
+    ``response``: the same ranges in response coordinates ``[0, R)``. Empty ranges are
+    ``(0, 0)`` in ``logits``/``tokens`` and ``(j, j)`` in ``response``.
+    """
+
+    chunk_size: int
+    chunks: tuple[Range, Range]
+    logits: tuple[Range, Range]
+    tokens: tuple[Range, Range]
+    response: tuple[Range, Range]
+
+    @property
+    def num_response_tokens(self) -> int:
+        """Response tokens this rank scores."""
+        return sum(b - a for a, b in self.response)
+
+
+def _integer(field: str, value: object, lo: int, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise field_error(CPConfigError, field, value, f"must be an integer >= {lo}", fix)
+
+
+def _check(total_length: int, response_length: int, cp_rank: int, cp_size: int) -> None:
+    _integer("cp_size", cp_size, 1, "pass the context-parallel size, 1 when CP is off")
+    _integer("cp_rank", cp_rank, 0, "pass this rank's index in the CP group")
+    if cp_rank >= cp_size:
+        raise field_error(CPConfigError, "cp_rank", cp_rank, f"is not below cp_size={cp_size}",
+                          "pass a rank in [0, cp_size)")
+    _integer("response_length", response_length, 0, "pass the response token count")
+    _integer("total_length", total_length, 1, "pass prompt + response token count")
+    if response_length >= total_length:
+        raise field_error(CPConfigError, "response_length", response_length,
+                          f"must be below total_length={total_length} (the first response "
+                          "token is scored by the last prompt token's logit)",
+                          "include at least one prompt token in total_length")
+
+
+def zigzag_offsets(total_length: int, response_length: int, cp_rank: int,
+                   cp_size: int) -> ZigzagOffsets:
+    """Zigzag chunk, logit, token and response offsets of one sample on one CP rank.
+
+    Example: ``L=16, R=8, cp_size=2`` (prompt 8, first response logit at 7, chunk 4):
+    rank 0 holds chunks [0,4) and [12,16): logits (0,0) (empty) and [12,15), tokens [13,16),
+    response (0,0) and [5,8); rank 1 holds [4,8) and [8,12): logits [7,8) and [8,12), tokens
+    [8,9) and [9,13), response [0,1) and [1,5). Zigzag balances attention work, not response
+    tokens: rank 0 scores 3 tokens, rank 1 scores 5.
+    """
+    _check(total_length, response_length, cp_rank, cp_size)
+    chunk = -(-total_length // (2 * cp_size))
+    first, second = cp_rank, 2 * cp_size - 1 - cp_rank
+    chunks = ((first * chunk, (first + 1) * chunk), (second * chunk, (second + 1) * chunk))
+    start = total_length - response_length - 1  # logit of the first response token
+    logits, tokens, response = [], [], []
+    for lo, hi in chunks:
+        a, b = max(lo, start), min(hi, total_length - 1)
+        if a < b:
+            logits.append((a, b))
+            tokens.append((a + 1, b + 1))
+            response.append((a - start, b - start))
+        else:
+            logits.append((0, 0))
+            tokens.append((0, 0))
+            # An empty range placed where it would sit keeps response ranges sorted per rank.
+            j = min(max(lo - start, 0), response_length)
+            response.append((j, j))
+    return ZigzagOffsets(chunk_size=chunk, chunks=tuple(chunks), logits=tuple(logits),
+                         tokens=tuple(tokens), response=tuple(response))
+
+
+@jaxtyped(typechecker=beartype)
+def slice_response(values: Shaped[Tensor, " r"], total_length: int, cp_rank: int,
+                   cp_size: int) -> Shaped[Tensor, " k"]:
+    """This rank's part of one sample's per-response-token tensor (values, masks, advantages).
+
+    Example: ``values = arange(8)`` with ``L=16, cp_size=2``: rank 0 gets ``[5, 6, 7]``, rank 1
+    ``[0, 1, 2, 3, 4]`` (see ``zigzag_offsets``); with ``cp_size=1``, ``values`` unchanged.
+    """
+    off = zigzag_offsets(total_length, values.shape[0], cp_rank, cp_size)
+    return torch.cat([values[a:b] for a, b in off.response])
+
+
+@jaxtyped(typechecker=beartype)
+def slice_sequence(values: Shaped[Tensor, " n"], cp_rank: int, cp_size: int,
+                   pad_value: int | float = 0) -> Shaped[Tensor, " k"]:
+    """This rank's two zigzag chunks of a whole-sequence tensor (tokens, positions), padded.
+
+    Example: ``values = arange(10)``, ``cp_size=2``, rank 0: ``[0, 1, 2, 9, pad, pad]``
+    (chunks [0,3) and [9,12) of the sequence padded to 12).
+    """
+    _check(values.shape[0] + 1, 0, cp_rank, cp_size)
+    chunk = -(-values.shape[0] // (2 * cp_size))
+    padded = torch.full((2 * cp_size * chunk,), pad_value, dtype=values.dtype)
+    padded[: values.shape[0]] = values
+    first, second = cp_rank, 2 * cp_size - 1 - cp_rank
+    return torch.cat([padded[first * chunk:(first + 1) * chunk],
+                      padded[second * chunk:(second + 1) * chunk]])
+
+
+@jaxtyped(typechecker=beartype)
+def slice_packed_response(values: Shaped[Tensor, " t"], total_lengths: list[int],
+                          response_lengths: list[int], cp_rank: int, cp_size: int
+                          ) -> tuple[Shaped[Tensor, " k"], Int[Tensor, " s"]]:
+    """Slice a packed row of per-response-token values (samples concatenated) for one CP rank.
+
+    Each sample is zigzag-split on its own (THD packing). Returns the local values and the
+    per-sample local lengths (feed them to ``sample_index_from_lengths``).
+    Example: responses of lengths ``[8, 2]`` with ``total_lengths [16, 4]``, ``cp_size=2``:
+    local lengths ``[3, 0]`` on rank 0 and ``[5, 2]`` on rank 1.
+    """
+    if len(total_lengths) != len(response_lengths) or sum(response_lengths) != values.shape[0]:
+        raise field_error(CPConfigError, "response_lengths", response_lengths,
+                          f"must have one entry per total_lengths ({len(total_lengths)}) and sum "
+                          f"to the row's {values.shape[0]} tokens",
+                          "pass the per-sample response lengths of the packed row")
+    pieces, lengths, offset = [], [], 0
+    for total, resp in zip(total_lengths, response_lengths):
+        piece = slice_response(values[offset:offset + resp], total, cp_rank, cp_size)
+        pieces.append(piece)
+        lengths.append(piece.shape[0])
+        offset += resp
+    local = torch.cat(pieces) if pieces else values[:0]
+    return local, torch.tensor(lengths, dtype=torch.int64)

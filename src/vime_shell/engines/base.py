@@ -1,0 +1,151 @@
+"""The rollout-engine protocol and its records.
+
+A rollout engine turns prompt token ids into sampled response token ids, with the log-prob of
+each sampled token under the engine's current weights and the reason generation stopped. The
+trainer later recomputes the same log-probs; their difference after a weight sync is the
+engine-trainer gap the loop checks, so engines report **raw** log-probs: ``log_softmax`` of the
+unprocessed logits (temperature, top-p and top-k shape *sampling* only). This is vLLM's default
+``logprobs_mode`` and what a Megatron forward computes.
+
+Invariants the tests assert, for every engine:
+- ``len(g.token_ids) == len(g.log_probs) <= params.max_new_tokens`` and every log-prob is <= 0;
+- ``finish_reason == "stop"`` iff the last token is a stop token; ``"length"`` iff the budget was
+  used up; tokens after the first stop token are never returned;
+- request ``i`` of a call with ``seed=s`` samples with seed ``s + i``: the samples of one group
+  are independent draws (identical draws would give zero advantages and no learning) and a call
+  is reproducible.
+"""
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
+
+import attrs
+
+from vime_pure.errors import VimeError, field_error
+
+FinishReason = Literal["stop", "length", "abort"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
+
+
+class EngineError(VimeError):
+    """A rollout engine was misconfigured, is unavailable, or was fed bad input."""
+
+
+def _check_number(field: str, value: object, lo: float, hi: float, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise field_error(EngineError, field, value, f"must be a number in [{lo}, {hi}]", fix)
+
+
+@attrs.frozen(kw_only=True)
+class SamplingParams:
+    """How to sample one response per request.
+
+    ``top_k=0`` disables top-k; ``temperature=0`` is greedy. ``seed=None`` draws from the
+    engine's own RNG stream; otherwise request ``i`` uses seed ``seed + i``.
+    Example: ``SamplingParams(max_new_tokens=2, temperature=1.0, seed=7)`` samples two tokens
+    per request, request 3 with seed 10.
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    seed: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
+                or self.max_new_tokens < 1:
+            raise field_error(EngineError, "max_new_tokens", self.max_new_tokens,
+                              "must be a positive integer", "pass e.g. max_new_tokens=2")
+        _check_number("temperature", self.temperature, 0.0, 100.0, "use 1.0 for RL, 0 for greedy")
+        _check_number("top_p", self.top_p, 1e-6, 1.0, "use 1.0 to disable nucleus sampling")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise field_error(EngineError, "top_k", self.top_k, "must be an integer >= 0",
+                              "use 0 to disable top-k")
+        for tok in self.stop_token_ids:
+            if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+                raise field_error(EngineError, "stop_token_ids", self.stop_token_ids,
+                                  "must hold non-negative token ids", "pass e.g. (eos_id,)")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or self.seed < 0):
+            raise field_error(EngineError, "seed", self.seed, "must be None or an integer >= 0",
+                              "derive it from the run seed and the rollout id")
+
+    def request_seed(self, i: int) -> int | None:
+        """Seed of request ``i``: ``seed + i`` (None when unseeded)."""
+        return None if self.seed is None else self.seed + i
+
+
+@attrs.frozen(kw_only=True)
+class Generation:
+    """One sampled response: its token ids, their raw log-probs and why it ended.
+
+    Example: ``Generation(token_ids=(7, 4), log_probs=(-0.1, -2.3), finish_reason="length")``.
+    """
+
+    token_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    log_probs: tuple[float, ...] = attrs.field(converter=tuple)
+    finish_reason: FinishReason
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.token_ids) != len(self.log_probs):
+            raise field_error(EngineError, "log_probs", f"<{len(self.log_probs)} values>",
+                              f"must have one entry per token ({len(self.token_ids)} tokens)",
+                              "return one log-prob per sampled token")
+        if self.finish_reason not in FINISH_REASONS:
+            raise field_error(EngineError, "finish_reason", self.finish_reason,
+                              "is not a known finish reason", f"use one of {FINISH_REASONS}")
+
+
+NamedTensors = Iterable[tuple[str, "torch.Tensor"]]  # noqa: F821 - torch is optional here
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the RL loop needs from an inference engine.
+
+    ``generate``: one :class:`Generation` per prompt, in prompt order.
+    ``update_weights_from_tensors``: load HF-named tensors (e.g. ``model.layers.0.mlp.up_proj.
+    weight``), as exported by the trainer; every name must exist in the engine's model.
+    ``update_weights_from_path``: load a saved HF model directory (``*.safetensors``).
+    ``sleep`` / ``wake_up``: release and re-acquire accelerator memory when the engine shares
+    devices with the trainer (no-ops where that does not apply).
+    """
+
+    name: str
+
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams) -> list[Generation]: ...
+
+    def update_weights_from_tensors(self, named_tensors: NamedTensors) -> None: ...
+
+    def update_weights_from_path(self, path: str | Path) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake_up(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
+    """Validate prompt token ids; returns them as lists of ints.
+
+    Example: ``check_prompts([[3, 4]], vocab_size=16) == [[3, 4]]``; ``[[]]`` or ``[[99]]``
+    raise :class:`EngineError` naming ``prompts[0]``.
+    """
+    out: list[list[int]] = []
+    for i, prompt in enumerate(prompts):
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise field_error(EngineError, f"prompts[{i}]", [], "is empty",
+                              "give every request at least one prompt token")
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise field_error(EngineError, f"prompts[{i}]", ids,
+                              f"holds token ids {bad} outside the vocabulary [0, {vocab_size})",
+                              "tokenize with the engine's own tokenizer")
+        out.append(ids)
+    return out

@@ -1,0 +1,195 @@
+"""``HfEngine``: transformers ``generate`` in-process, the CPU / CI / embedded-default engine.
+
+How it meets the protocol's invariants (see :mod:`vime_shell.engines.base`):
+- Sampling happens in our own logits processor with one ``torch.Generator`` per request, seeded
+  ``seed + i``; it turns the chosen token into the only finite logit and lets ``generate`` pick it
+  greedily. A request's draw therefore depends on its seed alone, not on batch composition, and
+  the samples of a group differ.
+- Log-probs come from the **raw** logits (``output_logits=True``), never from processed scores.
+- Prompts are left-padded (``generate`` needs that for batched decoding); the padding side is
+  set on every call, because loading a tokenizer or model can reset it.
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vime_pure.errors import field_error
+from vime_shell.engines.base import (
+    EngineError, Generation, NamedTensors, SamplingParams, check_prompts,
+)
+from vime_shell.engines.weights import load_safetensors_dir
+
+
+class _SeededSampler:
+    """Logits processor sampling row ``i`` with its own generator; returns one-hot logits."""
+
+    def __init__(self, seeds: Sequence[int], params: SamplingParams, device: torch.device):
+        self.params = params
+        self.generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        p = self.params
+        logits = scores.float()
+        if p.temperature == 0:
+            chosen = logits.argmax(dim=-1)
+        else:
+            logits = logits / p.temperature
+            if p.top_k:
+                kth = torch.topk(logits, min(p.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probs = torch.softmax(logits, dim=-1)
+            if p.top_p < 1.0:
+                probs = _nucleus(probs, p.top_p)
+            cdf = probs.cumsum(dim=-1)
+            u = torch.stack([torch.rand((), generator=g, device=scores.device)
+                             for g in self.generators]) * cdf[:, -1]
+            chosen = torch.searchsorted(cdf, u[:, None], right=True).squeeze(-1)
+            chosen = chosen.clamp_(max=logits.shape[-1] - 1)
+        out = torch.full_like(scores, float("-inf"))
+        out.scatter_(1, chosen[:, None], 0.0)
+        return out
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the tail outside the smallest set of tokens whose mass reaches ``top_p``."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    keep_sorted = sorted_p.cumsum(dim=-1) - sorted_p < top_p  # always keeps the top token
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return probs * keep
+
+
+class HfEngine:
+    """A Hugging Face causal LM generating in-process (CPU by default).
+
+    Example: ``HfEngine("~/.cache/vime/embedded/...").generate([[5, 6, 14]],
+    SamplingParams(max_new_tokens=2, seed=0))`` returns one ``Generation`` with 2 tokens.
+    """
+
+    name = "hf"
+
+    def __init__(self, model_path: str | Path, *, seed: int = 0, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        from transformers import AutoModelForCausalLM
+
+        path = Path(model_path).expanduser()
+        if not (path / "config.json").is_file():
+            raise field_error(EngineError, "model_path", str(path),
+                              "is not a Hugging Face model directory (no config.json)",
+                              "pass a directory saved with save_pretrained, e.g. the embedded "
+                              "model from vime_shell.embedded.build_embedded()")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        self._init(model, seed=seed, device=device)
+        self.model_path = path
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, *, seed: int = 0,
+                   device: str = "cpu") -> "HfEngine":
+        """Wrap an already-built ``PreTrainedModel`` (tests, in-process trainers)."""
+        engine = cls.__new__(cls)
+        engine._init(model, seed=seed, device=device)
+        engine.model_path = None
+        return engine
+
+    def _init(self, model: torch.nn.Module, *, seed: int, device: str) -> None:
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.vocab_size = int(model.config.vocab_size)
+        pad = model.config.pad_token_id
+        if pad is None:
+            pad = getattr(model.generation_config, "pad_token_id", None)
+        self.pad_token_id = int(pad) if pad is not None else 0
+        from transformers import GenerationConfig
+
+        # generate() fills unset options from the model's generation config, which would make
+        # the model's EOS a stop token behind our back: stop tokens come from SamplingParams.
+        self.model.generation_config = GenerationConfig(pad_token_id=self.pad_token_id)
+        # Unseeded calls draw their per-request seeds from this stream.
+        self._seed_rng = np.random.default_rng(seed)
+
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams) -> list[Generation]:
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        ids = check_prompts(prompts, self.vocab_size)
+        if not ids:
+            return []
+        if params.seed is None:
+            seeds = self._seed_rng.integers(0, 2**62, size=len(ids)).tolist()
+        else:
+            seeds = [params.request_seed(i) for i in range(len(ids))]
+        input_ids, attention = self._left_pad(ids)
+        config = GenerationConfig(
+            do_sample=False, max_new_tokens=params.max_new_tokens,
+            min_new_tokens=0, eos_token_id=list(params.stop_token_ids) or None,
+            pad_token_id=self.pad_token_id, output_logits=True, return_dict_in_generate=True,
+        )
+        sampler = _SeededSampler(seeds, params, self.device)
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=input_ids, attention_mask=attention, generation_config=config,
+                logits_processor=LogitsProcessorList([sampler]),
+            )
+        response = out.sequences[:, input_ids.shape[1]:]
+        raw = torch.stack(out.logits, dim=1).float()  # [B, T, V], unprocessed
+        logp = torch.log_softmax(raw, dim=-1).gather(-1, response[..., None]).squeeze(-1)
+        return [self._cut(response[i].tolist(), logp[i].tolist(), params)
+                for i in range(len(ids))]
+
+    def _left_pad(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(p) for p in ids)
+        input_ids = torch.full((len(ids), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(ids), width), dtype=torch.long)
+        for i, p in enumerate(ids):  # left padding: the prompt ends where generation starts
+            input_ids[i, width - len(p):] = torch.tensor(p)
+            attention[i, width - len(p):] = 1
+        return input_ids.to(self.device), attention.to(self.device)
+
+    @staticmethod
+    def _cut(tokens: list[int], logps: list[float], params: SamplingParams) -> Generation:
+        """Keep tokens up to and including the first stop token; drop the padding after it."""
+        stops = set(params.stop_token_ids)
+        for j, tok in enumerate(tokens):
+            if tok in stops:
+                return Generation(token_ids=tokens[:j + 1], log_probs=logps[:j + 1],
+                                  finish_reason="stop")
+        return Generation(token_ids=tokens, log_probs=logps, finish_reason="length")
+
+    def update_weights_from_tensors(self, named_tensors: NamedTensors) -> None:
+        """Copy HF-named tensors into the model in place; unknown names or shapes are errors."""
+        params = dict(self.model.named_parameters())
+        params.update(dict(self.model.named_buffers()))
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                target = params.get(name)
+                if target is None:
+                    raise field_error(EngineError, "name", name,
+                                      "is not a parameter of the engine's model",
+                                      "export HF-named weights (mbridge export) for this model")
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise field_error(EngineError, f"shape of {name}", tuple(tensor.shape),
+                                      f"differs from the engine's {tuple(target.shape)}",
+                                      "sync weights of the same architecture")
+                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+
+    def update_weights_from_path(self, path: str | Path) -> None:
+        """Load every ``*.safetensors`` in ``path``; all parameters must be present."""
+        tensors = load_safetensors_dir(path)
+        own = {n for n, _ in self.model.named_parameters()}  # tied weights are listed once
+        missing = sorted(own - set(tensors))
+        if missing:
+            raise field_error(EngineError, "path", str(path),
+                              f"lacks {len(missing)} parameters, e.g. {missing[:3]}",
+                              "save the complete model (save_pretrained / mbridge export)")
+        self.update_weights_from_tensors(tensors.items())
+
+    def sleep(self) -> None:
+        """No-op: the CPU engine holds no accelerator memory to release."""
+
+    def wake_up(self) -> None:
+        """No-op, see :meth:`sleep`."""
+
+    def close(self) -> None:
+        self.model = None

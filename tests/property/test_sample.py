@@ -1,0 +1,102 @@
+"""Sample: dict round trip, the write-only deprecated ``rollout_id`` alias, slotted layout."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vime_pure import RolloutValidationError, Sample, Status
+from tests.property.data_strategies import samples
+
+ids = st.none() | st.integers(-5, 10**6) | st.text(max_size=8)
+metadata = st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5)
+                           | st.lists(st.integers(), max_size=3), max_size=3)
+
+
+@st.composite
+def any_sample(draw) -> Sample:
+    s = draw(samples())
+    s.group_id = draw(ids)
+    s.prompt_group = draw(ids)
+    s.metadata = draw(metadata)
+    if draw(st.booleans()):
+        s.reward = {"acc": draw(st.floats(allow_nan=False)), "len": draw(st.integers())}
+    return s
+
+
+@given(any_sample())
+def test_dict_round_trip_keeps_every_field(s):
+    d = s.to_dict()
+    assert "rollout_id" not in d
+    assert Sample.from_dict(d) == s
+    assert Sample.from_dict(json.loads(json.dumps(d))) == s  # plain, JSON-ready values
+    assert set(d) == {f for f in Sample.__slots__ if f != "__weakref__"}
+
+
+@given(any_sample(), ids)
+def test_legacy_rollout_id_read_only_without_group_id(s, legacy):
+    d = s.to_dict()
+    both = {**d, "rollout_id": legacy}
+    assert Sample.from_dict(both).group_id == s.group_id  # group_id wins
+    del both["group_id"]
+    assert Sample.from_dict(both).group_id == legacy
+    assert "rollout_id" not in Sample.from_dict(both).to_dict()
+
+
+def test_rollout_id_is_write_only_and_deprecated():
+    s = Sample(tokens=[1, 2], response_length=1)
+    with pytest.warns(DeprecationWarning, match="set sample.group_id instead"):
+        s.rollout_id = 7
+    assert s.group_id == 7
+    with pytest.raises(AttributeError, match="write-only alias of group_id"):
+        _ = s.rollout_id
+    with pytest.raises(TypeError, match="rollout_id"):
+        Sample(rollout_id=3)  # type: ignore[call-arg]
+
+
+def test_alias_adds_no_per_access_hook():
+    # Reads stay plain slot lookups: no __getattribute__/__getattr__/__setattr__ overrides.
+    assert Sample.__getattribute__ is object.__getattribute__
+    assert Sample.__setattr__ is object.__setattr__
+    assert not hasattr(Sample, "__getattr__")
+    assert not hasattr(Sample(tokens=[1]), "__dict__")
+
+
+def test_numpy_fields_compare_and_serialise_as_lists():
+    a = Sample(tokens=np.array([3, 4, 5]), response_length=2, loss_mask=np.array([1, 0]))
+    b = Sample(tokens=[3, 4, 5], response_length=2, loss_mask=[1, 0])
+    assert a == b and a != Sample(tokens=[3, 4, 6], response_length=2, loss_mask=[1, 0])
+    assert a.to_dict()["tokens"] == [3, 4, 5] and a.to_dict()["loss_mask"] == [1, 0]
+
+
+def test_to_dict_does_not_alias_the_live_sample():
+    s = Sample(tokens=[1, 2], metadata={"turns": [1, 2]})
+    d = s.to_dict()
+    d["tokens"].append(9)
+    d["metadata"]["turns"].append(3)
+    assert s.tokens == [1, 2] and s.metadata == {"turns": [1, 2]}
+
+
+def test_status_string_and_enum_are_interchangeable():
+    assert Sample.from_dict({"status": "truncated"}).status is Status.TRUNCATED
+    assert Sample(status="aborted").to_dict()["status"] == "aborted"
+
+
+def test_from_dict_rejects_unknown_keys_and_bad_status():
+    with pytest.raises(RolloutValidationError, match=r"keys=\['reward_model'\].*metadata"):
+        Sample.from_dict({"tokens": [1], "reward_model": "x"})
+    with pytest.raises(RolloutValidationError, match="status='done'.*completed"):
+        Sample.from_dict({"status": "done"})
+    with pytest.raises(RolloutValidationError, match="not a mapping"):
+        Sample.from_dict([("tokens", [1])])  # type: ignore[arg-type]
+
+
+def test_setting_alias_on_many_samples_warns_each_time():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(3):
+            Sample().rollout_id = k
+    assert [w.category for w in caught] == [DeprecationWarning] * 3

@@ -1,0 +1,54 @@
+"""Shared multi-process Megatron run for the shell tests.
+
+``megatron_runs`` spawns 2 gloo processes once per test session and runs every layout in them
+(see ``megatron_workers``); equivalence, conversion, packing and schedule-fidelity tests all read
+its results. Under pytest-xdist the first worker computes and caches the results in the
+session's shared temp root behind a file lock, so the spawn happens once, not once per worker.
+"""
+
+import pickle
+import time
+
+import pytest
+
+from tests.shell.megatron_workers import LAYOUTS
+
+
+def _compute(tmp_root) -> dict:
+    from vime_shell.launch import spawn
+    from vime_shell.tiny_model import TinyModelSpec, build_tiny_hf_model
+
+    hf_dir = build_tiny_hf_model(tmp_root / "tiny-qwen2-4l", TinyModelSpec(num_layers=4))
+    llama_dir = build_tiny_hf_model(tmp_root / "tiny-llama-2l",
+                                    TinyModelSpec(arch="llama", num_layers=2, seed=3))
+    start = time.perf_counter()
+    per_rank = spawn(_worker(), 2, str(hf_dir), str(llama_dir), tuple(LAYOUTS), True)
+    return {"per_rank": per_rank, "wall_s": time.perf_counter() - start, "hf_dir": str(hf_dir)}
+
+
+def _worker():
+    from tests.shell.megatron_workers import all_layouts_worker
+
+    return all_layouts_worker
+
+
+@pytest.fixture(scope="session")
+def megatron_runs(tmp_path_factory) -> dict:
+    from filelock import FileLock
+
+    import os
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's root, shared by all xdist workers of this session
+    cache = root / "vime-megatron-runs.pkl"
+    with FileLock(str(cache) + ".lock"):
+        if cache.is_file():
+            return pickle.loads(cache.read_bytes())
+        result = _compute(root)
+        cache.write_bytes(pickle.dumps(result))
+        per_layout = ", ".join(f"{name} {run['seconds']:.1f}s"
+                               for name, run in result["per_rank"][0].items() if "seconds" in run)
+        print(f"\n[megatron_runs] 2-process spawn over {len(LAYOUTS)} layouts + DP1: "
+              f"{result['wall_s']:.1f} s wall ({per_layout})")
+        return result

@@ -1,0 +1,240 @@
+"""Code the Megatron shell tests run inside spawned processes (module level, so it pickles).
+
+One spawn of 2 gloo processes runs every layout in turn (DP2, DP2 + distributed optimizer +
+overlap, TP2, PP2, PP2xVPP2), then tears the process group down and runs DP1 on rank 0: each
+process pays megatron's import cost once. For every layout it records the HF round trip, the
+log-prob and logit parity with transformers, packed-vs-unpacked log-probs, what each rank ran
+(the trace), per-step metrics and the final weights.
+"""
+
+import time
+
+import attrs
+import numpy as np
+
+NUM_GROUPS, GLOBAL_BATCH, MAX_TOKENS, LR = 32, 24, 48, 1e-4
+ROLLOUT_SEEDS = (11, 12)  # two rollout batches, each giving steps of [24, 8] groups
+
+PACKING_CHECK_LAYOUTS = ("dp1", "pp2")
+RESUME_CHECK_LAYOUTS = ("dp1", "dp2_distopt_overlap")
+LAYOUTS: dict[str, dict] = {
+    "dp2": {},
+    "dp2_distopt_overlap": {"distopt": True},
+    "tp2": {"tp": 2},
+    "pp2": {"pp": 2},
+    "pp2_vpp2": {"pp": 2, "vpl": 1},
+}
+
+
+def rollout_batch(vocab_size: int, seed: int):
+    from vime_shell.synthetic import synthetic_batch
+
+    return synthetic_batch(vocab_size, num_groups=NUM_GROUPS, seed=seed)
+
+
+def rollout_schedule(batch, layout):
+    from vime_shell.synthetic import synthetic_schedule
+
+    return synthetic_schedule(batch, layout, global_batch_size=GLOBAL_BATCH,
+                              max_tokens_per_gpu=MAX_TOKENS)
+
+
+def rank_rollout(vocab_size: int, seed: int, trainer):
+    """This rank's rows and plan of a rollout batch, through ``shard(batch, schedule)``."""
+    from vime_shell.train_plan import rank_inputs
+
+    batch = rollout_batch(vocab_size, seed)
+    schedule = rollout_schedule(batch, trainer.layout)
+    rows, plan = rank_inputs(batch, schedule, trainer.dp_rank)
+    return rows, plan, schedule
+
+
+def _hf_log_probs(hf_model, rows) -> list[np.ndarray]:
+    """transformers' per-token log-probs of each sample's response, one sample at a time."""
+    import torch
+
+    out, to, ro = [], rows.token_offsets, rows.response_offsets
+    with torch.no_grad():
+        for i in range(rows.num_samples):
+            toks = torch.as_tensor(rows.tokens[to[i]:to[i + 1]])[None]
+            logp = torch.log_softmax(hf_model(toks).logits[0].double(), -1)
+            r = int(rows.response_lengths[i])
+            n = toks.shape[1]
+            out.append(logp[n - r - 1:n - 1].gather(1, toks[0, n - r:, None])[:, 0].numpy())
+    return out
+
+
+def _resume(hf_dir: str, checkpoint: str, optim, vocab: int, *, tp, pp, vpl) -> dict:
+    """A fresh trainer loads the checkpoint taken before rollout 2 and trains rollout 2 again."""
+    import attrs as _attrs
+
+    from vime_shell.trainer import MegatronTrainer, RankPlan, TrainerConfig
+
+    trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=optim), tp=tp, pp=pp,
+                                      num_layers_per_virtual_stage=vpl)
+    trainer.load_checkpoint(checkpoint)
+    rows, plan, _ = rank_rollout(vocab, ROLLOUT_SEEDS[1], trainer)
+    # Without N_s in the plan the trainer all-reduces it: the metrics must not change.
+    plan = RankPlan(steps=tuple(_attrs.evolve(s, num_samples=None) for s in plan.steps))
+    old = trainer.compute_log_probs(rows, plan)
+    results = trainer.train(_attrs.evolve(rows, old_log_probs=np.concatenate(old)), plan)
+    out = {"final": {k: v.numpy() for k, v in trainer.hf_state_dict().items()},
+           "metrics": [r.metrics for r in results], "steps_done": trainer.steps_done,
+           "scheduler_groups": int(trainer.scheduler.num_steps)}
+    trainer.shutdown()
+    return out
+
+
+def _max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+
+
+def _logit_diff(trainer, hf_model, vocab: int) -> float | None:
+    """Max |logits - transformers| on a fixed batch (full-vocab gather under TP); None for PP."""
+    import torch
+    from megatron.core import parallel_state as mpu
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    if mpu.get_pipeline_model_parallel_world_size() > 1:
+        return None
+    toks = torch.as_tensor(np.random.default_rng(5).integers(0, vocab, (2, 12)))
+    pos = torch.arange(12)[None].expand(2, 12)
+    with torch.no_grad():
+        logits = gather_from_tensor_model_parallel_region(trainer.model[0](toks, pos, None))
+        ref = hf_model(toks).logits
+    return float((logits - ref).abs().max())
+
+
+def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> dict:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from vime_shell.trainer import (MegatronTrainer, OptimConfig, RankPlan, StepSpec,
+                                    TrainerConfig)
+
+    t0 = time.perf_counter()
+    optim = OptimConfig(lr=LR, use_distributed_optimizer=distopt, overlap_grad_reduce=distopt,
+                        overlap_param_gather=distopt)
+    trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=optim), tp=tp, pp=pp,
+                                      num_layers_per_virtual_stage=vpl)
+    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    vocab = hf_model.config.vocab_size
+    original = load_file(f"{hf_dir}/model.safetensors")
+    exported = trainer.hf_state_dict()
+    out: dict = {"name": name, "layout": attrs.asdict(trainer.layout), "dp_rank": trainer.dp_rank,
+                 "roundtrip_keys_equal": set(exported) == set(original),
+                 "roundtrip_max": max(float((exported[k] - original[k]).abs().max())
+                                      for k in original),
+                 "logit_max": _logit_diff(trainer, hf_model, vocab),
+                 "metrics": [], "trace": [], "lr": []}
+    checkpoint = f"{hf_dir}-ckpt-{name}"
+    for r, seed in enumerate(ROLLOUT_SEEDS):
+        if r == 1 and name in RESUME_CHECK_LAYOUTS:
+            trainer.save_checkpoint(checkpoint)
+        rows, plan, schedule = rank_rollout(vocab, seed, trainer)
+        old = trainer.compute_log_probs(rows, plan)  # old log-probs, recomputed as in RL
+        if r == 0:
+            out["hf_logprob_max"] = _max_diff(old, _hf_log_probs(hf_model, rows))
+            # Singleton micro-batches: DP1 and PP2 (a VPP plan would need microbatch_group
+            # multiples; TP2 pays ~10 gloo all-reduces per forward, so it is left out for time).
+            if name in PACKING_CHECK_LAYOUTS:
+                single = RankPlan(steps=(StepSpec(num_groups=1, microbatches=tuple(
+                    (i,) for i in range(rows.num_samples))),))
+                out["packing_max"] = _max_diff(old, trainer.compute_log_probs(rows, single))
+            if trainer.layout.vpp > 1:  # an odd micro-batch count cannot interleave
+                from vime_pure.errors import VimeError
+
+                try:
+                    trainer.compute_log_probs(rows, RankPlan(steps=(StepSpec(
+                        num_groups=1, microbatches=((0,),)),)))
+                except VimeError as exc:
+                    out["vpp_error"] = str(exc)
+        rows = attrs.evolve(rows, old_log_probs=np.concatenate(old))
+        start = len(trainer.trace)
+        results = trainer.train(rows, plan)
+        out["metrics"].extend(res.metrics for res in results)
+        out["lr"].extend(res.lr for res in results)
+        partition = schedule.partitions[trainer.dp_rank]
+        out["trace"].extend((r, step - trainer.steps_done + len(results), tuple(
+            partition[i] for i in idx), tokens) for step, idx, tokens in trainer.trace[start:])
+    out["scheduler_groups"] = int(trainer.scheduler.num_steps)
+    out["final"] = {k: v.numpy() for k, v in trainer.hf_state_dict().items()}
+    trainer.shutdown()
+    if name in RESUME_CHECK_LAYOUTS:
+        out["resume"] = _resume(hf_dir, checkpoint, optim, vocab, tp=tp, pp=pp, vpl=vpl)
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def conversion_only(hf_dir: str) -> dict:
+    """HF round trip and logit parity of a model at world size 1 (no training)."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from vime_shell.trainer import MegatronTrainer
+
+    trainer = MegatronTrainer.from_hf(hf_dir)
+    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    original = load_file(f"{hf_dir}/model.safetensors")
+    exported = trainer.hf_state_dict()
+    out = {"roundtrip_keys_equal": set(exported) == set(original),
+           "roundtrip_max": max(float((exported[k] - original[k]).abs().max()) for k in original),
+           "logit_max": _logit_diff(trainer, hf_model, hf_model.config.vocab_size)}
+    trainer.shutdown()
+    return out
+
+
+def compat_report() -> dict:
+    """Facts about the installed CPU compatibility layer, checked by test_launch."""
+    import torch
+
+    from vime_shell import cuda_compat
+
+    ids = [id(getattr(torch.cuda, n)) for n in cuda_compat.PATCHED_ATTRIBUTES]
+    t = torch.zeros(2, device="cuda")
+    torch.cuda.manual_seed(3)
+    a = torch.rand(2)
+    torch.cuda.manual_seed(3)
+    state = torch.cuda.get_rng_state()
+    b = torch.rand(1)
+    torch.cuda.set_rng_state(state)
+    with torch.cuda.stream(torch.cuda.Stream()):
+        torch.cuda.current_stream().synchronize()
+    return {
+        "reinstall": cuda_compat.install(), "distinct": len(set(ids)) == len(ids),
+        "is_available": torch.cuda.is_available(), "zeros_device": t.device.type,
+        "cuda_is_identity": t.cuda() is t, "type_name": t.type(),
+        "int_device": torch.empty(3, device=torch.cuda.current_device()).device.type,
+        "to_int": t.to(0).device.type,
+        "manual_seed_repeats": torch.equal(a[:1], b) and torch.equal(b, torch.rand(1)),
+    }
+
+
+def all_layouts_worker(rank: int, hf_dir: str, llama_dir: str, names: tuple[str, ...],
+                       with_dp1: bool) -> dict:
+    """Every layout of ``names`` on the 2-process world, then DP1 on rank 0 (world of 1)."""
+    import warnings
+
+    import torch.distributed as dist
+    from transformers.utils import logging as hf_logging
+
+    from vime_shell.platform import detect_platform
+
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=UserWarning, module="megatron")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    detect_platform()
+    compat = compat_report()
+    dist.init_process_group("gloo")
+    results = {name: run_layout(hf_dir, name, **LAYOUTS[name]) for name in names}
+    dist.barrier()
+    dist.destroy_process_group()
+    if with_dp1 and rank == 0:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        results["dp1"] = run_layout(hf_dir, "dp1")
+        results["llama_conversion"] = conversion_only(llama_dir)
+        dist.destroy_process_group()
+    results["compat"] = compat
+    return results
