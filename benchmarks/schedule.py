@@ -152,7 +152,7 @@ def main(argv=None) -> dict:
                              "full run, nothing with --quick)")
     parser.add_argument("--layouts", default=None, help="comma-separated subset, e.g. A,D")
     parser.add_argument("--sizes", default=None, help="comma-separated subset of " + ",".join(SIZES))
-    parser.add_argument("--ref-budget", type=float, default=3.0,
+    parser.add_argument("--ref-budget", type=float, default=1.0,
                         help="stop running the reference for larger sizes after a run this long")
     parser.add_argument("--ref-steps", action="store_true",
                         help="also time the reference on single big steps (minutes: it is "

@@ -3,6 +3,11 @@
 See ``vime_pure.schedule`` for the contract and invariants; this module only computes.
 Work that spans the whole batch is done once with numpy (grouping, step slicing, the per-step
 size sort, index assembly); only the inherently sequential kernels run per step in Python.
+
+Policy details: ``packing="flops"`` packs by LPT on FLOPs straight into FFD's aligned count and
+keeps FFD's bins when LPT would need more micro-batches, so it never costs micro-batches.
+``balance="straggler"`` (``vime_pure.rank_balance``) distributes samples before packing; it falls
+back to packing + FLOPs balancing under static packing or when a step is too small for it.
 """
 
 from collections.abc import Sequence
@@ -151,7 +156,12 @@ def _pack(samples: np.ndarray, step_sizes: np.ndarray, work: np.ndarray, layout:
         ffd = kernels.ffd_sorted(presorted.tolist(), step_sizes[presorted].tolist(), cap)
     if policy.packing == "ffd":
         return ffd
-    return kernels.flops_balanced_pack(step_sizes, work[samples], cap, len(ffd))
+    # FLOPs packing straight into FFD's aligned count (no token-driven splits afterwards); it
+    # never costs micro-batches: when LPT's weaker packing would need more, FFD's bins are kept.
+    multiple = layout.align_multiple
+    aligned = -(-len(ffd) // multiple) * multiple
+    packed = kernels.flops_balanced_pack(step_sizes, work[samples], cap, min(aligned, n))
+    return packed if -(-len(packed) // multiple) * multiple <= aligned else ffd
 
 
 def _align(bins: kernels.Bins, step_sizes: np.ndarray, layout: ParallelLayout,

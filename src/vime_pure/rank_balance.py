@@ -35,6 +35,7 @@ from jaxtyping import Float, Int
 from vime_pure import kernels
 
 REFINE_TOLERANCE = 5e-3  # stop refining once the heaviest rank is within 0.5% of its bound
+REFINE_CANDIDATES = 256  # per rank, bounds an exchange search to a 256 x 256 matrix
 REFINE_PARTNERS = 4  # light ranks tried for an exchange with the heaviest one
 EXTRA_GROUP_THRESHOLD = 0.02  # above 2% over the bound, try one more micro-batch group per rank
 
@@ -175,6 +176,9 @@ def _place(ranks: list[kernels.Bins], pool: list[int], m: int, step: _Step) -> b
     owner = np.array([r for r, _ in ref], dtype=np.int64)
     room = np.array([step.cap - step.tokens(ranks[r][j]) for r, j in ref], dtype=np.int64)
     load = np.array([step.load(bins) for bins in ranks])
+    slot_of = np.full(len(step.size), -1, dtype=np.int64)  # bin slot of every placed item
+    for slot, (r, j) in enumerate(ref):
+        slot_of[ranks[r][j]] = slot
     queue = [(-step.size[i], i) for i in pool]
     heapq.heapify(queue)
     while queue:
@@ -189,38 +193,36 @@ def _place(ranks: list[kernels.Bins], pool: list[int], m: int, step: _Step) -> b
             r = min((q for q in range(len(ranks)) if len(ranks[q]) < m),
                     key=lambda q: (load[q], q))
             ranks[r].append([i])
+            slot = len(ref)
             owner = np.append(owner, r)
             ref.append((r, len(ranks[r]) - 1))
             room = np.append(room, step.cap - size)
         else:
-            ejected = _eject(ranks, ref, room, size, step)
-            if ejected is None:
+            y = _eject(slot_of, room, size, step)
+            if y is None:
                 return False
-            slot, y = ejected
+            slot = int(slot_of[y])
             r, j = ref[slot]
             ranks[r][j] = [*(k for k in ranks[r][j] if k != y), i]
             room[slot] -= size - step.size[y]
             load[r] -= step.flops[y]
+            slot_of[y] = -1
             heapq.heappush(queue, (-step.size[y], y))
+        slot_of[i] = slot
         load[r] += step.flops[i]
     return True
 
 
-def _eject(ranks: list[kernels.Bins], ref: list[tuple[int, int]], room: np.ndarray, size: int,
-           step: _Step) -> tuple[int, int] | None:
-    """(bin slot, item) of the smallest item lighter than ``size`` whose removal makes room for
-    ``size``; ties by slot then position. None when no bin allows such a swap."""
-    items = [(slot, y) for slot, (r, j) in enumerate(ref) for y in ranks[r][j]]
-    if size > step.cap or not items:
+def _eject(slot_of: np.ndarray, room: np.ndarray, size: int, step: _Step) -> int | None:
+    """The smallest placed item lighter than ``size`` whose removal makes room for ``size`` in
+    its bin (lowest position on ties), or None when no bin allows such a swap."""
+    placed = slot_of >= 0
+    ok = placed & (step.sizes < size)
+    ok[ok] &= room[slot_of[ok]] + step.sizes[ok] >= size
+    if size > step.cap or not ok.any():
         return None
-    slot = np.array([t[0] for t in items], dtype=np.int64)
-    item = np.array([t[1] for t in items], dtype=np.int64)
-    small = step.sizes[item]
-    ok = (small < size) & (room[slot] + small >= size)
-    if not ok.any():
-        return None
-    k = int(np.flatnonzero(ok)[np.argmin(small[ok])])
-    return int(slot[k]), int(item[k])
+    candidates = np.flatnonzero(ok)
+    return int(candidates[np.argmin(step.sizes[candidates])])
 
 
 def _refine(ranks: list[kernels.Bins], step: _Step) -> float:
@@ -268,7 +270,14 @@ def _best_exchange(heavy: kernels.Bins, light: kernels.Bins, step: _Step, gap: f
     ((heavy bin, sample), (light bin, sample or -1 for a move), FLOPs moved)."""
     ia, sa, ta, ca = _items(heavy, step)
     ib, sb, tb, cb = _items(light, step)
-    wa, wb, za, zb, cap = step.work[ia], step.work[ib], step.sizes[ia], step.sizes[ib], step.cap
+    wa, wb = step.work[ia], step.work[ib]
+    if len(ia) > REFINE_CANDIDATES:  # big ranks: the items nearest the ideal transfer
+        keep = np.sort(np.argpartition(np.abs(wa - gap / 2), REFINE_CANDIDATES)[:REFINE_CANDIDATES])
+        ia, sa, wa = ia[keep], sa[keep], wa[keep]
+    if len(ib) > REFINE_CANDIDATES:  # ... and the lightest items to take back
+        keep = np.sort(np.argpartition(wb, REFINE_CANDIDATES)[:REFINE_CANDIDATES])
+        ib, sb, wb = ib[keep], sb[keep], wb[keep]
+    za, zb, cap = step.sizes[ia], step.sizes[ib], step.cap
     # Swaps: x from heavy bin sa, y from light bin sb; a bin left with one sample may exceed cap.
     delta = wa[:, None] - wb[None, :]
     fit_a = (ta[sa] - za)[:, None] + zb[None, :] <= cap

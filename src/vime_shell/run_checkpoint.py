@@ -1,4 +1,7 @@
-"""Loop checkpoints for ``--save DIR`` / ``--load DIR``: trainer state plus the rollout counter.
+"""Run checkpoints for ``--save DIR`` / ``--load DIR``: trainer state plus the rollout counter.
+
+The trainer part (per-rank model, optimizer, LR scheduler, RNG) is
+:mod:`vime_shell.checkpoint`; this module adds the loop state and makes the whole atomic.
 
 Layout under ``DIR`` (Megatron's tracker file name, so tools that read it keep working)::
 

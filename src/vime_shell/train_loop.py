@@ -324,7 +324,7 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
     on rank 0, the PNG plots written. The trainer is shut down at the end, so one process may
     run several trainings in turn (with the same world).
     """
-    from vime_shell import checkpoint
+    from vime_shell import run_checkpoint as checkpoint
     from vime_shell.run_log import RunLogger
 
     loop = _Loop(cfg, on_rollout)

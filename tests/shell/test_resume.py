@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.shell.loop_workers import killed_worker, resume_worker
-from vime_shell import checkpoint
+from vime_shell import run_checkpoint as checkpoint
 from vime_shell.dump import load_rollout_batch
 from vime_shell.launch import free_port, spawn
 
@@ -59,7 +59,7 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
 def test_resume_refuses_a_different_data_setup(tmp_path):
     import torch
 
-    from vime_shell.checkpoint import CheckpointError, LOOP_STATE, TRACKER, load
+    from vime_shell.run_checkpoint import CheckpointError, LOOP_STATE, TRACKER, load
 
     ck = tmp_path / "rollout_000002"
     ck.mkdir()
