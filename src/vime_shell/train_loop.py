@@ -242,10 +242,10 @@ class _Loop:
         plan = RankPlan.from_shard(mine)
         rows = TrainRows.from_shard(mine)
         del self.trainer.trace[:]
-        results, gap, gap_max, entropy = [], float("nan"), float("nan"), float("nan")
+        results, gap, gap_max = [], float("nan"), float("nan")
         if plan.steps:
             old = np.concatenate(self.trainer.compute_log_probs(rows, plan))
-            gap, gap_max, entropy = self._gap_and_entropy(mine, old)
+            gap, gap_max = self._gap(mine, old)
             if self.syncs and self.replay is None and gap > self.cfg.logprob_gap_tolerance:
                 raise WeightSyncError(
                     f"rollout {rid}: mean engine-trainer log-prob gap {gap:.3g} > "
@@ -261,7 +261,6 @@ class _Loop:
         from vime_shell.train_metrics import rollout_record
 
         record = rollout_record(rid, batch, schedule, results, gap=gap, gap_max=gap_max,
-                                entropy=entropy,
                                 times=(t1 - t0, t2 - t1, t3 - t2))
         if self.on_rollout is not None:
             self.on_rollout(RolloutEvent(rollout_id=rid, metrics=record, batch=batch,
@@ -271,31 +270,27 @@ class _Loop:
         self.last_schedule = schedule
         return record
 
-    def _gap_and_entropy(self, mine, old: np.ndarray) -> tuple[float, float, float]:
-        """Mean and max |engine - trainer| log-prob over the batch's response tokens, and the
-        sampled-token entropy estimate ``-mean log p`` over loss-masked tokens, reduced over
-        the data-parallel ranks (TP/PP peers hold the same rows). NaN without engine log-probs.
-        """
+    def _gap(self, mine, old: np.ndarray) -> tuple[float, float]:
+        """Mean and max |engine - trainer| log-prob over the batch's response tokens, reduced
+        over the data-parallel ranks (TP/PP peers hold the same rows); NaN without engine
+        log-probs (a user rollout function may not record them)."""
         import torch
         import torch.distributed as dist
         from megatron.core import parallel_state as mpu
 
         engine = mine.rollout_log_probs
         diff = np.abs(old - engine) if engine is not None else np.zeros(0)
-        mask = np.asarray(mine.loss_masks, dtype=np.float64)
         device = "cuda" if self.trainer.platform.kind == "cuda" else "cpu"
         group = mpu.get_data_parallel_group()
-        sums = torch.tensor([float(diff.sum()), float(diff.size), float(-(old * mask).sum()),
-                             float(mask.sum())], dtype=torch.float64, device=device)
+        sums = torch.tensor([float(diff.sum()), float(diff.size)], dtype=torch.float64,
+                            device=device)
         dist.all_reduce(sums, group=group)
         top = torch.tensor([float(diff.max()) if diff.size else 0.0], dtype=torch.float64,
                            device=device)
         dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
-        has_engine = engine is not None and sums[1] > 0
-        nan = float("nan")
-        return (float(sums[0] / sums[1]) if has_engine else nan,
-                float(top.item()) if has_engine else nan,
-                float(sums[2] / sums[3]) if sums[3] > 0 else nan)
+        if engine is None or sums[1] == 0:
+            return float("nan"), float("nan")
+        return float(sums[0] / sums[1]), float(top.item())
 
     def save_hf(self) -> None:
         """Write the final weights with one writer per node; rank 0 finalises the index."""

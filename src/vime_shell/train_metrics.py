@@ -22,7 +22,6 @@ def _weighted(results, key: str) -> float:
 
 
 def rollout_record(rid: int, batch, schedule, results, *, gap: float, gap_max: float,
-                   entropy: float,
                    times: tuple[float, float, float]) -> dict:
     """The record of rollout ``rid``; ``times`` are (rollout, train, sync) seconds."""
     _, first = np.unique(batch.group_ids, return_index=True)
@@ -38,7 +37,7 @@ def rollout_record(rid: int, batch, schedule, results, *, gap: float, gap_max: f
         "loss": _weighted(results, "loss"),
         "pg_loss": _weighted(results, "pg_loss"),
         "clipfrac": _weighted(results, "clipfrac"),
-        "entropy": entropy,
+        "entropy": _weighted(results, "entropy"),  # the trainer's, exact over the vocabulary
         "logprob_gap": gap,
         "logprob_gap_max": gap_max,
         "num_groups": int(batch.num_groups),
