@@ -1,0 +1,73 @@
+"""Per-rollout records, ``metrics.jsonl`` handling and the demo-curve summary, without a run.
+
+Named examples for what users read: rewards are averaged per rollout group (a multi-turn
+execution counts once), losses per group over steps; a resumed run's log drops the records at
+or after the resume point; the demo curve reports when the trailing mean crossed the target.
+"""
+
+import json
+
+import pytest
+
+from benchmarks.demo_curve import summarize
+from vime_pure.batch import RolloutBatch, schedule_for
+from vime_pure.config import BatchingPolicy, ParallelLayout
+from vime_pure.sample import Sample
+from vime_shell.run_log import REQUIRED_KEYS, RunLogger, read_metrics
+from vime_shell.train_metrics import rollout_record
+from vime_shell.train_plan import StepResult
+
+
+def _batch():
+    def s(group, reward, n=2):
+        return Sample(tokens=[3, 4] + [5] * n, response_length=n, group_id=group, reward=reward)
+
+    # Group "a" has 3 siblings with reward 1, group "b" one sample with reward 0.
+    return RolloutBatch.from_samples([[[s("a", 1.0), s("a", 1.0), s("a", 1.0, 1)], [s("b", 0.0)]]])
+
+
+def _step(loss, groups):
+    return StepResult(metrics={"loss": loss, "pg_loss": loss, "clipfrac": 0.0, "entropy": 2.0},
+                      num_groups=groups, num_microbatches=1, lr=1e-3, grad_norm=0.5)
+
+
+def test_record_averages_rewards_per_group_and_losses_per_group_over_steps():
+    batch = _batch()
+    schedule = schedule_for(batch, ParallelLayout(dp=1),
+                            BatchingPolicy(global_batch_size=1, max_tokens_per_gpu=64))
+    rec = rollout_record(0, batch, schedule, [_step(0.2, 3), _step(0.6, 1)], gap=1e-7,
+                         gap_max=2e-7, times=(0.5, 0.25, 0.25))
+    assert rec["reward_mean"] == 0.5  # per group, not 0.75 per sample
+    assert rec["loss"] == pytest.approx((0.2 * 3 + 0.6) / 4)
+    assert rec["num_groups"] == 2 and rec["num_samples"] == 4 and rec["num_steps"] == 2
+    assert rec["num_microbatches"] == 2 and rec["tokens"] == int(batch.lengths.sum())
+    assert rec["tokens_per_s"] == pytest.approx(rec["tokens"] / 1.0)
+    assert set(REQUIRED_KEYS) <= set(rec)
+
+
+def test_resumed_log_drops_records_at_or_after_the_resume_point(tmp_path):
+    first = RunLogger(tmp_path, start=0, total=3, enabled=True, progress=False)
+    for k in range(3):
+        first.log({**dict.fromkeys(REQUIRED_KEYS, 0.0), "rollout": k, "entropy": 1.0,
+                   "grad_norm": float("nan")})
+    assert [p.name for p in first.finish()] == ["curves.png"]
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])["grad_norm"] is None
+    resumed = RunLogger(tmp_path, start=1, total=3, enabled=True, progress=False)
+    assert [r["rollout"] for r in read_metrics(tmp_path)] == [0]
+    with pytest.raises(KeyError, match="logprob_gap"):
+        resumed.log({"rollout": 1, "reward_mean": 0.0, "loss": 0.0, "num_groups": 1,
+                     "num_microbatches": 1})
+    resumed.finish()
+    assert not RunLogger(tmp_path / "other", start=0, total=1, enabled=False).finish()
+    assert not (tmp_path / "other").exists()  # only rank 0 writes
+
+
+def test_demo_curve_summary_finds_the_crossing():
+    records = [{"reward_mean": 0.0 if k < 20 else 0.9, "rollout_s": 0.2, "train_s": 0.1,
+                "sync_s": 0.1, "tokens_per_s": 1000.0} for k in range(40)]
+    out = summarize(records, wall_s=40 * 0.4 + 20.0, target=0.8)
+    assert out["reward_start"] == 0.0 and out["reward_end"] == pytest.approx(0.9)
+    # Trailing 10-rollout means: 9 of 10 at 0.9 is 0.81 at rollout 28.
+    assert out["learned_at_rollout"] == 28
+    assert out["learned_at_minutes"] == pytest.approx((20.0 + 29 * 0.4) / 60)
+    assert out["startup_s"] == pytest.approx(20.0)
