@@ -82,9 +82,14 @@ class TrainResult:
     start_rollout: int
 
 
-def launch_checks(cfg: TrainConfig, hf_dir: Path) -> None:
-    """Settings that can only be checked against files: fail before any process group."""
+def launch_checks(cfg: TrainConfig, hf_dir: Path):
+    """Everything checkable before a model exists: files, sizes, the parallel layout for this
+    world and ``check_feasible`` of the batching policy. Returns ``(platform, layout, policy)``.
+    """
+    from vime_pure.config import check_feasible
     from vime_shell.hf_export import ExportError, parse_size
+    from vime_shell.model import read_hf_config
+    from vime_shell.platform import detect_platform, resolve_layout
 
     if not (hf_dir / "config.json").is_file():
         raise field_error(ConfigError, "hf_checkpoint", str(hf_dir), "has no config.json",
@@ -97,6 +102,22 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> None:
         parse_size(cfg.save_hf_max_shard_size)
     except ExportError as exc:
         raise ConfigError(f"save_hf_max_shard_size: {exc}") from exc
+    hf_config = read_hf_config(hf_dir)
+    tp = cfg.tensor_model_parallel_size
+    if hf_config.vocab_size % tp:  # Megatron's vocab-parallel embedding splits rows evenly
+        raise field_error(ConfigError, "tensor_model_parallel_size", tp,
+                          f"does not divide the model's vocab_size={hf_config.vocab_size}",
+                          "use a TP size that divides it (the embedded model's 19-token "
+                          "vocabulary allows only TP=1), or pad the vocabulary")
+    platform = detect_platform()
+    layout = resolve_layout(
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        num_layers=hf_config.num_hidden_layers, platform=platform, tp=tp,
+        pp=cfg.pipeline_model_parallel_size,
+        num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage)
+    policy = cfg.batching_policy()
+    check_feasible(layout.scheduler_layout(), policy)
+    return platform, layout, policy
 
 
 class _Loop:
@@ -105,32 +126,13 @@ class _Loop:
     def __init__(self, cfg: TrainConfig, on_rollout: Callable[[RolloutEvent], None] | None):
         import torch.distributed as dist
 
-        from vime_pure.config import check_feasible
         from vime_shell.embedded import build_embedded
-        from vime_shell.model import read_hf_config
         from vime_shell.objective import LossConfig
-        from vime_shell.platform import detect_platform, resolve_layout
         from vime_shell.trainer import MegatronTrainer, OptimConfig, TrainerConfig
 
         self.cfg, self.on_rollout = cfg, on_rollout
         self.hf_dir = Path(cfg.hf_checkpoint).expanduser() if cfg.hf_checkpoint else build_embedded()
-        launch_checks(cfg, self.hf_dir)
-        hf_config = read_hf_config(self.hf_dir)
-        tp = cfg.tensor_model_parallel_size
-        if hf_config.vocab_size % tp:  # Megatron's vocab-parallel embedding splits rows evenly
-            raise field_error(ConfigError, "tensor_model_parallel_size", tp,
-                              f"does not divide the model's vocab_size={hf_config.vocab_size}",
-                              "use a TP size that divides it (the embedded model's 19-token "
-                              "vocabulary allows only TP=1), or pad the vocabulary")
-        platform = detect_platform()
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        layout = resolve_layout(
-            world_size=world, num_layers=hf_config.num_hidden_layers,
-            platform=platform, tp=cfg.tensor_model_parallel_size,
-            pp=cfg.pipeline_model_parallel_size,
-            num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage)
-        self.policy = cfg.batching_policy()
-        check_feasible(layout.scheduler_layout(), self.policy)
+        platform, _, self.policy = launch_checks(cfg, self.hf_dir)
         self.trainer = MegatronTrainer.from_hf(
             self.hf_dir, TrainerConfig(optim=OptimConfig(lr=cfg.lr),
                                        loss=LossConfig(eps_clip=cfg.eps_clip), seed=cfg.seed),
