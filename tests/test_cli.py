@@ -80,3 +80,13 @@ def test_schedule_reads_rollout_dump(tmp_path, capsys):
     assert [s["num_groups"] for s in stats] == [8, 8]
     assert sum(s["num_samples"] for s in stats) == 16
     assert "16 samples in 16 groups" in capsys.readouterr().out
+
+
+def test_schedule_balance_flag_selects_straggler(tmp_path):
+    out = tmp_path / "s.json"
+    assert main(["schedule", "--synthetic", "--num-groups", "256", "--global-batch-size", "128",
+                 "--dp", "8", "--max-tokens-per-gpu", "32768", "--balance", "straggler",
+                 "--json", str(out)]) == 0
+    stats = json.loads(out.read_text())
+    assert len(stats) == 2 and all(s["over_cap_multi"] == 0 for s in stats)
+    assert all(s["flops_imbalance"] >= s["flops_imbalance_bound"] - 1e-9 for s in stats)

@@ -81,7 +81,10 @@ class BatchingPolicy:
     ``global_batch_size`` counts **groups** (rollout executions), never samples.
     Dynamic packing is on when ``max_tokens_per_gpu`` is set; otherwise static chunks of
     ``micro_batch_size`` samples. ``packing`` picks the bin-packing algorithm of dynamic
-    packing, ``balance`` how packed micro-batches are spread over DP ranks.
+    packing, ``balance`` how packed micro-batches are spread over DP ranks: ``"strided"``
+    (round-robin), ``"tokens"`` / ``"flops"`` (equal-count Karmarkar-Karp on micro-batch loads),
+    or ``"straggler"`` (samples dealt to ranks by FLOPs before packing: the best per-step balance,
+    at most one extra micro-batch per rank).
     ``allow_partial_step``: trailing groups that do not fill a step form one smaller final step
     (when feasible) instead of being dropped and reported.
     """

@@ -18,6 +18,11 @@ Pipeline (pack first, distribute second), per step:
 5. **Distribute** ``K / dp`` micro-batches to every rank: strided round-robin, or
    Karmarkar-Karp with equal counts on micro-batch tokens or FLOPs.
 
+``balance="straggler"`` reverses steps 3-5 to minimise the slowest rank: it deals samples to
+ranks by estimated FLOPs first (LPT), packs each rank under the cap, equalises the counts by
+splitting and refines by swaps (``vime_pure.rank_balance``). It may spend at most one extra
+micro-batch per rank (never under VPP) when the cap would otherwise leave a straggler.
+
 Micro-batches are **not** interleaved across virtual pipeline (VPP) chunks. Megatron's
 interleaved schedule runs every micro-batch through every model chunk of a rank, so every
 chunk's data iterator must see the same, full list of the rank's micro-batches; the only VPP

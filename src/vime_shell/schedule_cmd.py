@@ -54,6 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="samples per static micro-batch (when --max-tokens-per-gpu is unset)")
     pol.add_argument("--packing", choices=["ffd", "first_fit", "flops"], default=None,
                      help="bin-packing algorithm (default ffd; flops with --balance-by-flops)")
+    pol.add_argument("--balance", choices=list(BALANCES), default=None,
+                     help="DP balance mode; overrides --balance-data / --balance-by-flops")
     pol.add_argument("--balance-data", action="store_true", help="balance DP ranks by tokens")
     pol.add_argument("--balance-by-flops", action="store_true", help="balance by estimated FLOPs")
     pol.add_argument("--allow-partial-train-step", action="store_true",
@@ -90,7 +92,8 @@ def policy_from_args(args: argparse.Namespace) -> tuple[ParallelLayout, Batching
         raise VimeError("--global-batch-size is missing. Fix: pass the number of groups per step.")
     layout = ParallelLayout(dp=args.dp, cp=args.cp, pp=args.pp, vpp=args.vpp,
                             microbatch_group=args.microbatch_group_size_per_vp_stage)
-    balance = "flops" if args.balance_by_flops else "tokens" if args.balance_data else "strided"
+    balance = args.balance or (
+        "flops" if args.balance_by_flops else "tokens" if args.balance_data else "strided")
     packing = args.packing or ("flops" if args.balance_by_flops else "ffd")
     policy = BatchingPolicy(
         global_batch_size=args.global_batch_size, max_tokens_per_gpu=args.max_tokens_per_gpu,
