@@ -1,6 +1,6 @@
 """The embedded demo's learning curve: reward from scratch to learned, in wall-clock minutes.
 
-Runs ``vime train`` with the default configuration (what ``vime demo`` / ``make demo`` run) in
+Runs ``vime demo`` (``vime train`` with the default configuration, what ``make demo`` runs) in
 a subprocess, exactly as a user would, then reads its ``metrics.jsonl`` and reports:
 
 - **start** / **end**: mean reward of the first / last 10 rollouts;
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, ["src", env.get("PYTHONPATH")]))
     load_before = os.getloadavg()
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "vime_shell.cli", "train", "--run-dir", args.run_dir,
+    subprocess.run([sys.executable, "-m", "vime_shell.cli", "demo", "--run-dir", args.run_dir,
                     *extra], check=True, env=env)
     wall = time.perf_counter() - start
     from vime_shell.run_log import read_metrics

@@ -57,7 +57,9 @@ def test_demo_is_train_with_the_default_config(monkeypatch):
                                                start_rollout=0))
     assert main(["demo"]) == 0
     assert main(["demo", "--num-rollout", "5"]) == 0
-    assert seen == [TrainConfig(run_dir="runs/demo"), TrainConfig(num_rollout=5)]
+    dumps = "runs/demo/rollouts/rollout_{rollout_id}.npz"
+    assert seen == [TrainConfig(save_rollout_data=dumps),
+                    TrainConfig(num_rollout=5, save_rollout_data=dumps)]
 
 
 @pytest.mark.parametrize("argv", [["schedule", "--synthetic", "--dp", "2"]])

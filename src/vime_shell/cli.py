@@ -1,5 +1,6 @@
 """The ``vime`` command line: ``vime train`` (the RL loop), ``vime schedule`` (plan and report
-steps) and ``vime demo`` (``vime train`` with the embedded default, writing ``runs/demo/``).
+steps) and ``vime demo`` (``vime train`` with the embedded default, writing ``runs/demo/`` and
+the rollout dumps ``runs/demo/rollouts/rollout_<k>.npz``).
 
 Each subcommand lives in its own module with ``add_arguments(parser)`` and ``run(args) -> int``.
 """
@@ -27,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=schedule_cmd.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     demo = sub.add_parser(
         "demo", help="the embedded CPU demo (what `make demo` runs): `vime train` with the "
-        "default config, writing runs/demo/", allow_abbrev=False)
+        "default config, writing runs/demo/ and its rollout dumps runs/demo/rollouts/",
+        allow_abbrev=False)
     train_cmd.add_arguments(demo)  # same flags, e.g. `vime demo --seed 1`
     demo.set_defaults(handler=_demo)
     return parser
@@ -36,9 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _demo(args: argparse.Namespace) -> int:
     from vime_shell import train_cmd
 
-    print("vime demo: RL from scratch on the embedded tiny Qwen2 (reverse two digits, exact-match "
-          "reward), HF engine + Megatron-core on CPU; writing runs/demo/ (the defaults of "
-          "`vime train`)", file=sys.stderr)
+    run_dir = getattr(args, "run_dir", "runs/demo")
+    if getattr(args, "save_rollout_data", None) is None:  # for `vime schedule --input` later
+        args.save_rollout_data = f"{run_dir}/rollouts/rollout_{{rollout_id}}.npz"
+    print(f"vime demo: RL from scratch on the embedded tiny Qwen2 (reverse two digits, "
+          f"exact-match reward), HF engine + Megatron-core on CPU; writing {run_dir}/ "
+          "(`vime train` defaults, plus rollout dumps)", file=sys.stderr)
     return train_cmd.run(args)
 
 
