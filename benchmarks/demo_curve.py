@@ -12,7 +12,8 @@ a subprocess, exactly as a user would, then reads its ``metrics.jsonl`` and repo
   at similar load).
 
 The curve is a measurement, not a test: the seed fixes the data, but the time depends on the
-machine. Result JSON: ``--out`` (default ``runs/demo_curve.json``).
+machine. Result JSON: ``--out`` (default ``benchmarks/results/demo_curve.json``); the run's
+``curves.png`` is copied next to it as ``demo_curves.png`` (for the README).
 
 Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python -m benchmarks.demo_curve``
 (``--run-dir``, ``--target``, and any ``vime train`` flag after ``--``, e.g. ``-- --seed 1``).
@@ -21,6 +22,7 @@ Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python -m benchmarks.demo_curve``
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.demo_curve")
     parser.add_argument("--run-dir", default="runs/demo")
     parser.add_argument("--target", type=float, default=0.8)
-    parser.add_argument("--out", default="runs/demo_curve.json")
+    parser.add_argument("--out", default="benchmarks/results/demo_curve.json")
     args = parser.parse_args(own)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, ["src", env.get("PYTHONPATH")]))
@@ -79,8 +81,12 @@ def main(argv: list[str] | None = None) -> dict:
     result.update(load_before=load_before, load_after=os.getloadavg(), cpus=os.cpu_count(),
                   run_dir=args.run_dir, flags=extra,
                   plots=[str(Path(args.run_dir) / n) for n in ("curves.png", "schedule.png")])
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    curves = Path(args.run_dir) / "curves.png"
+    if curves.is_file():
+        shutil.copyfile(curves, out.with_name("demo_curves.png"))
     learned = (f"reached {args.target} (10-rollout mean) at rollout {result['learned_at_rollout']}"
                f" after {result['learned_at_minutes']:.1f} min" if result["learned_at_rollout"]
                is not None else f"never reached {args.target}")
