@@ -6,11 +6,13 @@ resumed run the lines of rollouts at or after the resume point are dropped first
 never holds a rollout twice. TensorBoard scalars go to ``<run_dir>/tb`` when the
 ``tensorboard`` package is installed (silently skipped otherwise). At the end,
 ``curves.png`` (reward, loss, entropy and gradient norm per rollout; on-policy GRPO's loss
-is ~0 by construction, entropy and gradient norm show the learning) and ``schedule.png`` (per-rank micro-batch token
-loads of the last rollout's first step) are drawn with :mod:`vime_shell.plots`.
+is ~0 by construction, entropy and gradient norm show the learning) and ``schedule.png``
+(per-rank micro-batch token loads of the last rollout's first step) are drawn with
+:mod:`vime_shell.plots`.
 
-Example line: ``{"rollout": 0, "reward_mean": 0.0078, "loss": -0.0012, "num_groups": 128,
-"num_microbatches": 1, "logprob_gap": 4.7e-07, "entropy": 2.93, "tokens_per_s": 1630.2, ...}``.
+Example line (the demo's rollout 0): ``{"rollout": 0, "reward_mean": 0.0, "loss": 0.0,
+"num_groups": 128, "num_microbatches": 1, "logprob_gap": 1.0e-07, "entropy": 2.92,
+"dp_imbalance": 1.0, "tokens_per_s": 1815.0, ...}``.
 """
 
 import json
@@ -91,8 +93,9 @@ class RunLogger:
 
         out = []
         if self.records:
-            series = {k: [r[k] if r[k] is not None else math.nan for r in self.records]
-                      for k in ("reward_mean", "loss", "entropy", "grad_norm") if k in self.records[0]}
+            keys = [k for k in ("reward_mean", "loss", "entropy", "grad_norm")
+                    if k in self.records[0]]
+            series = {k: [math.nan if r[k] is None else r[k] for r in self.records] for k in keys}
             out.append(plot_curves(series, self.run_dir / CURVES,
                                    title=f"{len(self.records)} rollouts"))
         if last_schedule is not None and last_schedule.steps:

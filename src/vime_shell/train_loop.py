@@ -131,7 +131,8 @@ class _Loop:
         from vime_shell.trainer import MegatronTrainer, OptimConfig, TrainerConfig
 
         self.cfg, self.on_rollout = cfg, on_rollout
-        self.hf_dir = Path(cfg.hf_checkpoint).expanduser() if cfg.hf_checkpoint else build_embedded()
+        self.hf_dir = (Path(cfg.hf_checkpoint).expanduser() if cfg.hf_checkpoint
+                       else build_embedded())
         platform, _, self.policy = launch_checks(cfg, self.hf_dir)
         self.trainer = MegatronTrainer.from_hf(
             self.hf_dir, TrainerConfig(optim=OptimConfig(lr=cfg.lr),
