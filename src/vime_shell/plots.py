@@ -38,13 +38,9 @@ def plot_step_loads(schedule: Schedule, path: Path, step: int = 0) -> Path:
     ax.set_title(f"step {step}: {plan.num_microbatches} micro-batches/rank, imbalance "
                  f"{bottom.max() / bottom.mean():.3f} ({schedule.policy.packing}/"
                  f"{schedule.policy.balance})")
+    ax.set_xticks(np.arange(dp) if dp <= 32 else np.linspace(0, dp - 1, 9).round())
     ax.legend(loc="lower right", framealpha=0.9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_curves(series: dict[str, Sequence[float]], path: Path, xlabel: str = "rollout",
@@ -59,9 +55,14 @@ def plot_curves(series: dict[str, Sequence[float]], path: Path, xlabel: str = "r
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    """Lay out, write the PNG (creating its folder) and free the figure."""
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path

@@ -32,6 +32,10 @@ def run(args: argparse.Namespace) -> int:
     # Megatron and mbridge announce every missing optional kernel (TE, Apex) on CPU: noise here.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"(megatron|mbridge)\.")
     warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True")
+    # transformers draws a "Loading weights" bar at every engine (re)load: noise in the log.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     cfg = config_from_args(args)
     result = run_training(cfg)
     if int(os.environ.get("RANK", "0")) == 0 and result.records:
