@@ -1,6 +1,27 @@
-"""The benchmarks run end to end in their ``--quick`` mode (no timing assertions)."""
+"""Every benchmark runs end to end in its ``--quick`` mode (timings are never asserted)."""
+
+import json
 
 from benchmarks import batch_convert, sample_access
+from benchmarks.schedule import POLICIES, QUICK, main
+
+
+def test_quick_benchmark_writes_json_and_table(tmp_path):
+    out, readme = tmp_path / "bench.json", tmp_path / "README.md"
+    readme.write_text("# Benchmarks\n\nintro\n")
+    main(["--quick", "--out", str(out), "--readme", str(readme)])
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert {(r["layout"], r["policy"]) for r in rows} == {
+        (lay, pol) for lay in QUICK["layouts"] for pol in POLICIES}
+    for r in rows:
+        assert r["wall_ms"] > 0 and r["cap_violations"] == 0 and r["below_bound_steps"] == 0
+        assert r["microbatches"] >= r["mb_lower_bound"]
+        assert r["flops_imb_worst"] >= r["flops_imb_mean"] >= 1.0
+        assert "reference" in r and r["speedup"] > 0
+    text = readme.read_text()
+    assert text.startswith("# Benchmarks\n\nintro\n") and "<!-- bench:start -->" in text
+    assert "| A | straggler |" in text and "Machine:" in text
 
 
 def test_sample_access_quick(capsys):
