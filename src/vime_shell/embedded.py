@@ -28,6 +28,7 @@ from pathlib import Path
 import attrs
 
 from vime_pure.errors import VimeError, field_error
+from vime_shell.tiny_model import TinyModelSpec, random_hf_model
 
 # Bundled text: the tokenizer's training corpus, i.e. its alphabet: digits, the two letters of
 # the counting task and the task separators of vime_shell.tasks. Kept minimal on purpose (see
@@ -38,12 +39,6 @@ SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
 
 class EmbeddedError(VimeError):
     """The embedded model spec or cache directory is unusable."""
-
-
-def _positive(field: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise field_error(EmbeddedError, field, value, "must be a positive integer",
-                          "see EmbeddedSpec's defaults")
 
 
 @attrs.frozen(kw_only=True)
@@ -67,9 +62,12 @@ class EmbeddedSpec:
     seed: int = 0
 
     def __attrs_post_init__(self) -> None:
-        for field in attrs.fields(type(self)):
-            if field.name != "seed":
-                _positive(field.name, getattr(self, field.name))
+        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "intermediate_size", "max_position_embeddings"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise field_error(EmbeddedError, name, value, "must be a positive integer",
+                                  "see EmbeddedSpec's defaults")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise field_error(EmbeddedError, "seed", self.seed, "must be an integer >= 0",
                               "pass e.g. seed=0")
@@ -85,6 +83,15 @@ class EmbeddedSpec:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    def model_spec(self, vocab_size: int) -> TinyModelSpec:
+        """The generic tiny-model shape of this spec (one model builder for the whole project)."""
+        return TinyModelSpec(
+            arch="qwen2", vocab_size=vocab_size, hidden_size=self.hidden_size,
+            num_layers=self.num_hidden_layers, num_heads=self.num_attention_heads,
+            num_kv_heads=self.num_key_value_heads, head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            max_position_embeddings=self.max_position_embeddings, seed=self.seed)
 
     def digest(self) -> str:
         """Short hash of the spec and the bundled text: the cache directory's suffix."""
@@ -156,21 +163,11 @@ def build_tokenizer():
 
 
 def _build_model(spec: EmbeddedSpec, tokenizer):
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig
 
-    config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None, dtype="float32",
-    )
-    with torch.random.fork_rng(devices=[]):  # deterministic init without touching global RNG
-        torch.manual_seed(spec.seed)
-        model = Qwen2ForCausalLM(config).float()
+    model = random_hf_model(spec.model_spec(len(tokenizer)),
+                            pad_token_id=tokenizer.pad_token_id,
+                            eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
     model.generation_config = GenerationConfig(pad_token_id=tokenizer.pad_token_id,
                                                eos_token_id=tokenizer.eos_token_id)
     return model

@@ -50,8 +50,9 @@ class TinyModelSpec:
                               "use a divisor of num_heads, e.g. 1, 2 or num_heads")
 
 
-def hf_config(spec: TinyModelSpec):
-    """The transformers config object of ``spec`` (fp32, no dropout)."""
+def hf_config(spec: TinyModelSpec, **extra):
+    """The transformers config object of ``spec`` (fp32, no dropout); ``extra`` adds fields
+    such as token ids."""
     from transformers import LlamaConfig, Qwen2Config
 
     common = dict(
@@ -62,23 +63,29 @@ def hf_config(spec: TinyModelSpec):
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=spec.tie_word_embeddings, rms_norm_eps=1e-6,
         attention_dropout=0.0, torch_dtype="float32",
-        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta}, **extra,
     )
     if spec.arch == "qwen2":
         return Qwen2Config(use_sliding_window=False, **common)
     return LlamaConfig(attention_bias=False, mlp_bias=False, **common)
 
 
-def build_tiny_hf_model(path: str | Path, spec: TinyModelSpec | None = None) -> Path:
-    """Write a random model of ``spec`` (default: ``TinyModelSpec()``) to ``path``; returns it."""
+def random_hf_model(spec: TinyModelSpec, **config_extra):
+    """A randomly initialised fp32 model of ``spec``, seeded by ``spec.seed`` without touching
+    the global RNG."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        return AutoModelForCausalLM.from_config(hf_config(spec, **config_extra),
+                                                dtype=torch.float32)
+
+
+def build_tiny_hf_model(path: str | Path, spec: TinyModelSpec | None = None) -> Path:
+    """Write a random model of ``spec`` (default: ``TinyModelSpec()``) to ``path``; returns it."""
     spec = spec or TinyModelSpec()
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.seed)
-        model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32)
-    model.save_pretrained(out, safe_serialization=True)
+    random_hf_model(spec).save_pretrained(out, safe_serialization=True)
     return out
