@@ -136,13 +136,13 @@ def format_table(stats: tuple[StepStats, ...]) -> str:
 
 
 def format_compare(rows: list[tuple[str, str, PolicySummary]]) -> str:
-    head = (f"{'packing':>9} {'balance':>8} {'mbs':>6} {'bound':>6} {'aligned':>7} {'tok imb mean/worst':>18} "
+    head = (f"{'packing':>9} {'balance':>9} {'mbs':>6} {'bound':>6} {'aligned':>7} {'tok imb mean/worst':>18} "
             f"{'tok LB':>6} {'flops imb mean/worst':>20} {'flops LB':>8} {'pad waste':>9} "
             f"{'over cap':>8} {'dropped':>7}")
     out = [head, "-" * len(head)]
     for packing, balance, s in rows:
         out.append(
-            f"{packing:>9} {balance:>8} {s.microbatches:>6} {s.microbatch_bound:>6} "
+            f"{packing:>9} {balance:>9} {s.microbatches:>6} {s.microbatch_bound:>6} "
             f"{s.microbatch_bound_aligned:>7} "
             f"{s.token_imbalance_mean:>8.3f} / {s.token_imbalance_worst:<7.3f} "
             f"{s.token_imbalance_bound:>6.3f} {s.flops_imbalance_mean:>9.3f} / "
