@@ -59,6 +59,18 @@ def summarize(records: list[dict], wall_s: float, target: float) -> dict:
     }
 
 
+def compare_runs(a: list[dict], b: list[dict]) -> dict:
+    """Where two runs' reward curves first differ, and their largest loss difference before."""
+    pairs = list(zip(a, b))
+    first = next((i for i, (x, y) in enumerate(pairs) if x["reward_mean"] != y["reward_mean"]),
+                 None)
+    same = pairs[:first] if first is not None else pairs
+    return {"identical_reward_rollouts": len(same), "first_reward_difference": first,
+            "max_loss_difference_before": max((abs(x["loss"] - y["loss"]) for x, y in same),
+                                              default=0.0),
+            "microbatches": [a[0]["num_microbatches"], b[0]["num_microbatches"]]}
+
+
 def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -67,6 +79,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--run-dir", default="runs/demo")
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--out", default="benchmarks/results/demo_curve.json")
+    parser.add_argument("--compare-run-dir", default=None,
+                        help="an earlier run of the same seed (e.g. with another "
+                             "--max-tokens-per-gpu): report where the reward curves first differ")
     args = parser.parse_args(own)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, ["src", env.get("PYTHONPATH")]))
@@ -81,6 +96,10 @@ def main(argv: list[str] | None = None) -> dict:
     result.update(load_before=load_before, load_after=os.getloadavg(), cpus=os.cpu_count(),
                   run_dir=args.run_dir, flags=extra,
                   plots=[str(Path(args.run_dir) / n) for n in ("curves.png", "schedule.png")])
+    if args.compare_run_dir:
+        result["compare"] = compare_runs(read_metrics(args.run_dir),
+                                         read_metrics(args.compare_run_dir))
+        print(f"compare with {args.compare_run_dir}: {result['compare']}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

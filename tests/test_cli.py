@@ -58,8 +58,10 @@ def test_demo_is_train_with_the_default_config(monkeypatch):
     assert main(["demo"]) == 0
     assert main(["demo", "--num-rollout", "5"]) == 0
     dumps = "runs/demo/rollouts/rollout_{rollout_id}.npz"
-    assert seen == [TrainConfig(save_rollout_data=dumps),
-                    TrainConfig(num_rollout=5, save_rollout_data=dumps)]
+    assert main(["demo", "--max-tokens-per-gpu", "512"]) == 0
+    assert seen == [TrainConfig(save_rollout_data=dumps, max_tokens_per_gpu=96),
+                    TrainConfig(num_rollout=5, save_rollout_data=dumps, max_tokens_per_gpu=96),
+                    TrainConfig(save_rollout_data=dumps, max_tokens_per_gpu=512)]
 
 
 @pytest.mark.parametrize("argv", [["schedule", "--synthetic", "--dp", "2"]])

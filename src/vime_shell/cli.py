@@ -28,11 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
         description=schedule_cmd.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     demo = sub.add_parser(
         "demo", help="the embedded CPU demo (what `make demo` runs): `vime train` with the "
-        "default config, writing runs/demo/ and its rollout dumps runs/demo/rollouts/",
+        "default config and a 96-token micro-batch budget, writing runs/demo/ and its rollout "
+        "dumps runs/demo/rollouts/",
         allow_abbrev=False)
     train_cmd.add_arguments(demo)  # same flags, e.g. `vime demo --seed 1`
     demo.set_defaults(handler=_demo)
     return parser
+
+
+DEMO_MAX_TOKENS_PER_GPU = 96
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -41,9 +45,15 @@ def _demo(args: argparse.Namespace) -> int:
     run_dir = getattr(args, "run_dir", "runs/demo")
     if getattr(args, "save_rollout_data", None) is None:  # for `vime schedule --input` later
         args.save_rollout_data = f"{run_dir}/rollouts/rollout_{{rollout_id}}.npz"
+    if not hasattr(args, "max_tokens_per_gpu") and not getattr(args, "config", None):
+        # A small token budget packs each step into 7 micro-batches, so the demo exercises
+        # packing and the per-group loss: the reward curve equals the 1-micro-batch run's
+        # rollout for rollout until float rounding flips a sampled token (rollout 162).
+        args.max_tokens_per_gpu = DEMO_MAX_TOKENS_PER_GPU
     print(f"vime demo: RL from scratch on the embedded tiny Qwen2 (reverse two digits, "
           f"exact-match reward), HF engine + Megatron-core on CPU; writing {run_dir}/ "
-          "(`vime train` defaults, plus rollout dumps)", file=sys.stderr)
+          f"(`vime train` defaults, plus rollout dumps and --max-tokens-per-gpu "
+          f"{args.max_tokens_per_gpu})", file=sys.stderr)
     return train_cmd.run(args)
 
 
