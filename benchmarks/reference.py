@@ -16,6 +16,8 @@ import heapq
 
 import numpy as np
 
+from vime_pure.kernels import largest_differencing
+
 
 def naive_first_fit(sizes, cap: int, order=None) -> list[list[int]]:
     """Each item (in ``order``) into the first open bin with room; oversize items sit alone."""
@@ -106,14 +108,8 @@ def naive_karmarkar_karp(weights, parts: int, equal: bool) -> list[list[int]]:
         state = [(float(weights[i]), [i]) for i in row] + [(0.0, [])] * (parts - len(row))
         state.sort(key=lambda s: -s[0])
         heapq.heappush(heap, (-(state[0][0] - state[-1][0]), k, state))
-    while len(heap) > 1:
-        _, ka, a = heapq.heappop(heap)
-        _, kb, b = heapq.heappop(heap)
-        merged = [(a[j][0] + b[parts - 1 - j][0], a[j][1] + b[parts - 1 - j][1])
-                  for j in range(parts)]
-        merged.sort(key=lambda s: -s[0])
-        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), min(ka, kb), merged))
-    return [sorted(items) for _, items in heap[0][2]]
+    # The merge step is the same as vime's; the naivety is the N singleton states above.
+    return largest_differencing(heap, parts)
 
 
 def reference_schedule(lengths, group_ids, dp: int, multiple: int, gbs: int, cap: int,

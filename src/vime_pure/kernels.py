@@ -228,13 +228,26 @@ def karmarkar_karp_equal(weights: Float[np.ndarray, " k"], parts: int) -> list[l
     for row in range(count // parts):
         state = [(values[i], [i]) for i in order[row * parts:(row + 1) * parts]]
         heapq.heappush(heap, (-(state[0][0] - state[-1][0]), row, state))
+    return largest_differencing(heap, parts)
+
+
+State = list[tuple[float, list[int]]]  # ``parts`` (load, items) sets, heaviest first
+
+
+def largest_differencing(heap: list[tuple[float, int, State]], parts: int) -> list[list[int]]:
+    """Merge states until one is left; ``heap`` holds ``(-spread, key, state)`` entries.
+
+    Each merge pairs the heaviest set of one state with the lightest of the other; the merged
+    state keeps the smaller key, so ties break by position. Returns the final sets' sorted items
+    (``parts`` empty sets for an empty heap).
+    """
     while len(heap) > 1:
-        _, row_a, a = heapq.heappop(heap)
-        _, row_b, b = heapq.heappop(heap)
+        _, key_a, a = heapq.heappop(heap)
+        _, key_b, b = heapq.heappop(heap)
         merged = [(a[j][0] + b[parts - 1 - j][0], a[j][1] + b[parts - 1 - j][1])
                   for j in range(parts)]
         merged.sort(key=lambda s: -s[0])
-        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), min(row_a, row_b), merged))
+        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), min(key_a, key_b), merged))
     return [sorted(items) for _, items in heap[0][2]] if heap else [[] for _ in range(parts)]
 
 
