@@ -69,31 +69,41 @@ def _dense_numpy(group_ids: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, lis
     return dense, first[by_first].tolist()
 
 
-def _dense_dict(group_ids: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, list[int]]:
-    first: dict[Hashable, int] = {}
-    positions: list[int] = []
-    dense = np.empty(len(group_ids), dtype=np.int64)
-    for i, gid in enumerate(group_ids):
-        try:
-            g = first.setdefault(gid, len(first))
-        except TypeError as exc:  # unhashable id
-            raise ScheduleError(
-                f"group_ids[{i}]={gid!r} is not hashable ({exc}). Fix: use an int or str group id."
-            ) from None
-        if g == len(positions):
-            positions.append(i)
-        dense[i] = g
-    return dense, positions
+def dense_first_occurrence(ids: Sequence[Any]) -> tuple[Int64[np.ndarray, " n"], tuple]:
+    """Dense numbers of ``ids`` in first-occurrence order, and the original id of each number.
+
+    Example: ``["a", "b", "a"]`` gives ``([0, 1, 0], ("a", "b"))``. C-level ``dict.fromkeys``
+    and ``map`` passes; an unhashable id raises ``ScheduleError`` naming its position.
+    """
+    try:
+        values = tuple(dict.fromkeys(ids))  # keeps first-occurrence order
+    except TypeError as exc:
+        bad = next(i for i, v in enumerate(ids) if not _is_hashable(v))
+        raise ScheduleError(f"group_ids[{bad}]={ids[bad]!r} is not hashable ({exc}). Fix: use an "
+                            "int or str group id.") from None
+    number = {v: k for k, v in enumerate(values)}
+    return np.fromiter(map(number.__getitem__, ids), dtype=np.int64, count=len(ids)), values
+
+
+def _is_hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def group_samples(group_ids: Sequence[Any] | np.ndarray) -> Grouping:
     """Group sample indices by ``group_id`` in first-occurrence order (O(n log n) in C for int
     and str ids, O(n) dict otherwise)."""
     fast = _dense_numpy(group_ids)
-    dense, first = fast if fast is not None else _dense_dict(group_ids)
+    if fast is not None:
+        dense, first = fast
+        ids = tuple(map(group_ids.__getitem__, first))
+    else:
+        dense, ids = dense_first_occurrence(group_ids)
     # A stable sort by dense id keeps siblings in their original relative order.
     order = np.argsort(dense, kind="stable").astype(np.int64, copy=False)
-    offsets = np.zeros(len(first) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dense, minlength=len(first)), out=offsets[1:])
-    ids = tuple(map(group_ids.__getitem__, first))
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dense, minlength=len(ids)), out=offsets[1:])
     return Grouping(ids=ids, dense=dense, order=order, offsets=offsets)

@@ -32,6 +32,7 @@ import numpy as np
 from jaxtyping import Int64, UInt8
 
 from vime_pure.errors import RolloutValidationError
+from vime_pure.grouping import dense_first_occurrence
 from vime_pure.sample import Sample
 
 GroupKey = int | str
@@ -112,14 +113,6 @@ def flatten_rollout_output(output: object) -> FlatRollout:
     return FlatRollout(samples=samples, locations=locs, depth=depth, group_ids=group_ids,
                        prompt_groups=prompts, group_dense=group_dense, group_values=group_values,
                        prompt_dense=prompt_dense, prompt_values=prompt_values)
-
-
-def dense_first_occurrence(ids: Sequence[Hashable]) -> tuple[Int64[np.ndarray, " n"], tuple]:
-    """Dense numbers in first-occurrence order and the original id of each, as
-    ``grouping.group_samples`` numbers them (C-level ``dict.fromkeys`` and ``map`` passes)."""
-    values = tuple(dict.fromkeys(ids))  # keeps first-occurrence order
-    number = {v: k for k, v in enumerate(values)}
-    return np.fromiter(map(number.__getitem__, ids), dtype=np.int64, count=len(ids)), values
 
 
 class _Walk:
