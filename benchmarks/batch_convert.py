@@ -1,4 +1,4 @@
-"""64k-sample rollout batch: ``RolloutBatch.from_samples`` + ``build_schedule`` + ``shard``.
+"""64k-sample rollout batch: ``RolloutBatch.from_samples`` + ``build_schedule`` + ``rank_batch``.
 
 Two seeded workloads of 8192 prompts x 8 samples (depth-1 output), float rewards, rollout
 log-probs on every sample, dp=8, FFD packing under 16k tokens per GPU, one step per batch:
@@ -7,7 +7,7 @@ log-probs on every sample, dp=8, FFD packing under 16k tokens per GPU, one step 
 - ``long``: prompt 32-256 tokens, response 16-768 (about 540 tokens per sample).
 
 Per-sample work (validation, ids, rewards) is Python; per-token work (copying tokens, masks,
-log-probs into columns, gathering each rank's rows) is numpy and grows with the token count,
+log-probs into columns, building each rank's micro-batch records) is numpy and grows with the token count,
 so both are printed, with ns per token. Tokens and log-probs are numpy arrays, as a shell
 should build them when each sample arrives; ``--lists`` also times plain Python lists, whose
 int conversion costs tens of ns per token. Baseline measured in the same run: one
@@ -26,7 +26,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from vime_pure import BatchingPolicy, ParallelLayout, RolloutBatch, Sample, schedule_for, shard
+from vime_pure import (BatchingPolicy, ParallelLayout, RolloutBatch, Sample, rank_batch,
+                       schedule_for)
 
 
 WORKLOADS = {"short": ((16, 65), (16, 129)), "long": ((32, 257), (16, 769))}
@@ -77,9 +78,11 @@ def run(num_prompts: int, repeats: int, workload: str, with_lists: bool) -> floa
     batch = RolloutBatch.from_samples(output)
     sched = schedule_for(batch, layout, policy)
     convert = median_s(lambda: RolloutBatch.from_samples(output), repeats)
-    sharding = median_s(lambda: shard(batch, sched), repeats)
-    both = (convert[0] + sharding[0], convert[1] + sharding[1])
-    rows = [("baseline: concatenate tokens", baseline), ("from_samples", convert), ("shard (8 ranks)", sharding), ("convert + shard", both),
+    records = median_s(lambda: [rank_batch(batch, sched, dp_rank=r) for r in range(layout.dp)],
+                       repeats)
+    both = (convert[0] + records[0], convert[1] + records[1])
+    rows = [("baseline: concatenate tokens", baseline), ("from_samples", convert),
+            ("rank_batch, all 8 ranks", records), ("convert + records", both),
             ("build_schedule (once)", median_s(lambda: schedule_for(batch, layout, policy), 1))]
     if with_lists:
         listed = make_output(num_prompts, 8, as_lists=True, workload=workload)
@@ -90,7 +93,7 @@ def run(num_prompts: int, repeats: int, workload: str, with_lists: bool) -> floa
     for name, (wall, cpu) in rows:
         print(f"  {name:34s} {wall * 1e3:8.1f} {cpu * 1e3:8.1f} {cpu / floor:12.1f} "
               f"{cpu / total * 1e9:12.1f}")
-    print(f"[{workload}] convert+shard of {n} samples: {both[1]:.3f} s CPU, {both[0]:.3f} s "
+    print(f"[{workload}] convert+records of {n} samples: {both[1]:.3f} s CPU, {both[0]:.3f} s "
           "wall (medians)")
     return both[1]
 

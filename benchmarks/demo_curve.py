@@ -87,10 +87,10 @@ def main(argv: list[str] | None = None) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, ["src", env.get("PYTHONPATH")]))
     load_before = os.getloadavg()
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "vime_shell.cli", "demo", "--run-dir", args.run_dir,
+    subprocess.run([sys.executable, "-m", "vime_shell.cli.main", "demo", "--run-dir", args.run_dir,
                     *extra], check=True, env=env)
     wall = time.perf_counter() - start
-    from vime_shell.run_log import read_metrics
+    from vime_shell.loop.run_log import read_metrics
 
     result = summarize(read_metrics(args.run_dir), wall, args.target)
     result.update(load_before=load_before, load_after=os.getloadavg(), cpus=os.cpu_count(),

@@ -4,7 +4,7 @@ Two uses:
 
 1. **Oracle** for the property tests: ``naive_first_fit``, ``naive_first_fit_decreasing`` and
    ``naive_flops_balanced_pack`` are the textbook definitions (linear scan over open bins) that
-   the fast kernels in ``vime_pure.kernels`` must reproduce bin for bin.
+   the fast kernels in ``vime_pure.scheduling.kernels`` must reproduce bin for bin.
 2. **Baseline** for the benchmark: ``reference_schedule`` plans the same steps with the quadratic
    algorithms of slime/miles-style schedulers (their structure, not their code): first-fit that
    scans every open bin, an alignment splitter that rescans every bin per split, and FLOPs
@@ -14,9 +14,8 @@ Two uses:
 
 import heapq
 
-import numpy as np
 
-from vime_pure.kernels import largest_differencing
+from vime_pure.scheduling.kernels import largest_differencing
 
 
 def naive_first_fit(sizes, cap: int, order=None) -> list[list[int]]:

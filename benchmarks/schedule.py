@@ -9,7 +9,7 @@ Per layout (A-G of the issue), policy and size it measures the median wall time 
 CPU time of ``build_schedule`` (schedule construction and its invariant checks included), the
 speed-up against ``benchmarks.reference.reference_schedule`` timed once in the same run, and the
 schedule's quality (``benchmarks.metrics``). Workloads come from
-``vime_pure.workloads.synthetic_workload`` (seeded); FLOPs from ``FlopsModel`` of the dense 8B
+``vime_pure.scheduling.workloads.synthetic_workload`` (seeded); FLOPs from ``FlopsModel`` of the dense 8B
 decoder. Sizes smaller than one step run as one partial step (``allow_partial_step=True``).
 The reference runs only while its previous size finished within ``--ref-budget`` seconds (it is
 quadratic; each size is 4x the last), and on the single-step sizes only with ``--ref-steps``. Timings on a shared machine are noisy: compare the ratios
@@ -29,8 +29,8 @@ import numpy as np
 from benchmarks.metrics import step_metrics
 from benchmarks.reference import reference_schedule
 from vime_pure import BatchingPolicy, ParallelLayout, build_schedule
-from vime_pure.flops import FlopsModel
-from vime_pure.workloads import synthetic_workload
+from vime_pure.scheduling.flops import FlopsModel
+from vime_pure.scheduling.workloads import synthetic_workload
 
 # name: (dp, cp, max_tokens_per_gpu, vpp, microbatch_group, groups per step, fan-out)
 LAYOUTS = {

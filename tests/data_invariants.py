@@ -1,13 +1,13 @@
-"""``assert_rolloutbatch_invariants`` / ``assert_shard_invariants``: independent re-checks.
+"""``assert_rolloutbatch_invariants`` / ``assert_microbatch_invariants``: independent re-checks.
 
-They recompute every invariant from public fields with plain Python (not through
-``vime_pure.batch_checks``), so a bug in the construction-time checks cannot hide a bug in
-the conversion or sharding.
+They recompute every invariant from public fields with plain Python (not through the core's
+construction-time checks, its numpy kernels or ``vime_pure.denominators``), so a bug there
+cannot hide a bug in the conversion or in the trainer's micro-batch records.
 """
 
 import numpy as np
 
-from vime_pure import RankShard, RolloutBatch, Schedule, Status, group_mask_sums
+from vime_pure import LossMode, RankBatch, RolloutBatch, Schedule, Status, group_mask_sums
 
 
 def _rows(flat, offsets, i):
@@ -58,52 +58,88 @@ def assert_rolloutbatch_invariants(b: RolloutBatch, samples=None, group_ids=None
         assert ids == list(group_ids)
 
 
-def assert_shard_invariants(shards: tuple[RankShard, ...], b: RolloutBatch,
-                            sched: Schedule) -> None:
-    """Rows, micro-batches and per-step counts of every rank against the batch and schedule."""
-    assert len(shards) == sched.layout.dp
-    per_step = [st.num_microbatches for st in sched.steps]
-    groups = [st.num_groups for st in sched.steps]
-    samples = [st.num_samples for st in sched.steps]
-    for rank, sh in enumerate(shards):
-        assert sh.rank == rank
-        assert sh.sample_indices.tolist() == list(sched.partitions[rank])
-        assert sh.micro_batch_indices == sched.micro_batch_indices[rank]
-        assert list(sh.num_microbatches) == per_step and list(sh.num_groups) == groups
-        assert list(sh.num_samples) == samples
-        for k, g in enumerate(sh.sample_indices.tolist()):
-            assert _rows(sh.tokens, sh.token_offsets, k) == _rows(b.tokens, b.token_offsets, g)
-            assert (_rows(sh.loss_masks, sh.response_offsets, k)
-                    == _rows(b.loss_masks, b.response_offsets, g))
-            if b.rollout_log_probs is not None:
-                assert (_rows(sh.rollout_log_probs, sh.response_offsets, k)
-                        == _rows(b.rollout_log_probs, b.response_offsets, g))
-            for col in ("lengths", "response_lengths", "group_ids", "group_mask_sums",
-                        "advantages", "rewards"):
-                assert getattr(sh, col)[k] == getattr(b, col)[g]
-        j = 0
+def reference_denominators(b: RolloutBatch, sched: Schedule, mode: LossMode,
+                           norm: float | None) -> dict[int, float]:
+    """``D`` of every scheduled sample under ``mode``, from the loss formulas, in plain Python."""
+    masks = {i: sum(_rows(b.loss_masks, b.response_offsets, i)) for i in range(b.num_samples)}
+    out: dict[int, float] = {}
+    for step in sched.steps:
+        ids = [i for rank in step.microbatches for mb in rank for i in mb]
+        step_total = sum(masks[i] for i in ids)
+        for i in ids:
+            group = [j for j in ids if b.group_ids[j] == b.group_ids[i]]
+            out[i] = {LossMode.GROUP_TOKEN_MEAN: sum(masks[j] for j in group),
+                      LossMode.SAMPLE_TOKEN_MEAN: masks[i],
+                      LossMode.TOKEN_MEAN: step_total,
+                      LossMode.SAMPLE_TOKEN_SUM_NORM: norm}[mode]
+    return out
+
+
+def _full_row(b: RolloutBatch, samples: list[int], cp: int):
+    """The unsliced packed row: tokens, positions, labels (next token of the same sample, 0
+    after its last one), each sample padded to a multiple of 2*cp when cp > 1."""
+    tokens, positions, labels, starts = [], [], [], []
+    for g in samples:
+        own = _rows(b.tokens, b.token_offsets, g)
+        padded = len(own) if cp == 1 else -(-len(own) // (2 * cp)) * 2 * cp
+        starts.append(len(tokens))
+        tokens += own + [0] * (padded - len(own))
+        positions += list(range(padded))
+        labels += own[1:] + [0] * (padded - len(own) + 1)
+    return tokens, positions, labels, starts
+
+
+def assert_microbatch_invariants(ranks: dict[tuple[int, int], RankBatch], b: RolloutBatch,
+                                 sched: Schedule, mode: LossMode, norm: float | None) -> None:
+    """The records of every (dp, cp) rank against the batch and the schedule: each rank runs
+    its scheduled micro-batches in order; across a micro-batch's CP ranks every response token
+    is scored exactly once, by the logit just before it; rows, masks, advantages, engine
+    log-probs and step-level denominators are what the batch and the loss formulas say."""
+    dens = reference_denominators(b, sched, mode, norm)
+    cp = max(c for _, c in ranks) + 1
+    for d in range(sched.layout.dp):
         for s, step in enumerate(sched.steps):
-            for mb in step.microbatches[rank]:
-                packed = sh.microbatch(j)
-                assert packed.step == s and packed.num_groups == step.num_groups
-                assert packed.num_samples == step.num_samples
-                assert packed.sample_indices.tolist() == list(mb)
-                _assert_packed_row(packed, b)
-                j += 1
-        assert j == sh.num_microbatches_total
+            for j, mb in enumerate(step.microbatches[d]):
+                records = [ranks[(d, c)].steps[s].microbatches[j] for c in range(cp)]
+                _check_microbatch(records, list(mb), b, dens, step, s, mode)
 
 
-def _assert_packed_row(packed, b: RolloutBatch) -> None:
-    tokens, positions, mask, adv = [], [], [], []
-    for g in packed.sample_indices.tolist():
-        length, resp = int(b.lengths[g]), int(b.response_lengths[g])
-        tokens += _rows(b.tokens, b.token_offsets, g)
-        positions += list(range(length))
-        mask += [0] * (length - resp) + _rows(b.loss_masks, b.response_offsets, g)
-        adv += [0.0] * (length - resp) + [float(np.float32(b.advantages[g]))] * resp
-    assert packed.tokens.tolist() == tokens
-    assert packed.positions.tolist() == positions
-    assert packed.loss_mask.tolist() == mask
-    assert packed.advantages.tolist() == adv
-    assert packed.cu_seqlens.tolist() == [0, *np.cumsum(b.lengths[packed.sample_indices]).tolist()]
-    np.testing.assert_array_equal(packed.group_mask_sums, b.group_mask_sums[packed.sample_indices])
+def _check_microbatch(records, samples, b: RolloutBatch, dens, step, s: int,
+                      mode: LossMode) -> None:
+    cp = len(records)
+    tokens, positions, labels, starts = _full_row(b, samples, cp)
+    scored: list[int] = []
+    for c, rec in enumerate(records):
+        assert (rec.step, rec.loss_mode, rec.cp_rank, rec.cp_size) == (s, mode, c, cp)
+        assert (rec.num_groups, rec.num_samples) == (step.num_groups, step.num_samples)
+        assert rec.num_microbatches == step.num_microbatches
+        assert rec.sample_indices.tolist() == samples
+        lens = [int(b.lengths[g]) for g in samples]
+        assert rec.seq_lengths.tolist() == [n if cp == 1 else -(-n // (2 * cp)) * 2 * cp
+                                            for n in lens]
+        local = [] if cp > 1 else list(range(len(tokens)))
+        for start, n in zip(starts, rec.seq_lengths.tolist() if cp > 1 else []):
+            chunk = n // (2 * cp)
+            for k in (c, 2 * cp - 1 - c):
+                local += list(range(start + k * chunk, start + (k + 1) * chunk))
+        assert rec.tokens.tolist() == [tokens[p] for p in local]
+        assert rec.positions.tolist() == [positions[p] for p in local]
+        assert rec.labels.tolist() == [labels[p] for p in local]
+        for t, (logit, flat, k) in enumerate(zip(rec.logit_index.tolist(),
+                                                 rec.response_index.tolist(),
+                                                 rec.token_sample.tolist())):
+            g = samples[k]
+            j = flat - int(b.response_offsets[g])
+            assert 0 <= j < b.response_lengths[g]
+            prompt = int(b.lengths[g] - b.response_lengths[g])
+            assert local[logit] == starts[k] + prompt - 1 + j  # the logit just before the token
+            assert rec.labels[logit] == b.tokens[b.token_offsets[g] + prompt + j]
+            assert rec.loss_mask[t] == b.loss_masks[flat]
+            assert rec.advantages[t] == np.float32(b.advantages[g])
+            if b.rollout_log_probs is not None:
+                assert rec.rollout_log_probs[t] == b.rollout_log_probs[flat]
+            scored.append(flat)
+        assert rec.denominators.tolist() == [dens[g] for g in samples]
+    expected = [int(b.response_offsets[g]) + j for g in samples
+                for j in range(int(b.response_lengths[g]))]
+    assert sorted(scored) == sorted(expected)  # every response token once over the CP ranks

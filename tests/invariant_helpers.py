@@ -1,7 +1,7 @@
 """``assert_schedule_invariants``: an independent re-check of every Schedule invariant.
 
 It recomputes each invariant from the public fields only (not through
-``vime_pure.invariants``), so a bug in the construction-time checker cannot hide a bug in the
+``vime_pure.scheduling.invariants``), so a bug in the construction-time checker cannot hide a bug in the
 planner.
 """
 

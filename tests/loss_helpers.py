@@ -2,7 +2,7 @@
 emulation of a split step, and the ``assert_*_invariants`` helpers of the core objects.
 
 The oracle evaluates each mode's formula group by group with plain loops, sharing no code with
-``vime_pure.loss`` beyond the mode names, so agreement is evidence rather than tautology.
+``vime_pure.torch_ops.loss`` beyond the mode names, so agreement is evidence rather than tautology.
 """
 
 import math
@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 import torch
 
 from vime_pure import LossMode, Metric, sample_denominators, step_divisor
-from vime_pure.cp import ZigzagOffsets, slice_packed_response, zigzag_offsets
-from vime_pure.loss import megatron_loss_scale, microbatch_loss, sample_index_from_lengths
+from vime_pure.cp import ZigzagOffsets, zigzag_offsets
+from vime_pure.denominators import megatron_loss_scale
+from vime_pure.torch_ops.cp import slice_packed_response
+from vime_pure.torch_ops.loss import microbatch_loss, sample_index_from_lengths
 
 
 @dataclass

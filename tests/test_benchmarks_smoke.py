@@ -35,4 +35,4 @@ def test_sample_access_quick(capsys):
 def test_batch_convert_quick(capsys):
     batch_convert.main(["--quick"])
     out = capsys.readouterr().out
-    assert "[short] 2048 samples" in out and "convert+shard of 2048 samples:" in out
+    assert "[short] 2048 samples" in out and "convert+records of 2048 samples:" in out

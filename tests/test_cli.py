@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from vime_shell.cli import main
+from vime_shell.cli.main import main
 
 
 def test_schedule_synthetic_prints_table(capsys):
@@ -48,11 +48,11 @@ def test_schedule_errors_are_one_line_with_fix(tmp_path, capsys):
 
 def test_demo_is_train_with_the_default_config(monkeypatch):
     # The loop itself runs in tests/shell/test_train_loop.py; here: what `vime demo` launches.
-    from vime_shell import train_loop
-    from vime_shell.train_config import TrainConfig
+    from vime_shell.loop import loop as train_loop
+    from vime_shell.loop.config import TrainConfig
 
     seen = []
-    monkeypatch.setattr(train_loop, "run_training", lambda cfg: seen.append(cfg) or
+    monkeypatch.setattr(train_loop, "run_training", lambda cfg, plan=None: seen.append(cfg) or
                         train_loop.TrainResult(records=[], plots=[], hf_checkpoint=None,
                                                start_rollout=0))
     assert main(["demo"]) == 0
@@ -72,7 +72,7 @@ def test_missing_global_batch_size(argv, capsys):
 
 def test_schedule_reads_rollout_dump(tmp_path, capsys):
     from vime_pure import RolloutBatch, Sample
-    from vime_shell.dump import save_rollout_batch
+    from vime_shell.storage.dump import save_rollout_batch
 
     output = [[Sample(tokens=[1] * (3 + p + k), response_length=2, reward=float(k % 2),
                       group_id=f"p{p}-{k}", prompt_group=p) for k in range(4)] for p in range(4)]

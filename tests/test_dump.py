@@ -13,7 +13,7 @@ from hypothesis import given, settings
 
 from vime_pure import (BatchingPolicy, DumpFormatError, ParallelLayout, RolloutBatch, Sample,
                        build_schedule, schedule_for)
-from vime_shell.dump import (load_rollout_batch, save_rollout_batch, workload_from_dump,
+from vime_shell.storage.dump import (load_rollout_batch, save_rollout_batch, workload_from_dump,
                              write_dump_columns)
 from tests.data_invariants import assert_rolloutbatch_invariants
 from tests.property.data_strategies import rollout_outputs

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from vime_pure.errors import VimeError
-from vime_pure.flops import PROXY_QUADRATIC_PER_LINEAR, FlopsModel, proxy_flops
+from vime_pure.scheduling.flops import PROXY_QUADRATIC_PER_LINEAR, FlopsModel, proxy_flops
 
 DENSE_8B = {"hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
             "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288,

@@ -3,9 +3,9 @@
 import pytest
 
 from vime_pure import BatchingPolicy, ParallelLayout, build_schedule
-from vime_pure.flops import proxy_flops
-from vime_pure.report import step_stats, summarize
-from vime_shell.cli import main
+from vime_pure.scheduling.flops import proxy_flops
+from vime_pure.scheduling.report import step_stats, summarize
+from vime_shell.cli.main import main
 
 LENGTHS = [600, 500, 400, 300, 200, 100]  # 2100 tokens, cap 1000 -> bound 3, aligned (dp=2) 4
 

@@ -10,12 +10,12 @@ import json
 import pytest
 
 from benchmarks.demo_curve import summarize
-from vime_pure.batch import RolloutBatch, schedule_for
+from vime_pure.data.batch import RolloutBatch, schedule_for
 from vime_pure.config import BatchingPolicy, ParallelLayout
-from vime_pure.sample import Sample
-from vime_shell.run_log import REQUIRED_KEYS, RunLogger, read_metrics
-from vime_shell.train_metrics import rollout_record
-from vime_shell.train_plan import StepResult
+from vime_pure.data.sample import Sample
+from vime_shell.loop.run_log import REQUIRED_KEYS, RunLogger, read_metrics
+from vime_shell.loop.records import rollout_record
+from vime_shell.megatron.config import StepResult
 
 
 def _batch():

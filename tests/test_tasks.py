@@ -1,6 +1,6 @@
 """Built-in tasks and the reward-function loader (no torch needed).
 
-Asserts :mod:`vime_shell.tasks`' invariants: prompts and labels stay inside the embedded
+Asserts :mod:`vime_shell.rollout.tasks`' invariants: prompts and labels stay inside the embedded
 tokenizer's alphabet; labels have ``answer_length`` characters and are correct for their
 prompts; exact-match reward is 1 only for the label; draws are a pure function of
 ``(seed, rollout_id)``; the next turn is labelled from the previous label; ``--custom-rm-path`` loads by path.
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vime_shell.embedded import BUNDLED_TEXT
-from vime_shell.plugins import PluginError
-from vime_shell.tasks import (
+from vime_shell.models.embedded import BUNDLED_TEXT
+from vime_shell.rollout.plugins import PluginError
+from vime_shell.rollout.tasks import (
     TASKS, TaskError, TaskExample, exact_match, exact_match_reward, get_task, load_reward_fn,
 )
 

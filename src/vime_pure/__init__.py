@@ -1,8 +1,19 @@
 """vime_pure: the functional core of vime.
 
-Pure, side-effect-free functions and frozen records. The scheduler imports neither torch nor
-Megatron, so analysis scripts import it in milliseconds; torch-based parts (loss accounting)
-load lazily on first use of their names.
+Pure, side-effect-free functions and frozen records, in rooms:
+
+- ``config``: ``ParallelLayout``, ``BatchingPolicy``, ``check_feasible``, ``policy_from_flags``
+  and the choice lists; ``errors``: every core error;
+- ``scheduling/``: ``build_schedule`` and the ``Schedule`` it returns (planner, packing and
+  balancing kernels, FLOPs model, reports, synthetic workloads);
+- ``data/``: the rollout data model: ``Sample``, the validated ``RolloutBatch``, advantages, and
+  ``rank_batch``, the micro-batch records a trainer rank consumes;
+- ``denominators`` (loss modes, step-level denominators, Megatron's scale),
+  ``policy_config`` (clip, KL, entropy and TIS knobs), ``metrics`` (``(sum, count)``
+  reductions), ``cp`` (zigzag context-parallel offsets), ``grouping``;
+- ``torch_ops/``: the parts that compute on torch tensors (per-micro-batch loss reduction,
+  policy-loss pieces, CP slicing of tensors). Nothing else imports torch, so
+  ``import vime_pure`` and ``from vime_pure import *`` stay torch-free.
 
 Example::
 
@@ -13,87 +24,41 @@ Example::
     sched.steps[0].num_microbatches  # 2 micro-batches per rank
 """
 
-import importlib
-from typing import Any
-
-from vime_pure.batch import RolloutBatch, schedule_for
-from vime_pure.config import BatchingPolicy, ParallelLayout, check_feasible
-from vime_pure.errors import (DumpFormatError, RewardError, RolloutBatchError,
-                              RolloutValidationError, ScheduleError, VimeError)
-from vime_pure.invariants import ScheduleInvariantError
-from vime_pure.denominators import (LossConfigError, LossMode, group_mask_sums,
-                                    sample_denominators, step_divisor)
-from vime_pure.metrics import (Metric, MetricError, merge_metrics, metric_values,
-                               reduce_metrics, reduce_train_step)
-from vime_pure.rewards import (RewardNormalization, grpo_advantages, gspo_advantages,
-                               normalize_rewards, reinforce_pp_baseline_advantages)
-from vime_pure.rollout import (FlatRollout, fallback_ids, flatten_rollout_output,
-                               normalized_loss_mask)
-from vime_pure.sample import Sample, Status
-from vime_pure.schedule import Schedule, StepPlan, build_schedule
-from vime_pure.shard import PackedMicroBatch, RankShard, shard
-
-# Names whose modules import torch (or are heavier); loaded on first attribute access so that
-# ``import vime_pure`` stays torch-free and fast. Maps public name -> defining module.
-_LAZY: dict[str, str] = {
-    **dict.fromkeys(["microbatch_loss", "megatron_loss_scale", "rejection_mask",
-                     "sample_index_from_lengths"], "vime_pure.loss"),
-    **dict.fromkeys(["CPConfigError", "ZigzagOffsets", "zigzag_offsets", "slice_response",
-                     "slice_sequence", "slice_packed_response"], "vime_pure.cp"),
-    **dict.fromkeys(["PolicyTerms", "ppo_clip_loss", "kl_penalty", "entropy_from_logits",
-                     "token_log_probs", "tis_weights", "policy_loss"], "vime_pure.policy_loss"),
-    "FlopsModel": "vime_pure.flops",
-}
+from vime_pure.config import (BALANCES, PACKINGS, BatchingPolicy, ParallelLayout, check_feasible,
+                              policy_from_flags)
+from vime_pure.cp import ZigzagOffsets, zigzag_offsets
+from vime_pure.data.batch import RolloutBatch, schedule_for
+from vime_pure.data.microbatch import (RankBatch, StepBatch, TrainMicroBatch, rank_batch,
+                                       with_log_probs)
+from vime_pure.data.rewards import (RewardNormalization, grpo_advantages, gspo_advantages,
+                                    normalize_rewards, reinforce_pp_baseline_advantages)
+from vime_pure.data.rollout_output import (FlatRollout, fallback_ids, flatten_rollout_output,
+                                           normalized_loss_mask)
+from vime_pure.data.sample import Sample, Status
+from vime_pure.denominators import (LOSS_MODES, LossMode, group_mask_sums, megatron_loss_scale,
+                                    sample_denominators, step_denominators, step_divisor)
+from vime_pure.errors import (CPConfigError, DumpFormatError, FlopsModelError, LossConfigError,
+                              MetricError, RewardError, RolloutBatchError,
+                              RolloutValidationError, ScheduleError, ScheduleInvariantError,
+                              VimeError)
+from vime_pure.metrics import (Metric, merge_metrics, metric_values, reduce_metrics,
+                               reduce_train_step)
+from vime_pure.policy_config import KL_KINDS, LossConfig
+from vime_pure.scheduling.flops import FlopsModel
+from vime_pure.scheduling.planner import build_schedule
+from vime_pure.scheduling.schedule import Schedule, StepPlan
 
 __all__ = [
-    "BatchingPolicy",
-    "DumpFormatError",
-    "FlatRollout",
-    "LossConfigError",
-    "LossMode",
-    "Metric",
-    "MetricError",
-    "PackedMicroBatch",
-    "ParallelLayout",
-    "RankShard",
-    "RewardError",
-    "RewardNormalization",
-    "RolloutBatch",
-    "RolloutBatchError",
-    "RolloutValidationError",
-    "Sample",
-    "Schedule",
-    "ScheduleError",
-    "ScheduleInvariantError",
-    "Status",
-    "StepPlan",
-    "VimeError",
-    "build_schedule",
-    "check_feasible",
-    "fallback_ids",
-    "flatten_rollout_output",
-    "group_mask_sums",
-    "grpo_advantages",
-    "gspo_advantages",
-    "merge_metrics",
-    "metric_values",
-    "normalize_rewards",
-    "normalized_loss_mask",
-    "reduce_metrics",
-    "reduce_train_step",
-    "reinforce_pp_baseline_advantages",
-    "sample_denominators",
-    "schedule_for",
-    "shard",
-    "step_divisor",
-    *_LAZY,
+    "BALANCES", "KL_KINDS", "LOSS_MODES", "PACKINGS",
+    "BatchingPolicy", "CPConfigError", "DumpFormatError", "FlatRollout", "FlopsModel",
+    "FlopsModelError", "LossConfig", "LossConfigError", "LossMode", "Metric", "MetricError", "ParallelLayout",
+    "RankBatch", "RewardError", "RewardNormalization", "RolloutBatch", "RolloutBatchError",
+    "RolloutValidationError", "Sample", "Schedule", "ScheduleError", "ScheduleInvariantError",
+    "Status", "StepBatch", "StepPlan", "TrainMicroBatch", "VimeError", "ZigzagOffsets",
+    "build_schedule", "check_feasible", "fallback_ids", "flatten_rollout_output",
+    "group_mask_sums", "grpo_advantages", "gspo_advantages", "megatron_loss_scale",
+    "merge_metrics", "metric_values", "normalize_rewards", "normalized_loss_mask",
+    "policy_from_flags", "rank_batch", "reduce_metrics", "reduce_train_step",
+    "reinforce_pp_baseline_advantages", "sample_denominators", "schedule_for",
+    "step_denominators", "step_divisor", "with_log_probs", "zigzag_offsets",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'vime_pure' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value

@@ -8,21 +8,40 @@ micro-batch count in a step to be a multiple of 4, so a step holds a multiple of
 ``dp * 4 = 32`` micro-batches in total (``align_multiple == 32``).
 """
 
-from typing import Literal
+from typing import Literal, get_args
 
 import attrs
+import numpy as np
 
-from vime_pure.errors import ScheduleError, field_error
+from vime_pure.errors import ScheduleError, VimeError, field_error
 
+# The one definition of each choice list: CLIs, config files and checks all read these.
 Packing = Literal["ffd", "first_fit", "flops"]
 Balance = Literal["strided", "tokens", "flops", "straggler"]
-PACKINGS: tuple[str, ...] = ("ffd", "first_fit", "flops")
-BALANCES: tuple[str, ...] = ("strided", "tokens", "flops", "straggler")
+PACKINGS: tuple[str, ...] = get_args(Packing)
+BALANCES: tuple[str, ...] = get_args(Balance)
+
+
+def _plain_int(value: object) -> object:
+    """numpy integers become ints (so records compare and serialise as ints); the rest is
+    left for the validators, which reject it with the field's name."""
+    return int(value) if isinstance(value, np.integer) else value
+
+
+def as_int(field: str, value: object, lo: int, error: type[VimeError], fix: str) -> int:
+    """``value`` as a Python int ``>= lo``: ints and numpy integers pass, bools never do.
+
+    Example: ``as_int("dp", np.int64(2), 1, ScheduleError, "...") == 2``; ``True`` raises.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise field_error(error, field, value, f"must be an integer >= {lo}", fix)
+    if value < lo:
+        raise field_error(error, field, value, f"must be an integer >= {lo}", fix)
+    return int(value)
 
 
 def _positive_int(field: str, value: object, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise field_error(ScheduleError, field, value, "must be a positive integer", fix)
+    as_int(field, value, 1, ScheduleError, fix)
 
 
 @attrs.frozen(kw_only=False)
@@ -38,11 +57,11 @@ class ParallelLayout:
     multiple of it.
     """
 
-    dp: int
-    cp: int = 1
-    pp: int = 1
-    vpp: int = 1
-    microbatch_group: int | None = None
+    dp: int = attrs.field(converter=_plain_int)
+    cp: int = attrs.field(default=1, converter=_plain_int)
+    pp: int = attrs.field(default=1, converter=_plain_int)
+    vpp: int = attrs.field(default=1, converter=_plain_int)
+    microbatch_group: int | None = attrs.field(default=None, converter=_plain_int)
 
     def __attrs_post_init__(self) -> None:
         _positive_int("dp", self.dp, "pass the data-parallel size, e.g. dp=8")
@@ -89,9 +108,9 @@ class BatchingPolicy:
     (when feasible) instead of being dropped and reported.
     """
 
-    global_batch_size: int
-    max_tokens_per_gpu: int | None = None
-    micro_batch_size: int | None = None
+    global_batch_size: int = attrs.field(converter=_plain_int)
+    max_tokens_per_gpu: int | None = attrs.field(default=None, converter=_plain_int)
+    micro_batch_size: int | None = attrs.field(default=None, converter=_plain_int)
     packing: str = "ffd"
     balance: str = "strided"
     allow_partial_step: bool = False
@@ -179,3 +198,36 @@ def static_misalignment_message(count: int, policy: BatchingPolicy, layout: Para
         "change micro_batch_size or dp, or use dynamic packing (max_tokens_per_gpu), which can "
         "split micro-batches to align"
     )
+
+
+def policy_from_flags(*, global_batch_size: int, max_tokens_per_gpu: int | None = None,
+                      micro_batch_size: int | None = None, packing: str | None = None,
+                      balance: str | None = None, balance_data: bool = False,
+                      balance_by_flops: bool = False,
+                      allow_partial_train_step: bool = False) -> BatchingPolicy:
+    """The one ``BatchingPolicy`` builder behind ``vime train``, ``vime schedule`` and config
+    files, from flags named as in slime. Each flag means the same thing everywhere:
+
+    - ``--max-tokens-per-gpu N``: dynamic packing under ``N * cp`` tokens per micro-batch;
+      ``--micro-batch-size M``: static micro-batches of ``M`` samples. Exactly one of them:
+      dynamic packing would ignore ``M``, so both is an error, never a silent choice.
+    - ``--balance-data``: ``balance="tokens"``; ``--balance-by-flops``: ``balance="flops"``
+      (DP ranks balanced by estimated FLOPs; packing stays FFD); it wins over ``--balance-data``.
+    - ``--packing`` / ``--balance``: any of ``PACKINGS`` / ``BALANCES`` (``straggler``
+      included); an explicit ``--balance`` wins over the two shortcuts.
+
+    Example: ``policy_from_flags(global_batch_size=64, max_tokens_per_gpu=8192,
+    balance_by_flops=True)`` is ``BatchingPolicy(64, 8192, packing="ffd", balance="flops")``.
+    """
+    if max_tokens_per_gpu is not None and micro_batch_size is not None:
+        raise ScheduleError(
+            f"micro_batch_size={micro_batch_size!r} and max_tokens_per_gpu="
+            f"{max_tokens_per_gpu!r} are both set, but dynamic packing (max_tokens_per_gpu) "
+            "ignores micro_batch_size. Fix: drop --micro-batch-size to pack by tokens, or pass "
+            "--max-tokens-per-gpu none for static micro-batches of micro_batch_size samples.")
+    if balance is None:
+        balance = "flops" if balance_by_flops else "tokens" if balance_data else "strided"
+    return BatchingPolicy(global_batch_size=global_batch_size,
+                          max_tokens_per_gpu=max_tokens_per_gpu,
+                          micro_batch_size=micro_batch_size, packing=packing or "ffd",
+                          balance=balance, allow_partial_step=allow_partial_train_step)

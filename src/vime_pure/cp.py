@@ -1,5 +1,8 @@
 """Zigzag context parallelism: which positions, logits and response tokens a CP rank holds.
 
+Torch-free: the micro-batch builder (``vime_pure.data.microbatch``) cuts every CP rank's tokens
+with these offsets, and ``vime_pure.torch_ops.cp`` slices tensors with the same ones.
+
 A sample of ``total_length = L`` tokens (prompt ``P = L - R`` then response ``R``) is cut into
 ``2 * cp_size`` chunks of ``chunk = ceil(L / (2 * cp_size))`` positions (the last ones padded).
 Rank ``r`` holds chunks ``r`` and ``2*cp_size - 1 - r``, which balances causal-attention work.
@@ -18,18 +21,10 @@ Example: ``L = 16, R = 8, cp_size = 2`` (prompt 8, chunk 4): rank 0 holds positi
 """
 
 import attrs
-import torch
-from jaxtyping import Int, Shaped, jaxtyped
-from beartype import beartype
-from torch import Tensor
 
-from vime_pure.errors import VimeError, field_error
+from vime_pure.errors import CPConfigError, field_error
 
 Range = tuple[int, int]
-
-
-class CPConfigError(VimeError):
-    """A context-parallel rank/size or sample length that cannot be laid out."""
 
 
 @attrs.frozen
@@ -59,7 +54,7 @@ def _integer(field: str, value: object, lo: int, fix: str) -> None:
         raise field_error(CPConfigError, field, value, f"must be an integer >= {lo}", fix)
 
 
-def _check(total_length: int, response_length: int, cp_rank: int, cp_size: int) -> None:
+def check_cp_sample(total_length: int, response_length: int, cp_rank: int, cp_size: int) -> None:
     _integer("cp_size", cp_size, 1, "pass the context-parallel size, 1 when CP is off")
     _integer("cp_rank", cp_rank, 0, "pass this rank's index in the CP group")
     if cp_rank >= cp_size:
@@ -84,10 +79,9 @@ def zigzag_offsets(total_length: int, response_length: int, cp_rank: int,
     [8,9) and [9,13), response [0,1) and [1,5). Zigzag balances attention work, not response
     tokens: rank 0 scores 3 tokens, rank 1 scores 5.
     """
-    _check(total_length, response_length, cp_rank, cp_size)
-    chunk = -(-total_length // (2 * cp_size))
-    first, second = cp_rank, 2 * cp_size - 1 - cp_rank
-    chunks = ((first * chunk, (first + 1) * chunk), (second * chunk, (second + 1) * chunk))
+    check_cp_sample(total_length, response_length, cp_rank, cp_size)
+    chunks = zigzag_chunks(total_length, cp_rank, cp_size)
+    chunk = chunks[0][1] - chunks[0][0]
     start = total_length - response_length - 1  # logit of the first response token
     logits, tokens, response = [], [], []
     for lo, hi in chunks:
@@ -106,56 +100,12 @@ def zigzag_offsets(total_length: int, response_length: int, cp_rank: int,
                          tokens=tuple(tokens), response=tuple(response))
 
 
-@jaxtyped(typechecker=beartype)
-def slice_response(values: Shaped[Tensor, " r"], total_length: int, cp_rank: int,
-                   cp_size: int) -> Shaped[Tensor, " k"]:
-    """This rank's part of one sample's per-response-token tensor (values, masks, advantages).
+def zigzag_chunks(length: int, cp_rank: int, cp_size: int) -> tuple[Range, Range]:
+    """The rank's two chunks of a sequence of ``length`` positions (padded to ``2*cp*chunk``).
 
-    Example: ``values = arange(8)`` with ``L=16, cp_size=2``: rank 0 gets ``[5, 6, 7]``, rank 1
-    ``[0, 1, 2, 3, 4]`` (see ``zigzag_offsets``); with ``cp_size=1``, ``values`` unchanged.
+    Example: ``length=10, cp_size=2``: chunk 3, rank 0 holds ``[0, 3)`` and ``[9, 12)``.
     """
-    off = zigzag_offsets(total_length, values.shape[0], cp_rank, cp_size)
-    return torch.cat([values[a:b] for a, b in off.response])
-
-
-@jaxtyped(typechecker=beartype)
-def slice_sequence(values: Shaped[Tensor, " n"], cp_rank: int, cp_size: int,
-                   pad_value: int | float = 0) -> Shaped[Tensor, " k"]:
-    """This rank's two zigzag chunks of a whole-sequence tensor (tokens, positions), padded.
-
-    Example: ``values = arange(10)``, ``cp_size=2``, rank 0: ``[0, 1, 2, 9, pad, pad]``
-    (chunks [0,3) and [9,12) of the sequence padded to 12).
-    """
-    _check(values.shape[0] + 1, 0, cp_rank, cp_size)
-    chunk = -(-values.shape[0] // (2 * cp_size))
-    padded = torch.full((2 * cp_size * chunk,), pad_value, dtype=values.dtype)
-    padded[: values.shape[0]] = values
+    check_cp_sample(length + 1, 0, cp_rank, cp_size)
+    chunk = -(-length // (2 * cp_size))
     first, second = cp_rank, 2 * cp_size - 1 - cp_rank
-    return torch.cat([padded[first * chunk:(first + 1) * chunk],
-                      padded[second * chunk:(second + 1) * chunk]])
-
-
-@jaxtyped(typechecker=beartype)
-def slice_packed_response(values: Shaped[Tensor, " t"], total_lengths: list[int],
-                          response_lengths: list[int], cp_rank: int, cp_size: int
-                          ) -> tuple[Shaped[Tensor, " k"], Int[Tensor, " s"]]:
-    """Slice a packed row of per-response-token values (samples concatenated) for one CP rank.
-
-    Each sample is zigzag-split on its own (THD packing). Returns the local values and the
-    per-sample local lengths (feed them to ``sample_index_from_lengths``).
-    Example: responses of lengths ``[8, 2]`` with ``total_lengths [16, 4]``, ``cp_size=2``:
-    local lengths ``[3, 0]`` on rank 0 and ``[5, 2]`` on rank 1.
-    """
-    if len(total_lengths) != len(response_lengths) or sum(response_lengths) != values.shape[0]:
-        raise field_error(CPConfigError, "response_lengths", response_lengths,
-                          f"must have one entry per total_lengths ({len(total_lengths)}) and sum "
-                          f"to the row's {values.shape[0]} tokens",
-                          "pass the per-sample response lengths of the packed row")
-    pieces, lengths, offset = [], [], 0
-    for total, resp in zip(total_lengths, response_lengths):
-        piece = slice_response(values[offset:offset + resp], total, cp_rank, cp_size)
-        pieces.append(piece)
-        lengths.append(piece.shape[0])
-        offset += resp
-    local = torch.cat(pieces) if pieces else values[:0]
-    return local, torch.tensor(lengths, dtype=torch.int64)
+    return (first * chunk, (first + 1) * chunk), (second * chunk, (second + 1) * chunk)

@@ -18,22 +18,21 @@ with ``[1, 0, 0, 1]``: ``group_mask_sums(["a", "a", "b"], masks) == [4, 4, 2]``.
 
 import enum
 from collections.abc import Hashable, Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 from jaxtyping import Float64, Int64
 
-from vime_pure.errors import VimeError, field_error
-from vime_pure.grouping import group_samples
+from vime_pure.errors import LossConfigError, field_error
+from vime_pure.grouping import dense_ids
 
 RejectionDenominator = Literal["original", "surviving"]
 # Masks arrive as lists of 0/1 (ints or floats) or arrays, one per sample.
 Masks = Sequence[Sequence[float | int]] | Sequence[np.ndarray]
 REJECTION_DENOMINATORS: tuple[str, ...] = ("original", "surviving")
+MegatronPath = Literal["pair", "triple", "per_token"]
+MEGATRON_PATHS: tuple[str, ...] = get_args(MegatronPath)
 
-
-class LossConfigError(VimeError):
-    """A loss mode, divisor, denominator choice or scale input that cannot be used."""
 
 
 class LossMode(str, enum.Enum):
@@ -70,13 +69,10 @@ class LossMode(str, enum.Enum):
             return cls(value)
         except ValueError:
             raise field_error(LossConfigError, "mode", value, "is not a loss mode",
-                              f"use one of {[m.value for m in cls]}") from None
+                              f"use one of {list(LOSS_MODES)}") from None
 
 
-def dense_group_ids(group_ids: Sequence[Hashable] | np.ndarray) -> Int64[np.ndarray, " n"]:
-    """Dense group numbers (first-occurrence order) of arbitrary hashable ids."""
-    return group_samples(list(group_ids) if isinstance(group_ids, np.ndarray) else group_ids).dense
-
+LOSS_MODES: tuple[str, ...] = tuple(m.value for m in LossMode)  # the choice list of --loss-mode
 
 def group_totals(dense: Int64[np.ndarray, " n"],
                  per_sample: Float64[np.ndarray, " n"]) -> Float64[np.ndarray, " n"]:
@@ -92,7 +88,7 @@ def _mask_totals(loss_masks: Masks,
     per_sample = np.array([float(np.asarray(m, dtype=np.float64).sum()) for m in loss_masks],
                           dtype=np.float64)
     if len(per_sample) != n:
-        raise VimeError(f"{field} has {len(per_sample)} entries but group_ids has {n}. "
+        raise LossConfigError(f"{field} has {len(per_sample)} entries but group_ids has {n}. "
                         "Fix: pass one loss mask per sample.")
     return per_sample
 
@@ -101,7 +97,7 @@ def group_mask_sums(group_ids: Sequence[Hashable] | np.ndarray,
                     loss_masks: Masks) -> Float64[np.ndarray, " n"]:
     """Loss-mask total of each sample's whole group, computed after masking (float64)."""
     per_sample = _mask_totals(loss_masks, len(group_ids), "loss_masks")
-    return group_totals(dense_group_ids(group_ids), per_sample)
+    return group_totals(dense_ids(group_ids), per_sample)
 
 
 def sample_denominators(mode: LossMode | str,
@@ -134,17 +130,39 @@ def sample_denominators(mode: LossMode | str,
         masks = [np.asarray(m, np.float64) * np.asarray(r, np.float64)
                  for m, r in zip(loss_masks, rejection_masks)]
     per_sample = _mask_totals(masks, len(group_ids), "loss_masks")
+    one_step = np.zeros(len(per_sample), dtype=np.int64)
+    return step_denominators(mode, dense_ids(group_ids), per_sample, one_step, norm=norm)
+
+
+def step_denominators(mode: LossMode | str, group_ids: Int64[np.ndarray, " n"],
+                      mask_sums: Float64[np.ndarray, " n"], step_of_sample: Int64[np.ndarray, " n"],
+                      *, norm: float | int | None = None) -> Float64[np.ndarray, " n"]:
+    """``D[i]`` of ``mode`` for every sample of a batch, each step from its own samples only.
+
+    ``group_ids``: dense group numbers; ``mask_sums[i]``: sample ``i``'s loss-mask total;
+    ``step_of_sample[i]``: its step, ``-1`` when it is not trained (its ``D`` is NaN, so any use
+    shows). Groups never straddle steps, so a group's total is its step-level total.
+    Example: masks summing to ``[2, 3, 4]``, groups ``[0, 0, 1]``, steps ``[0, 0, 1]``:
+    ``group_token_mean`` ``[5, 5, 4]``; ``token_mean`` ``[5, 5, 4]`` (the step totals);
+    ``sample_token_mean`` ``[2, 3, 4]``.
+    """
+    mode = LossMode.parse(mode)
+    trained = step_of_sample >= 0
     if mode is LossMode.GROUP_TOKEN_MEAN:
-        return group_totals(dense_group_ids(group_ids), per_sample)
-    if mode is LossMode.SAMPLE_TOKEN_MEAN:
-        return per_sample
-    if mode is LossMode.TOKEN_MEAN:
-        return np.full(len(per_sample), per_sample.sum(), dtype=np.float64)
-    if norm is None or not np.isfinite(norm) or norm <= 0:
-        raise field_error(LossConfigError, "norm", norm,
-                          "must be a positive constant for sample_token_sum_norm",
-                          "pass the max response length of the run, e.g. norm=4096")
-    return np.full(len(per_sample), float(norm), dtype=np.float64)
+        dens = group_totals(group_ids, mask_sums)
+    elif mode is LossMode.SAMPLE_TOKEN_MEAN:
+        dens = mask_sums.astype(np.float64, copy=True)
+    elif mode is LossMode.TOKEN_MEAN:
+        steps = np.where(trained, step_of_sample, 0)
+        dens = np.bincount(steps, weights=np.where(trained, mask_sums, 0.0))[steps]
+    else:
+        if isinstance(norm, bool) or not isinstance(norm, (int, float, np.number)) \
+                or not np.isfinite(norm) or norm <= 0:
+            raise field_error(LossConfigError, "norm", norm,
+                              "must be a positive constant for sample_token_sum_norm",
+                              "pass the max response length of the run, e.g. norm=4096")
+        dens = np.full(len(mask_sums), float(norm), dtype=np.float64)
+    return np.where(trained, dens, np.nan)
 
 
 def _count(field: str, value: object, fix: str) -> int:
@@ -170,3 +188,48 @@ def step_divisor(mode: LossMode | str, num_groups: int, num_samples: int | None 
         return 1
     return _count("num_samples", num_samples,
                   f"{mode.value} averages over samples: pass the step's sample count N_s")
+
+
+def megatron_loss_scale(mode: LossMode | str, num_microbatches: int, num_groups: int, dp: int,
+                        cp: int, *, num_samples: int | None = None,
+                        path: MegatronPath | str = "pair",
+                        total_num_tokens: int | None = None) -> float:
+    """Factor ``s`` that the shell multiplies into each micro-batch's partial ``P``.
+
+    Goal: the gradient Megatron applies equals ``grad L = (1/C) * sum_{r,k} grad P[r,k]`` over
+    the ``dp*cp`` ranks ``r`` and each rank's ``K = num_microbatches`` micro-batches ``k``.
+
+    * ``"pair"`` (loss_func returns ``(loss, metrics)``): Megatron multiplies by ``cp`` and
+      divides by ``K``; DDP averages over ``dp*cp``. Applied: ``s * cp / K / (dp*cp) *
+      sum grad P``, so ``s = K * dp / C``.
+    * ``"triple"`` (returns ``(loss, num_tokens, metrics)``, ``calculate_per_token_loss=False``;
+      the shell returns ``num_tokens = 1``): Megatron divides by ``num_tokens`` and ``K``, DDP
+      by ``dp*cp``, so ``s = K * dp * cp / C``.
+    * ``"per_token"`` (``calculate_per_token_loss=True``): no division per micro-batch, DDP
+      sums, ``finalize_model_grads`` divides by ``T``, the ``num_tokens`` returned by all
+      micro-batches summed over ``dp*cp``: ``s = T / C``. Pass ``total_num_tokens=T``: the step's
+      loss-token count ``M`` when each CP rank returns its local count, ``cp * M`` when CP ranks
+      return unsliced per-sample counts (the ``cp`` correction).
+
+    ``C = step_divisor(mode, num_groups, num_samples)``; ``num_groups = G_s >= 1`` is validated.
+    Example: ``group_token_mean``, K=3, G_s=4, dp=2, cp=2: ``"pair"`` gives 3*2/4 = 1.5,
+    ``"triple"`` 3*2*2/4 = 3.0.
+    """
+    divisor = step_divisor(mode, num_groups, num_samples)
+    for field, value in (("num_microbatches", num_microbatches), ("dp", dp), ("cp", cp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise field_error(LossConfigError, field, value, "must be an integer >= 1",
+                              f"pass the trainer's {field}")
+    if path == "pair":
+        return num_microbatches * dp / divisor
+    if path == "triple":
+        return num_microbatches * dp * cp / divisor
+    if path == "per_token":
+        if isinstance(total_num_tokens, bool) or not isinstance(total_num_tokens, int) \
+                or total_num_tokens < 0:
+            raise field_error(LossConfigError, "total_num_tokens", total_num_tokens,
+                              "is required by path='per_token' and must be an integer >= 0",
+                              "pass the num_tokens Megatron all-reduces over dp*cp")
+        return total_num_tokens / divisor
+    raise field_error(LossConfigError, "path", path, "is not a Megatron loss path",
+                      f"use one of {MEGATRON_PATHS}")

@@ -27,8 +27,28 @@ class RewardError(VimeError):
 
 
 class RolloutBatchError(VimeError):
-    """Columns of a ``RolloutBatch`` or ``RankShard`` that disagree in dtype, shape or value."""
+    """Columns of a ``RolloutBatch`` or ``TrainMicroBatch`` that disagree in dtype, shape or value."""
 
 
 class DumpFormatError(VimeError):
     """A rollout dump that is truncated, corrupt, of another version, or holds an invalid batch."""
+
+
+class LossConfigError(VimeError):
+    """A loss mode, divisor, denominator choice or scale input that cannot be used."""
+
+
+class MetricError(VimeError):
+    """Metric records or per-rank metric dicts that cannot be reduced together."""
+
+
+class CPConfigError(VimeError):
+    """A context-parallel rank/size or sample length that cannot be laid out."""
+
+
+class ScheduleInvariantError(VimeError):
+    """A ``Schedule`` broke one of its invariants (a bug: please report it)."""
+
+
+class FlopsModelError(VimeError):
+    """A model config from which per-sample FLOPs cannot be estimated."""

@@ -45,6 +45,16 @@ class Grouping:
         """Number of samples of every group."""
         return np.diff(self.offsets)
 
+    @classmethod
+    def from_dense(cls, dense: Int64[np.ndarray, " n"], ids: tuple[Hashable, ...]) -> "Grouping":
+        """The grouping of samples already numbered densely in first-occurrence order (a
+        ``RolloutBatch``'s ``group_ids``); ``ids[g]`` is group ``g``'s original id."""
+        # A stable sort by dense id keeps siblings in their original relative order.
+        order = np.argsort(dense, kind="stable").astype(np.int64, copy=False)
+        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(dense, minlength=len(ids)), out=offsets[1:])
+        return cls(ids=tuple(ids), dense=dense, order=order, offsets=offsets)
+
 
 def _dense_numpy(group_ids: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, list[int]] | None:
     """Dense ids and first-occurrence positions via ``np.unique``, or None if not applicable."""
@@ -102,8 +112,12 @@ def group_samples(group_ids: Sequence[Any] | np.ndarray) -> Grouping:
         ids = tuple(map(group_ids.__getitem__, first))
     else:
         dense, ids = dense_first_occurrence(group_ids)
-    # A stable sort by dense id keeps siblings in their original relative order.
-    order = np.argsort(dense, kind="stable").astype(np.int64, copy=False)
-    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dense, minlength=len(ids)), out=offsets[1:])
-    return Grouping(ids=ids, dense=dense, order=order, offsets=offsets)
+    return Grouping.from_dense(dense, ids)
+
+
+def dense_ids(ids: Sequence[Any] | np.ndarray) -> Int64[np.ndarray, " n"]:
+    """Dense first-occurrence numbers of any ids: the one numbering every module uses.
+
+    Example: ``dense_ids([7, 3, 7]) == [0, 1, 0]`` (not sorted order, which would give 1, 0, 1).
+    """
+    return group_samples(ids).dense

@@ -6,7 +6,7 @@ is read once at the end: ``sum / count`` for ``mean`` (0.0 when the count is 0),
 over non-empty entries for ``min``/``max`` (there ``sum`` holds the extreme value).
 
 The train-step loss report (:func:`reduce_train_step`) divides the summed partial numerators of
-``vime_pure.loss.microbatch_loss`` by the step divisor, the same number whose gradient is taken.
+``vime_pure.torch_ops.loss.microbatch_loss`` by the step divisor, the same number whose gradient is taken.
 
 Invariants the tests assert: ``merge_metrics`` is associative and commutative (to rounding);
 reducing per-rank dicts equals the single-rank computation over the union of the data; differing
@@ -23,15 +23,12 @@ from typing import Literal
 
 import attrs
 
-from vime_pure.denominators import LossConfigError, LossMode, step_divisor
-from vime_pure.errors import VimeError, field_error
+from vime_pure.denominators import LossMode, step_divisor
+from vime_pure.errors import LossConfigError, MetricError, field_error
 
 Reduction = Literal["mean", "min", "max"]
 REDUCTIONS: tuple[str, ...] = ("mean", "min", "max")
 
-
-class MetricError(VimeError):
-    """Metric records or per-rank metric dicts that cannot be reduced together."""
 
 
 def _check_metric(m: "Metric") -> None:

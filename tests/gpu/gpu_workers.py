@@ -5,21 +5,28 @@ import numpy as np
 
 
 def _init_nccl(rank: int) -> None:
+    """Bind this rank's GPU, then create the NCCL group (``spawn`` set the torchrun env)."""
     import torch
     import torch.distributed as dist
 
     torch.cuda.set_device(rank % torch.cuda.device_count())
-    _init_nccl(rank)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl")
 
 
-def _rows_and_plan(trainer, vocab: int, num_groups: int = 8):
-    from vime_shell.synthetic import synthetic_rows, synthetic_schedule
-    from vime_shell.trainer import RankPlan
+def _records(trainer, vocab: int, num_groups: int = 8):
+    """This rank's records of a synthetic batch (one step of ``num_groups`` groups)."""
+    from vime_pure import rank_batch
+    from vime_shell.rollout.synthetic import synthetic_batch, synthetic_schedule
 
-    rows = synthetic_rows(vocab, num_groups=num_groups, seed=21)
-    schedule = synthetic_schedule(rows, trainer.layout, global_batch_size=num_groups)
-    mine = rows.select(schedule.partitions[trainer.dp_rank])
-    return mine, RankPlan.from_schedule(schedule, trainer.dp_rank)
+    batch = synthetic_batch(vocab, num_groups=num_groups, seed=21)
+    schedule = synthetic_schedule(batch, trainer.layout, global_batch_size=num_groups)
+    return rank_batch(batch, schedule, dp_rank=trainer.dp_rank, cp_rank=trainer.cp_rank,
+                      cp_size=trainer.layout.cp)
+
+
+def _log_probs(trainer, mine):
+    return trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens)
 
 
 def thd_vs_mask_worker(rank: int, hf_dir: str) -> dict:
@@ -27,8 +34,8 @@ def thd_vs_mask_worker(rank: int, hf_dir: str) -> dict:
     import torch
     import torch.distributed as dist
 
-    from vime_shell.platform import Platform, detect_platform
-    from vime_shell.trainer import MegatronTrainer
+    from vime_shell.megatron.platform import Platform, detect_platform
+    from vime_shell.megatron.trainer import MegatronTrainer
 
     _init_nccl(rank)
     thd = detect_platform()
@@ -38,12 +45,12 @@ def thd_vs_mask_worker(rank: int, hf_dir: str) -> dict:
             kind="cuda", backend="nccl", dtype=torch.bfloat16, transformer_engine=False,
             packing="mask"))):
         trainer = MegatronTrainer.from_hf(hf_dir, platform=platform)
-        rows, plan = _rows_and_plan(trainer, trainer.bridge.hf_config.vocab_size)
-        results[name] = trainer.compute_log_probs(rows, plan)
+        mine = _records(trainer, trainer.bridge.hf_config.vocab_size)
+        results[name] = _log_probs(trainer, mine)
         trainer.shutdown()
-    out["max_diff"] = max(float(np.max(np.abs(a - b)))
-                          for a, b in zip(results["thd"], results["mask"]))
-    out["mean_logp"] = float(np.mean(np.concatenate(results["thd"])))
+    scored = ~np.isnan(results["thd"])
+    out["max_diff"] = float(np.max(np.abs(results["thd"] - results["mask"])[scored]))
+    out["mean_logp"] = float(np.mean(results["thd"][scored]))
     dist.destroy_process_group()
     return out
 
@@ -52,13 +59,12 @@ def bf16_step_worker(rank: int, hf_dir: str) -> dict:
     """One bf16 training step on the detected CUDA platform: finite loss, weights move."""
     import torch.distributed as dist
 
-    from vime_shell.trainer import MegatronTrainer, OptimConfig, TrainerConfig
+    from vime_shell.megatron.trainer import MegatronTrainer, OptimConfig, TrainerConfig
 
     _init_nccl(rank)
     trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=OptimConfig(lr=1e-3)))
     before = trainer.hf_state_dict()
-    rows, plan = _rows_and_plan(trainer, trainer.bridge.hf_config.vocab_size)
-    results = trainer.train(rows, plan)
+    results = trainer.train(_records(trainer, trainer.bridge.hf_config.vocab_size))
     after = trainer.hf_state_dict()
     moved = max(float((after[k].float() - before[k].float()).abs().max()) for k in before)
     out = {"losses": [r.metrics["loss"] for r in results], "moved": moved,
@@ -72,13 +78,13 @@ def cp_worker(rank: int, hf_dir: str, cp: int) -> dict:
     """Log-probs, first-step loss and gradient norm with context parallelism ``cp``."""
     import torch.distributed as dist
 
-    from vime_shell.trainer import MegatronTrainer, OptimConfig, TrainerConfig
+    from vime_shell.megatron.trainer import MegatronTrainer, OptimConfig, TrainerConfig
 
     _init_nccl(rank)
     trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=OptimConfig(lr=1e-3)), cp=cp)
-    rows, plan = _rows_and_plan(trainer, trainer.bridge.hf_config.vocab_size)
-    logps = trainer.compute_log_probs(rows, plan)
-    result = trainer.train_step(rows, plan.steps[0])
+    mine = _records(trainer, trainer.bridge.hf_config.vocab_size)
+    logps = _log_probs(trainer, mine)
+    result = trainer.train_step(mine.steps[0])
     out = {"logps": logps, "loss": result.metrics["loss"], "grad_norm": result.grad_norm}
     trainer.shutdown()
     dist.destroy_process_group()

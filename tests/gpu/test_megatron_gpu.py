@@ -21,7 +21,7 @@ BF16_LOGP_TOL = 5e-2  # bf16 activations: ~3 significant digits per op
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-    from vime_shell.tiny_model import TinyModelSpec, build_tiny_hf_model
+    from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
 
     # head_dim 64: fused attention kernels want a supported head size.
     spec = TinyModelSpec(hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
@@ -38,7 +38,7 @@ def _te_available() -> bool:
 @pytest.mark.skipif(not _te_available(), reason="THD packing needs TransformerEngine")
 def test_thd_packing_equals_mask_packing(hf_dir):
     from tests.gpu.gpu_workers import thd_vs_mask_worker
-    from vime_shell.launch import spawn
+    from vime_shell.megatron.spawn import spawn
 
     (out,) = spawn(thd_vs_mask_worker, 1, hf_dir)
     print(f"THD vs mask max |dlogp| = {out['max_diff']:.2e} ({out['thd_platform']})")
@@ -48,7 +48,7 @@ def test_thd_packing_equals_mask_packing(hf_dir):
 
 def test_bf16_step_runs(hf_dir):
     from tests.gpu.gpu_workers import bf16_step_worker
-    from vime_shell.launch import spawn
+    from vime_shell.megatron.spawn import spawn
 
     (out,) = spawn(bf16_step_worker, 1, hf_dir)
     print(f"bf16 step: losses {out['losses']}, max weight change {out['moved']:.2e}")
@@ -62,14 +62,17 @@ def test_cp2_equals_cp1(hf_dir):
     import numpy as np
 
     from tests.gpu.gpu_workers import cp_worker
-    from vime_shell.launch import spawn
+    from vime_shell.megatron.spawn import spawn
 
     (one,) = spawn(cp_worker, 1, hf_dir, 1)
     two = spawn(cp_worker, 2, hf_dir, 2)
-    logp_diff = max(float(np.max(np.abs(a - b))) for a, b in zip(one["logps"], two[0]["logps"]))
+    # Each CP rank scores its own zigzag share of the tokens (NaN elsewhere): merged, all.
+    merged = np.where(np.isnan(two[0]["logps"]), two[1]["logps"], two[0]["logps"])
+    assert not np.isnan(merged).any() and not np.isnan(one["logps"]).any()
+    logp_diff = float(np.max(np.abs(one["logps"] - merged)))
     print(f"CP2 vs CP1: |dlogp| {logp_diff:.2e}, loss {one['loss']} vs {two[0]['loss']}, "
           f"grad norm {one['grad_norm']} vs {two[0]['grad_norm']}")
     assert logp_diff <= BF16_LOGP_TOL
     assert two[0]["loss"] == pytest.approx(one["loss"], rel=2e-2, abs=2e-3)
     assert two[0]["grad_norm"] == pytest.approx(one["grad_norm"], rel=2e-2)
-    assert two[0]["logps"][0].tolist() == two[1]["logps"][0].tolist()  # ranks agree
+    assert (np.isnan(two[0]["logps"]) != np.isnan(two[1]["logps"])).all()  # disjoint shares

@@ -15,8 +15,8 @@ from tests.invariant_helpers import assert_schedule_invariants
 from tests.property.strategies import layouts, workloads
 from vime_pure import BatchingPolicy, ParallelLayout, ScheduleError, build_schedule
 from vime_pure.config import BALANCES
-from vime_pure.flops import proxy_flops
-from vime_pure.workloads import synthetic_workload
+from vime_pure.scheduling.flops import proxy_flops
+from vime_pure.scheduling.workloads import synthetic_workload
 
 
 @st.composite

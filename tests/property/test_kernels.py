@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks import reference as ref
-from vime_pure import kernels
-from vime_pure.rank_balance import lpt_bins
+from vime_pure.scheduling import kernels
+from vime_pure.scheduling.rank_balance import lpt_bins
 
 
 @st.composite

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tests.loss_helpers import (Split, Step, assert_zigzag_invariants, divisor,
                                 emulate_megatron, oracle_loss, step_denominators)
 from vime_pure import LossMode, reduce_train_step
-from vime_pure.policy_loss import policy_loss
+from vime_pure.torch_ops.policy_loss import policy_loss
 
 MAX_DEV = {"value": 0.0, "grad": 0.0}
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from vime_pure import (RolloutBatch, RolloutValidationError, Sample, fallback_ids,
                        flatten_rollout_output, normalized_loss_mask)
-from vime_pure.rollout import path_of
+from vime_pure.data.rollout_output import path_of
 from tests.property.data_strategies import rollout_outputs
 
 S = Sample

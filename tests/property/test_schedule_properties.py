@@ -1,4 +1,4 @@
-"""Hypothesis properties of ``build_schedule`` (see vime_pure.schedule for the invariants)."""
+"""Hypothesis properties of ``build_schedule`` (see vime_pure.scheduling.schedule for the invariants)."""
 
 import pytest
 from hypothesis import assume, given

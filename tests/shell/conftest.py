@@ -15,8 +15,8 @@ from tests.shell.megatron_workers import LAYOUTS
 
 
 def _compute(tmp_root) -> dict:
-    from vime_shell.launch import spawn
-    from vime_shell.tiny_model import TinyModelSpec, build_tiny_hf_model
+    from vime_shell.megatron.spawn import spawn
+    from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
 
     hf_dir = build_tiny_hf_model(tmp_root / "tiny-qwen2-4l", TinyModelSpec(num_layers=4))
     llama_dir = build_tiny_hf_model(tmp_root / "tiny-llama-2l",

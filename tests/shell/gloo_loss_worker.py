@@ -17,12 +17,12 @@ import torch
 import torch.distributed as dist
 
 from tests.loss_helpers import Step, oracle_loss, step_denominators
-from vime_pure import (LossMode, Metric, MetricError, merge_metrics, metric_values,
-                       step_divisor)
+from vime_pure import (LossMode, Metric, MetricError, merge_metrics, metric_values)
 from vime_pure.cp import zigzag_offsets
-from vime_pure.loss import megatron_loss_scale, microbatch_loss, sample_index_from_lengths
-from vime_pure.policy_loss import entropy_from_logits, policy_loss, token_log_probs
-from vime_shell.collectives import all_reduce_step_sums, gather_metrics, source_rank
+from vime_pure.denominators import megatron_loss_scale
+from vime_pure.torch_ops.loss import microbatch_loss, sample_index_from_lengths
+from vime_pure.torch_ops.policy_loss import entropy_from_logits, policy_loss, token_log_probs
+from vime_shell.megatron.collectives import gather_metrics, gather_step_report, source_rank
 
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4)]
 VOCAB, HIDDEN, K = 13, 8, 2
@@ -98,14 +98,15 @@ def run_layout(rank: int, dp: int, cp: int, group, mode: LossMode) -> dict:
         grad = p.grad if p.grad is not None else torch.zeros_like(p)
         dist.all_reduce(grad, group=group)
         p.grad = grad / (dp * cp)
-    totals = all_reduce_step_sums(partials, group)
+    report = gather_step_report(partials, step.num_groups, mode, cp=cp, num_samples=10,
+                                group=group)
     gathered = gather_metrics(metrics, group)
     if dist.get_rank() != source_rank(group):
         return {}
-    return compare_with_reference(step, tokens, old, adv, mode, net, totals, gathered)
+    return compare_with_reference(step, tokens, old, adv, mode, net, report, gathered)
 
 
-def compare_with_reference(step, tokens, old, adv, mode, net, totals, gathered) -> dict:
+def compare_with_reference(step, tokens, old, adv, mode, net, report, gathered) -> dict:
     ref_net = model()
     pieces = [score(ref_net, t, [(step.prompt_lengths[i] - 1, step.total_length(i) - 1)])
               for i, t in enumerate(tokens)]
@@ -115,7 +116,6 @@ def compare_with_reference(step, tokens, old, adv, mode, net, totals, gathered) 
     loss.backward()
     grad_dev = max(float((p.grad - q.grad).abs().max())
                    for p, q in zip(net.parameters(), ref_net.parameters()))
-    divisor = step_divisor(mode, step.num_groups, 10)
     mask = torch.tensor([v for m in step.loss_masks for v in m]) > 0
     expected_metrics = {"entropy": float(ent.detach()[mask].mean()),
                         "logp_min": float(logp.detach()[mask].min()),
@@ -125,7 +125,7 @@ def compare_with_reference(step, tokens, old, adv, mode, net, totals, gathered) 
     got = metric_values(gathered)
     return {"grad_dev": grad_dev,
             "grad_norm": max(float(p.grad.abs().max()) for p in ref_net.parameters()),
-            "report_dev": max(abs(totals[k] / divisor - v) for k, v in expected_report.items()),
+            "report_dev": max(abs(report[k] - v) for k, v in expected_report.items()),
             "metric_dev": max(abs(got[k] - v) for k, v in expected_metrics.items())}
 
 
@@ -143,7 +143,8 @@ def gather_semantics(rank: int) -> dict:
     mismatch = None
     if rank >= 2:
         try:
-            all_reduce_step_sums({"loss": 1.0, **({"extra": 1.0} if rank == 3 else {})}, group)
+            gather_step_report({"loss": 1.0, **({"extra": 1.0} if rank == 3 else {})}, 1,
+                               "group_token_mean", group=group)
         except MetricError as exc:
             mismatch = str(exc)
     return {"gathered": None if out is None else metric_values(out), "raw": raw,

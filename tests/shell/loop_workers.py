@@ -24,7 +24,7 @@ def first_char_reward(sample) -> float:
 
 
 def _cfg(**kwargs):
-    from vime_shell.train_config import TrainConfig
+    from vime_shell.loop.config import TrainConfig
 
     return TrainConfig(**{**TINY, **kwargs})
 
@@ -37,7 +37,8 @@ def _observe(event, out: list, *, engine_check: bool = False) -> None:
     rank = mpu.get_data_parallel_rank()
     item = {"rollout": event.rollout_id, "metrics": dict(event.metrics), "dp_rank": rank,
             "trace": [(s, tuple(ix), n) for s, ix, n in event.trace],
-            "plan": [[tuple(mb) for mb in step.microbatches] for step in event.plan.steps],
+            "plan": [[tuple(mb.sample_indices.tolist()) for mb in step.microbatches]
+                     for step in event.records.steps],
             "steps": [[[tuple(mb) for mb in r] for r in step.microbatches]
                       for step in sched.steps],
             "partition": tuple(sched.partitions[rank]),
@@ -61,7 +62,7 @@ def _observe(event, out: list, *, engine_check: bool = False) -> None:
 def loop_worker(rank: int, run_dir: str, cache: str, kwargs: dict) -> dict:
     """One run of ``kwargs`` (on top of ``TINY``); engine/trainer weights after each sync."""
     os.environ["VIME_CACHE_DIR"] = cache
-    from vime_shell.train_loop import run_training
+    from vime_shell.loop.loop import run_training
 
     seen: list = []
     result = run_training(_cfg(run_dir=run_dir, **kwargs),
@@ -73,7 +74,7 @@ def loop_worker(rank: int, run_dir: str, cache: str, kwargs: dict) -> dict:
 def replay_worker(rank: int, root: str, cache: str) -> dict:
     """Original run with dumps, then train-only replay, forge replay and a fallback replay."""
     os.environ["VIME_CACHE_DIR"] = cache
-    from vime_shell.train_loop import run_training
+    from vime_shell.loop.loop import run_training
 
     template = f"{root}/dumps/r{{rollout_id}}.npz"
     runs = {}
@@ -96,7 +97,7 @@ def world_size_1_worker(rank: int, root: str, cache: str, dump: str) -> dict:
     fixed = dict(load_rollout_data=dump, num_rollout=1,
                  rollout_batch_size=2, n_samples_per_prompt=2, global_batch_size=4,
                  max_tokens_per_gpu=16)
-    multi_turn = dict(num_rollout=2, rollout_function_path="vime_shell.rollout_fns:compact_rollout",
+    multi_turn = dict(num_rollout=2, rollout_function_path="vime_shell.rollout.functions:compact_rollout",
                       rollout_num_turns=2)
     return {"single": loop_worker(rank, f"{root}/single", cache, {"num_rollout": 3}),
             "multi_turn": loop_worker(rank, f"{root}/multi", cache, multi_turn),
@@ -111,7 +112,7 @@ def killed_worker(root: str, cache: str, port: int, kill_after: int) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from vime_shell.train_loop import run_training
+    from vime_shell.loop.loop import run_training
 
     def hook(event):
         if event.rollout_id == kill_after:
@@ -129,7 +130,7 @@ def resume_kwargs(root: str, name: str) -> dict:
 def resume_worker(rank: int, root: str, cache: str) -> dict:
     """The uninterrupted run, then the resumption of the killed one; final weights of both."""
     os.environ["VIME_CACHE_DIR"] = cache
-    from vime_shell.train_loop import run_training
+    from vime_shell.loop.loop import run_training
 
     out = {}
     for name in ("uninterrupted", "interrupted"):
@@ -149,21 +150,20 @@ def resume_worker(rank: int, root: str, cache: str) -> dict:
 def save_hf_worker(rank: int, root: str, cache: str, probe: np.ndarray) -> dict:
     """Train 2 rollouts with ``--save-hf``; Megatron log-probs of ``probe`` after the last one."""
     os.environ["VIME_CACHE_DIR"] = cache
-    from vime_shell.packing import TrainRows
-    from vime_shell.train_loop import run_training
-    from vime_shell.trainer import RankPlan, StepSpec
+    from vime_pure import (BatchingPolicy, ParallelLayout, RolloutBatch, Sample, rank_batch,
+                           schedule_for)
+    from vime_shell.loop.loop import run_training
 
     n, length = probe.shape
-    rows = TrainRows(tokens=probe.reshape(-1).astype(np.int64),
-                     lengths=np.full(n, length, dtype=np.int64),
-                     response_lengths=np.full(n, length - 1, dtype=np.int64),
-                     loss_mask=np.ones(n * (length - 1)), advantages=np.zeros(n * (length - 1)),
-                     denominators=np.ones(n), group=np.arange(n, dtype=np.int64))
-    plan = RankPlan(steps=(StepSpec(num_groups=n, microbatches=tuple((i,) for i in range(n))),))
+    batch = RolloutBatch.from_samples([[Sample(tokens=row.tolist(), response_length=length - 1,
+                                               reward=0.0)] for row in probe])
+    records = rank_batch(batch, schedule_for(batch, ParallelLayout(dp=1), BatchingPolicy(
+        global_batch_size=n, micro_batch_size=1)), dp_rank=0)
     seen: dict = {}
 
     def hook(event):
-        seen["log_probs"] = np.stack(event.trainer.compute_log_probs(rows, plan))
+        logps = event.trainer.compute_log_probs(records.microbatches, records.num_response_tokens)
+        seen["log_probs"] = logps.reshape(n, length - 1)
         seen["state"] = {k: t.numpy().copy() for k, t in event.trainer.hf_state_dict().items()}
 
     result = run_training(_cfg(run_dir=f"{root}/run", num_rollout=2, save_hf=f"{root}/hf",

@@ -27,57 +27,61 @@ LAYOUTS: dict[str, dict] = {
 
 
 def rollout_batch(vocab_size: int, seed: int):
-    from vime_shell.synthetic import synthetic_batch
+    from vime_shell.rollout.synthetic import synthetic_batch
 
     return synthetic_batch(vocab_size, num_groups=NUM_GROUPS, seed=seed)
 
 
 def rollout_schedule(batch, layout):
-    from vime_shell.synthetic import synthetic_schedule
+    from vime_shell.rollout.synthetic import synthetic_schedule
 
     return synthetic_schedule(batch, layout, global_batch_size=GLOBAL_BATCH,
                               max_tokens_per_gpu=MAX_TOKENS)
 
 
-def rank_rollout(vocab_size: int, seed: int, trainer):
-    """This rank's rows and plan of a rollout batch, through ``shard(batch, schedule)``."""
-    from vime_shell.train_plan import rank_inputs
+def rank_rollout(vocab_size: int, seed: int, trainer, loss_mode: str = "group_token_mean"):
+    """This rank's records of a rollout batch, built by the core (``rank_batch``)."""
+    from vime_pure import rank_batch
 
     batch = rollout_batch(vocab_size, seed)
     schedule = rollout_schedule(batch, trainer.layout)
-    rows, plan = rank_inputs(batch, schedule, trainer.dp_rank)
-    return rows, plan, schedule
+    mine = rank_batch(batch, schedule, dp_rank=trainer.dp_rank, cp_rank=trainer.cp_rank,
+                      cp_size=trainer.layout.cp, loss_mode=loss_mode, norm=8.0)
+    return batch, schedule, mine
 
 
-def _hf_log_probs(hf_model, rows) -> list[np.ndarray]:
-    """transformers' per-token log-probs of each sample's response, one sample at a time."""
+def _scored(mine) -> np.ndarray:
+    """Batch-coordinate indices of the response tokens this rank's records score."""
+    return np.concatenate([mb.response_index for mb in mine.microbatches])
+
+
+def _hf_log_probs(hf_model, batch) -> np.ndarray:
+    """transformers' per-token log-probs of every response in batch coordinates, one sample at
+    a time (the unpacked reference)."""
     import torch
 
-    out, to, ro = [], rows.token_offsets, rows.response_offsets
+    out = np.zeros(int(batch.response_offsets[-1]))
     with torch.no_grad():
-        for i in range(rows.num_samples):
-            toks = torch.as_tensor(rows.tokens[to[i]:to[i + 1]])[None]
+        for i in range(batch.num_samples):
+            toks = torch.as_tensor(batch.sample_tokens(i).astype(np.int64))[None]
             logp = torch.log_softmax(hf_model(toks).logits[0].double(), -1)
-            r = int(rows.response_lengths[i])
-            n = toks.shape[1]
-            out.append(logp[n - r - 1:n - 1].gather(1, toks[0, n - r:, None])[:, 0].numpy())
+            r, n = int(batch.response_lengths[i]), toks.shape[1]
+            out[batch.response_offsets[i]:batch.response_offsets[i + 1]] = (
+                logp[n - r - 1:n - 1].gather(1, toks[0, n - r:, None])[:, 0].numpy())
     return out
 
 
 def _resume(hf_dir: str, checkpoint: str, optim, vocab: int, *, tp, pp, vpl) -> dict:
     """A fresh trainer loads the checkpoint taken before rollout 2 and trains rollout 2 again."""
-    import attrs as _attrs
-
-    from vime_shell.trainer import MegatronTrainer, RankPlan, TrainerConfig
+    from vime_pure import with_log_probs
+    from vime_shell.megatron.trainer import MegatronTrainer, TrainerConfig
 
     trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=optim), tp=tp, pp=pp,
                                       num_layers_per_virtual_stage=vpl)
     trainer.load_checkpoint(checkpoint)
-    rows, plan, _ = rank_rollout(vocab, ROLLOUT_SEEDS[1], trainer)
-    # Without N_s in the plan the trainer all-reduces it: the metrics must not change.
-    plan = RankPlan(steps=tuple(_attrs.evolve(s, num_samples=None) for s in plan.steps))
-    old = trainer.compute_log_probs(rows, plan)
-    results = trainer.train(_attrs.evolve(rows, old_log_probs=np.concatenate(old)), plan)
+    _, _, mine = rank_rollout(vocab, ROLLOUT_SEEDS[1], trainer)
+    old = trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens)
+    results = trainer.train(with_log_probs(mine, old_log_probs=old))
     out = {"final": {k: v.numpy() for k, v in trainer.hf_state_dict().items()},
            "metrics": [r.metrics for r in results], "steps_done": trainer.steps_done,
            "scheduler_groups": int(trainer.scheduler.num_steps)}
@@ -85,8 +89,8 @@ def _resume(hf_dir: str, checkpoint: str, optim, vocab: int, *, tp, pp, vpl) -> 
     return out
 
 
-def _max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+def _max_diff(a: np.ndarray, b: np.ndarray, where: np.ndarray) -> float:
+    return float(np.max(np.abs(a[where] - b[where])))
 
 
 def _logit_diff(trainer, hf_model, vocab: int) -> float | None:
@@ -110,8 +114,8 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from vime_shell.trainer import (MegatronTrainer, OptimConfig, RankPlan, StepSpec,
-                                    TrainerConfig)
+    from vime_pure import BatchingPolicy, VimeError, rank_batch, schedule_for, with_log_probs
+    from vime_shell.megatron.trainer import MegatronTrainer, OptimConfig, TrainerConfig
 
     t0 = time.perf_counter()
     optim = OptimConfig(lr=LR, use_distributed_optimizer=distopt, overlap_grad_reduce=distopt,
@@ -132,32 +136,31 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
     for r, seed in enumerate(ROLLOUT_SEEDS):
         if r == 1 and name in RESUME_CHECK_LAYOUTS:
             trainer.save_checkpoint(checkpoint)
-        rows, plan, schedule = rank_rollout(vocab, seed, trainer)
-        old = trainer.compute_log_probs(rows, plan)  # old log-probs, recomputed as in RL
+        batch, schedule, mine = rank_rollout(vocab, seed, trainer)
+        # old log-probs, recomputed as in RL
+        old = trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens)
         if r == 0:
-            out["hf_logprob_max"] = _max_diff(old, _hf_log_probs(hf_model, rows))
+            mine_idx = _scored(mine)
+            out["hf_logprob_max"] = _max_diff(old, _hf_log_probs(hf_model, batch), mine_idx)
             # Singleton micro-batches: DP1 and PP2 (a VPP plan would need microbatch_group
             # multiples; TP2 pays ~10 gloo all-reduces per forward, so it is left out for time).
             if name in PACKING_CHECK_LAYOUTS:
-                single = RankPlan(steps=(StepSpec(num_groups=1, microbatches=tuple(
-                    (i,) for i in range(rows.num_samples))),))
-                out["packing_max"] = _max_diff(old, trainer.compute_log_probs(rows, single))
+                alone = schedule_for(batch, trainer.layout.scheduler_layout(), BatchingPolicy(
+                    global_batch_size=batch.num_groups, micro_batch_size=1))
+                single = rank_batch(batch, alone, dp_rank=trainer.dp_rank)
+                logps = trainer.compute_log_probs(single.microbatches, single.num_response_tokens)
+                out["packing_max"] = _max_diff(old, logps, mine_idx)
             if trainer.layout.vpp > 1:  # an odd micro-batch count cannot interleave
-                from vime_pure.errors import VimeError
-
                 try:
-                    trainer.compute_log_probs(rows, RankPlan(steps=(StepSpec(
-                        num_groups=1, microbatches=((0,),)),)))
+                    trainer.compute_log_probs(mine.microbatches[:1], mine.num_response_tokens)
                 except VimeError as exc:
                     out["vpp_error"] = str(exc)
-        rows = attrs.evolve(rows, old_log_probs=np.concatenate(old))
         start = len(trainer.trace)
-        results = trainer.train(rows, plan)
+        results = trainer.train(with_log_probs(mine, old_log_probs=old))
         out["metrics"].extend(res.metrics for res in results)
         out["lr"].extend(res.lr for res in results)
-        partition = schedule.partitions[trainer.dp_rank]
-        out["trace"].extend((r, step - trainer.steps_done + len(results), tuple(
-            partition[i] for i in idx), tokens) for step, idx, tokens in trainer.trace[start:])
+        out["trace"].extend((r, step - trainer.steps_done + len(results), samples, tokens)
+                            for step, samples, tokens in trainer.trace[start:])
     out["scheduler_groups"] = int(trainer.scheduler.num_steps)
     out["final"] = {k: v.numpy() for k, v in trainer.hf_state_dict().items()}
     trainer.shutdown()
@@ -167,13 +170,43 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
     return out
 
 
+def loss_modes(hf_dir: str) -> dict:
+    """One training step in every loss mode, with two micro-batch splits of the same step (a
+    48-token and a 512-token budget), on the launched world (DP1 or DP2): the reported loss
+    and the gradient each rank's DDP reduced, per (mode, budget)."""
+    import torch
+
+    from vime_pure import BatchingPolicy, LossMode, rank_batch, schedule_for
+    from vime_shell.megatron.trainer import MegatronTrainer, OptimConfig, TrainerConfig
+
+    trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=OptimConfig(lr=LR,
+                                                                             clip_grad=0.0)))
+    batch = rollout_batch(trainer.bridge.hf_config.vocab_size, ROLLOUT_SEEDS[0])
+    out = {}
+    for mode in LossMode:
+        for budget in (48, 512):
+            policy = BatchingPolicy(global_batch_size=batch.num_groups, max_tokens_per_gpu=budget)
+            schedule = schedule_for(batch, trainer.layout.scheduler_layout(), policy)
+            mine = rank_batch(batch, schedule, dp_rank=trainer.dp_rank, loss_mode=mode,
+                              norm=8.0)
+            trainer.load_hf_weights(hf_dir)  # every (mode, split) starts from the same weights
+            (result,) = trainer.train(mine)
+            grads = torch.cat([p.main_grad.reshape(-1) for chunk in trainer.model
+                               for p in chunk.module.parameters()])
+            out[(mode.value, budget)] = {"loss": result.metrics["loss"],
+                                         "microbatches": result.num_microbatches,
+                                         "grad": grads.numpy().copy()}
+    trainer.shutdown()
+    return out
+
+
 def conversion_only(hf_dir: str) -> dict:
     """HF round trip and logit parity of a model at world size 1 (no training)."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from vime_shell.trainer import MegatronTrainer
+    from vime_shell.megatron.trainer import MegatronTrainer
 
     trainer = MegatronTrainer.from_hf(hf_dir)
     hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
@@ -190,7 +223,7 @@ def compat_report() -> dict:
     """Facts about the installed CPU compatibility layer, checked by test_launch."""
     import torch
 
-    from vime_shell import cuda_compat
+    from vime_shell.megatron import cuda_compat
 
     ids = [id(getattr(torch.cuda, n)) for n in cuda_compat.PATCHED_ATTRIBUTES]
     t = torch.zeros(2, device="cuda")
@@ -220,7 +253,7 @@ def all_layouts_worker(rank: int, hf_dir: str, llama_dir: str, names: tuple[str,
     import torch.distributed as dist
     from transformers.utils import logging as hf_logging
 
-    from vime_shell.platform import detect_platform
+    from vime_shell.megatron.platform import detect_platform
 
     hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=UserWarning, module="megatron")
@@ -229,11 +262,13 @@ def all_layouts_worker(rank: int, hf_dir: str, llama_dir: str, names: tuple[str,
     compat = compat_report()
     dist.init_process_group("gloo")
     results = {name: run_layout(hf_dir, name, **LAYOUTS[name]) for name in names}
+    results["loss_modes_dp2"] = loss_modes(hf_dir)
     dist.barrier()
     dist.destroy_process_group()
     if with_dp1 and rank == 0:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         results["dp1"] = run_layout(hf_dir, "dp1")
+        results["loss_modes_dp1"] = loss_modes(hf_dir)
         results["llama_conversion"] = conversion_only(llama_dir)
         dist.destroy_process_group()
     results["compat"] = compat

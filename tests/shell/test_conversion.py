@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from vime_shell.model import ModelLoadError, read_hf_config
+from vime_shell.megatron.bridge import ModelLoadError, read_hf_config
 
 TOL = 1e-5
 ROUNDTRIP_LAYOUTS = ["dp1", "tp2", "pp2", "pp2_vpp2"]
@@ -49,7 +49,7 @@ def test_missing_config_is_a_typed_error(tmp_path):
 
 
 def test_scaled_rope_is_rejected_with_the_fix(tmp_path):
-    from vime_shell.tiny_model import hf_config, TinyModelSpec
+    from vime_shell.models.tiny_model import hf_config, TinyModelSpec
 
     config = hf_config(TinyModelSpec())
     config.save_pretrained(tmp_path)
@@ -61,7 +61,7 @@ def test_scaled_rope_is_rejected_with_the_fix(tmp_path):
 
 
 def test_rope_theta_is_read_from_rope_parameters(tmp_path):
-    from vime_shell.tiny_model import hf_config, TinyModelSpec
+    from vime_shell.models.tiny_model import hf_config, TinyModelSpec
 
     hf_config(TinyModelSpec(rope_theta=5000.0)).save_pretrained(tmp_path)
     assert read_hf_config(tmp_path).rope_theta == 5000.0

@@ -1,6 +1,6 @@
 """The embedded tiny model and tokenizer: deterministic, cached, char-level, loadable offline.
 
-Asserts :mod:`vime_shell.embedded`'s invariants: the same spec gives bit-identical weights in
+Asserts :mod:`vime_shell.models.embedded`'s invariants: the same spec gives bit-identical weights in
 two cache directories; a finished build is reused untouched and different specs never share a
 directory; the tokenizer maps every alphabet character to one token and decodes back exactly;
 a bad spec is a typed error.
@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vime_shell.embedded import (
-    BUNDLED_TEXT, SPECIAL_TOKENS, EmbeddedError, EmbeddedSpec, build_embedded, load_tokenizer,
+from vime_shell.models.embedded import (
+    BUNDLED_TEXT, SPECIAL_TOKENS, EmbeddedError, EmbeddedSpec, build_embedded,
 )
 from vime_shell.engines.weights import load_safetensors_dir
+from vime_shell.models.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

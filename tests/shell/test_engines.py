@@ -9,9 +9,10 @@ updates (tensors or directory) make the engine match the new weights; bad input 
 import pytest
 import torch
 
-from vime_shell.embedded import EmbeddedSpec, build_embedded, load_tokenizer
+from vime_shell.models.embedded import EmbeddedSpec, build_embedded
+from vime_shell.models.tokenizer import load_tokenizer
 from vime_shell.engines import (
-    EngineError, Generation, SamplingParams, resolve_engine_name, select_engine,
+    EngineError, Generation, SamplingParams, resolve_engine_name, select_engine, vllm_available,
 )
 from vime_shell.engines.hf import HfEngine
 from vime_shell.engines.weights import load_safetensors_dir, save_safetensors_dir
@@ -164,6 +165,4 @@ def test_engine_selection_by_capability_and_by_name(dirs):
 
 
 def _has_vllm() -> bool:
-    from vime_shell.engines.vllm_engine import vllm_available
-
     return vllm_available()

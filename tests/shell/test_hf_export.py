@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
-from vime_shell import hf_export
-from vime_shell.hf_export import ExportError, parse_size, plan_shards, save_hf_checkpoint
+from vime_shell.storage import hf_export
+from vime_shell.storage.hf_export import ExportError, parse_size, plan_shards, save_hf_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -82,9 +82,7 @@ def test_deterministic_for_one_and_two_writers(hf_dir, tmp_path):
 def test_crash_between_shard_writes_keeps_old_checkpoint(hf_dir, tmp_path, monkeypatch):
     target = _export(hf_dir, tmp_path / "out", max_shard_size="20KB")
     before = _digest(target)
-    import safetensors.torch
-
-    real, calls = safetensors.torch.save_file, []
+    real, calls = hf_export.save_file, []
 
     def crash_on_third(*args, **kwargs):
         calls.append(1)
@@ -92,11 +90,11 @@ def test_crash_between_shard_writes_keeps_old_checkpoint(hf_dir, tmp_path, monke
             raise OSError("disk full (simulated)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(safetensors.torch, "save_file", crash_on_third)
+    monkeypatch.setattr(hf_export, "save_file", crash_on_third)
     with pytest.raises(OSError, match="simulated"):
         _export(hf_dir, target, max_shard_size="10KB")
     assert _digest(target) == before  # the old checkpoint, whole
-    monkeypatch.setattr(safetensors.torch, "save_file", real)
+    monkeypatch.setattr(hf_export, "save_file", real)
     _export(hf_dir, target, max_shard_size="10KB")  # a retry replaces it cleanly
     index = json.loads((target / hf_export.INDEX_NAME).read_text())
     assert set(index["weight_map"].values()) == {p.name for p in target.glob("model-*")}

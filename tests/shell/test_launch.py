@@ -9,17 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from vime_shell.platform import Platform, UnsupportedLayoutError, resolve_layout
+from vime_shell.megatron.layout import UnsupportedLayoutError, resolve_layout
 
-CPU = Platform(kind="cpu", backend="gloo", dtype=torch.float32, transformer_engine=False,
-               packing="mask")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def test_pp2_vpp2_layout_resolves_with_microbatch_group():
-    layout = resolve_layout(world_size=4, num_layers=4, platform=CPU, pp=2,
+    layout = resolve_layout(world_size=4, num_layers=4, supports_context_parallel=False, pp=2,
                             num_layers_per_virtual_stage=1)
     assert (layout.dp, layout.pp, layout.vpp, layout.microbatch_group) == (2, 2, 2, 2)
     assert layout.scheduler_layout().align_multiple == 4
@@ -35,7 +32,7 @@ def test_pp2_vpp2_layout_resolves_with_microbatch_group():
 ])
 def test_unsupported_layouts_are_typed_errors(kwargs, match):
     with pytest.raises(UnsupportedLayoutError, match=match):
-        resolve_layout(num_layers=4, platform=CPU, **kwargs)
+        resolve_layout(num_layers=4, supports_context_parallel=False, **kwargs)
 
 
 def _env():
@@ -44,9 +41,9 @@ def _env():
 
 @pytest.mark.slow
 def test_cp_on_cpu_fails_at_launch_with_one_line(tmp_path):
-    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 4}')
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 4, "vocab_size": 32}')
     proc = subprocess.run(
-        [sys.executable, "-m", "vime_shell.launch", "--hf-checkpoint", str(tmp_path),
+        [sys.executable, "-m", "vime_shell.megatron.launch", "--hf-checkpoint", str(tmp_path),
          "--context-parallel-size", "2"], capture_output=True, text=True, env=_env(), timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]  # one line, no traceback

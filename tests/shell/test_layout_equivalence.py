@@ -63,7 +63,7 @@ def test_lr_schedule_advances_by_real_group_counts(megatron_runs, name):
 
 def test_reported_metrics_are_count_weighted_means(megatron_runs):
     from tests.shell.megatron_workers import ROLLOUT_SEEDS, rollout_batch, rollout_schedule
-    from vime_shell.platform import TrainLayout
+    from vime_shell.megatron.platform import TrainLayout
 
     run = megatron_runs["per_rank"][0]["dp1"]
     steps = [s for seed in ROLLOUT_SEEDS for s in rollout_schedule(

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from tests.shell.loop_workers import replay_worker
-from vime_shell.dump import load_rollout_batch
-from vime_shell.launch import spawn
-from vime_shell.replay import ReplayError, ReplaySource, dump_path
+from vime_shell.storage.dump import load_rollout_batch
+from vime_shell.megatron.spawn import spawn
+from vime_shell.loop.replay import ReplayError, ReplaySource, dump_path
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def test_literal_path_replays_the_same_file_every_rollout(tmp_path):
 
 
 def test_save_template_must_name_the_rollout():
-    from vime_shell.train_config import ConfigError, TrainConfig
+    from vime_shell.loop.config import ConfigError, TrainConfig
 
     with pytest.raises(ConfigError, match="rollout_id"):
         TrainConfig(save_rollout_data="dumps/batch.npz")

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from tests.shell.loop_workers import killed_worker, resume_worker
-from vime_shell import run_checkpoint as checkpoint
-from vime_shell.dump import load_rollout_batch
-from vime_shell.launch import free_port, spawn
+from vime_shell.loop import run_checkpoint as checkpoint
+from vime_shell.storage.dump import load_rollout_batch
+from vime_shell.megatron.spawn import free_port, spawn
 
 pytestmark = pytest.mark.slow
 TIMING = {"rollout_s", "train_s", "sync_s", "tokens_per_s"}
@@ -57,13 +57,14 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
 
 
 def test_resume_refuses_a_different_data_setup(tmp_path):
-    import torch
+    import json
 
-    from vime_shell.run_checkpoint import CheckpointError, LOOP_STATE, TRACKER, load
+    from vime_shell.loop.run_checkpoint import (CheckpointError, LOOP_STATE, TRACKER, _loop_state,
+                                                load)
 
     ck = tmp_path / "rollout_000002"
     ck.mkdir()
-    torch.save({"rollouts_done": 2, "config": {"seed": 1, "task": "reverse2"}}, ck / LOOP_STATE)
+    (ck / LOOP_STATE).write_text(json.dumps(_loop_state(2, {"seed": 1, "task": "reverse2"})))
     (tmp_path / TRACKER).write_text("2\n")
     assert checkpoint.latest(tmp_path) == ck
     with pytest.raises(CheckpointError, match="seed"):

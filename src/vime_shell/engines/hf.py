@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessorList
 
 from vime_pure.errors import field_error
 from vime_shell.engines.base import (
@@ -72,14 +73,12 @@ class HfEngine:
 
     def __init__(self, model_path: str | Path, *, seed: int = 0, device: str = "cpu",
                  dtype: torch.dtype = torch.float32):
-        from transformers import AutoModelForCausalLM
-
         path = Path(model_path).expanduser()
         if not (path / "config.json").is_file():
             raise field_error(EngineError, "model_path", str(path),
                               "is not a Hugging Face model directory (no config.json)",
                               "pass a directory saved with save_pretrained, e.g. the embedded "
-                              "model from vime_shell.embedded.build_embedded()")
+                              "model from vime_shell.models.embedded.build_embedded()")
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         self._init(model, seed=seed, device=device)
         self.model_path = path
@@ -101,8 +100,6 @@ class HfEngine:
         if pad is None:
             pad = getattr(model.generation_config, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else 0
-        from transformers import GenerationConfig
-
         # generate() fills unset options from the model's generation config, which would make
         # the model's EOS a stop token behind our back: stop tokens come from SamplingParams.
         self.model.generation_config = GenerationConfig(pad_token_id=self.pad_token_id)
@@ -111,8 +108,6 @@ class HfEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams) -> list[Generation]:
-        from transformers import GenerationConfig, LogitsProcessorList
-
         ids = check_prompts(prompts, self.vocab_size)
         if not ids:
             return []

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from vime_pure.errors import field_error
 from vime_shell.engines.base import EngineError
@@ -18,8 +19,6 @@ def load_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
     Example: a ``save_pretrained`` directory of a 2-layer Qwen2 gives ~25 names such as
     ``model.layers.0.self_attn.q_proj.weight``.
     """
-    from safetensors.torch import load_file
-
     directory = Path(path).expanduser()
     files = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
     if not files:
@@ -40,8 +39,6 @@ def load_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
 def save_safetensors_dir(path: str | Path,
                          named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Path:
     """Write ``named_tensors`` to ``path/model.safetensors`` (atomically); returns ``path``."""
-    from safetensors.torch import save_file
-
     directory = Path(path).expanduser()
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().contiguous().cpu() for name, t in named_tensors}

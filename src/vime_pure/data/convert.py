@@ -1,0 +1,211 @@
+"""Samples -> ``RolloutBatch`` columns: one Python pass over the samples, then numpy.
+
+The per-sample loop only reads attributes and does cheap type checks; when a check fails it
+calls the ``vime_pure.data.rollout_output`` helper that builds the error naming the sample's path. Tokens
+given as numpy arrays are concatenated; lists are chained and converted once. Converting Python
+ints costs tens of ns per token, so a shell that receives lists should turn each sample's tokens
+into an int32 array as it arrives (``benchmarks/batch_convert.py`` measures both).
+
+Example: samples with ``tokens=[1, 2, 3], response_length=2`` and ``tokens=[4, 5],
+response_length=1, loss_mask=[0]`` give ``tokens=[1, 2, 3, 4, 5]``, ``token_offsets=[0, 3, 5]``,
+``loss_masks=[1, 1, 0]`` and ``response_offsets=[0, 2, 3]``.
+"""
+
+from typing import Any
+
+import numpy as np
+from jaxtyping import Float32, Int32, UInt8
+
+from vime_pure.data.columns import all_finite
+from vime_pure.denominators import group_totals
+from vime_pure.errors import RolloutValidationError
+from vime_pure.data.ragged import offsets_from_lengths, row_positions, row_sums
+from vime_pure.data.rewards import RewardNormalization, normalize_rewards, scalar_reward
+from vime_pure.data.rollout_output import (FlatRollout, check_response_length, flatten_rollout_output,
+                               mask_values)
+from vime_pure.data.sample import STATUSES, as_status
+
+_STATUS_CODE: dict[Any, int] = {s: k for k, s in enumerate(STATUSES)}  # str values hash alike
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def batch_columns(output: object, reward_key: str | None,
+                  normalization: RewardNormalization) -> dict[str, Any]:
+    """Keyword arguments of ``RolloutBatch`` for a validated rollout output."""
+    if not isinstance(normalization, RewardNormalization):
+        raise RolloutValidationError(f"normalization={normalization!r} is not a "
+                                     "RewardNormalization. Fix: pass RewardNormalization(...).")
+    flat = flatten_rollout_output(output)
+    n = len(flat.samples)
+    if n == 0:
+        raise RolloutValidationError("output holds no samples. Fix: return at least one "
+                                     "Sample; a batch with nothing to train is a rollout bug.")
+    rows = _read_samples(flat, reward_key)
+    lengths, response_lengths = rows["lengths"], rows["response_lengths"]
+    response_offsets = offsets_from_lengths(response_lengths)
+    masks = _flat_masks(flat, rows, response_offsets)
+    groups, group_values = flat.group_dense, flat.group_values
+    prompts, prompt_values = flat.prompt_dense, flat.prompt_values
+    rewards = np.array(rows["rewards"], dtype=np.float64)
+    return dict(
+        tokens=_flat_tokens(flat, rows["tokens"], int(lengths.sum())),
+        token_offsets=offsets_from_lengths(lengths), lengths=lengths,
+        response_lengths=response_lengths, loss_masks=masks, response_offsets=response_offsets,
+        rollout_log_probs=_flat_log_probs(flat, rows["log_probs"], response_offsets),
+        group_ids=groups, group_id_values=group_values,
+        prompt_groups=prompts, prompt_group_values=prompt_values,
+        group_mask_sums=group_totals(groups,
+                                     row_sums(masks, response_offsets).astype(np.float64)),
+        rewards=rewards,
+        advantages=normalize_rewards(rewards, groups, prompts, normalization,
+                                     where=flat.path),
+        statuses=np.array(rows["statuses"], dtype=np.uint8),
+        removed=np.array(rows["removed"], dtype=np.bool_),
+        sample_indices=np.array(rows["indices"], dtype=np.int64),
+    )
+
+
+def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
+    """Per-sample fields, read column by column with list comprehensions and checked with
+    numpy; a failing check falls back to the per-sample helper that names the path."""
+    ss = flat.samples
+    n = len(ss)
+    tokens = [s.tokens for s in ss]
+    bad = next((i for i, t in enumerate(tokens) if type(t) not in _SEQUENCES
+                and not isinstance(t, (list, tuple, np.ndarray))), None)
+    lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=n) if bad is None else None
+    if bad is not None or lengths.min() < 1:
+        i = bad if bad is not None else int(np.argmin(lengths))
+        raise RolloutValidationError(f"{flat.path(i)}: tokens={tokens[i]!r:.60} is not a "
+                                     "non-empty list of token ids. Fix: set prompt + "
+                                     "response token ids.")
+    resp_raw = [s.response_length for s in ss]
+    resp = (np.fromiter(resp_raw, dtype=np.int64, count=n)
+            if all(type(r) is int for r in resp_raw) else None)
+    if resp is None or ((resp < 0) | (resp > lengths)).any():  # numpy ints, or an error
+        resp = np.fromiter((check_response_length(s, flat.path(i)) for i, s in enumerate(ss)),
+                           dtype=np.int64, count=n)
+    masks = [None if s.remove_sample else s.loss_mask for s in ss]
+    log_probs = [s.rollout_log_probs for s in ss]
+    for name, col in (("loss_mask", [s.loss_mask for s in ss]), ("rollout_log_probs", log_probs)):
+        sizes = np.fromiter((-1 if m is None else len(m) for m in col), dtype=np.int64, count=n)
+        wrong = np.flatnonzero((sizes >= 0) & (sizes != resp))
+        if wrong.size:
+            i = int(wrong[0])
+            raise RolloutValidationError(
+                f"{flat.path(i)}: len({name})={int(sizes[i])} but response_length="
+                f"{int(resp[i])}. Fix: give one value per response token (not per prompt + "
+                "response token)" + (", or set loss_mask=None for all ones." if name ==
+                                     "loss_mask" else "."))
+    rewards = [s.reward for s in ss]
+    if not all(type(r) is float for r in rewards):
+        rewards = [r if type(r) is float else scalar_reward(r, reward_key, flat.path(i))
+                   for i, r in enumerate(rewards)]
+    completed, truncated, aborted = STATUSES  # identity tests: hashing a str-Enum is slow
+    statuses = [0 if st is completed else 1 if st is truncated else 2 if st is aborted else
+                _STATUS_CODE[as_status(st, f"{flat.path(i)}.status")]
+                for i, st in enumerate(s.status for s in ss)]
+    removed = [s.remove_sample for s in ss]
+    odd = next((i for i, r in enumerate(removed) if type(r) is not bool), None)
+    if odd is not None:
+        raise RolloutValidationError(f"{flat.path(odd)}: remove_sample={removed[odd]!r} is not "
+                                     "a bool. Fix: set True or False.")
+    indices = [-1 if (k := s.index) is None else k if type(k) is int and k >= 0
+               else _check_index(k, flat.path(i)) for i, s in enumerate(ss)]
+    return dict(tokens=tokens, lengths=lengths, response_lengths=resp, masks=masks,
+                log_probs=log_probs, rewards=rewards, statuses=statuses, removed=removed,
+                indices=indices)
+
+
+_SEQUENCES = (list, tuple, np.ndarray)
+
+
+def _check_index(index: object, where: str) -> int:
+    if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)) or (
+            index < 0):
+        raise RolloutValidationError(f"{where}: index={index!r} is not a non-negative int. "
+                                     "Fix: set an int index or None.")
+    return int(index)
+
+
+def _concat(parts: list, dtype: type | None = None) -> np.ndarray:
+    """Flatten ragged parts (arrays, lists or tuples) with one ``concatenate``; it converts
+    lists as fast as chaining them first. Non-numbers raise or give a non-numeric dtype,
+    which the callers check."""
+    return np.concatenate(parts, dtype=dtype) if parts else np.zeros(0, dtype=dtype)
+
+
+def _flat_tokens(flat: FlatRollout, parts: list, total: int) -> Int32[np.ndarray, " t"]:
+    try:
+        tokens = _concat(parts)
+    except (TypeError, ValueError):
+        tokens = np.zeros(0, dtype=np.float64)  # fall through to the per-sample search
+    if tokens.dtype.kind not in "iu" or tokens.shape != (total,):
+        for i, p in enumerate(parts):
+            arr = np.asarray(p, dtype=object)
+            bad = [t for t in arr.ravel().tolist()
+                   if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer))]
+            if bad or arr.ndim != 1:
+                raise RolloutValidationError(
+                    f"{flat.path(i)}: tokens hold {bad[0] if bad else arr.tolist()!r:.60}, not "
+                    "integer token ids. Fix: store token ids as ints (detokenise nothing).")
+        raise RolloutValidationError(f"tokens flatten to {tokens.dtype}{tokens.shape}, not "
+                                     f"{total} integers. Fix: store token ids as flat int lists.")
+    in_range = tokens.min() >= 0 and (tokens.dtype == np.int32 or tokens.max() <= _INT32_MAX)
+    if not in_range:
+        k = int(np.argmax((tokens < 0) | (tokens > _INT32_MAX)))
+        i = int(np.searchsorted(offsets_from_lengths(np.array([len(p) for p in parts])), k,
+                                side="right")) - 1
+        raise RolloutValidationError(f"{flat.path(i)}: token id {int(tokens[k])} is outside "
+                                     f"[0, {_INT32_MAX}]. Fix: pass the tokenizer's ids.")
+    return tokens.astype(np.int32, copy=False)
+
+
+def _flat_masks(flat: FlatRollout, rows: dict[str, list], offsets: np.ndarray
+                ) -> UInt8[np.ndarray, " r"]:
+    """All ones, explicit masks written over them, removed samples zeroed."""
+    masks = np.ones(int(offsets[-1]), dtype=np.uint8)
+    explicit = [i for i, m in enumerate(rows["masks"]) if m is not None]
+    if explicit:
+        values = _ints_or_floats([rows["masks"][i] for i in explicit])
+        if values.size and (values.dtype.kind not in "biuf"
+                            or ((values != 0) & (values != 1)).any()):
+            for i in explicit:
+                mask_values(np.asarray(rows["masks"][i]), flat.path(i))
+        masks[row_positions(offsets, np.array(explicit, dtype=np.int64))] = values
+    removed = np.flatnonzero(np.array(rows["removed"], dtype=np.bool_))
+    if removed.size:
+        masks[row_positions(offsets, removed)] = 0
+    return masks
+
+
+def _ints_or_floats(parts: list) -> np.ndarray:
+    try:
+        return _concat(parts)
+    except (TypeError, ValueError):
+        return np.array([], dtype=object)
+
+
+def _flat_log_probs(flat: FlatRollout, parts: list, offsets: np.ndarray
+                    ) -> Float32[np.ndarray, " r"] | None:
+    present = [p is not None for p in parts]
+    if not any(present):
+        return None
+    if not all(present):
+        i = present.index(not present[0])
+        raise RolloutValidationError(
+            f"{flat.path(i)}: rollout_log_probs is {'set' if present[i] else 'None'} but "
+            f"{flat.path(0)} has it {'set' if present[0] else 'None'}. Fix: record rollout "
+            "log-probs for every sample or for none (never silently train on a mix).")
+    try:
+        values = _concat(parts, np.float32)
+    except (TypeError, ValueError) as exc:
+        raise RolloutValidationError(f"rollout_log_probs are not all numbers ({exc}). Fix: "
+                                     "store one float per response token.") from None
+    if not all_finite(values):
+        bad = np.flatnonzero(~np.isfinite(values))
+        i = int(np.searchsorted(offsets, bad[0], side="right")) - 1
+        raise RolloutValidationError(f"{flat.path(i)}: rollout_log_probs holds {values[bad[0]]}. "
+                                     "Fix: log-probs must be finite.")
+    return values
+

@@ -1,0 +1,282 @@
+"""What a trainer rank consumes: its micro-batches as packed rows, built once by the core.
+
+Purpose: ``rank_batch(batch, schedule, dp_rank=..., loss_mode=..., cp_size=, cp_rank=)`` turns a
+``RolloutBatch`` and the ``Schedule`` planned for it into that (DP, CP) rank's
+``TrainMicroBatch`` records, step by step. The trainer only converts records to tensors
+(attention mask or THD ``PackedSeqParams``, device); every number in them is decided here.
+
+One record is one packed row (the micro-batch's samples back to back):
+
+- ``tokens``, ``positions`` (restarting at 0 for every sample) and ``labels`` (the next token of
+  the same sample; 0 after a sample's last token) over the row's ``T`` local positions;
+- per response token this rank scores (``R`` of them): ``logit_index`` (the local position whose
+  output predicts it), ``response_index`` (its place in the batch's flat response columns, so
+  log-probs computed here land in batch coordinates), ``token_sample`` (its sample's position in
+  the row), ``loss_mask``, ``advantages`` and the engine's ``rollout_log_probs``; ``old_log_probs``
+  and ``ref_log_probs`` once attached with :func:`with_log_probs`;
+- per sample: ``denominators``, the step-level ``D`` of ``loss_mode``
+  (``vime_pure.denominators.step_denominators``: whole step, whole group, never this row);
+- the step's ``G_s`` (``num_groups``), ``N_s`` (``num_samples``) and per-rank micro-batch count
+  ``K`` (``num_microbatches``): with ``loss_mode`` they give ``megatron_loss_scale``.
+
+Context parallelism (``cp_size > 1``): every sample is padded to ``2*cp*chunk`` positions and the
+row keeps this CP rank's two zigzag chunks of each sample, cut by ``vime_pure.cp``; the response
+tokens kept are those whose logit position is local. ``seq_lengths`` are the padded (global)
+lengths, the ``cu_seqlens`` of THD packing.
+
+Invariants the tests assert (``tests/data_invariants.py``, ``assert_microbatch_invariants``): over the
+CP ranks of a micro-batch every response token of its samples appears exactly once; the token at
+``labels[logit_index]`` is that response token; ``denominators`` equal ``step_denominators``;
+the records of every (DP, CP) rank together cover exactly the scheduled samples, in schedule
+order.
+
+Example: samples ``[5, 6, 7]`` (response 2) and ``[8, 9]`` (response 1) in one micro-batch give
+``tokens [5, 6, 7, 8, 9]``, ``positions [0, 1, 2, 0, 1]``, ``labels [6, 7, 0, 9, 0]`` and
+``logit_index [0, 1, 3]``; under ``group_token_mean`` with masks ``[1, 0]`` and ``[1]`` in two
+groups, ``denominators [1, 1]``.
+"""
+
+from itertools import chain
+
+import attrs
+import numpy as np
+from jaxtyping import Float32, Float64, Int64, TypeCheckError
+
+from vime_pure.config import as_int
+from vime_pure.cp import zigzag_offsets
+from vime_pure.data.batch import RolloutBatch
+from vime_pure.data.columns import shape_checker, shape_error
+from vime_pure.data.ragged import offsets_from_lengths, row_positions, row_sums
+from vime_pure.denominators import LossMode, step_denominators
+from vime_pure.errors import RolloutBatchError, field_error
+from vime_pure.scheduling.schedule import Schedule
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class TrainMicroBatch:
+    """One micro-batch of one (DP, CP) rank as a packed row (fields: module docstring)."""
+
+    step: int
+    loss_mode: LossMode
+    num_groups: int
+    num_samples: int
+    num_microbatches: int
+    cp_rank: int
+    cp_size: int
+    sample_indices: Int64[np.ndarray, " k"]
+    seq_lengths: Int64[np.ndarray, " k"]
+    denominators: Float64[np.ndarray, " k"]
+    tokens: Int64[np.ndarray, " T"]
+    positions: Int64[np.ndarray, " T"]
+    labels: Int64[np.ndarray, " T"]
+    logit_index: Int64[np.ndarray, " R"]
+    response_index: Int64[np.ndarray, " R"]
+    token_sample: Int64[np.ndarray, " R"]
+    loss_mask: Float32[np.ndarray, " R"]
+    advantages: Float32[np.ndarray, " R"]
+    rollout_log_probs: Float32[np.ndarray, " R"] | None = None
+    old_log_probs: Float32[np.ndarray, " R"] | None = None
+    ref_log_probs: Float32[np.ndarray, " R"] | None = None
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            shape_checker(_shapes)(
+                self.sample_indices, self.seq_lengths, self.denominators, self.tokens,
+                self.positions, self.labels, self.logit_index, self.response_index,
+                self.token_sample, self.loss_mask, self.advantages, self.rollout_log_probs,
+                self.old_log_probs, self.ref_log_probs)
+        except TypeCheckError as exc:
+            raise shape_error("TrainMicroBatch", self, exc) from None
+
+    @property
+    def num_tokens(self) -> int:
+        """Local row length ``T`` (this CP rank's positions)."""
+        return len(self.tokens)
+
+    @property
+    def token_denominators(self) -> Float64[np.ndarray, " R"]:
+        """``D`` of every scored token: its sample's step-level denominator."""
+        return self.denominators[self.token_sample]
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class StepBatch:
+    """One optimizer step on one rank: ``G_s``, ``N_s`` and the rank's ``K`` micro-batches."""
+
+    num_groups: int
+    num_samples: int
+    microbatches: tuple[TrainMicroBatch, ...]
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class RankBatch:
+    """Everything one (DP, CP) rank trains from one rollout batch, step by step.
+
+    ``num_response_tokens`` is the batch's flat response length: log-prob arrays in batch
+    coordinates (``response_index``) have this size.
+    """
+
+    dp_rank: int
+    cp_rank: int
+    cp_size: int
+    loss_mode: LossMode
+    num_response_tokens: int
+    steps: tuple[StepBatch, ...]
+
+    @property
+    def microbatches(self) -> tuple[TrainMicroBatch, ...]:
+        """Every micro-batch of every step, in execution order."""
+        return tuple(mb for step in self.steps for mb in step.microbatches)
+
+
+def rank_batch(batch: RolloutBatch, schedule: Schedule, *, dp_rank: int,
+               loss_mode: LossMode | str = LossMode.GROUP_TOKEN_MEAN, cp_size: int = 1,
+               cp_rank: int = 0, norm: float | int | None = None) -> RankBatch:
+    """The records DP rank ``dp_rank`` / CP rank ``cp_rank`` trains (see the module docstring).
+
+    ``norm``: the constant of ``sample_token_sum_norm`` (e.g. the max response length).
+    Raises ``RolloutBatchError`` when the schedule was planned for another batch or a rank is
+    out of range, ``LossConfigError`` for a bad mode or norm.
+    """
+    _check_schedule_matches(batch, schedule)
+    mode = LossMode.parse(loss_mode)
+    dp_rank = _rank("dp_rank", dp_rank, schedule.layout.dp)
+    cp_size = as_int("cp_size", cp_size, 1, RolloutBatchError, "pass the context-parallel size")
+    cp_rank = _rank("cp_rank", cp_rank, cp_size)
+    dens = step_denominators(mode, batch.group_ids,
+                             row_sums(batch.loss_masks, batch.response_offsets).astype(np.float64),
+                             _step_of_sample(schedule), norm=norm)
+    steps = []
+    for s, step in enumerate(schedule.steps):
+        mbs = step.microbatches[dp_rank]
+        steps.append(StepBatch(
+            num_groups=step.num_groups, num_samples=step.num_samples,
+            microbatches=tuple(
+                _record(batch, np.asarray(mb, dtype=np.int64), dens, cp_rank, cp_size,
+                        step=s, loss_mode=mode, num_groups=step.num_groups,
+                        num_samples=step.num_samples, num_microbatches=len(mbs))
+                for mb in mbs)))
+    return RankBatch(dp_rank=dp_rank, cp_rank=cp_rank, cp_size=cp_size, loss_mode=mode,
+                     num_response_tokens=int(batch.response_offsets[-1]), steps=tuple(steps))
+
+
+def with_log_probs(rank: RankBatch, *, old_log_probs: np.ndarray | None = None,
+                   ref_log_probs: np.ndarray | None = None) -> RankBatch:
+    """``rank`` with ``old_log_probs`` / ``ref_log_probs`` attached to every record.
+
+    Both are flat float arrays in batch coordinates (``num_response_tokens`` long, e.g. from
+    the trainer's log-prob pass); each record gathers its tokens by ``response_index``.
+    Example: ``with_log_probs(rb, old_log_probs=logps)`` gives records whose ``old_log_probs``
+    equal ``logps[mb.response_index]``.
+    """
+    columns = {}
+    for name, values in (("old_log_probs", old_log_probs), ("ref_log_probs", ref_log_probs)):
+        if values is None:
+            continue
+        values = np.asarray(values)
+        if values.shape != (rank.num_response_tokens,) or values.dtype.kind != "f":
+            raise field_error(RolloutBatchError, name, f"{values.dtype}{list(values.shape)}",
+                              f"is not a float array of the batch's {rank.num_response_tokens} "
+                              "response tokens", "pass log-probs in batch coordinates")
+        columns[name] = values
+    steps = tuple(attrs.evolve(step, microbatches=tuple(
+        attrs.evolve(mb, **{name: values[mb.response_index].astype(np.float32, copy=False)
+                            for name, values in columns.items()})
+        for mb in step.microbatches)) for step in rank.steps)
+    return attrs.evolve(rank, steps=steps)
+
+
+def _record(batch: RolloutBatch, idx: np.ndarray, dens: np.ndarray, cp_rank: int, cp_size: int,
+            **step_fields) -> TrainMicroBatch:
+    """One micro-batch's packed row; vectorised over its samples (CP cuts per sample)."""
+    lens, resp = batch.lengths[idx], batch.response_lengths[idx]
+    seq = lens if cp_size == 1 else -(-lens // (2 * cp_size)) * (2 * cp_size)
+    starts = offsets_from_lengths(seq)[:-1]
+    total = int(seq.sum())
+    tokens = np.zeros(total, dtype=np.int64)
+    # Real tokens of sample k sit at starts[k] .. starts[k] + lens[k]; CP padding after them.
+    tokens[_within(seq, lens)] = batch.tokens[row_positions(batch.token_offsets, idx)]
+    positions = np.arange(total, dtype=np.int64) - np.repeat(starts, seq)
+    labels = np.zeros(total, dtype=np.int64)
+    has_next = _within(seq, lens - 1)  # every position but each sample's last real one
+    labels[np.flatnonzero(has_next)] = tokens[np.flatnonzero(has_next) + 1]
+    response_index = row_positions(batch.response_offsets, idx)
+    # Response token j of sample k is predicted by row position starts + P - 1 + j.
+    first_logit = starts + lens - resp - 1
+    logit_index = np.repeat(first_logit, resp) + _ranks_within(resp)
+    token_sample = np.repeat(np.arange(len(idx), dtype=np.int64), resp)
+    keep = slice(None)
+    if cp_size > 1:
+        local = np.concatenate([
+            np.arange(start + a, start + b, dtype=np.int64)
+            for start, n, r in zip(starts.tolist(), lens.tolist(), resp.tolist())
+            for a, b in zigzag_offsets(n, r, cp_rank, cp_size).chunks])
+        to_local = np.full(total, -1, dtype=np.int64)
+        to_local[local] = np.arange(len(local))
+        keep = to_local[logit_index] >= 0
+        tokens, positions, labels = tokens[local], positions[local], labels[local]
+        logit_index = to_local[logit_index[keep]]
+    log_probs = batch.rollout_log_probs
+    return TrainMicroBatch(
+        **step_fields, cp_rank=cp_rank, cp_size=cp_size, sample_indices=idx,
+        seq_lengths=seq.astype(np.int64, copy=False), denominators=dens[idx], tokens=tokens,
+        positions=positions, labels=labels, logit_index=logit_index,
+        response_index=response_index[keep], token_sample=token_sample[keep],
+        loss_mask=batch.loss_masks[response_index[keep]].astype(np.float32),
+        advantages=np.repeat(batch.advantages[idx], resp)[keep].astype(np.float32),
+        rollout_log_probs=None if log_probs is None else log_probs[response_index[keep]])
+
+
+def _ranks_within(sizes: np.ndarray) -> np.ndarray:
+    """``[0..sizes[0]), [0..sizes[1]), ...`` concatenated. Example: ``[2, 0, 3]`` -> 0 1 0 1 2."""
+    total = int(sizes.sum())
+    return np.arange(total, dtype=np.int64) - np.repeat(offsets_from_lengths(sizes)[:-1], sizes)
+
+
+def _within(seq: np.ndarray, limit: np.ndarray) -> np.ndarray:
+    """Per row position: is it among the first ``limit[k]`` positions of its sample ``k``?"""
+    return _ranks_within(seq) < np.repeat(limit, seq)
+
+
+def _step_of_sample(schedule: Schedule) -> np.ndarray:
+    """Step of every sample of the schedule's batch; -1 for dropped samples."""
+    out = np.full(len(schedule.lengths), -1, dtype=np.int64)
+    for s, step in enumerate(schedule.steps):
+        out[np.fromiter(chain.from_iterable(chain.from_iterable(step.microbatches)),
+                        dtype=np.int64)] = s
+    return out
+
+
+def _rank(field: str, value: object, size: int) -> int:
+    rank = as_int(field, value, 0, RolloutBatchError, f"pass a rank in [0, {size})")
+    if rank >= size:
+        raise field_error(RolloutBatchError, field, value, f"is not below the group size {size}",
+                          f"pass a rank in [0, {size})")
+    return rank
+
+
+def _check_schedule_matches(batch: RolloutBatch, schedule: Schedule) -> None:
+    if not isinstance(batch, RolloutBatch) or not isinstance(schedule, Schedule):
+        raise RolloutBatchError(f"rank_batch(batch, schedule) got {type(batch).__name__} and "
+                                f"{type(schedule).__name__}. Fix: pass a RolloutBatch and the "
+                                "Schedule built for it (schedule_for(batch, layout, policy)).")
+    lengths = np.asarray(schedule.lengths, dtype=np.int64)
+    groups = np.asarray(schedule.sample_group, dtype=np.int64)
+    if not (np.array_equal(lengths, batch.lengths) and np.array_equal(groups, batch.group_ids)):
+        raise RolloutBatchError(
+            f"the schedule was built for another batch ({len(lengths)} samples, lengths "
+            f"{lengths[:4].tolist()}...) than this one ({batch.num_samples} samples, lengths "
+            f"{batch.lengths[:4].tolist()}...). Fix: schedule this batch with "
+            "schedule_for(batch, layout, policy).")
+
+
+def _shapes(sample_indices: Int64[np.ndarray, " k"], seq_lengths: Int64[np.ndarray, " k"],
+            denominators: Float64[np.ndarray, " k"], tokens: Int64[np.ndarray, " T"],
+            positions: Int64[np.ndarray, " T"], labels: Int64[np.ndarray, " T"],
+            logit_index: Int64[np.ndarray, " R"], response_index: Int64[np.ndarray, " R"],
+            token_sample: Int64[np.ndarray, " R"], loss_mask: Float32[np.ndarray, " R"],
+            advantages: Float32[np.ndarray, " R"],
+            rollout_log_probs: Float32[np.ndarray, " R"] | None,
+            old_log_probs: Float32[np.ndarray, " R"] | None,
+            ref_log_probs: Float32[np.ndarray, " R"] | None) -> None:
+    """Cross-field shapes of a packed row: ``k`` samples, ``T`` local positions, ``R`` tokens."""

@@ -1,0 +1,51 @@
+"""The knobs of the policy objective, torch-free: clipping, KL, entropy and TIS settings.
+
+The loss *mode* is not here: it selects the denominators ``rank_batch`` puts into the records
+(``vime_pure.denominators.LossMode``), and the objective reads it from them.
+
+Example: ``LossConfig(eps_clip=0.2, eps_clip_high=0.28, kl_coef=0.01, kl_kind="low_var_kl")``
+is DAPO's clip-higher with slime's low-variance KL penalty.
+"""
+
+from typing import Literal, get_args
+
+import attrs
+
+from vime_pure.errors import LossConfigError, field_error
+
+KLKind = Literal["k1", "k2", "k3", "low_var_kl"]
+KL_KINDS: tuple[str, ...] = get_args(KLKind)  # the choice list of --kl-loss-type
+
+
+@attrs.frozen(kw_only=True)
+class LossConfig:
+    """Clip ``eps_clip`` / ``eps_clip_high`` (DAPO clip-higher) / ``dual_clip``; KL penalty
+    ``kl_coef * kl_kind`` against the reference; entropy bonus ``entropy_coef``; truncated
+    importance sampling weights ``min(exp(old - rollout), tis_clip)`` when ``use_tis``."""
+
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    dual_clip: float | None = None
+    kl_coef: float = 0.0
+    kl_kind: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    use_tis: bool = False
+    tis_clip: float = 2.0
+
+    def __attrs_post_init__(self) -> None:
+        if not 0.0 < self.eps_clip < 1.0:
+            raise field_error(LossConfigError, "eps_clip", self.eps_clip, "must lie in (0, 1)",
+                              "use e.g. 0.2")
+        if self.eps_clip_high is not None and not 0.0 < self.eps_clip_high < 10.0:
+            raise field_error(LossConfigError, "eps_clip_high", self.eps_clip_high,
+                              "must lie in (0, 10)", "use e.g. 0.28, or None for eps_clip")
+        for name in ("kl_coef", "entropy_coef"):
+            if getattr(self, name) < 0.0:
+                raise field_error(LossConfigError, name, getattr(self, name), "must be >= 0",
+                                  "use 0 to disable it")
+        if self.kl_kind not in KL_KINDS:
+            raise field_error(LossConfigError, "kl_kind", self.kl_kind, "is not a KL estimator",
+                              f"use one of {KL_KINDS}")
+        if not self.tis_clip > 0.0:
+            raise field_error(LossConfigError, "tis_clip", self.tis_clip, "must be > 0",
+                              "use e.g. 2.0")

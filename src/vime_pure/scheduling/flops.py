@@ -1,0 +1,134 @@
+"""Per-sample forward FLOPs of a decoder: ``a*L + b*L**2`` from an HF-style config.
+
+Purpose: give FLOPs packing and balancing a workload estimate per sample. For a sequence of
+``L`` tokens, counting 2 FLOPs per multiply-accumulate:
+
+- linear term ``a`` (per token): per layer the Q/K/V/O projections
+  ``2*h*(q + 2*kv) + 2*q*h`` (``q = heads*head_dim``, ``kv = kv_heads*head_dim``) plus the gated
+  MLP ``6*h*ffn`` (MoE layers: ``6*h*moe_ffn*top_k``, shared experts, and the router ``2*h*E``);
+  once, the LM head ``2*h*vocab``;
+- quadratic term ``b``: causal attention scores and weighted values, ``2*heads*head_dim`` per
+  layer (``QK^T`` and ``AV`` cost ``2*L**2*head_dim`` each per head, halved by the causal mask).
+
+Invariants the tests assert: the dense ~8B example below, MoE counting only routed top-k
+experts, ``a`` and ``b`` positive, per-sample FLOPs increasing in ``L``.
+
+Example: hidden 4096, 32 heads, 8 KV heads, head dim 128, FFN 12288, 36 layers, vocab 151936
+gives ``a = 1.5137e10`` and ``b = 2.949e5``: a 4096-token sample costs 6.70e13 forward FLOPs.
+``proxy_flops`` uses that model's ratio ``b/a`` (normalised to ``a = 1``) when the caller passes
+no estimate.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+from jaxtyping import Float64, Int
+
+from vime_pure.errors import FlopsModelError, field_error
+
+# b / a of the dense 8B decoder above.
+PROXY_QUADRATIC_PER_LINEAR = 2.949e5 / 1.514e10
+
+_EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def proxy_flops(lengths: Int[np.ndarray, " n"]) -> Float64[np.ndarray, " n"]:
+    """Relative forward cost ``L + (b/a) * L**2``; e.g. L=4096 gives 4096 * 1.0798 = 4422.8."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    return lengths + PROXY_QUADRATIC_PER_LINEAR * lengths * lengths
+
+
+@attrs.frozen(kw_only=True)
+class FlopsModel:
+    """Forward FLOPs of one sample of ``L`` tokens: ``linear * L + quadratic * L**2``."""
+
+    linear: float = attrs.field(converter=float)
+    quadratic: float = attrs.field(converter=float)
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("linear", "quadratic"):
+            value = getattr(self, name)
+            if not np.isfinite(value) or value < 0:
+                raise field_error(FlopsModelError, name, value, "must be finite and non-negative",
+                                  "build the model with FlopsModel.from_hf_config(config)")
+
+    def per_sample(self, lengths: Int[np.ndarray, " n"]) -> Float64[np.ndarray, " n"]:
+        """FLOPs of every sample; e.g. the 8B model gives 6.70e13 for L=4096."""
+        length = np.asarray(lengths, dtype=np.float64)
+        return self.linear * length + self.quadratic * length * length
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any] | Any) -> "FlopsModel":
+        """Read a HF ``config.json`` dict or a ``PretrainedConfig``-like object (a nested
+        ``text_config`` is used when present, as in multimodal configs)."""
+        cfg = _Fields(config)
+        if cfg.get("text_config") is not None:
+            cfg = _Fields(cfg.get("text_config"))
+        if cfg.get("kv_lora_rank") is not None:
+            raise field_error(FlopsModelError, "kv_lora_rank", cfg.get("kv_lora_rank"),
+                              "multi-head latent attention is not modelled",
+                              "pass FlopsModel(linear=..., quadratic=...) computed for MLA")
+        hidden, layers = cfg.int("hidden_size"), cfg.int("num_hidden_layers")
+        heads = cfg.int("num_attention_heads")
+        kv_heads = cfg.int("num_key_value_heads", heads)
+        head_dim = cfg.int("head_dim", hidden // heads)
+        q, kv = heads * head_dim, kv_heads * head_dim
+        attention = 2 * hidden * (q + 2 * kv) + 2 * q * hidden
+        dense_mlp = 6 * hidden * cfg.int("intermediate_size")
+        sparse = _sparse_layers(cfg, layers)
+        per_layer = [attention + (_moe_mlp(cfg, hidden) if i in sparse else dense_mlp)
+                     for i in range(layers)]
+        linear = sum(per_layer) + 2 * hidden * cfg.int("vocab_size")
+        return cls(linear=linear, quadratic=2 * q * layers)
+
+
+class _Fields:
+    """Uniform read access to a dict or attribute-style config, with typed errors."""
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    def get(self, name: str, default: Any = None) -> Any:
+        if isinstance(self.config, Mapping):
+            value = self.config.get(name, default)
+        else:
+            value = getattr(self.config, name, default)
+        return default if value is None else value
+
+    def int(self, name: str, default: int | None = None) -> int:
+        value = self.get(name, default)
+        if value is None:
+            raise field_error(FlopsModelError, name, None, "is missing from the model config",
+                              f"add {name} to the config (see the model's config.json)")
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+            raise field_error(FlopsModelError, name, value, "must be a positive integer",
+                              "fix the model config")
+        return int(value)
+
+
+def _num_experts(cfg: _Fields) -> int:
+    return next((cfg.int(f) for f in _EXPERT_FIELDS if cfg.get(f)), 0)
+
+
+def _sparse_layers(cfg: _Fields, layers: int) -> set[int]:
+    """Indices of MoE layers (Qwen's decoder_sparse_step / mlp_only_layers, DeepSeek's
+    first_k_dense_replace); none for a dense model."""
+    if not _num_experts(cfg):
+        return set()
+    step = cfg.int("decoder_sparse_step", 1)
+    dense_only = set(cfg.get("mlp_only_layers", []) or [])
+    first_dense = cfg.get("first_k_dense_replace", 0) or 0
+    return {i for i in range(layers)
+            if (i + 1) % step == 0 and i not in dense_only and i >= first_dense}
+
+
+def _moe_mlp(cfg: _Fields, hidden: int) -> int:
+    """Per-token FLOPs of a MoE MLP: top-k routed experts, shared experts, and the router."""
+    experts = _num_experts(cfg)
+    expert_ffn = cfg.int("moe_intermediate_size", cfg.int("intermediate_size"))
+    routed = 6 * hidden * expert_ffn * cfg.int("num_experts_per_tok")
+    shared_ffn = cfg.get("shared_expert_intermediate_size", 0) or 0
+    shared_ffn += (cfg.get("n_shared_experts", 0) or 0) * expert_ffn
+    return routed + 6 * hidden * int(shared_ffn) + 2 * hidden * experts

@@ -1,0 +1,104 @@
+"""Per-micro-batch loss reduction over step-level denominators, and the Megatron scale factor.
+
+A step's loss in every :class:`LossMode` is ``L = (1/C) * sum_{i,t} m[i,t] * x[i,t] / D[i]``
+(formulas per mode in ``LossMode``'s docstring; ``D`` and ``C`` come from
+``vime_pure.denominators``). A micro-batch, a DP rank and a CP shard each hold some tokens;
+:func:`microbatch_loss` returns their *partial numerator* ``P = sum_{local t} m*x / D[i]`` over
+the **full** step-level ``D``, so partials add up: ``sum_over_pieces(P) / C == L`` exactly, for
+any split, and so do their gradients (the sum is linear in ``x``).
+
+The shell feeds ``P * megatron_loss_scale(...)`` to Megatron, whose division by
+``num_microbatches`` and DDP's average over ``dp * cp`` then cancel (derivation there). What a
+trainer does, with everything per step computed by the core's micro-batch records
+(``vime_pure.rank_batch``: ``D`` per sample, CP slices, the token-to-sample index)::
+
+    scale = megatron_loss_scale(rec.loss_mode, rec.num_microbatches, rec.num_groups, dp, cp,
+                                num_samples=rec.num_samples)
+    # in Megatron's loss_func, per micro-batch record, on every DP x CP rank:
+    partial = microbatch_loss(per_token, rec.loss_mask, rec.token_sample, rec.denominators)
+    return partial * scale, {"loss": partial.detach()}               # the "pair" path
+    # report: reduce_train_step over every rank's summed partials (divides by C)
+
+Invariants the tests assert: the sum of scaled partials over micro-batches, DP ranks and zigzag
+CP shards equals the whole-step value and gradient in every mode; the worked example below.
+
+Example (``group_token_mean``): R0 = 3 samples x 3 tokens, R1 = 1 sample x 3 tokens, x = 1..12,
+``D = [9, 9, 9, 3]``, ``C = G_s = 2``. One micro-batch holding samples 0-1 gives
+``P = (1+..+6)/9 = 21/9``, the other ``(7+8+9)/9 + (10+11+12)/3 = 24/9 + 11``; their sum is 16
+and ``L = 16 / 2 = 8.0``.
+"""
+
+import torch
+from jaxtyping import Float, Int, jaxtyped
+from beartype import beartype
+from torch import Tensor
+
+from vime_pure.errors import LossConfigError, field_error
+
+
+__all__ = ["microbatch_loss", "rejection_mask", "sample_index_from_lengths"]
+
+
+@jaxtyped(typechecker=beartype)
+def sample_index_from_lengths(lengths: Int[Tensor, " s"]) -> Int[Tensor, " t"]:
+    """Per-token sample number of a packed row from per-sample token counts.
+
+    Example: ``lengths = [2, 0, 3]`` gives ``[0, 0, 2, 2, 2]`` (an empty CP shard of sample 1
+    owns no token but keeps its slot, so ``denominators`` stay aligned with samples).
+    """
+    if bool((lengths < 0).any()):
+        raise field_error(LossConfigError, "lengths", lengths.tolist(), "has a negative entry",
+                          "pass per-sample token counts >= 0")
+    return torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+
+
+@jaxtyped(typechecker=beartype)
+def microbatch_loss(per_token: Float[Tensor, " t"], loss_mask: Float[Tensor, " t"],
+                    sample_index: Int[Tensor, " t"],
+                    denominators: Float[Tensor, " s"]) -> Float[Tensor, ""]:
+    """Partial numerator ``sum_t m[t] * x[t] / D[sample_index[t]]`` of one packed row.
+
+    ``per_token``/``loss_mask``/``sample_index`` cover the tokens this rank holds (after CP
+    slicing); ``denominators[k]`` is the step-level ``D`` of the row's ``k``-th sample, taken
+    from the step (``sample_denominators``), never from this micro-batch. The mask may be a
+    rejection-modified mask. A sample whose ``D`` is 0 has an all-zero mask and contributes 0.
+    Example: ``x = [1, 2, 3]``, ``m = [1, 1, 0]``, ``sample_index = [0, 0, 1]``,
+    ``D = [4, 2]`` gives ``(1 + 2) / 4 = 0.75``.
+    """
+    # Replace D=0 by 1 before dividing: those tokens have m=0, and a 0/0 would poison the
+    # gradient with NaN even though the forward value is masked out.
+    safe = torch.where(denominators > 0, denominators, torch.ones_like(denominators))
+    weights = loss_mask / safe.to(per_token.dtype)[sample_index]
+    return (per_token * weights).sum()
+
+
+@jaxtyped(typechecker=beartype)
+def rejection_mask(log_ratio: Float[Tensor, " t"], loss_mask: Float[Tensor, " t"], *,
+                   low: float | int, high: float | int,
+                   sample_index: Int[Tensor, " t"] | None = None) -> Float[Tensor, " t"]:
+    """Masked importance sampling: ``loss_mask`` with rejected tokens set to 0.
+
+    A token is rejected when its importance ratio ``exp(log_ratio)`` (e.g. trainer over rollout
+    log-probs) lies outside ``[low, high]``. With ``sample_index``, rejection is per sample:
+    a sample is dropped when the geometric mean of its masked ratios leaves the band.
+    Compute it on whole (unsliced) samples, at step level, so that the ``"surviving"``
+    denominator (``sample_denominators``) can be computed before micro-batching; then slice.
+    Example: ``log_ratio = log([1.0, 3.0, 0.5])``, mask ones, band ``[0.6, 2]`` -> ``[1, 0, 0]``.
+    """
+    if not 0 <= low <= high:
+        raise field_error(LossConfigError, "low/high", (low, high),
+                          "is not a band 0 <= low <= high", "pass e.g. low=0.5, high=2.0")
+    # Compare in log space (float64): ratios themselves can overflow for large log gaps.
+    lo = torch.log(torch.tensor(float(low), dtype=torch.float64))
+    hi = torch.log(torch.tensor(float(high), dtype=torch.float64))
+    ratio = log_ratio.detach().to(torch.float64)
+    if sample_index is None:
+        keep = (ratio >= lo) & (ratio <= hi)
+    else:
+        n = int(sample_index.max()) + 1 if sample_index.numel() else 0
+        mask64 = loss_mask.detach().to(torch.float64)
+        total = torch.zeros(n, dtype=torch.float64).index_add_(0, sample_index, ratio * mask64)
+        count = torch.zeros(n, dtype=torch.float64).index_add_(0, sample_index, mask64)
+        mean = total / count.clamp(min=1.0)
+        keep = ((mean >= lo) & (mean <= hi))[sample_index]
+    return loss_mask * keep.to(loss_mask.dtype)

@@ -1,0 +1,155 @@
+"""Per-token policy-loss pieces: PPO/GRPO clipped surrogate, KL penalty (k1, k2, k3, low_var_kl), entropy.
+
+Every function maps per-token tensors to per-token tensors of the same length and never
+reduces: aggregation belongs to ``vime_pure.torch_ops.loss.microbatch_loss`` with step-level
+denominators, so a loss computed here stays invariant to how a step is split. GRPO is the same
+surrogate fed with group-normalised advantages.
+
+Formulas (``r = exp(logp - old_logp)``, advantage ``A``):
+  * surrogate ``pg = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))``; with dual clip
+    ``c > 1`` and ``A < 0`` it is further capped at ``-A * c``;
+  * ``k1 = logp - ref_logp``; ``k2 = k1**2 / 2``;
+    ``k3 = exp(ref_logp - logp) - (ref_logp - logp) - 1 >= 0`` (``low_var_kl``: clamped to 10);
+  * entropy ``H = -sum_v softmax(z)_v * log_softmax(z)_v``;
+  * ``total = tis * pg + kl_coef * kl - entropy_coef * H``.
+
+Invariants the tests assert: at ``r = 1`` the surrogate is ``-A`` with zero clip fraction;
+``k3 >= 0`` and ``k1 = k3 = 0`` when ``logp == ref_logp``; entropy of uniform logits over
+``V`` is ``log V``.
+"""
+
+import attrs
+import torch
+from beartype import beartype
+from jaxtyping import Float, Int, jaxtyped
+from torch import Tensor
+
+from vime_pure.errors import LossConfigError, field_error
+from vime_pure.policy_config import KL_KINDS, KLKind
+
+
+
+@attrs.frozen
+class PolicyTerms:
+    """Per-token pieces of one packed row; reduce each with ``microbatch_loss``.
+
+    ``total`` is differentiated; the others are detached for reporting (``clipped`` is 1.0
+    where the clip was active, so its reduction is the clip fraction).
+    """
+
+    total: Float[Tensor, " t"]
+    pg: Float[Tensor, " t"]
+    kl: Float[Tensor, " t"]
+    entropy: Float[Tensor, " t"]
+    clipped: Float[Tensor, " t"]
+    ratio: Float[Tensor, " t"]
+
+
+@jaxtyped(typechecker=beartype)
+def ppo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t"],
+                  advantages: Float[Tensor, " t"], *, eps_clip: float | int = 0.2,
+                  eps_clip_high: float | int | None = None, dual_clip: float | int | None = None
+                  ) -> tuple[Float[Tensor, " t"], Float[Tensor, " t"], Float[Tensor, " t"]]:
+    """Clipped surrogate per token: ``(loss, clipped, ratio)``.
+
+    Example: ``logp - old = log(1.5)``, ``A = 1``, eps 0.2: ratio 1.5 is clipped to 1.2, so the
+    loss is ``-1.2`` and ``clipped = 1``.
+    """
+    high = eps_clip if eps_clip_high is None else eps_clip_high
+    if eps_clip < 0 or high < 0:
+        raise field_error(LossConfigError, "eps_clip", (eps_clip, eps_clip_high),
+                          "must be >= 0", "pass e.g. eps_clip=0.2 (eps_clip_high=0.28)")
+    ratio = torch.exp(log_probs - old_log_probs)
+    unclipped = -advantages * ratio
+    clipped_loss = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + high)
+    loss = torch.maximum(unclipped, clipped_loss)
+    clipped = (clipped_loss > unclipped).to(log_probs.dtype)
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise field_error(LossConfigError, "dual_clip", dual_clip, "must be > 1",
+                              "pass e.g. dual_clip=3.0, or None to disable")
+        capped = torch.minimum(loss, -advantages * dual_clip)
+        loss = torch.where(advantages < 0, capped, loss)
+    return loss, clipped.detach(), ratio.detach()
+
+
+@jaxtyped(typechecker=beartype)
+def kl_penalty(log_probs: Float[Tensor, " t"], ref_log_probs: Float[Tensor, " t"],
+               kind: KLKind | str = "k3") -> Float[Tensor, " t"]:
+    """Per-token KL estimate of the policy from the reference (Schulman's estimators).
+
+    With ``d = logp - ref``: ``k1 = d``; ``k2 = d**2 / 2``; ``k3 = exp(-d) + d - 1 >= 0``;
+    ``low_var_kl`` is ``k3`` clamped to ``[-10, 10]`` (slime's and verl's name).
+    Example: ``logp = log(0.5)``, ``ref = log(0.25)``: k1 = log 2 = 0.693, k2 = 0.240,
+    k3 = 0.5 - log(0.5) - 1 = 0.193.
+    """
+    log_ratio = ref_log_probs - log_probs
+    if kind == "k1":
+        return -log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio * log_ratio
+    if kind in ("k3", "low_var_kl"):
+        k3 = torch.exp(log_ratio) - log_ratio - 1.0
+        return k3.clamp(-10.0, 10.0) if kind == "low_var_kl" else k3
+    raise field_error(LossConfigError, "kind", kind, "is not a KL estimator",
+                      f"use one of {KL_KINDS}")
+
+
+@jaxtyped(typechecker=beartype)
+def entropy_from_logits(logits: Float[Tensor, "t v"]) -> Float[Tensor, " t"]:
+    """Per-token entropy of the softmax of ``logits``. Example: uniform over 4 -> log 4."""
+    log_p = torch.log_softmax(logits, dim=-1)
+    return -(log_p.exp() * log_p).sum(dim=-1)
+
+
+@jaxtyped(typechecker=beartype)
+def token_log_probs(logits: Float[Tensor, "t v"], targets: Int[Tensor, " t"]
+                    ) -> Float[Tensor, " t"]:
+    """Log-probability of each target under its row of logits (logit ``t`` scores token t+1)."""
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
+
+
+@jaxtyped(typechecker=beartype)
+def tis_weights(old_log_probs: Float[Tensor, " t"], rollout_log_probs: Float[Tensor, " t"], *,
+                cap: float | int = 2.0) -> Float[Tensor, " t"]:
+    """Truncated importance weights ``min(exp(old - rollout), cap)``, detached.
+
+    They correct the trainer/engine mismatch; the rejection alternative is
+    ``vime_pure.torch_ops.loss.rejection_mask``. Example: ratio 3.0 with cap 2 -> 2.0.
+    """
+    if cap <= 0:
+        raise field_error(LossConfigError, "cap", cap, "must be > 0", "pass e.g. cap=2.0")
+    return torch.exp(old_log_probs - rollout_log_probs).clamp(max=cap).detach()
+
+
+@jaxtyped(typechecker=beartype)
+def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t"],
+                advantages: Float[Tensor, " t"], *, entropy: Float[Tensor, " t"] | None = None,
+                ref_log_probs: Float[Tensor, " t"] | None = None, kl_coef: float | int = 0.0,
+                kl_kind: KLKind | str = "k3", entropy_coef: float | int = 0.0,
+                eps_clip: float | int = 0.2,
+                eps_clip_high: float | int | None = None, dual_clip: float | int | None = None,
+                tis: Float[Tensor, " t"] | None = None) -> PolicyTerms:
+    """All per-token pieces and their weighted total (see the module formulas).
+
+    Example: ``r = 1``, ``A = 2``, no KL/entropy terms: ``total = pg = -2`` per token.
+    """
+    pg, clipped, ratio = ppo_clip_loss(log_probs, old_log_probs, advantages, eps_clip=eps_clip,
+                                       eps_clip_high=eps_clip_high, dual_clip=dual_clip)
+    if tis is not None:
+        pg = pg * tis
+    zeros = torch.zeros_like(log_probs)
+    kl = zeros
+    if kl_coef != 0.0:
+        if ref_log_probs is None:
+            raise field_error(LossConfigError, "ref_log_probs", None,
+                              f"is required when kl_coef={kl_coef}", "pass reference log-probs")
+        kl = kl_penalty(log_probs, ref_log_probs, kl_kind)
+    ent = zeros if entropy is None else entropy
+    if entropy_coef != 0.0 and entropy is None:
+        raise field_error(LossConfigError, "entropy", None,
+                          f"is required when entropy_coef={entropy_coef}",
+                          "pass entropy_from_logits(logits)")
+    total = pg + kl_coef * kl - entropy_coef * ent
+    return PolicyTerms(total=total, pg=pg.detach(), kl=kl.detach(), entropy=ent.detach(),
+                       clipped=clipped, ratio=ratio)

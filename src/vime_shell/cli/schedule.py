@@ -1,0 +1,203 @@
+"""vime schedule: plan the steps of one rollout batch and print a per-step table.
+
+Input is one of:
+  --input FILE.jsonl   one JSON object per sample: {"length": <int>, "group_id": <int|str>}
+  --input DUMP         a rollout dump written by save_rollout_batch / --save-rollout-data
+  --synthetic          a seeded long-tailed workload (see vime_pure.scheduling.workloads): prompt
+                       lognormal(median 500, sigma 0.4), response lognormal(median 2000) with
+                       per-prompt and per-sample spread, fan-out grpo8 | grpo16 | agentic8
+                       (agentic8: 1-4 samples per group with p = .4/.3/.2/.1)
+
+Layout and policy flags are named as in slime and mean what they mean in `vime train`
+(vime_pure.policy_from_flags): --balance-data balances micro-batches over DP ranks by tokens,
+--balance-by-flops by estimated FLOPs; --packing and --balance pick any algorithm
+(--balance straggler included). The table shows, per step: groups, samples, micro-batches per rank (and the aligned
+lower bound), max and mean rank tokens, token and FLOPs imbalance (max/mean), cap use (mean
+micro-batch fill) and the largest micro-batch. Dropped trailing groups are reported below.
+"""
+
+import argparse
+import json
+import zipfile
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from vime_pure.config import (BALANCES, PACKINGS, BatchingPolicy, ParallelLayout,
+                              policy_from_flags)
+from vime_pure.errors import VimeError
+from vime_pure.scheduling.planner import build_schedule
+from vime_pure.scheduling.report import PolicySummary, StepStats, step_stats, summarize
+from vime_pure.scheduling.workloads import FANOUTS, synthetic_workload
+from vime_shell.storage.dump import workload_from_dump
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_argument_group("workload")
+    src.add_argument("--input", type=Path, help="JSONL workload file or rollout dump")
+    src.add_argument("--synthetic", action="store_true", help="use a seeded synthetic workload")
+    src.add_argument("--num-groups", type=int, default=1024, help="synthetic: rollout groups")
+    src.add_argument("--fanout", choices=sorted(FANOUTS), default="agentic8",
+                     help="synthetic: samples per prompt/group pattern")
+    src.add_argument("--seed", type=int, default=0, help="synthetic: RNG seed")
+    lay = p.add_argument_group("parallel layout")
+    lay.add_argument("--dp", type=int, default=1, help="data-parallel size")
+    lay.add_argument("--cp", type=int, default=1, help="context-parallel size")
+    lay.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
+    lay.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages per rank")
+    lay.add_argument("--microbatch-group-size-per-vp-stage", type=int, default=None,
+                     help="Megatron's microbatch group size (required with --vpp > 1)")
+    pol = p.add_argument_group("batching policy")
+    pol.add_argument("--global-batch-size", type=int, required=False, default=None,
+                     help="groups (rollout executions) per optimizer step")
+    pol.add_argument("--max-tokens-per-gpu", type=int, default=None,
+                     help="token budget per micro-batch per GPU (dynamic packing)")
+    pol.add_argument("--micro-batch-size", type=int, default=None,
+                     help="samples per static micro-batch (when --max-tokens-per-gpu is unset)")
+    pol.add_argument("--packing", choices=PACKINGS, default=None,
+                     help="bin-packing algorithm (default ffd)")
+    pol.add_argument("--balance", choices=BALANCES, default=None,
+                     help="DP balance mode; overrides --balance-data / --balance-by-flops")
+    pol.add_argument("--balance-data", action="store_true",
+                     help="balance DP ranks by tokens (--balance tokens)")
+    pol.add_argument("--balance-by-flops", action="store_true",
+                     help="balance DP ranks by estimated FLOPs (--balance flops)")
+    pol.add_argument("--allow-partial-train-step", action="store_true",
+                     help="train trailing groups as one smaller final step when feasible")
+    rep = p.add_argument_group("reports")
+    rep.add_argument("--json", type=Path, default=None, help="also write per-step stats as JSON")
+    rep.add_argument("--compare", action="store_true",
+                     help="run every packing x balance policy side by side and print a summary")
+    rep.add_argument("--plot", type=Path, default=None,
+                     help="PNG of one step's per-rank loads, stacked by micro-batch")
+    rep.add_argument("--plot-step", type=int, default=0, help="step drawn by --plot")
+    p.set_defaults(handler=run)
+
+
+def load_jsonl(path: Path) -> tuple[np.ndarray, list]:
+    """Read ``{"length", "group_id"}`` rows; errors name the line."""
+    lengths, groups = [], []
+    with path.open() as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                lengths.append(row["length"])
+                groups.append(row["group_id"])
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise VimeError(f"{path}:{n}: {exc!r}. Fix: each line must be a JSON object "
+                                'with "length" and "group_id".') from None
+    return np.asarray(lengths), groups
+
+
+def policy_from_args(args: argparse.Namespace) -> tuple[ParallelLayout, BatchingPolicy]:
+    """The layout, and the policy from ``vime_pure.policy_from_flags`` (what ``vime train``
+    uses too, so a flag means the same thing in both commands)."""
+    if args.global_batch_size is None:
+        raise VimeError("--global-batch-size is missing. Fix: pass the number of groups per step.")
+    layout = ParallelLayout(dp=args.dp, cp=args.cp, pp=args.pp, vpp=args.vpp,
+                            microbatch_group=args.microbatch_group_size_per_vp_stage)
+    policy = policy_from_flags(
+        global_batch_size=args.global_batch_size, max_tokens_per_gpu=args.max_tokens_per_gpu,
+        micro_batch_size=args.micro_batch_size, packing=args.packing, balance=args.balance,
+        balance_data=args.balance_data, balance_by_flops=args.balance_by_flops,
+        allow_partial_train_step=args.allow_partial_train_step)
+    return layout, policy
+
+
+def load_workload(args: argparse.Namespace) -> tuple[np.ndarray, list]:
+    if (args.input is None) == (not args.synthetic):
+        raise VimeError("pass exactly one of --input FILE or --synthetic. Fix: e.g. "
+                        "`vime schedule --synthetic --global-batch-size 64 --dp 8 "
+                        "--max-tokens-per-gpu 16384`.")
+    if args.synthetic:
+        w = synthetic_workload(num_groups=args.num_groups, fanout=args.fanout, seed=args.seed)
+        return w.lengths, w.group_ids.tolist()
+    if not args.input.exists():
+        raise VimeError(f"--input {args.input} does not exist. Fix: pass an existing file.")
+    if zipfile.is_zipfile(args.input):  # rollout dumps are versioned .npz (zip) files
+        lengths, group_ids = workload_from_dump(args.input)
+        return np.asarray(lengths), list(group_ids)
+    return load_jsonl(args.input)
+
+
+def format_table(stats: tuple[StepStats, ...]) -> str:
+    head = (f"{'step':>4} {'groups':>6} {'samples':>7} {'mb/rank':>7} {'bound':>5} "
+            f"{'max rank tok':>12} {'mean rank tok':>13} {'tok imb':>7} {'flops imb':>9} "
+            f"{'cap use':>7} {'max mb tok':>10}")
+    rows = [head, "-" * len(head)]
+    for s in stats:
+        cap = "static" if s.cap_use is None else f"{s.cap_use:7.1%}"
+        rows.append(f"{s.step:>4} {s.num_groups:>6} {s.num_samples:>7} "
+                    f"{s.microbatches_per_rank:>7} {s.microbatch_lower_bound:>5} "
+                    f"{s.max_rank_tokens:>12,} {s.mean_rank_tokens:>13,.0f} "
+                    f"{s.token_imbalance:>7.3f} {s.flops_imbalance:>9.3f} {cap:>7} "
+                    f"{s.max_microbatch_tokens:>10,}")
+    return "\n".join(rows)
+
+
+def format_compare(rows: list[tuple[str, str, PolicySummary]]) -> str:
+    head = (f"{'packing':>9} {'balance':>9} {'mbs':>6} {'bound':>6} {'aligned':>7} {'tok imb mean/worst':>18} "
+            f"{'tok LB':>6} {'flops imb mean/worst':>20} {'flops LB':>8} {'pad waste':>9} "
+            f"{'over cap':>8} {'dropped':>7}")
+    out = [head, "-" * len(head)]
+    for packing, balance, s in rows:
+        out.append(
+            f"{packing:>9} {balance:>9} {s.microbatches:>6} {s.microbatch_bound:>6} "
+            f"{s.microbatch_bound_aligned:>7} "
+            f"{s.token_imbalance_mean:>8.3f} / {s.token_imbalance_worst:<7.3f} "
+            f"{s.token_imbalance_bound:>6.3f} {s.flops_imbalance_mean:>9.3f} / "
+            f"{s.flops_imbalance_worst:<8.3f} {s.flops_imbalance_bound:>8.3f} "
+            f"{s.pad_waste:>9.1%} {s.over_cap_multi:>8} {s.dropped_groups:>7}")
+    return "\n".join(out)
+
+
+def compare(lengths, groups, layout: ParallelLayout, policy: BatchingPolicy):
+    """Summaries of every packing x balance combination under ``policy``'s other settings."""
+    rows = []
+    for packing in PACKINGS:
+        for balance in BALANCES:
+            variant = attrs.evolve(policy, packing=packing, balance=balance)
+            rows.append((packing, balance,
+                         summarize(build_schedule(lengths, groups, layout, variant))))
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    lengths, groups = load_workload(args)
+    layout, policy = policy_from_args(args)
+    if args.compare:
+        if not policy.dynamic:
+            raise VimeError("--compare needs dynamic packing. Fix: set --max-tokens-per-gpu.")
+        print(f"compare: {len(lengths)} samples in {len(set(groups))} groups, dp={layout.dp} "
+              f"cp={layout.cp} vpp={layout.vpp}, cap={policy.token_cap(layout):,} tokens; "
+              "bound = sum over steps of ceil(step tokens / cap), aligned = each step's bound rounded up to "
+              f"a multiple of {layout.align_multiple}; LB = mean per-step "
+              "imbalance lower bound max(max item, total/dp)/(total/dp)")
+        print(format_compare(compare(lengths, groups, layout, policy)))
+        return 0
+    schedule = build_schedule(lengths, groups, layout, policy)
+    stats = step_stats(schedule)
+    cap = policy.token_cap(layout)
+    print(f"workload: {len(lengths)} samples in {len(set(groups))} groups; layout dp={layout.dp} "
+          f"cp={layout.cp} vpp={layout.vpp} (align multiple {layout.align_multiple}); "
+          f"packing={policy.packing if policy.dynamic else 'static'} balance={policy.balance} "
+          + (f"cap={cap:,} tokens" if cap else f"micro_batch_size={policy.micro_batch_size}"))
+    print(format_table(stats))
+    kept = sum(s.num_groups for s in stats)
+    print(f"trained: {kept} groups in {len(stats)} steps; dropped: "
+          f"{len(schedule.dropped_groups)} groups / {len(schedule.dropped_samples)} samples"
+          + (" (set --allow-partial-train-step to train them when feasible)"
+             if schedule.dropped_groups and not policy.allow_partial_step else ""))
+    if args.plot is not None:
+        if not 0 <= args.plot_step < schedule.num_steps:
+            raise VimeError(f"--plot-step {args.plot_step} is out of range. Fix: pass a step "
+                            f"in 0..{schedule.num_steps - 1}.")
+        from vime_shell.loop.plots import plot_step_loads  # matplotlib: only for --plot
+
+        print(f"plot: {plot_step_loads(schedule, args.plot, args.plot_step)}")
+    if args.json is not None:
+        args.json.write_text(json.dumps([attrs.asdict(s) for s in stats], indent=1))
+    return 0

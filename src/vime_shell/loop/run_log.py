@@ -1,0 +1,124 @@
+"""What a ``vime train`` run reports: ``metrics.jsonl``, TensorBoard, a progress bar, PNG plots.
+
+Only global rank 0 writes. ``<run_dir>/metrics.jsonl`` holds one JSON object per rollout, in
+rollout order, flushed as soon as the rollout ends (``REQUIRED_KEYS`` are always present). On a
+resumed run the lines of rollouts at or after the resume point are dropped first, so the file
+never holds a rollout twice. TensorBoard scalars go to ``<run_dir>/tb`` when the
+``tensorboard`` package is installed (silently skipped otherwise). At the end,
+``curves.png`` (reward, loss, entropy and gradient norm per rollout; on-policy GRPO's loss
+is ~0 by construction, entropy and gradient norm show the learning) and ``schedule.png``
+(per-rank micro-batch token loads of the last rollout's first step) are drawn with
+:mod:`vime_shell.loop.plots`.
+
+Example line (the demo's rollout 0): ``{"rollout": 0, "reward_mean": 0.0, "loss": 0.0,
+"num_groups": 128, "num_microbatches": 1, "logprob_gap": 1.0e-07, "entropy": 2.92,
+"dp_imbalance": 1.0, "tokens_per_s": 1815.0, ...}``.
+"""
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+from tqdm import tqdm
+
+from vime_shell.loop.plots import plot_curves, plot_step_loads
+
+try:  # TensorBoard is optional: scalars are written only when it is installed
+    from torch.utils.tensorboard import SummaryWriter
+except ImportError:
+    SummaryWriter = None
+
+REQUIRED_KEYS = ("rollout", "reward_mean", "loss", "num_groups", "num_microbatches",
+                 "logprob_gap")
+CURVES = "curves.png"
+SCHEDULE_PLOT = "schedule.png"
+METRICS = "metrics.jsonl"
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The rollout records of ``<run_dir>/metrics.jsonl`` (empty when absent)."""
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class RunLogger:
+    """Rank 0's sink for per-rollout records. ``enabled=False`` (other ranks) does nothing."""
+
+    def __init__(self, run_dir: str | Path, *, start: int, total: int, enabled: bool,
+                 progress: bool = True):
+        self.run_dir, self.enabled = Path(run_dir), enabled
+        self.records: list[dict] = []
+        self._tb = self._bar = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        kept = [r for r in read_metrics(self.run_dir) if r["rollout"] < start]
+        self.records = kept
+        path = self.run_dir / METRICS
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp.replace(path)
+        self._file = path.open("a")
+        self._tb = _tensorboard(self.run_dir / "tb")
+        if progress:
+            self._bar = tqdm(total=total, initial=start, unit="rollout", dynamic_ncols=True)
+
+    @property
+    def has_progress_bar(self) -> bool:
+        return self._bar is not None
+
+    def log(self, record: Mapping[str, object]) -> None:
+        if not self.enabled:
+            return
+        missing = [k for k in REQUIRED_KEYS if k not in record]
+        if missing:  # a loop bug, not user input: the record is built in one place
+            raise KeyError(f"metrics record lacks {missing}")
+        clean = {k: _json_value(v) for k, v in record.items()}
+        self.records.append(clean)
+        self._file.write(json.dumps(clean) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in clean.items():
+                if isinstance(value, (int, float)) and key != "rollout":
+                    self._tb.add_scalar(key, value, global_step=int(clean["rollout"]))
+        if self._bar is not None:
+            self._bar.set_postfix_str(
+                f"reward {clean['reward_mean']:.3f} loss {clean['loss']:+.4f} "
+                f"gap {clean['logprob_gap']:.1e} mb {clean['num_microbatches']} "
+                f"{clean.get('tokens_per_s', 0):.0f} tok/s", refresh=False)
+            self._bar.update(1)
+
+    def finish(self, last_schedule=None) -> list[Path]:
+        """Close the sinks and draw the plots; returns the PNG paths written."""
+        if not self.enabled:
+            return []
+        self._file.close()
+        if self._bar is not None:
+            self._bar.close()
+        if self._tb is not None:
+            self._tb.close()
+        out = []
+        if self.records:
+            keys = [k for k in ("reward_mean", "loss", "entropy", "grad_norm")
+                    if k in self.records[0]]
+            series = {k: [math.nan if r[k] is None else r[k] for r in self.records] for k in keys}
+            out.append(plot_curves(series, self.run_dir / CURVES,
+                                   title=f"{len(self.records)} rollouts"))
+        if last_schedule is not None and last_schedule.steps:
+            out.append(plot_step_loads(last_schedule, self.run_dir / SCHEDULE_PLOT, step=0))
+        return out
+
+
+def _json_value(value: object) -> object:
+    if hasattr(value, "item"):  # numpy / torch scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _tensorboard(path: Path):
+    return None if SummaryWriter is None else SummaryWriter(str(path))

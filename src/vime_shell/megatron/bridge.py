@@ -1,0 +1,140 @@
+"""Megatron ``GPTModel`` from a Hugging Face model directory, and export back to HF tensors.
+
+Purpose: load a Qwen2/Llama-family HF checkpoint into Megatron-core model chunks (one per
+virtual pipeline stage on this rank) with ``mbridge``, and stream the trained weights back out
+under their HF names (weight sync to the rollout engine, checkpoint export).
+
+mbridge 0.15 assumes TransformerEngine and an older transformers. :func:`make_bridge` applies
+the five adjustments it needs, all here and nowhere else:
+
+1. layer spec: Megatron's decoder block spec with ``use_transformer_engine`` from the platform
+   (the local spec on CPU), RMSNorm and ``qk_layernorm`` as configured;
+2. norm names: the local spec's ``input_layernorm.weight`` / ``pre_mlp_layernorm.weight`` map to
+   HF ``input_layernorm`` / ``post_attention_layernorm``;
+3. transformers 5 moved ``rope_theta`` into ``rope_parameters``: it is copied back;
+4. dtype: the platform's (fp32 on CPU; mbridge defaults to bf16, which costs ~2e-3 logit parity);
+5. sequence parallel and fusions off on CPU (mbridge turns SP on whenever TP > 1).
+
+Invariants (tested in ``tests/shell/test_conversion.py``): HF -> Megatron -> HF is bit-exact at
+TP1, TP2 and PP2; Megatron logits equal transformers' to 1e-5 in fp32.
+
+Example: ``bridge = make_bridge(hf_dir, platform); chunks = build_model_chunks(bridge,
+platform, layout)`` gives ``layout.vpp`` ``GPTModel`` chunks holding the checkpoint's weights.
+"""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from mbridge import AutoBridge
+from megatron.core import parallel_state as mpu
+from megatron.core import tensor_parallel
+from megatron.core.enums import ModelType
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+from transformers import AutoConfig
+
+from vime_shell.models.hf_config import ModelLoadError
+from vime_shell.megatron.layout import TrainLayout
+from vime_shell.megatron.platform import Platform
+
+_LOCAL_NORM_NAMES = {
+    "input_layernorm.weight": "model.layers.{n}.input_layernorm.weight",
+    "pre_mlp_layernorm.weight": "model.layers.{n}.post_attention_layernorm.weight",
+}
+
+
+def read_hf_config(hf_dir: str | Path):
+    """The transformers config of ``hf_dir``, normalised for mbridge (``rope_theta`` restored).
+
+    Raises ``ModelLoadError`` for a missing ``config.json`` or a RoPE variant the bridge cannot
+    convert. Example: a transformers-5 Qwen2 config with ``rope_parameters={"rope_theta": 1e4,
+    "rope_type": "default"}`` comes back with ``rope_theta == 1e4``.
+    """
+    path = Path(hf_dir)
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"hf_dir={str(path)!r}: no config.json there. Fix: pass a directory "
+                             "written by save_pretrained (config.json + *.safetensors).")
+    config = AutoConfig.from_pretrained(path)
+    rope = getattr(config, "rope_parameters", None) or {}
+    if getattr(config, "rope_theta", None) is None:  # adjustment 3
+        if "rope_theta" not in rope:
+            raise ModelLoadError(f"hf_dir={str(path)!r}: config has no rope_theta. Fix: use a "
+                                 "RoPE model (Qwen2/Qwen3/Llama) with rope_theta set.")
+        config.rope_theta = rope["rope_theta"]
+    if rope.get("rope_type", "default") != "default":
+        raise ModelLoadError(f"rope_parameters.rope_type={rope['rope_type']!r}: only plain RoPE "
+                             "is wired through the bridge. Fix: use a model with default RoPE.")
+    return config
+
+
+def make_bridge(hf_dir: str | Path, platform: Platform):
+    """An mbridge ``Bridge`` for ``hf_dir`` with the platform's adjustments (module docstring).
+
+    Needs Megatron's parallel state to be initialised (it reads TP/PP/VPP sizes from it).
+    """
+    config = read_hf_config(hf_dir)
+    try:
+        bridge = AutoBridge.from_config(config, dtype=platform.dtype)  # adjustment 4
+    except ValueError as exc:
+        raise ModelLoadError(f"model_type={config.model_type!r}: {exc}. Fix: use a Qwen2/Qwen3/"
+                             "Llama-family checkpoint.") from None
+    bridge.set_extra_args(**platform.transformer_overrides())  # adjustment 5
+    bridge.hf_dir = Path(hf_dir)
+
+    def layer_spec(vp_stage=None):  # adjustment 1
+        return get_gpt_decoder_block_spec(
+            bridge.config, use_transformer_engine=platform.transformer_engine,
+            normalization="RMSNorm", vp_stage=vp_stage)
+
+    bridge.has_vp_stage = True
+    bridge._get_transformer_layer_spec = layer_spec
+    to_hf = bridge._weight_name_mapping_mcore_to_hf
+
+    def name_to_hf(name: str) -> list[str]:  # adjustment 2
+        for suffix, template in _LOCAL_NORM_NAMES.items():
+            if name.startswith("decoder.layers.") and name.endswith(suffix):
+                return [template.format(n=name.split(".")[2])]
+        return to_hf(name)
+
+    bridge._weight_name_mapping_mcore_to_hf = name_to_hf
+    return bridge
+
+
+def build_model_chunks(bridge, platform: Platform, layout: TrainLayout,
+                       load_weights: bool = True) -> list[torch.nn.Module]:
+    """Unwrapped ``GPTModel`` chunks of this rank (``layout.vpp`` of them), weights loaded."""
+    provider = bridge._model_provider([])
+    chunks = []
+    for stage in range(layout.vpp):
+        vp = stage if layout.vpp > 1 else None
+        chunk = provider(
+            pre_process=mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
+            post_process=mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
+            vp_stage=vp)
+        chunk.model_type = ModelType.encoder_or_decoder
+        chunk.vp_stage = vp
+        for param in chunk.parameters():
+            tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+        if platform.kind == "cuda":
+            chunk.cuda(torch.cuda.current_device())
+        chunks.append(chunk)
+    if load_weights:
+        with torch.no_grad():
+            bridge.load_weights(chunks, str(bridge.hf_dir))
+    return chunks
+
+
+def export_hf_weights(bridge, chunks: list[torch.nn.Module]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, tensor)`` for every weight, gathered over TP and PP.
+
+    Collective: every rank of the model-parallel group must drain the iterator together. Each
+    rank receives every tensor (full, unsharded), so any rank can sync or save.
+    """
+    with torch.no_grad():
+        for name, tensor in bridge.export_weights(chunks):
+            yield name, tensor.detach()
+
+
+def hf_state_dict(bridge, chunks: list[torch.nn.Module]) -> dict[str, torch.Tensor]:
+    """All exported weights as a dict of CPU tensors (small models, tests, checkpoints)."""
+    return {name: t.to("cpu", copy=True) for name, t in export_hf_weights(bridge, chunks)}

@@ -1,0 +1,231 @@
+"""A small, process-wide ``torch.cuda`` compatibility layer so megatron-core runs on CPU (gloo).
+
+Purpose: megatron-core hard-codes CUDA in places no config flag reaches (rng trackers, rotary
+embeddings, pipeline schedules, optimizer type checks, ``clip_grads``). On a machine without
+CUDA, :func:`install` makes those calls run on CPU; with CUDA available it does nothing.
+
+What it does (and nothing else):
+
+1. A ``TorchFunctionMode`` rewrites ``device="cuda"`` / ``"cuda:N"`` / ``torch.device("cuda")``
+   and bare integer device indices (Megatron passes ``torch.cuda.current_device()``) to CPU, turns
+   ``Tensor.cuda()`` into the identity and makes ``Tensor.type()`` report ``torch.cuda.*Tensor``
+   names (Megatron's optimizer and ``clip_grads`` check those strings).
+2. The ``torch.cuda`` functions Megatron calls (device queries, synchronisation, streams, events,
+   nvtx, rng get/set/seed, memory queries) are replaced by CPU equivalents or no-ops. Each is a
+   **distinct** function object: ``torch._dynamo`` asserts when two ``torch.cuda`` attributes are
+   the same object. ``torch.cuda.manual_seed`` seeds the CPU generator directly; calling
+   ``torch.manual_seed`` would recurse through ``torch.cuda.manual_seed_all``.
+3. Megatron's tensor-parallel rng helpers read and write the CPU generator.
+
+``torch.cuda.is_available()`` stays False, so code that branches on it keeps its CPU path.
+
+Invariants (tested): installing twice is a no-op; no two patched attributes share an object;
+``torch.zeros(2, device="cuda")`` is a CPU tensor; ``t.cuda() is t``; float params report
+``torch.cuda.FloatTensor``.
+"""
+
+import contextlib
+import types
+
+import torch
+from megatron.core.tensor_parallel import random as mrandom
+from torch.overrides import TorchFunctionMode
+
+_STATE: dict[str, object] = {"installed": False, "mode": None}
+
+_CUDA_TYPE_NAMES = {
+    torch.float32: "torch.cuda.FloatTensor",
+    torch.float16: "torch.cuda.HalfTensor",
+    torch.bfloat16: "torch.cuda.BFloat16Tensor",
+    torch.float64: "torch.cuda.DoubleTensor",
+    torch.int64: "torch.cuda.LongTensor",
+    torch.int32: "torch.cuda.IntTensor",
+    torch.uint8: "torch.cuda.ByteTensor",
+    torch.bool: "torch.cuda.BoolTensor",
+}
+
+
+def _is_cuda_device(device: object) -> bool:
+    if isinstance(device, bool):
+        return False
+    if isinstance(device, int):
+        return True  # a bare index means a CUDA device to Megatron; CPU has no index
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+def _map_device(device: object) -> object:
+    return torch.device("cpu") if _is_cuda_device(device) else device
+
+
+class CpuDeviceMode(TorchFunctionMode):
+    """Maps CUDA device arguments to CPU for every torch call made while the mode is active."""
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            return _CUDA_TYPE_NAMES.get(args[0].dtype, func(*args))
+        if "device" in kwargs:
+            kwargs["device"] = _map_device(kwargs["device"])
+        if func in (torch.Tensor.to, torch.Tensor.new_empty) and len(args) > 1:
+            args = (args[0], _map_device(args[1]), *args[2:])
+        return func(*args, **kwargs)
+
+
+class _Stream:
+    """Stand-in for ``torch.cuda.Stream``: work on CPU is synchronous, so waits are no-ops."""
+
+    def __init__(self, *args, **kwargs):
+        self.device = torch.device("cpu")
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait_stream(self, other) -> None:
+        return None
+
+    def wait_event(self, event) -> None:
+        return None
+
+    def record_event(self, event=None):
+        return event if event is not None else _Event()
+
+    def query(self) -> bool:
+        return True
+
+
+class _Event:
+    """Stand-in for ``torch.cuda.Event``; ``elapsed_time`` is 0 because nothing is timed."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def record(self, stream=None) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait(self, stream=None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, other) -> float:
+        return 0.0
+
+
+def _cpu_functions() -> dict[str, object]:
+    """One fresh function object per patched ``torch.cuda`` attribute (dynamo rejects sharing)."""
+
+    def current_device():
+        return 0
+
+    def device_count():
+        return 1
+
+    def set_device(device):
+        return None
+
+    def synchronize(device=None):
+        return None
+
+    def get_rng_state(device="cuda"):
+        return torch.get_rng_state()
+
+    def set_rng_state(new_state, device="cuda"):
+        torch.set_rng_state(new_state)
+
+    def manual_seed(seed):
+        torch.default_generator.manual_seed(int(seed))
+
+    def manual_seed_all(seed):
+        torch.default_generator.manual_seed(int(seed))
+
+    def current_stream(device=None):
+        return _Stream()
+
+    def default_stream(device=None):
+        return _Stream()
+
+    def stream(s=None):
+        return contextlib.nullcontext()
+
+    def empty_cache():
+        return None
+
+    def memory_allocated(device=None):
+        return 0
+
+    def max_memory_allocated(device=None):
+        return 0
+
+    def memory_reserved(device=None):
+        return 0
+
+    def is_initialized():
+        return True
+
+    nvtx = types.SimpleNamespace(
+        range_push=lambda *a, **k: None,
+        range_pop=lambda *a, **k: None,
+        range=lambda *a, **k: contextlib.nullcontext(),
+        mark=lambda *a, **k: None,
+    )
+    return {
+        "current_device": current_device, "device_count": device_count,
+        "set_device": set_device, "synchronize": synchronize,
+        "get_rng_state": get_rng_state, "set_rng_state": set_rng_state,
+        "manual_seed": manual_seed, "manual_seed_all": manual_seed_all,
+        "current_stream": current_stream, "default_stream": default_stream,
+        "stream": stream, "empty_cache": empty_cache, "memory_allocated": memory_allocated,
+        "max_memory_allocated": max_memory_allocated, "memory_reserved": memory_reserved,
+        "is_initialized": is_initialized, "nvtx": nvtx,
+        "Stream": type("Stream", (_Stream,), {}), "Event": type("Event", (_Event,), {}),
+    }
+
+
+def _patch_megatron_rng() -> None:
+    """Point Megatron's tensor-parallel cuda-rng helpers at the CPU generator."""
+    def _get_cpu_rng_state(device="cuda", clone=False, graph_safe=False):
+        state = torch.get_rng_state()
+        return state.clone() if clone else state
+
+    def _set_cpu_rng_state(new_state, device=-1, graph_safe=False):
+        torch.set_rng_state(new_state)
+
+    mrandom._get_cuda_rng_state = _get_cpu_rng_state
+    mrandom._set_cuda_rng_state = _set_cpu_rng_state
+
+
+def install() -> bool:
+    """Install the layer once per process; returns True when it is (or already was) active.
+
+    Call it before any Megatron model is built. With CUDA available it returns False and
+    changes nothing. Example: ``install(); torch.zeros(1, device="cuda").device.type == "cpu"``.
+    """
+    if torch.cuda.is_available():
+        return False
+    if _STATE["installed"]:
+        return True
+    for name, fn in _cpu_functions().items():
+        setattr(torch.cuda, name, fn)
+    torch.cuda.random.get_rng_state = torch.cuda.get_rng_state
+    torch.cuda.random.set_rng_state = torch.cuda.set_rng_state
+    _patch_megatron_rng()
+    mode = CpuDeviceMode()
+    mode.__enter__()  # process-wide: stays active for the life of the process
+    _STATE.update(installed=True, mode=mode)
+    return True
+
+
+def installed() -> bool:
+    """True when the CPU layer is active in this process."""
+    return bool(_STATE["installed"])
+
+
+PATCHED_ATTRIBUTES: tuple[str, ...] = tuple(_cpu_functions())

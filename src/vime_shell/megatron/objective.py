@@ -1,0 +1,114 @@
+"""The per-micro-batch training objective, assembled from ``vime_pure``'s loss accounting.
+
+Purpose: what Megatron's ``loss_func`` computes on the last pipeline stage for one packed row.
+The shell only wires tensors; every formula lives in the core:
+
+1. per-token log-probs and entropies of the row's scored response tokens from the
+   vocab-parallel logits (Megatron's vocab-parallel cross entropy; entropy with the same
+   max/sum all-reduces), so TP needs no logits gather;
+2. per-token pieces from ``vime_pure.torch_ops.policy_loss.policy_loss`` (PPO/GRPO clipped
+   surrogate, dual clip, KL, entropy bonus, TIS weights); without old log-probs the ratio is 1
+   and carries the gradient;
+3. partial numerators ``P = sum_t m[t] * x[t] / D[sample(t)]`` from
+   ``vime_pure.torch_ops.loss.microbatch_loss`` over the record's **step-level** denominators
+   (``rank_batch`` computed them for the record's ``loss_mode``);
+4. the factor ``vime_pure.megatron_loss_scale(record.loss_mode, K, G_s, dp, cp, path="pair")``
+   that makes Megatron's ``*cp / K`` and DDP's ``/(dp*cp)`` cancel. The mode comes from the
+   record, so the denominators and the divisor cannot disagree.
+
+Reported per row (``STEP_KEYS``): the partial numerators of ``loss``, ``pg_loss``, ``kl``,
+``entropy`` and ``clipfrac``, which ``vime_pure.reduce_train_step`` divides by the step
+divisor; and ``(sum, count)`` token metrics (``TOKEN_KEYS``: ``ratio``, ``log_prob``) for
+``vime_pure.reduce_metrics``.
+
+Example: one group of 2 samples with masks ``[1, 1]`` and ``[1, 0]`` (``D = 3``), per-token
+losses ``[1, 2]`` and ``[3, 9]``: ``P = (1 + 2 + 3) / 3 = 2.0``; with ``G_s = 1`` the step loss
+is 2.0.
+"""
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as mpu
+from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+from vime_pure.data.microbatch import TrainMicroBatch
+from vime_pure.denominators import megatron_loss_scale
+from vime_pure.errors import LossConfigError, field_error
+from vime_pure.policy_config import LossConfig
+from vime_pure.torch_ops.loss import microbatch_loss
+from vime_pure.torch_ops.policy_loss import policy_loss, tis_weights
+from vime_shell.megatron.tensors import MicroBatchTensors
+
+STEP_KEYS: tuple[str, ...] = ("loss", "pg_loss", "kl", "entropy", "clipfrac")  # divided by C
+TOKEN_KEYS: tuple[str, ...] = ("ratio", "log_prob")  # token means: Metric(sum, tokens)
+
+
+def loss_factor(record: TrainMicroBatch, dp: int, cp: int) -> float:
+    """``megatron_loss_scale`` of the record's step on Megatron's ``(loss, metrics)`` path.
+
+    Example: group_token_mean, 4 micro-batches per rank, 8 groups, dp 2: ``4 * 2 / 8 = 1.0``.
+    """
+    return megatron_loss_scale(record.loss_mode, record.num_microbatches, record.num_groups,
+                               dp, cp, num_samples=record.num_samples, path="pair")
+
+
+def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy per row of ``logits`` ``[R, V/tp]`` sharded over the TP group's vocabulary.
+
+    ``H = log Z - sum_v p_v z_v`` with ``z`` shifted by the global max; the two sums over the
+    vocabulary are all-reduced with Megatron's autograd-aware reduction (identity backward).
+    Example: uniform logits over V = 4 (any TP split) give ``log 4 = 1.386``.
+    """
+    shift = logits.detach().max(dim=-1, keepdim=True).values
+    if mpu.get_tensor_model_parallel_world_size() > 1:
+        dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=mpu.get_tensor_model_parallel_group())
+    z = logits - shift
+    e = z.exp()
+    total = reduce_from_tensor_model_parallel_region(e.sum(dim=-1))
+    weighted = reduce_from_tensor_model_parallel_region((e * z).sum(dim=-1))
+    return total.log() - weighted / total
+
+
+def response_log_probs(output: torch.Tensor, row: MicroBatchTensors, with_entropy: bool
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of the row's scored response tokens from vocab-parallel logits
+    ``output`` ``[1, T, V/tp]``: only the ``R`` rows at ``row.logit_index`` are used."""
+    logits = output[0, row.logit_index].float()
+    targets = row.labels[0, row.logit_index]
+    entropy = vocab_parallel_entropy(logits) if with_entropy else None
+    # Megatron's cross entropy shifts its input in place: give it its own copy.
+    logp = -vocab_parallel_cross_entropy(logits.clone(), targets)
+    return logp, entropy
+
+
+def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossConfig,
+                         factor: float, entropy: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Scaled loss to backpropagate, and the row's report sums (see the module docstring)."""
+    old = row.old_log_probs if row.old_log_probs is not None else logp.detach()
+    tis = None
+    if cfg.use_tis:
+        if row.rollout_log_probs is None:
+            raise field_error(LossConfigError, "use_tis", True,
+                              "needs the engine's rollout log-probs, which this batch lacks",
+                              "record rollout_log_probs in the rollout function, or drop --use-tis")
+        tis = tis_weights(old, row.rollout_log_probs, cap=cfg.tis_clip)
+    terms = policy_loss(logp, old, row.advantages, ref_log_probs=row.ref_log_probs,
+                        kl_coef=cfg.kl_coef, kl_kind=cfg.kl_kind, eps_clip=cfg.eps_clip,
+                        eps_clip_high=cfg.eps_clip_high, dual_clip=cfg.dual_clip,
+                        entropy=entropy, entropy_coef=cfg.entropy_coef, tis=tis)
+    mask = row.loss_mask.to(logp.dtype)
+
+    def partial(values: torch.Tensor) -> torch.Tensor:
+        return microbatch_loss(values.to(logp.dtype), mask, row.token_sample, row.denominators)
+
+    numerator = partial(terms.total)
+    report = {"loss": numerator.detach()}
+    for key, values in (("pg_loss", terms.pg), ("kl", terms.kl), ("entropy", terms.entropy),
+                        ("clipfrac", terms.clipped)):
+        report[key] = partial(values).detach()
+    report["ratio"] = (terms.ratio * mask).sum().detach()
+    report["log_prob"] = (logp.detach() * mask).sum()
+    report["tokens"] = mask.sum().detach()
+    return numerator * factor, report

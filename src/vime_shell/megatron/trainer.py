@@ -1,0 +1,317 @@
+"""Megatron-core train and log-prob steps over the core's micro-batch records.
+
+Purpose: consume a rank's ``RankBatch`` (``vime_pure.rank_batch``) unchanged. Each optimizer
+step runs exactly the step's ``K`` records through ``get_forward_backward_func()``; the loss is
+scaled so Megatron's and DDP's averaging cancel (:mod:`vime_shell.megatron.objective`); the LR
+schedule advances by the step's real group count ``G_s``; the step report is
+``vime_pure.reduce_train_step`` / ``reduce_metrics`` over every rank's partial sums, gathered
+with :mod:`vime_shell.megatron.collectives`.
+
+Wiring that matters (each is silently wrong when missing):
+
+- Megatron DDP with ``config.no_sync_func`` and ``config.finalize_model_grads_func`` (and
+  ``grad_sync_func`` under ``overlap_grad_reduce``), so overlapped reduction happens once, after
+  the last micro-batch;
+- every virtual-pipeline chunk gets its own iterator over the **same** micro-batch list;
+- ``opt_param_scheduler.step(increment=G_s)``, so a partial step of 8 groups moves the schedule
+  by 8, not by a full step;
+- under ``overlap_param_gather`` the all-gather of updated shards waits for the next forward,
+  so export and checkpoint force it first (else ranks read stale shards).
+
+Invariants (tested in ``tests/shell``): final loss and parameters after k steps are equal across
+DP1, DP2, DP2 + distributed optimizer + overlap, TP2, PP2 and PP2xVPP2 (fp32, 1e-5); the
+micro-batches and tokens each rank ran equal the schedule's; log-probs equal transformers'.
+
+Example::
+
+    trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=OptimConfig(lr=1e-4)))
+    mine = rank_batch(batch, schedule, dp_rank=trainer.dp_rank, cp_rank=trainer.cp_rank,
+                      cp_size=trainer.layout.cp, loss_mode="group_token_mean")
+    logps = trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens)
+    results = trainer.train(with_log_probs(mine, old_log_probs=logps))  # one per step
+"""
+
+from collections.abc import Iterator, Sequence
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mbridge.core.util import unwrap_model
+from megatron.core import parallel_state as mpu
+from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+                                       finalize_model_grads)
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.transformer.module import Float16Module
+
+from vime_pure.data.microbatch import RankBatch, StepBatch, TrainMicroBatch
+from vime_pure.errors import VimeError, field_error
+from vime_pure.metrics import Metric
+from vime_shell.megatron import checkpoint
+from vime_shell.megatron.bridge import (build_model_chunks, export_hf_weights, hf_state_dict,
+                                        make_bridge, read_hf_config)
+from vime_shell.megatron.collectives import gather_metrics, gather_step_report
+from vime_shell.megatron.config import OptimConfig, StepResult, TrainerConfig  # noqa: F401
+from vime_shell.megatron.layout import TrainLayout, resolve_layout, world_size_from_env
+from vime_shell.megatron.objective import (STEP_KEYS, TOKEN_KEYS, loss_factor,
+                                           microbatch_objective, response_log_probs)
+from vime_shell.megatron.platform import Platform, detect_platform, initialize_parallel
+from vime_shell.megatron.tensors import MicroBatchTensors, to_tensors
+
+
+class MegatronTrainer:
+    """Megatron-core model chunks, DDP, optimizer and LR scheduler on this rank.
+
+    Build with :meth:`from_hf` (initialises distributed + Megatron parallel state) or, when the
+    parallel state exists already, the constructor. All methods are collective over the world.
+    """
+
+    def __init__(self, hf_dir: str | Path, platform: Platform, layout: TrainLayout,
+                 config: TrainerConfig = TrainerConfig()):
+        self.platform, self.layout, self.config = platform, layout, config
+        self.bridge = make_bridge(hf_dir, platform)
+        self.model = self._wrap(build_model_chunks(self.bridge, platform, layout))
+        self.optimizer, self.scheduler = self._optimizer()
+        self.dp_rank = mpu.get_data_parallel_rank()
+        self.cp_rank = mpu.get_context_parallel_rank()
+        self.device = torch.cuda.current_device() if platform.kind == "cuda" else "cpu"
+        # Only the last pipeline stage computes losses; TP ranks hold identical copies.
+        self.owns_loss = (mpu.is_pipeline_last_stage(ignore_virtual=True)
+                          and mpu.get_tensor_model_parallel_rank() == 0)
+        self.trace: list[tuple[int, tuple[int, ...], int]] = []  # (step, samples, tokens) run
+        self.steps_done = 0
+
+    @classmethod
+    def from_hf(cls, hf_dir: str | Path, config: TrainerConfig = TrainerConfig(), *,
+                tp: int = 1, pp: int = 1, cp: int = 1,
+                num_layers_per_virtual_stage: int | None = None,
+                platform: Platform | None = None) -> "MegatronTrainer":
+        """Detect the platform (unless given), resolve the layout for the launched world,
+        initialise distributed + Megatron parallel state, build. Flags map 1:1 to Megatron's
+        ``--tensor-model-parallel-size`` etc.; a layout the platform cannot run raises
+        ``UnsupportedLayoutError`` before anything is built."""
+        platform = platform or detect_platform()
+        world = dist.get_world_size() if dist.is_initialized() else world_size_from_env()
+        layout = resolve_layout(world_size=world,
+                                num_layers=read_hf_config(hf_dir).num_hidden_layers,
+                                supports_context_parallel=platform.supports_context_parallel,
+                                tp=tp, pp=pp, cp=cp,
+                                num_layers_per_virtual_stage=num_layers_per_virtual_stage)
+        initialize_parallel(layout, platform, seed=config.seed)
+        return cls(hf_dir, platform, layout, config)
+
+    # -- construction ---------------------------------------------------------------------
+    def _wrap(self, chunks: list[torch.nn.Module]) -> list[torch.nn.Module]:
+        tconfig = self.bridge.config
+        if self.platform.dtype is torch.bfloat16:
+            chunks = [Float16Module(tconfig, c) for c in chunks]
+        o = self.config.optim
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=o.overlap_grad_reduce,
+            overlap_param_gather=o.overlap_param_gather,
+            use_distributed_optimizer=o.use_distributed_optimizer)
+        model = [DistributedDataParallel(config=tconfig, ddp_config=ddp_config, module=c,
+                                         disable_bucketing=i > 0) for i, c in enumerate(chunks)]
+        for chunk in model:
+            chunk.broadcast_params()
+        single = len(model) == 1
+        no_sync = [c.no_sync for c in model]
+        tconfig.no_sync_func = no_sync[0] if single else no_sync
+        tconfig.finalize_model_grads_func = finalize_model_grads
+        if o.overlap_grad_reduce:
+            grad_sync = [c.start_grad_sync for c in model]
+            tconfig.grad_sync_func = grad_sync[0] if single else grad_sync
+        if o.overlap_param_gather:
+            param_sync = [c.start_param_sync for c in model]
+            tconfig.param_sync_func = param_sync[0] if single else param_sync
+        return model
+
+    def _optimizer(self):
+        o = self.config.optim
+        bf16 = self.platform.dtype is torch.bfloat16
+        optimizer = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=o.lr, min_lr=o.min_lr,
+                            weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,
+                            adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad,
+                            bf16=bf16, params_dtype=self.platform.dtype,
+                            use_distributed_optimizer=o.use_distributed_optimizer),
+            self.model)
+        self.bridge.config.grad_scale_func = optimizer.scale_loss
+        decay = o.lr_decay_groups if o.lr_decay_groups is not None else 1 << 40
+        scheduler = OptimizerParamScheduler(
+            optimizer, init_lr=0.0 if o.lr_warmup_groups else o.lr, max_lr=o.lr,
+            min_lr=o.min_lr, lr_warmup_steps=o.lr_warmup_groups,
+            lr_decay_steps=max(decay, o.lr_warmup_groups + 1), lr_decay_style=o.lr_decay_style,
+            start_wd=o.weight_decay, end_wd=o.weight_decay, wd_incr_steps=1,
+            wd_incr_style="constant")
+        return optimizer, scheduler
+
+    # -- data --------------------------------------------------------------------------------
+    def _tensors(self, records: Sequence[TrainMicroBatch]) -> list[MicroBatchTensors]:
+        for r in records:
+            if (r.cp_size, r.cp_rank) != (self.layout.cp, self.cp_rank):
+                raise field_error(VimeError, "record", f"cp {r.cp_rank}/{r.cp_size}",
+                                  f"was cut for another CP rank than this one "
+                                  f"({self.cp_rank}/{self.layout.cp})",
+                                  "build records with rank_batch(..., cp_size=trainer.layout.cp, "
+                                  "cp_rank=trainer.cp_rank)")
+        return [to_tensors(r, self.platform.packing, self.device) for r in records]
+
+    def _iterators(self, rows: list[MicroBatchTensors]):
+        """One iterator per model chunk, each over the same list (what interleaving needs)."""
+        iters = [iter(rows) for _ in self.model]
+        return iters if len(iters) > 1 else iters[0]
+
+    def _forward_step(self, loss_fn, record_step: int | None):
+        def forward_step(data_iterator: Iterator[MicroBatchTensors], model):
+            row = next(data_iterator)
+            if record_step is not None and model is self.model[0]:
+                self.trace.append((record_step, tuple(row.record.sample_indices.tolist()),
+                                   row.num_tokens))
+            # No labels: the last stage returns vocab-parallel logits [1, T, V/tp], of which the
+            # loss needs only the rows that predict response tokens.
+            out = model(row.tokens, row.position_ids, row.attention_mask,
+                        packed_seq_params=row.packed_seq_params)
+            return out, partial(loss_fn, row)
+        return forward_step
+
+    def _run(self, rows: list[MicroBatchTensors], loss_fn, forward_only: bool, record_step=None):
+        group = self.layout.microbatch_group
+        if self.layout.vpp > 1 and len(rows) % group:
+            raise field_error(VimeError, "num_microbatches", len(rows),
+                              f"is not a multiple of microbatch_group={group}, which the "
+                              f"interleaved schedule (vpp={self.layout.vpp}) needs",
+                              "build the records from a Schedule planned for this layout "
+                              "(TrainLayout.scheduler_layout())")
+        return get_forward_backward_func()(
+            forward_step_func=self._forward_step(loss_fn, record_step),
+            data_iterator=self._iterators(rows), model=self.model,
+            num_microbatches=len(rows), seq_length=max(r.num_tokens for r in rows),
+            micro_batch_size=1, forward_only=forward_only)
+
+    # -- steps -------------------------------------------------------------------------------
+    def train_step(self, step: StepBatch) -> StepResult:
+        """One optimizer step over the step's records (this rank's ``K`` micro-batches)."""
+        if not step.microbatches:
+            raise field_error(VimeError, "microbatches", (), "is empty",
+                              "pass a step of rank_batch(...) with its micro-batches")
+        rows = self._tensors(step.microbatches)
+        cfg = self.config.loss
+        factor = loss_factor(step.microbatches[0], self.layout.dp, self.layout.cp)
+
+        def loss_fn(row: MicroBatchTensors, output: torch.Tensor):
+            logp, entropy = response_log_probs(output, row, with_entropy=True)
+            return microbatch_objective(logp, row, cfg, factor, entropy=entropy)
+
+        for chunk in self.model:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        reports = self._run(rows, loss_fn, forward_only=False, record_step=self.steps_done)
+        ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            raise VimeError(f"step {self.steps_done}: the optimizer skipped the update (inf/nan "
+                            "gradients). Fix: lower the learning rate or check the data.")
+        self.scheduler.step(increment=step.num_groups)
+        self.steps_done += 1
+        return StepResult(metrics=self._reduce(reports, step), num_groups=step.num_groups,
+                          num_microbatches=len(rows),
+                          lr=float(self.optimizer.param_groups[0]["lr"]),
+                          grad_norm=float(grad_norm if grad_norm is not None else 0.0))
+
+    def train(self, batch: RankBatch) -> list[StepResult]:
+        """Every step of ``batch`` in order (several optimizer steps per rollout batch)."""
+        return [self.train_step(step) for step in batch.steps]
+
+    def _reduce(self, reports: list[dict], step: StepBatch) -> dict[str, float]:
+        """The step report, identical on every rank: loss-like partial numerators through
+        ``reduce_train_step``, token means as ``(sum, count)`` through ``reduce_metrics``."""
+        owned = reports if self.owns_loss else []
+        partials = {k: sum(float(r[k]) for r in owned) for k in STEP_KEYS}
+        tokens = sum(float(r["tokens"]) for r in owned)
+        metrics = {k: Metric(sum(float(r[k]) for r in owned), tokens) for k in TOKEN_KEYS}
+        mode = step.microbatches[0].loss_mode
+        out = gather_step_report(partials, step.num_groups, mode, cp=self.layout.cp,
+                                 num_samples=step.num_samples)
+        token_metrics = gather_metrics(metrics, group_dst=None)
+        out.update({k: m.value for k, m in token_metrics.items()})
+        out["tokens"] = token_metrics[TOKEN_KEYS[0]].count
+        out["num_samples"] = float(step.num_samples)
+        return out
+
+    @torch.no_grad()
+    def compute_log_probs(self, records: Sequence[TrainMicroBatch],
+                          num_response_tokens: int) -> np.ndarray:
+        """Per-token log-probs of the records' scored response tokens, forward only.
+
+        Returns a float32 array in batch coordinates (``num_response_tokens`` long, a
+        ``RankBatch``'s ``num_response_tokens``): entry ``record.response_index[t]`` holds the
+        log-prob of token ``t``; tokens this rank does not score are NaN. The last pipeline
+        stage's values are broadcast so every stage returns them.
+        """
+        rows = self._tensors(records)
+
+        def loss_fn(row: MicroBatchTensors, output: torch.Tensor):
+            logp, _ = response_log_probs(output, row, with_entropy=False)
+            return logp.sum() * 0.0, {"log_probs": logp}
+
+        reports = self._run(rows, loss_fn, forward_only=True)
+        flat = torch.full((num_response_tokens,), float("nan"), dtype=torch.float32)
+        if mpu.is_pipeline_last_stage(ignore_virtual=True):
+            for row, report in zip(rows, reports):
+                flat[torch.from_numpy(row.record.response_index)] = report["log_probs"].float().cpu()
+        self._broadcast_from_last_stage(flat)
+        return flat.numpy()
+
+    def _broadcast_from_last_stage(self, flat: torch.Tensor) -> None:
+        if mpu.get_pipeline_model_parallel_world_size() == 1:
+            return
+        group = mpu.get_pipeline_model_parallel_group()
+        src = dist.get_global_rank(group, mpu.get_pipeline_model_parallel_world_size() - 1)
+        buf = flat.to(self.device)
+        dist.broadcast(buf, src=src, group=group)
+        flat.copy_(buf.cpu())
+
+    def _finish_param_sync(self) -> None:
+        """With ``overlap_param_gather`` the all-gather of updated shards is deferred to the
+        next forward; anything that reads parameters outside a forward must force it first."""
+        if self.config.optim.overlap_param_gather:
+            for chunk in self.model:
+                chunk.start_param_sync(force_sync=True)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Per-rank checkpoint of model, optimizer, scheduler, step counter, RNG (collective);
+        see :func:`vime_shell.megatron.checkpoint.save_checkpoint`."""
+        self._finish_param_sync()
+        checkpoint.save_checkpoint(self, path)
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore :meth:`save_checkpoint` output written with the same layout (collective)."""
+        checkpoint.load_checkpoint(self, path)
+
+    def shutdown(self) -> None:
+        """Drop Megatron's parallel state so another layout can be built in this process."""
+        self.model, self.optimizer, self.scheduler = [], None, None
+        mpu.destroy_model_parallel()
+
+    # -- weights -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_hf_weights(self, hf_dir: str | Path) -> None:
+        """Overwrite the model's weights with an HF directory's (collective), and refresh the
+        optimizer's main parameters from them; optimizer moments and the LR schedule stay."""
+        self._finish_param_sync()
+        self.bridge.load_weights([unwrap_model(c) for c in self.model], str(hf_dir))
+        self.optimizer.reload_model_params()
+
+    def export_hf(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, full tensor)`` for every weight; collective, drain on every rank."""
+        self._finish_param_sync()
+        return export_hf_weights(self.bridge, self.model)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """All weights under HF names, as CPU tensors, on every rank."""
+        self._finish_param_sync()
+        return hf_state_dict(self.bridge, self.model)

@@ -1,0 +1,45 @@
+"""What launch checks need from a Hugging Face ``config.json``, read without transformers.
+
+Importing transformers costs seconds; the checks that run before anything heavy (layer count
+for pipeline stages, vocabulary size for tensor parallelism, the architecture) need only the
+JSON. ``vime_shell.megatron.bridge.read_hf_config`` reads the full config for the model itself.
+
+Example: the embedded model's directory gives ``HfConfigSummary(model_type="qwen2",
+num_layers=2, vocab_size=19, max_position_embeddings=64)``.
+"""
+
+import json
+from pathlib import Path
+
+import attrs
+
+from vime_pure.errors import VimeError
+
+
+class ModelLoadError(VimeError):
+    """An HF model directory that cannot be loaded, with the reason and the fix."""
+
+
+@attrs.frozen(kw_only=True)
+class HfConfigSummary:
+    model_type: str
+    num_layers: int
+    vocab_size: int
+    max_position_embeddings: int | None
+
+
+def read_config_summary(hf_dir: str | Path) -> HfConfigSummary:
+    """The fields above from ``hf_dir/config.json`` (a ``text_config`` is looked into)."""
+    path = Path(hf_dir).expanduser() / "config.json"
+    try:
+        config = json.loads(path.read_text())
+        text = config.get("text_config") or {}
+        return HfConfigSummary(
+            model_type=str(config.get("model_type", "?")),
+            num_layers=int(config.get("num_hidden_layers") or text["num_hidden_layers"]),
+            vocab_size=int(config.get("vocab_size") or text["vocab_size"]),
+            max_position_embeddings=config.get("max_position_embeddings"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelLoadError(f"hf_checkpoint={str(hf_dir)!r}: cannot read num_hidden_layers and "
+                             f"vocab_size from config.json ({type(exc).__name__}: {exc}). Fix: "
+                             "pass a directory written by save_pretrained.") from None

@@ -1,0 +1,135 @@
+"""The trainer's micro-batch records (``vime_pure.rank_batch``): properties and named examples.
+
+Every record a trainer rank consumes is built here, by the core, so these properties are about
+the code that trains (``assert_microbatch_invariants`` re-derives every field in plain Python).
+"""
+
+import attrs
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from tests.data_invariants import assert_microbatch_invariants
+from tests.property.data_strategies import rollout_outputs, schedule_configs
+from vime_pure import (BatchingPolicy, LossConfigError, LossMode, ParallelLayout, RolloutBatch,
+                       RolloutBatchError, Sample, ScheduleError, rank_batch, schedule_for,
+                       with_log_probs)
+
+NORM = 7.0  # the Dr. GRPO constant used by sample_token_sum_norm below
+
+
+def _all_ranks(batch, sched, mode, cp):
+    return {(d, c): rank_batch(batch, sched, dp_rank=d, cp_rank=c, cp_size=cp, loss_mode=mode,
+                               norm=NORM)
+            for d in range(sched.layout.dp) for c in range(cp)}
+
+
+@given(rollout_outputs(depth=2), st.data(), st.sampled_from(list(LossMode)),
+       st.integers(1, 3))
+def test_records_cover_the_schedule_with_the_losss_denominators(output, data, mode, cp):
+    """Theorem: the records are a deterministic function of (batch, schedule, rank, mode, cp);
+    ``assert_microbatch_invariants`` states each field's definition, so equality is the proof."""
+    batch = RolloutBatch.from_samples(output)
+    layout, policy = data.draw(schedule_configs(batch.num_groups))
+    try:
+        sched = schedule_for(batch, layout, policy)
+    except ScheduleError:
+        assume(False)
+    assert_microbatch_invariants(_all_ranks(batch, sched, mode, cp), batch, sched, mode, NORM)
+
+
+@given(rollout_outputs(depth=1), st.data())
+def test_with_log_probs_gathers_by_response_index(output, data):
+    """Theorem: attaching batch-coordinate log-probs is a gather at ``response_index``."""
+    batch = RolloutBatch.from_samples(output)
+    layout, policy = data.draw(schedule_configs(batch.num_groups))
+    try:
+        sched = schedule_for(batch, layout, policy)
+    except ScheduleError:
+        assume(False)
+    flat = -np.arange(int(batch.response_offsets[-1]), dtype=np.float32) / 7
+    mine = with_log_probs(rank_batch(batch, sched, dp_rank=0), old_log_probs=flat,
+                          ref_log_probs=flat * 2)
+    for mb in mine.microbatches:
+        np.testing.assert_array_equal(mb.old_log_probs, flat[mb.response_index])
+        np.testing.assert_array_equal(mb.ref_log_probs, 2 * flat[mb.response_index])
+
+
+def _batch():
+    """The module docstring's example: [5, 6, 7] (response 2, mask [1, 0]) and [8, 9]."""
+    return RolloutBatch.from_samples([[
+        Sample(tokens=[5, 6, 7], response_length=2, loss_mask=[1, 0], reward=1.0),
+        Sample(tokens=[8, 9], response_length=1, reward=0.0)]])
+
+
+def _one_step(batch, **policy):
+    return schedule_for(batch, ParallelLayout(dp=1),
+                        BatchingPolicy(global_batch_size=batch.num_groups, **policy))
+
+
+def test_docstring_example():
+    batch = _batch()
+    (mb,) = rank_batch(batch, _one_step(batch, max_tokens_per_gpu=64), dp_rank=0).microbatches
+    assert mb.tokens.tolist() == [5, 6, 7, 8, 9]
+    assert mb.positions.tolist() == [0, 1, 2, 0, 1]
+    assert mb.labels.tolist() == [6, 7, 0, 9, 0]
+    assert mb.logit_index.tolist() == [0, 1, 3]
+    assert mb.denominators.tolist() == [1.0, 1.0]
+    assert mb.token_denominators.tolist() == [1.0, 1.0, 1.0]
+    assert (mb.num_groups, mb.num_samples, mb.num_microbatches) == (2, 2, 1)
+
+
+@pytest.mark.parametrize("mode, dens", [("group_token_mean", [1, 1]), ("sample_token_mean", [1, 1]),
+                                        ("token_mean", [2, 2]), ("sample_token_sum_norm", [4, 4])])
+def test_each_loss_mode_puts_its_own_denominators_in_the_records(mode, dens):
+    batch = _batch()
+    (mb,) = rank_batch(batch, _one_step(batch, max_tokens_per_gpu=64), dp_rank=0,
+                       loss_mode=mode, norm=4).microbatches
+    assert mb.loss_mode == LossMode(mode) and mb.denominators.tolist() == dens
+
+
+def test_cp2_cuts_zigzag_chunks_of_each_padded_sample():
+    batch = RolloutBatch.from_samples([[Sample(tokens=list(range(10, 26)), response_length=8,
+                                               reward=1.0)]])
+    sched = _one_step(batch, max_tokens_per_gpu=64)
+    r0, r1 = (rank_batch(batch, sched, dp_rank=0, cp_size=2, cp_rank=c).microbatches[0]
+              for c in (0, 1))
+    # L=16, chunk 4: rank 0 holds [0,4) and [12,16), rank 1 [4,12) (see vime_pure.cp).
+    assert r0.positions.tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert r1.positions.tolist() == list(range(4, 12))
+    assert r0.response_index.tolist() == [5, 6, 7] and r1.response_index.tolist() == [0, 1, 2, 3, 4]
+    assert r0.seq_lengths.tolist() == r1.seq_lengths.tolist() == [16]
+
+
+def test_dropped_groups_get_no_records():
+    batch = RolloutBatch.from_samples([[Sample(tokens=[1, 2, 3], response_length=1, reward=r)
+                                        for r in (0.0, 1.0, 0.0)]])
+    sched = _one_step(batch, max_tokens_per_gpu=64)
+    sched2 = schedule_for(batch, ParallelLayout(dp=1), BatchingPolicy(global_batch_size=2,
+                                                                      max_tokens_per_gpu=64))
+    assert len(sched2.dropped_samples) == 1 and len(sched.dropped_samples) == 0
+    seen = [i for mb in rank_batch(batch, sched2, dp_rank=0).microbatches
+            for i in mb.sample_indices.tolist()]
+    assert sched2.dropped_samples[0] not in seen and len(seen) == 2
+
+
+def test_bad_inputs_are_typed_errors():
+    batch = _batch()
+    sched = _one_step(batch, max_tokens_per_gpu=64)
+    other = RolloutBatch.from_samples([[Sample(tokens=[1, 2], response_length=1, reward=0.0)]])
+    with pytest.raises(RolloutBatchError, match="built for another batch"):
+        rank_batch(other, sched, dp_rank=0)
+    with pytest.raises(RolloutBatchError, match="dp_rank=1: is not below the group size 1"):
+        rank_batch(batch, sched, dp_rank=1)
+    with pytest.raises(RolloutBatchError, match="cp_rank=2"):
+        rank_batch(batch, sched, dp_rank=0, cp_size=2, cp_rank=2)
+    with pytest.raises(LossConfigError, match="mode"):
+        rank_batch(batch, sched, dp_rank=0, loss_mode="mean_of_means")
+    with pytest.raises(LossConfigError, match="norm"):
+        rank_batch(batch, sched, dp_rank=0, loss_mode="sample_token_sum_norm")
+    mine = rank_batch(batch, sched, dp_rank=0)
+    with pytest.raises(RolloutBatchError, match="old_log_probs"):
+        with_log_probs(mine, old_log_probs=np.zeros(2, dtype=np.float32))
+    with pytest.raises(RolloutBatchError, match=r"TrainMicroBatch.loss_mask has shape"):
+        attrs.evolve(mine.microbatches[0], loss_mask=np.zeros(1, dtype=np.float32))

@@ -1,0 +1,134 @@
+"""From core records to Megatron tensors, and the objective on them: conversion only.
+
+The shell must not compute its own denominators, CP slices or token sets: every tensor here is
+the record's array, and the objective's partial numerator follows the record's denominators
+(change them and the loss changes with them). The multi-process part reads the shared Megatron
+run: per-token log-probs of packed rows equal those of every sample run alone (DP1, PP2).
+"""
+
+import attrs
+import numpy as np
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from tests.property.data_strategies import rollout_outputs, schedule_configs
+from tests.shell.megatron_workers import PACKING_CHECK_LAYOUTS
+from vime_pure import (BatchingPolicy, LossConfig, LossMode, ParallelLayout, RolloutBatch, Sample,
+                       ScheduleError, rank_batch, schedule_for, with_log_probs)
+from vime_pure.errors import LossConfigError, VimeError
+from vime_pure.torch_ops.loss import microbatch_loss
+from vime_shell.megatron.objective import loss_factor, microbatch_objective
+from vime_shell.megatron.tensors import block_causal_mask, to_tensors
+
+ARRAYS = {"tokens": "tokens", "position_ids": "positions", "labels": "labels",
+          "logit_index": "logit_index", "token_sample": "token_sample", "loss_mask": "loss_mask",
+          "advantages": "advantages", "denominators": "denominators"}
+
+
+@given(rollout_outputs(depth=2), st.data(), st.sampled_from(list(LossMode)), st.integers(1, 3))
+def test_tensors_are_the_records_arrays_for_every_mode_and_cp(output, data, mode, cp):
+    """Theorem: ``to_tensors`` only converts, so every tensor equals its record's array (the
+    records' denominators and CP token sets are checked against the loss formulas in
+    ``tests/property/test_microbatch_records.py``)."""
+    batch = RolloutBatch.from_samples(output)
+    layout, policy = data.draw(schedule_configs(batch.num_groups))
+    try:
+        sched = schedule_for(batch, layout, policy)
+    except ScheduleError:
+        assume(False)
+    for c in range(cp):
+        mine = rank_batch(batch, sched, dp_rank=0, cp_rank=c, cp_size=cp, loss_mode=mode,
+                          norm=5.0)
+        for mb in mine.microbatches:
+            t = to_tensors(mb, "thd" if cp > 1 else "mask")
+            for name, field in ARRAYS.items():
+                got = getattr(t, name)
+                got = got[0] if got.dim() == 2 else got
+                assert np.array_equal(got.numpy(), getattr(mb, field)), name
+            if cp > 1:
+                cu = t.packed_seq_params.cu_seqlens_q.tolist()
+                assert cu == [0, *np.cumsum(mb.seq_lengths).tolist()]
+            else:
+                assert torch.equal(t.attention_mask, block_causal_mask(mb.seq_lengths.tolist()))
+
+
+def _record(mode="group_token_mean", old=None):
+    # One group of 2 samples, masks [1, 1] and [1, 0] -> group_token_mean D = 3.
+    batch = RolloutBatch.from_samples([[[
+        Sample(tokens=[1, 2, 3, 4], response_length=2, reward=1.0, group_id="g"),
+        Sample(tokens=[5, 6, 7, 8], response_length=2, loss_mask=[1, 0], reward=1.0,
+               group_id="g")], [Sample(tokens=[1, 2], response_length=1, reward=0.0)]]])
+    sched = schedule_for(batch, ParallelLayout(dp=1), BatchingPolicy(global_batch_size=2,
+                                                                     max_tokens_per_gpu=64))
+    mine = rank_batch(batch, sched, dp_rank=0, loss_mode=mode, norm=4)
+    if old is not None:
+        mine = with_log_probs(mine, old_log_probs=old)
+    return mine.microbatches[0]
+
+
+def test_factor_docstring_example():
+    rec = attrs.evolve(_record(), num_microbatches=4, num_groups=8, num_samples=16)
+    assert loss_factor(rec, dp=2, cp=1) == 1.0
+    rec = attrs.evolve(rec, loss_mode=LossMode.SAMPLE_TOKEN_MEAN)
+    assert loss_factor(rec, dp=2, cp=1) == 0.5  # sample_token_mean divides by N_s, not G_s
+    with pytest.raises(VimeError, match="G_s"):
+        loss_factor(attrs.evolve(rec, num_groups=0), dp=2, cp=1)
+
+
+@pytest.mark.parametrize("mode", list(LossMode))
+def test_objective_follows_the_records_denominators(mode):
+    rec = _record(mode)
+    row = to_tensors(rec, "mask")
+    logp = -torch.arange(1, row.loss_mask.numel() + 1, dtype=torch.float32) / 10
+    loss, report = microbatch_objective(logp, row, LossConfig(), factor=1.0)
+    core = microbatch_loss(-row.advantages, row.loss_mask, row.token_sample, row.denominators)
+    assert float(loss) == pytest.approx(float(core))  # ratio 1: pg = -A
+    doubled = to_tensors(attrs.evolve(rec, denominators=rec.denominators * 2), "mask")
+    halved, _ = microbatch_objective(logp, doubled, LossConfig(), factor=1.0)
+    assert float(halved) == pytest.approx(float(loss) / 2)
+
+
+def test_ratio_one_surrogate_gives_minus_advantage_group_mean_and_gradient():
+    row = to_tensors(_record(), "mask")
+    logp = torch.tensor([-1.0, -2.0, -1.5, -0.5, -0.3], requires_grad=True)
+    loss, report = microbatch_objective(logp, row, LossConfig(), factor=2.0)
+    loss.backward()
+    a = float(row.advantages[0])  # both siblings share one advantage
+    # group g: pg = -A on 3 masked tokens over D = 3; the other group's sample: -A' / 1.
+    expected = -a * 3 / 3 - float(row.advantages[4]) / 1
+    assert float(report["loss"]) == pytest.approx(expected, abs=1e-6)
+    assert float(loss) == pytest.approx(2 * expected, abs=1e-6)
+    assert logp.grad[:4].tolist() == pytest.approx([-2 * a / 3] * 3 + [0.0], abs=1e-6)
+    assert float(report["tokens"]) == 4.0
+
+
+def test_clipped_tokens_are_reported_as_group_weighted_fraction():
+    old = np.log(np.array([0.5, 1.0, 1.0, 1.0, 1.0], dtype=np.float32))  # token 0: ratio 2
+    row = to_tensors(_record(old=old), "mask")
+    _, report = microbatch_objective(torch.zeros(5), row, LossConfig(), factor=1.0)
+    assert float(report["clipfrac"]) == pytest.approx(1 / 3)
+
+
+def test_tis_needs_engine_log_probs_and_cp_needs_thd():
+    row = to_tensors(_record(), "mask")
+    with pytest.raises(LossConfigError, match="use_tis"):
+        microbatch_objective(torch.zeros(5), row, LossConfig(use_tis=True), factor=1.0)
+    rec = attrs.evolve(_record(), cp_size=2)
+    with pytest.raises(VimeError, match="cp_size=2: needs THD packing"):
+        to_tensors(rec, "mask")
+
+
+def test_block_causal_mask_blocks_other_samples_and_the_future():
+    allowed = ~block_causal_mask([3, 2])[0, 0]
+    assert allowed[2, :3].all() and not allowed[2, 3:].any()
+    assert allowed[4, 3:].all() and not allowed[4, :3].any()
+    assert not allowed[0, 1]  # causal
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PACKING_CHECK_LAYOUTS)
+def test_packed_log_probs_equal_unpacked(megatron_runs, name):
+    for rank in ((0,) if name == "dp1" else (0, 1)):
+        assert megatron_runs["per_rank"][rank][name]["packing_max"] <= 1e-5
