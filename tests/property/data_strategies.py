@@ -1,9 +1,11 @@
 """Hypothesis strategies for rollout outputs: samples, nestings of lists/tuples, id schemes."""
 
 import numpy as np
+from hypothesis import assume
 from hypothesis import strategies as st
 
-from vime_pure import BatchingPolicy, ParallelLayout, Sample, Status
+from vime_pure import (BatchingPolicy, ParallelLayout, RolloutBatch, Sample, ScheduleError, Status,
+                       schedule_for)
 
 finite = st.floats(-10, 10, allow_nan=False, allow_infinity=False, width=32)
 
@@ -89,3 +91,15 @@ def schedule_configs(draw, num_groups: int):
     cap = draw(st.integers(4, 30))
     return ParallelLayout(dp=dp), BatchingPolicy(global_batch_size=gbs, max_tokens_per_gpu=cap,
                                                  allow_partial_step=draw(st.booleans()))
+
+
+@st.composite
+def scheduled_batches(draw, depth: int | None = 2):
+    """``(batch, schedule)``: a drawn rollout output as a ``RolloutBatch`` and a schedule of it
+    under a drawn layout and policy (draws the scheduler rejects are discarded)."""
+    batch = RolloutBatch.from_samples(draw(rollout_outputs(depth=depth)))
+    layout, policy = draw(schedule_configs(batch.num_groups))
+    try:
+        return batch, schedule_for(batch, layout, policy)
+    except ScheduleError:
+        assume(False)

@@ -7,14 +7,13 @@ the code that trains (``assert_microbatch_invariants`` re-derives every field in
 import attrs
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.data_invariants import assert_microbatch_invariants
-from tests.property.data_strategies import rollout_outputs, schedule_configs
+from tests.property.data_strategies import scheduled_batches
 from vime_pure import (BatchingPolicy, LossConfigError, LossMode, ParallelLayout, RolloutBatch,
-                       RolloutBatchError, Sample, ScheduleError, rank_batch, schedule_for,
-                       with_log_probs)
+                       RolloutBatchError, Sample, rank_batch, schedule_for, with_log_probs)
 
 NORM = 7.0  # the Dr. GRPO constant used by sample_token_sum_norm below
 
@@ -25,29 +24,18 @@ def _all_ranks(batch, sched, mode, cp):
             for d in range(sched.layout.dp) for c in range(cp)}
 
 
-@given(rollout_outputs(depth=2), st.data(), st.sampled_from(list(LossMode)),
-       st.integers(1, 3))
-def test_records_cover_the_schedule_with_the_losss_denominators(output, data, mode, cp):
+@given(scheduled_batches(), st.sampled_from(list(LossMode)), st.integers(1, 3))
+def test_records_cover_the_schedule_with_the_loss_modes_denominators(case, mode, cp):
     """Theorem: the records are a deterministic function of (batch, schedule, rank, mode, cp);
     ``assert_microbatch_invariants`` states each field's definition, so equality is the proof."""
-    batch = RolloutBatch.from_samples(output)
-    layout, policy = data.draw(schedule_configs(batch.num_groups))
-    try:
-        sched = schedule_for(batch, layout, policy)
-    except ScheduleError:
-        assume(False)
+    batch, sched = case
     assert_microbatch_invariants(_all_ranks(batch, sched, mode, cp), batch, sched, mode, NORM)
 
 
-@given(rollout_outputs(depth=1), st.data())
-def test_with_log_probs_gathers_by_response_index(output, data):
+@given(scheduled_batches(depth=1))
+def test_with_log_probs_gathers_by_response_index(case):
     """Theorem: attaching batch-coordinate log-probs is a gather at ``response_index``."""
-    batch = RolloutBatch.from_samples(output)
-    layout, policy = data.draw(schedule_configs(batch.num_groups))
-    try:
-        sched = schedule_for(batch, layout, policy)
-    except ScheduleError:
-        assume(False)
+    batch, sched = case
     flat = -np.arange(int(batch.response_offsets[-1]), dtype=np.float32) / 7
     mine = with_log_probs(rank_batch(batch, sched, dp_rank=0), old_log_probs=flat,
                           ref_log_probs=flat * 2)

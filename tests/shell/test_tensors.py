@@ -10,13 +10,13 @@ import attrs
 import numpy as np
 import pytest
 import torch
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.property.data_strategies import rollout_outputs, schedule_configs
+from tests.property.data_strategies import scheduled_batches
 from tests.shell.megatron_workers import PACKING_CHECK_LAYOUTS
 from vime_pure import (BatchingPolicy, LossConfig, LossMode, ParallelLayout, RolloutBatch, Sample,
-                       ScheduleError, rank_batch, schedule_for, with_log_probs)
+                       rank_batch, schedule_for, with_log_probs)
 from vime_pure.errors import LossConfigError, VimeError
 from vime_pure.torch_ops.loss import microbatch_loss
 from vime_shell.megatron.objective import loss_factor, microbatch_objective
@@ -27,17 +27,12 @@ ARRAYS = {"tokens": "tokens", "position_ids": "positions", "labels": "labels",
           "advantages": "advantages", "denominators": "denominators"}
 
 
-@given(rollout_outputs(depth=2), st.data(), st.sampled_from(list(LossMode)), st.integers(1, 3))
-def test_tensors_are_the_records_arrays_for_every_mode_and_cp(output, data, mode, cp):
+@given(scheduled_batches(), st.sampled_from(list(LossMode)), st.integers(1, 3))
+def test_tensors_are_the_records_arrays_for_every_mode_and_cp(case, mode, cp):
     """Theorem: ``to_tensors`` only converts, so every tensor equals its record's array (the
     records' denominators and CP token sets are checked against the loss formulas in
     ``tests/property/test_microbatch_records.py``)."""
-    batch = RolloutBatch.from_samples(output)
-    layout, policy = data.draw(schedule_configs(batch.num_groups))
-    try:
-        sched = schedule_for(batch, layout, policy)
-    except ScheduleError:
-        assume(False)
+    batch, sched = case
     for c in range(cp):
         mine = rank_batch(batch, sched, dp_rank=0, cp_rank=c, cp_size=cp, loss_mode=mode,
                           norm=5.0)
