@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
-.PHONY: demo test test-vllm venv bench clean
+.PHONY: demo demo-math test test-vllm venv bench clean
 
 venv: $(STAMP)
 
@@ -26,6 +26,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/vime demo
+
+# The dataset path: single-digit sums from JSONL, chat template, math reward, dynamic sampling.
+demo-math: $(STAMP)
+	$(BIN)/vime demo --math
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)

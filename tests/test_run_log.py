@@ -13,7 +13,7 @@ from benchmarks.demo_curve import summarize
 from vime_pure.data.batch import RolloutBatch, schedule_for
 from vime_pure.config import BatchingPolicy, ParallelLayout
 from vime_pure.data.sample import Sample
-from vime_shell.loop.run_log import REQUIRED_KEYS, RunLogger, read_metrics
+from vime_shell.loop.run_log import REQUIRED_KEYS, RunLogger, curve_panels, read_metrics
 from vime_shell.loop.records import rollout_record
 from vime_shell.megatron.config import StepResult
 
@@ -27,7 +27,8 @@ def _batch():
 
 
 def _step(loss, groups):
-    return StepResult(metrics={"loss": loss, "pg_loss": loss, "clipfrac": 0.0, "entropy": 2.0},
+    return StepResult(metrics={"loss": loss, "pg_loss": loss, "clipfrac": 0.0, "entropy": 2.0,
+                               "kl": 0.0, "ratio": 1.0},
                       num_groups=groups, num_microbatches=1, lr=1e-3, grad_norm=0.5)
 
 
@@ -60,6 +61,22 @@ def test_resumed_log_drops_records_at_or_after_the_resume_point(tmp_path):
     resumed.finish()
     assert not RunLogger(tmp_path / "other", start=0, total=1, enabled=False).finish()
     assert not (tmp_path / "other").exists()  # only rank 0 writes
+
+
+def test_eval_lines_plot_beside_the_train_reward_and_go_to_wandb_offline(tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    config = {"wandb_project": "vime-test", "wandb_group": None, "wandb_mode": "offline"}
+    logger = RunLogger(tmp_path, start=0, total=2, enabled=True, progress=False, wandb=config)
+    for k in range(2):
+        logger.log({**dict.fromkeys(REQUIRED_KEYS, 0.5), "rollout": k,
+                    **({"eval/gsm/reward_mean": 0.25} if k == 0 else {})})
+    logger.log_eval(2, {"eval/gsm/reward_mean": 0.75})
+    panels = curve_panels(read_metrics(tmp_path))
+    assert panels["reward_mean"]["eval/gsm"] == ([0, 2], [0.25, 0.75])
+    assert panels["reward_mean"]["reward_mean"] == ([0, 1], [0.5, 0.5])
+    assert [p.name for p in logger.finish()] == ["curves.png"]
+    assert list((tmp_path / "wandb").glob("offline-run-*")), "an offline W&B run, no network"
 
 
 def test_demo_curve_summary_finds_the_crossing():

@@ -170,3 +170,55 @@ def save_hf_worker(rank: int, root: str, cache: str, probe: np.ndarray) -> dict:
                                save_hf_max_shard_size="300KB"),
                           on_rollout=hook, progress=False)
     return {**seen, "hf_dir": str(result.hf_checkpoint)}
+
+
+def real_jobs_worker(rank: int, root: str, cache: str) -> dict:
+    """Issue-12 features on the embedded model, one process: a KL run against the reference
+    model, an arithmetic dataset run with dynamic sampling, eval and a checkpoint."""
+    os.environ["VIME_CACHE_DIR"] = cache
+    import json
+    from pathlib import Path
+
+    from vime_shell.loop.loop import run_training
+    from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
+
+    out: dict = {}
+    kl_seen: list = []
+
+    def reference_state(event):
+        kl_seen.append(dict(event.metrics))
+        if event.rollout_id == 1:  # the frozen reference after two updates of the policy
+            named = event.trainer.bridge.export_weights(event.trainer.reference)
+            out["reference"] = {n: t.detach().numpy().copy() for n, t in named}
+            out["policy"] = {n: t.numpy().copy()
+                             for n, t in event.trainer.hf_state_dict().items()}
+
+    result = run_training(_cfg(run_dir=f"{root}/kl", num_rollout=2, global_batch_size=16,
+                               use_kl_loss=True, kl_loss_coef=0.1), on_rollout=reference_state,
+                          progress=False)
+    out["kl_records"], out["hf_dir"] = kl_seen, str(result.hf_checkpoint)
+
+    train, held_out = arithmetic_rows(seed=0)
+    data = Path(root) / "data"
+    seen: list = []
+
+    def observe(event):
+        seen.append({"metrics": dict(event.metrics), "num_groups": event.batch.num_groups,
+                     "advantages": event.batch.advantages.copy(),
+                     "group_ids": event.batch.group_ids.copy(),
+                     "schedule_groups": [s.num_groups for s in event.schedule.steps]})
+
+    run_training(_cfg(
+        run_dir=f"{root}/math", num_rollout=3, rollout_batch_size=4, n_samples_per_prompt=4,
+        global_batch_size=16, allow_partial_train_step=True, custom_rm_path=None,
+        prompt_data=str(write_jsonl(data / "train.jsonl", train)), apply_chat_template=True,
+        rm_type="math", rollout_max_response_len=1, rollout_shuffle=True,
+        dynamic_sampling_filter_path="vime_shell.rollout.filters:nonzero_reward_std",
+        over_sampling_batch_size=8, eval_interval=2, n_samples_per_eval_prompt=2,
+        eval_prompt_data=("arith", str(write_jsonl(data / "eval.jsonl", held_out))),
+        save=f"{root}/math-ck", save_interval=3), on_rollout=observe, progress=False)
+    out["math"] = seen
+    out["math_lines"] = (Path(root) / "math" / "metrics.jsonl").read_text().splitlines()
+    out["loop_state"] = json.loads((Path(root) / "math-ck" / "rollout_000003" /
+                                    "loop_state.json").read_text())
+    return out

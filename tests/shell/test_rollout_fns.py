@@ -12,18 +12,20 @@ import textwrap
 
 import pytest
 
-from vime_pure.errors import RolloutValidationError
+from vime_pure.data.rollout_output import flatten_rollout_output
 from vime_pure.data.sample import Sample, Status
+from vime_pure.errors import RolloutValidationError
 from vime_shell.models.embedded import EmbeddedSpec, build_embedded
 from vime_shell.models.tokenizer import load_tokenizer
 from vime_shell.engines import SamplingParams
 from vime_shell.engines.hf import HfEngine
 from vime_shell.rollout.plugins import PluginError
 from vime_shell.rollout.functions import (
-    RolloutContext, compact_rollout, load_rollout_function, rollout_sampling_seed, run_rollout,
+    RolloutContext, compact_rollout, encode_prompt, load_rollout_function, rollout_sampling_seed,
     single_turn_rollout,
 )
-from vime_shell.rollout.tasks import TaskError, exact_match_reward, get_task
+from vime_shell.rollout.rewards import Rewarder
+from vime_shell.rollout.tasks import TaskError, TaskExample, get_task
 
 N_PROMPTS, N_SAMPLES = 3, 4
 
@@ -43,14 +45,19 @@ def tokenizer(model_dir):
     return load_tokenizer(model_dir)
 
 
-def make_ctx(engine, tokenizer, *, task="reverse2", rollout_id=0, reward_fn=exact_match_reward,
-             num_turns=2, seed=0, turn_reward="mean"):
+def run_rollout(fn, ctx):
+    return flatten_rollout_output(fn(ctx))
+
+
+def make_ctx(engine, tokenizer, *, task="reverse2", rollout_id=0, rewarder=None,
+             num_turns=2, seed=0, turn_reward="mean", first_group_id=0):
     t = get_task(task)
     return RolloutContext(
         rollout_id=rollout_id, engine=engine, tokenizer=tokenizer, task=t,
         prompts=t.examples(N_PROMPTS, seed=seed, rollout_id=rollout_id),
-        n_samples_per_prompt=N_SAMPLES, num_turns=num_turns, reward_fn=reward_fn,
-        turn_reward=turn_reward,
+        n_samples_per_prompt=N_SAMPLES, num_turns=num_turns,
+        rewarder=rewarder or Rewarder.build(rm_type="exact"), turn_reward=turn_reward,
+        first_group_id=first_group_id,
         sampling=SamplingParams(max_new_tokens=t.answer_length,
                                 seed=rollout_sampling_seed(seed, rollout_id)))
 
@@ -71,7 +78,7 @@ def test_single_turn_layout_groups_and_rewards(engine, tokenizer):
     flat = run_rollout(single_turn_rollout, ctx)
     assert flat.depth == 1
     assert len(set(flat.group_ids)) == N_PROMPTS * N_SAMPLES  # every sample its own group
-    assert flat.prompt_groups == tuple(j // N_SAMPLES for j in range(N_PROMPTS * N_SAMPLES))
+    assert flat.prompt_dense.tolist() == [j // N_SAMPLES for j in range(N_PROMPTS * N_SAMPLES)]
     for p, group in enumerate(out):
         assert {s.metadata["label"] for s in group} == {ctx.prompts[p].label}
         assert len({tuple(s.tokens) for s in group}) > 1, "a group's samples must differ"
@@ -101,7 +108,6 @@ def test_compact_rollout_siblings_share_group_and_reward(engine, tokenizer, num_
         for siblings in executions:
             assert [s.metadata["turn"] for s in siblings] == list(range(num_turns))
             assert len({s.group_id for s in siblings}) == 1
-            assert {s.prompt_group for s in siblings} == {p}
             turn_ok = [s.metadata["response"] == s.metadata["label"] for s in siblings]
             expected = all(turn_ok) if turn_reward == "all" else sum(turn_ok) / num_turns
             assert {s.reward for s in siblings} == {float(expected)}
@@ -125,8 +131,32 @@ def test_custom_reward_fn_is_used(engine, tokenizer):
     def by_index(sample):
         return sample.index / 10
 
-    out = single_turn_rollout(make_ctx(engine, tokenizer, reward_fn=by_index))
+    out = single_turn_rollout(make_ctx(engine, tokenizer, rewarder=Rewarder(fn=by_index)))
     assert [s.reward for group in out for s in group] == [j / 10 for j in range(12)]
+
+
+def test_group_ids_start_at_the_rounds_first_id(engine, tokenizer):
+    out = single_turn_rollout(make_ctx(engine, tokenizer, first_group_id=100))
+    assert [s.group_id for group in out for s in group] == list(range(100, 112))
+
+
+def test_chat_template_renders_text_and_message_prompts(tokenizer):
+    class Chat:  # a tokenizer whose template is visible in the ids
+        def apply_chat_template(self, messages, tools, tokenize, add_generation_prompt):
+            assert not tokenize and add_generation_prompt
+            return "".join(m["content"] for m in messages) + ">"
+
+        def __call__(self, text, add_special_tokens):
+            return tokenizer(text, add_special_tokens=add_special_tokens)
+
+    text = TaskExample(prompt="12")
+    chat = TaskExample(prompt=[{"role": "system", "content": "3"}, {"role": "user",
+                                                                    "content": "4"}])
+    assert encode_prompt(Chat(), text, True) == tokenizer("12>")["input_ids"]
+    assert encode_prompt(Chat(), chat, True) == tokenizer("34>")["input_ids"]
+    assert encode_prompt(tokenizer, text, False) == tokenizer("12")["input_ids"]
+    with pytest.raises(TaskError, match="--apply-chat-template"):
+        encode_prompt(tokenizer, chat, False)
 
 
 @pytest.fixture

@@ -143,3 +143,47 @@ def test_fixed_batch_loss_is_the_per_group_value(ws1):
     sample_mean = -float(np.mean(batch.advantages))
     assert abs(token_mean - expected) > 0.1 and abs(sample_mean - expected) > 0.1
     assert r["group_ids"] == batch.original_group_ids()
+
+
+@pytest.fixture(scope="module")
+def real_jobs(tmp_path_factory, cache):
+    from tests.shell.loop_workers import real_jobs_worker
+
+    return spawn(real_jobs_worker, 1, str(tmp_path_factory.mktemp("real")), cache)[0]
+
+
+def test_kl_is_zero_at_the_first_step_and_the_reference_never_moves(real_jobs):
+    first, second = real_jobs["kl_records"]
+    assert first["kl"] == 0.0  # the policy is the reference before its first update
+    assert second["kl"] > 0.0
+    initial = _initial_weights(real_jobs["hf_dir"])
+    assert max(float(np.abs(real_jobs["reference"][k] - initial[k]).max()) for k in initial) == 0
+    assert max(float(np.abs(real_jobs["policy"][k] - initial[k]).max()) for k in initial) > 1e-5
+
+
+def test_dynamic_sampling_varies_the_batch_and_keeps_the_per_group_loss(real_jobs):
+    runs = real_jobs["math"]
+    for r in runs:
+        m = r["metrics"]
+        kept, generated = m["prompts_kept"], m["prompts_generated"]
+        assert 1 <= kept <= 4 and m["prompts_filtered"] + kept <= generated
+        assert r["num_groups"] == kept * 4 == sum(r["schedule_groups"])
+        # One on-policy step (ratio 1): group_token_mean gives -mean over groups of A_g.
+        _, first = np.unique(r["group_ids"], return_index=True)
+        assert m["loss"] == pytest.approx(-r["advantages"][first].mean(), abs=1e-5)
+    assert sum(r["metrics"]["prompts_filtered"] for r in runs) > 0
+
+
+def test_eval_metrics_appear_at_the_interval_and_after_the_last_rollout(real_jobs):
+    lines = [json.loads(x) for x in real_jobs["math_lines"]]
+    with_eval = [x["rollout"] for x in lines if "eval/arith/reward_mean" in x]
+    assert with_eval == [0, 2, 3] and lines[-1]["eval_only"] is True
+    for x in lines:
+        if "eval/arith/reward_mean" in x:
+            assert 0.0 <= x["eval/arith/pass@1"] <= x["eval/arith/pass@2"] <= 1.0
+
+
+def test_the_checkpoint_holds_the_prompt_position(real_jobs):
+    state = real_jobs["loop_state"]
+    generated = sum(r["metrics"]["prompts_generated"] for r in real_jobs["math"])
+    assert state["data"]["offset"] == generated and state["data"]["draws"] >= 3

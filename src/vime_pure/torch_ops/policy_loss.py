@@ -139,12 +139,11 @@ def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t
     if tis is not None:
         pg = pg * tis
     zeros = torch.zeros_like(log_probs)
-    kl = zeros
-    if kl_coef != 0.0:
-        if ref_log_probs is None:
-            raise field_error(LossConfigError, "ref_log_probs", None,
-                              f"is required when kl_coef={kl_coef}", "pass reference log-probs")
-        kl = kl_penalty(log_probs, ref_log_probs, kl_kind)
+    if kl_coef != 0.0 and ref_log_probs is None:
+        raise field_error(LossConfigError, "ref_log_probs", None,
+                          f"is required when kl_coef={kl_coef}", "pass reference log-probs")
+    # With reference log-probs the KL is computed (and reported) even at coefficient 0.
+    kl = zeros if ref_log_probs is None else kl_penalty(log_probs, ref_log_probs, kl_kind)
     ent = zeros if entropy is None else entropy
     if entropy_coef != 0.0 and entropy is None:
         raise field_error(LossConfigError, "entropy", None,

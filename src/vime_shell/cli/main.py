@@ -8,14 +8,24 @@ Each subcommand lives in its own module with ``add_arguments(parser)`` and ``run
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from vime_pure.errors import VimeError
 from vime_shell.cli import schedule as schedule_cmd
 from vime_shell.cli import train as train_cmd
+from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad flags end with one line naming the problem and status 2, like every ``VimeError``
+    (argparse's default prints the whole usage first). Subcommands inherit it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}. Fix: see `{self.prog} --help`.\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vime", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="vime", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser(
         "train", help="run the RL loop (generate, reward, schedule, train, sync)",
@@ -29,17 +39,28 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help="the embedded CPU demo (what `make demo` runs): `vime train` with the "
         "default config and a 96-token micro-batch budget, writing runs/demo/ and its rollout "
-        "dumps runs/demo/rollouts/",
+        "dumps runs/demo/rollouts/; --math: the arithmetic dataset demo (make demo-math)",
         allow_abbrev=False)
+    demo.add_argument("--math", action="store_true",
+                      help="learn single-digit sums from a JSONL dataset through the chat "
+                      "template, the math reward, dynamic sampling and evaluation")
     train_cmd.add_arguments(demo)  # same flags, e.g. `vime demo --seed 1`
     demo.set_defaults(handler=_demo)
     return parser
 
 
 DEMO_MAX_TOKENS_PER_GPU = 96
+# What `vime demo --math` adds to `vime train` (each can be overridden by the same flag).
+MATH_DEMO = dict(apply_chat_template=True, rm_type="math", rollout_max_response_len=1,
+                 rollout_shuffle=True, eval_interval=10, n_samples_per_eval_prompt=4,
+                 dynamic_sampling_filter_path="vime_shell.rollout.filters:nonzero_reward_std",
+                 over_sampling_batch_size=32, allow_partial_train_step=True, num_rollout=150,
+                 run_dir="runs/demo-math")
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.math:
+        return _math_demo(args)
     run_dir = getattr(args, "run_dir", "runs/demo")
     if getattr(args, "save_rollout_data", None) is None:  # for `vime schedule --input` later
         args.save_rollout_data = f"{run_dir}/rollouts/rollout_{{rollout_id}}.npz"
@@ -52,6 +73,24 @@ def _demo(args: argparse.Namespace) -> int:
           f"exact-match reward), HF engine + Megatron-core on CPU; writing {run_dir}/ "
           f"(`vime train` defaults, plus rollout dumps and --max-tokens-per-gpu "
           f"{args.max_tokens_per_gpu})", file=sys.stderr)
+    return train_cmd.run(args)
+
+
+def _math_demo(args: argparse.Namespace) -> int:
+    """Write the arithmetic dataset into the run directory, then train on it as a user would:
+    ``--prompt-data`` with the chat template, ``--rm-type math``, dynamic sampling, eval."""
+    for name, value in MATH_DEMO.items():
+        if not hasattr(args, name):
+            setattr(args, name, value)
+    train, held_out = arithmetic_rows(seed=0)
+    data = Path(args.run_dir) / "data"
+    if not hasattr(args, "prompt_data"):
+        args.prompt_data = str(write_jsonl(data / "train.jsonl", train))
+    if not hasattr(args, "eval_prompt_data"):
+        args.eval_prompt_data = ["arith", str(write_jsonl(data / "eval.jsonl", held_out))]
+    print(f"vime demo --math: the embedded model learns single-digit sums ({len(train)} train, "
+          f"{len(held_out)} eval prompts in {data}/) through its chat template, the math reward "
+          f"and dynamic sampling; writing {args.run_dir}/", file=sys.stderr)
     return train_cmd.run(args)
 
 

@@ -24,112 +24,209 @@ import math
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import attrs
 import yaml
 
 from vime_pure.config import BALANCES, PACKINGS, BatchingPolicy, policy_from_flags
 from vime_pure.denominators import LOSS_MODES
+from vime_pure.policy_config import KL_KINDS
 from vime_pure.errors import VimeError, field_error
 from vime_shell.engines import ENGINE_NAMES
+from vime_shell.rollout.rewards import RM_TYPES
 from vime_shell.rollout.tasks import TASKS
 
-ESTIMATORS = ("grpo", "reinforce_plus_plus_baseline", "gspo")
+RM_CHOICES: tuple[str, ...] = tuple(RM_TYPES)
+
+ESTIMATOR_METHOD = {"grpo": "grpo", "gspo": "gspo",
+                    "reinforce_plus_plus_baseline": "reinforce_pp_baseline"}
+ESTIMATORS: tuple[str, ...] = tuple(ESTIMATOR_METHOD)
+LR_DECAY_STYLES: tuple[str, ...] = ("constant", "linear", "cosine", "inverse-square-root")
+LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning")
+SECTIONS: tuple[str, ...] = ("model", "data", "rollout", "reward", "eval", "batching", "loss",
+                             "optimizer", "parallelism", "checkpoint", "logging")
 
 
 class ConfigError(VimeError):
     """A training setting that is invalid, unknown or inconsistent with another one."""
 
 
-def _f(default: Any, help: str) -> Any:
-    return attrs.field(default=default, metadata={"help": help})
+def _f(default: Any, help: str, section: str, choices: Sequence[Any] | None = None,
+       nargs: str | None = None) -> Any:
+    return attrs.field(default=default, metadata={"help": help, "section": section,
+                                                  "choices": choices, "nargs": nargs})
 
 
 @attrs.frozen(kw_only=True)
 class TrainConfig:
-    """All ``vime train`` settings. Example: ``TrainConfig(lr=3e-4, num_rollout=50)``."""
+    """All ``vime train`` settings, named as slime's flags. Example:
+    ``TrainConfig(prompt_data="train.jsonl", apply_chat_template=True, rm_type="math")``."""
 
     # model and engine
-    hf_checkpoint: str | None = _f(None, "HF model dir; default: the embedded tiny Qwen2")
-    rollout_engine: str | None = _f(None, f"one of {ENGINE_NAMES}; default: by capability")
-    # rollouts
-    task: str = _f("reverse2", "built-in task supplying prompts and labels")
+    hf_checkpoint: str | None = _f(None, "HF model dir; default: the embedded tiny Qwen2", "model")
+    rollout_engine: str | None = _f(None, "rollout engine; default: by capability", "model",
+                                    ENGINE_NAMES)
+    # data
+    prompt_data: str | None = _f(None, "prompt dataset, .jsonl or .parquet; default: the "
+                                 "built-in --task", "data")
+    input_key: str = _f("prompt", "row field holding the prompt (text or chat messages)", "data")
+    label_key: str | None = _f("label", "row field holding the reference answer", "data")
+    metadata_key: str | None = _f(None, "row field holding a metadata dict", "data")
+    tool_key: str | None = _f(None, "row field holding tools for the chat template", "data")
+    apply_chat_template: bool = _f(False, "render prompts with the tokenizer's chat template",
+                                   "data")
+    rollout_shuffle: bool = _f(False, "shuffle the dataset each epoch (seeded, resumable)",
+                               "data")
+    rollout_seed: int | None = _f(None, "seed of prompt order and sampling; default --seed",
+                                  "data")
+    num_epoch: int | None = _f(None, "passes over the dataset; sets --num-rollout", "data")
+    task: str = _f("reverse2", "built-in task supplying prompts and labels without "
+                   "--prompt-data", "data", tuple(TASKS))
+    # rollout
     rollout_function_path: str = _f("vime_shell.rollout.functions:single_turn_rollout",
-                                    "rollout function, 'pkg.mod:fn'")
-    custom_rm_path: str | None = _f(None, "reward function 'pkg.mod:fn'; default exact match")
-    rollout_num_turns: int = _f(2, "turns per execution of the compact rollout (2-3)")
-    rollout_turn_reward: str = _f("mean", "compact rollout reward: mean of turns, or 'all'")
-    num_rollout: int = _f(300, "rollout batches to generate and train on")
-    rollout_batch_size: int = _f(16, "prompts per rollout batch")
-    n_samples_per_prompt: int = _f(8, "rollout executions per prompt")
-    rollout_temperature: float = _f(1.0, "sampling temperature")
-    rollout_top_p: float = _f(1.0, "nucleus sampling mass")
-    rollout_max_response_len: int | None = _f(None, "max new tokens; default: the answer length")
+                                    "rollout function, 'pkg.mod:fn'", "rollout")
+    rollout_num_turns: int = _f(2, "turns per execution of the compact rollout (2-3)", "rollout")
+    rollout_turn_reward: str = _f("mean", "compact rollout reward over turns", "rollout",
+                                  ("mean", "all"))
+    num_rollout: int = _f(300, "rollout batches to generate and train on", "rollout")
+    rollout_batch_size: int = _f(16, "prompts (prompt groups) per rollout batch", "rollout")
+    n_samples_per_prompt: int = _f(8, "rollout executions per prompt", "rollout")
+    rollout_temperature: float = _f(1.0, "sampling temperature", "rollout")
+    rollout_top_p: float = _f(1.0, "nucleus sampling mass", "rollout")
+    rollout_top_k: int = _f(0, "top-k sampling, 0 for off", "rollout")
+    rollout_max_response_len: int | None = _f(None, "max new tokens; default: the built-in "
+                                              "task's answer length", "rollout")
+    over_sampling_batch_size: int | None = _f(None, "prompts drawn per generation round under "
+                                              "dynamic sampling", "rollout")
+    dynamic_sampling_filter_path: str | None = _f(None, "keep a prompt group when "
+                                                  "'pkg.mod:fn(samples)' is true, e.g. "
+                                                  "vime_shell.rollout.filters:nonzero_reward_std",
+                                                  "rollout")
+    dynamic_sampling_max_rounds: int = _f(8, "generation rounds per rollout under dynamic "
+                                          "sampling before training on what passed", "rollout")
+    # reward
+    rm_type: str | None = _f(None, "built-in reward; default exact", "reward", RM_CHOICES)
+    custom_rm_path: str | None = _f(None, "reward function 'pkg.mod:fn(sample) -> float'",
+                                    "reward")
+    group_rm: bool = _f(False, "--custom-rm-path takes all samples of one prompt and returns "
+                        "their rewards", "reward")
+    advantage_estimator: str = _f("grpo", "rewards to advantages", "reward", ESTIMATORS)
+    # evaluation
+    eval_prompt_data: tuple[str, ...] | None = attrs.field(
+        default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
+        metadata={"help": "NAME PATH [NAME PATH ...] eval sets", "section": "eval",
+                  "choices": None, "nargs": "+"})
+    eval_interval: int | None = _f(None, "evaluate every N rollouts (and after the last)", "eval")
+    n_samples_per_eval_prompt: int = _f(1, "samples per eval prompt (pass@k uses them)", "eval")
+    eval_max_response_len: int | None = _f(None, "max new tokens in eval; default "
+                                           "--rollout-max-response-len", "eval")
+    eval_temperature: float | None = _f(None, "eval sampling temperature; default "
+                                        "--rollout-temperature", "eval")
     # batching (global_batch_size counts groups = rollout executions, never samples)
-    global_batch_size: int = _f(128, "groups per optimizer step")
-    max_tokens_per_gpu: int | None = _f(1024, "token budget of a packed micro-batch")
-    micro_batch_size: int | None = _f(None, "samples per static micro-batch")
-    packing: str = _f("ffd", f"bin-packing algorithm, one of {PACKINGS}")
-    balance: str | None = _f(None, f"DP balance, one of {BALANCES}; overrides the two below")
-    balance_data: bool = _f(False, "balance tokens across DP ranks (balance=tokens)")
-    balance_by_flops: bool = _f(False, "balance estimated FLOPs across DP ranks (balance=flops)")
-    allow_partial_train_step: bool = _f(False, "train a short last step instead of dropping")
-    # optimisation
-    lr: float = _f(3e-4, "Adam learning rate")
-    advantage_estimator: str = _f("grpo", f"one of {ESTIMATORS}")
-    loss_mode: str = _f("group_token_mean", f"loss denominators, one of {LOSS_MODES}")
-    eps_clip: float = _f(0.2, "PPO ratio clip")
-    logprob_gap_tolerance: float = _f(1e-4, "max engine-trainer log-prob gap after a sync")
-    # run
-    seed: int = _f(0, "seeds prompts, sampling and initialisation")
-    save: str | None = _f(None, "checkpoint directory")
-    save_interval: int = _f(50, "rollouts between checkpoints")
-    load: str | None = _f(None, "checkpoint directory to resume from")
-    run_dir: str = _f("runs/demo", "metrics.jsonl, TensorBoard and plots go here")
-    # parallel layout (Megatron names; the data-parallel size is world / (tp * pp))
-    tensor_model_parallel_size: int = _f(1, "tensor-parallel size")
-    pipeline_model_parallel_size: int = _f(1, "pipeline-parallel size")
-    context_parallel_size: int = _f(1, "context-parallel size (needs TransformerEngine)")
-    num_layers_per_virtual_pipeline_stage: int | None = _f(None, "layers per virtual stage")
-    # rollout dumps and replay, HF export
+    global_batch_size: int = _f(128, "groups per optimizer step", "batching")
+    num_steps_per_rollout: int | None = _f(None, "optimizer steps per rollout; sets "
+                                           "--global-batch-size", "batching")
+    max_tokens_per_gpu: int | None = _f(1024, "token budget of a packed micro-batch", "batching")
+    micro_batch_size: int | None = _f(None, "samples per static micro-batch (with "
+                                      "--max-tokens-per-gpu none)", "batching")
+    packing: str = _f("ffd", "bin-packing algorithm", "batching", PACKINGS)
+    balance: str | None = _f(None, "DP balance; overrides the two below", "batching", BALANCES)
+    balance_data: bool = _f(False, "balance tokens across DP ranks (balance=tokens)", "batching")
+    balance_by_flops: bool = _f(False, "balance estimated FLOPs across DP ranks (balance=flops)",
+                                "batching")
+    allow_partial_train_step: bool = _f(False, "train a short last step instead of dropping",
+                                        "batching")
+    # loss
+    loss_mode: str = _f("group_token_mean", "loss denominators", "loss", LOSS_MODES)
+    calculate_per_token_loss: bool = _f(False, "slime's name for --loss-mode token_mean", "loss")
+    eps_clip: float = _f(0.2, "PPO ratio clip", "loss")
+    eps_clip_high: float | None = _f(None, "upper ratio clip (DAPO clip-higher); default "
+                                     "--eps-clip", "loss")
+    use_kl_loss: bool = _f(False, "add a KL penalty against a frozen reference model", "loss")
+    kl_loss_coef: float = _f(0.0, "weight of the KL penalty", "loss")
+    kl_loss_type: str = _f("low_var_kl", "KL estimator", "loss", KL_KINDS)
+    ref_load: str | None = _f(None, "HF dir of the reference model; default: the initial "
+                              "weights", "loss")
+    entropy_coef: float = _f(0.0, "entropy bonus weight", "loss")
+    use_tis: bool = _f(False, "truncated importance sampling against the engine's "
+                       "log-probs", "loss")
+    tis_clip: float = _f(2.0, "TIS weight cap", "loss")
+    logprob_gap_tolerance: float = _f(1e-4, "max engine-trainer log-prob gap after a sync",
+                                      "loss")
+    # optimizer
+    lr: float = _f(3e-4, "Adam learning rate", "optimizer")
+    min_lr: float = _f(0.0, "learning rate floor of the decay", "optimizer")
+    lr_warmup_iters: int = _f(0, "warmup length in optimizer steps", "optimizer")
+    lr_decay_iters: int | None = _f(None, "decay length in optimizer steps", "optimizer")
+    lr_decay_style: str = _f("constant", "LR decay shape", "optimizer", LR_DECAY_STYLES)
+    weight_decay: float = _f(0.0, "AdamW weight decay", "optimizer")
+    clip_grad: float = _f(1.0, "gradient-norm clip, 0 for off", "optimizer")
+    adam_beta1: float = _f(0.9, "Adam beta1", "optimizer")
+    adam_beta2: float = _f(0.999, "Adam beta2", "optimizer")
+    adam_eps: float = _f(1e-8, "Adam epsilon", "optimizer")
+    use_distributed_optimizer: bool = _f(False, "shard optimizer state over DP ranks",
+                                         "optimizer")
+    overlap_grad_reduce: bool = _f(False, "overlap the DP gradient reduce with backward",
+                                   "optimizer")
+    overlap_param_gather: bool = _f(False, "overlap the distributed optimizer's gather with "
+                                    "forward", "optimizer")
+    seed: int = _f(0, "seeds prompts, sampling and initialisation", "optimizer")
+    # parallel layout (Megatron names; the data-parallel size is world / (tp * pp * cp))
+    tensor_model_parallel_size: int = _f(1, "tensor-parallel size", "parallelism")
+    pipeline_model_parallel_size: int = _f(1, "pipeline-parallel size", "parallelism")
+    context_parallel_size: int = _f(1, "context-parallel size (needs TransformerEngine)",
+                                    "parallelism")
+    num_layers_per_virtual_pipeline_stage: int | None = _f(None, "layers per virtual stage",
+                                                           "parallelism")
+    # checkpoints, rollout dumps and replay, HF export
+    save: str | None = _f(None, "checkpoint directory", "checkpoint")
+    save_interval: int = _f(50, "rollouts between checkpoints", "checkpoint")
+    load: str | None = _f(None, "checkpoint directory to resume from", "checkpoint")
     save_rollout_data: str | None = _f(None, "dump every rollout batch to this path template "
-                                       "(must contain {rollout_id})")
+                                       "(must contain {rollout_id})", "checkpoint")
     load_rollout_data: str | None = _f(None, "replay dumps from this path template (or one "
-                                       "literal path, replayed every rollout)")
+                                       "literal path, replayed every rollout)", "checkpoint")
     load_rollout_data_mode: str = _f("train-only", "train-only: no engine; forge: keep the "
-                                     "engine and its weight syncs")
+                                     "engine and its weight syncs", "checkpoint",
+                                     ("train-only", "forge"))
     load_rollout_data_fallback: bool = _f(False, "replay rollout 0's dump when a rollout's "
-                                          "dump is missing")
-    save_hf: str | None = _f(None, "write the trained weights as an HF checkpoint here")
-    save_hf_max_shard_size: str = _f("5GB", "size limit of one safetensors shard")
+                                          "dump is missing", "checkpoint")
+    save_hf: str | None = _f(None, "write the trained weights as an HF checkpoint here",
+                             "checkpoint")
+    save_hf_max_shard_size: str = _f("5GB", "size limit of one safetensors shard", "checkpoint")
+    # logging
+    run_dir: str = _f("runs/demo", "metrics.jsonl, TensorBoard and plots go here", "logging")
+    log_level: str = _f("info", "log level; debug logs on every rank", "logging", LOG_LEVELS)
+    use_wandb: bool = _f(False, "also log to Weights & Biases (pip install vime[wandb])",
+                         "logging")
+    wandb_project: str = _f("vime", "W&B project", "logging")
+    wandb_group: str | None = _f(None, "W&B group", "logging")
+    wandb_mode: str = _f("offline", "W&B mode; offline needs no network", "logging",
+                         ("online", "offline", "disabled"))
 
     def __attrs_post_init__(self) -> None:
         _check_types(self)
         for name in ("rollout_num_turns", "num_rollout", "rollout_batch_size",
-                     "n_samples_per_prompt", "global_batch_size", "save_interval"):
-            _at_least(name, getattr(self, name), 1)
-        for name in ("rollout_max_response_len", "max_tokens_per_gpu", "micro_batch_size"):
-            if getattr(self, name) is not None:
-                _at_least(name, getattr(self, name), 1)
-        _at_least("seed", self.seed, 0)
-        _in_range("lr", self.lr, 0.0, 1.0, "use e.g. 3e-4 (the 334k-param embedded model), 1e-6 (7B)")
-        _in_range("rollout_temperature", self.rollout_temperature, 0.0, 100.0, "use 1.0")
-        _in_range("rollout_top_p", self.rollout_top_p, 1e-6, 1.0, "use 1.0")
-        _in_range("eps_clip", self.eps_clip, 0.0, 10.0, "use 0.2")
-        _in_range("logprob_gap_tolerance", self.logprob_gap_tolerance, 0.0, 1e9, "use 1e-4")
-        _one_of("rollout_engine", self.rollout_engine, (None, *ENGINE_NAMES))
-        _one_of("loss_mode", self.loss_mode, LOSS_MODES)
-        _one_of("advantage_estimator", self.advantage_estimator, ESTIMATORS)
-        _one_of("rollout_turn_reward", self.rollout_turn_reward, ("mean", "all"))
-        _one_of("task", self.task, tuple(TASKS))
-        if self.rollout_num_turns > 3:
-            raise field_error(ConfigError, "rollout_num_turns", self.rollout_num_turns,
-                              "must be 2 or 3", "use 2 (or the single-turn rollout)")
-        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                     "n_samples_per_prompt", "global_batch_size", "save_interval",
+                     "n_samples_per_eval_prompt", "dynamic_sampling_max_rounds",
+                     "tensor_model_parallel_size", "pipeline_model_parallel_size",
                      "context_parallel_size"):
             _at_least(name, getattr(self, name), 1)
-        _one_of("load_rollout_data_mode", self.load_rollout_data_mode, ("train-only", "forge"))
+        for name in ("rollout_max_response_len", "max_tokens_per_gpu", "micro_batch_size",
+                     "num_epoch", "eval_interval", "eval_max_response_len",
+                     "num_steps_per_rollout", "over_sampling_batch_size", "lr_decay_iters"):
+            if getattr(self, name) is not None:
+                _at_least(name, getattr(self, name), 1)
+        for name in ("seed", "rollout_top_k", "lr_warmup_iters"):
+            _at_least(name, getattr(self, name), 0)
+        if self.rollout_seed is not None:
+            _at_least("rollout_seed", self.rollout_seed, 0)
+        for name, value in self._choices():
+            _one_of(name, value, _field(name).metadata["choices"])
+        self._check_numbers()
+        self._check_data()
+        self._check_loss()
         if self.save_rollout_data is not None and "{rollout_id}" not in self.save_rollout_data:
             raise field_error(ConfigError, "save_rollout_data", self.save_rollout_data,
                               "lacks {rollout_id}: every rollout would overwrite one file",
@@ -137,14 +234,111 @@ class TrainConfig:
         self.batching_policy()  # BatchingPolicy's own checks (max_tokens / micro_batch_size)
         self._check_steps()
 
+    def _choices(self):
+        for f in attrs.fields(type(self)):
+            value = getattr(self, f.name)
+            if f.metadata.get("choices") is not None and value is not None:
+                yield f.name, value
+
+    def _check_numbers(self) -> None:
+        _in_range("lr", self.lr, 0.0, 1.0, "use e.g. 3e-4 (the 334k-param embedded model), 1e-6 (7B)")
+        _in_range("min_lr", self.min_lr, 0.0, self.lr, f"use a value in [0, lr={self.lr}]")
+        _in_range("rollout_temperature", self.rollout_temperature, 0.0, 100.0, "use 1.0")
+        if self.eval_temperature is not None:
+            _in_range("eval_temperature", self.eval_temperature, 0.0, 100.0, "use 1.0 or 0")
+        _in_range("rollout_top_p", self.rollout_top_p, 1e-6, 1.0, "use 1.0")
+        _in_range("eps_clip", self.eps_clip, 0.0, 1.0, "use 0.2")
+        if self.eps_clip_high is not None:
+            _in_range("eps_clip_high", self.eps_clip_high, 0.0, 10.0, "use e.g. 0.28")
+        for name in ("kl_loss_coef", "entropy_coef", "weight_decay", "clip_grad"):
+            _in_range(name, getattr(self, name), 0.0, 1e6, "use 0 to turn it off")
+        _in_range("tis_clip", self.tis_clip, 1e-6, 1e6, "use e.g. 2.0")
+        for name in ("adam_beta1", "adam_beta2"):
+            _in_range(name, getattr(self, name), 0.0, 1.0 - 1e-12, "use e.g. 0.9 / 0.999")
+        _in_range("adam_eps", self.adam_eps, 1e-30, 1.0, "use 1e-8")
+        _in_range("logprob_gap_tolerance", self.logprob_gap_tolerance, 0.0, 1e9, "use 1e-4")
+        if self.rollout_num_turns > 3:
+            raise field_error(ConfigError, "rollout_num_turns", self.rollout_num_turns,
+                              "must be 2 or 3", "use 2 (or the single-turn rollout)")
+
+    def _check_data(self) -> None:
+        if self.prompt_data is not None and self.rollout_max_response_len is None:
+            raise field_error(ConfigError, "rollout_max_response_len", None,
+                              "has no default with --prompt-data (the built-in tasks set it)",
+                              "pass --rollout-max-response-len, e.g. 1024")
+        if self.num_epoch is not None and self.prompt_data is None:
+            raise field_error(ConfigError, "num_epoch", self.num_epoch, "needs --prompt-data",
+                              "pass --num-rollout with a built-in task")
+        if self.eval_prompt_data is not None and len(self.eval_prompt_data) % 2:
+            raise field_error(ConfigError, "eval_prompt_data", list(self.eval_prompt_data),
+                              "is not NAME PATH pairs",
+                              "pass e.g. --eval-prompt-data gsm8k test.jsonl aime aime.jsonl")
+        if (self.eval_interval is None) != (self.eval_prompt_data is None):
+            raise field_error(ConfigError, "eval_interval", self.eval_interval,
+                              "and --eval-prompt-data go together",
+                              "pass both, e.g. --eval-interval 10 --eval-prompt-data gsm8k "
+                              "test.jsonl")
+        filtered = self.dynamic_sampling_filter_path is not None
+        if self.over_sampling_batch_size is not None:
+            if not filtered:
+                raise field_error(ConfigError, "over_sampling_batch_size",
+                                  self.over_sampling_batch_size,
+                                  "over-samples only for a dynamic-sampling filter",
+                                  "pass --dynamic-sampling-filter-path, or drop the flag")
+            if self.over_sampling_batch_size < self.rollout_batch_size:
+                raise field_error(ConfigError, "over_sampling_batch_size",
+                                  self.over_sampling_batch_size,
+                                  f"is below rollout_batch_size={self.rollout_batch_size}",
+                                  "draw at least as many prompts per round as a batch needs")
+        compact = self.rollout_function_path.endswith("compact_rollout")
+        if compact and self.group_rm:
+            raise field_error(ConfigError, "group_rm", True,
+                              "does not apply to compact_rollout (its reward is per turn)",
+                              "use a per-sample --custom-rm-path")
+
+    def _check_loss(self) -> None:
+        if self.calculate_per_token_loss and self.loss_mode not in ("token_mean",
+                                                                    "group_token_mean"):
+            raise field_error(ConfigError, "calculate_per_token_loss", True,
+                              f"contradicts --loss-mode {self.loss_mode}",
+                              "drop one of them (--calculate-per-token-loss is token_mean)")
+        if self.kl_loss_coef > 0 and not self.use_kl_loss:
+            raise field_error(ConfigError, "kl_loss_coef", self.kl_loss_coef,
+                              "has no effect without --use-kl-loss",
+                              "pass --use-kl-loss, or --kl-loss-coef 0")
+        if self.ref_load is not None and not self.use_kl_loss:
+            raise field_error(ConfigError, "ref_load", self.ref_load,
+                              "is only read for the KL penalty", "pass --use-kl-loss")
+        if self.overlap_param_gather and not self.use_distributed_optimizer:
+            raise field_error(ConfigError, "overlap_param_gather", True,
+                              "needs the distributed optimizer",
+                              "pass --use-distributed-optimizer")
+
     def _check_steps(self) -> None:
-        groups = self.rollout_batch_size * self.n_samples_per_prompt
-        if groups % self.global_batch_size and not self.allow_partial_train_step:
+        groups = self.groups_per_rollout
+        if self.num_steps_per_rollout is not None and groups % self.num_steps_per_rollout:
+            raise field_error(ConfigError, "num_steps_per_rollout", self.num_steps_per_rollout,
+                              f"does not divide the {groups} groups of a rollout",
+                              f"use a divisor of {groups}")
+        if groups % self.effective_global_batch_size and not self.allow_partial_train_step:
             raise field_error(
-                ConfigError, "global_batch_size", self.global_batch_size,
+                ConfigError, "global_batch_size", self.effective_global_batch_size,
                 f"does not divide the {groups} groups of a rollout (rollout_batch_size="
                 f"{self.rollout_batch_size} x n_samples_per_prompt={self.n_samples_per_prompt})",
                 f"use a divisor of {groups} (e.g. {groups}), or --allow-partial-train-step")
+
+    @property
+    def effective_loss_mode(self) -> str:
+        """``--loss-mode``, or ``token_mean`` under ``--calculate-per-token-loss``."""
+        return "token_mean" if self.calculate_per_token_loss else self.loss_mode
+
+    @property
+    def effective_global_batch_size(self) -> int:
+        """Groups per optimizer step: ``--global-batch-size``, or the rollout's groups divided
+        by ``--num-steps-per-rollout`` (slime's rule)."""
+        if self.num_steps_per_rollout is None:
+            return self.global_batch_size
+        return self.groups_per_rollout // self.num_steps_per_rollout
 
     @property
     def groups_per_rollout(self) -> int:
@@ -155,7 +349,7 @@ class TrainConfig:
         """The scheduler's policy, from the one builder ``vime_pure.policy_from_flags``."""
         try:
             return policy_from_flags(
-                global_batch_size=self.global_batch_size,
+                global_batch_size=self.effective_global_batch_size,
                 max_tokens_per_gpu=self.max_tokens_per_gpu,
                 micro_batch_size=self.micro_batch_size, packing=self.packing,
                 balance=self.balance, balance_data=self.balance_data,
@@ -182,17 +376,31 @@ class TrainConfig:
         return cls(**out)
 
 
+def _field(name: str) -> attrs.Attribute:
+    return attrs.fields_dict(TrainConfig)[name]
+
+
+def field_type(f: attrs.Attribute) -> tuple[type, bool]:
+    """The field's base type (``tuple`` for ``tuple[str, ...]``) and whether None is allowed."""
+    args = get_args(f.type)
+    optional = type(None) in args
+    base = next(a for a in args if a is not type(None)) if optional else f.type
+    return get_origin(base) or base, optional
+
+
 def _check_types(cfg: TrainConfig) -> None:
     for f in attrs.fields(type(cfg)):
         value = getattr(cfg, f.name)
-        if value is None and "None" in str(f.type):
+        base, optional = field_type(f)
+        if value is None and optional:
             continue
-        base = f.type.__args__[0] if "None" in str(f.type) else f.type
         ok = (isinstance(value, base) and not (base is int and isinstance(value, bool))
               or base is float and isinstance(value, int) and not isinstance(value, bool))
+        if ok and base is tuple:
+            ok = all(isinstance(v, str) for v in value)
         if not ok:
             raise field_error(ConfigError, f.name, value,
-                              f"must be {'None or ' if 'None' in str(f.type) else ''}"
+                              f"must be {'None or ' if optional else ''}"
                               f"a {base.__name__}", f"e.g. {f.name}={f.default!r}")
 
 
@@ -250,23 +458,27 @@ def _optional(kind: type) -> Any:
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--config`` and one ``--dash-name`` flag per field; unset flags stay absent.
+    """Add ``--config`` and one ``--dash-name`` flag per field, grouped by section, choices
+    shown as choices; unset flags stay absent (defaults and the config file fill them).
 
     Build the parser with ``allow_abbrev=False``: a typo such as ``--global-batch`` must fail,
     not silently mean ``--global-batch-size``.
     """
     parser.add_argument("--config", default=None, help="YAML / JSON / TOML file of settings")
+    groups = {name: parser.add_argument_group(name) for name in SECTIONS}
     for f in attrs.fields(TrainConfig):
+        group = groups[f.metadata["section"]]
         flag = "--" + f.name.replace("_", "-")
         help_text = f"{f.metadata['help']} (default: {f.default})"
-        if f.type is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS, help=help_text)
+        base, optional = field_type(f)
+        if base is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_text)
             continue
-        optional = "None" in str(f.type)
-        base = f.type.__args__[0] if optional else f.type
-        kind = _optional(base) if optional else base
-        parser.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
+        kind = str if base is tuple else base
+        group.add_argument(flag, type=_optional(kind) if optional else kind,
+                           choices=f.metadata["choices"], nargs=f.metadata["nargs"],
+                           default=argparse.SUPPRESS, help=help_text)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -3,15 +3,19 @@
 ``launch_checks(cfg)`` reads only files and the configuration: the model directory's
 ``config.json`` (without transformers), export paths and sizes, that TP divides the vocabulary,
 the parallel layout for the launched world (``vime_shell.megatron.layout``), the batching
-policy's feasibility (``vime_pure.check_feasible``), and that every plugin path
-(``--rollout-function-path``, ``--custom-rm-path``) names an importable function. A bad run
-then fails with one line in well under a second instead of after the model is built.
+policy's feasibility (``vime_pure.check_feasible``), every plugin path
+(``--rollout-function-path``, ``--custom-rm-path``, ``--dynamic-sampling-filter-path``, the
+``--rm-type`` module), the prompt and eval datasets (every row, with the configured keys), the
+chat template when ``--apply-chat-template`` asks for one, the reference model directory and
+the optional W&B package. A bad run then fails with one line in well under a second instead
+of after the model is built.
 
 Example: ``launch_checks(TrainConfig(tensor_model_parallel_size=2))`` on the embedded model
 raises ``ConfigError: tensor_model_parallel_size=2: does not divide the model's
 vocab_size=19 ...``.
 """
 
+import importlib.util
 from pathlib import Path
 
 import attrs
@@ -22,18 +26,25 @@ from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.megatron.layout import (TrainLayout, context_parallel_available, resolve_layout,
                                         world_size_from_env)
 from vime_shell.models.embedded import build_embedded
-from vime_shell.models.hf_config import read_config_summary
+from vime_shell.models.hf_config import has_chat_template, read_config_summary
+from vime_shell.rollout.data import DataKeys, load_prompt_rows
 from vime_shell.rollout.plugins import load_callable
+from vime_shell.rollout.rewards import Rewarder
+from vime_shell.rollout.tasks import DigitTask, TaskExample, get_task
 from vime_shell.storage.sizes import ExportError, parse_size
 
 
 @attrs.frozen(kw_only=True)
 class LaunchPlan:
-    """What the checks resolved: the model directory, the layout and the batching policy."""
+    """What the checks resolved: the model directory, the layout, the batching policy, and
+    the prompts (dataset rows, or the built-in task) and eval sets."""
 
     hf_dir: Path
     layout: TrainLayout
     policy: BatchingPolicy
+    prompts: tuple[TaskExample, ...] | None
+    task: DigitTask | None
+    eval_sets: tuple[tuple[str, tuple[TaskExample, ...]], ...]
 
 
 def model_dir(cfg: TrainConfig) -> Path:
@@ -70,7 +81,33 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     policy = cfg.batching_policy()
     check_feasible(layout.scheduler_layout(), policy)
     for flag, path in (("--rollout-function-path", cfg.rollout_function_path),
-                       ("--custom-rm-path", cfg.custom_rm_path)):
+                       ("--custom-rm-path", cfg.custom_rm_path),
+                       ("--dynamic-sampling-filter-path", cfg.dynamic_sampling_filter_path)):
         if path is not None:
             load_callable(path, flag=flag)
-    return LaunchPlan(hf_dir=hf_dir, layout=layout, policy=policy)
+    Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
+                   group_rm=cfg.group_rm)
+    _check_side_inputs(cfg, hf_dir)
+    keys = DataKeys(input_key=cfg.input_key, label_key=cfg.label_key,
+                    metadata_key=cfg.metadata_key, tool_key=cfg.tool_key)
+    prompts = None if cfg.prompt_data is None else load_prompt_rows(cfg.prompt_data, keys)
+    pairs = cfg.eval_prompt_data or ()
+    eval_sets = tuple((name, load_prompt_rows(path, keys))
+                      for name, path in zip(pairs[::2], pairs[1::2]))
+    return LaunchPlan(hf_dir=hf_dir, layout=layout, policy=policy, prompts=prompts,
+                      task=get_task(cfg.task) if prompts is None else None, eval_sets=eval_sets)
+
+
+def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:
+    """The chat template, the reference model and the optional packages a run asks for."""
+    if cfg.apply_chat_template and not has_chat_template(hf_dir):
+        raise field_error(ConfigError, "apply_chat_template", True,
+                          f"but {hf_dir} has no chat template (tokenizer_config.json "
+                          "'chat_template' or chat_template.jinja)",
+                          "use an instruct model's directory, or drop --apply-chat-template")
+    if cfg.ref_load is not None and not (Path(cfg.ref_load).expanduser() / "config.json").is_file():
+        raise field_error(ConfigError, "ref_load", cfg.ref_load, "is not an HF model directory",
+                          "pass a directory written by save_pretrained (or --save-hf)")
+    if cfg.use_wandb and importlib.util.find_spec("wandb") is None:
+        raise field_error(ConfigError, "use_wandb", True, "but wandb is not installed",
+                          "pip install 'vime[wandb]', or drop --use-wandb")

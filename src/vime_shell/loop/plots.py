@@ -37,12 +37,19 @@ def plot_step_loads(schedule: Schedule, path: Path, step: int = 0) -> Path:
     return _save(fig, path)
 
 
-def plot_curves(series: dict[str, Sequence[float]], path: Path, xlabel: str = "rollout",
+Lines = dict[str, tuple[Sequence[float], Sequence[float]]]
+
+
+def plot_curves(panels: dict[str, Lines], path: Path, xlabel: str = "rollout",
                 title: str = "") -> Path:
-    """One panel per named series (e.g. reward_mean, loss) against its index."""
-    fig, axes = plt.subplots(1, len(series), figsize=(4.5 * len(series), 3.5), squeeze=False)
-    for ax, (name, values) in zip(axes[0], series.items()):
-        ax.plot(np.arange(len(values)), values, marker=".", linewidth=1)
+    """One panel per entry, each with named ``(x, y)`` lines (e.g. train and eval reward)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
+    for ax, (name, lines) in zip(axes[0], panels.items()):
+        for label, (xs, ys) in lines.items():
+            ax.plot(xs, ys, marker="." if len(lines) == 1 else "o", markersize=2 if
+                    label == name else 4, linewidth=1, label=label)
+        if len(lines) > 1:
+            ax.legend(fontsize=7, framealpha=0.9)
         ax.set_xlabel(xlabel)
         ax.set_title(name)
         ax.grid(alpha=0.3)

@@ -38,6 +38,8 @@ def rollout_record(rid: int, batch, schedule, results, *, gap: float, gap_max: f
         "pg_loss": _weighted(results, "pg_loss"),
         "clipfrac": _weighted(results, "clipfrac"),
         "entropy": _weighted(results, "entropy"),  # the trainer's, exact over the vocabulary
+        "kl": _weighted(results, "kl"),  # against the reference model (0 without one)
+        "ratio": _weighted(results, "ratio"),
         "logprob_gap": gap,
         "logprob_gap_max": gap_max,
         "num_groups": int(batch.num_groups),

@@ -16,11 +16,12 @@ rank 0, and only then does the tracker move (temp file + ``os.replace``). A run 
 moment leaves the tracker pointing at a complete checkpoint (or absent); a leftover ``.tmp-*``
 directory is ignored and overwritten.
 
-Why resume reproduces the data: prompts and sampling seeds are pure functions of
-``(seed, rollout_id)``; after loading, the trainer's weights are synced to the engine before
-the first rollout. The rollout counter is the only loop state that decides what comes next,
-so a resumed run continues at exactly the next rollout: nothing is generated twice or skipped.
-Settings that decide the data (``DATA_FIELDS``) must match the checkpoint's.
+Why resume reproduces the data: sampling seeds are pure functions of ``(seed, rollout_id)``
+and the prompt order of ``(seed, epoch)``; the loop state saves the rollout counter and the
+prompt source's position (how many prompts dynamic sampling consumed), and after loading the
+trainer's weights are synced to the engine before the first rollout. So a resumed run
+continues at exactly the next rollout and the next prompt: nothing is generated twice or
+skipped. Settings that decide the data (``DATA_FIELDS``) must match the checkpoint's.
 
 Example: ``--save ck --save-interval 2 --num-rollout 5`` writes ``ck/rollout_000002`` and
 ``ck/rollout_000004`` (and ``ck/rollout_000005`` at the end); ``--load ck`` then starts at
@@ -41,8 +42,9 @@ from vime_shell.storage.files import fsync_dir, write_atomic
 
 TRACKER = "latest_checkpointed_iteration.txt"
 LOOP_STATE = "loop_state.json"
-DATA_FIELDS = ("seed", "task", "rollout_batch_size", "n_samples_per_prompt",
-               "rollout_function_path", "load_rollout_data")
+DATA_FIELDS = ("seed", "rollout_seed", "task", "prompt_data", "input_key", "rollout_shuffle",
+               "rollout_batch_size", "n_samples_per_prompt", "rollout_function_path",
+               "load_rollout_data")
 
 
 class CheckpointError(VimeError):
@@ -55,13 +57,15 @@ class LoopState:
 
     rollouts_done: int
     config: dict
+    data: dict | None = None  # the prompt source's position (offset, draws)
 
 
 def checkpoint_dir(root: str | Path, rollouts_done: int) -> Path:
     return Path(root) / f"rollout_{rollouts_done:06d}"
 
 
-def save(root: str | Path, rollouts_done: int, trainer, config: dict) -> Path:
+def save(root: str | Path, rollouts_done: int, trainer, config: dict,
+         data: dict | None = None) -> Path:
     """Collective: every rank's trainer state, then rank 0's loop state, rename and tracker."""
     root = Path(root)
     final = checkpoint_dir(root, rollouts_done)
@@ -72,7 +76,7 @@ def save(root: str | Path, rollouts_done: int, trainer, config: dict) -> Path:
     dist.barrier()
     trainer.save_checkpoint(tmp)  # per-rank files, atomic and fsynced each; ends with a barrier
     if dist.get_rank() == 0:
-        write_atomic(tmp / LOOP_STATE, json.dumps(_loop_state(rollouts_done, config)))
+        write_atomic(tmp / LOOP_STATE, json.dumps(_loop_state(rollouts_done, config, data)))
         _remove(final)
         tmp.rename(final)
         fsync_dir(root)
@@ -81,10 +85,10 @@ def save(root: str | Path, rollouts_done: int, trainer, config: dict) -> Path:
     return final
 
 
-def _loop_state(rollouts_done: int, config: dict) -> dict:
+def _loop_state(rollouts_done: int, config: dict, data: dict | None = None) -> dict:
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"rollouts_done": rollouts_done, "config": config,
+    return {"rollouts_done": rollouts_done, "config": config, "data": data,
             "python_random": [version, list(internal), gauss],
             "numpy_random": [kind, keys.tolist(), pos, has_gauss, cached]}
 
@@ -128,7 +132,7 @@ def load(path: Path, trainer, config: dict) -> LoopState:
     trainer.load_checkpoint(path)
     random.setstate((version, tuple(internal), gauss))
     np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    return LoopState(rollouts_done=rollouts_done, config=saved)
+    return LoopState(rollouts_done=rollouts_done, config=saved, data=state.get("data"))
 
 
 def _remove(path: Path) -> None:

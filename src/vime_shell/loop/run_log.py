@@ -17,6 +17,7 @@ Example line (the demo's rollout 0): ``{"rollout": 0, "reward_mean": 0.0, "loss"
 
 import json
 import math
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -48,10 +49,10 @@ class RunLogger:
     """Rank 0's sink for per-rollout records. ``enabled=False`` (other ranks) does nothing."""
 
     def __init__(self, run_dir: str | Path, *, start: int, total: int, enabled: bool,
-                 progress: bool = True):
+                 progress: bool | None = None, wandb: Mapping[str, object] | None = None):
         self.run_dir, self.enabled = Path(run_dir), enabled
         self.records: list[dict] = []
-        self._tb = self._bar = None
+        self._tb = self._bar = self._wandb = None
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -63,12 +64,23 @@ class RunLogger:
         tmp.replace(path)
         self._file = path.open("a")
         self._tb = _tensorboard(self.run_dir / "tb")
-        if progress:
+        if wandb is not None:
+            self._wandb = _wandb_run(self.run_dir, wandb)
+        if sys.stderr.isatty() if progress is None else progress:
             self._bar = tqdm(total=total, initial=start, unit="rollout", dynamic_ncols=True)
 
     @property
     def has_progress_bar(self) -> bool:
         return self._bar is not None
+
+    def log_eval(self, rollout: int, metrics: Mapping[str, float]) -> None:
+        """An evaluation-only line (the weights after the last rollout): ``eval_only`` set."""
+        if not self.enabled:
+            return
+        clean = {"rollout": rollout, "eval_only": True,
+                 **{k: _json_value(v) for k, v in metrics.items()}}
+        self.records.append(clean)
+        self._write(clean)
 
     def log(self, record: Mapping[str, object]) -> None:
         if not self.enabled:
@@ -78,18 +90,26 @@ class RunLogger:
             raise KeyError(f"metrics record lacks {missing}")
         clean = {k: _json_value(v) for k, v in record.items()}
         self.records.append(clean)
-        self._file.write(json.dumps(clean) + "\n")
-        self._file.flush()
-        if self._tb is not None:
-            for key, value in clean.items():
-                if isinstance(value, (int, float)) and key != "rollout":
-                    self._tb.add_scalar(key, value, global_step=int(clean["rollout"]))
+        self._write(clean)
         if self._bar is not None:
             self._bar.set_postfix_str(
                 f"reward {clean['reward_mean']:.3f} loss {clean['loss']:+.4f} "
                 f"gap {clean['logprob_gap']:.1e} mb {clean['num_microbatches']} "
                 f"{clean.get('tokens_per_s', 0):.0f} tok/s", refresh=False)
             self._bar.update(1)
+
+    def _write(self, clean: dict) -> None:
+        """One line to metrics.jsonl (flushed), its numbers to TensorBoard and W&B."""
+        self._file.write(json.dumps(clean) + "\n")
+        self._file.flush()
+        step = int(clean["rollout"])
+        scalars = {k: v for k, v in clean.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "rollout"}
+        if self._tb is not None:
+            for key, value in scalars.items():
+                self._tb.add_scalar(key, value, global_step=step)
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
 
     def finish(self, last_schedule=None) -> list[Path]:
         """Close the sinks and draw the plots; returns the PNG paths written."""
@@ -100,16 +120,32 @@ class RunLogger:
             self._bar.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
         out = []
-        if self.records:
-            keys = [k for k in ("reward_mean", "loss", "entropy", "grad_norm")
-                    if k in self.records[0]]
-            series = {k: [math.nan if r[k] is None else r[k] for r in self.records] for k in keys}
-            out.append(plot_curves(series, self.run_dir / CURVES,
-                                   title=f"{len(self.records)} rollouts"))
+        trained = [r for r in self.records if not r.get("eval_only")]
+        if trained:
+            out.append(plot_curves(curve_panels(self.records), self.run_dir / CURVES,
+                                   title=f"{len(trained)} rollouts"))
         if last_schedule is not None and last_schedule.steps:
             out.append(plot_step_loads(last_schedule, self.run_dir / SCHEDULE_PLOT, step=0))
         return out
+
+
+def curve_panels(records: list[dict]) -> dict:
+    """Reward (train, and every eval set), loss, entropy and gradient norm against rollout."""
+    def line(key: str) -> tuple[list[float], list[float]]:
+        points = [(r["rollout"], r[key]) for r in records if r.get(key) is not None]
+        return [x for x, _ in points], [y for _, y in points]
+
+    evals = sorted({k for r in records for k in r if k.startswith("eval/")
+                    and k.endswith("/reward_mean")})
+    panels = {"reward_mean": {"reward_mean": line("reward_mean"),
+                              **{k.removesuffix("/reward_mean"): line(k) for k in evals}}}
+    for key in ("loss", "entropy", "grad_norm"):
+        if any(key in r for r in records):
+            panels[key] = {key: line(key)}
+    return panels
 
 
 def _json_value(value: object) -> object:
@@ -122,3 +158,12 @@ def _json_value(value: object) -> object:
 
 def _tensorboard(path: Path):
     return None if SummaryWriter is None else SummaryWriter(str(path))
+
+
+def _wandb_run(run_dir: Path, config: Mapping[str, object]):
+    """A W&B run in ``run_dir/wandb`` (``--wandb-mode offline`` needs no network)."""
+    import wandb  # optional extra; launch checks made sure it is installed
+
+    return wandb.init(project=str(config["wandb_project"]), group=config.get("wandb_group"),
+                      mode=str(config["wandb_mode"]), dir=str(run_dir), config=dict(config),
+                      reinit=True)

@@ -83,6 +83,7 @@ class MegatronTrainer:
                           and mpu.get_tensor_model_parallel_rank() == 0)
         self.trace: list[tuple[int, tuple[int, ...], int]] = []  # (step, samples, tokens) run
         self.steps_done = 0
+        self.reference: list[torch.nn.Module] | None = None  # frozen chunks, for the KL penalty
 
     @classmethod
     def from_hf(cls, hf_dir: str | Path, config: TrainerConfig = TrainerConfig(), *,
@@ -178,7 +179,8 @@ class MegatronTrainer:
             return out, partial(loss_fn, row)
         return forward_step
 
-    def _run(self, rows: list[MicroBatchTensors], loss_fn, forward_only: bool, record_step=None):
+    def _run(self, rows: list[MicroBatchTensors], loss_fn, forward_only: bool, record_step=None,
+             model: list[torch.nn.Module] | None = None):
         group = self.layout.microbatch_group
         if self.layout.vpp > 1 and len(rows) % group:
             raise field_error(VimeError, "num_microbatches", len(rows),
@@ -188,7 +190,7 @@ class MegatronTrainer:
                               "(TrainLayout.scheduler_layout())")
         return get_forward_backward_func()(
             forward_step_func=self._forward_step(loss_fn, record_step),
-            data_iterator=self._iterators(rows), model=self.model,
+            data_iterator=self._iterators(rows), model=model or self.model,
             num_microbatches=len(rows), seq_length=max(r.num_tokens for r in rows),
             micro_batch_size=1, forward_only=forward_only)
 
@@ -242,22 +244,27 @@ class MegatronTrainer:
         return out
 
     @torch.no_grad()
-    def compute_log_probs(self, records: Sequence[TrainMicroBatch],
-                          num_response_tokens: int) -> np.ndarray:
-        """Per-token log-probs of the records' scored response tokens, forward only.
+    def compute_log_probs(self, records: Sequence[TrainMicroBatch], num_response_tokens: int,
+                          *, reference: bool = False) -> np.ndarray:
+        """Per-token log-probs of the records' scored response tokens, forward only, under the
+        trained model or (``reference=True``) the frozen reference model.
 
         Returns a float32 array in batch coordinates (``num_response_tokens`` long, a
         ``RankBatch``'s ``num_response_tokens``): entry ``record.response_index[t]`` holds the
         log-prob of token ``t``; tokens this rank does not score are NaN. The last pipeline
         stage's values are broadcast so every stage returns them.
         """
+        if reference and self.reference is None:
+            raise field_error(VimeError, "reference", None, "has not been loaded",
+                              "call load_reference(hf_dir) first (--use-kl-loss does)")
         rows = self._tensors(records)
 
         def loss_fn(row: MicroBatchTensors, output: torch.Tensor):
             logp, _ = response_log_probs(output, row, with_entropy=False)
             return logp.sum() * 0.0, {"log_probs": logp}
 
-        reports = self._run(rows, loss_fn, forward_only=True)
+        reports = self._run(rows, loss_fn, forward_only=True,
+                            model=self.reference if reference else None)
         flat = torch.full((num_response_tokens,), float("nan"), dtype=torch.float32)
         if mpu.is_pipeline_last_stage(ignore_virtual=True):
             for row, report in zip(rows, reports):
@@ -298,6 +305,19 @@ class MegatronTrainer:
         mpu.destroy_model_parallel()
 
     # -- weights -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_reference(self, hf_dir: str | Path) -> None:
+        """Build the frozen reference model (KL penalty) from an HF directory: its own model
+        chunks on this rank's layout, never updated (no DDP, no optimizer, no gradients)."""
+        chunks = build_model_chunks(self.bridge, self.platform, self.layout, load_weights=False)
+        if self.platform.dtype is torch.bfloat16:
+            chunks = [Float16Module(self.bridge.config, c) for c in chunks]
+        self.bridge.load_weights([unwrap_model(c) for c in chunks], str(hf_dir))
+        for chunk in chunks:
+            chunk.eval()
+            chunk.requires_grad_(False)
+        self.reference = chunks
+
     @torch.no_grad()
     def load_hf_weights(self, hf_dir: str | Path) -> None:
         """Overwrite the model's weights with an HF directory's (collective), and refresh the

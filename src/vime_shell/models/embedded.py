@@ -34,6 +34,10 @@ from vime_pure.errors import VimeError, field_error
 # the module docstring). Changing it changes every embedded build's hash.
 BUNDLED_TEXT = "0123456789ab>=+#"
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
+# A chat template within the alphabet: turns joined by '#', the generation prompt is '='.
+# [{"role": "user", "content": "3+5"}] renders as "3+5=" (what vime demo --math trains on).
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }}{% if not loop.last %}#{% endif %}"
+                 "{% endfor %}{% if add_generation_prompt %}={% endif %}")
 
 
 class EmbeddedError(VimeError):
@@ -96,7 +100,7 @@ class EmbeddedSpec:
 
     def digest(self) -> str:
         """Short hash of the spec and the bundled text: the cache directory's suffix."""
-        payload = json.dumps([attrs.asdict(self), BUNDLED_TEXT, SPECIAL_TOKENS, 1])
+        payload = json.dumps([attrs.asdict(self), BUNDLED_TEXT, SPECIAL_TOKENS, CHAT_TEMPLATE, 1])
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
@@ -162,6 +166,7 @@ def build_tokenizer():
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
                                    unk_token="<unk>", padding_side="left",
                                    model_max_length=1 << 16)
+    fast.chat_template = CHAT_TEMPLATE
     return fast
 
 

@@ -43,3 +43,16 @@ def read_config_summary(hf_dir: str | Path) -> HfConfigSummary:
         raise ModelLoadError(f"hf_checkpoint={str(hf_dir)!r}: cannot read num_hidden_layers and "
                              f"vocab_size from config.json ({type(exc).__name__}: {exc}). Fix: "
                              "pass a directory written by save_pretrained.") from None
+
+
+def has_chat_template(hf_dir: str | Path) -> bool:
+    """True when the tokenizer of ``hf_dir`` ships a chat template (``chat_template.jinja`` or
+    a ``chat_template`` entry in ``tokenizer_config.json``), read without transformers."""
+    root = Path(hf_dir).expanduser()
+    if (root / "chat_template.jinja").is_file():
+        return True
+    try:
+        config = json.loads((root / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(isinstance(config, dict) and config.get("chat_template"))

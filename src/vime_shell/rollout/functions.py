@@ -1,9 +1,9 @@
 """Rollout functions: built-in single-turn and multi-turn/compact rollouts, and user ones.
 
-A rollout function takes a :class:`RolloutContext` (engine, tokenizer, this rollout's prompts,
-sampling parameters, reward function) and returns samples nested in lists or tuples, as
-:func:`vime_pure.data.rollout_output.flatten_rollout_output` accepts them. The loop calls it through
-:func:`run_rollout`, which validates the output at that boundary.
+A rollout function takes a :class:`RolloutContext` (engine, tokenizer, this round's prompts,
+sampling parameters, reward) and returns samples nested in lists or tuples, as
+:func:`vime_pure.data.rollout_output.flatten_rollout_output` accepts them; the loop validates
+the output at that boundary (``RolloutBatch.from_samples``).
 
 - :func:`single_turn_rollout` (the default): ``output[p][k]`` is sample ``k`` of prompt ``p``;
   ``n_samples_per_prompt`` samples per prompt, each its own rollout group.
@@ -18,9 +18,10 @@ sampling parameters, reward function) and returns samples nested in lists or tup
 
 Invariants the tests assert: ``tokens == prompt_ids + response_ids``; ``response_length``,
 ``loss_mask`` and ``rollout_log_probs`` all have one entry per response token; group ids are
-unique per execution and siblings share theirs; ``prompt_group`` is the prompt's index;
-metadata holds ``prompt``, ``response``, ``label`` and ``turn``; the same context gives the same
-samples (seeds derive from ``(seed, rollout_id)``).
+unique per execution (numbered from ``ctx.first_group_id``) and siblings share theirs; the
+prompt group is the top-level index of the output; metadata holds the dataset row's metadata
+plus ``prompt``, ``response``, ``label`` and ``turn``; the same context gives the same samples
+(seeds derive from ``(seed, rollout_id)`` and the round).
 """
 
 from collections.abc import Callable, Sequence
@@ -29,11 +30,11 @@ from typing import Any
 import attrs
 
 from vime_pure.errors import field_error
-from vime_pure.data.rollout_output import FlatRollout, flatten_rollout_output
 from vime_pure.data.sample import Sample, Status
 from vime_shell.engines.base import Generation, RolloutEngine, SamplingParams
 from vime_shell.rollout.plugins import load_callable
-from vime_shell.rollout.tasks import DigitTask, RewardFn, TaskError, TaskExample
+from vime_shell.rollout.rewards import Rewarder
+from vime_shell.rollout.tasks import DigitTask, TaskError, TaskExample
 
 RolloutFn = Callable[["RolloutContext"], Sequence[Any]]
 DEFAULT_ROLLOUT_FUNCTION = "vime_shell.rollout.functions:single_turn_rollout"
@@ -53,28 +54,54 @@ def rollout_sampling_seed(seed: int, rollout_id: int) -> int:
 
 @attrs.frozen(kw_only=True)
 class RolloutContext:
-    """Everything a rollout function needs for one rollout batch.
+    """Everything a rollout function needs for one generation round of a rollout batch.
 
+    ``prompts``: this round's examples (text or chat messages, label, metadata, tools);
+    ``apply_chat_template``: render prompts with the tokenizer's chat template
+    (``encode_prompt``); ``rewarder``: the run's reward (``Rewarder.score(samples of one
+    prompt)``); ``first_group_id``: the first group id this round may use (dynamic sampling
+    runs several rounds per batch, and group ids must stay unique across them); ``task``: the
+    built-in task when prompts come from one (multi-turn ``compact_rollout`` needs it).
+    ``sampling.seed`` is the round's base seed (see :func:`rollout_sampling_seed`).
     Example: 16 ``prompts`` with ``n_samples_per_prompt=8`` give 128 single-turn samples.
-    ``sampling.seed`` is the rollout's base seed (see :func:`rollout_sampling_seed`).
     """
 
     rollout_id: int
     engine: RolloutEngine
     tokenizer: Any
-    task: DigitTask
     prompts: tuple[TaskExample, ...]
     n_samples_per_prompt: int
     sampling: SamplingParams
-    reward_fn: RewardFn
+    rewarder: Rewarder
+    apply_chat_template: bool = False
+    first_group_id: int = 0
+    task: DigitTask | None = None
     num_turns: int = 2
     turn_reward: str = "mean"
+
+
+def encode_prompt(tokenizer: Any, example: TaskExample, apply_chat_template: bool) -> list[int]:
+    """Prompt token ids: the text as is, or rendered by the tokenizer's own chat template.
+
+    Example: with a Qwen-style template, ``"1+1="`` becomes ``<|im_start|>user\n1+1=
+    <|im_end|>\n<|im_start|>assistant\n`` before tokenization.
+    """
+    prompt = example.prompt
+    if apply_chat_template:
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        prompt = tokenizer.apply_chat_template(messages, tools=example.tools, tokenize=False,
+                                               add_generation_prompt=True)
+    elif not isinstance(prompt, str):
+        raise field_error(TaskError, "prompt", f"<{len(prompt)} chat messages>",
+                          "needs a chat template to become tokens",
+                          "pass --apply-chat-template, or store prompts as text")
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
 def _respond(ctx: RolloutContext, examples: Sequence[TaskExample],
              seed_offset: int) -> list[tuple[list[int], Generation, str]]:
     """Generate one response per example: ``(prompt_ids, generation, response_text)``."""
-    ids = [ctx.tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
+    ids = [encode_prompt(ctx.tokenizer, e, ctx.apply_chat_template) for e in examples]
     params = ctx.sampling
     if params.seed is not None:
         params = attrs.evolve(params, seed=params.seed + seed_offset)
@@ -84,26 +111,32 @@ def _respond(ctx: RolloutContext, examples: Sequence[TaskExample],
 
 
 def _sample(prompt_ids: list[int], gen: Generation, text: str, example: TaskExample, *,
-            group_id: int, prompt_group: int, index: int, turn: int) -> Sample:
+            group_id: int, index: int, turn: int) -> Sample:
     n = len(gen.token_ids)
     return Sample(
         tokens=list(prompt_ids) + list(gen.token_ids), response_length=n, loss_mask=[1] * n,
         status=_STATUS[gen.finish_reason], group_id=group_id, index=index,
-        prompt_group=prompt_group, rollout_log_probs=list(gen.log_probs),
-        metadata={"prompt": example.prompt, "response": text, "label": example.label,
-                  "turn": turn},
+        rollout_log_probs=list(gen.log_probs),
+        metadata={**example.metadata, "prompt": example.prompt, "response": text,
+                  "label": example.label, "turn": turn},
     )
 
 
 def single_turn_rollout(ctx: RolloutContext) -> list[list[Sample]]:
-    """``n_samples_per_prompt`` independent samples per prompt, rewarded by ``reward_fn``."""
+    """``n_samples_per_prompt`` independent samples per prompt, rewarded per prompt.
+
+    ``output[p]`` are prompt ``p``'s samples (its prompt group); each sample is its own
+    rollout group, numbered from ``ctx.first_group_id``.
+    """
     n = ctx.n_samples_per_prompt
     examples = [e for e in ctx.prompts for _ in range(n)]
     out: list[list[Sample]] = [[] for _ in ctx.prompts]
     for j, (ids, gen, text) in enumerate(_respond(ctx, examples, 0)):
-        s = _sample(ids, gen, text, examples[j], group_id=j, prompt_group=j // n, index=j, turn=0)
-        s.reward = ctx.reward_fn(s)
-        out[j // n].append(s)
+        out[j // n].append(_sample(ids, gen, text, examples[j], group_id=ctx.first_group_id + j,
+                                   index=j, turn=0))
+    for p, samples in enumerate(out):
+        for s, reward in zip(samples, ctx.rewarder.score(samples, where=f"prompt {p}")):
+            s.reward = reward
     return out
 
 
@@ -111,8 +144,9 @@ def compact_rollout(ctx: RolloutContext) -> list[list[list[Sample]]]:
     """``n_samples_per_prompt`` executions of ``num_turns`` chained turns per prompt.
 
     Example: reverse2 with 2 turns: turn 0 ``"47>"`` -> ``"74"``, turn 1 sees only ``"74>"``
-    and must answer ``"47"`` (see ``DigitTask.next_turn``); both samples share a group id; with ``turn_reward="all"`` both
-    get 1.0 iff both turns are right, with ``"mean"`` they get 0.5 when one turn is right.
+    and must answer ``"47"`` (see ``DigitTask.next_turn``); both samples share a group id;
+    with ``turn_reward="all"`` both get 1.0 iff both turns are right, with ``"mean"`` they get
+    0.5 when one turn is right. Needs a chainable built-in task and a per-sample reward.
     """
     if not 2 <= ctx.num_turns <= 3:
         raise field_error(TaskError, "num_turns", ctx.num_turns, "must be 2 or 3",
@@ -120,23 +154,23 @@ def compact_rollout(ctx: RolloutContext) -> list[list[list[Sample]]]:
     if ctx.turn_reward not in TURN_REWARDS:
         raise field_error(TaskError, "turn_reward", ctx.turn_reward, "is not a turn reward",
                           f"use one of {TURN_REWARDS}")
-    if not ctx.task.chainable:
-        raise field_error(TaskError, "task", ctx.task.name, "cannot chain turns",
-                          "use reverse2 or copy2 with compact_rollout")
+    if ctx.task is None or not ctx.task.chainable:
+        raise field_error(TaskError, "task", None if ctx.task is None else ctx.task.name,
+                          "cannot chain turns", "use --task reverse2 or copy2 (no --prompt-data) "
+                          "with compact_rollout")
     n = ctx.n_samples_per_prompt
     examples = [e for e in ctx.prompts for _ in range(n)]
     turns: list[list[Sample]] = [[] for _ in examples]
     for t in range(ctx.num_turns):
         for j, (ids, gen, text) in enumerate(_respond(ctx, examples, t * len(examples))):
-            s = _sample(ids, gen, text, examples[j], group_id=j, prompt_group=j // n,
-                        index=j * ctx.num_turns + t, turn=t)
-            turns[j].append(s)
+            turns[j].append(_sample(ids, gen, text, examples[j], group_id=ctx.first_group_id + j,
+                                    index=j * ctx.num_turns + t, turn=t))
         # Compaction: the next turn's context is this turn's answer alone.
         examples = [ctx.task.next_turn(turns[j][-1].metadata["response"], examples[j])
                     for j in range(len(turns))]
     out: list[list[list[Sample]]] = [[] for _ in ctx.prompts]
     for j, siblings in enumerate(turns):
-        rewards = [float(ctx.reward_fn(s)) for s in siblings]
+        rewards = ctx.rewarder.score(siblings, where=f"execution {j}")
         reward = min(rewards) if ctx.turn_reward == "all" else sum(rewards) / len(rewards)
         for s in siblings:
             s.reward = reward
@@ -147,8 +181,3 @@ def compact_rollout(ctx: RolloutContext) -> list[list[list[Sample]]]:
 def load_rollout_function(path: str | None) -> RolloutFn:
     """``--rollout-function-path``: the user's ``fn(ctx)``, or :func:`single_turn_rollout`."""
     return load_callable(path or DEFAULT_ROLLOUT_FUNCTION, flag="--rollout-function-path")
-
-
-def run_rollout(fn: RolloutFn, ctx: RolloutContext) -> FlatRollout:
-    """Call ``fn(ctx)`` and validate its output with the data model (typed errors with paths)."""
-    return flatten_rollout_output(fn(ctx))

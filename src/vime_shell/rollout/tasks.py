@@ -13,22 +13,22 @@ gets 0; draws are a pure function of ``(seed, rollout_id)`` (resume replays the 
 ``next_turn`` (multi-turn) shows the next turn only the previous *response* but labels it
 from the previous *label*, so a turn is answerable only when the turns before it were right.
 
-Rewards: a reward function takes a ``Sample`` whose ``metadata`` holds ``"prompt"``,
-``"response"`` (decoded text, special tokens skipped) and ``"label"``, and returns a float.
-``--custom-rm-path pkg.mod:fn`` replaces :func:`exact_match_reward`.
+Rewards live in :mod:`vime_shell.rollout.rewards` (``--rm-type exact`` grades these tasks).
+``arithmetic_rows`` / ``write_jsonl`` make a small dataset file, so the embedded model can also
+learn through the ``--prompt-data`` path (``vime demo --math``).
 """
 
-from collections.abc import Callable
+import json
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import attrs
 import numpy as np
 
 from vime_pure.errors import VimeError, field_error
-from vime_shell.rollout.plugins import load_callable
 
 TaskKind = Literal["reverse", "copy", "count_a", "addmod"]
-RewardFn = Callable[[Any], float]
 
 
 class TaskError(VimeError):
@@ -37,10 +37,17 @@ class TaskError(VimeError):
 
 @attrs.frozen(kw_only=True)
 class TaskExample:
-    """One prompt and its correct answer. Example: ``TaskExample(prompt="47>", label="74")``."""
+    """One prompt and what grades it. Example: ``TaskExample(prompt="47>", label="74")``.
 
-    prompt: str
-    label: str
+    ``prompt`` is text, or chat messages ``[{"role": "user", "content": ...}]`` from a dataset;
+    ``label`` the reference answer (None when the reward needs none); ``metadata`` and
+    ``tools`` come from a dataset's ``--metadata-key`` / ``--tool-key``.
+    """
+
+    prompt: str | list[dict[str, Any]]
+    label: str | None = None
+    metadata: dict[str, Any] = attrs.field(factory=dict)
+    tools: Any = None
 
 
 @attrs.frozen(kw_only=True)
@@ -117,21 +124,23 @@ def get_task(name: str) -> DigitTask:
     return task
 
 
-def exact_match(response: str, label: str) -> float:
-    """1.0 when the response equals the label exactly, else 0.0. ``exact_match("74", "74") == 1``."""
-    return 1.0 if response == label else 0.0
+def arithmetic_rows(seed: int = 0, eval_size: int = 10) -> tuple[list[dict], list[dict]]:
+    """Every single-digit sum below 10 as dataset rows, split into train and held-out eval.
+
+    55 problems ``"a+b"`` (``a + b <= 9``, answer one digit); the prompt carries no ``=``: the
+    embedded tokenizer's chat template adds it as the generation prompt. Example: a row
+    ``{"prompt": "3+5", "label": "8"}``; with ``eval_size=10``, 45 train rows and 10 eval rows.
+    """
+    rows = [{"prompt": f"{a}+{b}", "label": str(a + b)}
+            for a in range(10) for b in range(10) if a + b <= 9]
+    order = np.random.default_rng([seed, 0xA817]).permutation(len(rows))
+    shuffled = [rows[i] for i in order]
+    return shuffled[eval_size:], shuffled[:eval_size]
 
 
-def exact_match_reward(sample: Any) -> float:
-    """The built-in reward: exact match of ``metadata["response"]`` against ``["label"]``."""
-    meta = sample.metadata or {}
-    if "label" not in meta or "response" not in meta:
-        raise field_error(TaskError, "sample.metadata", sorted(meta),
-                          'lacks "label" or "response"',
-                          "use a built-in rollout function, or a custom reward (--custom-rm-path)")
-    return exact_match(meta["response"], meta["label"])
-
-
-def load_reward_fn(path: str | None) -> RewardFn:
-    """``--custom-rm-path``: the user's ``fn(sample) -> float``, or the built-in exact match."""
-    return exact_match_reward if path is None else load_callable(path, flag="--custom-rm-path")
+def write_jsonl(path: str | Path, rows: Sequence[dict]) -> Path:
+    """``rows`` as a JSON-lines prompt dataset (``--prompt-data``); returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out

@@ -1,0 +1,192 @@
+"""The rollout side of the loop, on the rank that holds the engine: prompts, generation rounds
+with dynamic sampling, rewards, the ``RolloutBatch``, and evaluation.
+
+One rollout batch (``produce``): draw ``--over-sampling-batch-size`` prompts (default
+``--rollout-batch-size``), generate ``--n-samples-per-prompt`` responses each through the
+rollout function, reward them, and keep a prompt's group when ``--dynamic-sampling-filter-path``
+accepts it; repeat until ``--rollout-batch-size`` groups are kept or
+``--dynamic-sampling-max-rounds`` rounds ran, and train on what was kept (the batch's group
+count then varies from rollout to rollout: what the data model exists for). Surplus groups of
+the last round are discarded. Every round numbers its groups after the previous round's, so
+group ids stay unique, and draws its own sampling seeds.
+
+Evaluation (``evaluate``) runs every ``--eval-prompt-data`` set through the same engine and
+rollout function, without training: ``eval/<name>/reward_mean`` (over rollout groups) and
+``eval/<name>/pass@k`` for ``k`` = 1 and ``--n-samples-per-eval-prompt`` (a sample counts as
+solved when its reward is positive; unbiased estimator over each prompt's samples).
+
+Example: rollout batch size 16, over-sampling 32, the built-in filter: round 0 keeps 11 of 32
+prompts, round 1 keeps 5 more and discards 27; the record says ``prompts_generated 64,
+prompts_kept 16, prompts_filtered 42``.
+"""
+
+import math
+from collections.abc import Sequence
+from itertools import chain
+from typing import Any
+
+import attrs
+import numpy as np
+
+from vime_pure.data.batch import RolloutBatch
+from vime_pure.data.rewards import RewardNormalization
+from vime_pure.data.rollout_output import flatten_rollout_output
+from vime_pure.errors import VimeError
+from vime_shell.engines import SamplingParams
+from vime_shell.loop.config import ESTIMATOR_METHOD, TrainConfig
+from vime_shell.loop.launch_checks import LaunchPlan
+from vime_shell.models.tokenizer import load_tokenizer
+from vime_shell.rollout.data import PromptSource
+from vime_shell.rollout.filters import load_filter
+from vime_shell.rollout.functions import (RolloutContext, load_rollout_function,
+                                          rollout_sampling_seed)
+from vime_shell.rollout.rewards import Rewarder
+from vime_shell.rollout.tasks import TaskExample
+
+_ROUND_SEED_STRIDE = 1 << 20  # requests per round before seeds of two rounds could meet
+_EVAL_SEED = 0xE7A1  # evaluation draws its own seeds: the same prompts score the same way
+
+
+@attrs.frozen(kw_only=True)
+class GenerationStats:
+    """What one rollout's generation did (logged with its record)."""
+
+    rounds: int
+    prompts_generated: int
+    prompts_kept: int
+    prompts_filtered: int
+
+    def as_record(self) -> dict[str, float]:
+        generated = max(self.prompts_generated, 1)
+        return {"generation_rounds": self.rounds, "prompts_generated": self.prompts_generated,
+                "prompts_kept": self.prompts_kept, "prompts_filtered": self.prompts_filtered,
+                "filtered_frac": self.prompts_filtered / generated}
+
+
+class RolloutProducer:
+    """Prompts, rounds, rewards and evaluation for one run (see the module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, plan: LaunchPlan, engine: Any):
+        self.cfg, self.engine = cfg, engine
+        self.tokenizer = load_tokenizer(plan.hf_dir)
+        seed = cfg.rollout_seed if cfg.rollout_seed is not None else cfg.seed
+        self.source = (PromptSource.from_dataset(plan.prompts, shuffle=cfg.rollout_shuffle,
+                                                 seed=seed) if plan.prompts is not None
+                       else PromptSource.from_task(plan.task, seed=seed))
+        self.seed = seed
+        self.task = plan.task
+        self.eval_sets = plan.eval_sets
+        self.rollout_fn = load_rollout_function(cfg.rollout_function_path)
+        self.rewarder = Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
+                                       group_rm=cfg.group_rm)
+        self.keep = load_filter(cfg.dynamic_sampling_filter_path)
+        self.normalization = RewardNormalization(method=ESTIMATOR_METHOD[cfg.advantage_estimator])
+        eos = self.tokenizer.eos_token_id
+        self.stop = () if eos is None else (int(eos),)
+
+    # -- training batches ---------------------------------------------------------------------
+    def produce(self, rid: int) -> tuple[RolloutBatch, GenerationStats]:
+        cfg = self.cfg
+        need = cfg.rollout_batch_size
+        per_round = cfg.over_sampling_batch_size or need
+        kept: list[Any] = []
+        generated = filtered = rounds = 0
+        next_group = 0
+        while len(kept) < need and rounds < cfg.dynamic_sampling_max_rounds:
+            prompts = self.source.take(per_round)
+            sampling = self._sampling(cfg.rollout_max_response_len or self.task.answer_length,
+                                      rollout_sampling_seed(self.seed, rid)
+                                      + rounds * _ROUND_SEED_STRIDE)
+            output = self._generate(rid, prompts, sampling, first_group_id=next_group)
+            next_group = _next_group_id(output, next_group)
+            generated += len(output)
+            rounds += 1
+            for prompt_output in output:
+                if len(kept) == need:
+                    break  # surplus of the last round: discarded, counted as generated only
+                if self.keep is None or self.keep(_samples(prompt_output)):
+                    kept.append(prompt_output)
+                else:
+                    filtered += 1
+            if self.keep is None:
+                break
+        stats = GenerationStats(rounds=rounds, prompts_generated=generated,
+                                prompts_kept=len(kept), prompts_filtered=filtered)
+        if not kept:
+            raise RolloutEmptyError(rid, stats)
+        return RolloutBatch.from_samples(kept, normalization=self.normalization), stats
+
+    def _sampling(self, max_new_tokens: int, seed: int, temperature: float | None = None
+                  ) -> SamplingParams:
+        cfg = self.cfg
+        return SamplingParams(max_new_tokens=max_new_tokens,
+                              temperature=cfg.rollout_temperature if temperature is None
+                              else temperature, top_p=cfg.rollout_top_p,
+                              top_k=cfg.rollout_top_k, stop_token_ids=self.stop, seed=seed)
+
+    def _generate(self, rid: int, prompts: tuple[TaskExample, ...], sampling: SamplingParams, *,
+                  first_group_id: int, n: int | None = None) -> list[Any]:
+        cfg = self.cfg
+        ctx = RolloutContext(
+            rollout_id=rid, engine=self.engine, tokenizer=self.tokenizer, prompts=prompts,
+            n_samples_per_prompt=n or cfg.n_samples_per_prompt, sampling=sampling,
+            rewarder=self.rewarder, apply_chat_template=cfg.apply_chat_template,
+            first_group_id=first_group_id, task=self.task, num_turns=cfg.rollout_num_turns,
+            turn_reward=cfg.rollout_turn_reward)
+        self.engine.wake_up()
+        output = list(self.rollout_fn(ctx))
+        self.engine.sleep()  # colocated engines hand the accelerator to the trainer
+        return output
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def evaluate(self, rid: int) -> dict[str, float]:
+        """``eval/<name>/reward_mean`` and ``pass@k`` of every eval set on the current weights."""
+        cfg = self.cfg
+        n = cfg.n_samples_per_eval_prompt
+        max_new = (cfg.eval_max_response_len or cfg.rollout_max_response_len
+                   or self.task.answer_length)
+        out: dict[str, float] = {}
+        for name, rows in self.eval_sets:
+            sampling = self._sampling(max_new, seed=_EVAL_SEED * _ROUND_SEED_STRIDE,
+                                      temperature=cfg.eval_temperature)
+            output = self._generate(rid, rows, sampling, first_group_id=0, n=n)
+            flat = flatten_rollout_output(output)
+            rewards = np.array([s.reward for s in flat.samples], dtype=np.float64)
+            groups = np.unique(flat.group_dense, return_index=True)[1]
+            out[f"eval/{name}/reward_mean"] = float(rewards[groups].mean())
+            solved = [int(sum(s.reward > 0 for s in _samples(p))) for p in output]
+            for k in sorted({1, n}):
+                out[f"eval/{name}/pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in solved]))
+        return out
+
+
+class RolloutEmptyError(VimeError):
+    """No prompt group passed the dynamic-sampling filter within the allowed rounds."""
+
+    def __init__(self, rid: int, stats: GenerationStats):
+        super().__init__(
+            f"rollout {rid}: all {stats.prompts_generated} prompt groups of {stats.rounds} "
+            "rounds were filtered out by --dynamic-sampling-filter-path. Fix: raise "
+            "--dynamic-sampling-max-rounds or --over-sampling-batch-size, or check the reward "
+            "(every group scoring alike means the reward cannot tell responses apart).")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of a prompt with ``c`` solved among ``n`` samples:
+    ``1 - C(n-c, k) / C(n, k)``. Example: ``pass_at_k(4, 1, 1) == 0.25``, ``(4, 1, 4) == 1``."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _samples(prompt_output: Any) -> list[Any]:
+    """All samples of one prompt's output, whatever its nesting (lists/tuples of Samples)."""
+    if isinstance(prompt_output, (list, tuple)):
+        return list(chain.from_iterable(_samples(x) for x in prompt_output))
+    return [prompt_output]
+
+
+def _next_group_id(output: Sequence[Any], current: int) -> int:
+    """One past the largest int group id the round used (fallback ids are resolved later)."""
+    ids = [s.group_id for p in output for s in _samples(p) if type(s.group_id) is int]
+    return max([current, *(i + 1 for i in ids)])

@@ -1,0 +1,27 @@
+"""Dynamic-sampling filters (``--dynamic-sampling-filter-path``), as in DAPO and slime.
+
+A filter sees all samples of one prompt (its prompt group, whatever the nesting) and says
+whether to keep them. Groups whose rewards all match carry no GRPO signal (every advantage is
+0), so training on them only dilutes the step: :func:`nonzero_reward_std` drops them.
+
+Example: rewards ``[1, 0, 1, 1]`` are kept, ``[0, 0, 0, 0]`` and ``[1, 1, 1, 1]`` dropped.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from vime_shell.rollout.plugins import load_callable
+
+SampleFilter = Callable[[list[Any]], bool]
+BUILT_IN_FILTER = "vime_shell.rollout.filters:nonzero_reward_std"
+
+
+def nonzero_reward_std(samples: Sequence[Any]) -> bool:
+    """Keep a prompt group unless all its rewards are equal (zero standard deviation)."""
+    rewards = [s.reward for s in samples]
+    return any(r != rewards[0] for r in rewards[1:])
+
+
+def load_filter(path: str | None) -> SampleFilter | None:
+    """The filter ``--dynamic-sampling-filter-path`` names, or None (keep every group)."""
+    return None if path is None else load_callable(path, flag="--dynamic-sampling-filter-path")
