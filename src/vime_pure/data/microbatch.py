@@ -161,11 +161,14 @@ def rank_batch(batch: RolloutBatch, schedule: Schedule, *, dp_rank: int,
 
 
 def with_log_probs(rank: RankBatch, *, old_log_probs: np.ndarray | None = None,
-                   ref_log_probs: np.ndarray | None = None) -> RankBatch:
+                   ref_log_probs: np.ndarray | None = None, old_from_step: int = 0) -> RankBatch:
     """``rank`` with ``old_log_probs`` / ``ref_log_probs`` attached to every record.
 
     Both are flat float arrays in batch coordinates (``num_response_tokens`` long, e.g. from
     the trainer's log-prob pass); each record gathers its tokens by ``response_index``.
+    ``old_from_step=1`` leaves step 0's records without old log-probs: a trainer then uses the
+    current ones, detached (ratio 1), which is exact on policy, where step 0 trains the weights
+    that generated the batch; later steps follow an update and need the recomputed values.
     Example: ``with_log_probs(rb, old_log_probs=logps)`` gives records whose ``old_log_probs``
     equal ``logps[mb.response_index]``.
     """
@@ -181,8 +184,9 @@ def with_log_probs(rank: RankBatch, *, old_log_probs: np.ndarray | None = None,
         columns[name] = values
     steps = tuple(attrs.evolve(step, microbatches=tuple(
         attrs.evolve(mb, **{name: values[mb.response_index].astype(np.float32, copy=False)
-                            for name, values in columns.items()})
-        for mb in step.microbatches)) for step in rank.steps)
+                            for name, values in columns.items()
+                            if name != "old_log_probs" or s >= old_from_step})
+        for mb in step.microbatches)) for s, step in enumerate(rank.steps))
     return attrs.evolve(rank, steps=steps)
 
 

@@ -14,6 +14,7 @@ Example: ``ReplaySource("d/r{rollout_id}.npz", fallback=True).path(7)`` is ``d/r
 that exists, else ``d/r0.npz``.
 """
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import attrs
@@ -42,6 +43,41 @@ def save_dump(template: str, rollout_id: int, batch: RolloutBatch) -> Path:
     path = dump_path(template, rollout_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     return save_rollout_batch(path, batch)
+
+
+class DumpWriter:
+    """``--save-rollout-data`` off the training's critical path: one background thread writes
+    each dump while the next rollout trains (a ``RolloutBatch`` is read-only, so sharing it is
+    safe). A failed write surfaces at the next ``submit`` or at ``flush``, never silently.
+
+    Example: ``w = DumpWriter("d/r{rollout_id}.npz"); w.submit(3, batch); w.flush()`` leaves
+    ``d/r3.npz`` complete on disk.
+    """
+
+    def __init__(self, template: str):
+        self.template = template
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vime-dump")
+        self._pending: list[Future] = []
+
+    def submit(self, rollout_id: int, batch: RolloutBatch) -> None:
+        self._raise_failures(wait=False)
+        self._pending.append(self._pool.submit(save_dump, self.template, rollout_id, batch))
+
+    def flush(self) -> None:
+        """Wait for every dump written so far (checkpoints and the run's end call it)."""
+        self._raise_failures(wait=True)
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def _raise_failures(self, wait: bool) -> None:
+        done = [f for f in self._pending if wait or f.done()]
+        self._pending = [f for f in self._pending if f not in done]
+        for future in done:
+            future.result()  # re-raises the write's exception here, in the loop
 
 
 @attrs.frozen(kw_only=True)

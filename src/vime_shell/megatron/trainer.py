@@ -31,7 +31,7 @@ Example::
     results = trainer.train(with_log_probs(mine, old_log_probs=logps))  # one per step
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -195,8 +195,15 @@ class MegatronTrainer:
             micro_batch_size=1, forward_only=forward_only)
 
     # -- steps -------------------------------------------------------------------------------
-    def train_step(self, step: StepBatch) -> StepResult:
-        """One optimizer step over the step's records (this rank's ``K`` micro-batches)."""
+    def train_step(self, step: StepBatch,
+                   before_update: Callable[[dict[str, float]], None] | None = None
+                   ) -> StepResult:
+        """One optimizer step over the step's records (this rank's ``K`` micro-batches).
+
+        ``before_update(metrics)`` sees the reduced step report after the forward-backward and
+        before the optimizer step (the loop checks the weight-sync gap there, so a broken sync
+        never updates the weights).
+        """
         if not step.microbatches:
             raise field_error(VimeError, "microbatches", (), "is empty",
                               "pass a step of rank_batch(...) with its micro-batches")
@@ -212,34 +219,49 @@ class MegatronTrainer:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         reports = self._run(rows, loss_fn, forward_only=False, record_step=self.steps_done)
+        metrics = self._reduce(reports, step)
+        if before_update is not None:
+            before_update(metrics)
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise VimeError(f"step {self.steps_done}: the optimizer skipped the update (inf/nan "
                             "gradients). Fix: lower the learning rate or check the data.")
         self.scheduler.step(increment=step.num_groups)
         self.steps_done += 1
-        return StepResult(metrics=self._reduce(reports, step), num_groups=step.num_groups,
+        return StepResult(metrics=metrics, num_groups=step.num_groups,
                           num_microbatches=len(rows),
                           lr=float(self.optimizer.param_groups[0]["lr"]),
                           grad_norm=float(grad_norm if grad_norm is not None else 0.0))
 
-    def train(self, batch: RankBatch) -> list[StepResult]:
-        """Every step of ``batch`` in order (several optimizer steps per rollout batch)."""
-        return [self.train_step(step) for step in batch.steps]
+    def train(self, batch: RankBatch,
+              before_update: Callable[[int, dict[str, float]], None] | None = None
+              ) -> list[StepResult]:
+        """Every step of ``batch`` in order (several optimizer steps per rollout batch);
+        ``before_update(step_index, metrics)`` runs before each step's update."""
+        return [self.train_step(step, None if before_update is None
+                                else partial(before_update, s))
+                for s, step in enumerate(batch.steps)]
 
     def _reduce(self, reports: list[dict], step: StepBatch) -> dict[str, float]:
         """The step report, identical on every rank: loss-like partial numerators through
-        ``reduce_train_step``, token means as ``(sum, count)`` through ``reduce_metrics``."""
+        ``reduce_train_step``, token means (and the weight-sync gap, on the batch's first
+        step) as ``(sum, count)`` through ``reduce_metrics``."""
         owned = reports if self.owns_loss else []
         partials = {k: sum(float(r[k]) for r in owned) for k in STEP_KEYS}
         tokens = sum(float(r["tokens"]) for r in owned)
         metrics = {k: Metric(sum(float(r[k]) for r in owned), tokens) for k in TOKEN_KEYS}
+        gaps = [r for r in owned if "gap_sum" in r]
+        gap_tokens = sum(float(r["gap_tokens"]) for r in gaps)
+        metrics["logprob_gap"] = Metric(sum(float(r["gap_sum"]) for r in gaps), gap_tokens)
+        metrics["logprob_gap_max"] = Metric(max((float(r["gap_max"]) for r in gaps),
+                                                default=0.0), gap_tokens, "max")
         mode = step.microbatches[0].loss_mode
         out = gather_step_report(partials, step.num_groups, mode, cp=self.layout.cp,
                                  num_samples=step.num_samples)
-        token_metrics = gather_metrics(metrics, group_dst=None)
-        out.update({k: m.value for k, m in token_metrics.items()})
-        out["tokens"] = token_metrics[TOKEN_KEYS[0]].count
+        reduced = gather_metrics(metrics, group_dst=None)
+        out.update({k: m.value for k, m in reduced.items()})
+        out["tokens"] = reduced[TOKEN_KEYS[0]].count
+        out["gap_tokens"] = reduced["logprob_gap"].count
         out["num_samples"] = float(step.num_samples)
         return out
 
