@@ -13,7 +13,8 @@ datasets and torch, so it sees nothing of vime. Its inputs come from the harness
 It writes ``--steps-out``: one JSONL line per optimizer step, flushed at ``on_step_end``:
 ``{"step": 0, "t_begin": ..., "t_end": ..., "rollout_s": 0.031, "generate_s": 0.024,
 "tokens": 640, "reward": 0.0, "prompts": ["47>", ...]}``; times are ``time.time()`` (wall clock,
-comparable with the harness's launch stamp). ``rollout_s`` is TRL's whole rollout side
+comparable with the harness's launch stamp), ``cpu_begin``/``cpu_end`` the process's CPU time
+(``time.process_time()``, all threads). ``rollout_s`` is TRL's whole rollout side
 (``_generate_and_score_completions``: generation, decoding, reward, advantages), the counterpart
 of vime's ``rollout_s``; ``generate_s`` its generation part. ``tokens``: prompt + completion
 tokens of the step, TRL's own ``num_input_tokens_seen`` increment (vime's ``tokens`` counts the
@@ -84,12 +85,13 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    rows = [json.loads(line) for line in open(args.prompts) if line.strip()]
+    with open(args.prompts) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
     dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "label": r["label"]}
                                           for r in rows])
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     tokenizer.padding_side = "left"  # TRL requires it; loading resets the saved side
-    out = open(args.steps_out, "w")
+    out = open(args.steps_out, "w")  # noqa: SIM115 (written by callbacks until train() ends)
     step_info: dict = {}
 
     def exact_match(prompts, completions, label, **_):
@@ -121,13 +123,15 @@ def main(argv: list[str] | None = None) -> None:
             self.t_begin, self.tokens_seen = 0.0, 0
 
         def on_step_begin(self, args_, state, control, **kwargs):
-            self.t_begin = time.time()
+            self.t_begin, self.cpu_begin = time.time(), time.process_time()
 
         def on_step_end(self, args_, state, control, **kwargs):
             tokens = state.num_input_tokens_seen - self.tokens_seen
             self.tokens_seen = state.num_input_tokens_seen
             out.write(json.dumps(dict(step=state.global_step - 1, t_begin=self.t_begin,
-                                      t_end=time.time(), tokens=int(tokens), **step_info)) + "\n")
+                                      t_end=time.time(), cpu_begin=self.cpu_begin,
+                                      cpu_end=time.process_time(), tokens=int(tokens),
+                                      **step_info)) + "\n")
             out.flush()
 
     config = GRPOConfig(**grpo_settings(args))
