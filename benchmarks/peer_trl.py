@@ -34,7 +34,8 @@ Measured per run (definitions shared by both frameworks):
   ``rollout_s``, TRL's ``_generate_and_score_completions``), old log-probs (vime's
   ``old_logprob_s`` when the metrics have it, taken as part of ``train_s``; TRL computes none
   on-policy), train, weight sync (TRL generates with the training model: none), other (the
-  step's wall time outside those: logging, dumps, the loop itself).
+  step's wall time outside those: logging, the loop itself). Each part is its own median over
+  steps, so the parts need not add up to the median step.
 
 Ratios are vime/TRL from the same invocation (run one after another; the machine is shared, so
 compare only within one invocation). JSON with every run's per-step data: ``--out``.
