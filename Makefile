@@ -15,7 +15,14 @@ PYTEST_ARGS ?=
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
-.PHONY: demo demo-math test test-vllm venv bench clean
+# The peer benchmark's TRL (benchmarks/peer_trl.py), in its own venv: TRL never sees vime's.
+# The stamp names the pin, so changing TRL_SPEC reinstalls.
+TRL_SPEC   ?= trl==1.16.0
+TRL_VENV   := .venv-trl
+TRL_STAMP  := $(TRL_VENV)/.installed-$(subst =,,$(TRL_SPEC))
+PEER_ARGS  ?=
+
+.PHONY: demo demo-math test test-vllm venv bench bench-peer clean
 
 venv: $(STAMP)
 
@@ -49,5 +56,18 @@ test-vllm: $(VLLM_STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.schedule
 
+$(TRL_STAMP):
+	$(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/python -m pip install -q "$(TRL_SPEC)" "$(TORCH_SPEC)"
+	touch $(TRL_STAMP)
+
+.venv-trl: $(TRL_STAMP)
+
+# vime demo (96-token budget), vime with a 1024-token budget and TRL's GRPOTrainer on the same
+# prompts; `make bench-peer PEER_ARGS=--quick` is a 10-step smoke run, `PEER_ARGS="--seeds 0 1 2"`
+# the 3-seed learning row. Not part of `make test`.
+bench-peer: $(STAMP) $(TRL_STAMP)
+	$(BIN)/python -m benchmarks.peer_trl --trl-python $(TRL_VENV)/bin/python $(PEER_ARGS)
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(TRL_VENV) .pytest_cache .hypothesis

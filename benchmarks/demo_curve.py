@@ -32,6 +32,17 @@ from pathlib import Path
 WINDOW = 10
 
 
+def learned_at(rewards: list[float], target: float, window: int = WINDOW) -> int | None:
+    """First step whose trailing ``window``-step mean reward reaches ``target``, or None.
+
+    Example: ``learned_at([0.0] * 5 + [1.0] * 10, 0.8)`` is 12 (steps 3..12 average 0.8).
+    """
+    for k in range(window - 1, len(rewards)):
+        if sum(rewards[k - window + 1:k + 1]) / window >= target:
+            return k
+    return None
+
+
 def summarize(records: list[dict], wall_s: float, target: float) -> dict:
     """Curve summary from metrics records and the run's wall time (see the module docstring).
 
@@ -41,17 +52,13 @@ def summarize(records: list[dict], wall_s: float, target: float) -> dict:
     rewards = [r["reward_mean"] for r in records]
     seconds = [r["rollout_s"] + r["train_s"] + r["sync_s"] for r in records]
     startup = max(wall_s - sum(seconds), 0.0)
-    learned_at, learned_min = None, None
-    for k in range(len(rewards)):
-        window = rewards[max(0, k - WINDOW + 1):k + 1]
-        if k + 1 >= WINDOW and sum(window) / len(window) >= target:
-            learned_at, learned_min = k, (startup + sum(seconds[:k + 1])) / 60
-            break
+    learned = learned_at(rewards, target)
+    learned_min = None if learned is None else (startup + sum(seconds[:learned + 1])) / 60
     head, tail = rewards[:WINDOW], rewards[-WINDOW:]
     return {
         "rollouts": len(records),
         "reward_start": sum(head) / len(head), "reward_end": sum(tail) / len(tail),
-        "target": target, "learned_at_rollout": learned_at, "learned_at_minutes": learned_min,
+        "target": target, "learned_at_rollout": learned, "learned_at_minutes": learned_min,
         "minutes": wall_s / 60, "startup_s": startup,
         "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in records),
         "seconds_per_rollout_median": statistics.median(seconds),
