@@ -11,11 +11,16 @@ a subprocess, exactly as a user would, then reads its ``metrics.jsonl`` and repo
 - the machine's load average before and after (the 2-core machine is shared: compare runs only
   at similar load).
 
-The curve is a measurement, not a test: the seed fixes the data, but the time depends on the
-machine. Result JSON: ``--out`` (default ``benchmarks/results/demo_curve.json``); the run's
-``curves.png`` is copied next to it as ``demo_curves.png`` (for the README).
+``--math`` measures ``vime demo --math`` (the dataset path: JSONL prompts, chat template, math
+reward, dynamic sampling) and adds the eval reward (start, end, curve) and the share of prompt
+groups the dynamic-sampling filter dropped per rollout.
 
-Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python -m benchmarks.demo_curve``
+The curve is a measurement, not a test: the seed fixes the data, but the time depends on the
+machine. Result JSON: ``--out`` (default ``benchmarks/results/demo_curve.json``, or
+``demo_math_curve.json``); the run's ``curves.png`` is copied next to it as
+``demo_curves.png`` / ``demo_math_curves.png`` (for the README).
+
+Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python -m benchmarks.demo_curve [--math]``
 (``--run-dir``, ``--target``, and any ``vime train`` flag after ``--``, e.g. ``-- --seed 1``).
 """
 
@@ -49,8 +54,11 @@ def summarize(records: list[dict], wall_s: float, target: float) -> dict:
     Example: rewards ``[0, 0, ..., 0.9, 0.9]`` reaching a trailing mean of 0.8 at rollout 140
     give ``learned_at_rollout == 140``.
     """
+    evals = [r for r in records if any(k.startswith("eval/") for k in r)]
+    records = [r for r in records if not r.get("eval_only")]
     rewards = [r["reward_mean"] for r in records]
-    seconds = [r["rollout_s"] + r["train_s"] + r["sync_s"] for r in records]
+    seconds = [r["rollout_s"] + r["train_s"] + r["sync_s"] + r.get("eval_s", 0.0)
+               for r in records]
     startup = max(wall_s - sum(seconds), 0.0)
     learned = learned_at(rewards, target)
     learned_min = None if learned is None else (startup + sum(seconds[:learned + 1])) / 60
@@ -63,7 +71,30 @@ def summarize(records: list[dict], wall_s: float, target: float) -> dict:
         "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in records),
         "seconds_per_rollout_median": statistics.median(seconds),
         "reward_curve": rewards,
+        **_eval_summary(evals), **_filter_summary(records),
     }
+
+
+def _eval_summary(evals: list[dict]) -> dict:
+    """Per eval set: reward before training, after the last rollout, and the curve."""
+    names = sorted({k.split("/")[1] for r in evals for k in r if k.endswith("/reward_mean")})
+    out = {}
+    for name in names:
+        points = [(r["rollout"], r[f"eval/{name}/reward_mean"]) for r in evals
+                  if f"eval/{name}/reward_mean" in r]
+        out[f"eval_{name}"] = {"start": points[0][1], "end": points[-1][1], "curve": points}
+    return out
+
+
+def _filter_summary(records: list[dict]) -> dict:
+    """Share of prompt groups the dynamic-sampling filter dropped, per rollout."""
+    shares = [r["filtered_frac"] for r in records if "filtered_frac" in r
+              and r.get("prompts_generated", 0) != r.get("prompts_kept", 0)]
+    if not shares:
+        return {}
+    return {"filtered_frac_mean": statistics.mean(shares), "filtered_frac_min": min(shares),
+            "filtered_frac_max": max(shares), "filtered_frac_curve": shares,
+            "kept_groups_curve": [r["num_groups"] for r in records]}
 
 
 def compare_runs(a: list[dict], b: list[dict]) -> dict:
@@ -83,19 +114,23 @@ def main(argv: list[str] | None = None) -> dict:
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     own = argv[:argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(prog="python -m benchmarks.demo_curve")
-    parser.add_argument("--run-dir", default="runs/demo")
+    parser.add_argument("--math", action="store_true", help="measure `vime demo --math`")
+    parser.add_argument("--run-dir", default=None)
     parser.add_argument("--target", type=float, default=0.8)
-    parser.add_argument("--out", default="benchmarks/results/demo_curve.json")
+    parser.add_argument("--out", default=None)
     parser.add_argument("--compare-run-dir", default=None,
                         help="an earlier run of the same seed (e.g. with another "
                              "--max-tokens-per-gpu): report where the reward curves first differ")
     args = parser.parse_args(own)
+    name = "demo_math" if args.math else "demo"
+    args.run_dir = args.run_dir or f"runs/{name.replace('_', '-')}"
+    args.out = args.out or f"benchmarks/results/{name}_curve.json"
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, ["src", env.get("PYTHONPATH")]))
     load_before = os.getloadavg()
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "vime_shell.cli.main", "demo", "--run-dir", args.run_dir,
-                    *extra], check=True, env=env)
+    subprocess.run([sys.executable, "-m", "vime_shell.cli", "demo", "--run-dir", args.run_dir,
+                    *(["--math"] if args.math else []), *extra], check=True, env=env)
     wall = time.perf_counter() - start
     from vime_shell.loop.run_log import read_metrics
 
@@ -112,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
     out.write_text(json.dumps(result, indent=1) + "\n")
     curves = Path(args.run_dir) / "curves.png"
     if curves.is_file():
-        shutil.copyfile(curves, out.with_name("demo_curves.png"))
+        shutil.copyfile(curves, out.with_name(f"{name}_curves.png"))
     learned = (f"reached {args.target} (10-rollout mean) at rollout {result['learned_at_rollout']}"
                f" after {result['learned_at_minutes']:.1f} min" if result["learned_at_rollout"]
                is not None else f"never reached {args.target}")
@@ -121,6 +156,13 @@ def main(argv: list[str] | None = None) -> dict:
           f"{result['tokens_per_s_median']:.0f} tokens/s (median), "
           f"{result['seconds_per_rollout_median']:.2f} s/rollout; load {load_before[0]:.1f} -> "
           f"{result['load_after'][0]:.1f} on {result['cpus']} CPUs; {args.out}")
+    for key, value in result.items():
+        if key.startswith("eval_"):
+            print(f"  {key}: reward {value['start']:.3f} -> {value['end']:.3f}")
+    if "filtered_frac_mean" in result:
+        print(f"  dynamic sampling dropped {result['filtered_frac_mean']:.0%} of prompt groups "
+              f"per rollout (min {result['filtered_frac_min']:.0%}, max "
+              f"{result['filtered_frac_max']:.0%})")
     return result
 
 

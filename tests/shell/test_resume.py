@@ -19,7 +19,7 @@ from vime_shell.storage.dump import load_rollout_batch
 from vime_shell.megatron.spawn import free_port, spawn
 
 pytestmark = pytest.mark.slow
-TIMING = {"rollout_s", "train_s", "sync_s", "tokens_per_s"}
+TIMING = {"rollout_s", "train_s", "sync_s", "old_logprob_s", "eval_s", "tokens_per_s"}
 
 
 def _metrics(path) -> list[dict]:

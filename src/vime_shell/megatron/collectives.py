@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch.distributed as dist
+from megatron.core.distributed import param_and_grad_buffer as buffers
 
 from vime_pure.denominators import LossMode
 from vime_pure.metrics import Metric, reduce_metrics, reduce_train_step
@@ -37,6 +38,8 @@ def source_rank(group: dist.ProcessGroup | None = None) -> int:
 def all_gather_dicts(values: Mapping[str, Any],
                      group: dist.ProcessGroup | None = None) -> list[dict[str, Any]]:
     """Every group rank's ``values``, in group-rank order, on every rank."""
+    if dist.get_world_size(group) == 1:  # nothing to exchange: no pickling, no round trip
+        return [dict(values)]
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, dict(values), group=group)
     return gathered
@@ -73,3 +76,82 @@ def gather_metrics(metrics: Mapping[str, Metric], group: dist.ProcessGroup | Non
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.gather_object(dict(metrics), gathered, dst=dst, group=group)
     return reduce_metrics(gathered)
+
+
+class _Done:
+    """The work handle of a collective that had nothing to do (``async_op=True`` callers wait)."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def _nothing(args, kwargs) -> None:
+    return None
+
+
+def _copy_shard(args, kwargs) -> None:
+    """An all-gather or reduce-scatter of one rank: the output is the input."""
+    output = kwargs.get("output_tensor", kwargs.get("output", args[0] if args else None))
+    source = kwargs.get("input_tensor", kwargs.get("input", args[1] if len(args) > 1 else None))
+    if output.data_ptr() != source.data_ptr():
+        output.copy_(source)
+
+
+def _copy_into_list(args, kwargs) -> None:
+    """``all_gather(tensor_list, tensor)`` / ``all_gather_object(object_list, obj)``."""
+    out = kwargs.get("tensor_list", kwargs.get("object_list", args[0] if args else None))
+    item = kwargs.get("tensor", kwargs.get("obj", args[1] if len(args) > 1 else None))
+    if hasattr(out[0], "copy_"):
+        out[0].copy_(item)
+    else:
+        out[0] = item
+
+
+# name -> (position of ``group`` in the positional arguments, what a one-rank call does).
+_SINGLE_RANK = {"all_reduce": (2, _nothing), "broadcast": (2, _nothing),
+                "barrier": (0, _nothing), "broadcast_object_list": (2, _nothing),
+                "all_gather": (2, _copy_into_list), "all_gather_object": (2, _copy_into_list),
+                "all_gather_into_tensor": (2, _copy_shard),
+                "reduce_scatter_tensor": (3, _copy_shard),
+                "_all_gather_base": (2, _copy_shard), "_reduce_scatter_base": (3, _copy_shard)}
+
+
+def skip_single_rank_collectives() -> None:
+    """Make collectives over a one-rank group return at once (idempotent).
+
+    Megatron's DDP, ``finalize_model_grads`` and ``clip_grads`` and mbridge's weight export
+    issue their collectives even when the group (data-, tensor- or pipeline-parallel) has one
+    rank; on gloo each costs ~0.4 ms, about 100 per rollout of the CPU demo. On one rank such a
+    collective is the identity, so it is skipped exactly (an all-gather or reduce-scatter
+    copies its input into its output). Groups of two or more ranks are untouched.
+    """
+    for name, (position, one_rank) in _SINGLE_RANK.items():
+        original = getattr(dist, name, None)
+        if original is None or getattr(original, "vime_original", None) is not None:
+            continue
+        setattr(dist, name, _skipping(original, position, one_rank))
+    # Megatron's gradient buffer binds its gather / scatter functions at import.
+    for alias in ("dist_all_gather_func", "dist_reduce_scatter_func"):
+        func = getattr(buffers, alias, None)
+        if func is not None and getattr(func, "vime_original", None) is None:
+            setattr(buffers, alias, getattr(dist, func.__name__, func))
+
+
+def _skipping(original, position: int, one_rank):
+    def collective(*args, **kwargs):
+        group = kwargs["group"] if "group" in kwargs else (
+            args[position] if len(args) > position else None)
+        if dist.get_world_size(group) != 1:
+            return original(*args, **kwargs)
+        one_rank(args, kwargs)
+        async_op = kwargs.get("async_op", args[position + 1] if len(args) > position + 1
+                              else False)
+        return _Done() if async_op else None
+
+    collective.vime_original = original
+    collective.__name__ = original.__name__
+    collective.__doc__ = original.__doc__
+    return collective

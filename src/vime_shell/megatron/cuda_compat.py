@@ -63,16 +63,38 @@ class CpuDeviceMode(TorchFunctionMode):
     """Maps CUDA device arguments to CPU for every torch call made while the mode is active."""
 
     def __torch_function__(self, func, types_, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func is torch.Tensor.cuda:
-            return args[0]
-        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
-            return _CUDA_TYPE_NAMES.get(args[0].dtype, func(*args))
-        if "device" in kwargs:
-            kwargs["device"] = _map_device(kwargs["device"])
-        if func in (torch.Tensor.to, torch.Tensor.new_empty) and len(args) > 1:
-            args = (args[0], _map_device(args[1]), *args[2:])
-        return func(*args, **kwargs)
+        # Every torch call of the process passes here: the common case (no device argument,
+        # not one of the special methods) must cost one dict lookup and one call.
+        special = _SPECIAL.get(func)
+        if special is not None:
+            return special(func, args, kwargs)
+        if kwargs:
+            if "device" in kwargs:
+                kwargs = {**kwargs, "device": _map_device(kwargs["device"])}
+            return func(*args, **kwargs)
+        return func(*args)
+
+
+def _cuda(func, args, kwargs):
+    return args[0]
+
+
+def _type(func, args, kwargs):
+    if len(args) == 1 and not kwargs:
+        return _CUDA_TYPE_NAMES.get(args[0].dtype) or func(*args)
+    return func(*args, **(kwargs or {}))
+
+
+def _moved(func, args, kwargs):
+    if len(args) > 1:
+        args = (args[0], _map_device(args[1]), *args[2:])
+    if kwargs and "device" in kwargs:
+        kwargs = {**kwargs, "device": _map_device(kwargs["device"])}
+    return func(*args, **(kwargs or {}))
+
+
+_SPECIAL = {torch.Tensor.cuda: _cuda, torch.Tensor.type: _type, torch.Tensor.to: _moved,
+            torch.Tensor.new_empty: _moved}
 
 
 class _Stream:

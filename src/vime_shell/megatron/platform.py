@@ -28,6 +28,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 
 from vime_shell.megatron import cuda_compat
+from vime_shell.megatron.collectives import skip_single_rank_collectives
 from vime_shell.megatron.layout import TrainLayout
 
 
@@ -95,3 +96,4 @@ def initialize_parallel(layout: TrainLayout, platform: Platform, seed: int = 123
         context_parallel_size=layout.cp,
     )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    skip_single_rank_collectives()
