@@ -222,3 +222,26 @@ def real_jobs_worker(rank: int, root: str, cache: str) -> dict:
     out["loop_state"] = json.loads((Path(root) / "math-ck" / "rollout_000003" /
                                     "loop_state.json").read_text())
     return out
+
+
+def broken_sync_worker(rank: int, root: str, cache: str) -> dict:
+    """Rollout 0 trains, then the engine's weight update silently does nothing; rollout 1 was
+    sampled with stale weights, so its one step must fail the gap check before updating."""
+    os.environ["VIME_CACHE_DIR"] = cache
+    from vime_shell.engines.hf import HfEngine
+    from vime_shell.loop.loop import WeightSyncError, run_training
+
+    HfEngine.update_weights_from_tensors = lambda self, named: [None for _ in named]
+    seen: dict = {}
+
+    def remember(event):
+        seen["trainer"] = event.trainer
+        seen["steps_after_rollout_0"] = event.trainer.steps_done
+
+    try:
+        run_training(_cfg(run_dir=f"{root}/broken", num_rollout=2, global_batch_size=16),
+                     on_rollout=remember, progress=False)
+    except WeightSyncError as exc:
+        return {"error": str(exc), "steps_after_rollout_0": seen["steps_after_rollout_0"],
+                "steps_done": seen["trainer"].steps_done}
+    return {"error": None}

@@ -170,13 +170,21 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
     return out
 
 
+def _main_grads(trainer) -> np.ndarray:
+    """The gradient DDP reduced into the main-grad buffers, as one flat vector."""
+    import torch
+
+    return torch.cat([p.main_grad.reshape(-1) for chunk in trainer.model
+                      for p in chunk.module.parameters()]).numpy().copy()
+
+
 def loss_modes(hf_dir: str) -> dict:
     """One training step in every loss mode, with two micro-batch splits of the same step (a
     48-token and a 512-token budget), on the launched world (DP1 or DP2): the reported loss
     and the gradient each rank's DDP reduced, per (mode, budget)."""
     import torch
 
-    from vime_pure import BatchingPolicy, LossMode, rank_batch, schedule_for
+    from vime_pure import BatchingPolicy, LossMode, rank_batch, schedule_for, with_log_probs
     from vime_shell.megatron.trainer import MegatronTrainer, OptimConfig, TrainerConfig
 
     trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=OptimConfig(lr=LR,
@@ -190,12 +198,17 @@ def loss_modes(hf_dir: str) -> dict:
             mine = rank_batch(batch, schedule, dp_rank=trainer.dp_rank, loss_mode=mode,
                               norm=8.0)
             trainer.load_hf_weights(hf_dir)  # every (mode, split) starts from the same weights
+            # Without old log-probs: the on-policy shortcut (the forward's own, detached).
             (result,) = trainer.train(mine)
-            grads = torch.cat([p.main_grad.reshape(-1) for chunk in trainer.model
-                               for p in chunk.module.parameters()])
             out[(mode.value, budget)] = {"loss": result.metrics["loss"],
                                          "microbatches": result.num_microbatches,
-                                         "grad": grads.numpy().copy()}
+                                         "grad": _main_grads(trainer)}
+            if budget == 48:  # the same step with old log-probs recomputed by a forward pass
+                trainer.load_hf_weights(hf_dir)
+                old = trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens)
+                (again,) = trainer.train(with_log_probs(mine, old_log_probs=old))
+                out[(mode.value, "recomputed")] = {"loss": again.metrics["loss"],
+                                                   "grad": _main_grads(trainer)}
     trainer.shutdown()
     return out
 

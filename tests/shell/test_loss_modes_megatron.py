@@ -44,3 +44,15 @@ def test_loss_and_gradient_equal_the_reference_for_any_split_and_dp(megatron_run
         for result in (small, large):
             assert result["loss"] == pytest.approx(expected, abs=1e-6), name
             assert np.abs(result["grad"] - reference_grad).max() <= 1e-6, name
+
+
+@pytest.mark.parametrize("mode", LOSS_MODES)
+def test_the_on_policy_shortcut_equals_recomputed_old_log_probs(megatron_runs, mode):
+    """Step 0 without an old-log-prob forward trains exactly as with one: identical loss and
+    gradient (the ratio is exp(0) either way), on DP1 and on both DP2 ranks."""
+    per_rank = megatron_runs["per_rank"]
+    for run in (per_rank[0]["loss_modes_dp1"], per_rank[0]["loss_modes_dp2"],
+                per_rank[1]["loss_modes_dp2"]):
+        shortcut, recomputed = run[(mode, 48)], run[(mode, "recomputed")]
+        assert shortcut["loss"] == recomputed["loss"]
+        assert np.array_equal(shortcut["grad"], recomputed["grad"])

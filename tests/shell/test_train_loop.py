@@ -187,3 +187,13 @@ def test_the_checkpoint_holds_the_prompt_position(real_jobs):
     state = real_jobs["loop_state"]
     generated = sum(r["metrics"]["prompts_generated"] for r in real_jobs["math"])
     assert state["data"]["offset"] == generated and state["data"]["draws"] >= 3
+
+
+def test_a_broken_sync_is_caught_before_any_update(tmp_path, cache):
+    """The gap check reuses the first step's training forward (no separate pass) and still
+    stops the run on stale engine weights, before the optimizer step."""
+    from tests.shell.loop_workers import broken_sync_worker
+
+    out = spawn(broken_sync_worker, 1, str(tmp_path), cache)[0]
+    assert out["error"] is not None and out["error"].startswith("rollout 1: mean engine-trainer")
+    assert out["steps_after_rollout_0"] == out["steps_done"] == 1
