@@ -15,6 +15,8 @@ from tests.property.data_strategies import rollout_outputs, schedule_configs
 
 @given(rollout_outputs())
 def test_from_samples_builds_valid_columns_that_reproduce_the_samples(output):
+    """``from_samples`` copies each flattened sample's fields into its rows, so the columns
+    hold RolloutBatch's invariants and give every sample back."""
     flat = flatten_rollout_output(output)
     batch = RolloutBatch.from_samples(output)
     assert_rolloutbatch_invariants(batch, flat.samples, flat.group_ids)
@@ -22,6 +24,8 @@ def test_from_samples_builds_valid_columns_that_reproduce_the_samples(output):
 
 @given(rollout_outputs(depth=1), st.data())
 def test_shards_concatenated_in_schedule_order_reproduce_the_rows(output, data):
+    """``shard`` only slices the batch's rows along the schedule's partitions, which cover the
+    kept samples exactly once, so concatenating the slices gives the rows back."""
     batch = RolloutBatch.from_samples(output)
     layout, policy = data.draw(schedule_configs(batch.num_groups))
     try:
