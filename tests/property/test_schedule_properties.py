@@ -41,8 +41,9 @@ def _step_sizes(s, step):
 
 @st.composite
 def count_cases(draw, packings=("ffd", "first_fit", "flops")):
-    """(lengths, group_ids, layout, gbs, packing, balance) with small steps (a few to ~30
-    samples), so that many steps are small enough for the exact optimum."""
+    """(lengths, group_ids, layout, gbs, packing, balance) with small steps (at most
+    ``align_multiple + 4`` groups), so that about 60% of the examples have a step of at most
+    ``EXACT_LIMIT`` fitting samples, checked against the exact optimum."""
     layout = draw(layouts(max_dp=3))
     gbs = draw(st.integers(layout.align_multiple, layout.align_multiple + 4))
     lengths, group_ids = draw(workloads(cap_hint=CAP, max_groups=2 * gbs + 1))
