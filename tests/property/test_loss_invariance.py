@@ -78,6 +78,9 @@ def per_token_loss(step: Step, theta: torch.Tensor, seed: int) -> torch.Tensor:
 
 @given(case=cases(), seed=st.integers(0, 2**16))
 def test_split_step_matches_whole_step_value_and_gradient(case, seed):
+    """Each token's weight (mask / denominator / divisor) depends only on the whole step, so
+    the split sum, once Megatron's scaling and DDP's average cancel, is the whole-step sum
+    (to float64 rounding), and so is its gradient."""
     step, split, mode, denominator, path = case
     theta_split = torch.linspace(-1.0, 0.0, step.num_tokens, dtype=torch.float64)
     theta_split.requires_grad_(True)
@@ -98,7 +101,8 @@ def test_split_step_matches_whole_step_value_and_gradient(case, seed):
 
 @given(case=cases(), seed=st.integers(0, 2**16))
 def test_reported_step_loss_is_split_invariant(case, seed):
-    """``reduce_train_step`` over per-rank partial sums equals the whole-step value."""
+    """``reduce_train_step`` adds per-rank partial sums (additive over any split) and divides
+    by step-wide constants, so it equals the whole-step value (to rounding)."""
     step, split, mode, denominator, _ = case
     x = torch.randn(step.num_tokens, generator=torch.Generator().manual_seed(seed),
                     dtype=torch.float64)
@@ -114,7 +118,8 @@ def test_reported_step_loss_is_split_invariant(case, seed):
 @given(step=steps(), mode=st.sampled_from([LossMode.GROUP_TOKEN_MEAN,
                                            LossMode.SAMPLE_TOKEN_MEAN]))
 def test_token_weights_sum_to_non_empty_units(step, mode):
-    """Summing m/D over a whole step counts each non-empty group (sample) once."""
+    """A unit's denominator D is the sum of its masks, so m/D sums to 1 over each non-empty
+    group (sample) and to 0 over an empty one."""
     dens = step_denominators(step, mode, "original")
     weight = sum(m / dens[i] for i, masks in enumerate(step.loss_masks) for m in masks if m)
     if mode is LossMode.GROUP_TOKEN_MEAN:
@@ -127,6 +132,8 @@ def test_token_weights_sum_to_non_empty_units(step, mode):
 
 @given(step=steps())
 def test_group_siblings_share_one_denominator(step):
+    """The group-token-mean denominator is the mask sum of the whole group, one number per
+    group."""
     dens = step_denominators(step, LossMode.GROUP_TOKEN_MEAN, "original")
     for g in set(step.group_ids):
         values = {dens[i] for i in range(len(dens)) if step.group_ids[i] == g}
@@ -138,4 +145,6 @@ def test_group_siblings_share_one_denominator(step):
 @given(response=st.integers(0, 40), prompt=st.integers(1, 40),
        cp=st.sampled_from([1, 2, 3, 4, 8]))
 def test_zigzag_ranks_tile_the_response(response, prompt, cp):
+    """Rank r takes chunks r and 2cp-1-r of 2cp equal chunks of the padded sequence; together
+    the ranks take each chunk once, so their response ranges tile the response once."""
     assert_zigzag_invariants(prompt + response, response, cp)

@@ -37,6 +37,8 @@ def per_rank_dicts(kinds, data, ranks, owner):
 
 @given(observations_split())
 def test_reduction_equals_single_rank_computation(case):
+    """Means reduce through (sum, count), which add over any split; min and max are
+    associative and commutative; so reducing ranks gives the union's value (to rounding)."""
     kinds, data, ranks, owner = case
     reduced = reduce_metrics(per_rank_dicts(kinds, data, ranks, owner))
     single = {k: Metric.of(data[k], kinds[k]) for k in kinds}
@@ -50,6 +52,8 @@ def test_reduction_equals_single_rank_computation(case):
 @given(st.lists(st.tuples(finite, st.integers(0, 5)), min_size=3, max_size=8),
        reductions, st.randoms(use_true_random=False))
 def test_merge_is_associative_and_commutative(items, reduction, rnd):
+    """Merging adds sums and counts (mean) or takes the extremum of non-empty parts (min/max),
+    and both operations are associative and commutative (to rounding)."""
     ms = [Metric(s if reduction == "mean" else (s if c else 0.0), c, reduction) for s, c in items]
     left = merge_metrics([merge_metrics(ms[:2]), *ms[2:]])
     right = merge_metrics([ms[0], merge_metrics(ms[1:])])
@@ -61,8 +65,9 @@ def test_merge_is_associative_and_commutative(items, reduction, rnd):
 
 
 @given(st.lists(finite, min_size=1, max_size=20), st.integers(1, 6))
-def test_mean_of_means_would_differ_but_reduction_does_not(values, ranks):
-    """Splitting into uneven ranks never changes the count-weighted mean."""
+def test_uneven_split_reduces_to_the_overall_mean(values, ranks):
+    """The count-weighted mean of the parts' means is sum / count of the whole, however
+    unevenly the values are split (a plain mean of the parts' means would not be)."""
     parts = [values[r::ranks] for r in range(ranks)]
     reduced = reduce_metrics([{"x": Metric.of(p)} for p in parts])["x"]
     assert reduced.value == pytest.approx(math.fsum(values) / len(values), rel=1e-9, abs=1e-6)
@@ -70,6 +75,8 @@ def test_mean_of_means_would_differ_but_reduction_does_not(values, ranks):
 
 @given(observations_split(), st.data())
 def test_differing_key_sets_raise_typed_error(case, data):
+    """``reduce_metrics`` compares every rank's key set with the first one's, so one extra key
+    on any rank raises MetricError."""
     kinds, obs, ranks, owner = case
     dicts = per_rank_dicts(kinds, obs, ranks, owner)
     bad = data.draw(st.integers(0, len(dicts) - 1))

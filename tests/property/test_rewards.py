@@ -27,6 +27,9 @@ def grouped_rewards(draw):
 
 @given(grouped_rewards(), st.sampled_from(CONFIGS))
 def test_zero_mean_per_prompt_group_and_equal_siblings(data, cfg):
+    """Advantages are computed once per rollout group (siblings share it) as its reward minus
+    its prompt's mean over rollout groups, then divided by a per-prompt std or whitened over
+    the batch (whose mean of prompt-centred values is 0), so they average to 0 per prompt."""
     rewards, groups, prompts = data
     adv = normalize_rewards(rewards, groups, prompts, cfg)
     per_group = {}
@@ -39,6 +42,7 @@ def test_zero_mean_per_prompt_group_and_equal_siblings(data, cfg):
 
 @given(grouped_rewards(), st.sampled_from(CONFIGS), st.data())
 def test_advantages_do_not_depend_on_sibling_counts(data, cfg, draw):
+    """Normalisation sees one reward per rollout group, so dropping siblings changes nothing."""
     rewards, groups, prompts = data
     adv = dict(zip(groups, normalize_rewards(rewards, groups, prompts, cfg)))
     # One sample per rollout group gives the same per-group advantages.

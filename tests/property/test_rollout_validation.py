@@ -30,6 +30,8 @@ def _at(output, loc):
 
 @given(rollout_outputs(light=True))
 def test_every_wellformed_nesting_is_accepted_in_order(output):
+    """Flattening is a depth-first walk of a valid nesting: it accepts it, keeps the leaves'
+    order and explicit ids, and a rollout group never spans prompts (validation rejects it)."""
     flat = flatten_rollout_output(output)
     expected = [s for _, leaf in _leaves(output) for s in leaf]
     assert [id(s) for s in flat.samples] == [id(s) for s in expected]
@@ -46,6 +48,7 @@ def test_every_wellformed_nesting_is_accepted_in_order(output):
 
 @given(rollout_outputs(depth=1, light=True))
 def test_depth1_prompt_groups_follow_the_outer_index(output):
+    """At depth 1 the outer index is the prompt: one prompt group per outer entry."""
     flat = flatten_rollout_output(output)
     tops = [loc[0] for loc in flat.locations]
     assert len(set(zip(tops, flat.prompt_groups))) == len(set(tops)) == len(set(flat.prompt_groups))
@@ -53,6 +56,8 @@ def test_depth1_prompt_groups_follow_the_outer_index(output):
 
 @given(st.lists(st.none() | st.integers(-3, 12) | st.sampled_from(["a", "0", "1"]), max_size=30))
 def test_fallback_never_collides_and_keeps_explicit_ids(ids):
+    """Each None becomes, in order, the smallest non-negative int that no explicit id and no
+    earlier fallback uses; explicit ids pass through."""
     out = fallback_ids(ids)
     explicit = {i for i in ids if i is not None}
     fresh = [o for i, o in zip(ids, out) if i is None]
@@ -66,11 +71,14 @@ def test_fallback_never_collides_and_keeps_explicit_ids(ids):
 
 @given(rollout_outputs(depth=2, light=True), st.data())
 def test_compact_leaf_with_missing_or_mismatched_id_is_rejected_with_its_path(output, data):
+    """A multi-sample leaf is one rollout group: validation checks every sibling's id against
+    the leaf's first and names the failing sample's path."""
     _check_corrupted_leaf(output, data)
 
 
 @given(rollout_outputs(depth=3, light=True), st.data())
 def test_compact_depth3_leaf_corruption_is_rejected(output, data):
+    """The same leaf check at depth 3: it does not depend on how deep the leaf sits."""
     _check_corrupted_leaf(output, data)
 
 

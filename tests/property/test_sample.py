@@ -29,6 +29,8 @@ def any_sample(draw) -> Sample:
 
 @given(any_sample())
 def test_dict_round_trip_keeps_every_field(s):
+    """``to_dict`` writes every slot as plain JSON values (never the alias) and ``from_dict``
+    reads each back unchanged."""
     d = s.to_dict()
     assert "rollout_id" not in d
     assert Sample.from_dict(d) == s
@@ -38,6 +40,8 @@ def test_dict_round_trip_keeps_every_field(s):
 
 @given(any_sample(), ids)
 def test_legacy_rollout_id_read_only_without_group_id(s, legacy):
+    """``from_dict`` reads the legacy ``rollout_id`` key as ``group_id`` only when ``group_id``
+    is absent, and never writes it back."""
     d = s.to_dict()
     both = {**d, "rollout_id": legacy}
     assert Sample.from_dict(both).group_id == s.group_id  # group_id wins
