@@ -103,7 +103,7 @@ class BatchingPolicy:
     packing, ``balance`` how packed micro-batches are spread over DP ranks: ``"strided"``
     (round-robin), ``"tokens"`` / ``"flops"`` (equal-count Karmarkar-Karp on micro-batch loads),
     or ``"straggler"`` (samples dealt to ranks by FLOPs before packing: the best per-step balance,
-    at most one extra micro-batch per rank).
+    sometimes at more micro-batches per rank than FFD: see ``vime_pure.scheduling.schedule``).
     ``allow_partial_step``: trailing groups that do not fill a step form one smaller final step
     (when feasible) instead of being dropped and reported.
     """

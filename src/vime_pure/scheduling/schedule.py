@@ -20,8 +20,10 @@ Pipeline (pack first, distribute second), per step:
 
 ``balance="straggler"`` reverses steps 3-5 to minimise the slowest rank: it deals samples to
 ranks by estimated FLOPs first (LPT), packs each rank under the cap, equalises the counts by
-splitting and refines by swaps (``vime_pure.scheduling.rank_balance``). It may spend at most one extra
-micro-batch per rank (never under VPP) when the cap would otherwise leave a straggler.
+splitting and refines by swaps (``vime_pure.scheduling.rank_balance``). Its per-rank count can
+exceed FFD's: by one micro-batch (never under VPP) when that removes a straggler the cap would
+leave, and by whole ``microbatch_group`` multiples when per-rank packing cannot fit the samples
+into the aligned count (a VPP layout with group 3 was seen at +3 per rank).
 
 Micro-batches are **not** interleaved across virtual pipeline (VPP) chunks. Megatron's
 interleaved schedule runs every micro-batch through every model chunk of a rank, so every
