@@ -56,6 +56,10 @@ def test_data_and_eval_flags_reach_the_prompt_source_and_eval_sets(model, data, 
     plan = launch_checks(cfg, model)
     assert plan.prompts[2].prompt == "2+1" and plan.prompts[2].metadata == {"k": 2}
     assert [name for name, _ in plan.eval_sets] == ["sums"] and plan.task is None
+    epochs = parse_train_config(["--prompt-data", data, "--input-key", "q", "--label-key", "a",
+                                 "--rollout-max-response-len", "2", "--num-epoch", "3",
+                                 "--rollout-batch-size", "4", "--global-batch-size", "32"])
+    assert launch_checks(epochs, model).num_rollout == 6  # 3 passes over 8 rows, 4 per rollout
     _bad(["--prompt-data", data, "--input-key", "question", "--rollout-max-response-len", "2"],
          capsys, "train.jsonl:1: no 'question' field")
     _bad(["--prompt-data", data], capsys, "rollout_max_response_len")

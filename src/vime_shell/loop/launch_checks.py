@@ -45,6 +45,7 @@ class LaunchPlan:
     prompts: tuple[TaskExample, ...] | None
     task: DigitTask | None
     eval_sets: tuple[tuple[str, tuple[TaskExample, ...]], ...]
+    num_rollout: int  # --num-rollout, or what --num-epoch needs for the dataset
 
 
 def model_dir(cfg: TrainConfig) -> Path:
@@ -94,8 +95,13 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     pairs = cfg.eval_prompt_data or ()
     eval_sets = tuple((name, load_prompt_rows(path, keys))
                       for name, path in zip(pairs[::2], pairs[1::2]))
+    # --num-epoch: enough rollouts to draw the dataset that many times (dynamic sampling may
+    # draw more prompts per rollout, so it is a lower bound on the passes made).
+    num_rollout = (cfg.num_rollout if cfg.num_epoch is None or prompts is None
+                   else -(-cfg.num_epoch * len(prompts) // cfg.rollout_batch_size))
     return LaunchPlan(hf_dir=hf_dir, layout=layout, policy=policy, prompts=prompts,
-                      task=get_task(cfg.task) if prompts is None else None, eval_sets=eval_sets)
+                      task=get_task(cfg.task) if prompts is None else None, eval_sets=eval_sets,
+                      num_rollout=num_rollout)
 
 
 def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:

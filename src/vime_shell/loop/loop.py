@@ -367,7 +367,8 @@ class _Loop:
 
 def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None] | None = None,
                  progress: bool | None = None, plan: LaunchPlan | None = None) -> TrainResult:
-    """Run ``cfg.num_rollout`` rollouts (from the ``--load`` checkpoint's counter, if any).
+    """Run ``cfg.num_rollout`` rollouts, or ``--num-epoch`` passes over the dataset (from the
+    ``--load`` checkpoint's counter, if any).
 
     Collective over the launched world. Returns the per-rollout records (on every rank) and,
     on rank 0, the PNG plots written. The trainer is shut down at the end, so one process may
@@ -389,24 +390,25 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
             log.info("resumed from %s at rollout %d", found, start)
             if loop.syncs:
                 loop.sync_weights()  # the engine was built from the HF checkpoint, not this one
-    logger = RunLogger(cfg.run_dir, start=start, total=cfg.num_rollout, enabled=loop.rank == 0,
+    total = loop.plan.num_rollout  # --num-rollout, or derived from --num-epoch
+    logger = RunLogger(cfg.run_dir, start=start, total=total, enabled=loop.rank == 0,
                        progress=progress, wandb=cfg.to_dict() if cfg.use_wandb else None)
     records = []
     try:
-        for rid in range(start, cfg.num_rollout):
+        for rid in range(start, total):
             record = loop.rollout(rid)
             records.append(record)
             logger.log(record)
-            if not logger.has_progress_bar and (rid % 10 == 0 or rid + 1 == cfg.num_rollout):
+            if not logger.has_progress_bar and (rid % 10 == 0 or rid + 1 == total):
                 log.info(_line(record))
             done = rid + 1
-            if cfg.save is not None and (done % cfg.save_interval == 0 or done == cfg.num_rollout):
+            if cfg.save is not None and (done % cfg.save_interval == 0 or done == total):
                 if loop.dumps is not None:
                     loop.dumps.flush()  # a checkpoint never runs ahead of the dumps
                 run_checkpoint.save(cfg.save, done, loop.trainer, cfg.to_dict(),
                                     data=loop.data_state())
-        if loop._evaluates(0) and cfg.num_rollout > start:  # the trained weights, once more
-            logger.log_eval(cfg.num_rollout, loop.evaluate(cfg.num_rollout))
+        if loop._evaluates(0) and total > start:  # the trained weights, once more
+            logger.log_eval(total, loop.evaluate(total))
     finally:
         plots = logger.finish(loop.last_schedule)
         if loop.dumps is not None:
