@@ -104,14 +104,19 @@ def world_size_1_worker(rank: int, root: str, cache: str, dump: str) -> dict:
             "fixed": loop_worker(rank, f"{root}/fixed", cache, fixed)}
 
 
-def killed_worker(root: str, cache: str, port: int, kill_after: int) -> None:
-    """Run 4 rollouts with checkpoints every 2 and SIGKILL this process after ``kill_after``."""
+def _single_process(cache: str, port: int) -> None:
+    """A world of one for a process started without ``spawn`` (so it can be SIGKILLed)."""
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
                       VIME_CACHE_DIR=cache)
     import torch
 
     torch.set_num_threads(1)
+
+
+def killed_worker(root: str, cache: str, port: int, kill_after: int) -> None:
+    """Run 4 rollouts with checkpoints every 2 and SIGKILL this process after ``kill_after``."""
+    _single_process(cache, port)
     from vime_shell.loop.loop import run_training
 
     def hook(event):
@@ -121,19 +126,39 @@ def killed_worker(root: str, cache: str, port: int, kill_after: int) -> None:
     run_training(_cfg(**resume_kwargs(root, "interrupted")), on_rollout=hook, progress=False)
 
 
+def killed_in_save_worker(root: str, cache: str, port: int) -> None:
+    """Run 4 rollouts with checkpoints every 2 and SIGKILL this process inside the second
+    save, once its tensor shards are on disk and before the checkpoint is complete."""
+    _single_process(cache, port)
+    from vime_shell.loop.loop import run_training
+    from vime_shell.megatron import torch_dist
+
+    write_shards, saves = torch_dist.SyncTorchDistSave.save, []
+
+    def save_then_die(self, sharded_state_dict, checkpoint_dir):
+        write_shards(self, sharded_state_dict, checkpoint_dir)
+        saves.append(checkpoint_dir)
+        if len(saves) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    torch_dist.SyncTorchDistSave.save = save_then_die
+    run_training(_cfg(**resume_kwargs(root, "killed_in_save")), progress=False)
+
+
 def resume_kwargs(root: str, name: str) -> dict:
     return dict(num_rollout=4, save=f"{root}/{name}/ckpt", load=f"{root}/{name}/ckpt",
                 save_interval=2, run_dir=f"{root}/{name}/run",
                 save_rollout_data=f"{root}/{name}/dumps/r{{rollout_id}}.npz")
 
 
-def resume_worker(rank: int, root: str, cache: str) -> dict:
-    """The uninterrupted run, then the resumption of the killed one; final weights of both."""
+def resume_worker(rank: int, root: str, cache: str, names: tuple[str, ...]) -> dict:
+    """Run (or resume, from its ``--save`` directory) each of ``names`` in turn: the
+    uninterrupted run, then the killed ones; final weights of each."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.loop.loop import run_training
 
     out = {}
-    for name in ("uninterrupted", "interrupted"):
+    for name in names:
         final: dict = {}
 
         def hook(event, final=final):

@@ -16,7 +16,10 @@ NUM_GROUPS, GLOBAL_BATCH, MAX_TOKENS, LR = 32, 24, 48, 1e-4
 ROLLOUT_SEEDS = (11, 12)  # two rollout batches, each giving steps of [24, 8] groups
 
 PACKING_CHECK_LAYOUTS = ("dp1", "pp2")
-RESUME_CHECK_LAYOUTS = ("dp1", "dp2_distopt_overlap")
+RESUME_CHECK_LAYOUTS = ("dp1", "dp2_distopt_overlap")  # resumed with the layout that saved
+# A checkpoint taken by the key's layout, loaded into another: (name, trainer kwargs).
+CROSS_LAYOUT_RESUMES = {"pp2": ("dp2", {}),
+                        "dp2_distopt_overlap": ("tp2_distopt", {"tp": 2, "distopt": True})}
 LAYOUTS: dict[str, dict] = {
     "dp2": {},
     "dp2_distopt_overlap": {"distopt": True},
@@ -71,20 +74,32 @@ def _hf_log_probs(hf_model, batch) -> np.ndarray:
     return out
 
 
-def _resume(hf_dir: str, checkpoint: str, optim, vocab: int, *, tp, pp, vpl) -> dict:
+def _optim(distopt: bool):
+    """Adam at ``LR``; ``distopt``: the distributed optimizer with overlapped grad reduce and
+    param gather."""
+    from vime_shell.megatron.trainer import OptimConfig
+
+    return OptimConfig(lr=LR, use_distributed_optimizer=distopt, overlap_grad_reduce=distopt,
+                       overlap_param_gather=distopt)
+
+
+def _resume(hf_dir: str, checkpoint: str, vocab: int, *, tp=1, pp=1, vpl=None,
+            distopt=False) -> dict:
     """A fresh trainer loads the checkpoint taken before rollout 2 and trains rollout 2 again."""
     from vime_pure import with_log_probs
     from vime_shell.megatron.trainer import MegatronTrainer, TrainerConfig
 
-    trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=optim), tp=tp, pp=pp,
-                                      num_layers_per_virtual_stage=vpl)
-    trainer.load_checkpoint(checkpoint)
+    trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=_optim(distopt)), tp=tp,
+                                      pp=pp, num_layers_per_virtual_stage=vpl)
+    rng_restored = trainer.load_checkpoint(checkpoint)
+    loaded = {k: v.numpy() for k, v in trainer.hf_state_dict().items()}
     _, _, mine = rank_rollout(vocab, ROLLOUT_SEEDS[1], trainer)
     old = trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens)
     results = trainer.train(with_log_probs(mine, old_log_probs=old))
     out = {"final": {k: v.numpy() for k, v in trainer.hf_state_dict().items()},
            "metrics": [r.metrics for r in results], "steps_done": trainer.steps_done,
-           "scheduler_groups": int(trainer.scheduler.num_steps)}
+           "scheduler_groups": int(trainer.scheduler.num_steps), "loaded": loaded,
+           "rng_restored": rng_restored}
     trainer.shutdown()
     return out
 
@@ -115,13 +130,11 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
     from transformers import AutoModelForCausalLM
 
     from vime_pure import BatchingPolicy, VimeError, rank_batch, schedule_for, with_log_probs
-    from vime_shell.megatron.trainer import MegatronTrainer, OptimConfig, TrainerConfig
+    from vime_shell.megatron.trainer import MegatronTrainer, TrainerConfig
 
     t0 = time.perf_counter()
-    optim = OptimConfig(lr=LR, use_distributed_optimizer=distopt, overlap_grad_reduce=distopt,
-                        overlap_param_gather=distopt)
-    trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=optim), tp=tp, pp=pp,
-                                      num_layers_per_virtual_stage=vpl)
+    trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=_optim(distopt)), tp=tp,
+                                      pp=pp, num_layers_per_virtual_stage=vpl)
     hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     vocab = hf_model.config.vocab_size
     original = load_file(f"{hf_dir}/model.safetensors")
@@ -134,8 +147,9 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
                  "metrics": [], "trace": [], "lr": []}
     checkpoint = f"{hf_dir}-ckpt-{name}"
     for r, seed in enumerate(ROLLOUT_SEEDS):
-        if r == 1 and name in RESUME_CHECK_LAYOUTS:
+        if r == 1 and (name in RESUME_CHECK_LAYOUTS or name in CROSS_LAYOUT_RESUMES):
             trainer.save_checkpoint(checkpoint)
+            out["at_save"] = {k: v.numpy() for k, v in trainer.hf_state_dict().items()}
         batch, schedule, mine = rank_rollout(vocab, seed, trainer)
         # old log-probs, recomputed as in RL
         old = trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens)
@@ -165,7 +179,11 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
     out["final"] = {k: v.numpy() for k, v in trainer.hf_state_dict().items()}
     trainer.shutdown()
     if name in RESUME_CHECK_LAYOUTS:
-        out["resume"] = _resume(hf_dir, checkpoint, optim, vocab, tp=tp, pp=pp, vpl=vpl)
+        out["resume"] = _resume(hf_dir, checkpoint, vocab, tp=tp, pp=pp, vpl=vpl,
+                                distopt=distopt)
+    if name in CROSS_LAYOUT_RESUMES:
+        target, kwargs = CROSS_LAYOUT_RESUMES[name]
+        out["cross_resume"] = {"into": target, **_resume(hf_dir, checkpoint, vocab, **kwargs)}
     out["seconds"] = time.perf_counter() - t0
     return out
 

@@ -58,9 +58,40 @@ def test_model_shape_matches_the_spec(built, tokenizer):
     spec = EmbeddedSpec()
     assert config["model_type"] == "qwen2"
     assert config["hidden_size"] // config["num_attention_heads"] == spec.head_dim == 64
-    assert config["vocab_size"] == len(tokenizer) == len(SPECIAL_TOKENS) + len(set(BUNDLED_TEXT))
+    assert len(tokenizer) == len(SPECIAL_TOKENS) + len(set(BUNDLED_TEXT)) == 19
+    assert config["vocab_size"] == spec.padded_vocab_size(len(tokenizer)) == 20
     assert tokenizer.padding_side == "left"
     assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (0, 1)
+
+
+def test_reserved_vocabulary_rows_are_zero_and_never_produced(built, tokenizer):
+    weights = load_safetensors_dir(built)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        assert weights[name].shape[0] == 20
+        # Row 0 is <pad>, which transformers zeroes in the embedding (padding_idx).
+        assert not weights[name][19:].any() and weights[name][1:19].abs().sum(1).min() > 0
+    ids = tokenizer(BUNDLED_TEXT + "".join(SPECIAL_TOKENS))["input_ids"]
+    assert max(ids) == 18
+    assert tokenizer.decode([5, 19, 6]) == tokenizer.decode([5, 6])  # a sampled reserved id
+
+
+@pytest.mark.parametrize("tokens, multiple, padded", [(19, 4, 20), (19, 8, 24), (20, 4, 20),
+                                                      (1, 1, 1), (151646, 128, 151680)])
+def test_padded_vocab_size_rounds_up_to_the_multiple(tokens, multiple, padded):
+    assert EmbeddedSpec(make_vocab_size_divisible_by=multiple).padded_vocab_size(tokens) == padded
+
+
+def test_tp_launch_check_reads_the_padded_vocabulary(built, monkeypatch):
+    from vime_shell.loop.config import ConfigError, TrainConfig
+    from vime_shell.loop.launch_checks import launch_checks
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    plan = launch_checks(TrainConfig(tensor_model_parallel_size=2), built)
+    assert (plan.layout.tp, plan.layout.dp) == (2, 1)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size=3: does not divide the "
+                                          r"model's vocab_size=20.*make-vocab-size-divisible-by"):
+        launch_checks(TrainConfig(tensor_model_parallel_size=3), built)
 
 
 @given(st.text(alphabet=sorted(set(BUNDLED_TEXT)), max_size=12))
@@ -75,6 +106,7 @@ def test_char_level_round_trip(tokenizer, text):
     (dict(hidden_size=64, num_attention_heads=3), "num_attention_heads"),
     (dict(num_attention_heads=2, num_key_value_heads=3), "num_key_value_heads"),
     (dict(seed=-1), "seed"),
+    (dict(make_vocab_size_divisible_by=0), "make_vocab_size_divisible_by"),
 ])
 def test_bad_spec_names_the_field(kwargs, field):
     with pytest.raises(EmbeddedError, match=field):

@@ -1,10 +1,12 @@
-"""Kill and resume: a run SIGKILLed mid-rollout and resumed with ``--load`` ends where an
-uninterrupted run ends.
+"""Kill and resume: a run SIGKILLed mid-rollout, or mid-checkpoint, and resumed with ``--load``
+ends where an uninterrupted run ends.
 
-The interrupted run checkpoints every 2 rollouts and is killed during rollout 3 (after rollout
-2 was logged but not checkpointed). Resuming from the rollout-2 checkpoint must re-run rollouts
-2 and 3 on the same data (same dumps), log each rollout exactly once, reproduce the metric
-sequence of the uninterrupted run, and end with identical weights.
+Both interrupted runs checkpoint every 2 rollouts. One is killed during rollout 3 (after
+rollout 2 was logged but not checkpointed); the other inside the rollout-4 save, after its
+tensor shards were written and before the checkpoint was complete, so the rollout-2 checkpoint
+must still be the one ``--load`` finds. Resuming from it must re-run rollouts 2 and 3 on the
+same data (same dumps), log each rollout exactly once, reproduce the metric sequence of the
+uninterrupted run, and end with identical weights.
 """
 
 import json
@@ -13,13 +15,17 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 
-from tests.shell.loop_workers import killed_worker, resume_worker
+from tests.shell.loop_workers import killed_in_save_worker, killed_worker, resume_worker
 from vime_shell.loop import run_checkpoint as checkpoint
+from vime_shell.megatron.checkpoint import TRAINER_STATE
 from vime_shell.storage.dump import load_rollout_batch
 from vime_shell.megatron.spawn import free_port, spawn
 
 pytestmark = pytest.mark.slow
 TIMING = {"rollout_s", "train_s", "sync_s", "old_logprob_s", "eval_s", "tokens_per_s"}
+# Each killed run and the rollouts it had logged when it died: the hook kill comes before
+# rollout 3 is logged, the save kill after.
+KILLED = {"interrupted": [0, 1, 2], "killed_in_save": [0, 1, 2, 3]}
 
 
 def _metrics(path) -> list[dict]:
@@ -27,33 +33,65 @@ def _metrics(path) -> list[dict]:
     return [{k: v for k, v in x.items() if k not in TIMING} for x in lines]
 
 
-def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
-    cache = tmp_path / "embedded"  # built by the first process, reused by the second
-    proc = mp.get_context("spawn").Process(
-        target=killed_worker, args=(str(tmp_path), str(cache), free_port(), 3))
+def _run_to_death(target, *args) -> int:
+    proc = mp.get_context("spawn").Process(target=target, args=args)
     proc.start()
     proc.join(timeout=600)
-    assert proc.exitcode == -9  # really killed, not a clean exit
-    killed = tmp_path / "interrupted"
-    assert checkpoint.latest(killed / "ckpt") == killed / "ckpt" / "rollout_000002"
-    assert [x["rollout"] for x in _metrics(killed / "run" / "metrics.jsonl")] == [0, 1, 2]
+    return proc.exitcode
 
-    out = spawn(resume_worker, 1, str(tmp_path), str(cache))[0]
+
+@pytest.fixture(scope="module")
+def killed_runs(tmp_path_factory):
+    """Both killed runs, what their ``--save`` directories held at death, then the
+    uninterrupted run and the two resumptions (one spawned process)."""
+    root = tmp_path_factory.mktemp("resume")
+    cache = root / "embedded"  # built by the first process, reused by the others
+    codes = {"interrupted": _run_to_death(killed_worker, str(root), str(cache), free_port(), 3),
+             "killed_in_save": _run_to_death(killed_in_save_worker, str(root), str(cache),
+                                             free_port())}
+    at_death = {name: {"latest": checkpoint.latest(root / name / "ckpt"),
+                       "entries": sorted(p.name for p in (root / name / "ckpt").iterdir()),
+                       "logged": [x["rollout"] for x in
+                                  _metrics(root / name / "run" / "metrics.jsonl")]}
+                for name in KILLED}
+    staged = root / "killed_in_save" / "ckpt" / ".tmp-rollout_000004"
+    at_death["killed_in_save"]["staged"] = sorted(p.name for p in staged.iterdir())
+    out = spawn(resume_worker, 1, str(root), str(cache), ("uninterrupted", *KILLED))[0]
+    return {"root": root, "codes": codes, "at_death": at_death, "out": out}
+
+
+@pytest.mark.parametrize("name", list(KILLED))
+def test_killed_and_resumed_run_equals_uninterrupted(killed_runs, name):
+    root, out = killed_runs["root"], killed_runs["out"]
+    assert killed_runs["codes"][name] == -9  # really killed, not a clean exit
+    death = killed_runs["at_death"][name]
+    assert death["latest"] == root / name / "ckpt" / "rollout_000002"
+    assert death["logged"] == KILLED[name]
     assert out["uninterrupted"]["start"] == 0 and out["uninterrupted"]["ran"] == [0, 1, 2, 3]
-    assert out["interrupted"]["start"] == 2 and out["interrupted"]["ran"] == [2, 3]
-    full = _metrics(tmp_path / "uninterrupted" / "run" / "metrics.jsonl")
-    resumed = _metrics(killed / "run" / "metrics.jsonl")
+    assert out[name]["start"] == 2 and out[name]["ran"] == [2, 3]
+    full = _metrics(root / "uninterrupted" / "run" / "metrics.jsonl")
+    resumed = _metrics(root / name / "run" / "metrics.jsonl")
     assert [x["rollout"] for x in resumed] == [0, 1, 2, 3]  # no rollout twice, none skipped
     assert resumed == full
     for rid in range(4):
-        a = load_rollout_batch(tmp_path / "uninterrupted" / "dumps" / f"r{rid}.npz")
-        b = load_rollout_batch(killed / "dumps" / f"r{rid}.npz")
+        a = load_rollout_batch(root / "uninterrupted" / "dumps" / f"r{rid}.npz")
+        b = load_rollout_batch(root / name / "dumps" / f"r{rid}.npz")
         assert all(np.array_equal(x, y) for x, y in zip(a.columns().values(),
                                                         b.columns().values()))
-    final_a, final_b = out["uninterrupted"]["final"], out["interrupted"]["final"]
+    final_a, final_b = out["uninterrupted"]["final"], out[name]["final"]
     assert final_a.keys() == final_b.keys()
     assert all(np.array_equal(final_a[k], final_b[k]) for k in final_a)
-    assert checkpoint.latest(killed / "ckpt") == killed / "ckpt" / "rollout_000004"
+    assert checkpoint.latest(root / name / "ckpt") == root / name / "ckpt" / "rollout_000004"
+
+
+def test_sigkill_mid_save_keeps_the_previous_checkpoint(killed_runs):
+    death = killed_runs["at_death"]["killed_in_save"]
+    # Killed with the rollout-4 shards on disk but before its trainer state, loop state,
+    # rename and tracker: the tracker still names rollout 2, which is complete.
+    assert "__0_0.distcp" in death["staged"] and ".metadata" in death["staged"]
+    assert TRAINER_STATE not in death["staged"] and checkpoint.LOOP_STATE not in death["staged"]
+    assert death["entries"] == [".tmp-rollout_000004", checkpoint.TRACKER, "rollout_000002"]
+    assert death["latest"].name == "rollout_000002"
 
 
 def test_resume_refuses_a_different_data_setup(tmp_path):

@@ -1,5 +1,5 @@
 """The ``vime train`` loop end to end: 3 rollouts on the embedded model at world size 1, 2 at
-DP=2 (gloo), plus the multi-turn (compact) rollout.
+DP=2 and 2 at TP=2 (gloo), plus the multi-turn (compact) rollout.
 
 Asserts the loop's invariants (:mod:`vime_shell.loop.loop`): each rank's trainer ran exactly
 its micro-batches of the schedule, step by step; the engine-trainer log-prob gap is < 1e-4 on
@@ -93,6 +93,17 @@ def test_two_rollouts_dp2_gloo(tmp_path, cache):
         assert not set(ra["partition"]) & set(rb["partition"])
         assert ra["metrics"]["loss"] == rb["metrics"]["loss"]
     assert np.array_equal(a[-1]["state"]["lm_head.weight"], b[-1]["state"]["lm_head.weight"])
+
+
+def test_two_rollouts_tp2_gloo_on_the_padded_vocabulary(tmp_path, cache):
+    # The embedded model's 20-row vocabulary (19 tokens + 1 reserved row) splits over TP=2.
+    out = spawn(loop_worker, 2, str(tmp_path / "run"), cache,
+                {"num_rollout": 2, "tensor_model_parallel_size": 2})
+    assert_loop_invariants(out, tmp_path / "run", dp=1, num_rollout=2)
+    a, b = (o["rollouts"] for o in out)
+    assert [r["metrics"]["loss"] for r in a] == [r["metrics"]["loss"] for r in b]
+    assert a[-1]["state"]["lm_head.weight"].shape[0] == 20
+    assert all(np.array_equal(a[-1]["state"][k], b[-1]["state"][k]) for k in a[-1]["state"])
 
 
 def test_multi_turn_siblings_share_a_step(ws1):

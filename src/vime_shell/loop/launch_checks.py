@@ -10,9 +10,9 @@ chat template when ``--apply-chat-template`` asks for one, the reference model d
 the optional W&B package. A bad run then fails with one line in well under a second instead
 of after the model is built.
 
-Example: ``launch_checks(TrainConfig(tensor_model_parallel_size=2))`` on the embedded model
-raises ``ConfigError: tensor_model_parallel_size=2: does not divide the model's
-vocab_size=19 ...``.
+Example: ``launch_checks(TrainConfig(tensor_model_parallel_size=3))`` on the embedded model
+raises ``ConfigError: tensor_model_parallel_size=3: does not divide the model's
+vocab_size=20 ...``.
 """
 
 import importlib.util
@@ -71,8 +71,9 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     if summary.vocab_size % tp:  # Megatron's vocab-parallel embedding splits rows evenly
         raise field_error(ConfigError, "tensor_model_parallel_size", tp,
                           f"does not divide the model's vocab_size={summary.vocab_size}",
-                          "use a TP size that divides it (the embedded model's 19-token "
-                          "vocabulary allows only TP=1), or pad the vocabulary")
+                          "use a TP size that divides it, or pad the model's embedding and "
+                          "LM head with reserved rows as Megatron's --make-vocab-size-"
+                          "divisible-by does (the embedded model has 20 rows: TP 1, 2 or 4)")
     cp = cfg.context_parallel_size
     layout = resolve_layout(
         world_size=world_size_from_env(), num_layers=summary.num_layers,

@@ -1,13 +1,15 @@
 """Run checkpoints for ``--save DIR`` / ``--load DIR``: trainer state plus the rollout counter.
 
-The trainer part (per-rank model, optimizer, LR scheduler, RNG) is
-:mod:`vime_shell.megatron.checkpoint`; this module adds the loop state and makes the whole atomic.
+The trainer part (Megatron ``torch_dist`` model and optimizer, LR scheduler, RNGs; loadable
+into another parallel layout) is :mod:`vime_shell.megatron.checkpoint`; this module adds the
+loop state and makes the whole atomic.
 
 Layout under ``DIR`` (Megatron's tracker file name, so tools that read it keep working)::
 
     DIR/latest_checkpointed_iteration.txt   "6": rollouts completed at the newest checkpoint
-    DIR/rollout_000006/rank00000.pt ...      model, optimizer, LR scheduler, step counter and
-                                             torch RNG of each rank (MegatronTrainer)
+    DIR/rollout_000006/__0_0.distcp ...      torch_dist shards + .metadata + common.pt +
+                                             metadata.json: model and optimizer (all ranks)
+    DIR/rollout_000006/trainer_state.json    step counter, LR scheduler, layout, RNG states
     DIR/rollout_000006/loop_state.json       rollout counter, python / numpy RNG, the config
                                              (JSON: loading a checkpoint never unpickles)
 
@@ -21,7 +23,8 @@ and the prompt order of ``(seed, epoch)``; the loop state saves the rollout coun
 prompt source's position (how many prompts dynamic sampling consumed), and after loading the
 trainer's weights are synced to the engine before the first rollout. So a resumed run
 continues at exactly the next rollout and the next prompt: nothing is generated twice or
-skipped. Settings that decide the data (``DATA_FIELDS``) must match the checkpoint's.
+skipped. Settings that decide the data (``DATA_FIELDS``) must match the checkpoint's; the parallel sizes
+need not (the trainer state reshards, see :mod:`vime_shell.megatron.checkpoint`).
 
 Example: ``--save ck --save-interval 2 --num-rollout 5`` writes ``ck/rollout_000002`` and
 ``ck/rollout_000004`` (and ``ck/rollout_000005`` at the end); ``--load ck`` then starts at
@@ -74,7 +77,7 @@ def save(root: str | Path, rollouts_done: int, trainer, config: dict,
         root.mkdir(parents=True, exist_ok=True)
         _remove(tmp)
     dist.barrier()
-    trainer.save_checkpoint(tmp)  # per-rank files, atomic and fsynced each; ends with a barrier
+    trainer.save_checkpoint(tmp)  # every rank's shards, fsynced; ends with a barrier
     if dist.get_rank() == 0:
         write_atomic(tmp / LOOP_STATE, json.dumps(_loop_state(rollouts_done, config, data)))
         _remove(final)

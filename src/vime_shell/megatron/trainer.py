@@ -312,14 +312,15 @@ class MegatronTrainer:
 
     # -- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self, path: str | Path) -> None:
-        """Per-rank checkpoint of model, optimizer, scheduler, step counter, RNG (collective);
-        see :func:`vime_shell.megatron.checkpoint.save_checkpoint`."""
+        """Model, optimizer, LR scheduler, step counter and RNGs in Megatron's distributed
+        format (collective); see :func:`vime_shell.megatron.checkpoint.save_checkpoint`."""
         self._finish_param_sync()
         checkpoint.save_checkpoint(self, path)
 
-    def load_checkpoint(self, path: str | Path) -> None:
-        """Restore :meth:`save_checkpoint` output written with the same layout (collective)."""
-        checkpoint.load_checkpoint(self, path)
+    def load_checkpoint(self, path: str | Path) -> bool:
+        """Restore :meth:`save_checkpoint` output written with any layout (collective).
+        Returns True when the RNG states were restored too (same layout only)."""
+        return checkpoint.load_checkpoint(self, path)
 
     def shutdown(self) -> None:
         """Drop Megatron's parallel state so another layout can be built in this process."""

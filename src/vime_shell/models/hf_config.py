@@ -5,7 +5,7 @@ for pipeline stages, vocabulary size for tensor parallelism, the architecture) n
 JSON. ``vime_shell.megatron.bridge.read_hf_config`` reads the full config for the model itself.
 
 Example: the embedded model's directory gives ``HfConfigSummary(model_type="qwen2",
-num_layers=2, vocab_size=19, max_position_embeddings=64)``.
+num_layers=2, vocab_size=20, max_position_embeddings=64)``.
 """
 
 import json

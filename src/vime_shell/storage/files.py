@@ -19,11 +19,20 @@ from typing import BinaryIO
 
 def fsync_dir(path: str | os.PathLike) -> None:
     """Make the directory entries of ``path`` (renames, new files) durable."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY)  # the same call makes a regular file's contents durable
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_tree(directory: str | os.PathLike) -> None:
+    """fsync every file directly in ``directory``, then the directory: for files written by
+    a library that does not sync them (Megatron's ``common.pt`` and ``metadata.json``)."""
+    for entry in os.scandir(directory):
+        if entry.is_file():
+            fsync_dir(entry.path)
+    fsync_dir(directory)
 
 
 @contextlib.contextmanager
