@@ -150,7 +150,7 @@ def build_embedded(cache_dir: str | Path | None = None,
     try:
         tokenizer = build_tokenizer()
         tokenizer.save_pretrained(tmp)
-        _build_model(spec, tokenizer).save_pretrained(tmp, safe_serialization=True)
+        _save_quietly(_build_model(spec, tokenizer), tmp)
         # Written last: its presence marks a complete build.
         (tmp / "vime-embedded.json").write_text(json.dumps(attrs.asdict(spec), indent=1))
         try:
@@ -161,6 +161,20 @@ def build_embedded(cache_dir: str | Path | None = None,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _save_quietly(model, directory: Path) -> None:
+    """``save_pretrained`` without transformers' "Writing model shards" bar: the build happens
+    inside ``vime train``'s launch checks, whose errors must stay one line."""
+    from transformers.utils import logging as hf_logging  # heavy: only when a build is needed
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(directory, safe_serialization=True)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def build_tokenizer():
