@@ -2,7 +2,8 @@
 
 ``python -m tests.gpu.e2e_train --out runs/gpu-suite/e2e.json`` runs the loop exactly as
 ``vime train`` does (launch checks, then ``run_training``) on the embedded 334k-parameter Qwen2
-built locally (no downloads): the Megatron trainer in the platform's dtype (bf16 on CUDA), the
+built locally (no downloads), rewarded for the right first character (partial credit, so the
+weights move from the first rollout): the Megatron trainer in the platform's dtype (bf16 on CUDA), the
 vLLM engine when ``vllm`` imports and CUDA is present, else the HF engine. The gap tolerance is
 the trainer dtype's (``vime_shell.engines.layout.logprob_gap_tolerance``): a sync that fails
 stops the run with ``WeightSyncError``, loudly.
@@ -13,6 +14,11 @@ training tokens/s (trained tokens / log-prob + train time) and sync seconds; the
 (PyTorch's allocator, the device's used memory sampled every 20 ms, which includes vLLM's
 pool, and the host's max RSS); the engine, its dtype, and which engine-group flags of
 ``vime train`` existed and were applied (``engine_flags``).
+
+``--control-stale-sync`` is the measurement that sets a dtype's gap tolerance: the engine's
+weight update is replaced by a drain (the engine keeps its old weights, as after a failed sync)
+and the tolerance is lifted, so rollout k >= 1 logs the gap a *missed* sync produces. The
+tolerance must sit between the normal run's gaps (noise) and these (signal).
 
 Also run on CPU by ``tests/shell/test_gpu_workers_smoke.py`` (HF engine, fp32, 2 rollouts).
 """
@@ -62,6 +68,14 @@ class PeakDeviceMemory:
             self._thread.join()
 
 
+def first_char_reward(sample) -> float:
+    """Partial credit (right first character), so an untrained model earns some reward in
+    every rollout (~1/19 per sample), advantages are non-zero and the weights move: a sync then
+    has something to carry, and a missed one shows."""
+    meta = sample.metadata
+    return float(meta["response"][:1] == meta["label"][:1])
+
+
 def _engine_dtype(engine) -> str | None:
     if engine is None:
         return None
@@ -84,17 +98,37 @@ def e2e_config(run_dir: str, *, cuda: bool, num_rollout: int, rollout_batch_size
     cfg = TrainConfig.from_mapping(dict(
         num_rollout=num_rollout, rollout_batch_size=rollout_batch_size,
         n_samples_per_prompt=n_samples_per_prompt, global_batch_size=groups,
-        max_tokens_per_gpu=96, lr=3e-4, seed=0, run_dir=run_dir, rollout_engine=engine,
+        max_tokens_per_gpu=96, lr=1e-3, seed=0, run_dir=run_dir, rollout_engine=engine,
+        custom_rm_path="tests.gpu.e2e_train:first_char_reward",
         logprob_gap_tolerance=logprob_gap_tolerance(dtype), **applied))
     return cfg, {"applied": applied, "missing": sorted(set(wanted) - set(applied))}
 
 
-def run_e2e(out_path: str | Path, *, num_rollout: int = 8, **sizes: int) -> dict:
+def _stale_syncs() -> None:
+    """Control run: every engine drains the sync's tensors and keeps its weights."""
+    from vime_shell.engines.hf import HfEngine
+
+    def drain(self, named_tensors) -> None:
+        for _ in named_tensors:
+            pass
+
+    HfEngine.update_weights_from_tensors = drain
+    if vllm_available():
+        from vime_shell.engines.vllm import VllmEngine
+
+        VllmEngine.update_weights_from_tensors = drain
+
+
+def run_e2e(out_path: str | Path, *, num_rollout: int = 8, control_stale_sync: bool = False,
+            **sizes: int) -> dict:
     """Run the training and write the JSON (module docstring); returns it."""
     cuda = torch.cuda.is_available()
     out_path = Path(out_path)
-    cfg, flags = e2e_config(str(out_path.parent / "run"), cuda=cuda, num_rollout=num_rollout,
-                            **sizes)
+    cfg, flags = e2e_config(str(out_path.parent / out_path.stem), cuda=cuda,
+                            num_rollout=num_rollout, **sizes)
+    if control_stale_sync:
+        _stale_syncs()
+        cfg = attrs.evolve(cfg, logprob_gap_tolerance=1e9)  # measure, never stop
     start = time.perf_counter()
     plan = launch_checks(cfg, model_dir(cfg))
     from vime_shell.loop.loop import run_training  # torch + Megatron, as the CLI does
@@ -123,6 +157,7 @@ def run_e2e(out_path: str | Path, *, num_rollout: int = 8, **sizes: int) -> dict
         "engine_dtype": engine_dtype[0] if engine_dtype else None,
         "trainer_dtype": default_rollout_dtype(cuda),
         "logprob_gap_tolerance": cfg.logprob_gap_tolerance, "engine_flags": flags,
+        "control_stale_sync": control_stale_sync,
         "rollouts": rows,
         "reward_per_rollout": [r["reward_mean"] for r in rows],
         "gap_initial": rows[0]["logprob_gap"] if rows else None,
@@ -143,8 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.gpu.e2e_train")
     parser.add_argument("--out", default="runs/gpu-suite/e2e.json")
     parser.add_argument("--num-rollout", type=int, default=8)
+    parser.add_argument("--control-stale-sync", action="store_true",
+                        help="engines keep their weights: log the gap of a missed sync")
     args = parser.parse_args(argv)
-    result = run_e2e(args.out, num_rollout=args.num_rollout)
+    result = run_e2e(args.out, num_rollout=args.num_rollout,
+                     control_stale_sync=args.control_stale_sync)
     print(json.dumps({k: v for k, v in result.items() if k != "rollouts"}, indent=1))
     if result["wall_s"] > TIME_LIMIT_S:
         print(f"e2e: {result['wall_s']:.0f} s exceeds the suite's {TIME_LIMIT_S} s budget",

@@ -20,7 +20,8 @@ from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 GPU_TESTS = {"test_thd_packing_equals_mask_packing", "test_bf16_step_runs", "test_cp2_equals_cp1",
-             "test_vime_train_end_to_end_on_one_gpu"}
+             "test_vime_train_end_to_end_on_one_gpu",
+             "test_a_missed_sync_is_visible_above_the_tolerance"}
 
 
 def mocked_cuda_workers(rank: int, hf_dir: str, out_dir: str) -> dict:
@@ -41,8 +42,9 @@ def mocked_cuda_workers(rank: int, hf_dir: str, out_dir: str) -> dict:
            "bf16": gpu_workers.bf16_step_worker(rank, hf_dir),
            "cp1": gpu_workers.cp_worker(rank, hf_dir, 1)}
     # Last: the loop leaves its process group initialised.
-    out["e2e"] = gpu_workers.e2e_worker(rank, f"{out_dir}/e2e.json", 2,
-                                        {"rollout_batch_size": 4, "n_samples_per_prompt": 4})
+    small = {"rollout_batch_size": 8, "n_samples_per_prompt": 8}  # 64 samples: some reward
+    out["e2e"] = gpu_workers.e2e_worker(rank, f"{out_dir}/e2e.json", 3, small)
+    out["stale"] = gpu_workers.e2e_worker(rank, f"{out_dir}/e2e_stale.json", 3, small, True)
     return out
 
 
@@ -66,7 +68,10 @@ def test_every_gpu_worker_runs_with_cuda_mocked(tmp_path):
     assert out["bf16"]["moved"] > 0 and out["bf16"]["dtype"] == "torch.float32"  # CPU platform
     assert len(out["cp1"]["logps"]) > 0 and out["cp1"]["grad_norm"] > 0
     e2e = out["e2e"]
-    assert (tmp_path / "e2e.json").is_file() and len(e2e["rollouts"]) == 2
+    assert (tmp_path / "e2e.json").is_file() and len(e2e["rollouts"]) == 3
     assert e2e["engine"] == "hf" and e2e["trainer_dtype"] == "float32"
-    assert len(e2e["gap_after_sync"]) == 1 and e2e["gap_after_sync"][0] < 1e-4
+    assert e2e["logprob_gap_tolerance"] == 1e-4 and max(e2e["gap_after_sync"]) < 1e-5
     assert e2e["generation_tokens_per_s"] > 0 and e2e["peak_host_rss_bytes"] > 0
+    assert max(e2e["reward_per_rollout"]) > 0  # the weights move, so syncs carry something
+    # The control: a missed sync shows as a gap far above fp32 noise and the 1e-4 tolerance.
+    assert max(out["stale"]["gap_after_sync"]) > 10 * e2e["logprob_gap_tolerance"]
