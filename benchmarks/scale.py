@@ -33,13 +33,13 @@ import json
 import os
 import pickle
 import platform
-import statistics
 import time
 from pathlib import Path
 
 import attrs
 import numpy as np
 
+from benchmarks.batch_convert import median_s
 from vime_pure import (BatchingPolicy, ParallelLayout, RolloutBatch, Sample, build_schedule,
                        rank_batch, schedule_for)
 from vime_pure.scheduling.workloads import synthetic_workload
@@ -156,16 +156,6 @@ def pickled_bytes_per_token(lengths: np.ndarray, count: int = 512, seed: int = 0
     return len(pickle.dumps(samples, protocol=pickle.HIGHEST_PROTOCOL)) / tokens
 
 
-def median_s(fn, repeats: int) -> tuple[float, float, object]:
-    wall, cpu, out = [], [], None
-    for _ in range(repeats):
-        t0, c0 = time.perf_counter(), time.process_time()
-        out = fn()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return statistics.median(wall), statistics.median(cpu), out
-
-
 def records_nbytes(records) -> int:
     return sum(v.nbytes for step in records.steps for mb in step.microbatches
                for v in attrs.asdict(mb, recurse=False).values() if isinstance(v, np.ndarray))
@@ -186,10 +176,11 @@ def run(samples: int, dps: list[int], token_scale: int, repeats: int) -> dict:
     rows = []
     for dp in dps:
         layout = ParallelLayout(dp=dp)
-        wall, cpu, _ = median_s(lambda: build_schedule(lengths, work.group_ids, layout, policy),
-                                repeats)
+        wall, cpu = median_s(lambda: build_schedule(lengths, work.group_ids, layout, policy),
+                             repeats)
         schedule = schedule_for(batch, layout, policy)
-        r_wall, r_cpu, mine = median_s(lambda: rank_batch(batch, schedule, dp_rank=0), repeats)
+        r_wall, r_cpu = median_s(lambda: rank_batch(batch, schedule, dp_rank=0), repeats)
+        mine = rank_batch(batch, schedule, dp_rank=0)
         rows.append({"dp": dp, "schedule_wall_s": wall, "schedule_cpu_s": cpu,
                      "steps": len(schedule.steps),
                      "microbatches_per_rank_step0": schedule.steps[0].num_microbatches,

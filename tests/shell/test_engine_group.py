@@ -23,7 +23,6 @@ from vime_pure import RolloutBatch
 from vime_shell.engines.hf import HfEngine
 from vime_shell.engines.weights import load_safetensors_dir
 from vime_shell.megatron.spawn import spawn
-from vime_shell.models.embedded import EmbeddedSpec, build_embedded
 from vime_shell.models.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -32,9 +31,8 @@ CASES = [(2, 1, "single", "hf"), (2, 1, "compact", "hf"), (2, 2, "single", "hf")
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("embedded")
-    return build_embedded(cache, EmbeddedSpec(seed=0)), build_embedded(cache, EmbeddedSpec(seed=1))
+def dirs(embedded_pair):
+    return embedded_pair
 
 
 @pytest.fixture(scope="module")

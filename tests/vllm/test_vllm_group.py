@@ -33,16 +33,14 @@ from vime_shell.engines.hf import HfEngine  # noqa: E402
 from vime_shell.engines.layout import logprob_gap_tolerance, resolve_engine_layout  # noqa: E402
 from vime_shell.engines.weights import load_safetensors_dir  # noqa: E402
 from vime_shell.megatron.spawn import spawn  # noqa: E402
-from vime_shell.models.embedded import EmbeddedSpec, build_embedded  # noqa: E402
 from vime_shell.models.tokenizer import load_tokenizer  # noqa: E402
 
 FP32_TOL = logprob_gap_tolerance("float32")
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("embedded")
-    return build_embedded(cache, EmbeddedSpec(seed=0)), build_embedded(cache, EmbeddedSpec(seed=1))
+def dirs(embedded_pair):
+    return embedded_pair
 
 
 @pytest.fixture(scope="module")
