@@ -3,10 +3,10 @@
 ``python -m tests.gpu.e2e_train --out runs/gpu-suite/e2e.json`` runs the loop exactly as
 ``vime train`` does (launch checks, then ``run_training``) on the embedded 334k-parameter Qwen2
 built locally (no downloads), rewarded for the right first character (partial credit, so the
-weights move from the first rollout): the Megatron trainer in the platform's dtype (bf16 on CUDA), the
-vLLM engine when ``vllm`` imports and CUDA is present, else the HF engine. The gap tolerance is
-the trainer dtype's (``vime_shell.engines.layout.logprob_gap_tolerance``): a sync that fails
-stops the run with ``WeightSyncError``, loudly.
+weights move from the first rollout): the Megatron trainer in the platform's dtype (bf16 on
+CUDA), the vLLM engine when ``vllm`` imports and CUDA is present, else the HF engine. The gap
+tolerance is the trainer dtype's (``vime_shell.engines.layout.logprob_gap_tolerance``): a sync
+that fails stops the run with ``WeightSyncError``, loudly.
 
 The JSON: per rollout the mean reward, the engine-trainer log-prob gap (rollout 0: same
 checkpoint; rollout k: after sync k-1), generation tokens/s (response tokens / rollout time),
