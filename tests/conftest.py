@@ -16,6 +16,8 @@ Profiles (pick one with ``HYPOTHESIS_PROFILE=<name>``; without it, ``ci`` when `
 
 import os
 
+import pytest
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
@@ -31,3 +33,12 @@ if os.environ.get("HYPOTHESIS_PROFILE"):
     settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
 else:
     settings.load_profile("ci" if os.environ.get("CI", "").lower() == "true" else "default")
+
+
+@pytest.fixture(scope="session")
+def embedded_pair(tmp_path_factory):
+    """Two embedded models (seeds 0 and 1): same shapes, different weights, for weight syncs."""
+    from vime_shell.models.embedded import EmbeddedSpec, build_embedded
+
+    cache = tmp_path_factory.mktemp("embedded")
+    return build_embedded(cache, EmbeddedSpec(seed=0)), build_embedded(cache, EmbeddedSpec(seed=1))

@@ -36,3 +36,17 @@ def test_batch_convert_quick(capsys):
     batch_convert.main(["--quick"])
     out = capsys.readouterr().out
     assert "[short] 2048 samples" in out and "convert+records of 2048 samples:" in out
+
+
+def test_scale_quick(tmp_path, capsys):
+    from benchmarks import scale
+
+    result = scale.main(["--quick", "--out", str(tmp_path / "scale.json")])
+    assert [r["dp"] for r in result["rows"]] == [8, 64]
+    assert all(r["schedule_cpu_s"] > 0 and r["rank_records_bytes"] > 0 for r in result["rows"])
+    # the analytic column size the doc uses for 1M samples equals a real batch's nbytes
+    assert result["columns_bytes_unscaled"] == result["columns_bytes_total"]
+    params = {r["model"]: r["params"] for r in result["sync"]}
+    assert abs(params["Qwen3-8B"] / 8.19e9 - 1) < 0.01
+    assert abs(params["Llama-3.1-70B"] / 70.55e9 - 1) < 0.01
+    assert "gather: columns" in capsys.readouterr().out

@@ -89,3 +89,12 @@ def cp_worker(rank: int, hf_dir: str, cp: int) -> dict:
     trainer.shutdown()
     dist.destroy_process_group()
     return out
+
+
+def e2e_worker(rank: int, out_path: str, num_rollout: int, sizes: dict,
+               control_stale_sync: bool = False) -> dict:
+    """``vime train`` end to end (``tests.gpu.e2e_train``); the loop creates its own group."""
+    from tests.gpu.e2e_train import run_e2e
+
+    return run_e2e(out_path, num_rollout=num_rollout, control_stale_sync=control_stale_sync,
+                   **sizes)

@@ -1,18 +1,53 @@
 #!/usr/bin/env bash
-# Run every CUDA-only test of vime in one command on a CUDA machine (they skip without CUDA).
-# Usage: tests/gpu/run_gpu_suite.sh [extra pytest args]   (from the repository root)
+# Every CUDA check of vime in one command, on one CUDA machine with no network:
+#   tests/gpu/run_gpu_suite.sh [extra pytest args]        (from anywhere in the repository)
+# 1. installs the wheels carried in tests/gpu/wheels/ (see tests/gpu/requirements-offline.txt);
+# 2. refuses to run without CUDA (exit 3) or with a missing dependency (exit 4): never a silent
+#    all-skipped pass;
+# 3. runs tests/gpu: bf16 Megatron step, THD vs mask packing (needs TransformerEngine), CP=2
+#    (needs 2 GPUs and TE), and the end-to-end `vime train` case, which writes
+#    $VIME_GPU_SUITE_OUT/e2e.json (default runs/gpu-suite): reward per rollout, log-prob gap after
+#    each sync, generation and training tokens/s, peak memory. Only the TE / 2-GPU cases may skip
+#    (printed with their reason); any failure fails the script. Budget: under 8 minutes on one
+#    H200-class GPU (the pytest run is capped at 450 s).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# vLLM in this process (not a subprocess): the weight sync then passes tensors in memory.
+export VLLM_ENABLE_V1_MULTIPROCESSING=0
+export VIME_GPU_SUITE_OUT="${VIME_GPU_SUITE_OUT:-runs/gpu-suite}"
 PY="${PYTHON:-python}"
+WHEELS=tests/gpu/wheels
+if compgen -G "$WHEELS/*.whl" > /dev/null; then
+  echo "run_gpu_suite: installing carried wheels from $WHEELS"
+  "$PY" -m pip install -q --no-index --no-deps --find-links "$WHEELS" \
+    -r tests/gpu/requirements-offline.txt
+fi
 "$PY" - <<'PY'
+import importlib.util
+import sys
+
 import torch
-print(f"torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}, "
-      f"devices: {torch.cuda.device_count()}")
-try:
-    import megatron.core, transformer_engine  # noqa: F401
-    print(f"megatron-core {megatron.core.__version__}, transformer_engine present")
-except ImportError as exc:
-    print(f"note: {exc}")
+
+if not torch.cuda.is_available():
+    print("run_gpu_suite: no CUDA device visible; this suite needs one", file=sys.stderr)
+    sys.exit(3)
+needed = ("megatron.core", "mbridge", "transformers", "tokenizers", "safetensors", "einops",
+          "jaxtyping", "beartype", "attrs", "matplotlib", "yaml", "tqdm", "pytest", "hypothesis")
+missing = [m for m in needed if importlib.util.find_spec(m) is None]
+if missing:
+    print(f"run_gpu_suite: missing {missing}. Fix: put the wheels of "
+          "tests/gpu/requirements-offline.txt in tests/gpu/wheels/ and rerun", file=sys.stderr)
+    sys.exit(4)
+import megatron.core
+
+optional = {m: importlib.util.find_spec(m) is not None for m in ("transformer_engine", "vllm")}
+print(f"run_gpu_suite: torch {torch.__version__}, {torch.cuda.device_count()} x "
+      f"{torch.cuda.get_device_name()}, megatron-core {megatron.core.__version__}, optional "
+      f"{optional}; e2e engine: {'vllm' if optional['vllm'] else 'hf'}")
 PY
-exec "$PY" -m pytest tests/gpu -v -rs -s "$@"
+mkdir -p "$VIME_GPU_SUITE_OUT"
+timeout 450 "$PY" -m pytest tests/gpu -v -rs -s -p no:cacheprovider \
+  --junitxml "$VIME_GPU_SUITE_OUT/junit.xml" "$@"
+echo "run_gpu_suite: passed; results in $VIME_GPU_SUITE_OUT/e2e.json"

@@ -9,7 +9,6 @@ updates (tensors or directory) make the engine match the new weights; bad input 
 import pytest
 import torch
 
-from vime_shell.models.embedded import EmbeddedSpec, build_embedded
 from vime_shell.models.tokenizer import load_tokenizer
 from vime_shell.engines import (
     EngineError, Generation, SamplingParams, resolve_engine_name, select_engine, vllm_available,
@@ -22,9 +21,8 @@ PROMPTS = ["12>", "3+4=", "aabab#", "07=", "9>"]  # mixed lengths: exercises lef
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("embedded")
-    return build_embedded(cache, EmbeddedSpec(seed=0)), build_embedded(cache, EmbeddedSpec(seed=1))
+def dirs(embedded_pair):
+    return embedded_pair
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from vime_shell.models.embedded import EmbeddedSpec, build_embedded  # noqa: E402
 from vime_shell.models.tokenizer import load_tokenizer  # noqa: E402
 from vime_shell.engines import SamplingParams, select_engine  # noqa: E402
 from vime_shell.engines.hf import HfEngine  # noqa: E402
@@ -31,9 +30,8 @@ LOGPROB_TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("embedded")
-    return build_embedded(cache, EmbeddedSpec(seed=0)), build_embedded(cache, EmbeddedSpec(seed=1))
+def model_dirs(embedded_pair):
+    return embedded_pair
 
 
 @pytest.fixture(scope="module")

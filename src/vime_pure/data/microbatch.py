@@ -149,12 +149,15 @@ def rank_batch(batch: RolloutBatch, schedule: Schedule, *, dp_rank: int,
     steps = []
     for s, step in enumerate(schedule.steps):
         mbs = step.microbatches[dp_rank]
+        # A property summing every rank's micro-batches: read once per step, not per record
+        # (at dp=512 the repeated sum was 70% of this function).
+        num_samples = step.num_samples
         steps.append(StepBatch(
-            num_groups=step.num_groups, num_samples=step.num_samples,
+            num_groups=step.num_groups, num_samples=num_samples,
             microbatches=tuple(
                 _record(batch, np.asarray(mb, dtype=np.int64), dens, cp_rank, cp_size,
                         step=s, loss_mode=mode, num_groups=step.num_groups,
-                        num_samples=step.num_samples, num_microbatches=len(mbs))
+                        num_samples=num_samples, num_microbatches=len(mbs))
                 for mb in mbs)))
     return RankBatch(dp_rank=dp_rank, cp_rank=cp_rank, cp_size=cp_size, loss_mode=mode,
                      num_response_tokens=int(batch.response_offsets[-1]), steps=tuple(steps))

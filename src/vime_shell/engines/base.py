@@ -110,8 +110,9 @@ class RolloutEngine(Protocol):
     ``update_weights_from_tensors``: load HF-named tensors (e.g. ``model.layers.0.mlp.up_proj.
     weight``), as exported by the trainer; every name must exist in the engine's model.
     ``update_weights_from_path``: load a saved HF model directory (``*.safetensors``).
-    ``sleep`` / ``wake_up``: release and re-acquire accelerator memory when the engine shares
-    devices with the trainer (no-ops where that does not apply).
+    ``sleep(level)`` / ``wake_up(tags)``: release and re-acquire accelerator memory when the
+    engine shares devices with the trainer (vLLM's sleep levels and wake-up tags ``"weights"``
+    / ``"kv_cache"``; ``tags=None`` wakes everything); no-ops where that does not apply.
     """
 
     name: str
@@ -123,9 +124,9 @@ class RolloutEngine(Protocol):
 
     def update_weights_from_path(self, path: str | Path) -> None: ...
 
-    def sleep(self) -> None: ...
+    def sleep(self, level: int = 1) -> None: ...
 
-    def wake_up(self) -> None: ...
+    def wake_up(self, tags: Sequence[str] | None = None) -> None: ...
 
     def close(self) -> None: ...
 

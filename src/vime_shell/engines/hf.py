@@ -180,10 +180,10 @@ class HfEngine:
                               "save the complete model (save_pretrained / mbridge export)")
         self.update_weights_from_tensors(tensors.items())
 
-    def sleep(self) -> None:
-        """No-op: the CPU engine holds no accelerator memory to release."""
+    def sleep(self, level: int = 1) -> None:
+        """No-op: transformers has no sleep mode (the memory stays with the model)."""
 
-    def wake_up(self) -> None:
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
         """No-op, see :meth:`sleep`."""
 
     def close(self) -> None:

