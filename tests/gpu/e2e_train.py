@@ -12,8 +12,8 @@ The JSON: per rollout the mean reward, the engine-trainer log-prob gap (rollout 
 checkpoint; rollout k: after sync k-1), generation tokens/s (response tokens / rollout time),
 training tokens/s (trained tokens / log-prob + train time) and sync seconds; the peak memory
 (PyTorch's allocator, the device's used memory sampled every 20 ms, which includes vLLM's
-pool, and the host's max RSS); the engine, its dtype, and which engine-group flags of
-``vime train`` existed and were applied (``engine_flags``).
+pool, and the host's max RSS); the engine, its dtype, and the engine flags passed
+(``engine_flags``).
 
 ``--control-stale-sync`` is the measurement that sets a dtype's gap tolerance: the engine's
 weight update is replaced by a drain (the engine keeps its old weights, as after a failed sync)
@@ -86,22 +86,17 @@ def _engine_dtype(engine) -> str | None:
 
 
 def e2e_config(run_dir: str, *, cuda: bool, num_rollout: int, rollout_batch_size: int = 16,
-               n_samples_per_prompt: int = 8) -> tuple[TrainConfig, dict]:
-    """The run's settings, and which engine-group flags this ``vime train`` has (until the
-    engine group is wired into the loop, some are missing; the JSON says which)."""
-    engine = "vllm" if cuda and vllm_available() else "hf"
-    dtype = default_rollout_dtype(cuda)
-    wanted = {"rollout_dtype": dtype, "colocate": cuda, "rollout_enforce_eager": True}
-    fields = {f.name for f in attrs.fields(TrainConfig)}
-    applied = {k: v for k, v in wanted.items() if k in fields}
+               n_samples_per_prompt: int = 8) -> TrainConfig:
+    """The run's settings: ``vime train``'s engine flags set explicitly (what a GPU user
+    passes), the gap tolerance left to the rollout dtype's default."""
     groups = rollout_batch_size * n_samples_per_prompt
-    cfg = TrainConfig.from_mapping(dict(
+    return TrainConfig.from_mapping(dict(
         num_rollout=num_rollout, rollout_batch_size=rollout_batch_size,
         n_samples_per_prompt=n_samples_per_prompt, global_batch_size=groups,
-        max_tokens_per_gpu=96, lr=1e-3, seed=0, run_dir=run_dir, rollout_engine=engine,
-        custom_rm_path="tests.gpu.e2e_train:first_char_reward",
-        logprob_gap_tolerance=logprob_gap_tolerance(dtype), **applied))
-    return cfg, {"applied": applied, "missing": sorted(set(wanted) - set(applied))}
+        max_tokens_per_gpu=96, lr=1e-3, seed=0, run_dir=run_dir,
+        rollout_engine="vllm" if cuda and vllm_available() else "hf",
+        rollout_dtype=default_rollout_dtype(cuda), colocate=cuda, rollout_enforce_eager=True,
+        custom_rm_path="tests.gpu.e2e_train:first_char_reward"))
 
 
 def _stale_syncs() -> None:
@@ -124,8 +119,8 @@ def run_e2e(out_path: str | Path, *, num_rollout: int = 8, control_stale_sync: b
     """Run the training and write the JSON (module docstring); returns it."""
     cuda = torch.cuda.is_available()
     out_path = Path(out_path)
-    cfg, flags = e2e_config(str(out_path.parent / out_path.stem), cuda=cuda,
-                            num_rollout=num_rollout, **sizes)
+    cfg = e2e_config(str(out_path.parent / out_path.stem), cuda=cuda, num_rollout=num_rollout,
+                     **sizes)
     if control_stale_sync:
         _stale_syncs()
         cfg = attrs.evolve(cfg, logprob_gap_tolerance=1e9)  # measure, never stop
@@ -156,7 +151,9 @@ def run_e2e(out_path: str | Path, *, num_rollout: int = 8, control_stale_sync: b
         "torch": torch.__version__, "engine": cfg.rollout_engine,
         "engine_dtype": engine_dtype[0] if engine_dtype else None,
         "trainer_dtype": default_rollout_dtype(cuda),
-        "logprob_gap_tolerance": cfg.logprob_gap_tolerance, "engine_flags": flags,
+        "logprob_gap_tolerance": logprob_gap_tolerance(cfg.rollout_dtype),
+        "engine_flags": {"rollout_dtype": cfg.rollout_dtype, "colocate": cfg.colocate,
+                         "rollout_enforce_eager": cfg.rollout_enforce_eager},
         "control_stale_sync": control_stale_sync,
         "rollouts": rows,
         "reward_per_rollout": [r["reward_mean"] for r in rows],

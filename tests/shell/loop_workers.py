@@ -270,3 +270,56 @@ def broken_sync_worker(rank: int, root: str, cache: str) -> dict:
         return {"error": str(exc), "steps_after_rollout_0": seen["steps_after_rollout_0"],
                 "steps_done": seen["trainer"].steps_done}
     return {"error": None}
+
+
+def failing_share_rollout(ctx):
+    """A rollout function whose second engine fails (the first one's share starts at 0)."""
+    from vime_shell.rollout.functions import single_turn_rollout
+
+    if ctx.prompt_offset > 0:
+        raise RuntimeError(f"engine with prompts from {ctx.prompt_offset} is down")
+    return single_turn_rollout(ctx)
+
+
+def engine_layouts_worker(rank: int, root: str, cache: str) -> dict:
+    """The same dataset job (dynamic sampling rounds and an eval set) with two engines (one per
+    rank, the default) and with one engine on rank 0; then a run whose second engine fails."""
+    os.environ["VIME_CACHE_DIR"] = cache
+    from pathlib import Path
+
+    from vime_shell.loop.loop import run_training
+    from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
+
+    train, held_out = arithmetic_rows(seed=0)
+    data = Path(root) / "data"
+    if rank == 0:
+        write_jsonl(data / "train.jsonl", train)
+        write_jsonl(data / "eval.jsonl", held_out)
+    import torch.distributed as dist
+
+    job = dict(num_rollout=2, rollout_batch_size=4, n_samples_per_prompt=4, global_batch_size=16,
+               allow_partial_train_step=True, custom_rm_path=None, rm_type="math",
+               prompt_data=str(data / "train.jsonl"), apply_chat_template=True,
+               rollout_max_response_len=1, over_sampling_batch_size=6,
+               dynamic_sampling_filter_path="vime_shell.rollout.filters:nonzero_reward_std",
+               eval_prompt_data=("held_out", str(data / "eval.jsonl")), eval_interval=1)
+    out: dict = {}
+    for name, extra in (("two_engines", {}), ("one_engine", {"rollout_num_gpus": 1})):
+        seen: list = []
+        if dist.is_initialized():
+            dist.barrier()  # rank 0 wrote the data files
+        result = run_training(_cfg(run_dir=f"{root}/{name}", **job, **extra),
+                              on_rollout=lambda e, seen=seen: seen.append({
+                                  "tokens": np.asarray(e.batch.tokens).copy(),
+                                  "rewards": np.asarray(e.batch.rewards).copy(),
+                                  "metrics": dict(e.metrics),
+                                  "has_engine": e.engine is not None}),
+                              progress=False)
+        out[name] = {"rollouts": seen, "hf_dir": str(result.hf_checkpoint)}
+    try:
+        run_training(_cfg(run_dir=f"{root}/failing", num_rollout=1, rollout_function_path=
+                          "tests.shell.loop_workers:failing_share_rollout"), progress=False)
+        out["failure"] = None
+    except Exception as exc:  # noqa: BLE001 - the test reads which error each rank raised
+        out["failure"] = (type(exc).__name__, str(exc))
+    return out

@@ -200,8 +200,6 @@ def loss_modes(hf_dir: str) -> dict:
     """One training step in every loss mode, with two micro-batch splits of the same step (a
     48-token and a 512-token budget), on the launched world (DP1 or DP2): the reported loss
     and the gradient each rank's DDP reduced, per (mode, budget)."""
-    import torch
-
     from vime_pure import BatchingPolicy, LossMode, rank_batch, schedule_for, with_log_probs
     from vime_shell.megatron.trainer import MegatronTrainer, OptimConfig, TrainerConfig
 

@@ -208,3 +208,27 @@ def test_a_broken_sync_is_caught_before_any_update(tmp_path, cache):
     out = spawn(broken_sync_worker, 1, str(tmp_path), cache)[0]
     assert out["error"] is not None and out["error"].startswith("rollout 1: mean engine-trainer")
     assert out["steps_after_rollout_0"] == out["steps_done"] == 1
+
+
+def test_engines_on_every_rank_give_the_one_engine_batch_and_fail_together(tmp_path, cache):
+    """Two engines (one per rank) and one engine on rank 0 generate the same batches, filter
+    verdicts and eval metrics (request seeds and group ids come from global prompt indices);
+    when the second engine fails, every rank stops with an error naming it (none hangs)."""
+    from tests.shell.loop_workers import engine_layouts_worker
+
+    out = spawn(engine_layouts_worker, 2, str(tmp_path), cache)
+    for rank, o in enumerate(out):
+        assert all(r["has_engine"] for r in o["two_engines"]["rollouts"])
+        assert [r["has_engine"] for r in o["one_engine"]["rollouts"]] == [rank == 0] * 2
+    two, one = out[0]["two_engines"]["rollouts"], out[0]["one_engine"]["rollouts"]
+    for a, b in zip(two, one, strict=True):
+        assert np.array_equal(a["tokens"], b["tokens"])
+        assert np.array_equal(a["rewards"], b["rewards"])
+        keys = ("prompts_generated", "prompts_kept", "generation_rounds",
+                "eval/held_out/reward_mean", "eval/held_out/pass@1", "loss")
+        assert [a["metrics"][k] for k in keys] == [b["metrics"][k] for k in keys]
+    assert all(r["metrics"]["prompts_generated"] >= 6 for r in two)  # over-sampled rounds ran
+    kinds = {o["failure"][0] for o in out}
+    assert kinds == {"EngineGroupError", "RuntimeError"}, out
+    assert "engine 1 (rank 1)" in out[0]["failure"][1]
+    assert "is down" in out[1]["failure"][1]

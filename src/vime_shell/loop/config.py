@@ -34,6 +34,10 @@ from vime_pure.denominators import LOSS_MODES
 from vime_pure.policy_config import KL_KINDS
 from vime_pure.errors import VimeError, field_error
 from vime_shell.engines import ENGINE_NAMES
+from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
+                                       DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, ROLLOUT_DTYPES,
+                                       EngineLayoutError, check_gpu_memory_utilization)
+from vime_shell.rollout.functions import MAX_GENERATION_ROUNDS
 from vime_shell.rollout.rewards import RM_TYPES
 from vime_shell.rollout.tasks import TASKS
 
@@ -67,6 +71,21 @@ class TrainConfig:
     hf_checkpoint: str | None = _f(None, "HF model dir; default: the embedded tiny Qwen2", "model")
     rollout_engine: str | None = _f(None, "rollout engine; default: by capability", "model",
                                     ENGINE_NAMES)
+    rollout_num_gpus: int | None = _f(None, "ranks that host a rollout engine; default: every "
+                                      "rank", "model")
+    rollout_num_gpus_per_engine: int = _f(1, "ranks (GPUs) per engine: vLLM's tensor-parallel "
+                                          "size", "model")
+    rollout_dtype: str | None = _f(None, "engine dtype; default: the trainer's (bf16 on CUDA, "
+                                   "fp32 on CPU)", "model", ROLLOUT_DTYPES)
+    colocate: bool | None = _f(None, "engines sleep while the trainer runs; default: on with "
+                               "CUDA vLLM", "model")
+    rollout_gpu_memory_utilization: float = _f(DEFAULT_GPU_MEMORY_UTILIZATION,
+                                               "share of each GPU the awake engine may claim",
+                                               "model")
+    update_weight_buffer_size: int = _f(DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, "bytes per weight-"
+                                        "sync bucket (a decoder layer is never split)", "model")
+    rollout_enforce_eager: bool = _f(False, "vLLM without CUDA graphs (faster start, slower "
+                                     "decode)", "model")
     # data
     prompt_data: str | None = _f(None, "prompt dataset, .jsonl or .parquet; default: the "
                                  "built-in --task", "data")
@@ -152,8 +171,9 @@ class TrainConfig:
     use_tis: bool = _f(False, "truncated importance sampling against the engine's "
                        "log-probs", "loss")
     tis_clip: float = _f(2.0, "TIS weight cap", "loss")
-    logprob_gap_tolerance: float = _f(1e-4, "max engine-trainer log-prob gap after a sync",
-                                      "loss")
+    logprob_gap_tolerance: float | None = _f(None, "max mean engine-trainer log-prob gap "
+                                             "after a sync; default: by --rollout-dtype (fp32 "
+                                             "1e-4)", "loss")
     # optimizer
     lr: float = _f(3e-4, "Adam learning rate", "optimizer")
     min_lr: float = _f(0.0, "learning rate floor of the decay", "optimizer")
@@ -256,7 +276,18 @@ class TrainConfig:
         for name in ("adam_beta1", "adam_beta2"):
             _in_range(name, getattr(self, name), 0.0, 1.0 - 1e-12, "use e.g. 0.9 / 0.999")
         _in_range("adam_eps", self.adam_eps, 1e-30, 1.0, "use 1e-8")
-        _in_range("logprob_gap_tolerance", self.logprob_gap_tolerance, 0.0, 1e9, "use 1e-4")
+        if self.logprob_gap_tolerance is not None:
+            _in_range("logprob_gap_tolerance", self.logprob_gap_tolerance, 0.0, 1e9,
+                      "use 1e-4 (fp32), or omit it for the rollout dtype's default")
+        try:
+            check_gpu_memory_utilization(self.rollout_gpu_memory_utilization)
+        except EngineLayoutError as exc:
+            raise ConfigError(str(exc)) from exc
+        if self.dynamic_sampling_max_rounds > MAX_GENERATION_ROUNDS:
+            raise field_error(ConfigError, "dynamic_sampling_max_rounds",
+                              self.dynamic_sampling_max_rounds,
+                              f"exceeds {MAX_GENERATION_ROUNDS}, the rounds a rollout's seed "
+                              "range holds", "raise --over-sampling-batch-size instead")
         if self.rollout_num_turns > 3:
             raise field_error(ConfigError, "rollout_num_turns", self.rollout_num_turns,
                               "must be 2 or 3", "use 2 (or the single-turn rollout)")

@@ -2,7 +2,9 @@
 
 ``launch_checks(cfg)`` reads only files and the configuration: the model directory's
 ``config.json`` (without transformers), export paths and sizes, that TP divides the vocabulary,
-the parallel layout for the launched world (``vime_shell.megatron.layout``), the batching
+the parallel layout for the launched world (``vime_shell.megatron.layout``), the rollout
+engines' layout (``vime_shell.engines.layout``: engine sizes against the world, the node and the
+model's attention heads), the batching
 policy's feasibility (``vime_pure.check_feasible``), every plugin path
 (``--rollout-function-path``, ``--custom-rm-path``, ``--dynamic-sampling-filter-path``, the
 ``--rm-type`` module), the prompt and eval datasets (every row, with the configured keys), the
@@ -16,12 +18,15 @@ vocab_size=20 ...``.
 """
 
 import importlib.util
+import os
 from pathlib import Path
 
 import attrs
 
 from vime_pure.config import BatchingPolicy, check_feasible
 from vime_pure.errors import field_error
+from vime_shell.engines import vllm_available
+from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_engine_layout
 from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.megatron.layout import (TrainLayout, context_parallel_available, resolve_layout,
                                         world_size_from_env)
@@ -46,6 +51,7 @@ class LaunchPlan:
     task: DigitTask | None
     eval_sets: tuple[tuple[str, tuple[TaskExample, ...]], ...]
     num_rollout: int  # --num-rollout, or what --num-epoch needs for the dataset
+    engine_layout: EngineLayout | None  # None: a train-only replay builds no engine
 
 
 def model_dir(cfg: TrainConfig) -> Path:
@@ -82,6 +88,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
         num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage)
     policy = cfg.batching_policy()
     check_feasible(layout.scheduler_layout(), policy)
+    engine_layout = _engine_layout(cfg, summary.num_attention_heads)
     for flag, path in (("--rollout-function-path", cfg.rollout_function_path),
                        ("--custom-rm-path", cfg.custom_rm_path),
                        ("--dynamic-sampling-filter-path", cfg.dynamic_sampling_filter_path)):
@@ -102,7 +109,26 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
                    else -(-cfg.num_epoch * len(prompts) // cfg.rollout_batch_size))
     return LaunchPlan(hf_dir=hf_dir, layout=layout, policy=policy, prompts=prompts,
                       task=get_task(cfg.task) if prompts is None else None, eval_sets=eval_sets,
-                      num_rollout=num_rollout)
+                      num_rollout=num_rollout, engine_layout=engine_layout)
+
+
+def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None) -> EngineLayout | None:
+    """Which ranks host which engine; None for a train-only replay (no engine at all).
+
+    Without ``--rollout-engine`` the check assumes vLLM whenever it is installed (its rules are
+    the stricter ones); the loop picks the engine by capability."""
+    if cfg.load_rollout_data is not None and cfg.load_rollout_data_mode == "train-only":
+        return None
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    try:
+        return resolve_engine_layout(
+            world_size=world_size_from_env(), rollout_num_gpus=cfg.rollout_num_gpus,
+            rollout_num_gpus_per_engine=cfg.rollout_num_gpus_per_engine,
+            engine=cfg.rollout_engine or ("vllm" if vllm_available() else "hf"),
+            gpus_per_node=int(local) if local else None,
+            num_attention_heads=num_attention_heads)
+    except EngineLayoutError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:

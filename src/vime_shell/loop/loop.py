@@ -2,12 +2,13 @@
 
 Per rollout ``k`` (``run_training``):
 
-1. **produce** (global rank 0 only, :mod:`vime_shell.loop.rollouts`): draw prompts (dataset
-   or built-in task), generate through the rollout function, reward, filter (dynamic
-   sampling) and build the ``RolloutBatch`` with group-normalised advantages, or replay a dump
-   (:mod:`vime_shell.loop.replay`); optionally dump it; build the ``Schedule``;
-2. **share**: broadcast ``(batch, schedule)`` to every rank (a failure on rank 0 is broadcast
-   too, so no rank waits forever);
+1. **produce** (:mod:`vime_shell.loop.rollouts`): draw prompts (dataset or built-in task);
+   every engine of the :class:`~vime_shell.engines.group.EngineGroup` generates its share
+   through the rollout function and rewards it; rank 0 merges the shares, filters (dynamic
+   sampling) and builds the ``RolloutBatch`` with group-normalised advantages, or replays a
+   dump (:mod:`vime_shell.loop.replay`); optionally dumps it; builds the ``Schedule``;
+2. **share**: broadcast ``(batch, schedule)`` to every rank (a failure on any rank is
+   broadcast too, ``rank0_result``, so no rank waits forever);
 3. **records**: each rank builds its micro-batch records with the core,
    ``rank_batch(batch, schedule, dp_rank=, cp_rank=, loss_mode=)`` (TP/PP peers build the same);
 4. **old log-probs and the weight-sync check**: on policy, the batch's first step trains the
@@ -25,13 +26,15 @@ Per rollout ``k`` (``run_training``):
 5. **reference log-probs** (``--use-kl-loss``): the frozen reference model scores the same
    records; **train** every step of the schedule (one optimizer step per
    ``global_batch_size`` groups);
-6. **sync** the weights to the engine (HF names, streamed from the trainer);
-7. **evaluate** every ``--eval-interval`` rollouts (rank 0, same engine, no training);
+6. **sync** the weights to every engine (HF names, streamed from the trainer in buckets of
+   ``--update-weight-buffer-size`` bytes; engines asleep under ``--colocate`` wake for it);
+7. **evaluate** every ``--eval-interval`` rollouts (the same engines, no training);
 8. **log** one record (:mod:`vime_shell.loop.run_log`) and checkpoint every ``save_interval``
    (the prompt source's position is part of the checkpoint, so a resume continues the order).
 
 Colocated in one process, or ``torchrun`` / ``vime_shell.megatron.spawn`` processes laid out
-DP x TP x PP; only global rank 0 builds the engine and writes files.
+DP x TP x PP for the trainer and ``--rollout-num-gpus`` / ``--rollout-num-gpus-per-engine`` for
+the engines (default: one engine per rank); only global rank 0 writes files.
 
 Invariants the tests assert: each rank's trainer runs exactly the schedule's micro-batches;
 the gap after every sync is below 1e-4 (fp32); parameters change; ``metrics.jsonl`` holds one
@@ -61,7 +64,9 @@ from vime_pure.data.microbatch import RankBatch, rank_batch, with_log_probs
 from vime_pure.errors import VimeError
 from vime_pure.policy_config import LossConfig
 from vime_pure.scheduling.schedule import Schedule
-from vime_shell.engines import select_engine
+from vime_shell.engines import resolve_engine_name
+from vime_shell.engines.group import EngineGroup, EngineOptions
+from vime_shell.engines.layout import default_rollout_dtype, logprob_gap_tolerance
 from vime_shell.loop import run_checkpoint
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan, launch_checks, model_dir
@@ -70,6 +75,7 @@ from vime_shell.loop.records import rollout_record
 from vime_shell.loop.replay import DumpWriter, ReplaySource
 from vime_shell.loop.rollouts import RolloutProducer
 from vime_shell.loop.run_log import RunLogger
+from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.config import OptimConfig, TrainerConfig
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
@@ -79,7 +85,7 @@ log = logging.getLogger("vime.train")
 
 
 class TrainLoopError(VimeError):
-    """The loop cannot continue (a failure on another rank, an empty rollout)."""
+    """The loop cannot continue."""
 
 
 class WeightSyncError(TrainLoopError):
@@ -113,7 +119,7 @@ class RolloutEvent:
 
     ``records``: this rank's micro-batch records (``vime_pure.RankBatch``); ``trace``: what
     this rank's trainer ran, ``(step, sample indices, tokens)`` per micro-batch; ``engine``:
-    the rollout engine (global rank 0, after this rollout's weight sync) or None.
+    this rank's rollout engine (after this rollout's weight sync) or None.
     """
 
     rollout_id: int
@@ -160,6 +166,20 @@ def trainer_config(cfg: TrainConfig) -> TrainerConfig:
         seed=cfg.seed)
 
 
+def engine_options(cfg: TrainConfig, cuda: bool) -> EngineOptions:
+    """The engines' settings from the run's: the engine by capability unless named, the
+    trainer's dtype unless ``--rollout-dtype``, sleep mode on CUDA vLLM unless ``--colocate``
+    says otherwise. Example: on CPU, defaults give ``EngineOptions(engine="hf",
+    dtype="float32", colocate=False)``."""
+    engine = resolve_engine_name(cfg.rollout_engine)
+    return EngineOptions(
+        engine=engine, dtype=cfg.rollout_dtype or default_rollout_dtype(cuda),
+        colocate=cfg.colocate if cfg.colocate is not None else cuda and engine == "vllm",
+        gpu_memory_utilization=cfg.rollout_gpu_memory_utilization,
+        update_weight_buffer_size=cfg.update_weight_buffer_size, seed=cfg.seed,
+        enforce_eager=cfg.rollout_enforce_eager)
+
+
 class _Loop:
     """One run's state on one rank; ``run_training`` is the public entry."""
 
@@ -182,61 +202,59 @@ class _Loop:
         if cfg.load_rollout_data is not None:
             self.replay = ReplaySource(template=cfg.load_rollout_data,
                                        fallback=cfg.load_rollout_data_fallback)
-        self.engine = self.producer = None
-        uses_engine = self.replay is None or cfg.load_rollout_data_mode == "forge"
-        if self.rank == 0 and uses_engine:
-            self.engine = select_engine(cfg.rollout_engine, self.hf_dir, seed=cfg.seed)
-            self.producer = RolloutProducer(cfg, self.plan, self.engine)
-        self.syncs = uses_engine
+        self.engines = self.producer = None
+        self.gap_tolerance = cfg.logprob_gap_tolerance
+        if self.plan.engine_layout is not None:  # not a train-only replay
+            options = engine_options(cfg, self.trainer.platform.kind == "cuda")
+            self.gap_tolerance = (cfg.logprob_gap_tolerance if cfg.logprob_gap_tolerance
+                                  is not None else logprob_gap_tolerance(options.dtype))
+            self.engines = EngineGroup.build(self.hf_dir, self.plan.engine_layout, options)
+            if self.replay is None:
+                self.producer = RolloutProducer(cfg, self.plan, self.engines)
+            else:  # forge: the engine stays up for syncs only; free its KV cache
+                self.engines.sleep()
+        self.syncs = self.engines is not None
         self.last_schedule: Schedule | None = None
         self.dumps = (DumpWriter(cfg.save_rollout_data)
                       if cfg.save_rollout_data is not None and self.rank == 0 else None)
 
     # -- rank 0: the rollout side -------------------------------------------------------------
-    def _produce(self, rid: int) -> tuple[RolloutBatch, Schedule, dict]:
+    def _share_rollout(self, rid: int) -> tuple[RolloutBatch, Schedule, dict]:
+        """Collective: generate (every engine) or replay (rank 0), then rank 0 builds the batch
+        and its schedule and every rank receives them (or the failure)."""
+        generated, error = None, None
+        if self.producer is not None:
+            try:
+                generated = self.producer.produce(rid)
+            except Exception as exc:  # noqa: BLE001 - broadcast by rank0_result below
+                error = exc
+        return rank0_result(f"rollout {rid}", lambda: self._batch_and_schedule(rid, generated),
+                            pending=error)
+
+    def _batch_and_schedule(self, rid: int, generated) -> tuple[RolloutBatch, Schedule, dict]:
+        """Rank 0: the batch (generated or replayed), its dump, its schedule."""
         stats: dict = {}
         if self.replay is not None:
             batch = self.replay.load(rid)
         else:
-            batch, generation = self.producer.produce(rid)
+            batch, generation = generated
             stats = generation.as_record()
         if self.dumps is not None:
             self.dumps.submit(rid, batch)
         return batch, schedule_for(batch, self.layout.scheduler_layout(), self.plan.policy), stats
 
-    def _on_rank0(self, what: str, fn: Callable[[], object]) -> object:
-        """Run ``fn`` on rank 0; every rank receives its result or the failure."""
-        box: list = [None]
-        error = None
-        if self.rank == 0:
-            try:
-                box = [("ok", fn())]
-            except Exception as exc:  # re-raised below, after the other ranks are told
-                error = exc
-                box = [("error", f"{type(exc).__name__}: {exc}")]
-        dist.broadcast_object_list(box, src=0)
-        if error is not None:
-            raise error
-        kind, payload = box[0]
-        if kind != "ok":
-            raise TrainLoopError(f"{what} failed on rank 0: {payload}")
-        return payload
-
     # -- every rank: the training side --------------------------------------------------------
     def sync_weights(self) -> None:
-        """Stream the trainer's HF-named weights into the engine (collective drain)."""
-        named = self.trainer.export_hf()
-        if self.engine is not None:
-            self.engine.wake_up()
-            self.engine.update_weights_from_tensors(named)
-        else:
-            for _ in named:
-                pass
+        """Collective: stream the trainer's HF-named weights into every engine, in buckets
+        that never split a decoder layer (ranks without an engine drain the export)."""
+        report = self.engines.sync_weights(self.trainer.export_hf())
+        log.debug("weight sync: %d tensors, %d bytes in %d buckets, %.3f s", report.tensors,
+                  report.bytes, report.buckets, report.seconds)
 
     def rollout(self, rid: int) -> dict:
         evaluated = self.evaluate(rid) if self._evaluates(rid) else {}
         t0 = time.perf_counter()
-        batch, schedule, stats = self._on_rank0(f"rollout {rid}", lambda: self._produce(rid))
+        batch, schedule, stats = self._share_rollout(rid)
         t1 = time.perf_counter()
         mine = rank_batch(batch, schedule, dp_rank=self.trainer.dp_rank,
                           cp_rank=self.trainer.cp_rank, cp_size=self.layout.cp,
@@ -292,30 +310,32 @@ class _Loop:
                               old_from_step=1 if on_policy else 0)
 
     def _check_gap(self, rid: int, gap: "GapMeter") -> None:
-        if self.syncs and self.replay is None and gap.mean > self.cfg.logprob_gap_tolerance:
+        if self.syncs and self.replay is None and gap.mean > self.gap_tolerance:
             raise WeightSyncError(
                 f"rollout {rid}: mean engine-trainer log-prob gap {gap.mean:.3g} > "
-                f"logprob_gap_tolerance={self.cfg.logprob_gap_tolerance:g}. The weights "
+                f"logprob_gap_tolerance={self.gap_tolerance:g}. The weights "
                 "the engine sampled with are not the trainer's: the last weight sync failed "
                 "(or the engine computes log-probs differently, e.g. in bf16). Fix: check "
                 "the engine's weight update, or raise --logprob-gap-tolerance knowingly.")
 
     def _evaluates(self, rid: int) -> bool:
         """Before rollout ``rid`` (weights trained on rollouts ``< rid``) every
-        ``--eval-interval`` rollouts; ``run_training`` adds one after the last rollout."""
+        ``--eval-interval`` rollouts; ``run_training`` adds one after the last rollout. Not in
+        replays: their engine (forge) never generates."""
         interval = self.cfg.eval_interval
-        return interval is not None and self.producer_exists and rid % interval == 0
-
-    @property
-    def producer_exists(self) -> bool:
-        """Whether rank 0 has an engine to generate with (not in a train-only replay)."""
-        return self.syncs
+        return interval is not None and self.producer is not None and rid % interval == 0
 
     def evaluate(self, rid: int) -> dict[str, float]:
-        """Every eval set on the engine's current weights, with ``eval_s``; on every rank."""
+        """Collective: every eval set on the engines' current weights, with ``eval_s``."""
         start = time.perf_counter()
-        out = self._on_rank0(f"evaluation at rollout {rid}", lambda: self.producer.evaluate(rid))
+        out = self.producer.evaluate(rid)
         return {**out, "eval_s": time.perf_counter() - start}
+
+    @property
+    def engine(self):
+        """This rank's rollout engine, or None (no engine on this rank, or a train-only
+        replay)."""
+        return None if self.engines is None else self.engines.engine
 
     def _loss_norm(self) -> float:
         """Dr. GRPO's constant (``sample_token_sum_norm``): the generation cap."""
@@ -342,7 +362,7 @@ class _Loop:
 
     def data_state(self) -> dict:
         """Where the prompt source stands (rank 0's, shared so every rank saves the same)."""
-        return self._on_rank0("data state", lambda: None if self.producer is None else {
+        return rank0_result("data state", lambda: None if self.producer is None else {
             "offset": self.producer.source.offset, "draws": self.producer.source.draws})
 
     def restore_data_state(self, state: dict | None) -> None:
@@ -416,9 +436,9 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
     if cfg.save_hf is not None:
         loop.save_hf()
         log.info("wrote HF checkpoint %s", cfg.save_hf)
-    if loop.engine is not None:
-        loop.engine.close()
     loop.trainer.shutdown()  # frees Megatron's parallel state: another run may follow
+    if loop.engines is not None:  # last: vLLM's external-launcher teardown ends the world group
+        loop.engines.close()
     return TrainResult(records=records, plots=plots, hf_checkpoint=loop.hf_dir,
                        start_rollout=start)
 

@@ -1,5 +1,6 @@
-"""The rollout side of the loop, on the rank that holds the engine: prompts, generation rounds
-with dynamic sampling, rewards, the ``RolloutBatch``, and evaluation.
+"""The rollout side of the loop: prompts, generation rounds with dynamic sampling, rewards, the
+``RolloutBatch``, and evaluation, over the run's engines (:class:`EngineGroup`: each engine
+generates its share of a round's prompts, rank 0 merges, judges and builds the batch).
 
 One rollout batch (``produce``): draw ``--over-sampling-batch-size`` prompts (default
 ``--rollout-batch-size``), generate ``--n-samples-per-prompt`` responses each through the
@@ -27,24 +28,28 @@ from typing import Any
 
 import attrs
 import numpy as np
+import torch.distributed as dist
 
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.rewards import RewardNormalization
 from vime_pure.data.rollout_output import flatten_rollout_output
 from vime_pure.errors import VimeError
 from vime_shell.engines import SamplingParams
+from vime_shell.engines.group import EngineGroup
 from vime_shell.loop.config import ESTIMATOR_METHOD, TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan
 from vime_shell.models.tokenizer import load_tokenizer
 from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.filters import load_filter
+from vime_shell.megatron.collectives import rank0_result
 from vime_shell.rollout.functions import (RolloutContext, load_rollout_function,
-                                          rollout_sampling_seed)
+                                          rollout_sampling_seed, share_context)
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import TaskExample
 
-_ROUND_SEED_STRIDE = 1 << 20  # requests per round before seeds of two rounds could meet
-_EVAL_SEED = 0xE7A1  # evaluation draws its own seeds: the same prompts score the same way
+# Evaluation draws its own seeds (the same prompts score the same way at every evaluation):
+# the base of a rollout id no training run reaches.
+_EVAL_ROLLOUT_ID = 0xE7A1E7A1
 
 
 @attrs.frozen(kw_only=True)
@@ -64,10 +69,16 @@ class GenerationStats:
 
 
 class RolloutProducer:
-    """Prompts, rounds, rewards and evaluation for one run (see the module docstring)."""
+    """Prompts, rounds, rewards and evaluation for one run (see the module docstring).
 
-    def __init__(self, cfg: TrainConfig, plan: LaunchPlan, engine: Any):
-        self.cfg, self.engine = cfg, engine
+    Built on every rank of a run with engines: the prompt draws and the round count are the
+    same everywhere (seeded, and rank 0's filter verdict is broadcast), each engine generates
+    its share of a round, and only rank 0 holds the merged output, the batch and the metrics.
+    """
+
+    def __init__(self, cfg: TrainConfig, plan: LaunchPlan, engines: EngineGroup):
+        self.cfg, self.engines = cfg, engines
+        self.is_rank0 = dist.get_rank() == 0
         self.tokenizer = load_tokenizer(plan.hf_dir)
         seed = cfg.rollout_seed if cfg.rollout_seed is not None else cfg.seed
         self.source = (PromptSource.from_dataset(plan.prompts, shuffle=cfg.rollout_shuffle,
@@ -85,31 +96,41 @@ class RolloutProducer:
         self.stop = () if eos is None else (int(eos),)
 
     # -- training batches ---------------------------------------------------------------------
-    def produce(self, rid: int) -> tuple[RolloutBatch, GenerationStats]:
+    def produce(self, rid: int) -> tuple[RolloutBatch, GenerationStats] | None:
+        """Collective over the world: this rollout's batch and statistics on rank 0, None on
+        the other ranks."""
         cfg = self.cfg
         need = cfg.rollout_batch_size
         per_round = cfg.over_sampling_batch_size or need
         kept: list[Any] = []
-        generated = filtered = rounds = 0
-        next_group = 0
-        while len(kept) < need and rounds < cfg.dynamic_sampling_max_rounds:
+        generated = filtered = rounds = next_group = 0
+        while rounds < cfg.dynamic_sampling_max_rounds:
             prompts = self.source.take(per_round)
             sampling = self._sampling(cfg.rollout_max_response_len or self.task.answer_length,
-                                      rollout_sampling_seed(self.seed, rid)
-                                      + rounds * _ROUND_SEED_STRIDE)
-            output = self._generate(rid, prompts, sampling, first_group_id=next_group)
-            next_group = _next_group_id(output, next_group)
-            generated += len(output)
+                                      rollout_sampling_seed(self.seed, rid, rounds))
+            output, error = self._generate(rid, prompts, sampling, first_group_id=next_group)
             rounds += 1
-            for prompt_output in output:
-                if len(kept) == need:
-                    break  # surplus of the last round: discarded, counted as generated only
-                if self.keep is None or self.keep(_samples(prompt_output)):
-                    kept.append(prompt_output)
-                else:
-                    filtered += 1
+            if output is not None:  # rank 0: judge the round
+                next_group = _next_group_id(output, next_group)
+                generated += len(output)
+                for prompt_output in output:
+                    if len(kept) == need:
+                        break  # surplus of the last round: discarded, counted as generated
+                    if self.keep is None or self.keep(_samples(prompt_output)):
+                        kept.append(prompt_output)
+                    else:
+                        filtered += 1
             if self.keep is None:
+                if error is not None:
+                    raise error
                 break
+            done, next_group = rank0_result(
+                f"rollout {rid}, generation round {rounds - 1}",
+                lambda: (len(kept) >= need, next_group), pending=error)
+            if done:
+                break
+        if not self.is_rank0:
+            return None
         stats = GenerationStats(rounds=rounds, prompts_generated=generated,
                                 prompts_kept=len(kept), prompts_filtered=filtered)
         if not kept:
@@ -125,39 +146,60 @@ class RolloutProducer:
                               top_k=cfg.rollout_top_k, stop_token_ids=self.stop, seed=seed)
 
     def _generate(self, rid: int, prompts: tuple[TaskExample, ...], sampling: SamplingParams, *,
-                  first_group_id: int, n: int | None = None) -> list[Any]:
+                  first_group_id: int, n: int | None = None
+                  ) -> tuple[list[Any] | None, Exception | None]:
+        """Collective: every engine runs the rollout function on its share of ``prompts``;
+        ``(merged output on rank 0 else None, this rank's error or None)``. The error is
+        returned, not raised, so the caller still meets the other ranks in the next
+        broadcast (``rank0_result``) and all leave together."""
         cfg = self.cfg
         ctx = RolloutContext(
-            rollout_id=rid, engine=self.engine, tokenizer=self.tokenizer, prompts=prompts,
-            n_samples_per_prompt=n or cfg.n_samples_per_prompt, sampling=sampling,
-            rewarder=self.rewarder, apply_chat_template=cfg.apply_chat_template,
-            first_group_id=first_group_id, task=self.task, num_turns=cfg.rollout_num_turns,
-            turn_reward=cfg.rollout_turn_reward)
-        self.engine.wake_up()
-        output = list(self.rollout_fn(ctx))
-        self.engine.sleep()  # colocated engines hand the accelerator to the trainer
-        return output
+            rollout_id=rid, engine=self.engines.engine, tokenizer=self.tokenizer,
+            prompts=prompts, n_samples_per_prompt=n or cfg.n_samples_per_prompt,
+            sampling=sampling, rewarder=self.rewarder,
+            apply_chat_template=cfg.apply_chat_template, first_group_id=first_group_id,
+            task=self.task, num_turns=cfg.rollout_num_turns, turn_reward=cfg.rollout_turn_reward)
+        try:
+            output = self.engines.run_shares(
+                lambda share: list(self.rollout_fn(share_context(ctx, share))), len(prompts))
+        except Exception as exc:  # noqa: BLE001 - handed to rank0_result by the caller
+            return None, exc
+        return output, None
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self, rid: int) -> dict[str, float]:
-        """``eval/<name>/reward_mean`` and ``pass@k`` of every eval set on the current weights."""
+        """Collective: ``eval/<name>/reward_mean`` and ``pass@k`` of every eval set on the
+        current weights, on every rank."""
         cfg = self.cfg
         n = cfg.n_samples_per_eval_prompt
         max_new = (cfg.eval_max_response_len or cfg.rollout_max_response_len
                    or self.task.answer_length)
-        out: dict[str, float] = {}
+        outputs: dict[str, list[Any] | None] = {}
+        error = None
         for name, rows in self.eval_sets:
-            sampling = self._sampling(max_new, seed=_EVAL_SEED * _ROUND_SEED_STRIDE,
+            sampling = self._sampling(max_new, seed=rollout_sampling_seed(0, _EVAL_ROLLOUT_ID),
                                       temperature=cfg.eval_temperature)
-            output = self._generate(rid, rows, sampling, first_group_id=0, n=n)
-            flat = flatten_rollout_output(output)
-            rewards = np.array([s.reward for s in flat.samples], dtype=np.float64)
-            groups = np.unique(flat.group_dense, return_index=True)[1]
-            out[f"eval/{name}/reward_mean"] = float(rewards[groups].mean())
-            solved = [int(sum(s.reward > 0 for s in _samples(p))) for p in output]
-            for k in sorted({1, n}):
-                out[f"eval/{name}/pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in solved]))
-        return out
+            outputs[name], error = self._generate(rid, rows, sampling, first_group_id=0, n=n)
+            if error is not None:
+                break
+        return rank0_result(f"evaluation at rollout {rid}",
+                            lambda: {k: v for name, output in outputs.items()
+                                     for k, v in eval_metrics(name, output, n).items()},
+                            pending=error)
+
+
+def eval_metrics(name: str, output: list[Any], n: int) -> dict[str, float]:
+    """``eval/<name>/reward_mean`` (over rollout groups) and ``pass@1`` / ``pass@n`` of one
+    eval set's rollout output. Example: 2 prompts x 4 samples, 1 and 0 solved -> pass@1 0.125,
+    pass@4 0.5."""
+    flat = flatten_rollout_output(output)
+    rewards = np.array([s.reward for s in flat.samples], dtype=np.float64)
+    groups = np.unique(flat.group_dense, return_index=True)[1]
+    out = {f"eval/{name}/reward_mean": float(rewards[groups].mean())}
+    solved = [int(sum(s.reward > 0 for s in _samples(p))) for p in output]
+    for k in sorted({1, n}):
+        out[f"eval/{name}/pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in solved]))
+    return out
 
 
 class RolloutEmptyError(VimeError):

@@ -3,7 +3,9 @@
 * :func:`gather_step_report`: gathers every rank's per-key partial numerators and reduces them
   on every rank with ``vime_pure.reduce_train_step`` (the step's loss report);
 * :func:`gather_metrics`: gathers per-rank ``Metric`` dicts and reduces them with
-  ``vime_pure.reduce_metrics``, on the group's source rank or on every rank.
+  ``vime_pure.reduce_metrics``, on the group's source rank or on every rank;
+* :func:`rank0_result`: rank 0 decides (builds a batch, judges a sampling round) and every rank
+  receives the result or the failure, so no rank waits forever for one that raised.
 
 ``torch.distributed.gather_object(dst=...)`` takes a **global** rank even when ``group`` is a
 sub-group; ``group_dst`` (torch >= 2.6) is the group-relative one. We always translate the
@@ -13,13 +15,14 @@ The reductions check that every rank reported the same keys (a typed ``MetricErr
 the rank otherwise), because mismatched keys would silently add unrelated numbers.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch.distributed as dist
 from megatron.core.distributed import param_and_grad_buffer as buffers
 
 from vime_pure.denominators import LossMode
+from vime_pure.errors import VimeError
 from vime_pure.metrics import Metric, reduce_metrics, reduce_train_step
 
 
@@ -43,6 +46,40 @@ def all_gather_dicts(values: Mapping[str, Any],
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, dict(values), group=group)
     return gathered
+
+
+class RankFailure(VimeError):
+    """Another rank failed in a step every rank takes part in; the message names the step."""
+
+
+def rank0_result(what: str, fn: Callable[[], Any], *, pending: BaseException | None = None
+                 ) -> Any:
+    """Collective: ``fn()`` on global rank 0, its result on every rank.
+
+    ``pending`` is an error this rank already met in the same step (its engine failed): rank 0
+    then broadcasts the failure instead of calling ``fn``, and every rank raises after the
+    broadcast (its own error, or :class:`RankFailure` naming ``what``), so all ranks leave the
+    step together. Example: rank 1's engine raises in rollout 3 -> rank 1 re-raises it, rank 0
+    reports ``EngineGroupError``, ranks 2.. raise ``RankFailure("rollout 3 failed on rank 0:
+    ...")``.
+    """
+    error = pending
+    box: list = [None]
+    if dist.get_rank() == 0:
+        if error is None:
+            try:
+                box = [("ok", fn())]
+            except Exception as exc:  # re-raised below, after the other ranks are told
+                error = exc
+        if error is not None:
+            box = [("error", f"{type(error).__name__}: {error}")]
+    dist.broadcast_object_list(box, src=0)
+    if error is not None:
+        raise error
+    kind, payload = box[0]
+    if kind != "ok":
+        raise RankFailure(f"{what} failed on rank 0: {payload}")
+    return payload
 
 
 def gather_step_report(partials: Mapping[str, float], num_groups: int, mode: LossMode | str, *,

@@ -47,19 +47,28 @@ RolloutFn = Callable[["RolloutContext"], Sequence[Any]]
 DEFAULT_ROLLOUT_FUNCTION = "vime_shell.rollout.functions:single_turn_rollout"
 _STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 TURN_REWARDS: tuple[str, ...] = ("mean", "all")
-_SEED_STRIDE = 1 << 24  # request seeds of one rollout: base .. base + turns * requests
-# Seeds of turn t start at base + t * TURN_SEED_STRIDE: independent of how many requests an
-# engine holds, and 3 turns x 2**22 requests stay inside one rollout's 2**24 seeds.
-TURN_SEED_STRIDE = 1 << 22
+# Request seeds of one rollout, 2**24 of them from its base: generation round k (dynamic
+# sampling) at base + k * 2**20, turn t of a round at + t * 2**18, request r at + r. Offsets
+# depend on global indices only (not on how many requests an engine holds), and no two
+# (round, turn, request) share a seed while rounds <= 16, turns <= 3 and requests < 2**18.
+_SEED_STRIDE = 1 << 24
+ROUND_SEED_STRIDE = 1 << 20
+MAX_GENERATION_ROUNDS = _SEED_STRIDE // ROUND_SEED_STRIDE
+TURN_SEED_STRIDE = 1 << 18
 
 
-def rollout_sampling_seed(seed: int, rollout_id: int) -> int:
-    """Base sampling seed of rollout ``rollout_id``; request ``i`` uses base + i.
+def rollout_sampling_seed(seed: int, rollout_id: int, generation_round: int = 0) -> int:
+    """Base sampling seed of round ``generation_round`` of rollout ``rollout_id``; request
+    ``r`` of turn ``t`` uses base + t * 2**18 + r.
 
-    Example: ``rollout_sampling_seed(0, 3) == 3 * 2**24``. Distinct rollouts never share
-    request seeds while a rollout has fewer than 2**24 requests.
+    Example: ``rollout_sampling_seed(0, 3) == 3 * 2**24``, its round 1 ``3 * 2**24 + 2**20``.
     """
-    return (seed * 1_000_003 + rollout_id) * _SEED_STRIDE % (1 << 62)
+    if not 0 <= generation_round < MAX_GENERATION_ROUNDS:
+        raise field_error(TaskError, "generation_round", generation_round,
+                          f"is outside [0, {MAX_GENERATION_ROUNDS})",
+                          f"use --dynamic-sampling-max-rounds {MAX_GENERATION_ROUNDS} or less")
+    return ((seed * 1_000_003 + rollout_id) * _SEED_STRIDE
+            + generation_round * ROUND_SEED_STRIDE) % (1 << 62)
 
 
 @attrs.frozen(kw_only=True)
