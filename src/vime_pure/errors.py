@@ -18,6 +18,18 @@ def field_error(cls: type[VimeError], field: str, value: object, problem: str, f
     return cls(f"{field}={value!r}: {problem}. Fix: {fix}.")
 
 
+class Shown(str):
+    """A value ``field_error`` shows as written, without quotes: ``Shown("<generator>")``."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def type_tag(value: object) -> Shown:
+    """``<typename>``, for values whose repr would be long or useless (``<generator>``)."""
+    return Shown(f"<{type(value).__name__}>")
+
+
 class RolloutValidationError(VimeError):
     """A rollout function's output (nesting, ids, masks, tokens, rewards) is malformed."""
 

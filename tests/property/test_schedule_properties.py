@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from tests.invariant_helpers import assert_schedule_invariants
 from tests.property.strategies import layouts, scenarios, workloads
 from vime_pure import BatchingPolicy, ScheduleError, build_schedule
+from vime_pure.scheduling.report import step_stats
 
 
 def _schedule_or_skip(lengths, group_ids, layout, policy):
@@ -33,6 +34,18 @@ def test_deterministic(case):
     a = _schedule_or_skip(lengths, group_ids, layout, policy)
     b = build_schedule(list(lengths), list(group_ids), layout, policy)
     assert a == b
+
+
+@given(scenarios())
+def test_used_microbatches_never_below_the_reported_bound(case):
+    # The report's bound is the one the scheduler guarantees: oversize samples alone, the rest
+    # in ceil(tokens / cap) micro-batches at best, aligned. Workloads draw samples up to 3x cap.
+    lengths, group_ids, layout, policy = case
+    s = _schedule_or_skip(lengths, group_ids, layout, policy)
+    for stats in step_stats(s):
+        assert stats.num_microbatches >= stats.microbatch_bound_aligned >= stats.microbatch_bound
+        assert stats.microbatches_per_rank >= stats.microbatch_lower_bound
+        assert stats.microbatch_bound >= stats.oversize_samples
 
 
 @given(scenarios())

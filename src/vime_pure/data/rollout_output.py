@@ -32,7 +32,7 @@ import numpy as np
 from jaxtyping import Int64, UInt8
 
 from vime_pure.errors import RolloutValidationError
-from vime_pure.grouping import dense_first_occurrence
+from vime_pure.grouping import dense_first_occurrence, plain_key
 from vime_pure.data.sample import Sample
 
 GroupKey = int | str
@@ -69,13 +69,10 @@ class FlatRollout:
 
 def as_group_key(value: object, field: str, loc: Location) -> GroupKey | None:
     """An id as ``int`` or ``str`` (numpy integers become ``int``); None passes through."""
-    if value is None or type(value) is int or type(value) is str:
-        return value
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, str, np.integer)):
-        raise _fail(loc, f"{field}={value!r} is a {type(value).__name__}",
-                    f"use an int or str {field} (bools and floats collide with ints: "
-                    "True == 1 == 1.0)")
-    return int(value) if isinstance(value, (int, np.integer)) else str(value)
+    try:
+        return plain_key(value)
+    except TypeError as exc:
+        raise _fail(loc, f"{field}={value!r} {exc}", f"use an int or str {field}") from None
 
 
 def fallback_ids(ids: Sequence[GroupKey | None]) -> list[GroupKey]:

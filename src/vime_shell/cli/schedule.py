@@ -173,8 +173,9 @@ def run(args: argparse.Namespace) -> int:
             raise VimeError("--compare needs dynamic packing. Fix: set --max-tokens-per-gpu.")
         print(f"compare: {len(lengths)} samples in {len(set(groups))} groups, dp={layout.dp} "
               f"cp={layout.cp} vpp={layout.vpp}, cap={policy.token_cap(layout):,} tokens; "
-              "bound = sum over steps of ceil(step tokens / cap), aligned = each step's bound rounded up to "
-              f"a multiple of {layout.align_multiple}; LB = mean per-step "
+              "bound = sum over steps of (oversize samples + ceil(other tokens / cap)), aligned = "
+              f"each step's bound rounded up to a multiple of {layout.align_multiple}; LB = mean "
+              "per-step "
               "imbalance lower bound max(max item, total/dp)/(total/dp)")
         print(format_compare(compare(lengths, groups, layout, policy)))
         return 0
