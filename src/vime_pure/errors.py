@@ -4,6 +4,8 @@ Every rejected input raises a subclass of :class:`VimeError` (itself a ``ValueEr
 message names the field, the offending value and the change that would fix it.
 """
 
+import re
+
 
 class VimeError(ValueError):
     """Base class of every error vime raises for bad input or an infeasible configuration."""
@@ -64,3 +66,22 @@ class ScheduleInvariantError(VimeError):
 
 class FlopsModelError(VimeError):
     """A model config from which per-sample FLOPs cannot be estimated."""
+
+
+def type_check_error(cls: type[VimeError], where: str, exc: Exception, fix: str) -> VimeError:
+    """One line from jaxtyping's multi-line ``TypeCheckError``: the parameter, its value, the
+    expected type and the axis sizes bound so far.
+
+    Example: ``microbatch_loss: loss_mask=f32[2](torch): is not a Float[Tensor, 't'] (axes:
+    t=3). Fix: ...``.
+    """
+    text = str(exc)
+    param = re.search(r"parameter '(\w+)'", text)
+    actual = re.search(r"^Actual value: (.*)$", text, flags=re.M)
+    expected = re.search(r"^Expected type: (?:<class ')?(.*?)(?:'>)?\.?$", text, flags=re.M)
+    axes = ", ".join(re.findall(r"^(\w+=\d+)$", text, flags=re.M))
+    name = param.group(1) if param else "return value"
+    value = actual.group(1)[:80] if actual else "?"
+    want = expected.group(1) if expected else "the annotated type"
+    return cls(f"{where}: {name}={value}: is not a {want}" + (f" (axes: {axes})" if axes else "")
+               + f". Fix: {fix}.")

@@ -18,14 +18,16 @@ Invariants the tests assert: at ``r = 1`` the surrogate is ``-A`` with zero clip
 ``V`` is ``log V``.
 """
 
+import math
+
 import attrs
 import torch
-from beartype import beartype
-from jaxtyping import Float, Int, jaxtyped
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from vime_pure.errors import LossConfigError, field_error
 from vime_pure.policy_config import KL_KINDS, KLKind
+from vime_pure.torch_ops.boundary import tensor_boundary
 
 
 
@@ -45,7 +47,7 @@ class PolicyTerms:
     ratio: Float[Tensor, " t"]
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary
 def ppo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t"],
                   advantages: Float[Tensor, " t"], *, eps_clip: float | int = 0.2,
                   eps_clip_high: float | int | None = None, dual_clip: float | int | None = None
@@ -56,24 +58,24 @@ def ppo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, "
     loss is ``-1.2`` and ``clipped = 1``.
     """
     high = eps_clip if eps_clip_high is None else eps_clip_high
-    if eps_clip < 0 or high < 0:
+    if not (_finite(eps_clip) and _finite(high) and eps_clip >= 0 and high >= 0):
         raise field_error(LossConfigError, "eps_clip", (eps_clip, eps_clip_high),
-                          "must be >= 0", "pass e.g. eps_clip=0.2 (eps_clip_high=0.28)")
+                          "must be finite and >= 0", "pass e.g. eps_clip=0.2 (eps_clip_high=0.28)")
     ratio = torch.exp(log_probs - old_log_probs)
     unclipped = -advantages * ratio
     clipped_loss = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + high)
     loss = torch.maximum(unclipped, clipped_loss)
     clipped = (clipped_loss > unclipped).to(log_probs.dtype)
     if dual_clip is not None:
-        if dual_clip <= 1.0:
-            raise field_error(LossConfigError, "dual_clip", dual_clip, "must be > 1",
+        if not (_finite(dual_clip) and dual_clip > 1.0):
+            raise field_error(LossConfigError, "dual_clip", dual_clip, "must be finite and > 1",
                               "pass e.g. dual_clip=3.0, or None to disable")
         capped = torch.minimum(loss, -advantages * dual_clip)
         loss = torch.where(advantages < 0, capped, loss)
     return loss, clipped.detach(), ratio.detach()
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary
 def kl_penalty(log_probs: Float[Tensor, " t"], ref_log_probs: Float[Tensor, " t"],
                kind: KLKind | str = "k3") -> Float[Tensor, " t"]:
     """Per-token KL estimate of the policy from the reference (Schulman's estimators).
@@ -95,21 +97,30 @@ def kl_penalty(log_probs: Float[Tensor, " t"], ref_log_probs: Float[Tensor, " t"
                       f"use one of {KL_KINDS}")
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary
 def entropy_from_logits(logits: Float[Tensor, "t v"]) -> Float[Tensor, " t"]:
     """Per-token entropy of the softmax of ``logits``. Example: uniform over 4 -> log 4."""
     log_p = torch.log_softmax(logits, dim=-1)
     return -(log_p.exp() * log_p).sum(dim=-1)
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary
 def token_log_probs(logits: Float[Tensor, "t v"], targets: Int[Tensor, " t"]
                     ) -> Float[Tensor, " t"]:
-    """Log-probability of each target under its row of logits (logit ``t`` scores token t+1)."""
+    """Log-probability of each target under its row of logits (logit ``t`` scores token t+1).
+
+    A target outside ``[0, V)`` is a ``LossConfigError`` (one host sync), not a gather error.
+    """
+    vocab = logits.shape[-1]
+    if targets.numel() and bool(((targets < 0) | (targets >= vocab)).any()):
+        i = int(torch.nonzero((targets < 0) | (targets >= vocab))[0, 0])
+        raise field_error(LossConfigError, f"targets[{i}]", int(targets[i]),
+                          f"is outside the vocabulary [0, {vocab})",
+                          "pass token ids of the model's vocabulary")
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary
 def tis_weights(old_log_probs: Float[Tensor, " t"], rollout_log_probs: Float[Tensor, " t"], *,
                 cap: float | int = 2.0) -> Float[Tensor, " t"]:
     """Truncated importance weights ``min(exp(old - rollout), cap)``, detached.
@@ -117,12 +128,12 @@ def tis_weights(old_log_probs: Float[Tensor, " t"], rollout_log_probs: Float[Ten
     They correct the trainer/engine mismatch; the rejection alternative is
     ``vime_pure.torch_ops.loss.rejection_mask``. Example: ratio 3.0 with cap 2 -> 2.0.
     """
-    if cap <= 0:
+    if not cap > 0:  # NaN fails too; inf means no truncation
         raise field_error(LossConfigError, "cap", cap, "must be > 0", "pass e.g. cap=2.0")
     return torch.exp(old_log_probs - rollout_log_probs).clamp(max=cap).detach()
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary
 def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t"],
                 advantages: Float[Tensor, " t"], *, entropy: Float[Tensor, " t"] | None = None,
                 ref_log_probs: Float[Tensor, " t"] | None = None, kl_coef: float | int = 0.0,
@@ -134,6 +145,10 @@ def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t
 
     Example: ``r = 1``, ``A = 2``, no KL/entropy terms: ``total = pg = -2`` per token.
     """
+    for name, value in (("kl_coef", kl_coef), ("entropy_coef", entropy_coef)):
+        if not _finite(value):
+            raise field_error(LossConfigError, name, value, "is not finite",
+                              "pass a finite coefficient, 0 to disable the term")
     pg, clipped, ratio = ppo_clip_loss(log_probs, old_log_probs, advantages, eps_clip=eps_clip,
                                        eps_clip_high=eps_clip_high, dual_clip=dual_clip)
     if tis is not None:
@@ -153,3 +168,7 @@ def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t
     total = pg + kl_coef * kl - entropy_coef * ent
     return PolicyTerms(total=total, pg=pg.detach(), kl=kl.detach(), entropy=ent.detach(),
                        clipped=clipped, ratio=ratio)
+
+
+def _finite(value: float | int) -> bool:
+    return math.isfinite(value)
