@@ -228,12 +228,10 @@ def _step_columns(group_ids: Any, mask_sums: Any, step_of_sample: Any
 
 
 def _count(field: str, value: object, fix: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise field_error(LossConfigError, field, value, "must be an integer >= 1", fix)
-    return int(value)
+    return as_int(field, value, 1, LossConfigError, fix)
 
 
-def step_divisor(mode: LossMode | str, num_groups: int, num_samples: int | None = None) -> int:
+def step_divisor(mode: Any, num_groups: Any, num_samples: Any = None) -> int:
     """The step divisor ``C`` of ``mode``: ``G_s``, ``N_s`` or 1 (see :class:`LossMode`).
 
     ``num_groups`` (``G_s``) is validated ``>= 1`` for every mode, never clamped: a step with no
@@ -252,10 +250,9 @@ def step_divisor(mode: LossMode | str, num_groups: int, num_samples: int | None 
                   f"{mode.value} averages over samples: pass the step's sample count N_s")
 
 
-def megatron_loss_scale(mode: LossMode | str, num_microbatches: int, num_groups: int, dp: int,
-                        cp: int, *, num_samples: int | None = None,
-                        path: MegatronPath | str = "pair",
-                        total_num_tokens: int | None = None) -> float:
+def megatron_loss_scale(mode: Any, num_microbatches: Any, num_groups: Any, dp: Any, cp: Any, *,
+                        num_samples: Any = None, path: Any = "pair",
+                        total_num_tokens: Any = None) -> float:
     """Factor ``s`` that the shell multiplies into each micro-batch's partial ``P``.
 
     Goal: the gradient Megatron applies equals ``grad L = (1/C) * sum_{r,k} grad P[r,k]`` over
@@ -281,6 +278,9 @@ def megatron_loss_scale(mode: LossMode | str, num_microbatches: int, num_groups:
     k, dp, cp = (as_int(field, value, 1, LossConfigError, f"pass the trainer's {field}")
                  for field, value in (("num_microbatches", num_microbatches), ("dp", dp),
                                       ("cp", cp)))
+    if not isinstance(path, str):  # `array == "pair"` would compare element-wise
+        raise field_error(LossConfigError, "path", type_tag(path), "is not a Megatron loss path",
+                          f"use one of {MEGATRON_PATHS}")
     if path == "pair":
         return k * dp / divisor
     if path == "triple":

@@ -32,9 +32,6 @@ _INT32_MAX = np.iinfo(np.int32).max
 def batch_columns(output: object, reward_key: str | None,
                   normalization: RewardNormalization) -> dict[str, Any]:
     """Keyword arguments of ``RolloutBatch`` for a validated rollout output."""
-    if not isinstance(normalization, RewardNormalization):
-        raise RolloutValidationError(f"normalization={normalization!r} is not a "
-                                     "RewardNormalization. Fix: pass RewardNormalization(...).")
     flat = flatten_rollout_output(output)
     n = len(flat.samples)
     if n == 0:
@@ -71,8 +68,7 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
     ss = flat.samples
     n = len(ss)
     tokens = [s.tokens for s in ss]
-    bad = next((i for i, t in enumerate(tokens) if type(t) not in _SEQUENCES
-                and not isinstance(t, (list, tuple, np.ndarray))), None)
+    bad = next((i for i, t in enumerate(tokens) if not _flat_sequence(t)), None)
     lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=n) if bad is None else None
     if bad is not None or lengths.min() < 1:
         i = bad if bad is not None else int(np.argmin(lengths))
@@ -88,6 +84,13 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
     masks = [None if s.remove_sample else s.loss_mask for s in ss]
     log_probs = [s.rollout_log_probs for s in ss]
     for name, col in (("loss_mask", [s.loss_mask for s in ss]), ("rollout_log_probs", log_probs)):
+        odd = next((i for i, m in enumerate(col) if m is not None and not _flat_sequence(m)),
+                   None)
+        if odd is not None:  # a str or an int would broadcast or fail inside numpy
+            raise RolloutValidationError(
+                f"{flat.path(odd)}: {name}={col[odd]!r:.60} is a {type(col[odd]).__name__}, "
+                "not a flat list or array. Fix: give one value per response token"
+                + (", or None for all ones." if name == "loss_mask" else ", or None."))
         sizes = np.fromiter((-1 if m is None else len(m) for m in col), dtype=np.int64, count=n)
         wrong = np.flatnonzero((sizes >= 0) & (sizes != resp))
         if wrong.size:
@@ -118,6 +121,15 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
 
 
 _SEQUENCES = (list, tuple, np.ndarray)
+
+
+def _flat_sequence(value: object) -> bool:
+    """A list, tuple or 1-D array (``len`` and concatenation mean one entry per token)."""
+    if type(value) is list or type(value) is tuple:
+        return True
+    if isinstance(value, np.ndarray):
+        return value.ndim == 1
+    return isinstance(value, (list, tuple))
 
 
 def _check_index(index: object, where: str) -> int:
