@@ -24,7 +24,7 @@ def as_lengths(lengths: Any) -> Int64[np.ndarray, " n"]:
             raise field_error(ScheduleError, "lengths.shape", lengths.shape, "is not 1-D",
                               "pass a flat sequence of ints, one token count per sample")
         if lengths.dtype.kind in "iu":
-            return _in_range(lengths)
+            return _bounded(lengths)
         if lengths.dtype.kind != "O":
             first = lengths[:1].tolist()[0] if lengths.size else None
             raise field_error(ScheduleError, "lengths", Shown(f"<{lengths.dtype} array>"),
@@ -42,12 +42,12 @@ def as_lengths(lengths: Any) -> Int64[np.ndarray, " n"]:
                                   f"is a {type(v).__name__}, not an integer", _LENGTH_FIX)
         items = [int(v) for v in items]
     if items and (max(items) > MAX_LENGTH or min(items) < 1):
-        _in_range(np.array([min(max(v, 0), MAX_LENGTH + 1) for v in items], dtype=np.int64),
+        _bounded(np.array([min(max(v, 0), MAX_LENGTH + 1) for v in items], dtype=np.int64),
                   items)
     return np.array(items, dtype=np.int64).reshape(-1)
 
 
-def _in_range(arr: np.ndarray, original: Any = None) -> Int64[np.ndarray, " n"]:
+def _bounded(arr: np.ndarray, original: Any = None) -> Int64[np.ndarray, " n"]:
     """``arr`` as int64 once every entry is in ``[1, MAX_LENGTH]``; errors show the original
     value (a uint64 ``2**64 - 1`` is not reported as the ``-1`` of an int64 cast)."""
     if arr.size:

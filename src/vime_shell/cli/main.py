@@ -12,15 +12,17 @@ from collections.abc import Sequence
 from vime_pure.errors import VimeError
 from vime_shell.cli import schedule as schedule_cmd
 from vime_shell.cli import train as train_cmd
+from vime_shell.cli.parser import VimeArgumentParser, print_error
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vime", description=__doc__.splitlines()[0])
+    """Every parser and subparser refuses flag abbreviations and reports errors in one line
+    (``VimeArgumentParser``; subparsers inherit the class)."""
+    parser = VimeArgumentParser(prog="vime", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser(
         "train", help="run the RL loop (generate, reward, schedule, train, sync)",
-        description=train_cmd.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False)
+        description=train_cmd.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     train_cmd.add_arguments(train)
     train.set_defaults(handler=train_cmd.run)
     schedule_cmd.add_arguments(sub.add_parser(
@@ -29,8 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help="the embedded CPU demo (what `make demo` runs): `vime train` with the "
         "default config and a 96-token micro-batch budget, writing runs/demo/ and its rollout "
-        "dumps runs/demo/rollouts/",
-        allow_abbrev=False)
+        "dumps runs/demo/rollouts/; an earlier demo run there is moved aside first")
     train_cmd.add_arguments(demo)  # same flags, e.g. `vime demo --seed 1`
     demo.set_defaults(handler=_demo)
     return parser
@@ -43,6 +44,10 @@ def _demo(args: argparse.Namespace) -> int:
     run_dir = getattr(args, "run_dir", "runs/demo")
     if getattr(args, "save_rollout_data", None) is None:  # for `vime schedule --input` later
         args.save_rollout_data = f"{run_dir}/rollouts/rollout_{{rollout_id}}.npz"
+    if not hasattr(args, "overwrite_run_dir") and getattr(args, "load", None) is None:
+        # Users rerun the demo: its earlier run (metrics, plots, dumps) is moved aside to
+        # runs/demo/previous-<timestamp>/ and the loop prints where; `vime train` refuses.
+        args.overwrite_run_dir = True
     if not hasattr(args, "max_tokens_per_gpu") and not getattr(args, "config", None):
         # A small token budget packs each step into 7 micro-batches, so the demo exercises
         # packing and the per-group loss: the reward curve equals the 1-micro-batch run's
@@ -60,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except VimeError as exc:
-        print(f"vime {args.command}: error: {exc}", file=sys.stderr)
+        print_error(args.command, str(exc))
         return 2
 
 

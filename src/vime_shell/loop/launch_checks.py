@@ -3,9 +3,10 @@
 ``launch_checks(cfg)`` reads only files and the configuration: the model directory's
 ``config.json`` (without transformers), export paths and sizes, that TP divides the vocabulary,
 the parallel layout for the launched world (``vime_shell.megatron.layout``), the batching
-policy's feasibility (``vime_pure.check_feasible``), and that every plugin path
-(``--rollout-function-path``, ``--custom-rm-path``) names an importable function. A bad run
-then fails with one line in well under a second instead of after the model is built.
+policy's feasibility (``vime_pure.check_feasible``), that every plugin path
+(``--rollout-function-path``, ``--custom-rm-path``) names an importable function, and the
+run's files (``check_run_paths``: run directory, ``--load``, ``--save``, replayed dumps). A bad
+run then fails with one line in well under a second instead of after the model is built.
 
 Example: ``launch_checks(TrainConfig(tensor_model_parallel_size=2))`` on the embedded model
 raises ``ConfigError: tensor_model_parallel_size=2: does not divide the model's
@@ -18,7 +19,10 @@ import attrs
 
 from vime_pure.config import BatchingPolicy, check_feasible
 from vime_pure.errors import field_error
+from vime_shell.loop.checkpoint_index import require_checkpoint
 from vime_shell.loop.config import ConfigError, TrainConfig
+from vime_shell.loop.replay import ReplaySource
+from vime_shell.loop.run_dir import check_run_dir
 from vime_shell.megatron.layout import (TrainLayout, context_parallel_available, resolve_layout,
                                         world_size_from_env)
 from vime_shell.models.embedded import build_embedded
@@ -73,4 +77,24 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
                        ("--custom-rm-path", cfg.custom_rm_path)):
         if path is not None:
             load_callable(path, flag=flag)
+    check_run_paths(cfg)
     return LaunchPlan(hf_dir=hf_dir, layout=layout, policy=policy)
+
+
+def check_run_paths(cfg: TrainConfig) -> None:
+    """The run's files: the run directory (``run_dir.check_run_dir``), the ``--load``
+    checkpoint (it must exist: a mistyped path never starts a new run), ``--save`` and every
+    dump ``--load-rollout-data`` will replay (the first one read and validated)."""
+    check_run_dir(cfg)
+    start = 0
+    if cfg.load is not None:
+        start = int(require_checkpoint(cfg.load).name.split("_")[-1])
+    if cfg.save is not None and Path(cfg.save).expanduser().is_file():
+        raise field_error(ConfigError, "save", cfg.save, "is a file",
+                          "pass a directory for the checkpoints")
+    if cfg.load_rollout_data is not None and start < cfg.num_rollout:
+        source = ReplaySource(template=cfg.load_rollout_data,
+                              fallback=cfg.load_rollout_data_fallback)
+        for rid in range(start, cfg.num_rollout):
+            source.path(rid)  # a missing dump is a ReplayError naming it, now, not mid-run
+        source.load(start)  # DumpFormatError for a damaged or foreign file

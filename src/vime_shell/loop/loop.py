@@ -54,10 +54,12 @@ from vime_pure.policy_config import LossConfig
 from vime_pure.scheduling.schedule import Schedule
 from vime_shell.engines import SamplingParams, select_engine
 from vime_shell.loop import run_checkpoint
+from vime_shell.loop.checkpoint_index import require_checkpoint
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan, launch_checks, model_dir
 from vime_shell.loop.records import rollout_record
 from vime_shell.loop.replay import ReplaySource, save_dump
+from vime_shell.loop.run_dir import move_aside
 from vime_shell.loop.run_log import RunLogger
 from vime_shell.megatron.config import OptimConfig, TrainerConfig
 from vime_shell.megatron.platform import detect_platform
@@ -289,15 +291,14 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
     _quiet_libraries()
     loop = _Loop(cfg, on_rollout, plan)
     start = 0
-    if cfg.load is not None:
-        found = run_checkpoint.latest(cfg.load)
-        if found is None:
-            _say(loop.rank, f"--load {cfg.load}: no checkpoint yet, starting from rollout 0")
-        else:
-            start = run_checkpoint.load(found, loop.trainer, cfg.to_dict()).rollouts_done
-            _say(loop.rank, f"resumed from {found} at rollout {start}")
-            if loop.syncs:
-                loop.sync_weights()  # the engine was built from the HF checkpoint, not this one
+    if cfg.load is not None:  # it must hold a checkpoint: a mistyped path never starts afresh
+        found = require_checkpoint(cfg.load)
+        start = run_checkpoint.load(found, loop.trainer, cfg.to_dict()).rollouts_done
+        _say(loop.rank, f"resumed from {found} at rollout {start}")
+        if loop.syncs:
+            loop.sync_weights()  # the engine was built from the HF checkpoint, not this one
+    elif cfg.overwrite_run_dir and loop.rank == 0 and (moved := move_aside(cfg)) is not None:
+        _say(0, f"moved the earlier run's files in {cfg.run_dir} to {moved}/")
     logger = RunLogger(cfg.run_dir, start=start, total=cfg.num_rollout, enabled=loop.rank == 0,
                        progress=sys.stderr.isatty() if progress is None else progress)
     records = []

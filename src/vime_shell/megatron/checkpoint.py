@@ -53,6 +53,26 @@ def save_checkpoint(trainer, path: str | Path) -> None:
     dist.barrier()
 
 
+class TrainerCheckpointError(VimeError):
+    """A trainer state file that is not a checkpoint this code wrote (foreign, torn, tampered)."""
+
+
+def read_state(file: Path) -> dict:
+    """One rank's state with ``torch.load(weights_only=True)``: tensors and plain containers
+    only, so a planted pickle is refused without running any of its code."""
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # UnpicklingError (code in it), RuntimeError (torn zip), EOFError
+        raise field_error(TrainerCheckpointError, "path", str(file),
+                          f"is not a readable trainer checkpoint ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:120] if str(exc) else ''})",
+                          "restore it from a copy, or resume from another checkpoint") from None
+    if not isinstance(state, dict) or not {"layout", "model", "optimizer"} <= set(state):
+        raise field_error(TrainerCheckpointError, "path", str(file),
+                          "does not hold a trainer state", "point --load at a --save directory")
+    return state
+
+
 @torch.no_grad()  # parameters are restored in place
 def load_checkpoint(trainer, path: str | Path) -> None:
     """Restore what :func:`save_checkpoint` wrote with the same layout (collective)."""
@@ -60,7 +80,7 @@ def load_checkpoint(trainer, path: str | Path) -> None:
     if not file.is_file():
         raise field_error(VimeError, "path", str(path), f"has no {file.name}",
                           "pass a directory written by save_checkpoint with this world size")
-    state = torch.load(file, map_location="cpu", weights_only=True)  # never unpickles code
+    state = read_state(file)
     if state["layout"] != attrs.asdict(trainer.layout):
         raise field_error(VimeError, "layout", state["layout"],
                           f"differs from this run's {attrs.asdict(trainer.layout)}",
