@@ -122,7 +122,7 @@ def test_megatron_scale_docstring_numbers():
     (lambda: sample_denominators("sample_token_sum_norm", [0], [[1]]), "norm"),
     (lambda: sample_denominators("token_mean", [0], [[1]], denominator="kept"), "denominator"),
     (lambda: kl_penalty(torch.zeros(1), torch.zeros(1), "k7"), "kind"),
-    (lambda: rejection_mask(torch.zeros(1), torch.ones(1), low=2.0, high=0.5), "low/high"),
+    (lambda: rejection_mask(torch.zeros(1), torch.ones(1), low=2.0, high=0.5), "high"),
     (lambda: ppo_clip_loss(torch.zeros(1), torch.zeros(1), torch.ones(1), dual_clip=0.5),
      "dual_clip"),
 ])

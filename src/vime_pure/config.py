@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 import attrs
 import numpy as np
 
-from vime_pure.errors import ScheduleError, VimeError, field_error
+from vime_pure.errors import ScheduleError, VimeError, field_error, one_line
 
 # The one definition of each choice list: CLIs, config files and checks all read these.
 Packing = Literal["ffd", "first_fit", "flops"]
@@ -225,11 +225,10 @@ def static_misalignment_message(count: int, policy: BatchingPolicy, layout: Para
     )
 
 
-def policy_from_flags(*, global_batch_size: int, max_tokens_per_gpu: int | None = None,
-                      micro_batch_size: int | None = None, packing: str | None = None,
-                      balance: str | None = None, balance_data: bool = False,
-                      balance_by_flops: bool = False,
-                      allow_partial_train_step: bool = False) -> BatchingPolicy:
+def policy_from_flags(*, global_batch_size: Any, max_tokens_per_gpu: Any = None,
+                      micro_batch_size: Any = None, packing: Any = None, balance: Any = None,
+                      balance_data: Any = False, balance_by_flops: Any = False,
+                      allow_partial_train_step: Any = False) -> BatchingPolicy:
     """The one ``BatchingPolicy`` builder behind ``vime train``, ``vime schedule`` and config
     files, from flags named as in slime. Each flag means the same thing everywhere:
 
@@ -243,11 +242,12 @@ def policy_from_flags(*, global_batch_size: int, max_tokens_per_gpu: int | None 
 
     Example: ``policy_from_flags(global_batch_size=64, max_tokens_per_gpu=8192,
     balance_by_flops=True)`` is ``BatchingPolicy(64, 8192, packing="ffd", balance="flops")``.
+    Flags are typed loosely (a user boundary): each is checked with a ``ScheduleError``.
     """
     if max_tokens_per_gpu is not None and micro_batch_size is not None:
         raise ScheduleError(
-            f"micro_batch_size={micro_batch_size!r} and max_tokens_per_gpu="
-            f"{max_tokens_per_gpu!r} are both set, but dynamic packing (max_tokens_per_gpu) "
+            f"micro_batch_size={one_line(repr(micro_batch_size))} and max_tokens_per_gpu="
+            f"{one_line(repr(max_tokens_per_gpu))} are both set, but dynamic packing (max_tokens_per_gpu) "
             "ignores micro_batch_size. Fix: drop --micro-batch-size to pack by tokens, or pass "
             "--max-tokens-per-gpu none for static micro-batches of micro_batch_size samples.")
     by_flops = as_bool("balance_by_flops", balance_by_flops, ScheduleError)

@@ -17,6 +17,7 @@ with ``[1, 0, 0, 1]``: ``group_mask_sums(["a", "a", "b"], masks) == [4, 4, 2]``.
 """
 
 import enum
+import math
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -176,6 +177,8 @@ def step_denominators(mode: Any, group_ids: Any, mask_sums: Any, step_of_sample:
     """
     mode = LossMode.parse(mode)
     group_ids, mask_sums, step_of_sample = _step_columns(group_ids, mask_sums, step_of_sample)
+    if norm is not None or mode is LossMode.SAMPLE_TOKEN_SUM_NORM:
+        norm = _norm(norm)  # checked even when unused: a junk norm is a bug upstream
     trained = step_of_sample >= 0
     if mode is LossMode.GROUP_TOKEN_MEAN:
         dens = group_totals(group_ids, mask_sums)
@@ -185,13 +188,19 @@ def step_denominators(mode: Any, group_ids: Any, mask_sums: Any, step_of_sample:
         steps = np.where(trained, step_of_sample, 0)
         dens = np.bincount(steps, weights=np.where(trained, mask_sums, 0.0))[steps]
     else:
-        if isinstance(norm, (bool, np.bool_)) or not isinstance(norm, (int, float, np.number)) \
-                or isinstance(norm, np.complexfloating) or not np.isfinite(norm) or norm <= 0:
-            raise field_error(LossConfigError, "norm", norm,
-                              "must be a positive constant for sample_token_sum_norm",
-                              "pass the max response length of the run, e.g. norm=4096")
-        dens = np.full(len(mask_sums), float(norm), dtype=np.float64)
+        dens = np.full(len(mask_sums), norm, dtype=np.float64)
     return np.where(trained, dens, np.nan)
+
+
+def _norm(norm: Any) -> float:
+    """``sample_token_sum_norm``'s constant: a finite number > 0."""
+    ok = not isinstance(norm, (bool, np.bool_, np.complexfloating)) and isinstance(
+        norm, (int, float, np.number)) and 0 < norm < math.inf
+    if not ok:
+        raise field_error(LossConfigError, "norm", norm,
+                          "must be a positive constant (sample_token_sum_norm's divisor)",
+                          "pass the max response length of the run, e.g. norm=4096, or None")
+    return float(norm)
 
 
 def _step_columns(group_ids: Any, mask_sums: Any, step_of_sample: Any

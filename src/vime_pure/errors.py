@@ -8,7 +8,14 @@ import re
 
 
 class VimeError(ValueError):
-    """Base class of every error vime raises for bad input or an infeasible configuration."""
+    """Base class of every error vime raises for bad input or an infeasible configuration.
+
+    The message is one line whatever values it quotes (an array's repr spans lines): the CLI
+    prints it as the single line of a failed command.
+    """
+
+    def __init__(self, message: str = "", *args: object) -> None:
+        super().__init__(re.sub(r"\s*\n\s*", " ", str(message)), *args)
 
 
 class ScheduleError(VimeError):
@@ -16,8 +23,17 @@ class ScheduleError(VimeError):
 
 
 def field_error(cls: type[VimeError], field: str, value: object, problem: str, fix: str) -> VimeError:
-    """Build ``cls`` with the house format: ``field=value: problem. Fix: fix.``"""
-    return cls(f"{field}={value!r}: {problem}. Fix: {fix}.")
+    """Build ``cls`` with the house format: ``field=value: problem. Fix: fix.``
+
+    The value is shown on one line, at most 120 characters (an array's repr spans lines).
+    """
+    return cls(f"{field}={one_line(repr(value))}: {problem}. Fix: {fix}.")
+
+
+def one_line(text: str, limit: int = 120) -> str:
+    """``text`` without line breaks, cut to ``limit`` characters."""
+    flat = re.sub(r"\s*\n\s*", " ", text)
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
 class Shown(str):

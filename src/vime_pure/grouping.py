@@ -86,7 +86,7 @@ def plain_key(value: object) -> int | str | None:
 
 
 def group_keys(group_ids: object, error: type[VimeError] = ScheduleError,
-               field: str = "group_ids") -> tuple[np.ndarray | list, bool]:
+               field: str = "group_ids") -> tuple[np.ndarray | list | tuple, bool]:
     """Validated ids: an integer array, or a list of ``int | str | None``; and whether a None
     occurs. Example: ``group_keys([np.int64(1), "a"]) == ([1, "a"], False)``; ``[1, True]``
     raises ``error`` naming ``group_ids[1]``."""
@@ -121,7 +121,7 @@ def group_keys(group_ids: object, error: type[VimeError] = ScheduleError,
     return out, any(v is None for v in out)
 
 
-def _dense_numpy(keys: np.ndarray | list) -> tuple[np.ndarray, list[int]] | None:
+def _dense_numpy(keys: np.ndarray | list | tuple) -> tuple[np.ndarray, list[int]] | None:
     """Dense ids and first-occurrence positions via one sort, or None if not applicable."""
     if isinstance(keys, np.ndarray):
         arr = keys

@@ -193,7 +193,7 @@ def check_batch(b: RolloutBatch) -> None:
     first_bad(b.sample_indices < -1, "sample_indices", b.sample_indices, "-1 means unknown")
 
 
-def _check_dense(name: str, ids: np.ndarray, values: tuple[Hashable, ...]) -> None:
+def _check_dense(name: str, ids: np.ndarray, values: Any) -> None:
     if not isinstance(values, tuple):
         raise RolloutBatchError(f"{name} original values are a {type(values).__name__}. Fix: "
                                 "pass a tuple of the distinct int/str ids.")

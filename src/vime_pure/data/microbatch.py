@@ -149,6 +149,9 @@ def rank_batch(batch: Any, schedule: Any, *, dp_rank: Any,
     mode = LossMode.parse(loss_mode)
     dp_rank = _rank("dp_rank", dp_rank, schedule.layout.dp)
     cp_size = as_int("cp_size", cp_size, 1, RolloutBatchError, "pass the context-parallel size")
+    if cp_size > MAX_CP:  # each sample is padded to a multiple of 2 * cp_size (int64 math)
+        raise field_error(RolloutBatchError, "cp_size", cp_size, f"exceeds {MAX_CP}",
+                          "pass the context-parallel size of the trainer")
     cp_rank = _rank("cp_rank", cp_rank, cp_size)
     dens = step_denominators(mode, batch.group_ids,
                              row_sums(batch.loss_masks, batch.response_offsets).astype(np.float64),
@@ -267,6 +270,7 @@ MICROBATCH_COLUMNS: dict[str, np.dtype] = {
     "denominators": np.dtype(np.float64),
     **dict.fromkeys(("loss_mask", "advantages", *LOG_PROB_COLUMNS), np.dtype(np.float32)),
 }
+MAX_CP = 2**16  # context-parallel ranks; a larger cp_size is a bug, not a layout
 _RECORD_FIX = "build records with rank_batch(batch, schedule_for(batch, layout, policy), ...)"
 
 

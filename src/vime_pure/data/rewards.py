@@ -135,6 +135,12 @@ def normalize_rewards(rewards: Any, group_ids: Any, prompt_groups: Any,
         raise RewardError(f"{where(i)} shares a rollout group with {where(int(first[groups[i]]))} "
                           "but answers another prompt. "
                           "Fix: give each rollout execution a unique group_id.")
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked below, by name
+        return _advantages(r, groups, prompt_of_group, per_group, config)
+
+
+def _advantages(r: np.ndarray, groups: np.ndarray, prompt_of_group: np.ndarray,
+                per_group: np.ndarray, config: RewardNormalization) -> Float64[np.ndarray, " n"]:
     counts = np.bincount(prompt_of_group).astype(np.float64)
     mean = np.bincount(prompt_of_group, weights=per_group) / counts
     centred = per_group - mean[prompt_of_group]

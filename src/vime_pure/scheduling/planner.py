@@ -51,7 +51,7 @@ def build_schedule(lengths: Any, group_ids: Any, layout: Any, policy: Any,
 
 
 def plan_grouped(lengths: Sequence[Any] | np.ndarray, grouping: Grouping, layout: Any,
-                 policy: Any, flops: Sequence[Any] | np.ndarray | None = None) -> Schedule:
+                 policy: Any, flops: Any = None) -> Schedule:
     """``build_schedule`` for samples already grouped (``schedule_for`` passes a batch's
     dense ids, so they are not numbered twice)."""
     check_feasible(layout, policy)  # checks their types first

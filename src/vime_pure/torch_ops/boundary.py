@@ -10,13 +10,14 @@ microbatch_loss: loss_mask=f32[2](torch): is not a Float[Tensor, 't'] (axes: t=3
 """
 
 import functools
+import math
 from collections.abc import Callable
 from typing import TypeVar
 
 from beartype import beartype
 from jaxtyping import TypeCheckError, jaxtyped
 
-from vime_pure.errors import LossConfigError, VimeError, type_check_error
+from vime_pure.errors import LossConfigError, VimeError, field_error, type_check_error
 
 F = TypeVar("F", bound=Callable)
 FIX = ("pass torch tensors of the annotated dtypes (float values, integer indices), with "
@@ -40,3 +41,22 @@ def tensor_boundary(fn: F | None = None, *, error: type[VimeError] = LossConfigE
             raise type_check_error(error, fn.__name__, exc, FIX) from None
 
     return call
+
+
+def knob(field: str, value: float | int, lo: float | int, hi: float | int, fix: str, *,
+         lo_open: bool = False) -> float:
+    """A scalar setting as a float in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``): NaN, an int
+    too large for a float, or a value outside the range is a ``LossConfigError`` (a Python int
+    of 2**70 would otherwise overflow inside torch with a bare ``OverflowError``).
+
+    Example: ``knob("cap", 2, 0, math.inf, "...", lo_open=True) == 2.0``.
+    """
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.nan
+    inside = (lo < number if lo_open else lo <= number) and number <= hi  # NaN fails both
+    if not inside:
+        band = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+        raise field_error(LossConfigError, field, value, f"is not in {band}", fix)
+    return number

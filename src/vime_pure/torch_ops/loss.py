@@ -28,12 +28,14 @@ Example (``group_token_mean``): R0 = 3 samples x 3 tokens, R1 = 1 sample x 3 tok
 and ``L = 16 / 2 = 8.0``.
 """
 
+import math
+
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from vime_pure.errors import LossConfigError, field_error
-from vime_pure.torch_ops.boundary import tensor_boundary
+from vime_pure.torch_ops.boundary import knob, tensor_boundary
 
 __all__ = ["check_mask", "microbatch_loss", "rejection_mask", "sample_index_from_lengths"]
 
@@ -139,17 +141,16 @@ def rejection_mask(log_ratio: Float[Tensor, " t"], loss_mask: Float[Tensor, " t"
     denominator (``sample_denominators``) can be computed before micro-batching; then slice.
     Example: ``log_ratio = log([1.0, 3.0, 0.5])``, mask ones, band ``[0.6, 2]`` -> ``[1, 0, 0]``.
     """
-    if not 0 <= low <= high:
-        raise field_error(LossConfigError, "low/high", (low, high),
-                          "is not a band 0 <= low <= high", "pass e.g. low=0.5, high=2.0")
+    low = knob("low", low, 0, math.inf, "pass e.g. low=0.5, high=2.0")
+    high = knob("high", high, low, math.inf, "pass e.g. low=0.5, high=2.0 (low <= high)")
     check_mask(loss_mask)
     if sample_index is not None and sample_index.numel() and bool((sample_index < 0).any()):
         i = int(torch.nonzero(sample_index < 0)[0, 0])
         raise field_error(LossConfigError, f"sample_index[{i}]", int(sample_index[i]),
                           "is negative", "pass each token's sample position (>= 0)")
     # Compare in log space (float64): ratios themselves can overflow for large log gaps.
-    lo = torch.log(torch.tensor(float(low), dtype=torch.float64))
-    hi = torch.log(torch.tensor(float(high), dtype=torch.float64))
+    lo = torch.log(torch.tensor(low, dtype=torch.float64))
+    hi = torch.log(torch.tensor(high, dtype=torch.float64))
     ratio = log_ratio.detach().to(torch.float64)
     if sample_index is None:
         keep = (ratio >= lo) & (ratio <= hi)

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from vime_pure.errors import LossConfigError, field_error
 from vime_pure.policy_config import KL_KINDS, KLKind
-from vime_pure.torch_ops.boundary import tensor_boundary
+from vime_pure.torch_ops.boundary import knob, tensor_boundary
 
 
 
@@ -57,19 +57,18 @@ def ppo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, "
     Example: ``logp - old = log(1.5)``, ``A = 1``, eps 0.2: ratio 1.5 is clipped to 1.2, so the
     loss is ``-1.2`` and ``clipped = 1``.
     """
-    high = eps_clip if eps_clip_high is None else eps_clip_high
-    if not (_finite(eps_clip) and _finite(high) and eps_clip >= 0 and high >= 0):
-        raise field_error(LossConfigError, "eps_clip", (eps_clip, eps_clip_high),
-                          "must be finite and >= 0", "pass e.g. eps_clip=0.2 (eps_clip_high=0.28)")
+    # The bounds of LossConfig: the clip band [1 - eps, 1 + high] is a band of ratios.
+    eps_clip = knob("eps_clip", eps_clip, 0, 1, "pass e.g. eps_clip=0.2")
+    high = eps_clip if eps_clip_high is None else knob(
+        "eps_clip_high", eps_clip_high, 0, 10, "pass e.g. eps_clip_high=0.28, or None")
     ratio = torch.exp(log_probs - old_log_probs)
     unclipped = -advantages * ratio
     clipped_loss = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + high)
     loss = torch.maximum(unclipped, clipped_loss)
     clipped = (clipped_loss > unclipped).to(log_probs.dtype)
     if dual_clip is not None:
-        if not (_finite(dual_clip) and dual_clip > 1.0):
-            raise field_error(LossConfigError, "dual_clip", dual_clip, "must be finite and > 1",
-                              "pass e.g. dual_clip=3.0, or None to disable")
+        dual_clip = knob("dual_clip", dual_clip, 1, 1e9, "pass e.g. dual_clip=3.0, or None to "
+                         "disable", lo_open=True)
         capped = torch.minimum(loss, -advantages * dual_clip)
         loss = torch.where(advantages < 0, capped, loss)
     return loss, clipped.detach(), ratio.detach()
@@ -128,8 +127,7 @@ def tis_weights(old_log_probs: Float[Tensor, " t"], rollout_log_probs: Float[Ten
     They correct the trainer/engine mismatch; the rejection alternative is
     ``vime_pure.torch_ops.loss.rejection_mask``. Example: ratio 3.0 with cap 2 -> 2.0.
     """
-    if not cap > 0:  # NaN fails too; inf means no truncation
-        raise field_error(LossConfigError, "cap", cap, "must be > 0", "pass e.g. cap=2.0")
+    cap = knob("cap", cap, 0, math.inf, "pass e.g. cap=2.0 (inf: no truncation)", lo_open=True)
     return torch.exp(old_log_probs - rollout_log_probs).clamp(max=cap).detach()
 
 
@@ -145,10 +143,10 @@ def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t
 
     Example: ``r = 1``, ``A = 2``, no KL/entropy terms: ``total = pg = -2`` per token.
     """
-    for name, value in (("kl_coef", kl_coef), ("entropy_coef", entropy_coef)):
-        if not _finite(value):
-            raise field_error(LossConfigError, name, value, "is not finite",
-                              "pass a finite coefficient, 0 to disable the term")
+    kl_coef, entropy_coef = (knob(name, value, -1e6, 1e6, "pass a finite coefficient, 0 to "
+                                  "disable the term")
+                             for name, value in (("kl_coef", kl_coef),
+                                                 ("entropy_coef", entropy_coef)))
     pg, clipped, ratio = ppo_clip_loss(log_probs, old_log_probs, advantages, eps_clip=eps_clip,
                                        eps_clip_high=eps_clip_high, dual_clip=dual_clip)
     if tis is not None:
@@ -168,7 +166,3 @@ def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t
     total = pg + kl_coef * kl - entropy_coef * ent
     return PolicyTerms(total=total, pg=pg.detach(), kl=kl.detach(), entropy=ent.detach(),
                        clipped=clipped, ratio=ratio)
-
-
-def _finite(value: float | int) -> bool:
-    return math.isfinite(value)
