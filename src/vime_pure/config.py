@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 import attrs
 import numpy as np
 
-from vime_pure.errors import ScheduleError, VimeError, field_error, one_line
+from vime_pure.errors import ScheduleError, VimeError, field_error, one_line, type_tag
 
 # The one definition of each choice list: CLIs, config files and checks all read these.
 Packing = Literal["ffd", "first_fit", "flops"]
@@ -181,10 +181,10 @@ def check_feasible(layout: Any, policy: Any) -> None:
     require ``global_batch_size >= align_multiple`` (each group yields at least one sample).
     """
     if not isinstance(layout, ParallelLayout):
-        raise field_error(ScheduleError, "layout", f"<{type(layout).__name__}>",
+        raise field_error(ScheduleError, "layout", type_tag(layout),
                           "is not a ParallelLayout", "pass ParallelLayout(dp=...)")
     if not isinstance(policy, BatchingPolicy):
-        raise field_error(ScheduleError, "policy", f"<{type(policy).__name__}>",
+        raise field_error(ScheduleError, "policy", type_tag(policy),
                           "is not a BatchingPolicy", "pass BatchingPolicy(global_batch_size=...)")
     multiple = layout.align_multiple
     if policy.dynamic:

@@ -157,6 +157,12 @@ def reduce_metrics(per_rank: Any) -> dict[str, Metric]:
     boundary; a plain float instead of a ``Metric`` is a ``MetricError`` naming it).
     """
     _check_same_keys(per_rank)
+    for rank, d in enumerate(per_rank):
+        odd = next((k for k, m in d.items() if not isinstance(m, Metric)), None)
+        if odd is not None:
+            raise field_error(MetricError, f"per_rank[{rank}][{odd!r}]", type_tag(d[odd]),
+                              "is not a Metric", "wrap the value as Metric(sum, count), e.g. "
+                              "Metric.of(values)")
     return {k: merge_metrics([d[k] for d in per_rank], k) for k in sorted(per_rank[0])}
 
 

@@ -5,7 +5,7 @@ reduces: aggregation belongs to ``vime_pure.torch_ops.loss.microbatch_loss`` wit
 denominators, so a loss computed here stays invariant to how a step is split. GRPO is the same
 surrogate fed with group-normalised advantages.
 
-Formulas (``r = exp(logp - old_logp)``, advantage ``A``):
+Formulas (``r = exp(clamp(logp - old_logp, -20, 20))``, advantage ``A``):
   * surrogate ``pg = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))``; with dual clip
     ``c > 1`` and ``A < 0`` it is further capped at ``-A * c``;
   * ``k1 = logp - ref_logp``; ``k2 = k1**2 / 2``;
@@ -29,6 +29,9 @@ from vime_pure.errors import LossConfigError, field_error
 from vime_pure.policy_config import KL_KINDS, KLKind
 from vime_pure.torch_ops.boundary import knob, tensor_boundary
 
+
+
+LOG_RATIO_LIMIT = 20.0
 
 
 @attrs.frozen
@@ -61,7 +64,9 @@ def ppo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, "
     eps_clip = knob("eps_clip", eps_clip, 0, 1, "pass e.g. eps_clip=0.2")
     high = eps_clip if eps_clip_high is None else knob(
         "eps_clip_high", eps_clip_high, 0, 10, "pass e.g. eps_clip_high=0.28, or None")
-    ratio = torch.exp(log_probs - old_log_probs)
+    # The log-ratio is clamped to [-20, 20] (as verl does): exp(89) overflows float32 to inf,
+    # and inf * (A = 0) is a NaN. A ratio past e**20 is far outside any clip band anyway.
+    ratio = torch.exp((log_probs - old_log_probs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     unclipped = -advantages * ratio
     clipped_loss = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + high)
     loss = torch.maximum(unclipped, clipped_loss)
