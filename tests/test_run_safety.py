@@ -35,7 +35,7 @@ def _metrics(run_dir, n: int) -> None:
 def test_new_run_refuses_a_run_dir_with_metrics(tmp_path):
     run = tmp_path / "r1"
     _metrics(run, 3)
-    with pytest.raises(RunDirError, match="holds metrics.jsonl with 3 records.*--overwrite-run-dir"):
+    with pytest.raises(RunDirError, match="with 3 records.*--overwrite-run-dir"):
         check_run_paths(TrainConfig(run_dir=str(run)))
     with pytest.raises(RunDirError, match="holds metrics.jsonl with 3 records"):
         RunLogger(run, start=0, total=1, enabled=True, progress=False)  # never emptied

@@ -247,7 +247,8 @@ def policy_from_flags(*, global_batch_size: Any, max_tokens_per_gpu: Any = None,
     if max_tokens_per_gpu is not None and micro_batch_size is not None:
         raise ScheduleError(
             f"micro_batch_size={one_line(repr(micro_batch_size))} and max_tokens_per_gpu="
-            f"{one_line(repr(max_tokens_per_gpu))} are both set, but dynamic packing (max_tokens_per_gpu) "
+            f"{one_line(repr(max_tokens_per_gpu))} are both set, but dynamic packing "
+            "(max_tokens_per_gpu) "
             "ignores micro_batch_size. Fix: drop --micro-batch-size to pack by tokens, or pass "
             "--max-tokens-per-gpu none for static micro-batches of micro_batch_size samples.")
     by_flops = as_bool("balance_by_flops", balance_by_flops, ScheduleError)

@@ -123,7 +123,8 @@ def test_megatron_loss_scale(kwargs):
         assert isinstance(scale, float) and math.isfinite(scale) and scale >= 0
 
 
-@given(one_bad({"eps_clip": good_reals(0.01, 0.99), "eps_clip_high": st.none() | good_reals(0.01, 5),
+@given(one_bad({"eps_clip": good_reals(0.01, 0.99),
+                "eps_clip_high": st.none() | good_reals(0.01, 5),
                 "dual_clip": st.none() | good_reals(1.1, 10), "kl_coef": good_reals(0, 1),
                 "kl_kind": st.sampled_from(["k1", "k2", "k3", "low_var_kl"]),
                 "entropy_coef": good_reals(0, 1), "use_tis": st.booleans(),

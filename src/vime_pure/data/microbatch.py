@@ -192,9 +192,13 @@ def with_log_probs(rank: Any, *, old_log_probs: Any = None, ref_log_probs: Any =
                               Shown(f"<{arr.dtype}{list(arr.shape)}>"),
                               f"is not a float array of the batch's {rank.num_response_tokens} "
                               "response tokens", "pass log-probs in batch coordinates")
-        if not all_finite(arr):  # a NaN log-prob would train as NaN: name it here
-            first_bad(~np.isfinite(arr), name, arr, "is finite", "find the NaN upstream")
-        columns[name] = arr
+        columns[name] = arr  # NaN where another rank scores the token: only ours must be finite
+    for mb in rank.microbatches:
+        for name, values in columns.items():
+            mine = values[mb.response_index]
+            if not all_finite(mine):
+                first_bad(~np.isfinite(mine), f"{name}[response_index]", mine, "is finite",
+                          "fill every token this rank scores (the trainer's log-prob pass)")
     steps = tuple(attrs.evolve(step, microbatches=tuple(
         attrs.evolve(mb, **{name: values[mb.response_index].astype(np.float32, copy=False)
                             for name, values in columns.items()})

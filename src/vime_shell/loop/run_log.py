@@ -4,8 +4,9 @@ Only global rank 0 writes. ``<run_dir>/metrics.jsonl`` holds one JSON object per
 rollout order, flushed as soon as the rollout ends (``REQUIRED_KEYS`` are always present). On a
 resumed run the lines of rollouts at or after the resume point (and a torn last line, with a
 warning) are dropped first, so the file never holds a rollout twice; a new run never empties an
-earlier run's file (:mod:`vime_shell.loop.run_dir` moves it aside or refuses). TensorBoard scalars go to ``<run_dir>/tb`` when the
-``tensorboard`` package is installed (silently skipped otherwise). At the end,
+earlier run's file (:mod:`vime_shell.loop.run_dir` moves it aside or refuses). TensorBoard
+scalars go to ``<run_dir>/tb`` when the ``tensorboard`` package is installed (silently skipped
+otherwise). At the end,
 ``curves.png`` (reward, loss, entropy and gradient norm per rollout; on-policy GRPO's loss
 is ~0 by construction, entropy and gradient norm show the learning) and ``schedule.png``
 (per-rank micro-batch token loads of the last rollout's first step) are drawn with
