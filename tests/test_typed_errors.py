@@ -21,7 +21,7 @@ def test_plain_dicts_and_strings_are_not_metrics():
         reduce_metrics([{"loss": 0.5}])
     with pytest.raises(MetricError, match=r"per_rank=<dict>: is not a non-empty list"):
         reduce_metrics({"loss": Metric(1.0, 1.0)})
-    with pytest.raises(MetricError, match=r"sum='1.5': is not a number"):
+    with pytest.raises(MetricError, match=r"sum='1.5': is not a real number"):
         Metric("1.5", 1)
     with pytest.raises(MetricError, match=r"values\[0\]\['loss'\]=nan: is NaN"):
         reduce_train_step([{"loss": float("nan")}], 1, "group_token_mean")

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import attrs
+import numpy as np
 
 from vime_pure.config import as_int
 from vime_pure.denominators import step_divisor
@@ -39,8 +40,8 @@ def as_real(field: str, value: object, error: type[VimeError] = MetricError) -> 
 
     Example: ``as_real("sum", np.float32(1.5)) == 1.5``; ``as_real("sum", "1.5")`` raises.
     """
-    if value is None or isinstance(value, (str, bytes)):
-        raise field_error(error, field, value, "is not a number", "pass a float")
+    if value is None or isinstance(value, (str, bytes, complex, np.complexfloating)):
+        raise field_error(error, field, value, "is not a real number", "pass a float")
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError):

@@ -241,7 +241,7 @@ def test_tis_weights(tensors, cap):
     w = outcome("tis_weights", tis_weights, *tensors, cap=cap)
     if w is not REJECTED and all(bool(torch.isfinite(t).all()) for t in tensors):
         no_nan(w)
-        assert bool((w >= 0).all()) and bool((w <= cap).all())
+        assert bool((w >= 0).all()) and bool((w <= float(cap)).all())
 
 
 @given(token_tensors(5), one_bad({"kl_coef": good_reals(0, 1), "entropy_coef": good_reals(0, 1),

@@ -27,6 +27,7 @@ from vime_pure.data.sample import STATUSES, as_status
 
 _STATUS_CODE: dict[Any, int] = {s: k for k, s in enumerate(STATUSES)}  # str values hash alike
 _INT32_MAX = np.iinfo(np.int32).max
+_INT64_END = 2**63
 
 
 def batch_columns(output: object, reward_key: str | None,
@@ -76,8 +77,12 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
                                      "non-empty list of token ids. Fix: set prompt + "
                                      "response token ids.")
     resp_raw = [s.response_length for s in ss]
-    resp = (np.fromiter(resp_raw, dtype=np.int64, count=n)
-            if all(type(r) is int for r in resp_raw) else None)
+    resp = None
+    if all(type(r) is int for r in resp_raw):
+        try:
+            resp = np.fromiter(resp_raw, dtype=np.int64, count=n)
+        except OverflowError:  # beyond int64: the per-sample check below names it
+            resp = None
     if resp is None or ((resp < 0) | (resp > lengths)).any():  # numpy ints, or an error
         resp = np.fromiter((check_response_length(s, flat.path(i)) for i, s in enumerate(ss)),
                            dtype=np.int64, count=n)
@@ -113,7 +118,7 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
     if odd is not None:
         raise RolloutValidationError(f"{flat.path(odd)}: remove_sample={removed[odd]!r} is not "
                                      "a bool. Fix: set True or False.")
-    indices = [-1 if (k := s.index) is None else k if type(k) is int and k >= 0
+    indices = [-1 if (k := s.index) is None else k if type(k) is int and 0 <= k < _INT64_END
                else _check_index(k, flat.path(i)) for i, s in enumerate(ss)]
     return dict(tokens=tokens, lengths=lengths, response_lengths=resp, masks=masks,
                 log_probs=log_probs, rewards=rewards, statuses=statuses, removed=removed,
@@ -133,9 +138,9 @@ def _flat_sequence(value: object) -> bool:
 
 
 def _check_index(index: object, where: str) -> int:
-    if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)) or (
-            index < 0):
-        raise RolloutValidationError(f"{where}: index={index!r} is not a non-negative int. "
+    if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)) or not (
+            0 <= index < _INT64_END):
+        raise RolloutValidationError(f"{where}: index={index!r} is not a non-negative int64. "
                                      "Fix: set an int index or None.")
     return int(index)
 

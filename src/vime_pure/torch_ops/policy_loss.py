@@ -133,6 +133,8 @@ def tis_weights(old_log_probs: Float[Tensor, " t"], rollout_log_probs: Float[Ten
     ``vime_pure.torch_ops.loss.rejection_mask``. Example: ratio 3.0 with cap 2 -> 2.0.
     """
     cap = knob("cap", cap, 0, math.inf, "pass e.g. cap=2.0 (inf: no truncation)", lo_open=True)
+    # A cap past the dtype's largest value truncates nothing (and torch refuses to convert it).
+    cap = min(cap, torch.finfo(old_log_probs.dtype).max)
     return torch.exp(old_log_probs - rollout_log_probs).clamp(max=cap).detach()
 
 
