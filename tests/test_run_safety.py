@@ -100,6 +100,17 @@ def test_resume_drops_a_torn_last_line_with_a_warning(tmp_path, caplog):
         read_metrics(tmp_path)  # a bad line before the last is corruption, not a torn write
 
 
+def test_output_paths_are_checked_at_launch(tmp_path):
+    (tmp_path / "file").write_text("")
+    for field in ("run_dir", "save", "save_hf"):
+        with pytest.raises(ConfigError, match=f"{field}=.*runs through the file"):
+            check_run_paths(TrainConfig(**{"run_dir": str(tmp_path / "r"),
+                                           field: str(tmp_path / "file" / "sub")}))
+    with pytest.raises(ConfigError, match="save_rollout_data=.*runs through the file"):
+        check_run_paths(TrainConfig(run_dir=str(tmp_path / "r"),
+                                    save_rollout_data=f"{tmp_path}/file/r{{rollout_id}}.npz"))
+
+
 def test_load_must_name_a_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist.*--save only"):
         check_run_paths(TrainConfig(run_dir=str(tmp_path / "r"), load=str(tmp_path / "typo")))

@@ -13,6 +13,7 @@ raises ``ConfigError: tensor_model_parallel_size=2: does not divide the model's
 vocab_size=19 ...``.
 """
 
+import os
 from pathlib import Path
 
 import attrs
@@ -82,19 +83,36 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
 
 
 def check_run_paths(cfg: TrainConfig) -> None:
-    """The run's files: the run directory (``run_dir.check_run_dir``), the ``--load``
-    checkpoint (it must exist: a mistyped path never starts a new run), ``--save`` and every
-    dump ``--load-rollout-data`` will replay (the first one read and validated)."""
+    """The run's files: the run directory (``run_dir.check_run_dir``), output directories that
+    can be created, the ``--load`` checkpoint (it must exist: a mistyped path never starts a
+    new run) and every dump ``--load-rollout-data`` will replay (the first one read and
+    validated)."""
     check_run_dir(cfg)
+    outputs = (("run_dir", cfg.run_dir), ("save", cfg.save), ("save_hf", cfg.save_hf),
+               ("save_rollout_data", cfg.save_rollout_data and str(
+                   Path(cfg.save_rollout_data).parent)))
+    for field, path in outputs:
+        if path is not None:
+            _check_writable(field, Path(path).expanduser())
     start = 0
     if cfg.load is not None:
         start = int(require_checkpoint(cfg.load).name.split("_")[-1])
-    if cfg.save is not None and Path(cfg.save).expanduser().is_file():
-        raise field_error(ConfigError, "save", cfg.save, "is a file",
-                          "pass a directory for the checkpoints")
     if cfg.load_rollout_data is not None and start < cfg.num_rollout:
         source = ReplaySource(template=cfg.load_rollout_data,
                               fallback=cfg.load_rollout_data_fallback)
         for rid in range(start, cfg.num_rollout):
             source.path(rid)  # a missing dump is a ReplayError naming it, now, not mid-run
         source.load(start)  # DumpFormatError for a damaged or foreign file
+
+
+def _check_writable(field: str, path: Path) -> None:
+    """An output directory can be created where it is asked for: its nearest existing ancestor
+    is a writable directory (a typo that runs through a file, or a read-only mount, fails now,
+    not at the first checkpoint)."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise field_error(ConfigError, field, str(path), f"runs through the file {existing}",
+                          "pass a directory path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise field_error(ConfigError, field, str(path), f"is under {existing}, which is not "
+                          "writable", "pass a directory you can write to")
