@@ -59,9 +59,10 @@ def test_demo_is_train_with_the_default_config(monkeypatch):
     assert main(["demo", "--num-rollout", "5"]) == 0
     dumps = "runs/demo/rollouts/rollout_{rollout_id}.npz"
     assert main(["demo", "--max-tokens-per-gpu", "512"]) == 0
-    assert seen == [TrainConfig(save_rollout_data=dumps, max_tokens_per_gpu=96),
-                    TrainConfig(num_rollout=5, save_rollout_data=dumps, max_tokens_per_gpu=96),
-                    TrainConfig(save_rollout_data=dumps, max_tokens_per_gpu=512)]
+    demo = dict(save_rollout_data=dumps, overwrite_run_dir=True)  # reruns move the old one aside
+    assert seen == [TrainConfig(**demo, max_tokens_per_gpu=96),
+                    TrainConfig(num_rollout=5, **demo, max_tokens_per_gpu=96),
+                    TrainConfig(**demo, max_tokens_per_gpu=512)]
 
 
 @pytest.mark.parametrize("argv", [["schedule", "--synthetic", "--dp", "2"]])

@@ -140,7 +140,7 @@ def test_foreign_files(dump, tmp_path):
     np.savez(tmp_path / "plain.npz", tokens=np.arange(3))
     with pytest.raises(DumpFormatError, match="no header.json"):
         load_rollout_batch(tmp_path / "plain.npz")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(DumpFormatError, match="no such rollout dump"):
         load_rollout_batch(tmp_path / "missing.npz")
 
 

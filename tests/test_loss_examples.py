@@ -122,7 +122,7 @@ def test_megatron_scale_docstring_numbers():
     (lambda: sample_denominators("sample_token_sum_norm", [0], [[1]]), "norm"),
     (lambda: sample_denominators("token_mean", [0], [[1]], denominator="kept"), "denominator"),
     (lambda: kl_penalty(torch.zeros(1), torch.zeros(1), "k7"), "kind"),
-    (lambda: rejection_mask(torch.zeros(1), torch.ones(1), low=2.0, high=0.5), "low/high"),
+    (lambda: rejection_mask(torch.zeros(1), torch.ones(1), low=2.0, high=0.5), "high"),
     (lambda: ppo_clip_loss(torch.zeros(1), torch.zeros(1), torch.ones(1), dual_clip=0.5),
      "dual_clip"),
 ])
@@ -175,6 +175,42 @@ def test_ppo_surrogate_examples():
     dual, _, _ = ppo_clip_loss(torch.log(torch.tensor([10.0])), torch.zeros(1),
                                torch.tensor([-1.0]), dual_clip=3.0)
     assert dual.tolist() == pytest.approx([3.0])
+    # A log-ratio of 89 would overflow float32 (exp(89) = inf) and inf * (A = 0) is a NaN: the
+    # log-ratio is clamped to 20, so the loss is 0 and the gradient finite.
+    logp = torch.tensor([89.0], requires_grad=True)
+    loss, _, ratio = ppo_clip_loss(logp, torch.zeros(1), torch.zeros(1))
+    loss.sum().backward()
+    assert loss.tolist() == [0.0] and ratio.tolist() == pytest.approx([math.exp(20)])
+    assert torch.isfinite(logp.grad).all()
+
+
+def test_microbatch_loss_refuses_silently_wrong_inputs():
+    x, m, idx = torch.ones(3), torch.tensor([1.0, 1.0, 0.0]), torch.tensor([0, 0, 1])
+    assert float(microbatch_loss(x, m, idx, torch.tensor([2.0, 0.0]))) == 1.0  # D=0, empty mask
+    for dens, match in (([0.0, 1.0], r"denominators\[0\]=0.0: is 0 but token 0"),
+                        ([-2.0, 1.0], r"denominators\[0\]=-2.0: is negative"),
+                        ([float("nan"), 1.0], r"denominators\[0\]=nan")):
+        with pytest.raises(LossConfigError, match=match):
+            microbatch_loss(x, m, idx, torch.tensor(dens))
+    with pytest.raises(LossConfigError, match=r"sample_index\[2\]=-1: is outside \[0, 2\)"):
+        microbatch_loss(x, m, torch.tensor([0, 0, -1]), torch.ones(2))
+    with pytest.raises(LossConfigError, match=r"loss_mask\[1\]=0.5: is not 0 or 1"):
+        microbatch_loss(x, torch.tensor([1.0, 0.5, 0.0]), idx, torch.ones(2))
+    with pytest.raises(LossConfigError, match=r"microbatch_loss: loss_mask=f32\[2\]"):
+        microbatch_loss(x, torch.ones(2), idx, torch.ones(2))
+
+
+def test_denominator_inputs_are_checked():
+    with pytest.raises(LossConfigError, match=r"loss_masks\[0\]\[1\]=0.5: is not 0 or 1"):
+        group_mask_sums(["a"], [[1, 0.5]])
+    with pytest.raises(LossConfigError, match=r"loss_masks\[0\]\[0\]=nan"):
+        group_mask_sums(["a"], [[float("nan")]])
+    with pytest.raises(LossConfigError, match=r"loss_masks\[0\]=<str>: is not a flat list"):
+        group_mask_sums(["a"], ["11"])
+    with pytest.raises(LossConfigError, match=r"rejection_masks\[0\]=<1 values>: does not match"):
+        sample_denominators("group_token_mean", ["a"], [[1, 1]], rejection_masks=[[1]])
+    # None is its own group: two samples without an id are two groups.
+    assert group_mask_sums([None, None, "a"], [[1], [1, 1], [1]]).tolist() == [1.0, 2.0, 1.0]
 
 
 def test_kl_and_entropy_examples():

@@ -67,3 +67,20 @@ def test_compare_and_plot_cli(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert main(common + ["--plot", str(png), "--plot-step", "9"]) == 2
     assert "--plot-step 9 is out of range" in capsys.readouterr().err
+
+
+def test_bound_counts_oversize_samples_alone():
+    # cap 1000: samples 1500, 1500, 100 use 3 micro-batches (each oversize one alone). The
+    # plain ceil(3100 / 1000) = 4 would show a schedule below its "lower bound"; the
+    # oversize-aware bound is 2 + ceil(100 / 1000) = 3.
+    s = build_schedule([1500, 1500, 100], [0, 1, 2], ParallelLayout(dp=1),
+                       BatchingPolicy(global_batch_size=3, max_tokens_per_gpu=1000))
+    stats = step_stats(s)[0]
+    assert (stats.microbatch_bound, stats.oversize_samples) == (3, 2)
+    assert stats.num_microbatches == 3 >= stats.microbatch_bound_aligned
+    # 1500 alone + ceil(1500 / 1000) = 3, aligned to dp=2: 4, i.e. 2 per rank.
+    s = build_schedule([1500, 600, 500, 400], [0, 1, 2, 3], ParallelLayout(dp=2),
+                       BatchingPolicy(global_batch_size=4, max_tokens_per_gpu=1000))
+    stats = step_stats(s)[0]
+    assert (stats.microbatch_bound, stats.microbatch_bound_aligned) == (3, 4)
+    assert stats.microbatch_lower_bound == 2 <= stats.microbatches_per_rank

@@ -1,5 +1,6 @@
 """Named scenarios users hit, each with exact expected schedules."""
 
+import numpy as np
 import pytest
 
 from tests.invariant_helpers import assert_schedule_invariants
@@ -176,10 +177,60 @@ def test_input_errors():
         build_schedule([1, 2], [0], layout, policy)
     with pytest.raises(ScheduleError, match=r"flops\[1\]"):
         build_schedule([1, 2], [0, 1], layout, policy, flops=[1.0, float("nan")])
-    with pytest.raises(ScheduleError, match=r"group_ids\[0\].*not hashable"):
+    with pytest.raises(ScheduleError, match=r"group_ids\[0\]=\[1\]: is a list, not an int"):
         build_schedule([1], [[1]], layout, policy)
     with pytest.raises(ScheduleError, match="not a ParallelLayout"):
         build_schedule([1], [0], 4, policy)
+
+
+@pytest.mark.parametrize("group_ids, message", [
+    ([1, 1.0, True], r"group_ids\[1\]=1.0: is a float: .*True == 1 == 1.0"),
+    ([1, True], r"group_ids\[1\]=True: is a bool"),
+    (np.array([1.0, float("nan"), 2.0]), r"group_ids\[0\]=1.0: is a float64 entry"),
+    (None, r"group_ids=<NoneType>: is not a list"),
+    ((g for g in [1, 2, 3]), r"group_ids=<generator>: is not a list"),
+    ("abc", r"group_ids=<str>: is not a list"),
+])
+def test_group_ids_that_would_merge_or_are_not_ids_are_rejected(group_ids, message):
+    with pytest.raises(ScheduleError, match=message):
+        build_schedule([1, 2, 3], group_ids, ParallelLayout(dp=1),
+                       BatchingPolicy(global_batch_size=1, max_tokens_per_gpu=10))
+
+
+def test_none_group_id_means_its_own_group_as_in_rollout_batches():
+    # Three samples, two without an id: three groups, as RolloutBatch.from_samples counts them.
+    s = build_schedule([5, 7, 3], ["a", None, None], ParallelLayout(dp=1),
+                       BatchingPolicy(global_batch_size=2, max_tokens_per_gpu=8))
+    assert s.steps[0].num_groups == 2 and s.dropped_groups == (None,)
+    assert s.dropped_samples == (2,)
+    ints = build_schedule(np.array([5, 7], dtype=np.uint64), [np.int64(4), "4"],
+                          ParallelLayout(dp=1), BatchingPolicy(global_batch_size=2,
+                                                               max_tokens_per_gpu=8))
+    assert ints.steps[0].num_groups == 2  # 4 and "4" are different ids
+
+
+@pytest.mark.parametrize("lengths, message", [
+    ([900, 300, 2.5], r"lengths\[2\]=2.5: is a float, not an integer"),
+    ([900, True], r"lengths\[1\]=True: is a bool"),
+    (np.array([3, 2**64 - 1], dtype=np.uint64), r"lengths\[1\]=18446744073709551615: exceeds"),
+    ([1, 2**70], r"lengths\[1\]=1180591620717411303424: exceeds"),
+    ([4, 0], r"lengths\[1\]=0: is not positive"),
+    (np.array([1.0, 2.0]), r"lengths=<float64 array>: is not an integer array"),
+    (None, r"lengths=<NoneType>: is not a list"),
+])
+def test_length_errors_name_the_first_bad_entry_with_its_real_value(lengths, message):
+    with pytest.raises(ScheduleError, match=message):
+        build_schedule(lengths, list(range(len(lengths) if lengths is not None else 0)),
+                       ParallelLayout(dp=1), BatchingPolicy(global_batch_size=1,
+                                                            max_tokens_per_gpu=10))
+
+
+def test_partial_step_error_says_fix_once():
+    with pytest.raises(ScheduleError) as info:
+        build_schedule([10, 10, 10], [0, 1, 2], ParallelLayout(dp=4),
+                       BatchingPolicy(global_batch_size=4, max_tokens_per_gpu=100,
+                                      allow_partial_step=True))
+    assert str(info.value).count("Fix:") == 1 and "could not help" in str(info.value)
 
 
 def test_dynamic_gbs_below_alignment_rejected_at_launch():

@@ -8,12 +8,12 @@ micro-batch count in a step to be a multiple of 4, so a step holds a multiple of
 ``dp * 4 = 32`` micro-batches in total (``align_multiple == 32``).
 """
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import attrs
 import numpy as np
 
-from vime_pure.errors import ScheduleError, VimeError, field_error
+from vime_pure.errors import ScheduleError, VimeError, field_error, one_line, type_tag
 
 # The one definition of each choice list: CLIs, config files and checks all read these.
 Packing = Literal["ffd", "first_fit", "flops"]
@@ -42,6 +42,28 @@ def as_int(field: str, value: object, lo: int, error: type[VimeError], fix: str)
 
 def _positive_int(field: str, value: object, fix: str) -> None:
     as_int(field, value, 1, ScheduleError, fix)
+
+
+def _plain_bool(value: object) -> object:
+    """numpy bools become bools; the rest is left for the validator."""
+    return bool(value) if isinstance(value, np.bool_) else value
+
+
+def as_bool(field: str, value: object, error: type[VimeError]) -> bool:
+    """``value`` as a bool: ``True``/``False`` and numpy bools; 0, 1, "yes" or None never.
+
+    Example: ``as_bool("balance_data", np.True_, ScheduleError) is True``.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise field_error(error, field, value, "must be a bool", "pass True or False")
+    return bool(value)
+
+
+def _choice(field: str, value: object, choices: tuple[str, ...], what: str) -> None:
+    # isinstance first: `array in choices` would compare element-wise and raise.
+    if not isinstance(value, str) or value not in choices:
+        raise field_error(ScheduleError, field, value, f"is not a {what}",
+                          f"use one of {choices}")
 
 
 @attrs.frozen(kw_only=False)
@@ -113,7 +135,7 @@ class BatchingPolicy:
     micro_batch_size: int | None = attrs.field(default=None, converter=_plain_int)
     packing: str = "ffd"
     balance: str = "strided"
-    allow_partial_step: bool = False
+    allow_partial_step: bool = attrs.field(default=False, converter=_plain_bool)
 
     def __attrs_post_init__(self) -> None:
         _positive_int("global_batch_size", self.global_batch_size,
@@ -130,15 +152,9 @@ class BatchingPolicy:
         if self.micro_batch_size is not None:
             _positive_int("micro_batch_size", self.micro_batch_size,
                           "pass the number of samples per static micro-batch, e.g. 1")
-        if self.packing not in PACKINGS:
-            raise field_error(ScheduleError, "packing", self.packing, "is not a packing algorithm",
-                              f"use one of {PACKINGS}")
-        if self.balance not in BALANCES:
-            raise field_error(ScheduleError, "balance", self.balance, "is not a balance mode",
-                              f"use one of {BALANCES}")
-        if not isinstance(self.allow_partial_step, bool):
-            raise field_error(ScheduleError, "allow_partial_step", self.allow_partial_step,
-                              "must be a bool", "pass True or False")
+        _choice("packing", self.packing, PACKINGS, "packing algorithm")
+        _choice("balance", self.balance, BALANCES, "balance mode")
+        as_bool("allow_partial_step", self.allow_partial_step, ScheduleError)
 
     @property
     def dynamic(self) -> bool:
@@ -150,8 +166,11 @@ class BatchingPolicy:
         return None if self.max_tokens_per_gpu is None else self.max_tokens_per_gpu * layout.cp
 
 
-def check_feasible(layout: ParallelLayout, policy: BatchingPolicy) -> None:
+def check_feasible(layout: Any, policy: Any) -> None:
     """Reject at launch what can be known to fail before any data arrives.
+
+    ``layout`` / ``policy``: a ``ParallelLayout`` and a ``BatchingPolicy`` (typed loosely: this
+    is a user boundary, and a wrong type is a ``ScheduleError`` naming it).
 
     Static packing forms exactly ``global_batch_size * samples_per_group / micro_batch_size``
     micro-batches and cannot split them further, so with one sample per group a full step needs
@@ -161,6 +180,12 @@ def check_feasible(layout: ParallelLayout, policy: BatchingPolicy) -> None:
     Dynamic packing can always split micro-batches, provided a step has enough samples; we only
     require ``global_batch_size >= align_multiple`` (each group yields at least one sample).
     """
+    if not isinstance(layout, ParallelLayout):
+        raise field_error(ScheduleError, "layout", type_tag(layout),
+                          "is not a ParallelLayout", "pass ParallelLayout(dp=...)")
+    if not isinstance(policy, BatchingPolicy):
+        raise field_error(ScheduleError, "policy", type_tag(policy),
+                          "is not a BatchingPolicy", "pass BatchingPolicy(global_batch_size=...)")
     multiple = layout.align_multiple
     if policy.dynamic:
         if policy.global_batch_size < multiple:
@@ -200,11 +225,10 @@ def static_misalignment_message(count: int, policy: BatchingPolicy, layout: Para
     )
 
 
-def policy_from_flags(*, global_batch_size: int, max_tokens_per_gpu: int | None = None,
-                      micro_batch_size: int | None = None, packing: str | None = None,
-                      balance: str | None = None, balance_data: bool = False,
-                      balance_by_flops: bool = False,
-                      allow_partial_train_step: bool = False) -> BatchingPolicy:
+def policy_from_flags(*, global_batch_size: Any, max_tokens_per_gpu: Any = None,
+                      micro_batch_size: Any = None, packing: Any = None, balance: Any = None,
+                      balance_data: Any = False, balance_by_flops: Any = False,
+                      allow_partial_train_step: Any = False) -> BatchingPolicy:
     """The one ``BatchingPolicy`` builder behind ``vime train``, ``vime schedule`` and config
     files, from flags named as in slime. Each flag means the same thing everywhere:
 
@@ -218,16 +242,21 @@ def policy_from_flags(*, global_batch_size: int, max_tokens_per_gpu: int | None 
 
     Example: ``policy_from_flags(global_batch_size=64, max_tokens_per_gpu=8192,
     balance_by_flops=True)`` is ``BatchingPolicy(64, 8192, packing="ffd", balance="flops")``.
+    Flags are typed loosely (a user boundary): each is checked with a ``ScheduleError``.
     """
     if max_tokens_per_gpu is not None and micro_batch_size is not None:
         raise ScheduleError(
-            f"micro_batch_size={micro_batch_size!r} and max_tokens_per_gpu="
-            f"{max_tokens_per_gpu!r} are both set, but dynamic packing (max_tokens_per_gpu) "
+            f"micro_batch_size={one_line(repr(micro_batch_size))} and max_tokens_per_gpu="
+            f"{one_line(repr(max_tokens_per_gpu))} are both set, but dynamic packing "
+            "(max_tokens_per_gpu) "
             "ignores micro_batch_size. Fix: drop --micro-batch-size to pack by tokens, or pass "
             "--max-tokens-per-gpu none for static micro-batches of micro_batch_size samples.")
+    by_flops = as_bool("balance_by_flops", balance_by_flops, ScheduleError)
+    by_tokens = as_bool("balance_data", balance_data, ScheduleError)
     if balance is None:
-        balance = "flops" if balance_by_flops else "tokens" if balance_data else "strided"
+        balance = "flops" if by_flops else "tokens" if by_tokens else "strided"
     return BatchingPolicy(global_batch_size=global_batch_size,
                           max_tokens_per_gpu=max_tokens_per_gpu,
-                          micro_batch_size=micro_batch_size, packing=packing or "ffd",
+                          micro_batch_size=micro_batch_size,
+                          packing="ffd" if packing is None else packing,
                           balance=balance, allow_partial_step=allow_partial_train_step)

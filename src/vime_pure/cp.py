@@ -20,6 +20,8 @@ Example: ``L = 16, R = 8, cp_size = 2`` (prompt 8, chunk 4): rank 0 holds positi
 [12,16) and scores response indices [5,8); rank 1 holds [4,8) and [8,12) and scores [0,5).
 """
 
+from typing import Any
+
 import attrs
 
 from vime_pure.errors import CPConfigError, field_error
@@ -54,7 +56,8 @@ def _integer(field: str, value: object, lo: int, fix: str) -> None:
         raise field_error(CPConfigError, field, value, f"must be an integer >= {lo}", fix)
 
 
-def check_cp_sample(total_length: int, response_length: int, cp_rank: int, cp_size: int) -> None:
+def check_cp_sample(total_length: Any, response_length: Any, cp_rank: Any, cp_size: Any) -> None:
+    """Integers in range (typed loosely: ``zigzag_offsets`` is a user boundary)."""
     _integer("cp_size", cp_size, 1, "pass the context-parallel size, 1 when CP is off")
     _integer("cp_rank", cp_rank, 0, "pass this rank's index in the CP group")
     if cp_rank >= cp_size:
@@ -69,8 +72,8 @@ def check_cp_sample(total_length: int, response_length: int, cp_rank: int, cp_si
                           "include at least one prompt token in total_length")
 
 
-def zigzag_offsets(total_length: int, response_length: int, cp_rank: int,
-                   cp_size: int) -> ZigzagOffsets:
+def zigzag_offsets(total_length: Any, response_length: Any, cp_rank: Any,
+                   cp_size: Any) -> ZigzagOffsets:
     """Zigzag chunk, logit, token and response offsets of one sample on one CP rank.
 
     Example: ``L=16, R=8, cp_size=2`` (prompt 8, first response logit at 7, chunk 4):

@@ -17,18 +17,17 @@ with ``[1, 0, 0, 1]``: ``group_mask_sums(["a", "a", "b"], masks) == [4, 4, 2]``.
 """
 
 import enum
-from collections.abc import Hashable, Sequence
-from typing import Literal, get_args
+import math
+from typing import Any, Literal, get_args
 
 import numpy as np
 from jaxtyping import Float64, Int64
 
-from vime_pure.errors import LossConfigError, field_error
+from vime_pure.config import as_int
+from vime_pure.errors import LossConfigError, Shown, field_error, type_tag
 from vime_pure.grouping import dense_ids
 
 RejectionDenominator = Literal["original", "surviving"]
-# Masks arrive as lists of 0/1 (ints or floats) or arrays, one per sample.
-Masks = Sequence[Sequence[float | int]] | Sequence[np.ndarray]
 REJECTION_DENOMINATORS: tuple[str, ...] = ("original", "surviving")
 MegatronPath = Literal["pair", "triple", "per_token"]
 MEGATRON_PATHS: tuple[str, ...] = get_args(MegatronPath)
@@ -63,10 +62,10 @@ class LossMode(str, enum.Enum):
     SAMPLE_TOKEN_SUM_NORM = "sample_token_sum_norm"
 
     @classmethod
-    def parse(cls, value: "LossMode | str") -> "LossMode":
+    def parse(cls, value: Any) -> "LossMode":
         """``LossMode.parse("token_mean") is LossMode.TOKEN_MEAN``; typed error otherwise."""
         try:
-            return cls(value)
+            return cls(value) if isinstance(value, str) else cls(None)
         except ValueError:
             raise field_error(LossConfigError, "mode", value, "is not a loss mode",
                               f"use one of {list(LOSS_MODES)}") from None
@@ -83,29 +82,53 @@ def group_totals(dense: Int64[np.ndarray, " n"],
     return totals[dense]
 
 
-def _mask_totals(loss_masks: Masks,
-                 n: int, field: str) -> Float64[np.ndarray, " n"]:
-    per_sample = np.array([float(np.asarray(m, dtype=np.float64).sum()) for m in loss_masks],
-                          dtype=np.float64)
-    if len(per_sample) != n:
-        raise LossConfigError(f"{field} has {len(per_sample)} entries but group_ids has {n}. "
-                        "Fix: pass one loss mask per sample.")
-    return per_sample
+def mask_rows(masks: Any, n: int, field: str) -> list[np.ndarray]:
+    """``masks`` as ``n`` 1-D numeric arrays of 0/1 values (NaN, 0.5 or 2 are errors: a
+    weight belongs in the loss, not in a mask). O(total tokens), one numpy pass per row.
+
+    Example: ``mask_rows([[1, 0], (1,)], 2, "loss_masks")`` gives ``[array([1, 0]),
+    array([1])]``; ``[[1, 0.5]]`` raises ``loss_masks[0]``.
+    """
+    if not isinstance(masks, (list, tuple, np.ndarray)):
+        raise field_error(LossConfigError, field, type_tag(masks), "is not a list of masks",
+                          "pass one 0/1 mask (list or array) per sample")
+    if len(masks) != n:
+        raise field_error(LossConfigError, field, Shown(f"<{len(masks)} masks>"),
+                          f"does not have one mask per sample ({n} samples)",
+                          "pass one loss mask per sample")
+    rows = []
+    for i, mask in enumerate(masks):
+        arr = np.asarray(mask) if isinstance(mask, (list, tuple, np.ndarray)) else None
+        if arr is None or arr.ndim != 1 or arr.dtype.kind not in "biuf":
+            raise field_error(LossConfigError, f"{field}[{i}]", type_tag(mask) if arr is None
+                              else Shown(f"<{arr.dtype}{list(arr.shape)}>"),
+                              "is not a flat list or array of numbers",
+                              "pass each mask as a list or 1-D array of 0/1")
+        if arr.size and ((arr != 0) & (arr != 1)).any():
+            bad = int(np.argmax((arr != 0) & (arr != 1)))
+            raise field_error(LossConfigError, f"{field}[{i}][{bad}]", arr[bad].item(),
+                              "is not 0 or 1", "use 1 for trained tokens and 0 for masked ones")
+        rows.append(arr)
+    return rows
 
 
-def group_mask_sums(group_ids: Sequence[Hashable] | np.ndarray,
-                    loss_masks: Masks) -> Float64[np.ndarray, " n"]:
-    """Loss-mask total of each sample's whole group, computed after masking (float64)."""
-    per_sample = _mask_totals(loss_masks, len(group_ids), "loss_masks")
-    return group_totals(dense_ids(group_ids), per_sample)
+def _mask_totals(rows: list[np.ndarray]) -> Float64[np.ndarray, " n"]:
+    return np.array([float(r.sum()) for r in rows], dtype=np.float64).reshape(-1)
 
 
-def sample_denominators(mode: LossMode | str,
-                        group_ids: Sequence[Hashable] | np.ndarray,
-                        loss_masks: Masks, *,
-                        norm: float | int | None = None,
-                        rejection_masks: Masks | None = None,
-                        denominator: RejectionDenominator | str = "original",
+def group_mask_sums(group_ids: Any, loss_masks: Any) -> Float64[np.ndarray, " n"]:
+    """Loss-mask total of each sample's whole group, computed after masking (float64).
+
+    ``group_ids``: one int or str per sample (None: its own group); ``loss_masks``: one 0/1
+    list or array per sample (typed loosely: this is a user boundary, validated here with a
+    ``LossConfigError``, or a ``ScheduleError``-style message for ids, naming the entry).
+    """
+    dense = dense_ids(group_ids, error=LossConfigError)
+    return group_totals(dense, _mask_totals(mask_rows(loss_masks, len(dense), "loss_masks")))
+
+
+def sample_denominators(mode: Any, group_ids: Any, loss_masks: Any, *, norm: Any = None,
+                        rejection_masks: Any = None, denominator: Any = "original",
                         ) -> Float64[np.ndarray, " n"]:
     """Per-sample denominator ``D[i]`` of ``mode`` for one whole step (see :class:`LossMode`).
 
@@ -118,25 +141,29 @@ def sample_denominators(mode: LossMode | str,
     ``group_token_mean`` gives ``D = [5, 5]`` (original) or ``[4, 4]`` (surviving).
     """
     mode = LossMode.parse(mode)
-    if denominator not in REJECTION_DENOMINATORS:
+    if not isinstance(denominator, str) or denominator not in REJECTION_DENOMINATORS:
         raise field_error(LossConfigError, "denominator", denominator, "is not a choice",
                           f"use one of {REJECTION_DENOMINATORS}")
-    masks = loss_masks
-    if rejection_masks is not None and denominator == "surviving":
-        if len(rejection_masks) != len(loss_masks):
-            raise field_error(LossConfigError, "rejection_masks", f"<{len(rejection_masks)}>",
-                              f"has a different length than loss_masks ({len(loss_masks)})",
-                              "pass one rejection mask per sample")
-        masks = [np.asarray(m, np.float64) * np.asarray(r, np.float64)
-                 for m, r in zip(loss_masks, rejection_masks)]
-    per_sample = _mask_totals(masks, len(group_ids), "loss_masks")
+    dense = dense_ids(group_ids, error=LossConfigError)
+    masks = mask_rows(loss_masks, len(dense), "loss_masks")
+    if rejection_masks is not None:  # checked even when unused: a wrong one is a bug upstream
+        rejected = mask_rows(rejection_masks, len(dense), "rejection_masks")
+        short = next((i for i, (m, r) in enumerate(zip(masks, rejected)) if len(m) != len(r)),
+                     None)
+        if short is not None:
+            raise field_error(LossConfigError, f"rejection_masks[{short}]",
+                              Shown(f"<{len(rejected[short])} values>"),
+                              f"does not match loss_masks[{short}] ({len(masks[short])} values)",
+                              "pass one rejection value per loss-mask token")
+        if denominator == "surviving":
+            masks = [m * r for m, r in zip(masks, rejected)]
+    per_sample = _mask_totals(masks)
     one_step = np.zeros(len(per_sample), dtype=np.int64)
-    return step_denominators(mode, dense_ids(group_ids), per_sample, one_step, norm=norm)
+    return step_denominators(mode, dense, per_sample, one_step, norm=norm)
 
 
-def step_denominators(mode: LossMode | str, group_ids: Int64[np.ndarray, " n"],
-                      mask_sums: Float64[np.ndarray, " n"], step_of_sample: Int64[np.ndarray, " n"],
-                      *, norm: float | int | None = None) -> Float64[np.ndarray, " n"]:
+def step_denominators(mode: Any, group_ids: Any, mask_sums: Any, step_of_sample: Any, *,
+                      norm: Any = None) -> Float64[np.ndarray, " n"]:
     """``D[i]`` of ``mode`` for every sample of a batch, each step from its own samples only.
 
     ``group_ids``: dense group numbers; ``mask_sums[i]``: sample ``i``'s loss-mask total;
@@ -145,8 +172,13 @@ def step_denominators(mode: LossMode | str, group_ids: Int64[np.ndarray, " n"],
     Example: masks summing to ``[2, 3, 4]``, groups ``[0, 0, 1]``, steps ``[0, 0, 1]``:
     ``group_token_mean`` ``[5, 5, 4]``; ``token_mean`` ``[5, 5, 4]`` (the step totals);
     ``sample_token_mean`` ``[2, 3, 4]``.
+    Inputs are validated (typed loosely: a user boundary): integer ids in ``[0, n)``, finite
+    non-negative mask sums, steps in ``[-1, n)``, all of one length ``n``.
     """
     mode = LossMode.parse(mode)
+    group_ids, mask_sums, step_of_sample = _step_columns(group_ids, mask_sums, step_of_sample)
+    if norm is not None or mode is LossMode.SAMPLE_TOKEN_SUM_NORM:
+        norm = _norm(norm)  # checked even when unused: a junk norm is a bug upstream
     trained = step_of_sample >= 0
     if mode is LossMode.GROUP_TOKEN_MEAN:
         dens = group_totals(group_ids, mask_sums)
@@ -156,22 +188,59 @@ def step_denominators(mode: LossMode | str, group_ids: Int64[np.ndarray, " n"],
         steps = np.where(trained, step_of_sample, 0)
         dens = np.bincount(steps, weights=np.where(trained, mask_sums, 0.0))[steps]
     else:
-        if isinstance(norm, bool) or not isinstance(norm, (int, float, np.number)) \
-                or not np.isfinite(norm) or norm <= 0:
-            raise field_error(LossConfigError, "norm", norm,
-                              "must be a positive constant for sample_token_sum_norm",
-                              "pass the max response length of the run, e.g. norm=4096")
-        dens = np.full(len(mask_sums), float(norm), dtype=np.float64)
+        dens = np.full(len(mask_sums), norm, dtype=np.float64)
     return np.where(trained, dens, np.nan)
 
 
+def _norm(norm: Any) -> float:
+    """``sample_token_sum_norm``'s constant: a finite number > 0."""
+    ok = not isinstance(norm, (bool, np.bool_, np.complexfloating)) and isinstance(
+        norm, (int, float, np.number)) and 0 < norm < math.inf
+    if not ok:
+        raise field_error(LossConfigError, "norm", norm,
+                          "must be a positive constant (sample_token_sum_norm's divisor)",
+                          "pass the max response length of the run, e.g. norm=4096, or None")
+    return float(norm)
+
+
+def _step_columns(group_ids: Any, mask_sums: Any, step_of_sample: Any
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The three per-sample columns of ``step_denominators``, checked (one pass each)."""
+    columns = []
+    for field, value, kinds in (("group_ids", group_ids, "iu"), ("mask_sums", mask_sums, "iuf"),
+                                ("step_of_sample", step_of_sample, "iu")):
+        arr = np.asarray(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+        if arr is None or arr.ndim != 1 or arr.dtype.kind not in kinds or (
+                arr.size and arr.dtype.kind == "u" and arr.max() > np.iinfo(np.int64).max):
+            raise field_error(LossConfigError, field, type_tag(value) if arr is None else
+                              Shown(f"<{arr.dtype}{list(arr.shape)}>"),
+                              "is not a 1-D " + ("integer" if kinds == "iu" else "numeric")
+                              + " array", "pass one entry per sample")
+        columns.append(arr.astype(np.int64 if kinds == "iu" else np.float64, copy=False))
+    groups, sums, steps = columns
+    n = len(groups)
+    if len(sums) != n or len(steps) != n:
+        raise field_error(LossConfigError, "mask_sums/step_of_sample",
+                          Shown(f"<{len(sums)}, {len(steps)} entries>"),
+                          f"do not have one entry per sample ({n} group_ids)",
+                          "pass the three columns of one batch")
+    for field, arr, lo, bad in (("group_ids", groups, 0, (groups < 0) | (groups >= n)),
+                                ("mask_sums", sums, 0, ~np.isfinite(sums) | (sums < 0)),
+                                ("step_of_sample", steps, -1, (steps < -1) | (steps >= n))):
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise field_error(LossConfigError, f"{field}[{i}]", arr[i].item(),
+                              f"is outside [{lo}, {n})" if field != "mask_sums" else
+                              "is not a finite count >= 0",
+                              "pass dense group numbers, mask totals and steps (-1: untrained)")
+    return groups, sums, steps
+
+
 def _count(field: str, value: object, fix: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise field_error(LossConfigError, field, value, "must be an integer >= 1", fix)
-    return int(value)
+    return as_int(field, value, 1, LossConfigError, fix)
 
 
-def step_divisor(mode: LossMode | str, num_groups: int, num_samples: int | None = None) -> int:
+def step_divisor(mode: Any, num_groups: Any, num_samples: Any = None) -> int:
     """The step divisor ``C`` of ``mode``: ``G_s``, ``N_s`` or 1 (see :class:`LossMode`).
 
     ``num_groups`` (``G_s``) is validated ``>= 1`` for every mode, never clamped: a step with no
@@ -190,10 +259,9 @@ def step_divisor(mode: LossMode | str, num_groups: int, num_samples: int | None 
                   f"{mode.value} averages over samples: pass the step's sample count N_s")
 
 
-def megatron_loss_scale(mode: LossMode | str, num_microbatches: int, num_groups: int, dp: int,
-                        cp: int, *, num_samples: int | None = None,
-                        path: MegatronPath | str = "pair",
-                        total_num_tokens: int | None = None) -> float:
+def megatron_loss_scale(mode: Any, num_microbatches: Any, num_groups: Any, dp: Any, cp: Any, *,
+                        num_samples: Any = None, path: Any = "pair",
+                        total_num_tokens: Any = None) -> float:
     """Factor ``s`` that the shell multiplies into each micro-batch's partial ``P``.
 
     Goal: the gradient Megatron applies equals ``grad L = (1/C) * sum_{r,k} grad P[r,k]`` over
@@ -216,20 +284,20 @@ def megatron_loss_scale(mode: LossMode | str, num_microbatches: int, num_groups:
     ``"triple"`` 3*2*2/4 = 3.0.
     """
     divisor = step_divisor(mode, num_groups, num_samples)
-    for field, value in (("num_microbatches", num_microbatches), ("dp", dp), ("cp", cp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise field_error(LossConfigError, field, value, "must be an integer >= 1",
-                              f"pass the trainer's {field}")
+    k, dp, cp = (as_int(field, value, 1, LossConfigError, f"pass the trainer's {field}")
+                 for field, value in (("num_microbatches", num_microbatches), ("dp", dp),
+                                      ("cp", cp)))
+    if not isinstance(path, str):  # `array == "pair"` would compare element-wise
+        raise field_error(LossConfigError, "path", type_tag(path), "is not a Megatron loss path",
+                          f"use one of {MEGATRON_PATHS}")
     if path == "pair":
-        return num_microbatches * dp / divisor
+        return k * dp / divisor
     if path == "triple":
-        return num_microbatches * dp * cp / divisor
+        return k * dp * cp / divisor
     if path == "per_token":
-        if isinstance(total_num_tokens, bool) or not isinstance(total_num_tokens, int) \
-                or total_num_tokens < 0:
-            raise field_error(LossConfigError, "total_num_tokens", total_num_tokens,
-                              "is required by path='per_token' and must be an integer >= 0",
-                              "pass the num_tokens Megatron all-reduces over dp*cp")
-        return total_num_tokens / divisor
+        tokens = as_int("total_num_tokens", total_num_tokens, 0, LossConfigError,
+                        "pass the num_tokens Megatron all-reduces over dp*cp (path='per_token' "
+                        "needs it)")
+        return tokens / divisor
     raise field_error(LossConfigError, "path", path, "is not a Megatron loss path",
                       f"use one of {MEGATRON_PATHS}")

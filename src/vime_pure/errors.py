@@ -4,9 +4,18 @@ Every rejected input raises a subclass of :class:`VimeError` (itself a ``ValueEr
 message names the field, the offending value and the change that would fix it.
 """
 
+import re
+
 
 class VimeError(ValueError):
-    """Base class of every error vime raises for bad input or an infeasible configuration."""
+    """Base class of every error vime raises for bad input or an infeasible configuration.
+
+    The message is one line whatever values it quotes (an array's repr spans lines): the CLI
+    prints it as the single line of a failed command.
+    """
+
+    def __init__(self, message: str = "", *args: object) -> None:
+        super().__init__(re.sub(r"\s*\n\s*", " ", str(message)), *args)
 
 
 class ScheduleError(VimeError):
@@ -14,8 +23,29 @@ class ScheduleError(VimeError):
 
 
 def field_error(cls: type[VimeError], field: str, value: object, problem: str, fix: str) -> VimeError:
-    """Build ``cls`` with the house format: ``field=value: problem. Fix: fix.``"""
-    return cls(f"{field}={value!r}: {problem}. Fix: {fix}.")
+    """Build ``cls`` with the house format: ``field=value: problem. Fix: fix.``
+
+    The value is shown on one line, at most 120 characters (an array's repr spans lines).
+    """
+    return cls(f"{field}={one_line(repr(value))}: {problem}. Fix: {fix}.")
+
+
+def one_line(text: str, limit: int = 120) -> str:
+    """``text`` without line breaks, cut to ``limit`` characters."""
+    flat = re.sub(r"\s*\n\s*", " ", text)
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+
+
+class Shown(str):
+    """A value ``field_error`` shows as written, without quotes: ``Shown("<generator>")``."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def type_tag(value: object) -> Shown:
+    """``<typename>``, for values whose repr would be long or useless (``<generator>``)."""
+    return Shown(f"<{type(value).__name__}>")
 
 
 class RolloutValidationError(VimeError):
@@ -52,3 +82,22 @@ class ScheduleInvariantError(VimeError):
 
 class FlopsModelError(VimeError):
     """A model config from which per-sample FLOPs cannot be estimated."""
+
+
+def type_check_error(cls: type[VimeError], where: str, exc: Exception, fix: str) -> VimeError:
+    """One line from jaxtyping's multi-line ``TypeCheckError``: the parameter, its value, the
+    expected type and the axis sizes bound so far.
+
+    Example: ``microbatch_loss: loss_mask=f32[2](torch): is not a Float[Tensor, 't'] (axes:
+    t=3). Fix: ...``.
+    """
+    text = str(exc)
+    param = re.search(r"parameter '(\w+)'", text)
+    actual = re.search(r"^Actual value: (.*)$", text, flags=re.M)
+    expected = re.search(r"^Expected type: (?:<class ')?(.*?)(?:'>)?\.?$", text, flags=re.M)
+    axes = ", ".join(re.findall(r"^(\w+=\d+)$", text, flags=re.M))
+    name = param.group(1) if param else "return value"
+    value = actual.group(1)[:80] if actual else "?"
+    want = expected.group(1) if expected else "the annotated type"
+    return cls(f"{where}: {name}={value}: is not a {want}" + (f" (axes: {axes})" if axes else "")
+               + f". Fix: {fix}.")

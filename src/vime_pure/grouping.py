@@ -5,11 +5,17 @@ A *group* is one rollout execution; it may emit several samples (siblings) that 
 siblings keep their relative order, so the grouping depends on completion order only through
 where each group first appears.
 
+Group ids are ``int`` or ``str`` (numpy integers and strings are converted): ``True``, ``1``
+and ``1.0`` are equal in Python and would silently merge distinct groups, so bools, floats and
+every other type are rejected with that reason. ``None`` means "no group": the sample is its own
+group, as in ``RolloutBatch.from_samples`` (``vime_pure.data.rollout_output``).
+
 Integer ids (a list of Python ints or an integer array) are grouped with one ``numpy.unique``
-(a sort, in C); other hashables fall back to a dict. Both paths give the same numbering.
+(a sort, in C); the rest falls back to a dict. Both paths give the same numbering.
 
 Example: ``group_ids = ["a", "b", "a", "c"]`` gives groups ``[[0, 2], [1], [3]]``, dense ids
-``[0, 1, 0, 2]``, ``order = [0, 2, 1, 3]`` and ``offsets = [0, 2, 3, 4]``.
+``[0, 1, 0, 2]``, ``order = [0, 2, 1, 3]`` and ``offsets = [0, 2, 3, 4]``; ``[None, "a", None]``
+gives three groups ``[0, 1, 2]`` with original ids ``(None, "a", None)``.
 """
 
 from collections.abc import Hashable, Sequence
@@ -19,7 +25,7 @@ import attrs
 import numpy as np
 from jaxtyping import Int64
 
-from vime_pure.errors import ScheduleError
+from vime_pure.errors import ScheduleError, VimeError, field_error, type_tag
 
 
 @attrs.frozen(eq=False)
@@ -56,15 +62,77 @@ class Grouping:
         return cls(ids=tuple(ids), dense=dense, order=order, offsets=offsets)
 
 
-def _dense_numpy(group_ids: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, list[int]] | None:
-    """Dense ids and first-occurrence positions via ``np.unique``, or None if not applicable."""
+_PLAIN_KEYS = frozenset({int, str, type(None)})
+_COLLIDING = ("bools and floats compare equal to ints (True == 1 == 1.0), so they would "
+              "silently merge distinct groups")
+GROUP_ID_FIX = "use int or str group ids (None: the sample is its own group)"
+
+
+def plain_key(value: object) -> int | str | None:
+    """``value`` as a group key: an ``int`` or ``str`` (numpy ones converted), or None.
+
+    Anything else raises ``TypeError`` saying why. Example: ``plain_key(np.int64(3)) == 3``;
+    ``plain_key(1.0)`` raises, because ``1.0 == 1`` would merge two groups.
+    """
+    if value is None or type(value) is int or type(value) is str:
+        return value
+    if isinstance(value, (bool, np.bool_, float, complex, np.floating, np.complexfloating)):
+        raise TypeError(f"is a {type(value).__name__}: {_COLLIDING}")
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, str):
+        return str(value)
+    raise TypeError(f"is a {type(value).__name__}, not an int or str")
+
+
+def group_keys(group_ids: object, error: type[VimeError] = ScheduleError,
+               field: str = "group_ids") -> tuple[np.ndarray | list | tuple, bool]:
+    """Validated ids: an integer array, or a list of ``int | str | None``; and whether a None
+    occurs. Example: ``group_keys([np.int64(1), "a"]) == ([1, "a"], False)``; ``[1, True]``
+    raises ``error`` naming ``group_ids[1]``."""
     if isinstance(group_ids, np.ndarray):
-        arr = group_ids
-    elif isinstance(group_ids, list | tuple) and set(map(type, group_ids)) == {int}:
-        arr = np.asarray(group_ids)  # object dtype when an int exceeds 64 bits
+        if group_ids.ndim != 1:
+            raise field_error(error, f"{field}.shape", group_ids.shape, "is not 1-D",
+                              "pass one group id per sample")
+        if group_ids.dtype.kind in "iu":
+            return group_ids, False
+        if group_ids.dtype.kind not in "UO":
+            raise field_error(error, f"{field}[0]", group_ids[:1].tolist()[0] if group_ids.size
+                              else None,
+                              f"is a {group_ids.dtype} entry: {_COLLIDING}" if
+                              group_ids.dtype.kind in "bfc" else
+                              f"is a {group_ids.dtype} entry, not an int or str", GROUP_ID_FIX)
+        items = group_ids.tolist()
+    elif isinstance(group_ids, (list, tuple)):
+        items = group_ids
+    else:
+        raise field_error(error, field, type_tag(group_ids),
+                          "is not a list, tuple or 1-D array",
+                          "pass one group id per sample, e.g. list(ids)")
+    types = set(map(type, items))
+    if types <= _PLAIN_KEYS:
+        return items, type(None) in types
+    out = list(items)
+    for i, value in enumerate(out):
+        try:
+            out[i] = plain_key(value)
+        except TypeError as exc:
+            raise field_error(error, f"{field}[{i}]", value, str(exc), GROUP_ID_FIX) from None
+    return out, any(v is None for v in out)
+
+
+def _dense_numpy(keys: np.ndarray | list | tuple) -> tuple[np.ndarray, list[int]] | None:
+    """Dense ids and first-occurrence positions via one sort, or None if not applicable."""
+    if isinstance(keys, np.ndarray):
+        arr = keys
+    elif keys and set(map(type, keys)) == {int}:
+        try:
+            arr = np.asarray(keys)  # object dtype when an int exceeds 64 bits
+        except OverflowError:
+            return None
     else:
         return None
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+    if arr.dtype.kind not in "iu":
         return None
     order = np.argsort(arr, kind="stable")  # equal ids stay in index order
     ordered = arr[order]
@@ -103,21 +171,37 @@ def _is_hashable(value: object) -> bool:
     return True
 
 
-def group_samples(group_ids: Sequence[Any] | np.ndarray) -> Grouping:
+class _Own:
+    """Marks a sample without a group id: ``(_OWN, i)`` equals no other key."""
+
+
+_OWN = _Own()
+
+
+def group_samples(group_ids: Any, *, error: type[VimeError] = ScheduleError,
+                  field: str = "group_ids") -> Grouping:
     """Group sample indices by ``group_id`` in first-occurrence order (O(n log n) in C for int
-    and str ids, O(n) dict otherwise)."""
-    fast = _dense_numpy(group_ids)
+    ids, O(n) dict otherwise). Ids are validated (module docstring): a bad one raises ``error``
+    naming ``field[i]``; each None is a group of its own."""
+    keys, has_none = group_keys(group_ids, error, field)
+    fast = _dense_numpy(keys)
     if fast is not None:
         dense, first = fast
-        ids = tuple(map(group_ids.__getitem__, first))
+        ids = tuple(keys[first].tolist()) if isinstance(keys, np.ndarray) else tuple(
+            map(keys.__getitem__, first))
+    elif has_none:
+        own = [(_OWN, i) if v is None else v for i, v in enumerate(keys)]
+        dense, values = dense_first_occurrence(own)
+        ids = tuple(None if type(v) is tuple else v for v in values)
     else:
-        dense, ids = dense_first_occurrence(group_ids)
+        dense, ids = dense_first_occurrence(keys)
     return Grouping.from_dense(dense, ids)
 
 
-def dense_ids(ids: Sequence[Any] | np.ndarray) -> Int64[np.ndarray, " n"]:
+def dense_ids(ids: Any, *, error: type[VimeError] = ScheduleError,
+              field: str = "group_ids") -> Int64[np.ndarray, " n"]:
     """Dense first-occurrence numbers of any ids: the one numbering every module uses.
 
     Example: ``dense_ids([7, 3, 7]) == [0, 1, 0]`` (not sorted order, which would give 1, 0, 1).
     """
-    return group_samples(ids).dense
+    return group_samples(ids, error=error, field=field).dense

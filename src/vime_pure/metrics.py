@@ -18,29 +18,57 @@ reduce to ``Metric(2, 3)``, value 0.667, where the mean of means would say 0.75.
 """
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
 
 import attrs
+import numpy as np
 
-from vime_pure.denominators import LossMode, step_divisor
-from vime_pure.errors import LossConfigError, MetricError, field_error
+from vime_pure.config import as_int
+from vime_pure.denominators import step_divisor
+from vime_pure.errors import (LossConfigError, MetricError, Shown, VimeError, field_error,
+                              type_tag)
 
 Reduction = Literal["mean", "min", "max"]
 REDUCTIONS: tuple[str, ...] = ("mean", "min", "max")
 
 
 
+def as_real(field: str, value: object, error: type[VimeError] = MetricError) -> float:
+    """``value`` as a float that is not NaN: Python and numpy numbers, 0-d tensors; strings,
+    None and NaN are errors (a NaN metric is found upstream, never reduced away).
+
+    Example: ``as_real("sum", np.float32(1.5)) == 1.5``; ``as_real("sum", "1.5")`` raises.
+    """
+    if value is None or isinstance(value, (str, bytes, complex, np.complexfloating)):
+        raise field_error(error, field, value, "is not a real number", "pass a float")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        raise field_error(error, field, type_tag(value), "is not a number",
+                          "pass a float") from None
+    if math.isnan(number):
+        raise field_error(error, field, number, "is NaN",
+                          "find the NaN upstream; vime does not drop it silently")
+    return number
+
+
+def _fsum(field: str, values: Iterable[float]) -> float:
+    """Exactly rounded sum; ``inf + -inf`` and overflow are typed errors, never a NaN."""
+    try:
+        return math.fsum(values)
+    except (ValueError, OverflowError) as exc:
+        raise field_error(MetricError, field, Shown("<sum>"), f"cannot be summed ({exc})",
+                          "find the infinite or overflowing value upstream") from None
+
+
 def _check_metric(m: "Metric") -> None:
-    if m.reduction not in REDUCTIONS:
+    if not isinstance(m.reduction, str) or m.reduction not in REDUCTIONS:
         raise field_error(MetricError, "reduction", m.reduction, "is not a reduction",
                           f"use one of {REDUCTIONS}")
     if not math.isfinite(m.count) or m.count < 0:
         raise field_error(MetricError, "count", m.count, "must be finite and >= 0",
                           "pass the number of observations (or token weight) behind sum")
-    if math.isnan(m.sum):
-        raise field_error(MetricError, "sum", m.sum, "is NaN",
-                          "find the NaN upstream; vime does not drop it silently")
 
 
 @attrs.frozen
@@ -51,8 +79,8 @@ class Metric:
     Example: ``Metric(6.0, 4.0).value == 1.5``; ``Metric(0.0, 0.0).value == 0.0``.
     """
 
-    sum: float = attrs.field(converter=float)
-    count: float = attrs.field(converter=float)
+    sum: float = attrs.field(converter=lambda v: as_real("sum", v))
+    count: float = attrs.field(converter=lambda v: as_real("count", v))
     reduction: Reduction = "mean"
 
     def __attrs_post_init__(self) -> None:
@@ -66,36 +94,53 @@ class Metric:
         return self.sum / self.count if self.reduction == "mean" else self.sum
 
     @classmethod
-    def of(cls, values: Iterable[float | int], reduction: Reduction = "mean") -> "Metric":
+    def of(cls, values: Any, reduction: Any = "mean") -> "Metric":
         """Metric of observations. Example: ``Metric.of([1, 3], "max") == Metric(3, 2, "max")``."""
-        xs = [float(x) for x in values]
+        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+            raise field_error(MetricError, "values", type_tag(values), "is not a list of numbers",
+                              "pass the observations, e.g. [1.0, 0.0]")
+        xs = [as_real(f"values[{i}]", x) for i, x in enumerate(values)]
         if reduction == "mean":
-            return cls(math.fsum(xs), len(xs), reduction)
+            return cls(_fsum("values", xs), len(xs), reduction)
         extreme = (min if reduction == "min" else max)(xs) if xs else 0.0
         return cls(extreme, len(xs), reduction)
 
 
-def merge_metrics(items: Sequence[Metric], key: str = "metric") -> Metric:
+def merge_metrics(items: Any, key: str = "metric") -> Metric:
     """Combine records of one metric from several ranks (exactly-rounded sums)."""
-    if not items:
-        raise field_error(MetricError, key, [], "has no records to merge", "pass at least one")
+    if not isinstance(items, (list, tuple)) or not items:
+        raise field_error(MetricError, key, type_tag(items) if not isinstance(items, (list, tuple))
+                          else [], "has no records to merge", "pass a non-empty list of Metric")
+    odd = next((i for i, m in enumerate(items) if not isinstance(m, Metric)), None)
+    if odd is not None:
+        raise field_error(MetricError, f"{key}[{odd}]", type_tag(items[odd]), "is not a Metric",
+                          "wrap each rank's value as Metric(sum, count, reduction)")
     reductions = {m.reduction for m in items}
     if len(reductions) > 1:
         raise field_error(MetricError, key, sorted(reductions),
                           "is reported with different reductions on different ranks",
                           "use the same reduction for a key on every rank")
     reduction = items[0].reduction
-    count = math.fsum(m.count for m in items)
+    count = _fsum(f"{key}.count", (m.count for m in items))
     if reduction == "mean":
-        return Metric(math.fsum(m.sum for m in items), count, "mean")
+        return Metric(_fsum(f"{key}.sum", (m.sum for m in items)), count, "mean")
     seen = [m.sum for m in items if m.count > 0]
     extreme = (min if reduction == "min" else max)(seen) if seen else 0.0
     return Metric(extreme, count, reduction)
 
 
-def _check_same_keys(per_rank: Sequence[Mapping[str, object]]) -> None:
-    if not per_rank:
-        raise field_error(MetricError, "per_rank", [], "is empty", "pass one dict per rank")
+def _check_same_keys(per_rank: Any, field: str = "per_rank") -> None:
+    if not isinstance(per_rank, (list, tuple)) or not per_rank:
+        raise field_error(MetricError, field, type_tag(per_rank) if not isinstance(
+            per_rank, (list, tuple)) else [], "is not a non-empty list", "pass one dict per rank")
+    for rank, d in enumerate(per_rank):
+        if not isinstance(d, Mapping):
+            raise field_error(MetricError, f"{field}[{rank}]", type_tag(d), "is not a dict",
+                              "pass one {name: value} dict per rank")
+        odd = next((k for k in d if not isinstance(k, str)), None)
+        if odd is not None:
+            raise field_error(MetricError, f"{field}[{rank}] key", odd, "is not a str",
+                              "name every metric with a string")
     reference = set(per_rank[0])
     for rank, d in enumerate(per_rank[1:], start=1):
         if set(d) != reference:
@@ -106,19 +151,34 @@ def _check_same_keys(per_rank: Sequence[Mapping[str, object]]) -> None:
                 "Metric(0.0, 0.0) where a rank saw no data) so that collectives line up.")
 
 
-def reduce_metrics(per_rank: Sequence[Mapping[str, Metric]]) -> dict[str, Metric]:
-    """Reduce per-rank metric dicts key by key; a typed error when key sets differ."""
+def reduce_metrics(per_rank: Any) -> dict[str, Metric]:
+    """Reduce per-rank metric dicts key by key; a typed error when key sets differ.
+
+    ``per_rank``: a list of ``{name: Metric}`` dicts, one per rank (typed loosely: a user
+    boundary; a plain float instead of a ``Metric`` is a ``MetricError`` naming it).
+    """
     _check_same_keys(per_rank)
+    for rank, d in enumerate(per_rank):
+        odd = next((k for k, m in d.items() if not isinstance(m, Metric)), None)
+        if odd is not None:
+            raise field_error(MetricError, f"per_rank[{rank}][{odd!r}]", type_tag(d[odd]),
+                              "is not a Metric", "wrap the value as Metric(sum, count), e.g. "
+                              "Metric.of(values)")
     return {k: merge_metrics([d[k] for d in per_rank], k) for k in sorted(per_rank[0])}
 
 
-def metric_values(metrics: Mapping[str, Metric]) -> dict[str, float]:
+def metric_values(metrics: Any) -> dict[str, float]:
     """Read the reported numbers. Example: ``{"r": Metric(2, 4)}`` -> ``{"r": 0.5}``."""
+    _check_same_keys([metrics], "metrics")
+    odd = next((k for k, m in metrics.items() if not isinstance(m, Metric)), None)
+    if odd is not None:
+        raise field_error(MetricError, f"metrics[{odd!r}]", type_tag(metrics[odd]),
+                          "is not a Metric", "pass {name: Metric(sum, count)}")
     return {k: m.value for k, m in metrics.items()}
 
 
-def reduce_train_step(values: Sequence[Mapping[str, float | int]], G_s: int, mode: LossMode | str,
-                      cp: int = 1, *, num_samples: int | None = None) -> dict[str, float]:
+def reduce_train_step(values: Any, G_s: Any, mode: Any, cp: Any = 1, *,
+                      num_samples: Any = None) -> dict[str, float]:
     """The train-step report of loss-like keys, identical for any split of the step.
 
     ``values`` holds, per rank of the DP x CP group, the sum over its micro-batches of
@@ -131,12 +191,11 @@ def reduce_train_step(values: Sequence[Mapping[str, float | int]], G_s: int, mod
     -> ``{"loss": 8.0}``.
     """
     divisor = step_divisor(mode, G_s, num_samples)
-    if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
-        raise field_error(LossConfigError, "cp", cp, "must be an integer >= 1",
-                          "pass the context-parallel size")
-    _check_same_keys(values)
+    cp = as_int("cp", cp, 1, LossConfigError, "pass the context-parallel size")
+    _check_same_keys(values, "values")
     if len(values) % cp:
-        raise field_error(MetricError, "values", f"<{len(values)} ranks>",
+        raise field_error(MetricError, "values", Shown(f"<{len(values)} ranks>"),
                           f"is not a multiple of cp={cp}: some CP rank's partial is missing",
                           "gather from the whole DP x CP group")
-    return {k: math.fsum(float(d[k]) for d in values) / divisor for k in sorted(values[0])}
+    return {k: _fsum(k, [as_real(f"values[{r}][{k!r}]", d[k]) for r, d in enumerate(values)])
+            / divisor for k in sorted(values[0])}

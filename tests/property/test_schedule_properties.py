@@ -20,6 +20,7 @@ from tests.property.bin_packing import (EXACT_LIMIT, align_up, any_fit_upper_bou
                                         split_oversize)
 from tests.property.strategies import layouts, scenarios, workloads
 from vime_pure import BatchingPolicy, ParallelLayout, ScheduleError, build_schedule
+from vime_pure.scheduling.report import step_stats
 
 CAP = 1000  # the token cap per micro-batch of the count properties (max_tokens_per_gpu * cp)
 BIN_BALANCES = ("strided", "tokens", "flops")  # the policies that deal packed bins to ranks
@@ -72,6 +73,18 @@ def test_deterministic(case):
     a = _schedule_or_skip(lengths, group_ids, layout, policy)
     b = build_schedule(list(lengths), list(group_ids), layout, policy)
     assert a == b
+
+
+@given(scenarios())
+def test_used_microbatches_never_below_the_reported_bound(case):
+    # The report's bound is the one the scheduler guarantees: oversize samples alone, the rest
+    # in ceil(tokens / cap) micro-batches at best, aligned. Workloads draw samples up to 3x cap.
+    lengths, group_ids, layout, policy = case
+    s = _schedule_or_skip(lengths, group_ids, layout, policy)
+    for stats in step_stats(s):
+        assert stats.num_microbatches >= stats.microbatch_bound_aligned >= stats.microbatch_bound
+        assert stats.microbatches_per_rank >= stats.microbatch_lower_bound
+        assert stats.microbatch_bound >= stats.oversize_samples
 
 
 @given(scenarios())

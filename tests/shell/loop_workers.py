@@ -123,7 +123,8 @@ def killed_worker(root: str, cache: str, port: int, kill_after: int) -> None:
         if event.rollout_id == kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    run_training(_cfg(**resume_kwargs(root, "interrupted")), on_rollout=hook, progress=False)
+    run_training(_cfg(**resume_kwargs(root, "interrupted", resume=False)), on_rollout=hook,
+                 progress=False)
 
 
 def killed_in_save_worker(root: str, cache: str, port: int) -> None:
@@ -142,11 +143,13 @@ def killed_in_save_worker(root: str, cache: str, port: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     torch_dist.SyncTorchDistSave.save = save_then_die
-    run_training(_cfg(**resume_kwargs(root, "killed_in_save")), progress=False)
+    run_training(_cfg(**resume_kwargs(root, "killed_in_save", resume=False)), progress=False)
 
 
-def resume_kwargs(root: str, name: str) -> dict:
-    return dict(num_rollout=4, save=f"{root}/{name}/ckpt", load=f"{root}/{name}/ckpt",
+def resume_kwargs(root: str, name: str, resume: bool) -> dict:
+    """A new run passes --save only; its resumption adds --load of the same directory."""
+    return dict(num_rollout=4, save=f"{root}/{name}/ckpt",
+                load=f"{root}/{name}/ckpt" if resume else None,
                 save_interval=2, run_dir=f"{root}/{name}/run",
                 save_rollout_data=f"{root}/{name}/dumps/r{{rollout_id}}.npz")
 
@@ -166,7 +169,8 @@ def resume_worker(rank: int, root: str, cache: str, names: tuple[str, ...]) -> d
                 final.update({n: t.numpy().copy()
                               for n, t in event.trainer.hf_state_dict().items()})
 
-        result = run_training(_cfg(**resume_kwargs(root, name)), on_rollout=hook, progress=False)
+        result = run_training(_cfg(**resume_kwargs(root, name, resume=name != "uninterrupted")),
+                              on_rollout=hook, progress=False)
         out[name] = {"start": result.start_rollout, "final": final,
                      "ran": [r["rollout"] for r in result.records]}
     return out

@@ -94,6 +94,7 @@ def test_crash_between_shard_writes_keeps_old_checkpoint(hf_dir, tmp_path, monke
     with pytest.raises(OSError, match="simulated"):
         _export(hf_dir, target, max_shard_size="10KB")
     assert _digest(target) == before  # the old checkpoint, whole
+    assert not target.with_name(target.name + ".vime-staging").exists()  # nothing left behind
     monkeypatch.setattr(hf_export, "save_file", real)
     _export(hf_dir, target, max_shard_size="10KB")  # a retry replaces it cleanly
     index = json.loads((target / hf_export.INDEX_NAME).read_text())
@@ -125,3 +126,15 @@ def test_sizes_and_plan():
         parse_size("lots")
     assert plan_shards({"c": 300, "a": 400, "b": 400}, 800) == [["a", "b"], ["c"]]
     assert plan_shards({"big": 5000, "a": 1}, 100) == [["a"], ["big"]]
+
+
+def test_every_file_and_the_swap_are_fsynced(hf_dir, tmp_path, monkeypatch):
+    synced = []
+    monkeypatch.setattr(hf_export, "fsync_path", lambda p: synced.append(str(p)))
+    target = _export(hf_dir, tmp_path / "out", max_shard_size="20KB")
+    staging = str(tmp_path / "out.vime-staging")
+    shards = sorted(p.name for p in target.glob("model-*.safetensors"))
+    # Every shard before its rename, every copied file, the staging dir, then the swap's parent.
+    assert {f"{staging}/{name}.tmp" for name in shards} <= set(synced)
+    assert f"{staging}/tokenizer.json" in synced and f"{staging}/config.json" in synced
+    assert synced[-2:] == [staging, str(tmp_path)]

@@ -68,8 +68,8 @@ def test_factor_docstring_example():
     assert loss_factor(rec, dp=2, cp=1) == 1.0
     rec = attrs.evolve(rec, loss_mode=LossMode.SAMPLE_TOKEN_MEAN)
     assert loss_factor(rec, dp=2, cp=1) == 0.5  # sample_token_mean divides by N_s, not G_s
-    with pytest.raises(VimeError, match="G_s"):
-        loss_factor(attrs.evolve(rec, num_groups=0), dp=2, cp=1)
+    with pytest.raises(VimeError, match="num_groups=0: must be an integer >= 1"):
+        attrs.evolve(rec, num_groups=0)  # such a record cannot exist (G_s >= 1)
 
 
 @pytest.mark.parametrize("mode", list(LossMode))

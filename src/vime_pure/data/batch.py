@@ -22,12 +22,12 @@ reward=1.0), Sample(tokens=[1, 2, 4, 5], response_length=2, reward=0.0)]])`` has
 """
 
 from collections.abc import Hashable
+from typing import Any
 
 import attrs
 import numpy as np
 from jaxtyping import Bool, Float32, Float64, Int32, Int64, TypeCheckError, UInt8
 
-from vime_pure.config import BatchingPolicy, ParallelLayout
 from vime_pure.data.columns import (all_finite, check_dtypes, check_offsets, first_bad,
                                     shape_checker, shape_error)
 from vime_pure.data.convert import batch_columns
@@ -35,7 +35,8 @@ from vime_pure.data.ragged import row_sums
 from vime_pure.data.rewards import RewardNormalization
 from vime_pure.data.sample import STATUSES
 from vime_pure.denominators import group_totals
-from vime_pure.errors import RolloutBatchError
+from vime_pure.errors import (RolloutBatchError, RolloutValidationError, field_error,
+                              type_tag)
 from vime_pure.grouping import Grouping
 from vime_pure.scheduling.planner import plan_grouped
 from vime_pure.scheduling.schedule import Schedule
@@ -112,24 +113,31 @@ class RolloutBatch:
         return self.loss_masks[self.response_offsets[i]:self.response_offsets[i + 1]]
 
     @classmethod
-    def from_samples(cls, output: object, *, reward_key: str | None = None,
-                     normalization: RewardNormalization = RewardNormalization()
-                     ) -> "RolloutBatch":
+    def from_samples(cls, output: Any, *, reward_key: Any = None,
+                     normalization: Any = RewardNormalization()) -> "RolloutBatch":
         """Validate a rollout output (any nesting, see ``vime_pure.data.rollout_output``) and build columns.
 
         ``reward_key`` picks the trained reward from dict rewards; ``normalization`` turns
         rewards into advantages per prompt group. Raises a ``VimeError`` subclass naming the
-        sample's path (e.g. ``output[3][1]``) on any malformed input.
+        sample's path (e.g. ``output[3][1]``) on any malformed input (arguments are typed
+        loosely: this is the user boundary).
         """
+        if reward_key is not None and not isinstance(reward_key, str):
+            raise field_error(RolloutValidationError, "reward_key", reward_key, "is not a str",
+                              "name the dict reward to train on, or pass None")
+        if not isinstance(normalization, RewardNormalization):
+            raise field_error(RolloutValidationError, "normalization", type_tag(normalization),
+                              "is not a RewardNormalization", "pass RewardNormalization(...)")
         return cls(**batch_columns(output, reward_key, normalization))
 
 
-def schedule_for(batch: RolloutBatch, layout: ParallelLayout, policy: BatchingPolicy,
-                 flops: Float64[np.ndarray, " n"] | None = None) -> Schedule:
+def schedule_for(batch: Any, layout: Any, policy: Any, flops: Any = None) -> Schedule:
     """The ``Schedule`` of ``batch``: ``build_schedule`` on its lengths and group ids.
 
     The batch's dense first-occurrence group numbers go straight into the planner (no round
     trip through the original ids); dropped groups are still reported by their original ids.
+    Typed loosely (a user boundary): a ``RolloutBatch``, a ``ParallelLayout``, a
+    ``BatchingPolicy``; anything else is a typed error.
     """
     if not isinstance(batch, RolloutBatch):
         raise RolloutBatchError(f"batch is a {type(batch).__name__}. Fix: pass a RolloutBatch "
@@ -184,7 +192,10 @@ def check_batch(b: RolloutBatch) -> None:
     first_bad(b.sample_indices < -1, "sample_indices", b.sample_indices, "-1 means unknown")
 
 
-def _check_dense(name: str, ids: np.ndarray, values: tuple[Hashable, ...]) -> None:
+def _check_dense(name: str, ids: np.ndarray, values: Any) -> None:
+    if not isinstance(values, tuple):
+        raise RolloutBatchError(f"{name} original values are a {type(values).__name__}. Fix: "
+                                "pass a tuple of the distinct int/str ids.")
     bad = [v for v in values if type(v) not in (int, str)]
     if bad or len(set(values)) != len(values):
         raise RolloutBatchError(f"{name} original values {list(values)[:8]} must be distinct "

@@ -31,10 +31,11 @@ def all_finite(values: np.ndarray) -> bool:
     return bool(np.isfinite(total)) or bool(np.isfinite(values).all())
 
 
-def check_dtypes(record: object, columns: dict[str, np.dtype], what: str) -> None:
+def check_dtypes(record: object, columns: dict[str, np.dtype], what: str,
+                 optional: tuple[str, ...] = ("rollout_log_probs",)) -> None:
     for name, dtype in columns.items():
         col = getattr(record, name)
-        if col is None and name == "rollout_log_probs":
+        if col is None and name in optional:
             continue
         if not isinstance(col, np.ndarray) or col.dtype != dtype or col.ndim != 1:
             got = (f"{col.dtype}[{','.join(map(str, col.shape))}]"
@@ -68,12 +69,13 @@ def check_offsets(name: str, offsets: np.ndarray, lengths: np.ndarray, flat_name
                f"consecutive offsets differ by {length_name}[i]")
 
 
-def first_bad(bad: np.ndarray, name: str, values: np.ndarray, rule: str) -> None:
+def first_bad(bad: np.ndarray, name: str, values: np.ndarray, rule: str,
+              fix: str = "rebuild the batch with RolloutBatch.from_samples, or correct the "
+                         "source data") -> None:
     """Raise for the first True of ``bad`` (vectorised check, one Python branch)."""
     if bad.any():
         i = int(np.argmax(bad))
         raise RolloutBatchError(f"{name}[{i}]={values[i].item()!r} breaks the rule: {rule}. "
-                                "Fix: rebuild the batch with RolloutBatch.from_samples, or "
-                                "correct the source data.")
+                                f"Fix: {fix}.")
 
 

@@ -27,14 +27,12 @@ from vime_pure.data.sample import STATUSES, as_status
 
 _STATUS_CODE: dict[Any, int] = {s: k for k, s in enumerate(STATUSES)}  # str values hash alike
 _INT32_MAX = np.iinfo(np.int32).max
+_INT64_END = 2**63
 
 
 def batch_columns(output: object, reward_key: str | None,
                   normalization: RewardNormalization) -> dict[str, Any]:
     """Keyword arguments of ``RolloutBatch`` for a validated rollout output."""
-    if not isinstance(normalization, RewardNormalization):
-        raise RolloutValidationError(f"normalization={normalization!r} is not a "
-                                     "RewardNormalization. Fix: pass RewardNormalization(...).")
     flat = flatten_rollout_output(output)
     n = len(flat.samples)
     if n == 0:
@@ -71,8 +69,7 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
     ss = flat.samples
     n = len(ss)
     tokens = [s.tokens for s in ss]
-    bad = next((i for i, t in enumerate(tokens) if type(t) not in _SEQUENCES
-                and not isinstance(t, (list, tuple, np.ndarray))), None)
+    bad = next((i for i, t in enumerate(tokens) if not _flat_sequence(t)), None)
     lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=n) if bad is None else None
     if bad is not None or lengths.min() < 1:
         i = bad if bad is not None else int(np.argmin(lengths))
@@ -80,14 +77,25 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
                                      "non-empty list of token ids. Fix: set prompt + "
                                      "response token ids.")
     resp_raw = [s.response_length for s in ss]
-    resp = (np.fromiter(resp_raw, dtype=np.int64, count=n)
-            if all(type(r) is int for r in resp_raw) else None)
+    resp = None
+    if all(type(r) is int for r in resp_raw):
+        try:
+            resp = np.fromiter(resp_raw, dtype=np.int64, count=n)
+        except OverflowError:  # beyond int64: the per-sample check below names it
+            resp = None
     if resp is None or ((resp < 0) | (resp > lengths)).any():  # numpy ints, or an error
         resp = np.fromiter((check_response_length(s, flat.path(i)) for i, s in enumerate(ss)),
                            dtype=np.int64, count=n)
     masks = [None if s.remove_sample else s.loss_mask for s in ss]
     log_probs = [s.rollout_log_probs for s in ss]
     for name, col in (("loss_mask", [s.loss_mask for s in ss]), ("rollout_log_probs", log_probs)):
+        odd = next((i for i, m in enumerate(col) if m is not None and not _flat_sequence(m)),
+                   None)
+        if odd is not None:  # a str or an int would broadcast or fail inside numpy
+            raise RolloutValidationError(
+                f"{flat.path(odd)}: {name}={col[odd]!r:.60} is a {type(col[odd]).__name__}, "
+                "not a flat list or array. Fix: give one value per response token"
+                + (", or None for all ones." if name == "loss_mask" else ", or None."))
         sizes = np.fromiter((-1 if m is None else len(m) for m in col), dtype=np.int64, count=n)
         wrong = np.flatnonzero((sizes >= 0) & (sizes != resp))
         if wrong.size:
@@ -110,7 +118,7 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
     if odd is not None:
         raise RolloutValidationError(f"{flat.path(odd)}: remove_sample={removed[odd]!r} is not "
                                      "a bool. Fix: set True or False.")
-    indices = [-1 if (k := s.index) is None else k if type(k) is int and k >= 0
+    indices = [-1 if (k := s.index) is None else k if type(k) is int and 0 <= k < _INT64_END
                else _check_index(k, flat.path(i)) for i, s in enumerate(ss)]
     return dict(tokens=tokens, lengths=lengths, response_lengths=resp, masks=masks,
                 log_probs=log_probs, rewards=rewards, statuses=statuses, removed=removed,
@@ -120,10 +128,19 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
 _SEQUENCES = (list, tuple, np.ndarray)
 
 
+def _flat_sequence(value: object) -> bool:
+    """A list, tuple or 1-D array (``len`` and concatenation mean one entry per token)."""
+    if type(value) is list or type(value) is tuple:
+        return True
+    if isinstance(value, np.ndarray):
+        return value.ndim == 1
+    return isinstance(value, (list, tuple))
+
+
 def _check_index(index: object, where: str) -> int:
-    if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)) or (
-            index < 0):
-        raise RolloutValidationError(f"{where}: index={index!r} is not a non-negative int. "
+    if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)) or not (
+            0 <= index < _INT64_END):
+        raise RolloutValidationError(f"{where}: index={index!r} is not a non-negative int64. "
                                      "Fix: set an int index or None.")
     return int(index)
 

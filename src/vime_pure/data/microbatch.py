@@ -37,6 +37,7 @@ groups, ``denominators [1, 1]``.
 """
 
 from itertools import chain
+from typing import Any
 
 import attrs
 import numpy as np
@@ -45,10 +46,11 @@ from jaxtyping import Float32, Float64, Int64, TypeCheckError
 from vime_pure.config import as_int
 from vime_pure.cp import zigzag_offsets
 from vime_pure.data.batch import RolloutBatch
-from vime_pure.data.columns import shape_checker, shape_error
+from vime_pure.data.columns import (all_finite, check_dtypes, first_bad, shape_checker,
+                                    shape_error)
 from vime_pure.data.ragged import offsets_from_lengths, row_positions, row_sums
 from vime_pure.denominators import LossMode, step_denominators
-from vime_pure.errors import RolloutBatchError, field_error
+from vime_pure.errors import RolloutBatchError, Shown, field_error, type_tag
 from vime_pure.scheduling.schedule import Schedule
 
 
@@ -57,7 +59,7 @@ class TrainMicroBatch:
     """One micro-batch of one (DP, CP) rank as a packed row (fields: module docstring)."""
 
     step: int
-    loss_mode: LossMode
+    loss_mode: LossMode = attrs.field(converter=LossMode.parse)
     num_groups: int
     num_samples: int
     num_microbatches: int
@@ -79,6 +81,8 @@ class TrainMicroBatch:
     ref_log_probs: Float32[np.ndarray, " R"] | None = None
 
     def __attrs_post_init__(self) -> None:
+        _check_counts(self)
+        check_dtypes(self, MICROBATCH_COLUMNS, "TrainMicroBatch", optional=LOG_PROB_COLUMNS)
         try:
             shape_checker(_shapes)(
                 self.sample_indices, self.seq_lengths, self.denominators, self.tokens,
@@ -87,6 +91,7 @@ class TrainMicroBatch:
                 self.old_log_probs, self.ref_log_probs)
         except TypeCheckError as exc:
             raise shape_error("TrainMicroBatch", self, exc) from None
+        _check_values(self)
 
     @property
     def num_tokens(self) -> int:
@@ -129,11 +134,13 @@ class RankBatch:
         return tuple(mb for step in self.steps for mb in step.microbatches)
 
 
-def rank_batch(batch: RolloutBatch, schedule: Schedule, *, dp_rank: int,
-               loss_mode: LossMode | str = LossMode.GROUP_TOKEN_MEAN, cp_size: int = 1,
-               cp_rank: int = 0, norm: float | int | None = None) -> RankBatch:
+def rank_batch(batch: Any, schedule: Any, *, dp_rank: Any,
+               loss_mode: Any = LossMode.GROUP_TOKEN_MEAN, cp_size: Any = 1,
+               cp_rank: Any = 0, norm: Any = None) -> RankBatch:
     """The records DP rank ``dp_rank`` / CP rank ``cp_rank`` trains (see the module docstring).
 
+    Typed loosely on purpose (a user boundary): a ``RolloutBatch``, its ``Schedule``, int
+    ranks, a ``LossMode`` or its name; every value is checked here with a typed error.
     ``norm``: the constant of ``sample_token_sum_norm`` (e.g. the max response length).
     Raises ``RolloutBatchError`` when the schedule was planned for another batch or a rank is
     out of range, ``LossConfigError`` for a bad mode or norm.
@@ -142,6 +149,9 @@ def rank_batch(batch: RolloutBatch, schedule: Schedule, *, dp_rank: int,
     mode = LossMode.parse(loss_mode)
     dp_rank = _rank("dp_rank", dp_rank, schedule.layout.dp)
     cp_size = as_int("cp_size", cp_size, 1, RolloutBatchError, "pass the context-parallel size")
+    if cp_size > MAX_CP:  # each sample is padded to a multiple of 2 * cp_size (int64 math)
+        raise field_error(RolloutBatchError, "cp_size", cp_size, f"exceeds {MAX_CP}",
+                          "pass the context-parallel size of the trainer")
     cp_rank = _rank("cp_rank", cp_rank, cp_size)
     dens = step_denominators(mode, batch.group_ids,
                              row_sums(batch.loss_masks, batch.response_offsets).astype(np.float64),
@@ -163,8 +173,8 @@ def rank_batch(batch: RolloutBatch, schedule: Schedule, *, dp_rank: int,
                      num_response_tokens=int(batch.response_offsets[-1]), steps=tuple(steps))
 
 
-def with_log_probs(rank: RankBatch, *, old_log_probs: np.ndarray | None = None,
-                   ref_log_probs: np.ndarray | None = None, old_from_step: int = 0) -> RankBatch:
+def with_log_probs(rank: Any, *, old_log_probs: Any = None, ref_log_probs: Any = None,
+                   old_from_step: Any = 0) -> RankBatch:
     """``rank`` with ``old_log_probs`` / ``ref_log_probs`` attached to every record.
 
     Both are flat float arrays in batch coordinates (``num_response_tokens`` long, e.g. from
@@ -175,22 +185,37 @@ def with_log_probs(rank: RankBatch, *, old_log_probs: np.ndarray | None = None,
     Example: ``with_log_probs(rb, old_log_probs=logps)`` gives records whose ``old_log_probs``
     equal ``logps[mb.response_index]``.
     """
+    if not isinstance(rank, RankBatch):
+        raise field_error(RolloutBatchError, "rank", type_tag(rank), "is not a RankBatch",
+                          "pass what rank_batch returned")
     columns = {}
     for name, values in (("old_log_probs", old_log_probs), ("ref_log_probs", ref_log_probs)):
         if values is None:
             continue
-        values = np.asarray(values)
-        if values.shape != (rank.num_response_tokens,) or values.dtype.kind != "f":
-            raise field_error(RolloutBatchError, name, f"{values.dtype}{list(values.shape)}",
+        arr = values if isinstance(values, np.ndarray) else None
+        if arr is None or arr.shape != (rank.num_response_tokens,) or arr.dtype.kind != "f":
+            raise field_error(RolloutBatchError, name, type_tag(values) if arr is None else
+                              Shown(f"<{arr.dtype}{list(arr.shape)}>"),
                               f"is not a float array of the batch's {rank.num_response_tokens} "
                               "response tokens", "pass log-probs in batch coordinates")
-        columns[name] = values
-    steps = tuple(attrs.evolve(step, microbatches=tuple(
-        attrs.evolve(mb, **{name: values[mb.response_index].astype(np.float32, copy=False)
-                            for name, values in columns.items()
-                            if name != "old_log_probs" or s >= old_from_step})
-        for mb in step.microbatches)) for s, step in enumerate(rank.steps))
-    return attrs.evolve(rank, steps=steps)
+        columns[name] = arr  # NaN where another rank scores the token: only ours must be finite
+    if isinstance(old_from_step, bool) or not isinstance(old_from_step, int) or old_from_step < 0:
+        raise field_error(RolloutBatchError, "old_from_step", old_from_step,
+                          "is not a step index >= 0", "pass 0 (every step) or 1 (on policy)")
+    steps = []
+    for s, step in enumerate(rank.steps):
+        names = [n for n in columns if n != "old_log_probs" or s >= old_from_step]
+        records = []
+        for mb in step.microbatches:
+            attached = {name: columns[name][mb.response_index] for name in names}
+            for name, mine in attached.items():
+                if not all_finite(mine):
+                    first_bad(~np.isfinite(mine), f"{name}[response_index]", mine, "is finite",
+                              "fill every token this rank scores (the trainer's log-prob pass)")
+            records.append(attrs.evolve(mb, **{name: mine.astype(np.float32, copy=False)
+                                               for name, mine in attached.items()}))
+        steps.append(attrs.evolve(step, microbatches=tuple(records)))
+    return attrs.evolve(rank, steps=tuple(steps))
 
 
 def _record(batch: RolloutBatch, idx: np.ndarray, dens: np.ndarray, cp_rank: int, cp_size: int,
@@ -252,6 +277,51 @@ def _step_of_sample(schedule: Schedule) -> np.ndarray:
         out[np.fromiter(chain.from_iterable(chain.from_iterable(step.microbatches)),
                         dtype=np.int64)] = s
     return out
+
+
+LOG_PROB_COLUMNS = ("rollout_log_probs", "old_log_probs", "ref_log_probs")
+MICROBATCH_COLUMNS: dict[str, np.dtype] = {
+    **dict.fromkeys(("sample_indices", "seq_lengths", "tokens", "positions", "labels",
+                     "logit_index", "response_index", "token_sample"), np.dtype(np.int64)),
+    "denominators": np.dtype(np.float64),
+    **dict.fromkeys(("loss_mask", "advantages", *LOG_PROB_COLUMNS), np.dtype(np.float32)),
+}
+MAX_CP = 2**16  # context-parallel ranks; a larger cp_size is a bug, not a layout
+_RECORD_FIX = "build records with rank_batch(batch, schedule_for(batch, layout, policy), ...)"
+
+
+def _check_counts(mb: "TrainMicroBatch") -> None:
+    for field, lo in (("step", 0), ("num_groups", 1), ("num_samples", 1),
+                      ("num_microbatches", 1), ("cp_size", 1), ("cp_rank", 0)):
+        as_int(field, getattr(mb, field), lo, RolloutBatchError, _RECORD_FIX)
+    if mb.cp_rank >= mb.cp_size:
+        raise field_error(RolloutBatchError, "cp_rank", mb.cp_rank,
+                          f"is not below cp_size={mb.cp_size}", _RECORD_FIX)
+
+
+def _check_values(mb: "TrainMicroBatch") -> None:
+    """What the loss would get silently wrong: indices out of the row, masks other than 0/1,
+    denominators <= 0 under a non-zero mask, non-finite values (O(T + R), numpy)."""
+    k, t = len(mb.sample_indices), len(mb.tokens)
+    for name, values, bad, rule in (
+            ("seq_lengths", mb.seq_lengths, mb.seq_lengths < 1, "every sample has a token"),
+            ("token_sample", mb.token_sample, (mb.token_sample < 0) | (mb.token_sample >= k),
+             f"indexes one of the row's {k} samples"),
+            ("logit_index", mb.logit_index, (mb.logit_index < 0) | (mb.logit_index >= t),
+             f"indexes one of the row's {t} positions"),
+            ("response_index", mb.response_index, mb.response_index < 0, "is >= 0"),
+            ("loss_mask", mb.loss_mask, (mb.loss_mask != 0) & (mb.loss_mask != 1), "is 0 or 1"),
+            ("denominators", mb.denominators, ~np.isfinite(mb.denominators)
+             | (mb.denominators < 0), "is finite and >= 0"),
+            ("advantages", mb.advantages, ~np.isfinite(mb.advantages), "is finite")):
+        first_bad(bad, name, values, rule, _RECORD_FIX)
+    counted = np.bincount(mb.token_sample, weights=mb.loss_mask, minlength=k)
+    first_bad((counted > 0) & (mb.denominators <= 0), "denominators", mb.denominators,
+              "is > 0 for a sample with loss-masked tokens", _RECORD_FIX)
+    for name in LOG_PROB_COLUMNS:
+        values = getattr(mb, name)
+        if values is not None and not all_finite(values):
+            first_bad(~np.isfinite(values), name, values, "is finite", _RECORD_FIX)
 
 
 def _rank(field: str, value: object, size: int) -> int:

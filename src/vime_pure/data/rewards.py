@@ -21,18 +21,17 @@ Example: prompt 0 has groups with rewards 1 and 0, prompt 1 one group with 5; GR
 std gives ``[0.5, -0.5, 0.0]`` per group, with std ``[~1, ~-1, 0.0]``.
 """
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 import numpy as np
-from jaxtyping import Float64, Int, Int64, Real
+from jaxtyping import Float64, Int64
 
-from vime_pure.errors import RewardError, field_error
+from vime_pure.errors import RewardError, Shown, field_error, type_tag
 from vime_pure.grouping import dense_ids
 
 METHODS: tuple[str, ...] = ("grpo", "gspo", "reinforce_pp_baseline")
-Ids = Sequence[Hashable] | Int[np.ndarray, " n"]
-Rewards = Sequence[float | int] | Real[np.ndarray, " n"]
 
 
 @attrs.frozen(kw_only=True)
@@ -45,7 +44,7 @@ class RewardNormalization:
     eps: float = 1e-6
 
     def __attrs_post_init__(self) -> None:
-        if self.method not in METHODS:
+        if not isinstance(self.method, str) or self.method not in METHODS:
             raise field_error(RewardError, "method", self.method, "is not a normalisation",
                               f"use one of {METHODS}")
         if not isinstance(self.normalize_std, bool):
@@ -107,15 +106,21 @@ def group_rewards(rewards: Float64[np.ndarray, " n"], groups: Int64[np.ndarray, 
     return per_group
 
 
-def normalize_rewards(rewards: Rewards, group_ids: Ids,
-                      prompt_groups: Ids, config: RewardNormalization = RewardNormalization(),
+def normalize_rewards(rewards: Any, group_ids: Any, prompt_groups: Any,
+                      config: Any = RewardNormalization(),
                       where: Callable[[int], str] = _sample_name) -> Float64[np.ndarray, " n"]:
     """Per-sample advantages under ``config`` (see the module docstring for the formulas).
 
     ``where(i)`` names sample ``i`` in errors (``RolloutBatch.from_samples`` passes its path).
+    ``rewards``: one number per sample; ids: one int or str per sample (None: its own group).
+    Typed loosely (a user boundary); advantages are finite or a ``RewardError`` says why.
     """
-    r = np.asarray(rewards, dtype=np.float64).reshape(-1)
-    groups, prompts = dense_ids(group_ids), dense_ids(prompt_groups)
+    if not isinstance(config, RewardNormalization):
+        raise field_error(RewardError, "config", type_tag(config), "is not a RewardNormalization",
+                          "pass RewardNormalization(method=...)")
+    r = _as_rewards(rewards)
+    groups = dense_ids(group_ids, error=RewardError)
+    prompts = dense_ids(prompt_groups, error=RewardError, field="prompt_groups")
     if not len(r) == len(groups) == len(prompts):
         raise RewardError(f"rewards, group_ids and prompt_groups have lengths {len(r)}, "
                           f"{len(groups)} and {len(prompts)}. Fix: pass one of each per sample.")
@@ -130,6 +135,12 @@ def normalize_rewards(rewards: Rewards, group_ids: Ids,
         raise RewardError(f"{where(i)} shares a rollout group with {where(int(first[groups[i]]))} "
                           "but answers another prompt. "
                           "Fix: give each rollout execution a unique group_id.")
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked below, by name
+        return _advantages(r, groups, prompt_of_group, per_group, config)
+
+
+def _advantages(r: np.ndarray, groups: np.ndarray, prompt_of_group: np.ndarray,
+                per_group: np.ndarray, config: RewardNormalization) -> Float64[np.ndarray, " n"]:
     counts = np.bincount(prompt_of_group).astype(np.float64)
     mean = np.bincount(prompt_of_group, weights=per_group) / counts
     centred = per_group - mean[prompt_of_group]
@@ -138,29 +149,43 @@ def normalize_rewards(rewards: Rewards, group_ids: Ids,
         centred = centred / (std[prompt_of_group] + config.eps)
     elif config.normalize_std:  # reinforce_pp_baseline: whiten over the batch's rollout groups
         centred = (centred - centred.mean()) / (centred.std() + config.eps)
+    if not np.isfinite(centred).all():  # finite rewards near 1e308 overflow the statistics
+        raise field_error(RewardError, "rewards", Shown(f"<max |r| {np.abs(r).max():.3g}>"),
+                          "overflow the advantage statistics", "scale rewards to a sane range")
     return centred[groups]
 
 
-def grpo_advantages(rewards: Rewards, group_ids: Ids,
-                    prompt_groups: Ids, *, normalize_std: bool = True, eps: float = 1e-6
-                    ) -> Float64[np.ndarray, " n"]:
+def _as_rewards(rewards: Any) -> Float64[np.ndarray, " n"]:
+    """One float per sample from a list, tuple or 1-D numeric array."""
+    arr = None
+    if isinstance(rewards, (list, tuple, np.ndarray)):
+        try:
+            arr = np.asarray(rewards, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            arr = None
+    if arr is None or arr.ndim != 1:
+        raise field_error(RewardError, "rewards", type_tag(rewards),
+                          "is not a flat list or array of numbers", "pass one float per sample")
+    return arr
+
+
+def grpo_advantages(rewards: Any, group_ids: Any, prompt_groups: Any, *,
+                    normalize_std: Any = True, eps: Any = 1e-6) -> Float64[np.ndarray, " n"]:
     """GRPO: centre per prompt group, optionally divide by its std (Dr. GRPO: ``False``)."""
     cfg = RewardNormalization(method="grpo", normalize_std=normalize_std, eps=eps)
     return normalize_rewards(rewards, group_ids, prompt_groups, cfg)
 
 
-def gspo_advantages(rewards: Rewards, group_ids: Ids,
-                    prompt_groups: Ids, *, normalize_std: bool = True, eps: float = 1e-6
-                    ) -> Float64[np.ndarray, " n"]:
+def gspo_advantages(rewards: Any, group_ids: Any, prompt_groups: Any, *,
+                    normalize_std: Any = True, eps: Any = 1e-6) -> Float64[np.ndarray, " n"]:
     """GSPO: the same advantages as GRPO (GSPO differs in the sequence-level policy ratio)."""
     cfg = RewardNormalization(method="gspo", normalize_std=normalize_std, eps=eps)
     return normalize_rewards(rewards, group_ids, prompt_groups, cfg)
 
 
-def reinforce_pp_baseline_advantages(
-        rewards: Rewards, group_ids: Ids,
-        prompt_groups: Ids, *, normalize_std: bool = True, eps: float = 1e-6
-) -> Float64[np.ndarray, " n"]:
+def reinforce_pp_baseline_advantages(rewards: Any, group_ids: Any, prompt_groups: Any, *,
+                                     normalize_std: Any = True, eps: Any = 1e-6
+                                     ) -> Float64[np.ndarray, " n"]:
     """REINFORCE++ with a group baseline: subtract the prompt mean, whiten over the batch."""
     cfg = RewardNormalization(method="reinforce_pp_baseline", normalize_std=normalize_std,
                               eps=eps)

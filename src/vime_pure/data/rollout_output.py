@@ -25,14 +25,14 @@ Example: ``[[a, b], [c]]`` with no ids gives group ids ``[0, 1, 2]`` and prompt 
 ``[0, 0, 1]``; with ``a.group_id = 1`` the ids become ``[1, 0, 2]``.
 """
 
-from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import numpy as np
 from jaxtyping import Int64, UInt8
 
-from vime_pure.errors import RolloutValidationError
-from vime_pure.grouping import dense_first_occurrence
+from vime_pure.errors import RolloutValidationError, field_error, type_tag
+from vime_pure.grouping import dense_first_occurrence, group_keys, plain_key
 from vime_pure.data.sample import Sample
 
 GroupKey = int | str
@@ -69,20 +69,19 @@ class FlatRollout:
 
 def as_group_key(value: object, field: str, loc: Location) -> GroupKey | None:
     """An id as ``int`` or ``str`` (numpy integers become ``int``); None passes through."""
-    if value is None or type(value) is int or type(value) is str:
-        return value
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, str, np.integer)):
-        raise _fail(loc, f"{field}={value!r} is a {type(value).__name__}",
-                    f"use an int or str {field} (bools and floats collide with ints: "
-                    "True == 1 == 1.0)")
-    return int(value) if isinstance(value, (int, np.integer)) else str(value)
+    try:
+        return plain_key(value)
+    except TypeError as exc:
+        raise _fail(loc, f"{field}={value!r} {exc}", f"use an int or str {field}") from None
 
 
-def fallback_ids(ids: Sequence[GroupKey | None]) -> list[GroupKey]:
+def fallback_ids(ids: Any) -> list[GroupKey]:
     """Replace each None by the smallest non-negative int no explicit id uses, in order.
 
-    Example: ``[None, 0, None, "x", 2]`` -> ``[1, 0, 3, "x", 2]``.
+    Example: ``[None, 0, None, "x", 2]`` -> ``[1, 0, 3, "x", 2]``. Ids are validated like
+    ``build_schedule``'s (int or str; bools and floats rejected).
     """
+    ids, _ = group_keys(ids, RolloutValidationError, "ids")
     used = {i for i in ids if type(i) is int and i >= 0}
     missing = sum(1 for i in ids if i is None)
     fresh = iter([k for k in range(missing + len(used)) if k not in used])
@@ -238,17 +237,25 @@ def _check_groups_within_prompts(groups: np.ndarray, prompts: np.ndarray,
                     "collide", "give each rollout execution a unique group_id (or None)")
 
 
-def normalized_loss_mask(sample: Sample, where: str = "sample") -> UInt8[np.ndarray, " r"]:
+def normalized_loss_mask(sample: Any, where: str = "sample") -> UInt8[np.ndarray, " r"]:
     """The sample's loss mask over its response as uint8 0/1.
 
     ``None`` -> all ones; ``remove_sample`` -> all zeros; otherwise one 0/1 per response
     token. Example: ``response_length=3, loss_mask=None`` -> ``[1, 1, 1]``.
     """
+    if not isinstance(sample, Sample):
+        raise field_error(RolloutValidationError, where, type_tag(sample), "is not a Sample",
+                          "pass a Sample")
     n = check_response_length(sample, where)
     if sample.remove_sample:
         return np.zeros(n, dtype=np.uint8)
     if sample.loss_mask is None:
         return np.ones(n, dtype=np.uint8)
+    if not isinstance(sample.loss_mask, (list, tuple, np.ndarray)):
+        raise RolloutValidationError(
+            f"{where}: loss_mask={sample.loss_mask!r:.60} is a "
+            f"{type(sample.loss_mask).__name__}, not a list or array. Fix: give one 0/1 per "
+            "response token, or None for all ones.")
     check_mask_length(sample, n, where)
     mask = np.asarray(sample.loss_mask)
     return mask_values(mask, where).astype(np.uint8)
@@ -261,6 +268,10 @@ def check_response_length(sample: Sample, where: str) -> int:
         raise RolloutValidationError(
             f"{where}: response_length={n!r} is not a non-negative integer. Fix: set it to the "
             "number of response tokens at the end of tokens.")
+    if not isinstance(sample.tokens, (list, tuple, np.ndarray)) or np.ndim(sample.tokens) != 1:
+        raise RolloutValidationError(
+            f"{where}: tokens={sample.tokens!r:.60} is not a flat list or array. Fix: set the "
+            "prompt + response token ids.")
     if n > len(sample.tokens):
         raise RolloutValidationError(
             f"{where}: response_length={n} exceeds len(tokens)={len(sample.tokens)}. Fix: "

@@ -128,7 +128,7 @@ class Sample:
         legacy = fields.pop("rollout_id", None)
         if "group_id" not in fields and "rollout_id" in data:
             fields["group_id"] = legacy
-        unknown = sorted(set(fields) - set(FIELD_NAMES))
+        unknown = sorted(set(fields) - set(FIELD_NAMES), key=repr)  # keys may mix types
         if unknown:
             raise field_error(RolloutValidationError, "keys", unknown, "are not Sample fields",
                               f"remove them or move them under 'metadata'; fields are "

@@ -40,12 +40,21 @@ def proxy_flops(lengths: Int[np.ndarray, " n"]) -> Float64[np.ndarray, " n"]:
     return lengths + PROXY_QUADRATIC_PER_LINEAR * lengths * lengths
 
 
+def _coefficient(name: str, value: object) -> float:
+    """A real number as float; a string or a complex is a typed error, not a bare one."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                     np.floating)):
+        raise field_error(FlopsModelError, name, value, "is not a number",
+                          "build the model with FlopsModel.from_hf_config(config)")
+    return float(value)
+
+
 @attrs.frozen(kw_only=True)
 class FlopsModel:
     """Forward FLOPs of one sample of ``L`` tokens: ``linear * L + quadratic * L**2``."""
 
-    linear: float = attrs.field(converter=float)
-    quadratic: float = attrs.field(converter=float)
+    linear: float = attrs.field(converter=lambda v: _coefficient("linear", v))
+    quadratic: float = attrs.field(converter=lambda v: _coefficient("quadratic", v))
 
     def __attrs_post_init__(self) -> None:
         for name in ("linear", "quadratic"):

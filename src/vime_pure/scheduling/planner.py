@@ -27,41 +27,37 @@ from vime_pure.scheduling.schedule import Schedule, StepPlan
 from vime_pure.scheduling.inputs import as_flops, as_lengths, check_same_length
 
 
-def build_schedule(
-    lengths: Sequence[Any] | np.ndarray,
-    group_ids: Sequence[Any] | np.ndarray,
-    layout: Any,
-    policy: Any,
-    flops: Sequence[Any] | np.ndarray | None = None,
-) -> Schedule:
+def build_schedule(lengths: Any, group_ids: Any, layout: Any, policy: Any,
+                   flops: Any = None) -> Schedule:
     """Plan the steps of one rollout batch. See the module docstring for the algorithm.
 
-    ``lengths[i]``: total tokens of sample ``i`` (prompt + response); ``group_ids[i]``: its
-    rollout group (any hashable); ``flops[i]``: optional workload estimate used by
-    ``packing="flops"`` / ``balance="flops"`` (default: ``vime_pure.scheduling.flops.proxy_flops``).
+    ``lengths[i]``: total tokens of sample ``i`` (prompt + response), an integer in
+    ``[1, 2**40]``; ``group_ids[i]``: its rollout group, an ``int`` or ``str`` (numpy ones
+    too). Bools and floats are rejected: ``True == 1 == 1.0`` would merge distinct groups.
+    ``None`` means the sample is its own group, as in ``RolloutBatch.from_samples``
+    (a dropped one is reported as ``None`` in ``dropped_groups``). ``flops[i]``: optional
+    workload estimate used by ``packing="flops"`` / ``balance="flops"`` (default:
+    ``vime_pure.scheduling.flops.proxy_flops``).
     Arguments are typed loosely on purpose: this is the user boundary, and every value is
     validated here with a ``ScheduleError`` that names the field, instead of a type-check error.
     Raises ``ScheduleError`` for bad input or an infeasible configuration.
+    Example: ``build_schedule([5, 7, 3], ["a", None, None], ParallelLayout(dp=1),
+    BatchingPolicy(global_batch_size=3, max_tokens_per_gpu=8))`` has one step of 3 groups.
     """
     sizes = as_lengths(lengths)
-    check_same_length(sizes, group_ids)
-    return plan_grouped(sizes, group_samples(group_ids), layout, policy, flops)
+    grouping = group_samples(group_ids)
+    check_same_length(sizes, grouping.dense)
+    return plan_grouped(sizes, grouping, layout, policy, flops)
 
 
 def plan_grouped(lengths: Sequence[Any] | np.ndarray, grouping: Grouping, layout: Any,
-                 policy: Any, flops: Sequence[Any] | np.ndarray | None = None) -> Schedule:
+                 policy: Any, flops: Any = None) -> Schedule:
     """``build_schedule`` for samples already grouped (``schedule_for`` passes a batch's
     dense ids, so they are not numbered twice)."""
-    if not isinstance(layout, ParallelLayout):
-        raise ScheduleError(f"layout={layout!r} is not a ParallelLayout. "
-                            "Fix: pass ParallelLayout(dp=...).")
-    if not isinstance(policy, BatchingPolicy):
-        raise ScheduleError(f"policy={policy!r} is not a BatchingPolicy. "
-                            "Fix: pass BatchingPolicy(global_batch_size=...).")
+    check_feasible(layout, policy)  # checks their types first
     sizes = as_lengths(lengths)
     check_same_length(sizes, grouping.dense)
     work = proxy_flops(sizes) if flops is None else as_flops(flops, len(sizes))
-    check_feasible(layout, policy)
     gbs, num_groups = policy.global_batch_size, grouping.num_groups
     full = num_groups // gbs
     step_groups = [(k * gbs, (k + 1) * gbs) for k in range(full)]
@@ -109,8 +105,9 @@ def _build_steps(step_groups: list[tuple[int, int]], full: int, grouping: Groupi
 
 
 def _too_few_groups(num_groups: int, gbs: int, partial_error: ScheduleError | None) -> ScheduleError:
-    partial = (f" allow_partial_step=True could not help: {partial_error}"
-               if partial_error is not None else "")
+    # The partial step's own problem, without its "Fix:": the one fix list follows below.
+    reason = str(partial_error).split(" Fix: ")[0].rstrip(".") if partial_error else ""
+    partial = f" allow_partial_step=True could not help: {reason}." if reason else ""
     return ScheduleError(
         f"only {num_groups} groups arrived but one step needs global_batch_size={gbs} "
         f"groups.{partial} Fix: lower global_batch_size to at most {num_groups}, generate "

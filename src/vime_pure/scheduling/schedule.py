@@ -52,7 +52,7 @@ import attrs
 import numpy as np
 
 from vime_pure.config import BatchingPolicy, ParallelLayout
-from vime_pure.errors import ScheduleInvariantError
+from vime_pure.errors import ScheduleError, ScheduleInvariantError, field_error, type_tag
 
 MicroBatch = tuple[int, ...]
 
@@ -116,7 +116,25 @@ def _flat(nested, count: int = -1) -> np.ndarray:
     return np.fromiter(chain.from_iterable(nested), dtype=np.int64, count=count)
 
 
+def _check_fields(s: Schedule) -> None:
+    """Field types first: a hand-built Schedule with a wrong one is a ``ScheduleError``."""
+    for name, kind in (("layout", ParallelLayout), ("policy", BatchingPolicy)):
+        if not isinstance(getattr(s, name), kind):
+            raise field_error(ScheduleError, name, type_tag(getattr(s, name)),
+                              f"is not a {kind.__name__}", "build schedules with build_schedule")
+    for name in ("lengths", "sample_group", "steps", "partitions", "micro_batch_indices",
+                 "dropped_groups", "dropped_samples"):
+        if not isinstance(getattr(s, name), tuple):
+            raise field_error(ScheduleError, name, type_tag(getattr(s, name)), "is not a tuple",
+                              "build schedules with build_schedule")
+    odd = next((k for k, step in enumerate(s.steps) if not isinstance(step, StepPlan)), None)
+    if odd is not None:
+        raise field_error(ScheduleError, f"steps[{odd}]", type_tag(s.steps[odd]),
+                          "is not a StepPlan", "build schedules with build_schedule")
+
+
 def check_schedule(s: Schedule) -> None:
+    _check_fields(s)
     dp = s.layout.dp
     if len(s.partitions) != dp or len(s.micro_batch_indices) != dp:
         _fail(1, f"{len(s.partitions)} partitions for dp={dp}")

@@ -14,13 +14,17 @@ A sample's length is prompt (or compacted context) + response. Example:
 ``synthetic_workload(num_groups=16, fanout="grpo8", seed=0)`` gives 16 samples in 2 prompts.
 """
 
+from typing import Any
+
 import attrs
 import numpy as np
 from jaxtyping import Int64
 
-from vime_pure.errors import VimeError
+from vime_pure.config import as_int
+from vime_pure.errors import ScheduleError, field_error
 
 FANOUTS: dict[str, int] = {"grpo8": 8, "grpo16": 16, "agentic8": 8}
+MAX_GROUPS = 2**24
 AGENTIC_SAMPLES = np.array([1, 2, 3, 4])
 AGENTIC_PROBS = np.array([0.4, 0.3, 0.2, 0.1])
 
@@ -43,14 +47,16 @@ def _lognormal(rng: np.random.Generator, median: int, sigma: float, size: int,
     return np.clip(np.exp(rng.normal(np.log(median), sigma, size)), lo, hi).astype(np.int64)
 
 
-def synthetic_workload(*, num_groups: int, fanout: str = "agentic8", seed: int = 0) -> Workload:
+def synthetic_workload(*, num_groups: Any, fanout: Any = "agentic8", seed: Any = 0) -> Workload:
     """Draw ``num_groups`` rollout groups (rounded up to whole prompts, then truncated)."""
-    if fanout not in FANOUTS:
-        raise VimeError(f"fanout={fanout!r} is unknown. Fix: use one of {sorted(FANOUTS)}.")
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
-        raise VimeError(f"num_groups={num_groups!r} must be a positive integer. "
-                        "Fix: pass e.g. num_groups=256.")
-    rng = np.random.default_rng(seed)
+    if not isinstance(fanout, str) or fanout not in FANOUTS:
+        raise field_error(ScheduleError, "fanout", fanout, "is unknown",
+                          f"use one of {sorted(FANOUTS)}")
+    num_groups = as_int("num_groups", num_groups, 1, ScheduleError, "pass e.g. num_groups=256")
+    if num_groups > MAX_GROUPS:  # a typo such as 10**12 would exhaust memory, not fail
+        raise field_error(ScheduleError, "num_groups", num_groups, f"exceeds {MAX_GROUPS}",
+                          "pass a workload size that fits in memory, e.g. 65536")
+    rng = np.random.default_rng(as_int("seed", seed, 0, ScheduleError, "pass e.g. seed=0"))
     per_prompt = FANOUTS[fanout]
     num_prompts = -(-num_groups // per_prompt)
     group_prompt = np.repeat(np.arange(num_prompts), per_prompt)[:num_groups]

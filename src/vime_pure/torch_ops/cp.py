@@ -7,15 +7,15 @@ Example: ``slice_response(arange(8), total_length=16, cp_rank=0, cp_size=2)`` is
 """
 
 import torch
-from beartype import beartype
-from jaxtyping import Int, Shaped, jaxtyped
+from jaxtyping import Int, Shaped
 from torch import Tensor
 
 from vime_pure.cp import zigzag_chunks, zigzag_offsets
 from vime_pure.errors import CPConfigError, field_error
+from vime_pure.torch_ops.boundary import tensor_boundary
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary(error=CPConfigError)
 def slice_response(values: Shaped[Tensor, " r"], total_length: int, cp_rank: int,
                    cp_size: int) -> Shaped[Tensor, " k"]:
     """This rank's part of one sample's per-response-token tensor (values, masks, advantages).
@@ -27,7 +27,7 @@ def slice_response(values: Shaped[Tensor, " r"], total_length: int, cp_rank: int
     return torch.cat([values[a:b] for a, b in off.response])
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary(error=CPConfigError)
 def slice_sequence(values: Shaped[Tensor, " n"], cp_rank: int, cp_size: int,
                    pad_value: int | float = 0) -> Shaped[Tensor, " k"]:
     """This rank's two zigzag chunks of a whole-sequence tensor (tokens, positions), padded.
@@ -42,7 +42,7 @@ def slice_sequence(values: Shaped[Tensor, " n"], cp_rank: int, cp_size: int,
     return torch.cat([padded[a:b] for a, b in chunks])
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary(error=CPConfigError)
 def slice_packed_response(values: Shaped[Tensor, " t"], total_lengths: list[int],
                           response_lengths: list[int], cp_rank: int, cp_size: int
                           ) -> tuple[Shaped[Tensor, " k"], Int[Tensor, " s"]]:

@@ -28,18 +28,19 @@ Example (``group_token_mean``): R0 = 3 samples x 3 tokens, R1 = 1 sample x 3 tok
 and ``L = 16 / 2 = 8.0``.
 """
 
+import math
+
 import torch
-from jaxtyping import Float, Int, jaxtyped
-from beartype import beartype
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from vime_pure.errors import LossConfigError, field_error
+from vime_pure.torch_ops.boundary import knob, tensor_boundary
+
+__all__ = ["check_mask", "microbatch_loss", "rejection_mask", "sample_index_from_lengths"]
 
 
-__all__ = ["microbatch_loss", "rejection_mask", "sample_index_from_lengths"]
-
-
-@jaxtyped(typechecker=beartype)
+@tensor_boundary
 def sample_index_from_lengths(lengths: Int[Tensor, " s"]) -> Int[Tensor, " t"]:
     """Per-token sample number of a packed row from per-sample token counts.
 
@@ -52,10 +53,11 @@ def sample_index_from_lengths(lengths: Int[Tensor, " s"]) -> Int[Tensor, " t"]:
     return torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary
 def microbatch_loss(per_token: Float[Tensor, " t"], loss_mask: Float[Tensor, " t"],
                     sample_index: Int[Tensor, " t"],
-                    denominators: Float[Tensor, " s"]) -> Float[Tensor, ""]:
+                    denominators: Float[Tensor, " s"], *, validate: bool = True
+                    ) -> Float[Tensor, ""]:
     """Partial numerator ``sum_t m[t] * x[t] / D[sample_index[t]]`` of one packed row.
 
     ``per_token``/``loss_mask``/``sample_index`` cover the tokens this rank holds (after CP
@@ -64,15 +66,69 @@ def microbatch_loss(per_token: Float[Tensor, " t"], loss_mask: Float[Tensor, " t
     rejection-modified mask. A sample whose ``D`` is 0 has an all-zero mask and contributes 0.
     Example: ``x = [1, 2, 3]``, ``m = [1, 1, 0]``, ``sample_index = [0, 0, 1]``,
     ``D = [4, 2]`` gives ``(1 + 2) / 4 = 0.75``.
+
+    Never silently wrong: ``LossConfigError`` when a mask value is not 0/1, a sample index is
+    outside ``[0, len(denominators))`` (a negative one would wrap), or a ``D`` is negative,
+    non-finite, or 0 under a non-zero mask (O(t), one host sync). ``validate=False`` skips
+    these checks for a caller that already ran them on the same mask, index and ``D`` (the
+    objective reduces several per-token terms of one row).
     """
-    # Replace D=0 by 1 before dividing: those tokens have m=0, and a 0/0 would poison the
-    # gradient with NaN even though the forward value is masked out.
+    if validate:
+        _check_row(loss_mask, sample_index, denominators)
+    # Replace D=0 by 1 before dividing: those tokens have m=0 (checked above), and a 0/0 would
+    # poison the gradient with NaN even though the forward value is masked out.
     safe = torch.where(denominators > 0, denominators, torch.ones_like(denominators))
     weights = loss_mask / safe.to(per_token.dtype)[sample_index]
     return (per_token * weights).sum()
 
 
-@jaxtyped(typechecker=beartype)
+def check_mask(loss_mask: Tensor, field: str = "loss_mask") -> None:
+    """Every value 0 or 1 (NaN and weights are errors); one reduction, one host sync."""
+    mask = loss_mask.detach()
+    bad = (mask != 0) & (mask != 1)
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0, 0])
+        raise field_error(LossConfigError, f"{field}[{i}]", float(mask[i]), "is not 0 or 1",
+                          "pass 1 for trained tokens and 0 for masked ones (weights such as "
+                          "TIS belong in the per-token values)")
+
+
+def _check_row(loss_mask: Tensor, sample_index: Tensor, denominators: Tensor) -> None:
+    """What the division would silently get wrong, as four flags read with one host sync."""
+    n = denominators.numel()
+    mask, dens = loss_mask.detach(), denominators.detach()
+    bad_index = (sample_index < 0) | (sample_index >= n)
+    counted = mask != 0
+    if n:
+        token_den = dens[sample_index.clamp(0, n - 1)]
+        zero_den = counted & ~(token_den > 0) & ~bad_index
+    else:
+        zero_den = torch.zeros_like(counted)
+    flags = torch.stack([bad_index.any(), ((mask != 0) & (mask != 1)).any(),
+                         (~torch.isfinite(dens) | (dens < 0)).any(), zero_den.any()]).tolist()
+    if flags[0]:
+        i = int(torch.nonzero(bad_index)[0, 0])
+        raise field_error(LossConfigError, f"sample_index[{i}]", int(sample_index[i]),
+                          f"is outside [0, {n}) (len(denominators))",
+                          "pass each token's sample position in the row, e.g. "
+                          "sample_index_from_lengths(lengths)")
+    if flags[1]:
+        check_mask(loss_mask)
+    if flags[2]:
+        k = int(torch.nonzero(~torch.isfinite(dens) | (dens < 0))[0, 0])
+        raise field_error(LossConfigError, f"denominators[{k}]", float(dens[k]),
+                          "is negative or not finite", "pass step-level denominators from "
+                          "sample_denominators / the micro-batch record (D >= 0)")
+    if flags[3]:
+        i = int(torch.nonzero(zero_den)[0, 0])
+        k = int(sample_index[i])
+        raise field_error(LossConfigError, f"denominators[{k}]", float(dens[k]),
+                          f"is 0 but token {i} of sample {k} has loss_mask 1 (a D of 0 belongs "
+                          "to a sample whose whole mask is 0)",
+                          "compute D over the whole step after masking (sample_denominators)")
+
+
+@tensor_boundary
 def rejection_mask(log_ratio: Float[Tensor, " t"], loss_mask: Float[Tensor, " t"], *,
                    low: float | int, high: float | int,
                    sample_index: Int[Tensor, " t"] | None = None) -> Float[Tensor, " t"]:
@@ -85,12 +141,16 @@ def rejection_mask(log_ratio: Float[Tensor, " t"], loss_mask: Float[Tensor, " t"
     denominator (``sample_denominators``) can be computed before micro-batching; then slice.
     Example: ``log_ratio = log([1.0, 3.0, 0.5])``, mask ones, band ``[0.6, 2]`` -> ``[1, 0, 0]``.
     """
-    if not 0 <= low <= high:
-        raise field_error(LossConfigError, "low/high", (low, high),
-                          "is not a band 0 <= low <= high", "pass e.g. low=0.5, high=2.0")
+    low = knob("low", low, 0, math.inf, "pass e.g. low=0.5, high=2.0")
+    high = knob("high", high, low, math.inf, "pass e.g. low=0.5, high=2.0 (low <= high)")
+    check_mask(loss_mask)
+    if sample_index is not None and sample_index.numel() and bool((sample_index < 0).any()):
+        i = int(torch.nonzero(sample_index < 0)[0, 0])
+        raise field_error(LossConfigError, f"sample_index[{i}]", int(sample_index[i]),
+                          "is negative", "pass each token's sample position (>= 0)")
     # Compare in log space (float64): ratios themselves can overflow for large log gaps.
-    lo = torch.log(torch.tensor(float(low), dtype=torch.float64))
-    hi = torch.log(torch.tensor(float(high), dtype=torch.float64))
+    lo = torch.log(torch.tensor(low, dtype=torch.float64))
+    hi = torch.log(torch.tensor(high, dtype=torch.float64))
     ratio = log_ratio.detach().to(torch.float64)
     if sample_index is None:
         keep = (ratio >= lo) & (ratio <= hi)

@@ -5,7 +5,7 @@ reduces: aggregation belongs to ``vime_pure.torch_ops.loss.microbatch_loss`` wit
 denominators, so a loss computed here stays invariant to how a step is split. GRPO is the same
 surrogate fed with group-normalised advantages.
 
-Formulas (``r = exp(logp - old_logp)``, advantage ``A``):
+Formulas (``r = exp(clamp(logp - old_logp, -20, 20))``, advantage ``A``):
   * surrogate ``pg = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))``; with dual clip
     ``c > 1`` and ``A < 0`` it is further capped at ``-A * c``;
   * ``k1 = logp - ref_logp``; ``k2 = k1**2 / 2``;
@@ -18,15 +18,20 @@ Invariants the tests assert: at ``r = 1`` the surrogate is ``-A`` with zero clip
 ``V`` is ``log V``.
 """
 
+import math
+
 import attrs
 import torch
-from beartype import beartype
-from jaxtyping import Float, Int, jaxtyped
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from vime_pure.errors import LossConfigError, field_error
 from vime_pure.policy_config import KL_KINDS, KLKind
+from vime_pure.torch_ops.boundary import knob, tensor_boundary
 
+
+
+LOG_RATIO_LIMIT = 20.0
 
 
 @attrs.frozen
@@ -45,7 +50,7 @@ class PolicyTerms:
     ratio: Float[Tensor, " t"]
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary
 def ppo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t"],
                   advantages: Float[Tensor, " t"], *, eps_clip: float | int = 0.2,
                   eps_clip_high: float | int | None = None, dual_clip: float | int | None = None
@@ -55,25 +60,26 @@ def ppo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, "
     Example: ``logp - old = log(1.5)``, ``A = 1``, eps 0.2: ratio 1.5 is clipped to 1.2, so the
     loss is ``-1.2`` and ``clipped = 1``.
     """
-    high = eps_clip if eps_clip_high is None else eps_clip_high
-    if eps_clip < 0 or high < 0:
-        raise field_error(LossConfigError, "eps_clip", (eps_clip, eps_clip_high),
-                          "must be >= 0", "pass e.g. eps_clip=0.2 (eps_clip_high=0.28)")
-    ratio = torch.exp(log_probs - old_log_probs)
+    # The bounds of LossConfig: the clip band [1 - eps, 1 + high] is a band of ratios.
+    eps_clip = knob("eps_clip", eps_clip, 0, 1, "pass e.g. eps_clip=0.2")
+    high = eps_clip if eps_clip_high is None else knob(
+        "eps_clip_high", eps_clip_high, 0, 10, "pass e.g. eps_clip_high=0.28, or None")
+    # The log-ratio is clamped to [-20, 20] (as verl does): exp(89) overflows float32 to inf,
+    # and inf * (A = 0) is a NaN. A ratio past e**20 is far outside any clip band anyway.
+    ratio = torch.exp((log_probs - old_log_probs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     unclipped = -advantages * ratio
     clipped_loss = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + high)
     loss = torch.maximum(unclipped, clipped_loss)
     clipped = (clipped_loss > unclipped).to(log_probs.dtype)
     if dual_clip is not None:
-        if dual_clip <= 1.0:
-            raise field_error(LossConfigError, "dual_clip", dual_clip, "must be > 1",
-                              "pass e.g. dual_clip=3.0, or None to disable")
+        dual_clip = knob("dual_clip", dual_clip, 1, 1e9, "pass e.g. dual_clip=3.0, or None to "
+                         "disable", lo_open=True)
         capped = torch.minimum(loss, -advantages * dual_clip)
         loss = torch.where(advantages < 0, capped, loss)
     return loss, clipped.detach(), ratio.detach()
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary
 def kl_penalty(log_probs: Float[Tensor, " t"], ref_log_probs: Float[Tensor, " t"],
                kind: KLKind | str = "k3") -> Float[Tensor, " t"]:
     """Per-token KL estimate of the policy from the reference (Schulman's estimators).
@@ -95,21 +101,30 @@ def kl_penalty(log_probs: Float[Tensor, " t"], ref_log_probs: Float[Tensor, " t"
                       f"use one of {KL_KINDS}")
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary
 def entropy_from_logits(logits: Float[Tensor, "t v"]) -> Float[Tensor, " t"]:
     """Per-token entropy of the softmax of ``logits``. Example: uniform over 4 -> log 4."""
     log_p = torch.log_softmax(logits, dim=-1)
     return -(log_p.exp() * log_p).sum(dim=-1)
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary
 def token_log_probs(logits: Float[Tensor, "t v"], targets: Int[Tensor, " t"]
                     ) -> Float[Tensor, " t"]:
-    """Log-probability of each target under its row of logits (logit ``t`` scores token t+1)."""
+    """Log-probability of each target under its row of logits (logit ``t`` scores token t+1).
+
+    A target outside ``[0, V)`` is a ``LossConfigError`` (one host sync), not a gather error.
+    """
+    vocab = logits.shape[-1]
+    if targets.numel() and bool(((targets < 0) | (targets >= vocab)).any()):
+        i = int(torch.nonzero((targets < 0) | (targets >= vocab))[0, 0])
+        raise field_error(LossConfigError, f"targets[{i}]", int(targets[i]),
+                          f"is outside the vocabulary [0, {vocab})",
+                          "pass token ids of the model's vocabulary")
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary
 def tis_weights(old_log_probs: Float[Tensor, " t"], rollout_log_probs: Float[Tensor, " t"], *,
                 cap: float | int = 2.0) -> Float[Tensor, " t"]:
     """Truncated importance weights ``min(exp(old - rollout), cap)``, detached.
@@ -117,12 +132,13 @@ def tis_weights(old_log_probs: Float[Tensor, " t"], rollout_log_probs: Float[Ten
     They correct the trainer/engine mismatch; the rejection alternative is
     ``vime_pure.torch_ops.loss.rejection_mask``. Example: ratio 3.0 with cap 2 -> 2.0.
     """
-    if cap <= 0:
-        raise field_error(LossConfigError, "cap", cap, "must be > 0", "pass e.g. cap=2.0")
+    cap = knob("cap", cap, 0, math.inf, "pass e.g. cap=2.0 (inf: no truncation)", lo_open=True)
+    # A cap past the dtype's largest value truncates nothing (and torch refuses to convert it).
+    cap = min(cap, torch.finfo(old_log_probs.dtype).max)
     return torch.exp(old_log_probs - rollout_log_probs).clamp(max=cap).detach()
 
 
-@jaxtyped(typechecker=beartype)
+@tensor_boundary
 def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t"],
                 advantages: Float[Tensor, " t"], *, entropy: Float[Tensor, " t"] | None = None,
                 ref_log_probs: Float[Tensor, " t"] | None = None, kl_coef: float | int = 0.0,
@@ -134,6 +150,10 @@ def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t
 
     Example: ``r = 1``, ``A = 2``, no KL/entropy terms: ``total = pg = -2`` per token.
     """
+    kl_coef, entropy_coef = (knob(name, value, -1e6, 1e6, "pass a finite coefficient, 0 to "
+                                  "disable the term")
+                             for name, value in (("kl_coef", kl_coef),
+                                                 ("entropy_coef", entropy_coef)))
     pg, clipped, ratio = ppo_clip_loss(log_probs, old_log_probs, advantages, eps_clip=eps_clip,
                                        eps_clip_high=eps_clip_high, dual_clip=dual_clip)
     if tis is not None:

@@ -13,24 +13,18 @@ from pathlib import Path
 from vime_pure.errors import VimeError
 from vime_shell.cli import schedule as schedule_cmd
 from vime_shell.cli import train as train_cmd
+from vime_shell.cli.parser import VimeArgumentParser, print_error
 from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """Bad flags end with one line naming the problem and status 2, like every ``VimeError``
-    (argparse's default prints the whole usage first). Subcommands inherit it."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}. Fix: see `{self.prog} --help`.\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="vime", description=__doc__.splitlines()[0], allow_abbrev=False)
+    """Every parser and subparser refuses flag abbreviations and reports errors in one line
+    (``VimeArgumentParser``; subparsers inherit the class)."""
+    parser = VimeArgumentParser(prog="vime", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser(
         "train", help="run the RL loop (generate, reward, schedule, train, sync)",
-        description=train_cmd.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False)
+        description=train_cmd.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     train_cmd.add_arguments(train)
     train.set_defaults(handler=train_cmd.run)
     schedule_cmd.add_arguments(sub.add_parser(
@@ -39,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help="the embedded CPU demo (what `make demo` runs): `vime train` with the "
         "default config and a 96-token micro-batch budget, writing runs/demo/ and its rollout "
-        "dumps runs/demo/rollouts/; --math: the arithmetic dataset demo (make demo-math)",
-        allow_abbrev=False)
+        "dumps runs/demo/rollouts/; an earlier demo run there is moved aside first; --math: the "
+        "arithmetic dataset demo (make demo-math)")
     demo.add_argument("--math", action="store_true",
                       help="learn single-digit sums from a JSONL dataset through the chat "
                       "template, the math reward, dynamic sampling and evaluation")
@@ -59,6 +53,10 @@ MATH_DEMO = dict(apply_chat_template=True, rm_type="math", rollout_max_response_
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if not hasattr(args, "overwrite_run_dir") and getattr(args, "load", None) is None:
+        # Users rerun the demo: its earlier run (metrics, plots, dumps) is moved aside to
+        # <run dir>/previous-<timestamp>/ and the loop prints where; `vime train` refuses.
+        args.overwrite_run_dir = True
     if args.math:
         return _math_demo(args)
     run_dir = getattr(args, "run_dir", "runs/demo")
@@ -99,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except VimeError as exc:
-        print(f"vime {args.command}: error: {exc}", file=sys.stderr)
+        print_error(args.command, str(exc))
         return 2
 
 

@@ -26,11 +26,14 @@ import numpy as np
 
 from vime_pure.config import (BALANCES, PACKINGS, BatchingPolicy, ParallelLayout,
                               policy_from_flags)
-from vime_pure.errors import VimeError
+from vime_pure.errors import VimeError, field_error
+from vime_pure.grouping import plain_key
+from vime_pure.scheduling.inputs import MAX_LENGTH
 from vime_pure.scheduling.planner import build_schedule
 from vime_pure.scheduling.report import PolicySummary, StepStats, step_stats, summarize
 from vime_pure.scheduling.workloads import FANOUTS, synthetic_workload
 from vime_shell.storage.dump import workload_from_dump
+from vime_shell.storage.files import write_atomic
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,28 +78,63 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=run)
 
 
+class InputError(VimeError):
+    """A ``vime schedule`` input file or output path that cannot be used."""
+
+
 def load_jsonl(path: Path) -> tuple[np.ndarray, list]:
-    """Read ``{"length", "group_id"}`` rows; errors name the line."""
+    """Read ``{"length", "group_id"}`` rows; every error names the line (``file:7``)."""
     lengths, groups = [], []
-    with path.open() as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                lengths.append(row["length"])
-                groups.append(row["group_id"])
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise VimeError(f"{path}:{n}: {exc!r}. Fix: each line must be a JSON object "
-                                'with "length" and "group_id".') from None
-    return np.asarray(lengths), groups
+    try:
+        with path.open("rb") as fh:
+            for n, raw in enumerate(fh, 1):
+                length, group = _jsonl_row(path, n, raw)
+                if length is not None:
+                    lengths.append(length)
+                    groups.append(group)
+    except OSError as exc:
+        raise field_error(InputError, "--input", str(path), f"cannot be read ({exc})",
+                          "pass a readable JSONL file or rollout dump") from None
+    return np.asarray(lengths, dtype=np.int64), groups
+
+
+def _jsonl_row(path: Path, n: int, raw: bytes) -> tuple[int | None, object]:
+    """One line's ``(length, group_id)``, or ``(None, None)`` for a blank line."""
+    where = f"{path}:{n}"
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{where}: is not UTF-8 text, so neither a JSONL workload nor a rollout "
+                         "dump (.npz). Fix: pass a JSONL file or a dump written by "
+                         "--save-rollout-data.") from None
+    if not line.strip():
+        return None, None
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"{where}: not JSON ({type(exc).__name__}: {str(exc)[:80]}). Fix: each "
+                         'line must be a JSON object with "length" and "group_id".') from None
+    if not isinstance(row, dict) or "length" not in row or "group_id" not in row:
+        raise InputError(f"{where}: {line.strip()[:80]} lacks \"length\" or \"group_id\". "
+                         'Fix: each line must be a JSON object with "length" and "group_id".')
+    length = row["length"]
+    if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= MAX_LENGTH:
+        raise InputError(f"{where}: length={length!r} is not an integer in [1, {MAX_LENGTH}]. "
+                         "Fix: give the sample's total token count (prompt + response).")
+    try:
+        group = plain_key(row["group_id"])
+    except TypeError as exc:
+        raise InputError(f"{where}: group_id={row['group_id']!r} {exc}. Fix: use an int or "
+                         "str group id (null: the sample is its own group).") from None
+    return length, group
 
 
 def policy_from_args(args: argparse.Namespace) -> tuple[ParallelLayout, BatchingPolicy]:
     """The layout, and the policy from ``vime_pure.policy_from_flags`` (what ``vime train``
     uses too, so a flag means the same thing in both commands)."""
     if args.global_batch_size is None:
-        raise VimeError("--global-batch-size is missing. Fix: pass the number of groups per step.")
+        raise InputError("--global-batch-size is missing. Fix: pass the number of groups per "
+                         "step.")
     layout = ParallelLayout(dp=args.dp, cp=args.cp, pp=args.pp, vpp=args.vpp,
                             microbatch_group=args.microbatch_group_size_per_vp_stage)
     policy = policy_from_flags(
@@ -109,18 +147,41 @@ def policy_from_args(args: argparse.Namespace) -> tuple[ParallelLayout, Batching
 
 def load_workload(args: argparse.Namespace) -> tuple[np.ndarray, list]:
     if (args.input is None) == (not args.synthetic):
-        raise VimeError("pass exactly one of --input FILE or --synthetic. Fix: e.g. "
-                        "`vime schedule --synthetic --global-batch-size 64 --dp 8 "
-                        "--max-tokens-per-gpu 16384`.")
+        raise InputError("pass exactly one of --input FILE or --synthetic. Fix: e.g. "
+                         "`vime schedule --synthetic --global-batch-size 64 --dp 8 "
+                         "--max-tokens-per-gpu 16384`.")
     if args.synthetic:
         w = synthetic_workload(num_groups=args.num_groups, fanout=args.fanout, seed=args.seed)
         return w.lengths, w.group_ids.tolist()
-    if not args.input.exists():
-        raise VimeError(f"--input {args.input} does not exist. Fix: pass an existing file.")
-    if zipfile.is_zipfile(args.input):  # rollout dumps are versioned .npz (zip) files
-        lengths, group_ids = workload_from_dump(args.input)
+    path = args.input
+    if not path.exists():
+        raise field_error(InputError, "--input", str(path), "does not exist",
+                          "pass an existing JSONL file or rollout dump")
+    if path.is_dir():
+        raise field_error(InputError, "--input", str(path), "is a directory",
+                          "pass one JSONL file or one rollout dump (.npz) inside it")
+    # Rollout dumps are versioned .npz (zip) files: a .npz that is not a readable zip is a
+    # damaged dump (DumpFormatError), never JSONL.
+    if path.suffix == ".npz" or zipfile.is_zipfile(path):
+        lengths, group_ids = workload_from_dump(path)
         return np.asarray(lengths), list(group_ids)
-    return load_jsonl(args.input)
+    return load_jsonl(path)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse unusable output paths before any work (one line, exit 2), never after it."""
+    for flag, path, suffix in (("--json", args.json, None), ("--plot", args.plot, ".png")):
+        if path is None:
+            continue
+        if suffix is not None and path.suffix.lower() != suffix:
+            raise field_error(InputError, flag, str(path), f"does not end in {suffix}",
+                              f"name the image e.g. step0{suffix} (it is written as PNG)")
+        if path.is_dir():
+            raise field_error(InputError, flag, str(path), "is a directory",
+                              "pass a file path")
+        if not path.parent.is_dir():
+            raise field_error(InputError, flag, str(path), f"is in {path.parent}/, which does "
+                              "not exist", "create the directory first, or pass another path")
 
 
 def format_table(stats: tuple[StepStats, ...]) -> str:
@@ -166,15 +227,17 @@ def compare(lengths, groups, layout: ParallelLayout, policy: BatchingPolicy):
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs(args)
     lengths, groups = load_workload(args)
     layout, policy = policy_from_args(args)
     if args.compare:
         if not policy.dynamic:
-            raise VimeError("--compare needs dynamic packing. Fix: set --max-tokens-per-gpu.")
+            raise InputError("--compare needs dynamic packing. Fix: set --max-tokens-per-gpu.")
         print(f"compare: {len(lengths)} samples in {len(set(groups))} groups, dp={layout.dp} "
               f"cp={layout.cp} vpp={layout.vpp}, cap={policy.token_cap(layout):,} tokens; "
-              "bound = sum over steps of ceil(step tokens / cap), aligned = each step's bound rounded up to "
-              f"a multiple of {layout.align_multiple}; LB = mean per-step "
+              "bound = sum over steps of (oversize samples + ceil(other tokens / cap)), aligned = "
+              f"each step's bound rounded up to a multiple of {layout.align_multiple}; LB = mean "
+              "per-step "
               "imbalance lower bound max(max item, total/dp)/(total/dp)")
         print(format_compare(compare(lengths, groups, layout, policy)))
         return 0
@@ -193,11 +256,23 @@ def run(args: argparse.Namespace) -> int:
              if schedule.dropped_groups and not policy.allow_partial_step else ""))
     if args.plot is not None:
         if not 0 <= args.plot_step < schedule.num_steps:
-            raise VimeError(f"--plot-step {args.plot_step} is out of range. Fix: pass a step "
-                            f"in 0..{schedule.num_steps - 1}.")
+            raise InputError(f"--plot-step {args.plot_step} is out of range. Fix: pass a step "
+                             f"in 0..{schedule.num_steps - 1}.")
         from vime_shell.loop.plots import plot_step_loads  # matplotlib: only for --plot
 
-        print(f"plot: {plot_step_loads(schedule, args.plot, args.plot_step)}")
+        _written(args.plot, lambda: plot_step_loads(schedule, args.plot, args.plot_step))
+        print(f"plot: {args.plot}")
     if args.json is not None:
-        args.json.write_text(json.dumps([attrs.asdict(s) for s in stats], indent=1))
+        text = json.dumps([attrs.asdict(s) for s in stats], indent=1)
+        _written(args.json, lambda: write_atomic(args.json, text))
     return 0
+
+
+def _written(path: Path, write) -> Path:
+    """Run ``write``; a failing file system is one line naming the path, not a traceback."""
+    try:
+        write()
+    except OSError as exc:
+        raise field_error(InputError, "output", str(path), f"cannot be written ({exc})",
+                          "pass a writable path") from None
+    return path

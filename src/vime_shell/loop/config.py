@@ -217,6 +217,8 @@ class TrainConfig:
     save_hf_max_shard_size: str = _f("5GB", "size limit of one safetensors shard", "checkpoint")
     # logging
     run_dir: str = _f("runs/demo", "metrics.jsonl, TensorBoard and plots go here", "logging")
+    overwrite_run_dir: bool = _f(False, "a new run in a run dir that holds metrics moves them "
+                                 "to <run-dir>/previous-<timestamp>/ (else: an error)", "logging")
     log_level: str = _f("info", "log level; debug logs on every rank", "logging", LOG_LEVELS)
     use_wandb: bool = _f(False, "also log to Weights & Biases (pip install vime[wandb])",
                          "logging")
@@ -403,7 +405,7 @@ class TrainConfig:
                 close = difflib.get_close_matches(name, sorted(fields), n=1)
                 hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {sorted(fields)}"
                 raise field_error(ConfigError, f"{source} key", key, "is not a setting", hint)
-            out[name] = value
+            out[name] = _from_text(attrs.fields_dict(cls)[name], value)
         return cls(**out)
 
 
@@ -417,6 +419,17 @@ def field_type(f: attrs.Attribute) -> tuple[type, bool]:
     optional = type(None) in args
     base = next(a for a in args if a is not type(None)) if optional else f.type
     return get_origin(base) or base, optional
+
+
+def _from_text(f: attrs.Attribute, value: Any) -> Any:
+    """A float setting written as text becomes the number: PyYAML (YAML 1.1) reads ``lr: 3e-4``
+    as the string ``"3e-4"`` (it wants ``3.0e-4``). Other text is left for the type check."""
+    if isinstance(value, str) and f.type in (float, float | None):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _check_types(cfg: TrainConfig) -> None:
@@ -456,10 +469,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a ``.yaml`` / ``.yml`` / ``.json`` / ``.toml`` file into a mapping."""
     p = Path(path).expanduser()
     try:
-        text = p.read_text()
-    except OSError as exc:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         raise field_error(ConfigError, "--config", str(p), f"cannot be read ({exc})",
-                          "pass an existing YAML, JSON or TOML file") from exc
+                          "pass an existing YAML, JSON or TOML file (UTF-8 text)") from None
     try:
         if p.suffix in (".yaml", ".yml"):
             data = yaml.safe_load(text) or {}
@@ -470,14 +483,19 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         else:
             raise field_error(ConfigError, "--config", str(p), "has an unknown extension",
                               "name it .yaml, .yml, .json or .toml")
-    except (ValueError, yaml.YAMLError) as exc:
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:
         if isinstance(exc, ConfigError):
             raise
+        # yaml.safe_load builds plain data only: a !!python/object tag fails here, unrun.
         raise field_error(ConfigError, "--config", str(p), f"does not parse ({exc})",
-                          "fix the file's syntax") from exc
+                          "fix the file's syntax") from None
     if not isinstance(data, dict):
         raise field_error(ConfigError, "--config", str(p), "does not hold a mapping",
                           "write one key: value per setting")
+    odd = next((k for k in data if not isinstance(k, str)), None)
+    if odd is not None or None in data:
+        raise field_error(ConfigError, f"--config {p} key", odd, "is not a setting name",
+                          "write setting names as keys, e.g. global_batch_size: 64")
     return data
 
 

@@ -4,13 +4,13 @@
 ``config.json`` (without transformers), export paths and sizes, that TP divides the vocabulary,
 the parallel layout for the launched world (``vime_shell.megatron.layout``), the rollout
 engines' layout (``vime_shell.engines.layout``: engine sizes against the world, the node and the
-model's attention heads), the batching
-policy's feasibility (``vime_pure.check_feasible``), every plugin path
-(``--rollout-function-path``, ``--custom-rm-path``, ``--dynamic-sampling-filter-path``, the
-``--rm-type`` module), the prompt and eval datasets (every row, with the configured keys), the
-chat template when ``--apply-chat-template`` asks for one, the reference model directory and
-the optional W&B package. A bad run then fails with one line in well under a second instead
-of after the model is built.
+model's attention heads), the batching policy's feasibility (``vime_pure.check_feasible``),
+every plugin path (``--rollout-function-path``, ``--custom-rm-path``,
+``--dynamic-sampling-filter-path``, the ``--rm-type`` module), the prompt and eval datasets
+(every row, with the configured keys), the chat template when ``--apply-chat-template`` asks for
+one, the reference model directory, the optional W&B package, and the run's files
+(``check_run_paths``: run directory, ``--load``, ``--save``, replayed dumps). A bad run then
+fails with one line in well under a second instead of after the model is built.
 
 Example: ``launch_checks(TrainConfig(tensor_model_parallel_size=3))`` on the embedded model
 raises ``ConfigError: tensor_model_parallel_size=3: does not divide the model's
@@ -27,7 +27,10 @@ from vime_pure.config import BatchingPolicy, check_feasible
 from vime_pure.errors import field_error
 from vime_shell.engines import vllm_available
 from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_engine_layout
+from vime_shell.loop.checkpoint_index import require_checkpoint
 from vime_shell.loop.config import ConfigError, TrainConfig
+from vime_shell.loop.replay import ReplaySource
+from vime_shell.loop.run_dir import check_run_dir
 from vime_shell.megatron.layout import (TrainLayout, context_parallel_available, resolve_layout,
                                         world_size_from_env)
 from vime_shell.models.embedded import build_embedded
@@ -107,6 +110,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     # draw more prompts per rollout, so it is a lower bound on the passes made).
     num_rollout = (cfg.num_rollout if cfg.num_epoch is None or prompts is None
                    else -(-cfg.num_epoch * len(prompts) // cfg.rollout_batch_size))
+    check_run_paths(cfg, num_rollout)
     return LaunchPlan(hf_dir=hf_dir, layout=layout, policy=policy, prompts=prompts,
                       task=get_task(cfg.task) if prompts is None else None, eval_sets=eval_sets,
                       num_rollout=num_rollout, engine_layout=engine_layout)
@@ -144,3 +148,40 @@ def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:
     if cfg.use_wandb and importlib.util.find_spec("wandb") is None:
         raise field_error(ConfigError, "use_wandb", True, "but wandb is not installed",
                           "pip install 'vime[wandb]', or drop --use-wandb")
+
+
+def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> None:
+    """The run's files: the run directory (``run_dir.check_run_dir``), output directories that
+    can be created, the ``--load`` checkpoint (it must exist: a mistyped path never starts a
+    new run) and every dump ``--load-rollout-data`` will replay (the first one read and
+    validated)."""
+    check_run_dir(cfg)
+    outputs = (("run_dir", cfg.run_dir), ("save", cfg.save), ("save_hf", cfg.save_hf),
+               ("save_rollout_data", cfg.save_rollout_data and str(
+                   Path(cfg.save_rollout_data).parent)))
+    for field, path in outputs:
+        if path is not None:
+            _check_writable(field, Path(path).expanduser())
+    num_rollout = cfg.num_rollout if num_rollout is None else num_rollout
+    start = 0
+    if cfg.load is not None:
+        start = int(require_checkpoint(cfg.load).name.split("_")[-1])
+    if cfg.load_rollout_data is not None and start < num_rollout:
+        source = ReplaySource(template=cfg.load_rollout_data,
+                              fallback=cfg.load_rollout_data_fallback)
+        for rid in range(start, num_rollout):
+            source.path(rid)  # a missing dump is a ReplayError naming it, now, not mid-run
+        source.load(start)  # DumpFormatError for a damaged or foreign file
+
+
+def _check_writable(field: str, path: Path) -> None:
+    """An output directory can be created where it is asked for: its nearest existing ancestor
+    is a writable directory (a typo that runs through a file, or a read-only mount, fails now,
+    not at the first checkpoint)."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise field_error(ConfigError, field, str(path), f"runs through the file {existing}",
+                          "pass a directory path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise field_error(ConfigError, field, str(path), f"is under {existing}, which is not "
+                          "writable", "pass a directory you can write to")

@@ -68,12 +68,14 @@ from vime_shell.engines import resolve_engine_name
 from vime_shell.engines.group import EngineGroup, EngineOptions
 from vime_shell.engines.layout import default_rollout_dtype, logprob_gap_tolerance
 from vime_shell.loop import run_checkpoint
+from vime_shell.loop.checkpoint_index import require_checkpoint
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan, launch_checks, model_dir
 from vime_shell.loop.logs import configure_logging
 from vime_shell.loop.records import rollout_record
 from vime_shell.loop.replay import DumpWriter, ReplaySource
 from vime_shell.loop.rollouts import RolloutProducer
+from vime_shell.loop.run_dir import move_aside
 from vime_shell.loop.run_log import RunLogger
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.config import OptimConfig, TrainerConfig
@@ -399,17 +401,16 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
     loop = _Loop(cfg, on_rollout, plan)
     configure_logging(cfg.log_level, loop.rank)
     start = 0
-    if cfg.load is not None:
-        found = run_checkpoint.latest(cfg.load)
-        if found is None:
-            log.info("--load %s: no checkpoint yet, starting from rollout 0", cfg.load)
-        else:
-            state = run_checkpoint.load(found, loop.trainer, cfg.to_dict())
-            start = state.rollouts_done
-            loop.restore_data_state(state.data)
-            log.info("resumed from %s at rollout %d", found, start)
-            if loop.syncs:
-                loop.sync_weights()  # the engine was built from the HF checkpoint, not this one
+    if cfg.load is not None:  # it must hold a checkpoint: a mistyped path never starts afresh
+        found = require_checkpoint(cfg.load)
+        state = run_checkpoint.load(found, loop.trainer, cfg.to_dict())
+        start = state.rollouts_done
+        loop.restore_data_state(state.data)
+        log.info("resumed from %s at rollout %d", found, start)
+        if loop.syncs:
+            loop.sync_weights()  # the engine was built from the HF checkpoint, not this one
+    elif cfg.overwrite_run_dir and loop.rank == 0 and (moved := move_aside(cfg)) is not None:
+        log.info("moved the earlier run's files in %s to %s/", cfg.run_dir, moved)
     total = loop.plan.num_rollout  # --num-rollout, or derived from --num-epoch
     logger = RunLogger(cfg.run_dir, start=start, total=total, enabled=loop.rank == 0,
                        progress=progress, wandb=cfg.to_dict() if cfg.use_wandb else None)

@@ -40,18 +40,15 @@ import attrs
 import numpy as np
 import torch.distributed as dist
 
-from vime_pure.errors import VimeError, field_error
+from vime_pure.errors import field_error
+# The checkpoint index is torch-free (launch_checks reads it); its names are re-exported here.
+from vime_shell.loop.checkpoint_index import (LOOP_STATE, TRACKER, CheckpointError,  # noqa: F401
+                                              checkpoint_dir, latest)
 from vime_shell.storage.files import fsync_dir, write_atomic
 
-TRACKER = "latest_checkpointed_iteration.txt"
-LOOP_STATE = "loop_state.json"
 DATA_FIELDS = ("seed", "rollout_seed", "task", "prompt_data", "input_key", "rollout_shuffle",
                "rollout_batch_size", "n_samples_per_prompt", "rollout_function_path",
                "load_rollout_data")
-
-
-class CheckpointError(VimeError):
-    """A checkpoint that cannot be resumed (incomplete, or from a different data setup)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -61,10 +58,6 @@ class LoopState:
     rollouts_done: int
     config: dict
     data: dict | None = None  # the prompt source's position (offset, draws)
-
-
-def checkpoint_dir(root: str | Path, rollouts_done: int) -> Path:
-    return Path(root) / f"rollout_{rollouts_done:06d}"
 
 
 def save(root: str | Path, rollouts_done: int, trainer, config: dict,
@@ -94,23 +87,6 @@ def _loop_state(rollouts_done: int, config: dict, data: dict | None = None) -> d
     return {"rollouts_done": rollouts_done, "config": config, "data": data,
             "python_random": [version, list(internal), gauss],
             "numpy_random": [kind, keys.tolist(), pos, has_gauss, cached]}
-
-
-def latest(root: str | Path) -> Path | None:
-    """The newest complete checkpoint under ``root``, or None when there is none yet."""
-    tracker = Path(root) / TRACKER
-    if not tracker.is_file():
-        return None
-    text = tracker.read_text().strip()
-    if not text.isdigit():
-        raise field_error(CheckpointError, str(tracker), text, "is not a rollout count",
-                          "delete the file to start fresh, or restore it")
-    path = checkpoint_dir(root, int(text))
-    if not (path / LOOP_STATE).is_file():
-        raise field_error(CheckpointError, "--load", str(root),
-                          f"points at {path.name}, which has no {LOOP_STATE}",
-                          "restore the checkpoint directory or point --load elsewhere")
-    return path
 
 
 def load(path: Path, trainer, config: dict) -> LoopState:

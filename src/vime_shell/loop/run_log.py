@@ -2,9 +2,11 @@
 
 Only global rank 0 writes. ``<run_dir>/metrics.jsonl`` holds one JSON object per rollout, in
 rollout order, flushed as soon as the rollout ends (``REQUIRED_KEYS`` are always present). On a
-resumed run the lines of rollouts at or after the resume point are dropped first, so the file
-never holds a rollout twice. TensorBoard scalars go to ``<run_dir>/tb`` when the
-``tensorboard`` package is installed (silently skipped otherwise). At the end,
+resumed run the lines of rollouts at or after the resume point (and a torn last line, with a
+warning) are dropped first, so the file never holds a rollout twice; a new run never empties an
+earlier run's file (:mod:`vime_shell.loop.run_dir` moves it aside or refuses). TensorBoard
+scalars go to ``<run_dir>/tb`` when the ``tensorboard`` package is installed (silently skipped
+otherwise). At the end,
 ``curves.png`` (reward, loss, entropy and gradient norm per rollout; on-policy GRPO's loss
 is ~0 by construction, entropy and gradient norm show the learning) and ``schedule.png``
 (per-rank micro-batch token loads of the last rollout's first step) are drawn with
@@ -16,6 +18,7 @@ Example line (the demo's rollout 0): ``{"rollout": 0, "reward_mean": 0.0, "loss"
 """
 
 import json
+import logging
 import math
 import sys
 from collections.abc import Mapping
@@ -23,7 +26,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from vime_pure.errors import field_error
 from vime_shell.loop.plots import plot_curves, plot_step_loads
+from vime_shell.loop.run_dir import (CURVES, METRICS, SCHEDULE_PLOT, TENSORBOARD,  # noqa: F401
+                                     RunDirError)
+from vime_shell.storage.files import write_atomic
 
 try:  # TensorBoard is optional: scalars are written only when it is installed
     from torch.utils.tensorboard import SummaryWriter
@@ -32,17 +39,38 @@ except ImportError:
 
 REQUIRED_KEYS = ("rollout", "reward_mean", "loss", "num_groups", "num_microbatches",
                  "logprob_gap")
-CURVES = "curves.png"
-SCHEDULE_PLOT = "schedule.png"
-METRICS = "metrics.jsonl"
+log = logging.getLogger(__name__)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The rollout records of ``<run_dir>/metrics.jsonl`` (empty when absent)."""
+    """The rollout records of ``<run_dir>/metrics.jsonl`` (empty when absent).
+
+    A torn last line (the run was killed while writing it) is dropped with a warning: that
+    rollout was not checkpointed, so a resumed run logs it again. A bad line before the last
+    is corruption, a ``RunDirError`` naming the line. Example: ``{"rollout": 0, ...}\n{"roll``
+    reads as one record.
+    """
     path = Path(run_dir) / METRICS
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [(n, line) for n, line in enumerate(path.read_bytes().splitlines(), 1)
+             if line.strip()]
+    records = []
+    for n, line in lines:
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("rollout"), int):
+            records.append(record)
+        elif n == lines[-1][0]:
+            log.warning("%s:%d: dropping a torn last line (the run stopped while writing it; "
+                        "a resumed run logs that rollout again)", path, n)
+        else:
+            raise field_error(RunDirError, f"{path}:{n}", line[:60].decode(errors="replace"),
+                              "is not a metrics record", "restore the file from a copy, or "
+                              "start a new run with --overwrite-run-dir")
+    return records
 
 
 class RunLogger:
@@ -56,14 +84,17 @@ class RunLogger:
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        kept = [r for r in read_metrics(self.run_dir) if r["rollout"] < start]
+        earlier = read_metrics(self.run_dir)
+        if earlier and start == 0:  # a new run: never empty an earlier run's log (run_dir.py)
+            raise field_error(RunDirError, "run_dir", str(run_dir),
+                              f"holds {METRICS} with {len(earlier)} records of an earlier run",
+                              "move them aside first (--overwrite-run-dir) or resume (--load)")
+        kept = [r for r in earlier if r["rollout"] < start]
         self.records = kept
         path = self.run_dir / METRICS
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        tmp.replace(path)
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = path.open("a")
-        self._tb = _tensorboard(self.run_dir / "tb")
+        self._tb = _tensorboard(self.run_dir / TENSORBOARD)
         if wandb is not None:
             self._wandb = _wandb_run(self.run_dir, wandb)
         if sys.stderr.isatty() if progress is None else progress:

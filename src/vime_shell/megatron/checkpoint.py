@@ -150,7 +150,8 @@ def save_checkpoint(trainer, path: str | Path) -> None:
     dist.barrier()
 
 
-def _read_state(path: Path) -> dict:
+def read_state(path: Path) -> dict:
+    """``path``'s trainer state: JSON only (no pickle), checked for the fields a load needs."""
     file = path / TRAINER_STATE
     try:
         state = json.loads(file.read_text())
@@ -192,7 +193,7 @@ def load_checkpoint(trainer, path: str | Path) -> bool:
     """Restore :func:`save_checkpoint` output into ``trainer``, whatever layout wrote it
     (collective). Returns True when the RNG states were restored too (same layout)."""
     path = Path(path)
-    state = _read_state(path)
+    state = read_state(path)
     check_metadata(path)
     loaded = _load_sharded(trainer, path, state)
     for chunk, weights in zip(trainer.model, loaded["model"]):

@@ -101,10 +101,13 @@ def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossCo
                         entropy=entropy, entropy_coef=cfg.entropy_coef, tis=tis)
     mask = row.loss_mask.to(logp.dtype)
 
-    def partial(values: torch.Tensor) -> torch.Tensor:
-        return microbatch_loss(values.to(logp.dtype), mask, row.token_sample, row.denominators)
+    def partial(values: torch.Tensor, validate: bool = False) -> torch.Tensor:
+        # The row's mask, indices and denominators are checked once (one host sync), on the
+        # first reduction; the report's reductions reuse the same three tensors.
+        return microbatch_loss(values.to(logp.dtype), mask, row.token_sample, row.denominators,
+                               validate=validate)
 
-    numerator = partial(terms.total)
+    numerator = partial(terms.total, validate=True)
     report = {"loss": numerator.detach()}
     for key, values in (("pg_loss", terms.pg), ("kl", terms.kl), ("entropy", terms.entropy),
                         ("clipfrac", terms.clipped)):

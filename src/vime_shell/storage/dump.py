@@ -79,23 +79,27 @@ def write_dump_columns(path: str | os.PathLike, columns: Mapping[str, np.ndarray
 
 
 def load_rollout_batch(path: str | os.PathLike) -> RolloutBatch:
-    """Read a dump written by ``save_rollout_batch``; ``DumpFormatError`` for anything wrong."""
+    """Read a dump written by ``save_rollout_batch``; ``DumpFormatError`` for anything wrong
+    (missing, truncated, bit-flipped, foreign, pickled: ``allow_pickle=False`` everywhere)."""
     where = Path(path)
     if not where.is_file():
-        raise FileNotFoundError(f"{where}: no such rollout dump")
+        raise DumpFormatError(f"{where}: no such rollout dump. Fix: check the path, or write "
+                              "it with --save-rollout-data / save_rollout_batch.")
     try:
         with zipfile.ZipFile(where) as zf:
             header = _read_header(zf, where)
             arrays = {name: _read_column(zf, name, spec, where)
                       for name, spec in header["columns"].items()}
+        digest = _digest(header, arrays)
+        ids = tuple(header["group_id_values"]), tuple(header["prompt_group_values"])
     except DumpFormatError:
         raise
     except Exception as exc:  # zip, npy and JSON parsers fail in many ways on corrupt bytes
         raise DumpFormatError(
             f"{where}: cannot read the rollout dump ({type(exc).__name__}: {exc}); it is "
             "truncated, corrupt or not a vime dump. Fix: re-save it with save_rollout_batch, "
-            "or restore it from a copy.") from exc
-    if _digest(header, arrays) != header.get("sha256"):
+            "or restore it from a copy.") from None
+    if digest != header.get("sha256"):
         raise DumpFormatError(f"{where}: checksum mismatch: the file's contents changed after "
                               "it was written. Fix: restore the dump from a copy.")
     unknown = sorted(set(arrays) - set(COLUMNS))
@@ -105,8 +109,7 @@ def load_rollout_batch(path: str | os.PathLike) -> RolloutBatch:
                               "save_rollout_batch.")
     try:
         return RolloutBatch(**{name: arrays.get(name) for name in COLUMNS},
-                            group_id_values=tuple(header["group_id_values"]),
-                            prompt_group_values=tuple(header["prompt_group_values"]))
+                            group_id_values=ids[0], prompt_group_values=ids[1])
     except VimeError as exc:
         raise DumpFormatError(f"{where}: the file is intact but holds an invalid batch: {exc}"
                               ) from exc

@@ -17,13 +17,18 @@ from pathlib import Path
 from typing import BinaryIO
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Make the directory entries of ``path`` (renames, new files) durable."""
-    fd = os.open(path, os.O_RDONLY)  # the same call makes a regular file's contents durable
+def fsync_path(path: str | os.PathLike) -> None:
+    """Make ``path`` durable: a file's contents (one a library wrote by name, such as
+    ``safetensors.save_file`` or ``shutil.copy2``), or a directory's entries (renames, new
+    files)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+fsync_dir = fsync_path  # the name that says what a rename needs
 
 
 def fsync_tree(directory: str | os.PathLike) -> None:
@@ -31,8 +36,8 @@ def fsync_tree(directory: str | os.PathLike) -> None:
     a library that does not sync them (Megatron's ``common.pt`` and ``metadata.json``)."""
     for entry in os.scandir(directory):
         if entry.is_file():
-            fsync_dir(entry.path)
-    fsync_dir(directory)
+            fsync_path(entry.path)
+    fsync_path(directory)
 
 
 @contextlib.contextmanager

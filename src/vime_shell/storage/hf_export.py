@@ -10,12 +10,13 @@ Invariants (tested):
 
 - **Deterministic.** The shard plan depends only on tensor names (sorted) and byte sizes, so
   the files and the index are identical whatever the number of writer ranks.
-- **Atomic.** Everything is written into a staging directory beside the target
-  (``<target>.vime-staging``); only when the index is complete is the staging directory swapped
-  into place (one ``renameat2(RENAME_EXCHANGE)`` on Linux, else two renames). A crash at any
-  point before the swap leaves the old checkpoint untouched; stale weight files of the old
-  checkpoint disappear with it. Files in the old target that are neither weights nor in the
-  source are carried over.
+- **Atomic and durable.** Everything is written into a staging directory beside the target
+  (``<target>.vime-staging``), each file fsynced; only when the index is complete is the
+  staging directory fsynced and swapped into place (one ``renameat2(RENAME_EXCHANGE)`` on
+  Linux, else two renames), then its parent fsynced. A crash at any point before the swap
+  leaves the old checkpoint untouched; a failed export removes its staging directory; stale
+  weight files of the old checkpoint disappear with it. Files in the old target that are
+  neither weights nor in the source are carried over.
 - **Never in place.** A target equal to the source directory is refused.
 - **Several writers.** With ``writers > 1`` (one per node), writer ``r`` writes shards
   ``k`` with ``k % writers == r`` and rank 0 writes the index and swaps after ``barrier()``.
@@ -35,6 +36,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from vime_shell.storage.files import fsync_path, write_atomic
 from vime_shell.storage.sizes import ExportError, parse_size  # noqa: F401
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -89,19 +91,26 @@ def save_hf_checkpoint(
     limit = parse_size(max_shard_size)
     shards = plan_shards({n: _nbytes(t) for n, t in tensors.items()}, limit)
     staging = target.with_name(target.name + ".vime-staging")
-    if writer_rank == 0:
+    try:
+        if writer_rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+        barrier()
+        for k in range(writer_rank, len(shards), writers):
+            part = {n: tensors[n].detach().to("cpu").contiguous() for n in shards[k]}
+            tmp = staging / (shard_name(k, len(shards)) + ".tmp")
+            save_file(part, str(tmp), metadata={"format": "pt"})
+            fsync_path(tmp)  # durable before the rename publishes it
+            os.replace(tmp, staging / shard_name(k, len(shards)))
+        barrier()
+        if writer_rank == 0:
+            _finalise(tensors, shards, source, target, staging)
+        barrier()
+    except BaseException:
+        # A failed export leaves the old checkpoint as it was and no staging directory
+        # (another writer may still be writing into it: it then fails too, and cleans up).
         shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-    barrier()
-    for k in range(writer_rank, len(shards), writers):
-        part = {n: tensors[n].detach().to("cpu").contiguous() for n in shards[k]}
-        tmp = staging / (shard_name(k, len(shards)) + ".tmp")
-        save_file(part, str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, staging / shard_name(k, len(shards)))
-    barrier()
-    if writer_rank == 0:
-        _finalise(tensors, shards, source, target, staging)
-    barrier()
+        raise
     return target
 
 
@@ -114,17 +123,19 @@ def _finalise(tensors: Mapping[str, torch.Tensor], shards: list[list[str]], sour
     for src in sorted(source.iterdir()):
         if src.is_file() and not is_weight_file(src.name):
             shutil.copy2(src, staging / src.name)
+            fsync_path(staging / src.name)
     if target.is_dir():  # keep the user's own non-weight files that the source does not have
         for old in sorted(target.iterdir()):
             if old.is_file() and not is_weight_file(old.name) and not (staging / old.name).exists():
                 shutil.copy2(old, staging / old.name)
+                fsync_path(staging / old.name)
     index = {"metadata": {"total_size": sum(_nbytes(t) for t in tensors.values())},
              "weight_map": {n: shard_name(k, len(shards))
                             for k, names in enumerate(shards) for n in names}}
-    tmp = staging / (INDEX_NAME + ".tmp")
-    tmp.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, staging / INDEX_NAME)
+    write_atomic(staging / INDEX_NAME, json.dumps(index, indent=2, sort_keys=True) + "\n")
+    fsync_path(staging)  # every file and rename inside is durable before the swap
     _swap_into_place(staging, target)
+    fsync_path(target.parent)  # and so is the swap
 
 
 def _swap_into_place(staging: Path, target: Path) -> None:
