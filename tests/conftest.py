@@ -15,8 +15,17 @@ Profiles (pick one with ``HYPOTHESIS_PROFILE=<name>``; without it, ``ci`` when `
 """
 
 import os
+import random
+
+from beartype._check.code import codemain as _beartype_codemain
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported anywhere
+# Under the jaxtyping import hook beartype checks one random item of each container, drawn with
+# the global ``random`` (``getrandbits`` bound into every wrapper it generates). Core objects
+# built inside Hypothesis strategies would then move the global state, which Hypothesis flags
+# ("Do not use the random module inside strategies"). A private generator, installed before any
+# vime_pure module is imported and wrapped, keeps the global state untouched.
+_beartype_codemain.getrandbits = random.Random(0).getrandbits
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402

@@ -1,27 +1,11 @@
 """Hypothesis strategies for rollout outputs: samples, nestings of lists/tuples, id schemes."""
 
-import random
-from contextlib import contextmanager
-
 import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
 from vime_pure import (BatchingPolicy, ParallelLayout, RolloutBatch, Sample, ScheduleError, Status,
                        schedule_for)
-
-@contextmanager
-def _global_random_kept():
-    """Restore Python's global ``random`` state after core calls made inside a strategy: under
-    the test suite's jaxtyping import hook, beartype checks a container by sampling one item
-    with the global ``random``, which Hypothesis rightly flags in strategies (it would make
-    draws depend on how often a check ran)."""
-    state = random.getstate()
-    try:
-        yield
-    finally:
-        random.setstate(state)
-
 
 finite = st.floats(-10, 10, allow_nan=False, allow_infinity=False, width=32)
 
@@ -113,12 +97,9 @@ def schedule_configs(draw, num_groups: int):
 def scheduled_batches(draw, depth: int | None = 2):
     """``(batch, schedule)``: a drawn rollout output as a ``RolloutBatch`` and a schedule of it
     under a drawn layout and policy (draws the scheduler rejects are discarded)."""
-    output = draw(rollout_outputs(depth=depth))
-    with _global_random_kept():
-        batch = RolloutBatch.from_samples(output)
+    batch = RolloutBatch.from_samples(draw(rollout_outputs(depth=depth)))
     layout, policy = draw(schedule_configs(batch.num_groups))
     try:
-        with _global_random_kept():
-            return batch, schedule_for(batch, layout, policy)
+        return batch, schedule_for(batch, layout, policy)
     except ScheduleError:
         assume(False)
