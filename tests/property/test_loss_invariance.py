@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from tests.loss_helpers import (Split, Step, assert_zigzag_invariants, divisor,
                                 emulate_megatron, oracle_loss, step_denominators)
 from vime_pure import LossMode, reduce_train_step
+from vime_pure.torch_ops.loss import microbatch_loss, microbatch_losses
 from vime_pure.torch_ops.policy_loss import policy_loss
 
 MAX_DEV = {"value": 0.0, "grad": 0.0}
@@ -148,3 +149,31 @@ def test_zigzag_ranks_tile_the_response(response, prompt, cp):
     """Rank r takes chunks r and 2cp-1-r of 2cp equal chunks of the padded sequence; together
     the ranks take each chunk once, so their response ranges tile the response once."""
     assert_zigzag_invariants(prompt + response, response, cp)
+
+
+@st.composite
+def rows(draw):
+    """One packed row: ``k`` per-token series, a 0/1 mask, each token's sample, and each
+    sample's ``D`` (> 0, or 0 for a sample whose tokens are all masked)."""
+    s = draw(st.integers(1, 5))
+    sample_index = draw(st.lists(st.integers(0, s - 1), min_size=0, max_size=30))
+    mask = [draw(st.sampled_from([0.0, 1.0])) for _ in sample_index]
+    counted = {i for i, m in zip(sample_index, mask) if m}
+    dens = [draw(st.floats(0.5, 50)) if i in counted else draw(st.sampled_from([0.0, 3.0]))
+            for i in range(s)]
+    k = draw(st.integers(1, 5))
+    series = draw(st.lists(st.lists(st.floats(-5, 5), min_size=len(mask), max_size=len(mask)),
+                           min_size=k, max_size=k))
+    return (torch.tensor(series, dtype=torch.float64).reshape(k, len(mask)),
+            torch.tensor(mask, dtype=torch.float64), torch.tensor(sample_index, dtype=torch.int64),
+            torch.tensor(dens, dtype=torch.float64))
+
+
+@given(rows())
+def test_batched_partials_equal_one_row_at_a_time(row):
+    """``microbatch_losses`` applies ``microbatch_loss``'s weights to every series: the same
+    formula, one row of the result per series."""
+    series, mask, index, dens = row
+    together = microbatch_losses(series, mask, index, dens)
+    alone = torch.stack([microbatch_loss(x, mask, index, dens) for x in series])
+    torch.testing.assert_close(together, alone, rtol=1e-12, atol=1e-12)

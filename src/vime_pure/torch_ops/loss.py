@@ -56,8 +56,7 @@ def sample_index_from_lengths(lengths: Int[Tensor, " s"]) -> Int[Tensor, " t"]:
 @tensor_boundary
 def microbatch_loss(per_token: Float[Tensor, " t"], loss_mask: Float[Tensor, " t"],
                     sample_index: Int[Tensor, " t"],
-                    denominators: Float[Tensor, " s"], *, validate: bool = True
-                    ) -> Float[Tensor, ""]:
+                    denominators: Float[Tensor, " s"]) -> Float[Tensor, ""]:
     """Partial numerator ``sum_t m[t] * x[t] / D[sample_index[t]]`` of one packed row.
 
     ``per_token``/``loss_mask``/``sample_index`` cover the tokens this rank holds (after CP
@@ -69,17 +68,35 @@ def microbatch_loss(per_token: Float[Tensor, " t"], loss_mask: Float[Tensor, " t
 
     Never silently wrong: ``LossConfigError`` when a mask value is not 0/1, a sample index is
     outside ``[0, len(denominators))`` (a negative one would wrap), or a ``D`` is negative,
-    non-finite, or 0 under a non-zero mask (O(t), one host sync). ``validate=False`` skips
-    these checks for a caller that already ran them on the same mask, index and ``D`` (the
-    objective reduces several per-token terms of one row).
+    non-finite, or 0 under a non-zero mask (O(t), one host sync).
     """
-    if validate:
-        _check_row(loss_mask, sample_index, denominators)
-    # Replace D=0 by 1 before dividing: those tokens have m=0 (checked above), and a 0/0 would
-    # poison the gradient with NaN even though the forward value is masked out.
+    _check_row(loss_mask, sample_index, denominators)
+    return (per_token * _token_weights(loss_mask, sample_index, denominators,
+                                       per_token.dtype)).sum()
+
+
+@tensor_boundary
+def microbatch_losses(per_token: Float[Tensor, "k t"], loss_mask: Float[Tensor, " t"],
+                      sample_index: Int[Tensor, " t"], denominators: Float[Tensor, " s"]
+                      ) -> Float[Tensor, " k"]:
+    """:func:`microbatch_loss` of ``k`` per-token series of one row at once (the loss and the
+    terms a step reports), with one check of the row and one weight computation.
+
+    Example: ``x = [[1, 2, 3], [0, 1, 0]]``, ``m = [1, 1, 0]``, ``sample_index = [0, 0, 1]``,
+    ``D = [4, 2]`` gives ``[0.75, 0.25]``.
+    """
+    _check_row(loss_mask, sample_index, denominators)
+    weights = _token_weights(loss_mask, sample_index, denominators, per_token.dtype)
+    return (per_token * weights).sum(dim=-1)
+
+
+def _token_weights(loss_mask: Tensor, sample_index: Tensor, denominators: Tensor,
+                   dtype: torch.dtype) -> Tensor:
+    """``m[t] / D[sample_index[t]]``: the one place a token meets its denominator."""
+    # Replace D=0 by 1 before dividing: those tokens have m=0 (checked by _check_row), and a
+    # 0/0 would poison the gradient with NaN even though the forward value is masked out.
     safe = torch.where(denominators > 0, denominators, torch.ones_like(denominators))
-    weights = loss_mask / safe.to(per_token.dtype)[sample_index]
-    return (per_token * weights).sum()
+    return loss_mask / safe.to(dtype)[sample_index]
 
 
 def check_mask(loss_mask: Tensor, field: str = "loss_mask") -> None:

@@ -42,6 +42,7 @@ from vime_shell.models.tokenizer import load_tokenizer
 from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.filters import load_filter
 from vime_shell.megatron.collectives import rank0_result
+from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.rollout.functions import (RolloutContext, load_rollout_function,
                                           rollout_sampling_seed, share_context)
 from vime_shell.rollout.rewards import Rewarder
@@ -160,8 +161,10 @@ class RolloutProducer:
             apply_chat_template=cfg.apply_chat_template, first_group_id=first_group_id,
             task=self.task, num_turns=cfg.rollout_num_turns, turn_reward=cfg.rollout_turn_reward)
         try:
-            output = self.engines.run_shares(
-                lambda share: list(self.rollout_fn(share_context(ctx, share))), len(prompts))
+            with native_torch():  # generation names no CUDA device: skip the CPU device mode
+                output = self.engines.run_shares(
+                    lambda share: list(self.rollout_fn(share_context(ctx, share))),
+                    len(prompts))
         except Exception as exc:  # noqa: BLE001 - handed to rank0_result by the caller
             return None, exc
         return output, None

@@ -19,6 +19,12 @@ What it does (and nothing else):
 
 ``torch.cuda.is_available()`` stays False, so code that branches on it keeps its CPU path.
 
+Cost and the fast path: the mode sees every torch call of the process (~2 us each, ~9k calls
+per demo rollout). :func:`native_torch` suspends it where no CUDA name can appear: the model's
+forward and the loss (Megatron's one CUDA reference there, rotary embeddings moving their
+frequencies to ``torch.cuda.current_device()``, gets the CPU device, which ``current_device``
+returns here) and the rollout engine's generation. Measured on the demo: step 0.131 -> 0.107 s.
+
 Invariants (tested): installing twice is a no-op; no two patched attributes share an object;
 ``torch.zeros(2, device="cuda")`` is a CPU tensor; ``t.cuda() is t``; float params report
 ``torch.cuda.FloatTensor``.
@@ -29,7 +35,7 @@ import types
 
 import torch
 from megatron.core.tensor_parallel import random as mrandom
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode, _pop_mode_temporarily
 
 _STATE: dict[str, object] = {"installed": False, "mode": None}
 
@@ -145,7 +151,9 @@ def _cpu_functions() -> dict[str, object]:
     """One fresh function object per patched ``torch.cuda`` attribute (dynamo rejects sharing)."""
 
     def current_device():
-        return 0
+        # A device, not the index 0: code that moves tensors to it without the mode
+        # (native_torch) must land on CPU, and an int means a CUDA device to torch.
+        return torch.device("cpu")
 
     def device_count():
         return 1
@@ -243,6 +251,17 @@ def install() -> bool:
     mode.__enter__()  # process-wide: stays active for the life of the process
     _STATE.update(installed=True, mode=mode)
     return True
+
+
+@contextlib.contextmanager
+def native_torch():
+    """Suspend the CPU device mode inside the block (module docstring: the fast path); a no-op
+    without the layer, or when another mode is on top of ours (a test's own mode)."""
+    if not _STATE["installed"] or _get_current_function_mode() is not _STATE["mode"]:
+        yield
+        return
+    with _pop_mode_temporarily():
+        yield
 
 
 def installed() -> bool:

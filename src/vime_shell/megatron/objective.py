@@ -9,8 +9,9 @@ The shell only wires tensors; every formula lives in the core:
 2. per-token pieces from ``vime_pure.torch_ops.policy_loss.policy_loss`` (PPO/GRPO clipped
    surrogate, dual clip, KL, entropy bonus, TIS weights); without old log-probs the ratio is 1
    and carries the gradient;
-3. partial numerators ``P = sum_t m[t] * x[t] / D[sample(t)]`` from
-   ``vime_pure.torch_ops.loss.microbatch_loss`` over the record's **step-level** denominators
+3. partial numerators ``P = sum_t m[t] * x[t] / D[sample(t)]`` of the loss and every reported
+   term at once, from ``vime_pure.torch_ops.loss.microbatch_losses`` over the record's
+   **step-level** denominators
    (``rank_batch`` computed them for the record's ``loss_mode``);
 4. the factor ``vime_pure.megatron_loss_scale(record.loss_mode, K, G_s, dp, cp, path="pair")``
    that makes Megatron's ``*cp / K`` and DDP's ``/(dp*cp)`` cancel. The mode comes from the
@@ -37,7 +38,7 @@ from vime_pure.data.microbatch import TrainMicroBatch
 from vime_pure.denominators import megatron_loss_scale
 from vime_pure.errors import LossConfigError, field_error
 from vime_pure.policy_config import LossConfig
-from vime_pure.torch_ops.loss import microbatch_loss
+from vime_pure.torch_ops.loss import microbatch_losses
 from vime_pure.torch_ops.policy_loss import policy_loss, tis_weights
 from vime_shell.megatron.tensors import MicroBatchTensors
 
@@ -100,18 +101,14 @@ def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossCo
                         eps_clip_high=cfg.eps_clip_high, dual_clip=cfg.dual_clip,
                         entropy=entropy, entropy_coef=cfg.entropy_coef, tis=tis)
     mask = row.loss_mask.to(logp.dtype)
-
-    def partial(values: torch.Tensor, validate: bool = False) -> torch.Tensor:
-        # The row's mask, indices and denominators are checked once (one host sync), on the
-        # first reduction; the report's reductions reuse the same three tensors.
-        return microbatch_loss(values.to(logp.dtype), mask, row.token_sample, row.denominators,
-                               validate=validate)
-
-    numerator = partial(terms.total, validate=True)
-    report = {"loss": numerator.detach()}
-    for key, values in (("pg_loss", terms.pg), ("kl", terms.kl), ("entropy", terms.entropy),
-                        ("clipfrac", terms.clipped)):
-        report[key] = partial(values).detach()
+    # The loss (with its gradient) and the reported terms, reduced together: one check of the
+    # row's mask, indices and denominators, one weight per token.
+    series = torch.stack([terms.total.to(logp.dtype)]
+                         + [t.detach().to(logp.dtype) for t in (terms.pg, terms.kl,
+                                                                 terms.entropy, terms.clipped)])
+    sums = microbatch_losses(series, mask, row.token_sample, row.denominators)
+    numerator = sums[0]
+    report = {key: value.detach() for key, value in zip(STEP_KEYS, sums)}
     report["ratio"] = (terms.ratio * mask).sum().detach()
     report["log_prob"] = (logp.detach() * mask).sum()
     report["tokens"] = mask.sum().detach()

@@ -55,11 +55,18 @@ from vime_shell.megatron.bridge import (build_model_chunks, export_hf_weights, h
                                         make_bridge, read_hf_config)
 from vime_shell.megatron.collectives import gather_metrics, gather_step_report
 from vime_shell.megatron.config import OptimConfig, StepResult, TrainerConfig  # noqa: F401
+from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.megatron.layout import TrainLayout, resolve_layout, world_size_from_env
 from vime_shell.megatron.objective import (STEP_KEYS, TOKEN_KEYS, loss_factor,
                                            microbatch_objective, response_log_probs)
 from vime_shell.megatron.platform import Platform, detect_platform, initialize_parallel
 from vime_shell.megatron.tensors import MicroBatchTensors, to_tensors
+
+
+def _natively(loss_fn, row, output):
+    """``loss_fn(row, output)`` outside the CPU device mode (see ``cuda_compat.native_torch``)."""
+    with native_torch():
+        return loss_fn(row, output)
 
 
 class MegatronTrainer:
@@ -174,9 +181,10 @@ class MegatronTrainer:
                                    row.num_tokens))
             # No labels: the last stage returns vocab-parallel logits [1, T, V/tp], of which the
             # loss needs only the rows that predict response tokens.
-            out = model(row.tokens, row.position_ids, row.attention_mask,
-                        packed_seq_params=row.packed_seq_params)
-            return out, partial(loss_fn, row)
+            with native_torch():  # no CUDA name in the forward or the loss: skip the CPU mode
+                out = model(row.tokens, row.position_ids, row.attention_mask,
+                            packed_seq_params=row.packed_seq_params)
+            return out, partial(_natively, loss_fn, row)
         return forward_step
 
     def _run(self, rows: list[MicroBatchTensors], loss_fn, forward_only: bool, record_step=None,
