@@ -164,6 +164,14 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
                 single = rank_batch(batch, alone, dp_rank=trainer.dp_rank)
                 logps = trainer.compute_log_probs(single.microbatches, single.num_response_tokens)
                 out["packing_max"] = _max_diff(old, logps, mine_idx)
+                # Each CPU attention layout forced (the trainer picks by FLOPs): a packed row
+                # with a block mask, and one padded row per sample.
+                for layout in ("mask", "padded"):
+                    trainer.layout_of = lambda record, layout=layout: layout
+                    forced = trainer.compute_log_probs(mine.microbatches,
+                                                       mine.num_response_tokens)
+                    out[f"packing_max_{layout}"] = _max_diff(forced, logps, mine_idx)
+                del trainer.layout_of  # back to the class's choice by FLOPs
             if trainer.layout.vpp > 1:  # an odd micro-batch count cannot interleave
                 try:
                     trainer.compute_log_probs(mine.microbatches[:1], mine.num_response_tokens)

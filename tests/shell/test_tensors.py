@@ -18,9 +18,10 @@ from tests.shell.megatron_workers import PACKING_CHECK_LAYOUTS
 from vime_pure import (BatchingPolicy, LossConfig, LossMode, ParallelLayout, RolloutBatch, Sample,
                        rank_batch, schedule_for, with_log_probs)
 from vime_pure.errors import LossConfigError, VimeError
+from vime_pure.scheduling.flops import FlopsModel
 from vime_pure.torch_ops.loss import microbatch_loss
 from vime_shell.megatron.objective import loss_factor, microbatch_objective
-from vime_shell.megatron.tensors import block_causal_mask, to_tensors
+from vime_shell.megatron.tensors import block_causal_mask, cpu_layout, to_tensors
 
 ARRAYS = {"tokens": "tokens", "position_ids": "positions", "labels": "labels",
           "logit_index": "logit_index", "token_sample": "token_sample", "loss_mask": "loss_mask",
@@ -47,6 +48,34 @@ def test_tensors_are_the_records_arrays_for_every_mode_and_cp(case, mode, cp):
                 assert cu == [0, *np.cumsum(mb.seq_lengths).tolist()]
             else:
                 assert torch.equal(t.attention_mask, block_causal_mask(mb.seq_lengths.tolist()))
+
+
+@given(scheduled_batches())
+def test_padded_rows_hold_each_sample_at_its_row_start(case):
+    """Theorem: the padded layout moves every token to (its sample's row, its position), so each
+    row starts with its sample, the scored logits and labels are the record's, and every row
+    is causally masked like a sample alone."""
+    batch, sched = case
+    for mb in rank_batch(batch, sched, dp_rank=0).microbatches:
+        seq = mb.seq_lengths.tolist()
+        t = to_tensors(mb, "padded")
+        width = max(seq)
+        assert tuple(t.tokens.shape) == (len(seq), width) == tuple(t.labels.shape)
+        starts = np.cumsum([0, *seq[:-1]])
+        for k, (start, n) in enumerate(zip(starts, seq)):
+            assert np.array_equal(t.tokens[k, :n].numpy(), mb.tokens[start:start + n])
+            assert np.array_equal(t.position_ids[k].numpy(), np.arange(width))
+        assert np.array_equal(t.labels.reshape(-1)[t.logit_index].numpy(),
+                              mb.labels[mb.logit_index])
+        assert torch.equal(t.attention_mask, block_causal_mask([width]))
+        assert t.num_tokens == sum(seq) and t.seq_length == width
+
+
+def test_cpu_layout_docstring_example():
+    embedded = FlopsModel(linear=660480.0, quadratic=512.0)
+    assert cpu_layout([5] * 128, embedded) == "padded"
+    assert cpu_layout([600, 2], embedded) == "mask"
+    assert cpu_layout([5] * 128, FlopsModel(linear=1.0, quadratic=0.0)) == "mask"  # ties pack
 
 
 def _record(mode="group_token_mean", old=None):
@@ -125,5 +154,10 @@ def test_block_causal_mask_blocks_other_samples_and_the_future():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PACKING_CHECK_LAYOUTS)
 def test_packed_log_probs_equal_unpacked(megatron_runs, name):
+    """Both CPU layouts (block-masked packed row, padded rows) and the trainer's choice give
+    every sample the log-probs it has alone (PP2: padded rows vary in shape between
+    micro-batches, which the pipeline's shape exchange carries)."""
     for rank in ((0,) if name == "dp1" else (0, 1)):
-        assert megatron_runs["per_rank"][rank][name]["packing_max"] <= 1e-5
+        run = megatron_runs["per_rank"][rank][name]
+        for key in ("packing_max", "packing_max_mask", "packing_max_padded"):
+            assert run[key] <= 1e-5, key

@@ -75,9 +75,10 @@ def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
 def response_log_probs(output: torch.Tensor, row: MicroBatchTensors, with_entropy: bool
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the row's scored response tokens from vocab-parallel logits
-    ``output`` ``[1, T, V/tp]``: only the ``R`` rows at ``row.logit_index`` are used."""
-    logits = output[0, row.logit_index].float()
-    targets = row.labels[0, row.logit_index]
+    ``output`` ``[rows, columns, V/tp]`` (one row when packed): only the ``R`` positions at
+    ``row.logit_index`` (flat ``rows * columns`` order) are used."""
+    logits = output.reshape(-1, output.shape[-1])[row.logit_index].float()
+    targets = row.labels.reshape(-1)[row.logit_index]
     entropy = vocab_parallel_entropy(logits) if with_entropy else None
     # Megatron's cross entropy shifts its input in place: give it its own copy.
     logp = -vocab_parallel_cross_entropy(logits.clone(), targets)

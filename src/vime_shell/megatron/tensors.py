@@ -4,18 +4,26 @@ Every number (tokens, positions, labels, which logits score which response token
 advantages, denominators, CP chunks) is decided by ``vime_pure.data.microbatch.rank_batch``;
 this module adds only what depends on the platform:
 
-- ``[1, T]`` token, position and label tensors (``torch.from_numpy``: no copy on CPU);
-- the attention layout of the packed row: on CPU (``packing="mask"``) a block-diagonal causal
-  mask ``[1, 1, T, T]`` (True = masked out), on CUDA with TransformerEngine (``packing="thd"``)
-  Megatron ``PackedSeqParams`` whose ``cu_seqlens`` are the record's ``seq_lengths``;
+- the attention layout of the packed row. On CUDA with TransformerEngine (``"thd"``):
+  ``[1, T]`` tensors and Megatron ``PackedSeqParams`` whose ``cu_seqlens`` are the record's
+  ``seq_lengths``. On CPU, whichever of two exact layouts costs fewer FLOPs (:func:`cpu_layout`):
+  ``"mask"``, ``[1, T]`` tensors with a block-diagonal causal mask ``[1, 1, T, T]`` (True =
+  masked out), or ``"padded"``, one row per sample ``[n, L_max]`` with a causal mask, each
+  sample's tokens at its row's start. Local attention computes every score of its square, so
+  the packed row pays ``T**2`` where the rows pay ``n * L_max**2``: for the demo's one-micro-
+  batch steps (128 samples of ~5 tokens) that is 640**2 against 128 * 6**2 scores. Both give
+  each sample the same attention (RoPE is relative, so where a sample starts does not matter);
+- ``logit_index`` and ``labels`` in the flat ``[rows * columns]`` order of the model's output,
+  so the objective indexes both layouts alike;
 - device placement.
 
-Example: a record of samples of 3 and 2 tokens gives ``tokens [1, 5]`` and a mask whose
-row 4 attends to positions 3 and 4 only.
+Example: a record of samples of 2 and 3 tokens gives ``tokens [1, 5]`` and a mask whose row 4
+attends to positions 2-4 only ("mask"), or ``tokens [2, 3]`` whose first row ends in a pad
+("padded"): packed position 2, the second sample's first token, is flat position 3 there.
 """
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 import attrs
 import numpy as np
@@ -24,8 +32,10 @@ from megatron.core.packed_seq_params import PackedSeqParams
 
 from vime_pure.data.microbatch import TrainMicroBatch
 from vime_pure.errors import VimeError, field_error
+from vime_pure.scheduling.flops import FlopsModel
 
-Packing = Literal["mask", "thd"]
+Layout = Literal["mask", "padded", "thd"]
+LAYOUTS: tuple[str, ...] = get_args(Layout)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -49,16 +59,23 @@ class MicroBatchTensors:
 
     @property
     def num_tokens(self) -> int:
+        """The record's real tokens (pads of the "padded" layout excluded)."""
+        return int(self.record.tokens.shape[0])
+
+    @property
+    def seq_length(self) -> int:
+        """Columns of the model input (what Megatron's schedule calls the sequence length)."""
         return int(self.tokens.shape[1])
 
 
-def to_tensors(record: TrainMicroBatch, packing: Packing,
+def to_tensors(record: TrainMicroBatch, layout: Layout,
                device: torch.device | str = "cpu") -> MicroBatchTensors:
-    """The record's tensors on ``device`` with the platform's attention layout."""
-    if packing not in ("mask", "thd"):
-        raise field_error(VimeError, "packing", packing, "is not a packed-row layout",
-                          "use 'mask' (CPU, local attention) or 'thd' (CUDA, TransformerEngine)")
-    if record.cp_size > 1 and packing != "thd":
+    """The record's tensors on ``device`` in ``layout`` (module docstring; on CPU the trainer
+    picks ``"mask"`` or ``"padded"`` per record with :func:`cpu_layout`)."""
+    if layout not in LAYOUTS:
+        raise field_error(VimeError, "layout", layout, "is not an attention layout",
+                          f"use one of {LAYOUTS}: 'thd' needs CUDA and TransformerEngine")
+    if record.cp_size > 1 and layout != "thd":
         raise field_error(VimeError, "cp_size", record.cp_size, "needs THD packing",
                           "run context parallelism on CUDA with TransformerEngine")
 
@@ -66,16 +83,51 @@ def to_tensors(record: TrainMicroBatch, packing: Packing,
         return None if values is None else torch.from_numpy(values).to(device)
 
     seq = record.seq_lengths.tolist()
+    tokens, positions, labels = record.tokens, record.positions, record.labels
+    logit_index, mask = record.logit_index, None
+    if layout == "padded":
+        width = max(seq)
+        flat = np.repeat(np.arange(len(seq), dtype=np.int64), seq) * width + positions
+        tokens, labels = _scatter(tokens, flat, len(seq), width), _scatter(labels, flat,
+                                                                           len(seq), width)
+        positions = np.broadcast_to(np.arange(width, dtype=np.int64), (len(seq), width))
+        logit_index = flat[logit_index]
+        mask = block_causal_mask([width])
+    elif layout == "mask":
+        mask = block_causal_mask(seq)
     return MicroBatchTensors(
-        record=record, tokens=tensor(record.tokens)[None],
-        position_ids=tensor(record.positions)[None], labels=tensor(record.labels)[None],
-        attention_mask=block_causal_mask(seq).to(device) if packing == "mask" else None,
-        packed_seq_params=thd_params(seq, device) if packing == "thd" else None,
-        logit_index=tensor(record.logit_index), token_sample=tensor(record.token_sample),
+        record=record, tokens=tensor(np.atleast_2d(tokens)),
+        position_ids=tensor(np.ascontiguousarray(np.atleast_2d(positions))),
+        labels=tensor(np.atleast_2d(labels)),
+        attention_mask=None if mask is None else mask.to(device),
+        packed_seq_params=thd_params(seq, device) if layout == "thd" else None,
+        logit_index=tensor(logit_index), token_sample=tensor(record.token_sample),
         loss_mask=tensor(record.loss_mask), advantages=tensor(record.advantages),
         denominators=tensor(record.denominators),
         rollout_log_probs=tensor(record.rollout_log_probs),
         old_log_probs=tensor(record.old_log_probs), ref_log_probs=tensor(record.ref_log_probs))
+
+
+def cpu_layout(seq_lengths: Sequence[int], flops: FlopsModel) -> Layout:
+    """``"padded"`` when ``n`` rows of ``L_max`` cost fewer forward FLOPs than one packed row
+    of ``T``, else ``"mask"``; both compute full squares of attention scores (no kernel skips
+    masked ones), hence ``2 * quadratic`` (the model's ``quadratic`` counts a causal half).
+
+    Example (the embedded model, ``linear`` 6.6e5, ``quadratic`` 512): 128 samples of 5 tokens
+    (T = 640) cost 8.4e8 packed and 4.2e8 padded; samples of 600 and 2 tokens stay packed.
+    """
+    total, rows, width = sum(seq_lengths), len(seq_lengths), max(seq_lengths)
+    square = 2 * flops.quadratic
+    packed = flops.linear * total + square * total * total
+    padded = rows * (flops.linear * width + square * width * width)
+    return "padded" if padded < packed else "mask"
+
+
+def _scatter(values: np.ndarray, flat: np.ndarray, rows: int, width: int) -> np.ndarray:
+    """``values`` (packed order) at ``flat`` of a zero ``[rows, width]`` array."""
+    out = np.zeros(rows * width, dtype=values.dtype)
+    out[flat] = values
+    return out.reshape(rows, width)
 
 
 def block_causal_mask(lengths: Sequence[int]) -> torch.Tensor:

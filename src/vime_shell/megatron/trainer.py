@@ -54,13 +54,14 @@ from vime_shell.megatron import checkpoint
 from vime_shell.megatron.bridge import (build_model_chunks, export_hf_weights, hf_state_dict,
                                         make_bridge, read_hf_config)
 from vime_shell.megatron.collectives import gather_metrics, gather_step_report
+from vime_pure.scheduling.flops import FlopsModel
 from vime_shell.megatron.config import OptimConfig, StepResult, TrainerConfig  # noqa: F401
 from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.megatron.layout import TrainLayout, resolve_layout, world_size_from_env
 from vime_shell.megatron.objective import (STEP_KEYS, TOKEN_KEYS, loss_factor,
                                            microbatch_objective, response_log_probs)
 from vime_shell.megatron.platform import Platform, detect_platform, initialize_parallel
-from vime_shell.megatron.tensors import MicroBatchTensors, to_tensors
+from vime_shell.megatron.tensors import Layout, MicroBatchTensors, cpu_layout, to_tensors
 
 
 def _natively(loss_fn, row, output):
@@ -80,6 +81,8 @@ class MegatronTrainer:
                  config: TrainerConfig = TrainerConfig()):
         self.platform, self.layout, self.config = platform, layout, config
         self.bridge = make_bridge(hf_dir, platform)
+        # The forward FLOPs model picks each record's cheaper CPU attention layout (tensors.py).
+        self.flops = FlopsModel.from_hf_config(read_hf_config(hf_dir))
         self.model = self._wrap(build_model_chunks(self.bridge, platform, layout))
         self.optimizer, self.scheduler = self._optimizer()
         self.dp_rank = mpu.get_data_parallel_rank()
@@ -166,7 +169,13 @@ class MegatronTrainer:
                                   f"({self.cp_rank}/{self.layout.cp})",
                                   "build records with rank_batch(..., cp_size=trainer.layout.cp, "
                                   "cp_rank=trainer.cp_rank)")
-        return [to_tensors(r, self.platform.packing, self.device) for r in records]
+        return [to_tensors(r, self.layout_of(r), self.device) for r in records]
+
+    def layout_of(self, record: TrainMicroBatch) -> Layout:
+        """THD with TransformerEngine; on CPU the record's cheaper exact layout by FLOPs."""
+        if self.platform.packing == "thd":
+            return "thd"
+        return cpu_layout(record.seq_lengths.tolist(), self.flops)
 
     def _iterators(self, rows: list[MicroBatchTensors]):
         """One iterator per model chunk, each over the same list (what interleaving needs)."""
@@ -179,7 +188,7 @@ class MegatronTrainer:
             if record_step is not None and model is self.model[0]:
                 self.trace.append((record_step, tuple(row.record.sample_indices.tolist()),
                                    row.num_tokens))
-            # No labels: the last stage returns vocab-parallel logits [1, T, V/tp], of which the
+            # No labels: the last stage returns vocab-parallel logits [rows, T, V/tp], of which the
             # loss needs only the rows that predict response tokens.
             with native_torch():  # no CUDA name in the forward or the loss: skip the CPU mode
                 out = model(row.tokens, row.position_ids, row.attention_mask,
@@ -199,7 +208,7 @@ class MegatronTrainer:
         return get_forward_backward_func()(
             forward_step_func=self._forward_step(loss_fn, record_step),
             data_iterator=self._iterators(rows), model=model or self.model,
-            num_microbatches=len(rows), seq_length=max(r.num_tokens for r in rows),
+            num_microbatches=len(rows), seq_length=max(r.seq_length for r in rows),
             micro_batch_size=1, forward_only=forward_only)
 
     # -- steps -------------------------------------------------------------------------------
