@@ -295,12 +295,9 @@ def engine_layouts_worker(rank: int, root: str, cache: str) -> dict:
     from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
 
     train, held_out = arithmetic_rows(seed=0)
-    data = Path(root) / "data"
-    if rank == 0:
-        write_jsonl(data / "train.jsonl", train)
-        write_jsonl(data / "eval.jsonl", held_out)
-    import torch.distributed as dist
-
+    data = Path(root) / f"data-rank{rank}"  # each rank its own copy: no process group yet
+    write_jsonl(data / "train.jsonl", train)
+    write_jsonl(data / "eval.jsonl", held_out)
     job = dict(num_rollout=2, rollout_batch_size=4, n_samples_per_prompt=4, global_batch_size=16,
                allow_partial_train_step=True, custom_rm_path=None, rm_type="math",
                prompt_data=str(data / "train.jsonl"), apply_chat_template=True,
@@ -310,8 +307,6 @@ def engine_layouts_worker(rank: int, root: str, cache: str) -> dict:
     out: dict = {}
     for name, extra in (("two_engines", {}), ("one_engine", {"rollout_num_gpus": 1})):
         seen: list = []
-        if dist.is_initialized():
-            dist.barrier()  # rank 0 wrote the data files
         result = run_training(_cfg(run_dir=f"{root}/{name}", **job, **extra),
                               on_rollout=lambda e, seen=seen: seen.append({
                                   "tokens": np.asarray(e.batch.tokens).copy(),
