@@ -77,8 +77,8 @@ def test_deterministic(case):
 
 @given(scenarios())
 def test_used_microbatches_never_below_the_reported_bound(case):
-    # The report's bound is the one the scheduler guarantees: oversize samples alone, the rest
-    # in ceil(tokens / cap) micro-batches at best, aligned. Workloads draw samples up to 3x cap.
+    """The report's bound is a true lower bound: an oversize sample needs a micro-batch of its
+    own and the rest need at least ceil(tokens / cap), aligned (samples drawn up to 3x cap)."""
     lengths, group_ids, layout, policy = case
     s = _schedule_or_skip(lengths, group_ids, layout, policy)
     for stats in step_stats(s):

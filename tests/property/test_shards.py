@@ -33,6 +33,8 @@ def test_docstring_example():
 
 @given(st.integers(0, 300), st.integers(1, 70))
 def test_shares_partition_the_prompts_in_order(num_prompts, num_engines):
+    """Block e starts where block e-1 ends and the first P mod E blocks take one extra prompt,
+    so the blocks tile range(P) in order with sizes differing by at most one, largest first."""
     shares = prompt_shares(num_prompts, num_engines)
     assert len(shares) == num_engines
     assert [i for s in shares for i in s] == list(range(num_prompts))
@@ -42,6 +44,8 @@ def test_shares_partition_the_prompts_in_order(num_prompts, num_engines):
 
 @given(rollout_outputs(), st.integers(1, 5))
 def test_split_then_merge_gives_the_same_batch(output, num_engines):
+    """Merging concatenates the parts in engine order, and the shares cut the output at prompt
+    boundaries in that order, so the merge is the output itself (ids and all)."""
     if output and isinstance(output[0], Sample):
         return  # depth 0: the top level is samples, not prompts; nothing to split by prompt
     parts = [list(output[s.start:s.stop]) for s in prompt_shares(len(output), num_engines)]
