@@ -65,7 +65,7 @@ def _demo(args: argparse.Namespace) -> int:
     if not hasattr(args, "max_tokens_per_gpu") and not getattr(args, "config", None):
         # A small token budget packs each step into 7 micro-batches, so the demo exercises
         # packing and the per-group loss: the reward curve equals the 1-micro-batch run's
-        # rollout for rollout until float rounding flips a sampled token (rollout 162).
+        # rollout for rollout until float rounding flips a sampled token (rollout 184).
         args.max_tokens_per_gpu = DEMO_MAX_TOKENS_PER_GPU
     print(f"vime demo: RL from scratch on the embedded tiny Qwen2 (reverse two digits, "
           f"exact-match reward), HF engine + Megatron-core on CPU; writing {run_dir}/ "
