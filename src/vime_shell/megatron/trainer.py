@@ -66,7 +66,7 @@ from vime_shell.megatron.tensors import Layout, MicroBatchTensors, cpu_layout, t
 
 def _natively(loss_fn, row, output):
     """``loss_fn(row, output)`` outside the CPU device mode (see ``cuda_compat.native_torch``)."""
-    with native_torch():
+    with native_torch(model=True):
         return loss_fn(row, output)
 
 
@@ -190,7 +190,7 @@ class MegatronTrainer:
                                    row.num_tokens))
             # No labels: the last stage returns vocab-parallel logits [rows, T, V/tp], of which the
             # loss needs only the rows that predict response tokens.
-            with native_torch():  # no CUDA name in the forward or the loss: skip the CPU mode
+            with native_torch(model=True):  # no CUDA name in the forward: skip the CPU mode
                 out = model(row.tokens, row.position_ids, row.attention_mask,
                             packed_seq_params=row.packed_seq_params)
             return out, partial(_natively, loss_fn, row)
