@@ -16,6 +16,13 @@ from vime_shell.models.embedded import build_embedded
 from vime_shell.rollout.rewards import Rewarder
 
 
+@pytest.fixture(autouse=True)
+def fresh_cwd(tmp_path, monkeypatch):
+    """Default run directories (runs/demo) resolve under a fresh directory, not the checkout,
+    where a demo run would make the launch checks refuse to reuse them."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return build_embedded(tmp_path_factory.mktemp("embedded"))

@@ -81,10 +81,11 @@ def test_padded_vocab_size_rounds_up_to_the_multiple(tokens, multiple, padded):
     assert EmbeddedSpec(make_vocab_size_divisible_by=multiple).padded_vocab_size(tokens) == padded
 
 
-def test_tp_launch_check_reads_the_padded_vocabulary(built, monkeypatch):
+def test_tp_launch_check_reads_the_padded_vocabulary(built, monkeypatch, tmp_path):
     from vime_shell.loop.config import ConfigError, TrainConfig
     from vime_shell.loop.launch_checks import launch_checks
 
+    monkeypatch.chdir(tmp_path)  # the default run dir, away from a demo run in the checkout
     monkeypatch.setenv("WORLD_SIZE", "2")
     plan = launch_checks(TrainConfig(tensor_model_parallel_size=2), built)
     assert (plan.layout.tp, plan.layout.dp) == (2, 1)
