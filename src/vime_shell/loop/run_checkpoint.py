@@ -44,7 +44,7 @@ from vime_pure.errors import field_error
 # The checkpoint index is torch-free (launch_checks reads it); its names are re-exported here.
 from vime_shell.loop.checkpoint_index import (LOOP_STATE, TRACKER, CheckpointError,  # noqa: F401
                                               checkpoint_dir, latest)
-from vime_shell.storage.files import fsync_dir, write_atomic
+from vime_shell.storage.files import fsync_path, write_atomic
 
 DATA_FIELDS = ("seed", "rollout_seed", "task", "prompt_data", "input_key", "rollout_shuffle",
                "rollout_batch_size", "n_samples_per_prompt", "rollout_function_path",
@@ -75,7 +75,7 @@ def save(root: str | Path, rollouts_done: int, trainer, config: dict,
         write_atomic(tmp / LOOP_STATE, json.dumps(_loop_state(rollouts_done, config, data)))
         _remove(final)
         tmp.rename(final)
-        fsync_dir(root)
+        fsync_path(root)
         write_atomic(root / TRACKER, f"{rollouts_done}\n")
     dist.barrier()
     return final

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from vime_pure.errors import field_error
 from vime_shell.loop.config import ConfigError, TrainConfig
-from vime_shell.storage.files import fsync_dir
+from vime_shell.storage.files import fsync_path
 
 METRICS = "metrics.jsonl"
 CURVES = "curves.png"
@@ -113,5 +113,5 @@ def move_aside(cfg: TrainConfig) -> Path | None:
     target.mkdir()
     for path in existing:
         os.replace(path, target / path.name)
-    fsync_dir(run_dir)
+    fsync_path(run_dir)
     return target

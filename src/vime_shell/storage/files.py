@@ -28,9 +28,6 @@ def fsync_path(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-fsync_dir = fsync_path  # the name that says what a rename needs
-
-
 def fsync_tree(directory: str | os.PathLike) -> None:
     """fsync every file directly in ``directory``, then the directory: for files written by
     a library that does not sync them (Megatron's ``common.pt`` and ``metadata.json``)."""
@@ -54,7 +51,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_dir(target.parent)
+    fsync_path(target.parent)
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
