@@ -285,6 +285,15 @@ def failing_share_rollout(ctx):
     return single_turn_rollout(ctx)
 
 
+def failing_eval_rollout(ctx):
+    """Fails on the second engine during evaluation only (eval runs at temperature 0.5 here)."""
+    from vime_shell.rollout.functions import single_turn_rollout
+
+    if ctx.prompt_offset > 0 and ctx.sampling.temperature == 0.5:
+        raise RuntimeError(f"eval engine with prompts from {ctx.prompt_offset} is down")
+    return single_turn_rollout(ctx)
+
+
 def engine_layouts_worker(rank: int, root: str, cache: str) -> dict:
     """The same dataset job (dynamic sampling rounds and an eval set) with two engines (one per
     rank, the default) and with one engine on rank 0; then a run whose second engine fails."""
@@ -315,10 +324,18 @@ def engine_layouts_worker(rank: int, root: str, cache: str) -> dict:
                                   "has_engine": e.engine is not None}),
                               progress=False)
         out[name] = {"rollouts": seen, "hf_dir": str(result.hf_checkpoint)}
-    try:
-        run_training(_cfg(run_dir=f"{root}/failing", num_rollout=1, rollout_function_path=
-                          "tests.shell.loop_workers:failing_share_rollout"), progress=False)
-        out["failure"] = None
-    except Exception as exc:  # noqa: BLE001 - the test reads which error each rank raised
-        out["failure"] = (type(exc).__name__, str(exc))
+    failing = {"failure": dict(rollout_function_path="tests.shell.loop_workers:"
+                               "failing_share_rollout"),
+               # Two eval sets: the failure must reach every rank before the second set's
+               # collective generation, or the healthy ranks would wait in it.
+               "eval_failure": dict(job, eval_temperature=0.5, eval_prompt_data=(
+                   "a", str(data / "eval.jsonl"), "b", str(data / "eval.jsonl")),
+                   rollout_function_path="tests.shell.loop_workers:failing_eval_rollout")}
+    for name, kwargs in failing.items():
+        try:
+            run_training(_cfg(**{"run_dir": f"{root}/{name}", **kwargs, "num_rollout": 1}),
+                         progress=False)
+            out[name] = None
+        except Exception as exc:  # noqa: BLE001 - the test reads which error each rank raised
+            out[name] = (type(exc).__name__, str(exc))
     return out

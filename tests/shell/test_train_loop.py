@@ -213,7 +213,8 @@ def test_a_broken_sync_is_caught_before_any_update(tmp_path, cache):
 def test_engines_on_every_rank_give_the_one_engine_batch_and_fail_together(tmp_path, cache):
     """Two engines (one per rank) and one engine on rank 0 generate the same batches, filter
     verdicts and eval metrics (request seeds and group ids come from global prompt indices);
-    when the second engine fails, every rank stops with an error naming it (none hangs)."""
+    when the second engine fails, in generation or in evaluation, every rank stops with an
+    error naming it (none hangs)."""
     from tests.shell.loop_workers import engine_layouts_worker
 
     out = spawn(engine_layouts_worker, 2, str(tmp_path), cache)
@@ -228,7 +229,7 @@ def test_engines_on_every_rank_give_the_one_engine_batch_and_fail_together(tmp_p
                 "eval/held_out/reward_mean", "eval/held_out/pass@1", "loss")
         assert [a["metrics"][k] for k in keys] == [b["metrics"][k] for k in keys]
     assert all(r["metrics"]["prompts_generated"] >= 6 for r in two)  # over-sampled rounds ran
-    kinds = {o["failure"][0] for o in out}
-    assert kinds == {"EngineGroupError", "RuntimeError"}, out
-    assert "engine 1 (rank 1)" in out[0]["failure"][1]
-    assert "is down" in out[1]["failure"][1]
+    for failure in ("failure", "eval_failure"):  # generation, then evaluation
+        assert {o[failure][0] for o in out} == {"EngineGroupError", "RuntimeError"}, out
+        assert "engine 1 (rank 1)" in out[0][failure][1]
+        assert "is down" in out[1][failure][1]

@@ -393,12 +393,24 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
     ``--load`` checkpoint's counter, if any).
 
     Collective over the launched world. Returns the per-rollout records (on every rank) and,
-    on rank 0, the PNG plots written. The trainer is shut down at the end, so one process may
-    run several trainings in turn (with the same world). ``plan``: the ``launch_checks`` result
+    on rank 0, the PNG plots written. The trainer is shut down at the end, also after a
+    failure, so one process may run several trainings in turn (with the same world).
+    ``plan``: the ``launch_checks`` result
     when the caller already ran them (the CLI does, before importing this module).
     """
     _quiet_libraries()
     loop = _Loop(cfg, on_rollout, plan)
+    try:
+        return _run(loop, cfg, progress)
+    finally:  # also after a failure: a caller that catches it may start another run
+        loop.trainer.shutdown()  # frees Megatron's parallel state
+        if loop.engines is not None:  # last: vLLM's external-launcher teardown ends the world
+            loop.engines.close()
+
+
+def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
+    """Resume (``--load``) or start, run the rollouts, evaluate and export: ``run_training``'s
+    body, between building the loop and tearing it down."""
     configure_logging(cfg.log_level, loop.rank)
     start = 0
     if cfg.load is not None:  # it must hold a checkpoint: a mistyped path never starts afresh
@@ -437,9 +449,6 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
     if cfg.save_hf is not None:
         loop.save_hf()
         log.info("wrote HF checkpoint %s", cfg.save_hf)
-    loop.trainer.shutdown()  # frees Megatron's parallel state: another run may follow
-    if loop.engines is not None:  # last: vLLM's external-launcher teardown ends the world group
-        loop.engines.close()
     return TrainResult(records=records, plots=plots, hf_checkpoint=loop.hf_dir,
                        start_rollout=start)
 

@@ -178,17 +178,15 @@ class RolloutProducer:
         max_new = (cfg.eval_max_response_len or cfg.rollout_max_response_len
                    or self.task.answer_length)
         outputs: dict[str, list[Any] | None] = {}
-        error = None
         for name, rows in self.eval_sets:
             sampling = self._sampling(max_new, seed=rollout_sampling_seed(0, _EVAL_ROLLOUT_ID),
                                       temperature=cfg.eval_temperature)
             outputs[name], error = self._generate(rid, rows, sampling, first_group_id=0, n=n)
-            if error is not None:
-                break
+            # Every rank learns of a failed engine before the next set's collective generation.
+            rank0_result(f"evaluation of {name} at rollout {rid}", lambda: None, pending=error)
         return rank0_result(f"evaluation at rollout {rid}",
                             lambda: {k: v for name, output in outputs.items()
-                                     for k, v in eval_metrics(name, output, n).items()},
-                            pending=error)
+                                     for k, v in eval_metrics(name, output, n).items()})
 
 
 def eval_metrics(name: str, output: list[Any], n: int) -> dict[str, float]:
