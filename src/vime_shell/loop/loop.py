@@ -395,8 +395,8 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
     Collective over the launched world. Returns the per-rollout records (on every rank) and,
     on rank 0, the PNG plots written. The trainer is shut down at the end, also after a
     failure, so one process may run several trainings in turn (with the same world).
-    ``plan``: the ``launch_checks`` result
-    when the caller already ran them (the CLI does, before importing this module).
+    ``plan``: the ``launch_checks`` result when the caller already ran them (the CLI does,
+    before importing this module).
     """
     _quiet_libraries()
     loop = _Loop(cfg, on_rollout, plan)
