@@ -31,7 +31,8 @@ from vime_shell.loop.checkpoint_index import require_checkpoint
 from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.loop.replay import ReplaySource
 from vime_shell.loop.run_dir import check_run_dir
-from vime_shell.megatron.layout import (TrainLayout, context_parallel_available, resolve_layout,
+from vime_shell.megatron.layout import (TrainLayout, context_parallel_available,
+                                        ranks_per_node_from_env, resolve_layout,
                                         world_size_from_env)
 from vime_shell.models.embedded import build_embedded
 from vime_shell.models.hf_config import has_chat_template, read_config_summary
@@ -123,13 +124,12 @@ def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None) -> EngineL
     the stricter ones); the loop picks the engine by capability."""
     if cfg.load_rollout_data is not None and cfg.load_rollout_data_mode == "train-only":
         return None
-    local = os.environ.get("LOCAL_WORLD_SIZE")
     try:
         return resolve_engine_layout(
             world_size=world_size_from_env(), rollout_num_gpus=cfg.rollout_num_gpus,
             rollout_num_gpus_per_engine=cfg.rollout_num_gpus_per_engine,
             engine=cfg.rollout_engine or ("vllm" if vllm_available() else "hf"),
-            gpus_per_node=int(local) if local else None,
+            gpus_per_node=ranks_per_node_from_env(),
             num_attention_heads=num_attention_heads)
     except EngineLayoutError as exc:
         raise ConfigError(str(exc)) from exc

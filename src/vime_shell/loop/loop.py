@@ -47,7 +47,6 @@ model on reverse2 for 3 rollouts of 16 prompts x 8 samples and writes ``runs/x/m
 
 import logging
 import math
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -79,6 +78,7 @@ from vime_shell.loop.run_dir import move_aside
 from vime_shell.loop.run_log import RunLogger
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.config import OptimConfig, TrainerConfig
+from vime_shell.megatron.layout import ranks_per_node_from_env
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
 from vime_shell.storage.hf_export import save_hf_checkpoint
@@ -376,7 +376,7 @@ class _Loop:
         """Write the final weights with one writer per node; rank 0 finalises the index."""
         tensors = self.trainer.hf_state_dict()
         world = dist.get_world_size()
-        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        per_node = ranks_per_node_from_env() or world
         writers = list(range(0, world, per_node))
         group = dist.new_group(writers)
         if self.rank in writers:

@@ -93,6 +93,12 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def ranks_per_node_from_env() -> int | None:
+    """``LOCAL_WORLD_SIZE`` as torchrun sets it (the ranks of one node); None when unknown."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(local) if local else None
+
+
 def context_parallel_available() -> bool:
     """True with CUDA and TransformerEngine (Megatron's CP needs TE attention).
 

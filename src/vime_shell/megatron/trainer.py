@@ -82,7 +82,7 @@ class MegatronTrainer:
         self.platform, self.layout, self.config = platform, layout, config
         self.bridge = make_bridge(hf_dir, platform)
         # The forward FLOPs model picks each record's cheaper CPU attention layout (tensors.py).
-        self.flops = FlopsModel.from_hf_config(read_hf_config(hf_dir))
+        self.flops = FlopsModel.from_hf_config(self.bridge.hf_config)
         self.model = self._wrap(build_model_chunks(self.bridge, platform, layout))
         self.optimizer, self.scheduler = self._optimizer()
         self.dp_rank = mpu.get_data_parallel_rank()
