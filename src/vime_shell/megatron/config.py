@@ -11,6 +11,7 @@ import attrs
 
 from vime_pure.errors import VimeError, field_error
 from vime_pure.policy_config import LossConfig
+from vime_shell.megatron.model_options import ModelOptions
 
 
 @attrs.frozen(kw_only=True)
@@ -47,6 +48,7 @@ class TrainerConfig:
 
     optim: OptimConfig = attrs.field(factory=OptimConfig)
     loss: LossConfig = attrs.field(factory=LossConfig)
+    model: ModelOptions = attrs.field(factory=ModelOptions)  # recompute, MoE router
     seed: int = 1234
 
 

@@ -58,6 +58,7 @@ from vime_pure.scheduling.flops import FlopsModel
 from vime_shell.megatron.config import OptimConfig, StepResult, TrainerConfig  # noqa: F401
 from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.megatron.layout import TrainLayout, resolve_layout, world_size_from_env
+from vime_shell.megatron.moe_bridge import num_experts_of
 from vime_shell.megatron.objective import (STEP_KEYS, TOKEN_KEYS, loss_factor,
                                            microbatch_objective, response_log_probs)
 from vime_shell.megatron.platform import Platform, detect_platform, initialize_parallel
@@ -80,7 +81,7 @@ class MegatronTrainer:
     def __init__(self, hf_dir: str | Path, platform: Platform, layout: TrainLayout,
                  config: TrainerConfig = TrainerConfig()):
         self.platform, self.layout, self.config = platform, layout, config
-        self.bridge = make_bridge(hf_dir, platform)
+        self.bridge = make_bridge(hf_dir, platform, config.model, layout)
         # The forward FLOPs model picks each record's cheaper CPU attention layout (tensors.py).
         self.flops = FlopsModel.from_hf_config(self.bridge.hf_config)
         self.model = self._wrap(build_model_chunks(self.bridge, platform, layout))
@@ -98,19 +99,25 @@ class MegatronTrainer:
     @classmethod
     def from_hf(cls, hf_dir: str | Path, config: TrainerConfig = TrainerConfig(), *,
                 tp: int = 1, pp: int = 1, cp: int = 1,
-                num_layers_per_virtual_stage: int | None = None,
+                num_layers_per_virtual_stage: int | None = None, ep: int = 1,
+                etp: int | None = None, first_stage_layers: int | None = None,
+                last_stage_layers: int | None = None,
                 platform: Platform | None = None) -> "MegatronTrainer":
         """Detect the platform (unless given), resolve the layout for the launched world,
         initialise distributed + Megatron parallel state, build. Flags map 1:1 to Megatron's
-        ``--tensor-model-parallel-size`` etc.; a layout the platform cannot run raises
-        ``UnsupportedLayoutError`` before anything is built."""
+        ``--tensor-model-parallel-size`` etc. (``ep``: ``--expert-model-parallel-size``,
+        ``first_stage_layers``: ``--decoder-first-pipeline-num-layers``); a layout the
+        platform cannot run raises ``UnsupportedLayoutError`` before anything is built."""
         platform = platform or detect_platform()
         world = dist.get_world_size() if dist.is_initialized() else world_size_from_env()
-        layout = resolve_layout(world_size=world,
-                                num_layers=read_hf_config(hf_dir).num_hidden_layers,
+        hf_config = read_hf_config(hf_dir)
+        layout = resolve_layout(world_size=world, num_layers=hf_config.num_hidden_layers,
                                 supports_context_parallel=platform.supports_context_parallel,
                                 tp=tp, pp=pp, cp=cp,
-                                num_layers_per_virtual_stage=num_layers_per_virtual_stage)
+                                num_layers_per_virtual_stage=num_layers_per_virtual_stage,
+                                ep=ep, etp=etp, num_experts=num_experts_of(hf_config),
+                                first_stage_layers=first_stage_layers,
+                                last_stage_layers=last_stage_layers)
         initialize_parallel(layout, platform, seed=config.seed)
         return cls(hf_dir, platform, layout, config)
 
