@@ -58,7 +58,11 @@ def read_hf_config(hf_dir: str | Path):
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"hf_dir={str(path)!r}: no config.json there. Fix: pass a directory "
                              "written by save_pretrained (config.json + *.safetensors).")
-    config = AutoConfig.from_pretrained(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (KeyError, ValueError, TypeError) as exc:  # transformers validates rope_parameters
+        raise ModelLoadError(f"hf_dir={str(path)!r}: transformers rejects config.json "
+                             f"({type(exc).__name__}: {exc}). Fix: correct the config.") from None
     rope = getattr(config, "rope_parameters", None) or {}
     if getattr(config, "rope_theta", None) is None:  # adjustment 3
         if "rope_theta" not in rope:

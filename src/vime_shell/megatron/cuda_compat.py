@@ -44,7 +44,10 @@ import contextlib
 import types
 
 import torch
+from megatron.core.pipeline_parallel import schedules
 from megatron.core.tensor_parallel import random as mrandom
+from megatron.core.tensor_parallel.random import CheckpointWithoutOutput
+from megatron.core.transformer.moe import moe_utils, token_dispatcher
 from torch.overrides import TorchFunctionMode, _get_current_function_mode, _pop_mode_temporarily
 
 _STATE: dict[str, object] = {"installed": False, "mode": None}
@@ -266,10 +269,6 @@ _SPECIAL[torch.Tensor.backward] = _backward
 
 def _patch_moe_and_recompute() -> None:
     """A1-A4 of the module docstring."""
-    from megatron.core.pipeline_parallel import schedules
-    from megatron.core.tensor_parallel.random import CheckpointWithoutOutput
-    from megatron.core.transformer.moe import moe_utils, token_dispatcher
-
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None  # A1
     to_cpu = token_dispatcher.maybe_move_tensor_to_cpu
