@@ -160,7 +160,11 @@ def trainer_config(cfg: TrainConfig) -> TrainerConfig:
             lr_decay_style=cfg.lr_decay_style,
             use_distributed_optimizer=cfg.use_distributed_optimizer,
             overlap_grad_reduce=cfg.overlap_grad_reduce,
-            overlap_param_gather=cfg.overlap_param_gather),
+            overlap_param_gather=cfg.overlap_param_gather,
+            optimizer_cpu_offload=cfg.optimizer_cpu_offload,
+            overlap_cpu_optimizer_d2h_h2d=cfg.overlap_cpu_optimizer_d2h_h2d,
+            use_precision_aware_optimizer=cfg.use_precision_aware_optimizer),
+        model=cfg.model_options(),
         loss=LossConfig(eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high,
                         kl_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
                         kl_kind=cfg.kl_loss_type, entropy_coef=cfg.entropy_coef,
@@ -194,7 +198,9 @@ class _Loop:
             self.hf_dir, trainer_config(cfg), tp=cfg.tensor_model_parallel_size,
             pp=cfg.pipeline_model_parallel_size, cp=cfg.context_parallel_size,
             num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage,
-            platform=detect_platform())
+            ep=cfg.expert_model_parallel_size, etp=cfg.expert_tensor_parallel_size,
+            first_stage_layers=cfg.decoder_first_pipeline_num_layers,
+            last_stage_layers=cfg.decoder_last_pipeline_num_layers, platform=detect_platform())
         if cfg.use_kl_loss:  # the initial weights, unless --ref-load names another model
             self.trainer.load_reference(Path(cfg.ref_load).expanduser() if cfg.ref_load
                                         else self.hf_dir)

@@ -32,6 +32,9 @@ class OptimConfig:
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    optimizer_cpu_offload: bool = False  # Megatron's HybridDeviceOptimizer (CUDA only)
+    overlap_cpu_optimizer_d2h_h2d: bool = False
+    use_precision_aware_optimizer: bool = False  # TE FusedAdam (CUDA + TE only)
 
     def __attrs_post_init__(self) -> None:
         if not self.lr > 0:

@@ -180,11 +180,19 @@ def ranks_per_node_from_env() -> int | None:
     return int(local) if local else None
 
 
-def context_parallel_available() -> bool:
-    """True with CUDA and TransformerEngine (Megatron's CP needs TE attention).
-
-    Imports torch, so launch checks call it only when ``--context-parallel-size`` is above 1.
-    """
+def cuda_available() -> bool:
+    """True when torch sees a CUDA device. Imports torch, so launch checks call it only when a
+    setting needs the answer (``--context-parallel-size`` above 1, a CUDA-only flag)."""
     import torch  # heavy; needed only for this capability question
 
-    return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
+    return torch.cuda.is_available()
+
+
+def transformer_engine_available() -> bool:
+    """True when ``transformer_engine`` is importable (found without importing it)."""
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def context_parallel_available() -> bool:
+    """True with CUDA and TransformerEngine (Megatron's CP needs TE attention)."""
+    return cuda_available() and transformer_engine_available()

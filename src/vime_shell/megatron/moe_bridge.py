@@ -22,7 +22,7 @@ maps the name to ``decoder.layers.0.mlp.experts.linear_fc2.weight3``.
 
 import re
 
-from vime_shell.models.hf_config import ModelLoadError
+from vime_shell.models.hf_config import EXPERT_KEYS, ModelLoadError
 
 _LOCAL_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
 
@@ -30,7 +30,7 @@ _LOCAL_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.local_experts\.(\d+)\.(linear_
 def num_experts_of(hf_config) -> int | None:
     """Routed experts of an HF config (``num_experts``, Mixtral's ``num_local_experts``);
     None for a dense model."""
-    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+    for key in EXPERT_KEYS:
         value = getattr(hf_config, key, None)
         if value:
             return int(value)

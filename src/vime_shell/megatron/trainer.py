@@ -155,7 +155,12 @@ class MegatronTrainer:
                             weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,
                             adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad,
                             bf16=bf16, params_dtype=self.platform.dtype,
-                            use_distributed_optimizer=o.use_distributed_optimizer),
+                            use_distributed_optimizer=o.use_distributed_optimizer,
+                            optimizer_cpu_offload=o.optimizer_cpu_offload,
+                            # all of the state, Megatron-LM's --optimizer-offload-fraction default
+                            optimizer_offload_fraction=1.0 if o.optimizer_cpu_offload else 0.0,
+                            overlap_cpu_optimizer_d2h_h2d=o.overlap_cpu_optimizer_d2h_h2d,
+                            use_precision_aware_optimizer=o.use_precision_aware_optimizer),
             self.model)
         self.bridge.config.grad_scale_func = optimizer.scale_loss
         decay = o.lr_decay_groups if o.lr_decay_groups is not None else 1 << 40

@@ -16,6 +16,9 @@ import attrs
 from vime_pure.errors import VimeError
 
 
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # Qwen, Mixtral, DeepSeek
+
+
 class ModelLoadError(VimeError):
     """An HF model directory that cannot be loaded, with the reason and the fix."""
 
@@ -27,6 +30,7 @@ class HfConfigSummary:
     vocab_size: int
     max_position_embeddings: int | None
     num_attention_heads: int | None = None  # vLLM's TP size must divide it
+    num_experts: int | None = None  # routed experts of an MoE model; None: dense
 
 
 def read_config_summary(hf_dir: str | Path) -> HfConfigSummary:
@@ -41,7 +45,9 @@ def read_config_summary(hf_dir: str | Path) -> HfConfigSummary:
             vocab_size=int(config.get("vocab_size") or text["vocab_size"]),
             max_position_embeddings=config.get("max_position_embeddings"),
             num_attention_heads=config.get("num_attention_heads") or text.get(
-                "num_attention_heads"))
+                "num_attention_heads"),
+            num_experts=next((int(v) for k in EXPERT_KEYS
+                              if (v := config.get(k) or text.get(k))), None))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ModelLoadError(f"hf_checkpoint={str(hf_dir)!r}: cannot read num_hidden_layers and "
                              f"vocab_size from config.json ({type(exc).__name__}: {exc}). Fix: "
