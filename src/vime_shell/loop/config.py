@@ -88,6 +88,9 @@ class TrainConfig:
                                                "model")
     update_weight_buffer_size: int = _f(DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, "bytes per weight-"
                                         "sync bucket (a decoder layer is never split)", "model")
+    rollout_enable_expert_parallel: bool = _f(False, "vLLM expert parallelism inside each "
+                                              "engine (MoE): each engine rank holds and is "
+                                              "sent only its experts", "model")
     rollout_enforce_eager: bool = _f(False, "vLLM without CUDA graphs (faster start, slower "
                                      "decode)", "model")
     # data

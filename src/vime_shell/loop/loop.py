@@ -78,6 +78,7 @@ from vime_shell.loop.run_dir import move_aside
 from vime_shell.loop.run_log import RunLogger
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.config import OptimConfig, TrainerConfig
+from vime_shell.megatron.moe_bridge import num_experts_of
 from vime_shell.megatron.layout import ranks_per_node_from_env
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
@@ -172,7 +173,7 @@ def trainer_config(cfg: TrainConfig) -> TrainerConfig:
         seed=cfg.seed)
 
 
-def engine_options(cfg: TrainConfig, cuda: bool) -> EngineOptions:
+def engine_options(cfg: TrainConfig, cuda: bool, num_experts: int | None = None) -> EngineOptions:
     """The engines' settings from the run's: the engine by capability unless named, the
     trainer's dtype unless ``--rollout-dtype``, sleep mode on CUDA vLLM unless ``--colocate``
     says otherwise. Example: on CPU, defaults give ``EngineOptions(engine="hf",
@@ -183,7 +184,8 @@ def engine_options(cfg: TrainConfig, cuda: bool) -> EngineOptions:
         colocate=cfg.colocate if cfg.colocate is not None else cuda and engine == "vllm",
         gpu_memory_utilization=cfg.rollout_gpu_memory_utilization,
         update_weight_buffer_size=cfg.update_weight_buffer_size, seed=cfg.seed,
-        enforce_eager=cfg.rollout_enforce_eager)
+        enforce_eager=cfg.rollout_enforce_eager,
+        expert_parallel=cfg.rollout_enable_expert_parallel, num_experts=num_experts)
 
 
 class _Loop:
@@ -213,7 +215,8 @@ class _Loop:
         self.engines = self.producer = None
         self.gap_tolerance = cfg.logprob_gap_tolerance
         if self.plan.engine_layout is not None:  # not a train-only replay
-            options = engine_options(cfg, self.trainer.platform.kind == "cuda")
+            options = engine_options(cfg, self.trainer.platform.kind == "cuda",
+                                     num_experts_of(self.trainer.bridge.hf_config))
             self.gap_tolerance = (cfg.logprob_gap_tolerance if cfg.logprob_gap_tolerance
                                   is not None else logprob_gap_tolerance(options.dtype))
             self.engines = EngineGroup.build(self.hf_dir, self.plan.engine_layout, options)

@@ -40,8 +40,12 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                                    "moe_router_load_balancing_type", "moe_token_dispatcher_type",
                                    "moe_router_dtype", "moe_grouped_gemm", "moe_permute_fusion")
                  if getattr(cfg, name) is not None]
-    if cfg.use_rollout_routing_replay:
-        moe_flags.append("use_rollout_routing_replay")
+    moe_flags += [name for name in ("use_rollout_routing_replay",
+                                    "rollout_enable_expert_parallel") if getattr(cfg, name)]
+    if cfg.rollout_enable_expert_parallel and cfg.rollout_engine == "hf":
+        raise field_error(ConfigError, "rollout_enable_expert_parallel", True,
+                          "is vLLM's expert parallelism; the HF engine holds every expert",
+                          "use --rollout-engine vllm, or drop the flag")
     if moe_flags and summary.num_experts is None:
         raise field_error(ConfigError, moe_flags[0], getattr(cfg, moe_flags[0]),
                           f"applies to MoE models, and {summary.model_type} is dense",
