@@ -46,9 +46,24 @@ def _count_forwards(trainer) -> dict[str, int]:
     return counts
 
 
+def _offload_round_trip(trainer, out: dict) -> None:
+    """``--offload-train`` between two rollouts: what it frees, and that it comes back."""
+    params = [p for chunk in trainer.model for p in chunk.parameters()]
+    before = {k: v.clone() for k, v in trainer.hf_state_dict().items()}
+    report = trainer.offload()
+    out["offload"] = {"bytes": report.bytes, "storages": report.storages,
+                      "param_bytes_left": sum(p.untyped_storage().nbytes() for p in params),
+                      "param_bytes": sum(p.numel() * p.element_size() for p in params)}
+    trainer.reload()
+    after = trainer.hf_state_dict()
+    out["offload"]["roundtrip_max"] = max(float((after[k] - before[k]).abs().max())
+                                          for k in before)
+
+
 def train_run(hf_dir: str, options: dict | None = None, with_parity: bool = False,
-              **trainer_kwargs) -> dict:
-    """Train both rollouts under ``options`` (``ModelOptions`` fields); see the module."""
+              offload: bool = False, **trainer_kwargs) -> dict:
+    """Train both rollouts under ``options`` (``ModelOptions`` fields); see the module.
+    ``offload``: an ``--offload-train`` round trip between the rollouts."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -67,6 +82,8 @@ def train_run(hf_dir: str, options: dict | None = None, with_parity: bool = Fals
         out["export_keys"] = sorted(trainer.hf_state_dict())
     counts = _count_forwards(trainer)
     for r, seed in enumerate(ROLLOUT_SEEDS):
+        if offload and r == 1:
+            _offload_round_trip(trainer, out)
         batch, _, mine = rank_rollout(vocab, seed, trainer)
         old = trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens)
         if with_parity and r == 0:
@@ -124,6 +141,7 @@ def features_one_rank(dirs: dict[str, str]) -> dict:
     out = {"dense_none": train_run(dirs["dense"])}
     out.update({f"dense_{name}": train_run(dirs["dense"], opts)
                 for name, opts in RECOMPUTE.items()})
+    out["dense_offload"] = train_run(dirs["dense"], offload=True)
     out["moe_ep1"] = train_run(dirs["qwen3_moe"], with_parity=True)
     out["moe_ep1_recompute_moe"] = train_run(
         dirs["qwen3_moe"], dict(recompute_granularity="selective", recompute_modules=("moe",)))

@@ -79,6 +79,7 @@ from vime_shell.loop.run_log import RunLogger
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.config import OptimConfig, TrainerConfig
 from vime_shell.megatron.moe_bridge import num_experts_of
+from vime_shell.megatron.offload import offloaded
 from vime_shell.megatron.layout import ranks_per_node_from_env
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
@@ -263,9 +264,10 @@ class _Loop:
                   report.bytes, report.buckets, report.seconds)
 
     def rollout(self, rid: int) -> dict:
-        evaluated = self.evaluate(rid) if self._evaluates(rid) else {}
-        t0 = time.perf_counter()
-        batch, schedule, stats = self._share_rollout(rid)
+        with offloaded(self.trainer, self.cfg.offload_train and self.producer is not None):
+            evaluated = self.evaluate(rid) if self._evaluates(rid) else {}
+            t0 = time.perf_counter()
+            batch, schedule, stats = self._share_rollout(rid)
         t1 = time.perf_counter()
         mine = rank_batch(batch, schedule, dp_rank=self.trainer.dp_rank,
                           cp_rank=self.trainer.cp_rank, cp_size=self.layout.cp,

@@ -59,6 +59,7 @@ from vime_shell.megatron.config import OptimConfig, StepResult, TrainerConfig  #
 from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.megatron.layout import TrainLayout, resolve_layout, world_size_from_env
 from vime_shell.megatron.moe_bridge import num_experts_of
+from vime_shell.megatron.offload import OffloadReport, StorageOffload, trainer_tensors
 from vime_shell.megatron.objective import (STEP_KEYS, TOKEN_KEYS, loss_factor,
                                            microbatch_objective, response_log_probs)
 from vime_shell.megatron.platform import Platform, detect_platform, initialize_parallel
@@ -95,6 +96,8 @@ class MegatronTrainer:
         self.trace: list[tuple[int, tuple[int, ...], int]] = []  # (step, samples, tokens) run
         self.steps_done = 0
         self.reference: list[torch.nn.Module] | None = None  # frozen chunks, for the KL penalty
+        self._offload = StorageOffload()
+        self.offload_report: OffloadReport | None = None
 
     @classmethod
     def from_hf(cls, hf_dir: str | Path, config: TrainerConfig = TrainerConfig(), *,
@@ -350,6 +353,20 @@ class MegatronTrainer:
         """Restore :meth:`save_checkpoint` output written with any layout (collective).
         Returns True when the RNG states were restored too (same layout only)."""
         return checkpoint.load_checkpoint(self, path)
+
+    # -- offload (--offload-train) ----------------------------------------------------------
+    def offload(self) -> OffloadReport:
+        """Free the accelerator memory of weights, gradients, optimizer state and the reference
+        model until :meth:`reload` (see :mod:`vime_shell.megatron.offload`); local, no
+        collective."""
+        self._finish_param_sync()
+        self.offload_report = self._offload.offload(
+            trainer_tensors(self.model, self.optimizer, self.reference))
+        return self.offload_report
+
+    def reload(self) -> None:
+        """Bring back, bit-exact, everything :meth:`offload` freed."""
+        self._offload.reload()
 
     def shutdown(self) -> None:
         """Drop Megatron's parallel state so another layout can be built in this process."""
