@@ -30,7 +30,7 @@ from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_e
 from vime_shell.loop.checkpoint_index import require_checkpoint
 from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.loop.replay import ReplaySource
-from vime_shell.loop.run_dir import check_run_dir
+from vime_shell.loop.run_dir import check_run_dir, dump_dir
 from vime_shell.megatron.layout import (TrainLayout, context_parallel_available,
                                         ranks_per_node_from_env, resolve_layout,
                                         world_size_from_env)
@@ -40,6 +40,8 @@ from vime_shell.rollout.data import DataKeys, load_prompt_rows
 from vime_shell.rollout.plugins import load_callable
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskExample, get_task
+from vime_shell.storage.export_target import check_export_target
+from vime_shell.storage.hf_check import check_hf_dir
 from vime_shell.storage.sizes import ExportError, parse_size
 
 
@@ -68,10 +70,14 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     if not (hf_dir / "config.json").is_file():
         raise field_error(ConfigError, "hf_checkpoint", str(hf_dir), "has no config.json",
                           "pass a Hugging Face model directory, or omit it for the embedded model")
-    if cfg.save_hf is not None and Path(cfg.save_hf).expanduser().resolve() == hf_dir.resolve():
-        raise field_error(ConfigError, "save_hf", cfg.save_hf,
-                          "is the directory the model is loaded from",
-                          "pass another --save-hf directory; vime never overwrites its source")
+    if cfg.save_hf is not None:
+        check_export_target(cfg.save_hf, overwrite=cfg.save_hf_overwrite, protected={
+            "the source model (--hf-checkpoint)": hf_dir,
+            "the reference model (--ref-load)": cfg.ref_load,
+            "the run directory (--run-dir)": cfg.run_dir,
+            "the checkpoint directory (--save)": cfg.save,
+            "the checkpoint directory (--load)": cfg.load,
+            "the rollout dump directory (--save-rollout-data)": dump_dir(cfg.save_rollout_data)})
     try:
         parse_size(cfg.save_hf_max_shard_size)
     except ExportError as exc:
@@ -137,6 +143,7 @@ def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None) -> EngineL
 
 def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:
     """The chat template, the reference model and the optional packages a run asks for."""
+    check_hf_dir(hf_dir, "--hf-checkpoint")  # every shard's header, before minutes of loading
     if cfg.apply_chat_template and not has_chat_template(hf_dir):
         raise field_error(ConfigError, "apply_chat_template", True,
                           f"but {hf_dir} has no chat template (tokenizer_config.json "
@@ -145,6 +152,8 @@ def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:
     if cfg.ref_load is not None and not (Path(cfg.ref_load).expanduser() / "config.json").is_file():
         raise field_error(ConfigError, "ref_load", cfg.ref_load, "is not an HF model directory",
                           "pass a directory written by save_pretrained (or --save-hf)")
+    if cfg.ref_load is not None:
+        check_hf_dir(cfg.ref_load, "--ref-load")
     if cfg.use_wandb and importlib.util.find_spec("wandb") is None:
         raise field_error(ConfigError, "use_wandb", True, "but wandb is not installed",
                           "pip install 'vime[wandb]', or drop --use-wandb")

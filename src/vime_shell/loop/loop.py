@@ -383,7 +383,8 @@ class _Loop:
             save_hf_checkpoint(tensors, source_dir=self.hf_dir, target_dir=self.cfg.save_hf,
                                max_shard_size=self.cfg.save_hf_max_shard_size,
                                writer_rank=writers.index(self.rank), writers=len(writers),
-                               barrier=lambda: dist.barrier(group=group))
+                               barrier=lambda: dist.barrier(group=group),
+                               overwrite=self.cfg.save_hf_overwrite)
         dist.barrier()
 
 
