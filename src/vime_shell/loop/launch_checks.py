@@ -27,8 +27,9 @@ from vime_pure.config import BatchingPolicy, check_feasible
 from vime_pure.errors import field_error
 from vime_shell.engines import vllm_available
 from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_engine_layout
-from vime_shell.loop.checkpoint_index import require_checkpoint
+from vime_shell.loop.checkpoint_index import check_dataset, require_checkpoint
 from vime_shell.loop.config import ConfigError, TrainConfig
+from vime_shell.loop.ownership import check_ownership, check_unlocked, run_id_for
 from vime_shell.loop.replay import ReplaySource
 from vime_shell.loop.run_dir import check_run_dir, dump_dir
 from vime_shell.megatron.layout import (TrainLayout, context_parallel_available,
@@ -58,6 +59,7 @@ class LaunchPlan:
     eval_sets: tuple[tuple[str, tuple[TaskExample, ...]], ...]
     num_rollout: int  # --num-rollout, or what --num-epoch needs for the dataset
     engine_layout: EngineLayout | None  # None: a train-only replay builds no engine
+    run_id: str  # the checkpoint's when resuming, else new (vime_shell.loop.ownership)
 
 
 def model_dir(cfg: TrainConfig) -> Path:
@@ -117,10 +119,10 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     # draw more prompts per rollout, so it is a lower bound on the passes made).
     num_rollout = (cfg.num_rollout if cfg.num_epoch is None or prompts is None
                    else -(-cfg.num_epoch * len(prompts) // cfg.rollout_batch_size))
-    check_run_paths(cfg, num_rollout)
+    run_id = check_run_paths(cfg, num_rollout)
     return LaunchPlan(hf_dir=hf_dir, layout=layout, policy=policy, prompts=prompts,
                       task=get_task(cfg.task) if prompts is None else None, eval_sets=eval_sets,
-                      num_rollout=num_rollout, engine_layout=engine_layout)
+                      num_rollout=num_rollout, engine_layout=engine_layout, run_id=run_id)
 
 
 def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None) -> EngineLayout | None:
@@ -159,11 +161,13 @@ def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:
                           "pip install 'vime[wandb]', or drop --use-wandb")
 
 
-def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> None:
+def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> str:
     """The run's files: the run directory (``run_dir.check_run_dir``), output directories that
     can be created, the ``--load`` checkpoint (it must exist: a mistyped path never starts a
-    new run) and every dump ``--load-rollout-data`` will replay (the first one read and
-    validated)."""
+    new run; its files match its manifest; the dataset did not change), the directories'
+    owners and locks (``ownership.check_ownership``) and every dump ``--load-rollout-data``
+    will replay (the first one read and validated). Returns the run id."""
+    check_unlocked(cfg)  # first: another live run's directories, whatever they hold
     check_run_dir(cfg)
     outputs = (("run_dir", cfg.run_dir), ("save", cfg.save), ("save_hf", cfg.save_hf),
                ("save_rollout_data", cfg.save_rollout_data and str(
@@ -173,14 +177,19 @@ def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> None:
             _check_writable(field, Path(path).expanduser())
     num_rollout = cfg.num_rollout if num_rollout is None else num_rollout
     start = 0
-    if cfg.load is not None:
-        start = int(require_checkpoint(cfg.load).name.split("_")[-1])
+    if cfg.load is not None:  # every file checked against the manifest, the dataset's print
+        found = require_checkpoint(cfg.load)
+        check_dataset(found, cfg.prompt_data, cfg.allow_dataset_change)
+        start = int(found.name.split("_")[-1])
+    run_id = run_id_for(cfg)
+    check_ownership(cfg, run_id)  # no live run's, and no other run's, directories
     if cfg.load_rollout_data is not None and start < num_rollout:
         source = ReplaySource(template=cfg.load_rollout_data,
                               fallback=cfg.load_rollout_data_fallback)
         for rid in range(start, num_rollout):
             source.path(rid)  # a missing dump is a ReplayError naming it, now, not mid-run
         source.load(start)  # DumpFormatError for a damaged or foreign file
+    return run_id
 
 
 def _check_writable(field: str, path: Path) -> None:

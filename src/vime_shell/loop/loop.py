@@ -45,11 +45,12 @@ Example: ``run_training(TrainConfig(num_rollout=3, run_dir="runs/x"))`` trains t
 model on reverse2 for 3 rollouts of 16 prompts x 8 samples and writes ``runs/x/metrics.jsonl``.
 """
 
+import contextlib
 import logging
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -74,7 +75,7 @@ from vime_shell.loop.logs import configure_logging
 from vime_shell.loop.records import rollout_record
 from vime_shell.loop.replay import DumpWriter, ReplaySource
 from vime_shell.loop.rollouts import RolloutProducer
-from vime_shell.loop.run_dir import move_aside
+from vime_shell.loop.ownership import claim_run
 from vime_shell.loop.run_log import RunLogger
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.config import OptimConfig, TrainerConfig
@@ -413,17 +414,40 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
     """Resume (``--load``) or start, run the rollouts, evaluate and export: ``run_training``'s
     body, between building the loop and tearing it down."""
     configure_logging(cfg.log_level, loop.rank)
+    with _claimed(cfg, loop.plan.run_id):
+        return _run_claimed(loop, cfg, progress)
+
+
+@contextlib.contextmanager
+def _claimed(cfg: TrainConfig, run_id: str) -> Iterator[None]:
+    """Rank 0 locks the run's directories for the run's lifetime (``ownership.claim_run``:
+    another run on them fails; ``--overwrite-run-dir`` moves the earlier run aside under the
+    lock); a failure there reaches every rank."""
+    claims: list = []
+
+    def claim() -> None:
+        claims.append(claim_run(cfg, run_id))
+        if claims[0][1] is not None:
+            log.info("moved the earlier run's files in %s to %s/", cfg.run_dir, claims[0][1])
+
+    rank0_result("claiming the run's directories", claim)
+    try:
+        yield
+    finally:
+        for held, _ in claims:
+            held.release()
+
+
+def _run_claimed(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
     start = 0
-    if cfg.load is not None:  # it must hold a checkpoint: a mistyped path never starts afresh
-        found = require_checkpoint(cfg.load)
+    if cfg.load is not None:  # launch checked it (and its manifest): load it
+        found = require_checkpoint(cfg.load, verify=False)
         state = run_checkpoint.load(found, loop.trainer, cfg.to_dict())
         start = state.rollouts_done
         loop.restore_data_state(state.data)
         log.info("resumed from %s at rollout %d", found, start)
         if loop.syncs:
             loop.sync_weights()  # the engine was built from the HF checkpoint, not this one
-    elif cfg.overwrite_run_dir and loop.rank == 0 and (moved := move_aside(cfg)) is not None:
-        log.info("moved the earlier run's files in %s to %s/", cfg.run_dir, moved)
     total = loop.plan.num_rollout  # --num-rollout, or derived from --num-epoch
     logger = RunLogger(cfg.run_dir, start=start, total=total, enabled=loop.rank == 0,
                        progress=progress, wandb=cfg.to_dict() if cfg.use_wandb else None)
@@ -440,7 +464,7 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
                 if loop.dumps is not None:
                     loop.dumps.flush()  # a checkpoint never runs ahead of the dumps
                 run_checkpoint.save(cfg.save, done, loop.trainer, cfg.to_dict(),
-                                    data=loop.data_state())
+                                    data=loop.data_state(), run_id=loop.plan.run_id)
         if loop._evaluates(0) and total > start:  # the trained weights, once more
             logger.log_eval(total, loop.evaluate(total))
     finally:

@@ -28,7 +28,7 @@ TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "generation_config.
 _MAX_HEADER = 100 << 20  # safetensors' own limit on a header's JSON
 
 
-def _fail(flag: str, path: Path, problem: str) -> ModelLoadError:
+def _damaged(flag: str, path: Path, problem: str) -> ModelLoadError:
     return field_error(ModelLoadError, flag, str(path), problem,
                        "restore the model directory from its source (save_pretrained, "
                        "huggingface-cli download) or point the flag at an intact copy")
@@ -38,7 +38,7 @@ def _json(flag: str, path: Path) -> object:
     try:
         return json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise _fail(flag, path, f"is not readable JSON ({type(exc).__name__}: "
+        raise _damaged(flag, path, f"is not readable JSON ({type(exc).__name__}: "
                     f"{str(exc)[:80]})") from None
 
 
@@ -47,9 +47,9 @@ def _regular(flag: str, path: Path, what: str) -> int:
     try:
         st = os.stat(path)
     except OSError:
-        raise _fail(flag, path, f"is missing ({what})") from None
+        raise _damaged(flag, path, f"is missing ({what})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise _fail(flag, path, f"is not a regular file ({what})")
+        raise _damaged(flag, path, f"is not a regular file ({what})")
     return st.st_size
 
 
@@ -66,11 +66,11 @@ def check_safetensors(flag: str, path: Path) -> None:
         ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
     except (OSError, ValueError, UnicodeDecodeError, TypeError, KeyError, IndexError,
             AttributeError, RecursionError) as exc:
-        raise _fail(flag, path, f"is not a safetensors file ({type(exc).__name__}: "
+        raise _damaged(flag, path, f"is not a safetensors file ({type(exc).__name__}: "
                     f"{str(exc)[:80]})") from None
     data = size - 8 - length
     if max(ends, default=0) > data:
-        raise _fail(flag, path, f"is truncated: its header describes {max(ends)} bytes of "
+        raise _damaged(flag, path, f"is truncated: its header describes {max(ends)} bytes of "
                     f"tensors, the file holds {data}")
 
 
@@ -82,11 +82,11 @@ def _weight_files(flag: str, root: Path) -> list[Path]:
             weight_map = data.get("weight_map") if isinstance(data, dict) else None
             if not isinstance(weight_map, dict) or not weight_map or not all(
                     isinstance(v, str) and v and "/" not in v for v in weight_map.values()):
-                raise _fail(flag, index, "has no weight_map of tensor names to shard files")
+                raise _damaged(flag, index, "has no weight_map of tensor names to shard files")
             return [root / shard for shard in sorted(set(weight_map.values()))]
     found = [root / name for name in SINGLE if (root / name).exists()]
     if not found:
-        raise _fail(flag, root, f"holds no weights (none of {', '.join(INDEXES + SINGLE)})")
+        raise _damaged(flag, root, f"holds no weights (none of {', '.join(INDEXES + SINGLE)})")
     return found
 
 
@@ -94,7 +94,7 @@ def check_hf_dir(hf_dir: str | Path, flag: str = "--hf-checkpoint") -> None:
     """Refuse a damaged model directory (module docstring); reads headers only."""
     root = Path(hf_dir).expanduser()
     if not isinstance(_json(flag, root / "config.json"), dict):
-        raise _fail(flag, root / "config.json", "is not a JSON object")
+        raise _damaged(flag, root / "config.json", "is not a JSON object")
     for path in _weight_files(flag, root):
         if path.name.endswith(".safetensors"):
             check_safetensors(flag, path)
