@@ -15,7 +15,7 @@ Invariants (tested):
   ``<target>/.vime-staging/`` (each file fsynced), then only the files it produced are renamed
   into the target, the index last; nothing else in the directory is replaced, moved or
   deleted. A failure before that leaves the old export intact and removes the staging
-  directory; an ``OSError`` (full disk, permissions) is an ``ExportError`` naming the target.
+  directory; an I/O error (full disk, permissions) is an ``ExportError`` naming the target.
 - **Never in place.** A target that is, contains or lies inside the source directory is refused.
 - **Streaming.** With one writer, ``tensors`` may be any iterable of ``(name, tensor)`` in name
   order: one shard is held in memory at a time.
@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from vime_pure.errors import field_error
@@ -114,7 +115,7 @@ def save_hf_checkpoint(
         # A failed export leaves the old files as they were and no staging directory
         # (another writer may still be writing into it: it then fails too, and cleans up).
         shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, OSError):
+        if isinstance(exc, (OSError, SafetensorError)):  # safetensors' own I/O error type
             raise field_error(ExportError, "--save-hf", str(target_dir),
                               f"cannot be written ({type(exc).__name__}: {exc})",
                               "free space or fix permissions there and export again; the "
