@@ -33,6 +33,7 @@ from vime_shell.loop.ownership import check_ownership, check_unlocked, run_id_fo
 from vime_shell.loop.replay import ReplaySource
 from vime_shell.loop.run_dir import check_run_dir, dump_dir
 from vime_shell.megatron.layout import (TrainLayout, context_parallel_available,
+                                        local_rank_from_env, rank_from_env,
                                         ranks_per_node_from_env, resolve_layout,
                                         world_size_from_env)
 from vime_shell.models.embedded import build_embedded
@@ -167,7 +168,9 @@ def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> str:
     new run; its files match its manifest; the dataset did not change), the directories'
     owners and locks (``ownership.check_ownership``) and every dump ``--load-rollout-data``
     will replay (the first one read and validated). Returns the run id."""
-    check_unlocked(cfg)  # first: another live run's directories, whatever they hold
+    owner = rank_from_env() == 0  # rank 0 claims and writes; another rank may see its lock
+    if owner:
+        check_unlocked(cfg)  # first: another live run's directories, whatever they hold
     check_run_dir(cfg)
     outputs = (("run_dir", cfg.run_dir), ("save", cfg.save), ("save_hf", cfg.save_hf),
                ("save_rollout_data", cfg.save_rollout_data and str(
@@ -178,11 +181,12 @@ def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> str:
     num_rollout = cfg.num_rollout if num_rollout is None else num_rollout
     start = 0
     if cfg.load is not None:  # every file checked against the manifest, the dataset's print
-        found = require_checkpoint(cfg.load)
+        found = require_checkpoint(cfg.load, verify=local_rank_from_env() == 0)  # once a node
         check_dataset(found, cfg.prompt_data, cfg.allow_dataset_change)
         start = int(found.name.split("_")[-1])
     run_id = run_id_for(cfg)
-    check_ownership(cfg, run_id)  # no live run's, and no other run's, directories
+    if owner:
+        check_ownership(cfg, run_id)  # no other run's directories
     if cfg.load_rollout_data is not None and start < num_rollout:
         source = ReplaySource(template=cfg.load_rollout_data,
                               fallback=cfg.load_rollout_data_fallback)

@@ -79,7 +79,7 @@ from vime_shell.loop.ownership import claim_run
 from vime_shell.loop.run_log import RunLogger
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.config import OptimConfig, TrainerConfig
-from vime_shell.megatron.layout import ranks_per_node_from_env
+from vime_shell.megatron.layout import rank_from_env, ranks_per_node_from_env
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
 from vime_shell.storage.hf_export import save_hf_checkpoint
@@ -187,9 +187,9 @@ class _Loop:
     """One run's state on one rank; ``run_training`` is the public entry."""
 
     def __init__(self, cfg: TrainConfig, on_rollout: Callable[[RolloutEvent], None] | None,
-                 plan: LaunchPlan | None):
+                 plan: LaunchPlan):
         self.cfg, self.on_rollout = cfg, on_rollout
-        self.plan = plan or launch_checks(cfg, model_dir(cfg))
+        self.plan = plan
         self.hf_dir = self.plan.hf_dir
         self.trainer = MegatronTrainer.from_hf(
             self.hf_dir, trainer_config(cfg), tp=cfg.tensor_model_parallel_size,
@@ -401,44 +401,42 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
     before importing this module).
     """
     _quiet_libraries()
-    loop = _Loop(cfg, on_rollout, plan)
+    plan = plan or launch_checks(cfg, model_dir(cfg))
+    with _claimed(cfg, plan.run_id):  # before the model is built: a second run fails now
+        loop = _Loop(cfg, on_rollout, plan)
+        try:
+            return _run(loop, cfg, progress)
+        finally:  # also after a failure: a caller that catches it may start another run
+            loop.trainer.shutdown()  # frees Megatron's parallel state
+            if loop.engines is not None:  # last: vLLM's teardown ends the world
+                loop.engines.close()
+
+
+@contextlib.contextmanager
+def _claimed(cfg: TrainConfig, run_id: str) -> Iterator[None]:
+    """Global rank 0 locks the run's directories for the run's lifetime
+    (``ownership.claim_run``: another run on them fails; ``--overwrite-run-dir`` moves the
+    earlier run aside under the lock). Taken before the process group exists (rank from
+    ``RANK``); a failure here ends rank 0, and the launcher (torchrun, ``spawn``) ends the
+    others."""
+    rank = dist.get_rank() if dist.is_initialized() else rank_from_env()
+    if rank != 0:
+        yield
+        return
+    claim, moved = claim_run(cfg, run_id)
+    if moved is not None:
+        configure_logging(cfg.log_level, rank)
+        log.info("moved the earlier run's files in %s to %s/", cfg.run_dir, moved)
     try:
-        return _run(loop, cfg, progress)
-    finally:  # also after a failure: a caller that catches it may start another run
-        loop.trainer.shutdown()  # frees Megatron's parallel state
-        if loop.engines is not None:  # last: vLLM's external-launcher teardown ends the world
-            loop.engines.close()
+        yield
+    finally:
+        claim.release()
 
 
 def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
     """Resume (``--load``) or start, run the rollouts, evaluate and export: ``run_training``'s
     body, between building the loop and tearing it down."""
     configure_logging(cfg.log_level, loop.rank)
-    with _claimed(cfg, loop.plan.run_id):
-        return _run_claimed(loop, cfg, progress)
-
-
-@contextlib.contextmanager
-def _claimed(cfg: TrainConfig, run_id: str) -> Iterator[None]:
-    """Rank 0 locks the run's directories for the run's lifetime (``ownership.claim_run``:
-    another run on them fails; ``--overwrite-run-dir`` moves the earlier run aside under the
-    lock); a failure there reaches every rank."""
-    claims: list = []
-
-    def claim() -> None:
-        claims.append(claim_run(cfg, run_id))
-        if claims[0][1] is not None:
-            log.info("moved the earlier run's files in %s to %s/", cfg.run_dir, claims[0][1])
-
-    rank0_result("claiming the run's directories", claim)
-    try:
-        yield
-    finally:
-        for held, _ in claims:
-            held.release()
-
-
-def _run_claimed(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
     start = 0
     if cfg.load is not None:  # launch checked it (and its manifest): load it
         found = require_checkpoint(cfg.load, verify=False)
