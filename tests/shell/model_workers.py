@@ -129,6 +129,51 @@ def llama3_run(hf_dir: str) -> dict:
     return out
 
 
+def streaming_export_run(hf_dir: str, limit: int = 40_000) -> dict:
+    """``--save-hf`` streamed: the trainer's buckets (bf16) into the writer with a small
+    shard limit; the most exported bytes alive at once (every host copy tracked until it is
+    freed), against the model's size."""
+    import tempfile
+    import weakref
+
+    import torch
+    from safetensors.torch import load_file
+
+    from vime_shell.megatron.trainer import MegatronTrainer
+    from vime_shell.storage.hf_export import save_hf_checkpoint
+
+    trainer = MegatronTrainer.from_hf(hf_dir)
+    alive = {"now": 0, "peak": 0}
+
+    def release(size: int) -> None:
+        alive["now"] -= size
+
+    def tracked():
+        for bucket in trainer.hf_buckets(limit, dtype=torch.bfloat16):
+            for name, tensor in bucket:
+                size = tensor.numel() * tensor.element_size()
+                alive["now"] += size
+                alive["peak"] = max(alive["peak"], alive["now"])
+                weakref.finalize(tensor, release, size)
+            yield from bucket
+            del bucket
+
+    with tempfile.TemporaryDirectory() as root:
+        target = save_hf_checkpoint(tracked(), source_dir=hf_dir, target_dir=f"{root}/hf",
+                                    max_shard_size=limit)
+        shards = sorted(target.glob("model-*.safetensors"))
+        exported = {k: v for shard in shards for k, v in load_file(shard).items()}
+    reference = trainer.hf_state_dict()
+    trainer.shutdown()
+    return {"peak": alive["peak"], "limit": limit, "shards": len(shards),
+            "dtypes": sorted({str(t.dtype) for t in exported.values()}),
+            "model_bytes": sum(t.numel() * 2 for t in reference.values()),
+            "largest": max(t.numel() * 2 for t in reference.values()),
+            "max_diff": max(float((exported[k].float() - reference[k].bfloat16().float())
+                                  .abs().max()) for k in reference),
+            "keys_equal": set(exported) == set(reference)}
+
+
 def features_two_ranks(dirs: dict[str, str]) -> dict:
     """The MoE runs of ``MOE_TWO_RANKS`` on the launched 2-rank world."""
     return {name: train_run(dirs["qwen3_moe"], options, with_parity=name == "ep2", **kwargs)
@@ -142,6 +187,7 @@ def features_one_rank(dirs: dict[str, str]) -> dict:
     out.update({f"dense_{name}": train_run(dirs["dense"], opts)
                 for name, opts in RECOMPUTE.items()})
     out["dense_offload"] = train_run(dirs["dense"], offload=True)
+    out["streaming_export"] = streaming_export_run(dirs["dense"])
     out["moe_ep1"] = train_run(dirs["qwen3_moe"], with_parity=True)
     out["moe_ep1_recompute_moe"] = train_run(
         dirs["qwen3_moe"], dict(recompute_granularity="selective", recompute_modules=("moe",)))

@@ -112,3 +112,13 @@ def test_offload_train_frees_every_storage_and_comes_back_exactly(one):
     assert info["roundtrip_max"] == 0.0
     assert _delta(run["final"], ref["final"]) == 0.0  # training continues as if never offloaded
     assert run["losses"] == ref["losses"]
+
+
+def test_streaming_save_hf_holds_about_one_shard_not_the_model(one):
+    run = one["streaming_export"]
+    assert run["keys_equal"] and run["max_diff"] == 0.0
+    assert run["dtypes"] == ["torch.bfloat16"]  # the requested export dtype, not the trained fp32
+    assert run["shards"] >= 5
+    # the writer's shard, the bucket being handed over, and one tensor of look-ahead
+    assert run["peak"] <= 2 * run["limit"] + run["largest"]
+    assert run["peak"] < run["model_bytes"] / 2

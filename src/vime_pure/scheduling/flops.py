@@ -69,9 +69,12 @@ class FlopsModel:
         return self.linear * length + self.quadratic * length * length
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any] | Any) -> "FlopsModel":
+    def from_hf_config(cls, config: Mapping[str, Any] | Any,
+                       experts_per_token: int | None = None) -> "FlopsModel":
         """Read a HF ``config.json`` dict or a ``PretrainedConfig``-like object (a nested
-        ``text_config`` is used when present, as in multimodal configs)."""
+        ``text_config`` is used when present, as in multimodal configs).
+        ``experts_per_token`` overrides the config's ``num_experts_per_tok``
+        (``--moe-router-topk``): only the active experts cost FLOPs."""
         cfg = ConfigFields(config)
         if cfg.get("text_config") is not None:
             cfg = ConfigFields(cfg.get("text_config"))
@@ -87,7 +90,8 @@ class FlopsModel:
         attention = 2 * hidden * (q + 2 * kv) + 2 * q * hidden
         dense_mlp = 6 * hidden * cfg.int("intermediate_size")
         sparse = sparse_layers(cfg, layers)
-        per_layer = [attention + (_moe_mlp(cfg, hidden) if i in sparse else dense_mlp)
+        moe_mlp = _moe_mlp(cfg, hidden, experts_per_token) if sparse else 0
+        per_layer = [attention + (moe_mlp if i in sparse else dense_mlp)
                      for i in range(layers)]
         linear = sum(per_layer) + 2 * hidden * cfg.int("vocab_size")
         return cls(linear=linear, quadratic=2 * q * layers)
@@ -135,11 +139,11 @@ def sparse_layers(cfg: ConfigFields, layers: int) -> set[int]:
             if (i + 1) % step == 0 and i not in dense_only and i >= first_dense}
 
 
-def _moe_mlp(cfg: ConfigFields, hidden: int) -> int:
+def _moe_mlp(cfg: ConfigFields, hidden: int, top_k: int | None = None) -> int:
     """Per-token FLOPs of a MoE MLP: top-k routed experts, shared experts, and the router."""
     experts = num_experts(cfg)
     expert_ffn = cfg.int("moe_intermediate_size", cfg.int("intermediate_size"))
-    routed = 6 * hidden * expert_ffn * cfg.int("num_experts_per_tok")
+    routed = 6 * hidden * expert_ffn * (top_k or cfg.int("num_experts_per_tok"))
     shared_ffn = cfg.get("shared_expert_intermediate_size", 0) or 0
     shared_ffn += (cfg.get("n_shared_experts", 0) or 0) * expert_ffn
     return routed + 6 * hidden * int(shared_ffn) + 2 * hidden * experts

@@ -85,6 +85,7 @@ from vime_shell.megatron.offload import offloaded
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
 from vime_shell.storage.hf_export import save_hf_checkpoint
+from vime_shell.storage.sizes import parse_size
 
 log = logging.getLogger("vime.train")
 
@@ -385,18 +386,27 @@ class _Loop:
             self.producer.source.draws = int(state["draws"])
 
     def save_hf(self) -> None:
-        """Write the final weights with one writer per node; rank 0 finalises the index."""
-        tensors = self.trainer.hf_state_dict()
+        """Write the final weights with one writer per node; rank 0 finalises the index.
+
+        Streamed: the export comes in buckets of one shard's size (``trainer.hf_buckets``)
+        and each writer keeps only its own shards, so a rank holds about one shard and one
+        bucket of host memory, never the model; ranks without a writer drain the export."""
+        limit = parse_size(self.cfg.save_hf_max_shard_size)
+        pairs = (pair for bucket in self.trainer.hf_buckets(limit) for pair in bucket)
         world = dist.get_world_size()
         per_node = ranks_per_node_from_env() or world
         writers = list(range(0, world, per_node))
         group = dist.new_group(writers)
-        if self.rank in writers:
-            save_hf_checkpoint(tensors, source_dir=self.hf_dir, target_dir=self.cfg.save_hf,
-                               max_shard_size=self.cfg.save_hf_max_shard_size,
-                               writer_rank=writers.index(self.rank), writers=len(writers),
-                               barrier=lambda: dist.barrier(group=group),
-                               overwrite=self.cfg.save_hf_overwrite)
+        try:
+            if self.rank in writers:
+                save_hf_checkpoint(pairs, source_dir=self.hf_dir, target_dir=self.cfg.save_hf,
+                                   max_shard_size=limit,
+                                   writer_rank=writers.index(self.rank), writers=len(writers),
+                                   barrier=lambda: dist.barrier(group=group),
+                                   overwrite=self.cfg.save_hf_overwrite)
+        finally:
+            for _ in pairs:  # the export is collective: drained here too after a failure
+                pass
         dist.barrier()
 
 

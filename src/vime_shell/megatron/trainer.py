@@ -60,6 +60,7 @@ from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.megatron.layout import TrainLayout, resolve_layout, world_size_from_env
 from vime_shell.megatron.moe_bridge import num_experts_of
 from vime_shell.megatron.offload import OffloadReport, StorageOffload, trainer_tensors
+from vime_shell.engines.sync import buckets
 from vime_shell.megatron.objective import (STEP_KEYS, TOKEN_KEYS, loss_factor,
                                            microbatch_objective, response_log_probs)
 from vime_shell.megatron.platform import Platform, detect_platform, initialize_parallel
@@ -84,7 +85,8 @@ class MegatronTrainer:
         self.platform, self.layout, self.config = platform, layout, config
         self.bridge = make_bridge(hf_dir, platform, config.model, layout)
         # The forward FLOPs model picks each record's cheaper CPU attention layout (tensors.py).
-        self.flops = FlopsModel.from_hf_config(self.bridge.hf_config)
+        self.flops = FlopsModel.from_hf_config(self.bridge.hf_config,
+                                               config.model.moe_router_topk)
         self.model = self._wrap(build_model_chunks(self.bridge, platform, layout))
         self.optimizer, self.scheduler = self._optimizer()
         self.dp_rank = mpu.get_data_parallel_rank()
@@ -399,6 +401,15 @@ class MegatronTrainer:
         """``(hf_name, full tensor)`` for every weight; collective, drain on every rank."""
         self._finish_param_sync()
         return export_hf_weights(self.bridge, self.model)
+
+    def hf_buckets(self, bucket_bytes: int, dtype: torch.dtype | None = None
+                   ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The export (:meth:`export_hf`) as host copies in ``dtype`` (default: the trained
+        one), in consecutive buckets of at most ``bucket_bytes`` (a larger tensor goes alone):
+        at most one bucket is alive per rank, never the model (``--save-hf`` streams these
+        into the writer). Collective: drain on every rank."""
+        for bucket in buckets(self.export_hf(), bucket_bytes, key=lambda name: name):
+            yield [(name, t.to("cpu", dtype=dtype or t.dtype, copy=True)) for name, t in bucket]
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """All weights under HF names, as CPU tensors, on every rank."""
