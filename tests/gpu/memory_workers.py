@@ -57,18 +57,3 @@ def optimizer_offload_worker(rank: int, hf_dir: str, offload: bool, precision_aw
     dist.destroy_process_group()
     return out
 
-
-def moe_ep_worker(rank: int, hf_dir: str, ep: int) -> dict:
-    """A tiny Qwen3-MoE trained one step with expert parallelism ``ep`` on NCCL."""
-    import torch.distributed as dist
-
-    from vime_shell.megatron.trainer import MegatronTrainer, OptimConfig, TrainerConfig
-
-    _init_nccl(rank)
-    trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=OptimConfig(lr=1e-3)), ep=ep)
-    results = trainer.train(_records(trainer, trainer.bridge.hf_config.vocab_size))
-    out = {"losses": [r.metrics["loss"] for r in results],
-           "final": {k: v.float().cpu().numpy() for k, v in trainer.hf_state_dict().items()}}
-    trainer.shutdown()
-    dist.destroy_process_group()
-    return out

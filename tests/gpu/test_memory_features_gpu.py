@@ -71,11 +71,11 @@ def test_precision_aware_optimizer_steps(models):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="EP2 needs 2 GPUs")
 def test_expert_parallel_on_nccl_equals_ep1(models):
-    from tests.gpu.memory_workers import moe_ep_worker
+    from tests.gpu.gpu_workers import bf16_step_worker
     from vime_shell.megatron.spawn import spawn
 
-    ep2 = spawn(moe_ep_worker, 2, models["moe"], 2)[0]
-    ep1 = spawn(moe_ep_worker, 2, models["moe"], 1)[0]
+    ep2 = spawn(bf16_step_worker, 2, models["moe"], 2)[0]
+    ep1 = spawn(bf16_step_worker, 2, models["moe"], 1)[0]
     delta = max(float(np.max(np.abs(ep2["final"][k] - ep1["final"][k]))) for k in ep1["final"])
     print(f"EP2 vs EP1 on NCCL (bf16): max |param delta| {delta:.2e}")
     assert max(abs(a - b) for a, b in zip(ep2["losses"], ep1["losses"])) <= 1e-2

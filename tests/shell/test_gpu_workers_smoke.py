@@ -47,7 +47,7 @@ def mocked_cuda_workers(rank: int, hf_dir: str, out_dir: str, moe_dir: str) -> d
            "bf16": gpu_workers.bf16_step_worker(rank, hf_dir),
            "cp1": gpu_workers.cp_worker(rank, hf_dir, 1),
            "offload": memory_workers.offload_worker(rank, hf_dir),
-           "moe": memory_workers.moe_ep_worker(rank, moe_dir, 1)}
+           "moe": gpu_workers.bf16_step_worker(rank, moe_dir, 1)}
     # Last: the loop leaves its process group initialised.
     small = {"rollout_batch_size": 8, "n_samples_per_prompt": 8}  # 64 samples: some reward
     out["e2e"] = gpu_workers.e2e_worker(rank, f"{out_dir}/e2e.json", 3, small)

@@ -404,12 +404,13 @@ class MegatronTrainer:
 
     def hf_buckets(self, bucket_bytes: int, dtype: torch.dtype | None = None
                    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """The export (:meth:`export_hf`) as host copies in ``dtype`` (default: the trained
-        one), in consecutive buckets of at most ``bucket_bytes`` (a larger tensor goes alone):
-        at most one bucket is alive per rank, never the model (``--save-hf`` streams these
-        into the writer). Collective: drain on every rank."""
+        """The export (:meth:`export_hf`) as host copies, floating-point tensors in ``dtype``
+        (default: the trained one), in consecutive buckets of at most ``bucket_bytes`` (a
+        larger tensor goes alone): at most one bucket is alive per rank, never the model
+        (``--save-hf`` streams these into the writer). Collective: drain on every rank."""
         for bucket in buckets(self.export_hf(), bucket_bytes, key=lambda name: name):
-            yield [(name, t.to("cpu", dtype=dtype or t.dtype, copy=True)) for name, t in bucket]
+            yield [(name, t.to("cpu", dtype=dtype if dtype and t.is_floating_point()
+                               else t.dtype, copy=True)) for name, t in bucket]
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """All weights under HF names, as CPU tensors, on every rank."""
