@@ -133,3 +133,11 @@ def test_rope_scaling_parsing():
                        ({**llama3, "high_freq_factor": 0.5}, "high_freq_factor")):
         with pytest.raises(ModelLoadError, match=match):
             rope_scaling_of(bad)
+
+
+def test_expert_tensor_parallelism_other_than_tp_needs_transformer_engine():
+    cfg = parse_train_config(["--expert-tensor-parallel-size", "2"])
+    with pytest.raises(ConfigError, match="expert_tensor_parallel_size=2: differs"):
+        check_model_settings(cfg, MOE, _layout(etp=2, num_experts=4))
+    same = parse_train_config(["--expert-tensor-parallel-size", "1"])
+    check_model_settings(same, MOE, _layout(num_experts=4))  # equal to TP: fine

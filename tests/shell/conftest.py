@@ -64,6 +64,9 @@ def megatron_runs(tmp_path_factory) -> dict:
         cache.write_bytes(pickle.dumps(result))
         per_layout = ", ".join(f"{name} {run['seconds']:.1f}s"
                                for name, run in result["per_rank"][0].items() if "seconds" in run)
+        features = sum(run["seconds"] for rank_runs in (result["per_rank"][0].get(key, {})
+                                                        for key in ("features_1", "features_2"))
+                       for run in rank_runs.values() if "seconds" in run)
         print(f"\n[megatron_runs] 2-process spawn over {len(LAYOUTS)} layouts + DP1: "
-              f"{result['wall_s']:.1f} s wall ({per_layout})")
+              f"{result['wall_s']:.1f} s wall ({per_layout}; model features {features:.1f}s)")
         return result

