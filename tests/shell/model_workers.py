@@ -61,9 +61,10 @@ def _offload_round_trip(trainer, out: dict) -> None:
 
 
 def train_run(hf_dir: str, options: dict | None = None, with_parity: bool = False,
-              offload: bool = False, **trainer_kwargs) -> dict:
+              offload: bool = False, recompute_loss: bool = False, **trainer_kwargs) -> dict:
     """Train both rollouts under ``options`` (``ModelOptions`` fields); see the module.
-    ``offload``: an ``--offload-train`` round trip between the rollouts."""
+    ``offload``: an ``--offload-train`` round trip between the rollouts;
+    ``recompute_loss``: ``--recompute-loss-function``."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -72,7 +73,8 @@ def train_run(hf_dir: str, options: dict | None = None, with_parity: bool = Fals
     from vime_shell.megatron.trainer import MegatronTrainer, TrainerConfig
 
     t0 = time.perf_counter()
-    config = TrainerConfig(optim=_optim(False), model=ModelOptions(**(options or {})))
+    config = TrainerConfig(optim=_optim(False), model=ModelOptions(**(options or {})),
+                           recompute_loss_function=recompute_loss)
     trainer = MegatronTrainer.from_hf(hf_dir, config, **trainer_kwargs)
     vocab = trainer.bridge.hf_config.vocab_size
     out: dict = {"losses": [], "forwards": []}
@@ -187,6 +189,7 @@ def features_one_rank(dirs: dict[str, str]) -> dict:
     out.update({f"dense_{name}": train_run(dirs["dense"], opts)
                 for name, opts in RECOMPUTE.items()})
     out["dense_offload"] = train_run(dirs["dense"], offload=True)
+    out["dense_recompute_loss"] = train_run(dirs["dense"], recompute_loss=True)
     out["streaming_export"] = streaming_export_run(dirs["dense"])
     out["moe_ep1"] = train_run(dirs["qwen3_moe"], with_parity=True)
     out["moe_ep1_recompute_moe"] = train_run(

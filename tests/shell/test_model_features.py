@@ -42,6 +42,13 @@ def test_recompute_gives_the_same_losses_gradients_and_weights(one, name, tol):
     assert _delta(run["final"], ref["final"]) <= tol
 
 
+def test_recompute_loss_function_gives_the_same_training(one):
+    ref, run = one["dense_none"], one["dense_recompute_loss"]
+    assert max(abs(a - b) for a, b in zip(run["losses"], ref["losses"])) <= 1e-7
+    assert float(np.max(np.abs(run["grad"] - ref["grad"]))) <= 1e-7
+    assert _delta(run["final"], ref["final"]) <= 1e-6
+
+
 def test_recompute_runs_the_recomputed_modules_again_in_the_backward(one):
     layers, k = 4, one["dense_none"]["microbatches"]
     # Per rollout: K micro-batches x 4 layers forwards, plus the log-prob pass (forward only).

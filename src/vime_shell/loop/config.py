@@ -228,6 +228,8 @@ class TrainConfig:
         metadata={"help": f"selective recompute: some of {', '.join(RECOMPUTE_MODULES)} "
                   "(Megatron's default core_attn)", "section": "memory", "choices": None,
                   "nargs": "+"})
+    recompute_loss_function: bool = _f(False, "recompute the loss's fp32 log-softmax in the "
+                                       "backward instead of keeping it", "memory")
     optimizer_cpu_offload: bool = _f(False, "Adam state and step on the CPU (CUDA only)",
                                      "memory")
     overlap_cpu_optimizer_d2h_h2d: bool = _f(False, "overlap the offloaded optimizer's copies "

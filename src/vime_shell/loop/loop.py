@@ -168,7 +168,7 @@ def trainer_config(cfg: TrainConfig) -> TrainerConfig:
             optimizer_cpu_offload=cfg.optimizer_cpu_offload,
             overlap_cpu_optimizer_d2h_h2d=cfg.overlap_cpu_optimizer_d2h_h2d,
             use_precision_aware_optimizer=cfg.use_precision_aware_optimizer),
-        model=cfg.model_options(),
+        model=cfg.model_options(), recompute_loss_function=cfg.recompute_loss_function,
         loss=LossConfig(eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high,
                         kl_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
                         kl_kind=cfg.kl_loss_type, entropy_coef=cfg.entropy_coef,

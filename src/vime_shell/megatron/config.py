@@ -52,6 +52,7 @@ class TrainerConfig:
     optim: OptimConfig = attrs.field(factory=OptimConfig)
     loss: LossConfig = attrs.field(factory=LossConfig)
     model: ModelOptions = attrs.field(factory=ModelOptions)  # recompute, MoE router
+    recompute_loss_function: bool = False  # --recompute-loss-function (objective.py)
     seed: int = 1234
 
 

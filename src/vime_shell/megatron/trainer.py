@@ -253,7 +253,8 @@ class MegatronTrainer:
         factor = loss_factor(step.microbatches[0], self.layout.dp, self.layout.cp)
 
         def loss_fn(row: MicroBatchTensors, output: torch.Tensor):
-            logp, entropy = response_log_probs(output, row, with_entropy=True)
+            logp, entropy = response_log_probs(output, row, with_entropy=True,
+                                               recompute=self.config.recompute_loss_function)
             return microbatch_objective(logp, row, cfg, factor, entropy=entropy)
 
         for chunk in self.model:
