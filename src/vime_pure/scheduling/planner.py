@@ -11,9 +11,10 @@ back to packing + FLOPs balancing under static packing or when a step is too sma
 """
 
 from collections.abc import Sequence
-from itertools import accumulate, chain
+from itertools import chain
 from typing import Any
 
+import attrs
 import numpy as np
 
 from vime_pure.scheduling import kernels
@@ -23,7 +24,7 @@ from vime_pure.errors import ScheduleError
 from vime_pure.scheduling.flops import proxy_flops
 from vime_pure.grouping import Grouping, group_samples
 from vime_pure.scheduling.rank_balance import balance_step, lpt_ranks
-from vime_pure.scheduling.schedule import Schedule, StepPlan
+from vime_pure.scheduling.schedule import Schedule
 from vime_pure.scheduling.inputs import as_flops, as_lengths, check_same_length
 
 
@@ -68,20 +69,34 @@ def plan_grouped(lengths: Sequence[Any] | np.ndarray, grouping: Grouping, layout
         raise _too_few_groups(num_groups, gbs, partial_error)
 
     kept_groups = step_groups[len(steps) - 1][1]
-    dropped_samples = np.sort(grouping.order[grouping.offsets[kept_groups]:]).tolist()
-    partitions, local = _assemble(steps, layout.dp)
+    dropped = np.sort(grouping.order[grouping.offsets[kept_groups]:]).astype(np.int64)
+    mb_sizes = np.concatenate([step.mb_sizes for step in steps])
+    offsets = np.zeros(len(mb_sizes) + 1, dtype=np.int64)
+    np.cumsum(mb_sizes, out=offsets[1:])
     return Schedule(
-        layout=layout, policy=policy, lengths=tuple(sizes.tolist()),
-        sample_group=tuple(grouping.dense.tolist()), steps=tuple(steps),
-        partitions=partitions, micro_batch_indices=local,
-        dropped_groups=grouping.ids[kept_groups:],
-        dropped_samples=tuple(dropped_samples),
+        layout=layout, policy=policy, lengths_array=sizes.astype(np.int64, copy=True),
+        group_array=np.asarray(grouping.dense, dtype=np.int64).copy(),
+        sample_ids=np.concatenate([step.ids for step in steps]), mb_offsets=offsets,
+        step_microbatches=np.asarray([s.per_rank for s in steps], dtype=np.int64),
+        step_groups=np.asarray([s.num_groups for s in steps], dtype=np.int64),
+        dropped_groups=grouping.ids[kept_groups:], dropped_array=dropped,
     )
+
+
+@attrs.frozen
+class _StepArrays:
+    """One planned step as flat arrays: sample ids in (rank, micro-batch) order, the
+    micro-batch sizes in the same order, the per-rank count and the group count."""
+
+    ids: np.ndarray
+    mb_sizes: np.ndarray
+    per_rank: int
+    num_groups: int
 
 
 def _build_steps(step_groups: list[tuple[int, int]], full: int, grouping: Grouping,
                  sizes: np.ndarray, work: np.ndarray, layout: ParallelLayout,
-                 policy: BatchingPolicy) -> tuple[list[StepPlan], ScheduleError | None]:
+                 policy: BatchingPolicy) -> tuple[list["_StepArrays"], ScheduleError | None]:
     """Plan every step; a failing partial step (index ``full``) is left out, with its error."""
     if not step_groups:
         return [], None
@@ -89,7 +104,7 @@ def _build_steps(step_groups: list[tuple[int, int]], full: int, grouping: Groupi
     kept = grouping.order[: bounds[-1]]  # samples of the steps, group-major, step by step
     step_of = np.repeat(np.arange(len(step_groups)), np.diff(bounds))
     presorted = _presort(kept, sizes, work, step_of, bounds, layout, policy)
-    steps: list[StepPlan] = []
+    steps: list[_StepArrays] = []
     for s, (g0, g1) in enumerate(step_groups):
         lo, hi = int(bounds[s]), int(bounds[s + 1])
         samples = kept[lo:hi]
@@ -215,28 +230,10 @@ def _distribute(bins: kernels.Bins, samples: np.ndarray, step_sizes: np.ndarray,
 
 
 def _step_plan(parts: list[list[int]], bins: kernels.Bins, samples: np.ndarray,
-               num_groups: int) -> StepPlan:
-    """Translate positions to global sample ids in one gather, then cut into tuples."""
+               num_groups: int) -> _StepArrays:
+    """Translate positions to global sample ids in one gather, rank by rank."""
     ordered = [bins[j] for part in parts for j in part]
-    ids = samples[np.fromiter(chain.from_iterable(ordered), dtype=np.int64)].tolist()
-    micro, start = [], 0
-    for part in parts:
-        rank = []
-        for j in part:
-            end = start + len(bins[j])
-            rank.append(tuple(ids[start:end]))
-            start = end
-        micro.append(tuple(rank))
-    return StepPlan(num_groups=num_groups, num_microbatches=len(parts[0]),
-                    microbatches=tuple(micro))
-
-
-def _assemble(steps: list[StepPlan], dp: int):
-    """Per rank: the partition (all steps' micro-batches in order) and local index ranges."""
-    partitions, local = [], []
-    for rank in range(dp):
-        mbs = list(chain.from_iterable(step.microbatches[rank] for step in steps))
-        ends = list(accumulate(map(len, mbs)))
-        partitions.append(tuple(chain.from_iterable(mbs)))
-        local.append(tuple(map(tuple, map(range, [0, *ends[:-1]], ends))))
-    return tuple(partitions), tuple(local)
+    sizes = np.fromiter(map(len, ordered), dtype=np.int64, count=len(ordered))
+    positions = np.fromiter(chain.from_iterable(ordered), dtype=np.int64, count=int(sizes.sum()))
+    return _StepArrays(ids=samples[positions].astype(np.int64, copy=False), mb_sizes=sizes,
+                       per_rank=len(parts[0]), num_groups=num_groups)
