@@ -87,53 +87,53 @@ def ffd_flat(sizes: np.ndarray, cap: int):
 
 
 @_compiled
-def _halves(items, sizes):
-    """Greedy LPT into two halves, as ``kernels._halves``: by (-size, position), the lighter
-    side first (side 0 on ties); each half returned sorted by position."""
-    keys = np.empty(len(items), dtype=np.int64)
-    for t in range(len(items)):
-        keys[t] = items[t]
-    by = np.argsort(keys, kind="mergesort")
-    ordered = keys[by]
-    ordered = ordered[np.argsort(-sizes[ordered], kind="mergesort")]
-    side = np.zeros(len(items), dtype=np.bool_)
-    s0, s1 = 0, 0
-    for t in range(len(ordered)):
-        if s0 <= s1:
-            s0 += sizes[ordered[t]]
-        else:
-            side[t] = True
-            s1 += sizes[ordered[t]]
-    left = np.sort(ordered[~side])
-    right = np.sort(ordered[side])
-    return left, right
+def _by_size_then_position(items, sizes):
+    """``items`` ordered by (size descending, position): the order ``kernels._halves`` deals."""
+    items = items[np.argsort(items, kind="mergesort")]
+    return items[np.argsort(-sizes[items], kind="mergesort")]
 
 
 @_compiled
 def _split_to_count(items, offsets, sizes, target):
+    # A split bin is kept in (size descending, position) order: its halves are subsequences of
+    # that order, so they never need sorting again; each is sorted by position once, at the end.
+    # This deals exactly as ``kernels._halves``, which re-sorts the half it splits every time.
     nbins = len(offsets) - 1
     bins = []
-    for b in range(nbins):
-        bins.append(items[offsets[b]:offsets[b + 1]].copy())
+    sums = np.zeros(target, dtype=np.int64)
+    dealt = np.zeros(target, dtype=np.bool_)
     heap = []
     for b in range(nbins):
+        bins.append(items[offsets[b]:offsets[b + 1]].copy())
+        sums[b] = sizes[bins[b]].sum()
         if len(bins[b]) > 1:
-            heap.append((-sizes[bins[b]].sum(), b))
+            heap.append((-sums[b], b))
     heapq.heapify(heap)
     while len(bins) < target:
         _, b = heapq.heappop(heap)
-        left, right = _halves(bins[b], sizes)
-        bins[b] = left
-        bins.append(right)
-        for p in (b, len(bins) - 1):
+        ordered = bins[b] if dealt[b] else _by_size_then_position(bins[b], sizes)
+        side = np.zeros(len(ordered), dtype=np.bool_)
+        s0, s1 = 0, 0
+        for t in range(len(ordered)):
+            if s0 <= s1:
+                s0 += sizes[ordered[t]]
+            else:
+                side[t] = True
+                s1 += sizes[ordered[t]]
+        new = len(bins)
+        bins[b] = ordered[~side]
+        bins.append(ordered[side])
+        sums[b], sums[new] = s0, s1
+        dealt[b] = dealt[new] = True
+        for p in (b, new):
             if len(bins[p]) > 1:
-                heapq.heappush(heap, (-sizes[bins[p]].sum(), p))
+                heapq.heappush(heap, (-sums[p], p))
     out_offsets = np.zeros(len(bins) + 1, dtype=np.int64)
     for b in range(len(bins)):
         out_offsets[b + 1] = out_offsets[b] + len(bins[b])
     out = np.empty(out_offsets[-1], dtype=np.int64)
     for b in range(len(bins)):
-        out[out_offsets[b]:out_offsets[b + 1]] = bins[b]
+        out[out_offsets[b]:out_offsets[b + 1]] = np.sort(bins[b]) if dealt[b] else bins[b]
     return out, out_offsets
 
 

@@ -133,15 +133,25 @@ def _too_few_groups(num_groups: int, gbs: int, partial_error: ScheduleError | No
 
 def _presort(kept: np.ndarray, sizes: np.ndarray, work: np.ndarray, step_of: np.ndarray,
              bounds: np.ndarray, layout: ParallelLayout, policy: BatchingPolicy):
-    """One lexsort for all steps: per step the positions by decreasing size (ties by position)
-    for FFD, or, for ``balance="straggler"``, by rank then decreasing size."""
-    if not policy.dynamic or policy.packing != "ffd" and policy.balance != "straggler":
+    """One sort for all steps: per step the positions by decreasing size (ties by position)
+    for FFD and FLOPs packing, or, for ``balance="straggler"``, by rank then decreasing size."""
+    if not policy.dynamic or policy.packing == "first_fit" and policy.balance != "straggler":
         return None
-    position = np.arange(len(kept))
     if policy.balance == "straggler":
         ranks = lpt_ranks(work[kept], step_of, bounds, layout.dp)
-        return np.lexsort((position, -sizes[kept], ranks, step_of)), ranks
-    return np.lexsort((position, -sizes[kept], step_of))
+        return _sort_by_bucket_then_size(step_of * layout.dp + ranks, sizes[kept]), ranks
+    return _sort_by_bucket_then_size(step_of, sizes[kept])
+
+
+def _sort_by_bucket_then_size(bucket: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Positions by (bucket ascending, size descending, position): one stable sort of a single
+    int64 key ``bucket * (max + 1) + (max - size)`` when it fits in 63 bits (always, for
+    lengths up to 2**40 and fewer than 2**22 buckets), else a three-key lexsort.
+    Example: buckets [0, 0, 1], sizes [5, 9, 7] give [1, 0, 2]."""
+    top = int(size.max(initial=0))
+    if int(bucket.max(initial=0)) < (2**63 - 1) // (top + 1) - 1:
+        return np.argsort(bucket * (top + 1) + (top - size), kind="stable")
+    return np.lexsort((np.arange(len(size)), -size, bucket))
 
 
 def _slice(presorted, lo: int, hi: int):
