@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tests.property.test_kernels import packing_cases
 from vime_pure import BatchingPolicy, ParallelLayout, build_schedule
-from vime_pure.config import PACKINGS
+from vime_pure.config import BALANCES, PACKINGS
 from vime_pure.scheduling import planner
 from vime_pure.scheduling.registry import PURE, kernel_set, numba_available, to_flat
 
@@ -56,6 +56,15 @@ def test_split_compiled_equals_pure(case, multiple):
                  PURE.split_to_count(flat, sizes, target))
 
 
+@given(packing_cases(), st.integers(1, 12), st.randoms(use_true_random=False))
+def test_flops_pack_compiled_equals_pure(case, num_bins, rnd):
+    """Same LPT order, same heaps of loads and rooms, same bins opened."""
+    sizes, cap = case
+    work = np.array([s + rnd.choice([0.0, 0.5, 3.0]) for s in sizes.tolist()])
+    assert _same(kernel_set("compiled").flops_pack(sizes, work, cap, num_bins),
+                 PURE.flops_pack(sizes, work, cap, num_bins))
+
+
 @st.composite
 def weights_cases(draw):
     """Bin weights with many ties (small integers) and a number of parts dividing them."""
@@ -73,6 +82,16 @@ def test_karmarkar_karp_compiled_equals_pure(case):
                           PURE.karmarkar_karp(weights, parts))
 
 
+@given(weights_cases(), st.integers(1, 3))
+def test_lpt_ranks_compiled_equals_pure(case, steps):
+    """Per step, the same heaviest-first dealing to the lightest rank (lowest rank on ties)."""
+    weights, dp = case
+    step_of = np.sort(np.arange(len(weights)) % steps)
+    bounds = np.searchsorted(step_of, np.arange(steps + 1))
+    assert np.array_equal(kernel_set("compiled").lpt_ranks(weights, step_of, bounds, dp),
+                          PURE.lpt_ranks(weights, step_of, bounds, dp))
+
+
 @st.composite
 def schedule_cases(draw):
     n = draw(st.integers(1, 80))
@@ -80,7 +99,7 @@ def schedule_cases(draw):
     groups = draw(st.lists(st.integers(0, n // 2 + 1), min_size=n, max_size=n))
     dp = draw(st.integers(1, 4))
     packing = draw(st.sampled_from(PACKINGS))
-    balance = draw(st.sampled_from(["strided", "tokens", "flops"]))
+    balance = draw(st.sampled_from(BALANCES))
     policy = BatchingPolicy(global_batch_size=draw(st.integers(1, 8)), max_tokens_per_gpu=300,
                             packing=packing, balance=balance, allow_partial_step=True)
     return lengths, groups, ParallelLayout(dp=dp), policy

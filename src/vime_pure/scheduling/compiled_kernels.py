@@ -202,3 +202,74 @@ def karmarkar_karp_parts(weights: np.ndarray, parts: int) -> np.ndarray:
         return np.zeros((parts, 0), dtype=np.int64)
     order = np.argsort(-values, kind="stable")
     return _karmarkar_karp(values, order.astype(np.int64), np.int64(parts))
+
+
+@_compiled
+def _flops_pack(order, sizes, work, cap, num_bins):
+    n = len(order)
+    most = num_bins + n
+    room = np.full(most, cap, dtype=np.int64)
+    load = np.zeros(most, dtype=np.float64)
+    bin_of = np.empty(n, dtype=np.int64)
+    count = num_bins
+    active = [(0.0, b) for b in range(num_bins)]  # (load, bin): least-loaded, lowest index
+    parked = [(np.int64(0), np.int64(0)) for _ in range(0)]  # (-room, bin) lacking room
+    for i in order:
+        size = sizes[i]
+        if size > cap:
+            bin_of[i] = count
+            room[count] = -1
+            load[count] = work[i]
+            count += 1
+            continue
+        while len(parked) and -parked[0][0] >= size:
+            b = heapq.heappop(parked)[1]
+            heapq.heappush(active, (load[b], b))
+        while len(active) and room[active[0][1]] < size:
+            b = heapq.heappop(active)[1]
+            heapq.heappush(parked, (-room[b], b))
+        if len(active):
+            best = heapq.heappop(active)[1]
+        else:
+            best = count
+            count += 1
+        bin_of[i] = best
+        room[best] -= size
+        load[best] += work[i]
+        heapq.heappush(active, (load[best], best))
+    items = np.argsort(bin_of, kind="mergesort")  # by bin, each bin by position
+    used = np.bincount(bin_of, minlength=count)
+    used = used[used > 0]
+    offsets = np.zeros(len(used) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(used)
+    return items.astype(np.int64), offsets
+
+
+def flops_pack_flat(sizes: np.ndarray, work: np.ndarray, cap: int, num_bins: int):
+    """``kernels.flops_balanced_pack`` in flat form."""
+    work = np.asarray(work, dtype=np.float64)
+    order = np.argsort(-work, kind="stable").astype(np.int64)
+    return _flops_pack(order, np.asarray(sizes, dtype=np.int64), work, np.int64(cap),
+                       np.int64(num_bins))
+
+
+@_compiled
+def _lpt_ranks(values, bounds, dp):
+    chosen = np.empty(len(values), dtype=np.int64)
+    for s in range(len(bounds) - 1):
+        heap = [(0.0, r) for r in range(dp)]
+        for k in range(bounds[s], bounds[s + 1]):
+            load, r = heap[0]
+            chosen[k] = r
+            heapq.heapreplace(heap, (load + values[k], r))
+    return chosen
+
+
+def lpt_ranks(work: np.ndarray, step_of: np.ndarray, bounds: np.ndarray, dp: int) -> np.ndarray:
+    """``rank_balance.lpt_ranks``: per step, each sample (heaviest first) to the lightest rank."""
+    n = len(work)
+    order = np.lexsort((np.arange(n), -work, step_of))
+    ranks = np.empty(n, dtype=np.int64)
+    ranks[order] = _lpt_ranks(np.asarray(work, dtype=np.float64)[order],
+                              np.asarray(bounds, dtype=np.int64), np.int64(dp))
+    return ranks

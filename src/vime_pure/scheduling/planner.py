@@ -16,13 +16,12 @@ from typing import Any
 import attrs
 import numpy as np
 
-from vime_pure.scheduling import kernels
 from vime_pure.config import BatchingPolicy, ParallelLayout, check_feasible
 from vime_pure.config import static_misalignment_message
 from vime_pure.errors import ScheduleError
 from vime_pure.scheduling.flops import proxy_flops
 from vime_pure.grouping import Grouping, group_samples
-from vime_pure.scheduling.rank_balance import balance_step, lpt_ranks
+from vime_pure.scheduling.rank_balance import balance_step
 from vime_pure.scheduling.registry import Flat, KernelSet, kernel_set, to_flat
 from vime_pure.scheduling.schedule import Schedule
 from vime_pure.scheduling.inputs import as_flops, as_lengths, check_same_length
@@ -138,7 +137,7 @@ def _presort(kept: np.ndarray, sizes: np.ndarray, work: np.ndarray, step_of: np.
     if not policy.dynamic or policy.packing == "first_fit" and policy.balance != "straggler":
         return None
     if policy.balance == "straggler":
-        ranks = lpt_ranks(work[kept], step_of, bounds, layout.dp)
+        ranks = kernel_set().lpt_ranks(work[kept], step_of, bounds, layout.dp)
         return _sort_by_bucket_then_size(step_of * layout.dp + ranks, sizes[kept]), ranks
     return _sort_by_bucket_then_size(step_of, sizes[kept])
 
@@ -224,8 +223,8 @@ def _pack_flops(p: _PackInput) -> Flat:
     ffd = _pack_ffd(p)
     multiple, n = p.layout.align_multiple, len(p.sizes)
     aligned = -(-(len(ffd[1]) - 1) // multiple) * multiple
-    packed = kernels.flops_balanced_pack(p.sizes, p.work, p.cap, min(aligned, n))
-    return to_flat(packed) if -(-len(packed) // multiple) * multiple <= aligned else ffd
+    packed = p.ks.flops_pack(p.sizes, p.work, p.cap, min(aligned, n))
+    return packed if -(-(len(packed[1]) - 1) // multiple) * multiple <= aligned else ffd
 
 
 # Packing name -> packer; "static" is fixed-size chunks (``micro_batch_size``). A new packing

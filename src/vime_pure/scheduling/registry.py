@@ -25,7 +25,7 @@ import attrs
 import numpy as np
 
 from vime_pure.errors import ScheduleError
-from vime_pure.scheduling import kernels
+from vime_pure.scheduling import kernels, rank_balance
 
 Flat = tuple[np.ndarray, np.ndarray]  # (items, offsets)
 KERNEL_SETS: tuple[str, ...] = ("pure", "compiled")
@@ -53,8 +53,10 @@ class KernelSet:
     ffd: Callable[[np.ndarray, int], Flat]
     ffd_sorted: Callable[[np.ndarray, np.ndarray, int], Flat]
     first_fit: Callable[[np.ndarray, int], Flat]
+    flops_pack: Callable[[np.ndarray, np.ndarray, int, int], Flat]
     split_to_count: Callable[[Flat, np.ndarray, int], Flat | None]
     karmarkar_karp: Callable[[np.ndarray, int], np.ndarray]  # [parts, k / parts] positions
+    lpt_ranks: Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
 
 
 def _pure_split(flat: Flat, sizes: np.ndarray, target: int) -> Flat | None:
@@ -68,9 +70,12 @@ PURE = KernelSet(
     ffd_sorted=lambda order, sizes, cap: to_flat(
         kernels.ffd_sorted(order.tolist(), sizes.tolist(), cap)),
     first_fit=lambda sizes, cap: to_flat(kernels.first_fit(sizes, cap)),
+    flops_pack=lambda sizes, work, cap, num_bins: to_flat(
+        kernels.flops_balanced_pack(sizes, work, cap, num_bins)),
     split_to_count=_pure_split,
     karmarkar_karp=lambda weights, parts: np.asarray(
         kernels.karmarkar_karp_equal(weights, parts), dtype=np.int64).reshape(parts, -1),
+    lpt_ranks=rank_balance.lpt_ranks,
 )
 
 
@@ -83,9 +88,10 @@ def _compiled() -> KernelSet:
     mod = importlib.import_module("vime_pure.scheduling.compiled_kernels")
     return KernelSet(name="compiled", ffd=mod.ffd_flat, ffd_sorted=mod.ffd_sorted_flat,
                      first_fit=lambda sizes, cap: PURE.first_fit(sizes, cap),
+                     flops_pack=mod.flops_pack_flat,
                      split_to_count=lambda flat, sizes, target: mod.split_to_count_flat(
                          flat[0], flat[1], sizes, target),
-                     karmarkar_karp=mod.karmarkar_karp_parts)
+                     karmarkar_karp=mod.karmarkar_karp_parts, lpt_ranks=mod.lpt_ranks)
 
 
 def kernel_set(name: str | None = None) -> KernelSet:
