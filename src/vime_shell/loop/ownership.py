@@ -22,6 +22,7 @@ fails with ``--run-dir='runs/b': belongs to run b1, but --load ck_a continues ru
 
 import json
 import os
+import re
 from pathlib import Path
 
 from vime_pure.errors import field_error
@@ -73,6 +74,14 @@ def run_id_for(cfg: TrainConfig) -> str:
     return checkpoint_run_id(cfg.load) or new_run_id()
 
 
+def _dump_entry(template: str) -> re.Pattern:
+    """What the template writes directly in its dump directory, any rollout id. Example:
+    ``"d/r{rollout_id}.npz"`` -> ``r\\d+\\.npz``; ``"d/{rollout_id}/b.npz"`` -> ``\\d+``."""
+    prefix = template.split("{", 1)[0]
+    first = template[len(os.path.dirname(prefix)):].lstrip("/").split("/")[0]
+    return re.compile(re.escape(first).replace(re.escape("{rollout_id}"), r"\d+"))
+
+
 def _held_data(flag: str, cfg: TrainConfig, where: Path) -> str | None:
     """What earlier-run data ``where`` holds for ``flag`` (None when none)."""
     if flag == "--run-dir":
@@ -82,8 +91,8 @@ def _held_data(flag: str, cfg: TrainConfig, where: Path) -> str | None:
         names = [e.name for e in os.scandir(where)] if where.is_dir() else []
         ck = [n for n in names if n == TRACKER or n.startswith(("rollout_", ".tmp-rollout_"))]
         return f"checkpoints ({', '.join(sorted(ck)[:3])})" if ck else None
-    prefix = os.path.basename(cfg.save_rollout_data.split("{", 1)[0])
-    dumps = [e.name for e in os.scandir(where) if e.name.startswith(prefix)
+    pattern = _dump_entry(cfg.save_rollout_data)
+    dumps = [e.name for e in os.scandir(where) if pattern.fullmatch(e.name)
              and e.name not in BOOKKEEPING] if where.is_dir() else []
     return f"{len(dumps)} rollout dumps (e.g. {sorted(dumps)[0]})" if dumps else None
 
