@@ -140,12 +140,15 @@ def claim_run(cfg: TrainConfig, run_id: str) -> tuple[DirClaim, Path | None]:
     claim (``release()`` it at the end) and where the earlier run went (or None)."""
     check_run_dir(cfg)  # before any lock file is created: no symlinked entry is written
     claim = DirClaim(run_id)
+    (run_flag, run_dir), *others = claimed_dirs(cfg)
     try:
-        for flag, where in claimed_dirs(cfg):
-            claim.acquire(flag, where)
-        check_run_dir(cfg)  # again, under the locks: no other run changed it meanwhile
-        check_ownership(cfg, run_id)
+        claim.acquire(run_flag, run_dir)
+        check_run_dir(cfg)  # again, under the lock: no other run changed it meanwhile
+        # Before the other locks: dumps inside the run directory move aside with the old run.
         moved = move_aside(cfg) if cfg.overwrite_run_dir and cfg.load is None else None
+        for flag, where in others:
+            claim.acquire(flag, where)
+        check_ownership(cfg, run_id)
         claim.record_owner()  # last: the earlier run's records are gone or moved by now
     except BaseException:
         claim.release()
