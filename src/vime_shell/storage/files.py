@@ -61,7 +61,7 @@ def writable_target(path: str | os.PathLike, flag: str = "path") -> Path:
     target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     try:
         mode = os.stat(target).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a new file (or one the write will refuse)
         return target
     if not stat.S_ISREG(mode):
         raise field_error(FileKindError, flag, str(path), f"is {_kind(mode)}, not a regular "
