@@ -71,9 +71,16 @@ def writable_target(path: str | os.PathLike, flag: str = "path") -> Path:
 
 
 def umask_mode() -> int:
-    """What ``open`` gives a new file: ``0o666`` less the umask (0o644 under umask 022)."""
-    mask = os.umask(0)
-    os.umask(mask)
+    """What ``open`` gives a new file: ``0o666`` less the umask (0o644 under umask 022).
+
+    Read from ``/proc/self/status`` on Linux (setting and restoring the umask, the portable
+    way, would race with files other threads create meanwhile)."""
+    try:
+        with open("/proc/self/status") as fh:
+            mask = next(int(line.split()[1], 8) for line in fh if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0)
+        os.umask(mask)
     return 0o666 & ~mask
 
 
