@@ -101,7 +101,8 @@ class DirClaim:
 
     def __init__(self, run_id: str, command: str | None = None):
         self.run_id = run_id
-        self.command = command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+        argv = getattr(sys, "orig_argv", sys.argv)  # "python -m vime_shell.cli train ..."
+        self.command = command or " ".join([Path(argv[0]).name, *argv[1:]])
         self.since = time.strftime("%Y-%m-%dT%H:%M:%S")
         self._held: list[tuple[int, Path]] = []
 
