@@ -35,7 +35,7 @@ def test_chat_messages_and_tools_are_kept(tmp_path):
                         {"role": "user", "content": "2+2="}], "label": 4, "tools": [{"n": 1}]}]
     (example,) = load_prompt_rows(_jsonl(tmp_path / "chat.jsonl", rows),
                                   DataKeys(tool_key="tools"))
-    assert example.prompt[1]["content"] == "2+2=" and example.label == "4"
+    assert example.prompt[1]["content"] == "2+2=" and example.label == 4  # a number stays one
     assert example.tools == [{"n": 1}]
 
 
@@ -55,7 +55,7 @@ def test_bad_rows_are_typed_errors_naming_the_line(tmp_path, lines, keys, match)
 
 
 def test_missing_file_is_a_typed_error(tmp_path):
-    with pytest.raises(DataError, match="prompt_data=.*is not a file"):
+    with pytest.raises(DataError, match="--prompt-data=.*is not a file"):
         load_prompt_rows(tmp_path / "nope.jsonl", KEYS)
 
 

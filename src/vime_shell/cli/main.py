@@ -3,10 +3,18 @@ steps) and ``vime demo`` (``vime train`` with the embedded default, writing ``ru
 the rollout dumps ``runs/demo/rollouts/rollout_<k>.npz``).
 
 Each subcommand lives in its own module with ``add_arguments(parser)`` and ``run(args) -> int``.
+
+Errors: a ``VimeError`` (bad input, an infeasible run), an ``OSError`` (disk full, permission,
+not a directory) or a ``UnicodeDecodeError`` from any subcommand is one line on stderr and exit
+status 2; its chained cause, when it adds something, is one more line (``caused by: ...``), and
+the full traceback follows under ``--log-level debug``. Messages name flags as typed
+(``--allow-partial-train-step``), never the Python names the core uses (:func:`as_flags`).
 """
 
 import argparse
+import re
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -92,14 +100,65 @@ def _math_demo(args: argparse.Namespace) -> int:
     return train_cmd.run(args)
 
 
+# Core (vime_pure) field names whose flag is spelled differently.
+FLAG_ALIASES = {"allow_partial_step": "allow_partial_train_step"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except VimeError as exc:
-        print_error(args.command, str(exc))
+    except (VimeError, OSError, UnicodeDecodeError) as exc:
+        report_error(parser, args, exc)
         return 2
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def report_error(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                 exc: BaseException) -> None:
+    """The failure in one line, its chained cause in one more, the traceback at debug level.
+
+    Example: ``vime train: error: --seed=18446744073709551616: must be below 2**63. Fix: ...``.
+    """
+    flags = _flags_of(parser, args.command)
+    raw = _describe(exc)
+    print_error(args.command, as_flags(raw, flags))
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    if cause is not None and " ".join(str(cause).split()) not in raw:
+        print(f"vime {args.command}: caused by: {as_flags(_describe(cause), flags)}",
+              file=sys.stderr)
+    if getattr(args, "log_level", None) == "debug":
+        traceback.print_exception(exc, file=sys.stderr)
+
+
+def _describe(exc: BaseException) -> str:
+    """``VimeError`` messages as they are; other exceptions prefixed with their type."""
+    text = " ".join(str(exc).split())
+    return text if isinstance(exc, VimeError) else f"{type(exc).__name__}: {text}"
+
+
+def _flags_of(parser: argparse.ArgumentParser, command: str) -> set[str]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {s for action in sub.choices[command]._actions for s in action.option_strings
+            if s.startswith("--")}
+
+
+def as_flags(message: str, flags: set[str]) -> str:
+    """Settings spelled as this command's flags: ``global_batch_size=3`` ->
+    ``--global-batch-size=3``, ``allow_partial_step=True`` -> ``--allow-partial-train-step``,
+    a bare ``max_tokens_per_gpu`` -> ``--max-tokens-per-gpu``. A one-word name (``lr``) changes
+    only before ``=``; names that are not flags (or ``FLAG_ALIASES``) never change."""
+    def spell(match: re.Match) -> str:
+        name = FLAG_ALIASES.get(match.group(1), match.group(1))
+        flag = "--" + name.replace("_", "-")
+        value = match.group(2)
+        if flag not in flags or value is None and "_" not in name:
+            return match.group(0)
+        negated = f"--no-{name.replace('_', '-')}"
+        if value == "=True":
+            return flag
+        if value == "=False" and negated in flags:
+            return negated
+        return flag + (value or "")
+    return re.sub(r"(?<![\w.\-'\"\[/])([a-z][a-z0-9]*(?:_[a-z0-9]+)*)\b(=True\b|=False\b|=)?",
+                  spell, message)
