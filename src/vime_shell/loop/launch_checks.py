@@ -58,6 +58,7 @@ class LaunchPlan:
     num_rollout: int  # --num-rollout, or what --num-epoch needs for the dataset
     engine_layout: EngineLayout | None  # None: a train-only replay builds no engine
     prompts_dropped: int = 0  # dataset rows longer than --rollout-max-prompt-len
+    vocab_size: int | None = None  # the model's embedding rows: every token id is below it
 
 
 def model_dir(cfg: TrainConfig) -> Path:
@@ -112,7 +113,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     return LaunchPlan(hf_dir=hf_dir, layout=layout, policy=policy, prompts=prompts,
                       task=get_task(cfg.task) if prompts is None else None, eval_sets=eval_sets,
                       num_rollout=num_rollout, engine_layout=engine_layout,
-                      prompts_dropped=dropped)
+                      prompts_dropped=dropped, vocab_size=summary.vocab_size)
 
 
 def _prompt_sets(cfg: TrainConfig, hf_dir: Path, context_len: int | None):
