@@ -3,16 +3,21 @@ exits with status 2 and one line naming the flag (before anything heavy is built
 
 import json
 import logging
+import shutil
 
+import attrs
 import pytest
 
 from vime_pure import LossMode
-from vime_shell.cli.main import main
-from vime_shell.loop.config import SECTIONS, TrainConfig, parse_train_config
+from vime_shell.cli import train as train_cmd
+from vime_shell.cli.main import as_flags, main
+from vime_shell.loop.config import SECTIONS, ConfigError, TrainConfig, parse_train_config
 from vime_shell.loop.launch_checks import launch_checks
 from vime_shell.loop.logs import configure_logging
 from vime_shell.loop.loop import trainer_config
 from vime_shell.models.embedded import build_embedded
+from vime_shell.rollout import functions
+from vime_shell.rollout.data import DataError
 from vime_shell.rollout.rewards import Rewarder
 
 
@@ -145,3 +150,127 @@ def test_logging_flags(model, capsys):
     assert "hidden" not in capsys.readouterr().err
     assert quiet.level == logging.INFO
     _bad(["--log-level", "loud"], capsys, "--log-level")
+
+
+# -- issue 19: inputs checked at launch, errors that name flags ------------------------------
+def _rows(tmp_path, *lines: bytes) -> str:
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return str(path)
+
+
+GOOD = b'{"prompt": "12", "label": "3"}'
+
+
+@pytest.mark.parametrize("line, message", [
+    (b'{"prompt": "12", "label": null}', "d.jsonl:2: label is null"),
+    (b'{"prompt": "12", "label": NaN}', "d.jsonl:2: label=nan is not a finite number"),
+    (b'{"prompt": "12", "label": ["1", "x"]}', "is a list, but the built-in rewards"),
+    (b'{"prompt": [{"role": "user", "content": "12"}], "label": "3"}',
+     "d.jsonl:2: prompt is a list of 1 chat messages"),
+    (b'{"prompt": "caf\xe9", "label": "3"}', "d.jsonl:2: byte 16 of the line is not UTF-8"),
+    (b'{"prompt": "   ", "label": "3"}', "d.jsonl:2: prompt='   ' is blank"),
+    (b'{"prompt": "hello", "label": "3"}', "d.jsonl:2: the prompt 'hello' gives no tokens: "
+                                           "none of its characters is in the tokenizer's"),
+    (b'{"prompt": "' + b"1" * 70 + b'", "label": "3"}',
+     "d.jsonl:2: the prompt has 70 tokens, and with --rollout-max-response-len 2 it exceeds "
+     "the model's context of 64 tokens")])
+def test_bad_rows_fail_at_launch_in_one_line_naming_the_line(tmp_path, capsys, line, message):
+    """Each used to surface 10-23 s in (after the model was built), as a raw traceback, or
+    not at all (a stringified label, a transformers warning)."""
+    _bad(["--prompt-data", _rows(tmp_path, GOOD, line), "--rollout-max-response-len", "2"],
+         capsys, message)
+
+
+def test_rollout_max_prompt_len_drops_and_counts_long_prompts(model, tmp_path):
+    long = b'{"prompt": "' + b"1" * 70 + b'", "label": "3"}'
+    cfg = parse_train_config(["--prompt-data", _rows(tmp_path, GOOD, long, GOOD),
+                              "--rollout-max-response-len", "2",
+                              "--rollout-max-prompt-len", "10"])
+    plan = launch_checks(cfg, model)
+    assert plan.prompts_dropped == 1 and [e.prompt for e in plan.prompts] == ["12", "12"]
+    with pytest.raises(ConfigError, match="--rollout-max-prompt-len|rollout_max_prompt_len=1: "
+                                          "drops every prompt"):
+        launch_checks(attrs.evolve(cfg, rollout_max_prompt_len=1), model)
+
+
+@pytest.fixture
+def templated(model, tmp_path):
+    """A copy of the embedded model whose chat template the test writes."""
+    copy = tmp_path / "model"
+    shutil.copytree(model, copy)
+
+    def write(template: str):
+        (copy / "chat_template.jinja").write_text(template)
+        return copy
+    return write
+
+
+def test_chat_templates_that_render_nothing_or_run_away_fail_at_launch(templated, tmp_path,
+                                                                       monkeypatch):
+    cfg = parse_train_config(["--prompt-data", _rows(tmp_path, GOOD), "--apply-chat-template",
+                              "--rollout-max-response-len", "2"])
+    with pytest.raises(DataError, match="d.jsonl:1: the prompt '12' gives no tokens"):
+        launch_checks(cfg, templated("{% if false %}x{% endif %}"))
+    # Nested loops that would render for hours stop at the time limit.
+    monkeypatch.setattr(functions, "CHAT_TEMPLATE_TIMEOUT_S", 0.3)
+    nested = "{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}{% endfor %}"
+    with pytest.raises(DataError, match=r"d.jsonl:1: the chat template did not render within "
+                                        r"0.3 s"):
+        launch_checks(cfg, templated(nested))
+    with pytest.raises(DataError, match=r"d.jsonl:1: the chat template failed \("):
+        launch_checks(cfg, templated("{{ raise_exception('no system prompt') }}"))
+
+
+def test_seed_bound_and_duplicate_eval_names_are_refused(tmp_path, capsys):
+    _bad(["--seed", str(2**63)], capsys, "--seed=9223372036854775808: must be below 2**63")
+    _bad(["--rollout-seed", str(2**64)], capsys, "--rollout-seed=")
+    data = _rows(tmp_path, GOOD)
+    _bad(["--eval-prompt-data", "math", data, "math", data, "--eval-interval", "1"], capsys,
+         "--eval-prompt-data=['math',")
+
+
+def test_errors_name_flags_never_python_names(capsys):
+    """The core's allow_partial_step is the user's --allow-partial-train-step."""
+    _bad(["--global-batch-size", "3", "--rollout-batch-size", "1", "--n-samples-per-prompt",
+          "2"], capsys, "--global-batch-size=3: does not divide the 2 groups of a rollout "
+          "(--rollout-batch-size=1 x --n-samples-per-prompt=2)")
+    flags = {"--allow-partial-train-step", "--max-tokens-per-gpu", "--lr", "--use-kl-loss",
+             "--no-use-kl-loss"}
+    assert as_flags("Fix: set allow_partial_step=True.", flags) == \
+        "Fix: set --allow-partial-train-step."
+    assert as_flags("(max_tokens_per_gpu) lr=0 use_kl_loss=False", flags) == \
+        "(--max-tokens-per-gpu) --lr=0 --no-use-kl-loss"
+    # Words that are no flag, or one-word names without "=", and quoted keys stay as written.
+    assert as_flags("before the first lr save; metadata['lr_x']=1", flags) == \
+        "before the first lr save; metadata['lr_x']=1"
+
+
+@pytest.mark.parametrize("exc, first, cause", [
+    (OSError(28, "No space left on device", "ck/rollout_000004"),
+     "OSError: [Errno 28] No space left on device: 'ck/rollout_000004'", None),
+    (b"\xff".decode("utf-8", "replace") and UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"),
+     "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff", None),
+    ("chained", "global_batch_size", "caused by: TypeError: bad width")])
+def test_file_system_and_decoding_faults_are_one_line_with_the_cause(monkeypatch, capsys, exc,
+                                                                     first, cause):
+    def handler(args):
+        if exc == "chained":
+            try:
+                raise TypeError("bad width")
+            except TypeError as inner:
+                raise ConfigError("global_batch_size=3: broken") from inner
+        raise exc
+
+    monkeypatch.setattr(train_cmd, "run", handler)
+    for debug in (False, True):
+        argv = ["train", *(["--log-level", "debug"] if debug else [])]
+        assert main(argv) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        if not debug:
+            expected = 1 if cause is None else 2
+            assert len(lines) == expected and first.replace("global_batch_size",
+                                                            "--global-batch-size") in lines[0]
+            assert cause is None or lines[1] == f"vime train: {cause}"
+        else:  # --log-level debug: the full traceback follows
+            assert "Traceback (most recent call last):" in "\n".join(lines)

@@ -124,7 +124,7 @@ def report_error(parser: argparse.ArgumentParser, args: argparse.Namespace,
     raw = _describe(exc)
     print_error(args.command, as_flags(raw, flags))
     cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-    if cause is not None and " ".join(str(cause).split()) not in raw:
+    if cause is not None and re.sub(r"\s*\n\s*", " ", str(cause)).strip() not in raw:
         print(f"vime {args.command}: caused by: {as_flags(_describe(cause), flags)}",
               file=sys.stderr)
     if getattr(args, "log_level", None) == "debug":
@@ -133,7 +133,7 @@ def report_error(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
 def _describe(exc: BaseException) -> str:
     """``VimeError`` messages as they are; other exceptions prefixed with their type."""
-    text = " ".join(str(exc).split())
+    text = re.sub(r"\s*\n\s*", " ", str(exc)).strip()
     return text if isinstance(exc, VimeError) else f"{type(exc).__name__}: {text}"
 
 
