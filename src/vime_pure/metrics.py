@@ -213,7 +213,10 @@ def weighted_mean(values: Any, weights: Any, field: str = "values") -> float | N
     """The ``weights``-weighted mean of the values that exist (None entries have no value and
     no weight); None when none exists. Example: ``weighted_mean([0.2, None, 0.6], [3, 5, 1])
     == 0.3``; ``weighted_mean([None], [4]) is None``."""
-    values, weights = list(values), list(weights)
+    for name, seq in ((field, values), ("weights", weights)):
+        if not isinstance(seq, (list, tuple)):
+            raise field_error(MetricError, name, type_tag(seq), "is not a list",
+                              "pass one entry per step")
     if len(values) != len(weights):
         raise field_error(MetricError, "weights", Shown(f"<{len(weights)} weights>"),
                           f"do not match the {len(values)} values", "pass one weight per value")
