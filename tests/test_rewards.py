@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vime_pure import Sample
-from vime_shell.rollout.plugins import PluginError, PluginTimeoutError
+from vime_shell.rollout.plugins import PluginError, PluginTimeoutError, call_plugin
 from vime_shell.rollout.rewards import (RM_TYPES, Rewarder, RewardFunctionError, exact_match,
                                         exact_match_reward)
 
@@ -150,3 +150,14 @@ def test_number_labels_are_compared_as_numbers(label, response, expected):
     assert exact_match(response, label) == expected
     math_expected = 1.0 if expected or label == "43.0" else 0.0
     assert Rewarder.build(rm_type="math").score([_sample(response, label)]) == [math_expected]
+
+
+def test_filters_and_rollout_functions_go_through_the_same_wrapper():
+    """call_plugin is the one door into user code (filter, rollout function, reward)."""
+    with pytest.raises(PluginError, match=r"rollout 2, round 0, prompt 1: filter my.mod:keep "
+                                          r"exited with SystemExit: 3\. Fix: correct the "
+                                          "function --dynamic-sampling-filter-path names"):
+        call_plugin(lambda samples: sys.exit(3), [], what="filter my.mod:keep",
+                    flag="--dynamic-sampling-filter-path", where="rollout 2, round 0, prompt 1")
+    assert call_plugin(lambda ctx: [ctx], 5, what="rollout function f",
+                       flag="--rollout-function-path", where="rollout 0") == [5]

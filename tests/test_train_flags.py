@@ -235,6 +235,10 @@ def test_errors_name_flags_never_python_names(capsys):
     _bad(["--global-batch-size", "3", "--rollout-batch-size", "1", "--n-samples-per-prompt",
           "2"], capsys, "--global-batch-size=3: does not divide the 2 groups of a rollout "
           "(--rollout-batch-size=1 x --n-samples-per-prompt=2)")
+    assert main(["schedule", "--synthetic", "--num-groups", "3", "--global-batch-size", "8",
+                 "--max-tokens-per-gpu", "4096"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "or set --allow-partial-train-step.")  # the core says allow_partial_step=True
     flags = {"--allow-partial-train-step", "--max-tokens-per-gpu", "--lr", "--use-kl-loss",
              "--no-use-kl-loss"}
     assert as_flags("Fix: set allow_partial_step=True.", flags) == \

@@ -14,16 +14,18 @@ as success. ``timeout`` (``--reward-timeout``) bounds one call: a watchdog threa
 main thread with ``SIGUSR1`` when it expires (a signal, so a ``time.sleep`` or a pure-Python loop
 is interrupted; ``SIGALRM`` stays free for ``math-verify``'s own parse timeouts).
 
-Example: ``call_plugin(fn, sample, name="my.mod:rm", flag="--custom-rm-path",
+Example: ``call_plugin(fn, sample, what="reward my.mod:rm", flag="--custom-rm-path",
 where="prompt 3, sample 1", error=RewardFunctionError, timeout=5.0)``; a ``fn`` that sleeps 60 s
-raises ``PluginTimeoutError: prompt 3, sample 1: --custom-rm-path my.mod:rm did not return
-within 5 s ...``.
+raises ``PluginTimeoutError: prompt 3, sample 1: reward my.mod:rm did not return within
+--reward-timeout 5 s ...``; one that calls ``sys.exit(0)`` raises ``RewardFunctionError: prompt
+3, sample 1: reward my.mod:rm exited with SystemExit: 0 ...``.
 """
 
 import contextlib
 import importlib
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -74,47 +76,65 @@ def is_expired(exc: BaseException) -> bool:
 @contextlib.contextmanager
 def time_limit(seconds: float | None) -> Iterator[None]:
     """Raise ``_Expired`` in the main thread if the body runs longer than ``seconds`` (None: no
-    limit; off the main thread, where no signal handler can run, the body runs unlimited)."""
+    limit; off the main thread, where no signal handler can run, the body runs unlimited).
+
+    One watchdog thread serves every limit (a limit costs a dict entry, not a thread: the
+    launch checks render every dataset prompt under one)."""
     if seconds is None or threading.current_thread() is not threading.main_thread():
         yield
         return
-    _install_handler()
+    _start_watchdog()
     token = object()
-    timer = threading.Timer(seconds, _expire, args=(token,))
-    timer.daemon = True
-    _ARMED.append(token)
-    timer.start()
+    with _LOCK:
+        _ACTIVE[token] = time.monotonic() + seconds
+    _WAKE.set()
     try:
         yield
     finally:
-        timer.cancel()
-        _ARMED.remove(token)
+        with _LOCK:
+            _ACTIVE.pop(token, None)
+            _EXPIRED.discard(token)
 
 
-_ARMED: list[object] = []  # time limits in force, innermost last
-_EXPIRED: list[object] = []
-_MAIN_THREAD_ID = threading.main_thread().ident
+_LOCK = threading.RLock()  # re-entrant: the signal handler runs in the main thread, which
+# may hold it (inside ``time_limit``) when the signal lands
+_ACTIVE: dict[object, float] = {}  # live limits -> their deadline (time.monotonic)
+_EXPIRED: set[object] = set()  # limits whose deadline passed while still live
+_WAKE = threading.Event()
+_WATCHDOG: list[threading.Thread] = []
 
 
-def _expire(token: object) -> None:
-    if token in _ARMED:
-        _EXPIRED.append(token)
-        signal.pthread_kill(_MAIN_THREAD_ID, signal.SIGUSR1)
+def _watch() -> None:
+    main = threading.main_thread().ident
+    while True:
+        _WAKE.clear()  # before reading the deadlines: a later set() ends the wait at once
+        with _LOCK:
+            now = time.monotonic()
+            due = [t for t, d in _ACTIVE.items() if d <= now and t not in _EXPIRED]
+            _EXPIRED.update(due)
+            pending = [d for t, d in _ACTIVE.items() if t not in _EXPIRED]
+        if due:
+            signal.pthread_kill(main, signal.SIGUSR1)
+        _WAKE.wait(max(min(pending) - time.monotonic(), 0.0) if pending else None)
 
 
 def _on_signal(signum: int, frame: Any) -> None:
     """Raise for a live expired limit; a late signal (its limit already left) is ignored."""
-    live = [t for t in _EXPIRED if t in _ARMED]
-    _EXPIRED.clear()
+    with _LOCK:
+        live = bool(_EXPIRED)
+        _EXPIRED.clear()
     if live:
         raise _Expired()
 
 
-def _install_handler() -> None:
-    # Installed once and left in place: a timer that fires just as its call returns must find
-    # a handler, not SIGUSR1's default action (which ends the process).
+def _start_watchdog() -> None:
+    # The handler is installed once and left in place: a signal that arrives just as its
+    # call returns must find it, not SIGUSR1's default action (which ends the process).
     if signal.getsignal(signal.SIGUSR1) is not _on_signal:
         signal.signal(signal.SIGUSR1, _on_signal)
+    if not (_WATCHDOG and _WATCHDOG[-1].is_alive()):  # none yet, or lost in a fork
+        _WATCHDOG.append(threading.Thread(target=_watch, name="vime-time-limit", daemon=True))
+        _WATCHDOG[-1].start()
 
 
 def load_callable(path: str, *, flag: str) -> Callable[..., Any]:
