@@ -1,4 +1,4 @@
-"""Everything about a ``vime train`` run that can be checked before torch is imported.
+"""Everything about a ``vime train`` run that can be checked before a model is built.
 
 ``launch_checks(cfg)`` reads only files and the configuration: the model directory's
 ``config.json`` (without transformers), export paths and sizes, that TP divides the vocabulary,
@@ -7,10 +7,12 @@ engines' layout (``vime_shell.engines.layout``: engine sizes against the world, 
 model's attention heads), the batching policy's feasibility (``vime_pure.check_feasible``),
 every plugin path (``--rollout-function-path``, ``--custom-rm-path``,
 ``--dynamic-sampling-filter-path``, the ``--rm-type`` module), the prompt and eval datasets
-(every row, with the configured keys), the chat template when ``--apply-chat-template`` asks for
-one, the reference model directory, the optional W&B package, and the run's files
-(``check_run_paths``: run directory, ``--load``, ``--save``, replayed dumps). A bad run then
-fails with one line in well under a second instead of after the model is built.
+(every row, with the configured keys and label rules; then every prompt rendered and tokenized
+against the model's context, the one step that loads transformers, and only with datasets),
+the chat template when ``--apply-chat-template`` asks for one, the reference model directory,
+the optional W&B package, and the run's files (``check_run_paths``: run directory, ``--load``,
+``--save``, replayed dumps). A bad run then fails with one line (in well under a second, or
+a few seconds with a dataset to tokenize) instead of after the model is built.
 
 Example: ``launch_checks(TrainConfig(tensor_model_parallel_size=3))`` on the embedded model
 raises ``ConfigError: tensor_model_parallel_size=3: does not divide the model's
@@ -149,7 +151,9 @@ def _prompt_sets(cfg: TrainConfig, hf_dir: Path, context_len: int | None):
                               "raise it, or shorten the prompts")
     eval_response = cfg.eval_max_response_len or response
     eval_sets = tuple((name, fit_prompts(*rows, encode=encode, context_len=context_len,
-                                         response_len=eval_response, max_prompt_len=None)[0])
+                                         response_len=eval_response, max_prompt_len=None,
+                                         response_flag="--eval-max-response-len",
+                                         evaluation=True)[0])
                       for name, rows in evals)
     return prompts, dropped, eval_sets
 

@@ -185,7 +185,8 @@ def _is_messages(value: Any) -> bool:
 
 def fit_prompts(rows: Sequence[TaskExample], wheres: Sequence[str], *,
                 encode: Callable[[TaskExample], list[int]], context_len: int | None,
-                response_len: int, max_prompt_len: int | None
+                response_len: int, max_prompt_len: int | None,
+                response_flag: str = "--rollout-max-response-len", evaluation: bool = False
                 ) -> tuple[tuple[TaskExample, ...], int]:
     """Rows whose tokenized prompt fits, and how many ``max_prompt_len`` dropped.
 
@@ -194,6 +195,7 @@ def fit_prompts(rows: Sequence[TaskExample], wheres: Sequence[str], *,
     template renders it to nothing); so is one that leaves fewer than ``response_len`` positions
     of the model's ``context_len`` (``max_position_embeddings``). With ``max_prompt_len``
     (``--rollout-max-prompt-len``) prompts longer than it are dropped instead, as slime does.
+    ``evaluation``: an eval set (``--eval-prompt-data``), whose prompts are never dropped.
     Example: context 64, response 8: a 57-token prompt is an error; with
     ``max_prompt_len=40`` it is dropped and counted.
     """
@@ -212,12 +214,13 @@ def fit_prompts(rows: Sequence[TaskExample], wheres: Sequence[str], *,
         if max_prompt_len is not None and n > max_prompt_len:
             continue
         if context_len is not None and n + response_len > context_len:
+            drop = ("" if evaluation else ", or drop long prompts with "
+                    f"--rollout-max-prompt-len {max(context_len - response_len, 1)}")
             raise DataError(
-                f"{where}: the prompt has {n} tokens, and with --rollout-max-response-len "
-                f"{response_len} it exceeds the model's context of {context_len} tokens "
-                "(max_position_embeddings). Fix: shorten the prompt, lower "
-                "--rollout-max-response-len, or drop long prompts with "
-                f"--rollout-max-prompt-len {max(context_len - response_len, 1)}.")
+                f"{where}: the prompt has {n} tokens, and with {response_flag} {response_len} "
+                f"it exceeds the model's context of {context_len} tokens "
+                f"(max_position_embeddings). Fix: shorten the prompt, lower {response_flag}"
+                f"{drop}.")
         kept.append(row)
     return tuple(kept), len(rows) - len(kept)
 
