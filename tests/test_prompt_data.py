@@ -124,7 +124,8 @@ def test_labels_keep_their_type_and_parquet_bytes_become_text(tmp_path):
 
 def test_non_utf8_bytes_name_the_file_and_line(tmp_path):
     path = tmp_path / "train.jsonl"
-    path.write_bytes(b'{"question": "1+1=", "answer": "2"}\n{"question": "caf\xe9", "answer": "1"}\n')
+    path.write_bytes(b'{"question": "1+1=", "answer": "2"}\n'
+                     b'{"question": "caf\xe9", "answer": "1"}\n')
     with pytest.raises(DataError, match=r"train.jsonl:2: byte 18 of the line is not UTF-8"):
         load_prompt_rows(path, _keys())
 

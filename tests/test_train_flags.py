@@ -10,7 +10,8 @@ import pytest
 
 from vime_pure import LossMode
 from vime_shell.cli import train as train_cmd
-from vime_shell.cli.main import as_flags, main
+from vime_shell.cli.main import main
+from vime_shell.cli.parser import as_flags
 from vime_shell.loop.config import SECTIONS, ConfigError, TrainConfig, parse_train_config
 from vime_shell.loop.launch_checks import launch_checks
 from vime_shell.loop.logs import configure_logging

@@ -8,20 +8,19 @@ Errors: a ``VimeError`` (bad input, an infeasible run), an ``OSError`` (disk ful
 not a directory) or a ``UnicodeDecodeError`` from any subcommand is one line on stderr and exit
 status 2; its chained cause, when it adds something, is one more line (``caused by: ...``), and
 the full traceback follows under ``--log-level debug``. Messages name flags as typed
-(``--allow-partial-train-step``), never the Python names the core uses (:func:`as_flags`).
+(``--allow-partial-train-step``), never the Python names the core uses
+(:func:`vime_shell.cli.parser.as_flags`).
 """
 
 import argparse
-import re
 import sys
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 from vime_pure.errors import VimeError
 from vime_shell.cli import schedule as schedule_cmd
 from vime_shell.cli import train as train_cmd
-from vime_shell.cli.parser import VimeArgumentParser, print_error
+from vime_shell.cli.parser import VimeArgumentParser, report_failure
 from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
 
 
@@ -100,10 +99,6 @@ def _math_demo(args: argparse.Namespace) -> int:
     return train_cmd.run(args)
 
 
-# Core (vime_pure) field names whose flag is spelled differently.
-FLAG_ALIASES = {"allow_partial_step": "allow_partial_train_step"}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -116,49 +111,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def report_error(parser: argparse.ArgumentParser, args: argparse.Namespace,
                  exc: BaseException) -> None:
-    """The failure in one line, its chained cause in one more, the traceback at debug level.
+    """The failure as one line in the command's flag spelling (``report_failure``).
 
     Example: ``vime train: error: --seed=18446744073709551616: must be below 2**63. Fix: ...``.
     """
-    flags = _flags_of(parser, args.command)
-    raw = _describe(exc)
-    print_error(args.command, as_flags(raw, flags))
-    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-    if cause is not None and re.sub(r"\s*\n\s*", " ", str(cause)).strip() not in raw:
-        print(f"vime {args.command}: caused by: {as_flags(_describe(cause), flags)}",
-              file=sys.stderr)
-    if getattr(args, "log_level", None) == "debug":
-        traceback.print_exception(exc, file=sys.stderr)
-
-
-def _describe(exc: BaseException) -> str:
-    """``VimeError`` messages as they are; other exceptions prefixed with their type."""
-    text = re.sub(r"\s*\n\s*", " ", str(exc)).strip()
-    return text if isinstance(exc, VimeError) else f"{type(exc).__name__}: {text}"
-
-
-def _flags_of(parser: argparse.ArgumentParser, command: str) -> set[str]:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {s for action in sub.choices[command]._actions for s in action.option_strings
-            if s.startswith("--")}
+    flags = {s for action in sub.choices[args.command]._actions for s in action.option_strings
+             if s.startswith("--")}
+    report_failure(args.command, exc, flags=flags,
+                   debug=getattr(args, "log_level", None) == "debug")
 
 
-def as_flags(message: str, flags: set[str]) -> str:
-    """Settings spelled as this command's flags: ``global_batch_size=3`` ->
-    ``--global-batch-size=3``, ``allow_partial_step=True`` -> ``--allow-partial-train-step``,
-    a bare ``max_tokens_per_gpu`` -> ``--max-tokens-per-gpu``. A one-word name (``lr``) changes
-    only before ``=``; names that are not flags (or ``FLAG_ALIASES``) never change."""
-    def spell(match: re.Match) -> str:
-        name = FLAG_ALIASES.get(match.group(1), match.group(1))
-        flag = "--" + name.replace("_", "-")
-        value = match.group(2)
-        if flag not in flags or value is None and "_" not in name:
-            return match.group(0)
-        negated = f"--no-{name.replace('_', '-')}"
-        if value == "=True":
-            return flag
-        if value == "=False" and negated in flags:
-            return negated
-        return flag + (value or "")
-    return re.sub(r"(?<![\w.\-'\"\[/])([a-z][a-z0-9]*(?:_[a-z0-9]+)*)\b(=True\b|=False\b|=)?",
-                  spell, message)
+if __name__ == "__main__":
+    sys.exit(main())

@@ -116,7 +116,8 @@ class RolloutProducer:
                 next_group = _next_group_id(output, next_group)
                 generated += len(output)
                 try:
-                    filtered += self._judge(output, kept, need, f"rollout {rid}, round {rounds - 1}")
+                    filtered += self._judge(output, kept, need,
+                                            f"rollout {rid}, round {rounds - 1}")
                 except VimeError as exc:  # a failed filter: every rank leaves via rank0_result
                     error = error or exc
             if self.keep is None:
