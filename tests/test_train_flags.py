@@ -279,3 +279,13 @@ def test_file_system_and_decoding_faults_are_one_line_with_the_cause(monkeypatch
             assert cause is None or lines[1] == f"vime train: {cause}"
         else:  # --log-level debug: the full traceback follows
             assert "Traceback (most recent call last):" in "\n".join(lines)
+
+
+def test_check_flags_reach_what_they_configure(capsys):
+    cfg = parse_train_config(["--reward-timeout", "5", "--skip-nonfinite-grad-steps",
+                              "--no-logprob-check", "--rollout-max-prompt-len", "512"])
+    assert (cfg.reward_timeout, cfg.logprob_check, cfg.rollout_max_prompt_len) == (5.0, False, 512)
+    assert trainer_config(cfg).optim.skip_nonfinite_grad_steps
+    assert parse_train_config([]).logprob_check and parse_train_config([]).reward_timeout is None
+    _bad(["--reward-timeout", "0"], capsys, "--reward-timeout=0")
+    _bad(["--rollout-max-prompt-len", "0"], capsys, "--rollout-max-prompt-len=0")
