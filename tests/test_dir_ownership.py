@@ -179,3 +179,22 @@ def test_overwrite_never_moves_through_a_symlinked_rollouts(tmp_path):
     assert sorted(p.name for p in elsewhere.iterdir()) == ["rollout_0.npz"]  # no lock file
     assert (elsewhere / "rollout_0.npz").read_bytes() == b"keep"
     assert (run / "metrics.jsonl").exists()  # nothing moved
+
+
+def test_overwrite_moves_the_old_dumps_aside_and_claims_new_ones(tmp_path):
+    run = tmp_path / "run"
+    _metrics(run, 2)
+    (run / "rollouts").mkdir()
+    (run / "rollouts" / "rollout_0.npz").write_bytes(b"old")
+    (run / OWNER).write_text(json.dumps({"run_id": "old"}))
+    cfg = TrainConfig(run_dir=str(run), overwrite_run_dir=True,
+                      save_rollout_data=f"{run}/rollouts/rollout_{{rollout_id}}.npz")
+    check_run_paths(cfg)
+    claim, moved = claim_run(cfg, "new")
+    try:
+        assert (moved / "rollouts" / "rollout_0.npz").read_bytes() == b"old"
+        assert read_owner(run)["run_id"] == read_owner(run / "rollouts")["run_id"] == "new"
+        with pytest.raises(DirectoryInUseError):
+            DirClaim("x").acquire("--save-rollout-data", run / "rollouts")
+    finally:
+        claim.release()

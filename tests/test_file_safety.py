@@ -127,6 +127,11 @@ def test_input_on_a_fifo_is_refused_without_reading(tmp_path, capsys):
     assert "--input=" in capsys.readouterr().err
     with pytest.raises(DumpFormatError, match="FIFO"):
         load_rollout_batch(fifo)
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / "metrics.jsonl")  # the run log would block on it: refused at launch
+    with pytest.raises(FileKindError, match="--run-dir=.*metrics.jsonl.*FIFO"):
+        check_run_paths(TrainConfig(run_dir=str(run)))
 
 
 def test_a_zip_bomb_dump_is_refused_before_inflating(tmp_path):

@@ -1,7 +1,7 @@
 """Fuzz: damaged checkpoints, damaged HF model directories and a full disk.
 
 ``vime train --load`` on 14 kinds of damaged checkpoint and ``vime train --hf-checkpoint`` on
-11 kinds of damaged model directory exit 2 at launch with one line naming the file (before any
+12 kinds of damaged model directory exit 2 at launch with one line naming the file (before any
 model is built); random bit flips anywhere in a checkpoint file are caught by its manifest. A
 full disk (``RLIMIT_FSIZE``, in a subprocess) during an HF export and a checkpoint save is one
 typed error naming the flag, and the files already there survive.
@@ -133,7 +133,9 @@ HF_DAMAGE = {  # kind: (damage(model dir), what the line names)
     "config_missing": (lambda m: (m / "config.json").unlink(), "config.json"),
     "config_not_json": (lambda m: (m / "config.json").write_text("{"), "config.json"),
     "config_a_list": (lambda m: (m / "config.json").write_text("[1]"), "config.json"),
-    "no_weights": (lambda m: [p.unlink() for p in m.glob("model*")], "holds no weights"),
+    "no_weights": (lambda m: [p.unlink() for p in m.glob("model*")], "holds no *.safetensors"),
+    "only_bin_weights": (lambda m: [p.unlink() for p in m.glob("model*")] and (
+        m / "pytorch_model.bin").write_bytes(b"pickle"), "pytorch_model*.bin is not read"),
     "index_not_json": (lambda m: (m / "model.safetensors.index.json").write_text("x"),
                        "index.json"),
     "index_names_a_missing_shard": (lambda m: (m / SHARD).unlink(), SHARD),

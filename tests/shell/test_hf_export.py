@@ -207,6 +207,36 @@ def test_streamed_pairs_equal_the_mapping(hf_dir, tmp_path):
     assert _digest(one) == _digest(two)
 
 
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A real 256 KiB tmpfs mount point (root only; skipped where mounting is not allowed)."""
+    import subprocess
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
+            capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs is not allowed here")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_export_into_a_full_mount_point(hf_dir, tiny_tmpfs):
+    """Found: --save-hf on a mount point lost the export; a full disk was a traceback."""
+    assert os.path.ismount(tiny_tmpfs)
+    small = {"w": torch.zeros(16)}
+    save_hf_checkpoint(small, source_dir=hf_dir[0], target_dir=tiny_tmpfs)
+    before = _digest(tiny_tmpfs)
+    with pytest.raises(ExportError, match="--save-hf=.*cannot be written.*No space left"):
+        save_hf_checkpoint({"w": torch.zeros(1 << 17)}, source_dir=hf_dir[0],  # 512 KiB
+                           target_dir=tiny_tmpfs)
+    assert _digest(tiny_tmpfs) == before and os.path.ismount(tiny_tmpfs)
+    assert not (tiny_tmpfs / ".vime-staging").exists()
+
+
 def _stream(tensors, seen):
     for name in sorted(tensors):
         seen.append(name)

@@ -22,6 +22,7 @@ fails with ``--run-dir='runs/b': belongs to run b1, but --load ck_a continues ru
 
 import json
 import os
+import re
 from pathlib import Path
 
 from vime_pure.errors import field_error
@@ -73,6 +74,14 @@ def run_id_for(cfg: TrainConfig) -> str:
     return checkpoint_run_id(cfg.load) or new_run_id()
 
 
+def _dump_entry(template: str) -> re.Pattern:
+    """What the template writes directly in its dump directory, any rollout id. Example:
+    ``"d/r{rollout_id}.npz"`` -> ``r\\d+\\.npz``; ``"d/{rollout_id}/b.npz"`` -> ``\\d+``."""
+    prefix = template.split("{", 1)[0]
+    first = template[len(os.path.dirname(prefix)):].lstrip("/").split("/")[0]
+    return re.compile(re.escape(first).replace(re.escape("{rollout_id}"), r"\d+"))
+
+
 def _held_data(flag: str, cfg: TrainConfig, where: Path) -> str | None:
     """What earlier-run data ``where`` holds for ``flag`` (None when none)."""
     if flag == "--run-dir":
@@ -82,8 +91,8 @@ def _held_data(flag: str, cfg: TrainConfig, where: Path) -> str | None:
         names = [e.name for e in os.scandir(where)] if where.is_dir() else []
         ck = [n for n in names if n == TRACKER or n.startswith(("rollout_", ".tmp-rollout_"))]
         return f"checkpoints ({', '.join(sorted(ck)[:3])})" if ck else None
-    prefix = os.path.basename(cfg.save_rollout_data.split("{", 1)[0])
-    dumps = [e.name for e in os.scandir(where) if e.name.startswith(prefix)
+    pattern = _dump_entry(cfg.save_rollout_data)
+    dumps = [e.name for e in os.scandir(where) if pattern.fullmatch(e.name)
              and e.name not in BOOKKEEPING] if where.is_dir() else []
     return f"{len(dumps)} rollout dumps (e.g. {sorted(dumps)[0]})" if dumps else None
 
@@ -131,12 +140,15 @@ def claim_run(cfg: TrainConfig, run_id: str) -> tuple[DirClaim, Path | None]:
     claim (``release()`` it at the end) and where the earlier run went (or None)."""
     check_run_dir(cfg)  # before any lock file is created: no symlinked entry is written
     claim = DirClaim(run_id)
+    (run_flag, run_dir), *others = claimed_dirs(cfg)
     try:
-        for flag, where in claimed_dirs(cfg):
-            claim.acquire(flag, where)
-        check_run_dir(cfg)  # again, under the locks: no other run changed it meanwhile
-        check_ownership(cfg, run_id)
+        claim.acquire(run_flag, run_dir)
+        check_run_dir(cfg)  # again, under the lock: no other run changed it meanwhile
+        # Before the other locks: dumps inside the run directory move aside with the old run.
         moved = move_aside(cfg) if cfg.overwrite_run_dir and cfg.load is None else None
+        for flag, where in others:
+            claim.acquire(flag, where)
+        check_ownership(cfg, run_id)
         claim.record_owner()  # last: the earlier run's records are gone or moved by now
     except BaseException:
         claim.release()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from vime_pure.errors import field_error
 from vime_shell.loop.config import ConfigError, TrainConfig
-from vime_shell.storage.files import fsync_path
+from vime_shell.storage.files import fsync_path, writable_target
 
 METRICS = "metrics.jsonl"
 CURVES = "curves.png"
@@ -108,6 +108,8 @@ def check_run_dir(cfg: TrainConfig) -> None:
                           "would write or move files through it into another directory",
                           "replace the link with a real directory, or point "
                           "--save-rollout-data at the link's target directly")
+    for name in (METRICS, CURVES, SCHEDULE_PLOT):  # a FIFO there would block the logger
+        writable_target(run_dir / name, "--run-dir")
     if cfg.load is not None:
         if cfg.overwrite_run_dir:
             raise field_error(RunDirError, "overwrite_run_dir", True,

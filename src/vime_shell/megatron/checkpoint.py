@@ -42,6 +42,7 @@ from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.core import CheckpointingException
 from megatron.core.dist_checkpointing.validation import StrictHandling
 from megatron.core.tensor_parallel import get_cuda_rng_tracker
+from torch.distributed.checkpoint.api import CheckpointException
 
 from vime_pure.errors import VimeError, field_error
 from vime_shell.megatron.collectives import rank0_result
@@ -190,6 +191,12 @@ def _load_sharded(trainer, path: Path, state: dict) -> dict:
         raise field_error(CheckpointError, "path", str(path),
                           f"does not match this trainer ({str(exc).splitlines()[0][:300]})",
                           "load a checkpoint of the same model") from None
+    except (CheckpointException, OSError) as exc:  # torch's reader on a damaged shard
+        raise field_error(CheckpointError, "path", str(path),
+                          f"cannot be read ({type(exc).__name__}: "
+                          f"{(str(exc) or '?').splitlines()[0][:300]})",
+                          "restore the checkpoint from a copy, or resume from an earlier "
+                          "one") from None
 
 
 @torch.no_grad()  # parameters are restored in place

@@ -35,6 +35,7 @@ class OptimConfig:
     optimizer_cpu_offload: bool = False  # Megatron's HybridDeviceOptimizer (CUDA only)
     overlap_cpu_optimizer_d2h_h2d: bool = False
     use_precision_aware_optimizer: bool = False  # TE FusedAdam (CUDA + TE only)
+    skip_nonfinite_grad_steps: bool = False  # else a NaN/inf gradient norm stops the run
 
     def __attrs_post_init__(self) -> None:
         if not self.lr > 0:
@@ -65,4 +66,5 @@ class StepResult:
     num_microbatches: int
     lr: float
     grad_norm: float
+    skipped: bool = False  # the gradient norm was not finite and the update was skipped
 

@@ -61,7 +61,7 @@ def writable_target(path: str | os.PathLike, flag: str = "path") -> Path:
     target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     try:
         mode = os.stat(target).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a new file (or one the write will refuse)
         return target
     if not stat.S_ISREG(mode):
         raise field_error(FileKindError, flag, str(path), f"is {_kind(mode)}, not a regular "
@@ -71,9 +71,16 @@ def writable_target(path: str | os.PathLike, flag: str = "path") -> Path:
 
 
 def umask_mode() -> int:
-    """What ``open`` gives a new file: ``0o666`` less the umask (0o644 under umask 022)."""
-    mask = os.umask(0)
-    os.umask(mask)
+    """What ``open`` gives a new file: ``0o666`` less the umask (0o644 under umask 022).
+
+    Read from ``/proc/self/status`` on Linux (setting and restoring the umask, the portable
+    way, would race with files other threads create meanwhile)."""
+    try:
+        with open("/proc/self/status") as fh:
+            mask = next(int(line.split()[1], 8) for line in fh if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0)
+        os.umask(mask)
     return 0o666 & ~mask
 
 

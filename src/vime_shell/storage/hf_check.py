@@ -2,7 +2,7 @@
 
 ``check_hf_dir`` refuses, with ``ModelLoadError`` naming the file, a directory a loader would
 fail on minutes later (or, worse, load partly): ``config.json`` that is not a JSON object; no
-weights at all; a weight index that is not JSON or names a shard that is missing; a weight
+safetensors weights (the trainer's loader reads no ``.bin``); a weight index that is not JSON or names a shard that is missing; a weight
 file that is a directory, FIFO or device; a ``.safetensors`` file whose header is not
 safetensors, or that is shorter than its header says (truncated); a tokenizer JSON file that
 is not JSON. Cost: one header read per shard (8 bytes plus its JSON), however large the shard.
@@ -21,8 +21,7 @@ from pathlib import Path
 from vime_pure.errors import field_error
 from vime_shell.models.hf_config import ModelLoadError
 
-INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-SINGLE = ("model.safetensors", "pytorch_model.bin")
+INDEX = "model.safetensors.index.json"
 TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
                   "special_tokens_map.json")
 _MAX_HEADER = 100 << 20  # safetensors' own limit on a header's JSON
@@ -75,18 +74,21 @@ def check_safetensors(flag: str, path: Path) -> None:
 
 
 def _weight_files(flag: str, root: Path) -> list[Path]:
-    for name in INDEXES:
-        index = root / name
-        if index.exists():
-            data = _json(flag, index)
-            weight_map = data.get("weight_map") if isinstance(data, dict) else None
-            if not isinstance(weight_map, dict) or not weight_map or not all(
-                    isinstance(v, str) and v and "/" not in v for v in weight_map.values()):
-                raise _damaged(flag, index, "has no weight_map of tensor names to shard files")
-            return [root / shard for shard in sorted(set(weight_map.values()))]
-    found = [root / name for name in SINGLE if (root / name).exists()]
+    """The safetensors files the trainer's loader (mbridge) reads: the index's shards, else
+    every ``*.safetensors`` (it reads no ``pytorch_model*.bin``)."""
+    index = root / INDEX
+    if index.exists():
+        data = _json(flag, index)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map or not all(
+                isinstance(v, str) and v and "/" not in v for v in weight_map.values()):
+            raise _damaged(flag, index, "has no weight_map of tensor names to shard files")
+        return [root / shard for shard in sorted(set(weight_map.values()))]
+    found = sorted(root.glob("*.safetensors"))
     if not found:
-        raise _damaged(flag, root, f"holds no weights (none of {', '.join(INDEXES + SINGLE)})")
+        bins = " (pytorch_model*.bin is not read: convert it with save_pretrained("
+        raise _damaged(flag, root, "holds no *.safetensors weights" + (
+            bins + "safe_serialization=True))" if any(root.glob("pytorch_model*.bin")) else ""))
     return found
 
 
@@ -96,10 +98,7 @@ def check_hf_dir(hf_dir: str | Path, flag: str = "--hf-checkpoint") -> None:
     if not isinstance(_json(flag, root / "config.json"), dict):
         raise _damaged(flag, root / "config.json", "is not a JSON object")
     for path in _weight_files(flag, root):
-        if path.name.endswith(".safetensors"):
-            check_safetensors(flag, path)
-        else:
-            _regular(flag, path, "a weight file named by the index")
+        check_safetensors(flag, path)
     for name in TOKENIZER_JSON:
         if (root / name).exists():
             _json(flag, root / name)

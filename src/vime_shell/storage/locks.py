@@ -35,7 +35,7 @@ BOOKKEEPING = (OWNER, LOCK)
 
 
 class DirectoryInUseError(VimeError):
-    """A directory another live run holds the lock of."""
+    """A directory another live run holds the lock of (or that cannot be locked at all)."""
 
 
 def new_run_id() -> str:
@@ -101,16 +101,22 @@ class DirClaim:
 
     def __init__(self, run_id: str, command: str | None = None):
         self.run_id = run_id
-        self.command = command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+        argv = getattr(sys, "orig_argv", sys.argv)  # "python -m vime_shell.cli train ..."
+        self.command = command or " ".join([Path(argv[0]).name, *argv[1:]])
         self.since = time.strftime("%Y-%m-%dT%H:%M:%S")
         self._held: list[tuple[int, Path]] = []
 
     def acquire(self, flag: str, directory: str | os.PathLike) -> None:
         """Lock ``directory`` (created if needed); ``DirectoryInUseError`` when held."""
         where = Path(directory).expanduser()
-        where.mkdir(parents=True, exist_ok=True)
         lock = where / LOCK
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        except OSError as exc:  # read-only, a file in the way, a symlinked lock file
+            raise field_error(DirectoryInUseError, flag, str(directory),
+                              f"cannot be locked ({type(exc).__name__}: {exc})",
+                              f"pass a {flag} you can write to") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -4,8 +4,8 @@
 ``dir/manifest.json``, written last (atomically), so a complete manifest means every file it
 names was complete when it was written. ``verify_manifest(dir)`` re-reads every file and
 raises ``ManifestError`` naming the first one that is missing, of another size, or of other
-bytes (a flipped bit anywhere in a 2 GB shard is found; reading runs at disk speed, about
-1 GB/s for BLAKE2b on one core).
+bytes (a flipped bit anywhere in a shard is found; the cost is one full read of the
+checkpoint at BLAKE2b's single-core speed, once per node at launch).
 
 ``fingerprint(path)`` is a dataset's identity for resuming: its size, its mtime and the digest
 of its first and last MiB (the whole file when it is under 2 MiB). ``dataset_changed(old,
