@@ -105,12 +105,11 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
                     metadata_key=cfg.metadata_key, tool_key=cfg.tool_key)
     prompts = None if cfg.prompt_data is None else load_prompt_rows(cfg.prompt_data, keys)
     pairs = cfg.eval_prompt_data or ()
-    eval_sets = tuple((name, load_prompt_rows(path, keys))
+    eval_keys = attrs.evolve(keys, input_key=cfg.eval_input_key or cfg.input_key,
+                             label_key=cfg.eval_label_key or cfg.label_key, flag_prefix="--eval-")
+    eval_sets = tuple((name, load_prompt_rows(path, eval_keys))
                       for name, path in zip(pairs[::2], pairs[1::2]))
-    # --num-epoch: enough rollouts to draw the dataset that many times (dynamic sampling may
-    # draw more prompts per rollout, so it is a lower bound on the passes made).
-    num_rollout = (cfg.num_rollout if cfg.num_epoch is None or prompts is None
-                   else -(-cfg.num_epoch * len(prompts) // cfg.rollout_batch_size))
+    num_rollout = cfg.resolved_num_rollout(None if prompts is None else len(prompts))
     check_run_paths(cfg, num_rollout)
     return LaunchPlan(hf_dir=hf_dir, layout=layout, policy=policy, prompts=prompts,
                       task=get_task(cfg.task) if prompts is None else None, eval_sets=eval_sets,
@@ -162,7 +161,7 @@ def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> None:
     for field, path in outputs:
         if path is not None:
             _check_writable(field, Path(path).expanduser())
-    num_rollout = cfg.num_rollout if num_rollout is None else num_rollout
+    num_rollout = cfg.resolved_num_rollout(None) if num_rollout is None else num_rollout
     start = 0
     if cfg.load is not None:
         start = int(require_checkpoint(cfg.load).name.split("_")[-1])

@@ -21,6 +21,7 @@ prompts, round 1 keeps 5 more and discards 27; the record says ``prompts_generat
 prompts_kept 16, prompts_filtered 42``.
 """
 
+import logging
 import math
 from collections.abc import Sequence
 from itertools import chain
@@ -38,7 +39,7 @@ from vime_shell.engines import SamplingParams
 from vime_shell.engines.group import EngineGroup
 from vime_shell.loop.config import ESTIMATOR_METHOD, TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan
-from vime_shell.models.tokenizer import load_tokenizer
+from vime_shell.models.tokenizer import default_stop_token_ids, load_tokenizer
 from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.filters import load_filter
 from vime_shell.megatron.collectives import rank0_result
@@ -51,6 +52,7 @@ from vime_shell.rollout.tasks import TaskExample
 # Evaluation draws its own seeds (the same prompts score the same way at every evaluation):
 # the base of a rollout id no training run reaches.
 _EVAL_ROLLOUT_ID = 0xE7A1E7A1
+log = logging.getLogger("vime.train")
 
 
 @attrs.frozen(kw_only=True)
@@ -93,8 +95,12 @@ class RolloutProducer:
                                        group_rm=cfg.group_rm)
         self.keep = load_filter(cfg.dynamic_sampling_filter_path)
         self.normalization = RewardNormalization(method=ESTIMATOR_METHOD[cfg.advantage_estimator])
-        eos = self.tokenizer.eos_token_id
-        self.stop = () if eos is None else (int(eos),)
+        self.stop = default_stop_token_ids(self.tokenizer, plan.hf_dir,
+                                           chat_template=cfg.apply_chat_template)
+        if self.is_rank0:
+            log.info("generation stops at token ids %s %s%s", list(self.stop),
+                     self.tokenizer.convert_ids_to_tokens(list(self.stop)),
+                     f" and strings {list(cfg.rollout_stop)}" if cfg.rollout_stop else "")
 
     # -- training batches ---------------------------------------------------------------------
     def produce(self, rid: int) -> tuple[RolloutBatch, GenerationStats] | None:
@@ -138,13 +144,25 @@ class RolloutProducer:
             raise RolloutEmptyError(rid, stats)
         return RolloutBatch.from_samples(kept, normalization=self.normalization), stats
 
-    def _sampling(self, max_new_tokens: int, seed: int, temperature: float | None = None
+    def _sampling(self, max_new_tokens: int, seed: int, *, for_eval: bool = False
                   ) -> SamplingParams:
+        """The run's sampling settings; for evaluation each ``--eval-*`` one that is set
+        replaces its ``--rollout-*`` one."""
         cfg = self.cfg
-        return SamplingParams(max_new_tokens=max_new_tokens,
-                              temperature=cfg.rollout_temperature if temperature is None
-                              else temperature, top_p=cfg.rollout_top_p,
-                              top_k=cfg.rollout_top_k, stop_token_ids=self.stop, seed=seed)
+
+        def pick(name: str):
+            rollout = getattr(cfg, f"rollout_{name}")
+            if not for_eval:
+                return rollout
+            override = getattr(cfg, f"eval_{name}")
+            return rollout if override is None else override
+
+        extra = pick("stop_token_ids") or ()
+        return SamplingParams(max_new_tokens=max_new_tokens, temperature=pick("temperature"),
+                              top_p=pick("top_p"), top_k=pick("top_k"),
+                              stop_token_ids=tuple(dict.fromkeys((*self.stop, *extra))),
+                              stop=pick("stop") or (), max_context_len=pick("max_context_len"),
+                              seed=seed)
 
     def _generate(self, rid: int, prompts: tuple[TaskExample, ...], sampling: SamplingParams, *,
                   first_group_id: int, n: int | None = None
@@ -180,7 +198,7 @@ class RolloutProducer:
         outputs: dict[str, list[Any] | None] = {}
         for name, rows in self.eval_sets:
             sampling = self._sampling(max_new, seed=rollout_sampling_seed(0, _EVAL_ROLLOUT_ID),
-                                      temperature=cfg.eval_temperature)
+                                      for_eval=True)
             outputs[name], error = self._generate(rid, rows, sampling, first_group_id=0, n=n)
             # Every rank learns of a failed engine before the next set's collective generation.
             rank0_result(f"evaluation of {name} at rollout {rid}", lambda: None, pending=error)

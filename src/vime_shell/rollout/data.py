@@ -43,6 +43,7 @@ class DataKeys:
     label_key: str | None = "label"
     metadata_key: str | None = None
     tool_key: str | None = None
+    flag_prefix: str = "--"  # how errors spell the key flags: "--eval-" for eval sets
 
 
 def load_prompt_rows(path: str | Path, keys: DataKeys) -> tuple[TaskExample, ...]:
@@ -91,12 +92,13 @@ def _example(row: Any, keys: DataKeys, where: str) -> TaskExample:
     if not isinstance(row, dict):
         raise DataError(f"{where}: a row is a {type(row).__name__}. Fix: write one JSON "
                         "object per row.")
-    prompt = _field(row, keys.input_key, where, "--input-key")
+    prompt = _field(row, keys.input_key, where, f"{keys.flag_prefix}input-key")
     if not (isinstance(prompt, str) and prompt) and not _is_messages(prompt):
         raise DataError(f"{where}: {keys.input_key}={prompt!r:.60} is neither a non-empty string "
                         "nor a list of chat messages {'role', 'content'}. Fix: correct the row "
-                        "or point --input-key at the prompt field.")
-    label = None if keys.label_key is None else _field(row, keys.label_key, where, "--label-key")
+                        f"or point {keys.flag_prefix}input-key at the prompt field.")
+    label = None if keys.label_key is None else _field(row, keys.label_key, where,
+                                                          f"{keys.flag_prefix}label-key")
     # Metadata and tools may be absent from a row (no extra facts about that prompt).
     metadata = {} if keys.metadata_key is None else row.get(keys.metadata_key) or {}
     if not isinstance(metadata, dict):
