@@ -143,3 +143,61 @@ def test_logging_flags(model, capsys):
     assert "hidden" not in capsys.readouterr().err
     assert quiet.level == logging.INFO
     _bad(["--log-level", "loud"], capsys, "--log-level")
+
+
+@pytest.mark.parametrize("argv, first, second", [
+    (["--calculate-per-token-loss", "--loss-mode", "group_token_mean"],
+     "--calculate-per-token-loss", "--loss-mode group_token_mean"),
+    (["--calculate-per-token-loss", "--loss-mode", "sample_token_mean"],
+     "--calculate-per-token-loss", "--loss-mode sample_token_mean"),
+    (["--num-steps-per-rollout", "4", "--global-batch-size", "64"],
+     "--num-steps-per-rollout 4", "--global-batch-size is 64"),
+])
+def test_conflicting_flags_exit_2_naming_both(argv, first, second, capsys):
+    _bad(argv, capsys, first)
+    _bad(argv, capsys, second)
+
+
+def test_agreeing_flags_are_accepted():
+    agree = parse_train_config(["--num-steps-per-rollout", "4", "--global-batch-size", "32"])
+    assert agree.effective_global_batch_size == 32
+    same = parse_train_config(["--calculate-per-token-loss", "--loss-mode", "token_mean"])
+    assert same.effective_loss_mode == "token_mean"
+    assert TrainConfig().effective_loss_mode == "group_token_mean"
+
+
+def test_num_rollout_wins_over_num_epoch_as_in_slime(model, data):
+    common = ["--prompt-data", data, "--input-key", "q", "--label-key", "a",
+              "--rollout-max-response-len", "2", "--rollout-batch-size", "4",
+              "--global-batch-size", "32", "--num-epoch", "3"]
+    assert launch_checks(parse_train_config([*common, "--num-rollout", "2"]),
+                         model).num_rollout == 2
+    assert launch_checks(parse_train_config(common), model).num_rollout == 6
+    assert TrainConfig().resolved_num_rollout(None) == 300
+
+
+def test_eval_keys_and_sampling_overrides(model, data, tmp_path, capsys):
+    other = tmp_path / "eval.jsonl"
+    other.write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")
+    argv = ["--prompt-data", data, "--input-key", "q", "--label-key", "a",
+            "--rollout-max-response-len", "2", "--eval-prompt-data", "other", str(other),
+            "--eval-interval", "2"]
+    plan = launch_checks(parse_train_config([*argv, "--eval-input-key", "question",
+                                             "--eval-label-key", "answer"]), model)
+    assert plan.eval_sets[0][1][0].prompt == "1+1" and plan.eval_sets[0][1][0].label == "2"
+    _bad(argv, capsys, "Fix: pass --eval-input-key")
+    from types import SimpleNamespace
+
+    from vime_shell.loop.rollouts import RolloutProducer
+
+    cfg = parse_train_config([*argv, "--rollout-stop", "</a>", "--rollout-top-p", "0.9",
+                              "--eval-top-p", "0.5", "--eval-top-k", "4",
+                              "--eval-stop-token-ids", "7", "--rollout-max-context-len", "64"])
+    producer = SimpleNamespace(cfg=cfg, stop=(3,))
+    train = RolloutProducer._sampling(producer, 2, 0)
+    evals = RolloutProducer._sampling(producer, 2, 0, for_eval=True)
+    assert (train.top_p, train.top_k, train.stop, train.stop_token_ids) == (0.9, 0, ("</a>",), (3,))
+    assert (evals.top_p, evals.top_k, evals.stop, evals.stop_token_ids) == (0.5, 4, ("</a>",),
+                                                                            (3, 7))
+    assert evals.max_context_len == train.max_context_len == 64
+    _bad(["--rollout-stop-token-ids", "-1"], capsys, "rollout_stop_token_ids")
