@@ -111,6 +111,9 @@ def test_optimizer_flags_reach_the_trainer_config(capsys):
     optim = trainer_config(cfg).optim
     assert cfg.effective_global_batch_size == 64  # 16 prompts x 8 samples / 2 steps
     assert (optim.lr_warmup_groups, optim.lr_decay_groups) == (128, 640)  # steps x 64 groups
+    # no --lr-decay-iters: the whole run, 300 rollouts x 2 steps x 64 groups
+    whole = parse_train_config(["--lr-decay-style", "cosine", "--num-steps-per-rollout", "2"])
+    assert trainer_config(whole).optim.lr_decay_groups == 300 * 2 * 64
     assert (optim.min_lr, optim.lr_decay_style, optim.weight_decay) == (1e-5, "cosine", 0.1)
     assert (optim.clip_grad, optim.adam_beta1, optim.adam_beta2) == (0.5, 0.8, 0.95)
     assert optim.use_distributed_optimizer

@@ -61,6 +61,7 @@ from transformers.utils import logging as hf_logging
 from vime_pure.data.batch import RolloutBatch, schedule_for
 from vime_pure.data.microbatch import RankBatch, rank_batch, with_log_probs
 from vime_pure.errors import VimeError
+from vime_pure.lr_schedule import LrGroups, lr_groups, lr_schedule_warnings
 from vime_pure.policy_config import LossConfig
 from vime_pure.scheduling.schedule import Schedule
 from vime_shell.engines import resolve_engine_name
@@ -142,21 +143,31 @@ class TrainResult:
     start_rollout: int
 
 
-def trainer_config(cfg: TrainConfig) -> TrainerConfig:
+def lr_schedule(cfg: TrainConfig, num_rollout: int | None = None) -> LrGroups:
+    """The run's LR lengths in groups; ``num_rollout``: the plan's (default: the config's)."""
+    return lr_groups(groups_per_rollout=cfg.groups_per_rollout,
+                     global_batch_size=cfg.effective_global_batch_size,
+                     allow_partial=cfg.allow_partial_train_step,
+                     num_rollout=cfg.resolved_num_rollout(None) if num_rollout is None
+                     else num_rollout,
+                     warmup_iters=cfg.lr_warmup_iters, decay_iters=cfg.lr_decay_iters)
+
+
+def trainer_config(cfg: TrainConfig, num_rollout: int | None = None) -> TrainerConfig:
     """The trainer's settings from the run's: the one place flags map onto the trainer.
 
     LR warmup/decay lengths are optimizer steps in the flags (as in slime) and groups in the
-    trainer (its schedule advances by each step's real group count), so they are multiplied by
-    the groups per full step. Example: ``--lr-warmup-iters 10`` with 128 groups per step warms
-    up over 1280 groups.
+    trainer (its schedule advances by each step's real group count): ``vime_pure.lr_groups``
+    converts them, and without ``--lr-decay-iters`` decays over the whole run. Example:
+    ``--lr-warmup-iters 10`` with 128 groups per step warms up over 1280 groups.
     """
-    per_step = cfg.effective_global_batch_size
+    lr = lr_schedule(cfg, num_rollout)
     return TrainerConfig(
         optim=OptimConfig(
             lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay,
             adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps,
-            clip_grad=cfg.clip_grad, lr_warmup_groups=cfg.lr_warmup_iters * per_step,
-            lr_decay_groups=None if cfg.lr_decay_iters is None else cfg.lr_decay_iters * per_step,
+            clip_grad=cfg.clip_grad, lr_warmup_groups=lr.warmup_groups,
+            lr_decay_groups=lr.decay_groups,
             lr_decay_style=cfg.lr_decay_style,
             use_distributed_optimizer=cfg.use_distributed_optimizer,
             overlap_grad_reduce=cfg.overlap_grad_reduce,
@@ -191,7 +202,8 @@ class _Loop:
         self.plan = plan or launch_checks(cfg, model_dir(cfg))
         self.hf_dir = self.plan.hf_dir
         self.trainer = MegatronTrainer.from_hf(
-            self.hf_dir, trainer_config(cfg), tp=cfg.tensor_model_parallel_size,
+            self.hf_dir, trainer_config(cfg, self.plan.num_rollout),
+            tp=cfg.tensor_model_parallel_size,
             pp=cfg.pipeline_model_parallel_size, cp=cfg.context_parallel_size,
             num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage,
             platform=detect_platform())
@@ -412,6 +424,8 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
     """Resume (``--load``) or start, run the rollouts, evaluate and export: ``run_training``'s
     body, between building the loop and tearing it down."""
     configure_logging(cfg.log_level, loop.rank)
+    for warning in launch_warnings(cfg, loop.plan.num_rollout):
+        log.warning(warning)
     start = 0
     if cfg.load is not None:  # it must hold a checkpoint: a mistyped path never starts afresh
         found = require_checkpoint(cfg.load)
@@ -451,6 +465,12 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
         log.info("wrote HF checkpoint %s", cfg.save_hf)
     return TrainResult(records=records, plots=plots, hf_checkpoint=loop.hf_dir,
                        start_rollout=start)
+
+
+def launch_warnings(cfg: TrainConfig, num_rollout: int) -> list[str]:
+    """Settings that run but likely not as meant (logged once at launch)."""
+    return lr_schedule_warnings(style=cfg.lr_decay_style, lr=cfg.lr, min_lr=cfg.min_lr,
+                                schedule=lr_schedule(cfg, num_rollout), num_rollout=num_rollout)
 
 
 def _quiet_libraries() -> None:

@@ -151,14 +151,7 @@ class MegatronTrainer:
                             use_distributed_optimizer=o.use_distributed_optimizer),
             self.model)
         self.bridge.config.grad_scale_func = optimizer.scale_loss
-        decay = o.lr_decay_groups if o.lr_decay_groups is not None else 1 << 40
-        scheduler = OptimizerParamScheduler(
-            optimizer, init_lr=0.0 if o.lr_warmup_groups else o.lr, max_lr=o.lr,
-            min_lr=o.min_lr, lr_warmup_steps=o.lr_warmup_groups,
-            lr_decay_steps=max(decay, o.lr_warmup_groups + 1), lr_decay_style=o.lr_decay_style,
-            start_wd=o.weight_decay, end_wd=o.weight_decay, wd_incr_steps=1,
-            wd_incr_style="constant")
-        return optimizer, scheduler
+        return optimizer, lr_scheduler(optimizer, o)
 
     # -- data --------------------------------------------------------------------------------
     def _tensors(self, records: Sequence[TrainMicroBatch]) -> list[MicroBatchTensors]:
@@ -375,3 +368,18 @@ class MegatronTrainer:
         """All weights under HF names, as CPU tensors, on every rank."""
         self._finish_param_sync()
         return hf_state_dict(self.bridge, self.model)
+
+
+def lr_scheduler(optimizer, o: OptimConfig) -> OptimizerParamScheduler:
+    """Megatron's LR scheduler over ``o``'s lengths in groups (``step(increment=G_s)``).
+
+    Without a decay length (a trainer built outside ``vime train``) the LR never decays.
+    Example: ``lr_decay_groups=640`` with cosine reaches ``min_lr`` after 640 groups.
+    """
+    decay = o.lr_decay_groups if o.lr_decay_groups is not None else 1 << 40
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0 if o.lr_warmup_groups else o.lr, max_lr=o.lr,
+        min_lr=o.min_lr, lr_warmup_steps=o.lr_warmup_groups,
+        lr_decay_steps=max(decay, o.lr_warmup_groups + 1), lr_decay_style=o.lr_decay_style,
+        start_wd=o.weight_decay, end_wd=o.weight_decay, wd_incr_steps=1,
+        wd_incr_style="constant")
