@@ -154,7 +154,12 @@ class TrainConfig:
                                     "reward")
     group_rm: bool = _f(False, "--custom-rm-path takes all samples of one prompt and returns "
                         "their rewards", "reward")
-    advantage_estimator: str = _f("grpo", "rewards to advantages", "reward", ESTIMATORS)
+    advantage_estimator: str = _f("grpo", "rewards to advantages; gspo also trains with "
+                                  "GSPO's sequence-level importance ratio", "reward",
+                                  ESTIMATORS)
+    disable_grpo_std_normalization: bool = _f(False, "GRPO/GSPO advantages without the "
+                                              "division by the group's std (Dr. GRPO)",
+                                              "reward")
     # evaluation
     eval_prompt_data: tuple[str, ...] | None = attrs.field(
         default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
@@ -393,6 +398,12 @@ class TrainConfig:
                 f"--calculate-per-token-loss contradicts --loss-mode {self.loss_mode}: slime's "
                 "--calculate-per-token-loss means --loss-mode token_mean. Fix: drop one of "
                 "the two flags.")
+        if self.advantage_estimator == "gspo" and self.context_parallel_size > 1:
+            raise ConfigError(
+                f"--advantage-estimator gspo with --context-parallel-size "
+                f"{self.context_parallel_size}: GSPO's sequence ratio averages a whole "
+                "response, which context parallelism splits over ranks. Fix: use "
+                "--context-parallel-size 1 with gspo.")
         if self.kl_loss_coef > 0 and not self.use_kl_loss:
             raise field_error(ConfigError, "kl_loss_coef", self.kl_loss_coef,
                               "has no effect without --use-kl-loss",

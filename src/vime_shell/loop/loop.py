@@ -175,7 +175,8 @@ def trainer_config(cfg: TrainConfig, num_rollout: int | None = None) -> TrainerC
         loss=LossConfig(eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high,
                         kl_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
                         kl_kind=cfg.kl_loss_type, entropy_coef=cfg.entropy_coef,
-                        use_tis=cfg.use_tis, tis_clip=cfg.tis_clip),
+                        use_tis=cfg.use_tis, tis_clip=cfg.tis_clip,
+                        sequence_ratio=cfg.advantage_estimator == "gspo"),
         seed=cfg.seed)
 
 

@@ -94,7 +94,9 @@ class RolloutProducer:
         self.rewarder = Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
                                        group_rm=cfg.group_rm)
         self.keep = load_filter(cfg.dynamic_sampling_filter_path)
-        self.normalization = RewardNormalization(method=ESTIMATOR_METHOD[cfg.advantage_estimator])
+        self.normalization = RewardNormalization(
+            method=ESTIMATOR_METHOD[cfg.advantage_estimator],
+            normalize_std=not cfg.disable_grpo_std_normalization)
         self.stop = default_stop_token_ids(self.tokenizer, plan.hf_dir,
                                            chat_template=cfg.apply_chat_template)
         if self.is_rank0:
