@@ -147,7 +147,13 @@ class TrainConfig:
                                                   "vime_shell.rollout.filters:nonzero_reward_std",
                                                   "rollout")
     dynamic_sampling_max_rounds: int = _f(8, "generation rounds per rollout under dynamic "
-                                          "sampling before training on what passed", "rollout")
+                                          "sampling before training on what passed (a rollout "
+                                          "where nothing passed is logged and skipped)",
+                                          "rollout")
+    dynamic_sampling_fill_filtered: bool = _f(False, "when fewer prompts than "
+                                              "--rollout-batch-size pass within the rounds, "
+                                              "fill the batch with filtered-out ones",
+                                              "rollout")
     # reward
     rm_type: str | None = _f(None, "built-in reward; default exact", "reward", RM_CHOICES)
     custom_rm_path: str | None = _f(None, "reward function 'pkg.mod:fn(sample) -> float'",
@@ -199,8 +205,9 @@ class TrainConfig:
     balance_data: bool = _f(False, "balance tokens across DP ranks (balance=tokens)", "batching")
     balance_by_flops: bool = _f(False, "balance estimated FLOPs across DP ranks (balance=flops)",
                                 "batching")
-    allow_partial_train_step: bool = _f(False, "train a short last step instead of dropping",
-                                        "batching")
+    allow_partial_train_step: bool = _f(False, "train a short last step instead of dropping; "
+                                        "implied by --dynamic-sampling-filter-path (without "
+                                        "--dynamic-sampling-fill-filtered)", "batching")
     # loss
     loss_mode: str | None = _f(None, f"loss denominators; default {DEFAULT_LOSS_MODE} "
                                "(token_mean under --calculate-per-token-loss)", "loss",
@@ -259,14 +266,21 @@ class TrainConfig:
                                      ("train-only", "forge"))
     load_rollout_data_fallback: bool = _f(False, "replay rollout 0's dump when a rollout's "
                                           "dump is missing", "checkpoint")
-    save_hf: str | None = _f(None, "write the trained weights as an HF checkpoint here",
-                             "checkpoint")
+    save_hf: str | None = _f(None, "write the trained weights as an HF checkpoint here, at the "
+                             "end; a path with {rollout_id} (e.g. 'hf/iter_{rollout_id}') is "
+                             "written every --save-hf-interval rollouts too", "checkpoint")
+    save_hf_interval: int | None = _f(None, "rollouts between HF exports of a --save-hf "
+                                      "{rollout_id} template; default --save-interval",
+                                      "checkpoint")
     save_hf_max_shard_size: str = _f("5GB", "size limit of one safetensors shard", "checkpoint")
     # logging
     run_dir: str = _f("runs/demo", "metrics.jsonl, TensorBoard and plots go here", "logging")
     overwrite_run_dir: bool = _f(False, "a new run in a run dir that holds metrics moves them "
                                  "to <run-dir>/previous-<timestamp>/ (else: an error)", "logging")
     log_level: str = _f("info", "log level; debug logs on every rank", "logging", LOG_LEVELS)
+    log_interval: int = _f(1, "rollouts between progress lines when stderr is not a terminal "
+                           "(evals, skipped rollouts and the last rollout always print)",
+                           "logging")
     use_wandb: bool = _f(False, "also log to Weights & Biases (pip install vime[wandb])",
                          "logging")
     wandb_project: str = _f("vime", "W&B project", "logging")
@@ -276,7 +290,7 @@ class TrainConfig:
 
     def __attrs_post_init__(self) -> None:
         _check_types(self)
-        for name in ("rollout_num_turns", "rollout_batch_size",
+        for name in ("rollout_num_turns", "rollout_batch_size", "log_interval",
                      "n_samples_per_prompt", "save_interval",
                      "n_samples_per_eval_prompt", "dynamic_sampling_max_rounds",
                      "tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -285,7 +299,7 @@ class TrainConfig:
         for name in ("rollout_max_response_len", "max_tokens_per_gpu", "micro_batch_size",
                      "num_epoch", "eval_interval", "eval_max_response_len",
                      "num_steps_per_rollout", "over_sampling_batch_size", "lr_decay_iters",
-                     "num_rollout", "global_batch_size"):
+                     "num_rollout", "global_batch_size", "save_hf_interval"):
             if getattr(self, name) is not None:
                 _at_least(name, getattr(self, name), 1)
         for name in ("seed", "rollout_top_k", "lr_warmup_iters"):
@@ -314,6 +328,10 @@ class TrainConfig:
             raise field_error(ConfigError, "save_rollout_data", self.save_rollout_data,
                               "lacks {rollout_id}: every rollout would overwrite one file",
                               "use e.g. 'dumps/rollout_{rollout_id}.npz'")
+        if self.save_hf_interval is not None and not self.save_hf_is_template:
+            raise field_error(ConfigError, "save_hf_interval", self.save_hf_interval,
+                              "needs a --save-hf path with {rollout_id} (each export gets its "
+                              "own directory)", "pass e.g. --save-hf 'hf/iter_{rollout_id}'")
         self.batching_policy()  # BatchingPolicy's own checks (max_tokens / micro_batch_size)
         self._check_steps()
 
@@ -375,6 +393,10 @@ class TrainConfig:
                               "pass both, e.g. --eval-interval 10 --eval-prompt-data gsm8k "
                               "test.jsonl")
         filtered = self.dynamic_sampling_filter_path is not None
+        if self.dynamic_sampling_fill_filtered and not filtered:
+            raise field_error(ConfigError, "dynamic_sampling_fill_filtered", True,
+                              "fills only what a dynamic-sampling filter removed",
+                              "pass --dynamic-sampling-filter-path, or drop the flag")
         if self.over_sampling_batch_size is not None:
             if not filtered:
                 raise field_error(ConfigError, "over_sampling_batch_size",
@@ -429,7 +451,7 @@ class TrainConfig:
                 f"({groups} groups per rollout / {steps}), but --global-batch-size is "
                 f"{self.global_batch_size}. Fix: drop one of the two flags (slime requires "
                 "them to agree).")
-        if groups % self.effective_global_batch_size and not self.allow_partial_train_step:
+        if groups % self.effective_global_batch_size and not self.partial_steps:
             raise field_error(
                 ConfigError, "global_batch_size", self.effective_global_batch_size,
                 f"does not divide the {groups} groups of a rollout (rollout_batch_size="
@@ -467,6 +489,19 @@ class TrainConfig:
         return DEFAULT_NUM_ROLLOUT
 
     @property
+    def save_hf_is_template(self) -> bool:
+        """``--save-hf`` holds ``{rollout_id}``: one export directory per interval."""
+        return self.save_hf is not None and "{rollout_id}" in self.save_hf
+
+    @property
+    def partial_steps(self) -> bool:
+        """``--allow-partial-train-step``, implied by dynamic sampling: a rollout may keep
+        fewer prompts than ``--rollout-batch-size``, and its groups must still train (unless
+        ``--dynamic-sampling-fill-filtered`` keeps every batch full)."""
+        return self.allow_partial_train_step or (self.dynamic_sampling_filter_path is not None
+                                                 and not self.dynamic_sampling_fill_filtered)
+
+    @property
     def groups_per_rollout(self) -> int:
         """Rollout groups the built-in rollouts produce per batch: prompts x samples."""
         return self.rollout_batch_size * self.n_samples_per_prompt
@@ -480,7 +515,7 @@ class TrainConfig:
                 micro_batch_size=self.micro_batch_size, packing=self.packing,
                 balance=self.balance, balance_data=self.balance_data,
                 balance_by_flops=self.balance_by_flops,
-                allow_partial_train_step=self.allow_partial_train_step)
+                allow_partial_train_step=self.partial_steps)
         except VimeError as exc:
             raise ConfigError(str(exc)) from exc
 

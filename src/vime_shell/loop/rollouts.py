@@ -34,7 +34,6 @@ import torch.distributed as dist
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.rewards import RewardNormalization
 from vime_pure.data.rollout_output import flatten_rollout_output
-from vime_pure.errors import VimeError
 from vime_shell.engines import SamplingParams
 from vime_shell.engines.group import EngineGroup
 from vime_shell.loop.config import ESTIMATOR_METHOD, TrainConfig
@@ -63,11 +62,14 @@ class GenerationStats:
     prompts_generated: int
     prompts_kept: int
     prompts_filtered: int
+    prompts_filled: int = 0  # filtered prompts put back by --dynamic-sampling-fill-filtered
+    filtered_reward_mean: float = float("nan")  # over the filtered prompts' rollout groups
 
     def as_record(self) -> dict[str, float]:
         generated = max(self.prompts_generated, 1)
         return {"generation_rounds": self.rounds, "prompts_generated": self.prompts_generated,
                 "prompts_kept": self.prompts_kept, "prompts_filtered": self.prompts_filtered,
+                "prompts_filled": self.prompts_filled,
                 "filtered_frac": self.prompts_filtered / generated}
 
 
@@ -105,13 +107,15 @@ class RolloutProducer:
                      f" and strings {list(cfg.rollout_stop)}" if cfg.rollout_stop else "")
 
     # -- training batches ---------------------------------------------------------------------
-    def produce(self, rid: int) -> tuple[RolloutBatch, GenerationStats] | None:
+    def produce(self, rid: int) -> tuple[RolloutBatch | None, GenerationStats] | None:
         """Collective over the world: this rollout's batch and statistics on rank 0, None on
-        the other ranks."""
+        the other ranks. The batch is None when the filter removed every prompt group (the
+        loop skips that rollout)."""
         cfg = self.cfg
         need = cfg.rollout_batch_size
         per_round = cfg.over_sampling_batch_size or need
         kept: list[Any] = []
+        dropped: list[Any] = []
         generated = filtered = rounds = next_group = 0
         while rounds < cfg.dynamic_sampling_max_rounds:
             prompts = self.source.take(per_round)
@@ -129,6 +133,7 @@ class RolloutProducer:
                         kept.append(prompt_output)
                     else:
                         filtered += 1
+                        dropped.append(prompt_output)
             if self.keep is None:
                 if error is not None:
                     raise error
@@ -140,10 +145,14 @@ class RolloutProducer:
                 break
         if not self.is_rank0:
             return None
+        filled = dropped[:need - len(kept)] if cfg.dynamic_sampling_fill_filtered else []
         stats = GenerationStats(rounds=rounds, prompts_generated=generated,
-                                prompts_kept=len(kept), prompts_filtered=filtered)
+                                prompts_kept=len(kept) + len(filled), prompts_filtered=filtered,
+                                prompts_filled=len(filled),
+                                filtered_reward_mean=_group_reward_mean(dropped))
+        kept += filled
         if not kept:
-            raise RolloutEmptyError(rid, stats)
+            return None, stats
         return RolloutBatch.from_samples(kept, normalization=self.normalization), stats
 
     def _sampling(self, max_new_tokens: int, seed: int, *, for_eval: bool = False
@@ -223,15 +232,25 @@ def eval_metrics(name: str, output: list[Any], n: int) -> dict[str, float]:
     return out
 
 
-class RolloutEmptyError(VimeError):
-    """No prompt group passed the dynamic-sampling filter within the allowed rounds."""
+def empty_rollout_message(rid: int, stats: GenerationStats) -> str:
+    """The log line of a rollout whose every prompt group the filter removed (skipped)."""
+    return (f"rollout {rid}: all {stats.prompts_generated} prompts of {stats.rounds} "
+            f"generation rounds were filtered out by --dynamic-sampling-filter-path (their "
+            f"mean reward {stats.filtered_reward_mean:.3f}): skipped, no optimizer step, the "
+            "LR does not move. If this repeats, raise --dynamic-sampling-max-rounds or "
+            "--over-sampling-batch-size, pass --dynamic-sampling-fill-filtered, or check the "
+            "reward (groups scoring alike cannot be told apart)")
 
-    def __init__(self, rid: int, stats: GenerationStats):
-        super().__init__(
-            f"rollout {rid}: all {stats.prompts_generated} prompt groups of {stats.rounds} "
-            "rounds were filtered out by --dynamic-sampling-filter-path. Fix: raise "
-            "--dynamic-sampling-max-rounds or --over-sampling-batch-size, or check the reward "
-            "(every group scoring alike means the reward cannot tell responses apart).")
+
+def _group_reward_mean(outputs: list[Any]) -> float:
+    """Mean reward over the rollout groups of ``outputs`` (NaN when there are none)."""
+    firsts = {}
+    for prompt_output in outputs:
+        for s in _samples(prompt_output):
+            firsts.setdefault(id(prompt_output), {}).setdefault(s.group_id, s.reward)
+    rewards = [r for groups in firsts.values() for r in groups.values()
+               if isinstance(r, (int, float))]
+    return float(np.mean(rewards)) if rewards else float("nan")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

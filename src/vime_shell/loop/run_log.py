@@ -40,6 +40,7 @@ except ImportError:
 REQUIRED_KEYS = ("rollout", "reward_mean", "loss", "num_groups", "num_microbatches",
                  "logprob_gap")
 log = logging.getLogger(__name__)
+progress_log = logging.getLogger("vime.train")  # the run's own lines (loop.logs formats them)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -104,6 +105,16 @@ class RunLogger:
     def has_progress_bar(self) -> bool:
         return self._bar is not None
 
+    def line(self, text: str) -> None:
+        """A progress line: above the bar on a terminal (the bar stays at the bottom),
+        else a log line."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(f"vime train: {text}", file=sys.stderr)
+        else:
+            progress_log.info(text)
+
     def log_eval(self, rollout: int, metrics: Mapping[str, float]) -> None:
         """An evaluation-only line (the weights after the last rollout): ``eval_only`` set."""
         if not self.enabled:
@@ -123,9 +134,12 @@ class RunLogger:
         self.records.append(clean)
         self._write(clean)
         if self._bar is not None:
+            nan = float("nan")
+            value = {k: nan if clean.get(k) is None else clean[k]
+                     for k in ("reward_mean", "loss", "logprob_gap")}
             self._bar.set_postfix_str(
-                f"reward {clean['reward_mean']:.3f} loss {clean['loss']:+.4f} "
-                f"gap {clean['logprob_gap']:.1e} mb {clean['num_microbatches']} "
+                f"reward {value['reward_mean']:.3f} loss {value['loss']:+.4f} "
+                f"gap {value['logprob_gap']:.1e} mb {clean['num_microbatches']} "
                 f"{clean.get('tokens_per_s', 0):.0f} tok/s", refresh=False)
             self._bar.update(1)
 

@@ -243,6 +243,11 @@ class MegatronTrainer:
                           lr=float(self.optimizer.param_groups[0]["lr"]),
                           grad_norm=float(grad_norm if grad_norm is not None else 0.0))
 
+    @property
+    def current_lr(self) -> float:
+        """The LR the next optimizer step uses."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
     def train(self, batch: RankBatch,
               before_update: Callable[[int, dict[str, float]], None] | None = None
               ) -> list[StepResult]:
