@@ -58,3 +58,10 @@ def test_lr_curve_quick(capsys):
     out = lr_curve.main(["--quick"])
     for case in out.values():
         assert case["after"][-1] == 1e-5 and case["before"][-1] > 1e-5
+
+
+def test_flops_model_balance_quick(capsys):
+    from benchmarks import flops_model_balance
+
+    out = flops_model_balance.main(["--quick", "--dp", "4"])
+    assert out["the run's model"] <= out["fixed 8B proxy ratio"]

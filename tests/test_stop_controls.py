@@ -96,3 +96,4 @@ def test_stop_string_end_is_the_shortest_prefix():
     assert stop_string_end([1, 2, 3, 4], decode, ("</a>",)) == 3
     assert stop_string_end([1, 2, 3, 4], decode, ("zz", "c<")) == 2
     assert stop_string_end([1, 2], decode, ("</a>",)) is None
+

@@ -366,5 +366,5 @@ def filtered_rollout_worker(rank: int, root: str, cache: str) -> dict:
             run_dir=f"{root}/run", num_rollout=3, global_batch_size=16, lr_decay_style="linear",
             dynamic_sampling_filter_path="tests.shell.loop_workers:rollout_one_filtered",
             dynamic_sampling_max_rounds=2, save_hf=f"{root}/hf/iter_{{rollout_id}}",
-            save_hf_interval=2), progress=False)
+            save_hf_interval=2, save_hf_dtype="bfloat16"), progress=False)
     return {"records": result.records, "stderr": err.getvalue()}

@@ -7,6 +7,7 @@ directory per ``--save-hf-interval``."""
 import json
 
 import pytest
+import torch
 
 from tests.shell.loop_workers import filtered_rollout_worker
 from vime_shell.megatron.spawn import spawn
@@ -31,8 +32,12 @@ def test_a_fully_filtered_rollout_is_skipped_and_the_run_goes_on(tmp_path):
     assert "startup: trainer built in" in err and "startup: first rollout done" in err
     assert "--allow-partial-train-step is implied" in err
     assert "done: 3 rollouts" in err and "1 skipped" in err
+    from safetensors import safe_open
+
     for done in (2, 3):
         assert (tmp_path / "hf" / f"iter_{done}" / "config.json").is_file()
+        with safe_open(tmp_path / "hf" / f"iter_{done}" / "model.safetensors", "pt") as f:
+            assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
         assert f"HF checkpoint after {done} rollouts written to" in err
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["rollout"] for x in lines] == [0, 1, 2] and lines[1]["skipped"] == 1

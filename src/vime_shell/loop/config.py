@@ -48,6 +48,7 @@ ESTIMATOR_METHOD = {"grpo": "grpo", "gspo": "gspo",
 ESTIMATORS: tuple[str, ...] = tuple(ESTIMATOR_METHOD)
 LR_DECAY_STYLES: tuple[str, ...] = ("constant", "linear", "cosine", "inverse-square-root")
 LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning")
+SAVE_HF_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 DEFAULT_NUM_ROLLOUT = 300
 DEFAULT_GLOBAL_BATCH_SIZE = 128
 DEFAULT_LOSS_MODE = "group_token_mean"
@@ -273,6 +274,9 @@ class TrainConfig:
                                       "{rollout_id} template; default --save-interval",
                                       "checkpoint")
     save_hf_max_shard_size: str = _f("5GB", "size limit of one safetensors shard", "checkpoint")
+    save_hf_dtype: str | None = _f(None, "dtype of the exported weights; default: the model "
+                                   "config's torch_dtype (the trainer may compute in fp32)",
+                                   "checkpoint", SAVE_HF_DTYPES)
     # logging
     run_dir: str = _f("runs/demo", "metrics.jsonl, TensorBoard and plots go here", "logging")
     overwrite_run_dir: bool = _f(False, "a new run in a run dir that holds metrics moves them "

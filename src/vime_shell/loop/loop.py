@@ -83,6 +83,7 @@ from vime_shell.megatron.config import OptimConfig, TrainerConfig
 from vime_shell.megatron.layout import ranks_per_node_from_env
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
+from vime_shell.models.hf_config import read_config_summary
 from vime_shell.storage.hf_export import save_hf_checkpoint
 
 log = logging.getLogger("vime.train")
@@ -269,7 +270,10 @@ class _Loop:
                 return None, None, stats
         if self.dumps is not None:
             self.dumps.submit(rid, batch)
-        return batch, schedule_for(batch, self.layout.scheduler_layout(), self.plan.policy), stats
+        # The run's own FLOPs model (from the model's config), not the fixed 8B proxy ratio.
+        schedule = schedule_for(batch, self.layout.scheduler_layout(), self.plan.policy,
+                                self.trainer.flops.per_sample(batch.lengths))
+        return batch, schedule, stats
 
     # -- every rank: the training side --------------------------------------------------------
     def sync_weights(self) -> None:
@@ -405,7 +409,8 @@ class _Loop:
         """Write the weights after ``rollouts_done`` rollouts to ``--save-hf`` (its
         ``{rollout_id}`` filled in) with one writer per node; rank 0 finalises the index."""
         target = save_hf_path(self.cfg.save_hf, rollouts_done)
-        tensors = self.trainer.hf_state_dict()
+        dtype = self.cfg.save_hf_dtype or read_config_summary(self.hf_dir).dtype
+        tensors = as_export_dtype(self.trainer.hf_state_dict(), dtype)
         world = dist.get_world_size()
         per_node = ranks_per_node_from_env() or world
         writers = list(range(0, world, per_node))
@@ -513,6 +518,19 @@ def _saves_hf(cfg: TrainConfig, done: int, total: int) -> bool:
         return False
     interval = cfg.save_hf_interval or cfg.save_interval
     return done % interval == 0 or done == total
+
+
+def as_export_dtype(tensors: dict[str, torch.Tensor], dtype: str | None
+                    ) -> dict[str, torch.Tensor]:
+    """Floating-point tensors cast to ``dtype`` (``--save-hf-dtype``, else the config's
+    ``torch_dtype``): a bf16 model trained in fp32 on CPU exports bf16 as its config says.
+    Integer tensors and ``dtype=None`` are left alone. Example: fp32 -> ``"bfloat16"``."""
+    if dtype is None:
+        return tensors
+    target = getattr(torch, dtype, None)
+    if not isinstance(target, torch.dtype) or not target.is_floating_point:
+        return tensors  # an unknown name in a user's config.json: keep the trainer's dtype
+    return {k: t.to(target) if t.is_floating_point() else t for k, t in tensors.items()}
 
 
 def save_hf_path(template: str, rollouts_done: int) -> Path:
