@@ -35,8 +35,9 @@ PEER_ARGS  ?=
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "make: creating $(VENV) and installing CPU torch, Megatron-core and vime (~1 GB, a few minutes on first run)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" -e '.[train,test]'
+	$(BIN)/python -m pip install --progress-bar on "$(TORCH_SPEC)" -e '.[train,test]'
 	touch $(STAMP)
 
 demo: $(STAMP)

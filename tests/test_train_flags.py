@@ -18,7 +18,7 @@ from vime_shell.rollout.rewards import Rewarder
 
 @pytest.fixture(autouse=True)
 def fresh_cwd(tmp_path, monkeypatch):
-    """Default run directories (runs/demo) resolve under a fresh directory, not the checkout,
+    """Default run directories (runs/train) resolve under a fresh directory, not the checkout,
     where a demo run would make the launch checks refuse to reuse them."""
     monkeypatch.chdir(tmp_path)
 

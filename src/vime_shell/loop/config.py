@@ -278,7 +278,8 @@ class TrainConfig:
                                    "config's torch_dtype (the trainer may compute in fp32)",
                                    "checkpoint", SAVE_HF_DTYPES)
     # logging
-    run_dir: str = _f("runs/demo", "metrics.jsonl, TensorBoard and plots go here", "logging")
+    run_dir: str = _f("runs/train", "metrics.jsonl, TensorBoard and plots go here (vime demo "
+                      "uses runs/demo)", "logging")
     overwrite_run_dir: bool = _f(False, "a new run in a run dir that holds metrics moves them "
                                  "to <run-dir>/previous-<timestamp>/ (else: an error)", "logging")
     log_level: str = _f("info", "log level; debug logs on every rank", "logging", LOG_LEVELS)

@@ -171,14 +171,20 @@ class RunLogger:
         trained = [r for r in self.records if not r.get("eval_only")]
         if trained:
             out.append(plot_curves(curve_panels(self.records), self.run_dir / CURVES,
-                                   title=f"{len(trained)} rollouts"))
+                                   title=f"{len(trained)} rollouts", log_panels=LOG_PANELS))
         if last_schedule is not None and last_schedule.steps:
             out.append(plot_step_loads(last_schedule, self.run_dir / SCHEDULE_PLOT, step=0))
         return out
 
 
+LOG_PANELS = frozenset({"logprob_gap"})  # spans decades (1e-7 healthy, 1e-3 a missed sync)
+
+
 def curve_panels(records: list[dict]) -> dict:
-    """Reward (train, and every eval set), loss, entropy and gradient norm against rollout."""
+    """Reward (train, and every eval set), entropy, gradient norm, the engine-trainer
+    log-prob gap (log scale), KL, response length (mean and p90) and truncation rate against
+    rollout. No loss panel: an on-policy step's surrogate is ~0 by construction (ratio 1), so
+    its curve is float noise; entropy and gradient norm show the learning."""
     def line(key: str) -> tuple[list[float], list[float]]:
         points = [(r["rollout"], r[key]) for r in records if r.get(key) is not None]
         return [x for x, _ in points], [y for _, y in points]
@@ -187,9 +193,12 @@ def curve_panels(records: list[dict]) -> dict:
                     and k.endswith("/reward_mean")})
     panels = {"reward_mean": {"reward_mean": line("reward_mean"),
                               **{k.removesuffix("/reward_mean"): line(k) for k in evals}}}
-    for key in ("loss", "entropy", "grad_norm"):
-        if any(key in r for r in records):
+    for key in ("entropy", "grad_norm", "logprob_gap", "kl", "truncated_frac"):
+        if any(r.get(key) is not None for r in records):
             panels[key] = {key: line(key)}
+    if any(r.get("response_len_mean") is not None for r in records):
+        panels["response_len"] = {"mean": line("response_len_mean"),
+                                  "p90": line("response_len_p90")}
     return panels
 
 
