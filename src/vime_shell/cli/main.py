@@ -1,5 +1,5 @@
 """The ``vime`` command line: ``vime train`` (the RL loop), ``vime schedule`` (plan and report
-steps) and ``vime demo`` (``vime train`` with the embedded default, writing ``runs/demo/`` and
+steps), ``vime inspect`` (a rollout dump as readable text) and ``vime demo`` (``vime train`` with the embedded default, writing ``runs/demo/`` and
 the rollout dumps ``runs/demo/rollouts/rollout_<k>.npz``).
 
 Each subcommand lives in its own module with ``add_arguments(parser)`` and ``run(args) -> int``.
@@ -15,6 +15,7 @@ from pathlib import Path
 import attrs
 
 from vime_pure.errors import VimeError
+from vime_shell.cli import inspect as inspect_cmd
 from vime_shell.cli import schedule as schedule_cmd
 from vime_shell.cli import train as train_cmd
 from vime_shell.cli.parser import VimeArgumentParser, print_error
@@ -37,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     schedule_cmd.add_arguments(sub.add_parser(
         "schedule", help="plan the steps of a workload and print a per-step table",
         description=plain_text(schedule_cmd.__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter))
+    inspect_cmd.add_arguments(sub.add_parser(
+        "inspect", help="print a rollout dump as text: decoded prompts and responses, labels, "
+        "rewards, metadata", description=plain_text(inspect_cmd.__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter))
     demo = sub.add_parser(
         "demo", help="the embedded CPU demo (what `make demo` runs): `vime train` with the "

@@ -269,7 +269,8 @@ class _Loop:
                 stats["filtered_reward_mean"] = generation.filtered_reward_mean
                 return None, None, stats
         if self.dumps is not None:
-            self.dumps.submit(rid, batch)
+            self.dumps.submit(rid, batch, list(generation.annotations)
+                              if self.replay is None else None)
         # The run's own FLOPs model (from the model's config), not the fixed 8B proxy ratio.
         schedule = schedule_for(batch, self.layout.scheduler_layout(), self.plan.policy,
                                 self.trainer.flops.per_sample(batch.lengths))

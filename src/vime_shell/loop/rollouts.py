@@ -64,6 +64,8 @@ class GenerationStats:
     prompts_filtered: int
     prompts_filled: int = 0  # filtered prompts put back by --dynamic-sampling-fill-filtered
     filtered_reward_mean: float = float("nan")  # over the filtered prompts' rollout groups
+    # Per sample of the batch, in its order: label and metadata (the dump's annotations).
+    annotations: tuple = attrs.field(default=(), eq=False, repr=False)
 
     def as_record(self) -> dict[str, float]:
         generated = max(self.prompts_generated, 1)
@@ -153,7 +155,8 @@ class RolloutProducer:
         kept += filled
         if not kept:
             return None, stats
-        return RolloutBatch.from_samples(kept, normalization=self.normalization), stats
+        batch = RolloutBatch.from_samples(kept, normalization=self.normalization)
+        return batch, attrs.evolve(stats, annotations=sample_annotations(kept))
 
     def _sampling(self, max_new_tokens: int, seed: int, *, for_eval: bool = False
                   ) -> SamplingParams:
@@ -240,6 +243,15 @@ def empty_rollout_message(rid: int, stats: GenerationStats) -> str:
             "LR does not move. If this repeats, raise --dynamic-sampling-max-rounds or "
             "--over-sampling-batch-size, pass --dynamic-sampling-fill-filtered, or check the "
             "reward (groups scoring alike cannot be told apart)")
+
+
+def sample_annotations(output: list[Any]) -> tuple[dict, ...]:
+    """Label and metadata of every sample of ``output``, in the batch's order (the flattened
+    output's): what ``vime inspect`` prints beside the decoded tokens."""
+    hidden = ("prompt", "response", "label")
+    return tuple({"label": (s.metadata or {}).get("label"),
+                  "metadata": {k: v for k, v in (s.metadata or {}).items() if k not in hidden}}
+                 for s in flatten_rollout_output(output).samples)
 
 
 def _group_reward_mean(outputs: list[Any]) -> float:
