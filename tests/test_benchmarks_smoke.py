@@ -65,3 +65,10 @@ def test_flops_model_balance_quick(capsys):
 
     out = flops_model_balance.main(["--quick", "--dp", "4"])
     assert out["the run's model"] <= out["fixed 8B proxy ratio"]
+
+
+def test_stop_lengths_quick(capsys):
+    from benchmarks import stop_lengths
+
+    before, after = stop_lengths.main(["--quick"]).values()
+    assert after["truncated_frac"] <= before["truncated_frac"]
