@@ -19,7 +19,7 @@ import numpy as np
 from vime_pure.scheduling import kernels
 from vime_pure.config import BatchingPolicy, ParallelLayout, check_feasible
 from vime_pure.config import static_misalignment_message
-from vime_pure.errors import ScheduleError
+from vime_pure.errors import ScheduleError, ScheduleInvariantError
 from vime_pure.scheduling.flops import proxy_flops
 from vime_pure.grouping import Grouping, group_samples
 from vime_pure.scheduling.rank_balance import balance_step, lpt_ranks
@@ -145,7 +145,7 @@ def _step_bins(samples: np.ndarray, sizes: np.ndarray, work: np.ndarray, layout:
     if policy.dynamic and policy.balance == "straggler":
         order, ranks = presorted
         result = balance_step(order.tolist(), ranks[order].tolist(), step_sizes, work[samples],
-                              policy.token_cap(layout), layout.dp, layout.microbatch_multiple)
+                              _cap(policy, layout), layout.dp, layout.microbatch_multiple)
         if result is not None:
             return result
         presorted = None  # fall back to packing, alignment and FLOPs balancing below
@@ -154,14 +154,24 @@ def _step_bins(samples: np.ndarray, sizes: np.ndarray, work: np.ndarray, layout:
     return _distribute(bins, samples, step_sizes, work, layout, policy), bins
 
 
+def _cap(policy: BatchingPolicy, layout: ParallelLayout) -> int:
+    """The token cap of a dynamic policy (never None there: BatchingPolicy checks it)."""
+    cap = policy.token_cap(layout)
+    if cap is None:
+        raise ScheduleInvariantError("a dynamic policy without max_tokens_per_gpu")
+    return cap
+
+
 def _pack(samples: np.ndarray, step_sizes: np.ndarray, work: np.ndarray, layout: ParallelLayout,
           policy: BatchingPolicy, presorted: np.ndarray | None) -> kernels.Bins:
     """Bins of positions into ``samples``."""
     n = len(samples)
     if not policy.dynamic:
         mbs = policy.micro_batch_size
+        if mbs is None:  # BatchingPolicy sets one of the two
+            raise ScheduleInvariantError("a static policy without micro_batch_size")
         return [list(range(i, min(i + mbs, n))) for i in range(0, n, mbs)]
-    cap = policy.token_cap(layout)
+    cap = _cap(policy, layout)
     if policy.packing == "first_fit":
         return kernels.first_fit(step_sizes, cap)
     if presorted is None:
