@@ -204,3 +204,19 @@ def test_eval_keys_and_sampling_overrides(model, data, tmp_path, capsys):
                                                                             (3, 7))
     assert evals.max_context_len == train.max_context_len == 64
     _bad(["--rollout-stop-token-ids", "-1"], capsys, "rollout_stop_token_ids")
+
+
+def test_eval_config_gives_each_set_its_own_keys(model, data, tmp_path, capsys):
+    (tmp_path / "aime.jsonl").write_text(json.dumps({"problem": "2+2", "answer": "4"}) + "\n")
+    (tmp_path / "gsm.jsonl").write_text(json.dumps({"question": "1+2", "target": "3"}) + "\n")
+    config = tmp_path / "evals.yaml"
+    config.write_text("datasets:\n"
+                      "  - {name: aime, path: aime.jsonl, input_key: problem, label_key: answer}\n"
+                      "  - {name: gsm, path: gsm.jsonl, input_key: question, label_key: target}\n")
+    argv = ["--prompt-data", data, "--input-key", "q", "--label-key", "a",
+            "--rollout-max-response-len", "2", "--eval-interval", "2"]
+    plan = launch_checks(parse_train_config([*argv, "--eval-config", str(config)]), model)
+    assert [(n, rows[0].prompt, rows[0].label) for n, rows in plan.eval_sets] == [
+        ("aime", "2+2", "4"), ("gsm", "1+2", "3")]
+    config.write_text("datasets:\n  - {name: aime, file: aime.jsonl}\n")
+    _bad([*argv, "--eval-config", str(config)], capsys, "datasets[0]")

@@ -172,6 +172,9 @@ class TrainConfig:
         default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
         metadata={"help": "NAME PATH [NAME PATH ...] eval sets", "section": "eval",
                   "choices": None, "nargs": "+"})
+    eval_config: str | None = _f(None, "YAML/JSON file of eval sets with their own keys: "
+                                 "{datasets: [{name, path, input_key, label_key}]} (beside "
+                                 "--eval-prompt-data)", "eval")
     eval_interval: int | None = _f(None, "evaluate every N rollouts (and after the last)", "eval")
     n_samples_per_eval_prompt: int = _f(1, "samples per eval prompt (pass@k uses them)", "eval")
     eval_max_response_len: int | None = _f(None, "max new tokens in eval; default "
@@ -392,7 +395,8 @@ class TrainConfig:
             raise field_error(ConfigError, "eval_prompt_data", list(self.eval_prompt_data),
                               "is not NAME PATH pairs",
                               "pass e.g. --eval-prompt-data gsm8k test.jsonl aime aime.jsonl")
-        if (self.eval_interval is None) != (self.eval_prompt_data is None):
+        has_evals = self.eval_prompt_data is not None or self.eval_config is not None
+        if (self.eval_interval is None) == has_evals:
             raise field_error(ConfigError, "eval_interval", self.eval_interval,
                               "and --eval-prompt-data go together",
                               "pass both, e.g. --eval-interval 10 --eval-prompt-data gsm8k "

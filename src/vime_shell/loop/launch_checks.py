@@ -28,7 +28,7 @@ from vime_pure.errors import field_error
 from vime_shell.engines import vllm_available
 from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_engine_layout
 from vime_shell.loop.checkpoint_index import require_checkpoint
-from vime_shell.loop.config import ConfigError, TrainConfig
+from vime_shell.loop.config import ConfigError, TrainConfig, load_config_file
 from vime_shell.loop.replay import ReplaySource
 from vime_shell.loop.run_dir import check_run_dir
 from vime_shell.megatron.layout import (TrainLayout, context_parallel_available,
@@ -109,11 +109,50 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
                              label_key=cfg.eval_label_key or cfg.label_key, flag_prefix="--eval-")
     eval_sets = tuple((name, load_prompt_rows(path, eval_keys))
                       for name, path in zip(pairs[::2], pairs[1::2]))
+    if cfg.eval_config is not None:
+        eval_sets += tuple((name, load_prompt_rows(path, keys))
+                           for name, path, keys in eval_config_sets(cfg.eval_config, eval_keys))
+    names = [name for name, _ in eval_sets]
+    if len(set(names)) != len(names):
+        raise field_error(ConfigError, "eval set names", names, "repeat a name (their metrics "
+                          "would mix)", "give every --eval-prompt-data / --eval-config set its "
+                          "own name")
     num_rollout = cfg.resolved_num_rollout(None if prompts is None else len(prompts))
     check_run_paths(cfg, num_rollout)
     return LaunchPlan(hf_dir=hf_dir, layout=layout, policy=policy, prompts=prompts,
                       task=get_task(cfg.task) if prompts is None else None, eval_sets=eval_sets,
                       num_rollout=num_rollout, engine_layout=engine_layout)
+
+
+_EVAL_SET_KEYS = ("name", "path", "input_key", "label_key", "metadata_key", "tool_key")
+
+
+def eval_config_sets(path: str, defaults: DataKeys) -> list[tuple[str, str, DataKeys]]:
+    """``--eval-config``: ``(name, path, keys)`` per dataset; unset keys take ``defaults``
+    (``--eval-input-key``, else ``--input-key``); a relative path is read next to the file.
+    Example entry: ``{"name": "aime", "path":
+    "aime.jsonl", "input_key": "problem", "label_key": "answer"}``."""
+    data = load_config_file(path)
+    entries = data.get("datasets")
+    if set(data) != {"datasets"} or not isinstance(entries, list) or not entries:
+        raise field_error(ConfigError, "--eval-config", path, "does not hold one non-empty "
+                          "'datasets' list", "write datasets: [{name: aime, path: aime.jsonl, "
+                          "input_key: problem, label_key: answer}]")
+    out = []
+    for i, entry in enumerate(entries):
+        where = f"--eval-config {path} datasets[{i}]"
+        if not isinstance(entry, dict) or not {"name", "path"} <= set(entry) or \
+                set(entry) - set(_EVAL_SET_KEYS) or \
+                not all(isinstance(v, str) and v for v in entry.values()):
+            raise field_error(ConfigError, where, entry, "is not an eval set",
+                              f"give name and path, and optionally {list(_EVAL_SET_KEYS[2:])}, "
+                              "all as non-empty strings")
+        keys = attrs.evolve(defaults, **{k: v for k, v in entry.items() if k.endswith("_key")},
+                            flag_prefix=f"{where} ")
+        file = Path(entry["path"]).expanduser()  # relative: next to the config file
+        out.append((entry["name"], str(file if file.is_absolute() else Path(path).parent / file),
+                    keys))
+    return out
 
 
 def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None) -> EngineLayout | None:
