@@ -38,6 +38,7 @@ def run_tied(hf_dir: str, tp: int = 1, pp: int = 1, vpl: int | None = None) -> d
     from transformers import AutoModelForCausalLM
 
     from vime_pure import with_log_probs
+    from vime_shell.engines.hf import HfEngine
     from vime_shell.megatron.config import OptimConfig
     from vime_shell.megatron.trainer import MegatronTrainer, TrainerConfig
 
@@ -55,13 +56,12 @@ def run_tied(hf_dir: str, tp: int = 1, pp: int = 1, vpl: int | None = None) -> d
     trainer.train(with_log_probs(mine, old_log_probs=old))
     trained = trainer.hf_state_dict()
     _, after = _log_probs(trainer, batch)
-    engine = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    params = dict(engine.named_parameters())
-    with torch.no_grad():  # what HfEngine.update_weights_from_tensors does
-        for name, tensor in trained.items():
-            params[name].copy_(tensor)
+    engine = HfEngine.from_model(AutoModelForCausalLM.from_pretrained(hf_dir,
+                                                                       dtype=torch.float32))
+    engine.update_weights_from_tensors(trained.items())  # the weight sync's engine side
+    with torch.no_grad():
         ids = torch.as_tensor(batch.tokens.reshape(batch.num_samples, -1))
-        logits = engine(input_ids=ids).logits.float()
+        logits = engine.model(input_ids=ids).logits.float()
     logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
     engine_logp = logp[:, -3:].reshape(-1).numpy()
     index = np.concatenate([mb.response_index for mb in mine.microbatches]) \

@@ -476,7 +476,8 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
             logger.log(record)
             if rid == start:
                 log.info("startup: first rollout done in %.1f s", time.perf_counter() - began)
-            if (rid - start) % cfg.log_interval == 0 or rid + 1 == total or "eval_s" in record:
+            if _shows_line(record, rid - start, total - start, cfg.log_interval,
+                           logger.has_progress_bar):
                 logger.line(_line(record))
             _after_rollout(loop, cfg, rid + 1, total)
         if loop._evaluates(0) and total > start:  # the trained weights, once more
@@ -493,6 +494,16 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
         log.info(run_summary(records, time.perf_counter() - began))
     return TrainResult(records=records, plots=plots, hf_checkpoint=loop.hf_dir,
                        start_rollout=start)
+
+
+def _shows_line(record: dict, k: int, count: int, interval: int, bar: bool) -> bool:
+    """Whether rollout ``k`` of this run prints its line: on a terminal (a progress bar)
+    evals, skipped rollouts and dynamic-sampling filtering stay visible above the bar;
+    otherwise every ``--log-interval`` rollouts, the last one, evals and skipped rollouts."""
+    notable = "eval_s" in record or bool(record.get("skipped"))
+    if bar:
+        return notable or bool(record.get("prompts_filtered"))
+    return notable or k % interval == 0 or k + 1 == count
 
 
 def _after_rollout(loop: _Loop, cfg: TrainConfig, done: int, total: int) -> None:
