@@ -36,8 +36,11 @@ def test_a_fully_filtered_rollout_is_skipped_and_the_run_goes_on(tmp_path):
 
     for done in (2, 3):
         assert (tmp_path / "hf" / f"iter_{done}" / "config.json").is_file()
-        with safe_open(tmp_path / "hf" / f"iter_{done}" / "model.safetensors", "pt") as f:
-            assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+        shards = list((tmp_path / "hf" / f"iter_{done}").glob("*.safetensors"))
+        assert shards
+        for shard in shards:
+            with safe_open(shard, "pt") as f:
+                assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
         assert f"HF checkpoint after {done} rollouts written to" in err
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["rollout"] for x in lines] == [0, 1, 2] and lines[1]["skipped"] == 1
