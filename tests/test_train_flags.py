@@ -211,7 +211,7 @@ def test_eval_keys_and_sampling_overrides(model, data, tmp_path, capsys):
     assert (evals.top_p, evals.top_k, evals.stop, evals.stop_token_ids) == (0.5, 4, ("</a>",),
                                                                             (3, 7))
     assert evals.max_context_len == train.max_context_len == 64
-    _bad(["--rollout-stop-token-ids", "-1"], capsys, "rollout_stop_token_ids")
+    _bad(["--rollout-stop-token-ids", "-1"], capsys, "--rollout-stop-token-ids=-1")
 
 
 def test_eval_config_gives_each_set_its_own_keys(model, data, tmp_path, capsys):
