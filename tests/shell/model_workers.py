@@ -132,15 +132,16 @@ def llama3_run(hf_dir: str) -> dict:
 
 
 def streaming_export_run(hf_dir: str, limit: int = 40_000) -> dict:
-    """``--save-hf`` streamed: the trainer's buckets (bf16) into the writer with a small
-    shard limit; the most exported bytes alive at once (every host copy tracked until it is
-    freed), against the model's size."""
+    """``--save-hf`` streamed: the trainer's buckets, cast to bf16 as the loop does, into the
+    writer with a small shard limit; the most exported bytes alive at once (every bf16 host
+    copy tracked until it is freed), against the model's size."""
     import tempfile
     import weakref
 
     import torch
     from safetensors.torch import load_file
 
+    from vime_shell.loop.loop import as_export_dtype
     from vime_shell.megatron.trainer import MegatronTrainer
     from vime_shell.storage.hf_export import save_hf_checkpoint
 
@@ -151,7 +152,9 @@ def streaming_export_run(hf_dir: str, limit: int = 40_000) -> dict:
         alive["now"] -= size
 
     def tracked():
-        for bucket in trainer.hf_buckets(limit, dtype=torch.bfloat16):
+        for exported in trainer.hf_buckets(limit):  # as --save-hf does it, in bf16
+            bucket = list(as_export_dtype(dict(exported), "bfloat16").items())
+            del exported
             for name, tensor in bucket:
                 size = tensor.numel() * tensor.element_size()
                 alive["now"] += size

@@ -175,14 +175,7 @@ class MegatronTrainer:
                             use_precision_aware_optimizer=o.use_precision_aware_optimizer),
             self.model)
         self.bridge.config.grad_scale_func = optimizer.scale_loss
-        decay = o.lr_decay_groups if o.lr_decay_groups is not None else 1 << 40
-        scheduler = OptimizerParamScheduler(
-            optimizer, init_lr=0.0 if o.lr_warmup_groups else o.lr, max_lr=o.lr,
-            min_lr=o.min_lr, lr_warmup_steps=o.lr_warmup_groups,
-            lr_decay_steps=max(decay, o.lr_warmup_groups + 1), lr_decay_style=o.lr_decay_style,
-            start_wd=o.weight_decay, end_wd=o.weight_decay, wd_incr_steps=1,
-            wd_incr_style="constant")
-        return optimizer, scheduler
+        return optimizer, lr_scheduler(optimizer, o)
 
     # -- data --------------------------------------------------------------------------------
     def _tensors(self, records: Sequence[TrainMicroBatch]) -> list[MicroBatchTensors]:
@@ -304,6 +297,11 @@ class MegatronTrainer:
                 f"step {self.steps_done}: the optimizer skipped the update (inf/nan gradients "
                 "under loss scaling). Fix: lower the learning rate or check the data.")
         return float(grad_norm if grad_norm is not None else norm), False
+
+    @property
+    def current_lr(self) -> float:
+        """The LR the next optimizer step uses."""
+        return float(self.optimizer.param_groups[0]["lr"])
 
     def train(self, batch: RankBatch,
               before_update: Callable[[int, dict[str, float]], None] | None = None
@@ -442,15 +440,13 @@ class MegatronTrainer:
         self._finish_param_sync()
         return export_hf_weights(self.bridge, self.model)
 
-    def hf_buckets(self, bucket_bytes: int, dtype: torch.dtype | None = None
-                   ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """The export (:meth:`export_hf`) as host copies, floating-point tensors in ``dtype``
-        (default: the trained one), in consecutive buckets of at most ``bucket_bytes`` (a
-        larger tensor goes alone): at most one bucket is alive per rank, never the model
-        (``--save-hf`` streams these into the writer). Collective: drain on every rank."""
+    def hf_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The export (:meth:`export_hf`) as host copies in consecutive buckets of at most
+        ``bucket_bytes`` (a larger tensor goes alone): at most one bucket is alive per rank,
+        never the model (``--save-hf`` casts each to the export dtype and streams it into the
+        writer). Collective: drain on every rank."""
         for bucket in buckets(self.export_hf(), bucket_bytes, key=lambda name: name):
-            yield [(name, t.to("cpu", dtype=dtype if dtype and t.is_floating_point()
-                               else t.dtype, copy=True)) for name, t in bucket]
+            yield [(name, t.to("cpu", copy=True)) for name, t in bucket]
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """All weights under HF names, as CPU tensors, on every rank."""
@@ -466,3 +462,18 @@ def _has_grad_scaler(optimizer) -> bool:
     """Whether any (chained) optimizer scales the loss: fp16's overflow check then applies."""
     parts = getattr(optimizer, "chained_optimizers", [optimizer])
     return any(getattr(o, "grad_scaler", None) is not None for o in parts)
+
+
+def lr_scheduler(optimizer, o: OptimConfig) -> OptimizerParamScheduler:
+    """Megatron's LR scheduler over ``o``'s lengths in groups (``step(increment=G_s)``).
+
+    Without a decay length (a trainer built outside ``vime train``) the LR never decays.
+    Example: ``lr_decay_groups=640`` with cosine reaches ``min_lr`` after 640 groups.
+    """
+    decay = o.lr_decay_groups if o.lr_decay_groups is not None else 1 << 40
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0 if o.lr_warmup_groups else o.lr, max_lr=o.lr,
+        min_lr=o.min_lr, lr_warmup_steps=o.lr_warmup_groups,
+        lr_decay_steps=max(decay, o.lr_warmup_groups + 1), lr_decay_style=o.lr_decay_style,
+        start_wd=o.weight_decay, end_wd=o.weight_decay, wd_incr_steps=1,
+        wd_incr_style="constant")
