@@ -5,7 +5,8 @@ trains two synthetic rollouts (4 Adam steps, lr 1e-4, fp32) from one HF checkpoi
 
 Tolerances are the measured ones (``stack-facts.md``, "MoE, expert parallelism and
 recompute"): full and selective core_attn / mlp recompute are bit-identical to none; layernorm
-recompute reorders one sum (~5e-8); EP2 vs EP1 weights within 1e-5 (Adam turns round-off in
+recompute reorders one sum (~5e-8 in losses and gradients, up to ~1e-6 in Adam-updated
+weights); EP2 vs EP1 weights within 1e-5 (Adam turns round-off in
 near-zero gradients into +-lr updates).
 """
 
@@ -39,7 +40,9 @@ def test_recompute_gives_the_same_losses_gradients_and_weights(one, name, tol):
     assert run["transformer"]["recompute_granularity"] == name.split("_")[0]
     assert max(abs(a - b) for a, b in zip(run["losses"], ref["losses"])) <= tol
     assert float(np.max(np.abs(run["grad"] - ref["grad"]))) <= tol
-    assert _delta(run["final"], ref["final"]) <= tol
+    # Adam turns a reordered sum's round-off in near-zero gradients into lr-sized updates:
+    # the weights get the layout tests' 1e-5 where recompute is not bit-identical.
+    assert _delta(run["final"], ref["final"]) <= (1e-5 if tol else 0.0)
 
 
 def test_recompute_loss_function_gives_the_same_training(one):
