@@ -323,7 +323,7 @@ class _Loop:
                     and offpolicy.step_is_fresh(schedule, 0, fresh))
         needed = mine.steps[1:] if shortcut else mine.steps
         records = [mb for step in needed for mb in step.microbatches]
-        old, metrics = None, {}
+        old, metrics = None, dict.fromkeys(offpolicy.MISMATCH_KEYS, float("nan"))
         if records:
             old = self.trainer.compute_log_probs(records, mine.num_response_tokens)
             gap_samples = fresh if fresh is not None else np.ones(batch.num_samples, bool)
@@ -488,9 +488,10 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
 
 def _token_means(results: list, keys: tuple[str, ...]) -> dict[str, float]:
     """Token means of the steps' ``keys`` over the whole rollout (each step weighted by its
-    loss-masked tokens, through ``merge_metrics``)."""
-    return {k: merge_metrics([Metric(r.metrics[k] * r.metrics["tokens"], r.metrics["tokens"])
-                              for r in results], k).value for k in keys if results}
+    loss-masked tokens, through ``merge_metrics``); NaN when no token was trained."""
+    means = {k: merge_metrics([Metric(r.metrics[k] * r.metrics["tokens"], r.metrics["tokens"])
+                               for r in results], k) for k in keys if results}
+    return {k: m.value if m.count else float("nan") for k, m in means.items()}
 
 
 def _quiet_libraries() -> None:
