@@ -20,6 +20,11 @@ pytestmark = pytest.mark.slow
 
 def test_stale_engine_data_trains_with_corrections_and_never_trips_the_gap_check(tmp_path):
     out = spawn(stale_engine_worker, 1, str(tmp_path), str(tmp_path / "cache"))[0]
+    plain, current = out.pop("plain"), out.pop("current")
+    # Samples stamped with the current version are on policy: the same run, to the bit.
+    keys = ("loss", "pg_loss", "tis", "grad_norm", "logprob_gap", "staleness_max")
+    assert [[r[k] for k in keys] for r in plain] == [[r[k] for k in keys] for r in current]
+    assert all(r["staleness_max"] == 0 and r["logprob_gap"] < 1e-4 for r in current)
     for name, records in out.items():
         assert [r["rollout"] for r in records] == [0, 1, 2], name
         first, later = records[0], records[1:]
