@@ -138,7 +138,6 @@ def streaming_export_run(hf_dir: str, limit: int = 40_000) -> dict:
     import tempfile
     import weakref
 
-    import torch
     from safetensors.torch import load_file
 
     from vime_shell.loop.loop import as_export_dtype
