@@ -74,6 +74,7 @@ class VllmEngine:
                              max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode,
                              **llm_kwargs)
         self.vocab_size = int(self._llm.llm_engine.model_config.get_vocab_size())
+        self.weight_version = 0  # see RolloutEngine.weight_version
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams) -> list[Generation]:
@@ -117,10 +118,14 @@ class VllmEngine:
         # config at it, and a later level-2 wake-up may read from it again.
         if self._staging is None:
             self._staging = tempfile.TemporaryDirectory(prefix="vime-sync-")
-        self.update_weights_from_path(save_safetensors_dir(self._staging.name, named_tensors))
+        self._reload(save_safetensors_dir(self._staging.name, named_tensors))
 
     def update_weights_from_path(self, path: str | Path) -> None:
         """Reload all weights from a directory of ``*.safetensors`` in HF naming."""
+        self._reload(path)
+        self.weight_version += 1
+
+    def _reload(self, path: str | Path) -> None:
         directory = Path(path).expanduser()
         if not any(directory.glob("*.safetensors")):
             raise field_error(EngineError, "path", str(directory), "holds no *.safetensors files",
