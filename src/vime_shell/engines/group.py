@@ -17,9 +17,9 @@ of the group after the trainer has created the process group. With the layout of
   from global prompt indices (``RolloutContext.prompt_offset``), so the merged output does not
   depend on the number of engines. A failure is raised on the failing ranks and, naming every
   failed engine, on rank 0;
-- **sync_weights(named)**: the trainer's HF-named export, streamed in buckets of
+- **sync_weights(named, version=)**: the trainer's HF-named export, streamed in buckets of
   ``update_weight_buffer_size`` bytes into the local engine; ranks without an engine drain it
-  (the export is collective). No file is written;
+  (the export is collective). No file is written. The engine's ``weight_version`` is set;
 - **sleep**: with ``colocate`` the engines sleep after generating and wake (weights, then KV
   cache) around the sync (:class:`vime_shell.engines.sync.Residency`).
 
@@ -191,14 +191,20 @@ class EngineGroup:
         return out
 
     # -- weights and memory --------------------------------------------------------------------
-    def sync_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> SyncReport:
+    def sync_weights(self, named: Iterable[tuple[str, torch.Tensor]], *,
+                     version: int | None = None) -> SyncReport:
         """Collective: stream ``named`` (the trainer's ``export_hf()``) into the engine in
-        buckets; drained on ranks without an engine. The engine's weights are awake after."""
+        buckets; drained on ranks without an engine. The engine's weights are awake after.
+        The engine's ``weight_version`` becomes ``version`` (the trainer's count of syncs,
+        ``vime_pure.data.sample``), or one more than before when None."""
         if self.engine is None:
             return stream_weights(named, self.options.update_weight_buffer_size, None)
         self.residency.wake_for_sync()
-        return stream_weights(named, self.options.update_weight_buffer_size,
-                              self.engine.update_weights_from_tensors)
+        report = stream_weights(named, self.options.update_weight_buffer_size,
+                                self.engine.update_weights_from_tensors)
+        before = getattr(self.engine, "weight_version", 0)  # stand-ins may not count
+        self.engine.weight_version = before + 1 if version is None else version
+        return report
 
     def sleep(self) -> None:
         """Release the engine's accelerator memory now (e.g. replay runs that never generate)."""

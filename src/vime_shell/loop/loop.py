@@ -246,10 +246,11 @@ class _Loop:
         return batch, schedule_for(batch, self.layout.scheduler_layout(), self.plan.policy), stats
 
     # -- every rank: the training side --------------------------------------------------------
-    def sync_weights(self) -> None:
+    def sync_weights(self, version: int) -> None:
         """Collective: stream the trainer's HF-named weights into every engine, in buckets
-        that never split a decoder layer (ranks without an engine drain the export)."""
-        report = self.engines.sync_weights(self.trainer.export_hf())
+        that never split a decoder layer (ranks without an engine drain the export); the
+        engines' weight version becomes ``version`` (rollouts trained)."""
+        report = self.engines.sync_weights(self.trainer.export_hf(), version=version)
         log.debug("weight sync: %d tensors, %d bytes in %d buckets, %.3f s", report.tensors,
                   report.bytes, report.buckets, report.seconds)
 
@@ -276,7 +277,7 @@ class _Loop:
             results = self.trainer.train(mine, before_update)
         t2 = time.perf_counter()
         if self.syncs and results:
-            self.sync_weights()
+            self.sync_weights(version=rid + 1)
         t3 = time.perf_counter()
         record = {**rollout_record(rid, batch, schedule, results, gap=gap.mean, gap_max=gap.max,
                                    times=(t1 - t0, t2 - t1, t3 - t2)),
@@ -419,8 +420,8 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
         start = state.rollouts_done
         loop.restore_data_state(state.data)
         log.info("resumed from %s at rollout %d", found, start)
-        if loop.syncs:
-            loop.sync_weights()  # the engine was built from the HF checkpoint, not this one
+        if loop.syncs:  # the engine was built from the HF checkpoint, not this one
+            loop.sync_weights(version=start)
     elif cfg.overwrite_run_dir and loop.rank == 0 and (moved := move_aside(cfg)) is not None:
         log.info("moved the earlier run's files in %s to %s/", cfg.run_dir, moved)
     total = loop.plan.num_rollout  # --num-rollout, or derived from --num-epoch
