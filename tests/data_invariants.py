@@ -149,3 +149,15 @@ def _check_microbatch(records, samples, b: RolloutBatch, dens, step, s: int,
     expected = [int(b.response_offsets[g]) + j for g in samples
                 for j in range(int(b.response_lengths[g]))]
     assert sorted(scored) == sorted(expected)  # every response token once over the CP ranks
+
+
+def assert_staleness_invariants(b: RolloutBatch, trainer_version: int, staleness) -> None:
+    """``staleness`` (one entry per sample) is the group staleness of ``b`` at
+    ``trainer_version``, recomputed here with plain loops: the trainer version minus the
+    oldest version among the siblings, on-policy samples (-1) counting as the trainer's."""
+    ids = b.group_ids.tolist()
+    oldest = [trainer_version if v == -1 else v for v in b.weight_version_min.tolist()]
+    assert len(staleness) == b.num_samples
+    for i, g in enumerate(ids):
+        siblings = [oldest[j] for j in range(len(ids)) if ids[j] == g]
+        assert staleness[i] == trainer_version - min(siblings) >= 0

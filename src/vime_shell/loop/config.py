@@ -30,8 +30,8 @@ import attrs
 import yaml
 
 from vime_pure.config import BALANCES, PACKINGS, BatchingPolicy, policy_from_flags
-from vime_pure.denominators import LOSS_MODES
-from vime_pure.policy_config import KL_KINDS
+from vime_pure.denominators import LOSS_MODES, REJECTION_DENOMINATORS
+from vime_pure.policy_config import KL_KINDS, RS_LEVELS, RejectionConfig
 from vime_pure.errors import VimeError, field_error
 from vime_shell.engines import ENGINE_NAMES
 from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -182,9 +182,22 @@ class TrainConfig:
     ref_load: str | None = _f(None, "HF dir of the reference model; default: the initial "
                               "weights", "loss")
     entropy_coef: float = _f(0.0, "entropy bonus weight", "loss")
-    use_tis: bool = _f(False, "truncated importance sampling against the engine's "
-                       "log-probs", "loss")
+    use_tis: bool = _f(False, "truncated importance sampling (decoupled PPO): weight the "
+                       "surrogate by clamp(pi_old / pi_behaviour, --tis-clip-low, --tis-clip)",
+                       "loss")
     tis_clip: float = _f(2.0, "TIS weight cap", "loss")
+    tis_clip_low: float = _f(0.0, "TIS weight floor", "loss")
+    use_rs: bool = _f(False, "reject tokens (or samples, --rs-level) whose pi_old / "
+                      "pi_behaviour leaves [--rs-lower-bound, --rs-upper-bound] (MIS / IcePop; "
+                      "the keys of slime's mis.py as flags)", "loss")
+    rs_level: str = _f("token", "what --use-rs tests: each token, the sample's ratio "
+                       "product (sequence) or its geometric mean", "loss", RS_LEVELS)
+    rs_lower_bound: float | None = _f(None, "--use-rs band floor; default --tis-clip-low",
+                                      "loss")
+    rs_upper_bound: float | None = _f(None, "--use-rs band cap; default --tis-clip", "loss")
+    rs_denominator: str = _f("original", "denominator after --use-rs: the masks before "
+                             "rejection (slime) or the surviving tokens", "loss",
+                             REJECTION_DENOMINATORS)
     logprob_gap_tolerance: float | None = _f(None, "max mean engine-trainer log-prob gap "
                                              "after a sync; default: by --rollout-dtype (fp32 "
                                              "1e-4)", "loss")
@@ -289,6 +302,11 @@ class TrainConfig:
         for name in ("kl_loss_coef", "entropy_coef", "weight_decay", "clip_grad"):
             _in_range(name, getattr(self, name), 0.0, 1e6, "use 0 to turn it off")
         _in_range("tis_clip", self.tis_clip, 1e-6, 1e6, "use e.g. 2.0")
+        _in_range("tis_clip_low", self.tis_clip_low, 0.0, self.tis_clip,
+                  f"use a value in [0, --tis-clip={self.tis_clip}], e.g. 0 or 0.5")
+        for name in ("rs_lower_bound", "rs_upper_bound"):
+            if getattr(self, name) is not None:
+                _in_range(name, getattr(self, name), 0.0, 1e6, "use e.g. 0.5 / 2.0")
         for name in ("adam_beta1", "adam_beta2"):
             _in_range(name, getattr(self, name), 0.0, 1.0 - 1e-12, "use e.g. 0.9 / 0.999")
         _in_range("adam_eps", self.adam_eps, 1e-30, 1.0, "use 1e-8")
@@ -371,6 +389,31 @@ class TrainConfig:
             return PER_SAMPLE_ROLLOUT_FUNCTION
         return self.rollout_function_path
 
+    def rejection_config(self) -> RejectionConfig | None:
+        """The ``--use-rs`` settings as the core's record (None without ``--use-rs``); unset
+        bounds default to the TIS clamp, as in slime's mis.py. Example: ``--use-tis
+        --tis-clip 5 --tis-clip-low 0.5 --use-rs`` rejects tokens outside [0.5, 5] (IcePop)."""
+        if not self.use_rs:
+            return None
+        lower = self.tis_clip_low if self.rs_lower_bound is None else self.rs_lower_bound
+        upper = self.tis_clip if self.rs_upper_bound is None else self.rs_upper_bound
+        return RejectionConfig(level=self.rs_level, lower=lower, upper=upper,
+                               denominator=self.rs_denominator)
+
+    def _check_rejection(self) -> None:
+        if not self.use_rs:
+            changed = [k for k, v in _rejection_defaults().items() if getattr(self, k) != v]
+            if changed:
+                raise field_error(ConfigError, changed[0], getattr(self, changed[0]),
+                                  "has no effect without --use-rs", "pass --use-rs, or drop it")
+            return
+        lower = self.tis_clip_low if self.rs_lower_bound is None else self.rs_lower_bound
+        upper = self.tis_clip if self.rs_upper_bound is None else self.rs_upper_bound
+        if lower > upper:
+            raise field_error(ConfigError, "rs_lower_bound", lower,
+                              f"exceeds the band's cap {upper} (--rs-upper-bound, default "
+                              "--tis-clip)", "pass a lower bound below the upper one")
+
     def _check_loss(self) -> None:
         if self.calculate_per_token_loss and self.loss_mode not in ("token_mean",
                                                                     "group_token_mean"):
@@ -384,6 +427,7 @@ class TrainConfig:
         if self.ref_load is not None and not self.use_kl_loss:
             raise field_error(ConfigError, "ref_load", self.ref_load,
                               "is only read for the KL penalty", "pass --use-kl-loss")
+        self._check_rejection()
         if self.overlap_param_gather and not self.use_distributed_optimizer:
             raise field_error(ConfigError, "overlap_param_gather", True,
                               "needs the distributed optimizer",
@@ -493,6 +537,10 @@ def _check_types(cfg: TrainConfig) -> None:
 def _at_least(name: str, value: int, lo: int) -> None:
     if value < lo:
         raise field_error(ConfigError, name, value, f"must be >= {lo}", f"pass {name} >= {lo}")
+
+
+def _rejection_defaults() -> dict[str, Any]:
+    return {f.name: f.default for f in attrs.fields(TrainConfig) if f.name.startswith("rs_")}
 
 
 def _in_range(name: str, value: float, lo: float, hi: float, fix: str) -> None:
