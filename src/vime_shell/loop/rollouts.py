@@ -62,16 +62,20 @@ _EVAL_ROLLOUT_ID = 0xE7A1E7A1
 @attrs.frozen(kw_only=True)
 class PartialStats:
     """Partial rollouts in one rollout: groups resumed from the buffer, groups left in it,
-    and samples of cut-off fan-outs restarted so far (never trained)."""
+    samples of cut-off fan-outs restarted so far (never trained), and the batch's response
+    tokens with those generated under older weights (``offpolicy_prefix``)."""
 
     resumed_groups: int
     buffered_groups: int
     restarted_samples: int
+    tokens: int
+    offpolicy_tokens: int
 
     def as_record(self) -> dict[str, float]:
         return {"partial/resumed_groups": self.resumed_groups,
                 "partial/buffered_groups": self.buffered_groups,
-                "partial/restarted_samples": self.restarted_samples}
+                "partial/restarted_samples": self.restarted_samples,
+                "partial/offpolicy_token_frac": self.offpolicy_tokens / max(self.tokens, 1)}
 
 
 @attrs.frozen(kw_only=True)
@@ -150,6 +154,8 @@ class RolloutProducer:
         kept: list[Any] = []
         generated = filtered = rounds = next_group = 0
         buffered = self.buffered_groups
+        buffer = None if self.per_sample is None else self.per_sample.buffer
+        counted = (0, 0) if buffer is None else (buffer.tokens, buffer.offpolicy_tokens)
         while rounds < cfg.dynamic_sampling_max_rounds:
             # Partial rollouts: the buffered groups come back first, within the round's size.
             prompts = self.source.take(max(per_round - self.buffered_groups, 0))
@@ -181,11 +187,12 @@ class RolloutProducer:
             return None
         stats = GenerationStats(rounds=rounds, prompts_generated=generated,
                                 prompts_kept=len(kept), prompts_filtered=filtered,
-                                partial=None if self.per_sample is None
-                                or self.per_sample.buffer is None else PartialStats(
+                                partial=None if buffer is None else PartialStats(
                                     resumed_groups=buffered,
                                     buffered_groups=self.buffered_groups,
-                                    restarted_samples=self.per_sample.buffer.restarted))
+                                    restarted_samples=buffer.restarted,
+                                    tokens=buffer.tokens - counted[0],
+                                    offpolicy_tokens=buffer.offpolicy_tokens - counted[1]))
         if not kept:
             raise RolloutEmptyError(rid, stats)
         return RolloutBatch.from_samples(kept, normalization=self.normalization), stats

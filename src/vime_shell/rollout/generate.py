@@ -8,7 +8,9 @@ output) with at most ``sampling_params["max_new_tokens"] - sample.response_lengt
 sample or adding a turn never exceeds it), appends them with loss mask 1 and their raw
 log-probs, records the engine's weight version of the segment in ``sample.weight_versions``,
 sets ``sample.status`` from the finish reason (stop: completed, length: truncated, abort:
-aborted) and ``metadata["response"]`` to the response's text. A sample with no tokens yet is
+aborted) and ``metadata["response"]`` to the response's text. When a sample continues under
+newer weights than its last segment's, ``metadata["resumed_at"]`` records the response length
+at that point (the tokens before it are off-policy). A sample with no tokens yet is
 encoded from ``metadata["prompt"]`` (with the chat template under ``--apply-chat-template``).
 
 A custom function (``--custom-generate-function-path pkg.mod:fn``) has the same signature and
@@ -60,6 +62,9 @@ _STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status
 # slime's sampling keys that shape text only (detokenization); token ids do not depend on them.
 _TEXT_ONLY_KEYS = frozenset({"skip_special_tokens", "no_stop_trim",
                              "spaces_between_special_tokens"})
+# metadata key: the response length at which the sample continued under its latest weights
+# (the tokens before it came from older ones; see per_sample.offpolicy_prefix).
+RESUMED_AT = "resumed_at"
 _KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
                    "sampling_seed"})
 # Segment k >= 1 of a sample (a later turn, a resumed piece) draws with its sampling seed moved
@@ -83,7 +88,7 @@ class GenerateRuntime:
     """What :func:`generate` generates with: the per-request engine, the tokenizer, and the
     partial-rollout switches. ``aborting``: set while in-flight work is being aborted (new
     calls return aborted at once); ``mask_offpolicy`` (``--mask-offpolicy-in-partial-rollout``):
-    a resumed sample's tokens from older weights get loss mask 0.
+    tokens from older weights get loss mask 0 when their group trains.
     Example: ``GenerateRuntime(engine=async_front(hf_engine), tokenizer=tok)``.
     """
 
@@ -216,8 +221,8 @@ async def generate(args: Any, sample: Sample, sampling_params: Mapping[str, Any]
         sample.status = Status.TRUNCATED
         return sample
     versions = list(sample.weight_versions)
-    if rt.mask_offpolicy and versions and versions[-1] < rt.engine.weight_version:
-        sample.loss_mask = [0] * sample.response_length  # generated under older weights
+    if versions and versions[-1] < rt.engine.weight_version:  # resumed under newer weights
+        sample.metadata[RESUMED_AT] = sample.response_length
     seed = None if params.seed is None else segment_seed(params.seed, len(versions))
     gen = await rt.engine.generate(list(sample.tokens),
                                    attrs.evolve(params, max_new_tokens=budget, seed=seed))

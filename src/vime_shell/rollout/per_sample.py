@@ -40,8 +40,8 @@ import attrs
 from vime_pure.data.sample import Sample, Status
 from vime_pure.errors import field_error
 from vime_shell.rollout.functions import RolloutContext, first_request
-from vime_shell.rollout.generate import (GenerateFn, GenerateRuntime, sampling_params_dict,
-                                         use_runtime)
+from vime_shell.rollout.generate import (RESUMED_AT, GenerateFn, GenerateRuntime,
+                                         sampling_params_dict, use_runtime)
 from vime_shell.rollout.plugins import PluginError
 from vime_shell.rollout.tasks import TaskError, TaskExample
 
@@ -67,6 +67,8 @@ class PartialBuffer:
 
     groups: list[PromptGroup] = attrs.Factory(list)
     restarted: int = 0
+    tokens: int = 0  # response tokens of the samples trained so far
+    offpolicy_tokens: int = 0  # of which generated under older weights
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -134,11 +136,28 @@ def generate_rollout(ctx: RolloutContext) -> list[list[list[Sample]]]:
     version = setup.runtime.engine.weight_version
     for p, g in enumerate(complete):
         _reward(ctx, g, where=f"prompt {ctx.prompt_offset + p}")
-        if setup.runtime.mask_offpolicy:
-            for s in (s for e in g.executions for s in e):
-                if s.weight_versions and s.weight_versions[-1] < version:
-                    s.loss_mask = [0] * s.response_length  # finished under older weights
+        for s in (s for e in g.executions for s in e):
+            old = offpolicy_prefix(s, version)
+            if setup.buffer is not None:
+                setup.buffer.tokens += s.response_length
+                setup.buffer.offpolicy_tokens += old
+            if setup.runtime.mask_offpolicy and old:
+                mask = [1] * s.response_length if s.loss_mask is None else list(s.loss_mask)
+                s.loss_mask = [0] * old + mask[old:]
     return [g.executions for g in complete]
+
+
+def offpolicy_prefix(sample: Sample, version: int) -> int:
+    """How many leading response tokens of ``sample`` were generated under weights older than
+    ``version``: all of them when its last segment is older, those before
+    ``metadata["resumed_at"]`` when it was resumed under ``version``, else none.
+    Example: versions ``[3, 4]``, resumed at 5 of 9 tokens: 5 at version 4, 9 at version 5."""
+    versions = sample.weight_versions
+    if not len(versions) or versions[0] >= version:
+        return 0
+    if versions[-1] < version:
+        return sample.response_length
+    return int(sample.metadata.get(RESUMED_AT, 0))
 
 
 async def _drive(ctx: RolloutContext, setup: PerSample, groups: list[PromptGroup], first: int,
