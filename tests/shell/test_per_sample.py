@@ -5,12 +5,14 @@ Asserts: ``generate_rollout`` with the built-in ``generate`` returns the batched
 rollout's samples (same seeds, same group ids); a fan-out function gives one rollout group per
 call; under a partial rollout the first groups to finish train, the rest (whole groups) wait in
 the buffer, and an aborted sample resumed under a new weight version continues its tokens
-exactly (greedy) with both versions recorded; with masking on its older tokens get loss mask
+exactly (greedy) with both versions recorded, also through a checkpoint of the buffer (plain
+JSON); with masking on its older tokens get loss mask
 0 and the batch's group denominators count only the unmasked tokens; the plugin loader checks
 the signature.
 """
 
 import asyncio
+import json
 
 import attrs
 import numpy as np
@@ -112,6 +114,8 @@ def test_partial_rollout_resumes_exactly_and_masks_older_tokens(parts, mask):
     waiting = [s for g in buffer.groups for e in g.executions for s in e]
     cut = [s for s in waiting if s.status is Status.ABORTED and s.response_length]
     assert cut, "some samples were cut mid-response"
+    # what a checkpoint holds (plain JSON), then what a resumed run continues from
+    buffer = PartialBuffer.from_state(json.loads(json.dumps(buffer.to_state())))
     engine.weight_version = 1  # the trainer synced (same weights: greedy must continue alike)
     try:
         ctx = attrs.evolve(_ctx(parts, slow_generate, buffer=buffer, mask=mask, temperature=0.0,

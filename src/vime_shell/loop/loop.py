@@ -398,12 +398,14 @@ class _Loop:
     def data_state(self) -> dict:
         """Where the prompt source stands (rank 0's, shared so every rank saves the same)."""
         return rank0_result("data state", lambda: None if self.producer is None else {
-            "offset": self.producer.source.offset, "draws": self.producer.source.draws})
+            "offset": self.producer.source.offset, "draws": self.producer.source.draws,
+            **self.producer.partial_state()})
 
     def restore_data_state(self, state: dict | None) -> None:
         if self.producer is not None and state:
             self.producer.source.offset = int(state["offset"])
             self.producer.source.draws = int(state["draws"])
+            self.producer.restore_partial_state(state)
 
     def save_hf(self) -> None:
         """Write the final weights with one writer per node; rank 0 finalises the index."""

@@ -205,6 +205,20 @@ class RolloutProducer:
                               else temperature, top_p=cfg.rollout_top_p,
                               top_k=cfg.rollout_top_k, stop_token_ids=self.stop, seed=seed)
 
+    def partial_state(self) -> dict[str, Any]:
+        """``{"partial_buffer": ...}`` under ``--partial-rollout`` (for the checkpoint's data
+        state: the groups waiting for the next rollout), else ``{}``."""
+        if self.per_sample is None or self.per_sample.buffer is None:
+            return {}
+        return {"partial_buffer": self.per_sample.buffer.to_state()}
+
+    def restore_partial_state(self, state: dict[str, Any]) -> None:
+        """Put a checkpoint's waiting groups back (see :meth:`partial_state`)."""
+        saved = state.get("partial_buffer")
+        if saved is not None and self.per_sample is not None \
+                and self.per_sample.buffer is not None:
+            self.per_sample.buffer = PartialBuffer.from_state(saved)
+
     @property
     def buffered_groups(self) -> int:
         """Unfinished prompt groups waiting for the next rollout (``--partial-rollout``)."""

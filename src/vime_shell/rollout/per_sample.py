@@ -77,6 +77,26 @@ class PartialBuffer:
         groups, self.groups = self.groups, []
         return groups
 
+    def to_state(self) -> dict[str, Any]:
+        """Plain JSON for a checkpoint: every waiting group with its samples (``to_dict``).
+        Example: an empty buffer gives ``{"groups": [], "restarted": 0, ...}``."""
+        return {"groups": [{"example": attrs.asdict(g.example), "finished": list(g.finished),
+                            "executions": [[s.to_dict() for s in e] for e in g.executions]}
+                           for g in self.groups],
+                "restarted": self.restarted, "tokens": self.tokens,
+                "offpolicy_tokens": self.offpolicy_tokens}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "PartialBuffer":
+        """Inverse of :meth:`to_state` (a resumed run continues the waiting groups)."""
+        groups = [PromptGroup(example=TaskExample(**g["example"]),
+                              finished=[bool(f) for f in g["finished"]],
+                              executions=[[Sample.from_dict(s) for s in e]
+                                          for e in g["executions"]])
+                  for g in state["groups"]]
+        return cls(groups=groups, restarted=int(state["restarted"]),
+                   tokens=int(state["tokens"]), offpolicy_tokens=int(state["offpolicy_tokens"]))
+
 
 @attrs.define(eq=False)
 class PerSample:
