@@ -46,6 +46,7 @@ import torch.distributed as dist
 from vime_pure.data.shards import merge_rollout_shares
 from vime_pure.errors import VimeError
 from vime_shell.engines import select_engine
+from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
 from vime_shell.engines.base import RolloutEngine
 from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, EngineLayout,
@@ -65,7 +66,11 @@ class EngineOptions:
     trainer's by default; ``colocate`` (``--colocate``): sleep mode around training, CUDA vLLM
     only; ``gpu_memory_utilization`` (``--rollout-gpu-memory-utilization``);
     ``update_weight_buffer_size`` (``--update-weight-buffer-size``, bytes); ``gather_timeout_s``:
-    how long engines that finished wait for the slowest one (long agentic rollouts need hours).
+    how long engines that finished wait for the slowest one (long agentic rollouts need hours);
+    ``per_request``: the run generates per sample (``--custom-generate-function-path``), so a
+    vLLM engine is ``VllmAsyncEngine`` (``AsyncLLM``) running at most ``max_concurrency``
+    requests (``--sglang-server-concurrency``); the HF engine gets its per-request front from
+    :func:`vime_shell.engines.async_engine.async_front` either way.
     """
 
     engine: str = "hf"
@@ -80,6 +85,8 @@ class EngineOptions:
     max_model_len: int | None = None
     enforce_eager: bool = False
     gather_timeout_s: float = 3 * 3600.0
+    per_request: bool = False
+    max_concurrency: int = DEFAULT_CONCURRENCY
 
 
 def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: EngineOptions,
@@ -94,6 +101,19 @@ def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: Engine
         device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
         return select_engine("hf", hf_dir, seed=seed, device=device,
                              dtype=getattr(torch, options.dtype))
+    if options.per_request:
+        if layout.world_size > 1:
+            raise EngineGroupError(
+                f"per-sample generation on vLLM runs AsyncLLM, its own multiprocess engine, "
+                f"which vime starts in a world of one rank only (this job has "
+                f"{layout.world_size}). Fix: run it as one process, use --rollout-engine hf, "
+                "or a batched --rollout-function-path on vLLM.")
+        from vime_shell.engines.vllm_async import VllmAsyncEngine  # noqa: PLC0415 - imports vllm
+
+        return VllmAsyncEngine(hf_dir, seed=seed, dtype=options.dtype,
+                               max_model_len=options.max_model_len,
+                               max_concurrency=options.max_concurrency,
+                               enforce_eager=options.enforce_eager)
     # In-process workers: tensors reach the model without RPC, so syncs write no file. vLLM
     # sets this itself for the external launcher; a single-process LLM needs it set here.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

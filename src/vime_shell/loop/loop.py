@@ -90,6 +90,7 @@ from vime_shell.megatron.layout import ranks_per_node_from_env
 from vime_shell.megatron.objective import TIS_KEYS
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
+from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
 from vime_shell.storage.hf_export import save_hf_checkpoint
 
 log = logging.getLogger("vime.train")
@@ -189,7 +190,9 @@ def engine_options(cfg: TrainConfig, cuda: bool) -> EngineOptions:
         colocate=cfg.colocate if cfg.colocate is not None else cuda and engine == "vllm",
         gpu_memory_utilization=cfg.rollout_gpu_memory_utilization,
         update_weight_buffer_size=cfg.update_weight_buffer_size, seed=cfg.seed,
-        enforce_eager=cfg.rollout_enforce_eager)
+        enforce_eager=cfg.rollout_enforce_eager,
+        per_request=cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION,
+        max_concurrency=cfg.sglang_server_concurrency)
 
 
 class _Loop:
