@@ -105,3 +105,23 @@ def test_requests_in_a_later_event_loop_and_after_a_weight_version(setup):
     engine.weight_version -= 1
     assert first.token_ids == second.token_ids
     assert (first.weight_version, second.weight_version) == (0, 1)
+
+
+def test_stop_controls_are_per_request(setup):
+    engine, prompts = setup
+    front = async_front(engine, max_concurrency=8, decode=lambda ids: "".join(map(chr, ids)))
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    full = engine.generate([prompts[0]], greedy)[0].token_ids
+    stop_at = full[2]
+    cut = full.index(stop_at) + 1
+    stops = [attrs.evolve(greedy, stop_token_ids=(stop_at,)), greedy]
+    if "stop" in attrs.fields_dict(SamplingParams):  # stop strings (--rollout-stop)
+        stops.append(attrs.evolve(greedy, stop=(chr(stop_at),)))
+
+    async def run():
+        return await asyncio.gather(*(front.generate(prompts[0], p) for p in stops))
+    gens = asyncio.run(run())
+    assert gens[0].token_ids == full[:cut] and gens[0].finish_reason == "stop"
+    assert gens[1].token_ids == full and gens[1].finish_reason == "length"
+    if len(gens) > 2:
+        assert gens[2].token_ids == full[:cut] and gens[2].finish_reason == "stop"
