@@ -45,7 +45,7 @@ RUNS = {
                 "--mask-offpolicy-in-partial-rollout"],
     "partial_nomask": ["--partial-rollout", "--over-sampling-batch-size", "24"],
 }
-SCALE_MS = float(os.environ.get("VIME_TAIL_SCALE_MS", "2"))
+SCALE_MS = float(os.environ.get("VIME_TAIL_SCALE_MS", "10"))
 ALPHA = float(os.environ.get("VIME_TAIL_ALPHA", "1.2"))
 MAX_SLEEP_S = 1.0
 

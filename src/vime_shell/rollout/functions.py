@@ -37,9 +37,9 @@ from typing import Any
 import attrs
 
 from vime_pure.errors import field_error
-from vime_pure.data.sample import Sample, Status
+from vime_pure.data.sample import Sample
 from vime_shell.engines.base import Generation, RolloutEngine, SamplingParams
-from vime_shell.rollout.generate import encode_prompt, generate
+from vime_shell.rollout.generate import FINISH_STATUS, encode_prompt, generate
 from vime_shell.rollout.plugins import load_callable
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskError, TaskExample
@@ -48,7 +48,6 @@ RolloutFn = Callable[["RolloutContext"], Sequence[Any]]
 DEFAULT_ROLLOUT_FUNCTION = "vime_shell.rollout.functions:single_turn_rollout"
 PER_SAMPLE_ROLLOUT_FUNCTION = "vime_shell.rollout.per_sample:generate_rollout"
 DEFAULT_GENERATE_FUNCTION = "vime_shell.rollout.functions:generate"
-_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 TURN_REWARDS: tuple[str, ...] = ("mean", "all")
 # Request seeds of one rollout, 2**24 of them from its base: generation round k (dynamic
 # sampling) at base + k * 2**20, turn t of a round at + t * 2**18, request r at + r. Offsets
@@ -150,7 +149,7 @@ def _sample(prompt_ids: list[int], gen: Generation, text: str, example: TaskExam
     n = len(gen.token_ids)
     return Sample(
         tokens=list(prompt_ids) + list(gen.token_ids), response_length=n, loss_mask=[1] * n,
-        status=_STATUS[gen.finish_reason], group_id=group_id, index=index,
+        status=FINISH_STATUS[gen.finish_reason], group_id=group_id, index=index,
         rollout_log_probs=list(gen.log_probs),
         metadata={**example.metadata, "prompt": example.prompt, "response": text,
                   "label": example.label, "turn": turn},

@@ -58,7 +58,7 @@ from vime_shell.engines.base import SamplingParams
 from vime_shell.rollout.tasks import TaskError, TaskExample
 
 GenerateFn = Callable[[Any, Sample, dict], Any]
-_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
+FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 # slime's sampling keys that shape text only (detokenization); token ids do not depend on them.
 _TEXT_ONLY_KEYS = frozenset({"skip_special_tokens", "no_stop_trim",
                              "spaces_between_special_tokens"})
@@ -229,7 +229,7 @@ async def generate(args: Any, sample: Sample, sampling_params: Mapping[str, Any]
     if gen.token_ids:
         append_tokens(sample, gen.token_ids, loss_mask=1, log_probs=gen.log_probs)
         sample.weight_versions = versions + [int(gen.weight_version or 0)]
-    sample.status = _STATUS[gen.finish_reason]
+    sample.status = FINISH_STATUS[gen.finish_reason]
     response = list(sample.tokens[len(sample.tokens) - sample.response_length:])
     sample.metadata["response"] = rt.tokenizer.decode(response, skip_special_tokens=True)
     return sample
