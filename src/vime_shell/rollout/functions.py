@@ -5,6 +5,12 @@ sampling parameters, reward) and returns samples nested in lists or tuples, as
 :func:`vime_pure.data.rollout_output.flatten_rollout_output` accepts them; the loop validates
 the output at that boundary (``RolloutBatch.from_samples``).
 
+Per-sample generation is the other API: :func:`generate` (re-exported from
+:mod:`vime_shell.rollout.generate`) is slime's ``async generate(args, sample,
+sampling_params)``, one turn on the run's engine, the default of
+``--custom-generate-function-path``; :func:`vime_shell.rollout.per_sample.generate_rollout` is
+the batched rollout function that runs such a function for every execution.
+
 - :func:`single_turn_rollout` (the default): ``output[p][k]`` is sample ``k`` of prompt ``p``;
   ``n_samples_per_prompt`` samples per prompt, each its own rollout group.
 - :func:`compact_rollout`: ``output[p][k]`` is one *execution* of ``num_turns`` (2-3) turns, a
