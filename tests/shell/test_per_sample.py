@@ -27,7 +27,8 @@ from vime_shell.engines.hf import HfEngine
 from vime_shell.models.tokenizer import load_tokenizer
 from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.functions import RolloutContext, generate, single_turn_rollout
-from vime_shell.rollout.generate import GenerateRuntime
+from vime_shell.rollout.generate import (GenerateError, GenerateRuntime, engine_params,
+                                         sampling_params_dict)
 from vime_shell.rollout.per_sample import PartialBuffer, PerSample, generate_rollout
 from vime_shell.rollout.plugins import PluginError, load_generate_function
 from vime_shell.rollout.rewards import Rewarder
@@ -155,3 +156,14 @@ def test_the_loader_checks_the_signature(name, problem):
     with pytest.raises(PluginError, match=problem):
         load_generate_function(f"tests.shell.test_per_sample:{name}")
     assert load_generate_function("vime_shell.rollout.functions:generate") is generate
+
+
+def test_slime_sampling_dicts_round_trip_and_unknown_keys_are_errors():
+    params = SamplingParams(max_new_tokens=3, temperature=0.5, top_k=4, seed=9,
+                            stop_token_ids=(1,))
+    d = sampling_params_dict(params)
+    assert d["sampling_seed"] == 9 and d["stop_token_ids"] == [1]
+    assert engine_params(d) == params
+    assert engine_params({"max_new_tokens": 2, "top_k": -1, "no_stop_trim": True}).top_k == 0
+    with pytest.raises(GenerateError, match="sampling_params"):
+        engine_params({"max_new_tokens": 2, "n": 4})

@@ -65,8 +65,8 @@ _TEXT_ONLY_KEYS = frozenset({"skip_special_tokens", "no_stop_trim",
 # metadata key: the response length at which the sample continued under its latest weights
 # (the tokens before it came from older ones; see per_sample.offpolicy_prefix).
 RESUMED_AT = "resumed_at"
-_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
-                   "sampling_seed"})
+# SamplingParams fields that slime's sampling dict names differently.
+_SLIME_NAMES = {"seed": "sampling_seed"}
 # Segment k >= 1 of a sample (a later turn, a resumed piece) draws with its sampling seed moved
 # by k golden-ratio steps mod 2**62: an independent draw, far from the rollout's structured
 # seeds (base + round * 2**20 + turn * 2**18 + request); segment 0 keeps the seed itself.
@@ -134,35 +134,37 @@ def current_runtime() -> GenerateRuntime:
 
 
 def sampling_params_dict(params: SamplingParams) -> dict[str, Any]:
-    """slime's sampling dict for ``params`` (``sampling_seed`` = ``params.seed``).
+    """slime's sampling dict for ``params``: every field under its own name, but the seed as
+    ``sampling_seed`` (slime's key), tuples as lists.
 
     Example: ``SamplingParams(max_new_tokens=2, seed=5)`` -> ``{"max_new_tokens": 2,
     "temperature": 1.0, ..., "sampling_seed": 5}``.
     """
-    return {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
-            "top_p": params.top_p, "top_k": params.top_k, "stop": list(getattr(params, "stop", ())),
-            "stop_token_ids": list(params.stop_token_ids), "sampling_seed": params.seed}
+    out = {}
+    for name, value in attrs.asdict(params, recurse=False).items():
+        out[_SLIME_NAMES.get(name, name)] = list(value) if isinstance(value, tuple) else value
+    return out
 
 
 def engine_params(sampling_params: Mapping[str, Any] | SamplingParams) -> SamplingParams:
-    """The engine's :class:`SamplingParams` from slime's dict (or one already)."""
+    """The engine's :class:`SamplingParams` from slime's dict (or one already); ``top_k`` -1
+    means off, as in SGLang; slime's text-only keys are ignored; unknown keys are an error."""
     if isinstance(sampling_params, SamplingParams):
         return sampling_params
     if not isinstance(sampling_params, Mapping):
         raise field_error(GenerateError, "sampling_params", type(sampling_params).__name__,
                           "is not a dict", "pass the dict the rollout gave you, modified")
-    unknown = sorted(set(sampling_params) - _KEYS - _TEXT_ONLY_KEYS)
+    fields = {_SLIME_NAMES.get(f.name, f.name): f.name for f in attrs.fields(SamplingParams)}
+    unknown = sorted(set(sampling_params) - set(fields) - _TEXT_ONLY_KEYS)
     if unknown:
         raise field_error(GenerateError, "sampling_params", unknown, "are not sampling keys",
-                          f"use {sorted(_KEYS)}")
-    d = sampling_params
-    top_k = d.get("top_k", 0)
-    kwargs: dict[str, Any] = dict(
-        max_new_tokens=d["max_new_tokens"], temperature=d.get("temperature", 1.0),
-        top_p=d.get("top_p", 1.0), top_k=0 if top_k == -1 else top_k,
-        stop_token_ids=tuple(d.get("stop_token_ids") or ()), seed=d.get("sampling_seed"))
-    if d.get("stop"):
-        kwargs["stop"] = tuple(d["stop"])
+                          f"use {sorted(fields)}")
+    kwargs = {fields[k]: v for k, v in sampling_params.items() if k in fields}
+    for name in ("stop", "stop_token_ids"):
+        if name in kwargs:
+            kwargs[name] = tuple(kwargs[name] or ())
+    if kwargs.get("top_k") == -1:
+        kwargs["top_k"] = 0
     return SamplingParams(**kwargs)
 
 
