@@ -167,3 +167,16 @@ def test_slime_sampling_dicts_round_trip_and_unknown_keys_are_errors():
     assert engine_params({"max_new_tokens": 2, "top_k": -1, "no_stop_trim": True}).top_k == 0
     with pytest.raises(GenerateError, match="sampling_params"):
         engine_params({"max_new_tokens": 2, "n": 4})
+
+
+async def broken(args, sample, sampling_params):
+    raise KeyError("label")
+
+
+def test_a_failing_generate_names_the_execution_and_the_flag(parts):
+    ctx = _ctx(parts, broken)
+    with pytest.raises(PluginError, match=r"execution \d+ .*custom-generate-function-path "
+                                          r"broken raised KeyError") as info:
+        generate_rollout(ctx)
+    assert isinstance(info.value.__cause__, KeyError)
+    assert ctx.per_sample.runtime.engine.in_flight == 0  # nothing left behind in the engine

@@ -38,7 +38,7 @@ from typing import Any
 import attrs
 
 from vime_pure.data.sample import Sample, Status
-from vime_pure.errors import field_error
+from vime_pure.errors import VimeError, field_error
 from vime_shell.rollout.functions import RolloutContext, first_request
 from vime_shell.rollout.generate import (RESUMED_AT, GenerateFn, GenerateRuntime,
                                          sampling_params_dict, use_runtime)
@@ -201,7 +201,17 @@ async def _drive(ctx: RolloutContext, setup: PerSample, groups: list[PromptGroup
         sample.group_id, sample.index = gid, r
         params = sampling_params_dict(attrs.evolve(ctx.sampling,
                                                    seed=ctx.sampling.request_seed(r)))
-        leaf = _as_leaf(await setup.generate_fn(setup.args, sample, params), f"execution {r}")
+        try:
+            out = await setup.generate_fn(setup.args, sample, params)
+        except VimeError:
+            raise
+        except Exception as exc:  # the user's code: say where it failed, keep the cause
+            name = getattr(setup.generate_fn, "__qualname__", repr(setup.generate_fn))
+            raise PluginError(f"execution {r} (prompt {g.example.prompt!r:.60}): "
+                              f"--custom-generate-function-path {name} raised "
+                              f"{type(exc).__name__}: {exc}. Fix: the generate function (see "
+                              "the chained traceback).") from exc
+        leaf = _as_leaf(out, f"execution {r}")
         for s in leaf:
             s.group_id = gid
         g.executions[k] = leaf
