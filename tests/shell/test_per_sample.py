@@ -180,3 +180,21 @@ def test_a_failing_generate_names_the_execution_and_the_flag(parts):
         generate_rollout(ctx)
     assert isinstance(info.value.__cause__, KeyError)
     assert ctx.per_sample.runtime.engine.in_flight == 0  # nothing left behind in the engine
+
+
+async def stuck_tool(args, sample, sampling_params):
+    """One token, then the executions of prompt groups 2+ wait on a tool that never answers
+    (in 5 s: a failure, not a hang)."""
+    sample = await generate(args, sample, {**sampling_params, "max_new_tokens": 1})
+    if sample.index >= 2 * 4 and sample.status is not Status.ABORTED:
+        await asyncio.wait_for(asyncio.Event().wait(), timeout=5)
+    return sample
+
+
+def test_the_cut_cancels_executions_waiting_on_a_tool(parts):
+    buffer = PartialBuffer()
+    done = generate_rollout(_ctx(parts, stuck_tool, buffer=buffer, target=2))
+    assert len(done) == 2 and len(buffer) == len(parts[2]) - 2
+    waiting = [s for g in buffer.groups for e in g.executions for s in e]
+    assert all(s.status is Status.ABORTED for s in waiting)
+    assert all(s.response_length == 1 for s in waiting)  # the token before the tool is kept

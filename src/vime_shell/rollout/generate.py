@@ -32,7 +32,9 @@ The engine and tokenizer come from the :class:`GenerateRuntime` the caller insta
 :func:`use_runtime` (the rollout driver :func:`vime_shell.rollout.per_sample.generate_rollout`
 does; an asynchronous pool does the same). While the runtime is *aborting* (a partial rollout
 reached its boundary), :func:`generate` returns the sample at once with status aborted, so a
-custom function should return when it sees ``Status.ABORTED``.
+custom function should return when it sees ``Status.ABORTED``; one waiting on anything else
+(a tool, a sleep) is cancelled there. Either way it is called again with the sample in a later
+rollout, and must continue from what the sample holds.
 
 Example (a two-turn custom function)::
 
@@ -44,6 +46,7 @@ Example (a two-turn custom function)::
         return await vime_generate(args, sample, sampling_params)
 """
 
+import asyncio
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -97,12 +100,22 @@ class GenerateRuntime:
     apply_chat_template: bool = False
     mask_offpolicy: bool = False
     aborting: bool = False
+    executions: set = attrs.Factory(set)  # the execution tasks a driver registered
+    _in_engine: set = attrs.Factory(set)  # tasks awaiting an engine request now
 
     def abort(self) -> int:
-        """Abort everything in flight (each caller gets its partial sample back, status
-        aborted) and refuse new turns until :meth:`resume`; returns the requests ended."""
+        """Abort everything in flight and refuse new turns until :meth:`resume`: engine
+        requests return their partial tokens (status aborted), and registered execution tasks
+        doing anything else (a tool call, a sleep) are cancelled where they wait, their sample
+        keeping what it holds. Call it from the executions' event loop; returns the engine
+        requests ended."""
         self.aborting = True
-        return self.engine.abort_all()
+        ended = self.engine.abort_all()
+        current = asyncio.current_task()
+        for task in self.executions:
+            if task is not current and not task.done() and task not in self._in_engine:
+                task.cancel()
+        return ended
 
     def resume(self) -> None:
         self.aborting = False
@@ -226,8 +239,15 @@ async def generate(args: Any, sample: Sample, sampling_params: Mapping[str, Any]
     if versions and versions[-1] < rt.engine.weight_version:  # resumed under newer weights
         sample.metadata[RESUMED_AT] = sample.response_length
     seed = None if params.seed is None else segment_seed(params.seed, len(versions))
-    gen = await rt.engine.generate(list(sample.tokens),
-                                   attrs.evolve(params, max_new_tokens=budget, seed=seed))
+    task = asyncio.current_task()
+    rt._in_engine.add(task)  # an abort lets the engine end this request, never cancels it
+    try:
+        gen = await rt.engine.generate(list(sample.tokens),
+                                       attrs.evolve(params, max_new_tokens=budget, seed=seed))
+    finally:
+        rt._in_engine.discard(task)
+        if rt.aborting and task in rt.executions:
+            task.cancel()  # as abort() did to the others: at the function's next wait
     if gen.token_ids:
         append_tokens(sample, gen.token_ids, loss_mask=1, log_probs=gen.log_probs)
         sample.weight_versions = versions + [int(gen.weight_version or 0)]
