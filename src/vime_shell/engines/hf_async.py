@@ -186,6 +186,7 @@ class HfAsyncFront:
                 raise
 
     def _admit(self) -> None:
+        self._waiting = [r for r in self._waiting if not r.future.done()]  # callers cancelled
         room = self.max_concurrency - len(self._active)
         if room <= 0 or not self._waiting:
             return
