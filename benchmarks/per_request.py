@@ -6,9 +6,11 @@ workload: median seconds of 5 repetitions of ``HfEngine.generate`` (one batched 
 ``generate`` call) and of 128 concurrent ``HfAsyncFront.generate`` calls (continuous batching
 over one KV cache), their ratio, and whether the tokens are identical.
 
-Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python -m benchmarks.per_request``
+Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python -m benchmarks.per_request`` (``--quick``: 16
+requests, one repetition, the test suite's smoke run).
 """
 
+import argparse
 import asyncio
 import statistics
 import time
@@ -24,20 +26,24 @@ from vime_shell.rollout.tasks import TASKS
 REPEATS = 5
 
 
-def _median(fn) -> tuple[float, object]:
+def _median(fn, repeats: int) -> tuple[float, object]:
     times, out = [], None
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         start = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times), out
 
 
-def main() -> dict:
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.per_request")
+    parser.add_argument("--quick", action="store_true")
+    quick = parser.parse_args(argv).quick
+    requests, repeats = (16, 1) if quick else (128, REPEATS)
     model = build_embedded()
     engine, tok = HfEngine(model), load_tokenizer(model)
     prompts = [tok(e.prompt)["input_ids"]
-               for e in PromptSource.from_task(TASKS["reverse2"], seed=0).take(128)]
+               for e in PromptSource.from_task(TASKS["reverse2"], seed=0).take(requests)]
     front = async_front(engine, max_concurrency=512)
     results = {}
     for name, new_tokens in (("demo", 2), ("long", 24)):
@@ -47,12 +53,12 @@ def main() -> dict:
             return await asyncio.gather(*(front.generate(p, SamplingParams(
                 max_new_tokens=params.max_new_tokens, seed=params.request_seed(i)))
                 for i, p in enumerate(prompts)))
-        batched_s, batched = _median(lambda: engine.generate(prompts, params))
-        front_s, per_request = _median(lambda: asyncio.run(concurrent()))
+        batched_s, batched = _median(lambda: engine.generate(prompts, params), repeats)
+        front_s, per_request = _median(lambda: asyncio.run(concurrent()), repeats)
         same = [g.token_ids for g in batched] == [g.token_ids for g in per_request]
         results[name] = {"batched_s": batched_s, "per_request_s": front_s,
                          "ratio": front_s / batched_s, "identical_tokens": same}
-        print(f"{name:5s} 128 x {new_tokens:2d} tokens: batched {batched_s:.3f} s, per-request "
+        print(f"{name:5s} {requests} x {new_tokens:2d} tokens: batched {batched_s:.3f} s, per-request "
               f"{front_s:.3f} s (x{front_s / batched_s:.2f}), identical tokens: {same}")
     return results
 
