@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> dict:
         same = [g.token_ids for g in batched] == [g.token_ids for g in per_request]
         results[name] = {"batched_s": batched_s, "per_request_s": front_s,
                          "ratio": front_s / batched_s, "identical_tokens": same}
-        print(f"{name:5s} {requests} x {new_tokens:2d} tokens: batched {batched_s:.3f} s, per-request "
-              f"{front_s:.3f} s (x{front_s / batched_s:.2f}), identical tokens: {same}")
+        print(f"{name:5s} {requests} x {new_tokens:2d} tokens: batched {batched_s:.3f} s, "
+              f"per-request {front_s:.3f} s (x{front_s / batched_s:.2f}), identical tokens: "
+              f"{same}")
     return results
 
 
