@@ -50,3 +50,25 @@ def test_scale_quick(tmp_path, capsys):
     assert abs(params["Qwen3-8B"] / 8.19e9 - 1) < 0.01
     assert abs(params["Llama-3.1-70B"] / 70.55e9 - 1) < 0.01
     assert "gather: columns" in capsys.readouterr().out
+
+
+def test_lr_curve_quick(capsys):
+    from benchmarks import lr_curve
+
+    out = lr_curve.main(["--quick"])
+    for case in out.values():
+        assert case["after"][-1] == 1e-5 and case["before"][-1] > 1e-5
+
+
+def test_flops_model_balance_quick(capsys):
+    from benchmarks import flops_model_balance
+
+    out = flops_model_balance.main(["--quick", "--dp", "4"])
+    assert out["the run's model"] <= out["fixed 8B proxy ratio"]
+
+
+def test_stop_lengths_quick(capsys):
+    from benchmarks import stop_lengths
+
+    before, after = stop_lengths.main(["--quick"]).values()
+    assert after["truncated_frac"] <= before["truncated_frac"]

@@ -111,7 +111,7 @@ def _select(c: _Cache, rows: list[int]) -> _Cache | None:
 class HfAsyncFront:
     """The asyncio per-request front of an :class:`HfEngine` (see the module docstring).
 
-    ``decode``: token ids -> text, needed only for requests with stop strings.
+    ``decode``: token ids -> text for stop strings (default: the engine's tokenizer).
     """
 
     def __init__(self, engine: HfEngine, *, max_concurrency: int = 512,
@@ -143,10 +143,9 @@ class HfAsyncFront:
         """One response to ``prompt_ids``, sampled with seed ``params.seed`` (the engine's own
         stream when None); returns when it ends or is aborted."""
         (ids,) = check_prompts([prompt_ids], self.engine.vocab_size)
-        stop = getattr(params, "stop", ())
-        if stop and self.decode is None:
-            raise field_error(EngineError, "stop", stop, "needs a tokenizer to detect",
-                              "build the front with decode=tokenizer.decode")
+        params.max_new_tokens_for(len(ids))  # a prompt that fills the context: this caller's error
+        if params.stop and self.decode is None:  # the engine's tokenizer (typed error if none)
+            self.decode = self.engine._decoder().decode
         loop = asyncio.get_running_loop()
         if self._stepper is not None and self._stepper.get_loop() is not loop:
             # A new event loop (one asyncio.run per rollout): requests of an earlier loop that
@@ -261,12 +260,9 @@ class HfAsyncFront:
         p = r.params
         if r.tokens[-1] in p.stop_token_ids:
             return "stop"
-        stop = getattr(p, "stop", ())
-        if stop and any(s in self.decode(r.tokens) for s in stop):
+        if p.stop and any(s in self.decode(r.tokens) for s in p.stop):
             return "stop"
-        budget = (p.max_new_tokens_for(len(r.prompt)) if hasattr(p, "max_new_tokens_for")
-                  else p.max_new_tokens)
-        return "length" if len(r.tokens) >= budget else None
+        return "length" if len(r.tokens) >= p.max_new_tokens_for(len(r.prompt)) else None
 
     @staticmethod
     def _finish(r: _Request, reason: str) -> None:

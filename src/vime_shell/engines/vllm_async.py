@@ -98,7 +98,8 @@ class VllmAsyncEngine(StagedWeights):
         last = None
         try:
             async for out in self._llm.generate(TokensPrompt(prompt_token_ids=ids),
-                                                VllmEngine._sampling_params(self, params, i),
+                                                VllmEngine._sampling_params(self, params, i,
+                                                                             len(ids)),
                                                 request_id=rid):
                 last = out
         finally:
