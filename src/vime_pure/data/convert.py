@@ -110,7 +110,8 @@ def _checked_versions(versions: object, where: str) -> tuple[int, int]:
         raise RolloutValidationError(f"{where}: weight_versions={versions!r:.60} is a "
                                      f"{type(versions).__name__}, not a list. Fix: append the "
                                      "engine's weight version (an int) per generated segment.")
-    values = list(versions.tolist() if isinstance(versions, np.ndarray) else versions)
+    values = (versions.tolist() if isinstance(versions, np.ndarray)
+              else list(versions) if isinstance(versions, (list, tuple)) else [])
     for v in values:
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not (
                 0 <= v < _INT64_END):

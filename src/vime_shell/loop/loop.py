@@ -295,6 +295,8 @@ class _Loop:
             # Generated batches only: a replayed dump's versions count another run's syncs.
             stats.update(metric_values(staleness_metrics(batch, self.weight_version)))
             source = f"rollout {rid}"
+            # Generated batches only: a replayed dump's versions count another run's syncs.
+            stats.update(metric_values(staleness_metrics(batch, self.weight_version)))
             if batch.rollout_log_probs is None and self.logprob_check:
                 raise LogprobCheckError(
                     f"{source}: the rollout function "
@@ -382,7 +384,7 @@ class _Loop:
                     and offpolicy.step_is_fresh(schedule, 0, fresh))
         needed = mine.steps[1:] if shortcut else mine.steps
         records = [mb for step in needed for mb in step.microbatches]
-        old, metrics = None, dict.fromkeys(offpolicy.MISMATCH_KEYS, float("nan"))
+        old, metrics = None, dict.fromkeys(offpolicy.MISMATCH_KEYS)  # None: not measured
         if records:
             old = self.trainer.compute_log_probs(records, mine.num_response_tokens)
             gap_samples = fresh if fresh is not None else np.ones(batch.num_samples, bool)
