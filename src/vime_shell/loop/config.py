@@ -41,7 +41,8 @@ from vime_shell.megatron.model_options import (MOE_DISPATCHERS, MOE_LOAD_BALANCI
 from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, ROLLOUT_DTYPES,
                                        EngineLayoutError, check_gpu_memory_utilization)
-from vime_shell.rollout.functions import MAX_GENERATION_ROUNDS
+from vime_shell.rollout.functions import (DEFAULT_ROLLOUT_FUNCTION, MAX_GENERATION_ROUNDS,
+                                          PER_SAMPLE_ROLLOUT_FUNCTION)
 from vime_shell.rollout.rewards import RM_TYPES
 from vime_shell.rollout.tasks import TASKS
 
@@ -122,8 +123,22 @@ class TrainConfig:
     task: str = _f("reverse2", "built-in task supplying prompts and labels without "
                    "--prompt-data", "data", tuple(TASKS))
     # rollout
-    rollout_function_path: str = _f("vime_shell.rollout.functions:single_turn_rollout",
+    rollout_function_path: str = _f(DEFAULT_ROLLOUT_FUNCTION,
                                     "rollout function, 'pkg.mod:fn'", "rollout")
+    custom_generate_function_path: str | None = _f(
+        None, "per-sample 'pkg.mod:fn', slime's async generate(args, sample, sampling_params) "
+        "-> Sample | list[Sample]; it may await vime_shell.rollout.functions.generate for each "
+        "turn", "rollout")
+    partial_rollout: bool = _f(False, "abort unfinished generations once a rollout has its "
+                               "groups; they continue under the new weights in a later "
+                               "rollout (per-sample generation)", "rollout")
+    mask_offpolicy_in_partial_rollout: bool = _f(False, "loss mask 0 for every token of a "
+                                                 "partial rollout generated under older "
+                                                 "weights (vime: also of samples that finished "
+                                                 "before the last sync)", "rollout")
+    sglang_server_concurrency: int = _f(512, "requests in flight per engine in per-sample "
+                                        "generation (vime: on the HF or vLLM engine)",
+                                        "rollout")
     rollout_num_turns: int = _f(2, "turns per execution of the compact rollout (2-3)", "rollout")
     rollout_turn_reward: str = _f("mean", "compact rollout reward over turns", "rollout",
                                   ("mean", "all"))
@@ -390,7 +405,8 @@ class TrainConfig:
                      "n_samples_per_prompt", "save_interval",
                      "n_samples_per_eval_prompt", "dynamic_sampling_max_rounds",
                      "tensor_model_parallel_size", "pipeline_model_parallel_size",
-                     "context_parallel_size", "expert_model_parallel_size"):
+                     "context_parallel_size", "expert_model_parallel_size",
+                     "sglang_server_concurrency"):
             _at_least(name, getattr(self, name), 1)
         for name in ("rollout_max_response_len", "max_tokens_per_gpu", "micro_batch_size",
                      "num_epoch", "eval_interval", "eval_max_response_len",
@@ -506,16 +522,19 @@ class TrainConfig:
                               "pass both, e.g. --eval-interval 10 --eval-prompt-data gsm8k "
                               "test.jsonl")
         filtered = self.dynamic_sampling_filter_path is not None
+        self._check_partial()
         if self.dynamic_sampling_fill_filtered and not filtered:
             raise field_error(ConfigError, "dynamic_sampling_fill_filtered", True,
                               "fills only what a dynamic-sampling filter removed",
                               "pass --dynamic-sampling-filter-path, or drop the flag")
         if self.over_sampling_batch_size is not None:
-            if not filtered:
+            if not filtered and not self.partial_rollout:
                 raise field_error(ConfigError, "over_sampling_batch_size",
                                   self.over_sampling_batch_size,
-                                  "over-samples only for a dynamic-sampling filter",
-                                  "pass --dynamic-sampling-filter-path, or drop the flag")
+                                  "over-samples only for a dynamic-sampling filter or a "
+                                  "partial rollout",
+                                  "pass --dynamic-sampling-filter-path or --partial-rollout, "
+                                  "or drop the flag")
             if self.over_sampling_batch_size < self.rollout_batch_size:
                 raise field_error(ConfigError, "over_sampling_batch_size",
                                   self.over_sampling_batch_size,
@@ -526,6 +545,38 @@ class TrainConfig:
             raise field_error(ConfigError, "group_rm", True,
                               "does not apply to compact_rollout (its reward is per turn)",
                               "use a per-sample --custom-rm-path")
+
+    def _check_partial(self) -> None:
+        if self.mask_offpolicy_in_partial_rollout and not self.partial_rollout:
+            raise field_error(ConfigError, "mask_offpolicy_in_partial_rollout", True,
+                              "has no effect without --partial-rollout",
+                              "pass --partial-rollout, or drop the flag")
+        if self.partial_rollout and (self.over_sampling_batch_size or 0) \
+                <= self.rollout_batch_size:
+            raise field_error(ConfigError, "partial_rollout", True,
+                              "cuts nothing unless more groups are in flight than a rollout "
+                              f"trains (--rollout-batch-size {self.rollout_batch_size})",
+                              "pass --over-sampling-batch-size, e.g. "
+                              f"{self.rollout_batch_size * 3 // 2}")
+        per_sample = self.rollout_function_path in (DEFAULT_ROLLOUT_FUNCTION,
+                                                    PER_SAMPLE_ROLLOUT_FUNCTION)
+        if self.partial_rollout and not per_sample:
+            raise field_error(ConfigError, "partial_rollout", True,
+                              f"needs per-sample generation, not --rollout-function-path "
+                              f"{self.rollout_function_path}",
+                              "drop --rollout-function-path (or name "
+                              f"{PER_SAMPLE_ROLLOUT_FUNCTION}) and pass your per-sample "
+                              "function as --custom-generate-function-path")
+
+    @property
+    def effective_rollout_function_path(self) -> str:
+        """The rollout function the loop runs: ``--rollout-function-path``, or the per-sample
+        driver ``generate_rollout`` when the default is left and ``--custom-generate-function-
+        path`` or ``--partial-rollout`` asks for per-sample generation."""
+        if self.rollout_function_path == DEFAULT_ROLLOUT_FUNCTION and (
+                self.custom_generate_function_path is not None or self.partial_rollout):
+            return PER_SAMPLE_ROLLOUT_FUNCTION
+        return self.rollout_function_path
 
     def rejection_config(self) -> RejectionConfig | None:
         """The ``--use-rs`` settings as the core's record (None without ``--use-rs``); unset

@@ -43,7 +43,7 @@ from vime_shell.models.embedded import build_embedded
 from vime_shell.models.hf_config import has_chat_template, read_config_summary
 from vime_shell.rollout.data import DataKeys, fit_prompts, read_prompt_file
 from vime_shell.rollout.functions import encode_prompt
-from vime_shell.rollout.plugins import load_callable
+from vime_shell.rollout.plugins import load_callable, load_generate_function
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskExample, get_task
 from vime_shell.storage.export_target import check_export_target
@@ -118,6 +118,13 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
                        ("--dynamic-sampling-filter-path", cfg.dynamic_sampling_filter_path)):
         if path is not None:
             load_callable(path, flag=flag)
+    if cfg.custom_generate_function_path is not None:
+        load_generate_function(cfg.custom_generate_function_path)
+    if cfg.partial_rollout and engine_layout is not None and engine_layout.num_engines > 1:
+        raise field_error(ConfigError, "partial_rollout", True,
+                          f"keeps one buffer of unfinished groups, but this run has "
+                          f"{engine_layout.num_engines} engines",
+                          "pass --rollout-num-gpus 1 (one engine) with --partial-rollout")
     Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
                    group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout)
     _check_side_inputs(cfg, hf_dir)

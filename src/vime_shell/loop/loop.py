@@ -94,6 +94,7 @@ from vime_shell.megatron.offload import offloaded
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
 from vime_shell.models.hf_config import read_config_summary
+from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
 from vime_shell.storage.hf_export import save_hf_checkpoint
 from vime_shell.storage.sizes import parse_size
 
@@ -215,7 +216,9 @@ def engine_options(cfg: TrainConfig, cuda: bool, num_experts: int | None = None)
         gpu_memory_utilization=cfg.rollout_gpu_memory_utilization,
         update_weight_buffer_size=cfg.update_weight_buffer_size, seed=cfg.seed,
         enforce_eager=cfg.rollout_enforce_eager,
-        expert_parallel=cfg.rollout_enable_expert_parallel, num_experts=num_experts)
+        expert_parallel=cfg.rollout_enable_expert_parallel, num_experts=num_experts,
+        per_request=cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION,
+        max_concurrency=cfg.sglang_server_concurrency)
 
 
 class _Loop:
@@ -300,12 +303,15 @@ class _Loop:
                 log.warning(empty_rollout_message(rid, generation))
                 stats["filtered_reward_mean"] = generation.filtered_reward_mean
                 return None, None, stats
+            # Generated batches only: a replayed dump's versions count another run's syncs.
+            stats.update(metric_values(staleness_metrics(batch, self.weight_version)))
             source = f"rollout {rid}"
             # Generated batches only: a replayed dump's versions count another run's syncs.
             stats.update(metric_values(staleness_metrics(batch, self.weight_version)))
             if batch.rollout_log_probs is None and self.logprob_check:
                 raise LogprobCheckError(
-                    f"{source}: the rollout function ({self.cfg.rollout_function_path}) "
+                    f"{source}: the rollout function "
+                    f"({self.cfg.effective_rollout_function_path}) "
                     "returned samples without rollout_log_probs, so the weight-sync check "
                     "(engine vs trainer log-probs) cannot run. Fix: record the engine's "
                     "log-probs in Sample.rollout_log_probs, or pass --no-logprob-check.")
@@ -320,10 +326,11 @@ class _Loop:
         return batch, schedule, stats
 
     # -- every rank: the training side --------------------------------------------------------
-    def sync_weights(self) -> None:
+    def sync_weights(self, version: int) -> None:
         """Collective: stream the trainer's HF-named weights into every engine, in buckets
-        that never split a decoder layer (ranks without an engine drain the export)."""
-        report = self.engines.sync_weights(self.trainer.export_hf())
+        that never split a decoder layer (ranks without an engine drain the export); the
+        engines' weight version becomes ``version`` (rollouts trained)."""
+        report = self.engines.sync_weights(self.trainer.export_hf(), version=version)
         self.syncs_done += 1
         log.debug("weight sync: %d tensors, %d bytes in %d buckets, %.3f s", report.tensors,
                   report.bytes, report.buckets, report.seconds)
@@ -355,8 +362,8 @@ class _Loop:
             results = self.trainer.train(mine, before_update)
         t2 = time.perf_counter()
         if self.syncs and results:
-            self.sync_weights()
             self.weight_version += 1
+            self.sync_weights(version=self.weight_version)
         t3 = time.perf_counter()
         record = {**rollout_record(rid, batch, schedule, results, gap=gap.mean, gap_max=gap.max,
                                    times=(t1 - t0, t2 - t1, t3 - t2)),
@@ -452,12 +459,12 @@ class _Loop:
 
     def _gap(self, records: list, old: np.ndarray, samples: np.ndarray
              ) -> tuple[float, float, float]:
-        """Mean, max and token count of |engine - trainer| log-prob over ``records``' scored
-        tokens of the flagged ``samples`` (the fresh ones), reduced over the world with each
-        (DP, CP) token counted once (by its last-stage, TP-rank-0 owner); no tokens without
-        engine log-probs (a user rollout function may not record them)."""
+        """Mean, max and token count of |engine - trainer| log-prob over ``records``' scored,
+        loss-masked tokens of the flagged ``samples`` (the fresh ones), reduced over the world
+        with each (DP, CP) token counted once (by its last-stage, TP-rank-0 owner); no tokens
+        without engine log-probs (a user rollout function may not record them)."""
         diffs = [np.abs(old[mb.response_index] - mb.rollout_log_probs)[
-                     offpolicy.scored_mask(mb, samples)] for mb in records
+                     offpolicy.scored_mask(mb, samples) & (mb.loss_mask > 0)] for mb in records
                  if mb.rollout_log_probs is not None and self.trainer.owns_loss]
         diff = np.concatenate(diffs) if diffs else np.zeros(0)
         device = self.trainer.device
@@ -473,12 +480,14 @@ class _Loop:
     def data_state(self) -> dict:
         """Where the prompt source stands (rank 0's, shared so every rank saves the same)."""
         return rank0_result("data state", lambda: None if self.producer is None else {
-            "offset": self.producer.source.offset, "draws": self.producer.source.draws})
+            "offset": self.producer.source.offset, "draws": self.producer.source.draws,
+            **self.producer.partial_state()})
 
     def restore_data_state(self, state: dict | None) -> None:
         if self.producer is not None and state:
             self.producer.source.offset = int(state["offset"])
             self.producer.source.draws = int(state["draws"])
+            self.producer.restore_partial_state(state)
 
     def save_hf(self, rollouts_done: int) -> Path:
         """Write the weights after ``rollouts_done`` rollouts to ``--save-hf`` (its
@@ -571,8 +580,8 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
         loop.weight_version = start  # one sync per trained rollout
         loop.restore_data_state(state.data)
         log.info("resumed from %s at rollout %d", found, start)
-        if loop.syncs:
-            loop.sync_weights()  # the engine was built from the HF checkpoint, not this one
+        if loop.syncs:  # the engine was built from the HF checkpoint, not this one
+            loop.sync_weights(version=start)
     if loop.plan.prompts_dropped and loop.rank == 0:
         log.warning("--rollout-max-prompt-len %d dropped %d of the %d prompts of %s",
                     cfg.rollout_max_prompt_len, loop.plan.prompts_dropped,

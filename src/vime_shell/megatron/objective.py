@@ -152,6 +152,8 @@ def _gap_sums(logp: torch.Tensor, row: MicroBatchTensors) -> dict[str, torch.Ten
     weight-sync check needs no forward of its own. Empty otherwise."""
     if row.old_log_probs is not None or row.rollout_log_probs is None:
         return {}
-    diff = (logp.detach() - row.rollout_log_probs.to(logp.dtype)).abs()
+    # Loss-masked tokens are skipped: tool output was never sampled (its log-probs are 0)
+    # and masked off-policy tokens came from older weights.
+    diff = (logp.detach() - row.rollout_log_probs.to(logp.dtype)).abs()[row.loss_mask > 0]
     return {"gap_sum": diff.sum(), "gap_tokens": torch.tensor(float(diff.numel())),
             "gap_max": diff.max() if diff.numel() else torch.tensor(0.0)}

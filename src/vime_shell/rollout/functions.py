@@ -5,6 +5,12 @@ sampling parameters, reward) and returns samples nested in lists or tuples, as
 :func:`vime_pure.data.rollout_output.flatten_rollout_output` accepts them; the loop validates
 the output at that boundary (``RolloutBatch.from_samples``).
 
+Per-sample generation is the other API: :func:`generate` (re-exported from
+:mod:`vime_shell.rollout.generate`) is slime's ``async generate(args, sample,
+sampling_params)``, one turn on the run's engine, the default of
+``--custom-generate-function-path``; :func:`vime_shell.rollout.per_sample.generate_rollout` is
+the batched rollout function that runs such a function for every execution.
+
 - :func:`single_turn_rollout` (the default): ``output[p][k]`` is sample ``k`` of prompt ``p``;
   ``n_samples_per_prompt`` samples per prompt, each its own rollout group.
 - :func:`compact_rollout`: ``output[p][k]`` is one *execution* of ``num_turns`` (2-3) turns, a
@@ -37,15 +43,18 @@ from typing import Any
 import attrs
 
 from vime_pure.errors import field_error, one_line
-from vime_pure.data.sample import Sample, Status
+from vime_pure.data.sample import Sample
 from vime_shell.engines.base import Generation, RolloutEngine, SamplingParams
+# generate: re-exported, the default of --custom-generate-function-path
+from vime_shell.rollout.generate import FINISH_STATUS, generate  # noqa: F401
 from vime_shell.rollout.plugins import is_expired, load_callable, time_limit
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskError, TaskExample
 
 RolloutFn = Callable[["RolloutContext"], Sequence[Any]]
 DEFAULT_ROLLOUT_FUNCTION = "vime_shell.rollout.functions:single_turn_rollout"
-_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
+PER_SAMPLE_ROLLOUT_FUNCTION = "vime_shell.rollout.per_sample:generate_rollout"
+DEFAULT_GENERATE_FUNCTION = "vime_shell.rollout.functions:generate"
 TURN_REWARDS: tuple[str, ...] = ("mean", "all")
 # A chat template renders in milliseconds; one with runaway loops is stopped after this long.
 CHAT_TEMPLATE_TIMEOUT_S = 10.0
@@ -86,7 +95,10 @@ class RolloutContext:
     ``sampling.seed`` is the round's base seed (see :func:`rollout_sampling_seed`).
     Example: 16 ``prompts`` with ``n_samples_per_prompt=8`` give 128 single-turn samples.
     ``prompt_offset`` is the global index of ``prompts[0]`` (non-zero on all engines but the
-    first, see :func:`share_context`).
+    first, see :func:`share_context`). ``per_sample``: how per-sample ``generate`` functions
+    run (a :class:`vime_shell.rollout.per_sample.PerSample`, for ``generate_rollout``);
+    ``target_groups``: under ``--partial-rollout``, the prompt groups this round needs (the
+    rest is aborted once they are done).
     """
 
     rollout_id: int
@@ -102,6 +114,8 @@ class RolloutContext:
     num_turns: int = 2
     turn_reward: str = "mean"
     prompt_offset: int = 0
+    per_sample: Any = None
+    target_groups: int | None = None
 
 
 def share_context(ctx: RolloutContext, share: range) -> RolloutContext:
@@ -117,7 +131,7 @@ def share_context(ctx: RolloutContext, share: range) -> RolloutContext:
                         prompt_offset=ctx.prompt_offset + share.start)
 
 
-def _first_request(ctx: RolloutContext, num_requests: int) -> int:
+def first_request(ctx: RolloutContext, num_requests: int) -> int:
     """Global index of this context's first request (per turn), checked against the stride."""
     first = ctx.prompt_offset * ctx.n_samples_per_prompt
     if first + num_requests > TURN_SEED_STRIDE:
@@ -182,7 +196,7 @@ def _sample(prompt_ids: list[int], gen: Generation, text: str, example: TaskExam
     n = len(gen.token_ids)
     return Sample(
         tokens=list(prompt_ids) + list(gen.token_ids), response_length=n, loss_mask=[1] * n,
-        status=_STATUS[gen.finish_reason], group_id=group_id, index=index,
+        status=FINISH_STATUS[gen.finish_reason], group_id=group_id, index=index,
         rollout_log_probs=list(gen.log_probs),
         metadata={**example.metadata, "prompt": example.prompt, "response": text,
                   "label": example.label, "turn": turn},
@@ -197,7 +211,7 @@ def single_turn_rollout(ctx: RolloutContext) -> list[list[Sample]]:
     """
     n = ctx.n_samples_per_prompt
     examples = [e for e in ctx.prompts for _ in range(n)]
-    first = _first_request(ctx, len(examples))
+    first = first_request(ctx, len(examples))
     out: list[list[Sample]] = [[] for _ in ctx.prompts]
     for j, (ids, gen, text) in enumerate(_respond(ctx, examples, first)):
         r = first + j  # the request's global index: its group id and seed offset
@@ -230,7 +244,7 @@ def compact_rollout(ctx: RolloutContext) -> list[list[list[Sample]]]:
                           "with compact_rollout")
     n = ctx.n_samples_per_prompt
     examples = [e for e in ctx.prompts for _ in range(n)]
-    first = _first_request(ctx, len(examples))
+    first = first_request(ctx, len(examples))
     turns: list[list[Sample]] = [[] for _ in examples]
     for t in range(ctx.num_turns):
         for j, (ids, gen, text) in enumerate(_respond(ctx, examples,
