@@ -31,9 +31,10 @@ import yaml
 
 from vime_pure.config import BALANCES, PACKINGS, BatchingPolicy, policy_from_flags
 from vime_pure.denominators import LOSS_MODES
-from vime_pure.policy_config import KL_KINDS
-from vime_pure.errors import VimeError, field_error
+from vime_pure.errors import LossConfigError, VimeError, field_error
+from vime_pure.policy_config import KL_KINDS, LossConfig
 from vime_shell.engines import ENGINE_NAMES
+from vime_shell.megatron.config import OptimConfig, OptimConfigError
 from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, ROLLOUT_DTYPES,
                                        EngineLayoutError, check_gpu_memory_utilization)
@@ -48,6 +49,11 @@ ESTIMATOR_METHOD = {"grpo": "grpo", "gspo": "gspo",
 ESTIMATORS: tuple[str, ...] = tuple(ESTIMATOR_METHOD)
 LR_DECAY_STYLES: tuple[str, ...] = ("constant", "linear", "cosine", "inverse-square-root")
 LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning")
+# LossConfig's field -> the flag a user writes (the error names the flag).
+LOSS_FLAGS = {"eps_clip": "--eps-clip", "eps_clip_high": "--eps-clip-high",
+              "dual_clip": "--eps-clip-c", "kl_coef": "--kl-loss-coef",
+              "kl_kind": "--kl-loss-type", "entropy_coef": "--entropy-coef",
+              "use_tis": "--use-tis", "tis_clip": "--tis-clip"}
 SECTIONS: tuple[str, ...] = ("model", "data", "rollout", "reward", "eval", "batching", "loss",
                              "optimizer", "parallelism", "checkpoint", "logging")
 
@@ -230,13 +236,13 @@ class TrainConfig:
     def __attrs_post_init__(self) -> None:
         _check_types(self)
         for name in ("rollout_num_turns", "num_rollout", "rollout_batch_size",
-                     "n_samples_per_prompt", "global_batch_size", "save_interval",
+                     "n_samples_per_prompt", "save_interval",
                      "n_samples_per_eval_prompt", "dynamic_sampling_max_rounds",
                      "tensor_model_parallel_size", "pipeline_model_parallel_size",
                      "context_parallel_size"):
             _at_least(name, getattr(self, name), 1)
-        for name in ("rollout_max_response_len", "max_tokens_per_gpu", "micro_batch_size",
-                     "num_epoch", "eval_interval", "eval_max_response_len",
+        # global_batch_size, max_tokens_per_gpu, micro_batch_size: BatchingPolicy checks them
+        for name in ("rollout_max_response_len", "num_epoch", "eval_interval", "eval_max_response_len",
                      "num_steps_per_rollout", "over_sampling_batch_size", "lr_decay_iters"):
             if getattr(self, name) is not None:
                 _at_least(name, getattr(self, name), 1)
@@ -263,21 +269,12 @@ class TrainConfig:
                 yield f.name, value
 
     def _check_numbers(self) -> None:
-        _in_range("lr", self.lr, 0.0, 1.0, "use e.g. 3e-4 (the 334k-param embedded model), 1e-6 (7B)")
-        _in_range("min_lr", self.min_lr, 0.0, self.lr, f"use a value in [0, lr={self.lr}]")
         _in_range("rollout_temperature", self.rollout_temperature, 0.0, 100.0, "use 1.0")
         if self.eval_temperature is not None:
             _in_range("eval_temperature", self.eval_temperature, 0.0, 100.0, "use 1.0 or 0")
         _in_range("rollout_top_p", self.rollout_top_p, 1e-6, 1.0, "use 1.0")
-        _in_range("eps_clip", self.eps_clip, 0.0, 1.0, "use 0.2")
-        if self.eps_clip_high is not None:
-            _in_range("eps_clip_high", self.eps_clip_high, 0.0, 10.0, "use e.g. 0.28")
-        for name in ("kl_loss_coef", "entropy_coef", "weight_decay", "clip_grad"):
-            _in_range(name, getattr(self, name), 0.0, 1e6, "use 0 to turn it off")
-        _in_range("tis_clip", self.tis_clip, 1e-6, 1e6, "use e.g. 2.0")
-        for name in ("adam_beta1", "adam_beta2"):
-            _in_range(name, getattr(self, name), 0.0, 1.0 - 1e-12, "use e.g. 0.9 / 0.999")
-        _in_range("adam_eps", self.adam_eps, 1e-30, 1.0, "use 1e-8")
+        self.loss_config()  # the loss and optimizer knobs' ranges live in their records
+        self.optim_config()
         if self.logprob_gap_tolerance is not None:
             _in_range("logprob_gap_tolerance", self.logprob_gap_tolerance, 0.0, 1e9,
                       "use 1e-4 (fp32), or omit it for the rollout dtype's default")
@@ -342,10 +339,6 @@ class TrainConfig:
         if self.ref_load is not None and not self.use_kl_loss:
             raise field_error(ConfigError, "ref_load", self.ref_load,
                               "is only read for the KL penalty", "pass --use-kl-loss")
-        if self.overlap_param_gather and not self.use_distributed_optimizer:
-            raise field_error(ConfigError, "overlap_param_gather", True,
-                              "needs the distributed optimizer",
-                              "pass --use-distributed-optimizer")
 
     def _check_steps(self) -> None:
         groups = self.groups_per_rollout
@@ -378,6 +371,40 @@ class TrainConfig:
         """Rollout groups the built-in rollouts produce per batch: prompts x samples."""
         return self.rollout_batch_size * self.n_samples_per_prompt
 
+    def loss_config(self) -> LossConfig:
+        """The objective's knobs, validated once by their record (``LossConfig``); its error is
+        re-raised naming the flag. Example: ``--eps-clip 0`` -> ``--eps-clip=0: must lie in
+        (0, 1). Fix: use e.g. 0.2.``"""
+        try:
+            return LossConfig(eps_clip=self.eps_clip, eps_clip_high=self.eps_clip_high,
+                              kl_coef=self.kl_loss_coef if self.use_kl_loss else 0.0,
+                              kl_kind=self.kl_loss_type, entropy_coef=self.entropy_coef,
+                              use_tis=self.use_tis, tis_clip=self.tis_clip)
+        except LossConfigError as exc:
+            field, _, rest = str(exc).partition("=")
+            raise ConfigError(f"{LOSS_FLAGS[field]}={rest}") from None
+
+    def optim_config(self) -> OptimConfig:
+        """Adam and the LR schedule, validated by their record (``OptimConfig``). Warmup and
+        decay lengths are optimizer steps in the flags (as in slime) and groups in the trainer
+        (its schedule advances by each step's real group count), so they are multiplied by the
+        groups per full step: ``--lr-warmup-iters 10`` with 128 groups per step warms up over
+        1280 groups."""
+        per_step = self.effective_global_batch_size
+        try:
+            return OptimConfig(
+                lr=self.lr, min_lr=self.min_lr, weight_decay=self.weight_decay,
+                adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2, adam_eps=self.adam_eps,
+                clip_grad=self.clip_grad, lr_warmup_groups=self.lr_warmup_iters * per_step,
+                lr_decay_groups=None if self.lr_decay_iters is None
+                else self.lr_decay_iters * per_step,
+                lr_decay_style=self.lr_decay_style,
+                use_distributed_optimizer=self.use_distributed_optimizer,
+                overlap_grad_reduce=self.overlap_grad_reduce,
+                overlap_param_gather=self.overlap_param_gather)
+        except OptimConfigError as exc:
+            raise ConfigError(_flag_named(str(exc))) from None
+
     def batching_policy(self) -> BatchingPolicy:
         """The scheduler's policy, from the one builder ``vime_pure.policy_from_flags``."""
         try:
@@ -407,6 +434,12 @@ class TrainConfig:
                 raise field_error(ConfigError, f"{source} key", key, "is not a setting", hint)
             out[name] = _from_text(attrs.fields_dict(cls)[name], value)
         return cls(**out)
+
+
+def _flag_named(message: str) -> str:
+    """A record's ``field=value: ...`` message with the field spelled as its flag."""
+    field, _, rest = message.partition("=")
+    return f"--{field.replace('_', '-')}={rest}"
 
 
 def _field(name: str) -> attrs.Attribute:
@@ -454,9 +487,8 @@ def _at_least(name: str, value: int, lo: int) -> None:
 
 
 def _in_range(name: str, value: float, lo: float, hi: float, fix: str) -> None:
-    if not (math.isfinite(value) and lo <= value <= hi) or (name == "lr" and value == 0):
-        raise field_error(ConfigError, name, value, f"must be in ({lo}, {hi}]"
-                          if name == "lr" else f"must be in [{lo}, {hi}]", fix)
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise field_error(ConfigError, name, value, f"must be in [{lo}, {hi}]", fix)
 
 
 def _one_of(name: str, value: object, options: Sequence[object]) -> None:

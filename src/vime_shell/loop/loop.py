@@ -61,7 +61,6 @@ from transformers.utils import logging as hf_logging
 from vime_pure.data.batch import RolloutBatch, schedule_for
 from vime_pure.data.microbatch import RankBatch, rank_batch, with_log_probs
 from vime_pure.errors import VimeError
-from vime_pure.policy_config import LossConfig
 from vime_pure.scheduling.schedule import Schedule
 from vime_shell.engines import resolve_engine_name
 from vime_shell.engines.group import EngineGroup, EngineOptions
@@ -77,7 +76,7 @@ from vime_shell.loop.rollouts import RolloutProducer
 from vime_shell.loop.run_dir import move_aside
 from vime_shell.loop.run_log import RunLogger
 from vime_shell.megatron.collectives import rank0_result
-from vime_shell.megatron.config import OptimConfig, TrainerConfig
+from vime_shell.megatron.config import TrainerConfig
 from vime_shell.megatron.layout import ranks_per_node_from_env
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
@@ -143,29 +142,9 @@ class TrainResult:
 
 
 def trainer_config(cfg: TrainConfig) -> TrainerConfig:
-    """The trainer's settings from the run's: the one place flags map onto the trainer.
-
-    LR warmup/decay lengths are optimizer steps in the flags (as in slime) and groups in the
-    trainer (its schedule advances by each step's real group count), so they are multiplied by
-    the groups per full step. Example: ``--lr-warmup-iters 10`` with 128 groups per step warms
-    up over 1280 groups.
-    """
-    per_step = cfg.effective_global_batch_size
-    return TrainerConfig(
-        optim=OptimConfig(
-            lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay,
-            adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps,
-            clip_grad=cfg.clip_grad, lr_warmup_groups=cfg.lr_warmup_iters * per_step,
-            lr_decay_groups=None if cfg.lr_decay_iters is None else cfg.lr_decay_iters * per_step,
-            lr_decay_style=cfg.lr_decay_style,
-            use_distributed_optimizer=cfg.use_distributed_optimizer,
-            overlap_grad_reduce=cfg.overlap_grad_reduce,
-            overlap_param_gather=cfg.overlap_param_gather),
-        loss=LossConfig(eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high,
-                        kl_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
-                        kl_kind=cfg.kl_loss_type, entropy_coef=cfg.entropy_coef,
-                        use_tis=cfg.use_tis, tis_clip=cfg.tis_clip),
-        seed=cfg.seed)
+    """The trainer's settings from the run's: the records ``TrainConfig`` validated at launch
+    (``optim_config``: LR lengths in groups; ``loss_config``)."""
+    return TrainerConfig(optim=cfg.optim_config(), loss=cfg.loss_config(), seed=cfg.seed)
 
 
 def engine_options(cfg: TrainConfig, cuda: bool) -> EngineOptions:
