@@ -15,6 +15,11 @@ Invariants the tests assert: ``Sample.from_dict(s.to_dict()) == s`` for every sa
 never writes ``rollout_id``; ``from_dict`` reads a legacy ``rollout_id`` only when ``group_id`` is
 absent; unknown keys are an error, never dropped.
 
+slime's plugin view: ``sample.prompt``, ``sample.response`` and ``sample.label`` read and write
+``metadata["prompt"]``, ``["response"]`` and ``["label"]`` (the one copy; ``None`` when absent),
+so a slime reward function reading ``sample.response`` works unchanged; ``status`` and
+``metadata`` are fields already.
+
 Example::
 
     s = Sample(tokens=[5, 6, 7, 8], response_length=2, reward=1.0, group_id=3)
@@ -104,6 +109,17 @@ class Sample:
     rollout_id = property(_read_rollout_id, _write_rollout_id,
                           doc="Deprecated write-only alias of ``group_id``.")
 
+    # slime's plugin-visible text fields, as views onto ``metadata`` (module docstring).
+    prompt = property(lambda self: self.metadata.get("prompt"),
+                      lambda self, v: self.metadata.__setitem__("prompt", v),
+                      doc="The prompt text: a view of ``metadata['prompt']``.")
+    response = property(lambda self: self.metadata.get("response"),
+                        lambda self, v: self.metadata.__setitem__("response", v),
+                        doc="The decoded response: a view of ``metadata['response']``.")
+    label = property(lambda self: self.metadata.get("label"),
+                     lambda self, v: self.metadata.__setitem__("label", v),
+                     doc="The reference answer: a view of ``metadata['label']``.")
+
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain Python (arrays become lists, ``status`` its string value)."""
         out: dict[str, Any] = {}
@@ -126,8 +142,11 @@ class Sample:
                               "is not a mapping", "pass the dict produced by Sample.to_dict()")
         fields = dict(data)
         legacy = fields.pop("rollout_id", None)
-        if "group_id" not in fields and "rollout_id" in data:
-            fields["group_id"] = legacy
+        if "rollout_id" in data:
+            warnings.warn("Sample dict key 'rollout_id' is deprecated; write 'group_id'.",
+                          DeprecationWarning, stacklevel=2)
+            if "group_id" not in fields:
+                fields["group_id"] = legacy
         unknown = sorted(set(fields) - set(FIELD_NAMES), key=repr)  # keys may mix types
         if unknown:
             raise field_error(RolloutValidationError, "keys", unknown, "are not Sample fields",
