@@ -39,10 +39,9 @@ from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, ROLLOUT_DTYPES,
                                        EngineLayoutError, check_gpu_memory_utilization)
 from vime_shell.rollout.functions import MAX_GENERATION_ROUNDS
-from vime_shell.rollout.rewards import RM_TYPES
+from vime_shell.rollout.rewards import RM_CHOICES
 from vime_shell.rollout.tasks import TASKS
 
-RM_CHOICES: tuple[str, ...] = tuple(RM_TYPES)
 
 ESTIMATOR_METHOD = {"grpo": "grpo", "gspo": "gspo",
                     "reinforce_plus_plus_baseline": "reinforce_pp_baseline"}
@@ -131,9 +130,16 @@ class TrainConfig:
     dynamic_sampling_max_rounds: int = _f(8, "generation rounds per rollout under dynamic "
                                           "sampling before training on what passed", "rollout")
     # reward
-    rm_type: str | None = _f(None, "built-in reward; default exact", "reward", RM_CHOICES)
-    custom_rm_path: str | None = _f(None, "reward function 'pkg.mod:fn(sample) -> float'",
-                                    "reward")
+    rm_type: str | None = _f(None, "built-in reward (slime's rule rewards by name; boxed_X "
+                             "grades the last \\boxed{} with X); default exact, or remote_rm "
+                             "with --rm-url", "reward", RM_CHOICES)
+    rm_url: str | None = _f(None, "reward server: POST {prompt, response, label} JSON per "
+                            "sample, concurrently, retried with backoff", "reward")
+    reward_key: str | None = _f(None, "the trained entry of a dict reward (dapo: score)",
+                                "reward")
+    custom_rm_path: str | None = _f(None, "reward function 'pkg.mod:fn': fn(sample), or "
+                                    "slime's [async] fn(args, sample) / with --group-rm "
+                                    "fn(args, samples)", "reward")
     group_rm: bool = _f(False, "--custom-rm-path takes all samples of one prompt and returns "
                         "their rewards", "reward")
     advantage_estimator: str = _f("grpo", "rewards to advantages", "reward", ESTIMATORS)

@@ -99,7 +99,8 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
         if path is not None:
             load_callable(path, flag=flag)
     Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
-                   group_rm=cfg.group_rm)
+                   group_rm=cfg.group_rm, args=cfg,
+                   reward_key=cfg.reward_key, rm_url=cfg.rm_url)
     _check_side_inputs(cfg, hf_dir)
     keys = DataKeys(input_key=cfg.input_key, label_key=cfg.label_key,
                     metadata_key=cfg.metadata_key, tool_key=cfg.tool_key)

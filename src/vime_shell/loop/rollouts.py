@@ -90,7 +90,8 @@ class RolloutProducer:
         self.eval_sets = plan.eval_sets
         self.rollout_fn = load_rollout_function(cfg.rollout_function_path)
         self.rewarder = Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
-                                       group_rm=cfg.group_rm)
+                                       group_rm=cfg.group_rm, args=cfg,
+                                       reward_key=cfg.reward_key, rm_url=cfg.rm_url)
         self.keep = load_filter(cfg.dynamic_sampling_filter_path)
         self.normalization = RewardNormalization(method=ESTIMATOR_METHOD[cfg.advantage_estimator])
         eos = self.tokenizer.eos_token_id

@@ -23,11 +23,20 @@ import attrs
 
 from vime_pure.errors import VimeError, field_error
 from vime_shell.rollout.plugins import load_callable
+from vime_shell.rollout.reward_plugins import adapt_reward
 
 RM_TYPES: dict[str, str] = {
     "exact": "vime_shell.rollout.rewards:exact_match_reward",
     "math": "vime_shell.rollout.math_reward:math_reward",
+    "deepscaler": "vime_shell.rollout.rule_rewards:deepscaler_reward",
+    "dapo": "vime_shell.rollout.rule_rewards:dapo_reward",
+    "f1": "vime_shell.rollout.rule_rewards:f1_reward",
+    "gpqa": "vime_shell.rollout.rule_rewards:gpqa_reward",
+    "remote_rm": "vime_shell.rollout.remote_reward:remote_rm",  # --rm-url; slime's name
 }
+RM_REWARD_KEYS: dict[str, str] = {"dapo": "score"}  # a dict reward's trained entry
+# slime's prefix: boxed_<name> grades the last \boxed{} of the response with <name>.
+RM_CHOICES: tuple[str, ...] = (*RM_TYPES, *(f"boxed_{n}" for n in RM_TYPES if n != "remote_rm"))
 
 SampleReward = Callable[[Any], float]
 GroupReward = Callable[[list[Any]], Sequence[float]]
@@ -68,20 +77,31 @@ class Rewarder:
 
     @classmethod
     def build(cls, *, rm_type: str | None = None, custom_rm_path: str | None = None,
-              group_rm: bool = False) -> "Rewarder":
-        """``--custom-rm-path`` wins over ``--rm-type`` (default ``exact``)."""
+              group_rm: bool = False, args: Any = None, reward_key: str | None = None,
+              rm_url: str | None = None) -> "Rewarder":
+        """``--custom-rm-path`` wins over ``--rm-type`` (default ``exact``, or ``remote_rm``
+        with ``--rm-url``); any signature of ``reward_plugins`` (slime's included)."""
         if custom_rm_path is not None:
-            return cls(fn=load_callable(custom_rm_path, flag="--custom-rm-path"), group=group_rm,
-                       name=custom_rm_path)
+            call, group = adapt_reward(load_callable(custom_rm_path, flag="--custom-rm-path"),
+                                       args=args, group=group_rm, flag="--custom-rm-path",
+                                       reward_key=reward_key)
+            return cls(fn=call, group=group, name=custom_rm_path)
         if group_rm:
             raise field_error(RewardFunctionError, "group_rm", True,
                               "needs a group reward function, and built-in rewards are per sample",
                               "pass --custom-rm-path pkg.mod:fn taking a prompt's samples")
-        name = rm_type or "exact"
-        if name not in RM_TYPES:
+        name = rm_type or ("remote_rm" if rm_url else "exact")
+        base = name.removeprefix("boxed_")
+        if name not in RM_CHOICES:
             raise field_error(RewardFunctionError, "rm_type", name, "is not a built-in reward",
-                              f"use one of {sorted(RM_TYPES)}, or --custom-rm-path")
-        return cls(fn=load_callable(RM_TYPES[name], flag="--rm-type"), name=name)
+                              f"use one of {sorted(RM_CHOICES)}, or --custom-rm-path")
+        if base == "remote_rm" and not rm_url:
+            raise field_error(RewardFunctionError, "rm_type", name, "needs --rm-url",
+                              "pass --rm-url http://host:port/path")
+        call, group = adapt_reward(load_callable(RM_TYPES[base], flag="--rm-type"), args=args,
+                                   group=False, flag="--rm-type", boxed=base != name,
+                                   reward_key=reward_key or RM_REWARD_KEYS.get(base))
+        return cls(fn=call, group=group, name=name)
 
     def score(self, samples: Sequence[Any], *, where: str = "prompt") -> list[float]:
         """Rewards of one prompt's samples, in order (see the module docstring)."""
