@@ -15,7 +15,7 @@ from vime_shell.loop.config import TrainConfig
 from vime_shell.rollout import remote_reward
 from vime_shell.rollout.plugins import PluginError
 from vime_shell.rollout.rewards import Rewarder, RewardFunctionError
-from vime_shell.rollout.rule_rewards import last_boxed
+from vime_shell.rollout.reward_plugins import last_boxed
 
 
 def _s(response, label="8", **meta) -> Sample:

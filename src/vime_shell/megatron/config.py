@@ -36,14 +36,14 @@ class OptimConfig:
 
     def __attrs_post_init__(self) -> None:
         """The one check of each optimizer knob (``TrainConfig`` builds this record to run it)."""
-        _within("lr", self.lr, 0.0, 1.0, "use e.g. 3e-4 (the 334k-param embedded model), "
+        _check_range("lr", self.lr, 0.0, 1.0, "use e.g. 3e-4 (the 334k-param embedded model), "
                 "1e-6 (7B)", lo_open=True)
-        _within("min_lr", self.min_lr, 0.0, self.lr, f"use a value in [0, lr={self.lr}]")
+        _check_range("min_lr", self.min_lr, 0.0, self.lr, f"use a value in [0, lr={self.lr}]")
         for name in ("weight_decay", "clip_grad"):
-            _within(name, getattr(self, name), 0.0, 1e6, "use 0 to turn it off")
+            _check_range(name, getattr(self, name), 0.0, 1e6, "use 0 to turn it off")
         for name in ("adam_beta1", "adam_beta2"):
-            _within(name, getattr(self, name), 0.0, 1.0, "use e.g. 0.9 / 0.999", hi_open=True)
-        _within("adam_eps", self.adam_eps, 1e-30, 1.0, "use 1e-8")
+            _check_range(name, getattr(self, name), 0.0, 1.0, "use e.g. 0.9 / 0.999", hi_open=True)
+        _check_range("adam_eps", self.adam_eps, 1e-30, 1.0, "use 1e-8")
         if self.overlap_param_gather and not self.use_distributed_optimizer:
             raise field_error(OptimConfigError, "overlap_param_gather", True,
                               "needs the distributed optimizer",
@@ -54,7 +54,7 @@ class OptimConfigError(VimeError):
     """An optimizer or LR-schedule setting out of range."""
 
 
-def _within(name: str, value: float, lo: float, hi: float, fix: str, *,
+def _check_range(name: str, value: float, lo: float, hi: float, fix: str, *,
             lo_open: bool = False, hi_open: bool = False) -> None:
     """``value`` in ``[lo, hi]``, each end open on request; NaN and inf fail."""
     inside = ((lo < value if lo_open else lo <= value)

@@ -113,9 +113,21 @@ def pick(value: Any, sample: Any, key: str | None) -> Any:
 
 def _on_boxed(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``fn`` on a copy of the sample whose response is its last ``\\boxed{}`` ("" if none)."""
-    from vime_shell.rollout.rule_rewards import last_boxed  # math-verify: only when chosen
-
     def call(sample: Any) -> Any:
         boxed = last_boxed(str(sample.response or "")) or ""
         return fn(attrs.evolve(sample, metadata={**sample.metadata, "response": boxed}))
     return call
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (braces balanced), or None.
+    ``last_boxed("a \\boxed{\\frac{1}{2}} b") == "\\frac{1}{2}"``."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1:j]
+    return None

@@ -26,21 +26,8 @@ from typing import Any
 
 from math_verify import parse, verify
 
+from vime_shell.rollout.reward_plugins import last_boxed
 from vime_shell.rollout.rewards import sample_field
-
-
-def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (braces balanced), or None.
-    ``last_boxed("a \\boxed{\\frac{1}{2}} b") == "\\frac{1}{2}"``."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 0, start + len("\\boxed")
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i + 1:j]
-    return None
 
 
 def _same_math(answer: str, gold: str) -> bool:
