@@ -34,6 +34,8 @@ from vime_pure.denominators import LOSS_MODES
 from vime_pure.errors import LossConfigError, VimeError, field_error
 from vime_pure.policy_config import KL_KINDS, LossConfig
 from vime_shell.engines import ENGINE_NAMES
+from vime_shell.loop.megatron_args import (MegatronSwitchArgs, ModelArchArgs, ModelArgsError,
+                                           PlacementArgs)
 from vime_shell.megatron.config import OptimConfig, OptimConfigError
 from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, ROLLOUT_DTYPES,
@@ -54,7 +56,8 @@ LOSS_FLAGS = {"eps_clip": "--eps-clip", "eps_clip_high": "--eps-clip-high",
               "kl_kind": "--kl-loss-type", "entropy_coef": "--entropy-coef",
               "use_tis": "--use-tis", "tis_clip": "--tis-clip"}
 SECTIONS: tuple[str, ...] = ("model", "data", "rollout", "reward", "eval", "batching", "loss",
-                             "optimizer", "parallelism", "checkpoint", "logging")
+                             "optimizer", "parallelism", "checkpoint", "logging",
+                             "architecture", "megatron", "placement")
 
 
 class ConfigError(VimeError):
@@ -68,9 +71,12 @@ def _f(default: Any, help: str, section: str, choices: Sequence[Any] | None = No
 
 
 @attrs.frozen(kw_only=True)
-class TrainConfig:
+class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
     """All ``vime train`` settings, named as slime's flags. Example:
-    ``TrainConfig(prompt_data="train.jsonl", apply_chat_template=True, rm_type="math")``."""
+    ``TrainConfig(prompt_data="train.jsonl", apply_chat_template=True, rm_type="math")``.
+
+    Megatron's architecture flags, pass-through switches and Ray placement come from the
+    records in ``vime_shell.loop.megatron_args`` (each checks its own fields)."""
 
     # model and engine
     hf_checkpoint: str | None = _f(None, "HF model dir; default: the embedded tiny Qwen2", "model")
@@ -259,6 +265,10 @@ class TrainConfig:
         for name, value in self._choices():
             _one_of(name, value, _field(name).metadata["choices"])
         self._check_numbers()
+        try:
+            self.check_switches()
+        except ModelArgsError as exc:
+            raise ConfigError(str(exc)) from None
         self._check_data()
         self._check_loss()
         if self.save_rollout_data is not None and "{rollout_id}" not in self.save_rollout_data:

@@ -35,7 +35,8 @@ from vime_shell.megatron.layout import (TrainLayout, context_parallel_available,
                                         ranks_per_node_from_env, resolve_layout,
                                         world_size_from_env)
 from vime_shell.models.embedded import build_embedded
-from vime_shell.models.hf_config import has_chat_template, read_config_summary
+from vime_shell.loop.megatron_args import ModelArgsError, check_architecture
+from vime_shell.models.hf_config import has_chat_template, read_config_json, read_config_summary
 from vime_shell.rollout.data import DataKeys, load_prompt_rows
 from vime_shell.rollout.plugins import load_callable
 from vime_shell.rollout.rewards import Rewarder
@@ -84,6 +85,12 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
                           "use a TP size that divides it, or pad the model's embedding and "
                           "LM head with reserved rows as Megatron's --make-vocab-size-"
                           "divisible-by does (the embedded model has 20 rows: TP 1, 2 or 4)")
+    try:  # slime's Megatron flags: the architecture against the HF config, Ray placement
+        check_architecture(cfg, read_config_json(hf_dir), str(hf_dir))
+        cfg.check_placement(world_size=world_size_from_env(),
+                            ranks_per_node=ranks_per_node_from_env())
+    except ModelArgsError as exc:
+        raise ConfigError(str(exc)) from None
     cp = cfg.context_parallel_size
     layout = resolve_layout(
         world_size=world_size_from_env(), num_layers=summary.num_layers,
