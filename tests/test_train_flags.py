@@ -128,7 +128,10 @@ def test_batching_and_parallelism_flags(model, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     plan = launch_checks(parse_train_config(["--pipeline-model-parallel-size", "2"]), model)
     assert (plan.layout.pp, plan.layout.dp) == (2, 1)
-    _bad(["--micro-batch-size", "2"], capsys, "micro_batch_size=2")
+    # slime's rule: --micro-batch-size without --use-dynamic-batch-size is static batching
+    static = parse_train_config(["--micro-batch-size", "2"]).batching_policy()
+    assert (static.micro_batch_size, static.max_tokens_per_gpu) == (2, None)
+    _bad(["--micro-batch-size", "2", "--use-dynamic-batch-size"], capsys, "micro_batch_size=2")
     _bad(["--context-parallel-size", "2"], capsys, "context_parallel_size=2")
     _bad(["--balance", "round_robin"], capsys, "--balance")
 

@@ -18,18 +18,47 @@ import os
 import sys
 import warnings
 
-from vime_shell.loop.config import add_train_arguments, config_from_args
+from vime_shell.cli.dry_run import dry_run_report
+from vime_shell.loop.checkpoint_index import resume_checkpoint
+from vime_shell.loop.config import absorb_engine_flags, add_train_arguments, config_from_args
+from vime_shell.loop.megatron_args import notes
+from vime_shell.loop.slime_flags import unsupported_line
 from vime_shell.loop.launch_checks import launch_checks, model_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every setting's flag; slime's engine flags absorbed and its unsupported flags explained
+    (the hooks of ``VimeArgumentParser``)."""
     add_train_arguments(parser)
+    parser.extras_hook = absorb_engine_flags
+    parser.flag_table = unsupported_line
+    parser.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS,
+                        help="run every launch check, print the resolved configuration, the "
+                        "layouts and one synthetic rollout's schedule, build nothing, exit 0")
+
+
+def launch_notes(cfg, args: argparse.Namespace) -> list[str]:
+    """One line per accepted flag that vime treats differently (rank 0 prints them)."""
+    out = [*notes(cfg), *getattr(args, "engine_warnings", ())]
+    if cfg.load is not None and resume_checkpoint(cfg.load, cfg.save) is None:
+        out.append(f"--load {cfg.load}: no checkpoint yet (it is the --save directory): "
+                   "starting fresh, as slime does")
+    if cfg.eval_prompt_data is not None and cfg.eval_interval is None:
+        out.append("--eval-prompt-data without --eval-interval: evaluating before the first "
+                   "rollout and after the last")
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     """Validate every setting (no torch yet), then run the loop and print its summary."""
     cfg = config_from_args(args)
     plan = launch_checks(cfg, model_dir(cfg))
+    if int(os.environ.get("RANK", "0")) == 0:
+        for line in launch_notes(cfg, args):
+            print(f"vime train: note: {line}", file=sys.stderr)
+    if getattr(args, "dry_run", False):
+        print(dry_run_report(cfg, plan))
+        return 0
     # Megatron and mbridge announce every missing optional kernel (TE, Apex) on CPU at import.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"(megatron|mbridge)\.")
     from vime_shell.loop.loop import run_training  # torch, Megatron: only for a valid run

@@ -80,6 +80,7 @@ class EngineOptions:
     max_model_len: int | None = None
     enforce_eager: bool = False
     gather_timeout_s: float = 3 * 3600.0
+    vllm_args: tuple[tuple[str, Any], ...] = ()  # --vllm-engine-args, passed to vllm.LLM
 
 
 def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: EngineOptions,
@@ -104,6 +105,7 @@ def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: Engine
         kwargs["distributed_executor_backend"] = "external_launcher"
     if cuda:
         kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+    kwargs.update(options.vllm_args)  # the user's (or slime's --sglang-X) engine arguments
     return select_engine(options.engine, hf_dir, seed=seed, dtype=options.dtype,
                          enable_sleep_mode=options.colocate and cuda,
                          sleep_level=options.sleep_level, **kwargs)

@@ -63,3 +63,22 @@ def require_checkpoint(root: str | Path) -> Path:
                           "pass the --save directory of a run that saved a checkpoint (a new "
                           "run uses --save only)")
     return found
+
+
+def resume_checkpoint(load: str | Path | None, save: str | Path | None) -> Path | None:
+    """The checkpoint a run resumes from, or None for a fresh start.
+
+    slime's idiom ``--load X --save X`` resumes when ``X`` holds a checkpoint and starts fresh
+    when ``X`` is missing or empty (a first run). A ``--load`` naming any other path must hold
+    a checkpoint (``require_checkpoint``): a typo never starts a run from scratch.
+    Example: ``resume_checkpoint("ck", "ck")`` is None before the first save."""
+    if load is None or starts_fresh(load, save):
+        return None
+    return require_checkpoint(load)
+
+
+def starts_fresh(load: str | Path, save: str | Path | None) -> bool:
+    """slime's first run: ``--load`` is the ``--save`` directory and it is missing or empty."""
+    where = Path(load).expanduser()
+    same = save is not None and where.resolve() == Path(save).expanduser().resolve()
+    return same and (not where.exists() or (where.is_dir() and not any(where.iterdir())))

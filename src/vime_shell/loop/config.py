@@ -34,6 +34,7 @@ from vime_pure.denominators import LOSS_MODES
 from vime_pure.errors import LossConfigError, VimeError, field_error
 from vime_pure.policy_config import KL_KINDS, LossConfig
 from vime_shell.engines import ENGINE_NAMES
+from vime_shell.loop.slime_flags import ALIASES, engine_flags
 from vime_shell.loop.megatron_args import (MegatronSwitchArgs, ModelArchArgs, ModelArgsError,
                                            PlacementArgs)
 from vime_shell.megatron.config import OptimConfig, OptimConfigError
@@ -97,6 +98,11 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                                         "sync bucket (a decoder layer is never split)", "model")
     rollout_enforce_eager: bool = _f(False, "vLLM without CUDA graphs (faster start, slower "
                                      "decode)", "model")
+    vllm_engine_args: tuple[str, ...] | None = attrs.field(
+        default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
+        metadata={"help": "vLLM engine arguments KEY=VALUE; what --vllm-KEY VALUE and the "
+                  "mapped --sglang-X flags become", "section": "model", "choices": None,
+                  "nargs": "+"})
     # data
     prompt_data: str | None = _f(None, "prompt dataset, .jsonl or .parquet; default: the "
                                  "built-in --task", "data")
@@ -154,19 +160,27 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
         default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
         metadata={"help": "NAME PATH [NAME PATH ...] eval sets", "section": "eval",
                   "choices": None, "nargs": "+"})
-    eval_interval: int | None = _f(None, "evaluate every N rollouts (and after the last)", "eval")
+    eval_interval: int | None = _f(None, "evaluate every N rollouts (and after the last); "
+                                   "default with --eval-prompt-data: before the first and "
+                                   "after the last", "eval")
     n_samples_per_eval_prompt: int = _f(1, "samples per eval prompt (pass@k uses them)", "eval")
     eval_max_response_len: int | None = _f(None, "max new tokens in eval; default "
                                            "--rollout-max-response-len", "eval")
     eval_temperature: float | None = _f(None, "eval sampling temperature; default "
                                         "--rollout-temperature", "eval")
+    skip_eval_before_train: bool = _f(False, "no evaluation before the first rollout", "eval")
     # batching (global_batch_size counts groups = rollout executions, never samples)
     global_batch_size: int = _f(128, "groups per optimizer step", "batching")
     num_steps_per_rollout: int | None = _f(None, "optimizer steps per rollout; sets "
                                            "--global-batch-size", "batching")
     max_tokens_per_gpu: int | None = _f(1024, "token budget of a packed micro-batch", "batching")
     micro_batch_size: int | None = _f(None, "samples per static micro-batch (with "
-                                      "--max-tokens-per-gpu none)", "batching")
+                                      "--max-tokens-per-gpu none, or slime's way: without "
+                                      "--use-dynamic-batch-size)", "batching")
+    use_dynamic_batch_size: bool | None = _f(None, "slime's switch for --max-tokens-per-gpu "
+                                             "packing (vime's default); off with "
+                                             "--micro-batch-size: static micro-batches",
+                                             "batching")
     packing: str = _f("ffd", "bin-packing algorithm", "batching", PACKINGS)
     balance: str | None = _f(None, "DP balance; overrides the two below", "batching", BALANCES)
     balance_data: bool = _f(False, "balance tokens across DP ranks (balance=tokens)", "batching")
@@ -180,11 +194,15 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
     eps_clip: float = _f(0.2, "PPO ratio clip", "loss")
     eps_clip_high: float | None = _f(None, "upper ratio clip (DAPO clip-higher); default "
                                      "--eps-clip", "loss")
+    eps_clip_c: float | None = _f(None, "dual-clip bound c > 1: a negative-advantage token's "
+                                  "loss is capped at -A * c", "loss")
+    kl_coef: float = _f(0.0, "slime's reward-shaping KL; vime supports 0 only (use "
+                        "--use-kl-loss --kl-loss-coef)", "loss")
     use_kl_loss: bool = _f(False, "add a KL penalty against a frozen reference model", "loss")
     kl_loss_coef: float = _f(0.0, "weight of the KL penalty", "loss")
     kl_loss_type: str = _f("low_var_kl", "KL estimator", "loss", KL_KINDS)
-    ref_load: str | None = _f(None, "HF dir of the reference model; default: the initial "
-                              "weights", "loss")
+    ref_load: str | None = _f(None, "HF dir of the initial weights and the KL reference "
+                              "(slime: where training starts); default --hf-checkpoint", "loss")
     entropy_coef: float = _f(0.0, "entropy bonus weight", "loss")
     use_tis: bool = _f(False, "truncated importance sampling against the engine's "
                        "log-probs", "loss")
@@ -319,11 +337,10 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
             raise field_error(ConfigError, "eval_prompt_data", list(self.eval_prompt_data),
                               "is not NAME PATH pairs",
                               "pass e.g. --eval-prompt-data gsm8k test.jsonl aime aime.jsonl")
-        if (self.eval_interval is None) != (self.eval_prompt_data is None):
+        if self.eval_interval is not None and self.eval_prompt_data is None:
             raise field_error(ConfigError, "eval_interval", self.eval_interval,
-                              "and --eval-prompt-data go together",
-                              "pass both, e.g. --eval-interval 10 --eval-prompt-data gsm8k "
-                              "test.jsonl")
+                              "needs --eval-prompt-data",
+                              "pass e.g. --eval-prompt-data gsm8k test.jsonl")
         filtered = self.dynamic_sampling_filter_path is not None
         if self.over_sampling_batch_size is not None:
             if not filtered:
@@ -343,6 +360,15 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                               "use a per-sample --custom-rm-path")
 
     def _check_loss(self) -> None:
+        if self.kl_coef != 0:
+            raise field_error(ConfigError, "--kl-coef", self.kl_coef,
+                              "(slime's KL reward shaping) is not supported in vime",
+                              "pass --kl-coef 0, or train a KL penalty with --use-kl-loss "
+                              "--kl-loss-coef")
+        if self.use_dynamic_batch_size and self.max_tokens_per_gpu is None:
+            raise field_error(ConfigError, "--use-dynamic-batch-size", True,
+                              "packs to --max-tokens-per-gpu, which is none",
+                              "pass --max-tokens-per-gpu, e.g. 9216")
         if self.calculate_per_token_loss and self.loss_mode not in ("token_mean",
                                                                     "group_token_mean"):
             raise field_error(ConfigError, "calculate_per_token_loss", True,
@@ -352,9 +378,6 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
             raise field_error(ConfigError, "kl_loss_coef", self.kl_loss_coef,
                               "has no effect without --use-kl-loss",
                               "pass --use-kl-loss, or --kl-loss-coef 0")
-        if self.ref_load is not None and not self.use_kl_loss:
-            raise field_error(ConfigError, "ref_load", self.ref_load,
-                              "is only read for the KL penalty", "pass --use-kl-loss")
 
     def _check_steps(self) -> None:
         groups = self.groups_per_rollout
@@ -383,6 +406,16 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
         return self.groups_per_rollout // self.num_steps_per_rollout
 
     @property
+    def effective_max_tokens_per_gpu(self) -> int | None:
+        """The packing budget, or None for static micro-batches: slime's rule, where
+        ``--micro-batch-size`` without ``--use-dynamic-batch-size`` is static (its
+        ``--max-tokens-per-gpu`` then bounds nothing). Example: ``--micro-batch-size 4`` ->
+        None; with ``--use-dynamic-batch-size`` the budget stays and the two conflict."""
+        if self.micro_batch_size is not None and not self.use_dynamic_batch_size:
+            return None
+        return self.max_tokens_per_gpu
+
+    @property
     def groups_per_rollout(self) -> int:
         """Rollout groups the built-in rollouts produce per batch: prompts x samples."""
         return self.rollout_batch_size * self.n_samples_per_prompt
@@ -393,6 +426,7 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
         (0, 1). Fix: use e.g. 0.2.``"""
         try:
             return LossConfig(eps_clip=self.eps_clip, eps_clip_high=self.eps_clip_high,
+                              dual_clip=self.eps_clip_c,
                               kl_coef=self.kl_loss_coef if self.use_kl_loss else 0.0,
                               kl_kind=self.kl_loss_type, entropy_coef=self.entropy_coef,
                               use_tis=self.use_tis, tis_clip=self.tis_clip)
@@ -426,7 +460,7 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
         try:
             return policy_from_flags(
                 global_batch_size=self.effective_global_batch_size,
-                max_tokens_per_gpu=self.max_tokens_per_gpu,
+                max_tokens_per_gpu=self.effective_max_tokens_per_gpu,
                 micro_batch_size=self.micro_batch_size, packing=self.packing,
                 balance=self.balance, balance_data=self.balance_data,
                 balance_by_flops=self.balance_by_flops,
@@ -565,17 +599,42 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     groups = {name: parser.add_argument_group(name) for name in SECTIONS}
     for f in attrs.fields(TrainConfig):
         group = groups[f.metadata["section"]]
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-"),
+                 *(alias for alias, name in ALIASES.items() if name == f.name)]
         help_text = f"{f.metadata['help']} (default: {f.default})"
         base, optional = field_type(f)
         if base is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction,
+            group.add_argument(*flags, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)
             continue
         kind = str if base is tuple else base
-        group.add_argument(flag, type=_optional(kind) if optional else kind,
+        group.add_argument(*flags, type=_optional(kind) if optional else kind,
                            choices=f.metadata["choices"], nargs=f.metadata["nargs"],
                            default=argparse.SUPPRESS, help=help_text)
+    groups["checkpoint"].add_argument(
+        "--load-forge-rollout-data", action=_ForgeReplay, metavar="PATH",
+        default=argparse.SUPPRESS, help="slime's alias: --load-rollout-data PATH "
+        "--load-rollout-data-mode forge")
+    parser.set_defaults(engine_warnings=())
+
+
+class _ForgeReplay(argparse.Action):
+    """``--load-forge-rollout-data PATH``: two settings, as slime's one flag means."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.load_rollout_data = values
+        namespace.load_rollout_data_mode = "forge"
+
+
+def absorb_engine_flags(extras: list[str], namespace: argparse.Namespace) -> list[str]:
+    """The parser's hook for ``--vllm-X`` / ``--sglang-X`` (``slime_flags.engine_flags``):
+    mapped ones extend ``--vllm-engine-args``, the rest become launch warnings."""
+    engine, warnings, rest = engine_flags(extras)
+    if engine:
+        given = getattr(namespace, "vllm_engine_args", None) or ()
+        namespace.vllm_engine_args = [*given, *engine]
+    namespace.engine_warnings = (*namespace.engine_warnings, *warnings)
+    return rest
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -583,7 +642,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     values = dict(vars(args))
     path = values.pop("config", None)
     merged = load_config_file(path) if path else {}
-    merged = {k.replace("-", "_"): v for k, v in merged.items()}
+    merged = {ALIASES.get("--" + str(k).replace("_", "-"), str(k).replace("-", "_")): v
+              for k, v in merged.items()}  # slime's spellings of vime settings too
     fields = {f.name for f in attrs.fields(TrainConfig)}
     merged.update({k: v for k, v in values.items() if k in fields})
     return TrainConfig.from_mapping(merged, source=f"--config {path}" if path else "flags")

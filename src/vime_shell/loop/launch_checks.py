@@ -27,7 +27,7 @@ from vime_pure.config import BatchingPolicy, check_feasible
 from vime_pure.errors import field_error
 from vime_shell.engines import vllm_available
 from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_engine_layout
-from vime_shell.loop.checkpoint_index import require_checkpoint
+from vime_shell.loop.checkpoint_index import TRACKER, resume_checkpoint
 from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.loop.replay import ReplaySource
 from vime_shell.loop.run_dir import check_run_dir
@@ -60,8 +60,10 @@ class LaunchPlan:
 
 
 def model_dir(cfg: TrainConfig) -> Path:
-    """``--hf-checkpoint``, or the embedded model's directory (built on first use)."""
-    return Path(cfg.hf_checkpoint).expanduser() if cfg.hf_checkpoint else build_embedded()
+    """The initial weights: ``--ref-load`` (slime: where training starts, and the KL
+    reference), else ``--hf-checkpoint``, else the embedded model (built on first use)."""
+    chosen = cfg.ref_load or cfg.hf_checkpoint
+    return Path(chosen).expanduser() if chosen else build_embedded()
 
 
 def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
@@ -150,12 +152,30 @@ def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:
                           f"but {hf_dir} has no chat template (tokenizer_config.json "
                           "'chat_template' or chat_template.jinja)",
                           "use an instruct model's directory, or drop --apply-chat-template")
-    if cfg.ref_load is not None and not (Path(cfg.ref_load).expanduser() / "config.json").is_file():
-        raise field_error(ConfigError, "ref_load", cfg.ref_load, "is not an HF model directory",
-                          "pass a directory written by save_pretrained (or --save-hf)")
+    if cfg.ref_load is not None:
+        _check_ref_load(cfg)
     if cfg.use_wandb and importlib.util.find_spec("wandb") is None:
         raise field_error(ConfigError, "use_wandb", True, "but wandb is not installed",
                           "pip install 'vime[wandb]', or drop --use-wandb")
+
+
+def _check_ref_load(cfg: TrainConfig) -> None:
+    """``--ref-load`` is an HF directory of the same architecture as ``--hf-checkpoint``."""
+    ref = Path(cfg.ref_load).expanduser()
+    if not (ref / "config.json").is_file():
+        megatron = (ref / TRACKER).is_file() or any(ref.glob("iter_*"))
+        raise field_error(ConfigError, "--ref-load", cfg.ref_load,
+                          "is a Megatron checkpoint; vime reads HF weights" if megatron else
+                          "is not an HF model directory",
+                          "drop --ref-load to start from --hf-checkpoint, or pass an HF "
+                          "directory (save_pretrained, or vime's --save-hf)")
+    if cfg.hf_checkpoint is not None:
+        a, b = (read_config_summary(Path(p).expanduser()) for p in (cfg.hf_checkpoint, ref))
+        for name in ("model_type", "num_layers", "vocab_size"):
+            if getattr(a, name) != getattr(b, name):
+                raise field_error(ConfigError, "--ref-load", cfg.ref_load,
+                                  f"has {name}={getattr(b, name)!r}, --hf-checkpoint "
+                                  f"{getattr(a, name)!r}", "pass the same model's weights")
 
 
 def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> None:
@@ -172,8 +192,9 @@ def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> None:
             _check_writable(field, Path(path).expanduser())
     num_rollout = cfg.num_rollout if num_rollout is None else num_rollout
     start = 0
-    if cfg.load is not None:
-        start = int(require_checkpoint(cfg.load).name.split("_")[-1])
+    found = resume_checkpoint(cfg.load, cfg.save)  # None: fresh (also slime's first run)
+    if found is not None:
+        start = int(found.name.split("_")[-1])
     if cfg.load_rollout_data is not None and start < num_rollout:
         source = ReplaySource(template=cfg.load_rollout_data,
                               fallback=cfg.load_rollout_data_fallback)

@@ -66,7 +66,7 @@ from vime_shell.engines import resolve_engine_name
 from vime_shell.engines.group import EngineGroup, EngineOptions
 from vime_shell.engines.layout import default_rollout_dtype, logprob_gap_tolerance
 from vime_shell.loop import run_checkpoint
-from vime_shell.loop.checkpoint_index import require_checkpoint
+from vime_shell.loop.checkpoint_index import resume_checkpoint
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan, launch_checks, model_dir
 from vime_shell.loop.logs import configure_logging
@@ -75,6 +75,7 @@ from vime_shell.loop.replay import DumpWriter, ReplaySource
 from vime_shell.loop.rollouts import RolloutProducer
 from vime_shell.loop.run_dir import move_aside
 from vime_shell.loop.run_log import RunLogger
+from vime_shell.loop.slime_flags import parse_engine_arg
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.config import TrainerConfig
 from vime_shell.megatron.layout import ranks_per_node_from_env
@@ -158,7 +159,8 @@ def engine_options(cfg: TrainConfig, cuda: bool) -> EngineOptions:
         colocate=cfg.colocate if cfg.colocate is not None else cuda and engine == "vllm",
         gpu_memory_utilization=cfg.rollout_gpu_memory_utilization,
         update_weight_buffer_size=cfg.update_weight_buffer_size, seed=cfg.seed,
-        enforce_eager=cfg.rollout_enforce_eager)
+        enforce_eager=cfg.rollout_enforce_eager,
+        vllm_args=tuple(parse_engine_arg(a) for a in cfg.vllm_engine_args or ()))
 
 
 class _Loop:
@@ -174,9 +176,8 @@ class _Loop:
             pp=cfg.pipeline_model_parallel_size, cp=cfg.context_parallel_size,
             num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage,
             platform=detect_platform())
-        if cfg.use_kl_loss:  # the initial weights, unless --ref-load names another model
-            self.trainer.load_reference(Path(cfg.ref_load).expanduser() if cfg.ref_load
-                                        else self.hf_dir)
+        if cfg.use_kl_loss:  # the initial weights (--ref-load when given, as in slime)
+            self.trainer.load_reference(self.hf_dir)
         self.layout = self.trainer.layout
         self.rank = dist.get_rank()
         self.replay = None
@@ -303,8 +304,14 @@ class _Loop:
         """Before rollout ``rid`` (weights trained on rollouts ``< rid``) every
         ``--eval-interval`` rollouts; ``run_training`` adds one after the last rollout. Not in
         replays: their engine (forge) never generates."""
-        interval = self.cfg.eval_interval
-        return interval is not None and self.producer is not None and rid % interval == 0
+        cfg = self.cfg
+        if not self._evaluates_at_end() or (rid == 0 and cfg.skip_eval_before_train):
+            return False
+        # without --eval-interval (slime): before the first rollout and after the last
+        return rid == 0 if cfg.eval_interval is None else rid % cfg.eval_interval == 0
+
+    def _evaluates_at_end(self) -> bool:
+        return self.producer is not None and self.cfg.eval_prompt_data is not None
 
     def evaluate(self, rid: int) -> dict[str, float]:
         """Collective: every eval set on the engines' current weights, with ``eval_s``."""
@@ -392,8 +399,13 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
     body, between building the loop and tearing it down."""
     configure_logging(cfg.log_level, loop.rank)
     start = 0
-    if cfg.load is not None:  # it must hold a checkpoint: a mistyped path never starts afresh
-        found = require_checkpoint(cfg.load)
+    # --load must hold a checkpoint (a mistyped path never starts afresh), except slime's
+    # first run of --load X --save X on a missing or empty X
+    found = resume_checkpoint(cfg.load, cfg.save)
+    if cfg.load is not None and found is None:
+        log.info("--load %s holds no checkpoint yet and is the --save directory: starting "
+                 "fresh (slime's first run)", cfg.load)
+    if found is not None:
         state = run_checkpoint.load(found, loop.trainer, cfg.to_dict())
         start = state.rollouts_done
         loop.restore_data_state(state.data)
@@ -419,7 +431,7 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
                     loop.dumps.flush()  # a checkpoint never runs ahead of the dumps
                 run_checkpoint.save(cfg.save, done, loop.trainer, cfg.to_dict(),
                                     data=loop.data_state())
-        if loop._evaluates(0) and total > start:  # the trained weights, once more
+        if loop._evaluates_at_end() and total > start:  # the trained weights, once more
             logger.log_eval(total, loop.evaluate(total))
     finally:
         plots = logger.finish(loop.last_schedule)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from vime_pure.errors import field_error
+from vime_shell.loop.checkpoint_index import starts_fresh
 from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.storage.files import fsync_path
 
@@ -74,7 +75,7 @@ def check_run_dir(cfg: TrainConfig) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise field_error(RunDirError, "run_dir", cfg.run_dir, "is a file",
                           "pass a directory for metrics.jsonl and the plots")
-    if cfg.load is not None:
+    if cfg.load is not None and not starts_fresh(cfg.load, cfg.save):  # resuming
         if cfg.overwrite_run_dir:
             raise field_error(RunDirError, "overwrite_run_dir", True,
                               f"contradicts --load {cfg.load}: a resumed run continues its "
