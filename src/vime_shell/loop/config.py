@@ -136,9 +136,13 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
     over_sampling_batch_size: int | None = _f(None, "prompts drawn per generation round under "
                                               "dynamic sampling", "rollout")
     dynamic_sampling_filter_path: str | None = _f(None, "keep a prompt group when "
-                                                  "'pkg.mod:fn(samples)' is true, e.g. "
+                                                  "'pkg.mod:fn(samples)' (or slime's "
+                                                  "fn(args, samples)) is true, e.g. "
                                                   "vime_shell.rollout.filters:nonzero_reward_std",
                                                   "rollout")
+    custom_rollout_log_function_path: str | None = _f(
+        None, "slime's fn(rollout_id, args, samples, metrics, seconds), called on rank 0 after each "
+        "rollout's generation; vime's metrics.jsonl is written whatever it returns", "rollout")
     dynamic_sampling_max_rounds: int = _f(8, "generation rounds per rollout under dynamic "
                                           "sampling before training on what passed", "rollout")
     # reward

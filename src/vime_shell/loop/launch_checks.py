@@ -104,7 +104,9 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     engine_layout = _engine_layout(cfg, summary.num_attention_heads)
     for flag, path in (("--rollout-function-path", cfg.rollout_function_path),
                        ("--custom-rm-path", cfg.custom_rm_path),
-                       ("--dynamic-sampling-filter-path", cfg.dynamic_sampling_filter_path)):
+                       ("--dynamic-sampling-filter-path", cfg.dynamic_sampling_filter_path),
+                       ("--custom-rollout-log-function-path",
+                        cfg.custom_rollout_log_function_path)):
         if path is not None:
             load_callable(path, flag=flag)
     Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,

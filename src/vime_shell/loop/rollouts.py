@@ -22,6 +22,7 @@ prompts_kept 16, prompts_filtered 42``.
 """
 
 import math
+import time
 from collections.abc import Sequence
 from itertools import chain
 from typing import Any
@@ -41,6 +42,7 @@ from vime_shell.loop.launch_checks import LaunchPlan
 from vime_shell.models.tokenizer import load_tokenizer
 from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.filters import load_filter
+from vime_shell.rollout.plugins import load_callable
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.rollout.functions import (RolloutContext, load_rollout_function,
@@ -92,7 +94,9 @@ class RolloutProducer:
         self.rewarder = Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
                                        group_rm=cfg.group_rm, args=cfg,
                                        reward_key=cfg.reward_key, rm_url=cfg.rm_url)
-        self.keep = load_filter(cfg.dynamic_sampling_filter_path)
+        self.keep = load_filter(cfg.dynamic_sampling_filter_path, args=cfg)
+        self.log_fn = (None if cfg.custom_rollout_log_function_path is None else load_callable(
+            cfg.custom_rollout_log_function_path, flag="--custom-rollout-log-function-path"))
         self.normalization = RewardNormalization(method=ESTIMATOR_METHOD[cfg.advantage_estimator])
         eos = self.tokenizer.eos_token_id
         self.stop = () if eos is None else (int(eos),)
@@ -102,6 +106,7 @@ class RolloutProducer:
         """Collective over the world: this rollout's batch and statistics on rank 0, None on
         the other ranks."""
         cfg = self.cfg
+        started = time.perf_counter()
         need = cfg.rollout_batch_size
         per_round = cfg.over_sampling_batch_size or need
         kept: list[Any] = []
@@ -137,6 +142,9 @@ class RolloutProducer:
                                 prompts_kept=len(kept), prompts_filtered=filtered)
         if not kept:
             raise RolloutEmptyError(rid, stats)
+        if self.log_fn is not None:  # slime's custom rollout log; vime's own log still runs
+            self.log_fn(rid, cfg, [s for p in kept for s in _samples(p)], stats.as_record(),
+                        time.perf_counter() - started)
         return RolloutBatch.from_samples(kept, normalization=self.normalization), stats
 
     def _sampling(self, max_new_tokens: int, seed: int, temperature: float | None = None
