@@ -19,6 +19,7 @@ import sys
 import warnings
 
 from vime_shell.cli.dry_run import dry_run_report
+from vime_shell.engines import vllm_available
 from vime_shell.loop.checkpoint_index import resume_checkpoint
 from vime_shell.loop.config import absorb_engine_flags, add_train_arguments, config_from_args
 from vime_shell.loop.megatron_args import notes
@@ -37,15 +38,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "layouts and one synthetic rollout's schedule, build nothing, exit 0")
 
 
-def launch_notes(cfg, args: argparse.Namespace) -> list[str]:
+def launch_notes(cfg, args: argparse.Namespace, plan) -> list[str]:
     """One line per accepted flag that vime treats differently (rank 0 prints them)."""
     out = [*notes(cfg), *getattr(args, "engine_warnings", ())]
     if cfg.load is not None and resume_checkpoint(cfg.load, cfg.save) is None:
         out.append(f"--load {cfg.load}: no checkpoint yet (it is the --save directory): "
                    "starting fresh, as slime does")
     if cfg.eval_prompt_data is not None and cfg.eval_interval is None:
-        out.append("--eval-prompt-data without --eval-interval: evaluating before the first "
-                   "rollout and after the last")
+        out.append("--eval-prompt-data without --eval-interval: evaluating "
+                   + ("" if cfg.skip_eval_before_train else "before the first rollout and ")
+                   + "after the last")
+    engine = cfg.rollout_engine or ("vllm" if vllm_available() else "hf")
+    if cfg.vllm_engine_args and plan.engine_layout is not None and engine == "hf":
+        out.append(f"--vllm-engine-args {' '.join(cfg.vllm_engine_args)}: the HF engine "
+                   "takes no vLLM arguments; ignored")
     return out
 
 
@@ -54,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     plan = launch_checks(cfg, model_dir(cfg))
     if int(os.environ.get("RANK", "0")) == 0:
-        for line in launch_notes(cfg, args):
+        for line in launch_notes(cfg, args, plan):
             print(f"vime train: note: {line}", file=sys.stderr)
     if getattr(args, "dry_run", False):
         print(dry_run_report(cfg, plan))

@@ -38,12 +38,8 @@ SGLANG_TO_VLLM: dict[str, str] = {
     "chunked-prefill-size": "max_num_batched_tokens",
     "kv-cache-dtype": "kv_cache_dtype",
     "context-length": "max_model_len",
-    "cuda-graph-max-bs": "max_cudagraph_capture_size",
-    "enable-deterministic-inference": "enable_deterministic_inference",  # VLLM_BATCH_INVARIANT
     "load-format": "load_format",
     "page-size": "block_size",
-    "tool-call-parser": "tool_call_parser",
-    "reasoning-parser": "reasoning_parser",
 }
 
 # --sglang-X with no vLLM counterpart in vime: why
@@ -114,8 +110,8 @@ UNSUPPORTED: dict[str, str] = {
     "--check-weight-update-equal": "vime checks the engine-trainer log-prob gap after each "
     "sync (--logprob-gap-tolerance)",
     "--prefill-num-servers": "prefill-decode disaggregation",
-    "--deterministic-mode": "CPU runs are deterministic for a --seed; on CUDA pass "
-    "--sglang-enable-deterministic-inference (vLLM batch invariance)",
+    "--deterministic-mode": "CPU runs are deterministic for a --seed; on CUDA set vLLM's "
+    "VLLM_BATCH_INVARIANT=1",
     "--dump-details": "use --save-rollout-data (and metrics.jsonl)",
     "--critic-num-nodes": "critics (PPO value models)",
     "--critic-num-gpus-per-node": "critics (PPO value models)",
