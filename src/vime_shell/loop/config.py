@@ -657,4 +657,8 @@ def parse_train_config(argv: Sequence[str] | None = None) -> TrainConfig:
     """Parse ``vime train`` arguments. Example: ``parse_train_config(["--lr", "1e-3"]).lr``."""
     parser = argparse.ArgumentParser(prog="vime train", allow_abbrev=False)
     add_train_arguments(parser)
-    return config_from_args(parser.parse_args(argv))
+    args, extras = parser.parse_known_args(argv)
+    extras = absorb_engine_flags(extras, args)  # --vllm-X / --sglang-X, as `vime train` does
+    if extras:
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    return config_from_args(args)
