@@ -30,6 +30,7 @@ import attrs
 import yaml
 
 from vime_pure.config import BALANCES, PACKINGS, BatchingPolicy, policy_from_flags
+from vime_pure.data.rewards import RewardNormalization
 from vime_pure.denominators import LOSS_MODES
 from vime_pure.errors import LossConfigError, VimeError, field_error
 from vime_pure.policy_config import KL_KINDS, LossConfig
@@ -159,6 +160,10 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
     group_rm: bool = _f(False, "--custom-rm-path takes all samples of one prompt and returns "
                         "their rewards", "reward")
     advantage_estimator: str = _f("grpo", "rewards to advantages", "reward", ESTIMATORS)
+    disable_rewards_normalization: bool = _f(False, "advantages are the raw rewards (no "
+                                             "per-prompt centring or scaling)", "reward")
+    normalize_advantages: bool = _f(False, "whiten advantages over the batch's rollout groups "
+                                    "(slime: over tokens)", "reward")
     # evaluation
     eval_prompt_data: tuple[str, ...] | None = attrs.field(
         default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
@@ -250,6 +255,8 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
     load_rollout_data_mode: str = _f("train-only", "train-only: no engine; forge: keep the "
                                      "engine and its weight syncs", "checkpoint",
                                      ("train-only", "forge"))
+    debug_train_only: bool = _f(False, "slime's train-only debugging: what --load-rollout-data "
+                                "in train-only mode does (no engine); requires it", "checkpoint")
     load_rollout_data_fallback: bool = _f(False, "replay rollout 0's dump when a rollout's "
                                           "dump is missing", "checkpoint")
     save_hf: str | None = _f(None, "write the trained weights as an HF checkpoint here",
@@ -364,6 +371,11 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                               "use a per-sample --custom-rm-path")
 
     def _check_loss(self) -> None:
+        if self.debug_train_only and (self.load_rollout_data is None
+                                      or self.load_rollout_data_mode != "train-only"):
+            raise field_error(ConfigError, "--debug-train-only", True,
+                              "trains on dumped rollouts without an engine",
+                              "pass --load-debug-rollout-data PATH (train-only mode)")
         if self.kl_coef != 0:
             raise field_error(ConfigError, "--kl-coef", self.kl_coef,
                               "(slime's KL reward shaping) is not supported in vime",
@@ -458,6 +470,12 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                 overlap_param_gather=self.overlap_param_gather)
         except OptimConfigError as exc:
             raise ConfigError(_flag_named(str(exc))) from None
+
+    def reward_normalization(self) -> RewardNormalization:
+        """How rewards become advantages (the core's record)."""
+        return RewardNormalization(method=ESTIMATOR_METHOD[self.advantage_estimator],
+                                   center=not self.disable_rewards_normalization,
+                                   whiten=self.normalize_advantages)
 
     def batching_policy(self) -> BatchingPolicy:
         """The scheduler's policy, from the one builder ``vime_pure.policy_from_flags``."""

@@ -32,12 +32,11 @@ import numpy as np
 import torch.distributed as dist
 
 from vime_pure.data.batch import RolloutBatch
-from vime_pure.data.rewards import RewardNormalization
 from vime_pure.data.rollout_output import flatten_rollout_output
 from vime_pure.errors import VimeError
 from vime_shell.engines import SamplingParams
 from vime_shell.engines.group import EngineGroup
-from vime_shell.loop.config import ESTIMATOR_METHOD, TrainConfig
+from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan
 from vime_shell.models.tokenizer import load_tokenizer
 from vime_shell.rollout.data import PromptSource
@@ -97,7 +96,7 @@ class RolloutProducer:
         self.keep = load_filter(cfg.dynamic_sampling_filter_path, args=cfg)
         self.log_fn = (None if cfg.custom_rollout_log_function_path is None else load_callable(
             cfg.custom_rollout_log_function_path, flag="--custom-rollout-log-function-path"))
-        self.normalization = RewardNormalization(method=ESTIMATOR_METHOD[cfg.advantage_estimator])
+        self.normalization = cfg.reward_normalization()
         eos = self.tokenizer.eos_token_id
         self.stop = () if eos is None else (int(eos),)
 
