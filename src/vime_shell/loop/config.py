@@ -59,7 +59,7 @@ LOSS_FLAGS = {"eps_clip": "--eps-clip", "eps_clip_high": "--eps-clip-high",
               "use_tis": "--use-tis", "tis_clip": "--tis-clip"}
 SECTIONS: tuple[str, ...] = ("model", "data", "rollout", "reward", "eval", "batching", "loss",
                              "optimizer", "parallelism", "checkpoint", "logging",
-                             "architecture", "megatron", "placement")
+                             "architecture", "megatron", "slime", "placement")
 
 
 class ConfigError(VimeError):

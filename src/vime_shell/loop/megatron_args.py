@@ -100,6 +100,18 @@ class MegatronSwitchArgs:
                                           "micro-batch (--max-tokens-per-gpu bounds memory)",
                                           "megatron")
 
+    # slime's own switches that change nothing in vime
+    use_tensorboard: bool | None = _f("accepted; vime always writes TensorBoard events when "
+                                      "tensorboard is installed (<run-dir>/tb)", "slime")
+    check_weight_update_equal: bool | None = _f("accepted; vime checks every weight sync by the "
+                                                "engine-trainer log-prob gap", "slime")
+    no_save_optim: bool | None = _f("accepted; vime checkpoints always hold the optimizer "
+                                    "state (an exact resume)", "slime")
+    megatron_to_hf_mode: str | None = _f("accepted; vime converts with its own bridge",
+                                         "slime", ("bridge", "raw"))
+    data_pad_size_multiplier: int | None = _f("accepted; vime pads packed rows to what the "
+                                              "layout needs", "slime")
+
     def check_switches(self) -> None:
         for name in ("attention_dropout", "hidden_dropout"):
             value = getattr(self, name)

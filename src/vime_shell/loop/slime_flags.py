@@ -66,12 +66,10 @@ UNSUPPORTED: dict[str, str] = {
     "prediction", "--mtp-loss-scaling-factor": "multi-token prediction",
     "--spec": "custom Megatron layer specs; vime builds the model from the HF config",
     "--transformer-impl": "vime picks the layer spec by platform",
-    "--megatron-to-hf-mode": "vime converts weights with its own bridge",
     "--model-name": "vime reads the architecture from --hf-checkpoint",
     "--custom-config-path": "use --config FILE (flat flag names or sections)",
     "--train-env-vars": "set the environment of the torchrun command",
     "--use-fault-tolerance": "rerun with --load to resume from the last checkpoint",
-    "--no-save-optim": "vime checkpoints always hold the optimizer state (resume is exact)",
     # architectures vime's bridge does not build
     "--multi-latent-attention": "MLA models (DeepSeek-V3, Kimi-K2)",
     "--q-lora-rank": "MLA models", "--kv-lora-rank": "MLA models", "--qk-head-dim": "MLA "
@@ -97,7 +95,6 @@ UNSUPPORTED: dict[str, str] = {
     "--filter-zero-reward-samples": "use --dynamic-sampling-filter-path "
     "vime_shell.rollout.filters:nonzero_reward_std",
     "--use-dynamic-global-batch-size": "use --allow-partial-train-step",
-    "--data-pad-size-multiplier": "vime pads packed rows to what the layout needs",
     "--loss-mask-type": "the rollout function sets each sample's loss mask",
     "--lr-warmup-fraction": "use --lr-warmup-iters (optimizer steps)",
     # weight sync and serving
@@ -107,8 +104,6 @@ UNSUPPORTED: dict[str, str] = {
     "--update-weight-local-checkpoint-dir": "vime syncs in-process",
     "--update-weight-delta-encoding": "vime syncs full weights",
     "--update-weight-delta-checksum": "vime syncs full weights",
-    "--check-weight-update-equal": "vime checks the engine-trainer log-prob gap after each "
-    "sync (--logprob-gap-tolerance)",
     "--prefill-num-servers": "prefill-decode disaggregation",
     "--deterministic-mode": "CPU runs are deterministic for a --seed; on CUDA set vLLM's "
     "VLLM_BATCH_INVARIANT=1",
