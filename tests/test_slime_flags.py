@@ -3,10 +3,13 @@ a bad value exits 2 with one line before torch is imported, and a flag vime does
 prints its table line (never a misleading did-you-mean)."""
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from vime_shell.cli.main import main
@@ -161,3 +164,27 @@ def test_dry_run_imports_neither_cuda_nor_megatron_models(model):
                          env={"PYTHONPATH": str(REPO / "src"), "PATH": ""}, timeout=60)
     assert out.stderr.strip().splitlines()[-1] == "0 0", out.stderr[-1000:]
     assert "[optimizer]" in out.stdout and "parallel layout: world 1" in out.stdout
+
+
+def _readme_train_example() -> list[str]:
+    """The README's full `vime train` example (its first line starts with the command)."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("```bash\nvime train --hf-checkpoint", 1)[1].split("\nvime train", 1)[0]
+    return shlex.split(("--hf-checkpoint" + block).replace("\\\n", " "))
+
+
+def test_dry_run_on_the_readme_example(model, tmp_path, capsys):
+    """The README's example with its paths pointed at local files runs the whole dry run."""
+    argv = _readme_train_example()
+    rows = "".join(json.dumps({"prompt": f"{a}+1=", "answer": str(a + 1), "label": str(a + 1)})
+                   + "\n" for a in range(8))
+    for path in ("train.jsonl", "test.jsonl"):
+        (tmp_path / path).write_text(rows)
+    pq.write_table(pa.Table.from_pylist([json.loads(r) for r in rows.splitlines()]),
+                   tmp_path / "math500.parquet")
+    local = {"/models/Qwen2.5-0.5B-Instruct": str(model), "ck": str(tmp_path / "ck"),
+             "runs/qwen-math": str(tmp_path / "run")}
+    argv = [local.get(a, str(tmp_path / a) if a.endswith((".jsonl", ".parquet")) else a)
+            for a in argv if a != "--use-wandb"]  # wandb is an optional package
+    status, _ = _exit(["--dry-run", *argv], capsys)
+    assert status == 0
