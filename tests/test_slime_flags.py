@@ -188,3 +188,16 @@ def test_dry_run_on_the_readme_example(model, tmp_path, capsys):
             for a in argv if a != "--use-wandb"]  # wandb is an optional package
     status, _ = _exit(["--dry-run", *argv], capsys)
     assert status == 0
+
+
+def test_config_file_by_section_and_section_views(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("loss:\n  eps_clip: 0.1\noptimizer:\n  lr: 1.0e-5\nseed: 3\n")
+    args = type("A", (), {})()
+    args.__dict__.update(config=str(path))
+    cfg = config_from_args(args)
+    assert (cfg.eps_clip, cfg.lr, cfg.seed) == (0.1, 1e-5, 3)
+    assert cfg.section("loss")["eps_clip"] == 0.1 and "lr" not in cfg.section("loss")
+    path.write_text("loss:\n  lr: 1.0e-5\n")
+    with pytest.raises(ConfigError, match="belongs to section 'optimizer'"):
+        config_from_args(args)

@@ -14,8 +14,6 @@ Example: ``vime train --dry-run --num-rollout 5`` prints ``parallel layout: worl
 1 x cp 1 x dp 1`` and a one-step table, and exits 0.
 """
 
-from collections import defaultdict
-
 import attrs
 import numpy as np
 
@@ -30,15 +28,15 @@ SYNTHETIC_PROMPT_LEN = 128  # tokens; a dataset's own lengths need its tokenizer
 
 def configuration_lines(cfg: TrainConfig) -> list[str]:
     """``[section]`` headers and one ``--flag value`` line per setting."""
-    by_section: dict[str, list[str]] = defaultdict(list)
-    for f in attrs.fields(type(cfg)):
-        value = getattr(cfg, f.name)
-        mark = "*" if value != f.default else " "
-        shown = " ".join(value) if isinstance(value, tuple) else value
-        by_section[f.metadata["section"]].append(f"  {mark} --{f.name.replace('_', '-')} "
-                                                 f"{shown}")
-    return [line for section in SECTIONS if by_section[section]
-            for line in (f"[{section}]", *by_section[section])]
+    defaults = {f.name: f.default for f in attrs.fields(type(cfg))}
+    lines = []
+    for section in SECTIONS:
+        lines.append(f"[{section}]")
+        for name, value in cfg.section(section).items():
+            mark = "*" if value != defaults[name] else " "
+            shown = " ".join(value) if isinstance(value, tuple) else value
+            lines.append(f"  {mark} --{name.replace('_', '-')} {shown}")
+    return lines
 
 
 def synthetic_lengths(cfg: TrainConfig, max_response_len: int) -> np.ndarray:

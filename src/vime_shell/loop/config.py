@@ -493,6 +493,15 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
 
+    def section(self, name: str) -> dict[str, Any]:
+        """One section's settings (a view: the flat fields stay the one copy). Example:
+        ``TrainConfig().section("loss")["eps_clip"] == 0.2``."""
+        if name not in SECTIONS:
+            raise field_error(ConfigError, "section", name, "is not a section",
+                              f"use one of {list(SECTIONS)}")
+        return {f.name: getattr(self, f.name) for f in attrs.fields(type(self))
+                if f.metadata["section"] == name}
+
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, source: str = "config") -> "TrainConfig":
         """Build from a mapping with ``snake_case`` or ``dash-case`` keys; unknown keys fail."""
@@ -603,6 +612,25 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def flatten_sections(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """A config file's keys, flat (``lr: 1e-6``) or by section (``optimizer: {lr: 1e-6}``, the
+    sections of ``vime train --help``); a key under the wrong section is an error naming it."""
+    owner = {f.name: f.metadata["section"] for f in attrs.fields(TrainConfig)}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in SECTIONS or not isinstance(value, Mapping):
+            out[key] = value
+            continue
+        for inner, v in value.items():
+            name = str(inner).replace("-", "_")
+            if owner.get(name, key) != key:
+                raise field_error(ConfigError, f"--config {source} key", f"{key}.{inner}",
+                                  f"belongs to section {owner[name]!r}",
+                                  f"move it under {owner[name]}: (or write it flat)")
+            out[inner] = v
+    return out
+
+
 def _optional(kind: type) -> Any:
     def parse(text: str) -> Any:
         return None if text.lower() == "none" else kind(text)
@@ -663,7 +691,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Defaults, then the ``--config`` file, then the flags that were given."""
     values = dict(vars(args))
     path = values.pop("config", None)
-    merged = load_config_file(path) if path else {}
+    merged = flatten_sections(load_config_file(path), str(path)) if path else {}
     merged = {ALIASES.get("--" + str(k).replace("_", "-"), str(k).replace("-", "_")): v
               for k, v in merged.items()}  # slime's spellings of vime settings too
     fields = {f.name for f in attrs.fields(TrainConfig)}
