@@ -51,6 +51,29 @@ def slime_plugins_worker(rank: int, root: str, cache: str) -> dict:
     first = run_training(_cfg(num_rollout=2, **common), progress=False)
     first_evals = evals()
     second = run_training(_cfg(num_rollout=3, **common), progress=False)
-    return {"starts": (first.start_rollout, second.start_rollout), "calls": CALLS,
+    rollout_only = _rollout_only(root)
+    return {"rollout_only": rollout_only,"starts": (first.start_rollout, second.start_rollout), "calls": CALLS,
             "rewards": [r["reward_mean"] for r in first.records + second.records],
             "evals": (first_evals, evals())}
+
+
+def _rollout_only(root: str) -> dict:
+    """--debug-rollout-only: dumps and records, while building a trainer would raise."""
+    from pathlib import Path
+
+    from tests.shell.loop_workers import _cfg
+    from vime_shell.loop.launch_checks import launch_checks, model_dir
+    from vime_shell.loop.rollout_only import run_rollouts_only
+    from vime_shell.megatron import trainer
+    from vime_shell.storage.dump import load_rollout_batch
+
+    def no_trainer(*args, **kwargs):
+        raise AssertionError("--debug-rollout-only built a trainer")
+
+    trainer.MegatronTrainer.from_hf = no_trainer
+    cfg = _cfg(run_dir=f"{root}/ro", num_rollout=2, debug_rollout_only=True,
+               save_rollout_data=f"{root}/ro/d/r_{{rollout_id}}.npz")
+    result = run_rollouts_only(cfg, launch_checks(cfg, model_dir(cfg)), progress=False)
+    dumps = sorted(Path(root, "ro", "d").glob("*.npz"))
+    return {"records": [r["num_groups"] for r in result.records],
+            "dumps": [load_rollout_batch(p).num_groups for p in dumps]}

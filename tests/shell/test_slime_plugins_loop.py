@@ -2,7 +2,7 @@
 rm(args, sample)`` reward, a ``filter(args, samples)`` dynamic-sampling filter and a rollout log
 function; ``--load X --save X`` starts fresh on a missing ``X`` and resumes from it next time;
 ``--eval-prompt-data`` without ``--eval-interval`` evaluates before the first rollout and after
-the last of each run."""
+the last of each run; ``--debug-rollout-only`` generates and dumps without a trainer."""
 
 import pytest
 
@@ -21,6 +21,8 @@ def test_slime_plugins_fresh_start_resume_and_eval(tmp_path):
     assert [c[0] for c in calls["log"]] == [0, 1, 2]
     assert all(all(c[1:]) for c in calls["log"])  # samples with responses, metrics, time
     assert len(out["rewards"]) == 3
+    # --debug-rollout-only: every rollout generated, rewarded, dumped and logged, no trainer
+    assert out["rollout_only"] == {"records": [16, 16], "dumps": [16, 16]}
     first, resumed = out["evals"]
     assert first == [0, 2]  # before rollout 0 and after the last one
     assert resumed[-1] == 3  # the resumed run evaluates after its last rollout

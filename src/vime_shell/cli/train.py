@@ -68,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
     # Megatron and mbridge announce every missing optional kernel (TE, Apex) on CPU at import.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"(megatron|mbridge)\.")
     from vime_shell.loop.loop import run_training  # torch, Megatron: only for a valid run
+    from vime_shell.loop.rollout_only import run_rollouts_only
 
-    result = run_training(cfg, plan=plan)
+    result = (run_rollouts_only(cfg, plan) if cfg.debug_rollout_only
+              else run_training(cfg, plan=plan))
     if int(os.environ.get("RANK", "0")) == 0 and result.records:
         first, last = result.records[0], result.records[-1]
         tail = result.records[-10:]

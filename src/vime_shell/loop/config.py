@@ -255,6 +255,8 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
     load_rollout_data_mode: str = _f("train-only", "train-only: no engine; forge: keep the "
                                      "engine and its weight syncs", "checkpoint",
                                      ("train-only", "forge"))
+    debug_rollout_only: bool = _f(False, "generate, reward, dump (--save-rollout-data) and "
+                                  "log, with no trainer and no optimizer", "checkpoint")
     debug_train_only: bool = _f(False, "slime's train-only debugging: what --load-rollout-data "
                                 "in train-only mode does (no engine); requires it", "checkpoint")
     load_rollout_data_fallback: bool = _f(False, "replay rollout 0's dump when a rollout's "
@@ -371,6 +373,12 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                               "use a per-sample --custom-rm-path")
 
     def _check_loss(self) -> None:
+        if self.debug_rollout_only:
+            for name in ("load_rollout_data", "save", "load", "save_hf"):
+                if getattr(self, name) is not None:
+                    raise field_error(ConfigError, "--debug-rollout-only", True,
+                                      f"builds no trainer, so --{name.replace('_', '-')} has "
+                                      "nothing to act on", f"drop --{name.replace('_', '-')}")
         if self.debug_train_only and (self.load_rollout_data is None
                                       or self.load_rollout_data_mode != "train-only"):
             raise field_error(ConfigError, "--debug-train-only", True,

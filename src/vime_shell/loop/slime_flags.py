@@ -108,8 +108,6 @@ UNSUPPORTED: dict[str, str] = {
     "--deterministic-mode": "CPU runs are deterministic for a --seed; on CUDA set vLLM's "
     "VLLM_BATCH_INVARIANT=1",
     "--dump-details": "use --save-rollout-data (and metrics.jsonl)",
-    "--debug-rollout-only": "a rollout-only mode (no trainer) is not built yet; dump "
-    "rollouts with --save-rollout-data",
     "--critic-num-nodes": "critics (PPO value models)",
     "--critic-num-gpus-per-node": "critics (PPO value models)",
 }
