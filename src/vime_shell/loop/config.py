@@ -179,7 +179,8 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                                         "--rollout-temperature", "eval")
     skip_eval_before_train: bool = _f(False, "no evaluation before the first rollout", "eval")
     # batching (global_batch_size counts groups = rollout executions, never samples)
-    global_batch_size: int = _f(128, "groups per optimizer step", "batching")
+    global_batch_size: int = _f(128, "groups (rollout executions) per optimizer step; slime "
+                                "counts samples, the same for single-turn rollouts", "batching")
     num_steps_per_rollout: int | None = _f(None, "optimizer steps per rollout; sets "
                                            "--global-batch-size", "batching")
     max_tokens_per_gpu: int | None = _f(1024, "token budget of a packed micro-batch", "batching")

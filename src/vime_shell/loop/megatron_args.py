@@ -133,6 +133,8 @@ class PlacementArgs:
                                      "LOCAL_WORLD_SIZE)", "placement")
     actor_num_gpus_per_node: int | None = _f("checked: must equal torchrun's "
                                              "--nproc-per-node (LOCAL_WORLD_SIZE)", "placement")
+    num_gpus_per_node: int | None = _f("checked as --actor-num-gpus-per-node: engines and "
+                                       "trainer share the torchrun ranks", "placement")
 
     def check_placement(self, *, world_size: int, ranks_per_node: int | None) -> None:
         """Without torchrun (no ``LOCAL_WORLD_SIZE``) the world is one node."""
@@ -140,6 +142,7 @@ class PlacementArgs:
         nodes = max(1, world_size // max(1, ranks_per_node))
         for name, want, torchrun in (("actor_num_gpus_per_node", ranks_per_node,
                                       "--nproc-per-node"),
+                                     ("num_gpus_per_node", ranks_per_node, "--nproc-per-node"),
                                      ("actor_num_nodes", nodes, "--nnodes")):
             value = getattr(self, name)
             if value is not None and value != want:
