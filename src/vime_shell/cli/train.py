@@ -48,6 +48,9 @@ def launch_notes(cfg, args: argparse.Namespace, plan) -> list[str]:
         out.append("--eval-prompt-data without --eval-interval: evaluating "
                    + ("" if cfg.skip_eval_before_train else "before the first rollout and ")
                    + "after the last")
+    if cfg.kl_coef:
+        out.append(f"--kl-coef {cfg.kl_coef}: no effect with --advantage-estimator "
+                   f"{cfg.advantage_estimator} (as in slime)")
     engine = cfg.rollout_engine or ("vllm" if vllm_available() else "hf")
     if cfg.vllm_engine_args and plan.engine_layout is not None and engine == "hf":
         out.append(f"--vllm-engine-args {' '.join(cfg.vllm_engine_args)}: the HF engine "

@@ -206,8 +206,9 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                                      "--eps-clip", "loss")
     eps_clip_c: float | None = _f(None, "dual-clip bound c > 1: a negative-advantage token's "
                                   "loss is capped at -A * c", "loss")
-    kl_coef: float = _f(0.0, "slime's reward-shaping KL; vime supports 0 only (use "
-                        "--use-kl-loss --kl-loss-coef)", "loss")
+    kl_coef: float = _f(0.0, "slime's reward-shaping KL: no effect with grpo/gspo (as in "
+                        "slime); other estimators: 0 only (use --use-kl-loss --kl-loss-coef)",
+                        "loss")
     use_kl_loss: bool = _f(False, "add a KL penalty against a frozen reference model", "loss")
     kl_loss_coef: float = _f(0.0, "weight of the KL penalty", "loss")
     kl_loss_type: str = _f("low_var_kl", "KL estimator", "loss", KL_KINDS)
@@ -385,9 +386,13 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
             raise field_error(ConfigError, "--debug-train-only", True,
                               "trains on dumped rollouts without an engine",
                               "pass --load-debug-rollout-data PATH (train-only mode)")
-        if self.kl_coef != 0:
+        if not 0 <= self.kl_coef < 1e6:
+            raise field_error(ConfigError, "--kl-coef", self.kl_coef, "must be >= 0",
+                              "pass --kl-coef 0")
+        if self.kl_coef != 0 and self.advantage_estimator not in ("grpo", "gspo"):
             raise field_error(ConfigError, "--kl-coef", self.kl_coef,
-                              "(slime's KL reward shaping) is not supported in vime",
+                              f"(slime's per-token KL reward shaping for "
+                              f"{self.advantage_estimator}) is not supported in vime",
                               "pass --kl-coef 0, or train a KL penalty with --use-kl-loss "
                               "--kl-loss-coef")
         if self.use_dynamic_batch_size and self.max_tokens_per_gpu is None:
