@@ -8,7 +8,8 @@ import pytest
 
 from vime_pure import LossMode
 from vime_shell.cli.main import main
-from vime_shell.loop.config import SECTIONS, TrainConfig, parse_train_config
+from vime_shell.loop.config import SECTIONS, TrainConfig
+from vime_shell.loop.config_flags import parse_train_config
 from vime_shell.loop.launch_checks import launch_checks
 from vime_shell.loop.logs import configure_logging
 from vime_shell.loop.loop import trainer_config
