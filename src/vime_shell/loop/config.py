@@ -371,6 +371,10 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                               "use a per-sample --custom-rm-path")
 
     def _check_loss(self) -> None:
+        bad = next((a for a in self.vllm_engine_args or () if "=" not in a.strip("=")), None)
+        if bad is not None:
+            raise field_error(ConfigError, "--vllm-engine-args", bad, "is not KEY=VALUE",
+                              "pass e.g. --vllm-engine-args max_num_seqs=64")
         if self.debug_rollout_only:
             for name in ("load_rollout_data", "save", "load", "save_hf"):
                 if getattr(self, name) is not None:

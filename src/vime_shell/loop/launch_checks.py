@@ -17,6 +17,7 @@ raises ``ConfigError: tensor_model_parallel_size=3: does not divide the model's
 vocab_size=20 ...``.
 """
 
+import dataclasses
 import importlib.util
 import os
 from pathlib import Path
@@ -113,6 +114,8 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
                    group_rm=cfg.group_rm, args=cfg,
                    reward_key=cfg.reward_key, rm_url=cfg.rm_url)
     _check_side_inputs(cfg, hf_dir)
+    if engine_layout is not None:
+        _check_engine_args(cfg)
     keys = DataKeys(input_key=cfg.input_key, label_key=cfg.label_key,
                     metadata_key=cfg.metadata_key, tool_key=cfg.tool_key)
     prompts = None if cfg.prompt_data is None else load_prompt_rows(cfg.prompt_data, keys)
@@ -145,6 +148,23 @@ def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None) -> EngineL
             num_attention_heads=num_attention_heads)
     except EngineLayoutError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _check_engine_args(cfg: TrainConfig) -> None:
+    """``--vllm-engine-args`` name arguments of vLLM's ``EngineArgs`` (checked when vLLM is
+    installed: a wrong name would otherwise fail only when the engine is built)."""
+    if not cfg.vllm_engine_args or not vllm_available():
+        return
+    from vllm.engine.arg_utils import EngineArgs  # seconds to import: only for these flags
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    for arg in cfg.vllm_engine_args:
+        key = arg.partition("=")[0]
+        if key not in known:
+            raise field_error(ConfigError, "--vllm-engine-args", arg,
+                              f"names no vLLM engine argument ({key!r})",
+                              "use a field of vllm.engine.arg_utils.EngineArgs, or drop the "
+                              "--vllm-/--sglang- flag it came from")
 
 
 def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:
