@@ -82,7 +82,7 @@ def test_aliases_and_engine_flags_reach_the_engine_options():
     assert TrainConfig().rollout_gpu_memory_utilization == DEFAULT_GPU_MEMORY_UTILIZATION
     engine, warnings, rest = engine_flags(["--sglang-ep-size", "8", "--lr", "1"])
     assert engine == [] and rest == ["--lr", "1"]
-    assert warnings[0].startswith("--sglang-ep-size 8: SGLang-only")
+    assert warnings[0].startswith("--sglang-ep-size 8: no vLLM equivalent")
 
 
 def test_config_file_takes_slime_spellings(tmp_path):

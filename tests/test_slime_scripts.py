@@ -56,7 +56,7 @@ def _run(script: str, env: dict, run_dir: Path) -> subprocess.CompletedProcess:
     ("run-tiny-grpo.sh", ["--load", "starting fresh", "--sequence-parallel",
                           "--attention-backend"]),
     ("run-tiny-dapo.sh", ["--eval-prompt-data without --eval-interval: evaluating after the "
-                          "last", "--sglang-ep-size 1: SGLang-only"]),
+                          "last", "--sglang-ep-size 1: no vLLM equivalent in vime; ignored"]),
     ("run-tiny-remote-rm.sh", [] if vllm_available() else ["the HF engine takes no vLLM"]),
 ])
 def test_slime_style_script_passes_the_dry_run(script, notes, env, tmp_path):

@@ -14,7 +14,7 @@ table of flags vime does not support.
 
 Example: ``engine_flags(["--sglang-mem-fraction-static", "0.7"])`` maps to
 ``--rollout-gpu-memory-utilization`` (an alias), and ``engine_flags(["--sglang-ep-size", "8"])``
-gives the warning ``--sglang-ep-size 8: SGLang-only (expert-parallel attention...); ignored``.
+gives the warning ``--sglang-ep-size 8: no vLLM equivalent in vime; ignored``.
 """
 
 from collections.abc import Sequence
@@ -42,9 +42,9 @@ SGLANG_TO_VLLM: dict[str, str] = {
     "page-size": "block_size",
 }
 
-# --sglang-X with no vLLM counterpart in vime: why
-SGLANG_ONLY = ("SGLang-only (router, DP attention, expert-parallel, speculative decoding, "
-               "kernel and disaggregation settings); vime's vLLM engine picks its own")
+# --sglang-X with no vLLM counterpart in vime (router, DP attention, speculative decoding,
+# kernel and disaggregation settings): the warning
+SGLANG_ONLY = "no vLLM equivalent in vime"
 
 UNSUPPORTED: dict[str, str] = {
     # training backends and modes
