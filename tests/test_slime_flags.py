@@ -70,6 +70,12 @@ def test_loss_and_optimizer_flags_reach_their_records():
     assert (loss.dual_clip, loss.eps_clip_high, optim.lr) == (3.0, 0.28, 1e-5)
 
 
+def test_lr_warmup_fraction_is_a_share_of_the_run():
+    cfg = parse_train_config(["--lr-warmup-fraction", "0.1", "--num-rollout", "50",
+                              "--num-steps-per-rollout", "2"])
+    assert trainer_config(cfg).optim.lr_warmup_groups == 10 * 64  # 10 of 100 steps x 64 groups
+
+
 def test_aliases_and_engine_flags_reach_the_engine_options():
     cfg = parse_train_config(["--sglang-mem-fraction-static", "0.5", "--vllm-enforce-eager",
                               "--load-forge-rollout-data", "d/r_{rollout_id}.npz",

@@ -221,6 +221,9 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
     lr: float = _f(3e-4, "Adam learning rate", "optimizer")
     min_lr: float = _f(0.0, "learning rate floor of the decay", "optimizer")
     lr_warmup_iters: int = _f(0, "warmup length in optimizer steps", "optimizer")
+    lr_warmup_fraction: float | None = _f(None, "warmup as a share of the run's optimizer "
+                                          "steps (--num-rollout x steps per rollout)",
+                                          "optimizer")
     lr_decay_iters: int | None = _f(None, "decay length in optimizer steps", "optimizer")
     lr_decay_style: str = _f("constant", "LR decay shape", "optimizer", LR_DECAY_STYLES)
     weight_decay: float = _f(0.0, "AdamW weight decay", "optimizer")
@@ -371,6 +374,12 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                               "use a per-sample --custom-rm-path")
 
     def _check_loss(self) -> None:
+        if self.lr_warmup_fraction is not None:
+            _in_range("lr_warmup_fraction", self.lr_warmup_fraction, 0.0, 1.0, "use e.g. 0.03")
+            if self.lr_warmup_iters or self.num_epoch is not None:
+                raise field_error(ConfigError, "--lr-warmup-fraction", self.lr_warmup_fraction,
+                                  "needs --num-rollout (not --num-epoch) and no "
+                                  "--lr-warmup-iters", "pass one warmup length")
         bad = next((a for a in self.vllm_engine_args or () if "=" not in a.strip("=")), None)
         if bad is not None:
             raise field_error(ConfigError, "--vllm-engine-args", bad, "is not KEY=VALUE",
@@ -436,6 +445,15 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
         return self.groups_per_rollout // self.num_steps_per_rollout
 
     @property
+    def warmup_iters(self) -> int:
+        """``--lr-warmup-iters``, or slime's ``--lr-warmup-fraction`` of the run's steps:
+        0.1 of 300 rollouts x 1 step is 30 steps."""
+        if self.lr_warmup_fraction is None:
+            return self.lr_warmup_iters
+        steps = self.num_rollout * (self.groups_per_rollout // self.effective_global_batch_size)
+        return round(self.lr_warmup_fraction * steps)
+
+    @property
     def effective_max_tokens_per_gpu(self) -> int | None:
         """The packing budget, or None for static micro-batches: slime's rule, where
         ``--micro-batch-size`` without ``--use-dynamic-batch-size`` is static (its
@@ -475,7 +493,7 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
             return OptimConfig(
                 lr=self.lr, min_lr=self.min_lr, weight_decay=self.weight_decay,
                 adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2, adam_eps=self.adam_eps,
-                clip_grad=self.clip_grad, lr_warmup_groups=self.lr_warmup_iters * per_step,
+                clip_grad=self.clip_grad, lr_warmup_groups=self.warmup_iters * per_step,
                 lr_decay_groups=None if self.lr_decay_iters is None
                 else self.lr_decay_iters * per_step,
                 lr_decay_style=self.lr_decay_style,

@@ -96,7 +96,6 @@ UNSUPPORTED: dict[str, str] = {
     "vime_shell.rollout.filters:nonzero_reward_std",
     "--use-dynamic-global-batch-size": "use --allow-partial-train-step",
     "--loss-mask-type": "the rollout function sets each sample's loss mask",
-    "--lr-warmup-fraction": "use --lr-warmup-iters (optimizer steps)",
     # weight sync and serving
     "--update-weight-mode": "vime syncs in-process (--update-weight-buffer-size)",
     "--update-weight-transport": "vime syncs in-process", "--update-weight-transfer-mode":
