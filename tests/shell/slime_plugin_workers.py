@@ -52,7 +52,8 @@ def slime_plugins_worker(rank: int, root: str, cache: str) -> dict:
     first_evals = evals()
     second = run_training(_cfg(num_rollout=3, **common), progress=False)
     rollout_only = _rollout_only(root)
-    return {"rollout_only": rollout_only,"starts": (first.start_rollout, second.start_rollout), "calls": CALLS,
+    return {"rollout_only": rollout_only, "calls": CALLS,
+            "starts": (first.start_rollout, second.start_rollout),
             "rewards": [r["reward_mean"] for r in first.records + second.records],
             "evals": (first_evals, evals())}
 

@@ -138,8 +138,9 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                                                   "vime_shell.rollout.filters:nonzero_reward_std",
                                                   "rollout")
     custom_rollout_log_function_path: str | None = _f(
-        None, "slime's fn(rollout_id, args, samples, metrics, seconds), called on rank 0 after each "
-        "rollout's generation; vime's metrics.jsonl is written whatever it returns", "rollout")
+        None, "slime's fn(rollout_id, args, samples, metrics, seconds), called on rank 0 after "
+        "each rollout's generation; vime's metrics.jsonl is written whatever it returns",
+        "rollout")
     dynamic_sampling_max_rounds: int = _f(8, "generation rounds per rollout under dynamic "
                                           "sampling before training on what passed", "rollout")
     # reward
@@ -286,8 +287,8 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                      "context_parallel_size"):
             _at_least(name, getattr(self, name), 1)
         # global_batch_size, max_tokens_per_gpu, micro_batch_size: BatchingPolicy checks them
-        for name in ("rollout_max_response_len", "num_epoch", "eval_interval", "eval_max_response_len",
-                     "num_steps_per_rollout", "over_sampling_batch_size", "lr_decay_iters"):
+        for name in ("rollout_max_response_len", "num_epoch", "eval_interval",
+                     "eval_max_response_len", "num_steps_per_rollout", "over_sampling_batch_size", "lr_decay_iters"):
             if getattr(self, name) is not None:
                 _at_least(name, getattr(self, name), 1)
         for name in ("seed", "rollout_top_k", "lr_warmup_iters"):
