@@ -162,3 +162,21 @@ def test_rm_url_failure_names_the_url_after_the_retries(server, monkeypatch):
     with pytest.raises(RewardFunctionError, match=r"--rm-url=http://127\.0\.0\.1:\d+/reward"):
         Rewarder.build(rm_url=cfg.rm_url, args=cfg, reward_key="score").score([_s("8")])
     assert len(_Handler.seen) == 2  # first attempt + one retry
+
+
+def test_rm_url_scores_the_whole_rollout_concurrently(server, monkeypatch):
+    """Every sample of every prompt is in flight at once: with a server that answers only when
+    4 requests wait together, 2 prompts x 2 samples finish (one prompt at a time would hang)."""
+    barrier = threading.Barrier(4, timeout=10)
+    monkeypatch.setattr(remote_reward, "RM_URL_RETRIES", 0)
+    original = _Handler.do_POST
+
+    def gathered(self):
+        barrier.wait()
+        original(self)
+
+    monkeypatch.setattr(_Handler, "do_POST", gathered)
+    cfg = TrainConfig(rm_url=server, reward_key="score")
+    rm = Rewarder.build(rm_url=cfg.rm_url, args=cfg, reward_key="score")
+    groups = [[_s("8"), _s("7")], [_s("8"), _s("8")]]
+    assert rm.score_groups(groups, lambda p: f"prompt {p}") == [[1.0, 0.0], [1.0, 1.0]]

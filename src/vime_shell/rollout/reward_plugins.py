@@ -9,7 +9,8 @@ signature                              how it is called
 ``def rm(sample)``                     vime's: once per sample (``--group-rm``: samples)
 ``def rm(args, sample)``               slime's: ``args`` is the run's ``TrainConfig`` (slime's
                                        flag names as attributes: ``args.rm_url``, ...)
-``async def rm(args, sample)``         slime's async: the samples of one prompt concurrently
+``async def rm(args, sample)``         slime's async: every sample of the rollout concurrently
+                                       (``Rewarder.score_groups``)
 ``[async] def rm(args, samples)``      slime's batched form, with ``--group-rm``
 =====================================  ===================================================
 

@@ -74,6 +74,7 @@ class Rewarder:
     fn: Callable[..., Any]
     group: bool = False
     name: str = "reward"
+    concurrent: bool = False  # fn scores any list of samples at once (async per-sample rewards)
 
     @classmethod
     def build(cls, *, rm_type: str | None = None, custom_rm_path: str | None = None,
@@ -85,7 +86,8 @@ class Rewarder:
             call, group = adapt_reward(load_callable(custom_rm_path, flag="--custom-rm-path"),
                                        args=args, group=group_rm, flag="--custom-rm-path",
                                        reward_key=reward_key)
-            return cls(fn=call, group=group, name=custom_rm_path)
+            return cls(fn=call, group=group, name=custom_rm_path,
+                       concurrent=group and not group_rm)
         if group_rm:
             raise field_error(RewardFunctionError, "group_rm", True,
                               "needs a group reward function, and built-in rewards are per sample",
@@ -101,7 +103,26 @@ class Rewarder:
         call, group = adapt_reward(load_callable(RM_TYPES[base], flag="--rm-type"), args=args,
                                    group=False, flag="--rm-type", boxed=base != name,
                                    reward_key=reward_key or RM_REWARD_KEYS.get(base))
-        return cls(fn=call, group=group, name=name)
+        return cls(fn=call, group=group, name=name, concurrent=group)
+
+    def score_groups(self, groups: Sequence[Sequence[Any]],
+                     where: Callable[[int], str]) -> list[list[float]]:
+        """``score`` of every prompt group, ``where(p)`` naming group ``p``; a concurrent
+        reward (slime's async per-sample ``rm``, ``--rm-url``) gets every sample of every
+        group in flight at once instead of one prompt at a time."""
+        if not self.concurrent or len(groups) < 2:
+            return [self.score(g, where=where(p)) for p, g in enumerate(groups)]
+        flat = [s for g in groups for s in g]
+        values = self._call(flat, f"{where(0)}..{where(len(groups) - 1)} (all samples)")
+        if not isinstance(values, Sequence) or len(values) != len(flat):
+            raise RewardFunctionError(f"reward {self.name} returned {values!r:.80} for "
+                                      f"{len(flat)} samples. Fix: one float per sample.")
+        out, start = [], 0
+        for p, g in enumerate(groups):
+            out.append([_finite(v, f"{where(p)}, sample {k}", self.name)
+                        for k, v in enumerate(values[start:start + len(g)])])
+            start += len(g)
+        return out
 
     def score(self, samples: Sequence[Any], *, where: str = "prompt") -> list[float]:
         """Rewards of one prompt's samples, in order (see the module docstring)."""
