@@ -6,6 +6,12 @@ groups, ``--rollout-batch-size``, ``--n-samples-per-prompt``, ``--max-tokens-per
 after an optional ``--config`` file; all of it is validated before any model is built, and a
 bad value exits with status 2 and one line naming the setting and the fix.
 
+A slime or miles launch script runs with its flags unchanged (README "Coming from slime"):
+Megatron's architecture flags are checked against the HF config, its switches and slime's
+engine flags (``--sglang-X``, ``--vllm-X``) are accepted with a one-line note where vime differs,
+and a flag vime does not support prints its line from ``vime_shell.loop.slime_flags``.
+``--dry-run`` runs every launch check and prints the resolved run without building anything.
+
 Multi-process: ``torchrun --nproc-per-node 2 -m vime_shell.cli train
 --tensor-model-parallel-size 2``; multi-node adds torchrun's ``--nnodes``, ``--node-rank`` and
 ``--rdzv-endpoint``. Rank 0 generates and writes; every rank trains.
