@@ -266,6 +266,12 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
     save_hf: str | None = _f(None, "write the trained weights as an HF checkpoint here",
                              "checkpoint")
     save_hf_max_shard_size: str = _f("5GB", "size limit of one safetensors shard", "checkpoint")
+    save_hf_overwrite: bool = _f(False, "let --save-hf write into a non-empty directory no "
+                                 "vime export wrote (only the exported files are replaced "
+                                 "there; vime-only flag)", "checkpoint")
+    allow_dataset_change: bool = _f(False, "let --load resume although --prompt-data changed "
+                                    "since the checkpoint (size or content; vime-only flag)",
+                                    "checkpoint")
     # logging
     run_dir: str = _f("runs/demo", "metrics.jsonl, TensorBoard and plots go here", "logging")
     overwrite_run_dir: bool = _f(False, "a new run in a run dir that holds metrics moves them "

@@ -28,11 +28,13 @@ from vime_pure.config import BatchingPolicy, check_feasible
 from vime_pure.errors import field_error
 from vime_shell.engines import vllm_available
 from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_engine_layout
-from vime_shell.loop.checkpoint_index import TRACKER, resume_checkpoint
+from vime_shell.loop.checkpoint_index import TRACKER, check_dataset, resume_checkpoint
 from vime_shell.loop.config import ConfigError, TrainConfig
+from vime_shell.loop.ownership import check_ownership, check_unlocked, run_id_for
 from vime_shell.loop.replay import ReplaySource
-from vime_shell.loop.run_dir import check_run_dir
+from vime_shell.loop.run_dir import check_run_dir, dump_dir
 from vime_shell.megatron.layout import (TrainLayout, context_parallel_available,
+                                        local_rank_from_env, rank_from_env,
                                         ranks_per_node_from_env, resolve_layout,
                                         world_size_from_env)
 from vime_shell.models.embedded import build_embedded
@@ -42,6 +44,8 @@ from vime_shell.rollout.data import DataKeys, load_prompt_rows
 from vime_shell.rollout.plugins import load_callable
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskExample, get_task
+from vime_shell.storage.export_target import check_export_target
+from vime_shell.storage.hf_check import check_hf_dir
 from vime_shell.storage.sizes import ExportError, parse_size
 
 
@@ -58,6 +62,7 @@ class LaunchPlan:
     eval_sets: tuple[tuple[str, tuple[TaskExample, ...]], ...]
     num_rollout: int  # --num-rollout, or what --num-epoch needs for the dataset
     engine_layout: EngineLayout | None  # None: a train-only replay builds no engine
+    run_id: str  # the checkpoint's when resuming, else new (vime_shell.loop.ownership)
 
 
 def model_dir(cfg: TrainConfig) -> Path:
@@ -69,13 +74,19 @@ def model_dir(cfg: TrainConfig) -> Path:
 
 def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     """Check ``cfg`` against the model in ``hf_dir`` and the launched world (module docstring)."""
+    if cfg.ref_load is not None:  # the initial weights (model_dir): an HF directory
+        _check_ref_load(cfg)
     if not (hf_dir / "config.json").is_file():
         raise field_error(ConfigError, "hf_checkpoint", str(hf_dir), "has no config.json",
                           "pass a Hugging Face model directory, or omit it for the embedded model")
-    if cfg.save_hf is not None and Path(cfg.save_hf).expanduser().resolve() == hf_dir.resolve():
-        raise field_error(ConfigError, "save_hf", cfg.save_hf,
-                          "is the directory the model is loaded from",
-                          "pass another --save-hf directory; vime never overwrites its source")
+    if cfg.save_hf is not None:
+        check_export_target(cfg.save_hf, overwrite=cfg.save_hf_overwrite, protected={
+            "the source model (--hf-checkpoint)": hf_dir,
+            "the reference model (--ref-load)": cfg.ref_load,
+            "the run directory (--run-dir)": cfg.run_dir,
+            "the checkpoint directory (--save)": cfg.save,
+            "the checkpoint directory (--load)": cfg.load,
+            "the rollout dump directory (--save-rollout-data)": dump_dir(cfg.save_rollout_data)})
     try:
         parse_size(cfg.save_hf_max_shard_size)
     except ExportError as exc:
@@ -126,10 +137,10 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     # draw more prompts per rollout, so it is a lower bound on the passes made).
     num_rollout = (cfg.num_rollout if cfg.num_epoch is None or prompts is None
                    else -(-cfg.num_epoch * len(prompts) // cfg.rollout_batch_size))
-    check_run_paths(cfg, num_rollout)
+    run_id = check_run_paths(cfg, num_rollout)
     return LaunchPlan(hf_dir=hf_dir, layout=layout, policy=policy, prompts=prompts,
                       task=get_task(cfg.task) if prompts is None else None, eval_sets=eval_sets,
-                      num_rollout=num_rollout, engine_layout=engine_layout)
+                      num_rollout=num_rollout, engine_layout=engine_layout, run_id=run_id)
 
 
 def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None) -> EngineLayout | None:
@@ -169,13 +180,13 @@ def _check_engine_args(cfg: TrainConfig) -> None:
 
 def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:
     """The chat template, the reference model and the optional packages a run asks for."""
+    # every shard's header, before minutes of loading (--ref-load: the weights training starts from)
+    check_hf_dir(hf_dir, "--ref-load" if cfg.ref_load else "--hf-checkpoint")
     if cfg.apply_chat_template and not has_chat_template(hf_dir):
         raise field_error(ConfigError, "apply_chat_template", True,
                           f"but {hf_dir} has no chat template (tokenizer_config.json "
                           "'chat_template' or chat_template.jinja)",
                           "use an instruct model's directory, or drop --apply-chat-template")
-    if cfg.ref_load is not None:
-        _check_ref_load(cfg)
     if cfg.use_wandb and importlib.util.find_spec("wandb") is None:
         raise field_error(ConfigError, "use_wandb", True, "but wandb is not installed",
                           "pip install 'vime[wandb]', or drop --use-wandb")
@@ -200,11 +211,15 @@ def _check_ref_load(cfg: TrainConfig) -> None:
                                   f"{getattr(a, name)!r}", "pass the same model's weights")
 
 
-def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> None:
+def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> str:
     """The run's files: the run directory (``run_dir.check_run_dir``), output directories that
     can be created, the ``--load`` checkpoint (it must exist: a mistyped path never starts a
-    new run) and every dump ``--load-rollout-data`` will replay (the first one read and
-    validated)."""
+    new run; its files match its manifest; the dataset did not change), the directories'
+    owners and locks (``ownership.check_ownership``) and every dump ``--load-rollout-data``
+    will replay (the first one read and validated). Returns the run id."""
+    owner = rank_from_env() == 0  # rank 0 claims and writes; another rank may see its lock
+    if owner:
+        check_unlocked(cfg)  # first: another live run's directories, whatever they hold
     check_run_dir(cfg)
     outputs = (("run_dir", cfg.run_dir), ("save", cfg.save), ("save_hf", cfg.save_hf),
                ("save_rollout_data", cfg.save_rollout_data and str(
@@ -214,15 +229,22 @@ def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> None:
             _check_writable(field, Path(path).expanduser())
     num_rollout = cfg.num_rollout if num_rollout is None else num_rollout
     start = 0
-    found = resume_checkpoint(cfg.load, cfg.save)  # None: fresh (also slime's first run)
+    # None: a fresh start (also slime's first run of --load X --save X); every file checked
+    # against the manifest (once a node), and the dataset's fingerprint
+    found = resume_checkpoint(cfg.load, cfg.save, verify=local_rank_from_env() == 0)
     if found is not None:
+        check_dataset(found, cfg.prompt_data, cfg.allow_dataset_change)
         start = int(found.name.split("_")[-1])
+    run_id = run_id_for(cfg)
+    if owner:
+        check_ownership(cfg, run_id)  # no other run's directories
     if cfg.load_rollout_data is not None and start < num_rollout:
         source = ReplaySource(template=cfg.load_rollout_data,
                               fallback=cfg.load_rollout_data_fallback)
         for rid in range(start, num_rollout):
             source.path(rid)  # a missing dump is a ReplayError naming it, now, not mid-run
         source.load(start)  # DumpFormatError for a damaged or foreign file
+    return run_id
 
 
 def _check_writable(field: str, path: Path) -> None:

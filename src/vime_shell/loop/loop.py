@@ -45,11 +45,12 @@ Example: ``run_training(TrainConfig(num_rollout=3, run_dir="runs/x"))`` trains t
 model on reverse2 for 3 rollouts of 16 prompts x 8 samples and writes ``runs/x/metrics.jsonl``.
 """
 
+import contextlib
 import logging
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -73,12 +74,12 @@ from vime_shell.loop.logs import configure_logging
 from vime_shell.loop.records import rollout_record
 from vime_shell.loop.replay import DumpWriter, ReplaySource
 from vime_shell.loop.rollouts import RolloutProducer
-from vime_shell.loop.run_dir import move_aside
+from vime_shell.loop.ownership import claim_run
 from vime_shell.loop.run_log import RunLogger
 from vime_shell.loop.slime_flags import parse_engine_arg
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.config import TrainerConfig
-from vime_shell.megatron.layout import ranks_per_node_from_env
+from vime_shell.megatron.layout import rank_from_env, ranks_per_node_from_env
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
 from vime_shell.storage.hf_export import save_hf_checkpoint
@@ -167,9 +168,9 @@ class _Loop:
     """One run's state on one rank; ``run_training`` is the public entry."""
 
     def __init__(self, cfg: TrainConfig, on_rollout: Callable[[RolloutEvent], None] | None,
-                 plan: LaunchPlan | None):
+                 plan: LaunchPlan):
         self.cfg, self.on_rollout = cfg, on_rollout
-        self.plan = plan or launch_checks(cfg, model_dir(cfg))
+        self.plan = plan
         self.hf_dir = self.plan.hf_dir
         self.trainer = MegatronTrainer.from_hf(
             self.hf_dir, trainer_config(cfg), tp=cfg.tensor_model_parallel_size,
@@ -369,7 +370,8 @@ class _Loop:
             save_hf_checkpoint(tensors, source_dir=self.hf_dir, target_dir=self.cfg.save_hf,
                                max_shard_size=self.cfg.save_hf_max_shard_size,
                                writer_rank=writers.index(self.rank), writers=len(writers),
-                               barrier=lambda: dist.barrier(group=group))
+                               barrier=lambda: dist.barrier(group=group),
+                               overwrite=self.cfg.save_hf_overwrite)
         dist.barrier()
 
 
@@ -385,13 +387,36 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
     before importing this module).
     """
     _quiet_libraries()
-    loop = _Loop(cfg, on_rollout, plan)
+    plan = plan or launch_checks(cfg, model_dir(cfg))
+    with claimed_run(cfg, plan.run_id):  # before the model is built: a second run fails now
+        loop = _Loop(cfg, on_rollout, plan)
+        try:
+            return _run(loop, cfg, progress)
+        finally:  # also after a failure: a caller that catches it may start another run
+            loop.trainer.shutdown()  # frees Megatron's parallel state
+            if loop.engines is not None:  # last: vLLM's teardown ends the world
+                loop.engines.close()
+
+
+@contextlib.contextmanager
+def claimed_run(cfg: TrainConfig, run_id: str) -> Iterator[None]:
+    """Global rank 0 locks the run's directories for the run's lifetime
+    (``ownership.claim_run``: another run on them fails; ``--overwrite-run-dir`` moves the
+    earlier run aside under the lock). Taken before the process group exists (rank from
+    ``RANK``); a failure here ends rank 0, and the launcher (torchrun, ``spawn``) ends the
+    others."""
+    rank = dist.get_rank() if dist.is_initialized() else rank_from_env()
+    if rank != 0:
+        yield
+        return
+    claim, moved = claim_run(cfg, run_id)
+    if moved is not None:
+        configure_logging(cfg.log_level, rank)
+        log.info("moved the earlier run's files in %s to %s/", cfg.run_dir, moved)
     try:
-        return _run(loop, cfg, progress)
-    finally:  # also after a failure: a caller that catches it may start another run
-        loop.trainer.shutdown()  # frees Megatron's parallel state
-        if loop.engines is not None:  # last: vLLM's external-launcher teardown ends the world
-            loop.engines.close()
+        yield
+    finally:
+        claim.release()
 
 
 def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
@@ -399,9 +424,9 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
     body, between building the loop and tearing it down."""
     configure_logging(cfg.log_level, loop.rank)
     start = 0
-    # --load must hold a checkpoint (a mistyped path never starts afresh), except slime's
-    # first run of --load X --save X on a missing or empty X
-    found = resume_checkpoint(cfg.load, cfg.save)
+    # --load must hold a checkpoint (a mistyped path never starts afresh; launch checked it and
+    # its manifest), except slime's first run of --load X --save X on a missing or empty X
+    found = resume_checkpoint(cfg.load, cfg.save, verify=False)
     if cfg.load is not None and found is None:
         log.info("--load %s holds no checkpoint yet and is the --save directory: starting "
                  "fresh (slime's first run)", cfg.load)
@@ -412,8 +437,6 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
         log.info("resumed from %s at rollout %d", found, start)
         if loop.syncs:
             loop.sync_weights()  # the engine was built from the HF checkpoint, not this one
-    elif cfg.overwrite_run_dir and loop.rank == 0 and (moved := move_aside(cfg)) is not None:
-        log.info("moved the earlier run's files in %s to %s/", cfg.run_dir, moved)
     total = loop.plan.num_rollout  # --num-rollout, or derived from --num-epoch
     logger = RunLogger(cfg.run_dir, start=start, total=total, enabled=loop.rank == 0,
                        progress=progress, wandb=cfg.to_dict() if cfg.use_wandb else None)
@@ -430,7 +453,7 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
                 if loop.dumps is not None:
                     loop.dumps.flush()  # a checkpoint never runs ahead of the dumps
                 run_checkpoint.save(cfg.save, done, loop.trainer, cfg.to_dict(),
-                                    data=loop.data_state())
+                                    data=loop.data_state(), run_id=loop.plan.run_id)
         if loop._evaluates_at_end() and total > start:  # the trained weights, once more
             logger.log_eval(total, loop.evaluate(total))
     finally:

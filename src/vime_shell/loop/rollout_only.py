@@ -23,7 +23,7 @@ from vime_shell.engines.group import EngineGroup
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan
 from vime_shell.loop.logs import configure_logging
-from vime_shell.loop.loop import TrainResult, engine_options
+from vime_shell.loop.loop import TrainResult, claimed_run, engine_options
 from vime_shell.loop.records import rollout_record
 from vime_shell.loop.replay import DumpWriter
 from vime_shell.loop.rollouts import RolloutProducer
@@ -34,6 +34,11 @@ from vime_shell.megatron.platform import detect_platform, ensure_process_group
 def run_rollouts_only(cfg: TrainConfig, plan: LaunchPlan, *,
                       progress: bool | None = None) -> TrainResult:
     """Collective over the world: ``plan.num_rollout`` rollouts, no training (module doc)."""
+    with claimed_run(cfg, plan.run_id):  # the run's directories, as a training holds them
+        return _rollouts(cfg, plan, progress)
+
+
+def _rollouts(cfg: TrainConfig, plan: LaunchPlan, progress: bool | None) -> TrainResult:
     platform = detect_platform()
     ensure_process_group(platform)
     rank = dist.get_rank()

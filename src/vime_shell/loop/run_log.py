@@ -156,11 +156,24 @@ class RunLogger:
         out = []
         trained = [r for r in self.records if not r.get("eval_only")]
         if trained:
-            out.append(plot_curves(curve_panels(self.records), self.run_dir / CURVES,
-                                   title=f"{len(trained)} rollouts"))
+            out += _plotted(lambda: plot_curves(curve_panels(self.records),
+                                                self.run_dir / CURVES,
+                                                title=f"{len(trained)} rollouts"))
         if last_schedule is not None and last_schedule.steps:
-            out.append(plot_step_loads(last_schedule, self.run_dir / SCHEDULE_PLOT, step=0))
+            out += _plotted(lambda: plot_step_loads(last_schedule, self.run_dir / SCHEDULE_PLOT,
+                                                    step=0))
         return out
+
+
+def _plotted(draw) -> list[Path]:
+    """``[draw()]``, or ``[]`` with a warning: a plot that cannot be drawn or written (a full
+    disk, a broken matplotlib backend) never costs the run its checkpoint or HF export."""
+    try:
+        return [draw()]
+    except Exception as exc:  # noqa: BLE001 - plots are a convenience; the metrics are kept
+        log.warning("could not draw a plot (%s: %s); metrics.jsonl holds every value",
+                    type(exc).__name__, exc)
+        return []
 
 
 def curve_panels(records: list[dict]) -> dict:
