@@ -73,7 +73,7 @@ def test_a_script_for_another_checkpoint_fails_naming_both_values(env, tmp_path)
     out = _run("run-tiny-grpo.sh", {**env, "MODEL_ARGS_ROTARY_BASE": "1000000"}, tmp_path)
     assert out.returncode == 2
     line = out.stderr.strip().splitlines()[-1]
-    assert "--rotary-base=1000000.0" in line and "rope_theta=10000.0" in line, line
+    assert "--rotary-base=1000000.0" in line and '"rope_theta": 10000.0' in line, line
 
 
 def test_engine_flags_of_a_script_reach_the_vllm_arguments(env, tmp_path):

@@ -1,4 +1,4 @@
-"""Everything about a ``vime train`` run that can be checked before torch is imported.
+"""Everything about a ``vime train`` run that can be checked before a model is built.
 
 ``launch_checks(cfg)`` reads only files and the configuration: the model directory's
 ``config.json`` (without transformers), export paths and sizes, that TP divides the vocabulary,
@@ -7,10 +7,12 @@ engines' layout (``vime_shell.engines.layout``: engine sizes against the world, 
 model's attention heads), the batching policy's feasibility (``vime_pure.check_feasible``),
 every plugin path (``--rollout-function-path``, ``--custom-rm-path``,
 ``--dynamic-sampling-filter-path``, the ``--rm-type`` module), the prompt and eval datasets
-(every row, with the configured keys), the chat template when ``--apply-chat-template`` asks for
-one, the reference model directory, the optional W&B package, and the run's files
-(``check_run_paths``: run directory, ``--load``, ``--save``, replayed dumps). A bad run then
-fails with one line in well under a second instead of after the model is built.
+(every row, with the configured keys and label rules; then every prompt rendered and tokenized
+against the model's context, the one step that loads transformers, and only with datasets),
+the chat template when ``--apply-chat-template`` asks for one, the reference model directory,
+the optional W&B package, and the run's files (``check_run_paths``: run directory, ``--load``,
+``--save``, replayed dumps). A bad run then fails with one line (in well under a second, or
+a few seconds with a dataset to tokenize) instead of after the model is built.
 
 Example: ``launch_checks(TrainConfig(tensor_model_parallel_size=3))`` on the embedded model
 raises ``ConfigError: tensor_model_parallel_size=3: does not divide the model's
@@ -40,7 +42,8 @@ from vime_shell.megatron.layout import (TrainLayout, context_parallel_available,
 from vime_shell.models.embedded import build_embedded
 from vime_shell.loop.megatron_args import ModelArgsError, check_architecture
 from vime_shell.models.hf_config import has_chat_template, read_config_json, read_config_summary
-from vime_shell.rollout.data import DataKeys, load_prompt_rows
+from vime_shell.rollout.data import DataKeys, fit_prompts, read_prompt_file
+from vime_shell.rollout.functions import encode_prompt
 from vime_shell.rollout.plugins import load_callable
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskExample, get_task
@@ -63,6 +66,8 @@ class LaunchPlan:
     num_rollout: int  # --num-rollout, or what --num-epoch needs for the dataset
     engine_layout: EngineLayout | None  # None: a train-only replay builds no engine
     run_id: str  # the checkpoint's when resuming, else new (vime_shell.loop.ownership)
+    prompts_dropped: int = 0  # dataset rows longer than --rollout-max-prompt-len
+    vocab_size: int | None = None  # the model's embedding rows: every token id is below it
 
 
 def model_dir(cfg: TrainConfig) -> Path:
@@ -122,17 +127,12 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
         if path is not None:
             load_callable(path, flag=flag)
     Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
-                   group_rm=cfg.group_rm, args=cfg,
+                   group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout, args=cfg,
                    reward_key=cfg.reward_key, rm_url=cfg.rm_url)
     _check_side_inputs(cfg, hf_dir)
     if engine_layout is not None:
         _check_engine_args(cfg)
-    keys = DataKeys(input_key=cfg.input_key, label_key=cfg.label_key,
-                    metadata_key=cfg.metadata_key, tool_key=cfg.tool_key)
-    prompts = None if cfg.prompt_data is None else load_prompt_rows(cfg.prompt_data, keys)
-    pairs = cfg.eval_prompt_data or ()
-    eval_sets = tuple((name, load_prompt_rows(path, keys))
-                      for name, path in zip(pairs[::2], pairs[1::2]))
+    prompts, dropped, eval_sets = _prompt_sets(cfg, hf_dir, summary.max_position_embeddings)
     # --num-epoch: enough rollouts to draw the dataset that many times (dynamic sampling may
     # draw more prompts per rollout, so it is a lower bound on the passes made).
     num_rollout = (cfg.num_rollout if cfg.num_epoch is None or prompts is None
@@ -140,7 +140,48 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     run_id = check_run_paths(cfg, num_rollout)
     return LaunchPlan(hf_dir=hf_dir, layout=layout, policy=policy, prompts=prompts,
                       task=get_task(cfg.task) if prompts is None else None, eval_sets=eval_sets,
-                      num_rollout=num_rollout, engine_layout=engine_layout, run_id=run_id)
+                      num_rollout=num_rollout, engine_layout=engine_layout, run_id=run_id,
+                      prompts_dropped=dropped, vocab_size=summary.vocab_size)
+
+
+def _prompt_sets(cfg: TrainConfig, hf_dir: Path, context_len: int | None):
+    """``(train rows or None, rows --rollout-max-prompt-len dropped, eval sets)``: every row
+    read and checked (labels, chat messages without a template: before any tokenizer loads),
+    then rendered and tokenized against the model's context (``fit_prompts``)."""
+    keys = DataKeys(input_key=cfg.input_key, label_key=cfg.label_key,
+                    metadata_key=cfg.metadata_key, tool_key=cfg.tool_key,
+                    apply_chat_template=cfg.apply_chat_template,
+                    any_label=cfg.custom_rm_path is not None)
+    train = None if cfg.prompt_data is None else read_prompt_file(cfg.prompt_data, keys)
+    pairs = cfg.eval_prompt_data or ()
+    evals = [(name, read_prompt_file(path, keys)) for name, path in zip(pairs[::2], pairs[1::2])]
+    if train is None and not evals:
+        return None, 0, ()
+    # transformers (and torch) load only here, for a run with datasets: a bad flag stays fast.
+    from vime_shell.models.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(hf_dir)
+
+    def encode(row: TaskExample) -> list[int]:
+        return encode_prompt(tokenizer, row, cfg.apply_chat_template)
+
+    response = cfg.rollout_max_response_len or get_task(cfg.task).answer_length
+    prompts, dropped = None, 0
+    if train is not None:
+        prompts, dropped = fit_prompts(*train, encode=encode, context_len=context_len,
+                                       response_len=response,
+                                       max_prompt_len=cfg.rollout_max_prompt_len)
+        if not prompts:
+            raise field_error(ConfigError, "rollout_max_prompt_len", cfg.rollout_max_prompt_len,
+                              f"drops every prompt of {cfg.prompt_data}",
+                              "raise it, or shorten the prompts")
+    eval_response = cfg.eval_max_response_len or response
+    eval_sets = tuple((name, fit_prompts(*rows, encode=encode, context_len=context_len,
+                                         response_len=eval_response, max_prompt_len=None,
+                                         response_flag="--eval-max-response-len",
+                                         evaluation=True)[0])
+                      for name, rows in evals)
+    return prompts, dropped, eval_sets
 
 
 def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None) -> EngineLayout | None:

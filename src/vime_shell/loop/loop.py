@@ -61,6 +61,7 @@ from transformers.utils import logging as hf_logging
 
 from vime_pure.data.batch import RolloutBatch, schedule_for
 from vime_pure.data.microbatch import RankBatch, rank_batch, with_log_probs
+from vime_pure.data.vocab import check_token_ids
 from vime_pure.errors import VimeError
 from vime_pure.scheduling.schedule import Schedule
 from vime_shell.engines import resolve_engine_name
@@ -75,7 +76,7 @@ from vime_shell.loop.records import rollout_record
 from vime_shell.loop.replay import DumpWriter, ReplaySource
 from vime_shell.loop.rollouts import RolloutProducer
 from vime_shell.loop.ownership import claim_run
-from vime_shell.loop.run_log import RunLogger
+from vime_shell.loop.run_log import RunLogger, fmt
 from vime_shell.loop.slime_flags import parse_engine_arg
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.config import TrainerConfig
@@ -93,6 +94,10 @@ class TrainLoopError(VimeError):
 
 class WeightSyncError(TrainLoopError):
     """After a weight sync the engine's log-probs differ from the trainer's: the sync failed."""
+
+
+class LogprobCheckError(TrainLoopError):
+    """The rollout function returned no engine log-probs: the weight-sync check cannot run."""
 
 
 @attrs.define
@@ -197,6 +202,9 @@ class _Loop:
             else:  # forge: the engine stays up for syncs only; free its KV cache
                 self.engines.sleep()
         self.syncs = self.engines is not None
+        self.syncs_done = 0  # weight syncs so far (with --load, the resume's counts)
+        # The engine-trainer gap is checked on generated batches, unless --no-logprob-check.
+        self.logprob_check = self.syncs and self.replay is None and cfg.logprob_check
         self.last_schedule: Schedule | None = None
         self.dumps = (DumpWriter(cfg.save_rollout_data)
                       if cfg.save_rollout_data is not None and self.rank == 0 else None)
@@ -215,13 +223,24 @@ class _Loop:
                             pending=error)
 
     def _batch_and_schedule(self, rid: int, generated) -> tuple[RolloutBatch, Schedule, dict]:
-        """Rank 0: the batch (generated or replayed), its dump, its schedule."""
+        """Rank 0: the batch (generated or replayed), checked (token ids; engine log-probs
+        for the weight-sync check), its dump, its schedule."""
         stats: dict = {}
         if self.replay is not None:
             batch = self.replay.load(rid)
+            source = f"rollout {rid} (replayed from {self.replay.path(rid)})"
         else:
             batch, generation = generated
             stats = generation.as_record()
+            source = f"rollout {rid}"
+            if batch.rollout_log_probs is None and self.logprob_check:
+                raise LogprobCheckError(
+                    f"{source}: the rollout function ({self.cfg.rollout_function_path}) "
+                    "returned samples without rollout_log_probs, so the weight-sync check "
+                    "(engine vs trainer log-probs) cannot run. Fix: record the engine's "
+                    "log-probs in Sample.rollout_log_probs, or pass --no-logprob-check.")
+        if self.plan.vocab_size is not None:
+            check_token_ids(batch, self.plan.vocab_size, source=source)
         if self.dumps is not None:
             self.dumps.submit(rid, batch)
         return batch, schedule_for(batch, self.layout.scheduler_layout(), self.plan.policy), stats
@@ -231,6 +250,7 @@ class _Loop:
         """Collective: stream the trainer's HF-named weights into every engine, in buckets
         that never split a decoder layer (ranks without an engine drain the export)."""
         report = self.engines.sync_weights(self.trainer.export_hf())
+        self.syncs_done += 1
         log.debug("weight sync: %d tensors, %d bytes in %d buckets, %.3f s", report.tensors,
                   report.bytes, report.buckets, report.seconds)
 
@@ -261,7 +281,8 @@ class _Loop:
         t3 = time.perf_counter()
         record = {**rollout_record(rid, batch, schedule, results, gap=gap.mean, gap_max=gap.max,
                                    times=(t1 - t0, t2 - t1, t3 - t2)),
-                  "old_logprob_s": t_old - t1, **stats, **evaluated}
+                  "old_logprob_s": t_old - t1, "logprob_check": int(self.logprob_check),
+                  **stats, **evaluated}
         if self.on_rollout is not None:
             self.on_rollout(RolloutEvent(rollout_id=rid, metrics=record, batch=batch,
                                          schedule=schedule, records=mine,
@@ -293,13 +314,23 @@ class _Loop:
                               old_from_step=1 if on_policy else 0)
 
     def _check_gap(self, rid: int, gap: "GapMeter") -> None:
-        if self.syncs and self.replay is None and gap.mean > self.gap_tolerance:
+        if not (self.logprob_check and gap.mean > self.gap_tolerance):
+            return
+        head = (f"rollout {rid}: mean engine-trainer log-prob gap {gap.mean:.3g} > "
+                f"--logprob-gap-tolerance {self.gap_tolerance:g}.")
+        if self.syncs_done == 0:  # both loaded --hf-checkpoint: no sync has run yet
             raise WeightSyncError(
-                f"rollout {rid}: mean engine-trainer log-prob gap {gap.mean:.3g} > "
-                f"logprob_gap_tolerance={self.gap_tolerance:g}. The weights "
-                "the engine sampled with are not the trainer's: the last weight sync failed "
-                "(or the engine computes log-probs differently, e.g. in bf16). Fix: check "
-                "the engine's weight update, or raise --logprob-gap-tolerance knowingly.")
+                f"{head} No weight sync has run yet: the engine and the trainer loaded the "
+                "same --hf-checkpoint but score its tokens differently (the engine's dtype, "
+                "e.g. bf16, a model the trainer converts differently, or a rollout function "
+                "whose log-probs are not the engine's). Fix: pass --rollout-dtype float32, "
+                "check the rollout function's rollout_log_probs, or raise "
+                "--logprob-gap-tolerance knowingly.")
+        raise WeightSyncError(
+            f"{head} The weights the engine sampled with are not the trainer's: the last "
+            "weight sync failed (or the engine computes log-probs differently, e.g. in bf16). "
+            "Fix: check the engine's weight update, or raise --logprob-gap-tolerance "
+            "knowingly.")
 
     def _evaluates(self, rid: int) -> bool:
         """Before rollout ``rid`` (weights trained on rollouts ``< rid``) every
@@ -437,6 +468,10 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
         log.info("resumed from %s at rollout %d", found, start)
         if loop.syncs:
             loop.sync_weights()  # the engine was built from the HF checkpoint, not this one
+    if loop.plan.prompts_dropped and loop.rank == 0:
+        log.warning("--rollout-max-prompt-len %d dropped %d of the %d prompts of %s",
+                    cfg.rollout_max_prompt_len, loop.plan.prompts_dropped,
+                    loop.plan.prompts_dropped + len(loop.plan.prompts), cfg.prompt_data)
     total = loop.plan.num_rollout  # --num-rollout, or derived from --num-epoch
     logger = RunLogger(cfg.run_dir, start=start, total=total, enabled=loop.rank == 0,
                        progress=progress, wandb=cfg.to_dict() if cfg.use_wandb else None)
@@ -475,8 +510,9 @@ def _quiet_libraries() -> None:
 
 
 def _line(r: dict) -> str:
-    line = (f"rollout {r['rollout']:4d}  reward {r['reward_mean']:.3f}  loss {r['loss']:+.4f}  "
-            f"entropy {r['entropy']:.3f}  gap {r['logprob_gap']:.1e}  "
+    line = (f"rollout {r['rollout']:4d}  reward {r['reward_mean']:.3f}  "
+            f"loss {fmt(r['loss'], '+.4f')}  entropy {fmt(r['entropy'], '.3f')}  "
+            f"gap {fmt(r['logprob_gap'], '.1e')}  "
             f"mb/rank {r['num_microbatches']}  {r['tokens_per_s']:.0f} tok/s")
     if r.get("prompts_generated", 0) != r.get("prompts_kept", 0):
         line += f"  kept {r['prompts_kept']}/{r['prompts_generated']}"

@@ -12,7 +12,7 @@ Ray placement, as records ``TrainConfig`` is composed of (same flag names, one h
   against the ``torchrun`` world, which is what places ranks in vime.
 
 Example: ``--num-layers 36`` against the embedded model (2 layers) raises ``--num-layers=36:
-does not match the HF config's num_hidden_layers=2 ...``.
+does not match .../config.json ("num_hidden_layers": 2) ...``.
 """
 
 import math
@@ -209,7 +209,7 @@ def check_architecture(cfg: Any, hf: dict[str, Any], hf_dir: str) -> None:
                 if isinstance(given, float) else given == actual)
         if not same:
             raise field_error(ModelArgsError, _flag(name), given,
-                              f"does not match the HF config of {hf_dir} ({_hf_key(name)}="
+                              f"does not match {hf_dir}/config.json (\"{_hf_key(name)}\": "
                               f"{actual!r})", f"{_fix(name, actual)} (the checkpoint's "
                               "value), or the --hf-checkpoint the script was written for")
     if cfg.disable_bias_linear and want["add_qkv_bias"] and not cfg.add_qkv_bias:

@@ -41,7 +41,7 @@ from vime_shell.loop.launch_checks import LaunchPlan
 from vime_shell.models.tokenizer import load_tokenizer
 from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.filters import load_filter
-from vime_shell.rollout.plugins import load_callable
+from vime_shell.rollout.plugins import call_plugin, load_callable
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.rollout.functions import (RolloutContext, load_rollout_function,
@@ -91,8 +91,8 @@ class RolloutProducer:
         self.eval_sets = plan.eval_sets
         self.rollout_fn = load_rollout_function(cfg.rollout_function_path)
         self.rewarder = Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
-                                       group_rm=cfg.group_rm, args=cfg,
-                                       reward_key=cfg.reward_key, rm_url=cfg.rm_url)
+                                       group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout,
+                                       args=cfg, reward_key=cfg.reward_key, rm_url=cfg.rm_url)
         self.keep = load_filter(cfg.dynamic_sampling_filter_path, args=cfg)
         self.log_fn = (None if cfg.custom_rollout_log_function_path is None else load_callable(
             cfg.custom_rollout_log_function_path, flag="--custom-rollout-log-function-path"))
@@ -119,13 +119,11 @@ class RolloutProducer:
             if output is not None:  # rank 0: judge the round
                 next_group = _next_group_id(output, next_group)
                 generated += len(output)
-                for prompt_output in output:
-                    if len(kept) == need:
-                        break  # surplus of the last round: discarded, counted as generated
-                    if self.keep is None or self.keep(_samples(prompt_output)):
-                        kept.append(prompt_output)
-                    else:
-                        filtered += 1
+                try:
+                    filtered += self._judge(output, kept, need,
+                                            f"rollout {rid}, round {rounds - 1}")
+                except VimeError as exc:  # a failed filter: every rank leaves via rank0_result
+                    error = error or exc
             if self.keep is None:
                 if error is not None:
                     raise error
@@ -142,9 +140,27 @@ class RolloutProducer:
         if not kept:
             raise RolloutEmptyError(rid, stats)
         if self.log_fn is not None:  # slime's custom rollout log; vime's own log still runs
-            self.log_fn(rid, cfg, [s for p in kept for s in _samples(p)], stats.as_record(),
-                        time.perf_counter() - started)
+            call_plugin(self.log_fn, rid, cfg, [s for p in kept for s in _samples(p)],
+                        stats.as_record(), time.perf_counter() - started,
+                        what=f"rollout log {cfg.custom_rollout_log_function_path}",
+                        flag="--custom-rollout-log-function-path", where=f"rollout {rid}")
         return RolloutBatch.from_samples(kept, normalization=self.normalization), stats
+
+    def _judge(self, output: list[Any], kept: list[Any], need: int, where: str) -> int:
+        """Rank 0: append the prompt groups the filter keeps to ``kept`` (up to ``need``);
+        returns how many it dropped. The surplus of the last round is discarded unjudged."""
+        dropped = 0
+        for p, prompt_output in enumerate(output):
+            if len(kept) == need:
+                break
+            if self.keep is None or call_plugin(
+                    self.keep, _samples(prompt_output),
+                    what=f"filter {self.cfg.dynamic_sampling_filter_path}",
+                    flag="--dynamic-sampling-filter-path", where=f"{where}, prompt {p}"):
+                kept.append(prompt_output)
+            else:
+                dropped += 1
+        return dropped
 
     def _sampling(self, max_new_tokens: int, seed: int, temperature: float | None = None
                   ) -> SamplingParams:
@@ -171,7 +187,10 @@ class RolloutProducer:
         try:
             with native_torch():  # generation names no CUDA device: skip the CPU device mode
                 output = self.engines.run_shares(
-                    lambda share: list(self.rollout_fn(share_context(ctx, share))),
+                    lambda share: call_plugin(
+                        lambda c: list(self.rollout_fn(c)), share_context(ctx, share),
+                        what=f"rollout function {cfg.rollout_function_path}",
+                        flag="--rollout-function-path", where=f"rollout {rid}"),
                     len(prompts))
         except Exception as exc:  # noqa: BLE001 - handed to rank0_result by the caller
             return None, exc

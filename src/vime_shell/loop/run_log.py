@@ -124,8 +124,8 @@ class RunLogger:
         self._write(clean)
         if self._bar is not None:
             self._bar.set_postfix_str(
-                f"reward {clean['reward_mean']:.3f} loss {clean['loss']:+.4f} "
-                f"gap {clean['logprob_gap']:.1e} mb {clean['num_microbatches']} "
+                f"reward {fmt(clean['reward_mean'], '.3f')} loss {fmt(clean['loss'], '+.4f')} "
+                f"gap {fmt(clean['logprob_gap'], '.1e')} mb {clean['num_microbatches']} "
                 f"{clean.get('tokens_per_s', 0):.0f} tok/s", refresh=False)
             self._bar.update(1)
 
@@ -190,6 +190,13 @@ def curve_panels(records: list[dict]) -> dict:
         if any(key in r for r in records):
             panels[key] = {key: line(key)}
     return panels
+
+
+def fmt(value: object, spec: str) -> str:
+    """A metric for a log line: ``format(value, spec)``, or ``-`` for a metric with no value
+    (None: nothing was measured). Example: ``fmt(0.25, ".3f") == "0.250"``, ``fmt(None, ".3f")
+    == "-"``."""
+    return "-" if value is None else format(value, spec)
 
 
 def _json_value(value: object) -> object:

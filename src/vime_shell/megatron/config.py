@@ -33,6 +33,7 @@ class OptimConfig:
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    skip_nonfinite_grad_steps: bool = False  # else a NaN/inf gradient norm stops the run
 
     def __attrs_post_init__(self) -> None:
         """The one check of each optimizer knob (``TrainConfig`` builds this record to run it)."""
@@ -82,4 +83,5 @@ class StepResult:
     num_microbatches: int
     lr: float
     grad_norm: float
+    skipped: bool = False  # the gradient norm was not finite and the update was skipped
 

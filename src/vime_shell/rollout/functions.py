@@ -36,10 +36,10 @@ from typing import Any
 
 import attrs
 
-from vime_pure.errors import field_error
+from vime_pure.errors import field_error, one_line
 from vime_pure.data.sample import Sample, Status
 from vime_shell.engines.base import Generation, RolloutEngine, SamplingParams
-from vime_shell.rollout.plugins import load_callable
+from vime_shell.rollout.plugins import is_expired, load_callable, time_limit
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskError, TaskExample
 
@@ -47,6 +47,8 @@ RolloutFn = Callable[["RolloutContext"], Sequence[Any]]
 DEFAULT_ROLLOUT_FUNCTION = "vime_shell.rollout.functions:single_turn_rollout"
 _STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 TURN_REWARDS: tuple[str, ...] = ("mean", "all")
+# A chat template renders in milliseconds; one with runaway loops is stopped after this long.
+CHAT_TEMPLATE_TIMEOUT_S = 10.0
 # Request seeds of one rollout, 2**24 of them from its base: generation round k (dynamic
 # sampling) at base + k * 2**20, turn t of a round at + t * 2**18, request r at + r. Offsets
 # depend on global indices only (not on how many requests an engine holds), and no two
@@ -133,14 +135,34 @@ def encode_prompt(tokenizer: Any, example: TaskExample, apply_chat_template: boo
     """
     prompt = example.prompt
     if apply_chat_template:
-        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        prompt = tokenizer.apply_chat_template(messages, tools=example.tools, tokenize=False,
-                                               add_generation_prompt=True)
+        prompt = render_chat_template(tokenizer, example)
     elif not isinstance(prompt, str):
         raise field_error(TaskError, "prompt", f"<{len(prompt)} chat messages>",
                           "needs a chat template to become tokens",
                           "pass --apply-chat-template, or store prompts as text")
     return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def render_chat_template(tokenizer: Any, example: TaskExample,
+                         timeout: float | None = None) -> str:
+    """The prompt rendered by the tokenizer's chat template, within ``timeout`` seconds
+    (default ``CHAT_TEMPLATE_TIMEOUT_S``): a template's loops can run for hours, and a
+    template error is a :class:`TaskError`, not a jinja traceback."""
+    prompt = example.prompt
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    limit = CHAT_TEMPLATE_TIMEOUT_S if timeout is None else timeout
+    try:
+        with time_limit(limit):
+            return tokenizer.apply_chat_template(messages, tools=example.tools, tokenize=False,
+                                                 add_generation_prompt=True)
+    except BaseException as exc:  # noqa: BLE001 - includes the time limit's own signal
+        if not isinstance(exc, Exception) and not is_expired(exc):
+            raise
+        problem = (f"did not render within {limit:g} s" if is_expired(exc)
+                   else f"failed ({type(exc).__name__}: {one_line(str(exc))})")
+        raise TaskError(f"the chat template {problem} for the prompt {one_line(repr(prompt))}. "
+                        "Fix: correct the tokenizer's chat_template, or drop "
+                        "--apply-chat-template.") from None
 
 
 def _respond(ctx: RolloutContext, examples: Sequence[TaskExample],
