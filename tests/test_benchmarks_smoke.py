@@ -66,3 +66,25 @@ def test_slime_flag_coverage_on_our_corpus(tmp_path):
                                           slime_flag_coverage.accepted_flags())
     assert (result["scripts"], result["accepted"]) == (4, 3)
     assert result["refused"] == {"--lora-rank": 1}
+
+
+def test_lr_curve_quick(capsys):
+    from benchmarks import lr_curve
+
+    out = lr_curve.main(["--quick"])
+    for case in out.values():
+        assert case["after"][-1] == 1e-5 and case["before"][-1] > 1e-5
+
+
+def test_flops_model_balance_quick(capsys):
+    from benchmarks import flops_model_balance
+
+    out = flops_model_balance.main(["--quick", "--dp", "4"])
+    assert out["the run's model"] <= out["fixed 8B proxy ratio"]
+
+
+def test_stop_lengths_quick(capsys):
+    from benchmarks import stop_lengths
+
+    before, after = stop_lengths.main(["--quick"]).values()
+    assert after["truncated_frac"] <= before["truncated_frac"]

@@ -23,7 +23,8 @@ KL_KINDS: tuple[str, ...] = get_args(KLKind)  # the choice list of --kl-loss-typ
 class LossConfig:
     """Clip ``eps_clip`` / ``eps_clip_high`` (DAPO clip-higher) / ``dual_clip``; KL penalty
     ``kl_coef * kl_kind`` against the reference; entropy bonus ``entropy_coef``; truncated
-    importance sampling weights ``min(exp(old - rollout), tis_clip)`` when ``use_tis``."""
+    importance sampling weights ``min(exp(old - rollout), tis_clip)`` when ``use_tis``;
+    ``sequence_ratio``: GSPO's sequence-level importance ratio instead of per-token ratios."""
 
     eps_clip: float = 0.2
     eps_clip_high: float | None = None
@@ -33,15 +34,17 @@ class LossConfig:
     entropy_coef: float = 0.0
     use_tis: bool = False
     tis_clip: float = 2.0
+    sequence_ratio: bool = False
 
     def __attrs_post_init__(self) -> None:
         for name in LOSS_BOUNDS:
             value = getattr(self, name)
             if value is not None or name not in ("eps_clip_high", "dual_clip"):
                 check_loss_knob(name, value)
-        if not isinstance(self.use_tis, bool):
-            raise field_error(LossConfigError, "use_tis", self.use_tis, "must be a bool",
-                              "pass True or False")
+        for name in ("use_tis", "sequence_ratio"):
+            if not isinstance(getattr(self, name), bool):
+                raise field_error(LossConfigError, name, getattr(self, name), "must be a bool",
+                                  "pass True or False")
         if not isinstance(self.kl_kind, str) or self.kl_kind not in KL_KINDS:
             raise field_error(LossConfigError, "kl_kind", self.kl_kind, "is not a KL estimator",
                               f"use one of {KL_KINDS}")

@@ -70,7 +70,8 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
     n = len(ss)
     tokens = [s.tokens for s in ss]
     bad = next((i for i, t in enumerate(tokens) if not _flat_sequence(t)), None)
-    lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=n) if bad is None else None
+    lengths = (np.fromiter(map(len, tokens), dtype=np.int64, count=n) if bad is None
+               else np.zeros(0, dtype=np.int64))  # unread: the error below names sample bad
     if bad is not None or lengths.min() < 1:
         i = bad if bad is not None else int(np.argmin(lengths))
         raise RolloutValidationError(f"{flat.path(i)}: tokens={tokens[i]!r:.60} is not a "

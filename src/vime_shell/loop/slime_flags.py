@@ -87,7 +87,6 @@ UNSUPPORTED: dict[str, str] = {
     "--attn-implementation": "the FSDP backend", "--gradient-checkpointing": "the FSDP "
     "backend; use Megatron's recompute flags",
     # data, rollout and evaluation
-    "--eval-config": "use --eval-prompt-data NAME PATH [NAME PATH ...]",
     "--eval-function-path": "evaluation runs the training rollout on --eval-prompt-data",
     "--multimodal-keys": "multimodal prompts",
     "--rollout-max-context-len": "use --rollout-max-response-len (and the model's context)",
