@@ -158,7 +158,7 @@ class Sample:
 
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in attrs.fields(Sample))
-Sample.Status = Status  # slime's spelling in plugins: sample.status == Sample.Status.TRUNCATED
+setattr(Sample, "Status", Status)  # slime's spelling in plugins: Sample.Status.TRUNCATED
 
 
 def _copy_plain(value: Any) -> Any:

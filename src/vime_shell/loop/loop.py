@@ -64,7 +64,6 @@ from vime_pure.data.microbatch import RankBatch, rank_batch, with_log_probs
 from vime_pure.data.vocab import check_token_ids
 from vime_pure.errors import VimeError
 from vime_pure.lr_schedule import LrGroups, lr_groups, lr_schedule_warnings
-from vime_pure.policy_config import LossConfig
 from vime_pure.scheduling.schedule import Schedule
 from vime_shell.engines import resolve_engine_name
 from vime_shell.engines.group import EngineGroup, EngineOptions
