@@ -1,10 +1,18 @@
-"""The knobs of the policy objective, torch-free: clipping, KL, entropy and TIS settings.
+"""The knobs of the policy objective, torch-free: clipping, KL, entropy, TIS and rejection.
 
 The loss *mode* is not here: it selects the denominators ``rank_batch`` puts into the records
 (``vime_pure.denominators.LossMode``), and the objective reads it from them.
 
 Example: ``LossConfig(eps_clip=0.2, eps_clip_high=0.28, kl_coef=0.01, kl_kind="low_var_kl")``
 is DAPO's clip-higher with slime's low-variance KL penalty.
+
+Off-policy correction (decoupled PPO, ``vime_pure.torch_ops.offpolicy``): the PPO ratio clips
+against the *old* (proximal) policy, the trainer's weights when the batch starts training,
+recomputed for every step of a batch with stale samples; ``use_tis`` weights each token by
+``clamp(pi_old / pi_behaviour, tis_clip_low, tis_clip)`` (slime's ``--use-tis --tis-clip
+--tis-clip-low``); ``RejectionConfig`` masks tokens or whole samples whose ratio leaves a band
+(MIS / IcePop). Example: ``LossConfig(use_tis=True, tis_clip=5.0, tis_clip_low=0.5)`` with
+``RejectionConfig(level="token", lower=0.5, upper=5.0)`` is IcePop.
 """
 
 import math
@@ -13,18 +21,22 @@ from typing import Literal, get_args
 
 import attrs
 
+from vime_pure.denominators import REJECTION_DENOMINATORS
 from vime_pure.errors import LossConfigError, field_error
 
 KLKind = Literal["k1", "k2", "k3", "low_var_kl"]
 KL_KINDS: tuple[str, ...] = get_args(KLKind)  # the choice list of --kl-loss-type
+RejectionLevel = Literal["token", "sequence", "geometric"]
+RS_LEVELS: tuple[str, ...] = get_args(RejectionLevel)  # the choice list of --rs-level
 
 
 @attrs.frozen(kw_only=True)
 class LossConfig:
     """Clip ``eps_clip`` / ``eps_clip_high`` (DAPO clip-higher) / ``dual_clip``; KL penalty
     ``kl_coef * kl_kind`` against the reference; entropy bonus ``entropy_coef``; truncated
-    importance sampling weights ``min(exp(old - rollout), tis_clip)`` when ``use_tis``;
-    ``sequence_ratio``: GSPO's sequence-level importance ratio instead of per-token ratios."""
+    importance sampling weights ``clamp(exp(old - rollout), tis_clip_low, tis_clip)`` when
+    ``use_tis`` (slime's defaults: 0 and 2); ``sequence_ratio``: GSPO's sequence-level
+    importance ratio instead of per-token ratios."""
 
     eps_clip: float = 0.2
     eps_clip_high: float | None = None
@@ -34,6 +46,7 @@ class LossConfig:
     entropy_coef: float = 0.0
     use_tis: bool = False
     tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
     sequence_ratio: bool = False
 
     def __attrs_post_init__(self) -> None:
@@ -48,6 +61,45 @@ class LossConfig:
         if not isinstance(self.kl_kind, str) or self.kl_kind not in KL_KINDS:
             raise field_error(LossConfigError, "kl_kind", self.kl_kind, "is not a KL estimator",
                               f"use one of {KL_KINDS}")
+        if not self.tis_clip_low <= self.tis_clip:  # each alone: LOSS_BOUNDS
+            raise field_error(LossConfigError, "tis_clip_low", self.tis_clip_low,
+                              f"must lie in [0, tis_clip={self.tis_clip}]", "use e.g. 0 or 0.5")
+
+
+@attrs.frozen(kw_only=True)
+class RejectionConfig:
+    """Rejection of off-policy tokens (MIS / IcePop): which ratio ``pi_old / pi_behaviour`` is
+    tested, the band it must stay in, and the denominator the survivors are averaged by.
+
+    ``level``: ``"token"`` tests each token's ratio; ``"sequence"`` the product over the
+    sample's loss-masked tokens; ``"geometric"`` their geometric mean (both keep or drop a
+    whole sample). ``lower`` / ``upper``: the band (slime's ``rs_lower_bound`` /
+    ``rs_upper_bound``). ``denominator``: ``"original"`` (slime/miles: rejected tokens still
+    count in their group's denominator) or ``"surviving"`` (``vime_pure.denominators``).
+    Example: ``RejectionConfig(level="geometric", lower=0.999, upper=1.001)`` drops samples
+    whose mean per-token log-ratio leaves about +-1e-3.
+    """
+
+    level: str = "token"
+    lower: float = 0.5
+    upper: float = 2.0
+    denominator: str = "original"
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.level, str) or self.level not in RS_LEVELS:
+            raise field_error(LossConfigError, "level", self.level, "is not a rejection level",
+                              f"use one of {RS_LEVELS}")
+        if not isinstance(self.denominator, str) or (
+                self.denominator not in REJECTION_DENOMINATORS):
+            raise field_error(LossConfigError, "denominator", self.denominator,
+                              "is not a rejection denominator",
+                              f"use one of {REJECTION_DENOMINATORS}")
+        for name in ("lower", "upper"):
+            _real(name, getattr(self, name), optional=False)
+        if not 0.0 <= self.lower <= self.upper < math.inf:
+            raise field_error(LossConfigError, "upper", self.upper,
+                              f"must satisfy lower={self.lower} <= upper < inf (and lower >= 0)",
+                              "use e.g. lower=0.5, upper=2.0")
 
 
 @attrs.frozen
@@ -81,6 +133,7 @@ LOSS_BOUNDS: dict[str, Bound] = {
     "kl_coef": Bound(0.0, math.inf, False, True, "use 0 to disable it"),
     "entropy_coef": Bound(0.0, math.inf, False, True, "use 0 to disable it"),
     "tis_clip": Bound(0.0, math.inf, True, False, "use e.g. 2.0 (inf: no truncation)"),
+    "tis_clip_low": Bound(0.0, math.inf, False, True, "use e.g. 0 or 0.5"),
 }
 
 

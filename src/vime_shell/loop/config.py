@@ -28,9 +28,9 @@ import attrs
 
 from vime_pure.config import BALANCES, PACKINGS, BatchingPolicy, policy_from_flags
 from vime_pure.data.rewards import RewardNormalization
-from vime_pure.denominators import LOSS_MODES
+from vime_pure.denominators import LOSS_MODES, REJECTION_DENOMINATORS
 from vime_pure.errors import LossConfigError, VimeError, field_error
-from vime_pure.policy_config import KL_KINDS, LossConfig
+from vime_pure.policy_config import KL_KINDS, RS_LEVELS, LossConfig, RejectionConfig
 from vime_shell.engines import ENGINE_NAMES
 from vime_shell.loop.megatron_args import (MegatronSwitchArgs, ModelArchArgs, ModelArgsError,
                                            PlacementArgs)
@@ -52,7 +52,7 @@ LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning")
 LOSS_FLAGS = {"eps_clip": "--eps-clip", "eps_clip_high": "--eps-clip-high",
               "dual_clip": "--eps-clip-c", "kl_coef": "--kl-loss-coef",
               "kl_kind": "--kl-loss-type", "entropy_coef": "--entropy-coef",
-              "use_tis": "--use-tis", "tis_clip": "--tis-clip",
+              "use_tis": "--use-tis", "tis_clip": "--tis-clip", "tis_clip_low": "--tis-clip-low",
               "sequence_ratio": "--advantage-estimator"}
 SAVE_HF_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 DEFAULT_NUM_ROLLOUT = 300
@@ -271,9 +271,22 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
     ref_load: str | None = _f(None, "HF dir of the initial weights and the KL reference "
                               "(slime: where training starts); default --hf-checkpoint", "loss")
     entropy_coef: float = _f(0.0, "entropy bonus weight", "loss")
-    use_tis: bool = _f(False, "truncated importance sampling against the engine's "
-                       "log-probs", "loss")
+    use_tis: bool = _f(False, "truncated importance sampling (decoupled PPO): weight the "
+                       "surrogate by clamp(pi_old / pi_behaviour, --tis-clip-low, --tis-clip)",
+                       "loss")
     tis_clip: float = _f(2.0, "TIS weight cap", "loss")
+    tis_clip_low: float = _f(0.0, "TIS weight floor", "loss")
+    use_rs: bool = _f(False, "reject tokens (or samples, --rs-level) whose pi_old / "
+                      "pi_behaviour leaves [--rs-lower-bound, --rs-upper-bound] (MIS / IcePop; "
+                      "the keys of slime's mis.py as flags)", "loss")
+    rs_level: str = _f("token", "what --use-rs tests: each token, the sample's ratio "
+                       "product (sequence) or its geometric mean", "loss", RS_LEVELS)
+    rs_lower_bound: float | None = _f(None, "--use-rs band floor; default --tis-clip-low",
+                                      "loss")
+    rs_upper_bound: float | None = _f(None, "--use-rs band cap; default --tis-clip", "loss")
+    rs_denominator: str = _f("original", "denominator after --use-rs: the masks before "
+                             "rejection (slime) or the surviving tokens", "loss",
+                             REJECTION_DENOMINATORS)
     logprob_gap_tolerance: float | None = _f(None, "max mean engine-trainer log-prob gap "
                                              "after a sync; default: by --rollout-dtype (fp32 "
                                              "1e-4)", "loss")
@@ -436,6 +449,9 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
             _in_range("eval_top_p", self.eval_top_p, 1e-6, 1.0, "use 1.0")
         self.loss_config()  # the loss and optimizer knobs' ranges live in their records
         self.optim_config()
+        for name in ("rs_lower_bound", "rs_upper_bound"):
+            if getattr(self, name) is not None:
+                _in_range(name, getattr(self, name), 0.0, 1e6, "use e.g. 0.5 / 2.0")
         if self.logprob_gap_tolerance is not None:
             _in_range("logprob_gap_tolerance", self.logprob_gap_tolerance, 0.0, 1e9,
                       "use 1e-4 (fp32), or omit it for the rollout dtype's default")
@@ -490,6 +506,31 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
             raise field_error(ConfigError, "group_rm", True,
                               "does not apply to compact_rollout (its reward is per turn)",
                               "use a per-sample --custom-rm-path")
+
+    def rejection_config(self) -> RejectionConfig | None:
+        """The ``--use-rs`` settings as the core's record (None without ``--use-rs``); unset
+        bounds default to the TIS clamp, as in slime's mis.py. Example: ``--use-tis
+        --tis-clip 5 --tis-clip-low 0.5 --use-rs`` rejects tokens outside [0.5, 5] (IcePop)."""
+        if not self.use_rs:
+            return None
+        lower = self.tis_clip_low if self.rs_lower_bound is None else self.rs_lower_bound
+        upper = self.tis_clip if self.rs_upper_bound is None else self.rs_upper_bound
+        return RejectionConfig(level=self.rs_level, lower=lower, upper=upper,
+                               denominator=self.rs_denominator)
+
+    def _check_rejection(self) -> None:
+        if not self.use_rs:
+            changed = [k for k, v in _rejection_defaults().items() if getattr(self, k) != v]
+            if changed:
+                raise field_error(ConfigError, changed[0], getattr(self, changed[0]),
+                                  "has no effect without --use-rs", "pass --use-rs, or drop it")
+            return
+        lower = self.tis_clip_low if self.rs_lower_bound is None else self.rs_lower_bound
+        upper = self.tis_clip if self.rs_upper_bound is None else self.rs_upper_bound
+        if lower > upper:
+            raise field_error(ConfigError, "rs_lower_bound", lower,
+                              f"exceeds the band's cap {upper} (--rs-upper-bound, default "
+                              "--tis-clip)", "pass a lower bound below the upper one")
 
     def _check_inputs(self) -> None:
         for name in ("seed", "rollout_seed"):  # torch and numpy seeds are 64-bit
@@ -559,6 +600,7 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
             raise field_error(ConfigError, "kl_loss_coef", self.kl_loss_coef,
                               "has no effect without --use-kl-loss",
                               "pass --use-kl-loss, or --kl-loss-coef 0")
+        self._check_rejection()
 
     def _check_steps(self) -> None:
         groups = self.groups_per_rollout
@@ -657,6 +699,7 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                               kl_coef=self.kl_loss_coef if self.use_kl_loss else 0.0,
                               kl_kind=self.kl_loss_type, entropy_coef=self.entropy_coef,
                               use_tis=self.use_tis, tis_clip=self.tis_clip,
+                              tis_clip_low=self.tis_clip_low,
                               sequence_ratio=self.advantage_estimator == "gspo")
         except LossConfigError as exc:
             field, _, rest = str(exc).partition("=")
@@ -787,6 +830,10 @@ def _check_types(cfg: TrainConfig) -> None:
 def _at_least(name: str, value: int, lo: int) -> None:
     if value < lo:
         raise field_error(ConfigError, name, value, f"must be >= {lo}", f"pass {name} >= {lo}")
+
+
+def _rejection_defaults() -> dict[str, Any]:
+    return {f.name: f.default for f in attrs.fields(TrainConfig) if f.name.startswith("rs_")}
 
 
 def _in_range(name: str, value: float, lo: float, hi: float, fix: str) -> None:

@@ -7,8 +7,10 @@ The shell only wires tensors; every formula lives in the core:
    vocab-parallel logits (Megatron's vocab-parallel cross entropy; entropy with the same
    max/sum all-reduces), so TP needs no logits gather;
 2. per-token pieces from ``vime_pure.torch_ops.policy_loss.policy_loss`` (PPO/GRPO clipped
-   surrogate, dual clip, KL, entropy bonus, TIS weights); without old log-probs the ratio is 1
-   and carries the gradient;
+   surrogate, dual clip, KL, entropy bonus); without old log-probs the ratio is 1 and carries
+   the gradient; with ``--use-tis`` the surrogate is decoupled PPO's, weighted by
+   ``tis_weights(old, behaviour)`` (``vime_pure.torch_ops.offpolicy``), reported as
+   ``TIS_KEYS``; rejection (MIS / IcePop) already zeroed the record's mask;
 3. partial numerators ``P = sum_t m[t] * x[t] / D[sample(t)]`` of the loss and every reported
    term at once, from ``vime_pure.torch_ops.loss.microbatch_losses`` over the record's
    **step-level** denominators
@@ -20,8 +22,9 @@ The shell only wires tensors; every formula lives in the core:
 Reported per row (``STEP_KEYS``): the partial numerators of ``loss``, ``pg_loss``, ``kl``,
 ``entropy`` and ``clipfrac``, which ``vime_pure.reduce_train_step`` divides by the step
 divisor; ``(sum, count)`` token metrics (``TOKEN_KEYS``: ``ratio``, ``log_prob``) for
-``vime_pure.reduce_metrics``; and, on the batch's first step (no old log-probs: the forward
-runs on the generation weights, the ratio is exactly 1), the engine-trainer log-prob gap.
+``vime_pure.reduce_metrics`` (with ``TIS_KEYS`` under ``--use-tis``); and, on the batch's first
+step when all its samples are fresh (no old log-probs: the forward runs on the generation
+weights, the ratio is exactly 1), the engine-trainer log-prob gap.
 
 Example: one group of 2 samples with masks ``[1, 1]`` and ``[1, 0]`` (``D = 3``), per-token
 losses ``[1, 2]`` and ``[3, 9]``: ``P = (1 + 2 + 3) / 3 = 2.0``; with ``G_s = 1`` the step loss
@@ -44,6 +47,7 @@ from vime_shell.megatron.tensors import MicroBatchTensors
 
 STEP_KEYS: tuple[str, ...] = ("loss", "pg_loss", "kl", "entropy", "clipfrac")  # divided by C
 TOKEN_KEYS: tuple[str, ...] = ("ratio", "log_prob")  # token means: Metric(sum, tokens)
+TIS_KEYS: tuple[str, ...] = ("tis", "tis_clipfrac")  # token means too, with --use-tis
 
 
 def loss_factor(record: TrainMicroBatch, dp: int, cp: int) -> float:
@@ -96,7 +100,7 @@ def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossCo
             raise field_error(LossConfigError, "use_tis", True,
                               "needs the engine's rollout log-probs, which this batch lacks",
                               "record rollout_log_probs in the rollout function, or drop --use-tis")
-        tis = tis_weights(old, row.rollout_log_probs, cap=cfg.tis_clip)
+        tis = tis_weights(old, row.rollout_log_probs, cap=cfg.tis_clip, low=cfg.tis_clip_low)
     terms = policy_loss(logp, old, row.advantages, ref_log_probs=row.ref_log_probs,
                         kl_coef=cfg.kl_coef, kl_kind=cfg.kl_kind, eps_clip=cfg.eps_clip,
                         eps_clip_high=cfg.eps_clip_high, dual_clip=cfg.dual_clip,
@@ -115,13 +119,24 @@ def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossCo
     report["ratio"] = (terms.ratio * mask).sum().detach()
     report["log_prob"] = (logp.detach() * mask).sum()
     report["tokens"] = mask.sum().detach()
+    if tis is not None:  # the decoupled-PPO weight pi_old / pi_behaviour, as clamped
+        report.update(_tis_sums(tis, old, row, mask))
     report.update(_gap_sums(logp, row))
     return numerator * factor, report
 
 
+def _tis_sums(tis: torch.Tensor, old: torch.Tensor, row: MicroBatchTensors,
+              mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Masked sums of the TIS weight and of where the clamp changed it (``TIS_KEYS``)."""
+    raw = torch.exp((old - row.rollout_log_probs).clamp(max=20.0))
+    clamped = (tis != raw).to(mask.dtype)
+    return {"tis": (tis.to(mask.dtype) * mask).sum().detach(),
+            "tis_clipfrac": (clamped * mask).sum().detach()}
+
+
 def _gap_sums(logp: torch.Tensor, row: MicroBatchTensors) -> dict[str, torch.Tensor]:
     """|trainer - engine| log-prob sums over the row's scored tokens, when this forward runs on
-    the weights the engine generated with (no old log-probs: the batch's first step), so the
+    the weights the engine generated with (no old log-probs: an all-fresh first step), so the
     weight-sync check needs no forward of its own. Empty otherwise."""
     if row.old_log_probs is not None or row.rollout_log_probs is None:
         return {}
