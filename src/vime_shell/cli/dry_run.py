@@ -8,7 +8,7 @@ synthetic rollout of the configured shape (``--rollout-batch-size`` x
 ``--n-samples-per-prompt`` one-sample groups of ``SYNTHETIC_PROMPT_LEN`` prompt tokens (6 for a
 built-in task) and
 responses spread over ``[1, --rollout-max-response-len]``, seeded) as ``vime schedule`` prints
-it.
+it, and the memory estimate of ``vime_shell.loop.memory_report``.
 
 Example: ``vime train --dry-run --num-rollout 5`` prints ``parallel layout: world 1 = tp 1 x pp
 1 x cp 1 x dp 1`` and a one-step table, and exits 0.
@@ -17,12 +17,15 @@ Example: ``vime train --dry-run --num-rollout 5`` prints ``parallel layout: worl
 import attrs
 import numpy as np
 
+from vime_pure.memory import GIB
 from vime_pure.scheduling.planner import build_schedule
 from vime_pure.scheduling.report import step_stats
 from vime_shell.cli.schedule import format_table
 from vime_shell.loop.config import SECTIONS, TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan
+from vime_shell.loop.memory_report import estimate_run
 
+MEMORY_GPU_GIB = 80  # the GPU the memory estimate assumes (the printed line says so)
 SYNTHETIC_PROMPT_LEN = 128  # tokens; a dataset's own lengths need its tokenizer (seconds)
 
 
@@ -78,5 +81,14 @@ def dry_run_report(cfg: TrainConfig, plan: LaunchPlan) -> str:
              f"{prompt_len(cfg)} + 1..{max_response_len} tokens",
              format_table(stats),
              f"trained: {sum(s.num_groups for s in stats)} groups in {len(stats)} steps; "
-             f"dropped: {len(schedule.dropped_groups)} groups"]
+             f"dropped: {len(schedule.dropped_groups)} groups", "", memory_line(cfg, plan)]
     return "\n".join(lines)
+
+
+def memory_line(cfg: TrainConfig, plan: LaunchPlan) -> str:
+    """``vime_shell.loop.memory_report``'s per-GPU estimate (bf16, an 80 GiB GPU assumed)."""
+    gib = estimate_run(cfg, plan.hf_dir, plan.layout, gpu_bytes=MEMORY_GPU_GIB * GIB).as_gib()
+    return (f"memory estimate per GPU (bf16, {MEMORY_GPU_GIB} GiB GPU): weights "
+            f"{gib['weights']}, grads {gib['grads']}, optimizer {gib['optimizer']}, "
+            f"activations {gib['activations']}, train peak {gib['train_peak']}, generate "
+            f"peak {gib['generate_peak']} GiB")

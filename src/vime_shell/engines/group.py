@@ -50,7 +50,8 @@ from vime_shell.engines.base import RolloutEngine
 from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, EngineLayout,
                                        check_gpu_memory_utilization, check_rollout_dtype)
-from vime_shell.engines.sync import SLEEP_LEVEL, Residency, SyncReport, stream_weights
+from vime_shell.engines.sync import (SLEEP_LEVEL, Residency, SyncReport, only_served_experts,
+                                     served_experts, stream_weights)
 
 
 class EngineGroupError(VimeError):
@@ -80,6 +81,8 @@ class EngineOptions:
     max_model_len: int | None = None
     enforce_eager: bool = False
     gather_timeout_s: float = 3 * 3600.0
+    expert_parallel: bool = False  # vLLM's enable_expert_parallel (--rollout-enable-expert-...)
+    num_experts: int | None = None  # the model's routed experts (None: dense)
     vllm_args: tuple[tuple[str, Any], ...] = ()  # --vllm-engine-args, passed to vllm.LLM
 
 
@@ -105,6 +108,8 @@ def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: Engine
         kwargs["distributed_executor_backend"] = "external_launcher"
     if cuda:
         kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+    if options.expert_parallel:
+        kwargs["enable_expert_parallel"] = True
     kwargs.update(options.vllm_args)  # the user's (or slime's --sglang-X) engine arguments
     return select_engine(options.engine, hf_dir, seed=seed, dtype=options.dtype,
                          enable_sleep_mode=options.colocate and cuda,
@@ -200,8 +205,22 @@ class EngineGroup:
         if self.engine is None:
             return stream_weights(named, self.options.update_weight_buffer_size, None)
         self.residency.wake_for_sync()
+        served = self.served_experts()
+        if served is not None:
+            named = only_served_experts(named, served)
         return stream_weights(named, self.options.update_weight_buffer_size,
                               self.engine.update_weights_from_tensors)
+
+    def served_experts(self) -> range | None:
+        """The routed experts this rank's engine shard holds under vLLM expert parallelism
+        (the engine's ranks split them); None when it holds all of them."""
+        if not self.options.expert_parallel or self.options.num_experts is None:
+            return None
+        engine = self.engine_index
+        if engine is None:
+            return None
+        return served_experts(self.options.num_experts, self.layout.gpus_per_engine,
+                              self.rank - self.layout.leader(engine))
 
     def sleep(self) -> None:
         """Release the engine's accelerator memory now (e.g. replay runs that never generate)."""

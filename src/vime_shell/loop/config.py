@@ -35,6 +35,10 @@ from vime_shell.engines import ENGINE_NAMES
 from vime_shell.loop.megatron_args import (MegatronSwitchArgs, ModelArchArgs, ModelArgsError,
                                            PlacementArgs)
 from vime_shell.megatron.config import OptimConfig, OptimConfigError
+from vime_shell.megatron.model_options import (MOE_DISPATCHERS, MOE_LOAD_BALANCING,
+                                               MOE_ROUTER_DTYPES, RECOMPUTE_GRANULARITIES,
+                                               RECOMPUTE_METHODS, RECOMPUTE_MODULES,
+                                               ModelOptions)
 from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, ROLLOUT_DTYPES,
                                        EngineLayoutError, check_gpu_memory_utilization)
@@ -59,7 +63,7 @@ DEFAULT_NUM_ROLLOUT = 300
 DEFAULT_GLOBAL_BATCH_SIZE = 128
 DEFAULT_LOSS_MODE = "group_token_mean"
 SECTIONS: tuple[str, ...] = ("model", "data", "rollout", "reward", "eval", "batching", "loss",
-                             "optimizer", "parallelism", "checkpoint", "logging",
+                             "optimizer", "parallelism", "memory", "moe", "checkpoint", "logging",
                              "architecture", "megatron", "slime", "placement")
 
 
@@ -105,6 +109,9 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                                                "model")
     update_weight_buffer_size: int = _f(DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, "bytes per weight-"
                                         "sync bucket (a decoder layer is never split)", "model")
+    rollout_enable_expert_parallel: bool = _f(False, "vLLM expert parallelism inside each "
+                                              "engine (MoE): each engine rank holds and is "
+                                              "sent only its experts", "model")
     rollout_enforce_eager: bool = _f(False, "vLLM without CUDA graphs (faster start, slower "
                                      "decode)", "model")
     vllm_engine_args: tuple[str, ...] | None = attrs.field(
@@ -318,6 +325,53 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                                     "parallelism")
     num_layers_per_virtual_pipeline_stage: int | None = _f(None, "layers per virtual stage",
                                                            "parallelism")
+    expert_model_parallel_size: int = _f(1, "expert-parallel size (MoE): experts split over "
+                                         "this many ranks", "parallelism")
+    expert_tensor_parallel_size: int | None = _f(None, "tensor-parallel size inside an expert; "
+                                                 "default --tensor-model-parallel-size",
+                                                 "parallelism")
+    decoder_first_pipeline_num_layers: int | None = _f(None, "layers of the first pipeline "
+                                                       "stage (uneven pipelines)", "parallelism")
+    decoder_last_pipeline_num_layers: int | None = _f(None, "layers of the last pipeline stage",
+                                                      "parallelism")
+    # memory: activation recompute, optimizer and trainer offload
+    recompute_granularity: str | None = _f(None, "activation recompute: full layers or "
+                                           "selective modules", "memory",
+                                           RECOMPUTE_GRANULARITIES)
+    recompute_method: str | None = _f(None, "full recompute: uniform chunks or the first "
+                                      "layers of each stage (block)", "memory", RECOMPUTE_METHODS)
+    recompute_num_layers: int | None = _f(None, "full recompute: layers per chunk (uniform) or "
+                                          "per stage (block)", "memory")
+    recompute_modules: tuple[str, ...] | None = attrs.field(
+        default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
+        metadata={"help": f"selective recompute: some of {', '.join(RECOMPUTE_MODULES)} "
+                  "(Megatron's default core_attn)", "section": "memory", "choices": None,
+                  "nargs": "+"})
+    recompute_loss_function: bool = _f(False, "recompute the loss's fp32 log-softmax in the "
+                                       "backward instead of keeping it", "memory")
+    optimizer_cpu_offload: bool = _f(False, "Adam state and step on the CPU (CUDA only)",
+                                     "memory")
+    overlap_cpu_optimizer_d2h_h2d: bool = _f(False, "overlap the offloaded optimizer's copies "
+                                             "(with --optimizer-cpu-offload)", "memory")
+    use_precision_aware_optimizer: bool = _f(False, "TransformerEngine FusedAdam with low-"
+                                             "precision state (CUDA + TE only)", "memory")
+    offload_train: bool = _f(False, "weights, gradients and optimizer state leave the "
+                             "accelerator while the engines generate", "memory")
+    # MoE (unset: what the checkpoint's config.json says)
+    moe_router_topk: int | None = _f(None, "experts per token; default the checkpoint's", "moe")
+    moe_aux_loss_coeff: float | None = _f(None, "load-balancing loss weight", "moe")
+    moe_z_loss_coeff: float | None = _f(None, "router z-loss weight", "moe")
+    moe_router_load_balancing_type: str | None = _f(None, "load-balancing loss; default none "
+                                                    "(RL)", "moe", MOE_LOAD_BALANCING)
+    moe_token_dispatcher_type: str | None = _f(None, "token dispatcher; default alltoall (flex: "
+                                               "DeepEP, CUDA only)", "moe", MOE_DISPATCHERS)
+    moe_router_dtype: str | None = _f(None, "router precision", "moe", MOE_ROUTER_DTYPES)
+    moe_grouped_gemm: bool | None = _f(None, "grouped expert GEMM (CUDA only; default on with "
+                                       "TransformerEngine)", "moe")
+    moe_permute_fusion: bool | None = _f(None, "fused token permutation (CUDA + TE only)",
+                                         "moe")
+    use_rollout_routing_replay: bool = _f(False, "replay the experts the engine routed each "
+                                          "token to in the trainer (R3)", "moe")
     # checkpoints, rollout dumps and replay, HF export
     save: str | None = _f(None, "checkpoint directory", "checkpoint")
     save_interval: int = _f(50, "rollouts between checkpoints", "checkpoint")
@@ -388,12 +442,14 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                      "n_samples_per_prompt", "save_interval",
                      "n_samples_per_eval_prompt", "dynamic_sampling_max_rounds",
                      "tensor_model_parallel_size", "pipeline_model_parallel_size",
-                     "context_parallel_size"):
+                     "context_parallel_size", "expert_model_parallel_size"):
             _at_least(name, getattr(self, name), 1)
         # global_batch_size, max_tokens_per_gpu, micro_batch_size: BatchingPolicy checks them
         for name in ("rollout_max_response_len", "num_epoch", "eval_interval",
                      "eval_max_response_len", "num_steps_per_rollout", "over_sampling_batch_size",
-                     "lr_decay_iters", "num_rollout", "save_hf_interval"):
+                     "lr_decay_iters", "expert_tensor_parallel_size",
+                     "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                     "num_rollout", "save_hf_interval"):
             if getattr(self, name) is not None:
                 _at_least(name, getattr(self, name), 1)
         for name in ("seed", "rollout_top_k", "lr_warmup_iters"):
@@ -427,6 +483,14 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
             raise field_error(ConfigError, "save_rollout_data", self.save_rollout_data,
                               "lacks {rollout_id}: every rollout would overwrite one file",
                               "use e.g. 'dumps/rollout_{rollout_id}.npz'")
+        self.model_options()  # recompute / MoE consistency (ModelOptions' own checks)
+        if self.use_precision_aware_optimizer and not self.use_distributed_optimizer:
+            raise field_error(ConfigError, "use_precision_aware_optimizer", True,
+                              "needs the distributed optimizer (Megatron's rule)",
+                              "pass --use-distributed-optimizer")
+        if self.overlap_cpu_optimizer_d2h_h2d and not self.optimizer_cpu_offload:
+            raise field_error(ConfigError, "overlap_cpu_optimizer_d2h_h2d", True,
+                              "needs --optimizer-cpu-offload", "pass both, or drop it")
         if self.save_hf_interval is not None and not self.save_hf_is_template:
             raise field_error(ConfigError, "save_hf_interval", self.save_hf_interval,
                               "needs a --save-hf path with {rollout_id} (each export gets its "
@@ -723,6 +787,9 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                 use_distributed_optimizer=self.use_distributed_optimizer,
                 overlap_grad_reduce=self.overlap_grad_reduce,
                 overlap_param_gather=self.overlap_param_gather,
+                optimizer_cpu_offload=self.optimizer_cpu_offload,
+                overlap_cpu_optimizer_d2h_h2d=self.overlap_cpu_optimizer_d2h_h2d,
+                use_precision_aware_optimizer=self.use_precision_aware_optimizer,
                 skip_nonfinite_grad_steps=self.skip_nonfinite_grad_steps)
         except OptimConfigError as exc:
             raise ConfigError(_flag_named(str(exc))) from None
@@ -733,6 +800,24 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                                    normalize_std=not self.disable_grpo_std_normalization,
                                    center=not self.disable_rewards_normalization,
                                    whiten=self.normalize_advantages)
+
+    def model_options(self) -> ModelOptions:
+        """The trainer's recompute and MoE settings (``vime_shell.megatron.model_options``)."""
+        try:
+            return ModelOptions(
+                recompute_granularity=self.recompute_granularity,
+                recompute_method=self.recompute_method,
+                recompute_num_layers=self.recompute_num_layers,
+                recompute_modules=self.recompute_modules, moe_router_topk=self.moe_router_topk,
+                moe_aux_loss_coeff=self.moe_aux_loss_coeff,
+                moe_z_loss_coeff=self.moe_z_loss_coeff,
+                moe_router_load_balancing_type=self.moe_router_load_balancing_type,
+                moe_token_dispatcher_type=self.moe_token_dispatcher_type,
+                moe_router_dtype=self.moe_router_dtype, moe_grouped_gemm=self.moe_grouped_gemm,
+                moe_permute_fusion=self.moe_permute_fusion,
+                moe_enable_routing_replay=self.use_rollout_routing_replay)
+        except VimeError as exc:
+            raise ConfigError(str(exc)) from exc
 
     def batching_policy(self) -> BatchingPolicy:
         """The scheduler's policy, from the one builder ``vime_pure.policy_from_flags``."""
