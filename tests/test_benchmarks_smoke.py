@@ -1,8 +1,10 @@
 """Every benchmark runs end to end in its ``--quick`` mode (timings are never asserted)."""
 
 import json
+import shutil
+from pathlib import Path
 
-from benchmarks import batch_convert, sample_access
+from benchmarks import batch_convert, sample_access, slime_flag_coverage
 from benchmarks.schedule import POLICIES, QUICK, main
 
 
@@ -50,6 +52,20 @@ def test_scale_quick(tmp_path, capsys):
     assert abs(params["Qwen3-8B"] / 8.19e9 - 1) < 0.01
     assert abs(params["Llama-3.1-70B"] / 70.55e9 - 1) < 0.01
     assert "gather: columns" in capsys.readouterr().out
+
+
+def test_slime_flag_coverage_on_our_corpus(tmp_path):
+    """The coverage tool on our own slime-style scripts laid out as a slime checkout: every
+    script is found, its MODEL_ARGS read from the sourced models file, and all accepted; a
+    script passing a table flag is refused."""
+    corpus = Path(__file__).parent / "slime_scripts"
+    shutil.copytree(corpus, tmp_path / "scripts")
+    (tmp_path / "scripts" / "run-lora.sh").write_text(
+        "ARGS=(--lora-rank 8)\npython3 train.py ${ARGS[@]} --lr 1e-6\n")
+    result = slime_flag_coverage.coverage(slime_flag_coverage.Repo(tmp_path),
+                                          slime_flag_coverage.accepted_flags())
+    assert (result["scripts"], result["accepted"]) == (4, 3)
+    assert result["refused"] == {"--lora-rank": 1}
 
 
 def test_lr_curve_quick(capsys):

@@ -35,7 +35,7 @@ def test_math_reward_on_boxed_plain_and_wrong_answers(response, expected):
 
 
 def test_built_in_rewards_are_a_registry_and_name_their_needs():
-    assert sorted(RM_TYPES) == ["exact", "math"]
+    assert sorted(RM_TYPES) == ["dapo", "deepscaler", "exact", "f1", "gpqa", "math", "remote_rm"]
     assert Rewarder.build().name == "exact"
     with pytest.raises(RewardFunctionError, match=r"sample.metadata\['label'\]"):
         Rewarder.build(rm_type="exact").score([_sample("8", label=None)])

@@ -17,7 +17,8 @@ from vime_pure import DumpFormatError, RolloutBatch, Sample
 from vime_shell.cli.main import main
 from vime_shell.loop import loop as train_loop
 from vime_shell.loop.checkpoint_index import CheckpointError, TRACKER, require_checkpoint
-from vime_shell.loop.config import ConfigError, TrainConfig, parse_train_config
+from vime_shell.loop.config import ConfigError, TrainConfig
+from vime_shell.loop.config_flags import parse_train_config
 from vime_shell.loop.launch_checks import check_run_paths
 from vime_shell.loop.replay import ReplayError
 from vime_shell.loop.run_dir import RunDirError, move_aside

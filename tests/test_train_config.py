@@ -10,7 +10,8 @@ import json
 import pytest
 
 from vime_pure.config import BatchingPolicy
-from vime_shell.loop.config import ConfigError, TrainConfig, parse_train_config
+from vime_shell.loop.config import ConfigError, TrainConfig
+from vime_shell.loop.config_flags import parse_train_config
 
 
 def test_defaults_are_the_demo_and_valid():

@@ -12,7 +12,8 @@ from vime_pure import LossMode
 from vime_shell.cli import train as train_cmd
 from vime_shell.cli.main import main
 from vime_shell.cli.parser import as_flags
-from vime_shell.loop.config import SECTIONS, ConfigError, TrainConfig, parse_train_config
+from vime_shell.loop.config import SECTIONS, ConfigError, TrainConfig
+from vime_shell.loop.config_flags import parse_train_config
 from vime_shell.loop.launch_checks import launch_checks
 from vime_shell.loop.logs import configure_logging
 from vime_shell.loop.loop import trainer_config
@@ -138,7 +139,10 @@ def test_batching_and_parallelism_flags(model, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     plan = launch_checks(parse_train_config(["--pipeline-model-parallel-size", "2"]), model)
     assert (plan.layout.pp, plan.layout.dp) == (2, 1)
-    _bad(["--micro-batch-size", "2"], capsys, "--micro-batch-size=2")
+    # slime's rule: --micro-batch-size without --use-dynamic-batch-size is static batching
+    static = parse_train_config(["--micro-batch-size", "2"]).batching_policy()
+    assert (static.micro_batch_size, static.max_tokens_per_gpu) == (2, None)
+    _bad(["--micro-batch-size", "2", "--use-dynamic-batch-size"], capsys, "--micro-batch-size=2")
     _bad(["--context-parallel-size", "2"], capsys, "--context-parallel-size=2")
     _bad(["--balance", "round_robin"], capsys, "--balance")
 

@@ -50,33 +50,18 @@ class LossConfig:
     sequence_ratio: bool = False
 
     def __attrs_post_init__(self) -> None:
-        for name in ("eps_clip", "eps_clip_high", "dual_clip", "kl_coef", "entropy_coef",
-                     "tis_clip", "tis_clip_low"):
-            _real(name, getattr(self, name), optional=name in ("eps_clip_high", "dual_clip"))
+        for name in LOSS_BOUNDS:
+            value = getattr(self, name)
+            if value is not None or name not in ("eps_clip_high", "dual_clip"):
+                check_loss_knob(name, value)
         for name in ("use_tis", "sequence_ratio"):
             if not isinstance(getattr(self, name), bool):
                 raise field_error(LossConfigError, name, getattr(self, name), "must be a bool",
                                   "pass True or False")
-        if not 0.0 < self.eps_clip < 1.0:
-            raise field_error(LossConfigError, "eps_clip", self.eps_clip, "must lie in (0, 1)",
-                              "use e.g. 0.2")
-        if self.eps_clip_high is not None and not 0.0 < self.eps_clip_high < 10.0:
-            raise field_error(LossConfigError, "eps_clip_high", self.eps_clip_high,
-                              "must lie in (0, 10)", "use e.g. 0.28, or None for eps_clip")
-        if self.dual_clip is not None and not 1.0 < self.dual_clip < math.inf:
-            raise field_error(LossConfigError, "dual_clip", self.dual_clip,
-                              "must be finite and > 1", "use e.g. 3.0, or None to disable it")
-        for name in ("kl_coef", "entropy_coef"):
-            if not 0.0 <= getattr(self, name) < math.inf:
-                raise field_error(LossConfigError, name, getattr(self, name),
-                                  "must be finite and >= 0", "use 0 to disable it")
         if not isinstance(self.kl_kind, str) or self.kl_kind not in KL_KINDS:
             raise field_error(LossConfigError, "kl_kind", self.kl_kind, "is not a KL estimator",
                               f"use one of {KL_KINDS}")
-        if not self.tis_clip > 0.0:  # NaN fails too; inf means no truncation
-            raise field_error(LossConfigError, "tis_clip", self.tis_clip, "must be > 0",
-                              "use e.g. 2.0")
-        if not 0.0 <= self.tis_clip_low <= self.tis_clip:
+        if not self.tis_clip_low <= self.tis_clip:  # each alone: LOSS_BOUNDS
             raise field_error(LossConfigError, "tis_clip_low", self.tis_clip_low,
                               f"must lie in [0, tis_clip={self.tis_clip}]", "use e.g. 0 or 0.5")
 
@@ -115,6 +100,58 @@ class RejectionConfig:
             raise field_error(LossConfigError, "upper", self.upper,
                               f"must satisfy lower={self.lower} <= upper < inf (and lower >= 0)",
                               "use e.g. lower=0.5, upper=2.0")
+
+
+@attrs.frozen
+class Bound:
+    """An interval of a scalar knob: ``(lo, hi)`` with each end open or closed."""
+
+    lo: float
+    hi: float
+    lo_open: bool
+    hi_open: bool
+    fix: str
+
+    def contains(self, x: float) -> bool:
+        """NaN is outside every interval (both comparisons are False)."""
+        above = self.lo < x if self.lo_open else self.lo <= x
+        below = x < self.hi if self.hi_open else x <= self.hi
+        return above and below
+
+    def text(self) -> str:
+        return (f"{'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}"
+                f"{')' if self.hi_open else ']'}")
+
+
+# The one home of every loss knob's range: LossConfig checks it, TrainConfig reaches it by
+# building a LossConfig, the torch functions' scalar arguments check against it too.
+# eps_clip 0 would freeze the ratio band at [1, 1] (every gradient clipped away): open at 0.
+LOSS_BOUNDS: dict[str, Bound] = {
+    "eps_clip": Bound(0.0, 1.0, True, True, "use e.g. 0.2"),
+    "eps_clip_high": Bound(0.0, 10.0, True, True, "use e.g. 0.28, or None for eps_clip"),
+    "dual_clip": Bound(1.0, math.inf, True, True, "use e.g. 3.0, or None to disable it"),
+    "kl_coef": Bound(0.0, math.inf, False, True, "use 0 to disable it"),
+    "entropy_coef": Bound(0.0, math.inf, False, True, "use 0 to disable it"),
+    "tis_clip": Bound(0.0, math.inf, True, False, "use e.g. 2.0 (inf: no truncation)"),
+    "tis_clip_low": Bound(0.0, math.inf, False, True, "use e.g. 0 or 0.5"),
+}
+
+
+def check_loss_knob(name: str, value: object, *, field: str | None = None) -> float:
+    """``value`` as a float inside ``LOSS_BOUNDS[name]``, else a ``LossConfigError`` naming
+    ``field`` (default ``name``). Example: ``check_loss_knob("eps_clip", 0.2) == 0.2``;
+    ``check_loss_knob("eps_clip", 0)`` raises ``eps_clip=0: must lie in (0, 1)``."""
+    field = field or name
+    _real(field, value, optional=False)
+    bound = LOSS_BOUNDS[name]
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int of 2**1100: no float holds it
+        number = math.nan
+    if not bound.contains(number):
+        raise field_error(LossConfigError, field, value, f"must lie in {bound.text()}",
+                          bound.fix)
+    return number
 
 
 def _real(name: str, value: object, optional: bool) -> None:

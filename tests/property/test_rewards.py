@@ -136,3 +136,20 @@ def test_from_samples_uses_the_configured_method():
     out = [[_sample(1.0), _sample(0.0)], [_sample(2.0)]]
     dr = RolloutBatch.from_samples(out, normalization=RewardNormalization(normalize_std=False))
     assert dr.advantages.tolist() == [0.5, -0.5, 0.0]
+
+
+@given(grouped_rewards(), st.sampled_from(["grpo", "reinforce_pp_baseline"]))
+def test_raw_rewards_and_whitening_switches(data, method):
+    """slime's --disable-rewards-normalization trains on the raw per-group reward, and
+    --normalize-advantages whitens over the batch's rollout groups: mean 0, std s / (s + eps)."""
+    rewards, groups, prompts = data
+    raw = normalize_rewards(rewards, groups, prompts,
+                            RewardNormalization(method=method, center=False))
+    assert np.array_equal(raw, np.asarray(rewards, dtype=np.float64))
+    def per_group(cfg):
+        adv = normalize_rewards(rewards, groups, prompts, cfg)
+        return np.array(list({g: a for a, g in zip(adv, groups)}.values()))
+    before = per_group(RewardNormalization(method=method)).std()
+    after = per_group(RewardNormalization(method=method, whiten=True))
+    assert abs(after.mean()) <= 1e-9
+    assert after.std() == pytest.approx(before / (before + 1e-6), rel=1e-6, abs=1e-12)

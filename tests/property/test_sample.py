@@ -41,13 +41,27 @@ def test_dict_round_trip_keeps_every_field(s):
 @given(any_sample(), ids)
 def test_legacy_rollout_id_read_only_without_group_id(s, legacy):
     """``from_dict`` reads the legacy ``rollout_id`` key as ``group_id`` only when ``group_id``
-    is absent, and never writes it back."""
+    is absent, warns as setting the attribute does, and never writes it back."""
     d = s.to_dict()
     both = {**d, "rollout_id": legacy}
-    assert Sample.from_dict(both).group_id == s.group_id  # group_id wins
+    with pytest.warns(DeprecationWarning, match="'rollout_id' is deprecated"):
+        assert Sample.from_dict(both).group_id == s.group_id  # group_id wins
     del both["group_id"]
-    assert Sample.from_dict(both).group_id == legacy
-    assert "rollout_id" not in Sample.from_dict(both).to_dict()
+    with pytest.warns(DeprecationWarning):
+        back = Sample.from_dict(both)
+    assert back.group_id == legacy
+    assert "rollout_id" not in back.to_dict()
+
+
+@given(any_sample(), st.text(max_size=8), st.text(max_size=8))
+def test_slime_text_fields_are_views_of_metadata(s, response, label):
+    """slime plugins read and write ``sample.response`` / ``.label`` / ``.prompt``: one copy,
+    in ``metadata``, so the two spellings can never disagree."""
+    s.response, s.label = response, label
+    assert (s.metadata["response"], s.metadata["label"]) == (response, label)
+    s.metadata["prompt"] = "p"
+    assert s.prompt == "p" and s.response == response and s.label == label
+    assert Sample.from_dict(s.to_dict()).response == response  # no second field to serialise
 
 
 def test_rollout_id_is_write_only_and_deprecated():

@@ -15,6 +15,10 @@ it happened to emit; reshaping rewards into ``[prompts, n]`` would break on unev
 - ``reinforce_pp_baseline``: ``r - mean_prompt``, then, with ``normalize_std``, whitened over
   every rollout group of the batch: ``(a - mean) / (std + eps)``.
 
+Switches (slime's flags): ``center=False`` (``--disable-rewards-normalization``) uses the raw
+rewards as advantages; ``whiten=True`` (``--normalize-advantages``) then whitens the advantages
+over the batch's rollout groups (slime whitens over tokens; vime's unit is the rollout group).
+
 Invariants the tests assert: the advantages of one prompt group's rollout groups have zero
 mean; siblings get equal advantages; siblings with different rewards, non-finite rewards and a
 rollout group spanning two prompt groups are ``RewardError``s.
@@ -44,14 +48,17 @@ class RewardNormalization:
     method: str = "grpo"
     normalize_std: bool = True
     eps: float = 1e-6
+    center: bool = True  # False: slime's --disable-rewards-normalization (raw rewards)
+    whiten: bool = False  # slime's --normalize-advantages, over the batch's rollout groups
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method not in METHODS:
             raise field_error(RewardError, "method", self.method, "is not a normalisation",
                               f"use one of {METHODS}")
-        if not isinstance(self.normalize_std, bool):
-            raise field_error(RewardError, "normalize_std", self.normalize_std,
-                              "must be a bool", "pass True or False")
+        for name in ("normalize_std", "center", "whiten"):
+            if not isinstance(getattr(self, name), bool):
+                raise field_error(RewardError, name, getattr(self, name), "must be a bool",
+                                  "pass True or False")
         if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not (
                 0 < self.eps < 1):
             raise field_error(RewardError, "eps", self.eps, "must be a float in (0, 1)",
@@ -145,13 +152,17 @@ def _advantages(r: np.ndarray, groups: np.ndarray, prompt_of_group: np.ndarray,
                 per_group: np.ndarray, config: RewardNormalization) -> Float64[np.ndarray, " n"]:
     counts = np.bincount(prompt_of_group).astype(np.float64)
     mean = np.bincount(prompt_of_group, weights=per_group) / counts
-    centred = per_group - mean[prompt_of_group]
-    if config.normalize_std and config.method in ("grpo", "gspo"):
+    centred = per_group - mean[prompt_of_group] if config.center else per_group.copy()
+    if not config.center:
+        pass  # raw rewards: no per-prompt statistics at all
+    elif config.normalize_std and config.method in ("grpo", "gspo"):
         # Sample std (Bessel), as slime's torch.std; a lone group has centred 0 and std 0.
         std = np.sqrt(np.bincount(prompt_of_group, weights=centred**2)
                       / np.maximum(counts - 1.0, 1.0))
         centred = centred / (std[prompt_of_group] + config.eps)
     elif config.normalize_std:  # reinforce_pp_baseline: whiten over the batch's rollout groups
+        centred = (centred - centred.mean()) / (centred.std() + config.eps)
+    if config.whiten:
         centred = (centred - centred.mean()) / (centred.std() + config.eps)
     if not np.isfinite(centred).all():  # finite rewards near 1e308 overflow the statistics
         raise field_error(RewardError, "rewards", Shown(f"<max |r| {np.abs(r).max():.3g}>"),

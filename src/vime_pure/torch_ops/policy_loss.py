@@ -21,7 +21,6 @@ Invariants the tests assert: at ``r = 1`` the surrogate is ``-A`` with zero clip
 ``V`` is ``log V``.
 """
 
-import math
 
 import attrs
 import torch
@@ -29,8 +28,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from vime_pure.errors import LossConfigError, field_error
-from vime_pure.policy_config import KL_KINDS, KLKind
-from vime_pure.torch_ops.boundary import knob, tensor_boundary
+from vime_pure.policy_config import KL_KINDS, KLKind, check_loss_knob
+from vime_pure.torch_ops.boundary import tensor_boundary
 
 
 
@@ -63,10 +62,9 @@ def ppo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, "
     Example: ``logp - old = log(1.5)``, ``A = 1``, eps 0.2: ratio 1.5 is clipped to 1.2, so the
     loss is ``-1.2`` and ``clipped = 1``.
     """
-    # The bounds of LossConfig: the clip band [1 - eps, 1 + high] is a band of ratios.
-    eps_clip = knob("eps_clip", eps_clip, 0, 1, "pass e.g. eps_clip=0.2")
-    high = eps_clip if eps_clip_high is None else knob(
-        "eps_clip_high", eps_clip_high, 0, 10, "pass e.g. eps_clip_high=0.28, or None")
+    # LossConfig's bounds (LOSS_BOUNDS, their one home): a direct caller gets the same check.
+    eps_clip = check_loss_knob("eps_clip", eps_clip)
+    high = eps_clip if eps_clip_high is None else check_loss_knob("eps_clip_high", eps_clip_high)
     # The log-ratio is clamped to [-20, 20] (as verl does): exp(89) overflows float32 to inf,
     # and inf * (A = 0) is a NaN. A ratio past e**20 is far outside any clip band anyway.
     ratio = torch.exp((log_probs - old_log_probs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
@@ -75,8 +73,7 @@ def ppo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, "
     loss = torch.maximum(unclipped, clipped_loss)
     clipped = (clipped_loss > unclipped).to(log_probs.dtype)
     if dual_clip is not None:
-        dual_clip = knob("dual_clip", dual_clip, 1, 1e9, "pass e.g. dual_clip=3.0, or None to "
-                         "disable", lo_open=True)
+        dual_clip = check_loss_knob("dual_clip", dual_clip)
         capped = torch.minimum(loss, -advantages * dual_clip)
         loss = torch.where(advantages < 0, capped, loss)
     return loss, clipped.detach(), ratio.detach()
@@ -168,8 +165,11 @@ def tis_weights(old_log_probs: Float[Tensor, " t"], rollout_log_probs: Float[Ten
     alternative is ``vime_pure.torch_ops.loss.rejection_mask``. Example: ratios ``[3.0, 0.1]``
     with cap 2 and low 0.5 -> ``[2.0, 0.5]``.
     """
-    cap = knob("cap", cap, 0, math.inf, "pass e.g. cap=2.0 (inf: no truncation)", lo_open=True)
-    low = knob("low", low, 0, cap, "pass e.g. low=0 (no lower clamp) or 0.5, at most cap")
+    cap = check_loss_knob("tis_clip", cap, field="cap")
+    low = check_loss_knob("tis_clip_low", low, field="low")
+    if low > cap:  # LossConfig's relational rule, for a direct caller
+        raise field_error(LossConfigError, "low", low, f"must be at most cap={cap}",
+                          "pass e.g. low=0 (no lower clamp) or 0.5")
     # A cap past the dtype's largest value truncates nothing (and torch refuses to convert it).
     cap = min(cap, torch.finfo(old_log_probs.dtype).max)
     ratio = torch.exp((old_log_probs - rollout_log_probs).clamp(max=LOG_RATIO_LIMIT))
@@ -192,10 +192,8 @@ def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t
     row's ``loss_mask`` and ``sample_index``.
     Example: ``r = 1``, ``A = 2``, no KL/entropy terms: ``total = pg = -2`` per token.
     """
-    kl_coef, entropy_coef = (knob(name, value, -1e6, 1e6, "pass a finite coefficient, 0 to "
-                                  "disable the term")
-                             for name, value in (("kl_coef", kl_coef),
-                                                 ("entropy_coef", entropy_coef)))
+    kl_coef = check_loss_knob("kl_coef", kl_coef)
+    entropy_coef = check_loss_knob("entropy_coef", entropy_coef)
     if sequence_ratio:
         if loss_mask is None or sample_index is None:
             raise field_error(LossConfigError, "sequence_ratio", True,

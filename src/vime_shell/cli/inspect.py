@@ -15,8 +15,6 @@ from pathlib import Path
 import numpy as np
 
 from vime_pure.data.sample import STATUSES
-from vime_shell.models.embedded import build_embedded
-from vime_shell.models.tokenizer import load_tokenizer
 from vime_shell.storage.dump import load_rollout_batch, read_dump_annotations
 
 
@@ -52,6 +50,10 @@ def sample_rows(batch, annotations, tokenizer) -> list[dict]:
 def run(args: argparse.Namespace) -> int:
     batch = load_rollout_batch(args.dump)
     annotations = read_dump_annotations(args.dump)
+    # transformers (and torch) only when inspecting: `vime train`'s errors must stay fast
+    from vime_shell.models.embedded import build_embedded
+    from vime_shell.models.tokenizer import load_tokenizer
+
     tokenizer = load_tokenizer(args.hf_checkpoint or build_embedded())
     rows = sample_rows(batch, annotations, tokenizer)
     shown = rows if args.samples <= 0 else rows[:args.samples]

@@ -19,7 +19,7 @@ import difflib
 import re
 import sys
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
 from vime_pure.errors import VimeError
@@ -39,20 +39,35 @@ class VimeArgumentParser(argparse.ArgumentParser):
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
         """Unknown flags are reported by the subcommand that was given, with a suggestion."""
         parsed, extras = self.parse_known_args(args, namespace)
+        owner = self._subcommand(parsed) or self
+        if extras and owner.extras_hook is not None:  # e.g. vime train's engine flags
+            extras = owner.extras_hook(extras, parsed)
         if extras:
-            owner = self._subcommand(parsed) or self
+            for token in extras:  # a known foreign flag: its table line, not a guess
+                line = owner.flag_table(token.split("=", 1)[0]) if owner.flag_table else None
+                if line is not None:
+                    owner.error(line)
             owner.error(f"unrecognized arguments: {' '.join(extras)}{owner.suggest(extras)}")
         return parsed
 
+    # Set on a (sub)parser: extras_hook(extras, namespace) -> extras it did not absorb;
+    # flag_table(flag) -> the one-line explanation of a flag this command does not take.
+    extras_hook: Callable[[list[str], argparse.Namespace], list[str]] | None = None
+    flag_table: Callable[[str], str | None] | None = None
+
     def suggest(self, unknown: Sequence[str]) -> str:
-        """`` (did you mean --lr?)`` for the first unknown flag with a close match, or ``""``."""
+        """`` (did you mean --lr?)`` for the first unknown flag with a close match, or ``""``.
+
+        Only near-misses are suggested: an abbreviation (the typed name is most of the flag),
+        or a spelling at least 85% similar. Unrelated flags that share words
+        (``--rm-url`` / ``--min-lr``) are not."""
         flags = [s for action in self._actions for s in action.option_strings]
         for token in unknown:
             if token.startswith("-"):
                 name = token.split("=", 1)[0]
-                # A prefix is the usual typo (an abbreviation); else the closest spelling.
-                close = sorted((f for f in flags if f.startswith(name)), key=len) or \
-                    difflib.get_close_matches(name, flags, n=1)
+                close = sorted((f for f in flags if f.startswith(name)
+                                and len(name) >= 0.6 * len(f)), key=len) or \
+                    difflib.get_close_matches(name, flags, n=1, cutoff=0.85)
                 if close:
                     return f" (did you mean {close[0]}?)"
         return ""

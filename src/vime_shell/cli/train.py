@@ -6,6 +6,12 @@ groups, ``--rollout-batch-size``, ``--n-samples-per-prompt``, ``--max-tokens-per
 after an optional ``--config`` file; all of it is validated before any model is built, and a
 bad value exits with status 2 and one line naming the setting and the fix.
 
+A slime or miles launch script runs with its flags unchanged (README "Coming from slime"):
+Megatron's architecture flags are checked against the HF config, its switches and slime's
+engine flags (``--sglang-X``, ``--vllm-X``) are accepted with a one-line note where vime differs,
+and a flag vime does not support prints its line from ``vime_shell.loop.slime_flags``.
+``--dry-run`` runs every launch check and prints the resolved run without building anything.
+
 Multi-process: ``torchrun --nproc-per-node 2 -m vime_shell.cli train
 --tensor-model-parallel-size 2``; multi-node adds torchrun's ``--nnodes``, ``--node-rank`` and
 ``--rdzv-endpoint``. Every rank with an engine generates its share of the prompts (see
@@ -19,23 +25,64 @@ import os
 import sys
 import warnings
 
-from vime_shell.loop.config import add_train_arguments, config_from_args
+from vime_shell.cli.dry_run import dry_run_report
+from vime_shell.engines import vllm_available
+from vime_shell.loop.checkpoint_index import resume_checkpoint
+from vime_shell.loop.config_flags import (absorb_engine_flags, add_train_arguments,
+                                          config_from_args)
+from vime_shell.loop.megatron_args import notes
+from vime_shell.loop.slime_flags import unsupported_line
 from vime_shell.loop.launch_checks import launch_checks, model_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every setting's flag; slime's engine flags absorbed and its unsupported flags explained
+    (the hooks of ``VimeArgumentParser``)."""
     add_train_arguments(parser)
+    parser.extras_hook = absorb_engine_flags
+    parser.flag_table = unsupported_line
+    parser.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS,
+                        help="run every launch check, print the resolved configuration, the "
+                        "layouts and one synthetic rollout's schedule, build nothing, exit 0")
+
+
+def launch_notes(cfg, args: argparse.Namespace, plan) -> list[str]:
+    """One line per accepted flag that vime treats differently (rank 0 prints them)."""
+    out = [*notes(cfg), *getattr(args, "engine_warnings", ())]
+    if cfg.load is not None and resume_checkpoint(cfg.load, cfg.save) is None:
+        out.append(f"--load {cfg.load}: no checkpoint yet (it is the --save directory): "
+                   "starting fresh, as slime does")
+    if cfg.eval_prompt_data is not None and cfg.eval_interval is None:
+        out.append("--eval-prompt-data without --eval-interval: evaluating "
+                   + ("" if cfg.skip_eval_before_train else "before the first rollout and ")
+                   + "after the last")
+    if cfg.kl_coef:
+        out.append(f"--kl-coef {cfg.kl_coef}: no effect with --advantage-estimator "
+                   f"{cfg.advantage_estimator} (as in slime)")
+    engine = cfg.rollout_engine or ("vllm" if vllm_available() else "hf")
+    if cfg.vllm_engine_args and plan.engine_layout is not None and engine == "hf":
+        out.append(f"--vllm-engine-args {' '.join(cfg.vllm_engine_args)}: the HF engine "
+                   "takes no vLLM arguments; ignored")
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     """Validate every setting (no torch yet), then run the loop and print its summary."""
     cfg = config_from_args(args)
     plan = launch_checks(cfg, model_dir(cfg))
+    if int(os.environ.get("RANK", "0")) == 0:
+        for line in launch_notes(cfg, args, plan):
+            print(f"vime train: note: {line}", file=sys.stderr)
+    if getattr(args, "dry_run", False):
+        print(dry_run_report(cfg, plan))
+        return 0
     # Megatron and mbridge announce every missing optional kernel (TE, Apex) on CPU at import.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"(megatron|mbridge)\.")
     from vime_shell.loop.loop import run_training  # torch, Megatron: only for a valid run
+    from vime_shell.loop.rollout_only import run_rollouts_only
 
-    result = run_training(cfg, plan=plan)
+    result = (run_rollouts_only(cfg, plan) if cfg.debug_rollout_only
+              else run_training(cfg, plan=plan))
     if int(os.environ.get("RANK", "0")) == 0 and result.records:
         print(f"vime train: metrics in {cfg.run_dir}/metrics.jsonl", file=sys.stderr)
         for path in result.plots:

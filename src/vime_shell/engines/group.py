@@ -90,6 +90,7 @@ class EngineOptions:
     num_experts: int | None = None  # the model's routed experts (None: dense)
     per_request: bool = False
     max_concurrency: int = DEFAULT_CONCURRENCY
+    vllm_args: tuple[tuple[str, Any], ...] = ()  # --vllm-engine-args, passed to vllm.LLM
 
 
 def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: EngineOptions,
@@ -129,6 +130,7 @@ def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: Engine
         kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
     if options.expert_parallel:
         kwargs["enable_expert_parallel"] = True
+    kwargs.update(options.vllm_args)  # the user's (or slime's --sglang-X) engine arguments
     return select_engine(options.engine, hf_dir, seed=seed, dtype=options.dtype,
                          enable_sleep_mode=options.colocate and cuda,
                          sleep_level=options.sleep_level, **kwargs)

@@ -20,6 +20,7 @@ import logging
 from pathlib import Path
 
 from vime_pure.errors import VimeError, field_error
+from vime_shell.storage.locks import BOOKKEEPING
 from vime_shell.storage.manifest import ManifestError, dataset_changed, fingerprint, verify_manifest
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -76,6 +77,31 @@ def require_checkpoint(root: str | Path, *, verify: bool = True) -> Path:
     if verify:
         _verify(found)
     return found
+
+
+def resume_checkpoint(load: str | Path | None, save: str | Path | None, *,
+                      verify: bool = True) -> Path | None:
+    """The checkpoint a run resumes from, or None for a fresh start.
+
+    slime's idiom ``--load X --save X`` resumes when ``X`` holds a checkpoint and starts fresh
+    when ``X`` is missing or empty (a first run). A ``--load`` naming any other path must hold
+    a checkpoint (``require_checkpoint``): a typo never starts a run from scratch.
+    Example: ``resume_checkpoint("ck", "ck")`` is None before the first save."""
+    if load is None or starts_fresh(load, save):
+        return None
+    return require_checkpoint(load, verify=verify)
+
+
+def starts_fresh(load: str | Path | None, save: str | Path | None) -> bool:
+    """slime's first run: ``--load`` is the ``--save`` directory and it is missing or empty
+    (vime's own lock and owner files aside: a first run that stopped before its first
+    checkpoint leaves them, and its rerun starts fresh too)."""
+    if load is None:
+        return False
+    where = Path(load).expanduser()
+    same = save is not None and where.resolve() == Path(save).expanduser().resolve()
+    return same and (not where.exists() or where.is_dir() and all(
+        entry.name in BOOKKEEPING for entry in where.iterdir()))
 
 
 def read_loop_state(path: Path) -> dict:

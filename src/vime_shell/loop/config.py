@@ -1,9 +1,11 @@
 """``TrainConfig``: every setting of ``vime train``, validated at launch, with slime flag names.
 
 Sources, later wins: the defaults (the embedded CPU demo), a ``--config`` file (YAML, JSON or
-TOML; keys spelled ``global_batch_size`` or ``global-batch-size``), then command-line flags
-(``--global-batch-size 64``; bools as ``--balance-data`` / ``--no-balance-data``; optional values
-accept ``none``).
+TOML; keys spelled ``global_batch_size`` or ``global-batch-size``, flat or by section), then
+command-line flags (``--global-batch-size 64``; bools as ``--balance-data`` /
+``--no-balance-data``; optional values accept ``none``): ``vime_shell.loop.config_flags``
+reads them. The fields of Megatron's and slime's pass-through flags come from the records of
+``vime_shell.loop.megatron_args``.
 
 Invariants the tests assert: a ``TrainConfig`` that exists is valid (types, ranges, names,
 and that a rollout's groups fill whole optimizer steps unless ``allow_partial_train_step``);
@@ -17,23 +19,22 @@ built-in single-turn rollout and a plain-torch GRPO step standing in for the tra
 reward went from 0.00 to >= 0.8 (10-rollout average) after 133-152 rollouts (6 runs).
 """
 
-import argparse
 import difflib
-import json
 import math
-import tomllib
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, get_args, get_origin
 
 import attrs
-import yaml
 
 from vime_pure.config import BALANCES, PACKINGS, BatchingPolicy, policy_from_flags
+from vime_pure.data.rewards import RewardNormalization
 from vime_pure.denominators import LOSS_MODES, REJECTION_DENOMINATORS
-from vime_pure.policy_config import KL_KINDS, RS_LEVELS, RejectionConfig
-from vime_pure.errors import VimeError, field_error
+from vime_pure.errors import LossConfigError, VimeError, field_error
+from vime_pure.policy_config import KL_KINDS, RS_LEVELS, LossConfig, RejectionConfig
 from vime_shell.engines import ENGINE_NAMES
+from vime_shell.loop.megatron_args import (MegatronSwitchArgs, ModelArchArgs, ModelArgsError,
+                                           PlacementArgs)
+from vime_shell.megatron.config import OptimConfig, OptimConfigError
 from vime_shell.megatron.model_options import (MOE_DISPATCHERS, MOE_LOAD_BALANCING,
                                                MOE_ROUTER_DTYPES, RECOMPUTE_GRANULARITIES,
                                                RECOMPUTE_METHODS, RECOMPUTE_MODULES,
@@ -43,22 +44,28 @@ from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        EngineLayoutError, check_gpu_memory_utilization)
 from vime_shell.rollout.functions import (DEFAULT_ROLLOUT_FUNCTION, MAX_GENERATION_ROUNDS,
                                           PER_SAMPLE_ROLLOUT_FUNCTION)
-from vime_shell.rollout.rewards import RM_TYPES
+from vime_shell.rollout.rewards import RM_CHOICES
 from vime_shell.rollout.tasks import TASKS
 
-RM_CHOICES: tuple[str, ...] = tuple(RM_TYPES)
 
 ESTIMATOR_METHOD = {"grpo": "grpo", "gspo": "gspo",
                     "reinforce_plus_plus_baseline": "reinforce_pp_baseline"}
 ESTIMATORS: tuple[str, ...] = tuple(ESTIMATOR_METHOD)
 LR_DECAY_STYLES: tuple[str, ...] = ("constant", "linear", "cosine", "inverse-square-root")
 LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning")
+# LossConfig's field -> the flag a user writes (the error names the flag).
+LOSS_FLAGS = {"eps_clip": "--eps-clip", "eps_clip_high": "--eps-clip-high",
+              "dual_clip": "--eps-clip-c", "kl_coef": "--kl-loss-coef",
+              "kl_kind": "--kl-loss-type", "entropy_coef": "--entropy-coef",
+              "use_tis": "--use-tis", "tis_clip": "--tis-clip", "tis_clip_low": "--tis-clip-low",
+              "sequence_ratio": "--advantage-estimator"}
 SAVE_HF_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 DEFAULT_NUM_ROLLOUT = 300
 DEFAULT_GLOBAL_BATCH_SIZE = 128
 DEFAULT_LOSS_MODE = "group_token_mean"
 SECTIONS: tuple[str, ...] = ("model", "data", "rollout", "reward", "eval", "batching", "loss",
-                             "optimizer", "parallelism", "memory", "moe", "checkpoint", "logging")
+                             "optimizer", "parallelism", "memory", "moe", "checkpoint", "logging",
+                             "architecture", "megatron", "slime", "placement")
 
 
 class ConfigError(VimeError):
@@ -79,9 +86,12 @@ def _tuple_field(help: str, section: str) -> Any:
 
 
 @attrs.frozen(kw_only=True)
-class TrainConfig:
+class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
     """All ``vime train`` settings, named as slime's flags. Example:
-    ``TrainConfig(prompt_data="train.jsonl", apply_chat_template=True, rm_type="math")``."""
+    ``TrainConfig(prompt_data="train.jsonl", apply_chat_template=True, rm_type="math")``.
+
+    Megatron's architecture flags, pass-through switches and Ray placement come from the
+    records in ``vime_shell.loop.megatron_args`` (each checks its own fields)."""
 
     # model and engine
     hf_checkpoint: str | None = _f(None, "HF model dir; default: the embedded tiny Qwen2", "model")
@@ -105,6 +115,11 @@ class TrainConfig:
                                               "sent only its experts", "model")
     rollout_enforce_eager: bool = _f(False, "vLLM without CUDA graphs (faster start, slower "
                                      "decode)", "model")
+    vllm_engine_args: tuple[str, ...] | None = attrs.field(
+        default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
+        metadata={"help": "vLLM engine arguments KEY=VALUE; what --vllm-KEY VALUE and the "
+                  "mapped --sglang-X flags become", "section": "model", "choices": None,
+                  "nargs": "+"})
     # data
     prompt_data: str | None = _f(None, "prompt dataset, .jsonl or .parquet; default: the "
                                  "built-in --task", "data")
@@ -166,9 +181,14 @@ class TrainConfig:
     over_sampling_batch_size: int | None = _f(None, "prompts drawn per generation round under "
                                               "dynamic sampling", "rollout")
     dynamic_sampling_filter_path: str | None = _f(None, "keep a prompt group when "
-                                                  "'pkg.mod:fn(samples)' is true, e.g. "
+                                                  "'pkg.mod:fn(samples)' (or slime's "
+                                                  "fn(args, samples)) is true, e.g. "
                                                   "vime_shell.rollout.filters:nonzero_reward_std",
                                                   "rollout")
+    custom_rollout_log_function_path: str | None = _f(
+        None, "slime's fn(rollout_id, args, samples, metrics, seconds), called on rank 0 after "
+        "each rollout's generation; vime's metrics.jsonl is written whatever it returns",
+        "rollout")
     dynamic_sampling_max_rounds: int = _f(8, "generation rounds per rollout under dynamic "
                                           "sampling before training on what passed (a rollout "
                                           "where nothing passed is logged and skipped)",
@@ -178,9 +198,16 @@ class TrainConfig:
                                               "fill the batch with filtered-out ones",
                                               "rollout")
     # reward
-    rm_type: str | None = _f(None, "built-in reward; default exact", "reward", RM_CHOICES)
-    custom_rm_path: str | None = _f(None, "reward function 'pkg.mod:fn(sample) -> float'",
-                                    "reward")
+    rm_type: str | None = _f(None, "built-in reward (slime's rule rewards by name; boxed_X "
+                             "grades the last \\boxed{} with X); default exact, or remote_rm "
+                             "with --rm-url", "reward", RM_CHOICES)
+    rm_url: str | None = _f(None, "reward server: POST {prompt, response, label} JSON per "
+                            "sample, concurrently, retried with backoff", "reward")
+    reward_key: str | None = _f(None, "the trained entry of a dict reward (dapo: score)",
+                                "reward")
+    custom_rm_path: str | None = _f(None, "reward function 'pkg.mod:fn': fn(sample), or "
+                                    "slime's [async] fn(args, sample) / with --group-rm "
+                                    "fn(args, samples)", "reward")
     group_rm: bool = _f(False, "--custom-rm-path takes all samples of one prompt and returns "
                         "their rewards", "reward")
     advantage_estimator: str = _f("grpo", "rewards to advantages; gspo also trains with "
@@ -189,6 +216,10 @@ class TrainConfig:
     disable_grpo_std_normalization: bool = _f(False, "GRPO/GSPO advantages without the "
                                               "division by the group's std (Dr. GRPO)",
                                               "reward")
+    disable_rewards_normalization: bool = _f(False, "advantages are the raw rewards (no "
+                                             "per-prompt centring or scaling)", "reward")
+    normalize_advantages: bool = _f(False, "whiten advantages over the batch's rollout groups "
+                                    "(slime: over tokens)", "reward")
     # evaluation
     eval_prompt_data: tuple[str, ...] | None = attrs.field(
         default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
@@ -197,12 +228,15 @@ class TrainConfig:
     eval_config: str | None = _f(None, "YAML/JSON file of eval sets with their own keys: "
                                  "{datasets: [{name, path, input_key, label_key}]} (beside "
                                  "--eval-prompt-data)", "eval")
-    eval_interval: int | None = _f(None, "evaluate every N rollouts (and after the last)", "eval")
+    eval_interval: int | None = _f(None, "evaluate every N rollouts (and after the last); "
+                                   "default with --eval-prompt-data: before the first and "
+                                   "after the last", "eval")
     n_samples_per_eval_prompt: int = _f(1, "samples per eval prompt (pass@k uses them)", "eval")
     eval_max_response_len: int | None = _f(None, "max new tokens in eval; default "
                                            "--rollout-max-response-len", "eval")
     eval_temperature: float | None = _f(None, "eval sampling temperature; default "
                                         "--rollout-temperature", "eval")
+    skip_eval_before_train: bool = _f(False, "no evaluation before the first rollout", "eval")
     eval_top_p: float | None = _f(None, "eval nucleus mass; default --rollout-top-p", "eval")
     eval_top_k: int | None = _f(None, "eval top-k; default --rollout-top-k", "eval")
     eval_stop: tuple[str, ...] | None = _tuple_field("eval stop strings; default "
@@ -217,15 +251,21 @@ class TrainConfig:
     eval_label_key: str | None = _f(None, "eval rows' label field; default --label-key",
                                     "eval")
     # batching (global_batch_size counts groups = rollout executions, never samples)
-    global_batch_size: int | None = _f(None, f"groups per optimizer step; default "
-                                       f"{DEFAULT_GLOBAL_BATCH_SIZE}, or the rollout's groups / "
-                                       "--num-steps-per-rollout", "batching")
+    global_batch_size: int | None = _f(None, f"groups (rollout executions) per optimizer step; "
+                                       f"default {DEFAULT_GLOBAL_BATCH_SIZE}, or the rollout's "
+                                       "groups / --num-steps-per-rollout; slime counts samples, "
+                                       "the same for single-turn rollouts", "batching")
     num_steps_per_rollout: int | None = _f(None, "optimizer steps per rollout; sets "
                                            "--global-batch-size (which, if given too, must "
                                            "agree)", "batching")
     max_tokens_per_gpu: int | None = _f(1024, "token budget of a packed micro-batch", "batching")
     micro_batch_size: int | None = _f(None, "samples per static micro-batch (with "
-                                      "--max-tokens-per-gpu none)", "batching")
+                                      "--max-tokens-per-gpu none, or slime's way: without "
+                                      "--use-dynamic-batch-size)", "batching")
+    use_dynamic_batch_size: bool | None = _f(None, "slime's switch for --max-tokens-per-gpu "
+                                             "packing (vime's default); off with "
+                                             "--micro-batch-size: static micro-batches",
+                                             "batching")
     packing: str = _f("ffd", "bin-packing algorithm", "batching", PACKINGS)
     balance: str | None = _f(None, "DP balance; overrides the two below", "batching", BALANCES)
     balance_data: bool = _f(False, "balance tokens across DP ranks (balance=tokens)", "batching")
@@ -242,11 +282,16 @@ class TrainConfig:
     eps_clip: float = _f(0.2, "PPO ratio clip", "loss")
     eps_clip_high: float | None = _f(None, "upper ratio clip (DAPO clip-higher); default "
                                      "--eps-clip", "loss")
+    eps_clip_c: float | None = _f(None, "dual-clip bound c > 1: a negative-advantage token's "
+                                  "loss is capped at -A * c", "loss")
+    kl_coef: float = _f(0.0, "slime's reward-shaping KL: no effect with grpo/gspo (as in "
+                        "slime); other estimators: 0 only (use --use-kl-loss --kl-loss-coef)",
+                        "loss")
     use_kl_loss: bool = _f(False, "add a KL penalty against a frozen reference model", "loss")
     kl_loss_coef: float = _f(0.0, "weight of the KL penalty", "loss")
     kl_loss_type: str = _f("low_var_kl", "KL estimator", "loss", KL_KINDS)
-    ref_load: str | None = _f(None, "HF dir of the reference model; default: the initial "
-                              "weights", "loss")
+    ref_load: str | None = _f(None, "HF dir of the initial weights and the KL reference "
+                              "(slime: where training starts); default --hf-checkpoint", "loss")
     entropy_coef: float = _f(0.0, "entropy bonus weight", "loss")
     use_tis: bool = _f(False, "truncated importance sampling (decoupled PPO): weight the "
                        "surrogate by clamp(pi_old / pi_behaviour, --tis-clip-low, --tis-clip)",
@@ -271,6 +316,9 @@ class TrainConfig:
     lr: float = _f(3e-4, "Adam learning rate", "optimizer")
     min_lr: float = _f(0.0, "learning rate floor of the decay", "optimizer")
     lr_warmup_iters: int = _f(0, "warmup length in optimizer steps", "optimizer")
+    lr_warmup_fraction: float | None = _f(None, "warmup as a share of the run's optimizer "
+                                          "steps (--num-rollout x steps per rollout)",
+                                          "optimizer")
     lr_decay_iters: int | None = _f(None, "decay length in optimizer steps", "optimizer")
     lr_decay_style: str = _f("constant", "LR decay shape", "optimizer", LR_DECAY_STYLES)
     weight_decay: float = _f(0.0, "AdamW weight decay", "optimizer")
@@ -350,6 +398,10 @@ class TrainConfig:
     load_rollout_data_mode: str = _f("train-only", "train-only: no engine; forge: keep the "
                                      "engine and its weight syncs", "checkpoint",
                                      ("train-only", "forge"))
+    debug_rollout_only: bool = _f(False, "generate, reward, dump (--save-rollout-data) and "
+                                  "log, with no trainer and no optimizer", "checkpoint")
+    debug_train_only: bool = _f(False, "slime's train-only debugging: what --load-rollout-data "
+                                "in train-only mode does (no engine); requires it", "checkpoint")
     load_rollout_data_fallback: bool = _f(False, "replay rollout 0's dump when a rollout's "
                                           "dump is missing", "checkpoint")
     save_hf: str | None = _f(None, "write the trained weights as an HF checkpoint here, at the "
@@ -408,12 +460,12 @@ class TrainConfig:
                      "context_parallel_size", "expert_model_parallel_size",
                      "sglang_server_concurrency"):
             _at_least(name, getattr(self, name), 1)
-        for name in ("rollout_max_response_len", "max_tokens_per_gpu", "micro_batch_size",
-                     "num_epoch", "eval_interval", "eval_max_response_len",
-                     "num_steps_per_rollout", "over_sampling_batch_size", "lr_decay_iters",
-                     "expert_tensor_parallel_size", "decoder_first_pipeline_num_layers",
-                     "decoder_last_pipeline_num_layers", "num_rollout", "global_batch_size",
-                     "save_hf_interval"):
+        # global_batch_size, max_tokens_per_gpu, micro_batch_size: BatchingPolicy checks them
+        for name in ("rollout_max_response_len", "num_epoch", "eval_interval",
+                     "eval_max_response_len", "num_steps_per_rollout", "over_sampling_batch_size",
+                     "lr_decay_iters", "expert_tensor_parallel_size",
+                     "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                     "num_rollout", "save_hf_interval"):
             if getattr(self, name) is not None:
                 _at_least(name, getattr(self, name), 1)
         for name in ("seed", "rollout_top_k", "lr_warmup_iters"):
@@ -436,6 +488,10 @@ class TrainConfig:
         for name, value in self._choices():
             _one_of(name, value, _field(name).metadata["choices"])
         self._check_numbers()
+        try:
+            self.check_switches()
+        except ModelArgsError as exc:
+            raise ConfigError(str(exc)) from None
         self._check_data()
         self._check_inputs()
         self._check_loss()
@@ -465,28 +521,17 @@ class TrainConfig:
                 yield f.name, value
 
     def _check_numbers(self) -> None:
-        _in_range("lr", self.lr, 0.0, 1.0, "use e.g. 3e-4 (the 334k-param embedded model), 1e-6 (7B)")
-        _in_range("min_lr", self.min_lr, 0.0, self.lr, f"use a value in [0, lr={self.lr}]")
         _in_range("rollout_temperature", self.rollout_temperature, 0.0, 100.0, "use 1.0")
         if self.eval_temperature is not None:
             _in_range("eval_temperature", self.eval_temperature, 0.0, 100.0, "use 1.0 or 0")
         _in_range("rollout_top_p", self.rollout_top_p, 1e-6, 1.0, "use 1.0")
         if self.eval_top_p is not None:
             _in_range("eval_top_p", self.eval_top_p, 1e-6, 1.0, "use 1.0")
-        _in_range("eps_clip", self.eps_clip, 0.0, 1.0, "use 0.2")
-        if self.eps_clip_high is not None:
-            _in_range("eps_clip_high", self.eps_clip_high, 0.0, 10.0, "use e.g. 0.28")
-        for name in ("kl_loss_coef", "entropy_coef", "weight_decay", "clip_grad"):
-            _in_range(name, getattr(self, name), 0.0, 1e6, "use 0 to turn it off")
-        _in_range("tis_clip", self.tis_clip, 1e-6, 1e6, "use e.g. 2.0")
-        _in_range("tis_clip_low", self.tis_clip_low, 0.0, self.tis_clip,
-                  f"use a value in [0, --tis-clip={self.tis_clip}], e.g. 0 or 0.5")
+        self.loss_config()  # the loss and optimizer knobs' ranges live in their records
+        self.optim_config()
         for name in ("rs_lower_bound", "rs_upper_bound"):
             if getattr(self, name) is not None:
                 _in_range(name, getattr(self, name), 0.0, 1e6, "use e.g. 0.5 / 2.0")
-        for name in ("adam_beta1", "adam_beta2"):
-            _in_range(name, getattr(self, name), 0.0, 1.0 - 1e-12, "use e.g. 0.9 / 0.999")
-        _in_range("adam_eps", self.adam_eps, 1e-30, 1.0, "use 1e-8")
         if self.logprob_gap_tolerance is not None:
             _in_range("logprob_gap_tolerance", self.logprob_gap_tolerance, 0.0, 1e9,
                       "use 1e-4 (fp32), or omit it for the rollout dtype's default")
@@ -516,11 +561,10 @@ class TrainConfig:
                               "is not NAME PATH pairs",
                               "pass e.g. --eval-prompt-data gsm8k test.jsonl aime aime.jsonl")
         has_evals = self.eval_prompt_data is not None or self.eval_config is not None
-        if (self.eval_interval is None) == has_evals:
+        if self.eval_interval is not None and not has_evals:
             raise field_error(ConfigError, "eval_interval", self.eval_interval,
-                              "and --eval-prompt-data go together",
-                              "pass both, e.g. --eval-interval 10 --eval-prompt-data gsm8k "
-                              "test.jsonl")
+                              "needs --eval-prompt-data",
+                              "pass e.g. --eval-prompt-data gsm8k test.jsonl")
         filtered = self.dynamic_sampling_filter_path is not None
         self._check_partial()
         if self.dynamic_sampling_fill_filtered and not filtered:
@@ -622,6 +666,40 @@ class TrainConfig:
                               "give every eval set its own name")
 
     def _check_loss(self) -> None:
+        if self.lr_warmup_fraction is not None:
+            _in_range("lr_warmup_fraction", self.lr_warmup_fraction, 0.0, 1.0, "use e.g. 0.03")
+            if self.lr_warmup_iters or self.num_epoch is not None:
+                raise field_error(ConfigError, "--lr-warmup-fraction", self.lr_warmup_fraction,
+                                  "needs --num-rollout (not --num-epoch) and no "
+                                  "--lr-warmup-iters", "pass one warmup length")
+        bad = next((a for a in self.vllm_engine_args or () if "=" not in a.strip("=")), None)
+        if bad is not None:
+            raise field_error(ConfigError, "--vllm-engine-args", bad, "is not KEY=VALUE",
+                              "pass e.g. --vllm-engine-args max_num_seqs=64")
+        if self.debug_rollout_only:
+            for name in ("load_rollout_data", "save", "load", "save_hf"):
+                if getattr(self, name) is not None:
+                    raise field_error(ConfigError, "--debug-rollout-only", True,
+                                      f"builds no trainer, so --{name.replace('_', '-')} has "
+                                      "nothing to act on", f"drop --{name.replace('_', '-')}")
+        if self.debug_train_only and (self.load_rollout_data is None
+                                      or self.load_rollout_data_mode != "train-only"):
+            raise field_error(ConfigError, "--debug-train-only", True,
+                              "trains on dumped rollouts without an engine",
+                              "pass --load-debug-rollout-data PATH (train-only mode)")
+        if not 0 <= self.kl_coef < 1e6:
+            raise field_error(ConfigError, "--kl-coef", self.kl_coef, "must be >= 0",
+                              "pass --kl-coef 0")
+        if self.kl_coef != 0 and self.advantage_estimator not in ("grpo", "gspo"):
+            raise field_error(ConfigError, "--kl-coef", self.kl_coef,
+                              f"(slime's per-token KL reward shaping for "
+                              f"{self.advantage_estimator}) is not supported in vime",
+                              "pass --kl-coef 0, or train a KL penalty with --use-kl-loss "
+                              "--kl-loss-coef")
+        if self.use_dynamic_batch_size and self.max_tokens_per_gpu is None:
+            raise field_error(ConfigError, "--use-dynamic-batch-size", True,
+                              "packs to --max-tokens-per-gpu, which is none",
+                              "pass --max-tokens-per-gpu, e.g. 9216")
         if self.calculate_per_token_loss and self.loss_mode not in (None, "token_mean"):
             raise ConfigError(
                 f"--calculate-per-token-loss contradicts --loss-mode {self.loss_mode}: slime's "
@@ -637,14 +715,7 @@ class TrainConfig:
             raise field_error(ConfigError, "kl_loss_coef", self.kl_loss_coef,
                               "has no effect without --use-kl-loss",
                               "pass --use-kl-loss, or --kl-loss-coef 0")
-        if self.ref_load is not None and not self.use_kl_loss:
-            raise field_error(ConfigError, "ref_load", self.ref_load,
-                              "is only read for the KL penalty", "pass --use-kl-loss")
         self._check_rejection()
-        if self.overlap_param_gather and not self.use_distributed_optimizer:
-            raise field_error(ConfigError, "overlap_param_gather", True,
-                              "needs the distributed optimizer",
-                              "pass --use-distributed-optimizer")
 
     def _check_steps(self) -> None:
         groups = self.groups_per_rollout
@@ -710,9 +781,76 @@ class TrainConfig:
                                                  and not self.dynamic_sampling_fill_filtered)
 
     @property
+    def warmup_iters(self) -> int:
+        """``--lr-warmup-iters``, or slime's ``--lr-warmup-fraction`` of the run's steps:
+        0.1 of 300 rollouts x 1 step is 30 steps."""
+        if self.lr_warmup_fraction is None:
+            return self.lr_warmup_iters
+        steps = self.num_rollout * (self.groups_per_rollout // self.effective_global_batch_size)
+        return round(self.lr_warmup_fraction * steps)
+
+    @property
+    def effective_max_tokens_per_gpu(self) -> int | None:
+        """The packing budget, or None for static micro-batches: slime's rule, where
+        ``--micro-batch-size`` without ``--use-dynamic-batch-size`` is static (its
+        ``--max-tokens-per-gpu`` then bounds nothing). Example: ``--micro-batch-size 4`` ->
+        None; with ``--use-dynamic-batch-size`` the budget stays and the two conflict."""
+        if self.micro_batch_size is not None and not self.use_dynamic_batch_size:
+            return None
+        return self.max_tokens_per_gpu
+
+    @property
     def groups_per_rollout(self) -> int:
         """Rollout groups the built-in rollouts produce per batch: prompts x samples."""
         return self.rollout_batch_size * self.n_samples_per_prompt
+
+    def loss_config(self) -> LossConfig:
+        """The objective's knobs, validated once by their record (``LossConfig``); its error is
+        re-raised naming the flag. Example: ``--eps-clip 0`` -> ``--eps-clip=0: must lie in
+        (0, 1). Fix: use e.g. 0.2.``"""
+        try:
+            return LossConfig(eps_clip=self.eps_clip, eps_clip_high=self.eps_clip_high,
+                              dual_clip=self.eps_clip_c,
+                              kl_coef=self.kl_loss_coef if self.use_kl_loss else 0.0,
+                              kl_kind=self.kl_loss_type, entropy_coef=self.entropy_coef,
+                              use_tis=self.use_tis, tis_clip=self.tis_clip,
+                              tis_clip_low=self.tis_clip_low,
+                              sequence_ratio=self.advantage_estimator == "gspo")
+        except LossConfigError as exc:
+            field, _, rest = str(exc).partition("=")
+            raise ConfigError(f"{LOSS_FLAGS[field]}={rest}") from None
+
+    def optim_config(self) -> OptimConfig:
+        """Adam and the LR schedule, validated by their record (``OptimConfig``). Warmup and
+        decay lengths are optimizer steps in the flags (as in slime) and groups in the trainer
+        (its schedule advances by each step's real group count), so they are multiplied by the
+        groups per full step: ``--lr-warmup-iters 10`` with 128 groups per step warms up over
+        1280 groups."""
+        per_step = self.effective_global_batch_size
+        try:
+            return OptimConfig(
+                lr=self.lr, min_lr=self.min_lr, weight_decay=self.weight_decay,
+                adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2, adam_eps=self.adam_eps,
+                clip_grad=self.clip_grad, lr_warmup_groups=self.warmup_iters * per_step,
+                lr_decay_groups=None if self.lr_decay_iters is None
+                else self.lr_decay_iters * per_step,
+                lr_decay_style=self.lr_decay_style,
+                use_distributed_optimizer=self.use_distributed_optimizer,
+                overlap_grad_reduce=self.overlap_grad_reduce,
+                overlap_param_gather=self.overlap_param_gather,
+                optimizer_cpu_offload=self.optimizer_cpu_offload,
+                overlap_cpu_optimizer_d2h_h2d=self.overlap_cpu_optimizer_d2h_h2d,
+                use_precision_aware_optimizer=self.use_precision_aware_optimizer,
+                skip_nonfinite_grad_steps=self.skip_nonfinite_grad_steps)
+        except OptimConfigError as exc:
+            raise ConfigError(_flag_named(str(exc))) from None
+
+    def reward_normalization(self) -> RewardNormalization:
+        """How rewards become advantages (the core's record)."""
+        return RewardNormalization(method=ESTIMATOR_METHOD[self.advantage_estimator],
+                                   normalize_std=not self.disable_grpo_std_normalization,
+                                   center=not self.disable_rewards_normalization,
+                                   whiten=self.normalize_advantages)
 
     def model_options(self) -> ModelOptions:
         """The trainer's recompute and MoE settings (``vime_shell.megatron.model_options``)."""
@@ -737,7 +875,7 @@ class TrainConfig:
         try:
             return policy_from_flags(
                 global_batch_size=self.effective_global_batch_size,
-                max_tokens_per_gpu=self.max_tokens_per_gpu,
+                max_tokens_per_gpu=self.effective_max_tokens_per_gpu,
                 micro_batch_size=self.micro_batch_size, packing=self.packing,
                 balance=self.balance, balance_data=self.balance_data,
                 balance_by_flops=self.balance_by_flops,
@@ -747,6 +885,15 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
+
+    def section(self, name: str) -> dict[str, Any]:
+        """One section's settings (a view: the flat fields stay the one copy). Example:
+        ``TrainConfig().section("loss")["eps_clip"] == 0.2``."""
+        if name not in SECTIONS:
+            raise field_error(ConfigError, "section", name, "is not a section",
+                              f"use one of {list(SECTIONS)}")
+        return {f.name: getattr(self, f.name) for f in attrs.fields(type(self))
+                if f.metadata["section"] == name}
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, source: str = "config") -> "TrainConfig":
@@ -761,6 +908,12 @@ class TrainConfig:
                 raise field_error(ConfigError, f"{source} key", key, "is not a setting", hint)
             out[name] = _from_text(attrs.fields_dict(cls)[name], value)
         return cls(**out)
+
+
+def _flag_named(message: str) -> str:
+    """A record's ``field=value: ...`` message with the field spelled as its flag."""
+    field, _, rest = message.partition("=")
+    return f"--{field.replace('_', '-')}={rest}"
 
 
 def _field(name: str) -> attrs.Attribute:
@@ -820,95 +973,11 @@ def _rejection_defaults() -> dict[str, Any]:
 
 
 def _in_range(name: str, value: float, lo: float, hi: float, fix: str) -> None:
-    if not (math.isfinite(value) and lo <= value <= hi) or (name == "lr" and value == 0):
-        raise field_error(ConfigError, name, value, f"must be in ({lo}, {hi}]"
-                          if name == "lr" else f"must be in [{lo}, {hi}]", fix)
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise field_error(ConfigError, name, value, f"must be in [{lo}, {hi}]", fix)
 
 
 def _one_of(name: str, value: object, options: Sequence[object]) -> None:
     if value not in options:
         raise field_error(ConfigError, name, value, "is not a valid choice",
                           f"use one of {[o for o in options if o is not None]}")
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a ``.yaml`` / ``.yml`` / ``.json`` / ``.toml`` file into a mapping."""
-    p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise field_error(ConfigError, "--config", str(p), f"cannot be read ({exc})",
-                          "pass an existing YAML, JSON or TOML file (UTF-8 text)") from None
-    try:
-        if p.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
-        elif p.suffix == ".json":
-            data = json.loads(text)
-        elif p.suffix == ".toml":
-            data = tomllib.loads(text)
-        else:
-            raise field_error(ConfigError, "--config", str(p), "has an unknown extension",
-                              "name it .yaml, .yml, .json or .toml")
-    except (ValueError, yaml.YAMLError, RecursionError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        # yaml.safe_load builds plain data only: a !!python/object tag fails here, unrun.
-        raise field_error(ConfigError, "--config", str(p), f"does not parse ({exc})",
-                          "fix the file's syntax") from None
-    if not isinstance(data, dict):
-        raise field_error(ConfigError, "--config", str(p), "does not hold a mapping",
-                          "write one key: value per setting")
-    odd = next((k for k in data if not isinstance(k, str)), None)
-    if odd is not None or None in data:
-        raise field_error(ConfigError, f"--config {p} key", odd, "is not a setting name",
-                          "write setting names as keys, e.g. global_batch_size: 64")
-    return data
-
-
-def _optional(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        return None if text.lower() == "none" else kind(text)
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--config`` and one ``--dash-name`` flag per field, grouped by section, choices
-    shown as choices; unset flags stay absent (defaults and the config file fill them).
-
-    Build the parser with ``allow_abbrev=False``: a typo such as ``--global-batch`` must fail,
-    not silently mean ``--global-batch-size``.
-    """
-    parser.add_argument("--config", default=None, help="YAML / JSON / TOML file of settings")
-    groups = {name: parser.add_argument_group(name) for name in SECTIONS}
-    for f in attrs.fields(TrainConfig):
-        group = groups[f.metadata["section"]]
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata['help']} (default: {f.default})"
-        base, optional = field_type(f)
-        if base is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction,
-                               default=argparse.SUPPRESS, help=help_text)
-            continue
-        kind = _element_type(f) if base is tuple else base
-        group.add_argument(flag, type=_optional(kind) if optional else kind,
-                           choices=f.metadata["choices"], nargs=f.metadata["nargs"],
-                           default=argparse.SUPPRESS, help=help_text)
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Defaults, then the ``--config`` file, then the flags that were given."""
-    values = dict(vars(args))
-    path = values.pop("config", None)
-    merged = load_config_file(path) if path else {}
-    merged = {k.replace("-", "_"): v for k, v in merged.items()}
-    fields = {f.name for f in attrs.fields(TrainConfig)}
-    merged.update({k: v for k, v in values.items() if k in fields})
-    return TrainConfig.from_mapping(merged, source=f"--config {path}" if path else "flags")
-
-
-def parse_train_config(argv: Sequence[str] | None = None) -> TrainConfig:
-    """Parse ``vime train`` arguments. Example: ``parse_train_config(["--lr", "1e-3"]).lr``."""
-    parser = argparse.ArgumentParser(prog="vime train", allow_abbrev=False)
-    add_train_arguments(parser)
-    return config_from_args(parser.parse_args(argv))

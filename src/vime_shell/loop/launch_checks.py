@@ -19,6 +19,7 @@ raises ``ConfigError: tensor_model_parallel_size=3: does not divide the model's
 vocab_size=20 ...``.
 """
 
+import dataclasses
 import importlib.util
 import os
 from pathlib import Path
@@ -29,8 +30,9 @@ from vime_pure.config import BatchingPolicy, check_feasible
 from vime_pure.errors import field_error
 from vime_shell.engines import vllm_available
 from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_engine_layout
-from vime_shell.loop.checkpoint_index import check_dataset, require_checkpoint
-from vime_shell.loop.config import ConfigError, TrainConfig, load_config_file
+from vime_shell.loop.checkpoint_index import TRACKER, check_dataset, resume_checkpoint
+from vime_shell.loop.config import ConfigError, TrainConfig
+from vime_shell.loop.config_flags import load_config_file
 from vime_shell.loop.ownership import check_ownership, check_unlocked, run_id_for
 from vime_shell.loop.replay import ReplaySource
 from vime_shell.loop.model_checks import check_model_settings
@@ -40,7 +42,8 @@ from vime_shell.megatron.layout import (TrainLayout, context_parallel_available,
                                         ranks_per_node_from_env, resolve_layout,
                                         world_size_from_env)
 from vime_shell.models.embedded import build_embedded
-from vime_shell.models.hf_config import has_chat_template, read_config_summary
+from vime_shell.loop.megatron_args import ModelArgsError, check_architecture
+from vime_shell.models.hf_config import has_chat_template, read_config_json, read_config_summary
 from vime_shell.rollout.data import DataKeys, fit_prompts, read_prompt_file
 from vime_shell.rollout.functions import encode_prompt
 from vime_shell.rollout.plugins import load_callable, load_generate_function
@@ -70,12 +73,16 @@ class LaunchPlan:
 
 
 def model_dir(cfg: TrainConfig) -> Path:
-    """``--hf-checkpoint``, or the embedded model's directory (built on first use)."""
-    return Path(cfg.hf_checkpoint).expanduser() if cfg.hf_checkpoint else build_embedded()
+    """The initial weights: ``--ref-load`` (slime: where training starts, and the KL
+    reference), else ``--hf-checkpoint``, else the embedded model (built on first use)."""
+    chosen = cfg.ref_load or cfg.hf_checkpoint
+    return Path(chosen).expanduser() if chosen else build_embedded()
 
 
 def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     """Check ``cfg`` against the model in ``hf_dir`` and the launched world (module docstring)."""
+    if cfg.ref_load is not None:  # the initial weights (model_dir): an HF directory
+        _check_ref_load(cfg)
     if not (hf_dir / "config.json").is_file():
         raise field_error(ConfigError, "hf_checkpoint", str(hf_dir), "has no config.json",
                           "pass a Hugging Face model directory, or omit it for the embedded model")
@@ -99,6 +106,12 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
                           "use a TP size that divides it, or pad the model's embedding and "
                           "LM head with reserved rows as Megatron's --make-vocab-size-"
                           "divisible-by does (the embedded model has 20 rows: TP 1, 2 or 4)")
+    try:  # slime's Megatron flags: the architecture against the HF config, Ray placement
+        check_architecture(cfg, read_config_json(hf_dir), str(hf_dir))
+        cfg.check_placement(world_size=world_size_from_env(),
+                            ranks_per_node=ranks_per_node_from_env())
+    except ModelArgsError as exc:
+        raise ConfigError(str(exc)) from None
     cp = cfg.context_parallel_size
     layout = resolve_layout(
         world_size=world_size_from_env(), num_layers=summary.num_layers,
@@ -115,7 +128,9 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     engine_layout = _engine_layout(cfg, summary.num_attention_heads)
     for flag, path in (("--rollout-function-path", cfg.rollout_function_path),
                        ("--custom-rm-path", cfg.custom_rm_path),
-                       ("--dynamic-sampling-filter-path", cfg.dynamic_sampling_filter_path)):
+                       ("--dynamic-sampling-filter-path", cfg.dynamic_sampling_filter_path),
+                       ("--custom-rollout-log-function-path",
+                        cfg.custom_rollout_log_function_path)):
         if path is not None:
             load_callable(path, flag=flag)
     if cfg.custom_generate_function_path is not None:
@@ -126,8 +141,11 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
                           f"{engine_layout.num_engines} engines",
                           "pass --rollout-num-gpus 1 (one engine) with --partial-rollout")
     Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
-                   group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout)
+                   group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout, args=cfg,
+                   reward_key=cfg.reward_key, rm_url=cfg.rm_url)
     _check_side_inputs(cfg, hf_dir)
+    if engine_layout is not None:
+        _check_engine_args(cfg)
     prompts, dropped, eval_sets = _prompt_sets(cfg, hf_dir, summary.max_position_embeddings)
     # --num-rollout, else what --num-epoch passes need (dynamic sampling may draw more prompts
     # per rollout, so it is a lower bound on the passes made).
@@ -239,22 +257,54 @@ def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None) -> EngineL
         raise ConfigError(str(exc)) from exc
 
 
+def _check_engine_args(cfg: TrainConfig) -> None:
+    """``--vllm-engine-args`` name arguments of vLLM's ``EngineArgs`` (checked when vLLM is
+    installed: a wrong name would otherwise fail only when the engine is built)."""
+    if not cfg.vllm_engine_args or not vllm_available():
+        return
+    from vllm.engine.arg_utils import EngineArgs  # seconds to import: only for these flags
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    for arg in cfg.vllm_engine_args:
+        key = arg.partition("=")[0]
+        if key not in known:
+            raise field_error(ConfigError, "--vllm-engine-args", arg,
+                              f"names no vLLM engine argument ({key!r})",
+                              "use a field of vllm.engine.arg_utils.EngineArgs, or drop the "
+                              "--vllm-/--sglang- flag it came from")
+
+
 def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:
     """The chat template, the reference model and the optional packages a run asks for."""
-    check_hf_dir(hf_dir, "--hf-checkpoint")  # every shard's header, before minutes of loading
+    # every shard's header, before minutes of loading (--ref-load: the weights training starts from)
+    check_hf_dir(hf_dir, "--ref-load" if cfg.ref_load else "--hf-checkpoint")
     if cfg.apply_chat_template and not has_chat_template(hf_dir):
         raise field_error(ConfigError, "apply_chat_template", True,
                           f"but {hf_dir} has no chat template (tokenizer_config.json "
                           "'chat_template' or chat_template.jinja)",
                           "use an instruct model's directory, or drop --apply-chat-template")
-    if cfg.ref_load is not None and not (Path(cfg.ref_load).expanduser() / "config.json").is_file():
-        raise field_error(ConfigError, "ref_load", cfg.ref_load, "is not an HF model directory",
-                          "pass a directory written by save_pretrained (or --save-hf)")
-    if cfg.ref_load is not None:
-        check_hf_dir(cfg.ref_load, "--ref-load")
     if cfg.use_wandb and importlib.util.find_spec("wandb") is None:
         raise field_error(ConfigError, "use_wandb", True, "but wandb is not installed",
                           "pip install 'vime[wandb]', or drop --use-wandb")
+
+
+def _check_ref_load(cfg: TrainConfig) -> None:
+    """``--ref-load`` is an HF directory of the same architecture as ``--hf-checkpoint``."""
+    ref = Path(cfg.ref_load).expanduser()
+    if not (ref / "config.json").is_file():
+        megatron = (ref / TRACKER).is_file() or any(ref.glob("iter_*"))
+        raise field_error(ConfigError, "--ref-load", cfg.ref_load,
+                          "is a Megatron checkpoint; vime reads HF weights" if megatron else
+                          "is not an HF model directory",
+                          "drop --ref-load to start from --hf-checkpoint, or pass an HF "
+                          "directory (save_pretrained, or vime's --save-hf)")
+    if cfg.hf_checkpoint is not None:
+        a, b = (read_config_summary(Path(p).expanduser()) for p in (cfg.hf_checkpoint, ref))
+        for name in ("model_type", "num_layers", "vocab_size"):
+            if getattr(a, name) != getattr(b, name):
+                raise field_error(ConfigError, "--ref-load", cfg.ref_load,
+                                  f"has {name}={getattr(b, name)!r}, --hf-checkpoint "
+                                  f"{getattr(a, name)!r}", "pass the same model's weights")
 
 
 def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> str:
@@ -275,8 +325,10 @@ def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> str:
             _check_writable(field, Path(path).expanduser())
     num_rollout = cfg.resolved_num_rollout(None) if num_rollout is None else num_rollout
     start = 0
-    if cfg.load is not None:  # every file checked against the manifest, the dataset's print
-        found = require_checkpoint(cfg.load, verify=local_rank_from_env() == 0)  # once a node
+    # None: a fresh start (also slime's first run of --load X --save X); every file checked
+    # against the manifest (once a node), and the dataset's fingerprint
+    found = resume_checkpoint(cfg.load, cfg.save, verify=local_rank_from_env() == 0)
+    if found is not None:
         check_dataset(found, cfg.prompt_data, cfg.allow_dataset_change)
         start = int(found.name.split("_")[-1])
     run_id = run_id_for(cfg)

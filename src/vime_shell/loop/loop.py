@@ -70,14 +70,13 @@ from vime_pure.data.vocab import check_token_ids
 from vime_pure.errors import VimeError
 from vime_pure.lr_schedule import LrGroups, lr_groups, lr_schedule_warnings
 from vime_pure.metrics import metric_values
-from vime_pure.policy_config import LossConfig
 from vime_pure.scheduling.schedule import Schedule
 from vime_pure.staleness import fresh_samples, staleness_metrics
 from vime_shell.engines import resolve_engine_name
 from vime_shell.engines.group import EngineGroup, EngineOptions
 from vime_shell.engines.layout import default_rollout_dtype, logprob_gap_tolerance
 from vime_shell.loop import offpolicy, run_checkpoint
-from vime_shell.loop.checkpoint_index import require_checkpoint
+from vime_shell.loop.checkpoint_index import resume_checkpoint
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan, launch_checks, model_dir
 from vime_shell.loop.logs import configure_logging
@@ -86,8 +85,9 @@ from vime_shell.loop.replay import DumpWriter, ReplaySource
 from vime_shell.loop.rollouts import RolloutProducer, empty_rollout_message
 from vime_shell.loop.ownership import claim_run
 from vime_shell.loop.run_log import RunLogger, fmt
+from vime_shell.loop.slime_flags import parse_engine_arg
 from vime_shell.megatron.collectives import rank0_result
-from vime_shell.megatron.config import OptimConfig, TrainerConfig
+from vime_shell.megatron.config import TrainerConfig
 from vime_shell.megatron.layout import rank_from_env, ranks_per_node_from_env
 from vime_shell.megatron.moe_bridge import num_experts_of
 from vime_shell.megatron.offload import offloaded
@@ -168,7 +168,7 @@ def lr_schedule(cfg: TrainConfig, num_rollout: int | None = None) -> LrGroups:
                      allow_partial=cfg.partial_steps,
                      num_rollout=cfg.resolved_num_rollout(None) if num_rollout is None
                      else num_rollout,
-                     warmup_iters=cfg.lr_warmup_iters, decay_iters=cfg.lr_decay_iters)
+                     warmup_iters=cfg.warmup_iters, decay_iters=cfg.lr_decay_iters)
 
 
 def trainer_config(cfg: TrainConfig, num_rollout: int | None = None) -> TrainerConfig:
@@ -180,28 +180,11 @@ def trainer_config(cfg: TrainConfig, num_rollout: int | None = None) -> TrainerC
     ``--lr-warmup-iters 10`` with 128 groups per step warms up over 1280 groups.
     """
     lr = lr_schedule(cfg, num_rollout)
-    return TrainerConfig(
-        optim=OptimConfig(
-            lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay,
-            adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps,
-            clip_grad=cfg.clip_grad, lr_warmup_groups=lr.warmup_groups,
-            lr_decay_groups=lr.decay_groups,
-            lr_decay_style=cfg.lr_decay_style,
-            use_distributed_optimizer=cfg.use_distributed_optimizer,
-            overlap_grad_reduce=cfg.overlap_grad_reduce,
-            overlap_param_gather=cfg.overlap_param_gather,
-            optimizer_cpu_offload=cfg.optimizer_cpu_offload,
-            overlap_cpu_optimizer_d2h_h2d=cfg.overlap_cpu_optimizer_d2h_h2d,
-            use_precision_aware_optimizer=cfg.use_precision_aware_optimizer,
-            skip_nonfinite_grad_steps=cfg.skip_nonfinite_grad_steps),
-        model=cfg.model_options(), recompute_loss_function=cfg.recompute_loss_function,
-        loss=LossConfig(eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high,
-                        kl_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
-                        kl_kind=cfg.kl_loss_type, entropy_coef=cfg.entropy_coef,
-                        use_tis=cfg.use_tis, tis_clip=cfg.tis_clip,
-                        tis_clip_low=cfg.tis_clip_low,
-                        sequence_ratio=cfg.advantage_estimator == "gspo"),
-        seed=cfg.seed)
+    # the records TrainConfig validated at launch (one check per knob), with the run's LR lengths
+    optim = attrs.evolve(cfg.optim_config(), lr_warmup_groups=lr.warmup_groups,
+                         lr_decay_groups=lr.decay_groups)
+    return TrainerConfig(optim=optim, loss=cfg.loss_config(), model=cfg.model_options(),
+                         recompute_loss_function=cfg.recompute_loss_function, seed=cfg.seed)
 
 
 def engine_options(cfg: TrainConfig, cuda: bool, num_experts: int | None = None) -> EngineOptions:
@@ -218,7 +201,8 @@ def engine_options(cfg: TrainConfig, cuda: bool, num_experts: int | None = None)
         enforce_eager=cfg.rollout_enforce_eager,
         expert_parallel=cfg.rollout_enable_expert_parallel, num_experts=num_experts,
         per_request=cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION,
-        max_concurrency=cfg.sglang_server_concurrency)
+        max_concurrency=cfg.sglang_server_concurrency,
+        vllm_args=tuple(parse_engine_arg(a) for a in cfg.vllm_engine_args or ()))
 
 
 class _Loop:
@@ -238,9 +222,8 @@ class _Loop:
             ep=cfg.expert_model_parallel_size, etp=cfg.expert_tensor_parallel_size,
             first_stage_layers=cfg.decoder_first_pipeline_num_layers,
             last_stage_layers=cfg.decoder_last_pipeline_num_layers, platform=detect_platform())
-        if cfg.use_kl_loss:  # the initial weights, unless --ref-load names another model
-            self.trainer.load_reference(Path(cfg.ref_load).expanduser() if cfg.ref_load
-                                        else self.hf_dir)
+        if cfg.use_kl_loss:  # the initial weights (--ref-load when given, as in slime)
+            self.trainer.load_reference(self.hf_dir)
         self.layout = self.trainer.layout
         self.rank = dist.get_rank()
         log.info("startup: trainer built in %.1f s (%s, dp %d tp %d pp %d cp %d)",
@@ -437,8 +420,14 @@ class _Loop:
         """Before rollout ``rid`` (weights trained on rollouts ``< rid``) every
         ``--eval-interval`` rollouts; ``run_training`` adds one after the last rollout. Not in
         replays: their engine (forge) never generates."""
-        interval = self.cfg.eval_interval
-        return interval is not None and self.producer is not None and rid % interval == 0
+        cfg = self.cfg
+        if not self._evaluates_at_end() or (rid == 0 and cfg.skip_eval_before_train):
+            return False
+        # without --eval-interval (slime): before the first rollout and after the last
+        return rid == 0 if cfg.eval_interval is None else rid % cfg.eval_interval == 0
+
+    def _evaluates_at_end(self) -> bool:
+        return self.producer is not None and self.cfg.eval_prompt_data is not None
 
     def evaluate(self, rid: int) -> dict[str, float]:
         """Collective: every eval set on the engines' current weights, with ``eval_s``."""
@@ -535,7 +524,7 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
     configure_logging(cfg.log_level, dist.get_rank() if dist.is_initialized()
                       else rank_from_env())
     plan = plan or launch_checks(cfg, model_dir(cfg))
-    with _claimed(cfg, plan.run_id):  # before the model is built: a second run fails now
+    with claimed_run(cfg, plan.run_id):  # before the model is built: a second run fails now
         loop = _Loop(cfg, on_rollout, plan)
         try:
             return _run(loop, cfg, progress)
@@ -546,7 +535,7 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
 
 
 @contextlib.contextmanager
-def _claimed(cfg: TrainConfig, run_id: str) -> Iterator[None]:
+def claimed_run(cfg: TrainConfig, run_id: str) -> Iterator[None]:
     """Global rank 0 locks the run's directories for the run's lifetime
     (``ownership.claim_run``: another run on them fails; ``--overwrite-run-dir`` moves the
     earlier run aside under the lock). Taken before the process group exists (rank from
@@ -573,8 +562,13 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
     for warning in launch_warnings(cfg, loop.plan.num_rollout):
         log.warning(warning)
     start = 0
-    if cfg.load is not None:  # launch checked it (and its manifest): load it
-        found = require_checkpoint(cfg.load, verify=False)
+    # --load must hold a checkpoint (a mistyped path never starts afresh; launch checked it and
+    # its manifest), except slime's first run of --load X --save X on a missing or empty X
+    found = resume_checkpoint(cfg.load, cfg.save, verify=False)
+    if cfg.load is not None and found is None:
+        log.info("--load %s holds no checkpoint yet and is the --save directory: starting "
+                 "fresh (slime's first run)", cfg.load)
+    if found is not None:
         state = run_checkpoint.load(found, loop.trainer, cfg.to_dict())
         start = state.rollouts_done
         loop.weight_version = start  # one sync per trained rollout
@@ -601,7 +595,7 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
                            logger.has_progress_bar):
                 logger.line(_line(record))
             _after_rollout(loop, cfg, rid + 1, total)
-        if loop._evaluates(0) and total > start:  # the trained weights, once more
+        if loop._evaluates_at_end() and total > start:  # the trained weights, once more
             final = loop.evaluate(total)
             logger.log_eval(total, final)
             logger.line(f"eval after rollout {total - 1}: {_evals(final)}")

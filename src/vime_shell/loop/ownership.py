@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 
 from vime_pure.errors import field_error
-from vime_shell.loop.checkpoint_index import LOOP_STATE, TRACKER, latest
+from vime_shell.loop.checkpoint_index import LOOP_STATE, TRACKER, latest, starts_fresh
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.run_dir import (RunDirError, check_run_dir, dump_dir, earlier_records,
                                      move_aside)
@@ -69,9 +69,14 @@ def checkpoint_run_id(load: str | None) -> str | None:
     return owner_id(Path(load).expanduser())
 
 
+def resumes(cfg: TrainConfig) -> bool:
+    """``--load`` continues a run, unless it is slime's first run (``starts_fresh``)."""
+    return cfg.load is not None and not starts_fresh(cfg.load, cfg.save)
+
+
 def run_id_for(cfg: TrainConfig) -> str:
     """The run's id: the checkpoint's when resuming one that has it, else a new one."""
-    return checkpoint_run_id(cfg.load) or new_run_id()
+    return (checkpoint_run_id(cfg.load) if resumes(cfg) else None) or new_run_id()
 
 
 def _dump_entry(template: str) -> re.Pattern:
@@ -108,7 +113,7 @@ def check_unlocked(cfg: TrainConfig) -> None:
 
 def check_ownership(cfg: TrainConfig, run_id: str) -> None:
     """Refuse a directory this run would take over from another run (module docstring)."""
-    resumed = cfg.load is not None
+    resumed = resumes(cfg)
     legacy = resumed and checkpoint_run_id(cfg.load) is None  # written before run ids
     run_dir = Path(cfg.run_dir).expanduser().resolve()
     for flag, where in claimed_dirs(cfg):
@@ -145,7 +150,7 @@ def claim_run(cfg: TrainConfig, run_id: str) -> tuple[DirClaim, Path | None]:
         claim.acquire(run_flag, run_dir)
         check_run_dir(cfg)  # again, under the lock: no other run changed it meanwhile
         # Before the other locks: dumps inside the run directory move aside with the old run.
-        moved = move_aside(cfg) if cfg.overwrite_run_dir and cfg.load is None else None
+        moved = move_aside(cfg) if cfg.overwrite_run_dir and not resumes(cfg) else None
         for flag, where in others:
             claim.acquire(flag, where)
         check_ownership(cfg, run_id)

@@ -23,6 +23,7 @@ prompts_kept 16, prompts_filtered 42``.
 
 import logging
 import math
+import time
 from collections.abc import Sequence
 from itertools import chain
 from typing import Any
@@ -32,18 +33,17 @@ import numpy as np
 import torch.distributed as dist
 
 from vime_pure.data.batch import RolloutBatch
-from vime_pure.data.rewards import RewardNormalization
 from vime_pure.data.rollout_output import flatten_rollout_output
 from vime_pure.errors import VimeError
 from vime_shell.engines import SamplingParams
 from vime_shell.engines.async_engine import async_front
 from vime_shell.engines.group import EngineGroup
-from vime_shell.loop.config import ESTIMATOR_METHOD, TrainConfig
+from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan
 from vime_shell.models.tokenizer import default_stop_token_ids, load_tokenizer
 from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.filters import load_filter
-from vime_shell.rollout.plugins import call_plugin
+from vime_shell.rollout.plugins import call_plugin, load_callable
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.rollout.functions import (DEFAULT_GENERATE_FUNCTION,
@@ -148,11 +148,12 @@ class RolloutProducer:
         self._eval_per_sample = (None if self.per_sample is None  # evaluation never buffers
                                  else attrs.evolve(self.per_sample, buffer=None))
         self.rewarder = Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
-                                       group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout)
-        self.keep = load_filter(cfg.dynamic_sampling_filter_path)
-        self.normalization = RewardNormalization(
-            method=ESTIMATOR_METHOD[cfg.advantage_estimator],
-            normalize_std=not cfg.disable_grpo_std_normalization)
+                                       group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout,
+                                       args=cfg, reward_key=cfg.reward_key, rm_url=cfg.rm_url)
+        self.keep = load_filter(cfg.dynamic_sampling_filter_path, args=cfg)
+        self.log_fn = (None if cfg.custom_rollout_log_function_path is None else load_callable(
+            cfg.custom_rollout_log_function_path, flag="--custom-rollout-log-function-path"))
+        self.normalization = cfg.reward_normalization()
         self.stop = default_stop_token_ids(self.tokenizer, plan.hf_dir,
                                            chat_template=cfg.apply_chat_template)
         if self.is_rank0:
@@ -166,6 +167,7 @@ class RolloutProducer:
         the other ranks. The batch is None when the filter removed every prompt group (the
         loop skips that rollout)."""
         cfg = self.cfg
+        started = time.perf_counter()
         need = cfg.rollout_batch_size
         per_round = cfg.over_sampling_batch_size or need
         kept: list[Any] = []
@@ -215,6 +217,11 @@ class RolloutProducer:
         kept += filled
         if not kept:
             return None, stats
+        if self.log_fn is not None:  # slime's custom rollout log; vime's own log still runs
+            call_plugin(self.log_fn, rid, cfg, [s for p in kept for s in _samples(p)],
+                        stats.as_record(), time.perf_counter() - started,
+                        what=f"rollout log {cfg.custom_rollout_log_function_path}",
+                        flag="--custom-rollout-log-function-path", where=f"rollout {rid}")
         batch = RolloutBatch.from_samples(kept, normalization=self.normalization)
         return batch, attrs.evolve(stats, annotations=sample_annotations(kept))
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from vime_pure.errors import field_error
+from vime_shell.loop.checkpoint_index import starts_fresh
 from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.storage.files import fsync_path, writable_target
 
@@ -110,7 +111,7 @@ def check_run_dir(cfg: TrainConfig) -> None:
                           "--save-rollout-data at the link's target directly")
     for name in (METRICS, CURVES, SCHEDULE_PLOT):  # a FIFO there would block the logger
         writable_target(run_dir / name, "--run-dir")
-    if cfg.load is not None:
+    if cfg.load is not None and not starts_fresh(cfg.load, cfg.save):  # resuming
         if cfg.overwrite_run_dir:
             raise field_error(RunDirError, "overwrite_run_dir", True,
                               f"contradicts --load {cfg.load}: a resumed run continues its "

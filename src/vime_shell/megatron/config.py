@@ -7,6 +7,8 @@ Example: ``TrainerConfig(optim=OptimConfig(lr=1e-4, lr_warmup_groups=256),
 loss=LossConfig(eps_clip=0.2))``.
 """
 
+import math
+
 import attrs
 
 from vime_pure.errors import VimeError, field_error
@@ -38,12 +40,33 @@ class OptimConfig:
     skip_nonfinite_grad_steps: bool = False  # else a NaN/inf gradient norm stops the run
 
     def __attrs_post_init__(self) -> None:
-        if not self.lr > 0:
-            raise field_error(VimeError, "lr", self.lr, "must be positive", "use e.g. 1e-6")
+        """The one check of each optimizer knob (``TrainConfig`` builds this record to run it)."""
+        _check_range("lr", self.lr, 0.0, 1.0, "use e.g. 3e-4 (the 334k-param embedded model), "
+                "1e-6 (7B)", lo_open=True)
+        _check_range("min_lr", self.min_lr, 0.0, self.lr, f"use a value in [0, lr={self.lr}]")
+        for name in ("weight_decay", "clip_grad"):
+            _check_range(name, getattr(self, name), 0.0, 1e6, "use 0 to turn it off")
+        for name in ("adam_beta1", "adam_beta2"):
+            _check_range(name, getattr(self, name), 0.0, 1.0, "use e.g. 0.9 / 0.999", hi_open=True)
+        _check_range("adam_eps", self.adam_eps, 1e-30, 1.0, "use 1e-8")
         if self.overlap_param_gather and not self.use_distributed_optimizer:
-            raise field_error(VimeError, "overlap_param_gather", True,
+            raise field_error(OptimConfigError, "overlap_param_gather", True,
                               "needs the distributed optimizer",
-                              "set use_distributed_optimizer=True or drop overlap_param_gather")
+                              "pass --use-distributed-optimizer")
+
+
+class OptimConfigError(VimeError):
+    """An optimizer or LR-schedule setting out of range."""
+
+
+def _check_range(name: str, value: float, lo: float, hi: float, fix: str, *,
+            lo_open: bool = False, hi_open: bool = False) -> None:
+    """``value`` in ``[lo, hi]``, each end open on request; NaN and inf fail."""
+    inside = ((lo < value if lo_open else lo <= value)
+              and (value < hi if hi_open else value <= hi))
+    if not (math.isfinite(value) and inside):
+        band = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        raise field_error(OptimConfigError, name, value, f"must be in {band}", fix)
 
 
 @attrs.frozen(kw_only=True)

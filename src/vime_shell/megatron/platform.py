@@ -82,9 +82,9 @@ def detect_platform(install_compat: bool = True) -> Platform:
                     transformer_engine=False, packing="mask")
 
 
-def initialize_parallel(layout: TrainLayout, platform: Platform, seed: int = 1234) -> None:
-    """Create the process group (if needed), Megatron's parallel state and its rng trackers."""
-
+def ensure_process_group(platform: Platform) -> None:
+    """The world's process group (torchrun's, or a private one for a plain ``python`` run),
+    each CUDA rank bound to its GPU first. Megatron's parallel state is not touched."""
     if platform.kind == "cuda":  # before NCCL initialises, so each rank binds its own GPU
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     if not dist.is_initialized():
@@ -94,6 +94,12 @@ def initialize_parallel(layout: TrainLayout, platform: Platform, seed: int = 123
                                     rank=0, world_size=1)
         else:
             dist.init_process_group(backend=platform.backend)
+
+
+def initialize_parallel(layout: TrainLayout, platform: Platform, seed: int = 1234) -> None:
+    """Create the process group (if needed), Megatron's parallel state and its rng trackers."""
+
+    ensure_process_group(platform)
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,

@@ -57,6 +57,21 @@ def read_config_summary(hf_dir: str | Path) -> HfConfigSummary:
                              "pass a directory written by save_pretrained.") from None
 
 
+def read_config_json(hf_dir: str | Path) -> dict:
+    """``config.json`` as a dict, a multimodal model's ``text_config`` merged over it (the
+    decoder's shape lives there). Example: the embedded model gives ``{"model_type": "qwen2",
+    "num_hidden_layers": 2, ...}``."""
+    path = Path(hf_dir).expanduser() / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"hf_checkpoint={str(hf_dir)!r}: cannot read config.json "
+                             f"({type(exc).__name__}: {exc}). Fix: pass a directory written "
+                             "by save_pretrained.") from None
+    text = config.get("text_config") if isinstance(config, dict) else None
+    return {**config, **text} if isinstance(text, dict) else config
+
+
 def _dtype_name(value: object) -> str | None:
     """``"bfloat16"`` from ``"bfloat16"`` or ``"torch.bfloat16"``; None when unset."""
     return value.removeprefix("torch.") if isinstance(value, str) and value else None

@@ -222,8 +222,8 @@ def fit_prompts(rows: Sequence[TaskExample], wheres: Sequence[str], *,
             raise DataError(
                 f"{where}: the prompt has {n} tokens, and with {response_flag} {response_len} "
                 f"it exceeds the model's context of {context_len} tokens "
-                f"(max_position_embeddings). Fix: shorten the prompt, lower {response_flag}"
-                f"{drop}.")
+                f"(config.json \"max_position_embeddings\"). Fix: shorten the prompt, lower "
+                f"{response_flag}{drop}.")
         kept.append(row)
     return tuple(kept), len(rows) - len(kept)
 

@@ -4,6 +4,8 @@ A filter sees all samples of one prompt (its prompt group, whatever the nesting)
 whether to keep them. Groups whose rewards all match carry no GRPO signal (every advantage is
 0), so training on them only dilutes the step: :func:`nonzero_reward_std` drops them.
 
+slime's ``filter(args, samples)`` loads too (:func:`load_filter`).
+
 Example: rewards ``[1, 0, 1, 1]`` are kept, ``[0, 0, 0, 0]`` and ``[1, 1, 1, 1]`` dropped.
 """
 
@@ -11,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vime_shell.rollout.plugins import load_callable
+from vime_shell.rollout.reward_plugins import positional_arity
 
 SampleFilter = Callable[[list[Any]], bool]
 BUILT_IN_FILTER = "vime_shell.rollout.filters:nonzero_reward_std"
@@ -22,6 +25,19 @@ def nonzero_reward_std(samples: Sequence[Any]) -> bool:
     return any(r != rewards[0] for r in rewards[1:])
 
 
-def load_filter(path: str | None) -> SampleFilter | None:
-    """The filter ``--dynamic-sampling-filter-path`` names, or None (keep every group)."""
-    return None if path is None else load_callable(path, flag="--dynamic-sampling-filter-path")
+def load_filter(path: str | None, args: Any = None) -> SampleFilter | None:
+    """The filter ``--dynamic-sampling-filter-path`` names, or None (keep every group).
+
+    vime's ``fn(samples) -> bool`` or slime's ``fn(args, samples)`` (``args``: the run's
+    config), told apart by signature; slime's result may be an object with a ``keep``
+    attribute (its ``DynamicFilterOutput``) instead of a bool."""
+    if path is None:
+        return None
+    fn = load_callable(path, flag="--dynamic-sampling-filter-path")
+    if positional_arity(fn) != 2:
+        return fn
+    return lambda samples: _keep(fn(args, samples))
+
+
+def _keep(result: Any) -> bool:
+    return bool(getattr(result, "keep", result))

@@ -217,9 +217,9 @@ def single_turn_rollout(ctx: RolloutContext) -> list[list[Sample]]:
         r = first + j  # the request's global index: its group id and seed offset
         out[j // n].append(_sample(ids, gen, text, examples[j],
                                    group_id=ctx.first_group_id + r, index=r, turn=0))
-    for p, samples in enumerate(out):
-        where = f"prompt {ctx.prompt_offset + p}"
-        for s, reward in zip(samples, ctx.rewarder.score(samples, where=where)):
+    rewards = ctx.rewarder.score_groups(out, lambda p: f"prompt {ctx.prompt_offset + p}")
+    for samples, values in zip(out, rewards):
+        for s, reward in zip(samples, values):
             s.reward = reward
     return out
 

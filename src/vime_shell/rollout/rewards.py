@@ -29,11 +29,20 @@ import attrs
 
 from vime_pure.errors import VimeError, field_error
 from vime_shell.rollout.plugins import call_plugin, load_callable
+from vime_shell.rollout.reward_plugins import adapt_reward
 
 RM_TYPES: dict[str, str] = {
     "exact": "vime_shell.rollout.rewards:exact_match_reward",
     "math": "vime_shell.rollout.math_reward:math_reward",
+    "deepscaler": "vime_shell.rollout.rule_rewards:deepscaler_reward",
+    "dapo": "vime_shell.rollout.rule_rewards:dapo_reward",
+    "f1": "vime_shell.rollout.rule_rewards:f1_reward",
+    "gpqa": "vime_shell.rollout.rule_rewards:gpqa_reward",
+    "remote_rm": "vime_shell.rollout.remote_reward:remote_rm",  # --rm-url; slime's name
 }
+RM_REWARD_KEYS: dict[str, str] = {"dapo": "score"}  # a dict reward's trained entry
+# slime's prefix: boxed_<name> grades the last \boxed{} of the response with <name>.
+RM_CHOICES: tuple[str, ...] = (*RM_TYPES, *(f"boxed_{n}" for n in RM_TYPES if n != "remote_rm"))
 
 SampleReward = Callable[[Any], float]
 GroupReward = Callable[[list[Any]], Sequence[float]]
@@ -91,24 +100,56 @@ class Rewarder:
     name: str = "reward"
     flag: str = "--custom-rm-path"
     timeout: float | None = None  # --reward-timeout: seconds per call
+    concurrent: bool = False  # fn scores any list of samples at once (async per-sample rewards)
 
     @classmethod
     def build(cls, *, rm_type: str | None = None, custom_rm_path: str | None = None,
-              group_rm: bool = False, reward_timeout: float | None = None) -> "Rewarder":
-        """``--custom-rm-path`` wins over ``--rm-type`` (default ``exact``)."""
+              group_rm: bool = False, reward_timeout: float | None = None, args: Any = None,
+              reward_key: str | None = None, rm_url: str | None = None) -> "Rewarder":
+        """``--custom-rm-path`` wins over ``--rm-type`` (default ``exact``, or ``remote_rm``
+        with ``--rm-url``); any signature of ``reward_plugins`` (slime's included)."""
         if custom_rm_path is not None:
-            return cls(fn=load_callable(custom_rm_path, flag="--custom-rm-path"), group=group_rm,
-                       name=custom_rm_path, timeout=reward_timeout)
+            call, group = adapt_reward(load_callable(custom_rm_path, flag="--custom-rm-path"),
+                                       args=args, group=group_rm, flag="--custom-rm-path",
+                                       reward_key=reward_key)
+            return cls(fn=call, group=group, name=custom_rm_path, timeout=reward_timeout,
+                       concurrent=group and not group_rm)
         if group_rm:
             raise field_error(RewardFunctionError, "group_rm", True,
                               "needs a group reward function, and built-in rewards are per sample",
                               "pass --custom-rm-path pkg.mod:fn taking a prompt's samples")
-        name = rm_type or "exact"
-        if name not in RM_TYPES:
+        name = rm_type or ("remote_rm" if rm_url else "exact")
+        base = name.removeprefix("boxed_")
+        if name not in RM_CHOICES:
             raise field_error(RewardFunctionError, "rm_type", name, "is not a built-in reward",
-                              f"use one of {sorted(RM_TYPES)}, or --custom-rm-path")
-        return cls(fn=load_callable(RM_TYPES[name], flag="--rm-type"), name=name,
-                   flag="--rm-type", timeout=reward_timeout)
+                              f"use one of {sorted(RM_CHOICES)}, or --custom-rm-path")
+        if base == "remote_rm" and not rm_url:
+            raise field_error(RewardFunctionError, "rm_type", name, "needs --rm-url",
+                              "pass --rm-url http://host:port/path")
+        call, group = adapt_reward(load_callable(RM_TYPES[base], flag="--rm-type"), args=args,
+                                   group=False, flag="--rm-type", boxed=base != name,
+                                   reward_key=reward_key or RM_REWARD_KEYS.get(base))
+        return cls(fn=call, group=group, name=name, flag="--rm-type", timeout=reward_timeout,
+                   concurrent=group)
+
+    def score_groups(self, groups: Sequence[Sequence[Any]],
+                     where: Callable[[int], str]) -> list[list[float]]:
+        """``score`` of every prompt group, ``where(p)`` naming group ``p``; a concurrent
+        reward (slime's async per-sample ``rm``, ``--rm-url``) gets every sample of every
+        group in flight at once instead of one prompt at a time."""
+        if not self.concurrent or len(groups) < 2:
+            return [self.score(g, where=where(p)) for p, g in enumerate(groups)]
+        flat = [s for g in groups for s in g]
+        values = self._call(flat, f"{where(0)}..{where(len(groups) - 1)} (all samples)")
+        if not isinstance(values, Sequence) or len(values) != len(flat):
+            raise RewardFunctionError(f"reward {self.name} returned {values!r:.80} for "
+                                      f"{len(flat)} samples. Fix: one float per sample.")
+        out, start = [], 0
+        for p, g in enumerate(groups):
+            out.append([_finite(v, f"{where(p)}, sample {k}", self.name)
+                        for k, v in enumerate(values[start:start + len(g)])])
+            start += len(g)
+        return out
 
     def score(self, samples: Sequence[Any], *, where: str = "prompt") -> list[float]:
         """Rewards of one prompt's samples, in order (see the module docstring)."""

@@ -1,0 +1,148 @@
+"""Which share of slime's / miles' example launch scripts does ``vime train`` accept, flag by flag?
+
+For each launch script (``scripts/**.sh`` and ``examples/**.sh`` that start ``train.py`` or
+``train_async.py``) it collects the flags the training command passes: the bash arrays it
+expands (``${PERF_ARGS[@]}``), the flags on the command line itself, and ``MODEL_ARGS`` from
+the ``scripts/models/*.sh`` file it sources (or miles' ``tests/snapshots/model_args/*.txt``).
+Weights & Biases flags and secrets are left out (they do not configure the job). A flag is
+*refused* when ``vime train`` has no such option or its table of unsupported flags names it;
+``--sglang-*`` / ``--vllm-*`` are accepted (mapped or warned about). A script is *accepted*
+when it has no refused flag.
+
+Run against local checkouts (a work tree or a bare mirror; the anchors' files stay there):
+``PYTHONPATH=src python -m benchmarks.slime_flag_coverage --repo slime=/path/to/slime
+--repo miles=/path/to/miles [--top 30]``. Prints per repository ``accepted scripts / scripts``,
+the median and range of refused flags per script, and the most frequent refused flags with
+vime's table line.
+"""
+
+import argparse
+import re
+import statistics
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+from vime_shell.cli.main import build_parser
+from vime_shell.loop.slime_flags import UNSUPPORTED, unsupported_line
+
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*[a-z0-9])")
+ARRAY = re.compile(r"([A-Z_][A-Z0-9_]*)\+?=\(([^)]*)\)", re.S)
+NOT_JOB = {"--use-wandb", "--wandb-key", "--wandb-host", "--wandb-team", "--wandb-project",
+           "--wandb-group", "--wandb-run-id", "--wandb-always-use-train-step",
+           "--disable-wandb-random-suffix"}
+
+
+class Repo:
+    """Files of a work tree, or of a bare git directory at HEAD."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.bare = not (path / ".git").exists() and (path / "HEAD").is_file()
+
+    def names(self) -> list[str]:
+        if self.bare:
+            out = subprocess.run(["git", f"--git-dir={self.path}", "ls-tree", "-r",
+                                  "--name-only", "HEAD"], capture_output=True, text=True)
+            return out.stdout.split()
+        return [str(p.relative_to(self.path)) for p in self.path.rglob("*") if p.is_file()]
+
+    def read(self, name: str) -> str:
+        if self.bare:
+            return subprocess.run(["git", f"--git-dir={self.path}", "show", f"HEAD:{name}"],
+                                  capture_output=True, text=True).stdout
+        return (self.path / name).read_text(errors="replace")
+
+
+def _code(text: str) -> str:
+    """The script without comment lines and trailing comments."""
+    lines = (re.sub(r"\s#.*$", "", line) for line in text.splitlines()
+             if not line.lstrip().startswith("#"))
+    return "\n".join(lines)
+
+
+def _command(text: str) -> tuple[list[str], list[str]] | None:
+    """Flags and expanded arrays of the ``train.py`` command (with its continuation lines)."""
+    found = re.search(r"\btrain(_async)?\.py\b", text)
+    if found is None:
+        return None
+    lines = []
+    for line in text[found.end():].splitlines():
+        lines.append(line)
+        if not line.rstrip().endswith("\\"):
+            break
+    cmd = "\n".join(lines)
+    return FLAG.findall(cmd), re.findall(r"\$\{?([A-Z_][A-Z0-9_]*)\[@\]\}?", cmd)
+
+
+def script_flags(repo: Repo, names: set[str], name: str) -> list[str] | None:
+    text = _code(repo.read(name))
+    command = _command(text)
+    if command is None:
+        return None
+    flags, used = command
+    arrays: dict[str, list[str]] = {}
+    for array, body in ARRAY.findall(text):
+        arrays.setdefault(array, []).extend(FLAG.findall(body))
+    for used_name in used:
+        flags += arrays.get(used_name, [])
+    if "MODEL_ARGS" in used and "MODEL_ARGS" not in arrays:
+        for model in re.findall(r"models/([\w.\-]+)\.sh", text):
+            if f"scripts/models/{model}.sh" in names:
+                body = _code(repo.read(f"scripts/models/{model}.sh"))
+                flags += [f for a, b in ARRAY.findall(body) if a == "MODEL_ARGS"
+                          for f in FLAG.findall(b)]
+        for model in re.findall(r"model_args_utils\.py\"?\s+\"?([\w.\-]+)", text):
+            snapshot = f"tests/snapshots/model_args/{model}.txt"
+            if snapshot in names:
+                flags += FLAG.findall(repo.read(snapshot))
+    return flags
+
+
+def accepted_flags() -> set[str]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if hasattr(a, "choices") and a.choices
+               and "train" in a.choices)
+    return {s for a in sub.choices["train"]._actions for s in a.option_strings}
+
+
+def coverage(repo: Repo, accepted: set[str]) -> dict:
+    names = repo.names()
+    known = set(names)
+    refused_per_script, refused = [], Counter()
+    for name in sorted(names):
+        if not (name.endswith(".sh") and re.match(r"(scripts|examples)/", name)
+                and "/models/" not in name):
+            continue
+        flags = script_flags(repo, known, name)
+        if flags is None:
+            continue
+        bad = {f for f in set(flags) - NOT_JOB if f in UNSUPPORTED or (
+            f not in accepted and not f.startswith(("--sglang-", "--vllm-")))}
+        refused_per_script.append(len(bad))
+        refused.update(bad)
+    return {"scripts": len(refused_per_script),
+            "accepted": sum(n == 0 for n in refused_per_script),
+            "median": statistics.median(refused_per_script) if refused_per_script else 0,
+            "range": (min(refused_per_script, default=0), max(refused_per_script, default=0)),
+            "refused": refused}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repo", action="append", required=True, metavar="NAME=PATH")
+    ap.add_argument("--top", type=int, default=30, help="refused flags to list")
+    args = ap.parse_args()
+    accepted = accepted_flags()
+    for spec in args.repo:
+        label, _, path = spec.partition("=")
+        result = coverage(Repo(Path(path).expanduser()), accepted)
+        print(f"{label}: {result['accepted']}/{result['scripts']} launch scripts fully accepted;"
+              f" refused flags per script: median {result['median']}, range "
+              f"{result['range'][0]}-{result['range'][1]}")
+        for flag, count in result["refused"].most_common(args.top):
+            print(f"  {count:3d}  {unsupported_line(flag) or flag + ': no vime option'}")
+
+
+if __name__ == "__main__":
+    main()

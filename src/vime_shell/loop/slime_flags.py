@@ -1,0 +1,161 @@
+"""slime's and miles' flags that are not ``TrainConfig`` fields: aliases, engine flags, and the
+table of flags vime does not support.
+
+* ``ALIASES``: another spelling of a vime flag (``--load-debug-rollout-data`` is
+  ``--load-rollout-data``); the parser adds it as an option string of the same setting, and a
+  ``--config`` file may use it as a key.
+* Engine flags: ``--vllm-X V`` (the vLLM port of slime) is vLLM's engine argument ``X``;
+  ``--sglang-X V`` is the vLLM argument ``SGLANG_TO_VLLM`` names, and where there is none it is
+  accepted with a one-line warning saying so (:func:`engine_flags`).
+* ``UNSUPPORTED``: every other flag the anchors' example scripts pass, with the reason or the
+  vime equivalent: ``vime train --use-opd`` prints ``--use-opd: not supported in vime
+  (on-policy distillation)`` and exits 2. The line comes from this table, never from spelling
+  distance.
+
+Example: ``engine_flags(["--sglang-mem-fraction-static", "0.7"])`` maps to
+``--rollout-gpu-memory-utilization`` (an alias), and ``engine_flags(["--sglang-ep-size", "8"])``
+gives the warning ``--sglang-ep-size 8: no vLLM equivalent in vime; ignored``.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+# alias flag -> the TrainConfig field it sets (same type, same meaning)
+ALIASES: dict[str, str] = {
+    "--load-debug-rollout-data": "load_rollout_data",
+    "--save-debug-rollout-data": "save_rollout_data",
+    "--sglang-mem-fraction-static": "rollout_gpu_memory_utilization",
+    "--vllm-gpu-memory-utilization": "rollout_gpu_memory_utilization",
+    "--sglang-disable-cuda-graph": "rollout_enforce_eager",
+    "--vllm-enforce-eager": "rollout_enforce_eager",
+    "--sglang-dtype": "rollout_dtype",
+    "--vllm-dtype": "rollout_dtype",
+}
+
+# --sglang-X -> vLLM's engine argument of the same meaning
+SGLANG_TO_VLLM: dict[str, str] = {
+    "max-running-requests": "max_num_seqs",
+    "chunked-prefill-size": "max_num_batched_tokens",
+    "kv-cache-dtype": "kv_cache_dtype",
+    "context-length": "max_model_len",
+    "load-format": "load_format",
+    "page-size": "block_size",
+}
+
+# --sglang-X with no vLLM counterpart in vime (router, DP attention, speculative decoding,
+# kernel and disaggregation settings): the warning
+SGLANG_ONLY = "no vLLM equivalent in vime"
+
+UNSUPPORTED: dict[str, str] = {
+    # training backends and modes
+    "--train-backend": "vime trains with Megatron-core only",
+    "--loss-type": "vime trains the policy loss (sft_loss / custom_loss: not supported)",
+    "--disable-compute-advantages-and-returns": "vime always computes advantages",
+    "--use-opd": "on-policy distillation", "--opd-type": "on-policy distillation",
+    "--opd-kl-coef": "on-policy distillation", "--opd-teacher-load": "on-policy distillation",
+    "--opd-teacher-key": "on-policy distillation",
+    "--opd-teacher-urls": "on-policy distillation",
+    "--opd-log-prob-top-k": "on-policy distillation",
+    "--opd-reward-weight-mode": "on-policy distillation",
+    "--opd-top-k-strategy": "on-policy distillation",
+    "--lora-rank": "LoRA", "--lora-alpha": "LoRA", "--lora-dropout": "LoRA",
+    "--target-modules": "LoRA", "--lora-base-cpu-backup": "LoRA",
+    "--experts-shared-outer-loras": "LoRA",
+    "--muon-momentum": "the Muon optimizer; vime trains with Adam",
+    "--enable-mtp-training": "multi-token prediction", "--mtp-num-layers": "multi-token "
+    "prediction", "--mtp-loss-scaling-factor": "multi-token prediction",
+    "--spec": "custom Megatron layer specs; vime builds the model from the HF config",
+    "--transformer-impl": "vime picks the layer spec by platform",
+    "--model-name": "vime reads the architecture from --hf-checkpoint",
+    "--custom-config-path": "use --config FILE (flat flag names or sections)",
+    "--train-env-vars": "set the environment of the torchrun command",
+    "--use-fault-tolerance": "rerun with --load to resume from the last checkpoint",
+    # architectures vime's bridge does not build
+    "--multi-latent-attention": "MLA models (DeepSeek-V3, Kimi-K2)",
+    "--q-lora-rank": "MLA models", "--kv-lora-rank": "MLA models", "--qk-head-dim": "MLA "
+    "models", "--qk-pos-emb-head-dim": "MLA models", "--v-head-dim": "MLA models",
+    "--attention-output-gate": "gated attention (Qwen3-Next)",
+    "--use-gated-attention": "gated attention (Qwen3-Next)",
+    "--apply-layernorm-1p": "LayerNorm-1p models", "--post-self-attn-layernorm": "GLM-4 "
+    "post-norms", "--post-mlp-layernorm": "GLM-4 post-norms",
+    "--rotary-interleaved": "interleaved RoPE (GLM)",
+    "--window-size": "sliding-window attention", "--window-attn-skip-freq": "sliding-window "
+    "attention", "--softmax-type": "attention sinks (gpt-oss)",
+    "--qkv-format": "vime packs micro-batches by platform (thd with TE, masks on CPU)",
+    "--allgather-cp": "vime's context parallelism is Megatron's ring (--context-parallel-size)",
+    "--fp8-format": "FP8 training", "--fp8-recipe": "FP8 training",
+    "--attn-implementation": "the FSDP backend", "--gradient-checkpointing": "the FSDP "
+    "backend; use Megatron's recompute flags",
+    # data, rollout and evaluation
+    "--eval-function-path": "evaluation runs the training rollout on --eval-prompt-data",
+    "--multimodal-keys": "multimodal prompts",
+    "--rollout-max-context-len": "use --rollout-max-response-len (and the model's context)",
+    "--custom-reward-post-process-path": "use --custom-rm-path with --group-rm",
+    "--filter-zero-reward-samples": "use --dynamic-sampling-filter-path "
+    "vime_shell.rollout.filters:nonzero_reward_std",
+    "--use-dynamic-global-batch-size": "use --allow-partial-train-step",
+    "--loss-mask-type": "the rollout function sets each sample's loss mask",
+    # weight sync and serving
+    "--update-weight-mode": "vime syncs in-process (--update-weight-buffer-size)",
+    "--update-weight-transport": "vime syncs in-process", "--update-weight-transfer-mode":
+    "vime syncs in-process", "--update-weight-disk-dir": "vime syncs in-process",
+    "--update-weight-local-checkpoint-dir": "vime syncs in-process",
+    "--update-weight-delta-encoding": "vime syncs full weights",
+    "--update-weight-delta-checksum": "vime syncs full weights",
+    "--prefill-num-servers": "prefill-decode disaggregation",
+    "--deterministic-mode": "CPU runs are deterministic for a --seed; on CUDA set vLLM's "
+    "VLLM_BATCH_INVARIANT=1",
+    "--dump-details": "use --save-rollout-data (and metrics.jsonl)",
+    "--critic-num-nodes": "critics (PPO value models)",
+    "--critic-num-gpus-per-node": "critics (PPO value models)",
+}
+
+
+def unsupported_line(flag: str) -> str | None:
+    """The table's line for ``flag``, or None when it is not in the table."""
+    why = UNSUPPORTED.get(flag)
+    return None if why is None else f"{flag}: not supported in vime ({why})"
+
+
+def engine_flags(tokens: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+    """Split ``tokens`` (unparsed command-line words) into ``(engine_args, warnings, rest)``:
+    ``--vllm-X V`` / mapped ``--sglang-X V`` become ``X=V`` vLLM engine arguments, unmapped
+    ``--sglang-X`` a warning line, every other token stays in ``rest``. A flag's values are
+    the words up to the next ``--flag``; none means ``true``."""
+    engine, warnings, rest = [], [], []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        name, eq, inline = token.partition("=")
+        prefix = next((p for p in ("--vllm-", "--sglang-") if name.startswith(p)), None)
+        if prefix is None:
+            rest.append(token)
+            i += 1
+            continue
+        values = [inline] if eq else []
+        i += 1
+        while not eq and i < len(tokens) and not tokens[i].startswith("--"):
+            values.append(tokens[i])
+            i += 1
+        value = " ".join(values) if values else "true"
+        key = name[len(prefix):]
+        vllm = key.replace("-", "_") if prefix == "--vllm-" else SGLANG_TO_VLLM.get(key)
+        if vllm is None:
+            warnings.append(f"{name}{' ' + value if values else ''}: {SGLANG_ONLY}; ignored")
+        else:
+            engine.append(f"{vllm}={value}")
+    return engine, warnings, rest
+
+
+def parse_engine_arg(text: str) -> tuple[str, Any]:
+    """``"max_num_seqs=64"`` -> ``("max_num_seqs", 64)``: ints, floats and true/false typed."""
+    key, _, value = text.partition("=")
+    low = value.lower()
+    if low in ("true", "false"):
+        return key, low == "true"
+    for kind in (int, float):
+        try:
+            return key, kind(value)
+        except ValueError:
+            pass
+    return key, value

@@ -1,0 +1,82 @@
+"""Our corpus of slime-style launch scripts (bash arrays, ``${MODEL_ARGS[@]}``, ``ray job
+submit -- python3 train.py ...``) runs unchanged through ``vime train --dry-run``: stand-ins for
+``ray`` and ``python3`` on PATH turn the job into the dry run. Each script exits 0, passes every
+launch check, and its notes say where vime differs."""
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vime_shell.engines import vllm_available
+from vime_shell.models.embedded import build_embedded
+from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
+
+SCRIPTS = Path(__file__).parent / "slime_scripts"
+REPO = Path(__file__).resolve().parents[1]
+
+FAKE_RAY = """#!/bin/bash
+# `ray start/stop`: nothing; `ray job submit [opts] -- CMD...`: run CMD here
+if [ "$1" = job ]; then while [ "$1" != "--" ]; do shift; done; shift; exec "$@"; fi
+exit 0
+"""
+FAKE_PYTHON = """#!/bin/bash
+if [ "$1" = train.py ]; then shift; exec "$VIME_PYTHON" -m vime_shell.cli train --dry-run "$@"; fi
+exec "$VIME_PYTHON" "$@"
+"""
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("slime")
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    for name, text in (("ray", FAKE_RAY), ("python3", FAKE_PYTHON)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    train, held_out = arithmetic_rows(seed=0)
+    data = root / "data"
+    write_jsonl(data / "train.jsonl", train)
+    write_jsonl(data / "eval.jsonl", held_out)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "VIME_PYTHON": sys.executable, "MODEL_DIR": str(build_embedded()),
+            "DATA_DIR": str(data), "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(SCRIPTS)])}
+
+
+def _run(script: str, env: dict, run_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPTS / script)], env={**env, "RUN_DIR": str(run_dir)},
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("script, notes", [
+    ("run-tiny-grpo.sh", ["--load", "starting fresh", "--sequence-parallel",
+                          "--attention-backend"]),
+    ("run-tiny-dapo.sh", ["--eval-prompt-data without --eval-interval: evaluating after the "
+                          "last", "--sglang-ep-size 1: no vLLM equivalent in vime; ignored"]),
+    ("run-tiny-remote-rm.sh", [] if vllm_available() else ["the HF engine takes no vLLM"]),
+])
+def test_slime_style_script_passes_the_dry_run(script, notes, env, tmp_path):
+    out = _run(script, env, tmp_path / "run")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "every launch check passed" in out.stdout
+    assert "schedule of one synthetic rollout" in out.stdout
+    for note in notes:
+        assert note in out.stderr, (note, out.stderr[-2000:])
+    assert not (tmp_path / "run" / "ckpt").exists()  # a dry run writes no checkpoint
+
+
+def test_a_script_for_another_checkpoint_fails_naming_both_values(env, tmp_path):
+    out = _run("run-tiny-grpo.sh", {**env, "MODEL_ARGS_ROTARY_BASE": "1000000"}, tmp_path)
+    assert out.returncode == 2
+    line = out.stderr.strip().splitlines()[-1]
+    assert "--rotary-base=1000000.0" in line and '"rope_theta": 10000.0' in line, line
+
+
+def test_engine_flags_of_a_script_reach_the_vllm_arguments(env, tmp_path):
+    out = _run("run-tiny-remote-rm.sh", env, tmp_path)
+    assert "--vllm-engine-args max_num_seqs=64 max_num_batched_tokens=4096" in out.stdout, \
+        out.stderr[-2000:]
