@@ -3,7 +3,8 @@ at launch with the flag, the value and the fix, before anything heavy is built."
 
 import pytest
 
-from vime_shell.loop.config import ConfigError, TrainConfig, parse_train_config
+from vime_shell.loop.config import ConfigError, TrainConfig
+from vime_shell.loop.config_flags import parse_train_config
 from vime_shell.loop.model_checks import check_model_settings
 from vime_shell.megatron.layout import UnsupportedLayoutError, resolve_layout
 from vime_shell.megatron.model_options import ModelOptions, ModelOptionsError

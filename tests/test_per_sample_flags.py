@@ -8,7 +8,8 @@ model is built; ``--partial-rollout`` with two engines is refused at launch.
 
 import pytest
 
-from vime_shell.loop.config import ConfigError, TrainConfig, parse_train_config
+from vime_shell.loop.config import ConfigError, TrainConfig
+from vime_shell.loop.config_flags import parse_train_config
 from vime_shell.loop.launch_checks import launch_checks
 from vime_shell.models.embedded import build_embedded
 from vime_shell.rollout.functions import DEFAULT_ROLLOUT_FUNCTION, PER_SAMPLE_ROLLOUT_FUNCTION
