@@ -117,6 +117,7 @@ class EngineGroup:
         self.layout, self.rank, self.engine, self.options = layout, rank, engine, options
         self.residency = Residency(engine, enabled=options.colocate, level=options.sleep_level)
         self._leaders = leaders_group
+        self.weight_version = 0  # the trainer's version the engine's weights are
 
     @classmethod
     def build(cls, hf_dir: str | Path, layout: EngineLayout, options: EngineOptions, *,
@@ -191,9 +192,14 @@ class EngineGroup:
         return out
 
     # -- weights and memory --------------------------------------------------------------------
-    def sync_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> SyncReport:
+    def sync_weights(self, named: Iterable[tuple[str, torch.Tensor]],
+                     version: int | None = None) -> SyncReport:
         """Collective: stream ``named`` (the trainer's ``export_hf()``) into the engine in
-        buckets; drained on ranks without an engine. The engine's weights are awake after."""
+        buckets; drained on ranks without an engine. The engine's weights are awake after.
+        ``version``: the trainer's weight version (rollouts trained), kept as
+        ``weight_version``."""
+        if version is not None:
+            self.weight_version = version
         if self.engine is None:
             return stream_weights(named, self.options.update_weight_buffer_size, None)
         self.residency.wake_for_sync()

@@ -124,6 +124,18 @@ class TrainConfig:
                                                   "rollout")
     dynamic_sampling_max_rounds: int = _f(8, "generation rounds per rollout under dynamic "
                                           "sampling before training on what passed", "rollout")
+    # asynchronous training on separate rollout ranks (slime / miles names)
+    train_async: bool = _f(False, "one step off (slime's train_async.py): engines on "
+                           "--rollout-num-gpus ranks of their own generate rollout k+1 while "
+                           "the trainer trains rollout k", "rollout")
+    fully_async: bool = _f(False, "a persistent pool on one engine rank keeps "
+                           "--rollout-batch-size groups in flight; each step trains the "
+                           "first completed groups within --max-weight-staleness", "rollout")
+    max_weight_staleness: int | None = _f(None, "max versions between a group's weights and "
+                                          "the trainer's (staler groups are regenerated, "
+                                          "counted); default 1", "rollout")
+    update_weights_interval: int = _f(1, "rollouts between weight syncs to the engines",
+                                      "rollout")
     # reward
     rm_type: str | None = _f(None, "built-in reward; default exact", "reward", RM_CHOICES)
     custom_rm_path: str | None = _f(None, "reward function 'pkg.mod:fn(sample) -> float'",
@@ -254,6 +266,7 @@ class TrainConfig:
                               "lacks {rollout_id}: every rollout would overwrite one file",
                               "use e.g. 'dumps/rollout_{rollout_id}.npz'")
         self.batching_policy()  # BatchingPolicy's own checks (max_tokens / micro_batch_size)
+        self._check_async()
         self._check_steps()
 
     def _choices(self):
@@ -293,6 +306,21 @@ class TrainConfig:
         if self.rollout_num_turns > 3:
             raise field_error(ConfigError, "rollout_num_turns", self.rollout_num_turns,
                               "must be 2 or 3", "use 2 (or the single-turn rollout)")
+
+    def _check_async(self) -> None:
+        _at_least("update_weights_interval", self.update_weights_interval, 1)
+        if self.max_weight_staleness is None:
+            return
+        _at_least("max_weight_staleness", self.max_weight_staleness, 0)
+        if not (self.train_async or self.fully_async):
+            raise field_error(ConfigError, "max_weight_staleness", self.max_weight_staleness,
+                              "bounds asynchronous training only",
+                              "add --train-async or --fully-async, or drop it")
+
+    @property
+    def effective_max_weight_staleness(self) -> int:
+        """``--max-weight-staleness``, default 1 (one step off's own staleness)."""
+        return 1 if self.max_weight_staleness is None else self.max_weight_staleness
 
     def _check_data(self) -> None:
         if self.prompt_data is not None and self.rollout_max_response_len is None:

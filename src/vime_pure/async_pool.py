@@ -1,0 +1,153 @@
+"""Asynchronous training decisions: when weights sync, which groups a pool may start, which
+completed groups a trainer step takes and which it recycles (pure, torch-free).
+
+Versions: the trainer's weights after training ``v`` rollout batches are version ``v``; an
+engine holds the version of its last weight sync; a group's version is the engine version
+its generation started with (the oldest of its samples' ``weight_versions``). When the trainer
+trains batch ``k`` (having trained ``k`` batches since version 0) a group of version ``g`` is
+``k - g`` versions stale (:func:`group_staleness`).
+
+Modes (slime / miles flags):
+
+- synchronous: rollout ``k`` is generated with version ``k`` (lag 0);
+- ``--train-async`` (one step off): rollout ``k + 1`` is generated while the trainer trains
+  rollout ``k``, so with version ``k`` (lag 1); ``--max-weight-staleness 0`` makes it
+  synchronous again (:func:`generation_lag`);
+- ``--fully-async``: a pool keeps ``--rollout-batch-size`` groups in flight; a trainer step
+  takes the first ``B`` completed groups whose staleness is at most ``K``
+  (``--max-weight-staleness``) and sends every staler group back to be generated again
+  (:func:`drain`); the pool starts a group only if it can still be fresh enough for the
+  batch it would land in (:func:`admits`), so with ``K = 0`` nothing is ever generated twice.
+
+``--update-weights-interval I`` syncs after rollout ``k`` only when ``(k + 1) % I == 0``
+(:func:`weights_sync_due`); staleness then reaches ``I - 1`` plus the lag, so
+:func:`check_staleness_bound` asks for ``K >= I - 1`` (else no group could ever be trained).
+
+Example: ``drain(versions=(3, 1, 4, 4), trainer_version=4, max_staleness=1, batch_size=2)``
+takes groups 0 and 2, recycles group 1 (3 versions old) and leaves group 3 for the next step.
+"""
+
+import attrs
+
+from vime_pure.errors import VimeError, field_error
+
+SYNC_MODES: tuple[str, ...] = ("sync", "one_step_off", "fully_async")
+
+
+class AsyncPoolError(VimeError):
+    """An asynchronous-training setting that cannot run, or a group past its staleness bound."""
+
+
+def weights_sync_due(rollout_id: int, interval: int) -> bool:
+    """Whether the trainer syncs the engines after training rollout ``rollout_id``.
+
+    Example: interval 2 syncs after rollouts 1, 3, 5 (``weights_sync_due(1, 2) is True``).
+    """
+    return (rollout_id + 1) % interval == 0
+
+
+def generation_lag(mode: str, max_staleness: int | None) -> int:
+    """Rollouts the engines run ahead of the trainer: 0 synchronous, 1 one step off (0 when
+    ``--max-weight-staleness 0``); the fully-async pool decides per group instead (0 here).
+
+    Example: ``generation_lag("one_step_off", None) == 1``.
+    """
+    if mode not in SYNC_MODES:
+        raise field_error(AsyncPoolError, "mode", mode, "is not a training mode",
+                          f"use one of {SYNC_MODES}")
+    if mode != "one_step_off":
+        return 0
+    return 1 if max_staleness is None else min(1, max_staleness)
+
+
+def group_staleness(trainer_version: int, group_version: int) -> int:
+    """Versions between the weights a group started with and the weights that train on it.
+
+    Example: ``group_staleness(5, 3) == 2``; a group from the future is an error.
+    """
+    if group_version > trainer_version:
+        raise field_error(AsyncPoolError, "group_version", group_version,
+                          f"is newer than the trainer's version {trainer_version}",
+                          "tag groups with the engine's last synced version")
+    return trainer_version - group_version
+
+
+def check_staleness_bound(*, max_staleness: int, update_weights_interval: int) -> None:
+    """``K >= I - 1``: a group generated right after a sync is ``I - 1`` versions old by the
+    last batch before the next sync. Example: ``K=0, I=2`` is an error naming both flags."""
+    if max_staleness < update_weights_interval - 1:
+        raise field_error(AsyncPoolError, "max_weight_staleness", max_staleness,
+                          f"is below update_weights_interval - 1 = {update_weights_interval - 1}: "
+                          "batches between two syncs would hold no fresh-enough group",
+                          f"pass --max-weight-staleness {update_weights_interval - 1} or more, "
+                          "or a smaller --update-weights-interval")
+
+
+def admits(*, batches_sent: int, start_version: int, engine_version: int, queued: int,
+           batch_size: int, max_staleness: int) -> bool:
+    """Whether the pool may start one more group now.
+
+    ``queued`` groups (in flight or completed, not yet sent) are ahead of it, so it lands in
+    batch ``batches_sent + queued // batch_size`` at the earliest, trained by version
+    ``start_version + that``; it is started only if its staleness there is at most ``K``, and
+    while fewer than two batches' worth are queued (``B`` in flight plus ``B`` ready).
+    Example: ``B=4, K=0``, nothing sent, 4 queued at version 0: the next group would land in
+    batch 1 (version 1) with staleness 1, so ``admits(...) is False`` until the sync.
+    """
+    if queued >= 2 * batch_size:
+        return False
+    lands_in = start_version + batches_sent + queued // batch_size
+    return lands_in - engine_version <= max_staleness
+
+
+@attrs.frozen(kw_only=True)
+class Drain:
+    """One trainer step's share of the completed groups (indices into the ready list)."""
+
+    take: tuple[int, ...]
+    recycle: tuple[int, ...]
+    keep: tuple[int, ...]
+    full: bool  # ``take`` holds a whole batch (else the trainer waits for more groups)
+
+
+def drain(*, versions: tuple[int, ...], trainer_version: int, max_staleness: int,
+          batch_size: int) -> Drain:
+    """Split completed groups (``versions`` in completion order) for the step trained by
+    ``trainer_version``: the first ``batch_size`` with staleness <= ``max_staleness`` are
+    taken, every staler one is recycled (generated again, counted), the rest wait.
+
+    Every index lands in exactly one of ``take``, ``recycle`` and ``keep``; no taken group
+    is staler than the bound. Example in the module docstring.
+    """
+    take: list[int] = []
+    recycle: list[int] = []
+    keep: list[int] = []
+    for i, version in enumerate(versions):
+        if group_staleness(trainer_version, version) > max_staleness:
+            recycle.append(i)
+        elif len(take) < batch_size:
+            take.append(i)
+        else:
+            keep.append(i)
+    return Drain(take=tuple(take), recycle=tuple(recycle), keep=tuple(keep),
+                 full=len(take) == batch_size)
+
+
+@attrs.frozen(kw_only=True)
+class PoolCounts:
+    """What a fully-async pool did with every group it started (nothing goes uncounted):
+    ``started = trained + recycled + filtered + pending``."""
+
+    started: int = 0
+    trained: int = 0
+    recycled: int = 0
+    filtered: int = 0
+
+    @property
+    def pending(self) -> int:
+        """Groups started but not yet trained, recycled or filtered (in flight or ready)."""
+        return self.started - self.trained - self.recycled - self.filtered
+
+    def add(self, **counts: int) -> "PoolCounts":
+        """Example: ``PoolCounts().add(started=4, trained=2).pending == 2``."""
+        return attrs.evolve(self, **{k: getattr(self, k) + v for k, v in counts.items()})

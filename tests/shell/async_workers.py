@@ -1,0 +1,60 @@
+"""Process bodies for the separate-rollout-ranks tests (importable, so ``spawn`` runs them).
+
+``modes_worker`` runs, in one 2-rank job (rank 0 trains, rank 1 runs the engine), several
+short trainings in turn on ``TINY`` (see ``loop_workers``) and returns, from the trainer, each
+rollout's batch contents and metrics; the engine rank returns what it raised, if anything.
+"""
+
+import os
+
+import numpy as np
+
+from tests.shell.loop_workers import TINY
+
+SEPARATE = dict(rollout_num_gpus=1, colocate=False, num_rollout=3)
+RUNS = {
+    "sync": {},
+    "one_step_off_k0": dict(train_async=True, max_weight_staleness=0),
+    "fully_async_k0": dict(fully_async=True, max_weight_staleness=0),
+    "one_step_off": dict(train_async=True),
+    "fully_async_k2": dict(fully_async=True, max_weight_staleness=2),
+}
+
+
+def _contents(batch) -> list:
+    """The batch as a multiset of (tokens, reward) per sample, order-free."""
+    offsets = np.asarray(batch.token_offsets)
+    tokens = np.asarray(batch.tokens)
+    rows = [(tuple(tokens[offsets[i]:offsets[i + 1]].tolist()), float(batch.rewards[i]))
+            for i in range(len(batch.lengths))]
+    return sorted(rows)
+
+
+def always_failing_rollout(ctx):
+    """A rollout function whose engine is down."""
+    raise RuntimeError("engine is down")
+
+
+def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dict:
+    os.environ["VIME_CACHE_DIR"] = cache
+    from vime_shell.loop.config import TrainConfig
+    from vime_shell.loop.loop import run_training
+
+    out: dict = {}
+    for name in runs:
+        seen: list = []
+        cfg = TrainConfig(**{**TINY, **SEPARATE, "run_dir": f"{root}/{name}",
+                             **(RUNS.get(name) or {})})
+        if name == "failure":
+            cfg = TrainConfig(**{**TINY, **SEPARATE, "run_dir": f"{root}/{name}",
+                                 "train_async": True, "rollout_function_path":
+                                 "tests.shell.async_workers:always_failing_rollout"})
+        try:
+            run_training(cfg, progress=False, on_rollout=lambda e, seen=seen: seen.append({
+                "contents": _contents(e.batch), "metrics": dict(e.metrics),
+                "trace": [(s, tuple(ix), n) for s, ix, n in e.trace],
+                "num_samples": len(e.batch.lengths)}))
+            out[name] = {"rollouts": seen}
+        except Exception as exc:  # noqa: BLE001 - the test reads which error each rank raised
+            out[name] = {"error": (type(exc).__name__, str(exc)), "rollouts": seen}
+    return out
