@@ -39,6 +39,7 @@ from vime_shell.engines.group import EngineGroup, EngineGroupError, EngineOption
 from vime_shell.engines.remote import BridgeError, Sides
 from vime_shell.engines.sync import stream_weights
 from vime_shell.loop.config import TrainConfig
+from vime_shell.loop.fully_async import GroupPool
 from vime_shell.loop.launch_checks import LaunchPlan
 from vime_shell.loop.rollouts import RolloutProducer
 from vime_shell.megatron.collectives import rank0_result
@@ -182,7 +183,6 @@ def serve_rollouts(cfg: TrainConfig, plan: LaunchPlan, options: EngineOptions,
     try:
         producer = RolloutProducer(cfg, plan, engines)
         if sides.roles.mode == "fully_async":
-            from vime_shell.loop.fully_async import GroupPool  # noqa: PLC0415 - one mode only
             GroupPool(cfg, producer, sides.bridge).run()
         else:
             _Server(producer, sides.bridge).run()

@@ -107,7 +107,7 @@ class RolloutProducer:
         generated = filtered = rounds = next_group = 0
         while rounds < cfg.dynamic_sampling_max_rounds:
             prompts = self.source.take(per_round)
-            sampling = self._sampling(cfg.rollout_max_response_len or self.task.answer_length,
+            sampling = self.sampling(cfg.rollout_max_response_len or self.task.answer_length,
                                       rollout_sampling_seed(self.seed, rid, rounds))
             output, error = self._generate(rid, prompts, sampling, first_group_id=next_group)
             rounds += 1
@@ -117,7 +117,7 @@ class RolloutProducer:
                 for prompt_output in output:
                     if len(kept) == need:
                         break  # surplus of the last round: discarded, counted as generated
-                    if self.keep is None or self.keep(_samples(prompt_output)):
+                    if self.keep is None or self.keep(prompt_samples(prompt_output)):
                         kept.append(prompt_output)
                     else:
                         filtered += 1
@@ -138,13 +138,26 @@ class RolloutProducer:
             raise RolloutEmptyError(rid, stats)
         return RolloutBatch.from_samples(kept, normalization=self.normalization), stats
 
-    def _sampling(self, max_new_tokens: int, seed: int, temperature: float | None = None
+    def sampling(self, max_new_tokens: int, seed: int, temperature: float | None = None
                   ) -> SamplingParams:
         cfg = self.cfg
         return SamplingParams(max_new_tokens=max_new_tokens,
                               temperature=cfg.rollout_temperature if temperature is None
                               else temperature, top_p=cfg.rollout_top_p,
                               top_k=cfg.rollout_top_k, stop_token_ids=self.stop, seed=seed)
+
+    def context(self, rid: int, prompts: tuple[TaskExample, ...], sampling: SamplingParams, *,
+                first_group_id: int, n: int | None = None, engine: Any = None
+                ) -> RolloutContext:
+        """The rollout function's context for one generation round (``engine``: this rank's
+        engine unless given, e.g. the fully-async pool's shared one)."""
+        cfg = self.cfg
+        return RolloutContext(
+            rollout_id=rid, engine=engine or self.engines.engine, tokenizer=self.tokenizer,
+            prompts=prompts, n_samples_per_prompt=n or cfg.n_samples_per_prompt,
+            sampling=sampling, rewarder=self.rewarder,
+            apply_chat_template=cfg.apply_chat_template, first_group_id=first_group_id,
+            task=self.task, num_turns=cfg.rollout_num_turns, turn_reward=cfg.rollout_turn_reward)
 
     def _generate(self, rid: int, prompts: tuple[TaskExample, ...], sampling: SamplingParams, *,
                   first_group_id: int, n: int | None = None
@@ -153,13 +166,7 @@ class RolloutProducer:
         ``(merged output on rank 0 else None, this rank's error or None)``. The error is
         returned, not raised, so the caller still meets the other ranks in the next
         broadcast (``rank0_result``) and all leave together."""
-        cfg = self.cfg
-        ctx = RolloutContext(
-            rollout_id=rid, engine=self.engines.engine, tokenizer=self.tokenizer,
-            prompts=prompts, n_samples_per_prompt=n or cfg.n_samples_per_prompt,
-            sampling=sampling, rewarder=self.rewarder,
-            apply_chat_template=cfg.apply_chat_template, first_group_id=first_group_id,
-            task=self.task, num_turns=cfg.rollout_num_turns, turn_reward=cfg.rollout_turn_reward)
+        ctx = self.context(rid, prompts, sampling, first_group_id=first_group_id, n=n)
         try:
             with native_torch():  # generation names no CUDA device: skip the CPU device mode
                 output = self.engines.run_shares(
@@ -179,7 +186,7 @@ class RolloutProducer:
                    or self.task.answer_length)
         outputs: dict[str, list[Any] | None] = {}
         for name, rows in self.eval_sets:
-            sampling = self._sampling(max_new, seed=rollout_sampling_seed(0, _EVAL_ROLLOUT_ID),
+            sampling = self.sampling(max_new, seed=rollout_sampling_seed(0, _EVAL_ROLLOUT_ID),
                                       temperature=cfg.eval_temperature)
             outputs[name], error = self._generate(rid, rows, sampling, first_group_id=0, n=n)
             # Every rank learns of a failed engine before the next set's collective generation.
@@ -197,7 +204,7 @@ def eval_metrics(name: str, output: list[Any], n: int) -> dict[str, float]:
     rewards = np.array([s.reward for s in flat.samples], dtype=np.float64)
     groups = np.unique(flat.group_dense, return_index=True)[1]
     out = {f"eval/{name}/reward_mean": float(rewards[groups].mean())}
-    solved = [int(sum(s.reward > 0 for s in _samples(p))) for p in output]
+    solved = [int(sum(s.reward > 0 for s in prompt_samples(p))) for p in output]
     for k in sorted({1, n}):
         out[f"eval/{name}/pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in solved]))
     return out
@@ -222,14 +229,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _samples(prompt_output: Any) -> list[Any]:
+def prompt_samples(prompt_output: Any) -> list[Any]:
     """All samples of one prompt's output, whatever its nesting (lists/tuples of Samples)."""
     if isinstance(prompt_output, (list, tuple)):
-        return list(chain.from_iterable(_samples(x) for x in prompt_output))
+        return list(chain.from_iterable(prompt_samples(x) for x in prompt_output))
     return [prompt_output]
 
 
 def _next_group_id(output: Sequence[Any], current: int) -> int:
     """One past the largest int group id the round used (fallback ids are resolved later)."""
-    ids = [s.group_id for p in output for s in _samples(p) if type(s.group_id) is int]
+    ids = [s.group_id for p in output for s in prompt_samples(p) if type(s.group_id) is int]
     return max([current, *(i + 1 for i in ids)])

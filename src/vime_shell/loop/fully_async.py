@@ -1,0 +1,191 @@
+"""``--fully-async``: a persistent generation pool on the engine rank (one rank, 1 engine).
+
+The pool keeps ``B = --rollout-batch-size`` prompt groups in flight, each one a task on a
+thread that runs the rollout function on its prompt alone (the engine is shared under a lock:
+one generate call at a time, while rewards, tool calls or sleeps of other groups overlap). A
+completed group waits, tagged with the engine version its generation started with. For the
+trainer's ``("batch", k)`` the pool hands over the first ``B`` completed groups whose staleness
+at trainer version ``k`` is within ``K = --max-weight-staleness``, and sends staler ones back
+to the queue, to be generated again with their original seeds; both are the core's
+:func:`vime_pure.async_pool.drain`. A group starts only when :func:`~vime_pure.async_pool.admits`
+says it can still be fresh enough, so with ``K = 0`` nothing runs ahead of the weights and the
+batches are the synchronous loop's. Weights arrive as a ``("weights", v)`` command, taken
+between two engine calls (in-flight groups continue on the new weights; their version stays
+the one they started with, so staleness is never under-counted).
+
+Prompts and seeds: the pool draws prompts in blocks of ``B`` exactly as the synchronous loop
+draws rollout ``r``'s (``PromptSource.take(B)``), and the ``i``-th prompt of block ``r`` is
+generated as prompt ``i`` of rollout ``r`` there (its seeds and group ids), so a group's samples
+do not depend on the mode. Every group is counted (:class:`~vime_pure.async_pool.PoolCounts`):
+``started = trained + recycled + filtered + pending``. Dynamic sampling filters per group.
+"""
+
+import collections
+import concurrent.futures as futures
+import threading
+from typing import Any
+
+import attrs
+
+from vime_pure.async_pool import PoolCounts, admits, drain, group_staleness
+from vime_pure.data.batch import RolloutBatch
+from vime_shell.loop.config import TrainConfig
+from vime_shell.loop.rollouts import RolloutProducer, prompt_samples
+from vime_shell.rollout.functions import rollout_sampling_seed, share_context
+
+_POLL_S = 0.002  # between two looks at the trainer's commands and the finished groups
+
+
+@attrs.frozen
+class Draw:
+    """Prompt ``index`` of block ``block`` (the synchronous loop's rollout ``block``)."""
+
+    block: int
+    index: int
+    prompts: tuple  # the whole block (seeds and ids come from the prompt's place in it)
+
+
+class LockedEngine:
+    """One engine shared by the pool's threads: one call at a time."""
+
+    def __init__(self, engine: Any):
+        self.engine, self.lock = engine, threading.Lock()
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return self.engine.generate(*args, **kwargs)
+
+
+class GroupPool:
+    """The engine rank's pool and command loop (module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, producer: RolloutProducer, bridge: Any):
+        self.cfg, self.producer, self.bridge = cfg, producer, bridge
+        self.size = cfg.rollout_batch_size
+        self.bound = cfg.effective_max_weight_staleness
+        self.engine = LockedEngine(producer.engines.engine)
+        self.version = 0
+        self.start: int | None = None  # the trainer's version at its first request
+        self.sent = 0  # batches handed to the trainer
+        self.demand: int | None = None
+        self.queue: collections.deque[Draw] = collections.deque()
+        self.blocks = 0
+        self.running: dict[futures.Future, tuple[Draw, int]] = {}
+        self.ready: list[tuple[Draw, list, int]] = []
+        self.counts = PoolCounts()
+        self.failure: Exception | None = None  # answered to the next request, raised at stop
+        self.threads = futures.ThreadPoolExecutor(max_workers=self.size,
+                                                  thread_name_prefix="vime-pool")
+
+    def run(self) -> None:
+        posted = self.bridge.post_command()
+        try:
+            while True:
+                if posted[1].is_completed():
+                    command = self.bridge.finish_command(posted)
+                    if command[0] == "stop":
+                        break
+                    self._handle(command)
+                    posted = self.bridge.post_command()
+                try:
+                    self._harvest()
+                except Exception as exc:  # noqa: BLE001 - sent to the trainer, raised at stop
+                    self.failure = self.failure or exc
+                if self.failure is not None:
+                    if self.demand is not None:
+                        self.bridge.send(("error", f"{type(self.failure).__name__}: "
+                                                   f"{self.failure}"))
+                        self.demand = None
+                elif self.demand is not None:
+                    self._serve()
+                if self.failure is None:
+                    self._admit()
+                if self.running:
+                    futures.wait(self.running, timeout=_POLL_S,
+                                 return_when=futures.FIRST_COMPLETED)
+                else:
+                    threading.Event().wait(_POLL_S)
+        finally:
+            self.threads.shutdown(wait=True, cancel_futures=True)
+        if self.failure is not None:
+            raise self.failure
+
+    def _handle(self, command: tuple) -> None:
+        if command[0] == "weights":
+            with self.engine.lock:  # between two engine calls; in-flight groups continue
+                self.producer.engines.sync_weights(self.bridge.receive_weights(),
+                                                   version=command[1])
+            self.version = command[1]
+        elif command[0] == "batch":
+            self.demand = command[1]
+            if self.start is None:
+                self.start = command[1]
+                if command[2] is not None:
+                    self.producer.source.offset, self.producer.source.draws = command[2]
+
+    # -- groups -------------------------------------------------------------------------------
+    def _next_draw(self) -> Draw:
+        if not self.queue:
+            prompts = self.producer.source.take(self.size)
+            self.queue.extend(Draw(block=self.blocks, index=i, prompts=prompts)
+                              for i in range(self.size))
+            self.blocks += 1
+        return self.queue.popleft()
+
+    def _admit(self) -> None:
+        while self.start is not None and admits(
+                batches_sent=self.sent, start_version=self.start, engine_version=self.version,
+                queued=len(self.running) + len(self.ready), batch_size=self.size,
+                max_staleness=self.bound):
+            draw = self._next_draw()
+            self.running[self.threads.submit(self._generate, draw)] = (draw, self.version)
+            self.counts = self.counts.add(started=1)
+
+    def _generate(self, draw: Draw) -> list:
+        """One prompt group, generated as prompt ``index`` of rollout ``block`` would be."""
+        p = self.producer
+        cfg = self.cfg
+        sampling = p.sampling(cfg.rollout_max_response_len or p.task.answer_length,
+                              rollout_sampling_seed(p.seed, draw.block, 0))
+        ctx = p.context(draw.block, draw.prompts, sampling, engine=self.engine,
+                        first_group_id=draw.block * len(draw.prompts) * cfg.n_samples_per_prompt)
+        return list(p.rollout_fn(share_context(ctx, range(draw.index, draw.index + 1))))
+
+    def _harvest(self) -> None:
+        for future in [f for f in self.running if f.done()]:
+            draw, version = self.running.pop(future)
+            output = future.result()  # a failing rollout function stops the pool here
+            if self.producer.keep is not None and not self.producer.keep(
+                    prompt_samples(output[0])):
+                self.counts = self.counts.add(filtered=1)
+                continue
+            self.ready.append((draw, output[0], version))
+
+    def _serve(self) -> None:
+        """Hand batch ``demand`` over once ``B`` fresh-enough groups are ready."""
+        k = self.demand
+        split = drain(versions=tuple(v for _, _, v in self.ready), trainer_version=k,
+                      max_staleness=self.bound, batch_size=self.size)
+        for i in reversed(split.recycle):  # regenerated first, in draw order
+            self.queue.appendleft(self.ready[i][0])
+        self.counts = self.counts.add(recycled=len(split.recycle))
+        if not split.full:
+            self.ready = [self.ready[i] for i in (*split.take, *split.keep)]
+            return
+        taken = [self.ready[i] for i in split.take]
+        self.ready = [self.ready[i] for i in split.keep]
+        self.counts = self.counts.add(trained=len(taken))
+        batch = RolloutBatch.from_samples([out for _, out, _ in taken],
+                                          normalization=self.producer.normalization)
+        stale = [group_staleness(k, v) for _, _, v in taken]
+        c = self.counts
+        record = {"prompts_generated": len(taken), "prompts_kept": len(taken),
+                  "weight_version": min(v for _, _, v in taken),
+                  "weight_staleness_max": max(stale),
+                  "weight_staleness_mean": sum(stale) / len(stale),
+                  "pool_started": c.started, "pool_trained": c.trained,
+                  "pool_recycled": c.recycled, "pool_filtered": c.filtered,
+                  "pool_pending": c.pending}
+        self.bridge.send(("batch", k, batch, record, None))
+        self.sent += 1
+        self.demand = None
