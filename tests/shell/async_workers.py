@@ -35,20 +35,30 @@ def always_failing_rollout(ctx):
     raise RuntimeError("engine is down")
 
 
+def _ignore_weights(self, named, version=None):
+    """A broken engine-side sync: the buckets arrive and are thrown away."""
+    for _ in named:
+        pass
+
+
 def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dict:
+    """Each named run in turn; ``failure``: the engine's rollout function raises;
+    ``broken_sync``: one step off with an engine rank that drops the weights it receives."""
     os.environ["VIME_CACHE_DIR"] = cache
+    from vime_shell.engines.group import EngineGroup
     from vime_shell.loop.config import TrainConfig
     from vime_shell.loop.loop import run_training
 
     out: dict = {}
     for name in runs:
         seen: list = []
-        cfg = TrainConfig(**{**TINY, **SEPARATE, "run_dir": f"{root}/{name}",
-                             **(RUNS.get(name) or {})})
+        extra = RUNS.get(name, dict(train_async=True))
         if name == "failure":
-            cfg = TrainConfig(**{**TINY, **SEPARATE, "run_dir": f"{root}/{name}",
-                                 "train_async": True, "rollout_function_path":
-                                 "tests.shell.async_workers:always_failing_rollout"})
+            extra = {**extra, "rollout_function_path":
+                     "tests.shell.async_workers:always_failing_rollout"}
+        if name == "broken_sync" and rank == 1:
+            EngineGroup.sync_weights = _ignore_weights
+        cfg = TrainConfig(**{**TINY, **SEPARATE, "run_dir": f"{root}/{name}", **extra})
         try:
             run_training(cfg, progress=False, on_rollout=lambda e, seen=seen: seen.append({
                 "contents": _contents(e.batch), "metrics": dict(e.metrics),

@@ -16,7 +16,7 @@ the one they started with, so staleness is never under-counted).
 Prompts and seeds: the pool draws prompts in blocks of ``B`` exactly as the synchronous loop
 draws rollout ``r``'s (``PromptSource.take(B)``), and the ``i``-th prompt of block ``r`` is
 generated as prompt ``i`` of rollout ``r`` there (its seeds and group ids), so a group's samples
-do not depend on the mode. Every group is counted (:class:`~vime_pure.async_pool.PoolCounts`):
+do not depend on the mode; a batch lists its groups in draw order. Every group is counted (:class:`~vime_pure.async_pool.PoolCounts`):
 ``started = trained + recycled + filtered + pending``. Dynamic sampling filters per group.
 """
 
@@ -30,6 +30,7 @@ import attrs
 from vime_pure.async_pool import PoolCounts, admits, drain, group_staleness
 from vime_pure.data.batch import RolloutBatch
 from vime_shell.loop.config import TrainConfig
+from vime_shell.loop.probe import generate_probe
 from vime_shell.loop.rollouts import RolloutProducer, prompt_samples
 from vime_shell.rollout.functions import rollout_sampling_seed, share_context
 
@@ -116,6 +117,12 @@ class GroupPool:
                 self.producer.engines.sync_weights(self.bridge.receive_weights(),
                                                    version=command[1])
             self.version = command[1]
+            if command[2]:  # the trainer checks the sync on a probe of these weights
+                try:
+                    self.bridge.send(("probe", generate_probe(self.producer, self.engine)))
+                except Exception as exc:  # noqa: BLE001 - the trainer waits for this reply
+                    self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
+                    self.failure = self.failure or exc
         elif command[0] == "batch":
             self.demand = command[1]
             if self.start is None:
@@ -172,7 +179,10 @@ class GroupPool:
         if not split.full:
             self.ready = [self.ready[i] for i in (*split.take, *split.keep)]
             return
-        taken = [self.ready[i] for i in split.take]
+        # In draw order, not completion order: the batch (and its float sums) then does not
+        # depend on which request happened to finish first.
+        taken = sorted((self.ready[i] for i in split.take),
+                       key=lambda item: (item[0].block, item[0].index))
         self.ready = [self.ready[i] for i in split.keep]
         self.counts = self.counts.add(trained=len(taken))
         batch = RolloutBatch.from_samples([out for _, out, _ in taken],
