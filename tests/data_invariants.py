@@ -37,6 +37,9 @@ def assert_rolloutbatch_invariants(b: RolloutBatch, samples=None, group_ids=None
         if b.removed[i]:
             assert sum(masks[i]) == 0
         assert 0 <= b.response_lengths[i] <= b.lengths[i] and b.lengths[i] >= 1
+    for i in range(n):
+        lo, hi = int(b.weight_version_min[i]), int(b.weight_version_max[i])
+        assert (lo, hi) == (-1, -1) or 0 <= lo <= hi
     for arr in b.columns().values():
         assert arr is None or not arr.flags.writeable
     if samples is None:
@@ -51,6 +54,9 @@ def assert_rolloutbatch_invariants(b: RolloutBatch, samples=None, group_ids=None
         assert b.statuses[i] == list(Status).index(Status(s.status))
         assert b.sample_indices[i] == (-1 if s.index is None else s.index)
         assert bool(b.removed[i]) == s.remove_sample
+        versions = list(s.weight_versions)
+        assert (b.weight_version_min[i], b.weight_version_max[i]) == (
+            (versions[0], versions[-1]) if versions else (-1, -1))
         if s.rollout_log_probs is not None:
             np.testing.assert_array_equal(_rows(b.rollout_log_probs, b.response_offsets, i),
                                           np.asarray(s.rollout_log_probs, dtype=np.float32))
@@ -143,3 +149,15 @@ def _check_microbatch(records, samples, b: RolloutBatch, dens, step, s: int,
     expected = [int(b.response_offsets[g]) + j for g in samples
                 for j in range(int(b.response_lengths[g]))]
     assert sorted(scored) == sorted(expected)  # every response token once over the CP ranks
+
+
+def assert_staleness_invariants(b: RolloutBatch, trainer_version: int, staleness) -> None:
+    """``staleness`` (one entry per sample) is the group staleness of ``b`` at
+    ``trainer_version``, recomputed here with plain loops: the trainer version minus the
+    oldest version among the siblings, on-policy samples (-1) counting as the trainer's."""
+    ids = b.group_ids.tolist()
+    oldest = [trainer_version if v == -1 else v for v in b.weight_version_min.tolist()]
+    assert len(staleness) == b.num_samples
+    for i, g in enumerate(ids):
+        siblings = [oldest[j] for j in range(len(ids)) if ids[j] == g]
+        assert staleness[i] == trainer_version - min(siblings) >= 0

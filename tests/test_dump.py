@@ -60,7 +60,7 @@ def test_common_tools_read_it(dump):
     data = np.load(dump)
     assert data["tokens"].tolist() == _batch().tokens.tolist()
     header = json.loads(data["header.json"])
-    assert header["format"] == "vime.rollout_batch" and header["version"] == 1
+    assert header["format"] == "vime.rollout_batch" and header["version"] == 2
     assert header["group_id_values"] == ["g0", "g1", "g2", 0]
 
 
@@ -128,9 +128,34 @@ def _rewrite(dump: Path, header_edit=None, columns_edit=None) -> None:
 
 
 def test_wrong_version(dump):
-    _rewrite(dump, header_edit=lambda h: h.update(version=2))
-    with pytest.raises(DumpFormatError, match="format version 2, but this vime reads version 1"):
+    _rewrite(dump, header_edit=lambda h: h.update(version=3))
+    with pytest.raises(DumpFormatError, match=r"format version 3, but this vime reads versions "
+                                              r"\[1, 2\]"):
         load_rollout_batch(dump)
+
+
+V1_DUMP = Path(__file__).parent / "data" / "rollout_dump_v1.npz"  # written by vime before v2
+
+
+def test_version_1_dump_loads_on_policy():
+    """A dump without weight-version columns (format 1) is every sample on policy."""
+    with zipfile.ZipFile(V1_DUMP) as zf:
+        assert json.loads(zf.read("header.json"))["version"] == 1
+    loaded = load_rollout_batch(V1_DUMP)
+    expected = _batch()
+    assert_same_batch(expected, loaded)  # the default version columns are -1 on both
+    assert loaded.weight_version_min.tolist() == [-1] * 4 == loaded.weight_version_max.tolist()
+
+
+def test_weight_versions_survive_a_dump(tmp_path):
+    out = [[Sample(tokens=[1, 2, 3], response_length=2, weight_versions=[3, 5], reward=1.0,
+                   group_id="a"),
+            Sample(tokens=[1, 2, 4], response_length=2, weight_versions=[], reward=1.0,
+                   group_id="a")]]
+    loaded = load_rollout_batch(save_rollout_batch(tmp_path / "v.npz",
+                                                   RolloutBatch.from_samples(out)))
+    assert loaded.weight_version_min.tolist() == [3, -1]
+    assert loaded.weight_version_max.tolist() == [5, -1]
 
 
 def test_foreign_files(dump, tmp_path):
@@ -168,6 +193,9 @@ def _set(name, value):
     (_set("loss_masks", lambda c: np.r_[c["loss_masks"][:-1], 3].astype(np.uint8)),
      r"loss_masks\[6\]=3 breaks the rule: masks are 0/1"),
     (lambda c: c.pop("advantages"), r"columns .* do not match"),
+    (lambda c: c.pop("weight_version_max"), r"columns .* do not match the version 2 set"),
+    (_set("weight_version_max", lambda c: c["weight_version_max"] * 0 + 2),
+     r"weight_version_max\[0\]=2 breaks the rule: the newest version is >= the oldest"),
 ])
 def test_intact_file_with_an_invalid_batch(dump, edit, match):
     _rewrite(dump, columns_edit=edit)

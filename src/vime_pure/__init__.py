@@ -34,7 +34,7 @@ from vime_pure.data.rewards import (RewardNormalization, grpo_advantages, gspo_a
                                     normalize_rewards, reinforce_pp_baseline_advantages)
 from vime_pure.data.rollout_output import (FlatRollout, fallback_ids, flatten_rollout_output,
                                            normalized_loss_mask)
-from vime_pure.data.sample import Sample, Status
+from vime_pure.data.sample import ON_POLICY_VERSION, Sample, Status
 from vime_pure.denominators import (LOSS_MODES, LossMode, group_mask_sums, megatron_loss_scale,
                                     sample_denominators, step_denominators, step_divisor)
 from vime_pure.errors import (CPConfigError, DumpFormatError, FlopsModelError, LossConfigError,
@@ -49,7 +49,7 @@ from vime_pure.scheduling.planner import build_schedule
 from vime_pure.scheduling.schedule import Schedule, StepPlan
 
 __all__ = [
-    "BALANCES", "KL_KINDS", "LOSS_MODES", "PACKINGS",
+    "BALANCES", "KL_KINDS", "LOSS_MODES", "ON_POLICY_VERSION", "PACKINGS",
     "BatchingPolicy", "CPConfigError", "DumpFormatError", "FlatRollout", "FlopsModel",
     "FlopsModelError", "LossConfig", "LossConfigError", "LossMode", "Metric", "MetricError", "ParallelLayout",
     "RankBatch", "RewardError", "RewardNormalization", "RolloutBatch", "RolloutBatchError",

@@ -5,7 +5,7 @@ Versions: the trainer's weights after training ``v`` rollout batches are version
 engine holds the version of its last weight sync; a group's version is the engine version
 its generation started with (the oldest of its samples' ``weight_versions``). When the trainer
 trains batch ``k`` (having trained ``k`` batches since version 0) a group of version ``g`` is
-``k - g`` versions stale (:func:`group_staleness`).
+``k - g`` versions stale (``vime_pure.staleness``, the one definition of staleness).
 
 Modes (slime / miles flags):
 
@@ -28,8 +28,10 @@ takes groups 0 and 2, recycles group 1 (3 versions old) and leaves group 3 for t
 """
 
 import attrs
+import numpy as np
 
 from vime_pure.errors import VimeError, field_error
+from vime_pure.staleness import sample_staleness
 
 SYNC_MODES: tuple[str, ...] = ("sync", "one_step_off", "fully_async")
 
@@ -58,18 +60,6 @@ def generation_lag(mode: str, max_staleness: int | None) -> int:
     if mode != "one_step_off":
         return 0
     return 1 if max_staleness is None else min(1, max_staleness)
-
-
-def group_staleness(trainer_version: int, group_version: int) -> int:
-    """Versions between the weights a group started with and the weights that train on it.
-
-    Example: ``group_staleness(5, 3) == 2``; a group from the future is an error.
-    """
-    if group_version > trainer_version:
-        raise field_error(AsyncPoolError, "group_version", group_version,
-                          f"is newer than the trainer's version {trainer_version}",
-                          "tag groups with the engine's last synced version")
-    return trainer_version - group_version
 
 
 def check_staleness_bound(*, max_staleness: int, update_weights_interval: int) -> None:
@@ -122,8 +112,9 @@ def drain(*, versions: tuple[int, ...], trainer_version: int, max_staleness: int
     take: list[int] = []
     recycle: list[int] = []
     keep: list[int] = []
-    for i, version in enumerate(versions):
-        if group_staleness(trainer_version, version) > max_staleness:
+    staleness = sample_staleness(np.asarray(versions, dtype=np.int64), trainer_version)
+    for i, stale in enumerate(staleness.tolist()):
+        if stale > max_staleness:
             recycle.append(i)
         elif len(take) < batch_size:
             take.append(i)

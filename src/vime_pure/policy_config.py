@@ -1,10 +1,18 @@
-"""The knobs of the policy objective, torch-free: clipping, KL, entropy and TIS settings.
+"""The knobs of the policy objective, torch-free: clipping, KL, entropy, TIS and rejection.
 
 The loss *mode* is not here: it selects the denominators ``rank_batch`` puts into the records
 (``vime_pure.denominators.LossMode``), and the objective reads it from them.
 
 Example: ``LossConfig(eps_clip=0.2, eps_clip_high=0.28, kl_coef=0.01, kl_kind="low_var_kl")``
 is DAPO's clip-higher with slime's low-variance KL penalty.
+
+Off-policy correction (decoupled PPO, ``vime_pure.torch_ops.offpolicy``): the PPO ratio clips
+against the *old* (proximal) policy, the trainer's weights when the batch starts training,
+recomputed for every step of a batch with stale samples; ``use_tis`` weights each token by
+``clamp(pi_old / pi_behaviour, tis_clip_low, tis_clip)`` (slime's ``--use-tis --tis-clip
+--tis-clip-low``); ``RejectionConfig`` masks tokens or whole samples whose ratio leaves a band
+(MIS / IcePop). Example: ``LossConfig(use_tis=True, tis_clip=5.0, tis_clip_low=0.5)`` with
+``RejectionConfig(level="token", lower=0.5, upper=5.0)`` is IcePop.
 """
 
 import math
@@ -13,17 +21,21 @@ from typing import Literal, get_args
 
 import attrs
 
+from vime_pure.denominators import REJECTION_DENOMINATORS
 from vime_pure.errors import LossConfigError, field_error
 
 KLKind = Literal["k1", "k2", "k3", "low_var_kl"]
 KL_KINDS: tuple[str, ...] = get_args(KLKind)  # the choice list of --kl-loss-type
+RejectionLevel = Literal["token", "sequence", "geometric"]
+RS_LEVELS: tuple[str, ...] = get_args(RejectionLevel)  # the choice list of --rs-level
 
 
 @attrs.frozen(kw_only=True)
 class LossConfig:
     """Clip ``eps_clip`` / ``eps_clip_high`` (DAPO clip-higher) / ``dual_clip``; KL penalty
     ``kl_coef * kl_kind`` against the reference; entropy bonus ``entropy_coef``; truncated
-    importance sampling weights ``min(exp(old - rollout), tis_clip)`` when ``use_tis``."""
+    importance sampling weights ``clamp(exp(old - rollout), tis_clip_low, tis_clip)`` when ``use_tis``
+    (slime's defaults: 0 and 2)."""
 
     eps_clip: float = 0.2
     eps_clip_high: float | None = None
@@ -33,10 +45,11 @@ class LossConfig:
     entropy_coef: float = 0.0
     use_tis: bool = False
     tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
 
     def __attrs_post_init__(self) -> None:
         for name in ("eps_clip", "eps_clip_high", "dual_clip", "kl_coef", "entropy_coef",
-                     "tis_clip"):
+                     "tis_clip", "tis_clip_low"):
             _real(name, getattr(self, name), optional=name in ("eps_clip_high", "dual_clip"))
         if not isinstance(self.use_tis, bool):
             raise field_error(LossConfigError, "use_tis", self.use_tis, "must be a bool",
@@ -60,6 +73,45 @@ class LossConfig:
         if not self.tis_clip > 0.0:  # NaN fails too; inf means no truncation
             raise field_error(LossConfigError, "tis_clip", self.tis_clip, "must be > 0",
                               "use e.g. 2.0")
+        if not 0.0 <= self.tis_clip_low <= self.tis_clip:
+            raise field_error(LossConfigError, "tis_clip_low", self.tis_clip_low,
+                              f"must lie in [0, tis_clip={self.tis_clip}]", "use e.g. 0 or 0.5")
+
+
+@attrs.frozen(kw_only=True)
+class RejectionConfig:
+    """Rejection of off-policy tokens (MIS / IcePop): which ratio ``pi_old / pi_behaviour`` is
+    tested, the band it must stay in, and the denominator the survivors are averaged by.
+
+    ``level``: ``"token"`` tests each token's ratio; ``"sequence"`` the product over the
+    sample's loss-masked tokens; ``"geometric"`` their geometric mean (both keep or drop a
+    whole sample). ``lower`` / ``upper``: the band (slime's ``rs_lower_bound`` /
+    ``rs_upper_bound``). ``denominator``: ``"original"`` (slime/miles: rejected tokens still
+    count in their group's denominator) or ``"surviving"`` (``vime_pure.denominators``).
+    Example: ``RejectionConfig(level="geometric", lower=0.999, upper=1.001)`` drops samples
+    whose mean per-token log-ratio leaves about +-1e-3.
+    """
+
+    level: str = "token"
+    lower: float = 0.5
+    upper: float = 2.0
+    denominator: str = "original"
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.level, str) or self.level not in RS_LEVELS:
+            raise field_error(LossConfigError, "level", self.level, "is not a rejection level",
+                              f"use one of {RS_LEVELS}")
+        if not isinstance(self.denominator, str) or (
+                self.denominator not in REJECTION_DENOMINATORS):
+            raise field_error(LossConfigError, "denominator", self.denominator,
+                              "is not a rejection denominator",
+                              f"use one of {REJECTION_DENOMINATORS}")
+        for name in ("lower", "upper"):
+            _real(name, getattr(self, name), optional=False)
+        if not 0.0 <= self.lower <= self.upper < math.inf:
+            raise field_error(LossConfigError, "upper", self.upper,
+                              f"must satisfy lower={self.lower} <= upper < inf (and lower >= 0)",
+                              "use e.g. lower=0.5, upper=2.0")
 
 
 def _real(name: str, value: object, optional: bool) -> None:

@@ -28,7 +28,16 @@ def samples(draw, group_id=None, reward=None, with_log_probs: bool | None = None
         index=draw(st.none() | st.integers(0, 10**6)),
         rollout_log_probs=(-rng.random(resp, dtype=np.float32) * 5).tolist() if lp else None,
         remove_sample=draw(st.booleans()),
+        weight_versions=draw(weight_versions()),
     )
+
+
+@st.composite
+def weight_versions(draw, max_version: int = 6) -> list[int]:
+    """A sample's segment versions: empty (on policy) or a non-decreasing list of ints."""
+    steps = draw(st.lists(st.integers(0, 2), max_size=3))
+    start = draw(st.integers(0, max_version))
+    return [start + sum(steps[:k]) for k in range(len(steps))]
 
 
 def _container(draw, items: list):

@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vime_pure.async_pool import (AsyncPoolError, PoolCounts, admits, check_staleness_bound,
-                                  drain, generation_lag, group_staleness, weights_sync_due)
+                                  drain, generation_lag, weights_sync_due)
+from vime_pure.errors import RolloutBatchError
 
 
 def test_docstring_examples():
@@ -24,15 +25,14 @@ def test_docstring_examples():
     assert generation_lag("one_step_off", None) == 1
     assert generation_lag("one_step_off", 0) == 0
     assert generation_lag("sync", 3) == 0
-    assert group_staleness(5, 3) == 2
     assert not admits(batches_sent=0, start_version=0, engine_version=0, queued=4,
                       batch_size=4, max_staleness=0)
     assert PoolCounts().add(started=4, trained=2).pending == 2
 
 
 def test_bad_inputs_are_typed_errors():
-    with pytest.raises(AsyncPoolError, match="group_version"):
-        group_staleness(2, 3)
+    with pytest.raises(RolloutBatchError, match="newer than the trainer"):
+        drain(versions=(3,), trainer_version=2, max_staleness=0, batch_size=1)
     with pytest.raises(AsyncPoolError, match="max_weight_staleness"):
         check_staleness_bound(max_staleness=0, update_weights_interval=2)
     with pytest.raises(AsyncPoolError, match="mode"):

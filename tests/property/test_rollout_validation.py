@@ -171,6 +171,14 @@ def test_loss_mask_normalisation():
      r"output\[0\]\[1\]: rollout_log_probs is set but output\[0\]\[0\] has it None"),
     (S(tokens=[1, 2], response_length=1, reward=1.0, index=-2), r"index=-2"),
     (S(tokens=[1, 2], response_length=1, reward=1.0, remove_sample=1), r"remove_sample=1"),
+    (S(tokens=[1, 2], response_length=1, reward=1.0, weight_versions=3),
+     r"output\[0\]\[1\]: weight_versions=3 is a int, not a list"),
+    (S(tokens=[1, 2], response_length=1, reward=1.0, weight_versions=[1, -1]),
+     r"output\[0\]\[1\]: weight_versions holds -1, not a weight version"),
+    (S(tokens=[1, 2], response_length=1, reward=1.0, weight_versions=[2, True]),
+     r"weight_versions holds True"),
+    (S(tokens=[1, 2], response_length=1, reward=1.0, weight_versions=[4, 2]),
+     r"output\[0\]\[1\]: weight_versions=\[4, 2\] decreases"),
 ])
 def test_bad_samples_are_named_by_path_in_from_samples(sample, match):
     good = S(tokens=[7, 8], response_length=1, reward=0.0)

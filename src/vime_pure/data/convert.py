@@ -8,13 +8,14 @@ into an int32 array as it arrives (``benchmarks/batch_convert.py`` measures both
 
 Example: samples with ``tokens=[1, 2, 3], response_length=2`` and ``tokens=[4, 5],
 response_length=1, loss_mask=[0]`` give ``tokens=[1, 2, 3, 4, 5]``, ``token_offsets=[0, 3, 5]``,
-``loss_masks=[1, 1, 0]`` and ``response_offsets=[0, 2, 3]``.
+``loss_masks=[1, 1, 0]`` and ``response_offsets=[0, 2, 3]``; ``weight_versions=[3, 5]`` and
+``[]`` give ``weight_version_min=[3, -1]`` and ``weight_version_max=[5, -1]`` (-1: on policy).
 """
 
 from typing import Any
 
 import numpy as np
-from jaxtyping import Float32, Int32, UInt8
+from jaxtyping import Float32, Int32, Int64, UInt8
 
 from vime_pure.data.columns import all_finite
 from vime_pure.denominators import group_totals
@@ -23,7 +24,7 @@ from vime_pure.data.ragged import offsets_from_lengths, row_positions, row_sums
 from vime_pure.data.rewards import RewardNormalization, normalize_rewards, scalar_reward
 from vime_pure.data.rollout_output import (FlatRollout, check_response_length, flatten_rollout_output,
                                mask_values)
-from vime_pure.data.sample import STATUSES, as_status
+from vime_pure.data.sample import ON_POLICY_VERSION, STATUSES, as_status
 
 _STATUS_CODE: dict[Any, int] = {s: k for k, s in enumerate(STATUSES)}  # str values hash alike
 _INT32_MAX = np.iinfo(np.int32).max
@@ -60,7 +61,44 @@ def batch_columns(output: object, reward_key: str | None,
         statuses=np.array(rows["statuses"], dtype=np.uint8),
         removed=np.array(rows["removed"], dtype=np.bool_),
         sample_indices=np.array(rows["indices"], dtype=np.int64),
+        **_version_bounds(flat),
     )
+
+
+def _version_bounds(flat: FlatRollout) -> dict[str, Int64[np.ndarray, " n"]]:
+    """``weight_version_min`` / ``_max`` per sample: the first and last entries of its
+    non-decreasing ``weight_versions``, ``ON_POLICY_VERSION`` for an empty list."""
+    n = len(flat.samples)
+    lo = np.full(n, ON_POLICY_VERSION, dtype=np.int64)
+    hi = lo.copy()
+    for i, s in enumerate(flat.samples):
+        v = s.weight_versions
+        if type(v) is list and not v:  # the common on-policy case: nothing to check
+            continue
+        lo[i], hi[i] = _checked_versions(v, flat.path(i))
+    return dict(weight_version_min=lo, weight_version_max=hi)
+
+
+def _checked_versions(versions: object, where: str) -> tuple[int, int]:
+    """``(first, last)`` of a valid version list; a typed error naming the sample otherwise."""
+    if not _flat_sequence(versions):
+        raise RolloutValidationError(f"{where}: weight_versions={versions!r:.60} is a "
+                                     f"{type(versions).__name__}, not a list. Fix: append the "
+                                     "engine's weight version (an int) per generated segment.")
+    values = list(versions.tolist() if isinstance(versions, np.ndarray) else versions)
+    for v in values:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not (
+                0 <= v < _INT64_END):
+            raise RolloutValidationError(f"{where}: weight_versions holds {v!r}, not a weight "
+                                         "version (an int >= 0). Fix: record the engine's "
+                                         "weight version, or leave the list empty (on policy).")
+    if not values:
+        return ON_POLICY_VERSION, ON_POLICY_VERSION
+    if any(b < a for a, b in zip(values, values[1:])):
+        raise RolloutValidationError(f"{where}: weight_versions={values[:8]} decreases. Fix: "
+                                     "append one version per segment in generation order "
+                                     "(weights only move forward).")
+    return int(values[0]), int(values[-1])
 
 
 def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:

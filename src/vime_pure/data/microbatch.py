@@ -155,7 +155,7 @@ def rank_batch(batch: Any, schedule: Any, *, dp_rank: Any,
     cp_rank = _rank("cp_rank", cp_rank, cp_size)
     dens = step_denominators(mode, batch.group_ids,
                              row_sums(batch.loss_masks, batch.response_offsets).astype(np.float64),
-                             _step_of_sample(schedule), norm=norm)
+                             step_of_sample(schedule), norm=norm)
     steps = []
     for s, step in enumerate(schedule.steps):
         mbs = step.microbatches[dp_rank]
@@ -270,7 +270,7 @@ def _within(seq: np.ndarray, limit: np.ndarray) -> np.ndarray:
     return _ranks_within(seq) < np.repeat(limit, seq)
 
 
-def _step_of_sample(schedule: Schedule) -> np.ndarray:
+def step_of_sample(schedule: Schedule) -> np.ndarray:
     """Step of every sample of the schedule's batch; -1 for dropped samples."""
     out = np.full(len(schedule.lengths), -1, dtype=np.int64)
     for s, step in enumerate(schedule.steps):

@@ -148,12 +148,14 @@ def _check_row(loss_mask: Tensor, sample_index: Tensor, denominators: Tensor) ->
 @tensor_boundary
 def rejection_mask(log_ratio: Float[Tensor, " t"], loss_mask: Float[Tensor, " t"], *,
                    low: float | int, high: float | int,
-                   sample_index: Int[Tensor, " t"] | None = None) -> Float[Tensor, " t"]:
+                   sample_index: Int[Tensor, " t"] | None = None,
+                   reduce: str = "mean") -> Float[Tensor, " t"]:
     """Masked importance sampling: ``loss_mask`` with rejected tokens set to 0.
 
     A token is rejected when its importance ratio ``exp(log_ratio)`` (e.g. trainer over rollout
     log-probs) lies outside ``[low, high]``. With ``sample_index``, rejection is per sample:
-    a sample is dropped when the geometric mean of its masked ratios leaves the band.
+    a sample is dropped when the geometric mean of its masked ratios (``reduce="mean"``), or
+    their product (``reduce="sum"`` of the log-ratios: sequence-level IS), leaves the band.
     Compute it on whole (unsliced) samples, at step level, so that the ``"surviving"``
     denominator (``sample_denominators``) can be computed before micro-batching; then slice.
     Example: ``log_ratio = log([1.0, 3.0, 0.5])``, mask ones, band ``[0.6, 2]`` -> ``[1, 0, 0]``.
@@ -161,6 +163,9 @@ def rejection_mask(log_ratio: Float[Tensor, " t"], loss_mask: Float[Tensor, " t"
     low = knob("low", low, 0, math.inf, "pass e.g. low=0.5, high=2.0")
     high = knob("high", high, low, math.inf, "pass e.g. low=0.5, high=2.0 (low <= high)")
     check_mask(loss_mask)
+    if reduce not in ("mean", "sum"):
+        raise field_error(LossConfigError, "reduce", reduce, "is not a reduction",
+                          "use 'mean' (geometric mean of ratios) or 'sum' (their product)")
     if sample_index is not None and sample_index.numel() and bool((sample_index < 0).any()):
         i = int(torch.nonzero(sample_index < 0)[0, 0])
         raise field_error(LossConfigError, f"sample_index[{i}]", int(sample_index[i]),
@@ -176,6 +181,6 @@ def rejection_mask(log_ratio: Float[Tensor, " t"], loss_mask: Float[Tensor, " t"
         mask64 = loss_mask.detach().to(torch.float64)
         total = torch.zeros(n, dtype=torch.float64).index_add_(0, sample_index, ratio * mask64)
         count = torch.zeros(n, dtype=torch.float64).index_add_(0, sample_index, mask64)
-        mean = total / count.clamp(min=1.0)
+        mean = total / count.clamp(min=1.0) if reduce == "mean" else total
         keep = ((mean >= lo) & (mean <= hi))[sample_index]
     return loss_mask * keep.to(loss_mask.dtype)

@@ -126,16 +126,20 @@ def token_log_probs(logits: Float[Tensor, "t v"], targets: Int[Tensor, " t"]
 
 @tensor_boundary
 def tis_weights(old_log_probs: Float[Tensor, " t"], rollout_log_probs: Float[Tensor, " t"], *,
-                cap: float | int = 2.0) -> Float[Tensor, " t"]:
-    """Truncated importance weights ``min(exp(old - rollout), cap)``, detached.
+                cap: float | int = 2.0, low: float | int = 0.0) -> Float[Tensor, " t"]:
+    """Truncated importance weights ``clamp(exp(old - rollout), low, cap)``, detached.
 
-    They correct the trainer/engine mismatch; the rejection alternative is
-    ``vime_pure.torch_ops.loss.rejection_mask``. Example: ratio 3.0 with cap 2 -> 2.0.
+    Decoupled PPO's behaviour weight ``pi_old / pi_behaviour`` (slime's ``--tis-clip`` is
+    ``cap``, ``--tis-clip-low`` is ``low``; ``vime_pure.torch_ops.offpolicy``); the rejection
+    alternative is ``vime_pure.torch_ops.loss.rejection_mask``. Example: ratios ``[3.0, 0.1]``
+    with cap 2 and low 0.5 -> ``[2.0, 0.5]``.
     """
     cap = knob("cap", cap, 0, math.inf, "pass e.g. cap=2.0 (inf: no truncation)", lo_open=True)
+    low = knob("low", low, 0, cap, "pass e.g. low=0 (no lower clamp) or 0.5, at most cap")
     # A cap past the dtype's largest value truncates nothing (and torch refuses to convert it).
     cap = min(cap, torch.finfo(old_log_probs.dtype).max)
-    return torch.exp(old_log_probs - rollout_log_probs).clamp(max=cap).detach()
+    ratio = torch.exp((old_log_probs - rollout_log_probs).clamp(max=LOG_RATIO_LIMIT))
+    return ratio.clamp(min=low, max=cap).detach()
 
 
 @tensor_boundary

@@ -82,12 +82,15 @@ class SamplingParams:
 class Generation:
     """One sampled response: its token ids, their raw log-probs and why it ended.
 
+    ``weight_version``: the engine's ``weight_version`` the request started under (set by the
+    per-request engines, :mod:`vime_shell.engines.async_engine`; None from batched calls).
     Example: ``Generation(token_ids=(7, 4), log_probs=(-0.1, -2.3), finish_reason="length")``.
     """
 
     token_ids: tuple[int, ...] = attrs.field(converter=tuple)
     log_probs: tuple[float, ...] = attrs.field(converter=tuple)
     finish_reason: FinishReason
+    weight_version: int | None = None
 
     def __attrs_post_init__(self) -> None:
         if len(self.token_ids) != len(self.log_probs):
@@ -113,9 +116,13 @@ class RolloutEngine(Protocol):
     ``sleep(level)`` / ``wake_up(tags)``: release and re-acquire accelerator memory when the
     engine shares devices with the trainer (vLLM's sleep levels and wake-up tags ``"weights"``
     / ``"kv_cache"``; ``tags=None`` wakes everything); no-ops where that does not apply.
+    ``weight_version``: which weights the engine holds: 0 as built; the caller sets it after
+    a complete update (``EngineGroup.sync_weights``: a sync streams several buckets, each one
+    ``update_weights_from_tensors`` call); ``update_weights_from_path`` bumps it by one.
     """
 
     name: str
+    weight_version: int
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams) -> list[Generation]: ...

@@ -17,9 +17,9 @@ of the group after the trainer has created the process group. With the layout of
   from global prompt indices (``RolloutContext.prompt_offset``), so the merged output does not
   depend on the number of engines. A failure is raised on the failing ranks and, naming every
   failed engine, on rank 0;
-- **sync_weights(named)**: the trainer's HF-named export, streamed in buckets of
+- **sync_weights(named, version=)**: the trainer's HF-named export, streamed in buckets of
   ``update_weight_buffer_size`` bytes into the local engine; ranks without an engine drain it
-  (the export is collective). No file is written;
+  (the export is collective). No file is written. The engine's ``weight_version`` is set;
 - **sleep**: with ``colocate`` the engines sleep after generating and wake (weights, then KV
   cache) around the sync (:class:`vime_shell.engines.sync.Residency`).
 
@@ -46,6 +46,7 @@ import torch.distributed as dist
 from vime_pure.data.shards import merge_rollout_shares
 from vime_pure.errors import VimeError
 from vime_shell.engines import select_engine
+from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
 from vime_shell.engines.base import RolloutEngine
 from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, EngineLayout,
@@ -65,7 +66,11 @@ class EngineOptions:
     trainer's by default; ``colocate`` (``--colocate``): sleep mode around training, CUDA vLLM
     only; ``gpu_memory_utilization`` (``--rollout-gpu-memory-utilization``);
     ``update_weight_buffer_size`` (``--update-weight-buffer-size``, bytes); ``gather_timeout_s``:
-    how long engines that finished wait for the slowest one (long agentic rollouts need hours).
+    how long engines that finished wait for the slowest one (long agentic rollouts need hours);
+    ``per_request``: the run generates per sample (``--custom-generate-function-path``), so a
+    vLLM engine is ``VllmAsyncEngine`` (``AsyncLLM``) running at most ``max_concurrency``
+    requests (``--sglang-server-concurrency``); the HF engine gets its per-request front from
+    :func:`vime_shell.engines.async_engine.async_front` either way.
     """
 
     engine: str = "hf"
@@ -80,6 +85,8 @@ class EngineOptions:
     max_model_len: int | None = None
     enforce_eager: bool = False
     gather_timeout_s: float = 3 * 3600.0
+    per_request: bool = False
+    max_concurrency: int = DEFAULT_CONCURRENCY
 
 
 def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: EngineOptions,
@@ -94,6 +101,19 @@ def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: Engine
         device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
         return select_engine("hf", hf_dir, seed=seed, device=device,
                              dtype=getattr(torch, options.dtype))
+    if options.per_request:
+        if layout.world_size > 1:
+            raise EngineGroupError(
+                f"per-sample generation on vLLM runs AsyncLLM, its own multiprocess engine, "
+                f"which vime starts in a world of one rank only (this job has "
+                f"{layout.world_size}). Fix: run it as one process, use --rollout-engine hf, "
+                "or a batched --rollout-function-path on vLLM.")
+        from vime_shell.engines.vllm_async import VllmAsyncEngine  # noqa: PLC0415 - imports vllm
+
+        return VllmAsyncEngine(hf_dir, seed=seed, dtype=options.dtype,
+                               max_model_len=options.max_model_len,
+                               max_concurrency=options.max_concurrency,
+                               enforce_eager=options.enforce_eager)
     # In-process workers: tensors reach the model without RPC, so syncs write no file. vLLM
     # sets this itself for the external launcher; a single-process LLM needs it set here.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -117,7 +137,6 @@ class EngineGroup:
         self.layout, self.rank, self.engine, self.options = layout, rank, engine, options
         self.residency = Residency(engine, enabled=options.colocate, level=options.sleep_level)
         self._leaders = leaders_group
-        self.weight_version = 0  # the trainer's version the engine's weights are
 
     @classmethod
     def build(cls, hf_dir: str | Path, layout: EngineLayout, options: EngineOptions, *,
@@ -192,19 +211,20 @@ class EngineGroup:
         return out
 
     # -- weights and memory --------------------------------------------------------------------
-    def sync_weights(self, named: Iterable[tuple[str, torch.Tensor]],
+    def sync_weights(self, named: Iterable[tuple[str, torch.Tensor]], *,
                      version: int | None = None) -> SyncReport:
         """Collective: stream ``named`` (the trainer's ``export_hf()``) into the engine in
         buckets; drained on ranks without an engine. The engine's weights are awake after.
-        ``version``: the trainer's weight version (rollouts trained), kept as
-        ``weight_version``."""
-        if version is not None:
-            self.weight_version = version
+        The engine's ``weight_version`` becomes ``version`` (the trainer's count of syncs,
+        ``vime_pure.data.sample``), or one more than before when None."""
         if self.engine is None:
             return stream_weights(named, self.options.update_weight_buffer_size, None)
         self.residency.wake_for_sync()
-        return stream_weights(named, self.options.update_weight_buffer_size,
-                              self.engine.update_weights_from_tensors)
+        report = stream_weights(named, self.options.update_weight_buffer_size,
+                                self.engine.update_weights_from_tensors)
+        before = getattr(self.engine, "weight_version", 0)  # stand-ins may not count
+        self.engine.weight_version = before + 1 if version is None else version
+        return report
 
     def sleep(self) -> None:
         """Release the engine's accelerator memory now (e.g. replay runs that never generate)."""

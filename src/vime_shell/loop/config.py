@@ -30,14 +30,15 @@ import attrs
 import yaml
 
 from vime_pure.config import BALANCES, PACKINGS, BatchingPolicy, policy_from_flags
-from vime_pure.denominators import LOSS_MODES
-from vime_pure.policy_config import KL_KINDS
+from vime_pure.denominators import LOSS_MODES, REJECTION_DENOMINATORS
+from vime_pure.policy_config import KL_KINDS, RS_LEVELS, RejectionConfig
 from vime_pure.errors import VimeError, field_error
 from vime_shell.engines import ENGINE_NAMES
 from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, ROLLOUT_DTYPES,
                                        EngineLayoutError, check_gpu_memory_utilization)
-from vime_shell.rollout.functions import MAX_GENERATION_ROUNDS
+from vime_shell.rollout.functions import (DEFAULT_ROLLOUT_FUNCTION, MAX_GENERATION_ROUNDS,
+                                          PER_SAMPLE_ROLLOUT_FUNCTION)
 from vime_shell.rollout.rewards import RM_TYPES
 from vime_shell.rollout.tasks import TASKS
 
@@ -103,8 +104,21 @@ class TrainConfig:
     task: str = _f("reverse2", "built-in task supplying prompts and labels without "
                    "--prompt-data", "data", tuple(TASKS))
     # rollout
-    rollout_function_path: str = _f("vime_shell.rollout.functions:single_turn_rollout",
+    rollout_function_path: str = _f(DEFAULT_ROLLOUT_FUNCTION,
                                     "rollout function, 'pkg.mod:fn'", "rollout")
+    custom_generate_function_path: str | None = _f(
+        None, "per-sample 'pkg.mod:fn', slime's async generate(args, sample, sampling_params) "
+        "-> Sample | list[Sample]; it may await vime_shell.rollout.functions.generate for each "
+        "turn", "rollout")
+    partial_rollout: bool = _f(False, "abort unfinished generations once a rollout has its "
+                               "groups; they continue under the new weights in a later "
+                               "rollout (per-sample generation)", "rollout")
+    mask_offpolicy_in_partial_rollout: bool = _f(False, "loss mask 0 for the tokens of a "
+                                                 "partial rollout generated under older "
+                                                 "weights", "rollout")
+    sglang_server_concurrency: int = _f(512, "requests in flight per engine in per-sample "
+                                        "generation (vime: on the HF or vLLM engine)",
+                                        "rollout")
     rollout_num_turns: int = _f(2, "turns per execution of the compact rollout (2-3)", "rollout")
     rollout_turn_reward: str = _f("mean", "compact rollout reward over turns", "rollout",
                                   ("mean", "all"))
@@ -180,9 +194,22 @@ class TrainConfig:
     ref_load: str | None = _f(None, "HF dir of the reference model; default: the initial "
                               "weights", "loss")
     entropy_coef: float = _f(0.0, "entropy bonus weight", "loss")
-    use_tis: bool = _f(False, "truncated importance sampling against the engine's "
-                       "log-probs", "loss")
+    use_tis: bool = _f(False, "truncated importance sampling (decoupled PPO): weight the "
+                       "surrogate by clamp(pi_old / pi_behaviour, --tis-clip-low, --tis-clip)",
+                       "loss")
     tis_clip: float = _f(2.0, "TIS weight cap", "loss")
+    tis_clip_low: float = _f(0.0, "TIS weight floor", "loss")
+    use_rs: bool = _f(False, "reject tokens (or samples, --rs-level) whose pi_old / "
+                      "pi_behaviour leaves [--rs-lower-bound, --rs-upper-bound] (MIS / IcePop; "
+                      "the keys of slime's mis.py as flags)", "loss")
+    rs_level: str = _f("token", "what --use-rs tests: each token, the sample's ratio "
+                       "product (sequence) or its geometric mean", "loss", RS_LEVELS)
+    rs_lower_bound: float | None = _f(None, "--use-rs band floor; default --tis-clip-low",
+                                      "loss")
+    rs_upper_bound: float | None = _f(None, "--use-rs band cap; default --tis-clip", "loss")
+    rs_denominator: str = _f("original", "denominator after --use-rs: the masks before "
+                             "rejection (slime) or the surviving tokens", "loss",
+                             REJECTION_DENOMINATORS)
     logprob_gap_tolerance: float | None = _f(None, "max mean engine-trainer log-prob gap "
                                              "after a sync; default: by --rollout-dtype (fp32 "
                                              "1e-4)", "loss")
@@ -245,7 +272,7 @@ class TrainConfig:
                      "n_samples_per_prompt", "global_batch_size", "save_interval",
                      "n_samples_per_eval_prompt", "dynamic_sampling_max_rounds",
                      "tensor_model_parallel_size", "pipeline_model_parallel_size",
-                     "context_parallel_size"):
+                     "context_parallel_size", "sglang_server_concurrency"):
             _at_least(name, getattr(self, name), 1)
         for name in ("rollout_max_response_len", "max_tokens_per_gpu", "micro_batch_size",
                      "num_epoch", "eval_interval", "eval_max_response_len",
@@ -288,6 +315,11 @@ class TrainConfig:
         for name in ("kl_loss_coef", "entropy_coef", "weight_decay", "clip_grad"):
             _in_range(name, getattr(self, name), 0.0, 1e6, "use 0 to turn it off")
         _in_range("tis_clip", self.tis_clip, 1e-6, 1e6, "use e.g. 2.0")
+        _in_range("tis_clip_low", self.tis_clip_low, 0.0, self.tis_clip,
+                  f"use a value in [0, --tis-clip={self.tis_clip}], e.g. 0 or 0.5")
+        for name in ("rs_lower_bound", "rs_upper_bound"):
+            if getattr(self, name) is not None:
+                _in_range(name, getattr(self, name), 0.0, 1e6, "use e.g. 0.5 / 2.0")
         for name in ("adam_beta1", "adam_beta2"):
             _in_range(name, getattr(self, name), 0.0, 1.0 - 1e-12, "use e.g. 0.9 / 0.999")
         _in_range("adam_eps", self.adam_eps, 1e-30, 1.0, "use 1e-8")
@@ -340,12 +372,15 @@ class TrainConfig:
                               "pass both, e.g. --eval-interval 10 --eval-prompt-data gsm8k "
                               "test.jsonl")
         filtered = self.dynamic_sampling_filter_path is not None
+        self._check_partial()
         if self.over_sampling_batch_size is not None:
-            if not filtered:
+            if not filtered and not self.partial_rollout:
                 raise field_error(ConfigError, "over_sampling_batch_size",
                                   self.over_sampling_batch_size,
-                                  "over-samples only for a dynamic-sampling filter",
-                                  "pass --dynamic-sampling-filter-path, or drop the flag")
+                                  "over-samples only for a dynamic-sampling filter or a "
+                                  "partial rollout",
+                                  "pass --dynamic-sampling-filter-path or --partial-rollout, "
+                                  "or drop the flag")
             if self.over_sampling_batch_size < self.rollout_batch_size:
                 raise field_error(ConfigError, "over_sampling_batch_size",
                                   self.over_sampling_batch_size,
@@ -356,6 +391,56 @@ class TrainConfig:
             raise field_error(ConfigError, "group_rm", True,
                               "does not apply to compact_rollout (its reward is per turn)",
                               "use a per-sample --custom-rm-path")
+
+    def _check_partial(self) -> None:
+        if self.mask_offpolicy_in_partial_rollout and not self.partial_rollout:
+            raise field_error(ConfigError, "mask_offpolicy_in_partial_rollout", True,
+                              "has no effect without --partial-rollout",
+                              "pass --partial-rollout, or drop the flag")
+        per_sample = self.rollout_function_path in (DEFAULT_ROLLOUT_FUNCTION,
+                                                    PER_SAMPLE_ROLLOUT_FUNCTION)
+        if self.partial_rollout and not per_sample:
+            raise field_error(ConfigError, "partial_rollout", True,
+                              f"needs per-sample generation, not --rollout-function-path "
+                              f"{self.rollout_function_path}",
+                              "drop --rollout-function-path (or name "
+                              f"{PER_SAMPLE_ROLLOUT_FUNCTION}) and pass your per-sample "
+                              "function as --custom-generate-function-path")
+
+    @property
+    def effective_rollout_function_path(self) -> str:
+        """The rollout function the loop runs: ``--rollout-function-path``, or the per-sample
+        driver ``generate_rollout`` when the default is left and ``--custom-generate-function-
+        path`` or ``--partial-rollout`` asks for per-sample generation."""
+        if self.rollout_function_path == DEFAULT_ROLLOUT_FUNCTION and (
+                self.custom_generate_function_path is not None or self.partial_rollout):
+            return PER_SAMPLE_ROLLOUT_FUNCTION
+        return self.rollout_function_path
+
+    def rejection_config(self) -> RejectionConfig | None:
+        """The ``--use-rs`` settings as the core's record (None without ``--use-rs``); unset
+        bounds default to the TIS clamp, as in slime's mis.py. Example: ``--use-tis
+        --tis-clip 5 --tis-clip-low 0.5 --use-rs`` rejects tokens outside [0.5, 5] (IcePop)."""
+        if not self.use_rs:
+            return None
+        lower = self.tis_clip_low if self.rs_lower_bound is None else self.rs_lower_bound
+        upper = self.tis_clip if self.rs_upper_bound is None else self.rs_upper_bound
+        return RejectionConfig(level=self.rs_level, lower=lower, upper=upper,
+                               denominator=self.rs_denominator)
+
+    def _check_rejection(self) -> None:
+        if not self.use_rs:
+            changed = [k for k, v in _rejection_defaults().items() if getattr(self, k) != v]
+            if changed:
+                raise field_error(ConfigError, changed[0], getattr(self, changed[0]),
+                                  "has no effect without --use-rs", "pass --use-rs, or drop it")
+            return
+        lower = self.tis_clip_low if self.rs_lower_bound is None else self.rs_lower_bound
+        upper = self.tis_clip if self.rs_upper_bound is None else self.rs_upper_bound
+        if lower > upper:
+            raise field_error(ConfigError, "rs_lower_bound", lower,
+                              f"exceeds the band's cap {upper} (--rs-upper-bound, default "
+                              "--tis-clip)", "pass a lower bound below the upper one")
 
     def _check_loss(self) -> None:
         if self.calculate_per_token_loss and self.loss_mode not in ("token_mean",
@@ -370,6 +455,7 @@ class TrainConfig:
         if self.ref_load is not None and not self.use_kl_loss:
             raise field_error(ConfigError, "ref_load", self.ref_load,
                               "is only read for the KL penalty", "pass --use-kl-loss")
+        self._check_rejection()
         if self.overlap_param_gather and not self.use_distributed_optimizer:
             raise field_error(ConfigError, "overlap_param_gather", True,
                               "needs the distributed optimizer",
@@ -479,6 +565,10 @@ def _check_types(cfg: TrainConfig) -> None:
 def _at_least(name: str, value: int, lo: int) -> None:
     if value < lo:
         raise field_error(ConfigError, name, value, f"must be >= {lo}", f"pass {name} >= {lo}")
+
+
+def _rejection_defaults() -> dict[str, Any]:
+    return {f.name: f.default for f in attrs.fields(TrainConfig) if f.name.startswith("rs_")}
 
 
 def _in_range(name: str, value: float, lo: float, hi: float, fix: str) -> None:

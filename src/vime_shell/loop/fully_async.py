@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-from vime_pure.async_pool import PoolCounts, admits, drain, group_staleness
+from vime_pure.async_pool import PoolCounts, admits, drain
 from vime_pure.data.batch import RolloutBatch
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.probe import generate_probe
@@ -162,6 +162,10 @@ class GroupPool:
         for future in [f for f in self.running if f.done()]:
             draw, version = self.running.pop(future)
             output = future.result()  # a failing rollout function stops the pool here
+            # Stamped with the version it started under and, if a sync came in between, the
+            # one it ended under (oldest first, as Sample.weight_versions are).
+            for sample in prompt_samples(output[0]):
+                sample.weight_versions = sorted({version, self.version})
             if self.producer.keep is not None and not self.producer.keep(
                     prompt_samples(output[0])):
                 self.counts = self.counts.add(filtered=1)
@@ -187,12 +191,9 @@ class GroupPool:
         self.counts = self.counts.add(trained=len(taken))
         batch = RolloutBatch.from_samples([out for _, out, _ in taken],
                                           normalization=self.producer.normalization)
-        stale = [group_staleness(k, v) for _, _, v in taken]
         c = self.counts
         record = {"prompts_generated": len(taken), "prompts_kept": len(taken),
                   "weight_version": min(v for _, _, v in taken),
-                  "weight_staleness_max": max(stale),
-                  "weight_staleness_mean": sum(stale) / len(stale),
                   "pool_started": c.started, "pool_trained": c.trained,
                   "pool_recycled": c.recycled, "pool_filtered": c.filtered,
                   "pool_pending": c.pending}

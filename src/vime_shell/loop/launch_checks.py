@@ -39,7 +39,7 @@ from vime_shell.megatron.layout import (TrainLayout, context_parallel_available,
 from vime_shell.models.embedded import build_embedded
 from vime_shell.models.hf_config import has_chat_template, read_config_summary
 from vime_shell.rollout.data import DataKeys, load_prompt_rows
-from vime_shell.rollout.plugins import load_callable
+from vime_shell.rollout.plugins import load_callable, load_generate_function
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskExample, get_task
 from vime_shell.storage.sizes import ExportError, parse_size
@@ -102,6 +102,13 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
                        ("--dynamic-sampling-filter-path", cfg.dynamic_sampling_filter_path)):
         if path is not None:
             load_callable(path, flag=flag)
+    if cfg.custom_generate_function_path is not None:
+        load_generate_function(cfg.custom_generate_function_path)
+    if cfg.partial_rollout and engine_layout is not None and engine_layout.num_engines > 1:
+        raise field_error(ConfigError, "partial_rollout", True,
+                          f"keeps one buffer of unfinished groups, but this run has "
+                          f"{engine_layout.num_engines} engines",
+                          "pass --rollout-num-gpus 1 (one engine) with --partial-rollout")
     Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
                    group_rm=cfg.group_rm)
     _check_side_inputs(cfg, hf_dir)
@@ -142,6 +149,16 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
         raise field_error(ConfigError, "load_rollout_data", cfg.load_rollout_data,
                           "replays into the colocated loop only", "drop --rollout-num-gpus "
                           "/ --train-async / --fully-async for a replay")
+    if roles is not None and cfg.partial_rollout:
+        raise field_error(ConfigError, "partial_rollout", True, "is not wired to separate "
+                          "engine ranks yet (its buffer lives in the colocated loop)",
+                          "drop --partial-rollout, or run engines inside the trainer ranks")
+    if roles is not None and roles.mode == "fully_async" and (
+            cfg.custom_generate_function_path is not None):
+        raise field_error(ConfigError, "custom_generate_function_path",
+                          cfg.custom_generate_function_path, "is not wired to the fully-async "
+                          "pool yet (the pool runs --rollout-function-path per group)",
+                          "use --train-async with it, or a batched --rollout-function-path")
     if roles is not None and roles.mode == "fully_async" and cfg.eval_interval is not None:
         raise field_error(ConfigError, "eval_interval", cfg.eval_interval,
                           "is not supported with --fully-async yet",

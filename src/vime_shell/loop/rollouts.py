@@ -35,6 +35,7 @@ from vime_pure.data.rewards import RewardNormalization
 from vime_pure.data.rollout_output import flatten_rollout_output
 from vime_pure.errors import VimeError
 from vime_shell.engines import SamplingParams
+from vime_shell.engines.async_engine import async_front
 from vime_shell.engines.group import EngineGroup
 from vime_shell.loop.config import ESTIMATOR_METHOD, TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan
@@ -43,14 +44,38 @@ from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.filters import load_filter
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.cuda_compat import native_torch
-from vime_shell.rollout.functions import (RolloutContext, load_rollout_function,
-                                          rollout_sampling_seed, share_context)
+from vime_shell.rollout.functions import (DEFAULT_GENERATE_FUNCTION,
+                                          PER_SAMPLE_ROLLOUT_FUNCTION, RolloutContext,
+                                          load_rollout_function, rollout_sampling_seed,
+                                          share_context)
+from vime_shell.rollout.generate import GenerateRuntime
+from vime_shell.rollout.per_sample import PartialBuffer, PerSample
+from vime_shell.rollout.plugins import load_generate_function
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import TaskExample
 
 # Evaluation draws its own seeds (the same prompts score the same way at every evaluation):
 # the base of a rollout id no training run reaches.
 _EVAL_ROLLOUT_ID = 0xE7A1E7A1
+
+
+@attrs.frozen(kw_only=True)
+class PartialStats:
+    """Partial rollouts in one rollout: groups resumed from the buffer, groups left in it,
+    samples of cut-off fan-outs restarted so far (never trained), and the batch's response
+    tokens with those generated under older weights (``offpolicy_prefix``)."""
+
+    resumed_groups: int
+    buffered_groups: int
+    restarted_samples: int
+    tokens: int
+    offpolicy_tokens: int
+
+    def as_record(self) -> dict[str, float]:
+        return {"partial/resumed_groups": self.resumed_groups,
+                "partial/buffered_groups": self.buffered_groups,
+                "partial/restarted_samples": self.restarted_samples,
+                "partial/offpolicy_token_frac": self.offpolicy_tokens / max(self.tokens, 1)}
 
 
 @attrs.frozen(kw_only=True)
@@ -61,12 +86,32 @@ class GenerationStats:
     prompts_generated: int
     prompts_kept: int
     prompts_filtered: int
+    partial: PartialStats | None = None
 
     def as_record(self) -> dict[str, float]:
         generated = max(self.prompts_generated, 1)
         return {"generation_rounds": self.rounds, "prompts_generated": self.prompts_generated,
                 "prompts_kept": self.prompts_kept, "prompts_filtered": self.prompts_filtered,
-                "filtered_frac": self.prompts_filtered / generated}
+                "filtered_frac": self.prompts_filtered / generated,
+                **(self.partial.as_record() if self.partial is not None else {})}
+
+
+def _per_sample(cfg: TrainConfig, engines: EngineGroup, tokenizer: Any) -> PerSample | None:
+    """How this rank runs per-sample ``generate`` functions (None when the rollout function
+    is a batched one, or this rank has no engine): the engine's per-request front, the
+    function (``--custom-generate-function-path``, else the built-in one), the run's config
+    as ``args``, and the partial-rollout buffer under ``--partial-rollout``."""
+    if cfg.effective_rollout_function_path != PER_SAMPLE_ROLLOUT_FUNCTION \
+            or engines.engine is None:
+        return None
+    front = async_front(engines.engine, max_concurrency=cfg.sglang_server_concurrency,
+                        decode=tokenizer.decode)
+    runtime = GenerateRuntime(engine=front, tokenizer=tokenizer,
+                              apply_chat_template=cfg.apply_chat_template,
+                              mask_offpolicy=cfg.mask_offpolicy_in_partial_rollout)
+    fn = load_generate_function(cfg.custom_generate_function_path or DEFAULT_GENERATE_FUNCTION)
+    return PerSample(runtime=runtime, generate_fn=fn, args=cfg,
+                     buffer=PartialBuffer() if cfg.partial_rollout else None)
 
 
 class RolloutProducer:
@@ -88,7 +133,10 @@ class RolloutProducer:
         self.seed = seed
         self.task = plan.task
         self.eval_sets = plan.eval_sets
-        self.rollout_fn = load_rollout_function(cfg.rollout_function_path)
+        self.rollout_fn = load_rollout_function(cfg.effective_rollout_function_path)
+        self.per_sample = _per_sample(cfg, engines, self.tokenizer)
+        self._eval_per_sample = (None if self.per_sample is None  # evaluation never buffers
+                                 else attrs.evolve(self.per_sample, buffer=None))
         self.rewarder = Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
                                        group_rm=cfg.group_rm)
         self.keep = load_filter(cfg.dynamic_sampling_filter_path)
@@ -105,11 +153,16 @@ class RolloutProducer:
         per_round = cfg.over_sampling_batch_size or need
         kept: list[Any] = []
         generated = filtered = rounds = next_group = 0
+        buffered = self.buffered_groups
+        buffer = None if self.per_sample is None else self.per_sample.buffer
+        counted = (0, 0) if buffer is None else (buffer.tokens, buffer.offpolicy_tokens)
         while rounds < cfg.dynamic_sampling_max_rounds:
-            prompts = self.source.take(per_round)
+            # Partial rollouts: the buffered groups come back first, within the round's size.
+            prompts = self.source.take(max(per_round - self.buffered_groups, 0))
             sampling = self.sampling(cfg.rollout_max_response_len or self.task.answer_length,
                                       rollout_sampling_seed(self.seed, rid, rounds))
-            output, error = self._generate(rid, prompts, sampling, first_group_id=next_group)
+            output, error = self._generate(rid, prompts, sampling, first_group_id=next_group,
+                                           target_groups=need - len(kept))
             rounds += 1
             if output is not None:  # rank 0: judge the round
                 next_group = _next_group_id(output, next_group)
@@ -133,7 +186,13 @@ class RolloutProducer:
         if not self.is_rank0:
             return None
         stats = GenerationStats(rounds=rounds, prompts_generated=generated,
-                                prompts_kept=len(kept), prompts_filtered=filtered)
+                                prompts_kept=len(kept), prompts_filtered=filtered,
+                                partial=None if buffer is None else PartialStats(
+                                    resumed_groups=buffered,
+                                    buffered_groups=self.buffered_groups,
+                                    restarted_samples=buffer.restarted,
+                                    tokens=buffer.tokens - counted[0],
+                                    offpolicy_tokens=buffer.offpolicy_tokens - counted[1]))
         if not kept:
             raise RolloutEmptyError(rid, stats)
         return RolloutBatch.from_samples(kept, normalization=self.normalization), stats
@@ -146,27 +205,52 @@ class RolloutProducer:
                               else temperature, top_p=cfg.rollout_top_p,
                               top_k=cfg.rollout_top_k, stop_token_ids=self.stop, seed=seed)
 
+    def partial_state(self) -> dict[str, Any]:
+        """``{"partial_buffer": ...}`` under ``--partial-rollout`` (for the checkpoint's data
+        state: the groups waiting for the next rollout), else ``{}``."""
+        if self.per_sample is None or self.per_sample.buffer is None:
+            return {}
+        return {"partial_buffer": self.per_sample.buffer.to_state()}
+
+    def restore_partial_state(self, state: dict[str, Any]) -> None:
+        """Put a checkpoint's waiting groups back (see :meth:`partial_state`)."""
+        saved = state.get("partial_buffer")
+        if saved is not None and self.per_sample is not None \
+                and self.per_sample.buffer is not None:
+            self.per_sample.buffer = PartialBuffer.from_state(saved)
+
+    @property
+    def buffered_groups(self) -> int:
+        """Unfinished prompt groups waiting for the next rollout (``--partial-rollout``)."""
+        if self.per_sample is None or self.per_sample.buffer is None:
+            return 0
+        return len(self.per_sample.buffer)
+
     def context(self, rid: int, prompts: tuple[TaskExample, ...], sampling: SamplingParams, *,
-                first_group_id: int, n: int | None = None, engine: Any = None
-                ) -> RolloutContext:
+                first_group_id: int, n: int | None = None, target_groups: int | None = None,
+                engine: Any = None) -> RolloutContext:
         """The rollout function's context for one generation round (``engine``: this rank's
-        engine unless given, e.g. the fully-async pool's shared one)."""
+        engine unless given, e.g. the fully-async pool's shared one; ``target_groups=None``
+        is an evaluation round)."""
         cfg = self.cfg
         return RolloutContext(
             rollout_id=rid, engine=engine or self.engines.engine, tokenizer=self.tokenizer,
             prompts=prompts, n_samples_per_prompt=n or cfg.n_samples_per_prompt,
             sampling=sampling, rewarder=self.rewarder,
             apply_chat_template=cfg.apply_chat_template, first_group_id=first_group_id,
-            task=self.task, num_turns=cfg.rollout_num_turns, turn_reward=cfg.rollout_turn_reward)
+            task=self.task, num_turns=cfg.rollout_num_turns, turn_reward=cfg.rollout_turn_reward,
+            per_sample=self.per_sample if target_groups is not None else self._eval_per_sample,
+            target_groups=target_groups)
 
     def _generate(self, rid: int, prompts: tuple[TaskExample, ...], sampling: SamplingParams, *,
-                  first_group_id: int, n: int | None = None
+                  first_group_id: int, n: int | None = None, target_groups: int | None = None,
                   ) -> tuple[list[Any] | None, Exception | None]:
         """Collective: every engine runs the rollout function on its share of ``prompts``;
         ``(merged output on rank 0 else None, this rank's error or None)``. The error is
         returned, not raised, so the caller still meets the other ranks in the next
         broadcast (``rank0_result``) and all leave together."""
-        ctx = self.context(rid, prompts, sampling, first_group_id=first_group_id, n=n)
+        ctx = self.context(rid, prompts, sampling, first_group_id=first_group_id, n=n,
+                           target_groups=target_groups)
         try:
             with native_torch():  # generation names no CUDA device: skip the CPU device mode
                 output = self.engines.run_shares(

@@ -7,8 +7,10 @@ The shell only wires tensors; every formula lives in the core:
    vocab-parallel logits (Megatron's vocab-parallel cross entropy; entropy with the same
    max/sum all-reduces), so TP needs no logits gather;
 2. per-token pieces from ``vime_pure.torch_ops.policy_loss.policy_loss`` (PPO/GRPO clipped
-   surrogate, dual clip, KL, entropy bonus, TIS weights); without old log-probs the ratio is 1
-   and carries the gradient;
+   surrogate, dual clip, KL, entropy bonus); without old log-probs the ratio is 1 and carries
+   the gradient; with ``--use-tis`` the surrogate is decoupled PPO's, weighted by
+   ``tis_weights(old, behaviour)`` (``vime_pure.torch_ops.offpolicy``), reported as
+   ``TIS_KEYS``; rejection (MIS / IcePop) already zeroed the record's mask;
 3. partial numerators ``P = sum_t m[t] * x[t] / D[sample(t)]`` of the loss and every reported
    term at once, from ``vime_pure.torch_ops.loss.microbatch_losses`` over the record's
    **step-level** denominators
@@ -44,6 +46,7 @@ from vime_shell.megatron.tensors import MicroBatchTensors
 
 STEP_KEYS: tuple[str, ...] = ("loss", "pg_loss", "kl", "entropy", "clipfrac")  # divided by C
 TOKEN_KEYS: tuple[str, ...] = ("ratio", "log_prob")  # token means: Metric(sum, tokens)
+TIS_KEYS: tuple[str, ...] = ("tis", "tis_clipfrac")  # token means too, with --use-tis
 
 
 def loss_factor(record: TrainMicroBatch, dp: int, cp: int) -> float:
@@ -96,7 +99,7 @@ def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossCo
             raise field_error(LossConfigError, "use_tis", True,
                               "needs the engine's rollout log-probs, which this batch lacks",
                               "record rollout_log_probs in the rollout function, or drop --use-tis")
-        tis = tis_weights(old, row.rollout_log_probs, cap=cfg.tis_clip)
+        tis = tis_weights(old, row.rollout_log_probs, cap=cfg.tis_clip, low=cfg.tis_clip_low)
     terms = policy_loss(logp, old, row.advantages, ref_log_probs=row.ref_log_probs,
                         kl_coef=cfg.kl_coef, kl_kind=cfg.kl_kind, eps_clip=cfg.eps_clip,
                         eps_clip_high=cfg.eps_clip_high, dual_clip=cfg.dual_clip,
@@ -113,8 +116,19 @@ def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossCo
     report["ratio"] = (terms.ratio * mask).sum().detach()
     report["log_prob"] = (logp.detach() * mask).sum()
     report["tokens"] = mask.sum().detach()
+    if tis is not None:  # the decoupled-PPO weight pi_old / pi_behaviour, as clamped
+        report.update(_tis_sums(tis, old, row, mask))
     report.update(_gap_sums(logp, row))
     return numerator * factor, report
+
+
+def _tis_sums(tis: torch.Tensor, old: torch.Tensor, row: MicroBatchTensors,
+              mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Masked sums of the TIS weight and of where the clamp changed it (``TIS_KEYS``)."""
+    raw = torch.exp((old - row.rollout_log_probs).clamp(max=20.0))
+    clamped = (tis != raw).to(mask.dtype)
+    return {"tis": (tis.to(mask.dtype) * mask).sum().detach(),
+            "tis_clipfrac": (clamped * mask).sum().detach()}
 
 
 def _gap_sums(logp: torch.Tensor, row: MicroBatchTensors) -> dict[str, torch.Tensor]:
@@ -123,6 +137,8 @@ def _gap_sums(logp: torch.Tensor, row: MicroBatchTensors) -> dict[str, torch.Ten
     weight-sync check needs no forward of its own. Empty otherwise."""
     if row.old_log_probs is not None or row.rollout_log_probs is None:
         return {}
-    diff = (logp.detach() - row.rollout_log_probs.to(logp.dtype)).abs()
+    # Loss-masked tokens are skipped: tool output was never sampled (its log-probs are 0)
+    # and masked off-policy tokens came from older weights.
+    diff = (logp.detach() - row.rollout_log_probs.to(logp.dtype)).abs()[row.loss_mask > 0]
     return {"gap_sum": diff.sum(), "gap_tokens": torch.tensor(float(diff.numel())),
             "gap_max": diff.max() if diff.numel() else torch.tensor(0.0)}

@@ -58,7 +58,7 @@ from vime_pure.scheduling.flops import FlopsModel
 from vime_shell.megatron.config import OptimConfig, StepResult, TrainerConfig  # noqa: F401
 from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.megatron.layout import TrainLayout, resolve_layout, world_size_from_env
-from vime_shell.megatron.objective import (STEP_KEYS, TOKEN_KEYS, loss_factor,
+from vime_shell.megatron.objective import (STEP_KEYS, TIS_KEYS, TOKEN_KEYS, loss_factor,
                                            microbatch_objective, response_log_probs)
 from vime_shell.megatron.platform import Platform, detect_platform, initialize_parallel
 from vime_shell.megatron.tensors import Layout, MicroBatchTensors, cpu_layout, to_tensors
@@ -266,7 +266,8 @@ class MegatronTrainer:
         owned = reports if self.owns_loss else []
         partials = {k: sum(float(r[k]) for r in owned) for k in STEP_KEYS}
         tokens = sum(float(r["tokens"]) for r in owned)
-        metrics = {k: Metric(sum(float(r[k]) for r in owned), tokens) for k in TOKEN_KEYS}
+        keys = TOKEN_KEYS + (TIS_KEYS if self.config.loss.use_tis else ())
+        metrics = {k: Metric(sum(float(r[k]) for r in owned), tokens) for k in keys}
         gaps = [r for r in owned if "gap_sum" in r]
         gap_tokens = sum(float(r["gap_tokens"]) for r in gaps)
         metrics["logprob_gap"] = Metric(sum(float(r["gap_sum"]) for r in gaps), gap_tokens)

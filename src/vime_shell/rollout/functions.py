@@ -5,6 +5,12 @@ sampling parameters, reward) and returns samples nested in lists or tuples, as
 :func:`vime_pure.data.rollout_output.flatten_rollout_output` accepts them; the loop validates
 the output at that boundary (``RolloutBatch.from_samples``).
 
+Per-sample generation is the other API: :func:`generate` (re-exported from
+:mod:`vime_shell.rollout.generate`) is slime's ``async generate(args, sample,
+sampling_params)``, one turn on the run's engine, the default of
+``--custom-generate-function-path``; :func:`vime_shell.rollout.per_sample.generate_rollout` is
+the batched rollout function that runs such a function for every execution.
+
 - :func:`single_turn_rollout` (the default): ``output[p][k]`` is sample ``k`` of prompt ``p``;
   ``n_samples_per_prompt`` samples per prompt, each its own rollout group.
 - :func:`compact_rollout`: ``output[p][k]`` is one *execution* of ``num_turns`` (2-3) turns, a
@@ -37,15 +43,17 @@ from typing import Any
 import attrs
 
 from vime_pure.errors import field_error
-from vime_pure.data.sample import Sample, Status
+from vime_pure.data.sample import Sample
 from vime_shell.engines.base import Generation, RolloutEngine, SamplingParams
+from vime_shell.rollout.generate import FINISH_STATUS, encode_prompt, generate
 from vime_shell.rollout.plugins import load_callable
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskError, TaskExample
 
 RolloutFn = Callable[["RolloutContext"], Sequence[Any]]
 DEFAULT_ROLLOUT_FUNCTION = "vime_shell.rollout.functions:single_turn_rollout"
-_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
+PER_SAMPLE_ROLLOUT_FUNCTION = "vime_shell.rollout.per_sample:generate_rollout"
+DEFAULT_GENERATE_FUNCTION = "vime_shell.rollout.functions:generate"
 TURN_REWARDS: tuple[str, ...] = ("mean", "all")
 # Request seeds of one rollout, 2**24 of them from its base: generation round k (dynamic
 # sampling) at base + k * 2**20, turn t of a round at + t * 2**18, request r at + r. Offsets
@@ -84,7 +92,10 @@ class RolloutContext:
     ``sampling.seed`` is the round's base seed (see :func:`rollout_sampling_seed`).
     Example: 16 ``prompts`` with ``n_samples_per_prompt=8`` give 128 single-turn samples.
     ``prompt_offset`` is the global index of ``prompts[0]`` (non-zero on all engines but the
-    first, see :func:`share_context`).
+    first, see :func:`share_context`). ``per_sample``: how per-sample ``generate`` functions
+    run (a :class:`vime_shell.rollout.per_sample.PerSample`, for ``generate_rollout``);
+    ``target_groups``: under ``--partial-rollout``, the prompt groups this round needs (the
+    rest is aborted once they are done).
     """
 
     rollout_id: int
@@ -100,6 +111,8 @@ class RolloutContext:
     num_turns: int = 2
     turn_reward: str = "mean"
     prompt_offset: int = 0
+    per_sample: Any = None
+    target_groups: int | None = None
 
 
 def share_context(ctx: RolloutContext, share: range) -> RolloutContext:
@@ -115,7 +128,7 @@ def share_context(ctx: RolloutContext, share: range) -> RolloutContext:
                         prompt_offset=ctx.prompt_offset + share.start)
 
 
-def _first_request(ctx: RolloutContext, num_requests: int) -> int:
+def first_request(ctx: RolloutContext, num_requests: int) -> int:
     """Global index of this context's first request (per turn), checked against the stride."""
     first = ctx.prompt_offset * ctx.n_samples_per_prompt
     if first + num_requests > TURN_SEED_STRIDE:
@@ -123,24 +136,6 @@ def _first_request(ctx: RolloutContext, num_requests: int) -> int:
                           f"exceed {TURN_SEED_STRIDE}, the seed stride of one turn",
                           "use fewer prompts x samples per rollout")
     return first
-
-
-def encode_prompt(tokenizer: Any, example: TaskExample, apply_chat_template: bool) -> list[int]:
-    """Prompt token ids: the text as is, or rendered by the tokenizer's own chat template.
-
-    Example: with a Qwen-style template, ``"1+1="`` becomes ``<|im_start|>user\n1+1=
-    <|im_end|>\n<|im_start|>assistant\n`` before tokenization.
-    """
-    prompt = example.prompt
-    if apply_chat_template:
-        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        prompt = tokenizer.apply_chat_template(messages, tools=example.tools, tokenize=False,
-                                               add_generation_prompt=True)
-    elif not isinstance(prompt, str):
-        raise field_error(TaskError, "prompt", f"<{len(prompt)} chat messages>",
-                          "needs a chat template to become tokens",
-                          "pass --apply-chat-template, or store prompts as text")
-    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
 def _respond(ctx: RolloutContext, examples: Sequence[TaskExample],
@@ -160,7 +155,7 @@ def _sample(prompt_ids: list[int], gen: Generation, text: str, example: TaskExam
     n = len(gen.token_ids)
     return Sample(
         tokens=list(prompt_ids) + list(gen.token_ids), response_length=n, loss_mask=[1] * n,
-        status=_STATUS[gen.finish_reason], group_id=group_id, index=index,
+        status=FINISH_STATUS[gen.finish_reason], group_id=group_id, index=index,
         rollout_log_probs=list(gen.log_probs),
         metadata={**example.metadata, "prompt": example.prompt, "response": text,
                   "label": example.label, "turn": turn},
@@ -175,7 +170,7 @@ def single_turn_rollout(ctx: RolloutContext) -> list[list[Sample]]:
     """
     n = ctx.n_samples_per_prompt
     examples = [e for e in ctx.prompts for _ in range(n)]
-    first = _first_request(ctx, len(examples))
+    first = first_request(ctx, len(examples))
     out: list[list[Sample]] = [[] for _ in ctx.prompts]
     for j, (ids, gen, text) in enumerate(_respond(ctx, examples, first)):
         r = first + j  # the request's global index: its group id and seed offset
@@ -208,7 +203,7 @@ def compact_rollout(ctx: RolloutContext) -> list[list[list[Sample]]]:
                           "with compact_rollout")
     n = ctx.n_samples_per_prompt
     examples = [e for e in ctx.prompts for _ in range(n)]
-    first = _first_request(ctx, len(examples))
+    first = first_request(ctx, len(examples))
     turns: list[list[Sample]] = [[] for _ in examples]
     for t in range(ctx.num_turns):
         for j, (ids, gen, text) in enumerate(_respond(ctx, examples,

@@ -1,4 +1,5 @@
-"""Loading user functions named by import path (``--rollout-function-path``, ``--custom-rm-path``).
+"""Loading user functions named by import path (``--rollout-function-path``, ``--custom-rm-path``,
+``--custom-generate-function-path``).
 
 Both spellings are accepted: ``"pkg.mod:fn"`` (entry-point style, unambiguous) and slime's dotted
 ``"pkg.mod.fn"``. A path that does not resolve to a callable raises :class:`PluginError` naming
@@ -7,6 +8,7 @@ is imported propagates unchanged, so its traceback stays useful.
 """
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -49,3 +51,29 @@ def load_callable(path: str, *, flag: str) -> Callable[..., Any]:
         raise field_error(PluginError, flag, path, f"names a {type(obj).__name__}, not a function",
                           "point it at a function")
     return obj
+
+
+GENERATE_PARAMETERS = ("args", "sample", "sampling_params")
+
+
+def load_generate_function(path: str, *,
+                           flag: str = "--custom-generate-function-path") -> Callable[..., Any]:
+    """``--custom-generate-function-path``: slime's per-sample generate,
+    ``async def generate(args, sample, sampling_params) -> Sample | list[Sample]``.
+
+    Checked at load by signature: a coroutine function taking exactly three positional
+    arguments. Example: ``load_generate_function("vime_shell.rollout.functions:generate")``.
+    """
+    fn = load_callable(path, flag=flag)
+    if not inspect.iscoroutinefunction(fn):
+        raise field_error(PluginError, flag, path, "is not an async function",
+                          "define it as `async def generate(args, sample, sampling_params)`")
+    try:
+        inspect.signature(fn).bind(None, None, None)
+    except TypeError:
+        raise field_error(PluginError, flag, path,
+                          f"does not take {GENERATE_PARAMETERS} (it takes "
+                          f"{tuple(inspect.signature(fn).parameters)})",
+                          "define it as `async def generate(args, sample, sampling_params)`"
+                          ) from None
+    return fn

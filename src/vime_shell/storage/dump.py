@@ -1,17 +1,21 @@
 """Rollout dumps: save a ``RolloutBatch`` to one file and load it back, exactly, or fail loudly.
 
-Format (version 1): an uncompressed zip holding ``header.json`` and one ``<column>.npy`` per
+Format (version 2): an uncompressed zip holding ``header.json`` and one ``<column>.npy`` per
 ``RolloutBatch`` column, i.e. a numpy ``.npz`` archive. Why this and not Parquet: the batch is
 already columnar numpy, so every column is stored byte-for-byte as in memory (exact round trip,
 no list<int> re-encoding of 64k ragged rows) and vime needs no new dependency; yet common tools
 read it: ``np.load(path)["tokens"]``, ``np.load(path)["header.json"]`` (raw JSON bytes), any zip
 tool, and pandas via ``pd.DataFrame({k: d[k] for k in per_sample_columns})``.
 
-``header.json``: ``{"format": "vime.rollout_batch", "version": 1, "num_samples": n,
+``header.json``: ``{"format": "vime.rollout_batch", "version": 2, "num_samples": n,
 "columns": {name: {"dtype": "<i4", "shape": [t]}}, "group_id_values": [...],
 "prompt_group_values": [...], "sha256": hex}``. The checksum covers the header (without the
 checksum) and every column's name, dtype, shape and bytes. ``rollout_log_probs`` is absent
 when the batch has none.
+
+Versions: 2 added the per-sample ``weight_version_min`` / ``weight_version_max`` columns
+(``vime_pure.data.batch``). A version-1 dump (without them) still loads, every sample on
+policy (``ON_POLICY_VERSION``); dumps are always written as version 2.
 
 Guarantees the tests assert: ``load(save(b))`` reproduces every column (dtype and bytes) and
 id; writes are atomic (temp file in the same directory, fsync, ``os.replace``), so a crash
@@ -40,7 +44,11 @@ from vime_pure.errors import DumpFormatError, VimeError
 from vime_shell.storage.files import atomic_file
 
 FORMAT = "vime.rollout_batch"
-VERSION = 1
+VERSION = 2
+VERSION_COLUMNS = ("weight_version_min", "weight_version_max")  # added in version 2
+# The columns of each readable version; a dump may omit rollout_log_probs (the batch had none).
+COLUMNS_OF: dict[int, tuple[str, ...]] = {
+    1: tuple(c for c in COLUMNS if c not in VERSION_COLUMNS), 2: tuple(COLUMNS)}
 HEADER = "header.json"
 
 
@@ -102,14 +110,16 @@ def load_rollout_batch(path: str | os.PathLike) -> RolloutBatch:
     if digest != header.get("sha256"):
         raise DumpFormatError(f"{where}: checksum mismatch: the file's contents changed after "
                               "it was written. Fix: restore the dump from a copy.")
-    unknown = sorted(set(arrays) - set(COLUMNS))
-    if unknown or not set(COLUMNS) - {"rollout_log_probs"} <= set(arrays):
+    expected = set(COLUMNS_OF[header["version"]])
+    if not set(arrays) <= expected or not expected - {"rollout_log_probs"} <= set(arrays):
         raise DumpFormatError(f"{where}: columns {sorted(arrays)} do not match the version "
-                              f"{VERSION} set {list(COLUMNS)}. Fix: write it with "
-                              "save_rollout_batch.")
+                              f"{header['version']} set {sorted(expected)}. Fix: write it "
+                              "with save_rollout_batch.")
+    # A column an older version lacks takes the batch's default (versions: on policy).
+    columns = {name: arrays[name] for name in COLUMNS if name in arrays}
+    columns.setdefault("rollout_log_probs", None)
     try:
-        return RolloutBatch(**{name: arrays.get(name) for name in COLUMNS},
-                            group_id_values=ids[0], prompt_group_values=ids[1])
+        return RolloutBatch(**columns, group_id_values=ids[0], prompt_group_values=ids[1])
     except VimeError as exc:
         raise DumpFormatError(f"{where}: the file is intact but holds an invalid batch: {exc}"
                               ) from exc
@@ -135,10 +145,10 @@ def _read_header(zf: zipfile.ZipFile, where: Path) -> dict[str, Any]:
         got = header.get("format") if isinstance(header, dict) else type(header).__name__
         raise DumpFormatError(f"{where}: format={got!r}, expected {FORMAT!r}. Fix: pass a "
                               "file written by save_rollout_batch.")
-    if header.get("version") != VERSION:
+    if type(header.get("version")) is not int or header["version"] not in COLUMNS_OF:
         raise DumpFormatError(f"{where}: format version {header.get('version')!r}, but this "
-                              f"vime reads version {VERSION}. Fix: load it with the vime "
-                              "release that wrote it, or re-save it with this one.")
+                              f"vime reads versions {sorted(COLUMNS_OF)}. Fix: load it "
+                              "with the vime release that wrote it, or re-save it with this one.")
     if not isinstance(header.get("columns"), dict) or set(names) != {HEADER} | {
             f"{k}.npy" for k in header["columns"]}:
         raise DumpFormatError(f"{where}: members {sorted(names)} do not match the header's "

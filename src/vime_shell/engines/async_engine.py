@@ -1,0 +1,73 @@
+"""The per-request engine API: many concurrent ``generate`` calls, each one response.
+
+:class:`AsyncRolloutEngine` is what a per-sample ``generate(args, sample, sampling_params)``
+function (:mod:`vime_shell.rollout.generate`) and an asynchronous generation pool need:
+
+- ``await generate(prompt_ids, params) -> Generation``: one response, sampled with seed
+  ``params.seed`` (``params.request_seed(0)``), its raw log-probs, ``finish_reason`` and the
+  ``weight_version`` it was generated under. Any number may be in flight; the engine runs at
+  most ``max_concurrency`` at once and queues the rest;
+- ``abort_all() -> int``: every request in flight or queued returns now with
+  ``finish_reason="abort"`` and its tokens so far (partial rollouts, weight updates);
+- ``weight_version``: the version of the engine's weights (0 as built, set at every sync);
+- ``in_flight``: requests admitted or queued.
+
+Implementations, by the batched engine they front (``FRONTS``, keyed by ``RolloutEngine.name``):
+``hf``: :class:`vime_shell.engines.hf_async.HfAsyncFront`, an asyncio front batching the
+requests waiting at each forward; ``vllm``: :class:`vime_shell.engines.vllm_async.
+VllmAsyncEngine`, vLLM's V1 ``AsyncLLM`` (its own engine, multiprocess). An engine that
+already implements this protocol is its own front.
+
+Example::
+
+    front = async_front(engine, max_concurrency=64)
+    gen = await front.generate([5, 6, 14], SamplingParams(max_new_tokens=2, seed=3))
+"""
+
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+from vime_pure.errors import field_error
+from vime_shell.engines.base import EngineError, Generation, RolloutEngine, SamplingParams
+
+FRONTS: dict[str, str] = {"hf": "vime_shell.engines.hf_async:HfAsyncFront"}
+DEFAULT_CONCURRENCY = 512  # slime's --sglang-server-concurrency default
+
+
+@runtime_checkable
+class AsyncRolloutEngine(Protocol):
+    """See the module docstring."""
+
+    name: str
+
+    @property
+    def weight_version(self) -> int: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams
+                       ) -> Generation: ...
+
+    def abort_all(self) -> int: ...
+
+
+def async_front(engine: RolloutEngine | AsyncRolloutEngine, *,
+                max_concurrency: int = DEFAULT_CONCURRENCY,
+                decode: Callable[[list[int]], str] | None = None) -> AsyncRolloutEngine:
+    """The per-request front of ``engine`` (``engine`` itself when it is one already).
+
+    ``decode`` (token ids -> text) lets the front detect stop strings.
+    """
+    if hasattr(engine, "abort_all"):
+        return engine  # type: ignore[return-value]
+    target = FRONTS.get(engine.name)
+    if target is None:
+        raise field_error(EngineError, "--rollout-engine", engine.name,
+                          "has no per-request (asynchronous) API",
+                          f"use one of {sorted(FRONTS)}, or build the vLLM engine with "
+                          "VllmAsyncEngine")
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)(
+        engine, max_concurrency=max_concurrency, decode=decode)

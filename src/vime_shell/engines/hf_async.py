@@ -1,0 +1,269 @@
+"""``HfAsyncFront``: many concurrent per-request ``generate`` calls on one :class:`HfEngine`,
+batched at every forward (continuous batching: requests join and leave between forwards).
+
+A request is ``await front.generate(prompt_ids, params)`` from any coroutine. One stepper task
+per event loop runs while requests exist; each of its iterations:
+
+1. **admits** waiting requests (up to ``max_concurrency`` rows in flight, the slime
+   ``--sglang-server-concurrency`` meaning): their prompts are prefilled together, left-padded,
+   and the first token of each is sampled;
+2. **decodes** one token for every row in flight: the rows' last tokens go through one forward
+   over the shared KV cache (left-padded to the longest row, each row at its own position);
+3. **retires** the rows that hit a stop token, a stop string or their budget: their caller's
+   future gets the :class:`Generation`, and their cache rows leave the batch;
+4. yields to the event loop, so callers submit their next turn before the next forward.
+
+The forward runs in the event loop's thread (the model is not thread-safe, and a forward of a
+tiny model is ~1 ms): other coroutines (tools, rewards, sleeps) run between forwards.
+
+Sampling is :func:`vime_shell.engines.hf.choose_tokens` with one ``torch.Generator`` per request
+seeded ``params.seed`` (a request is request 0 of its own call), so a request's draw depends on
+its seed and its logits only: concurrent requests give the tokens of the batched
+``HfEngine.generate`` for the same seeds, and log-probs equal to float noise (~1e-7; the
+padding differs). Log-probs are raw (``log_softmax`` of the unprocessed logits).
+
+``abort_all()`` ends every request in flight or waiting at once: each returns its tokens so far
+with ``finish_reason="abort"`` (vLLM's behaviour on abort); resubmitting prompt + partial
+tokens with the remaining budget continues it (exactly, for greedy sampling).
+``weight_version`` is the engine's; each :class:`Generation` records the version it started
+under (callers abort before a weight update when they need one version per segment).
+
+Example::
+
+    front = HfAsyncFront(engine, max_concurrency=64)
+    gens = await asyncio.gather(*(front.generate([5, 6, 14], SamplingParams(
+        max_new_tokens=2, seed=s)) for s in range(8)))
+"""
+
+import asyncio
+import inspect
+from collections.abc import Callable, Sequence
+
+import attrs
+import torch
+from transformers import DynamicCache
+
+from vime_pure.errors import field_error
+from vime_shell.engines.base import EngineError, Generation, SamplingParams, check_prompts
+from vime_shell.engines.hf import HfEngine, choose_tokens
+
+
+@attrs.define(eq=False)
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    future: asyncio.Future
+    generator: torch.Generator | None
+    version: int
+    tokens: list[int] = attrs.Factory(list)
+    log_probs: list[float] = attrs.Factory(list)
+
+    def key(self) -> tuple[float, float, int]:
+        p = self.params
+        return (p.temperature, p.top_p, p.top_k)
+
+
+@attrs.define
+class _Cache:
+    """The rows in flight: per-layer keys / values ``[B, heads, T, head_dim]`` left-padded,
+    the attention mask ``[B, T]`` and each row's next position (its real token count)."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    mask: torch.Tensor
+    positions: torch.Tensor
+
+
+def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``t`` [B, ..., T(, D)] with zeros prepended along the sequence dim up to ``width``."""
+    dim = 2 if t.dim() == 4 else 1
+    missing = width - t.shape[dim]
+    if missing <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def _merge(a: _Cache | None, b: _Cache) -> _Cache:
+    if a is None:
+        return b
+    width = max(a.mask.shape[1], b.mask.shape[1])
+    kv = [(torch.cat([_pad_left(ka, width), _pad_left(kb, width)]),
+           torch.cat([_pad_left(va, width), _pad_left(vb, width)]))
+          for (ka, va), (kb, vb) in zip(a.kv, b.kv)]
+    return _Cache(kv=kv, mask=torch.cat([_pad_left(a.mask, width), _pad_left(b.mask, width)]),
+                  positions=torch.cat([a.positions, b.positions]))
+
+
+def _select(c: _Cache, rows: list[int]) -> _Cache | None:
+    """The cache of ``rows`` only, with the columns no kept row uses trimmed off the left."""
+    if not rows:
+        return None
+    idx = torch.tensor(rows, dtype=torch.long)
+    mask = c.mask.index_select(0, idx)
+    used = mask.any(dim=0).nonzero()
+    start = int(used[0]) if used.numel() else mask.shape[1]
+    kv = [(k.index_select(0, idx)[:, :, start:], v.index_select(0, idx)[:, :, start:])
+          for k, v in c.kv]
+    return _Cache(kv=kv, mask=mask[:, start:], positions=c.positions.index_select(0, idx))
+
+
+class HfAsyncFront:
+    """The asyncio per-request front of an :class:`HfEngine` (see the module docstring).
+
+    ``decode``: token ids -> text, needed only for requests with stop strings.
+    """
+
+    def __init__(self, engine: HfEngine, *, max_concurrency: int = 512,
+                 decode: Callable[[list[int]], str] | None = None):
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) \
+                or max_concurrency < 1:
+            raise field_error(EngineError, "--sglang-server-concurrency", max_concurrency,
+                              "must be a positive integer", "pass e.g. 512")
+        self.engine, self.max_concurrency, self.decode = engine, max_concurrency, decode
+        self.name = engine.name
+        self._waiting: list[_Request] = []
+        self._active: list[_Request] = []
+        self._cache: _Cache | None = None
+        self._stepper: asyncio.Task | None = None
+        model = engine.model
+        self._cache_kw = ("cache" if "cache" in inspect.signature(model.forward).parameters
+                          else "past_key_values")
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted or waiting."""
+        return len(self._active) + len(self._waiting)
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+        """One response to ``prompt_ids``, sampled with seed ``params.seed`` (the engine's own
+        stream when None); returns when it ends or is aborted."""
+        (ids,) = check_prompts([prompt_ids], self.engine.vocab_size)
+        stop = getattr(params, "stop", ())
+        if stop and self.decode is None:
+            raise field_error(EngineError, "stop", stop, "needs a tokenizer to detect",
+                              "build the front with decode=tokenizer.decode")
+        loop = asyncio.get_running_loop()
+        seed = params.seed if params.seed is not None else self.engine.draw_seeds(1)[0]
+        generator = (None if params.temperature == 0 else
+                     torch.Generator(device=self.engine.device).manual_seed(int(seed)))
+        request = _Request(prompt=ids, params=params, future=loop.create_future(),
+                           generator=generator, version=self.weight_version)
+        self._waiting.append(request)
+        if self._stepper is None or self._stepper.done():
+            self._stepper = loop.create_task(self._run())
+        return await request.future
+
+    def abort_all(self) -> int:
+        """End every request now with ``finish_reason="abort"`` and its tokens so far; returns
+        how many were ended."""
+        ended = self._active + self._waiting
+        self._active, self._waiting, self._cache = [], [], None
+        for r in ended:
+            self._finish(r, "abort")
+        return len(ended)
+
+    # -- the stepper ---------------------------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            while self._waiting or self._active:
+                with torch.no_grad():
+                    self._admit()
+                    if self._active:
+                        self._decode_step()
+                await asyncio.sleep(0)
+        except BaseException as exc:  # a failed forward fails every caller, never hangs them
+            for r in self._active + self._waiting:
+                if not r.future.done():
+                    r.future.set_exception(exc)
+            self._active, self._waiting, self._cache = [], [], None
+            if not isinstance(exc, Exception):
+                raise
+
+    def _admit(self) -> None:
+        room = self.max_concurrency - len(self._active)
+        if room <= 0 or not self._waiting:
+            return
+        joining, self._waiting = self._waiting[:room], self._waiting[room:]
+        width = max(len(r.prompt) for r in joining)
+        ids = torch.full((len(joining), width), self.engine.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(joining), width), dtype=torch.long)
+        for i, r in enumerate(joining):
+            ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
+            mask[i, width - len(r.prompt):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp_(min=0)
+        cache = DynamicCache(config=self.engine.model.config)
+        logits = self._forward(ids, mask, positions, cache)
+        new = _Cache(kv=[(layer.keys, layer.values) for layer in cache.layers], mask=mask,
+                     positions=mask.sum(-1))
+        self._active, self._cache = self._step_rows(self._active, self._cache, joining, new,
+                                                    logits)
+
+    def _decode_step(self) -> None:
+        c = self._cache
+        last = torch.tensor([[r.tokens[-1]] for r in self._active], dtype=torch.long)
+        mask = torch.cat([c.mask, c.mask.new_ones((c.mask.shape[0], 1))], dim=1)
+        cache = DynamicCache(ddp_cache_data=c.kv, config=self.engine.model.config)
+        logits = self._forward(last, mask, c.positions[:, None], cache)
+        grown = _Cache(kv=[(layer.keys, layer.values) for layer in cache.layers], mask=mask,
+                       positions=c.positions + 1)
+        self._active, self._cache = self._step_rows([], None, self._active, grown, logits)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+                 cache: DynamicCache) -> torch.Tensor:
+        device = self.engine.device
+        out = self.engine.model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                position_ids=positions.to(device), use_cache=True,
+                                **{self._cache_kw: cache})
+        return out.logits[:, -1, :].float()
+
+    def _step_rows(self, kept: list[_Request], kept_cache: _Cache | None, rows: list[_Request],
+                   cache: _Cache, logits: torch.Tensor) -> tuple[list[_Request], _Cache | None]:
+        """Sample the next token of each of ``rows`` from ``logits``; retire finished rows;
+        return the rows still in flight (``kept`` first) and their cache."""
+        chosen = torch.empty(len(rows), dtype=torch.long)
+        by_params: dict[tuple, list[int]] = {}
+        for i, r in enumerate(rows):
+            by_params.setdefault(r.key(), []).append(i)
+        for members in by_params.values():
+            idx = torch.tensor(members, dtype=torch.long)
+            chosen[idx] = choose_tokens(logits.index_select(0, idx),
+                                        [rows[i].generator for i in members],
+                                        rows[members[0]].params).cpu()
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None].to(logits.device))
+        staying: list[int] = []
+        for i, r in enumerate(rows):
+            r.tokens.append(int(chosen[i]))
+            r.log_probs.append(float(logp[i, 0]))
+            reason = self._finish_reason(r)
+            if reason is None:
+                staying.append(i)
+            else:
+                self._finish(r, reason)
+        if len(staying) < len(rows):
+            selected = _select(cache, staying)
+        else:
+            selected = cache
+        return kept + [rows[i] for i in staying], (
+            kept_cache if selected is None else _merge(kept_cache, selected))
+
+    def _finish_reason(self, r: _Request) -> str | None:
+        p = r.params
+        if r.tokens[-1] in p.stop_token_ids:
+            return "stop"
+        stop = getattr(p, "stop", ())
+        if stop and any(s in self.decode(r.tokens) for s in stop):
+            return "stop"
+        budget = (p.max_new_tokens_for(len(r.prompt)) if hasattr(p, "max_new_tokens_for")
+                  else p.max_new_tokens)
+        return "length" if len(r.tokens) >= budget else None
+
+    @staticmethod
+    def _finish(r: _Request, reason: str) -> None:
+        if not r.future.done():
+            r.future.set_result(Generation(token_ids=r.tokens, log_probs=r.log_probs,
+                                           finish_reason=reason, weight_version=r.version))

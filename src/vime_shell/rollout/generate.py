@@ -1,0 +1,235 @@
+"""Per-sample generation with slime's contract: ``async def generate(args, sample,
+sampling_params) -> Sample | list[Sample]``.
+
+:func:`generate` is the built-in one: **one turn** on the run's engine. It continues
+``sample.tokens`` (the prompt, then everything the sample holds so far: earlier turns, tool
+output) with at most ``sampling_params["max_new_tokens"] - sample.response_length`` new tokens
+(``max_new_tokens`` is the budget of the whole response, as in slime, so resuming an aborted
+sample or adding a turn never exceeds it), appends them with loss mask 1 and their raw
+log-probs, records the engine's weight version of the segment in ``sample.weight_versions``,
+sets ``sample.status`` from the finish reason (stop: completed, length: truncated, abort:
+aborted) and ``metadata["response"]`` to the response's text. When a sample continues under
+newer weights than its last segment's, ``metadata["resumed_at"]`` records the response length
+at that point (the tokens before it are off-policy). A sample with no tokens yet is
+encoded from ``metadata["prompt"]`` (with the chat template under ``--apply-chat-template``).
+
+A custom function (``--custom-generate-function-path pkg.mod:fn``) has the same signature and
+awaits :func:`generate` for each turn, as slime's custom functions await slime's. Returning a
+list is a fan-out: the samples become one rollout group (siblings share the group id).
+
+- ``args``: the run's ``TrainConfig``, read-only: every ``vime train`` flag as an attribute
+  (``args.rollout_max_response_len``, ``args.n_samples_per_prompt``, ``args.partial_rollout``,
+  ...). ``None`` when a test drives the function without a run.
+- ``sample``: a :class:`vime_pure.Sample` with ``metadata`` holding ``prompt``, ``label`` and
+  the dataset row's metadata; ``index`` is the request's number in the rollout.
+- ``sampling_params``: a dict with slime's keys, a fresh copy per call (mutate it freely):
+  ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` (0 or -1: off), ``stop`` (strings),
+  ``stop_token_ids``, ``sampling_seed``; slime's text-only keys (``skip_special_tokens``,
+  ``no_stop_trim``, ``spaces_between_special_tokens``) are accepted and have no effect on
+  token ids.
+
+The engine and tokenizer come from the :class:`GenerateRuntime` the caller installs with
+:func:`use_runtime` (the rollout driver :func:`vime_shell.rollout.per_sample.generate_rollout`
+does; an asynchronous pool does the same). While the runtime is *aborting* (a partial rollout
+reached its boundary), :func:`generate` returns the sample at once with status aborted, so a
+custom function should return when it sees ``Status.ABORTED``.
+
+Example (a two-turn custom function)::
+
+    async def generate(args, sample, sampling_params):
+        sample = await vime_generate(args, sample, sampling_params)
+        if sample.status is Status.ABORTED:
+            return sample
+        append_tokens(sample, tokenizer_ids_of("#"), loss_mask=0)   # tool output
+        return await vime_generate(args, sample, sampling_params)
+"""
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from vime_pure.data.sample import Sample, Status
+from vime_pure.errors import VimeError, field_error
+from vime_shell.engines.async_engine import AsyncRolloutEngine
+from vime_shell.engines.base import SamplingParams
+from vime_shell.rollout.tasks import TaskError, TaskExample
+
+GenerateFn = Callable[[Any, Sample, dict], Any]
+FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
+# slime's sampling keys that shape text only (detokenization); token ids do not depend on them.
+_TEXT_ONLY_KEYS = frozenset({"skip_special_tokens", "no_stop_trim",
+                             "spaces_between_special_tokens"})
+# metadata key: the response length at which the sample continued under its latest weights
+# (the tokens before it came from older ones; see per_sample.offpolicy_prefix).
+RESUMED_AT = "resumed_at"
+_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
+                   "sampling_seed"})
+# Segment k >= 1 of a sample (a later turn, a resumed piece) draws with its sampling seed moved
+# by k golden-ratio steps mod 2**62: an independent draw, far from the rollout's structured
+# seeds (base + round * 2**20 + turn * 2**18 + request); segment 0 keeps the seed itself.
+_SEGMENT_STEP = 0x9E3779B97F4A7C15
+
+
+def segment_seed(seed: int, k: int) -> int:
+    """Seed of segment ``k`` of a sample whose ``sampling_seed`` is ``seed``.
+    Example: ``segment_seed(5, 0) == 5``; ``segment_seed(5, 1) != 6``."""
+    return seed if k == 0 else (seed + k * _SEGMENT_STEP) % (1 << 62)
+
+
+class GenerateError(VimeError):
+    """A per-sample generate call was misused (no runtime, bad sampling parameters)."""
+
+
+@attrs.define(eq=False)
+class GenerateRuntime:
+    """What :func:`generate` generates with: the per-request engine, the tokenizer, and the
+    partial-rollout switches. ``aborting``: set while in-flight work is being aborted (new
+    calls return aborted at once); ``mask_offpolicy`` (``--mask-offpolicy-in-partial-rollout``):
+    tokens from older weights get loss mask 0 when their group trains.
+    Example: ``GenerateRuntime(engine=async_front(hf_engine), tokenizer=tok)``.
+    """
+
+    engine: AsyncRolloutEngine
+    tokenizer: Any
+    apply_chat_template: bool = False
+    mask_offpolicy: bool = False
+    aborting: bool = False
+
+    def abort(self) -> int:
+        """Abort everything in flight (each caller gets its partial sample back, status
+        aborted) and refuse new turns until :meth:`resume`; returns the requests ended."""
+        self.aborting = True
+        return self.engine.abort_all()
+
+    def resume(self) -> None:
+        self.aborting = False
+
+
+_RUNTIME: contextvars.ContextVar[GenerateRuntime | None] = contextvars.ContextVar(
+    "vime_generate_runtime", default=None)
+
+
+@contextlib.contextmanager
+def use_runtime(runtime: GenerateRuntime) -> Iterator[GenerateRuntime]:
+    """Install ``runtime`` for the :func:`generate` calls made in this context (and in the
+    asyncio tasks created in it)."""
+    token = _RUNTIME.set(runtime)
+    try:
+        yield runtime
+    finally:
+        _RUNTIME.reset(token)
+
+
+def current_runtime() -> GenerateRuntime:
+    runtime = _RUNTIME.get()
+    if runtime is None:
+        raise GenerateError("vime_shell.rollout.functions.generate was called outside a vime "
+                            "rollout (no GenerateRuntime). Fix: call it from a function run by "
+                            "--custom-generate-function-path, or wrap the call in "
+                            "use_runtime(GenerateRuntime(engine=..., tokenizer=...)).")
+    return runtime
+
+
+def sampling_params_dict(params: SamplingParams) -> dict[str, Any]:
+    """slime's sampling dict for ``params`` (``sampling_seed`` = ``params.seed``).
+
+    Example: ``SamplingParams(max_new_tokens=2, seed=5)`` -> ``{"max_new_tokens": 2,
+    "temperature": 1.0, ..., "sampling_seed": 5}``.
+    """
+    return {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
+            "top_p": params.top_p, "top_k": params.top_k, "stop": list(getattr(params, "stop", ())),
+            "stop_token_ids": list(params.stop_token_ids), "sampling_seed": params.seed}
+
+
+def engine_params(sampling_params: Mapping[str, Any] | SamplingParams) -> SamplingParams:
+    """The engine's :class:`SamplingParams` from slime's dict (or one already)."""
+    if isinstance(sampling_params, SamplingParams):
+        return sampling_params
+    if not isinstance(sampling_params, Mapping):
+        raise field_error(GenerateError, "sampling_params", type(sampling_params).__name__,
+                          "is not a dict", "pass the dict the rollout gave you, modified")
+    unknown = sorted(set(sampling_params) - _KEYS - _TEXT_ONLY_KEYS)
+    if unknown:
+        raise field_error(GenerateError, "sampling_params", unknown, "are not sampling keys",
+                          f"use {sorted(_KEYS)}")
+    d = sampling_params
+    top_k = d.get("top_k", 0)
+    kwargs: dict[str, Any] = dict(
+        max_new_tokens=d["max_new_tokens"], temperature=d.get("temperature", 1.0),
+        top_p=d.get("top_p", 1.0), top_k=0 if top_k == -1 else top_k,
+        stop_token_ids=tuple(d.get("stop_token_ids") or ()), seed=d.get("sampling_seed"))
+    if d.get("stop"):
+        kwargs["stop"] = tuple(d["stop"])
+    return SamplingParams(**kwargs)
+
+
+def encode_prompt(tokenizer: Any, example: TaskExample, apply_chat_template: bool) -> list[int]:
+    """Prompt token ids: the text as is, or rendered by the tokenizer's own chat template.
+
+    Example: with a Qwen-style template, ``"1+1="`` becomes ``<|im_start|>user\\n1+1=
+    <|im_end|>\\n<|im_start|>assistant\\n`` before tokenization.
+    """
+    prompt = example.prompt
+    if apply_chat_template:
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        prompt = tokenizer.apply_chat_template(messages, tools=example.tools, tokenize=False,
+                                               add_generation_prompt=True)
+    elif not isinstance(prompt, str):
+        raise field_error(TaskError, "prompt", f"<{len(prompt)} chat messages>",
+                          "needs a chat template to become tokens",
+                          "pass --apply-chat-template, or store prompts as text")
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def append_tokens(sample: Sample, token_ids: Sequence[int], *, loss_mask: int = 0,
+                  log_probs: Sequence[float] | None = None) -> Sample:
+    """Append ``token_ids`` to the response: tool output (``loss_mask=0``, log-probs 0, not
+    trained) or generated tokens (``loss_mask=1`` with their log-probs).
+
+    Example: a 3-token response plus ``append_tokens(s, [7, 8])`` has ``response_length`` 5
+    and ``loss_mask`` ``[1, 1, 1, 0, 0]``.
+    """
+    n = len(token_ids)
+    old = sample.response_length
+    sample.tokens = list(sample.tokens) + [int(t) for t in token_ids]
+    mask = [1] * old if sample.loss_mask is None else list(sample.loss_mask)
+    sample.loss_mask = mask + [int(loss_mask)] * n
+    logps = [0.0] * old if sample.rollout_log_probs is None else list(sample.rollout_log_probs)
+    sample.rollout_log_probs = logps + (list(log_probs) if log_probs is not None else [0.0] * n)
+    sample.response_length = old + n
+    return sample
+
+
+async def generate(args: Any, sample: Sample, sampling_params: Mapping[str, Any]) -> Sample:
+    """One turn of ``sample`` on the run's engine (see the module docstring)."""
+    del args  # the built-in turn reads nothing from the run's config
+    rt = current_runtime()
+    params = engine_params(sampling_params)
+    if not len(sample.tokens):
+        example = TaskExample(prompt=sample.metadata.get("prompt", ""),
+                              tools=sample.metadata.get("tools"))
+        sample.tokens = encode_prompt(rt.tokenizer, example, rt.apply_chat_template)
+        sample.response_length = 0
+    if rt.aborting:
+        sample.status = Status.ABORTED
+        return sample
+    budget = params.max_new_tokens - sample.response_length
+    if budget < 1:
+        sample.status = Status.TRUNCATED
+        return sample
+    versions = list(sample.weight_versions)
+    if versions and versions[-1] < rt.engine.weight_version:  # resumed under newer weights
+        sample.metadata[RESUMED_AT] = sample.response_length
+    seed = None if params.seed is None else segment_seed(params.seed, len(versions))
+    gen = await rt.engine.generate(list(sample.tokens),
+                                   attrs.evolve(params, max_new_tokens=budget, seed=seed))
+    if gen.token_ids:
+        append_tokens(sample, gen.token_ids, loss_mask=1, log_probs=gen.log_probs)
+        sample.weight_versions = versions + [int(gen.weight_version or 0)]
+    sample.status = FINISH_STATUS[gen.finish_reason]
+    response = list(sample.tokens[len(sample.tokens) - sample.response_length:])
+    sample.metadata["response"] = rt.tokenizer.decode(response, skip_special_tokens=True)
+    return sample

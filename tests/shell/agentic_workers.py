@@ -1,0 +1,62 @@
+"""Process bodies for the per-sample (agentic) ``vime train`` tests: the multi-turn tool example
+and a partial rollout, each a short run in one spawned process (imports dominate)."""
+
+import asyncio
+import os
+
+import numpy as np
+
+from vime_pure.data.sample import Status
+from vime_shell.rollout.generate import generate
+
+
+async def slow_generate(args, sample, sampling_params):
+    """One token per turn, the executions of prompt group ``g`` waiting ``g % 6 * 4`` loop
+    ticks before each: a deterministic long tail, so a partial rollout cuts the slow groups
+    mid-response (``args`` is the run's config)."""
+    total = sampling_params["max_new_tokens"]
+    group = sample.index // args.n_samples_per_prompt
+    while sample.response_length < total:
+        for _ in range(group % 6 * 4):
+            await asyncio.sleep(0)
+        sample = await generate(args, sample, {**sampling_params,
+                                               "max_new_tokens": sample.response_length + 1})
+        if sample.status is not Status.TRUNCATED:  # stopped (EOS) or aborted
+            return sample
+    return sample
+
+
+def _responses(batch):
+    """Per sample: (prompt tokens, response tokens, response loss mask)."""
+    out = []
+    for i in range(len(batch.lengths)):
+        start, end = batch.token_offsets[i], batch.token_offsets[i + 1]
+        r = int(batch.response_lengths[i])
+        r0 = batch.response_offsets[i]
+        out.append((batch.tokens[start:end - r].tolist(), batch.tokens[end - r:end].tolist(),
+                    batch.loss_masks[r0:r0 + r].tolist()))
+    return out
+
+
+def agentic_worker(rank: int, root: str, cache: str) -> dict:
+    os.environ["VIME_CACHE_DIR"] = cache
+    from tests.shell.loop_workers import _cfg
+    from vime_shell.loop.loop import run_training
+
+    tool, partial = [], []
+    run_training(_cfg(run_dir=f"{root}/tool", num_rollout=2, rollout_max_response_len=5,
+                      custom_generate_function_path="vime_shell.rollout.tool_example:generate"),
+                 on_rollout=lambda e: tool.append({"metrics": dict(e.metrics),
+                                                   "samples": _responses(e.batch)}),
+                 progress=False)
+    run_training(_cfg(run_dir=f"{root}/partial", num_rollout=3, rollout_max_response_len=4,
+                      over_sampling_batch_size=6, partial_rollout=True,
+                      mask_offpolicy_in_partial_rollout=True,
+                      custom_generate_function_path="tests.shell.agentic_workers:slow_generate"),
+                 on_rollout=lambda e: partial.append({
+                     "metrics": dict(e.metrics), "samples": _responses(e.batch),
+                     "versions": np.stack([e.batch.weight_version_min,
+                                           e.batch.weight_version_max]).tolist(),
+                     "group_mask_sums": e.batch.group_mask_sums.tolist()}),
+                 progress=False)
+    return {"tool": tool, "partial": partial}

@@ -1,0 +1,127 @@
+"""The per-request engine API on the HF engine (``HfAsyncFront``), embedded tiny Qwen2.
+
+Asserts: concurrent requests return what the batched ``HfEngine.generate`` returns for the same
+seeds (tokens exactly, raw log-probs to float noise), also when requests join while others are
+in flight and with a concurrency limit below the request count; an aborted request returns its
+partial tokens and, resubmitted with the rest of its budget, continues them exactly (greedy);
+stop tokens end a request; the weight version is recorded.
+"""
+
+import asyncio
+
+import attrs
+import pytest
+
+from vime_shell.engines import SamplingParams
+from vime_shell.engines.async_engine import AsyncRolloutEngine, async_front
+from vime_shell.engines.hf import HfEngine
+from vime_shell.models.tokenizer import load_tokenizer
+
+PROMPTS = ["12>", "3+4=", "aabab#", "07=", "9>", "4455>"]
+
+
+@pytest.fixture(scope="module")
+def setup(embedded_pair):
+    tok = load_tokenizer(embedded_pair[0])
+    engine = HfEngine(embedded_pair[0], seed=0)
+    return engine, [tok(p)["input_ids"] for p in PROMPTS]
+
+
+async def _concurrent(front, prompts, params: SamplingParams, stagger: bool = False):
+    async def one(i, p):
+        if stagger:  # join while earlier requests are mid-generation
+            for _ in range(i):
+                await asyncio.sleep(0)
+        return await front.generate(p, SamplingParams(**{**_fields(params),
+                                                         "seed": params.request_seed(i)}))
+    return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+
+def _fields(params: SamplingParams) -> dict:
+    return attrs.asdict(params)
+
+
+@pytest.mark.parametrize("concurrency,stagger,temperature", [
+    (512, False, 1.0), (2, False, 1.0), (512, True, 1.0), (3, True, 0.0)])
+def test_concurrent_requests_equal_the_batched_call(setup, concurrency, stagger, temperature):
+    engine, prompts = setup
+    params = SamplingParams(max_new_tokens=6, temperature=temperature, seed=11,
+                            stop_token_ids=(1,))
+    batched = engine.generate(prompts, params)
+    front = async_front(engine, max_concurrency=concurrency)
+    assert isinstance(front, AsyncRolloutEngine)
+    gens = asyncio.run(_concurrent(front, prompts, params, stagger))
+    assert [g.token_ids for g in gens] == [g.token_ids for g in batched]
+    assert [g.finish_reason for g in gens] == [g.finish_reason for g in batched]
+    for g, b in zip(gens, batched):
+        assert max(abs(x - y) for x, y in zip(g.log_probs, b.log_probs)) < 1e-5
+        assert g.weight_version == engine.weight_version
+    assert front.in_flight == 0
+    # samples of one call differ (seed + i): zero advantages otherwise
+    assert len({g.token_ids for g in gens}) > 1 or temperature == 0
+
+
+def test_an_aborted_request_continues_exactly(setup):
+    engine, prompts = setup
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    full = engine.generate(prompts, params)
+    front = async_front(engine, max_concurrency=4)
+
+    async def abort_after(steps: int):
+        tasks = [asyncio.create_task(front.generate(p, params)) for p in prompts]
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        assert front.abort_all() == len(prompts)
+        return await asyncio.gather(*tasks)
+
+    partial = asyncio.run(abort_after(3))
+    assert all(g.finish_reason == "abort" for g in partial)
+    assert any(0 < len(g.token_ids) < 8 for g in partial)  # some were mid-generation
+
+    async def resume():
+        return await asyncio.gather(*(
+            front.generate(list(p) + list(g.token_ids),
+                           SamplingParams(max_new_tokens=8 - len(g.token_ids), temperature=0.0))
+            for p, g in zip(prompts, partial) if len(g.token_ids) < 8))
+
+    rest = iter(asyncio.run(resume()))
+    for g, f in zip(partial, full):
+        tokens, logps = list(g.token_ids), list(g.log_probs)
+        if len(tokens) < 8:
+            r = next(rest)
+            tokens += r.token_ids
+            logps += r.log_probs
+        assert tokens == list(f.token_ids)
+        assert max(abs(a - b) for a, b in zip(logps, f.log_probs)) < 1e-5
+
+
+def test_requests_in_a_later_event_loop_and_after_a_weight_version(setup):
+    engine, prompts = setup
+    front = async_front(engine, max_concurrency=8)
+    params = SamplingParams(max_new_tokens=2, seed=3)
+    first = asyncio.run(front.generate(prompts[0], params))
+    engine.weight_version += 1
+    second = asyncio.run(front.generate(prompts[0], params))
+    engine.weight_version -= 1
+    assert first.token_ids == second.token_ids
+    assert (first.weight_version, second.weight_version) == (0, 1)
+
+
+def test_stop_controls_are_per_request(setup):
+    engine, prompts = setup
+    front = async_front(engine, max_concurrency=8, decode=lambda ids: "".join(map(chr, ids)))
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    full = engine.generate([prompts[0]], greedy)[0].token_ids
+    stop_at = full[2]
+    cut = full.index(stop_at) + 1
+    stops = [attrs.evolve(greedy, stop_token_ids=(stop_at,)), greedy]
+    if "stop" in attrs.fields_dict(SamplingParams):  # stop strings (--rollout-stop)
+        stops.append(attrs.evolve(greedy, stop=(chr(stop_at),)))
+
+    async def run():
+        return await asyncio.gather(*(front.generate(prompts[0], p) for p in stops))
+    gens = asyncio.run(run())
+    assert gens[0].token_ids == full[:cut] and gens[0].finish_reason == "stop"
+    assert gens[1].token_ids == full and gens[1].finish_reason == "length"
+    if len(gens) > 2:
+        assert gens[2].token_ids == full[:cut] and gens[2].finish_reason == "stop"

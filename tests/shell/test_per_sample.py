@@ -1,0 +1,157 @@
+"""Per-sample generation (slime's ``generate(args, sample, sampling_params)``) and partial
+rollouts, on the HF engine's per-request front and the embedded model.
+
+Asserts: ``generate_rollout`` with the built-in ``generate`` returns the batched single-turn
+rollout's samples (same seeds, same group ids); a fan-out function gives one rollout group per
+call; under a partial rollout the first groups to finish train, the rest (whole groups) wait in
+the buffer, and an aborted sample resumed under a new weight version continues its tokens
+exactly (greedy) with both versions recorded, also through a checkpoint of the buffer (plain
+JSON); with masking on its older tokens get loss mask
+0 and the batch's group denominators count only the unmasked tokens; the plugin loader checks
+the signature.
+"""
+
+import asyncio
+import json
+
+import attrs
+import numpy as np
+import pytest
+
+from vime_pure.data.batch import RolloutBatch
+from vime_pure.data.rewards import RewardNormalization
+from vime_pure.data.sample import Sample, Status
+from vime_shell.engines import SamplingParams
+from vime_shell.engines.async_engine import async_front
+from vime_shell.engines.hf import HfEngine
+from vime_shell.models.tokenizer import load_tokenizer
+from vime_shell.rollout.data import PromptSource
+from vime_shell.rollout.functions import RolloutContext, generate, single_turn_rollout
+from vime_shell.rollout.generate import GenerateRuntime
+from vime_shell.rollout.per_sample import PartialBuffer, PerSample, generate_rollout
+from vime_shell.rollout.plugins import PluginError, load_generate_function
+from vime_shell.rollout.rewards import Rewarder
+from vime_shell.rollout.tasks import TASKS
+
+
+@pytest.fixture(scope="module")
+def parts(embedded_pair):
+    tok = load_tokenizer(embedded_pair[0])
+    engine = HfEngine(embedded_pair[0], seed=0)
+    prompts = PromptSource.from_task(TASKS["reverse2"], seed=0).take(6)
+    return engine, tok, prompts
+
+
+def _ctx(parts, fn, *, buffer=None, mask=False, temperature=1.0, max_new=2, n=4, target=None):
+    engine, tok, prompts = parts
+    runtime = GenerateRuntime(engine=async_front(engine, max_concurrency=64, decode=tok.decode),
+                              tokenizer=tok, mask_offpolicy=mask)
+    return RolloutContext(
+        rollout_id=0, engine=engine, tokenizer=tok, prompts=prompts, n_samples_per_prompt=n,
+        sampling=SamplingParams(max_new_tokens=max_new, temperature=temperature, seed=500,
+                                stop_token_ids=(tok.eos_token_id,)),
+        rewarder=Rewarder.build(rm_type="exact"), task=TASKS["reverse2"],
+        per_sample=PerSample(runtime=runtime, generate_fn=fn, buffer=buffer),
+        target_groups=target)
+
+
+def _flat(output):
+    return [s for prompt in output for execution in prompt for s in execution]
+
+
+def test_builtin_generate_equals_the_batched_rollout(parts):
+    ctx = _ctx(parts, generate)
+    batched = [s for prompt in single_turn_rollout(ctx) for s in prompt]
+    per_sample = _flat(generate_rollout(ctx))
+    assert [s.tokens for s in per_sample] == [s.tokens for s in batched]
+    assert [s.group_id for s in per_sample] == [s.group_id for s in batched]
+    assert [s.reward for s in per_sample] == [s.reward for s in batched]
+    assert all(s.weight_versions == [0] for s in per_sample)
+    assert len({tuple(s.tokens) for s in per_sample}) > 1  # seeds differ per execution
+
+
+async def fan_out(args, sample, sampling_params):
+    """Two samples per execution: the answer, then a second answer to the same prompt."""
+    first = await generate(args, sample, sampling_params)
+    second = Sample(metadata=dict(sample.metadata))
+    second = await generate(args, second, {**sampling_params, "sampling_seed": 7})
+    return [first, second]
+
+
+def test_a_fan_out_gives_one_group_per_call(parts):
+    output = generate_rollout(_ctx(parts, fan_out, n=3))
+    assert [len(p) for p in output] == [3] * len(parts[2])
+    for prompt in output:
+        for execution in prompt:
+            assert len(execution) == 2 and execution[0].group_id == execution[1].group_id
+            assert execution[0].reward == execution[1].reward
+    batch = RolloutBatch.from_samples(output, normalization=RewardNormalization(method="grpo"))
+    assert batch.num_groups == 3 * len(parts[2])
+
+
+async def slow_generate(args, sample, sampling_params):
+    """One token per call, execution ``index`` waiting ``index % 5`` loop ticks before each:
+    a long tail in event-loop time, deterministic."""
+    total = sampling_params["max_new_tokens"]
+    while sample.response_length < total:
+        for _ in range(sample.index % 5 * 3):
+            await asyncio.sleep(0)
+        step = {**sampling_params, "max_new_tokens": sample.response_length + 1}
+        sample = await generate(args, sample, step)
+        if sample.status is not Status.TRUNCATED:  # stopped (EOS) or aborted
+            return sample
+    return sample
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_partial_rollout_resumes_exactly_and_masks_older_tokens(parts, mask):
+    engine = parts[0]
+    reference = _flat(generate_rollout(_ctx(parts, slow_generate, temperature=0.0, max_new=4)))
+    buffer = PartialBuffer()
+    first = generate_rollout(_ctx(parts, slow_generate, buffer=buffer, mask=mask,
+                                  temperature=0.0, max_new=4, target=2))
+    assert len(first) == 2 and len(buffer) == len(parts[2]) - 2  # whole groups wait
+    waiting = [s for g in buffer.groups for e in g.executions for s in e]
+    cut = [s for s in waiting if s.status is Status.ABORTED and s.response_length]
+    assert cut, "some samples were cut mid-response"
+    # what a checkpoint holds (plain JSON), then what a resumed run continues from
+    buffer = PartialBuffer.from_state(json.loads(json.dumps(buffer.to_state())))
+    engine.weight_version = 1  # the trainer synced (same weights: greedy must continue alike)
+    try:
+        ctx = attrs.evolve(_ctx(parts, slow_generate, buffer=buffer, mask=mask, temperature=0.0,
+                                max_new=4, target=len(parts[2])), prompts=())
+        second = generate_rollout(ctx)
+    finally:
+        engine.weight_version = 0
+    assert len(buffer) == 0 and len(second) == len(parts[2]) - 2
+    got = sorted(tuple(s.tokens) for s in _flat(first) + _flat(second))
+    assert got == sorted(tuple(s.tokens) for s in reference)  # exactly continued
+    resumed = [s for s in _flat(second) if s.weight_versions[:1] == [0] and 1 in s.weight_versions]
+    assert resumed
+    for s in resumed:
+        prefix = s.weight_versions.count(0)  # segments of one token each under version 0
+        expected = [0] * prefix + [1] * (s.response_length - prefix) if mask \
+            else [1] * s.response_length
+        assert s.loss_mask == expected
+    old_finished = [s for s in _flat(second) if s.weight_versions == [0] * len(s.weight_versions)]
+    for s in old_finished:  # finished before the sync: every token is off-policy
+        assert s.loss_mask == ([0] * s.response_length if mask else [1] * s.response_length)
+    batch = RolloutBatch.from_samples(second, normalization=RewardNormalization(method="grpo"))
+    sums = [sum(s.loss_mask) for s in _flat(second)]
+    np.testing.assert_array_equal(batch.group_mask_sums, sums)  # denominators follow masks
+
+
+async def not_async(args, sample):
+    return sample
+
+
+def sync_generate(args, sample, sampling_params):
+    return sample
+
+
+@pytest.mark.parametrize("name,problem", [("sync_generate", "not an async function"),
+                                          ("not_async", "does not take")])
+def test_the_loader_checks_the_signature(name, problem):
+    with pytest.raises(PluginError, match=problem):
+        load_generate_function(f"tests.shell.test_per_sample:{name}")
+    assert load_generate_function("vime_shell.rollout.functions:generate") is generate
