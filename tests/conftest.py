@@ -88,5 +88,6 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
     for entry in sorted(_MERGED):
         tried, rejected = _MERGED[entry]
         terminalreporter.write_line(f"{entry:32s} {tried:6d} / {rejected:6d}")
-    if config.cache is not None:  # recorded too: .pytest_cache/v/vime/fuzz_counts
+    # Recorded in .pytest_cache/v/vime/fuzz_counts; no cache under -p no:cacheprovider.
+    if getattr(config, "cache", None) is not None:
         config.cache.set("vime/fuzz_counts", _MERGED)

@@ -143,3 +143,22 @@ def test_logging_flags(model, capsys):
     assert "hidden" not in capsys.readouterr().err
     assert quiet.level == logging.INFO
     _bad(["--log-level", "loud"], capsys, "--log-level")
+
+
+def test_off_policy_correction_flags(capsys):
+    """slime's TIS flags reach the trainer; the --use-rs band defaults to the TIS clamp (as
+    in slime's mis.py) and its settings are refused without --use-rs."""
+    cfg = parse_train_config(["--use-tis", "--tis-clip", "5", "--tis-clip-low", "0.5",
+                              "--use-rs", "--rs-level", "geometric", "--rs-denominator",
+                              "surviving"])
+    loss = trainer_config(cfg).loss
+    assert (loss.use_tis, loss.tis_clip, loss.tis_clip_low) == (True, 5.0, 0.5)
+    rs = cfg.rejection_config()
+    assert (rs.level, rs.lower, rs.upper, rs.denominator) == ("geometric", 0.5, 5.0, "surviving")
+    assert parse_train_config(["--use-rs", "--rs-upper-bound", "1.5"]).rejection_config(
+    ).upper == 1.5
+    assert TrainConfig().rejection_config() is None
+    _bad(["--rs-level", "sequence"], capsys, "rs_level")
+    _bad(["--use-rs", "--rs-level", "word"], capsys, "--rs-level")
+    _bad(["--tis-clip-low", "3"], capsys, "tis_clip_low")
+    _bad(["--use-rs", "--rs-lower-bound", "3"], capsys, "rs_lower_bound")

@@ -339,3 +339,58 @@ def engine_layouts_worker(rank: int, root: str, cache: str) -> dict:
         except Exception as exc:  # noqa: BLE001 - the test reads which error each rank raised
             out[name] = (type(exc).__name__, str(exc))
     return out
+
+
+def initial_weights_rollout(ctx):
+    """The built-in rollout, every sample stamped with weight version 0 (the initial weights):
+    truthful when the engine never receives a sync (``stale_engine_worker``)."""
+    from vime_shell.rollout.functions import single_turn_rollout
+
+    out = single_turn_rollout(ctx)
+    for prompt in out:
+        for sample in prompt:
+            sample.weight_versions = [0]
+    return out
+
+
+def current_version_rollout(ctx):
+    """The built-in rollout stamped with the trainer's version: in the synchronous loop every
+    rollout trains and syncs once, so rollout ``k`` samples with version ``k``."""
+    from vime_shell.rollout.functions import single_turn_rollout
+
+    out = single_turn_rollout(ctx)
+    for prompt in out:
+        for sample in prompt:
+            sample.weight_versions = [ctx.rollout_id]
+    return out
+
+
+def stale_engine_worker(rank: int, root: str, cache: str) -> dict:
+    """First two healthy runs with --use-tis: unstamped samples, and samples stamped with the
+    current version. Then the engine keeps the initial weights (its weight update does
+    nothing) and says so: its samples are stamped version 0 while the trainer moves on. One
+    run with --use-tis, one with --use-tis --use-rs and a band; records per rollout."""
+    os.environ["VIME_CACHE_DIR"] = cache
+    from vime_shell.engines.hf import HfEngine
+    from vime_shell.loop.loop import run_training
+
+    runs = {}
+    stale = dict(num_rollout=3, global_batch_size=16, use_tis=True)
+    for name, path in (("plain", None),
+                       ("current", "tests.shell.loop_workers:current_version_rollout")):
+        seen: list = []
+        run_training(_cfg(run_dir=f"{root}/{name}", **stale, **(
+            {"rollout_function_path": path} if path else {})),
+            on_rollout=lambda e, seen=seen: seen.append(dict(e.metrics)), progress=False)
+        runs[name] = seen
+    HfEngine.update_weights_from_tensors = lambda self, named: [None for _ in named]
+    stale["rollout_function_path"] = "tests.shell.loop_workers:initial_weights_rollout"
+    for name, kwargs in (("tis", {}),
+                         ("rs", dict(use_rs=True, rs_level="token", rs_lower_bound=0.8,
+                                     rs_upper_bound=1.25, rs_denominator="surviving"))):
+        seen: list = []
+        run_training(_cfg(run_dir=f"{root}/{name}", **stale, **kwargs),
+                     on_rollout=lambda e, seen=seen: seen.append(dict(e.metrics)),
+                     progress=False)
+        runs[name] = seen
+    return runs

@@ -67,20 +67,19 @@ from vime_pure.async_pool import weights_sync_due
 from vime_pure.data.batch import RolloutBatch, schedule_for
 from vime_pure.data.microbatch import RankBatch, rank_batch, with_log_probs
 from vime_pure.errors import VimeError
+from vime_pure.metrics import metric_values
 from vime_pure.policy_config import LossConfig
-from vime_pure.metrics import Metric, merge_metrics, metric_values
 from vime_pure.scheduling.schedule import Schedule
 from vime_pure.staleness import fresh_samples, staleness_metrics
 from vime_shell.engines import resolve_engine_name
 from vime_shell.engines.group import EngineGroup, EngineOptions
 from vime_shell.engines.layout import default_rollout_dtype, logprob_gap_tolerance
 from vime_shell.engines.remote import Sides, open_sides
-from vime_shell.loop import run_checkpoint
+from vime_shell.loop import offpolicy, run_checkpoint
 from vime_shell.loop.async_loop import RemoteRollouts, serve_rollouts
 from vime_shell.loop.checkpoint_index import require_checkpoint
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan, launch_checks, model_dir
-from vime_shell.loop import offpolicy
 from vime_shell.loop.logs import configure_logging
 from vime_shell.loop.records import rollout_record
 from vime_shell.loop.replay import DumpWriter, ReplaySource
@@ -90,7 +89,6 @@ from vime_shell.loop.run_log import RunLogger
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.config import OptimConfig, TrainerConfig
 from vime_shell.megatron.layout import ranks_per_node_from_env
-from vime_shell.megatron.objective import TIS_KEYS
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
 from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
@@ -334,8 +332,7 @@ class _Loop:
         record = {**rollout_record(rid, batch, schedule, results, gap=gap.mean, gap_max=gap.max,
                                    times=(t1 - t0, t2 - t1, t3 - t2)),
                   "old_logprob_s": t_old - t1, "probe_gap": self.probe_gap, **stats,
-                  **corrections, **_token_means(results, TIS_KEYS if self.cfg.use_tis else ()),
-                  **evaluated}
+                  **corrections, **offpolicy.tis_means(results, self.cfg.use_tis), **evaluated}
         if self.on_rollout is not None:
             self.on_rollout(RolloutEvent(rollout_id=rid, metrics=record, batch=batch,
                                          schedule=schedule, records=mine,
@@ -362,7 +359,7 @@ class _Loop:
                     and offpolicy.step_is_fresh(schedule, 0, fresh))
         needed = mine.steps[1:] if shortcut else mine.steps
         records = [mb for step in needed for mb in step.microbatches]
-        old, metrics = None, {}
+        old, metrics = None, dict.fromkeys(offpolicy.MISMATCH_KEYS, float("nan"))
         if records:
             old = self.trainer.compute_log_probs(records, mine.num_response_tokens)
             gap_samples = fresh if fresh is not None else np.ones(batch.num_samples, bool)
@@ -536,13 +533,6 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
         log.info("wrote HF checkpoint %s", cfg.save_hf)
     return TrainResult(records=records, plots=plots, hf_checkpoint=loop.hf_dir,
                        start_rollout=start)
-
-
-def _token_means(results: list, keys: tuple[str, ...]) -> dict[str, float]:
-    """Token means of the steps' ``keys`` over the whole rollout (each step weighted by its
-    loss-masked tokens, through ``merge_metrics``)."""
-    return {k: merge_metrics([Metric(r.metrics[k] * r.metrics["tokens"], r.metrics["tokens"])
-                              for r in results], k).value for k in keys if results}
 
 
 def _quiet_libraries() -> None:

@@ -33,6 +33,7 @@ from vime_pure.scheduling.schedule import Schedule
 from vime_pure.staleness import mismatch_metrics
 from vime_pure.torch_ops.offpolicy import rejection_keep
 from vime_shell.megatron.collectives import gather_metrics
+from vime_shell.megatron.objective import TIS_KEYS
 
 MISMATCH_KEYS = ("mismatch_abs", "mismatch_kl")
 
@@ -62,6 +63,18 @@ def mismatch(records: list[TrainMicroBatch], old: np.ndarray, owns: bool) -> dic
              for k in MISMATCH_KEYS}
     reduced = gather_metrics(local, group_dst=None)
     return {k: m.value if m.count else float("nan") for k, m in reduced.items()}
+
+
+def tis_means(results: list, use_tis: bool) -> dict[str, float]:
+    """``TIS_KEYS`` over the whole rollout (with ``--use-tis``): each step's token mean
+    weighted by its loss-masked tokens, through ``merge_metrics``; NaN when no token trained
+    (every token rejected). Example: steps of 10 and 30 tokens with ``tis`` 1.0 and 2.0 give
+    1.75."""
+    if not use_tis or not results:
+        return {}
+    means = {k: merge_metrics([Metric(r.metrics[k] * r.metrics["tokens"], r.metrics["tokens"])
+                               for r in results], k) for k in TIS_KEYS}
+    return {k: m.value if m.count else float("nan") for k, m in means.items()}
 
 
 def whole_batch(old: np.ndarray, owns: bool, device) -> np.ndarray:
