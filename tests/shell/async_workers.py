@@ -18,6 +18,11 @@ RUNS = {
     "fully_async_k0": dict(fully_async=True, max_weight_staleness=0),
     "one_step_off": dict(train_async=True),
     "fully_async_k2": dict(fully_async=True, max_weight_staleness=2),
+    # A fully-async run checkpointed after rollout 2 (groups still in flight there), then
+    # resumed from that checkpoint up to rollout 4: a run killed after its checkpoint.
+    "resume_first": dict(fully_async=True, max_weight_staleness=2, num_rollout=2,
+                         save_interval=2),
+    "resume_rest": dict(fully_async=True, max_weight_staleness=2, num_rollout=4),
 }
 
 
@@ -58,10 +63,14 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dic
                      "tests.shell.async_workers:always_failing_rollout"}
         if name == "broken_sync" and rank == 1:
             EngineGroup.sync_weights = _ignore_weights
+        if name.startswith("resume"):
+            extra = {**extra, "run_dir": f"{root}/resume", "save": f"{root}/resume-ck",
+                     "load": f"{root}/resume-ck" if name == "resume_rest" else None}
         cfg = TrainConfig(**{**TINY, **SEPARATE, "run_dir": f"{root}/{name}", **extra})
         try:
             run_training(cfg, progress=False, on_rollout=lambda e, seen=seen: seen.append({
                 "contents": _contents(e.batch), "metrics": dict(e.metrics),
+                "group_ids": list(e.batch.original_group_ids()),
                 "trace": [(s, tuple(ix), n) for s, ix, n in e.trace],
                 "num_samples": len(e.batch.lengths)}))
             out[name] = {"rollouts": seen}

@@ -24,7 +24,7 @@ def runs(tmp_path_factory):
     cache = str(tmp_path_factory.mktemp("embedded"))
     root = tmp_path_factory.mktemp("async")
     names = ("sync", "one_step_off_k0", "fully_async_k0", "one_step_off", "fully_async_k2",
-             "failure", "broken_sync")
+             "resume_first", "resume_rest", "failure", "broken_sync")
     trainer, engine = spawn(modes_worker, 2, str(root), cache, names, timeout=300)
     return trainer, engine
 
@@ -76,6 +76,17 @@ def test_fully_async_respects_the_staleness_bound_and_counts_every_group(runs):
         assert m["pool_started"] == (m["pool_trained"] + m["pool_recycled"]
                                      + m["pool_filtered"] + m["pool_pending"])
         assert r["num_samples"] == 4 * 4  # rollout_batch_size groups of 4 samples
+
+
+def test_a_resumed_fully_async_run_never_trains_a_group_twice(runs):
+    trainer, _ = runs
+    first, rest = trainer["resume_first"]["rollouts"], trainer["resume_rest"]["rollouts"]
+    assert [r["metrics"]["rollout"] for r in first + rest] == [0, 1, 2, 3]
+    # Group ids number the pool's draws (block, prompt, sample): each trains at most once,
+    # and the resumed run regenerated what was in flight at the checkpoint.
+    ids = [g for r in first + rest for g in set(r["group_ids"])]
+    assert len(ids) == len(set(ids)) == 4 * 16
+    assert first[-1]["metrics"]["pool_pending"] > 0  # groups were in flight at the checkpoint
 
 
 def test_a_failing_engine_rank_stops_every_rank_with_a_named_error(runs):

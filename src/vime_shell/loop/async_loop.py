@@ -59,10 +59,12 @@ log = logging.getLogger("vime.train")
 
 @attrs.define
 class SourceState:
-    """Where the engines' prompt source stands after the last trained rollout (checkpoints)."""
+    """Where the engines' prompt source stands after the last trained rollout (checkpoints);
+    ``pool``: the fully-async pool's resume point (``GroupPool.resume_state``)."""
 
     offset: int = 0
     draws: int = 0
+    pool: dict | None = None
 
 
 @attrs.frozen
@@ -88,7 +90,7 @@ class RemoteRollouts:
         self.first_engine_rank = sides.roles.num_trainers
         self.lag = generation_lag(self.mode, cfg.max_weight_staleness)
         self.source = SourceState()
-        self._restore: tuple[int, int] | None = None
+        self._restore: dict | None = None
         self._requested: list[int] = []  # asked for, reply not yet received
         self._received: dict[int, tuple] = {}
         self._closed = False
@@ -109,10 +111,10 @@ class RemoteRollouts:
             self._ask(("generate", rid + 1, None), rid + 1)
         _, _, batch, record, source = reply
         if source is not None:
-            self.source = SourceState(*source)
+            self.source = SourceState(**source)
         return batch, RemoteGeneration(record)
 
-    def _take_restore(self) -> tuple[int, int] | None:
+    def _take_restore(self) -> dict | None:
         restore, self._restore = self._restore, None
         return restore
 
@@ -177,16 +179,16 @@ class RemoteRollouts:
         probe, self._probe = self._probe, None
         return probe
 
-    def restore(self, offset: int, draws: int) -> None:
-        """Resume: the engines' prompt source continues from here (sent with the next
-        request)."""
-        self.source = SourceState(offset, draws)
-        self._restore = (offset, draws)
+    def restore(self, state: dict) -> None:
+        """Resume from a checkpoint's data state: the engines' prompt source (and the pool's
+        resume point) continue from there, sent with the next request."""
+        self.source = SourceState(offset=int(state["offset"]), draws=int(state["draws"]),
+                                  pool=state.get("async_pool"))
+        self._restore = attrs.asdict(self.source)
 
     def partial_state(self) -> dict:
-        """Nothing waits between rollouts on the trainer side (``--partial-rollout`` is
-        refused with separate engine ranks)."""
-        return {}
+        """The fully-async pool's resume point, for the checkpoint (plain JSON)."""
+        return {} if self.source.pool is None else {"async_pool": self.source.pool}
 
     def sleep(self) -> None:
         """Engines on ranks of their own never give memory back to the trainer."""
@@ -262,10 +264,10 @@ class _Server:
         if self.lead:
             self.bridge.send(reply)
 
-    def _generate(self, rid: int, restore: tuple[int, int] | None) -> tuple:
+    def _generate(self, rid: int, restore: dict | None) -> tuple:
         source = self.producer.source
         if restore is not None:
-            source.offset, source.draws = restore
+            source.offset, source.draws = restore["offset"], restore["draws"]
         out = self.producer.produce(rid)  # collective over the engine ranks
         if out is None:
             return ("batch", rid, None, None, None)
@@ -275,7 +277,7 @@ class _Server:
         stamp = np.full(batch.num_samples, self.version, dtype=np.int64)
         batch = attrs.evolve(batch, weight_version_min=stamp, weight_version_max=stamp)
         record = {**stats.as_record(), "weight_version": self.version}
-        return ("batch", rid, batch, record, (source.offset, source.draws))
+        return ("batch", rid, batch, record, {"offset": source.offset, "draws": source.draws})
 
     def _load(self, version: int) -> None:
         received = self.bridge.receive_weights()

@@ -18,6 +18,12 @@ draws rollout ``r``'s (``PromptSource.take(B)``), and the ``i``-th prompt of blo
 generated as prompt ``i`` of rollout ``r`` there (its seeds and group ids), so a group's samples
 do not depend on the mode; a batch lists its groups in draw order. Every group is counted (:class:`~vime_pure.async_pool.PoolCounts`):
 ``started = trained + recycled + filtered + pending``. Dynamic sampling filters per group.
+
+Resuming (``--load``): every batch carries the pool's resume point (:meth:`GroupPool.
+resume_state`: the oldest block with an unfinished group, the prompt source's position before
+it, and which of its and later groups are done), saved in the checkpoint's data state; a
+resumed pool redraws from there and skips the done groups, so in-flight groups are generated
+again (same seeds) and no group trains twice.
 """
 
 import collections
@@ -75,6 +81,9 @@ class GroupPool:
         self.ready: list[tuple[Draw, list, int]] = []
         self.counts = PoolCounts()
         self.failure: Exception | None = None  # answered to the next request, raised at stop
+        self.done: set[tuple[int, int]] = set()  # (block, index) trained or filtered
+        self.block_starts: dict[int, tuple[int, int]] = {}  # source (offset, draws) per block
+        self.first_open = 0  # every block before it is done
         self.threads = futures.ThreadPoolExecutor(max_workers=self.size,
                                                   thread_name_prefix="vime-pool")
 
@@ -128,14 +137,41 @@ class GroupPool:
             if self.start is None:
                 self.start = command[1]
                 if command[2] is not None:
-                    self.producer.source.offset, self.producer.source.draws = command[2]
+                    self._resume(command[2])
+
+    # -- resuming -----------------------------------------------------------------------------
+    def resume_state(self) -> dict:
+        """Plain JSON for the checkpoint: the oldest block with a group not yet trained (or
+        filtered), where the prompt source stood before it, and the groups of it and later
+        blocks that are done. A resumed pool regenerates the rest, never a done group.
+        Example: ``{"block": 3, "offset": 48, "draws": 3, "done": [[3, 0], [4, 2]]}``."""
+        while self.first_open < self.blocks and all(
+                (self.first_open, i) in self.done for i in range(self.size)):
+            self.block_starts.pop(self.first_open, None)
+            self.done = {d for d in self.done if d[0] > self.first_open}
+            self.first_open += 1
+        first = self.first_open
+        offset, draws = self.block_starts.get(first, (self.producer.source.offset,
+                                                      self.producer.source.draws))
+        return {"block": first, "offset": offset, "draws": draws,
+                "done": sorted([b, i] for b, i in self.done if b >= first)}
+
+    def _resume(self, state: dict) -> None:
+        source = self.producer.source
+        source.offset, source.draws = state["offset"], state["draws"]
+        pool = state.get("pool")
+        if pool is not None:
+            self.blocks = self.first_open = pool["block"]
+            self.done = {(b, i) for b, i in pool["done"]}
 
     # -- groups -------------------------------------------------------------------------------
     def _next_draw(self) -> Draw:
-        if not self.queue:
-            prompts = self.producer.source.take(self.size)
+        while not self.queue:
+            source = self.producer.source
+            self.block_starts[self.blocks] = (source.offset, source.draws)
+            prompts = source.take(self.size)
             self.queue.extend(Draw(block=self.blocks, index=i, prompts=prompts)
-                              for i in range(self.size))
+                              for i in range(self.size) if (self.blocks, i) not in self.done)
             self.blocks += 1
         return self.queue.popleft()
 
@@ -169,6 +205,7 @@ class GroupPool:
             if self.producer.keep is not None and not self.producer.keep(
                     prompt_samples(output[0])):
                 self.counts = self.counts.add(filtered=1)
+                self.done.add((draw.block, draw.index))
                 continue
             self.ready.append((draw, output[0], version))
 
@@ -189,6 +226,7 @@ class GroupPool:
                        key=lambda item: (item[0].block, item[0].index))
         self.ready = [self.ready[i] for i in split.keep]
         self.counts = self.counts.add(trained=len(taken))
+        self.done.update((d.block, d.index) for d, _, _ in taken)
         batch = RolloutBatch.from_samples([out for _, out, _ in taken],
                                           normalization=self.producer.normalization)
         c = self.counts
@@ -197,6 +235,8 @@ class GroupPool:
                   "pool_started": c.started, "pool_trained": c.trained,
                   "pool_recycled": c.recycled, "pool_filtered": c.filtered,
                   "pool_pending": c.pending}
-        self.bridge.send(("batch", k, batch, record, None))
+        state = self.resume_state()
+        source = {"offset": state.pop("offset"), "draws": state.pop("draws"), "pool": state}
+        self.bridge.send(("batch", k, batch, record, source))
         self.sent += 1
         self.demand = None

@@ -438,7 +438,7 @@ class _Loop:
 
     def restore_data_state(self, state: dict | None) -> None:
         if isinstance(self.producer, RemoteRollouts) and state:
-            self.producer.restore(int(state["offset"]), int(state["draws"]))
+            self.producer.restore(state)
         elif self.producer is not None and state:
             self.producer.source.offset = int(state["offset"])
             self.producer.source.draws = int(state["draws"])
