@@ -73,7 +73,9 @@ class TrainConfig:
     rollout_engine: str | None = _f(None, "rollout engine; default: by capability", "model",
                                     ENGINE_NAMES)
     rollout_num_gpus: int | None = _f(None, "ranks that host a rollout engine; default: every "
-                                      "rank", "model")
+                                      "rank; with --no-colocate, --train-async or "
+                                      "--fully-async the last N ranks run engines only (as "
+                                      "slime's non-colocated mode)", "model")
     rollout_num_gpus_per_engine: int = _f(1, "ranks (GPUs) per engine: vLLM's tensor-parallel "
                                           "size", "model")
     rollout_dtype: str | None = _f(None, "engine dtype; default: the trainer's (bf16 on CUDA, "
