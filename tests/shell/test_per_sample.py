@@ -27,7 +27,8 @@ from vime_shell.engines.hf import HfEngine
 from vime_shell.models.tokenizer import load_tokenizer
 from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.functions import RolloutContext, generate, single_turn_rollout
-from vime_shell.rollout.generate import GenerateRuntime
+from vime_shell.rollout.generate import (GenerateError, GenerateRuntime, engine_params,
+                                         sampling_params_dict)
 from vime_shell.rollout.per_sample import PartialBuffer, PerSample, generate_rollout
 from vime_shell.rollout.plugins import PluginError, load_generate_function
 from vime_shell.rollout.rewards import Rewarder
@@ -155,3 +156,45 @@ def test_the_loader_checks_the_signature(name, problem):
     with pytest.raises(PluginError, match=problem):
         load_generate_function(f"tests.shell.test_per_sample:{name}")
     assert load_generate_function("vime_shell.rollout.functions:generate") is generate
+
+
+def test_slime_sampling_dicts_round_trip_and_unknown_keys_are_errors():
+    params = SamplingParams(max_new_tokens=3, temperature=0.5, top_k=4, seed=9,
+                            stop_token_ids=(1,))
+    d = sampling_params_dict(params)
+    assert d["sampling_seed"] == 9 and d["stop_token_ids"] == [1]
+    assert engine_params(d) == params
+    assert engine_params({"max_new_tokens": 2, "top_k": -1, "no_stop_trim": True}).top_k == 0
+    with pytest.raises(GenerateError, match="sampling_params"):
+        engine_params({"max_new_tokens": 2, "n": 4})
+
+
+async def broken(args, sample, sampling_params):
+    raise KeyError("label")
+
+
+def test_a_failing_generate_names_the_execution_and_the_flag(parts):
+    ctx = _ctx(parts, broken)
+    with pytest.raises(PluginError, match=r"execution \d+ .*custom-generate-function-path "
+                                          r"broken raised KeyError") as info:
+        generate_rollout(ctx)
+    assert isinstance(info.value.__cause__, KeyError)
+    assert ctx.per_sample.runtime.engine.in_flight == 0  # nothing left behind in the engine
+
+
+async def stuck_tool(args, sample, sampling_params):
+    """One token, then the executions of prompt groups 2+ wait on a tool that never answers
+    (in 5 s: a failure, not a hang)."""
+    sample = await generate(args, sample, {**sampling_params, "max_new_tokens": 1})
+    if sample.index >= 2 * 4 and sample.status is not Status.ABORTED:
+        await asyncio.wait_for(asyncio.Event().wait(), timeout=5)
+    return sample
+
+
+def test_the_cut_cancels_executions_waiting_on_a_tool(parts):
+    buffer = PartialBuffer()
+    done = generate_rollout(_ctx(parts, stuck_tool, buffer=buffer, target=2))
+    assert len(done) == 2 and len(buffer) == len(parts[2]) - 2
+    waiting = [s for g in buffer.groups for e in g.executions for s in e]
+    assert all(s.status is Status.ABORTED for s in waiting)
+    assert all(s.response_length == 1 for s in waiting)  # the token before the tool is kept

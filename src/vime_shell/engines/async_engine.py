@@ -8,7 +8,9 @@ function (:mod:`vime_shell.rollout.generate`) and an asynchronous generation poo
   ``weight_version`` it was generated under. Any number may be in flight; the engine runs at
   most ``max_concurrency`` at once and queues the rest;
 - ``abort_all() -> int``: every request in flight or queued returns now with
-  ``finish_reason="abort"`` and its tokens so far (partial rollouts, weight updates);
+  ``finish_reason="abort"`` and its tokens so far (partial rollouts, weight updates). The HF
+  front runs in its callers' event loop (call it from that loop's thread); the vLLM engine
+  runs its own loop on a thread (call it from anywhere but that thread);
 - ``weight_version``: the version of the engine's weights (0 as built, set at every sync);
 - ``in_flight``: requests admitted or queued.
 

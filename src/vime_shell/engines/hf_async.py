@@ -160,7 +160,8 @@ class HfAsyncFront:
 
     def abort_all(self) -> int:
         """End every request now with ``finish_reason="abort"`` and its tokens so far; returns
-        how many were ended."""
+        how many were ended. Call it from the thread running the requests' event loop (from
+        another thread: ``loop.call_soon_threadsafe(front.abort_all)``)."""
         ended = self._active + self._waiting
         self._active, self._waiting, self._cache = [], [], None
         for r in ended:

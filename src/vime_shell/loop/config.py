@@ -115,9 +115,10 @@ class TrainConfig:
     partial_rollout: bool = _f(False, "abort unfinished generations once a rollout has its "
                                "groups; they continue under the new weights in a later "
                                "rollout (per-sample generation)", "rollout")
-    mask_offpolicy_in_partial_rollout: bool = _f(False, "loss mask 0 for the tokens of a "
+    mask_offpolicy_in_partial_rollout: bool = _f(False, "loss mask 0 for every token of a "
                                                  "partial rollout generated under older "
-                                                 "weights", "rollout")
+                                                 "weights (vime: also of samples that finished "
+                                                 "before the last sync)", "rollout")
     sglang_server_concurrency: int = _f(512, "requests in flight per engine in per-sample "
                                         "generation (vime: on the HF or vLLM engine)",
                                         "rollout")

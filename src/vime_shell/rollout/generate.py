@@ -32,7 +32,9 @@ The engine and tokenizer come from the :class:`GenerateRuntime` the caller insta
 :func:`use_runtime` (the rollout driver :func:`vime_shell.rollout.per_sample.generate_rollout`
 does; an asynchronous pool does the same). While the runtime is *aborting* (a partial rollout
 reached its boundary), :func:`generate` returns the sample at once with status aborted, so a
-custom function should return when it sees ``Status.ABORTED``.
+custom function should return when it sees ``Status.ABORTED``; one waiting on anything else
+(a tool, a sleep) is cancelled there. Either way it is called again with the sample in a later
+rollout, and must continue from what the sample holds.
 
 Example (a two-turn custom function)::
 
@@ -44,6 +46,7 @@ Example (a two-turn custom function)::
         return await vime_generate(args, sample, sampling_params)
 """
 
+import asyncio
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -65,8 +68,8 @@ _TEXT_ONLY_KEYS = frozenset({"skip_special_tokens", "no_stop_trim",
 # metadata key: the response length at which the sample continued under its latest weights
 # (the tokens before it came from older ones; see per_sample.offpolicy_prefix).
 RESUMED_AT = "resumed_at"
-_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids",
-                   "sampling_seed"})
+# SamplingParams fields that slime's sampling dict names differently.
+_SLIME_NAMES = {"seed": "sampling_seed"}
 # Segment k >= 1 of a sample (a later turn, a resumed piece) draws with its sampling seed moved
 # by k golden-ratio steps mod 2**62: an independent draw, far from the rollout's structured
 # seeds (base + round * 2**20 + turn * 2**18 + request); segment 0 keeps the seed itself.
@@ -97,12 +100,22 @@ class GenerateRuntime:
     apply_chat_template: bool = False
     mask_offpolicy: bool = False
     aborting: bool = False
+    executions: set = attrs.Factory(set)  # the execution tasks a driver registered
+    _in_engine: set = attrs.Factory(set)  # tasks awaiting an engine request now
 
     def abort(self) -> int:
-        """Abort everything in flight (each caller gets its partial sample back, status
-        aborted) and refuse new turns until :meth:`resume`; returns the requests ended."""
+        """Abort everything in flight and refuse new turns until :meth:`resume`: engine
+        requests return their partial tokens (status aborted), and registered execution tasks
+        doing anything else (a tool call, a sleep) are cancelled where they wait, their sample
+        keeping what it holds. Call it from the executions' event loop; returns the engine
+        requests ended."""
         self.aborting = True
-        return self.engine.abort_all()
+        ended = self.engine.abort_all()
+        current = asyncio.current_task()
+        for task in self.executions:
+            if task is not current and not task.done() and task not in self._in_engine:
+                task.cancel()
+        return ended
 
     def resume(self) -> None:
         self.aborting = False
@@ -134,35 +147,37 @@ def current_runtime() -> GenerateRuntime:
 
 
 def sampling_params_dict(params: SamplingParams) -> dict[str, Any]:
-    """slime's sampling dict for ``params`` (``sampling_seed`` = ``params.seed``).
+    """slime's sampling dict for ``params``: every field under its own name, but the seed as
+    ``sampling_seed`` (slime's key), tuples as lists.
 
     Example: ``SamplingParams(max_new_tokens=2, seed=5)`` -> ``{"max_new_tokens": 2,
     "temperature": 1.0, ..., "sampling_seed": 5}``.
     """
-    return {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
-            "top_p": params.top_p, "top_k": params.top_k, "stop": list(getattr(params, "stop", ())),
-            "stop_token_ids": list(params.stop_token_ids), "sampling_seed": params.seed}
+    out = {}
+    for name, value in attrs.asdict(params, recurse=False).items():
+        out[_SLIME_NAMES.get(name, name)] = list(value) if isinstance(value, tuple) else value
+    return out
 
 
 def engine_params(sampling_params: Mapping[str, Any] | SamplingParams) -> SamplingParams:
-    """The engine's :class:`SamplingParams` from slime's dict (or one already)."""
+    """The engine's :class:`SamplingParams` from slime's dict (or one already); ``top_k`` -1
+    means off, as in SGLang; slime's text-only keys are ignored; unknown keys are an error."""
     if isinstance(sampling_params, SamplingParams):
         return sampling_params
     if not isinstance(sampling_params, Mapping):
         raise field_error(GenerateError, "sampling_params", type(sampling_params).__name__,
                           "is not a dict", "pass the dict the rollout gave you, modified")
-    unknown = sorted(set(sampling_params) - _KEYS - _TEXT_ONLY_KEYS)
+    fields = {_SLIME_NAMES.get(f.name, f.name): f.name for f in attrs.fields(SamplingParams)}
+    unknown = sorted(set(sampling_params) - set(fields) - _TEXT_ONLY_KEYS)
     if unknown:
         raise field_error(GenerateError, "sampling_params", unknown, "are not sampling keys",
-                          f"use {sorted(_KEYS)}")
-    d = sampling_params
-    top_k = d.get("top_k", 0)
-    kwargs: dict[str, Any] = dict(
-        max_new_tokens=d["max_new_tokens"], temperature=d.get("temperature", 1.0),
-        top_p=d.get("top_p", 1.0), top_k=0 if top_k == -1 else top_k,
-        stop_token_ids=tuple(d.get("stop_token_ids") or ()), seed=d.get("sampling_seed"))
-    if d.get("stop"):
-        kwargs["stop"] = tuple(d["stop"])
+                          f"use {sorted(fields)}")
+    kwargs = {fields[k]: v for k, v in sampling_params.items() if k in fields}
+    for name in ("stop", "stop_token_ids"):
+        if name in kwargs:
+            kwargs[name] = tuple(kwargs[name] or ())
+    if kwargs.get("top_k") == -1:
+        kwargs["top_k"] = 0
     return SamplingParams(**kwargs)
 
 
@@ -224,8 +239,15 @@ async def generate(args: Any, sample: Sample, sampling_params: Mapping[str, Any]
     if versions and versions[-1] < rt.engine.weight_version:  # resumed under newer weights
         sample.metadata[RESUMED_AT] = sample.response_length
     seed = None if params.seed is None else segment_seed(params.seed, len(versions))
-    gen = await rt.engine.generate(list(sample.tokens),
-                                   attrs.evolve(params, max_new_tokens=budget, seed=seed))
+    task = asyncio.current_task()
+    rt._in_engine.add(task)  # an abort lets the engine end this request, never cancels it
+    try:
+        gen = await rt.engine.generate(list(sample.tokens),
+                                       attrs.evolve(params, max_new_tokens=budget, seed=seed))
+    finally:
+        rt._in_engine.discard(task)
+        if rt.aborting and task in rt.executions:
+            task.cancel()  # as abort() did to the others: at the function's next wait
     if gen.token_ids:
         append_tokens(sample, gen.token_ids, loss_mask=1, log_probs=gen.log_probs)
         sample.weight_versions = versions + [int(gen.weight_version or 0)]

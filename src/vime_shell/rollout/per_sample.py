@@ -17,11 +17,14 @@ vime_shell.rollout.per_sample:generate_rollout`` with the built-in
 
 Partial rollouts (a :class:`PartialBuffer`): groups left unfinished in one rollout come back
 first in the next. Once ``target_groups`` prompt groups are complete the runtime aborts
-everything in flight: each unfinished sample returns with its partial response and status
-aborted, and its whole prompt group goes to the buffer (a group trains only when all its
+everything in flight: engine requests return their partial response (status aborted), and
+executions busy elsewhere (a tool call, a sleep) are cancelled where they wait, their sample
+keeping what it holds, so the cut never waits for a slow tool. Each unfinished group goes
+whole to the buffer (a group trains only when all its
 samples are done; its finished samples wait with it). Next rollout the buffered groups run
 first, under the new weights: an aborted sample is continued where it stopped (the segment's
-weight version is appended to ``Sample.weight_versions``), a finished one is kept. A fan-out
+weight version is appended to ``Sample.weight_versions``; the function is called again with
+the sample as it was left, so it must resume from the sample's state), a finished one is kept. A fan-out
 execution that was cut off is restarted (its partial samples are counted in
 ``PartialBuffer.restarted``, never trained). With ``--mask-offpolicy-in-partial-rollout``
 every token generated under older weights gets loss mask 0 (the batch's denominators follow
@@ -38,7 +41,7 @@ from typing import Any
 import attrs
 
 from vime_pure.data.sample import Sample, Status
-from vime_pure.errors import field_error
+from vime_pure.errors import VimeError, field_error
 from vime_shell.rollout.functions import RolloutContext, first_request
 from vime_shell.rollout.generate import (RESUMED_AT, GenerateFn, GenerateRuntime,
                                          sampling_params_dict, use_runtime)
@@ -201,7 +204,22 @@ async def _drive(ctx: RolloutContext, setup: PerSample, groups: list[PromptGroup
         sample.group_id, sample.index = gid, r
         params = sampling_params_dict(attrs.evolve(ctx.sampling,
                                                    seed=ctx.sampling.request_seed(r)))
-        leaf = _as_leaf(await setup.generate_fn(setup.args, sample, params), f"execution {r}")
+        try:
+            out = await setup.generate_fn(setup.args, sample, params)
+        except asyncio.CancelledError:
+            if not rt.aborting:
+                raise  # not the partial rollout's cut: the driver itself is cancelled
+            sample.status = Status.ABORTED  # cut mid-way: resumed from its state next time
+            return
+        except VimeError:
+            raise
+        except Exception as exc:  # the user's code: say where it failed, keep the cause
+            name = getattr(setup.generate_fn, "__qualname__", repr(setup.generate_fn))
+            raise PluginError(f"execution {r} (prompt {g.example.prompt!r:.60}): "
+                              f"--custom-generate-function-path {name} raised "
+                              f"{type(exc).__name__}: {exc}. Fix: the generate function (see "
+                              "the chained traceback).") from exc
+        leaf = _as_leaf(out, f"execution {r}")
         for s in leaf:
             s.group_id = gid
         g.executions[k] = leaf
@@ -218,13 +236,20 @@ async def _drive(ctx: RolloutContext, setup: PerSample, groups: list[PromptGroup
             jobs, r = [], first
             for i, g in enumerate(groups):
                 for k in range(len(g.executions)):
-                    jobs.append(run(i, g, k, r))
+                    jobs.append(asyncio.ensure_future(run(i, g, k, r)))
                     r += 1
+            rt.executions.update(jobs)
             if target is not None and len(order) >= target:
                 rt.abort()
-            await asyncio.gather(*jobs)
+            # Cancelled before they started: their samples stay fresh (and wait in the buffer).
+            results = await asyncio.gather(*jobs, return_exceptions=True)
+            errors = [e for e in results if isinstance(e, BaseException)
+                      and not (isinstance(e, asyncio.CancelledError) and rt.aborting)]
+            if errors:
+                raise errors[0]
         finally:
             rt.engine.abort_all()  # nothing outlives this event loop
+            rt.executions.difference_update(jobs)
             rt.resume()
     return order
 
