@@ -9,10 +9,11 @@ Pure, side-effect-free functions and frozen records, in rooms:
 - ``data/``: the rollout data model: ``Sample``, the validated ``RolloutBatch``, advantages, and
   ``rank_batch``, the micro-batch records a trainer rank consumes;
 - ``denominators`` (loss modes, step-level denominators, Megatron's scale),
-  ``policy_config`` (clip, KL, entropy and TIS knobs), ``metrics`` (``(sum, count)``
-  reductions), ``cp`` (zigzag context-parallel offsets), ``grouping``;
+  ``policy_config`` (clip, KL, entropy, TIS and rejection knobs), ``metrics`` (``(sum, count)``
+  reductions), ``staleness`` (weight versions -> staleness and the off-policy metrics), ``cp``
+  (zigzag context-parallel offsets), ``grouping``;
 - ``torch_ops/``: the parts that compute on torch tensors (per-micro-batch loss reduction,
-  policy-loss pieces, CP slicing of tensors). Nothing else imports torch, so
+  policy-loss pieces, decoupled-PPO off-policy correction, CP slicing of tensors). Nothing else imports torch, so
   ``import vime_pure`` and ``from vime_pure import *`` stay torch-free.
 
 Example::
@@ -43,22 +44,25 @@ from vime_pure.errors import (CPConfigError, DumpFormatError, FlopsModelError, L
                               VimeError)
 from vime_pure.metrics import (Metric, merge_metrics, metric_values, reduce_metrics,
                                reduce_train_step)
-from vime_pure.policy_config import KL_KINDS, LossConfig
+from vime_pure.policy_config import KL_KINDS, RS_LEVELS, LossConfig, RejectionConfig
 from vime_pure.scheduling.flops import FlopsModel
 from vime_pure.scheduling.planner import build_schedule
 from vime_pure.scheduling.schedule import Schedule, StepPlan
+from vime_pure.staleness import (batch_staleness, fresh_samples, group_staleness,
+                                 sample_staleness, staleness_metrics)
 
 __all__ = [
-    "BALANCES", "KL_KINDS", "LOSS_MODES", "ON_POLICY_VERSION", "PACKINGS",
+    "BALANCES", "KL_KINDS", "LOSS_MODES", "ON_POLICY_VERSION", "PACKINGS", "RS_LEVELS",
     "BatchingPolicy", "CPConfigError", "DumpFormatError", "FlatRollout", "FlopsModel",
     "FlopsModelError", "LossConfig", "LossConfigError", "LossMode", "Metric", "MetricError", "ParallelLayout",
-    "RankBatch", "RewardError", "RewardNormalization", "RolloutBatch", "RolloutBatchError",
+    "RankBatch", "RejectionConfig", "RewardError", "RewardNormalization", "RolloutBatch", "RolloutBatchError",
     "RolloutValidationError", "Sample", "Schedule", "ScheduleError", "ScheduleInvariantError",
     "Status", "StepBatch", "StepPlan", "TrainMicroBatch", "VimeError", "ZigzagOffsets",
-    "build_schedule", "check_feasible", "fallback_ids", "flatten_rollout_output",
+    "batch_staleness", "build_schedule", "check_feasible", "fresh_samples", "group_staleness", "fallback_ids", "flatten_rollout_output",
     "group_mask_sums", "grpo_advantages", "gspo_advantages", "megatron_loss_scale",
     "merge_metrics", "metric_values", "normalize_rewards", "normalized_loss_mask",
     "policy_from_flags", "rank_batch", "reduce_metrics", "reduce_train_step",
-    "reinforce_pp_baseline_advantages", "sample_denominators", "schedule_for",
+    "reinforce_pp_baseline_advantages", "sample_denominators", "sample_staleness",
+    "schedule_for", "staleness_metrics",
     "step_denominators", "step_divisor", "with_log_probs", "zigzag_offsets",
 ]

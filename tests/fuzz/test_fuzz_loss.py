@@ -236,12 +236,12 @@ def test_kl_penalty(tensors, kind):
             assert bool((kl >= -1e-6).all())
 
 
-@given(token_tensors(2), reals(0.1, 10))
-def test_tis_weights(tensors, cap):
-    w = outcome("tis_weights", tis_weights, *tensors, cap=cap)
+@given(token_tensors(2), reals(0.1, 10), reals(0, 0.1))
+def test_tis_weights(tensors, cap, low):
+    w = outcome("tis_weights", tis_weights, *tensors, cap=cap, low=low)
     if w is not REJECTED and all(bool(torch.isfinite(t).all()) for t in tensors):
         no_nan(w)
-        assert bool((w >= 0).all()) and bool((w <= float(cap)).all())
+        assert bool((w >= float(low)).all()) and bool((w <= float(cap)).all())
 
 
 @given(token_tensors(5), one_bad({"kl_coef": good_reals(0, 1), "entropy_coef": good_reals(0, 1),

@@ -368,8 +368,8 @@ def current_version_rollout(ctx):
 def stale_engine_worker(rank: int, root: str, cache: str) -> dict:
     """First two healthy runs with --use-tis: unstamped samples, and samples stamped with the
     current version. Then the engine keeps the initial weights (its weight update does
-    nothing) and says so: its samples are stamped version 0 while the trainer moves on. One
-    run with --use-tis, one with --use-tis --use-rs and a band; records per rollout."""
+    nothing) and says so: its samples are stamped version 0 while the trainer moves on, with
+    --use-tis; records per rollout."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.engines.hf import HfEngine
     from vime_shell.loop.loop import run_training
@@ -385,12 +385,41 @@ def stale_engine_worker(rank: int, root: str, cache: str) -> dict:
         runs[name] = seen
     HfEngine.update_weights_from_tensors = lambda self, named: [None for _ in named]
     stale["rollout_function_path"] = "tests.shell.loop_workers:initial_weights_rollout"
-    for name, kwargs in (("tis", {}),
-                         ("rs", dict(use_rs=True, rs_level="token", rs_lower_bound=0.8,
-                                     rs_upper_bound=1.25, rs_denominator="surviving"))):
-        seen: list = []
-        run_training(_cfg(run_dir=f"{root}/{name}", **stale, **kwargs),
-                     on_rollout=lambda e, seen=seen: seen.append(dict(e.metrics)),
-                     progress=False)
-        runs[name] = seen
+    seen: list = []
+    run_training(_cfg(run_dir=f"{root}/tis", **stale),
+                 on_rollout=lambda e: seen.append(dict(e.metrics)), progress=False)
+    runs["tis"] = seen
     return runs
+
+
+RS_BAND = (0.8, 1.25)
+
+
+def stale_engine_rs_worker(rank: int, root: str, cache: str) -> dict:
+    """The stuck engine of ``stale_engine_worker`` at DP=2 with --use-tis --use-rs (token
+    level, band ``RS_BAND``, surviving denominator). Each rank checks its records: a token's
+    mask is its loss mask times "its own old / behaviour ratio lies in the band", i.e. the
+    whole-batch old log-probs summed over the ranks are this rank's own."""
+    os.environ["VIME_CACHE_DIR"] = cache
+    from vime_shell.engines.hf import HfEngine
+    from vime_shell.loop.loop import run_training
+
+    HfEngine.update_weights_from_tensors = lambda self, named: [None for _ in named]
+    lo, hi = np.log(RS_BAND[0]), np.log(RS_BAND[1])
+    seen: list = []
+
+    def check(event):
+        wrong = tokens = 0
+        for mb in event.records.microbatches:
+            d = mb.old_log_probs.astype(np.float64) - mb.rollout_log_probs.astype(np.float64)
+            want = event.batch.loss_masks[mb.response_index] * ((d >= lo) & (d <= hi))
+            wrong += int((mb.loss_mask != want).sum())
+            tokens += len(d)
+        seen.append({**event.metrics, "wrong_masks": wrong, "scored": tokens})
+
+    run_training(_cfg(run_dir=f"{root}/rs", num_rollout=3, global_batch_size=16, use_tis=True,
+                      rollout_function_path="tests.shell.loop_workers:initial_weights_rollout",
+                      use_rs=True, rs_level="token", rs_lower_bound=RS_BAND[0],
+                      rs_upper_bound=RS_BAND[1], rs_denominator="surviving"),
+                 on_rollout=check, progress=False)
+    return {"rs": seen}

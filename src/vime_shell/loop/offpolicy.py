@@ -50,9 +50,10 @@ def scored_mask(mb: TrainMicroBatch, samples: np.ndarray) -> np.ndarray:
     return samples[mb.sample_indices][mb.token_sample]
 
 
-def mismatch(records: list[TrainMicroBatch], old: np.ndarray, owns: bool) -> dict[str, float]:
-    """Collective over the world: ``MISMATCH_KEYS`` over the records' loss-masked tokens (NaN
-    when no token has behaviour log-probs)."""
+def mismatch(records: list[TrainMicroBatch], old: np.ndarray, owns: bool,
+             group: dist.ProcessGroup | None = None) -> dict[str, float]:
+    """Collective over ``group`` (default the world; the training ranks): ``MISMATCH_KEYS``
+    over the records' loss-masked tokens (NaN when no token has behaviour log-probs)."""
     parts = []
     for mb in records:
         if owns and mb.rollout_log_probs is not None:
@@ -61,7 +62,7 @@ def mismatch(records: list[TrainMicroBatch], old: np.ndarray, owns: bool) -> dic
                                           mb.rollout_log_probs[trained]))
     local = {k: merge_metrics([p[k] for p in parts], k) if parts else Metric(0.0, 0.0)
              for k in MISMATCH_KEYS}
-    reduced = gather_metrics(local, group_dst=None)
+    reduced = gather_metrics(local, group, group_dst=None)
     return {k: m.value if m.count else float("nan") for k, m in reduced.items()}
 
 
@@ -77,13 +78,15 @@ def tis_means(results: list, use_tis: bool) -> dict[str, float]:
     return {k: m.value if m.count else float("nan") for k, m in means.items()}
 
 
-def whole_batch(old: np.ndarray, owns: bool, device) -> np.ndarray:
-    """Collective over the world: this rank's recomputed log-probs (NaN where another rank
-    scores the token) summed into every token's one owner value; NaN for unscored tokens."""
+def whole_batch(old: np.ndarray, owns: bool, device,
+                group: dist.ProcessGroup | None = None) -> np.ndarray:
+    """Collective over ``group`` (default the world; the training ranks): this rank's
+    recomputed log-probs (NaN where another rank scores the token) summed into every token's
+    one owner value; NaN for unscored tokens."""
     mine = np.isfinite(old) & owns
     buf = torch.from_numpy(np.stack([np.where(mine, old, 0.0), mine]).astype(np.float64))
     buf = buf.to(device)
-    dist.all_reduce(buf)
+    dist.all_reduce(buf, group=group)
     values, count = buf.cpu().numpy()
     return np.where(count > 0, values, np.nan)
 

@@ -22,8 +22,9 @@ The shell only wires tensors; every formula lives in the core:
 Reported per row (``STEP_KEYS``): the partial numerators of ``loss``, ``pg_loss``, ``kl``,
 ``entropy`` and ``clipfrac``, which ``vime_pure.reduce_train_step`` divides by the step
 divisor; ``(sum, count)`` token metrics (``TOKEN_KEYS``: ``ratio``, ``log_prob``) for
-``vime_pure.reduce_metrics``; and, on the batch's first step (no old log-probs: the forward
-runs on the generation weights, the ratio is exactly 1), the engine-trainer log-prob gap.
+``vime_pure.reduce_metrics`` (with ``TIS_KEYS`` under ``--use-tis``); and, on the batch's first
+step when all its samples are fresh (no old log-probs: the forward runs on the generation
+weights, the ratio is exactly 1), the engine-trainer log-prob gap.
 
 Example: one group of 2 samples with masks ``[1, 1]`` and ``[1, 0]`` (``D = 3``), per-token
 losses ``[1, 2]`` and ``[3, 9]``: ``P = (1 + 2 + 3) / 3 = 2.0``; with ``G_s = 1`` the step loss
@@ -133,7 +134,7 @@ def _tis_sums(tis: torch.Tensor, old: torch.Tensor, row: MicroBatchTensors,
 
 def _gap_sums(logp: torch.Tensor, row: MicroBatchTensors) -> dict[str, torch.Tensor]:
     """|trainer - engine| log-prob sums over the row's scored tokens, when this forward runs on
-    the weights the engine generated with (no old log-probs: the batch's first step), so the
+    the weights the engine generated with (no old log-probs: an all-fresh first step), so the
     weight-sync check needs no forward of its own. Empty otherwise."""
     if row.old_log_probs is not None or row.rollout_log_probs is None:
         return {}
