@@ -548,5 +548,7 @@ def _line(r: dict) -> str:
             f"mb/rank {r['num_microbatches']}  {r['tokens_per_s']:.0f} tok/s")
     if r.get("prompts_generated", 0) != r.get("prompts_kept", 0):
         line += f"  kept {r['prompts_kept']}/{r['prompts_generated']}"
+    if not math.isnan(r.get("probe_gap", math.nan)):  # separate engine ranks, stale batches
+        line += f"  probe {r['probe_gap']:.1e}  stale {r.get('staleness_max', 0):.0f}"
     evals = [f"{k.split('/')[1]} {v:.3f}" for k, v in r.items() if k.endswith("/reward_mean")]
     return line + (f"  eval {', '.join(evals)}" if evals else "")
