@@ -27,6 +27,8 @@ Example: ``drain(versions=(3, 1, 4, 4), trainer_version=4, max_staleness=1, batc
 takes groups 0 and 2, recycles group 1 (3 versions old) and leaves group 3 for the next step.
 """
 
+from typing import Any
+
 import attrs
 import numpy as np
 
@@ -62,15 +64,32 @@ def generation_lag(mode: str, max_staleness: int | None) -> int:
     return 1 if max_staleness is None else min(1, max_staleness)
 
 
-def check_staleness_bound(*, max_staleness: int, update_weights_interval: int) -> None:
-    """``K >= I - 1``: a group generated right after a sync is ``I - 1`` versions old by the
-    last batch before the next sync. Example: ``K=0, I=2`` is an error naming both flags."""
-    if max_staleness < update_weights_interval - 1:
+def check_staleness_bound(*, max_staleness: int, update_weights_interval: int,
+                          lag: int = 0) -> None:
+    """``K >= lag + I - 1``: a group generated right after a sync is ``I - 1`` versions old by
+    the last batch before the next sync, plus the lag of one step off. Example: ``K=0, I=2`` is
+    an error naming both flags; one step off (lag 1) with ``I=2`` needs ``K >= 2``."""
+    need = lag + update_weights_interval - 1
+    if max_staleness < need:
         raise field_error(AsyncPoolError, "max_weight_staleness", max_staleness,
-                          f"is below update_weights_interval - 1 = {update_weights_interval - 1}: "
-                          "batches between two syncs would hold no fresh-enough group",
-                          f"pass --max-weight-staleness {update_weights_interval - 1} or more, "
-                          "or a smaller --update-weights-interval")
+                          f"is below {need} (generation lag {lag} + update_weights_interval "
+                          f"{update_weights_interval} - 1): some batches would be staler",
+                          f"pass --max-weight-staleness {need} or more, or a smaller "
+                          "--update-weights-interval")
+
+
+def enforce_staleness_bound(weight_version_min: Any, trainer_version: int,
+                            max_staleness: int) -> None:
+    """The bound as a check on a batch about to train: every sample's staleness (the core's
+    ``sample_staleness``) is at most ``K``, else :class:`AsyncPoolError` naming the sample.
+    Example: versions ``[3, 1]`` at trainer 3 with ``K=1`` raise for sample 1 (staleness 2).
+    """
+    stale = sample_staleness(weight_version_min, trainer_version)
+    if stale.size and int(stale.max()) > max_staleness:
+        i = int(np.argmax(stale))
+        raise field_error(AsyncPoolError, f"staleness of sample {i}", int(stale[i]),
+                          f"exceeds --max-weight-staleness {max_staleness}: it would train",
+                          "report this: the engine side ran further ahead than the bound")
 
 
 def admits(*, batches_sent: int, start_version: int, engine_version: int, queued: int,

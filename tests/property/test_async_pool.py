@@ -9,12 +9,14 @@ generates a group twice.
 
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from vime_pure.async_pool import (AsyncPoolError, PoolCounts, admits, check_staleness_bound,
-                                  drain, generation_lag, weights_sync_due)
+                                  drain, enforce_staleness_bound, generation_lag,
+                                  weights_sync_due)
 from vime_pure.errors import RolloutBatchError
 
 
@@ -35,6 +37,11 @@ def test_bad_inputs_are_typed_errors():
         drain(versions=(3,), trainer_version=2, max_staleness=0, batch_size=1)
     with pytest.raises(AsyncPoolError, match="max_weight_staleness"):
         check_staleness_bound(max_staleness=0, update_weights_interval=2)
+    with pytest.raises(AsyncPoolError, match="one step off|lag 1"):
+        check_staleness_bound(max_staleness=1, update_weights_interval=2, lag=1)
+    with pytest.raises(AsyncPoolError, match="sample 1"):
+        enforce_staleness_bound(np.array([3, 1]), 3, 1)
+    enforce_staleness_bound(np.array([3, -1, 2]), 3, 1)  # on policy (-1) counts as fresh
     with pytest.raises(AsyncPoolError, match="mode"):
         generation_lag("async", 1)
 

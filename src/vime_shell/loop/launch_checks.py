@@ -26,7 +26,7 @@ import attrs
 from vime_pure.config import BatchingPolicy, check_feasible
 from vime_pure.errors import field_error
 from vime_shell.engines import vllm_available
-from vime_pure.async_pool import AsyncPoolError, check_staleness_bound
+from vime_pure.async_pool import AsyncPoolError, check_staleness_bound, generation_lag
 from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_engine_layout
 from vime_shell.engines.roles import RankRoles, RankRolesError, resolve_rank_roles
 from vime_shell.loop.checkpoint_index import require_checkpoint
@@ -137,7 +137,8 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
                                    train_async=cfg.train_async, fully_async=cfg.fully_async)
         if roles is not None and roles.mode != "sync":
             check_staleness_bound(max_staleness=cfg.effective_max_weight_staleness,
-                                  update_weights_interval=cfg.update_weights_interval)
+                                  update_weights_interval=cfg.update_weights_interval,
+                                  lag=generation_lag(roles.mode, cfg.max_weight_staleness))
     except (RankRolesError, AsyncPoolError) as exc:
         raise ConfigError(str(exc)) from exc
     if roles is None and cfg.update_weights_interval > 1:

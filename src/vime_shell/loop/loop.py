@@ -63,7 +63,7 @@ import torch
 import torch.distributed as dist
 from transformers.utils import logging as hf_logging
 
-from vime_pure.async_pool import weights_sync_due
+from vime_pure.async_pool import enforce_staleness_bound, weights_sync_due
 from vime_pure.data.batch import RolloutBatch, schedule_for
 from vime_pure.data.microbatch import RankBatch, rank_batch, with_log_probs
 from vime_pure.errors import VimeError
@@ -263,6 +263,9 @@ class _Loop:
             stats = generation.as_record()
             # Generated batches only: a replayed dump's versions count another run's syncs.
             stats.update(metric_values(staleness_metrics(batch, self.weight_version)))
+            if self.cfg.train_async or self.cfg.fully_async:  # never train past the bound
+                enforce_staleness_bound(batch.weight_version_min, self.weight_version,
+                                        self.cfg.effective_max_weight_staleness)
         if self.dumps is not None:
             self.dumps.submit(rid, batch)
         return batch, schedule_for(batch, self.layout.scheduler_layout(), self.plan.policy), stats
