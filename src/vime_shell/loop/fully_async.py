@@ -1,8 +1,10 @@
 """``--fully-async``: a persistent generation pool on the engine rank (one rank, 1 engine).
 
 The pool keeps ``B = --rollout-batch-size`` prompt groups in flight, each one a task on a
-thread that runs the rollout function on its prompt alone (the engine is shared under a lock:
-one generate call at a time, while rewards, tool calls or sleeps of other groups overlap). A
+thread that runs the rollout function on its prompt alone. The engine is shared through its
+per-request front (:class:`FrontEngine`: the requests of all groups in flight are batched at
+each forward, while rewards, tool calls or sleeps of other groups overlap), or under a lock
+for an engine without one. A
 completed group waits, tagged with the engine version its generation started with. For the
 trainer's ``("batch", k)`` the pool hands over the first ``B`` completed groups whose staleness
 at trainer version ``k`` is within ``K = --max-weight-staleness``, and sends staler ones back
@@ -26,15 +28,18 @@ resumed pool redraws from there and skips the done groups, so in-flight groups a
 again (same seeds) and no group trains twice.
 """
 
+import asyncio
 import collections
 import concurrent.futures as futures
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
 from vime_pure.async_pool import PoolCounts, admits, drain
 from vime_pure.data.batch import RolloutBatch
+from vime_shell.engines.async_engine import FRONTS, async_front
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.probe import generate_probe
 from vime_shell.loop.rollouts import RolloutProducer, prompt_samples
@@ -53,7 +58,8 @@ class Draw:
 
 
 class LockedEngine:
-    """One engine shared by the pool's threads: one call at a time."""
+    """One engine shared by the pool's threads: one call at a time (engines without a
+    per-request front)."""
 
     def __init__(self, engine: Any):
         self.engine, self.lock = engine, threading.Lock()
@@ -61,6 +67,59 @@ class LockedEngine:
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         with self.lock:
             return self.engine.generate(*args, **kwargs)
+
+    def between_calls(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` while no generation runs (weight loads)."""
+        with self.lock:
+            return fn()
+
+    def close(self) -> None:
+        pass
+
+
+class FrontEngine:
+    """The batched ``generate(prompts, params)`` of rollout functions, served by the engine's
+    per-request front (``vime_shell.engines.async_engine``) on an event-loop thread of its
+    own: the requests of every group in flight join the same forwards (continuous batching),
+    instead of one engine call per group. Request ``i`` of a call keeps seed ``seed + i``,
+    so a group samples as in a batched call."""
+
+    def __init__(self, engine: Any, max_concurrency: int):
+        self.engine = engine
+        self.front = async_front(engine, max_concurrency=max_concurrency)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                       name="vime-pool-front")
+        self.thread.start()
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def generate(self, prompts: Any, params: Any) -> list:
+        async def requests() -> list:
+            return list(await asyncio.gather(*(
+                self.front.generate(p, attrs.evolve(params, seed=params.request_seed(i)))
+                for i, p in enumerate(prompts))))
+
+        return asyncio.run_coroutine_threadsafe(requests(), self.loop).result()
+
+    def between_calls(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the front's loop, between two forwards (weight loads)."""
+        async def call() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=60)
+
+
+def shared_engine(engine: Any, max_concurrency: int) -> "FrontEngine | LockedEngine":
+    """The pool's engine: the per-request front when the engine has one, else a lock."""
+    return (FrontEngine(engine, max_concurrency) if engine.name in FRONTS
+            else LockedEngine(engine))
 
 
 class GroupPool:
@@ -70,7 +129,7 @@ class GroupPool:
         self.cfg, self.producer, self.bridge = cfg, producer, bridge
         self.size = cfg.rollout_batch_size
         self.bound = cfg.effective_max_weight_staleness
-        self.engine = LockedEngine(producer.engines.engine)
+        self.engine = shared_engine(producer.engines.engine, cfg.sglang_server_concurrency)
         self.version = 0
         self.start: int | None = None  # the trainer's version at its first request
         self.sent = 0  # batches handed to the trainer
@@ -117,14 +176,15 @@ class GroupPool:
                     threading.Event().wait(_POLL_S)
         finally:
             self.threads.shutdown(wait=True, cancel_futures=True)
+            self.engine.close()
         if self.failure is not None:
             raise self.failure
 
     def _handle(self, command: tuple) -> None:
         if command[0] == "weights":
-            with self.engine.lock:  # between two engine calls; in-flight groups continue
-                self.producer.engines.sync_weights(self.bridge.receive_weights(),
-                                                   version=command[1])
+            self.engine.between_calls(  # in-flight groups continue on the new weights
+                lambda: self.producer.engines.sync_weights(self.bridge.receive_weights(),
+                                                           version=command[1]))
             self.version = command[1]
             if command[2]:  # the trainer checks the sync on a probe of these weights
                 try:
