@@ -32,44 +32,55 @@ from typing import Any
 import attrs
 import numpy as np
 
+from vime_pure.config import as_int
 from vime_pure.errors import VimeError, field_error
 from vime_pure.staleness import sample_staleness
 
 SYNC_MODES: tuple[str, ...] = ("sync", "one_step_off", "fully_async")
+_FIX = "pass a whole number (the flags --rollout-batch-size, --max-weight-staleness, " \
+    "--update-weights-interval are integers)"
 
 
 class AsyncPoolError(VimeError):
     """An asynchronous-training setting that cannot run, or a group past its staleness bound."""
 
 
-def weights_sync_due(rollout_id: int, interval: int) -> bool:
-    """Whether the trainer syncs the engines after training rollout ``rollout_id``.
+def weights_sync_due(rollout_id: Any, interval: Any) -> bool:
+    """Whether the trainer syncs the engines after training rollout ``rollout_id`` (inputs
+    are typed loosely: a user boundary, checked here).
 
     Example: interval 2 syncs after rollouts 1, 3, 5 (``weights_sync_due(1, 2) is True``).
     """
-    return (rollout_id + 1) % interval == 0
+    rollout_id = as_int("rollout_id", rollout_id, 0, AsyncPoolError, _FIX)
+    return (rollout_id + 1) % as_int("update_weights_interval", interval, 1, AsyncPoolError,
+                                     _FIX) == 0
 
 
-def generation_lag(mode: str, max_staleness: int | None) -> int:
+def generation_lag(mode: Any, max_staleness: Any) -> int:
     """Rollouts the engines run ahead of the trainer: 0 synchronous, 1 one step off (0 when
     ``--max-weight-staleness 0``); the fully-async pool decides per group instead (0 here).
 
     Example: ``generation_lag("one_step_off", None) == 1``.
     """
-    if mode not in SYNC_MODES:
+    if not isinstance(mode, str) or mode not in SYNC_MODES:
         raise field_error(AsyncPoolError, "mode", mode, "is not a training mode",
                           f"use one of {SYNC_MODES}")
     if mode != "one_step_off":
         return 0
-    return 1 if max_staleness is None else min(1, max_staleness)
+    if max_staleness is None:
+        return 1
+    return min(1, as_int("max_weight_staleness", max_staleness, 0, AsyncPoolError, _FIX))
 
 
-def check_staleness_bound(*, max_staleness: int, update_weights_interval: int,
-                          lag: int = 0) -> None:
+def check_staleness_bound(*, max_staleness: Any, update_weights_interval: Any,
+                          lag: Any = 0) -> None:
     """``K >= lag + I - 1``: a group generated right after a sync is ``I - 1`` versions old by
     the last batch before the next sync, plus the lag of one step off. Example: ``K=0, I=2`` is
     an error naming both flags; one step off (lag 1) with ``I=2`` needs ``K >= 2``."""
-    need = lag + update_weights_interval - 1
+    max_staleness = as_int("max_weight_staleness", max_staleness, 0, AsyncPoolError, _FIX)
+    need = (as_int("lag", lag, 0, AsyncPoolError, _FIX)
+            + as_int("update_weights_interval", update_weights_interval, 1, AsyncPoolError,
+                     _FIX) - 1)
     if max_staleness < need:
         raise field_error(AsyncPoolError, "max_weight_staleness", max_staleness,
                           f"is below {need} (generation lag {lag} + update_weights_interval "
@@ -78,12 +89,13 @@ def check_staleness_bound(*, max_staleness: int, update_weights_interval: int,
                           "--update-weights-interval")
 
 
-def enforce_staleness_bound(weight_version_min: Any, trainer_version: int,
-                            max_staleness: int) -> None:
+def enforce_staleness_bound(weight_version_min: Any, trainer_version: Any,
+                            max_staleness: Any) -> None:
     """The bound as a check on a batch about to train: every sample's staleness (the core's
     ``sample_staleness``) is at most ``K``, else :class:`AsyncPoolError` naming the sample.
     Example: versions ``[3, 1]`` at trainer 3 with ``K=1`` raise for sample 1 (staleness 2).
     """
+    max_staleness = as_int("max_weight_staleness", max_staleness, 0, AsyncPoolError, _FIX)
     stale = sample_staleness(weight_version_min, trainer_version)
     if stale.size and int(stale.max()) > max_staleness:
         i = int(np.argmax(stale))
@@ -92,8 +104,8 @@ def enforce_staleness_bound(weight_version_min: Any, trainer_version: int,
                           "report this: the engine side ran further ahead than the bound")
 
 
-def admits(*, batches_sent: int, start_version: int, engine_version: int, queued: int,
-           batch_size: int, max_staleness: int) -> bool:
+def admits(*, batches_sent: Any, start_version: Any, engine_version: Any, queued: Any,
+           batch_size: Any, max_staleness: Any) -> bool:
     """Whether the pool may start one more group now.
 
     ``queued`` groups (in flight or completed, not yet sent) are ahead of it, so it lands in
@@ -103,6 +115,11 @@ def admits(*, batches_sent: int, start_version: int, engine_version: int, queued
     Example: ``B=4, K=0``, nothing sent, 4 queued at version 0: the next group would land in
     batch 1 (version 1) with staleness 1, so ``admits(...) is False`` until the sync.
     """
+    batches_sent, start_version, engine_version, queued, batch_size, max_staleness = (
+        as_int(name, value, lo, AsyncPoolError, _FIX) for name, value, lo in (
+            ("batches_sent", batches_sent, 0), ("start_version", start_version, 0),
+            ("engine_version", engine_version, 0), ("queued", queued, 0),
+            ("batch_size", batch_size, 1), ("max_staleness", max_staleness, 0)))
     if queued >= 2 * batch_size:
         return False
     lands_in = start_version + batches_sent + queued // batch_size
@@ -119,8 +136,7 @@ class Drain:
     full: bool  # ``take`` holds a whole batch (else the trainer waits for more groups)
 
 
-def drain(*, versions: tuple[int, ...], trainer_version: int, max_staleness: int,
-          batch_size: int) -> Drain:
+def drain(*, versions: Any, trainer_version: Any, max_staleness: Any, batch_size: Any) -> Drain:
     """Split completed groups (``versions`` in completion order) for the step trained by
     ``trainer_version``: the first ``batch_size`` with staleness <= ``max_staleness`` are
     taken, every staler one is recycled (generated again, counted), the rest wait.
@@ -128,10 +144,18 @@ def drain(*, versions: tuple[int, ...], trainer_version: int, max_staleness: int
     Every index lands in exactly one of ``take``, ``recycle`` and ``keep``; no taken group
     is staler than the bound. Example in the module docstring.
     """
+    max_staleness = as_int("max_staleness", max_staleness, 0, AsyncPoolError, _FIX)
+    batch_size = as_int("batch_size", batch_size, 1, AsyncPoolError, _FIX)
+    if not isinstance(versions, (tuple, list)) or not all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+            for v in versions):
+        raise field_error(AsyncPoolError, "versions", versions, "is not a sequence of integer "
+                          "weight versions", "pass each completed group's engine version")
     take: list[int] = []
     recycle: list[int] = []
     keep: list[int] = []
-    staleness = sample_staleness(np.asarray(versions, dtype=np.int64), trainer_version)
+    staleness = sample_staleness(np.asarray(versions, dtype=np.int64).reshape(-1),
+                                 trainer_version)
     for i, stale in enumerate(staleness.tolist()):
         if stale > max_staleness:
             recycle.append(i)
