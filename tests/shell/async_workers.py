@@ -48,7 +48,8 @@ def _ignore_weights(self, named, version=None):
 
 def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dict:
     """Each named run in turn; ``failure``: the engine's rollout function raises;
-    ``broken_sync``: one step off with an engine rank that drops the weights it receives."""
+    ``broken_sync``: one step off with an engine rank that drops the weights it receives;
+    ``hook_failure``: the trainer fails while the engine still owes it a rollout."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.engines.group import EngineGroup
     from vime_shell.loop.config import TrainConfig
@@ -61,18 +62,24 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dic
         if name == "failure":
             extra = {**extra, "rollout_function_path":
                      "tests.shell.async_workers:always_failing_rollout"}
+        if name == "hook_failure":  # the trainer fails while rollout 1 is being generated
+            extra = dict(train_async=True, update_weights_interval=2, max_weight_staleness=2)
         if name == "broken_sync" and rank == 1:
             EngineGroup.sync_weights = _ignore_weights
         if name.startswith("resume"):
             extra = {**extra, "run_dir": f"{root}/resume", "save": f"{root}/resume-ck",
                      "load": f"{root}/resume-ck" if name == "resume_rest" else None}
         cfg = TrainConfig(**{**TINY, **SEPARATE, "run_dir": f"{root}/{name}", **extra})
+        def observe(e, seen=seen, name=name):
+            if name == "hook_failure":
+                raise RuntimeError("the trainer's hook failed")
+            seen.append({"contents": _contents(e.batch), "metrics": dict(e.metrics),
+                         "group_ids": list(e.batch.original_group_ids()),
+                         "trace": [(s, tuple(ix), n) for s, ix, n in e.trace],
+                         "num_samples": len(e.batch.lengths)})
+
         try:
-            run_training(cfg, progress=False, on_rollout=lambda e, seen=seen: seen.append({
-                "contents": _contents(e.batch), "metrics": dict(e.metrics),
-                "group_ids": list(e.batch.original_group_ids()),
-                "trace": [(s, tuple(ix), n) for s, ix, n in e.trace],
-                "num_samples": len(e.batch.lengths)}))
+            run_training(cfg, progress=False, on_rollout=observe)
             out[name] = {"rollouts": seen}
         except Exception as exc:  # noqa: BLE001 - the test reads which error each rank raised
             out[name] = {"error": (type(exc).__name__, str(exc)), "rollouts": seen}

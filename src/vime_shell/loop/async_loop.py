@@ -199,9 +199,13 @@ class RemoteRollouts:
             return
         self._closed = True
         try:
+            self._drain()  # a reply still under way would block its sender, and our stop
+        except (BridgeError, EngineGroupError):
+            pass  # the engine side failed or stopped: its error was raised where it occurred
+        try:
             self.bridge.command(("stop",))
         except BridgeError:
-            pass  # the engine side already stopped (its failure was raised where it occurred)
+            pass
 
 
 def needs_probe(cfg: TrainConfig, mode: str, lag: int) -> bool:
