@@ -30,13 +30,13 @@ TRL_VENV   := .venv-trl
 TRL_STAMP  := $(TRL_VENV)/.installed-$(subst =,,$(TRL_SPEC))
 PEER_ARGS  ?=
 
-.PHONY: demo demo-math test test-deep test-vllm venv bench bench-peer clean
+.PHONY: demo demo-math test test-deep test-pure-kernels test-vllm venv bench bench-peer clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" -e '.[train,test]'
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" -e '.[train,test,fast]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -58,6 +58,12 @@ test-deep: $(STAMP)
 	  $(BIN)/python -m pytest -q $(DEEP_ARGS) --hypothesis-seed=$$seed tests/property \
 	  || { echo "test-deep FAILED with hypothesis seed $$seed; reproduce: $$again" >&2; exit 1; }; \
 	echo "test-deep: passed with seed $$seed in $$(( $$(date +%s) - start )) s"
+
+# The scheduler's properties and examples on the pure-Python kernels (what runs without
+# vime[fast]); `make test` runs them on the compiled ones.
+test-pure-kernels: $(STAMP)
+	VIME_KERNELS=pure $(BIN)/python -m pytest -q -n 2 tests/property/test_schedule_properties.py \
+	  tests/property/test_balance.py tests/test_schedule_examples.py tests/test_reports.py
 
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)

@@ -8,7 +8,9 @@ Usage::
 Per layout (A-G of the issue), policy and size it measures the median wall time and median
 CPU time of ``build_schedule`` (schedule construction and its invariant checks included), the
 speed-up against ``benchmarks.reference.reference_schedule`` timed once in the same run, and the
-schedule's quality (``benchmarks.metrics``). Workloads come from
+schedule's quality (``benchmarks.metrics``). With numba installed (``vime[fast]``) it times the
+compiled kernels and, in the same run, the pure-Python ones (``pure``: their time and the
+compiled speed-up over them), and checks both give the same schedule. Workloads come from
 ``vime_pure.scheduling.workloads.synthetic_workload`` (seeded); FLOPs from ``FlopsModel`` of the dense 8B
 decoder. Sizes smaller than one step run as one partial step (``allow_partial_step=True``).
 The reference runs only while its previous size finished within ``--ref-budget`` seconds (it is
@@ -30,6 +32,7 @@ from benchmarks.metrics import step_metrics
 from benchmarks.reference import reference_schedule
 from vime_pure import BatchingPolicy, ParallelLayout, build_schedule
 from vime_pure.scheduling.flops import FlopsModel
+from vime_pure.scheduling.registry import kernel_set, numba_available
 from vime_pure.scheduling.workloads import synthetic_workload
 
 # name: (dp, cp, max_tokens_per_gpu, vpp, microbatch_group, groups per step, fan-out)
@@ -89,11 +92,22 @@ def run_case(layout_name: str, size: str, policy_name: str, repeats: int, refere
     packing, balance, ref_mode = POLICIES[policy_name]
     policy = BatchingPolicy(global_batch_size=gbs, max_tokens_per_gpu=mtpg, packing=packing,
                             balance=balance, allow_partial_step=True)
-    sched, wall, cpu = _timed(lambda: build_schedule(lengths, group_ids, layout, policy, flops),
-                              repeats)
+    build = lambda: build_schedule(lengths, group_ids, layout, policy, flops)  # noqa: E731
+    sched, wall, cpu = _timed(build, repeats)  # the default set: compiled when numba is there
+    pure = None
+    if numba_available():  # the pure-Python fallback, same run, for the kernels' own speed-up
+        os.environ["VIME_KERNELS"] = "pure"
+        try:
+            pure_sched, pure_wall, pure_cpu = _timed(build, repeats)
+        finally:
+            del os.environ["VIME_KERNELS"]
+        if pure_sched != sched:
+            raise AssertionError(f"{layout_name}/{size}/{policy_name}: kernel sets disagree")
+        pure = {"wall_ms": 1e3 * pure_wall, "cpu_ms": 1e3 * pure_cpu, "speedup": pure_wall / wall}
     cap, multiple = mtpg * cp, layout.align_multiple
     row = {"layout": layout_name, "size": size, "policy": policy_name, "samples": len(lengths),
            "wall_ms": 1e3 * wall, "cpu_ms": 1e3 * cpu, "repeats": repeats,
+           "kernels": kernel_set().name, "pure": pure,
            **step_metrics([s.microbatches for s in sched.steps], lengths, flops, cap, dp, multiple)}
     if reference:
         ref, ref_wall, ref_cpu = _timed(lambda: reference_schedule(
@@ -136,8 +150,9 @@ def run(layouts, sizes, policies, ref_budget_s: float, ref_steps: bool = False,
 
 def _line(r: dict) -> str:
     speed = f"x{r['speedup']:.0f}" if "speedup" in r else "-"
+    pure = f"pure {r['pure']['wall_ms']:7.1f} ms x{r['pure']['speedup']:4.1f}" if r["pure"] else ""
     return (f"{r['layout']} {r['size']:>7} {r['policy']:<12} {r['wall_ms']:8.1f} ms "
-            f"(cpu {r['cpu_ms']:7.1f}) {speed:>6} mb+{r['mb_over_aligned_pct']:.2f}% "
+            f"(cpu {r['cpu_ms']:7.1f}) {speed:>6} {pure} mb+{r['mb_over_aligned_pct']:.2f}% "
             f"tok {r['tok_imb_mean']:.3f}/{r['tok_imb_worst']:.3f} "
             f"flops {r['flops_imb_mean']:.3f}/{r['flops_imb_worst']:.3f} "
             f"viol {r['cap_violations']}")

@@ -22,9 +22,11 @@ def tables(result: dict) -> str:
            f"N={big}: micro-batches over the aligned lower bound; per-step imbalance "
            "max/mean rank load, mean / worst step, tokens and FLOPs (lower bound: mean "
            f"{_mean(rows, big, 'flops_bound_mean'):.3f}); speed-up: wall time vs the naive reference "
-           "at the largest N where it ran; +mb/rank: most extra micro-batches "
+           "at the largest N where it ran; vs pure: the compiled kernels (vime[fast]) against the "
+           "pure-Python ones, same run; +mb/rank: most extra micro-batches "
            "per rank in a step vs ffd/strided; viol: multi-sample micro-batches over the cap.", ""]
-    head = ["layout", "policy", *[f"t@{s}" for s in sizes], "speed-up (N)", "mb vs bound",
+    head = ["layout", "policy", *[f"t@{s}" for s in sizes], "speed-up (N)", f"vs pure@{big}",
+            "mb vs bound",
             "tok imb", "FLOPs imb", "+mb/rank", "viol"]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for lay in layouts:
@@ -38,6 +40,7 @@ def tables(result: dict) -> str:
             speed = _speedup(rows, lay, pol)
             out.append("| " + " | ".join([
                 lay, pol, *[_fmt_ms(index.get((lay, pol, s))) for s in sizes], speed,
+                f"x{r['pure']['speedup']:.1f}" if r.get("pure") else "-",
                 f"+{r['mb_over_aligned_pct']:.2f}%",
                 f"{r['tok_imb_mean']:.3f} / {r['tok_imb_worst']:.3f}",
                 f"{r['flops_imb_mean']:.3f} / {r['flops_imb_worst']:.3f}", extra,

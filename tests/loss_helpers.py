@@ -162,11 +162,11 @@ def assert_zigzag_invariants(total_length: int, response_length: int, cp_size: i
 
 
 def assert_metric_invariants(m: Metric) -> None:
-    """A metric is finite-count, non-negative, and reads 0.0 when empty."""
+    """A metric is finite-count, non-negative, and has no value (None) when empty."""
     assert m.count >= 0 and math.isfinite(m.count)
     assert m.reduction in ("mean", "min", "max")
     if m.count == 0:
-        assert m.value == 0.0
+        assert m.value is None
 
 
 def divisor(step: Step, mode: LossMode) -> int:

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vime_shell.rollout.data import DataError, DataKeys, PromptSource, load_prompt_rows
+from vime_shell.rollout.data import (DataError, DataKeys, PromptSource, fit_prompts,
+                                     load_prompt_rows)
 from vime_shell.rollout.tasks import TaskExample, get_task
 
 ROWS = [{"question": f"{a}+{b}=", "answer": str(a + b), "meta": {"level": a % 3}}
@@ -35,7 +36,7 @@ def test_chat_messages_and_tools_are_kept(tmp_path):
                         {"role": "user", "content": "2+2="}], "label": 4, "tools": [{"n": 1}]}]
     (example,) = load_prompt_rows(_jsonl(tmp_path / "chat.jsonl", rows),
                                   DataKeys(tool_key="tools"))
-    assert example.prompt[1]["content"] == "2+2=" and example.label == "4"
+    assert example.prompt[1]["content"] == "2+2=" and example.label == 4  # a number stays one
     assert example.tools == [{"n": 1}]
 
 
@@ -55,7 +56,7 @@ def test_bad_rows_are_typed_errors_naming_the_line(tmp_path, lines, keys, match)
 
 
 def test_missing_file_is_a_typed_error(tmp_path):
-    with pytest.raises(DataError, match="prompt_data=.*is not a file"):
+    with pytest.raises(DataError, match="--prompt-data=.*is not a file"):
         load_prompt_rows(tmp_path / "nope.jsonl", KEYS)
 
 
@@ -86,3 +87,71 @@ def test_a_task_source_draws_what_the_task_draws_per_rollout():
     source = PromptSource.from_task(get_task("reverse2"), seed=3)
     assert source.take(16) == get_task("reverse2").examples(16, seed=3, rollout_id=0)
     assert source.take(16) == get_task("reverse2").examples(16, seed=3, rollout_id=1)
+
+
+def _keys(**kw):
+    return DataKeys(input_key="question", label_key="answer", **kw)
+
+
+@pytest.mark.parametrize("answer, match", [
+    (None, r"train.jsonl:2: answer is null. Fix: .*--label-key none"),
+    (float("nan"), r"train.jsonl:2: answer=nan is not a finite number"),
+    (["21", "x"], r"train.jsonl:2: answer=\['21', 'x'\] is a list, but the built-in rewards"),
+    ({"a": 1}, r"train.jsonl:2: answer=\{'a': 1\} is a dict")])
+def test_labels_that_no_built_in_reward_can_grade_are_refused_with_the_line(tmp_path, answer,
+                                                                            match):
+    rows = [{"question": "1+1=", "answer": "2"}, {"question": "2+2=", "answer": answer}]
+    with pytest.raises(DataError, match=match):
+        load_prompt_rows(_jsonl(tmp_path / "train.jsonl", rows), _keys(any_label=False))
+
+
+def test_labels_keep_their_type_and_parquet_bytes_become_text(tmp_path):
+    """43.0 stays a number (never "43.0"); a user reward receives list labels as they are."""
+    rows = [{"question": "a", "answer": 43.0}, {"question": "b", "answer": 7}]
+    got = load_prompt_rows(_jsonl(tmp_path / "n.jsonl", rows), _keys(any_label=False))
+    assert [e.label for e in got] == [43.0, 7] and isinstance(got[1].label, int)
+    listed = [{"question": "a", "answer": ["21", "x"]}]
+    assert load_prompt_rows(_jsonl(tmp_path / "l.jsonl", listed), _keys())[0].label == ["21", "x"]
+    pq.write_table(pa.Table.from_pylist([{"question": b"1+1=", "answer": b"43"}]),
+                   tmp_path / "b.parquet")
+    (example,) = load_prompt_rows(tmp_path / "b.parquet", _keys(any_label=False))
+    assert example == TaskExample(prompt="1+1=", label="43")
+    pq.write_table(pa.Table.from_pylist([{"question": "q", "answer": b"\xff"}]),
+                   tmp_path / "bad.parquet")
+    with pytest.raises(DataError, match=r"bad.parquet:1: answer=b'\\xff' is bytes that are not"):
+        load_prompt_rows(tmp_path / "bad.parquet", _keys())
+
+
+def test_non_utf8_bytes_name_the_file_and_line(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(b'{"question": "1+1=", "answer": "2"}\n'
+                     b'{"question": "caf\xe9", "answer": "1"}\n')
+    with pytest.raises(DataError, match=r"train.jsonl:2: byte 18 of the line is not UTF-8"):
+        load_prompt_rows(path, _keys())
+
+
+def test_chat_messages_need_the_chat_template_and_blank_prompts_are_refused(tmp_path):
+    chat = [{"question": [{"role": "user", "content": "2+2="}], "answer": "4"}]
+    with pytest.raises(DataError, match=r"chat.jsonl:1: question is a list of 1 chat messages.*"
+                                        "--apply-chat-template"):
+        load_prompt_rows(_jsonl(tmp_path / "chat.jsonl", chat), _keys(apply_chat_template=False))
+    with pytest.raises(DataError, match=r"blank.jsonl:1: question='  \\n' is blank"):
+        load_prompt_rows(_jsonl(tmp_path / "blank.jsonl", [{"question": "  \n", "answer": "1"}]),
+                         _keys())
+
+
+def test_fit_prompts_refuses_empty_and_too_long_prompts_or_drops_and_counts():
+    rows = (TaskExample(prompt="12"), TaskExample(prompt="1" * 60), TaskExample(prompt="3"))
+    wheres = ("d.jsonl:1", "d.jsonl:2", "d.jsonl:3")
+    encode = lambda e: [1] * len(e.prompt)  # noqa: E731 - one token per character
+    with pytest.raises(DataError, match=r"d.jsonl:2: the prompt has 60 tokens, and with "
+                                        r"--rollout-max-response-len 8 it exceeds .* 64"):
+        fit_prompts(rows, wheres, encode=encode, context_len=64, response_len=8,
+                    max_prompt_len=None)
+    kept, dropped = fit_prompts(rows, wheres, encode=encode, context_len=64, response_len=8,
+                                max_prompt_len=10)
+    assert [e.prompt for e in kept] == ["12", "3"] and dropped == 1
+    with pytest.raises(DataError, match=r"d.jsonl:1: the prompt '12' gives no tokens: none of "
+                                        "its characters is in the tokenizer's vocabulary"):
+        fit_prompts(rows, wheres, encode=lambda e: [], context_len=64, response_len=8,
+                    max_prompt_len=None)

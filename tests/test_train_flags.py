@@ -3,16 +3,22 @@ exits with status 2 and one line naming the flag (before anything heavy is built
 
 import json
 import logging
+import shutil
 
+import attrs
 import pytest
 
 from vime_pure import LossMode
+from vime_shell.cli import train as train_cmd
 from vime_shell.cli.main import main
-from vime_shell.loop.config import SECTIONS, TrainConfig, parse_train_config
+from vime_shell.cli.parser import as_flags
+from vime_shell.loop.config import SECTIONS, ConfigError, TrainConfig, parse_train_config
 from vime_shell.loop.launch_checks import launch_checks
 from vime_shell.loop.logs import configure_logging
 from vime_shell.loop.loop import trainer_config
 from vime_shell.models.embedded import build_embedded
+from vime_shell.rollout import generate as generate_module
+from vime_shell.rollout.data import DataError
 from vime_shell.rollout.rewards import Rewarder
 
 
@@ -42,8 +48,10 @@ def _bad(argv, capsys, flag):
     except SystemExit as exc:  # argparse's own checks (choices, types) exit from the parser
         status = exc.code
     assert status == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and flag in err, err
+    lines = capsys.readouterr().err.strip().splitlines()
+    # One line naming the flag; a chained cause that adds something is one more line.
+    assert flag in lines[0] and (len(lines) == 1 or len(lines) == 2
+                                 and lines[1].startswith("vime train: caused by: ")), lines
 
 
 def test_help_is_grouped_into_sections_with_choices(capsys):
@@ -69,8 +77,8 @@ def test_data_and_eval_flags_reach_the_prompt_source_and_eval_sets(model, data, 
     assert launch_checks(epochs, model).num_rollout == 6  # 3 passes over 8 rows, 4 per rollout
     _bad(["--prompt-data", data, "--input-key", "question", "--rollout-max-response-len", "2"],
          capsys, "train.jsonl:1: no 'question' field")
-    _bad(["--prompt-data", data], capsys, "rollout_max_response_len")
-    _bad(["--eval-prompt-data", "sums"], capsys, "eval_prompt_data")
+    _bad(["--prompt-data", data], capsys, "--rollout-max-response-len")
+    _bad(["--eval-prompt-data", "sums"], capsys, "--eval-prompt-data")
 
 
 def test_rollout_and_reward_flags(model, capsys):
@@ -83,7 +91,7 @@ def test_rollout_and_reward_flags(model, capsys):
     assert Rewarder.build(rm_type=cfg.rm_type).name == "math"
     launch_checks(cfg, model)
     _bad(["--rm-type", "gpt"], capsys, "--rm-type")
-    _bad(["--over-sampling-batch-size", "32"], capsys, "over_sampling_batch_size")
+    _bad(["--over-sampling-batch-size", "32"], capsys, "--over-sampling-batch-size")
     _bad(["--dynamic-sampling-filter-path", "nowhere:fn"], capsys,
          "--dynamic-sampling-filter-path")
 
@@ -97,7 +105,7 @@ def test_loss_flags_reach_the_trainer_config(capsys):
     assert (loss.entropy_coef, loss.use_tis, loss.tis_clip) == (0.01, True, 3.0)
     assert LossMode(cfg.effective_loss_mode) is LossMode.TOKEN_MEAN
     assert trainer_config(TrainConfig(kl_loss_coef=0.0)).loss.kl_coef == 0.0
-    _bad(["--kl-loss-coef", "0.1"], capsys, "kl_loss_coef")
+    _bad(["--kl-loss-coef", "0.1"], capsys, "--kl-loss-coef")
     _bad(["--kl-loss-type", "k9"], capsys, "--kl-loss-type")
     _bad(["--loss-mode", "mean_of_means"], capsys, "--loss-mode")
 
@@ -114,10 +122,10 @@ def test_optimizer_flags_reach_the_trainer_config(capsys):
     assert (optim.min_lr, optim.lr_decay_style, optim.weight_decay) == (1e-5, "cosine", 0.1)
     assert (optim.clip_grad, optim.adam_beta1, optim.adam_beta2) == (0.5, 0.8, 0.95)
     assert optim.use_distributed_optimizer
-    _bad(["--lr", "0"], capsys, "lr=0")
-    _bad(["--min-lr", "1"], capsys, "min_lr")
-    _bad(["--num-steps-per-rollout", "3"], capsys, "num_steps_per_rollout")
-    _bad(["--overlap-param-gather"], capsys, "overlap_param_gather")
+    _bad(["--lr", "0"], capsys, "--lr=0")
+    _bad(["--min-lr", "1"], capsys, "--min-lr")
+    _bad(["--num-steps-per-rollout", "3"], capsys, "--num-steps-per-rollout")
+    _bad(["--overlap-param-gather"], capsys, "--overlap-param-gather")
 
 
 def test_batching_and_parallelism_flags(model, capsys, monkeypatch):
@@ -127,8 +135,8 @@ def test_batching_and_parallelism_flags(model, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     plan = launch_checks(parse_train_config(["--pipeline-model-parallel-size", "2"]), model)
     assert (plan.layout.pp, plan.layout.dp) == (2, 1)
-    _bad(["--micro-batch-size", "2"], capsys, "micro_batch_size=2")
-    _bad(["--context-parallel-size", "2"], capsys, "context_parallel_size=2")
+    _bad(["--micro-batch-size", "2"], capsys, "--micro-batch-size=2")
+    _bad(["--context-parallel-size", "2"], capsys, "--context-parallel-size=2")
     _bad(["--balance", "round_robin"], capsys, "--balance")
 
 
@@ -162,3 +170,142 @@ def test_off_policy_correction_flags(capsys):
     _bad(["--use-rs", "--rs-level", "word"], capsys, "--rs-level")
     _bad(["--tis-clip-low", "3"], capsys, "tis_clip_low")
     _bad(["--use-rs", "--rs-lower-bound", "3"], capsys, "rs_lower_bound")
+
+
+# -- issue 19: inputs checked at launch, errors that name flags ------------------------------
+def _rows(tmp_path, *lines: bytes) -> str:
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return str(path)
+
+
+GOOD = b'{"prompt": "12", "label": "3"}'
+
+
+@pytest.mark.parametrize("line, message", [
+    (b'{"prompt": "12", "label": null}', "d.jsonl:2: label is null"),
+    (b'{"prompt": "12", "label": NaN}', "d.jsonl:2: label=nan is not a finite number"),
+    (b'{"prompt": "12", "label": ["1", "x"]}', "is a list, but the built-in rewards"),
+    (b'{"prompt": [{"role": "user", "content": "12"}], "label": "3"}',
+     "d.jsonl:2: prompt is a list of 1 chat messages"),
+    (b'{"prompt": "caf\xe9", "label": "3"}', "d.jsonl:2: byte 16 of the line is not UTF-8"),
+    (b'{"prompt": "   ", "label": "3"}', "d.jsonl:2: prompt='   ' is blank"),
+    (b'{"prompt": "hello", "label": "3"}', "d.jsonl:2: the prompt 'hello' gives no tokens: "
+                                           "none of its characters is in the tokenizer's"),
+    (b'{"prompt": "' + b"1" * 70 + b'", "label": "3"}',
+     "d.jsonl:2: the prompt has 70 tokens, and with --rollout-max-response-len 2 it exceeds "
+     "the model's context of 64 tokens")])
+def test_bad_rows_fail_at_launch_in_one_line_naming_the_line(tmp_path, capsys, line, message):
+    """Each used to surface 10-23 s in (after the model was built), as a raw traceback, or
+    not at all (a stringified label, a transformers warning)."""
+    _bad(["--prompt-data", _rows(tmp_path, GOOD, line), "--rollout-max-response-len", "2"],
+         capsys, message)
+
+
+def test_rollout_max_prompt_len_drops_and_counts_long_prompts(model, tmp_path):
+    long = b'{"prompt": "' + b"1" * 70 + b'", "label": "3"}'
+    cfg = parse_train_config(["--prompt-data", _rows(tmp_path, GOOD, long, GOOD),
+                              "--rollout-max-response-len", "2",
+                              "--rollout-max-prompt-len", "10"])
+    plan = launch_checks(cfg, model)
+    assert plan.prompts_dropped == 1 and [e.prompt for e in plan.prompts] == ["12", "12"]
+    with pytest.raises(ConfigError, match="--rollout-max-prompt-len|rollout_max_prompt_len=1: "
+                                          "drops every prompt"):
+        launch_checks(attrs.evolve(cfg, rollout_max_prompt_len=1), model)
+
+
+@pytest.fixture
+def templated(model, tmp_path):
+    """A copy of the embedded model whose chat template the test writes."""
+    copy = tmp_path / "model"
+    shutil.copytree(model, copy)
+
+    def write(template: str):
+        (copy / "chat_template.jinja").write_text(template)
+        return copy
+    return write
+
+
+def test_chat_templates_that_render_nothing_or_run_away_fail_at_launch(templated, tmp_path,
+                                                                       monkeypatch):
+    cfg = parse_train_config(["--prompt-data", _rows(tmp_path, GOOD), "--apply-chat-template",
+                              "--rollout-max-response-len", "2"])
+    with pytest.raises(DataError, match="d.jsonl:1: the prompt '12' gives no tokens"):
+        launch_checks(cfg, templated("{% if false %}x{% endif %}"))
+    # Nested loops that would render for hours stop at the time limit.
+    monkeypatch.setattr(generate_module, "CHAT_TEMPLATE_TIMEOUT_S", 0.3)
+    nested = "{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}{% endfor %}"
+    with pytest.raises(DataError, match=r"d.jsonl:1: the chat template did not render within "
+                                        r"0.3 s"):
+        launch_checks(cfg, templated(nested))
+    with pytest.raises(DataError, match=r"d.jsonl:1: the chat template failed \("):
+        launch_checks(cfg, templated("{{ raise_exception('no system prompt') }}"))
+
+
+def test_seed_bound_and_duplicate_eval_names_are_refused(tmp_path, capsys):
+    _bad(["--seed", str(2**63)], capsys, "--seed=9223372036854775808: must be below 2**63")
+    _bad(["--rollout-seed", str(2**64)], capsys, "--rollout-seed=")
+    data = _rows(tmp_path, GOOD)
+    _bad(["--eval-prompt-data", "math", data, "math", data, "--eval-interval", "1"], capsys,
+         "--eval-prompt-data=['math',")
+
+
+def test_errors_name_flags_never_python_names(capsys):
+    """The core's allow_partial_step is the user's --allow-partial-train-step."""
+    _bad(["--global-batch-size", "3", "--rollout-batch-size", "1", "--n-samples-per-prompt",
+          "2"], capsys, "--global-batch-size=3: does not divide the 2 groups of a rollout "
+          "(--rollout-batch-size=1 x --n-samples-per-prompt=2)")
+    assert main(["schedule", "--synthetic", "--num-groups", "3", "--global-batch-size", "8",
+                 "--max-tokens-per-gpu", "4096"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "or set --allow-partial-train-step.")  # the core says allow_partial_step=True
+    flags = {"--allow-partial-train-step", "--max-tokens-per-gpu", "--lr", "--use-kl-loss",
+             "--no-use-kl-loss"}
+    assert as_flags("Fix: set allow_partial_step=True.", flags) == \
+        "Fix: set --allow-partial-train-step."
+    assert as_flags("(max_tokens_per_gpu) lr=0 use_kl_loss=False", flags) == \
+        "(--max-tokens-per-gpu) --lr=0 --no-use-kl-loss"
+    # Words that are no flag, or one-word names without "=", and quoted keys stay as written.
+    assert as_flags("before the first lr save; metadata['lr_x']=1", flags) == \
+        "before the first lr save; metadata['lr_x']=1"
+
+
+def _chained():
+    try:
+        raise TypeError("bad width")
+    except TypeError as inner:
+        raise ConfigError("global_batch_size=3: broken. Fix: x.") from inner
+
+
+@pytest.mark.parametrize("fault, first, cause", [
+    (OSError(28, "No space left on device", "ck/rollout_000004"),
+     "OSError: [Errno 28] No space left on device: 'ck/rollout_000004'", None),
+    (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
+     "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff", None),
+    (None, "--global-batch-size=3: broken", "caused by: TypeError: bad width")])
+def test_file_system_and_decoding_faults_are_one_line_with_the_cause(monkeypatch, capsys, fault,
+                                                                     first, cause):
+    """No raw traceback for a full disk or a bad byte; the cause is one more line, and the
+    traceback appears only under --log-level debug."""
+    def handler(args):
+        if fault is None:
+            _chained()
+        raise fault
+
+    monkeypatch.setattr(train_cmd, "run", handler)
+    assert main(["train"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith(f"vime train: error: {first}")
+    assert lines[1:] == ([] if cause is None else [f"vime train: {cause}"])
+    assert main(["train", "--log-level", "debug"]) == 2
+    assert "Traceback (most recent call last):" in capsys.readouterr().err
+
+
+def test_check_flags_reach_what_they_configure(capsys):
+    cfg = parse_train_config(["--reward-timeout", "5", "--skip-nonfinite-grad-steps",
+                              "--no-logprob-check", "--rollout-max-prompt-len", "512"])
+    assert (cfg.reward_timeout, cfg.logprob_check, cfg.rollout_max_prompt_len) == (5.0, False, 512)
+    assert trainer_config(cfg).optim.skip_nonfinite_grad_steps
+    assert parse_train_config([]).logprob_check and parse_train_config([]).reward_timeout is None
+    _bad(["--reward-timeout", "0"], capsys, "--reward-timeout=0")
+    _bad(["--rollout-max-prompt-len", "0"], capsys, "--rollout-max-prompt-len=0")

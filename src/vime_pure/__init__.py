@@ -36,6 +36,7 @@ from vime_pure.data.rewards import (RewardNormalization, grpo_advantages, gspo_a
 from vime_pure.data.rollout_output import (FlatRollout, fallback_ids, flatten_rollout_output,
                                            normalized_loss_mask)
 from vime_pure.data.sample import ON_POLICY_VERSION, Sample, Status
+from vime_pure.data.vocab import TokenIdError, check_token_ids
 from vime_pure.denominators import (LOSS_MODES, LossMode, group_mask_sums, megatron_loss_scale,
                                     sample_denominators, step_denominators, step_divisor)
 from vime_pure.errors import (CPConfigError, DumpFormatError, FlopsModelError, LossConfigError,
@@ -57,8 +58,9 @@ __all__ = [
     "FlopsModelError", "LossConfig", "LossConfigError", "LossMode", "Metric", "MetricError", "ParallelLayout",
     "RankBatch", "RejectionConfig", "RewardError", "RewardNormalization", "RolloutBatch", "RolloutBatchError",
     "RolloutValidationError", "Sample", "Schedule", "ScheduleError", "ScheduleInvariantError",
-    "Status", "StepBatch", "StepPlan", "TrainMicroBatch", "VimeError", "ZigzagOffsets",
-    "batch_staleness", "build_schedule", "check_feasible", "fresh_samples", "group_staleness", "fallback_ids", "flatten_rollout_output",
+    "Status", "StepBatch", "StepPlan", "TokenIdError", "TrainMicroBatch", "VimeError",
+    "ZigzagOffsets", "batch_staleness", "build_schedule", "check_feasible", "check_token_ids",
+    "fresh_samples", "group_staleness", "fallback_ids", "flatten_rollout_output",
     "group_mask_sums", "grpo_advantages", "gspo_advantages", "megatron_loss_scale",
     "merge_metrics", "metric_values", "normalize_rewards", "normalized_loss_mask",
     "policy_from_flags", "rank_batch", "reduce_metrics", "reduce_train_step",

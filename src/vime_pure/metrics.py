@@ -2,8 +2,10 @@
 
 Averaging per-rank means is wrong whenever ranks hold different counts (a mean of means). A
 :class:`Metric` carries ``sum`` and ``count``; ranks are reduced by adding both, and the value
-is read once at the end: ``sum / count`` for ``mean`` (0.0 when the count is 0), the extreme
-over non-empty entries for ``min``/``max`` (there ``sum`` holds the extreme value).
+is read once at the end: ``sum / count`` for ``mean``, the extreme over non-empty entries for
+``min``/``max`` (there ``sum`` holds the extreme value). Over zero observations there is no
+value: ``None`` (``null`` in ``metrics.jsonl``), never a 0 that reads like a measurement (a
+step whose every token is masked has no ratio and no entropy).
 
 The train-step loss report (:func:`reduce_train_step`) divides the summed partial numerators of
 ``vime_pure.torch_ops.loss.microbatch_loss`` by the step divisor, the same number whose gradient is taken.
@@ -76,7 +78,7 @@ class Metric:
     """A reducible metric: ``sum`` and ``count`` of observations, and how to combine them.
 
     For ``min``/``max``, ``sum`` is the extreme value and ``count`` the number of observations.
-    Example: ``Metric(6.0, 4.0).value == 1.5``; ``Metric(0.0, 0.0).value == 0.0``.
+    Example: ``Metric(6.0, 4.0).value == 1.5``; ``Metric(0.0, 0.0).value is None``.
     """
 
     sum: float = attrs.field(converter=lambda v: as_real("sum", v))
@@ -87,10 +89,10 @@ class Metric:
         _check_metric(self)
 
     @property
-    def value(self) -> float:
-        """The reported number: ``sum / count`` for mean (0.0 if empty), else the extreme."""
+    def value(self) -> float | None:
+        """The reported number: ``sum / count`` for mean, else the extreme; None if empty."""
         if self.count == 0:
-            return 0.0
+            return None
         return self.sum / self.count if self.reduction == "mean" else self.sum
 
     @classmethod
@@ -167,8 +169,9 @@ def reduce_metrics(per_rank: Any) -> dict[str, Metric]:
     return {k: merge_metrics([d[k] for d in per_rank], k) for k in sorted(per_rank[0])}
 
 
-def metric_values(metrics: Any) -> dict[str, float]:
-    """Read the reported numbers. Example: ``{"r": Metric(2, 4)}`` -> ``{"r": 0.5}``."""
+def metric_values(metrics: Any) -> dict[str, float | None]:
+    """Read the reported numbers. Example: ``{"r": Metric(2, 4), "e": Metric(0, 0)}`` ->
+    ``{"r": 0.5, "e": None}``."""
     _check_same_keys([metrics], "metrics")
     odd = next((k for k, m in metrics.items() if not isinstance(m, Metric)), None)
     if odd is not None:
@@ -178,7 +181,7 @@ def metric_values(metrics: Any) -> dict[str, float]:
 
 
 def reduce_train_step(values: Any, G_s: Any, mode: Any, cp: Any = 1, *,
-                      num_samples: Any = None) -> dict[str, float]:
+                      num_samples: Any = None, tokens: Any = None) -> dict[str, float | None]:
     """The train-step report of loss-like keys, identical for any split of the step.
 
     ``values`` holds, per rank of the DP x CP group, the sum over its micro-batches of
@@ -187,8 +190,10 @@ def reduce_train_step(values: Any, G_s: Any, mode: Any, cp: Any = 1, *,
     ``sum_ranks(values[k]) / step_divisor(mode, G_s, num_samples)``. CP ranks hold disjoint
     token shards scored over full denominators, so no ``cp`` correction applies; ``cp`` only
     checks that every CP rank contributed (``len(values)`` is a multiple of ``cp``).
+    ``tokens``: the step's scored tokens over all ranks, when known; 0 makes every key None
+    (a step whose every token is masked measured no loss, entropy or clip fraction).
     Example: ``group_token_mean``, G_s=2, partials ``[{"loss": 21/9}, {"loss": 24/9 + 11}]``
-    -> ``{"loss": 8.0}``.
+    -> ``{"loss": 8.0}``; with ``tokens=0`` -> ``{"loss": None}``.
     """
     divisor = step_divisor(mode, G_s, num_samples)
     cp = as_int("cp", cp, 1, LossConfigError, "pass the context-parallel size")
@@ -197,5 +202,25 @@ def reduce_train_step(values: Any, G_s: Any, mode: Any, cp: Any = 1, *,
         raise field_error(MetricError, "values", Shown(f"<{len(values)} ranks>"),
                           f"is not a multiple of cp={cp}: some CP rank's partial is missing",
                           "gather from the whole DP x CP group")
-    return {k: _fsum(k, [as_real(f"values[{r}][{k!r}]", d[k]) for r, d in enumerate(values)])
-            / divisor for k in sorted(values[0])}
+    sums = {k: _fsum(k, [as_real(f"values[{r}][{k!r}]", d[k]) for r, d in enumerate(values)])
+            for k in sorted(values[0])}
+    if tokens is not None and as_real("tokens", tokens, LossConfigError) == 0:
+        return dict.fromkeys(sums)
+    return {k: total / divisor for k, total in sums.items()}
+
+
+def weighted_mean(values: Any, weights: Any, field: str = "values") -> float | None:
+    """The ``weights``-weighted mean of the values that exist (None entries have no value and
+    no weight); None when none exists. Example: ``weighted_mean([0.2, None, 0.6], [3, 5, 1])
+    == 0.3``; ``weighted_mean([None], [4]) is None``."""
+    for name, seq in ((field, values), ("weights", weights)):
+        if not isinstance(seq, (list, tuple)):
+            raise field_error(MetricError, name, type_tag(seq), "is not a list",
+                              "pass one entry per step")
+    if len(values) != len(weights):
+        raise field_error(MetricError, "weights", Shown(f"<{len(weights)} weights>"),
+                          f"do not match the {len(values)} values", "pass one weight per value")
+    pairs = [(as_real(f"{field}[{i}]", v), as_real(f"weights[{i}]", w))
+             for i, (v, w) in enumerate(zip(values, weights)) if v is not None]
+    total = _fsum(f"{field}.weights", (w for _, w in pairs))
+    return Metric(_fsum(field, (v * w for v, w in pairs)), total).value if pairs else None

@@ -48,7 +48,10 @@ def outcome(entry: str, fn, *args, **kwargs):
 
 
 def no_nan(value) -> None:
-    """No NaN anywhere in a float, an array, a tensor or a dict of them."""
+    """No NaN anywhere in a float, an array, a tensor or a dict of them (None, a metric over
+    zero observations, is no value rather than a NaN)."""
+    if value is None:
+        return
     if isinstance(value, dict):
         for v in value.values():
             no_nan(v)

@@ -17,7 +17,8 @@ from tests.fuzz.strategies import (BAD_REALS, GROUP_ID, JUNK, bad_id_lists, bad_
                                    good_ints, good_reals, id_lists, mostly, one_bad, or_junk)
 from tests.property.data_strategies import rollout_outputs, samples, scheduled_batches
 from vime_pure import (LOSS_MODES, LossMode, RewardNormalization, RolloutBatch, Sample,
-                       TrainMicroBatch, normalize_rewards, rank_batch, with_log_probs)
+                       TrainMicroBatch, check_token_ids, normalize_rewards, rank_batch,
+                       with_log_probs)
 
 SAMPLE_FIELDS = {
     "tokens": or_junk(st.lists(st.integers(-1, 2**40), min_size=1, max_size=5)),
@@ -189,3 +190,11 @@ def test_normalize_rewards(case, method, normalize_std):
     if adv is not REJECTED:
         no_nan(adv)
         assert np.isfinite(adv).all() and len(adv) == len(case["rewards"])
+
+
+@given(rollout_outputs(), or_junk(st.one_of(st.integers(-2, 300), st.just(2**40))))
+def test_check_token_ids(output, vocab):
+    batch = RolloutBatch.from_samples(output)
+    result = outcome("check_token_ids", check_token_ids, batch, vocab)
+    if result is not REJECTED:  # passed: every id is a row of the embedding
+        assert int(batch.tokens.min(initial=0)) >= 0 and int(batch.tokens.max(initial=0)) < vocab

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tests.fuzz.harness import REJECTED, close, no_nan, outcome
 from tests.fuzz.strategies import JUNK, counts, or_junk
 from vime_pure import LOSS_MODES, Metric, merge_metrics, reduce_metrics, reduce_train_step
+from vime_pure.metrics import weighted_mean
 
 NUMBERS = st.one_of(st.floats(-1e6, 1e6), st.integers(-10, 10), st.floats(-1e6, 1e6).map(
     np.float32), st.sampled_from([float("nan"), float("inf"), -float("inf"), 1e308]))
@@ -94,3 +95,12 @@ def test_reduce_train_step(values, groups, mode, cp, samples):
     if out is not REJECTED:
         no_nan(out)
         assert set(out) == set(values[0])
+
+
+@given(or_junk(st.lists(or_junk(st.one_of(st.none(), st.floats(-9, 9))), max_size=4)),
+       or_junk(st.lists(st.integers(0, 5), max_size=4)))
+def test_weighted_mean(values, weights):
+    m = outcome("weighted_mean", weighted_mean, values, weights)
+    if m is not REJECTED:  # None exactly when no value carries weight
+        assert m is None or math.isfinite(m)
+        assert (m is None) == (sum(w for v, w in zip(values, weights) if v is not None) == 0)

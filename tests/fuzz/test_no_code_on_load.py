@@ -57,8 +57,10 @@ def test_run_checkpoint_loop_state(evil, tmp_path):
     with pytest.raises(VimeError, match="has no loop_state.json"):
         require_checkpoint(ck)
     (ck / "rollout_000002" / LOOP_STATE).write_bytes(payload)
+    with pytest.raises(run_checkpoint.CheckpointError, match=r"loop_state\.json.*is unreadable"):
+        require_checkpoint(ck)  # at launch
     with pytest.raises(run_checkpoint.CheckpointError, match="unreadable loop_state.json"):
-        run_checkpoint.load(require_checkpoint(ck), trainer=None, config={})
+        run_checkpoint.load(ck / "rollout_000002", trainer=None, config={})
     assert not sentinel.exists()
 
 

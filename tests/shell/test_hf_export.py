@@ -1,6 +1,8 @@
 """Raw HF export: reload in transformers, determinism over writer counts, atomicity, refusals."""
 
 import hashlib
+import os
+import stat
 import json
 import threading
 
@@ -87,36 +89,87 @@ def test_crash_between_shard_writes_keeps_old_checkpoint(hf_dir, tmp_path, monke
     def crash_on_third(*args, **kwargs):
         calls.append(1)
         if len(calls) == 3:
-            raise OSError("disk full (simulated)")
+            raise OSError(28, "No space left on device (simulated)")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(hf_export, "save_file", crash_on_third)
-    with pytest.raises(OSError, match="simulated"):
+    with pytest.raises(ExportError, match="--save-hf=.*cannot be written.*No space left"):
         _export(hf_dir, target, max_shard_size="10KB")
     assert _digest(target) == before  # the old checkpoint, whole
-    assert not target.with_name(target.name + ".vime-staging").exists()  # nothing left behind
+    assert not (target / ".vime-staging").exists()  # nothing left behind
     monkeypatch.setattr(hf_export, "save_file", real)
     _export(hf_dir, target, max_shard_size="10KB")  # a retry replaces it cleanly
     index = json.loads((target / hf_export.INDEX_NAME).read_text())
     assert set(index["weight_map"].values()) == {p.name for p in target.glob("model-*")}
 
 
-def test_stale_weights_removed_and_user_files_kept(hf_dir, tmp_path):
+def test_only_its_own_files_are_replaced_or_removed(hf_dir, tmp_path):
+    target = _export(hf_dir, tmp_path / "out", max_shard_size="10KB")
+    many = sorted(p.name for p in target.glob("model-*"))
+    (target / "NOTES.md").write_text("mine")
+    (target / "eval").mkdir()
+    (target / "eval" / "scores.pt").write_bytes(b"mine")
+    (target / "adapter.safetensors").write_bytes(b"mine")
+    _export(hf_dir, target, max_shard_size="5GB")  # 1 shard now: the old ones are stale
+    assert sorted(p.name for p in target.glob("model-*")) == ["model-00001-of-00001.safetensors"]
+    assert len(many) > 1
+    assert (target / "NOTES.md").read_text() == "mine"
+    assert (target / "eval" / "scores.pt").read_bytes() == b"mine"
+    assert (target / "adapter.safetensors").read_bytes() == b"mine"
+
+
+def test_foreign_directory_needs_overwrite_and_keeps_every_other_file(hf_dir, tmp_path):
     target = tmp_path / "out"
     target.mkdir()
-    (target / "model-00001-of-00009.safetensors").write_bytes(b"stale")
-    (target / "pytorch_model.bin").write_bytes(b"stale")
-    (target / "NOTES.md").write_text("mine")
-    _export(hf_dir, target)
-    assert not (target / "model-00001-of-00009.safetensors").exists()
-    assert not (target / "pytorch_model.bin").exists()
-    assert (target / "NOTES.md").read_text() == "mine"
+    (target / "model-00001-of-00009.safetensors").write_bytes(b"theirs")
+    (target / "pytorch_model.bin").write_bytes(b"theirs")
+    (target / "sub").mkdir()
+    (target / "sub" / "x.pt").write_bytes(b"theirs")
+    with pytest.raises(ExportError, match="holds 3 entries no vime export wrote"):
+        _export(hf_dir, target)
+    assert sorted(p.name for p in target.iterdir()) == [
+        "model-00001-of-00009.safetensors", "pytorch_model.bin", "sub"]
+    _export(hf_dir, target, overwrite=True)
     assert (target / "model-00001-of-00001.safetensors").exists()
+    for name in ("model-00001-of-00009.safetensors", "pytorch_model.bin"):
+        assert (target / name).read_bytes() == b"theirs"
+    assert (target / "sub" / "x.pt").read_bytes() == b"theirs"
+    _export(hf_dir, target)  # vime's marker is there now: no flag needed
 
 
-def test_refuses_source_directory(hf_dir):
-    with pytest.raises(ExportError, match="is the source HF directory"):
-        _export(hf_dir, hf_dir[0])
+def test_refuses_source_directory_its_parent_and_inside(hf_dir):
+    for target in (hf_dir[0], hf_dir[0].parent, hf_dir[0] / "sub"):
+        before = _digest(hf_dir[0])
+        with pytest.raises(ExportError, match="the source HF directory"):
+            _export(hf_dir, target)
+        assert _digest(hf_dir[0]) == before and not (hf_dir[0] / "sub").exists()
+
+
+def test_exported_files_follow_the_umask(hf_dir, tmp_path):
+    old = os.umask(0o022)
+    try:
+        target = _export(hf_dir, tmp_path / "out")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in target.iterdir()}
+    assert set(modes.values()) == {0o644}, modes
+
+
+def test_a_mount_point_target_is_written_in_place(hf_dir, tmp_path, monkeypatch):
+    """A mount point cannot be renamed over or away (EBUSY): the staging directory inside the
+    target keeps every move a rename of a file within the target's own file system."""
+    target = tmp_path / "mnt"
+    target.mkdir()
+    real = os.replace
+
+    def refuse_target_rename(a, b, **kw):
+        if str(target) in (os.path.abspath(a), os.path.abspath(b)):
+            raise OSError(16, "Device or resource busy (simulated mount point)")
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(os, "replace", refuse_target_rename)
+    _export(hf_dir, target)
+    assert (target / hf_export.INDEX_NAME).is_file() and not (target / ".vime-staging").exists()
 
 
 def test_sizes_and_plan():
@@ -128,13 +181,57 @@ def test_sizes_and_plan():
     assert plan_shards({"big": 5000, "a": 1}, 100) == [["a"], ["big"]]
 
 
+
+
 def test_every_file_and_the_swap_are_fsynced(hf_dir, tmp_path, monkeypatch):
+    from vime_shell.storage import export_target
+
     synced = []
     monkeypatch.setattr(hf_export, "fsync_path", lambda p: synced.append(str(p)))
+    monkeypatch.setattr(export_target, "fsync_path", lambda p: synced.append(str(p)))
     target = _export(hf_dir, tmp_path / "out", max_shard_size="20KB")
-    staging = str(tmp_path / "out.vime-staging")
-    shards = sorted(p.name for p in target.glob("model-*.safetensors"))
-    # Every shard before its rename, every copied file, the staging dir, then the swap's parent.
-    assert {f"{staging}/{name}.tmp" for name in shards} <= set(synced)
+    staging = str(target / ".vime-staging")
+    parts = [f"part-{k:05d}" for k in range(len(list(target.glob("model-*.safetensors"))))]
+    # Every shard before its rename, every copied file, the staging dir, then the target.
+    assert {f"{staging}/{name}.tmp" for name in parts} <= set(synced)
     assert f"{staging}/tokenizer.json" in synced and f"{staging}/config.json" in synced
-    assert synced[-2:] == [staging, str(tmp_path)]
+    assert staging in synced and synced[-1] == str(target)
+    assert synced.index(staging) < synced.index(str(target))
+
+
+def test_streamed_pairs_equal_the_mapping(hf_dir, tmp_path):
+    tensors = dict(hf_dir[1].state_dict())
+    one = _export(hf_dir, tmp_path / "a", max_shard_size="20KB")
+    two = save_hf_checkpoint(((n, tensors[n]) for n in sorted(tensors)), source_dir=hf_dir[0],
+                             target_dir=tmp_path / "b", max_shard_size="20KB")
+    assert _digest(one) == _digest(two)
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A real 256 KiB tmpfs mount point (root only; skipped where mounting is not allowed)."""
+    import subprocess
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
+            capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs is not allowed here")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_export_into_a_full_mount_point(hf_dir, tiny_tmpfs):
+    """Found: --save-hf on a mount point lost the export; a full disk was a traceback."""
+    assert os.path.ismount(tiny_tmpfs)
+    small = {"w": torch.zeros(16)}
+    save_hf_checkpoint(small, source_dir=hf_dir[0], target_dir=tiny_tmpfs)
+    before = _digest(tiny_tmpfs)
+    with pytest.raises(ExportError, match="--save-hf=.*cannot be written.*No space left"):
+        save_hf_checkpoint({"w": torch.zeros(1 << 17)}, source_dir=hf_dir[0],  # 512 KiB
+                           target_dir=tiny_tmpfs)
+    assert _digest(tiny_tmpfs) == before and os.path.ismount(tiny_tmpfs)
+    assert not (tiny_tmpfs / ".vime-staging").exists()

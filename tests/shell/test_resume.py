@@ -90,7 +90,8 @@ def test_sigkill_mid_save_keeps_the_previous_checkpoint(killed_runs):
     # rename and tracker: the tracker still names rollout 2, which is complete.
     assert "__0_0.distcp" in death["staged"] and ".metadata" in death["staged"]
     assert TRAINER_STATE not in death["staged"] and checkpoint.LOOP_STATE not in death["staged"]
-    assert death["entries"] == [".tmp-rollout_000004", checkpoint.TRACKER, "rollout_000002"]
+    assert death["entries"] == [".tmp-rollout_000004", ".vime-lock", ".vime-run.json",
+                                checkpoint.TRACKER, "rollout_000002"]
     assert death["latest"].name == "rollout_000002"
 
 

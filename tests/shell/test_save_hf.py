@@ -59,7 +59,7 @@ def test_cli_refuses_to_export_over_the_source(tmp_path, capsys):
                      "--num-rollout", "1", "--run-dir", str(tmp_path / "run")])
     assert code == 2
     err = capsys.readouterr().err
-    assert "save_hf" in err and "never overwrites" in err
+    assert "--save-hf=" in err and "is the source model (--hf-checkpoint)" in err
     assert not (tmp_path / "run").exists()  # refused before anything ran
     code = cli.main(["train", "--hf-checkpoint", str(source), "--save-hf", str(tmp_path / "o"),
                      "--save-hf-max-shard-size", "lots", "--run-dir", str(tmp_path / "run")])

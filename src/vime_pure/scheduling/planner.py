@@ -10,20 +10,20 @@ keeps FFD's bins when LPT would need more micro-batches, so it never costs micro
 back to packing + FLOPs balancing under static packing or when a step is too small for it.
 """
 
-from collections.abc import Sequence
-from itertools import accumulate, chain
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 
-from vime_pure.scheduling import kernels
 from vime_pure.config import BatchingPolicy, ParallelLayout, check_feasible
 from vime_pure.config import static_misalignment_message
 from vime_pure.errors import ScheduleError
 from vime_pure.scheduling.flops import proxy_flops
 from vime_pure.grouping import Grouping, group_samples
-from vime_pure.scheduling.rank_balance import balance_step, lpt_ranks
-from vime_pure.scheduling.schedule import Schedule, StepPlan
+from vime_pure.scheduling.rank_balance import balance_step
+from vime_pure.scheduling.registry import Flat, KernelSet, kernel_set, to_flat
+from vime_pure.scheduling.schedule import Schedule
 from vime_pure.scheduling.inputs import as_flops, as_lengths, check_same_length
 
 
@@ -68,20 +68,34 @@ def plan_grouped(lengths: Sequence[Any] | np.ndarray, grouping: Grouping, layout
         raise _too_few_groups(num_groups, gbs, partial_error)
 
     kept_groups = step_groups[len(steps) - 1][1]
-    dropped_samples = np.sort(grouping.order[grouping.offsets[kept_groups]:]).tolist()
-    partitions, local = _assemble(steps, layout.dp)
+    dropped = np.sort(grouping.order[grouping.offsets[kept_groups]:]).astype(np.int64)
+    mb_sizes = np.concatenate([step.mb_sizes for step in steps])
+    offsets = np.zeros(len(mb_sizes) + 1, dtype=np.int64)
+    np.cumsum(mb_sizes, out=offsets[1:])
     return Schedule(
-        layout=layout, policy=policy, lengths=tuple(sizes.tolist()),
-        sample_group=tuple(grouping.dense.tolist()), steps=tuple(steps),
-        partitions=partitions, micro_batch_indices=local,
-        dropped_groups=grouping.ids[kept_groups:],
-        dropped_samples=tuple(dropped_samples),
+        layout=layout, policy=policy, lengths_array=sizes.astype(np.int64, copy=True),
+        group_array=np.asarray(grouping.dense, dtype=np.int64).copy(),
+        sample_ids=np.concatenate([step.ids for step in steps]), mb_offsets=offsets,
+        step_microbatches=np.asarray([s.per_rank for s in steps], dtype=np.int64),
+        step_groups=np.asarray([s.num_groups for s in steps], dtype=np.int64),
+        dropped_groups=grouping.ids[kept_groups:], dropped_array=dropped,
     )
+
+
+@attrs.frozen
+class _StepArrays:
+    """One planned step as flat arrays: sample ids in (rank, micro-batch) order, the
+    micro-batch sizes in the same order, the per-rank count and the group count."""
+
+    ids: np.ndarray
+    mb_sizes: np.ndarray
+    per_rank: int
+    num_groups: int
 
 
 def _build_steps(step_groups: list[tuple[int, int]], full: int, grouping: Grouping,
                  sizes: np.ndarray, work: np.ndarray, layout: ParallelLayout,
-                 policy: BatchingPolicy) -> tuple[list[StepPlan], ScheduleError | None]:
+                 policy: BatchingPolicy) -> tuple[list["_StepArrays"], ScheduleError | None]:
     """Plan every step; a failing partial step (index ``full``) is left out, with its error."""
     if not step_groups:
         return [], None
@@ -89,13 +103,14 @@ def _build_steps(step_groups: list[tuple[int, int]], full: int, grouping: Groupi
     kept = grouping.order[: bounds[-1]]  # samples of the steps, group-major, step by step
     step_of = np.repeat(np.arange(len(step_groups)), np.diff(bounds))
     presorted = _presort(kept, sizes, work, step_of, bounds, layout, policy)
-    steps: list[StepPlan] = []
+    ks = kernel_set()
+    steps: list[_StepArrays] = []
     for s, (g0, g1) in enumerate(step_groups):
         lo, hi = int(bounds[s]), int(bounds[s + 1])
         samples = kept[lo:hi]
         try:
             parts, bins = _step_bins(samples, sizes, work, layout, policy, s,
-                                     _slice(presorted, lo, hi))
+                                     _slice(presorted, lo, hi), ks)
         except ScheduleError as exc:
             if s < full:
                 raise
@@ -117,15 +132,25 @@ def _too_few_groups(num_groups: int, gbs: int, partial_error: ScheduleError | No
 
 def _presort(kept: np.ndarray, sizes: np.ndarray, work: np.ndarray, step_of: np.ndarray,
              bounds: np.ndarray, layout: ParallelLayout, policy: BatchingPolicy):
-    """One lexsort for all steps: per step the positions by decreasing size (ties by position)
-    for FFD, or, for ``balance="straggler"``, by rank then decreasing size."""
-    if not policy.dynamic or policy.packing != "ffd" and policy.balance != "straggler":
+    """One sort for all steps: per step the positions by decreasing size (ties by position)
+    for FFD and FLOPs packing, or, for ``balance="straggler"``, by rank then decreasing size."""
+    if not policy.dynamic or policy.packing == "first_fit" and policy.balance != "straggler":
         return None
-    position = np.arange(len(kept))
     if policy.balance == "straggler":
-        ranks = lpt_ranks(work[kept], step_of, bounds, layout.dp)
-        return np.lexsort((position, -sizes[kept], ranks, step_of)), ranks
-    return np.lexsort((position, -sizes[kept], step_of))
+        ranks = kernel_set().lpt_ranks(work[kept], step_of, bounds, layout.dp)
+        return _sort_by_bucket_then_size(step_of * layout.dp + ranks, sizes[kept]), ranks
+    return _sort_by_bucket_then_size(step_of, sizes[kept])
+
+
+def _sort_by_bucket_then_size(bucket: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Positions by (bucket ascending, size descending, position): one stable sort of a single
+    int64 key ``bucket * (max + 1) + (max - size)`` when it fits in 63 bits (always, for
+    lengths up to 2**40 and fewer than 2**22 buckets), else a three-key lexsort.
+    Example: buckets [0, 0, 1], sizes [5, 9, 7] give [1, 0, 2]."""
+    top = int(size.max(initial=0))
+    if int(bucket.max(initial=0)) < (2**63 - 1) // (top + 1) - 1:
+        return np.argsort(bucket * (top + 1) + (top - size), kind="stable")
+    return np.lexsort((np.arange(len(size)), -size, bucket))
 
 
 def _slice(presorted, lo: int, hi: int):
@@ -139,57 +164,89 @@ def _slice(presorted, lo: int, hi: int):
 
 
 def _step_bins(samples: np.ndarray, sizes: np.ndarray, work: np.ndarray, layout: ParallelLayout,
-               policy: BatchingPolicy, step: int, presorted) -> tuple[list[list[int]], kernels.Bins]:
-    """Micro-batches of one step (positions into ``samples``) and each rank's bin numbers."""
+               policy: BatchingPolicy, step: int, presorted, ks: KernelSet
+               ) -> tuple[np.ndarray, Flat]:
+    """Each rank's bin numbers (``[dp, per_rank]``) and the step's bins of positions into
+    ``samples``, in flat form."""
     step_sizes = sizes[samples]
     if policy.dynamic and policy.balance == "straggler":
         order, ranks = presorted
         result = balance_step(order.tolist(), ranks[order].tolist(), step_sizes, work[samples],
                               policy.token_cap(layout), layout.dp, layout.microbatch_multiple)
         if result is not None:
-            return result
+            parts, bins = result
+            return np.asarray(parts, dtype=np.int64), to_flat(bins)
         presorted = None  # fall back to packing, alignment and FLOPs balancing below
-    bins = _pack(samples, step_sizes, work, layout, policy, presorted)
-    bins = _align(bins, step_sizes, layout, policy, step)
-    return _distribute(bins, samples, step_sizes, work, layout, policy), bins
+    flat = PACKERS[policy.packing if policy.dynamic else "static"](
+        _PackInput(step_sizes, work[samples], layout, policy, presorted, ks))
+    flat = _align(flat, step_sizes, layout, policy, step, ks)
+    return _distribute(flat, step_sizes, work[samples], layout, policy, ks), flat
 
 
-def _pack(samples: np.ndarray, step_sizes: np.ndarray, work: np.ndarray, layout: ParallelLayout,
-          policy: BatchingPolicy, presorted: np.ndarray | None) -> kernels.Bins:
-    """Bins of positions into ``samples``."""
-    n = len(samples)
-    if not policy.dynamic:
-        mbs = policy.micro_batch_size
-        return [list(range(i, min(i + mbs, n))) for i in range(0, n, mbs)]
-    cap = policy.token_cap(layout)
-    if policy.packing == "first_fit":
-        return kernels.first_fit(step_sizes, cap)
-    if presorted is None:
-        ffd = kernels.first_fit_decreasing(step_sizes, cap)
-    else:
-        ffd = kernels.ffd_sorted(presorted.tolist(), step_sizes[presorted].tolist(), cap)
-    if policy.packing == "ffd":
-        return ffd
+@attrs.frozen
+class _PackInput:
+    """What a packer sees of one step: sizes and work per position, the layout and policy,
+    the FFD presort (positions by decreasing size) when one was computed, the kernel set."""
+
+    sizes: np.ndarray
+    work: np.ndarray
+    layout: ParallelLayout
+    policy: BatchingPolicy
+    presorted: np.ndarray | None
+    ks: KernelSet
+
+    @property
+    def cap(self) -> int:
+        cap = self.policy.token_cap(self.layout)
+        assert cap is not None  # dynamic packers only; the policy guarantees a cap
+        return cap
+
+
+def _pack_static(p: _PackInput) -> Flat:
+    n, mbs = len(p.sizes), p.policy.micro_batch_size
+    return np.arange(n, dtype=np.int64), np.append(np.arange(0, n, mbs, dtype=np.int64), n)
+
+
+def _pack_first_fit(p: _PackInput) -> Flat:
+    return p.ks.first_fit(p.sizes, p.cap)
+
+
+def _pack_ffd(p: _PackInput) -> Flat:
+    if p.presorted is None:
+        return p.ks.ffd(p.sizes, p.cap)
+    return p.ks.ffd_sorted(p.presorted, p.sizes[p.presorted], p.cap)
+
+
+def _pack_flops(p: _PackInput) -> Flat:
     # FLOPs packing straight into FFD's aligned count (no token-driven splits afterwards); it
     # never costs micro-batches: when LPT's weaker packing would need more, FFD's bins are kept.
-    multiple = layout.align_multiple
-    aligned = -(-len(ffd) // multiple) * multiple
-    packed = kernels.flops_balanced_pack(step_sizes, work[samples], cap, min(aligned, n))
-    return packed if -(-len(packed) // multiple) * multiple <= aligned else ffd
+    ffd = _pack_ffd(p)
+    multiple, n = p.layout.align_multiple, len(p.sizes)
+    aligned = -(-(len(ffd[1]) - 1) // multiple) * multiple
+    packed = p.ks.flops_pack(p.sizes, p.work, p.cap, min(aligned, n))
+    return packed if -(-(len(packed[1]) - 1) // multiple) * multiple <= aligned else ffd
 
 
-def _align(bins: kernels.Bins, step_sizes: np.ndarray, layout: ParallelLayout,
-           policy: BatchingPolicy, step: int) -> kernels.Bins:
-    multiple = layout.align_multiple
-    if len(bins) % multiple == 0:
-        return bins
+# Packing name -> packer; "static" is fixed-size chunks (``micro_batch_size``). A new packing
+# is one function here plus its name in ``vime_pure.config.PACKINGS``; the tests iterate this.
+PACKERS: dict[str, Callable[[_PackInput], Flat]] = {
+    "static": _pack_static, "first_fit": _pack_first_fit, "ffd": _pack_ffd,
+    "flops": _pack_flops,
+}
+
+
+def _align(flat: Flat, step_sizes: np.ndarray, layout: ParallelLayout,
+           policy: BatchingPolicy, step: int, ks: KernelSet) -> Flat:
+    multiple, count = layout.align_multiple, len(flat[1]) - 1
+    if count % multiple == 0:
+        return flat
     if not policy.dynamic:
-        raise ScheduleError(f"step {step}: " + static_misalignment_message(len(bins), policy, layout))
-    aligned = kernels.split_to_multiple(bins, step_sizes, multiple)
+        raise ScheduleError(f"step {step}: " + static_misalignment_message(count, policy, layout))
+    target = -(-count // multiple) * multiple
+    aligned = ks.split_to_count(flat, step_sizes, target)
     if aligned is None:
-        target = -(-len(bins) // multiple) * multiple
         raise ScheduleError(
-            f"step {step}: its {len(step_sizes)} samples pack into {len(bins)} micro-batches "
+            f"step {step}: its {len(step_sizes)} samples pack into {count} micro-batches "
             f"under the cap {policy.token_cap(layout)}; a multiple of dp*microbatch_group="
             f"{multiple} needs {target}, but splitting can make at most {len(step_sizes)} (one "
             "per sample). Fix: raise global_batch_size (more samples per step), raise "
@@ -198,45 +255,29 @@ def _align(bins: kernels.Bins, step_sizes: np.ndarray, layout: ParallelLayout,
     return aligned
 
 
-def bin_sums(bins: kernels.Bins, per_item: np.ndarray) -> np.ndarray:
+def bin_sums(flat: Flat, per_item: np.ndarray) -> np.ndarray:
     """Sum of ``per_item`` over every (non-empty) bin, vectorised."""
-    flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64)
-    starts = np.zeros(len(bins), dtype=np.int64)
-    np.cumsum([len(b) for b in bins[:-1]], out=starts[1:])
-    return np.add.reduceat(per_item[flat], starts) if len(flat) else np.zeros(0)
+    items, offsets = flat
+    return np.add.reduceat(per_item[items], offsets[:-1]) if len(items) else np.zeros(0)
 
 
-def _distribute(bins: kernels.Bins, samples: np.ndarray, step_sizes: np.ndarray,
-                work: np.ndarray, layout: ParallelLayout, policy: BatchingPolicy) -> list[list[int]]:
+def _distribute(flat: Flat, step_sizes: np.ndarray, step_work: np.ndarray,
+                layout: ParallelLayout, policy: BatchingPolicy, ks: KernelSet) -> np.ndarray:
+    """Bin numbers per rank, ``[dp, count / dp]``."""
+    count, dp = len(flat[1]) - 1, layout.dp
     if policy.balance == "strided":
-        return kernels.strided(len(bins), layout.dp)
-    per_item = step_sizes.astype(np.float64) if policy.balance == "tokens" else work[samples]
-    return kernels.karmarkar_karp_equal(bin_sums(bins, per_item), layout.dp)
+        return np.arange(count, dtype=np.int64).reshape(-1, dp).T
+    per_item = step_sizes.astype(np.float64) if policy.balance == "tokens" else step_work
+    return ks.karmarkar_karp(bin_sums(flat, per_item), dp)
 
 
-def _step_plan(parts: list[list[int]], bins: kernels.Bins, samples: np.ndarray,
-               num_groups: int) -> StepPlan:
-    """Translate positions to global sample ids in one gather, then cut into tuples."""
-    ordered = [bins[j] for part in parts for j in part]
-    ids = samples[np.fromiter(chain.from_iterable(ordered), dtype=np.int64)].tolist()
-    micro, start = [], 0
-    for part in parts:
-        rank = []
-        for j in part:
-            end = start + len(bins[j])
-            rank.append(tuple(ids[start:end]))
-            start = end
-        micro.append(tuple(rank))
-    return StepPlan(num_groups=num_groups, num_microbatches=len(parts[0]),
-                    microbatches=tuple(micro))
-
-
-def _assemble(steps: list[StepPlan], dp: int):
-    """Per rank: the partition (all steps' micro-batches in order) and local index ranges."""
-    partitions, local = [], []
-    for rank in range(dp):
-        mbs = list(chain.from_iterable(step.microbatches[rank] for step in steps))
-        ends = list(accumulate(map(len, mbs)))
-        partitions.append(tuple(chain.from_iterable(mbs)))
-        local.append(tuple(map(tuple, map(range, [0, *ends[:-1]], ends))))
-    return tuple(partitions), tuple(local)
+def _step_plan(parts: np.ndarray, flat: Flat, samples: np.ndarray,
+               num_groups: int) -> _StepArrays:
+    """Gather the bins rank by rank and translate positions to global sample ids, in one go."""
+    items, offsets = flat
+    order = parts.reshape(-1)
+    lens = offsets[order + 1] - offsets[order]
+    out_starts = np.cumsum(lens) - lens
+    gather = np.repeat(offsets[order] - out_starts, lens) + np.arange(int(lens.sum()))
+    return _StepArrays(ids=samples[items[gather]].astype(np.int64, copy=False), mb_sizes=lens,
+                       per_rank=parts.shape[1], num_groups=num_groups)

@@ -3,6 +3,13 @@ steps) and ``vime demo`` (``vime train`` with the embedded default, writing ``ru
 the rollout dumps ``runs/demo/rollouts/rollout_<k>.npz``).
 
 Each subcommand lives in its own module with ``add_arguments(parser)`` and ``run(args) -> int``.
+
+Errors: a ``VimeError`` (bad input, an infeasible run), an ``OSError`` (disk full, permission,
+not a directory) or a ``UnicodeDecodeError`` from any subcommand is one line on stderr and exit
+status 2; its chained cause, when it adds something, is one more line (``caused by: ...``), and
+the full traceback follows under ``--log-level debug``. Messages name flags as typed
+(``--allow-partial-train-step``), never the Python names the core uses
+(:func:`vime_shell.cli.parser.as_flags`).
 """
 
 import argparse
@@ -15,7 +22,7 @@ from vime_pure.errors import VimeError
 from vime_shell.cli import async_demo
 from vime_shell.cli import schedule as schedule_cmd
 from vime_shell.cli import train as train_cmd
-from vime_shell.cli.parser import VimeArgumentParser, print_error
+from vime_shell.cli.parser import VimeArgumentParser, report_failure
 from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
 
 
@@ -103,13 +110,27 @@ def _math_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `vime demo --async` relaunches
     try:
         return int(args.handler(args) or 0)
-    except VimeError as exc:
-        print_error(args.command, str(exc))
+    except (VimeError, OSError, UnicodeDecodeError) as exc:
+        report_error(parser, args, exc)
         return 2
+
+
+def report_error(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                 exc: BaseException) -> None:
+    """The failure as one line in the command's flag spelling (``report_failure``).
+
+    Example: ``vime train: error: --seed=18446744073709551616: must be below 2**63. Fix: ...``.
+    """
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    flags = {s for action in sub.choices[args.command]._actions for s in action.option_strings
+             if s.startswith("--")}
+    report_failure(args.command, exc, flags=flags,
+                   debug=getattr(args, "log_level", None) == "debug")
 
 
 if __name__ == "__main__":

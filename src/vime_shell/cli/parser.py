@@ -8,13 +8,21 @@ status 2.
 
 Example: ``vime train --lrr 1`` prints ``vime train: error: unrecognized arguments: --lrr 1
 (did you mean --lr?)``.
+
+:func:`report_failure` prints a failed command the same way: one line, the chained cause in
+one more when it adds something, the traceback only at debug level, settings spelled as the
+command's flags (:func:`as_flags`).
 """
 
 import argparse
 import difflib
+import re
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Mapping, Sequence
 from typing import NoReturn
+
+from vime_pure.errors import VimeError
 
 
 class VimeArgumentParser(argparse.ArgumentParser):
@@ -61,3 +69,54 @@ class VimeArgumentParser(argparse.ArgumentParser):
 def print_error(command: str, message: str) -> None:
     """The one line every ``vime`` error is reported as (stderr)."""
     print(f"vime {command}: error: {message}", file=sys.stderr)
+
+
+# Core (vime_pure) field names whose flag is spelled differently.
+FLAG_ALIASES: Mapping[str, str] = {"allow_partial_step": "allow_partial_train_step"}
+
+
+def report_failure(command: str, exc: BaseException, *, flags: set[str],
+                   aliases: Mapping[str, str] = FLAG_ALIASES, debug: bool = False) -> None:
+    """``exc`` as one line, its chained cause (unless already quoted) as one more, the full
+    traceback when ``debug``. Example: ``OSError(28, "No space left on device", "ck/x")``
+    prints ``vime train: error: OSError: [Errno 28] No space left on device: 'ck/x'``."""
+    raw = _describe(exc)
+    print_error(command, as_flags(raw, flags, aliases))
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    if cause is not None and _flat(str(cause)) not in raw:
+        print(f"vime {command}: caused by: {as_flags(_describe(cause), flags, aliases)}",
+              file=sys.stderr)
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+
+
+def _flat(text: str) -> str:
+    return re.sub(r"\s*\n\s*", " ", text).strip()
+
+
+def _describe(exc: BaseException) -> str:
+    """A ``VimeError``'s message as it is (it names its field); others prefixed by their type."""
+    text = _flat(str(exc))
+    return text if isinstance(exc, VimeError) else f"{type(exc).__name__}: {text}"
+
+
+def as_flags(message: str, flags: set[str], aliases: Mapping[str, str] = FLAG_ALIASES) -> str:
+    """Settings spelled as this command's flags: ``global_batch_size=3`` ->
+    ``--global-batch-size=3``, ``allow_partial_step=True`` -> ``--allow-partial-train-step``
+    (``aliases`` maps core names to flag names), a bare ``max_tokens_per_gpu`` ->
+    ``--max-tokens-per-gpu``. A one-word name (``lr``) changes only before ``=``; names that
+    are not flags never change."""
+    def spell(match: re.Match) -> str:
+        name = aliases.get(match.group(1), match.group(1))
+        flag = "--" + name.replace("_", "-")
+        value = match.group(2)
+        if flag not in flags or value is None and "_" not in name:
+            return match.group(0)
+        negated = f"--no-{name.replace('_', '-')}"
+        if value == "=True":
+            return flag
+        if value == "=False" and negated in flags:
+            return negated
+        return flag + (value or "")
+    return re.sub(r"(?<![\w.\-'\"\[/])([a-z][a-z0-9]*(?:_[a-z0-9]+)*)\b(=True\b|=False\b|=)?",
+                  spell, message)

@@ -33,7 +33,7 @@ from vime_pure.scheduling.planner import build_schedule
 from vime_pure.scheduling.report import PolicySummary, StepStats, step_stats, summarize
 from vime_pure.scheduling.workloads import FANOUTS, synthetic_workload
 from vime_shell.storage.dump import workload_from_dump
-from vime_shell.storage.files import write_atomic
+from vime_shell.storage.files import require_regular_file, writable_target, write_atomic
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -160,6 +160,7 @@ def load_workload(args: argparse.Namespace) -> tuple[np.ndarray, list]:
     if path.is_dir():
         raise field_error(InputError, "--input", str(path), "is a directory",
                           "pass one JSONL file or one rollout dump (.npz) inside it")
+    require_regular_file(path, "--input")  # a FIFO would block forever, a device never ends
     # Rollout dumps are versioned .npz (zip) files: a .npz that is not a readable zip is a
     # damaged dump (DumpFormatError), never JSONL.
     if path.suffix == ".npz" or zipfile.is_zipfile(path):
@@ -182,6 +183,7 @@ def check_outputs(args: argparse.Namespace) -> None:
         if not path.parent.is_dir():
             raise field_error(InputError, flag, str(path), f"is in {path.parent}/, which does "
                               "not exist", "create the directory first, or pass another path")
+        writable_target(path, flag)  # a device, FIFO or socket is refused, never replaced
 
 
 def format_table(stats: tuple[StepStats, ...]) -> str:

@@ -148,7 +148,9 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[lis
     for i, prompt in enumerate(prompts):
         ids = [int(t) for t in prompt]
         if not ids:
-            raise field_error(EngineError, f"prompts[{i}]", [], "is empty",
+            raise field_error(EngineError, f"prompts[{i}]", [],
+                              "has no token ids: the rollout function sent an empty request "
+                              "(dataset prompts that tokenize to nothing fail at launch)",
                               "give every request at least one prompt token")
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:

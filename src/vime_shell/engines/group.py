@@ -197,7 +197,8 @@ class EngineGroup:
                   for e, p in enumerate(parts) if p[0] != "ok"]
         if failed:
             raise EngineGroupError("rollout generation failed on " + "; ".join(failed)
-                                   + ". Fix: see that rank's traceback.")
+                                   + ". Fix: see that rank's own error line (its traceback "
+                                   "with --log-level debug).")
         return merge_rollout_shares([p[1] for p in parts])
 
     def _gather(self, payload: tuple[str, Any] | None) -> list | None:

@@ -5,16 +5,26 @@ Layout under a ``--save`` directory (Megatron's tracker file name)::
     DIR/latest_checkpointed_iteration.txt   "6": rollouts completed at the newest checkpoint
     DIR/rollout_000006/                      one complete checkpoint (see run_checkpoint)
 
+Every checkpoint holds a ``manifest.json`` (:mod:`vime_shell.storage.manifest`: size and
+BLAKE2b of each file, written last); ``require_checkpoint`` verifies it, so a flipped byte in a
+shard fails ``--load`` at launch naming the file. The loop state records the fingerprint of
+``--prompt-data``; ``check_dataset`` refuses a resume on a dataset changed since, unless
+``--allow-dataset-change``.
+
 Example: ``latest("ck")`` is ``Path("ck/rollout_000006")`` when the tracker says 6 and that
 checkpoint has its loop state; None when ``ck`` holds no tracker.
 """
 
+import json
+import logging
 from pathlib import Path
 
 from vime_pure.errors import VimeError, field_error
+from vime_shell.storage.manifest import ManifestError, dataset_changed, fingerprint, verify_manifest
 
 TRACKER = "latest_checkpointed_iteration.txt"
 LOOP_STATE = "loop_state.json"
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(VimeError):
@@ -47,9 +57,10 @@ def latest(root: str | Path) -> Path | None:
     return path
 
 
-def require_checkpoint(root: str | Path) -> Path:
+def require_checkpoint(root: str | Path, *, verify: bool = True) -> Path:
     """``latest(root)``, where a missing directory or checkpoint is an error: ``--load`` of a
-    mistyped path must not quietly start a new run (a new run passes ``--save`` only)."""
+    mistyped path must not quietly start a new run (a new run passes ``--save`` only).
+    ``verify``: check every file against the checkpoint's manifest (launch does, once)."""
     where = Path(root).expanduser()
     if not where.is_dir():
         raise field_error(CheckpointError, "--load", str(root),
@@ -62,4 +73,56 @@ def require_checkpoint(root: str | Path) -> Path:
                           f"holds no checkpoint (no {TRACKER})",
                           "pass the --save directory of a run that saved a checkpoint (a new "
                           "run uses --save only)")
+    if verify:
+        _verify(found)
     return found
+
+
+def read_loop_state(path: Path) -> dict:
+    """``path/loop_state.json`` as a dict; ``CheckpointError`` naming it when unreadable."""
+    try:
+        state = json.loads((path / LOOP_STATE).read_bytes().decode("utf-8"))
+        if not isinstance(state, dict):
+            raise ValueError(f"a JSON {type(state).__name__}, not an object")
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise field_error(CheckpointError, "--load", str(path / LOOP_STATE),
+                          f"is unreadable ({type(exc).__name__}: {str(exc)[:80]})",
+                          "restore the checkpoint from a copy, or resume from an earlier "
+                          "one") from None
+    return state
+
+
+def _verify(found: Path) -> None:
+    state = read_loop_state(found)
+    try:
+        checked = verify_manifest(found)
+    except ManifestError as exc:
+        raise CheckpointError(f"--load: {exc}") from None
+    if checked:
+        return
+    if state.get("manifest"):
+        raise field_error(CheckpointError, "--load", str(found),
+                          "has no manifest.json, though it was written with one: the "
+                          "checkpoint is incomplete or was copied partly",
+                          "restore the checkpoint from a copy, or resume from an earlier one")
+    log.warning("%s has no manifest (written before vime checksummed checkpoints): its files "
+                "are not verified", found)
+
+
+def check_dataset(found: Path, prompt_data: str | None, allow_change: bool) -> None:
+    """Refuse to resume on a ``--prompt-data`` file changed since the checkpoint (size, edges,
+    or mtime of a large file), unless ``allow_change``: the resumed run would draw other
+    prompts than the interrupted one."""
+    saved = read_loop_state(found).get("dataset")
+    if allow_change or prompt_data is None or not isinstance(saved, dict):
+        return
+    where = Path(prompt_data).expanduser()
+    if not where.is_file():
+        return  # a directory or a glob of files: the data loader's checks apply
+    change = dataset_changed(saved, fingerprint(where))
+    if change is not None:
+        raise field_error(CheckpointError, "--prompt-data", prompt_data,
+                          f"changed since the checkpoint {found} was written ({change}): the "
+                          "resumed run would not continue the same prompt order",
+                          "restore the dataset, start a new run, or pass "
+                          "--allow-dataset-change to resume on the new data knowingly")

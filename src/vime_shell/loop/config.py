@@ -257,6 +257,12 @@ class TrainConfig:
     save_hf: str | None = _f(None, "write the trained weights as an HF checkpoint here",
                              "checkpoint")
     save_hf_max_shard_size: str = _f("5GB", "size limit of one safetensors shard", "checkpoint")
+    save_hf_overwrite: bool = _f(False, "let --save-hf write into a non-empty directory no "
+                                 "vime export wrote (only the exported files are replaced "
+                                 "there; vime-only flag)", "checkpoint")
+    allow_dataset_change: bool = _f(False, "let --load resume although --prompt-data changed "
+                                    "since the checkpoint (size or content; vime-only flag)",
+                                    "checkpoint")
     # logging
     run_dir: str = _f("runs/demo", "metrics.jsonl, TensorBoard and plots go here", "logging")
     overwrite_run_dir: bool = _f(False, "a new run in a run dir that holds metrics moves them "
@@ -268,6 +274,21 @@ class TrainConfig:
     wandb_group: str | None = _f(None, "W&B group", "logging")
     wandb_mode: str = _f("offline", "W&B mode; offline needs no network", "logging",
                          ("online", "offline", "disabled"))
+    # input and training checks (issue 19)
+    rollout_max_prompt_len: int | None = _f(None, "drop --prompt-data prompts longer than this "
+                                            "many tokens at launch (counted in the log), as "
+                                            "slime; default: keep all, and refuse a prompt "
+                                            "that leaves no room for the response in the "
+                                            "model's context", "data")
+    reward_timeout: float | None = _f(None, "seconds one reward call may take; over it the "
+                                      "run stops naming the sample (vime only)", "reward")
+    skip_nonfinite_grad_steps: bool = _f(False, "skip an optimizer step whose gradient norm "
+                                         "is NaN/inf and count it (skipped_steps) instead of "
+                                         "stopping the run (vime only; Megatron skips only "
+                                         "fp16 loss-scale overflows)", "optimizer")
+    logprob_check: bool = _f(True, "--no-logprob-check: run with a rollout function that "
+                             "returns no engine log-probs; the weight-sync check is then off "
+                             "(metrics: logprob_check 0)", "loss")
 
     def __attrs_post_init__(self) -> None:
         _check_types(self)
@@ -290,6 +311,7 @@ class TrainConfig:
             _one_of(name, value, _field(name).metadata["choices"])
         self._check_numbers()
         self._check_data()
+        self._check_inputs()
         self._check_loss()
         if self.save_rollout_data is not None and "{rollout_id}" not in self.save_rollout_data:
             raise field_error(ConfigError, "save_rollout_data", self.save_rollout_data,
@@ -444,6 +466,24 @@ class TrainConfig:
             raise field_error(ConfigError, "rs_lower_bound", lower,
                               f"exceeds the band's cap {upper} (--rs-upper-bound, default "
                               "--tis-clip)", "pass a lower bound below the upper one")
+
+    def _check_inputs(self) -> None:
+        for name in ("seed", "rollout_seed"):  # torch and numpy seeds are 64-bit
+            value = getattr(self, name)
+            if value is not None and value >= 2**63:
+                raise field_error(ConfigError, name, value, "must be below 2**63",
+                                  "pass a smaller seed, e.g. 0")
+        if self.rollout_max_prompt_len is not None:
+            _at_least("rollout_max_prompt_len", self.rollout_max_prompt_len, 1)
+        if self.reward_timeout is not None:
+            _in_range("reward_timeout", self.reward_timeout, 1e-3, 1e6, "pass seconds, e.g. 30")
+        names = list((self.eval_prompt_data or ())[::2])
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise field_error(ConfigError, "eval_prompt_data", list(self.eval_prompt_data),
+                              f"names the eval set(s) {twice} more than once, and each name "
+                              "keys its metrics (eval/<name>/...)",
+                              "give every eval set its own name")
 
     def _check_loss(self) -> None:
         if self.calculate_per_token_loss and self.loss_mode not in ("token_mean",

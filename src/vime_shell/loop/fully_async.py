@@ -44,6 +44,7 @@ from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.probe import generate_probe
 from vime_shell.loop.rollouts import RolloutProducer, prompt_samples
 from vime_shell.rollout.functions import rollout_sampling_seed, share_context
+from vime_shell.rollout.plugins import call_plugin
 
 _POLL_S = 0.002  # between two looks at the trainer's commands and the finished groups
 
@@ -252,7 +253,11 @@ class GroupPool:
                               rollout_sampling_seed(p.seed, draw.block, 0))
         ctx = p.context(draw.block, draw.prompts, sampling, engine=self.engine,
                         first_group_id=draw.block * len(draw.prompts) * cfg.n_samples_per_prompt)
-        return list(p.rollout_fn(share_context(ctx, range(draw.index, draw.index + 1))))
+        return call_plugin(lambda c: list(p.rollout_fn(c)),
+                           share_context(ctx, range(draw.index, draw.index + 1)),
+                           what=f"rollout function {cfg.rollout_function_path}",
+                           flag="--rollout-function-path",
+                           where=f"rollout {draw.block}, prompt {draw.index}")
 
     def _harvest(self) -> None:
         for future in [f for f in self.running if f.done()]:
@@ -262,8 +267,11 @@ class GroupPool:
             # one it ended under (oldest first, as Sample.weight_versions are).
             for sample in prompt_samples(output[0]):
                 sample.weight_versions = sorted({version, self.version})
-            if self.producer.keep is not None and not self.producer.keep(
-                    prompt_samples(output[0])):
+            if self.producer.keep is not None and not call_plugin(
+                    self.producer.keep, prompt_samples(output[0]),
+                    what=f"filter {self.cfg.dynamic_sampling_filter_path}",
+                    flag="--dynamic-sampling-filter-path",
+                    where=f"rollout {draw.block}, prompt {draw.index}"):
                 self.counts = self.counts.add(filtered=1)
                 self.done.add((draw.block, draw.index))
                 continue

@@ -1,4 +1,4 @@
-"""Everything about a ``vime train`` run that can be checked before torch is imported.
+"""Everything about a ``vime train`` run that can be checked before a model is built.
 
 ``launch_checks(cfg)`` reads only files and the configuration: the model directory's
 ``config.json`` (without transformers), export paths and sizes, that TP divides the vocabulary,
@@ -7,10 +7,12 @@ engines' layout (``vime_shell.engines.layout``: engine sizes against the world, 
 model's attention heads), the batching policy's feasibility (``vime_pure.check_feasible``),
 every plugin path (``--rollout-function-path``, ``--custom-rm-path``,
 ``--dynamic-sampling-filter-path``, the ``--rm-type`` module), the prompt and eval datasets
-(every row, with the configured keys), the chat template when ``--apply-chat-template`` asks for
-one, the reference model directory, the optional W&B package, and the run's files
-(``check_run_paths``: run directory, ``--load``, ``--save``, replayed dumps). A bad run then
-fails with one line in well under a second instead of after the model is built.
+(every row, with the configured keys and label rules; then every prompt rendered and tokenized
+against the model's context, the one step that loads transformers, and only with datasets),
+the chat template when ``--apply-chat-template`` asks for one, the reference model directory,
+the optional W&B package, and the run's files (``check_run_paths``: run directory, ``--load``,
+``--save``, replayed dumps). A bad run then fails with one line (in well under a second, or
+a few seconds with a dataset to tokenize) instead of after the model is built.
 
 Example: ``launch_checks(TrainConfig(tensor_model_parallel_size=3))`` on the embedded model
 raises ``ConfigError: tensor_model_parallel_size=3: does not divide the model's
@@ -29,19 +31,24 @@ from vime_shell.engines import vllm_available
 from vime_pure.async_pool import AsyncPoolError, check_staleness_bound, generation_lag
 from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_engine_layout
 from vime_shell.engines.roles import RankRoles, RankRolesError, resolve_rank_roles
-from vime_shell.loop.checkpoint_index import require_checkpoint
+from vime_shell.loop.checkpoint_index import check_dataset, require_checkpoint
 from vime_shell.loop.config import ConfigError, TrainConfig
+from vime_shell.loop.ownership import check_ownership, check_unlocked, run_id_for
 from vime_shell.loop.replay import ReplaySource
-from vime_shell.loop.run_dir import check_run_dir
+from vime_shell.loop.run_dir import check_run_dir, dump_dir
 from vime_shell.megatron.layout import (TrainLayout, context_parallel_available,
+                                        local_rank_from_env, rank_from_env,
                                         ranks_per_node_from_env, resolve_layout,
                                         world_size_from_env)
 from vime_shell.models.embedded import build_embedded
 from vime_shell.models.hf_config import has_chat_template, read_config_summary
-from vime_shell.rollout.data import DataKeys, load_prompt_rows
+from vime_shell.rollout.data import DataKeys, fit_prompts, read_prompt_file
+from vime_shell.rollout.functions import encode_prompt
 from vime_shell.rollout.plugins import load_callable, load_generate_function
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskExample, get_task
+from vime_shell.storage.export_target import check_export_target
+from vime_shell.storage.hf_check import check_hf_dir
 from vime_shell.storage.sizes import ExportError, parse_size
 
 
@@ -58,6 +65,9 @@ class LaunchPlan:
     eval_sets: tuple[tuple[str, tuple[TaskExample, ...]], ...]
     num_rollout: int  # --num-rollout, or what --num-epoch needs for the dataset
     engine_layout: EngineLayout | None  # None: a train-only replay builds no engine
+    run_id: str  # the checkpoint's when resuming, else new (vime_shell.loop.ownership)
+    prompts_dropped: int = 0  # dataset rows longer than --rollout-max-prompt-len
+    vocab_size: int | None = None  # the model's embedding rows: every token id is below it
     roles: RankRoles | None = None  # separate trainer and engine ranks (engines/roles.py)
 
 
@@ -71,10 +81,14 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     if not (hf_dir / "config.json").is_file():
         raise field_error(ConfigError, "hf_checkpoint", str(hf_dir), "has no config.json",
                           "pass a Hugging Face model directory, or omit it for the embedded model")
-    if cfg.save_hf is not None and Path(cfg.save_hf).expanduser().resolve() == hf_dir.resolve():
-        raise field_error(ConfigError, "save_hf", cfg.save_hf,
-                          "is the directory the model is loaded from",
-                          "pass another --save-hf directory; vime never overwrites its source")
+    if cfg.save_hf is not None:
+        check_export_target(cfg.save_hf, overwrite=cfg.save_hf_overwrite, protected={
+            "the source model (--hf-checkpoint)": hf_dir,
+            "the reference model (--ref-load)": cfg.ref_load,
+            "the run directory (--run-dir)": cfg.run_dir,
+            "the checkpoint directory (--save)": cfg.save,
+            "the checkpoint directory (--load)": cfg.load,
+            "the rollout dump directory (--save-rollout-data)": dump_dir(cfg.save_rollout_data)})
     try:
         parse_size(cfg.save_hf_max_shard_size)
     except ExportError as exc:
@@ -110,22 +124,58 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
                           f"{engine_layout.num_engines} engines",
                           "pass --rollout-num-gpus 1 (one engine) with --partial-rollout")
     Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
-                   group_rm=cfg.group_rm)
+                   group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout)
     _check_side_inputs(cfg, hf_dir)
-    keys = DataKeys(input_key=cfg.input_key, label_key=cfg.label_key,
-                    metadata_key=cfg.metadata_key, tool_key=cfg.tool_key)
-    prompts = None if cfg.prompt_data is None else load_prompt_rows(cfg.prompt_data, keys)
-    pairs = cfg.eval_prompt_data or ()
-    eval_sets = tuple((name, load_prompt_rows(path, keys))
-                      for name, path in zip(pairs[::2], pairs[1::2]))
+    prompts, dropped, eval_sets = _prompt_sets(cfg, hf_dir, summary.max_position_embeddings)
     # --num-epoch: enough rollouts to draw the dataset that many times (dynamic sampling may
     # draw more prompts per rollout, so it is a lower bound on the passes made).
     num_rollout = (cfg.num_rollout if cfg.num_epoch is None or prompts is None
                    else -(-cfg.num_epoch * len(prompts) // cfg.rollout_batch_size))
-    check_run_paths(cfg, num_rollout)
+    run_id = check_run_paths(cfg, num_rollout)
     return LaunchPlan(hf_dir=hf_dir, layout=layout, policy=policy, prompts=prompts,
                       task=get_task(cfg.task) if prompts is None else None, eval_sets=eval_sets,
-                      num_rollout=num_rollout, engine_layout=engine_layout, roles=roles)
+                      num_rollout=num_rollout, engine_layout=engine_layout, run_id=run_id,
+                      prompts_dropped=dropped, vocab_size=summary.vocab_size, roles=roles)
+
+
+def _prompt_sets(cfg: TrainConfig, hf_dir: Path, context_len: int | None):
+    """``(train rows or None, rows --rollout-max-prompt-len dropped, eval sets)``: every row
+    read and checked (labels, chat messages without a template: before any tokenizer loads),
+    then rendered and tokenized against the model's context (``fit_prompts``)."""
+    keys = DataKeys(input_key=cfg.input_key, label_key=cfg.label_key,
+                    metadata_key=cfg.metadata_key, tool_key=cfg.tool_key,
+                    apply_chat_template=cfg.apply_chat_template,
+                    any_label=cfg.custom_rm_path is not None)
+    train = None if cfg.prompt_data is None else read_prompt_file(cfg.prompt_data, keys)
+    pairs = cfg.eval_prompt_data or ()
+    evals = [(name, read_prompt_file(path, keys)) for name, path in zip(pairs[::2], pairs[1::2])]
+    if train is None and not evals:
+        return None, 0, ()
+    # transformers (and torch) load only here, for a run with datasets: a bad flag stays fast.
+    from vime_shell.models.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(hf_dir)
+
+    def encode(row: TaskExample) -> list[int]:
+        return encode_prompt(tokenizer, row, cfg.apply_chat_template)
+
+    response = cfg.rollout_max_response_len or get_task(cfg.task).answer_length
+    prompts, dropped = None, 0
+    if train is not None:
+        prompts, dropped = fit_prompts(*train, encode=encode, context_len=context_len,
+                                       response_len=response,
+                                       max_prompt_len=cfg.rollout_max_prompt_len)
+        if not prompts:
+            raise field_error(ConfigError, "rollout_max_prompt_len", cfg.rollout_max_prompt_len,
+                              f"drops every prompt of {cfg.prompt_data}",
+                              "raise it, or shorten the prompts")
+    eval_response = cfg.eval_max_response_len or response
+    eval_sets = tuple((name, fit_prompts(*rows, encode=encode, context_len=context_len,
+                                         response_len=eval_response, max_prompt_len=None,
+                                         response_flag="--eval-max-response-len",
+                                         evaluation=True)[0])
+                      for name, rows in evals)
+    return prompts, dropped, eval_sets
 
 
 def rank_roles(cfg: TrainConfig) -> RankRoles | None:
@@ -189,6 +239,7 @@ def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None,
 
 def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:
     """The chat template, the reference model and the optional packages a run asks for."""
+    check_hf_dir(hf_dir, "--hf-checkpoint")  # every shard's header, before minutes of loading
     if cfg.apply_chat_template and not has_chat_template(hf_dir):
         raise field_error(ConfigError, "apply_chat_template", True,
                           f"but {hf_dir} has no chat template (tokenizer_config.json "
@@ -197,16 +248,22 @@ def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:
     if cfg.ref_load is not None and not (Path(cfg.ref_load).expanduser() / "config.json").is_file():
         raise field_error(ConfigError, "ref_load", cfg.ref_load, "is not an HF model directory",
                           "pass a directory written by save_pretrained (or --save-hf)")
+    if cfg.ref_load is not None:
+        check_hf_dir(cfg.ref_load, "--ref-load")
     if cfg.use_wandb and importlib.util.find_spec("wandb") is None:
         raise field_error(ConfigError, "use_wandb", True, "but wandb is not installed",
                           "pip install 'vime[wandb]', or drop --use-wandb")
 
 
-def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> None:
+def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> str:
     """The run's files: the run directory (``run_dir.check_run_dir``), output directories that
     can be created, the ``--load`` checkpoint (it must exist: a mistyped path never starts a
-    new run) and every dump ``--load-rollout-data`` will replay (the first one read and
-    validated)."""
+    new run; its files match its manifest; the dataset did not change), the directories'
+    owners and locks (``ownership.check_ownership``) and every dump ``--load-rollout-data``
+    will replay (the first one read and validated). Returns the run id."""
+    owner = rank_from_env() == 0  # rank 0 claims and writes; another rank may see its lock
+    if owner:
+        check_unlocked(cfg)  # first: another live run's directories, whatever they hold
     check_run_dir(cfg)
     outputs = (("run_dir", cfg.run_dir), ("save", cfg.save), ("save_hf", cfg.save_hf),
                ("save_rollout_data", cfg.save_rollout_data and str(
@@ -216,14 +273,20 @@ def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> None:
             _check_writable(field, Path(path).expanduser())
     num_rollout = cfg.num_rollout if num_rollout is None else num_rollout
     start = 0
-    if cfg.load is not None:
-        start = int(require_checkpoint(cfg.load).name.split("_")[-1])
+    if cfg.load is not None:  # every file checked against the manifest, the dataset's print
+        found = require_checkpoint(cfg.load, verify=local_rank_from_env() == 0)  # once a node
+        check_dataset(found, cfg.prompt_data, cfg.allow_dataset_change)
+        start = int(found.name.split("_")[-1])
+    run_id = run_id_for(cfg)
+    if owner:
+        check_ownership(cfg, run_id)  # no other run's directories
     if cfg.load_rollout_data is not None and start < num_rollout:
         source = ReplaySource(template=cfg.load_rollout_data,
                               fallback=cfg.load_rollout_data_fallback)
         for rid in range(start, num_rollout):
             source.path(rid)  # a missing dump is a ReplayError naming it, now, not mid-run
         source.load(start)  # DumpFormatError for a damaged or foreign file
+    return run_id
 
 
 def _check_writable(field: str, path: Path) -> None:

@@ -50,11 +50,12 @@ Example: ``run_training(TrainConfig(num_rollout=3, run_dir="runs/x"))`` trains t
 model on reverse2 for 3 rollouts of 16 prompts x 8 samples and writes ``runs/x/metrics.jsonl``.
 """
 
+import contextlib
 import logging
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -66,6 +67,7 @@ from transformers.utils import logging as hf_logging
 from vime_pure.async_pool import enforce_staleness_bound, weights_sync_due
 from vime_pure.data.batch import RolloutBatch, schedule_for
 from vime_pure.data.microbatch import RankBatch, rank_batch, with_log_probs
+from vime_pure.data.vocab import check_token_ids
 from vime_pure.errors import VimeError
 from vime_pure.metrics import metric_values
 from vime_pure.policy_config import LossConfig
@@ -84,11 +86,11 @@ from vime_shell.loop.logs import configure_logging
 from vime_shell.loop.records import rollout_record
 from vime_shell.loop.replay import DumpWriter, ReplaySource
 from vime_shell.loop.rollouts import RolloutProducer
-from vime_shell.loop.run_dir import move_aside
-from vime_shell.loop.run_log import RunLogger
+from vime_shell.loop.ownership import claim_run
+from vime_shell.loop.run_log import RunLogger, fmt
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.config import OptimConfig, TrainerConfig
-from vime_shell.megatron.layout import ranks_per_node_from_env
+from vime_shell.megatron.layout import rank_from_env, ranks_per_node_from_env
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
 from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
@@ -103,6 +105,10 @@ class TrainLoopError(VimeError):
 
 class WeightSyncError(TrainLoopError):
     """After a weight sync the engine's log-probs differ from the trainer's: the sync failed."""
+
+
+class LogprobCheckError(TrainLoopError):
+    """The rollout function returned no engine log-probs: the weight-sync check cannot run."""
 
 
 @attrs.define
@@ -171,7 +177,8 @@ def trainer_config(cfg: TrainConfig) -> TrainerConfig:
             lr_decay_style=cfg.lr_decay_style,
             use_distributed_optimizer=cfg.use_distributed_optimizer,
             overlap_grad_reduce=cfg.overlap_grad_reduce,
-            overlap_param_gather=cfg.overlap_param_gather),
+            overlap_param_gather=cfg.overlap_param_gather,
+            skip_nonfinite_grad_steps=cfg.skip_nonfinite_grad_steps),
         loss=LossConfig(eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high,
                         kl_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
                         kl_kind=cfg.kl_loss_type, entropy_coef=cfg.entropy_coef,
@@ -200,9 +207,9 @@ class _Loop:
     """One run's state on one rank; ``run_training`` is the public entry."""
 
     def __init__(self, cfg: TrainConfig, on_rollout: Callable[[RolloutEvent], None] | None,
-                 plan: LaunchPlan | None, sides: Sides | None = None):
+                 plan: LaunchPlan, sides: Sides | None = None):
         self.cfg, self.on_rollout = cfg, on_rollout
-        self.plan = plan or launch_checks(cfg, model_dir(cfg))
+        self.plan = plan
         self.hf_dir = self.plan.hf_dir
         self.trainer = MegatronTrainer.from_hf(
             self.hf_dir, trainer_config(cfg), tp=cfg.tensor_model_parallel_size,
@@ -236,6 +243,9 @@ class _Loop:
         self.weight_version = 0  # syncs of trained weights so far (resumes at rollouts done)
         self.rejection = cfg.rejection_config()
         self.probe_gap = float("nan")  # the last sync's probe gap (separate engine ranks)
+        self.syncs_done = 0  # weight syncs so far (with --load, the resume's counts)
+        # The engine-trainer gap is checked on generated batches, unless --no-logprob-check.
+        self.logprob_check = self.syncs and self.replay is None and cfg.logprob_check
         self.last_schedule: Schedule | None = None
         self.dumps = (DumpWriter(cfg.save_rollout_data)
                       if cfg.save_rollout_data is not None and self.rank == 0 else None)
@@ -254,18 +264,29 @@ class _Loop:
                             pending=error)
 
     def _batch_and_schedule(self, rid: int, generated) -> tuple[RolloutBatch, Schedule, dict]:
-        """Rank 0: the batch (generated or replayed), its dump, its schedule."""
+        """Rank 0: the batch (generated or replayed), checked (token ids; engine log-probs
+        for the weight-sync check), its dump, its schedule."""
         stats: dict = {}
         if self.replay is not None:
             batch = self.replay.load(rid)
+            source = f"rollout {rid} (replayed from {self.replay.path(rid)})"
         else:
             batch, generation = generated
             stats = generation.as_record()
+            source = f"rollout {rid}"
+            if batch.rollout_log_probs is None and self.logprob_check:
+                raise LogprobCheckError(
+                    f"{source}: the rollout function ({self.cfg.rollout_function_path}) "
+                    "returned samples without rollout_log_probs, so the weight-sync check "
+                    "(engine vs trainer log-probs) cannot run. Fix: record the engine's "
+                    "log-probs in Sample.rollout_log_probs, or pass --no-logprob-check.")
             # Generated batches only: a replayed dump's versions count another run's syncs.
             stats.update(metric_values(staleness_metrics(batch, self.weight_version)))
             if self.cfg.train_async or self.cfg.fully_async:  # never train past the bound
                 enforce_staleness_bound(batch.weight_version_min, self.weight_version,
                                         self.cfg.effective_max_weight_staleness)
+        if self.plan.vocab_size is not None:
+            check_token_ids(batch, self.plan.vocab_size, source=source)
         if self.dumps is not None:
             self.dumps.submit(rid, batch)
         return batch, schedule_for(batch, self.layout.scheduler_layout(), self.plan.policy), stats
@@ -276,6 +297,7 @@ class _Loop:
         that never split a decoder layer (ranks without an engine drain the export); the
         engines' weight version becomes ``version`` (rollouts trained)."""
         report = self.engines.sync_weights(self.trainer.export_hf(), version=version)
+        self.syncs_done += 1
         log.debug("weight sync: %d tensors, %d bytes in %d buckets, %.3f s", report.tensors,
                   report.bytes, report.buckets, report.seconds)
         if isinstance(self.engines, RemoteRollouts) and self.engines.needs_probe:
@@ -334,8 +356,9 @@ class _Loop:
         t3 = time.perf_counter()
         record = {**rollout_record(rid, batch, schedule, results, gap=gap.mean, gap_max=gap.max,
                                    times=(t1 - t0, t2 - t1, t3 - t2)),
-                  "old_logprob_s": t_old - t1, "probe_gap": self.probe_gap, **stats,
-                  **corrections, **offpolicy.tis_means(results, self.cfg.use_tis), **evaluated}
+                  "old_logprob_s": t_old - t1, "logprob_check": int(self.logprob_check),
+                  "probe_gap": self.probe_gap, **stats, **corrections,
+                  **offpolicy.tis_means(results, self.cfg.use_tis), **evaluated}
         if self.on_rollout is not None:
             self.on_rollout(RolloutEvent(rollout_id=rid, metrics=record, batch=batch,
                                          schedule=schedule, records=mine,
@@ -381,13 +404,23 @@ class _Loop:
         return mine, metrics
 
     def _check_gap(self, rid: int, gap: "GapMeter") -> None:
-        if self.syncs and self.replay is None and gap.mean > self.gap_tolerance:
+        if not (self.logprob_check and gap.mean > self.gap_tolerance):
+            return
+        head = (f"rollout {rid}: mean engine-trainer log-prob gap {gap.mean:.3g} > "
+                f"--logprob-gap-tolerance {self.gap_tolerance:g}.")
+        if self.syncs_done == 0:  # both loaded --hf-checkpoint: no sync has run yet
             raise WeightSyncError(
-                f"rollout {rid}: mean engine-trainer log-prob gap {gap.mean:.3g} > "
-                f"logprob_gap_tolerance={self.gap_tolerance:g}. The weights "
-                "the engine sampled with are not the trainer's: the last weight sync failed "
-                "(or the engine computes log-probs differently, e.g. in bf16). Fix: check "
-                "the engine's weight update, or raise --logprob-gap-tolerance knowingly.")
+                f"{head} No weight sync has run yet: the engine and the trainer loaded the "
+                "same --hf-checkpoint but score its tokens differently (the engine's dtype, "
+                "e.g. bf16, a model the trainer converts differently, or a rollout function "
+                "whose log-probs are not the engine's). Fix: pass --rollout-dtype float32, "
+                "check the rollout function's rollout_log_probs, or raise "
+                "--logprob-gap-tolerance knowingly.")
+        raise WeightSyncError(
+            f"{head} The weights the engine sampled with are not the trainer's: the last "
+            "weight sync failed (or the engine computes log-probs differently, e.g. in bf16). "
+            "Fix: check the engine's weight update, or raise --logprob-gap-tolerance "
+            "knowingly.")
 
     def _evaluates(self, rid: int) -> bool:
         """Before rollout ``rid`` (weights trained on rollouts ``< rid``) every
@@ -458,7 +491,8 @@ class _Loop:
             save_hf_checkpoint(tensors, source_dir=self.hf_dir, target_dir=self.cfg.save_hf,
                                max_shard_size=self.cfg.save_hf_max_shard_size,
                                writer_rank=writers.index(self.rank), writers=len(writers),
-                               barrier=lambda: dist.barrier(group=group))
+                               barrier=lambda: dist.barrier(group=group),
+                               overwrite=self.cfg.save_hf_overwrite)
         dist.barrier()
 
 
@@ -483,13 +517,35 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
             configure_logging(cfg.log_level, sides.rank)
             serve_rollouts(cfg, plan, engine_options(cfg, platform.kind == "cuda"), sides)
             return TrainResult(records=[], plots=[], hf_checkpoint=plan.hf_dir, start_rollout=0)
-    loop = _Loop(cfg, on_rollout, plan, sides)
+    with _claimed(cfg, plan.run_id):  # before the model is built: a second run fails now
+        loop = _Loop(cfg, on_rollout, plan, sides)
+        try:
+            return _run(loop, cfg, progress)
+        finally:  # also after a failure: a caller that catches it may start another run
+            loop.trainer.shutdown()  # frees Megatron's parallel state
+            if loop.engines is not None:  # last: vLLM's teardown ends the world
+                loop.engines.close()
+
+
+@contextlib.contextmanager
+def _claimed(cfg: TrainConfig, run_id: str) -> Iterator[None]:
+    """Global rank 0 locks the run's directories for the run's lifetime
+    (``ownership.claim_run``: another run on them fails; ``--overwrite-run-dir`` moves the
+    earlier run aside under the lock). Taken before the process group exists (rank from
+    ``RANK``); a failure here ends rank 0, and the launcher (torchrun, ``spawn``) ends the
+    others."""
+    rank = dist.get_rank() if dist.is_initialized() else rank_from_env()
+    if rank != 0:
+        yield
+        return
+    claim, moved = claim_run(cfg, run_id)
+    if moved is not None:
+        configure_logging(cfg.log_level, rank)
+        log.info("moved the earlier run's files in %s to %s/", cfg.run_dir, moved)
     try:
-        return _run(loop, cfg, progress)
-    finally:  # also after a failure: a caller that catches it may start another run
-        loop.trainer.shutdown()  # frees Megatron's parallel state
-        if loop.engines is not None:  # last: vLLM's external-launcher teardown ends the world
-            loop.engines.close()
+        yield
+    finally:
+        claim.release()
 
 
 def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
@@ -497,8 +553,8 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
     body, between building the loop and tearing it down."""
     configure_logging(cfg.log_level, loop.rank)
     start = 0
-    if cfg.load is not None:  # it must hold a checkpoint: a mistyped path never starts afresh
-        found = require_checkpoint(cfg.load)
+    if cfg.load is not None:  # launch checked it (and its manifest): load it
+        found = require_checkpoint(cfg.load, verify=False)
         state = run_checkpoint.load(found, loop.trainer, cfg.to_dict())
         start = state.rollouts_done
         loop.weight_version = start  # one sync per trained rollout
@@ -506,8 +562,10 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
         log.info("resumed from %s at rollout %d", found, start)
         if loop.syncs:  # the engine was built from the HF checkpoint, not this one
             loop.sync_weights(version=start)
-    elif cfg.overwrite_run_dir and loop.rank == 0 and (moved := move_aside(cfg)) is not None:
-        log.info("moved the earlier run's files in %s to %s/", cfg.run_dir, moved)
+    if loop.plan.prompts_dropped and loop.rank == 0:
+        log.warning("--rollout-max-prompt-len %d dropped %d of the %d prompts of %s",
+                    cfg.rollout_max_prompt_len, loop.plan.prompts_dropped,
+                    loop.plan.prompts_dropped + len(loop.plan.prompts), cfg.prompt_data)
     total = loop.plan.num_rollout  # --num-rollout, or derived from --num-epoch
     logger = RunLogger(cfg.run_dir, start=start, total=total, enabled=loop.rank == 0,
                        progress=progress, wandb=cfg.to_dict() if cfg.use_wandb else None)
@@ -524,7 +582,7 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
                 if loop.dumps is not None:
                     loop.dumps.flush()  # a checkpoint never runs ahead of the dumps
                 run_checkpoint.save(cfg.save, done, loop.trainer, cfg.to_dict(),
-                                    data=loop.data_state())
+                                    data=loop.data_state(), run_id=loop.plan.run_id)
         if loop._evaluates(0) and total > start:  # the trained weights, once more
             logger.log_eval(total, loop.evaluate(total))
     finally:
@@ -546,8 +604,9 @@ def _quiet_libraries() -> None:
 
 
 def _line(r: dict) -> str:
-    line = (f"rollout {r['rollout']:4d}  reward {r['reward_mean']:.3f}  loss {r['loss']:+.4f}  "
-            f"entropy {r['entropy']:.3f}  gap {r['logprob_gap']:.1e}  "
+    line = (f"rollout {r['rollout']:4d}  reward {r['reward_mean']:.3f}  "
+            f"loss {fmt(r['loss'], '+.4f')}  entropy {fmt(r['entropy'], '.3f')}  "
+            f"gap {fmt(r['logprob_gap'], '.1e')}  "
             f"mb/rank {r['num_microbatches']}  {r['tokens_per_s']:.0f} tok/s")
     if r.get("prompts_generated", 0) != r.get("prompts_kept", 0):
         line += f"  kept {r['prompts_kept']}/{r['prompts_generated']}"

@@ -7,6 +7,7 @@ import matplotlib
 import numpy as np
 
 from vime_pure.scheduling.schedule import Schedule
+from vime_shell.storage.files import atomic_file
 
 matplotlib.use("Agg")  # files only, never a window; before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
@@ -63,6 +64,9 @@ def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_file(path) as fh:  # a crash leaves the old plot; a FIFO is refused
+            fig.savefig(fh, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path

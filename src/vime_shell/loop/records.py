@@ -11,14 +11,15 @@ groups with losses 0.2 and 0.4 give ``loss 0.3``.
 
 import numpy as np
 
+from vime_pure.metrics import weighted_mean
 from vime_pure.scheduling.report import step_stats
 
 
-def _weighted(results, key: str) -> float:
-    groups = sum(r.num_groups for r in results)
-    if not groups:
-        return float("nan")
-    return sum(r.metrics[key] * r.num_groups for r in results) / groups
+def _weighted(results, key: str) -> float | None:
+    """Group-weighted mean over the steps that measured ``key``; None when none did (no step,
+    or no scored token: ``null`` in metrics.jsonl, never a made-up 0)."""
+    return weighted_mean([r.metrics[key] for r in results], [r.num_groups for r in results],
+                         key)
 
 
 def rollout_record(rid: int, batch, schedule, results, *, gap: float, gap_max: float,
@@ -54,5 +55,6 @@ def rollout_record(rid: int, batch, schedule, results, *, gap: float, gap_max: f
         "tokens_per_s": tokens / total if total > 0 else 0.0,
         "lr": results[-1].lr if results else float("nan"),
         "grad_norm": results[-1].grad_norm if results else float("nan"),
+        "skipped_steps": sum(r.skipped for r in results),  # --skip-nonfinite-grad-steps
         "rollout_s": times[0], "train_s": times[1], "sync_s": times[2],
     }

@@ -42,6 +42,7 @@ from vime_shell.loop.launch_checks import LaunchPlan
 from vime_shell.models.tokenizer import load_tokenizer
 from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.filters import load_filter
+from vime_shell.rollout.plugins import call_plugin
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.rollout.functions import (DEFAULT_GENERATE_FUNCTION,
@@ -138,7 +139,7 @@ class RolloutProducer:
         self._eval_per_sample = (None if self.per_sample is None  # evaluation never buffers
                                  else attrs.evolve(self.per_sample, buffer=None))
         self.rewarder = Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
-                                       group_rm=cfg.group_rm)
+                                       group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout)
         self.keep = load_filter(cfg.dynamic_sampling_filter_path)
         self.normalization = RewardNormalization(method=ESTIMATOR_METHOD[cfg.advantage_estimator])
         eos = self.tokenizer.eos_token_id
@@ -167,13 +168,11 @@ class RolloutProducer:
             if output is not None:  # rank 0: judge the round
                 next_group = _next_group_id(output, next_group)
                 generated += len(output)
-                for prompt_output in output:
-                    if len(kept) == need:
-                        break  # surplus of the last round: discarded, counted as generated
-                    if self.keep is None or self.keep(prompt_samples(prompt_output)):
-                        kept.append(prompt_output)
-                    else:
-                        filtered += 1
+                try:
+                    filtered += self._judge(output, kept, need,
+                                            f"rollout {rid}, round {rounds - 1}")
+                except VimeError as exc:  # a failed filter: every rank leaves via rank0_result
+                    error = error or exc
             if self.keep is None:
                 if error is not None:
                     raise error
@@ -196,6 +195,22 @@ class RolloutProducer:
         if not kept:
             raise RolloutEmptyError(rid, stats)
         return RolloutBatch.from_samples(kept, normalization=self.normalization), stats
+
+    def _judge(self, output: list[Any], kept: list[Any], need: int, where: str) -> int:
+        """Rank 0: append the prompt groups the filter keeps to ``kept`` (up to ``need``);
+        returns how many it dropped. The surplus of the last round is discarded unjudged."""
+        dropped = 0
+        for p, prompt_output in enumerate(output):
+            if len(kept) == need:
+                break
+            if self.keep is None or call_plugin(
+                    self.keep, prompt_samples(prompt_output),
+                    what=f"filter {self.cfg.dynamic_sampling_filter_path}",
+                    flag="--dynamic-sampling-filter-path", where=f"{where}, prompt {p}"):
+                kept.append(prompt_output)
+            else:
+                dropped += 1
+        return dropped
 
     def sampling(self, max_new_tokens: int, seed: int, temperature: float | None = None
                   ) -> SamplingParams:
@@ -254,7 +269,10 @@ class RolloutProducer:
         try:
             with native_torch():  # generation names no CUDA device: skip the CPU device mode
                 output = self.engines.run_shares(
-                    lambda share: list(self.rollout_fn(share_context(ctx, share))),
+                    lambda share: call_plugin(
+                        lambda c: list(self.rollout_fn(c)), share_context(ctx, share),
+                        what=f"rollout function {self.cfg.rollout_function_path}",
+                        flag="--rollout-function-path", where=f"rollout {rid}"),
                     len(prompts))
         except Exception as exc:  # noqa: BLE001 - handed to rank0_result by the caller
             return None, exc

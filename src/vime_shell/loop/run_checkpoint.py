@@ -10,8 +10,11 @@ Layout under ``DIR`` (Megatron's tracker file name, so tools that read it keep w
     DIR/rollout_000006/__0_0.distcp ...      torch_dist shards + .metadata + common.pt +
                                              metadata.json: model and optimizer (all ranks)
     DIR/rollout_000006/trainer_state.json    step counter, LR scheduler, layout, RNG states
-    DIR/rollout_000006/loop_state.json       rollout counter, python / numpy RNG, the config
+    DIR/rollout_000006/loop_state.json       rollout counter, python / numpy RNG, the config,
+                                             the run id, the --prompt-data fingerprint
                                              (JSON: loading a checkpoint never unpickles)
+    DIR/rollout_000006/manifest.json         size and BLAKE2b of every file above, written
+                                             last; verified by --load at launch
 
 Atomicity: everything is written into ``DIR/.tmp-rollout_000006`` first, renamed into place by
 rank 0, and only then does the tracker move (temp file + ``os.replace``). A run killed at any
@@ -39,12 +42,15 @@ from pathlib import Path
 import attrs
 import numpy as np
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from vime_pure.errors import field_error
 # The checkpoint index is torch-free (launch_checks reads it); its names are re-exported here.
 from vime_shell.loop.checkpoint_index import (LOOP_STATE, TRACKER, CheckpointError,  # noqa: F401
                                               checkpoint_dir, latest)
+from vime_shell.megatron.collectives import rank0_result
 from vime_shell.storage.files import fsync_path, write_atomic
+from vime_shell.storage.manifest import fingerprint, write_manifest
 
 DATA_FIELDS = ("seed", "rollout_seed", "task", "prompt_data", "input_key", "rollout_shuffle",
                "rollout_batch_size", "n_samples_per_prompt", "rollout_function_path",
@@ -61,24 +67,48 @@ class LoopState:
 
 
 def save(root: str | Path, rollouts_done: int, trainer, config: dict,
-         data: dict | None = None) -> Path:
-    """Collective: every rank's trainer state, then rank 0's loop state, rename and tracker."""
+         data: dict | None = None, *, run_id: str | None = None) -> Path:
+    """Collective: every rank's trainer state, then rank 0's loop state, manifest, rename and
+    tracker. A file-system failure on any rank (full disk, permissions) is a
+    ``CheckpointError`` on every rank naming ``--save``; the previous checkpoint stays."""
     root = Path(root)
     final = checkpoint_dir(root, rollouts_done)
     tmp = root / f".tmp-{final.name}"
-    if dist.get_rank() == 0:
+
+    def prepare() -> None:
         root.mkdir(parents=True, exist_ok=True)
         _remove(tmp)
-    dist.barrier()
-    trainer.save_checkpoint(tmp)  # every rank's shards, fsynced; ends with a barrier
-    if dist.get_rank() == 0:
-        write_atomic(tmp / LOOP_STATE, json.dumps(_loop_state(rollouts_done, config, data)))
+
+    def finish() -> None:
+        state = _loop_state(rollouts_done, config, data)
+        state.update(run_id=run_id, manifest=True, dataset=_dataset(config.get("prompt_data")))
+        write_atomic(tmp / LOOP_STATE, json.dumps(state))
+        write_manifest(tmp)  # last: a complete manifest means complete files
         _remove(final)
         tmp.rename(final)
         fsync_path(root)
         write_atomic(root / TRACKER, f"{rollouts_done}\n")
-    dist.barrier()
+
+    try:
+        rank0_result(f"preparing checkpoint {final}", prepare)
+        trainer.save_checkpoint(tmp)  # every rank's shards, fsynced; ends with a barrier
+        rank0_result(f"finishing checkpoint {final}", finish)
+    except (OSError, CheckpointException) as exc:
+        if dist.get_rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        detail = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        raise field_error(CheckpointError, "--save", str(root),
+                          f"cannot hold checkpoint {final.name} ({type(exc).__name__}: "
+                          f"{detail})", "free space or fix permissions there (or pass another "
+                          "--save); the previous checkpoint is intact") from exc
     return final
+
+
+def _dataset(prompt_data: str | None) -> dict | None:
+    """The fingerprint of a ``--prompt-data`` file (None for none, a directory or a glob)."""
+    if prompt_data is None or not Path(prompt_data).expanduser().is_file():
+        return None
+    return fingerprint(Path(prompt_data).expanduser())
 
 
 def _loop_state(rollouts_done: int, config: dict, data: dict | None = None) -> dict:

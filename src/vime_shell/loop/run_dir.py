@@ -24,7 +24,7 @@ from pathlib import Path
 
 from vime_pure.errors import field_error
 from vime_shell.loop.config import ConfigError, TrainConfig
-from vime_shell.storage.files import fsync_path
+from vime_shell.storage.files import fsync_path, writable_target
 
 METRICS = "metrics.jsonl"
 CURVES = "curves.png"
@@ -59,6 +59,33 @@ def run_outputs(cfg: TrainConfig) -> list[Path]:
     return outputs
 
 
+def dump_dir(template: str | None) -> str | None:
+    """The fixed directory of a ``--save-rollout-data`` template: everything before the first
+    ``{``, up to its last ``/``. Example: ``"runs/r/rollouts/rollout_{rollout_id}.npz"`` ->
+    ``"runs/r/rollouts"``, ``"dumps/{rollout_id}/b.npz"`` -> ``"dumps"``."""
+    if template is None:
+        return None
+    return os.path.dirname(template.split("{", 1)[0]) or "."
+
+
+def _symlinked_entry(cfg: TrainConfig) -> Path | None:
+    """A run output, or a folder on the way from the run directory to the dumps, that is a
+    symlink: writing or moving aside through it would reach files of another directory."""
+    run_dir = Path(os.path.abspath(Path(cfg.run_dir).expanduser()))
+    for path in run_outputs(cfg):
+        if path.is_symlink():
+            return path
+    if cfg.save_rollout_data is not None:
+        dumps = Path(os.path.abspath(Path(dump_dir(cfg.save_rollout_data)).expanduser()))
+        if run_dir == dumps or run_dir in dumps.parents:
+            for part in [dumps, *dumps.parents]:
+                if part == run_dir:
+                    break
+                if part.is_symlink():
+                    return part
+    return None
+
+
 def _inside(path: Path, run_dir: Path) -> Path | None:
     """The entry of ``run_dir`` that contains ``path`` (None when ``path`` is elsewhere)."""
     try:
@@ -74,6 +101,15 @@ def check_run_dir(cfg: TrainConfig) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise field_error(RunDirError, "run_dir", cfg.run_dir, "is a file",
                           "pass a directory for metrics.jsonl and the plots")
+    link = _symlinked_entry(cfg)
+    if link is not None:
+        raise field_error(RunDirError, "--run-dir", cfg.run_dir,
+                          f"holds {link.name}, a symlink to {os.path.realpath(link)}: vime "
+                          "would write or move files through it into another directory",
+                          "replace the link with a real directory, or point "
+                          "--save-rollout-data at the link's target directly")
+    for name in (METRICS, CURVES, SCHEDULE_PLOT):  # a FIFO there would block the logger
+        writable_target(run_dir / name, "--run-dir")
     if cfg.load is not None:
         if cfg.overwrite_run_dir:
             raise field_error(RunDirError, "overwrite_run_dir", True,
@@ -112,6 +148,9 @@ def move_aside(cfg: TrainConfig) -> Path | None:
         target, k = run_dir / f"{PREVIOUS}{stamp}-{k}", k + 1
     target.mkdir()
     for path in existing:
+        if path.is_symlink():  # checked at launch; never move (or follow) a link
+            raise field_error(RunDirError, "--run-dir", cfg.run_dir, f"holds the symlink {path}",
+                              "replace it with a real directory")
         os.replace(path, target / path.name)
     fsync_path(run_dir)
     return target

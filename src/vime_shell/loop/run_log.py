@@ -124,8 +124,8 @@ class RunLogger:
         self._write(clean)
         if self._bar is not None:
             self._bar.set_postfix_str(
-                f"reward {clean['reward_mean']:.3f} loss {clean['loss']:+.4f} "
-                f"gap {clean['logprob_gap']:.1e} mb {clean['num_microbatches']} "
+                f"reward {fmt(clean['reward_mean'], '.3f')} loss {fmt(clean['loss'], '+.4f')} "
+                f"gap {fmt(clean['logprob_gap'], '.1e')} mb {clean['num_microbatches']} "
                 f"{clean.get('tokens_per_s', 0):.0f} tok/s", refresh=False)
             self._bar.update(1)
 
@@ -156,11 +156,24 @@ class RunLogger:
         out = []
         trained = [r for r in self.records if not r.get("eval_only")]
         if trained:
-            out.append(plot_curves(curve_panels(self.records), self.run_dir / CURVES,
-                                   title=f"{len(trained)} rollouts"))
+            out += _plotted(lambda: plot_curves(curve_panels(self.records),
+                                                self.run_dir / CURVES,
+                                                title=f"{len(trained)} rollouts"))
         if last_schedule is not None and last_schedule.steps:
-            out.append(plot_step_loads(last_schedule, self.run_dir / SCHEDULE_PLOT, step=0))
+            out += _plotted(lambda: plot_step_loads(last_schedule, self.run_dir / SCHEDULE_PLOT,
+                                                    step=0))
         return out
+
+
+def _plotted(draw) -> list[Path]:
+    """``[draw()]``, or ``[]`` with a warning: a plot that cannot be drawn or written (a full
+    disk, a broken matplotlib backend) never costs the run its checkpoint or HF export."""
+    try:
+        return [draw()]
+    except Exception as exc:  # noqa: BLE001 - plots are a convenience; the metrics are kept
+        log.warning("could not draw a plot (%s: %s); metrics.jsonl holds every value",
+                    type(exc).__name__, exc)
+        return []
 
 
 def curve_panels(records: list[dict]) -> dict:
@@ -177,6 +190,13 @@ def curve_panels(records: list[dict]) -> dict:
         if any(key in r for r in records):
             panels[key] = {key: line(key)}
     return panels
+
+
+def fmt(value: object, spec: str) -> str:
+    """A metric for a log line: ``format(value, spec)``, or ``-`` for a metric with no value
+    (None: nothing was measured). Example: ``fmt(0.25, ".3f") == "0.250"``, ``fmt(None, ".3f")
+    == "-"``."""
+    return "-" if value is None else format(value, spec)
 
 
 def _json_value(value: object) -> object:

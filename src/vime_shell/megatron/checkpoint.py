@@ -42,8 +42,10 @@ from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.core import CheckpointingException
 from megatron.core.dist_checkpointing.validation import StrictHandling
 from megatron.core.tensor_parallel import get_cuda_rng_tracker
+from torch.distributed.checkpoint.api import CheckpointException
 
 from vime_pure.errors import VimeError, field_error
+from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.torch_dist import (EXTRA_STATE, SafeCommonLoad, SyncTorchDistSave,
                                             check_metadata, split_objects)
 from vime_shell.storage.files import fsync_tree, write_atomic
@@ -140,14 +142,17 @@ def save_checkpoint(trainer, path: str | Path) -> None:
                             sharded_strategy=SyncTorchDistSave())
     rngs = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(_rng_state(), rngs, dst=0)
-    if rank == 0:
+
+    def write_state() -> None:
         state = {"format": FORMAT, "layout": attrs.asdict(trainer.layout),
                  "distributed_optimizer": trainer.config.optim.use_distributed_optimizer,
                  "steps_done": trainer.steps_done, "scheduler": trainer.scheduler.state_dict(),
                  "rng": rngs}
         write_atomic(out / TRAINER_STATE, json.dumps(state))
         fsync_tree(out)
-    dist.barrier()
+
+    # A failure on rank 0 (a full disk) reaches every rank instead of leaving them in a barrier.
+    rank0_result(f"writing {out / TRAINER_STATE}", write_state)
 
 
 def read_state(path: Path) -> dict:
@@ -186,6 +191,12 @@ def _load_sharded(trainer, path: Path, state: dict) -> dict:
         raise field_error(CheckpointError, "path", str(path),
                           f"does not match this trainer ({str(exc).splitlines()[0][:300]})",
                           "load a checkpoint of the same model") from None
+    except (CheckpointException, OSError) as exc:  # torch's reader on a damaged shard
+        raise field_error(CheckpointError, "path", str(path),
+                          f"cannot be read ({type(exc).__name__}: "
+                          f"{(str(exc) or '?').splitlines()[0][:300]})",
+                          "restore the checkpoint from a copy, or resume from an earlier "
+                          "one") from None
 
 
 @torch.no_grad()  # parameters are restored in place

@@ -83,15 +83,15 @@ def rank0_result(what: str, fn: Callable[[], Any], *, pending: BaseException | N
 
 
 def gather_step_report(partials: Mapping[str, float], num_groups: int, mode: LossMode | str, *,
-                       cp: int = 1, num_samples: int | None = None,
-                       group: dist.ProcessGroup | None = None) -> dict[str, float]:
+                       cp: int = 1, num_samples: int | None = None, tokens: float | None = None,
+                       group: dist.ProcessGroup | None = None) -> dict[str, float | None]:
     """The step's loss report on every rank: ``reduce_train_step`` of all ranks' partials.
 
     Example: ranks holding ``{"loss": 21/9}`` and ``{"loss": 24/9 + 11}`` with ``G_s = 2``
     (``group_token_mean``) both get ``{"loss": 8.0}``.
     """
     return reduce_train_step(all_gather_dicts(partials, group), num_groups, mode, cp,
-                             num_samples=num_samples)
+                             num_samples=num_samples, tokens=tokens)
 
 
 def gather_metrics(metrics: Mapping[str, Metric], group: dist.ProcessGroup | None = None, *,

@@ -31,6 +31,7 @@ class OptimConfig:
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    skip_nonfinite_grad_steps: bool = False  # else a NaN/inf gradient norm stops the run
 
     def __attrs_post_init__(self) -> None:
         if not self.lr > 0:
@@ -59,4 +60,5 @@ class StepResult:
     num_microbatches: int
     lr: float
     grad_norm: float
+    skipped: bool = False  # the gradient norm was not finite and the update was skipped
 

@@ -79,8 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         schedule = synthetic_schedule(batch, trainer.layout, global_batch_size=8)
         results = trainer.train(rank_batch(batch, schedule, dp_rank=trainer.dp_rank,
                                            cp_rank=trainer.cp_rank, cp_size=trainer.layout.cp))
-    except VimeError as exc:
-        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    except (VimeError, OSError, UnicodeDecodeError) as exc:  # one line, exit 2, as `vime`
+        print(f"{type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     if int(os.environ.get("RANK", "0")) == 0:
         for i, r in enumerate(results):

@@ -93,6 +93,16 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def rank_from_env() -> int:
+    """``RANK`` (the global rank) as torchrun sets it; 0 for a plain ``python`` run."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def local_rank_from_env() -> int:
+    """``LOCAL_RANK`` (the rank within its node) as torchrun sets it; 0 when unset."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
 def ranks_per_node_from_env() -> int | None:
     """``LOCAL_WORLD_SIZE`` as torchrun sets it (the ranks of one node); None when unknown."""
     local = os.environ.get("LOCAL_WORLD_SIZE")

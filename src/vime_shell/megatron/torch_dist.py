@@ -104,6 +104,11 @@ class SafeCommonLoad(TorchCommonLoadStrategy):
                               f"is not plain tensors and containers ({detail}): loading it "
                               "would run code", "load only checkpoints written by vime or "
                               "Megatron; delete this one") from None
+        except (OSError, EOFError, RuntimeError, ValueError) as exc:  # truncated or not a zip
+            raise field_error(VimeError, "checkpoint", str(path),
+                              f"is unreadable ({type(exc).__name__}: {str(exc)[:120]})",
+                              "restore the checkpoint from a copy, or resume from an earlier "
+                              "one") from None
 
 
 def split_objects(sharded_state_dict: dict) -> tuple[dict, list[str]]:

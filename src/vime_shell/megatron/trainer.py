@@ -239,16 +239,46 @@ class MegatronTrainer:
         metrics = self._reduce(reports, step)
         if before_update is not None:
             before_update(metrics)
-        ok, grad_norm, _ = self.optimizer.step()
-        if not ok:
-            raise VimeError(f"step {self.steps_done}: the optimizer skipped the update (inf/nan "
-                            "gradients). Fix: lower the learning rate or check the data.")
-        self.scheduler.step(increment=step.num_groups)
+        grad_norm, skipped = self._update()
+        if not skipped:  # Megatron's rule: a skipped iteration does not move the LR schedule
+            self.scheduler.step(increment=step.num_groups)
         self.steps_done += 1
         return StepResult(metrics=metrics, num_groups=step.num_groups,
                           num_microbatches=len(rows),
                           lr=float(self.optimizer.param_groups[0]["lr"]),
-                          grad_norm=float(grad_norm if grad_norm is not None else 0.0))
+                          grad_norm=grad_norm, skipped=skipped)
+
+    def _update(self) -> tuple[float, bool]:
+        """The optimizer step, after the gradient norm is known to be finite:
+        ``(grad_norm, skipped)``.
+
+        A NaN/inf norm (a batch with huge advantages, an overflowing loss) would turn every
+        weight into NaN through the clip factor ``clip / norm``: it is a
+        :class:`NonFiniteGradError` before any weight changes, or under
+        ``skip_nonfinite_grad_steps`` a skipped update (no weight, optimizer-state or LR
+        change). Costs one more gradient-norm reduction per step when clipping is on. With a
+        loss scaler (fp16), Megatron's own overflow check decides instead.
+        """
+        opt = self.optimizer
+        norm = None
+        if not _has_grad_scaler(opt):
+            opt.prepare_grads()  # main grads into .grad (idempotent without a scaler)
+            norm = float(opt.get_grad_norm())
+            if not np.isfinite(norm):
+                if self.config.optim.skip_nonfinite_grad_steps:
+                    return norm, True
+                raise NonFiniteGradError(
+                    f"step {self.steps_done}: the gradient norm is {norm}, so the update would "
+                    "make the weights NaN; no weight was changed. Fix: look for huge advantages "
+                    "or rewards, or a loss that overflows, in this rollout; lower --lr or "
+                    "--clip-grad; or pass --skip-nonfinite-grad-steps to skip such steps "
+                    "(counted in skipped_steps).")
+        ok, grad_norm, _ = opt.step()
+        if not ok:
+            raise NonFiniteGradError(
+                f"step {self.steps_done}: the optimizer skipped the update (inf/nan gradients "
+                "under loss scaling). Fix: lower the learning rate or check the data.")
+        return float(grad_norm if grad_norm is not None else norm), False
 
     def train(self, batch: RankBatch,
               before_update: Callable[[int, dict[str, float]], None] | None = None
@@ -274,9 +304,11 @@ class MegatronTrainer:
         metrics["logprob_gap_max"] = Metric(max((float(r["gap_max"]) for r in gaps),
                                                 default=0.0), gap_tokens, "max")
         mode = step.microbatches[0].loss_mode
-        out = gather_step_report(partials, step.num_groups, mode, cp=self.layout.cp,
-                                 num_samples=step.num_samples)
         reduced = gather_metrics(metrics, group_dst=None)
+        # Over zero scored tokens every mean is None, never a 0 that reads like a measurement.
+        out = gather_step_report(partials, step.num_groups, mode, cp=self.layout.cp,
+                                 num_samples=step.num_samples,
+                                 tokens=reduced[TOKEN_KEYS[0]].count)
         out.update({k: m.value for k, m in reduced.items()})
         out["tokens"] = reduced[TOKEN_KEYS[0]].count
         out["gap_tokens"] = reduced["logprob_gap"].count
@@ -376,3 +408,13 @@ class MegatronTrainer:
         """All weights under HF names, as CPU tensors, on every rank."""
         self._finish_param_sync()
         return hf_state_dict(self.bridge, self.model)
+
+
+class NonFiniteGradError(VimeError):
+    """A step whose gradient norm is NaN or infinite (its update would corrupt the weights)."""
+
+
+def _has_grad_scaler(optimizer) -> bool:
+    """Whether any (chained) optimizer scales the loss: fp16's overflow check then applies."""
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    return any(getattr(o, "grad_scaler", None) is not None for o in parts)

@@ -4,8 +4,15 @@ A dataset is a JSONL or Parquet file of rows; ``--input-key`` names the prompt (
 list of chat messages ``[{"role": ..., "content": ...}]``), ``--label-key`` the reference
 answer, ``--metadata-key`` a dict kept with the sample, ``--tool-key`` the tool list handed to
 the chat template (these two may be absent from a row). Every row is checked when the file is
-read, so a missing prompt or label is a :class:`DataError` naming the file and line before any
-model is built.
+read, so a bad row is a :class:`DataError` naming the file and line before any model is built:
+a missing or blank prompt; chat messages without ``--apply-chat-template``; a label that is
+missing, null, NaN or infinite, or (for the built-in rewards) not text or a number. Text
+labels stay text, numbers stay numbers (``43.0`` is not turned into ``"43.0"``: the rewards
+compare it numerically), Parquet ``bytes`` are decoded as UTF-8, and a list or dict label is
+kept only for a ``--custom-rm-path`` reward, which receives it as is. Bytes that are not UTF-8
+name the line. At launch every prompt is also rendered and tokenized (:func:`fit_prompts`): a
+prompt that gives no tokens, or that leaves no room for the response in the model's context,
+is an error; under ``--rollout-max-prompt-len`` longer prompts are dropped and counted.
 
 :class:`PromptSource` hands out prompts in order: dataset rows (``--rollout-shuffle``: a seeded
 permutation per epoch), or a built-in task's generator. Its only state is ``offset``, the
@@ -20,7 +27,8 @@ epoch 1's (another permutation); ``offset == 6``.
 """
 
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,35 +51,53 @@ class DataKeys:
     label_key: str | None = "label"
     metadata_key: str | None = None
     tool_key: str | None = None
+    # What the run can use (TrainConfig: --apply-chat-template, and whether the reward is the
+    # user's --custom-rm-path, which may take list or dict labels).
+    apply_chat_template: bool = True
+    any_label: bool = True
 
 
 def load_prompt_rows(path: str | Path, keys: DataKeys) -> tuple[TaskExample, ...]:
     """Every row of a ``.jsonl`` / ``.parquet`` file as a ``TaskExample``, validated.
 
     Example: a line ``{"prompt": "3+5=", "label": "8"}`` gives
-    ``TaskExample(prompt="3+5=", label="8")``.
+    ``TaskExample(prompt="3+5=", label="8")``; ``"label": 8`` gives ``label=8``.
     """
+    return read_prompt_file(path, keys)[0]
+
+
+def read_prompt_file(path: str | Path, keys: DataKeys
+                     ) -> tuple[tuple[TaskExample, ...], tuple[str, ...]]:
+    """``load_prompt_rows`` and each row's ``"file:line"`` (for errors found later)."""
     p = Path(path).expanduser()
     if not p.is_file():
-        raise field_error(DataError, "prompt_data", str(p), "is not a file",
+        raise field_error(DataError, "--prompt-data", str(p), "is not a file",
                           "pass a .jsonl or .parquet file of prompts")
     rows = _read_parquet(p) if p.suffix == ".parquet" else _read_jsonl(p)
     if not rows:
-        raise field_error(DataError, "prompt_data", str(p), "holds no rows",
+        raise field_error(DataError, "--prompt-data", str(p), "holds no rows",
                           "pass a file with at least one prompt")
-    return tuple(_example(row, keys, f"{p}:{line}") for line, row in rows)
+    wheres = tuple(f"{p}:{line}" for line, _ in rows)
+    return tuple(_example(row, keys, where) for (_, row), where in zip(rows, wheres)), wheres
 
 
 def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
     rows = []
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
+    with path.open("rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}:{n}: byte {exc.start + 1} of the line is not UTF-8 "
+                                f"({raw[exc.start:exc.start + 4]!r}). Fix: write the file as "
+                                "UTF-8.") from None
             if not line.strip():
                 continue
             try:
                 rows.append((n, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{n}: not valid JSON ({exc.msg}). Fix: write one JSON "
+            except (json.JSONDecodeError, RecursionError) as exc:
+                msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+                raise DataError(f"{path}:{n}: not valid JSON ({msg}). Fix: write one JSON "
                                 "object per line.") from None
     return rows
 
@@ -91,20 +117,58 @@ def _example(row: Any, keys: DataKeys, where: str) -> TaskExample:
     if not isinstance(row, dict):
         raise DataError(f"{where}: a row is a {type(row).__name__}. Fix: write one JSON "
                         "object per row.")
-    prompt = _field(row, keys.input_key, where, "--input-key")
+    prompt = _text(_field(row, keys.input_key, where, "--input-key"), keys.input_key, where)
+    if isinstance(prompt, str) and prompt and not prompt.strip():
+        raise DataError(f"{where}: {keys.input_key}={prompt!r:.60} is blank (only whitespace). "
+                        "Fix: correct the row or drop it.")
     if not (isinstance(prompt, str) and prompt) and not _is_messages(prompt):
         raise DataError(f"{where}: {keys.input_key}={prompt!r:.60} is neither a non-empty string "
                         "nor a list of chat messages {'role', 'content'}. Fix: correct the row "
                         "or point --input-key at the prompt field.")
-    label = None if keys.label_key is None else _field(row, keys.label_key, where, "--label-key")
+    if isinstance(prompt, list) and not keys.apply_chat_template:
+        raise DataError(f"{where}: {keys.input_key} is a list of {len(prompt)} chat messages, "
+                        "which need a chat template to become tokens. Fix: pass "
+                        "--apply-chat-template, or store prompts as text.")
+    label = (None if keys.label_key is None
+             else _label(_field(row, keys.label_key, where, "--label-key"), keys, where))
     # Metadata and tools may be absent from a row (no extra facts about that prompt).
     metadata = {} if keys.metadata_key is None else row.get(keys.metadata_key) or {}
     if not isinstance(metadata, dict):
         raise DataError(f"{where}: {keys.metadata_key} is a {type(metadata).__name__}, not a "
                         "dict. Fix: store metadata as a JSON object.")
     tools = None if keys.tool_key is None else row.get(keys.tool_key)
-    return TaskExample(prompt=prompt, label=None if label is None else str(label),
-                       metadata=metadata, tools=tools)
+    return TaskExample(prompt=prompt, label=label, metadata=metadata, tools=tools)
+
+
+def _text(value: Any, key: str, where: str) -> Any:
+    """Parquet ``binary`` columns arrive as ``bytes``: UTF-8 text, or a typed error."""
+    if not isinstance(value, bytes):
+        return value
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DataError(f"{where}: {key}={value!r:.40} is bytes that are not UTF-8 text. Fix: "
+                        "store the column as UTF-8 strings.") from None
+
+
+def _label(value: Any, keys: DataKeys, where: str) -> Any:
+    """The label as the reward gets it: text, a finite number, or (custom rewards) any JSON
+    value; never null or NaN, never stringified."""
+    key = keys.label_key
+    value = _text(value, key, where)
+    if value is None:
+        raise DataError(f"{where}: {key} is null. Fix: give every row a label, or pass "
+                        "--label-key none if the reward needs no label.")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DataError(f"{where}: {key}={value} is not a finite number. Fix: correct the "
+                        "row's label.")
+    scalar = isinstance(value, (str, int, float)) and not isinstance(value, bool)
+    if not scalar and not keys.any_label:
+        raise DataError(f"{where}: {key}={value!r:.60} is a {type(value).__name__}, but the "
+                        "built-in rewards (--rm-type) compare text or a number. Fix: store one "
+                        "answer per row, or pass --custom-rm-path with a reward that takes "
+                        f"{type(value).__name__} labels.")
+    return value
 
 
 def _field(row: dict, key: str, where: str, flag: str) -> Any:
@@ -117,6 +181,52 @@ def _field(row: dict, key: str, where: str, flag: str) -> Any:
 def _is_messages(value: Any) -> bool:
     return (isinstance(value, list) and bool(value)
             and all(isinstance(m, dict) and "role" in m and "content" in m for m in value))
+
+
+def fit_prompts(rows: Sequence[TaskExample], wheres: Sequence[str], *,
+                encode: Callable[[TaskExample], list[int]], context_len: int | None,
+                response_len: int, max_prompt_len: int | None,
+                response_flag: str = "--rollout-max-response-len", evaluation: bool = False
+                ) -> tuple[tuple[TaskExample, ...], int]:
+    """Rows whose tokenized prompt fits, and how many ``max_prompt_len`` dropped.
+
+    ``encode`` renders and tokenizes one row (the rollout's own ``encode_prompt``). A prompt
+    that gives no token is an error (its text has no character the tokenizer knows, or the chat
+    template renders it to nothing); so is one that leaves fewer than ``response_len`` positions
+    of the model's ``context_len`` (``max_position_embeddings``). With ``max_prompt_len``
+    (``--rollout-max-prompt-len``) prompts longer than it are dropped instead, as slime does.
+    ``evaluation``: an eval set (``--eval-prompt-data``), whose prompts are never dropped.
+    Example: context 64, response 8: a 57-token prompt is an error; with
+    ``max_prompt_len=40`` it is dropped and counted.
+    """
+    kept: list[TaskExample] = []
+    for row, where in zip(rows, wheres):
+        try:
+            n = len(encode(row))
+        except VimeError as exc:  # e.g. a chat template that fails or runs away
+            raise DataError(f"{where}: {exc}") from None
+        if n == 0:
+            raise DataError(f"{where}: the prompt {_show(row.prompt)} gives no tokens: "
+                            + ("the chat template renders these messages to nothing"
+                               if isinstance(row.prompt, list) else "none of its characters "
+                               "is in the tokenizer's vocabulary")
+                            + ". Fix: correct the row, or use the model's own tokenizer.")
+        if max_prompt_len is not None and n > max_prompt_len:
+            continue
+        if context_len is not None and n + response_len > context_len:
+            drop = ("" if evaluation else ", or drop long prompts with "
+                    f"--rollout-max-prompt-len {max(context_len - response_len, 1)}")
+            raise DataError(
+                f"{where}: the prompt has {n} tokens, and with {response_flag} {response_len} "
+                f"it exceeds the model's context of {context_len} tokens "
+                f"(max_position_embeddings). Fix: shorten the prompt, lower {response_flag}"
+                f"{drop}.")
+        kept.append(row)
+    return tuple(kept), len(rows) - len(kept)
+
+
+def _show(prompt: Any) -> str:
+    return f"<{len(prompt)} chat messages>" if isinstance(prompt, list) else f"{prompt!r:.60}"
 
 
 @attrs.define

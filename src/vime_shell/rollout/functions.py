@@ -45,7 +45,8 @@ import attrs
 from vime_pure.errors import field_error
 from vime_pure.data.sample import Sample
 from vime_shell.engines.base import Generation, RolloutEngine, SamplingParams
-from vime_shell.rollout.generate import FINISH_STATUS, encode_prompt, generate
+from vime_shell.rollout.generate import (  # noqa: F401 - generate, encode_prompt: re-exported
+    FINISH_STATUS, encode_prompt, generate)
 from vime_shell.rollout.plugins import load_callable
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskError, TaskExample

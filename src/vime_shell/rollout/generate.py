@@ -55,9 +55,10 @@ from typing import Any
 import attrs
 
 from vime_pure.data.sample import Sample, Status
-from vime_pure.errors import VimeError, field_error
+from vime_pure.errors import VimeError, field_error, one_line
 from vime_shell.engines.async_engine import AsyncRolloutEngine
 from vime_shell.engines.base import SamplingParams
+from vime_shell.rollout.plugins import is_expired, time_limit
 from vime_shell.rollout.tasks import TaskError, TaskExample
 
 GenerateFn = Callable[[Any, Sample, dict], Any]
@@ -181,22 +182,46 @@ def engine_params(sampling_params: Mapping[str, Any] | SamplingParams) -> Sampli
     return SamplingParams(**kwargs)
 
 
+# A chat template renders in milliseconds; one with runaway loops is stopped after this long.
+CHAT_TEMPLATE_TIMEOUT_S = 10.0
+
+
 def encode_prompt(tokenizer: Any, example: TaskExample, apply_chat_template: bool) -> list[int]:
     """Prompt token ids: the text as is, or rendered by the tokenizer's own chat template.
 
-    Example: with a Qwen-style template, ``"1+1="`` becomes ``<|im_start|>user\\n1+1=
-    <|im_end|>\\n<|im_start|>assistant\\n`` before tokenization.
+    Example: with a Qwen-style template, ``"1+1="`` becomes ``<|im_start|>user\n1+1=
+    <|im_end|>\n<|im_start|>assistant\n`` before tokenization.
     """
     prompt = example.prompt
     if apply_chat_template:
-        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        prompt = tokenizer.apply_chat_template(messages, tools=example.tools, tokenize=False,
-                                               add_generation_prompt=True)
+        prompt = render_chat_template(tokenizer, example)
     elif not isinstance(prompt, str):
         raise field_error(TaskError, "prompt", f"<{len(prompt)} chat messages>",
                           "needs a chat template to become tokens",
                           "pass --apply-chat-template, or store prompts as text")
     return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def render_chat_template(tokenizer: Any, example: TaskExample,
+                         timeout: float | None = None) -> str:
+    """The prompt rendered by the tokenizer's chat template, within ``timeout`` seconds
+    (default ``CHAT_TEMPLATE_TIMEOUT_S``): a template's loops can run for hours, and a
+    template error is a :class:`TaskError`, not a jinja traceback."""
+    prompt = example.prompt
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    limit = CHAT_TEMPLATE_TIMEOUT_S if timeout is None else timeout
+    try:
+        with time_limit(limit):
+            return tokenizer.apply_chat_template(messages, tools=example.tools, tokenize=False,
+                                                 add_generation_prompt=True)
+    except BaseException as exc:  # noqa: BLE001 - includes the time limit's own signal
+        if not isinstance(exc, Exception) and not is_expired(exc):
+            raise
+        problem = (f"did not render within {limit:g} s" if is_expired(exc)
+                   else f"failed ({type(exc).__name__}: {one_line(str(exc))})")
+        raise TaskError(f"the chat template {problem} for the prompt {one_line(repr(prompt))}. "
+                        "Fix: correct the tokenizer's chat_template, or drop "
+                        "--apply-chat-template.") from None
 
 
 def append_tokens(sample: Sample, token_ids: Sequence[int], *, loss_mask: int = 0,

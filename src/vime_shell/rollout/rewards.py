@@ -7,6 +7,12 @@ one prompt and returns one float per sample, for rewards that compare samples (r
 diversity, majority vote). :class:`Rewarder` applies either, and turns anything that goes wrong
 inside into a :class:`RewardFunctionError` naming the prompt and sample.
 
+Every call of the reward goes through :func:`vime_shell.rollout.plugins.call_plugin`: an
+exception, ``SystemExit`` or ``KeyboardInterrupt`` becomes a :class:`RewardFunctionError`, and
+``--reward-timeout SECONDS`` bounds each call (a :class:`PluginTimeoutError`). A numeric label
+(``43`` or ``43.0`` in the dataset) is compared as a number: ``exact`` matches a response that
+is the same number (``"43"``, ``"43.0"``), ``math`` parses both sides.
+
 ``RM_TYPES`` is the registry of built-in rewards (``name -> "module:function"``); a module is
 imported only when its reward is chosen (``math`` pulls in sympy through ``math-verify``).
 
@@ -22,7 +28,7 @@ from typing import Any
 import attrs
 
 from vime_pure.errors import VimeError, field_error
-from vime_shell.rollout.plugins import load_callable
+from vime_shell.rollout.plugins import call_plugin, load_callable
 
 RM_TYPES: dict[str, str] = {
     "exact": "vime_shell.rollout.rewards:exact_match_reward",
@@ -37,9 +43,27 @@ class RewardFunctionError(VimeError):
     """A reward function failed or returned something that is not one finite float per sample."""
 
 
-def exact_match(response: str, label: str) -> float:
-    """1.0 when the response equals the label exactly, else 0.0. ``exact_match("74", "74") == 1``."""
+def exact_match(response: str, label: Any) -> float:
+    """1.0 when the response equals the label exactly, else 0.0. ``exact_match("74", "74") == 1``;
+    a number label matches the same number: ``exact_match("43", 43.0) == 1``."""
+    if is_number(label):
+        try:
+            return 1.0 if float(response.strip()) == float(label) else 0.0
+        except ValueError:
+            return 0.0
     return 1.0 if response == label else 0.0
+
+
+def is_number(label: Any) -> bool:
+    """A numeric label (int or float, never bool). ``is_number(43.0)``; not ``"43"``."""
+    return isinstance(label, numbers.Real) and not isinstance(label, bool)
+
+
+def label_text(label: Any) -> str:
+    """A label as math text: integral floats without ``.0``. ``label_text(43.0) == "43"``."""
+    if isinstance(label, float) and label.is_integer() and abs(label) < 2**53:
+        return str(int(label))
+    return str(label)
 
 
 def exact_match_reward(sample: Any) -> float:
@@ -65,14 +89,16 @@ class Rewarder:
     fn: Callable[..., Any]
     group: bool = False
     name: str = "reward"
+    flag: str = "--custom-rm-path"
+    timeout: float | None = None  # --reward-timeout: seconds per call
 
     @classmethod
     def build(cls, *, rm_type: str | None = None, custom_rm_path: str | None = None,
-              group_rm: bool = False) -> "Rewarder":
+              group_rm: bool = False, reward_timeout: float | None = None) -> "Rewarder":
         """``--custom-rm-path`` wins over ``--rm-type`` (default ``exact``)."""
         if custom_rm_path is not None:
             return cls(fn=load_callable(custom_rm_path, flag="--custom-rm-path"), group=group_rm,
-                       name=custom_rm_path)
+                       name=custom_rm_path, timeout=reward_timeout)
         if group_rm:
             raise field_error(RewardFunctionError, "group_rm", True,
                               "needs a group reward function, and built-in rewards are per sample",
@@ -81,7 +107,8 @@ class Rewarder:
         if name not in RM_TYPES:
             raise field_error(RewardFunctionError, "rm_type", name, "is not a built-in reward",
                               f"use one of {sorted(RM_TYPES)}, or --custom-rm-path")
-        return cls(fn=load_callable(RM_TYPES[name], flag="--rm-type"), name=name)
+        return cls(fn=load_callable(RM_TYPES[name], flag="--rm-type"), name=name,
+                   flag="--rm-type", timeout=reward_timeout)
 
     def score(self, samples: Sequence[Any], *, where: str = "prompt") -> list[float]:
         """Rewards of one prompt's samples, in order (see the module docstring)."""
@@ -96,14 +123,8 @@ class Rewarder:
         return [_finite(v, f"{where}, sample {k}", self.name) for k, v in enumerate(values)]
 
     def _call(self, arg: Any, where: str) -> Any:
-        try:
-            return self.fn(arg)
-        except VimeError:
-            raise
-        except Exception as exc:  # the user's code: say where it failed, keep the cause
-            raise RewardFunctionError(f"{where}: reward {self.name} raised {type(exc).__name__}: "
-                                      f"{exc}. Fix: the reward function (see the chained "
-                                      "traceback).") from exc
+        return call_plugin(self.fn, arg, what=f"reward {self.name}", flag=self.flag,
+                           where=where, error=RewardFunctionError, timeout=self.timeout)
 
 
 def _finite(value: Any, where: str, name: str) -> float:

@@ -40,12 +40,13 @@ class TaskExample:
     """One prompt and what grades it. Example: ``TaskExample(prompt="47>", label="74")``.
 
     ``prompt`` is text, or chat messages ``[{"role": "user", "content": ...}]`` from a dataset;
-    ``label`` the reference answer (None when the reward needs none); ``metadata`` and
+    ``label`` the reference answer: text, a number (kept a number), or for a user reward any
+    JSON value (None when the reward needs none); ``metadata`` and
     ``tools`` come from a dataset's ``--metadata-key`` / ``--tool-key``.
     """
 
     prompt: str | list[dict[str, Any]]
-    label: str | None = None
+    label: Any = None
     metadata: dict[str, Any] = attrs.field(factory=dict)
     tools: Any = None
 

@@ -31,6 +31,7 @@ Example::
 import hashlib
 import io
 import json
+import math
 import os
 import zipfile
 from collections.abc import Hashable, Mapping
@@ -41,7 +42,7 @@ import numpy as np
 
 from vime_pure.data.batch import COLUMNS, RolloutBatch
 from vime_pure.errors import DumpFormatError, VimeError
-from vime_shell.storage.files import atomic_file
+from vime_shell.storage.files import FileKindError, atomic_file, require_regular_file
 
 FORMAT = "vime.rollout_batch"
 VERSION = 2
@@ -50,6 +51,8 @@ VERSION_COLUMNS = ("weight_version_min", "weight_version_max")  # added in versi
 COLUMNS_OF: dict[int, tuple[str, ...]] = {
     1: tuple(c for c in COLUMNS if c not in VERSION_COLUMNS), 2: tuple(COLUMNS)}
 HEADER = "header.json"
+MAX_HEADER_BYTES = 64 << 20  # header.json: column specs and group ids, far below this
+MAX_NPY_HEADER_BYTES = 1 << 16  # numpy's .npy header is under 4 KiB in practice
 
 
 def save_rollout_batch(path: str | os.PathLike, batch: RolloutBatch) -> Path:
@@ -90,9 +93,13 @@ def load_rollout_batch(path: str | os.PathLike) -> RolloutBatch:
     """Read a dump written by ``save_rollout_batch``; ``DumpFormatError`` for anything wrong
     (missing, truncated, bit-flipped, foreign, pickled: ``allow_pickle=False`` everywhere)."""
     where = Path(path)
-    if not where.is_file():
+    if not where.exists():
         raise DumpFormatError(f"{where}: no such rollout dump. Fix: check the path, or write "
                               "it with --save-rollout-data / save_rollout_batch.")
+    try:
+        require_regular_file(where, "rollout dump")  # a FIFO would block the reader forever
+    except FileKindError as exc:
+        raise DumpFormatError(str(exc)) from None
     try:
         with zipfile.ZipFile(where) as zf:
             header = _read_header(zf, where)
@@ -140,7 +147,7 @@ def _read_header(zf: zipfile.ZipFile, where: Path) -> dict[str, Any]:
     if HEADER not in names:
         raise DumpFormatError(f"{where}: no {HEADER}; this zip is not a vime rollout dump. "
                               "Fix: pass a file written by save_rollout_batch.")
-    header = json.loads(zf.read(HEADER).decode())
+    header = json.loads(_read_member(zf, HEADER, MAX_HEADER_BYTES, where).decode())
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         got = header.get("format") if isinstance(header, dict) else type(header).__name__
         raise DumpFormatError(f"{where}: format={got!r}, expected {FORMAT!r}. Fix: pass a "
@@ -157,13 +164,39 @@ def _read_header(zf: zipfile.ZipFile, where: Path) -> dict[str, Any]:
 
 
 def _read_column(zf: zipfile.ZipFile, name: str, spec: dict, where: Path) -> np.ndarray:
-    raw = zf.read(f"{name}.npy")  # reads to the end, so zipfile verifies the member's CRC-32
+    # The member may hold no more than its header-declared array plus the .npy header: a
+    # small compressed member that inflates to gigabytes (a zip bomb) stops at that limit.
+    limit = np.dtype(spec["dtype"]).itemsize * math.prod(spec["shape"]) + MAX_NPY_HEADER_BYTES
+    raw = _read_member(zf, f"{name}.npy", limit, where)
     arr = np.lib.format.read_array(io.BytesIO(raw), allow_pickle=False)
     if arr.dtype.str != spec["dtype"] or list(arr.shape) != spec["shape"]:
         raise DumpFormatError(f"{where}: column {name} is {arr.dtype.str}{list(arr.shape)} but "
                               f"the header says {spec['dtype']}{spec['shape']}. Fix: restore "
                               "the dump from a copy.")
     return arr
+
+
+def _read_member(zf: zipfile.ZipFile, name: str, limit: int, where: Path) -> bytes:
+    """A stored (uncompressed) member's bytes, never more than ``limit`` (declared or
+    actual), so a member inflates to at most the file's own size. Reading to the member's end
+    makes zipfile verify its CRC-32."""
+    info = zf.getinfo(name)
+    if info.compress_type != zipfile.ZIP_STORED:  # vime writes stored members only
+        raise DumpFormatError(f"{where}: member {name} is compressed; vime dumps are stored "
+                              "uncompressed, so its inflated size cannot be bounded before "
+                              "reading (a zip bomb would exhaust memory). Fix: re-save the dump "
+                              "with save_rollout_batch.")
+    declared = info.file_size
+    if declared > limit:
+        raise DumpFormatError(f"{where}: member {name} declares {declared} bytes, more than the "
+                              f"{limit} its header allows (a damaged file or a zip bomb). Fix: "
+                              "re-save the dump with save_rollout_batch.")
+    with zf.open(name) as member:
+        raw = member.read(limit + 1)
+    if len(raw) > limit:
+        raise DumpFormatError(f"{where}: member {name} inflates past {limit} bytes (a zip "
+                              "bomb). Fix: re-save the dump with save_rollout_batch.")
+    return raw
 
 
 def _digest(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> str:

@@ -8,38 +8,43 @@ files, generation config). A checkpoint small enough for one shard is still writ
 
 Invariants (tested):
 
-- **Deterministic.** The shard plan depends only on tensor names (sorted) and byte sizes, so
-  the files and the index are identical whatever the number of writer ranks.
-- **Atomic and durable.** Everything is written into a staging directory beside the target
-  (``<target>.vime-staging``), each file fsynced; only when the index is complete is the
-  staging directory fsynced and swapped into place (one ``renameat2(RENAME_EXCHANGE)`` on
-  Linux, else two renames), then its parent fsynced. A crash at any point before the swap
-  leaves the old checkpoint untouched; a failed export removes its staging directory; stale
-  weight files of the old checkpoint disappear with it. Files in the old target that are
-  neither weights nor in the source are carried over.
-- **Never in place.** A target equal to the source directory is refused.
-- **Several writers.** With ``writers > 1`` (one per node), writer ``r`` writes shards
-  ``k`` with ``k % writers == r`` and rank 0 writes the index and swaps after ``barrier()``.
+- **Deterministic.** Shards are filled in sorted-name order up to the size limit, so the files
+  and the index are identical whatever the number of writer ranks.
+- **Only its own files.** Where the export may go and how it lands there is
+  :mod:`vime_shell.storage.export_target`: everything is written into a fresh
+  ``<target>/.vime-staging/`` (each file fsynced), then only the files it produced are renamed
+  into the target, the index last; nothing else in the directory is replaced, moved or
+  deleted. A failure before that leaves the old export intact and removes the staging
+  directory; an I/O error (full disk, permissions) is an ``ExportError`` naming the target.
+- **Never in place.** A target that is, contains or lies inside the source directory is refused.
+- **Streaming.** With one writer, ``tensors`` may be any iterable of ``(name, tensor)`` in name
+  order: one shard is held in memory at a time.
+- **Several writers.** With ``writers > 1`` (one per node; ``tensors`` a mapping, for the
+  plan), writer ``r`` writes shards ``k`` with ``k % writers == r`` and rank 0 writes the index
+  and publishes after ``barrier()``.
+- **Modes.** Files get ``0o666`` less the umask, like any file the user creates.
 
 Example: 3 tensors of 400, 400 and 300 bytes with ``max_shard_size=800`` give shards
 ``{a, b}`` and ``{c}``: ``model-00001-of-00002.safetensors`` and ``model-00002-of-00002...``.
 """
 
-import ctypes
 import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from vime_shell.storage.files import fsync_path, write_atomic
+from vime_pure.errors import field_error
+from vime_shell.storage.export_target import (INDEX_NAME, check_export_target, fresh_staging,
+                                              publish)
+from vime_shell.storage.files import fsync_path, umask_mode, write_atomic
 from vime_shell.storage.sizes import ExportError, parse_size  # noqa: F401
 
-INDEX_NAME = "model.safetensors.index.json"
 WEIGHT_PATTERNS = (r".*\.safetensors$", r".*\.safetensors\.index\.json$", r"pytorch_model.*\.bin$",
                    r"pytorch_model\.bin\.index\.json$", r".*\.pt$", r".*\.pth$")
 _WEIGHT_RE = re.compile("|".join(WEIGHT_PATTERNS))
@@ -70,95 +75,122 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+Tensors = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+
+
 def save_hf_checkpoint(
-    tensors: Mapping[str, torch.Tensor], *, source_dir: str | Path, target_dir: str | Path,
+    tensors: Tensors, *, source_dir: str | Path, target_dir: str | Path,
     max_shard_size: int | str = "5GB", writer_rank: int = 0, writers: int = 1,
-    barrier: Callable[[], None] = lambda: None,
+    barrier: Callable[[], None] = lambda: None, overwrite: bool = False,
 ) -> Path:
-    """Write ``tensors`` (HF names) as a sharded checkpoint; returns the target directory."""
-    source, target = Path(source_dir).resolve(), Path(target_dir).resolve()
-    if source == target:
-        raise ExportError(f"target_dir={str(target_dir)!r} is the source HF directory. Fix: "
-                          "pass a different --save-hf directory; vime never overwrites the "
-                          "checkpoint it loaded from.")
+    """Write ``tensors`` (HF names) as a sharded checkpoint; returns the target directory.
+
+    ``overwrite``: write into a non-empty directory no vime export wrote (``--save-hf-
+    overwrite``); only the produced files are replaced there."""
+    source = Path(source_dir).resolve()
     if not (source / "config.json").is_file():
         raise ExportError(f"source_dir={str(source_dir)!r} has no config.json. Fix: pass the HF "
                           "model directory the run was loaded from.")
+    # Writer 0 checks (and then creates) the target; the others would see it half-created.
+    target = (check_export_target(target_dir, protected={"the source HF directory": source},
+                                  overwrite=overwrite)
+              if writer_rank == 0 else Path(target_dir).expanduser().resolve())
     if not 0 <= writer_rank < writers:
         raise ExportError(f"writer_rank={writer_rank} is outside 0..{writers - 1}.")
-    if not tensors:
-        raise ExportError("tensors is empty. Fix: export the model's named parameters.")
     limit = parse_size(max_shard_size)
-    shards = plan_shards({n: _nbytes(t) for n, t in tensors.items()}, limit)
-    staging = target.with_name(target.name + ".vime-staging")
+    staging = target / ".vime-staging"
     try:
         if writer_rank == 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
+            staging = fresh_staging(target)
         barrier()
-        for k in range(writer_rank, len(shards), writers):
-            part = {n: tensors[n].detach().to("cpu").contiguous() for n in shards[k]}
-            tmp = staging / (shard_name(k, len(shards)) + ".tmp")
-            save_file(part, str(tmp), metadata={"format": "pt"})
-            fsync_path(tmp)  # durable before the rename publishes it
-            os.replace(tmp, staging / shard_name(k, len(shards)))
+        if writers == 1:
+            weight_map, total = _write_stream(_pairs(tensors), staging, limit)
+        else:
+            weight_map, total = _write_planned(tensors, staging, limit, writer_rank, writers)
         barrier()
         if writer_rank == 0:
-            _finalise(tensors, shards, source, target, staging)
+            _finalise(weight_map, total, source, target, staging)
         barrier()
-    except BaseException:
-        # A failed export leaves the old checkpoint as it was and no staging directory
+    except BaseException as exc:
+        # A failed export leaves the old files as they were and no staging directory
         # (another writer may still be writing into it: it then fails too, and cleans up).
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, (OSError, SafetensorError)):  # safetensors' own I/O error type
+            raise field_error(ExportError, "--save-hf", str(target_dir),
+                              f"cannot be written ({type(exc).__name__}: {exc})",
+                              "free space or fix permissions there and export again; the "
+                              "files already there are untouched") from exc
         raise
     return target
 
 
-def _finalise(tensors: Mapping[str, torch.Tensor], shards: list[list[str]], source: Path,
-              target: Path, staging: Path) -> None:
+def _pairs(tensors: Tensors) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(tensors, Mapping):
+        return ((name, tensors[name]) for name in sorted(tensors))
+    return iter(tensors)
+
+
+def _write_shard(staging: Path, name: str, part: dict[str, torch.Tensor]) -> None:
+    tmp = staging / (name + ".tmp")
+    save_file(part, str(tmp), metadata={"format": "pt"})
+    os.chmod(tmp, umask_mode())  # safetensors creates 0o600; an export is shared like any file
+    fsync_path(tmp)  # durable before the rename publishes it
+    os.replace(tmp, staging / name)
+
+
+def _write_stream(pairs: Iterator[tuple[str, torch.Tensor]], staging: Path,
+                  limit: int) -> tuple[dict[str, str], int]:
+    """One writer: fill shards in arrival order (``plan_shards``' rule: a shard closes when
+    the next tensor would overflow it), each written as ``part-k`` and renamed to
+    ``model-k-of-N`` once ``N`` is known. Returns ``(weight_map, total bytes)``."""
+    shards: list[list[str]] = []
+    part: dict[str, torch.Tensor] = {}
+    used = total = 0
+    for name, tensor in pairs:
+        size = _nbytes(tensor)
+        if part and used + size > limit:
+            _write_shard(staging, f"part-{len(shards):05d}", part)
+            shards.append(list(part))
+            part, used = {}, 0
+        part[name] = tensor.detach().to("cpu").contiguous()
+        used += size
+        total += size
+    if part:
+        _write_shard(staging, f"part-{len(shards):05d}", part)
+        shards.append(list(part))
+    if not shards:
+        raise ExportError("tensors is empty. Fix: export the model's named parameters.")
     for k in range(len(shards)):
-        if not (staging / shard_name(k, len(shards))).is_file():
-            raise ExportError(f"shard {shard_name(k, len(shards))} is missing from {staging}: a "
-                              "writer rank failed. The old checkpoint is untouched.")
+        os.replace(staging / f"part-{k:05d}", staging / shard_name(k, len(shards)))
+    return {n: shard_name(k, len(shards)) for k, names in enumerate(shards) for n in names}, total
+
+
+def _write_planned(tensors: Tensors, staging: Path, limit: int, writer_rank: int,
+                   writers: int) -> tuple[dict[str, str], int]:
+    """Several writers: the plan from every tensor's size; this writer's shards only."""
+    if not isinstance(tensors, Mapping):
+        raise ExportError("several writers need tensors as a mapping (the shard plan needs "
+                          "every size). Fix: pass a dict, or writers=1 to stream.")
+    if not tensors:
+        raise ExportError("tensors is empty. Fix: export the model's named parameters.")
+    shards = plan_shards({n: _nbytes(t) for n, t in tensors.items()}, limit)
+    for k in range(writer_rank, len(shards), writers):
+        _write_shard(staging, shard_name(k, len(shards)),
+                     {n: tensors[n].detach().to("cpu").contiguous() for n in shards[k]})
+    return ({n: shard_name(k, len(shards)) for k, names in enumerate(shards) for n in names},
+            sum(_nbytes(t) for t in tensors.values()))
+
+
+def _finalise(weight_map: dict[str, str], total: int, source: Path, target: Path,
+              staging: Path) -> None:
+    for name in sorted(set(weight_map.values())):
+        if not (staging / name).is_file():
+            raise ExportError(f"shard {name} is missing from {staging}: a writer rank failed. "
+                              "The old checkpoint is untouched.")
     for src in sorted(source.iterdir()):
-        if src.is_file() and not is_weight_file(src.name):
-            shutil.copy2(src, staging / src.name)
+        if src.is_file() and not is_weight_file(src.name) and not src.name.startswith("."):
+            shutil.copyfile(src, staging / src.name)  # a copy (any file system), the umask's mode
             fsync_path(staging / src.name)
-    if target.is_dir():  # keep the user's own non-weight files that the source does not have
-        for old in sorted(target.iterdir()):
-            if old.is_file() and not is_weight_file(old.name) and not (staging / old.name).exists():
-                shutil.copy2(old, staging / old.name)
-                fsync_path(staging / old.name)
-    index = {"metadata": {"total_size": sum(_nbytes(t) for t in tensors.values())},
-             "weight_map": {n: shard_name(k, len(shards))
-                            for k, names in enumerate(shards) for n in names}}
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     write_atomic(staging / INDEX_NAME, json.dumps(index, indent=2, sort_keys=True) + "\n")
-    fsync_path(staging)  # every file and rename inside is durable before the swap
-    _swap_into_place(staging, target)
-    fsync_path(target.parent)  # and so is the swap
-
-
-def _swap_into_place(staging: Path, target: Path) -> None:
-    """Make ``staging`` the ``target``; the old target (if any) is removed afterwards."""
-    if not target.exists():
-        os.replace(staging, target)
-        return
-    if _rename_exchange(staging, target):
-        shutil.rmtree(staging)  # now holds the old checkpoint
-        return
-    old = target.with_name(target.name + ".vime-old")
-    shutil.rmtree(old, ignore_errors=True)
-    os.replace(target, old)
-    os.replace(staging, target)
-    shutil.rmtree(old)
-
-
-def _rename_exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths with Linux ``renameat2(RENAME_EXCHANGE)``; False if unsupported."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+    publish(staging, target)

@@ -1,0 +1,275 @@
+"""numba twins of the scheduler kernels (``pip install 'vime[fast]'``); imported only on demand.
+
+Never imported by ``import vime_pure``: ``vime_pure.scheduling.registry`` imports this module the
+first time a schedule is built with numba installed, and numba compiles the kernels then, or
+loads them from its on-disk cache (``cache=True``; measured here: about 5 s the first time,
+well under a second afterwards).
+
+Every kernel returns exactly what its pure-Python twin in ``vime_pure.scheduling.kernels``
+returns, in the flat form ``(items, offsets)``: bin ``b`` holds ``items[offsets[b]:offsets[b+1]]``
+in the pure kernel's order. The pure kernels stay the oracle: ``tests/property/
+test_compiled_kernels.py`` asserts equality on random, tie-heavy inputs.
+
+Example: ``ffd_flat(np.array([300, 800, 200, 700]), 1000)`` gives items ``[1, 2, 3, 0]`` and
+offsets ``[0, 2, 4]``, the flat form of FFD's ``[[1, 2], [3, 0]]``.
+"""
+
+import heapq
+import inspect
+
+import numpy as np
+from numba import njit
+
+
+def _compiled(fn):
+    """``njit`` with numba's disk cache. Under the tests' jaxtyping import hook ``fn`` arrives
+    wrapped in a runtime type checker that numba can neither compile nor cache: unwrap it."""
+    return njit(cache=True)(inspect.unwrap(fn))
+
+
+@_compiled
+def _ffd_sorted(order, sorted_sizes, cap):
+    n = len(order)
+    items = np.empty(n, dtype=np.int64)
+    offsets = np.empty(n + 1, dtype=np.int64)
+    offsets[0] = 0
+    nb, pos = 0, 0
+    over = 0
+    while over < n and sorted_sizes[over] > cap:
+        items[pos] = order[over]
+        pos += 1
+        nb += 1
+        offsets[nb] = pos
+        over += 1
+    neg = -sorted_sizes
+    nxt = np.arange(n + 1)
+    first = over
+    while first < n:
+        k = first
+        while nxt[k] != k:
+            nxt[k] = nxt[nxt[k]]
+            k = nxt[k]
+        if k == n:
+            break
+        nxt[k] = k + 1
+        room = cap - sorted_sizes[k]
+        items[pos] = order[k]
+        pos += 1
+        first = lo = k + 1
+        while True:
+            j = lo + np.searchsorted(neg[lo:], -room)  # first item with size <= room
+            while nxt[j] != j:
+                nxt[j] = nxt[nxt[j]]
+                j = nxt[j]
+            if j == n:
+                break
+            nxt[j] = j + 1
+            room -= sorted_sizes[j]
+            items[pos] = order[j]
+            pos += 1
+            lo = j + 1
+        nb += 1
+        offsets[nb] = pos
+    return items, offsets[:nb + 1].copy()
+
+
+def ffd_sorted_flat(order: np.ndarray, sorted_sizes: np.ndarray, cap: int):
+    """``kernels.ffd_sorted`` in flat form."""
+    return _ffd_sorted(np.asarray(order, dtype=np.int64),
+                       np.asarray(sorted_sizes, dtype=np.int64), np.int64(cap))
+
+
+def ffd_flat(sizes: np.ndarray, cap: int):
+    """``kernels.first_fit_decreasing`` in flat form."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    order = np.argsort(-sizes, kind="stable")
+    return ffd_sorted_flat(order, sizes[order], cap)
+
+
+@_compiled
+def _by_size_then_position(items, sizes):
+    """``items`` ordered by (size descending, position): the order ``kernels._halves`` deals."""
+    items = items[np.argsort(items, kind="mergesort")]
+    return items[np.argsort(-sizes[items], kind="mergesort")]
+
+
+@_compiled
+def _split_to_count(items, offsets, sizes, target):
+    # A split bin is kept in (size descending, position) order: its halves are subsequences of
+    # that order, so they never need sorting again; each is sorted by position once, at the end.
+    # This deals exactly as ``kernels._halves``, which re-sorts the half it splits every time.
+    nbins = len(offsets) - 1
+    bins = []
+    sums = np.zeros(target, dtype=np.int64)
+    dealt = np.zeros(target, dtype=np.bool_)
+    heap = []
+    for b in range(nbins):
+        bins.append(items[offsets[b]:offsets[b + 1]].copy())
+        sums[b] = sizes[bins[b]].sum()
+        if len(bins[b]) > 1:
+            heap.append((-sums[b], b))
+    heapq.heapify(heap)
+    while len(bins) < target:
+        _, b = heapq.heappop(heap)
+        ordered = bins[b] if dealt[b] else _by_size_then_position(bins[b], sizes)
+        side = np.zeros(len(ordered), dtype=np.bool_)
+        s0, s1 = 0, 0
+        for t in range(len(ordered)):
+            if s0 <= s1:
+                s0 += sizes[ordered[t]]
+            else:
+                side[t] = True
+                s1 += sizes[ordered[t]]
+        new = len(bins)
+        bins[b] = ordered[~side]
+        bins.append(ordered[side])
+        sums[b], sums[new] = s0, s1
+        dealt[b] = dealt[new] = True
+        for p in (b, new):
+            if len(bins[p]) > 1:
+                heapq.heappush(heap, (-sums[p], p))
+    out_offsets = np.zeros(len(bins) + 1, dtype=np.int64)
+    for b in range(len(bins)):
+        out_offsets[b + 1] = out_offsets[b] + len(bins[b])
+    out = np.empty(out_offsets[-1], dtype=np.int64)
+    for b in range(len(bins)):
+        out[out_offsets[b]:out_offsets[b + 1]] = np.sort(bins[b]) if dealt[b] else bins[b]
+    return out, out_offsets
+
+
+def split_to_count_flat(items: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, target: int):
+    """``kernels.split_to_count`` in flat form; None when there are fewer than ``target``
+    items. Bins already at ``target`` or more come back unchanged."""
+    if len(items) < target:
+        return None
+    if len(offsets) - 1 >= target:
+        return items, offsets
+    return _split_to_count(np.asarray(items, dtype=np.int64), np.asarray(offsets, dtype=np.int64),
+                           np.asarray(sizes, dtype=np.int64), np.int64(target))
+
+
+@_compiled
+def _karmarkar_karp(values, order, parts):
+    rows = len(values) // parts
+    # Sets: one per item at first; a state is a row of ``parts`` set ids, heaviest first.
+    load = np.empty(len(values), dtype=np.float64)
+    nxt = np.full(len(values), -1, dtype=np.int64)  # linked list of each set's items
+    tail = np.arange(len(values))
+    state = np.empty((rows, parts), dtype=np.int64)
+    heap = []
+    for r in range(rows):
+        for j in range(parts):
+            i = order[r * parts + j]
+            state[r, j] = i
+            load[i] = values[i]
+        heap.append((-(load[state[r, 0]] - load[state[r, parts - 1]]), r, r))
+    heapq.heapify(heap)
+    merged = np.empty(parts, dtype=np.int64)
+    loads = np.empty(parts, dtype=np.float64)
+    while len(heap) > 1:
+        _, key_a, a = heapq.heappop(heap)
+        _, key_b, b = heapq.heappop(heap)
+        for j in range(parts):
+            x, y = state[a, j], state[b, parts - 1 - j]
+            load[x] = load[x] + load[y]
+            nxt[tail[x]] = y
+            tail[x] = tail[y]
+            merged[j] = x
+            loads[j] = load[x]
+        by = np.argsort(-loads, kind="mergesort")
+        for j in range(parts):
+            state[a, j] = merged[by[j]]
+        key = min(key_a, key_b)
+        heapq.heappush(heap, (-(load[state[a, 0]] - load[state[a, parts - 1]]), key, a))
+    final = heap[0][2]
+    out = np.empty((parts, rows), dtype=np.int64)
+    for j in range(parts):
+        t, i = 0, state[final, j]
+        while i != -1:
+            out[j, t] = i
+            t += 1
+            i = nxt[i]
+        out[j] = np.sort(out[j])
+    return out
+
+
+def karmarkar_karp_parts(weights: np.ndarray, parts: int) -> np.ndarray:
+    """``kernels.karmarkar_karp_equal`` as a ``[parts, len(weights) // parts]`` array."""
+    values = np.asarray(weights, dtype=np.float64)
+    if len(values) % parts:
+        raise ValueError(f"{len(values)} items cannot be split into {parts} equal parts")
+    if not len(values):
+        return np.zeros((parts, 0), dtype=np.int64)
+    order = np.argsort(-values, kind="stable")
+    return _karmarkar_karp(values, order.astype(np.int64), np.int64(parts))
+
+
+@_compiled
+def _flops_pack(order, sizes, work, cap, num_bins):
+    n = len(order)
+    most = num_bins + n
+    room = np.full(most, cap, dtype=np.int64)
+    load = np.zeros(most, dtype=np.float64)
+    bin_of = np.empty(n, dtype=np.int64)
+    count = num_bins
+    active = [(0.0, b) for b in range(num_bins)]  # (load, bin): least-loaded, lowest index
+    parked = [(np.int64(0), np.int64(0)) for _ in range(0)]  # (-room, bin) lacking room
+    for i in order:
+        size = sizes[i]
+        if size > cap:
+            bin_of[i] = count
+            room[count] = -1
+            load[count] = work[i]
+            count += 1
+            continue
+        while len(parked) and -parked[0][0] >= size:
+            b = heapq.heappop(parked)[1]
+            heapq.heappush(active, (load[b], b))
+        while len(active) and room[active[0][1]] < size:
+            b = heapq.heappop(active)[1]
+            heapq.heappush(parked, (-room[b], b))
+        if len(active):
+            best = heapq.heappop(active)[1]
+        else:
+            best = count
+            count += 1
+        bin_of[i] = best
+        room[best] -= size
+        load[best] += work[i]
+        heapq.heappush(active, (load[best], best))
+    items = np.argsort(bin_of, kind="mergesort")  # by bin, each bin by position
+    used = np.bincount(bin_of, minlength=count)
+    used = used[used > 0]
+    offsets = np.zeros(len(used) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(used)
+    return items.astype(np.int64), offsets
+
+
+def flops_pack_flat(sizes: np.ndarray, work: np.ndarray, cap: int, num_bins: int):
+    """``kernels.flops_balanced_pack`` in flat form."""
+    work = np.asarray(work, dtype=np.float64)
+    order = np.argsort(-work, kind="stable").astype(np.int64)
+    return _flops_pack(order, np.asarray(sizes, dtype=np.int64), work, np.int64(cap),
+                       np.int64(num_bins))
+
+
+@_compiled
+def _lpt_ranks(values, bounds, dp):
+    chosen = np.empty(len(values), dtype=np.int64)
+    for s in range(len(bounds) - 1):
+        heap = [(0.0, r) for r in range(dp)]
+        for k in range(bounds[s], bounds[s + 1]):
+            load, r = heap[0]
+            chosen[k] = r
+            heapq.heapreplace(heap, (load + values[k], r))
+    return chosen
+
+
+def lpt_ranks(work: np.ndarray, step_of: np.ndarray, bounds: np.ndarray, dp: int) -> np.ndarray:
+    """``rank_balance.lpt_ranks``: per step, each sample (heaviest first) to the lightest rank."""
+    n = len(work)
+    order = np.lexsort((np.arange(n), -work, step_of))
+    ranks = np.empty(n, dtype=np.int64)
+    ranks[order] = _lpt_ranks(np.asarray(work, dtype=np.float64)[order],
+                              np.asarray(bounds, dtype=np.int64), np.int64(dp))
+    return ranks

@@ -1,0 +1,109 @@
+"""Kernel sets: the pure-Python kernels, or their numba twins when ``vime[fast]`` is installed.
+
+Both sets speak one flat form for bins: ``(items, offsets)``, bin ``b`` is
+``items[offsets[b]:offsets[b + 1]]``. The pure set wraps ``vime_pure.scheduling.kernels`` (the
+oracle); the compiled set is ``vime_pure.scheduling.compiled_kernels``, imported the first time
+``kernel_set()`` is asked for it, never at ``import vime_pure``. Both give bit-identical
+schedules (property-tested), so the choice changes only the speed.
+
+Choice: the compiled set when numba is importable, unless ``VIME_KERNELS=pure`` is set in the
+environment (CI runs the property suite both ways); ``VIME_KERNELS=compiled`` without numba is
+an error naming the fix. The loaded set is memoised: compiling twice would only cost time.
+
+Example: ``kernel_set("pure").ffd(np.array([300, 800, 200, 700]), 1000)`` gives
+``(array([1, 2, 3, 0]), array([0, 2, 4]))``.
+"""
+
+import functools
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable
+from itertools import chain
+
+import attrs
+import numpy as np
+
+from vime_pure.errors import ScheduleError
+from vime_pure.scheduling import kernels, rank_balance
+
+Flat = tuple[np.ndarray, np.ndarray]  # (items, offsets)
+KERNEL_SETS: tuple[str, ...] = ("pure", "compiled")
+
+
+def to_flat(bins: kernels.Bins) -> Flat:
+    """``[[1, 2], [3]]`` -> ``(array([1, 2, 3]), array([0, 2, 3]))``."""
+    sizes = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
+    offsets = np.zeros(len(bins) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    items = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(offsets[-1]))
+    return items, offsets
+
+
+def to_bins(flat: Flat) -> kernels.Bins:
+    items, offsets = flat[0].tolist(), flat[1].tolist()
+    return [items[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+@attrs.frozen(kw_only=True)
+class KernelSet:
+    """The scheduler's kernels, all in flat form (see the module docstring)."""
+
+    name: str
+    ffd: Callable[[np.ndarray, int], Flat]
+    ffd_sorted: Callable[[np.ndarray, np.ndarray, int], Flat]
+    first_fit: Callable[[np.ndarray, int], Flat]
+    flops_pack: Callable[[np.ndarray, np.ndarray, int, int], Flat]
+    split_to_count: Callable[[Flat, np.ndarray, int], Flat | None]
+    karmarkar_karp: Callable[[np.ndarray, int], np.ndarray]  # [parts, k / parts] positions
+    lpt_ranks: Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
+
+
+def _pure_split(flat: Flat, sizes: np.ndarray, target: int) -> Flat | None:
+    out = kernels.split_to_count(to_bins(flat), sizes, target)
+    return None if out is None else to_flat(out)
+
+
+PURE = KernelSet(
+    name="pure",
+    ffd=lambda sizes, cap: to_flat(kernels.first_fit_decreasing(sizes, cap)),
+    ffd_sorted=lambda order, sizes, cap: to_flat(
+        kernels.ffd_sorted(order.tolist(), sizes.tolist(), cap)),
+    first_fit=lambda sizes, cap: to_flat(kernels.first_fit(sizes, cap)),
+    flops_pack=lambda sizes, work, cap, num_bins: to_flat(
+        kernels.flops_balanced_pack(sizes, work, cap, num_bins)),
+    split_to_count=_pure_split,
+    karmarkar_karp=lambda weights, parts: np.asarray(
+        kernels.karmarkar_karp_equal(weights, parts), dtype=np.int64).reshape(parts, -1),
+    lpt_ranks=rank_balance.lpt_ranks,
+)
+
+
+def numba_available() -> bool:
+    return importlib.util.find_spec("numba") is not None
+
+
+@functools.cache
+def _compiled() -> KernelSet:
+    mod = importlib.import_module("vime_pure.scheduling.compiled_kernels")
+    return KernelSet(name="compiled", ffd=mod.ffd_flat, ffd_sorted=mod.ffd_sorted_flat,
+                     first_fit=lambda sizes, cap: PURE.first_fit(sizes, cap),
+                     flops_pack=mod.flops_pack_flat,
+                     split_to_count=lambda flat, sizes, target: mod.split_to_count_flat(
+                         flat[0], flat[1], sizes, target),
+                     karmarkar_karp=mod.karmarkar_karp_parts, lpt_ranks=mod.lpt_ranks)
+
+
+def kernel_set(name: str | None = None) -> KernelSet:
+    """The named set, or the environment's choice (``VIME_KERNELS``), or the fastest present."""
+    choice = name or os.environ.get("VIME_KERNELS") or (
+        "compiled" if numba_available() else "pure")
+    if choice not in KERNEL_SETS:
+        raise ScheduleError(f"VIME_KERNELS={choice!r}: is not a kernel set. Fix: use one of "
+                            f"{list(KERNEL_SETS)}, or unset it.")
+    if choice == "pure":
+        return PURE
+    if not numba_available():
+        raise ScheduleError("VIME_KERNELS='compiled': numba is not installed. Fix: pip install "
+                            "'vime[fast]', or unset VIME_KERNELS.")
+    return _compiled()

@@ -1,0 +1,137 @@
+"""The compiled kernel set equals the pure one, kernel by kernel, and both give one schedule.
+
+The pure kernels are the oracle (they equal their textbook definitions, ``test_kernels``); the
+numba set (``vime[fast]``) must return the same bins in the same order on tie-heavy inputs, so
+choosing it changes only the speed. Skipped without numba (the CI venv has it; the properties of
+``test_schedule_properties`` run on both sets via ``VIME_KERNELS``).
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.property.test_kernels import packing_cases
+from vime_pure import BatchingPolicy, ParallelLayout, build_schedule
+from vime_pure.config import BALANCES, PACKINGS
+from vime_pure.scheduling import planner
+from vime_pure.scheduling.registry import PURE, kernel_set, numba_available, to_flat
+
+pytestmark = pytest.mark.skipif(not numba_available(), reason="numba (vime[fast]) not installed")
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+@given(packing_cases())
+def test_ffd_compiled_equals_pure(case):
+    """Same bisection, same union-find skips, same tie-break by position."""
+    sizes, cap = case
+    assert _same(kernel_set("compiled").ffd(sizes, cap), PURE.ffd(sizes, cap))
+
+
+@given(packing_cases())
+def test_ffd_sorted_compiled_equals_pure(case):
+    """The presorted entry (the planner's FFD path) too, with a permuted item numbering."""
+    sizes, cap = case
+    order = np.argsort(-sizes, kind="stable")[::-1].copy()  # any numbering works
+    order = order[np.argsort(-sizes[order], kind="stable")]
+    ks = kernel_set("compiled")
+    assert _same(ks.ffd_sorted(order, sizes[order], cap), PURE.ffd_sorted(order, sizes[order], cap))
+
+
+@given(packing_cases(), st.integers(1, 9))
+def test_split_compiled_equals_pure(case, multiple):
+    """The heaviest splittable bin, its balanced halves and their positions are the same."""
+    sizes, cap = case
+    flat = PURE.ffd(sizes, cap)
+    target = -(-(len(flat[1]) - 1) // multiple) * multiple
+    assert _same(kernel_set("compiled").split_to_count(flat, sizes, target),
+                 PURE.split_to_count(flat, sizes, target))
+
+
+@given(packing_cases(), st.integers(1, 12), st.randoms(use_true_random=False))
+def test_flops_pack_compiled_equals_pure(case, num_bins, rnd):
+    """Same LPT order, same heaps of loads and rooms, same bins opened."""
+    sizes, cap = case
+    work = np.array([s + rnd.choice([0.0, 0.5, 3.0]) for s in sizes.tolist()])
+    assert _same(kernel_set("compiled").flops_pack(sizes, work, cap, num_bins),
+                 PURE.flops_pack(sizes, work, cap, num_bins))
+
+
+@st.composite
+def weights_cases(draw):
+    """Bin weights with many ties (small integers) and a number of parts dividing them."""
+    parts = draw(st.integers(1, 8))
+    rows = draw(st.integers(0, 12))
+    values = st.one_of(st.integers(0, 4).map(float), st.floats(0, 100, allow_nan=False))
+    return np.array(draw(st.lists(values, min_size=parts * rows, max_size=parts * rows))), parts
+
+
+@given(weights_cases())
+def test_karmarkar_karp_compiled_equals_pure(case):
+    """Largest differencing merges the same states in the same order (stable load sort)."""
+    weights, parts = case
+    assert np.array_equal(kernel_set("compiled").karmarkar_karp(weights, parts),
+                          PURE.karmarkar_karp(weights, parts))
+
+
+@given(weights_cases(), st.integers(1, 3))
+def test_lpt_ranks_compiled_equals_pure(case, steps):
+    """Per step, the same heaviest-first dealing to the lightest rank (lowest rank on ties)."""
+    weights, dp = case
+    step_of = np.sort(np.arange(len(weights)) % steps)
+    bounds = np.searchsorted(step_of, np.arange(steps + 1))
+    assert np.array_equal(kernel_set("compiled").lpt_ranks(weights, step_of, bounds, dp),
+                          PURE.lpt_ranks(weights, step_of, bounds, dp))
+
+
+@st.composite
+def schedule_cases(draw):
+    n = draw(st.integers(1, 80))
+    lengths = draw(st.lists(st.integers(1, 300), min_size=n, max_size=n))
+    groups = draw(st.lists(st.integers(0, n // 2 + 1), min_size=n, max_size=n))
+    dp = draw(st.integers(1, 4))
+    packing = draw(st.sampled_from(PACKINGS))
+    balance = draw(st.sampled_from(BALANCES))
+    policy = BatchingPolicy(global_batch_size=draw(st.integers(1, 8)), max_tokens_per_gpu=300,
+                            packing=packing, balance=balance, allow_partial_step=True)
+    return lengths, groups, ParallelLayout(dp=dp), policy
+
+
+@given(schedule_cases())
+def test_schedules_equal_with_either_kernel_set(case):
+    """End to end: the kernel set changes the speed of build_schedule, never its result."""
+    lengths, groups, layout, policy = case
+    with pytest.MonkeyPatch.context() as mp:
+        out = []
+        for name in ("pure", "compiled"):
+            mp.setenv("VIME_KERNELS", name)
+            try:
+                out.append(build_schedule(lengths, groups, layout, policy))
+            except ValueError as exc:
+                out.append(str(exc))
+    assert out[0] == out[1]
+
+
+def test_every_packing_has_a_packer():
+    """A packing named in the config's choice list is one registry entry in the planner."""
+    assert set(planner.PACKERS) == set(PACKINGS) | {"static"}
+
+
+def test_to_flat_example():
+    """The flat form of ``[[1, 2], [3]]``."""
+    items, offsets = to_flat([[1, 2], [3]])
+    assert items.tolist() == [1, 2, 3] and offsets.tolist() == [0, 2, 3]
+
+
+def test_import_vime_pure_does_not_import_numba():
+    """numba loads (and compiles) on the first schedule, never at ``import vime_pure``."""
+    code = "import sys, vime_pure; assert 'numba' not in sys.modules, 'numba imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
