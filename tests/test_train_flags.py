@@ -166,10 +166,10 @@ def test_off_policy_correction_flags(capsys):
     assert parse_train_config(["--use-rs", "--rs-upper-bound", "1.5"]).rejection_config(
     ).upper == 1.5
     assert TrainConfig().rejection_config() is None
-    _bad(["--rs-level", "sequence"], capsys, "rs_level")
+    _bad(["--rs-level", "sequence"], capsys, "--rs-level")
     _bad(["--use-rs", "--rs-level", "word"], capsys, "--rs-level")
-    _bad(["--tis-clip-low", "3"], capsys, "tis_clip_low")
-    _bad(["--use-rs", "--rs-lower-bound", "3"], capsys, "rs_lower_bound")
+    _bad(["--tis-clip-low", "3"], capsys, "--tis-clip-low")
+    _bad(["--use-rs", "--rs-lower-bound", "3"], capsys, "--rs-lower-bound")
 
 
 # -- issue 19: inputs checked at launch, errors that name flags ------------------------------
