@@ -78,8 +78,10 @@ def resolve_rank_roles(*, world_size: int, rollout_num_gpus: int | None,
         raise field_error(RankRolesError, "--rollout-num-gpus", rollout_num_gpus,
                           f"must leave trainer ranks among the {world_size} launched ({flag} "
                           "and --no-colocate run engines on ranks of their own)",
-                          f"pass --rollout-num-gpus between 1 and {world_size - 1}, or launch "
-                          "more processes (e.g. torchrun --nproc-per-node 2)")
+                          (f"pass --rollout-num-gpus between 1 and {world_size - 1}"
+                           if world_size > 1 else "launch 2 processes or more (torchrun "
+                           "--nproc-per-node 2 -m vime_shell.cli train ...) with "
+                           "--rollout-num-gpus 1"))
     if mode == "fully_async" and rollout_num_gpus != 1:
         raise field_error(RankRolesError, "--rollout-num-gpus", rollout_num_gpus,
                           "must be 1 with --fully-async (one engine rank runs the pool; a pool "
