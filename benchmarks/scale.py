@@ -110,11 +110,11 @@ def response_lengths(lengths: np.ndarray) -> np.ndarray:
 
 
 def columns_bytes(lengths: np.ndarray) -> int:
-    """``RolloutBatch`` nbytes for these lengths: per sample 8 int64/float64 columns and two
-    offsets, 2 one-byte flags; per token an int32 id; per response token a mask byte and a
+    """``RolloutBatch`` nbytes for these lengths: per sample 10 int64/float64 columns (the
+    two weight-version bounds included) and two offsets, 2 one-byte flags; per token an int32 id; per response token a mask byte and a
     float32 log-prob. Checked against a real batch by the smoke test."""
     n = len(lengths)
-    return int(n * (8 * 8 + 2) + 2 * (n + 1) * 8 + 4 * int(lengths.sum())
+    return int(n * (10 * 8 + 2) + 2 * (n + 1) * 8 + 4 * int(lengths.sum())
                + 5 * int(response_lengths(lengths).sum()))
 
 

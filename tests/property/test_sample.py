@@ -104,3 +104,13 @@ def test_setting_alias_on_many_samples_warns_each_time():
         for k in range(3):
             Sample().rollout_id = k
     assert [w.category for w in caught] == [DeprecationWarning] * 3
+
+
+def test_dicts_without_weight_versions_are_on_policy():
+    """A dict written before weight versions existed reads as on-policy (an empty list), and
+    versions round-trip as plain ints."""
+    old = {k: v for k, v in Sample(tokens=[1, 2], response_length=1).to_dict().items()
+           if k != "weight_versions"}
+    assert Sample.from_dict(old).weight_versions == []
+    s = Sample(tokens=[1, 2], response_length=1, weight_versions=np.array([3, 5]))
+    assert s.to_dict()["weight_versions"] == [3, 5] and Sample.from_dict(s.to_dict()) == s
