@@ -13,17 +13,21 @@ reverse2 from scratch, 16 prompt groups x 8 per rollout, seed 0):
   the rest is aborted and continues under the next weights (tokens from older weights masked);
 - ``partial_nomask``: the same without the masking (off-policy tokens train, TIS-free).
 
-Reported per run: median rollout (generation) seconds and its ratio to ``plain``; reward of the
-first / last 10 rollouts and the first rollout whose trailing-10 mean reaches 0.8; the share of
+Reported per run: median rollout (generation) seconds and its ratio to ``plain``; the loop's
+seconds (generation + training + sync, startup excluded) in all and until the trailing-10 mean
+reward reaches 0.5; reward of the last 10 rollouts and the first rollout whose trailing-10
+mean reaches 0.8; the share of
 trained response tokens generated under older weights (``partial/offpolicy_token_frac``), the
 staleness and the behaviour-vs-old log-prob mismatch (``mismatch_abs``, ``mismatch_kl``) means;
 the reward curve in the JSON (``benchmarks/results/partial_rollout.json``).
 
 Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python -m benchmarks.partial_rollout [--rollouts 150]``
+(about 8 minutes on 2 busy cores; ``--summarize-only --root DIR`` re-reads earlier runs).
 """
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -71,11 +75,16 @@ def _mean(records: list[dict], key: str) -> float | None:
 
 def summarize(records: list[dict]) -> dict:
     rewards = [r["reward_mean"] for r in records]
+    elapsed = list(itertools.accumulate(r["rollout_s"] + r["train_s"] + r["sync_s"]
+                                        for r in records))
+    half = learned_at(rewards, 0.5)
     return {"rollouts": len(records),
             "rollout_s_median": statistics.median(r["rollout_s"] for r in records),
+            "loop_s": elapsed[-1],
             "reward_first10": statistics.mean(rewards[:WINDOW]),
             "reward_last10": statistics.mean(rewards[-WINDOW:]),
             "learned_at_rollout": learned_at(rewards, 0.8),
+            "seconds_to_0.5": None if half is None else elapsed[half],
             **{k: _mean(records, k) for k in ("partial/offpolicy_token_frac", "staleness_mean",
                                               "mismatch_abs", "mismatch_kl")},
             "reward_curve": rewards}
@@ -87,6 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset")
     parser.add_argument("--root", default="runs/bench-partial")
     parser.add_argument("--out", default="benchmarks/results/partial_rollout.json")
+    parser.add_argument("--summarize-only", action="store_true",
+                        help="re-read the runs under --root instead of training")
     args = parser.parse_args(argv)
     from vime_shell.loop.run_log import read_metrics
 
@@ -96,22 +107,24 @@ def main(argv: list[str] | None = None) -> dict:
     for name in args.runs.split(","):
         run_dir = f"{args.root}/{name}"
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "vime_shell.cli", "train", "--run-dir", run_dir,
-                        "--overwrite-run-dir", "--num-rollout", str(args.rollouts),
-                        "--custom-generate-function-path",
-                        "benchmarks.partial_rollout:long_tail_generate", *RUNS[name]],
-                       check=True, env=env)
+        if not args.summarize_only:
+            subprocess.run([sys.executable, "-m", "vime_shell.cli", "train", "--run-dir",
+                            run_dir, "--overwrite-run-dir", "--num-rollout", str(args.rollouts),
+                            "--custom-generate-function-path",
+                            "benchmarks.partial_rollout:long_tail_generate", *RUNS[name]],
+                           check=True, env=env)
         results[name] = {**summarize(read_metrics(run_dir)),
                          "wall_s": time.perf_counter() - start}
     base = results.get("plain", {}).get("rollout_s_median")
-    print(f"{'run':16s} {'rollout s':>9s} {'x plain':>7s} {'reward 0-10':>11s} "
+    print(f"{'run':16s} {'rollout s':>9s} {'x plain':>7s} {'loop s':>7s} {'s to 0.5':>8s} "
           f"{'last 10':>7s} {'0.8 at':>6s} {'old tok':>7s} {'stale':>5s} {'|d|':>8s}")
     for name, r in results.items():
         ratio = r["rollout_s_median"] / base if base else float("nan")
-        print(f"{name:16s} {r['rollout_s_median']:9.3f} {ratio:7.2f} {r['reward_first10']:11.3f} "
-              f"{r['reward_last10']:7.3f} {str(r['learned_at_rollout']):>6s} "
-              f"{r['partial/offpolicy_token_frac'] or 0:7.3f} {r['staleness_mean'] or 0:5.2f} "
-              f"{r['mismatch_abs'] or 0:8.2e}")
+        to_half = r["seconds_to_0.5"]
+        print(f"{name:16s} {r['rollout_s_median']:9.3f} {ratio:7.2f} {r['loop_s']:7.1f} "
+              f"{'-' if to_half is None else f'{to_half:.1f}':>8s} {r['reward_last10']:7.3f} "
+              f"{str(r['learned_at_rollout']):>6s} {r['partial/offpolicy_token_frac'] or 0:7.3f} "
+              f"{r['staleness_mean'] or 0:5.2f} {r['mismatch_abs'] or 0:8.2e}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"scale_ms": SCALE_MS, "alpha": ALPHA,
                                           "load": os.getloadavg(), "runs": results}, indent=1))

@@ -22,7 +22,7 @@ def sync_generate(args, sample, sampling_params):
 def test_per_sample_flags_select_the_driver():
     assert TrainConfig().effective_rollout_function_path == DEFAULT_ROLLOUT_FUNCTION
     for argv in (["--custom-generate-function-path", "vime_shell.rollout.functions:generate"],
-                 ["--partial-rollout"]):
+                 ["--partial-rollout", "--over-sampling-batch-size", "20"]):
         cfg = parse_train_config(argv)
         assert cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION
     cfg = parse_train_config(["--partial-rollout", "--over-sampling-batch-size", "24",
@@ -33,9 +33,10 @@ def test_per_sample_flags_select_the_driver():
 
 @pytest.mark.parametrize("kwargs,field", [
     (dict(mask_offpolicy_in_partial_rollout=True), "mask_offpolicy_in_partial_rollout"),
-    (dict(partial_rollout=True,
+    (dict(partial_rollout=True, over_sampling_batch_size=20,
           rollout_function_path="vime_shell.rollout.functions:compact_rollout"),
      "partial_rollout"),
+    (dict(partial_rollout=True), "partial_rollout"),  # nothing in flight to cut
     (dict(sglang_server_concurrency=0), "sglang_server_concurrency"),
 ])
 def test_bad_combinations_name_the_flag(kwargs, field):
@@ -50,8 +51,10 @@ def test_launch_checks_the_generate_signature_and_the_engine_count(tmp_path, mon
     with pytest.raises(PluginError, match="not an async function"):
         launch_checks(bad, model)
     monkeypatch.setenv("WORLD_SIZE", "2")  # two ranks, one engine each by default
-    two = TrainConfig(run_dir=str(tmp_path / "b"), partial_rollout=True, rollout_engine="hf")
+    two = TrainConfig(run_dir=str(tmp_path / "b"), partial_rollout=True, rollout_engine="hf",
+                      over_sampling_batch_size=20)
     with pytest.raises(ConfigError, match="one engine"):
         launch_checks(two, model)
     launch_checks(TrainConfig(run_dir=str(tmp_path / "c"), partial_rollout=True,
-                              rollout_engine="hf", rollout_num_gpus=1), model)
+                              over_sampling_batch_size=20, rollout_engine="hf",
+                              rollout_num_gpus=1), model)

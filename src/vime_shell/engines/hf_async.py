@@ -148,6 +148,10 @@ class HfAsyncFront:
             raise field_error(EngineError, "stop", stop, "needs a tokenizer to detect",
                               "build the front with decode=tokenizer.decode")
         loop = asyncio.get_running_loop()
+        if self._stepper is not None and self._stepper.get_loop() is not loop:
+            # A new event loop (one asyncio.run per rollout): requests of an earlier loop that
+            # ended without collecting them can never be delivered; drop them.
+            self._active, self._waiting, self._cache, self._stepper = [], [], None, None
         seed = params.seed if params.seed is not None else self.engine.draw_seeds(1)[0]
         generator = (None if params.temperature == 0 else
                      torch.Generator(device=self.engine.device).manual_seed(int(seed)))
@@ -186,6 +190,7 @@ class HfAsyncFront:
                 raise
 
     def _admit(self) -> None:
+        self._waiting = [r for r in self._waiting if not r.future.done()]  # callers cancelled
         room = self.max_concurrency - len(self._active)
         if room <= 0 or not self._waiting:
             return

@@ -422,6 +422,13 @@ class TrainConfig:
             raise field_error(ConfigError, "mask_offpolicy_in_partial_rollout", True,
                               "has no effect without --partial-rollout",
                               "pass --partial-rollout, or drop the flag")
+        if self.partial_rollout and (self.over_sampling_batch_size or 0) \
+                <= self.rollout_batch_size:
+            raise field_error(ConfigError, "partial_rollout", True,
+                              "cuts nothing unless more groups are in flight than a rollout "
+                              f"trains (--rollout-batch-size {self.rollout_batch_size})",
+                              "pass --over-sampling-batch-size, e.g. "
+                              f"{self.rollout_batch_size * 3 // 2}")
         per_sample = self.rollout_function_path in (DEFAULT_ROLLOUT_FUNCTION,
                                                     PER_SAMPLE_ROLLOUT_FUNCTION)
         if self.partial_rollout and not per_sample:

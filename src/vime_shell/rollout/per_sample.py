@@ -184,7 +184,7 @@ def offpolicy_prefix(sample: Sample, version: int) -> int:
 
 
 async def _drive(ctx: RolloutContext, setup: PerSample, groups: list[PromptGroup], first: int,
-                 target: int | None) -> None:
+                 target: int | None) -> list[int]:
     """Run every execution; returns the indices of the groups in the order they finished
     (buffered groups that were already finished first)."""
     rt = setup.runtime
