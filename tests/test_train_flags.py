@@ -17,7 +17,7 @@ from vime_shell.loop.launch_checks import launch_checks
 from vime_shell.loop.logs import configure_logging
 from vime_shell.loop.loop import trainer_config
 from vime_shell.models.embedded import build_embedded
-from vime_shell.rollout import generate as generate_module
+from vime_shell.rollout import functions
 from vime_shell.rollout.data import DataError
 from vime_shell.rollout.rewards import Rewarder
 
@@ -233,7 +233,7 @@ def test_chat_templates_that_render_nothing_or_run_away_fail_at_launch(templated
     with pytest.raises(DataError, match="d.jsonl:1: the prompt '12' gives no tokens"):
         launch_checks(cfg, templated("{% if false %}x{% endif %}"))
     # Nested loops that would render for hours stop at the time limit.
-    monkeypatch.setattr(generate_module, "CHAT_TEMPLATE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(functions, "CHAT_TEMPLATE_TIMEOUT_S", 0.3)
     nested = "{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}{% endfor %}"
     with pytest.raises(DataError, match=r"d.jsonl:1: the chat template did not render within "
                                         r"0.3 s"):

@@ -276,7 +276,8 @@ class _Loop:
             source = f"rollout {rid}"
             if batch.rollout_log_probs is None and self.logprob_check:
                 raise LogprobCheckError(
-                    f"{source}: the rollout function ({self.cfg.rollout_function_path}) "
+                    f"{source}: the rollout function "
+                    f"({self.cfg.effective_rollout_function_path}) "
                     "returned samples without rollout_log_probs, so the weight-sync check "
                     "(engine vs trainer log-probs) cannot run. Fix: record the engine's "
                     "log-probs in Sample.rollout_log_probs, or pass --no-logprob-check.")

@@ -47,6 +47,7 @@ from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.rollout.functions import (DEFAULT_GENERATE_FUNCTION,
                                           PER_SAMPLE_ROLLOUT_FUNCTION, RolloutContext,
+                                          encode_prompt,
                                           load_rollout_function, rollout_sampling_seed,
                                           share_context)
 from vime_shell.rollout.generate import GenerateRuntime
@@ -107,9 +108,10 @@ def _per_sample(cfg: TrainConfig, engines: EngineGroup, tokenizer: Any) -> PerSa
         return None
     front = async_front(engines.engine, max_concurrency=cfg.sglang_server_concurrency,
                         decode=tokenizer.decode)
-    runtime = GenerateRuntime(engine=front, tokenizer=tokenizer,
-                              apply_chat_template=cfg.apply_chat_template,
-                              mask_offpolicy=cfg.mask_offpolicy_in_partial_rollout)
+    runtime = GenerateRuntime(
+        engine=front, tokenizer=tokenizer,
+        encode=lambda example: encode_prompt(tokenizer, example, cfg.apply_chat_template),
+        mask_offpolicy=cfg.mask_offpolicy_in_partial_rollout)
     fn = load_generate_function(cfg.custom_generate_function_path or DEFAULT_GENERATE_FUNCTION)
     return PerSample(runtime=runtime, generate_fn=fn, args=cfg,
                      buffer=PartialBuffer() if cfg.partial_rollout else None)

@@ -42,12 +42,11 @@ from typing import Any
 
 import attrs
 
-from vime_pure.errors import field_error
+from vime_pure.errors import field_error, one_line
 from vime_pure.data.sample import Sample
 from vime_shell.engines.base import Generation, RolloutEngine, SamplingParams
-from vime_shell.rollout.generate import (  # noqa: F401 - generate, encode_prompt: re-exported
-    FINISH_STATUS, encode_prompt, generate)
-from vime_shell.rollout.plugins import load_callable
+from vime_shell.rollout.generate import FINISH_STATUS, generate
+from vime_shell.rollout.plugins import is_expired, load_callable, time_limit
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskError, TaskExample
 
@@ -56,6 +55,8 @@ DEFAULT_ROLLOUT_FUNCTION = "vime_shell.rollout.functions:single_turn_rollout"
 PER_SAMPLE_ROLLOUT_FUNCTION = "vime_shell.rollout.per_sample:generate_rollout"
 DEFAULT_GENERATE_FUNCTION = "vime_shell.rollout.functions:generate"
 TURN_REWARDS: tuple[str, ...] = ("mean", "all")
+# A chat template renders in milliseconds; one with runaway loops is stopped after this long.
+CHAT_TEMPLATE_TIMEOUT_S = 10.0
 # Request seeds of one rollout, 2**24 of them from its base: generation round k (dynamic
 # sampling) at base + k * 2**20, turn t of a round at + t * 2**18, request r at + r. Offsets
 # depend on global indices only (not on how many requests an engine holds), and no two
@@ -137,6 +138,44 @@ def first_request(ctx: RolloutContext, num_requests: int) -> int:
                           f"exceed {TURN_SEED_STRIDE}, the seed stride of one turn",
                           "use fewer prompts x samples per rollout")
     return first
+
+
+def encode_prompt(tokenizer: Any, example: TaskExample, apply_chat_template: bool) -> list[int]:
+    """Prompt token ids: the text as is, or rendered by the tokenizer's own chat template.
+
+    Example: with a Qwen-style template, ``"1+1="`` becomes ``<|im_start|>user\n1+1=
+    <|im_end|>\n<|im_start|>assistant\n`` before tokenization.
+    """
+    prompt = example.prompt
+    if apply_chat_template:
+        prompt = render_chat_template(tokenizer, example)
+    elif not isinstance(prompt, str):
+        raise field_error(TaskError, "prompt", f"<{len(prompt)} chat messages>",
+                          "needs a chat template to become tokens",
+                          "pass --apply-chat-template, or store prompts as text")
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def render_chat_template(tokenizer: Any, example: TaskExample,
+                         timeout: float | None = None) -> str:
+    """The prompt rendered by the tokenizer's chat template, within ``timeout`` seconds
+    (default ``CHAT_TEMPLATE_TIMEOUT_S``): a template's loops can run for hours, and a
+    template error is a :class:`TaskError`, not a jinja traceback."""
+    prompt = example.prompt
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    limit = CHAT_TEMPLATE_TIMEOUT_S if timeout is None else timeout
+    try:
+        with time_limit(limit):
+            return tokenizer.apply_chat_template(messages, tools=example.tools, tokenize=False,
+                                                 add_generation_prompt=True)
+    except BaseException as exc:  # noqa: BLE001 - includes the time limit's own signal
+        if not isinstance(exc, Exception) and not is_expired(exc):
+            raise
+        problem = (f"did not render within {limit:g} s" if is_expired(exc)
+                   else f"failed ({type(exc).__name__}: {one_line(str(exc))})")
+        raise TaskError(f"the chat template {problem} for the prompt {one_line(repr(prompt))}. "
+                        "Fix: correct the tokenizer's chat_template, or drop "
+                        "--apply-chat-template.") from None
 
 
 def _respond(ctx: RolloutContext, examples: Sequence[TaskExample],

@@ -11,7 +11,8 @@ sets ``sample.status`` from the finish reason (stop: completed, length: truncate
 aborted) and ``metadata["response"]`` to the response's text. When a sample continues under
 newer weights than its last segment's, ``metadata["resumed_at"]`` records the response length
 at that point (the tokens before it are off-policy). A sample with no tokens yet is
-encoded from ``metadata["prompt"]`` (with the chat template under ``--apply-chat-template``).
+encoded from ``metadata["prompt"]`` (by the runtime's ``encode``: with the chat template under
+``--apply-chat-template``).
 
 A custom function (``--custom-generate-function-path pkg.mod:fn``) has the same signature and
 awaits :func:`generate` for each turn, as slime's custom functions await slime's. Returning a
@@ -55,11 +56,10 @@ from typing import Any
 import attrs
 
 from vime_pure.data.sample import Sample, Status
-from vime_pure.errors import VimeError, field_error, one_line
+from vime_pure.errors import VimeError, field_error
 from vime_shell.engines.async_engine import AsyncRolloutEngine
 from vime_shell.engines.base import SamplingParams
-from vime_shell.rollout.plugins import is_expired, time_limit
-from vime_shell.rollout.tasks import TaskError, TaskExample
+from vime_shell.rollout.tasks import TaskExample
 
 GenerateFn = Callable[[Any, Sample, dict], Any]
 FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
@@ -89,8 +89,9 @@ class GenerateError(VimeError):
 
 @attrs.define(eq=False)
 class GenerateRuntime:
-    """What :func:`generate` generates with: the per-request engine, the tokenizer, and the
-    partial-rollout switches. ``aborting``: set while in-flight work is being aborted (new
+    """What :func:`generate` generates with: the per-request engine, the tokenizer, how a prompt
+    becomes tokens (``encode``: the rollout's ``encode_prompt``, chat template included; None:
+    the text as is), and the partial-rollout switches. ``aborting``: set while in-flight work is being aborted (new
     calls return aborted at once); ``mask_offpolicy`` (``--mask-offpolicy-in-partial-rollout``):
     tokens from older weights get loss mask 0 when their group trains.
     Example: ``GenerateRuntime(engine=async_front(hf_engine), tokenizer=tok)``.
@@ -98,7 +99,7 @@ class GenerateRuntime:
 
     engine: AsyncRolloutEngine
     tokenizer: Any
-    apply_chat_template: bool = False
+    encode: Callable[[TaskExample], list[int]] | None = None
     mask_offpolicy: bool = False
     aborting: bool = False
     executions: set = attrs.Factory(set)  # the execution tasks a driver registered
@@ -182,48 +183,6 @@ def engine_params(sampling_params: Mapping[str, Any] | SamplingParams) -> Sampli
     return SamplingParams(**kwargs)
 
 
-# A chat template renders in milliseconds; one with runaway loops is stopped after this long.
-CHAT_TEMPLATE_TIMEOUT_S = 10.0
-
-
-def encode_prompt(tokenizer: Any, example: TaskExample, apply_chat_template: bool) -> list[int]:
-    """Prompt token ids: the text as is, or rendered by the tokenizer's own chat template.
-
-    Example: with a Qwen-style template, ``"1+1="`` becomes ``<|im_start|>user\n1+1=
-    <|im_end|>\n<|im_start|>assistant\n`` before tokenization.
-    """
-    prompt = example.prompt
-    if apply_chat_template:
-        prompt = render_chat_template(tokenizer, example)
-    elif not isinstance(prompt, str):
-        raise field_error(TaskError, "prompt", f"<{len(prompt)} chat messages>",
-                          "needs a chat template to become tokens",
-                          "pass --apply-chat-template, or store prompts as text")
-    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
-
-
-def render_chat_template(tokenizer: Any, example: TaskExample,
-                         timeout: float | None = None) -> str:
-    """The prompt rendered by the tokenizer's chat template, within ``timeout`` seconds
-    (default ``CHAT_TEMPLATE_TIMEOUT_S``): a template's loops can run for hours, and a
-    template error is a :class:`TaskError`, not a jinja traceback."""
-    prompt = example.prompt
-    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-    limit = CHAT_TEMPLATE_TIMEOUT_S if timeout is None else timeout
-    try:
-        with time_limit(limit):
-            return tokenizer.apply_chat_template(messages, tools=example.tools, tokenize=False,
-                                                 add_generation_prompt=True)
-    except BaseException as exc:  # noqa: BLE001 - includes the time limit's own signal
-        if not isinstance(exc, Exception) and not is_expired(exc):
-            raise
-        problem = (f"did not render within {limit:g} s" if is_expired(exc)
-                   else f"failed ({type(exc).__name__}: {one_line(str(exc))})")
-        raise TaskError(f"the chat template {problem} for the prompt {one_line(repr(prompt))}. "
-                        "Fix: correct the tokenizer's chat_template, or drop "
-                        "--apply-chat-template.") from None
-
-
 def append_tokens(sample: Sample, token_ids: Sequence[int], *, loss_mask: int = 0,
                   log_probs: Sequence[float] | None = None) -> Sample:
     """Append ``token_ids`` to the response: tool output (``loss_mask=0``, log-probs 0, not
@@ -251,7 +210,8 @@ async def generate(args: Any, sample: Sample, sampling_params: Mapping[str, Any]
     if not len(sample.tokens):
         example = TaskExample(prompt=sample.metadata.get("prompt", ""),
                               tools=sample.metadata.get("tools"))
-        sample.tokens = encode_prompt(rt.tokenizer, example, rt.apply_chat_template)
+        sample.tokens = (rt.encode(example) if rt.encode is not None else
+                         rt.tokenizer(str(example.prompt), add_special_tokens=False)["input_ids"])
         sample.response_length = 0
     if rt.aborting:
         sample.status = Status.ABORTED

@@ -41,7 +41,7 @@ from typing import Any
 import attrs
 
 from vime_pure.data.sample import Sample, Status
-from vime_pure.errors import VimeError, field_error
+from vime_pure.errors import VimeError, field_error, one_line
 from vime_shell.rollout.functions import RolloutContext, first_request
 from vime_shell.rollout.generate import (RESUMED_AT, GenerateFn, GenerateRuntime,
                                          sampling_params_dict, use_runtime)
@@ -213,12 +213,13 @@ async def _drive(ctx: RolloutContext, setup: PerSample, groups: list[PromptGroup
             return
         except VimeError:
             raise
-        except Exception as exc:  # the user's code: say where it failed, keep the cause
+        except BaseException as exc:  # noqa: BLE001 - the user's code; SystemExit(0) too
             name = getattr(setup.generate_fn, "__qualname__", repr(setup.generate_fn))
-            raise PluginError(f"execution {r} (prompt {g.example.prompt!r:.60}): "
-                              f"--custom-generate-function-path {name} raised "
-                              f"{type(exc).__name__}: {exc}. Fix: the generate function (see "
-                              "the chained traceback).") from exc
+            kind = "exited with" if isinstance(exc, (SystemExit, KeyboardInterrupt)) else "raised"
+            raise PluginError(f"execution {r} (prompt {one_line(repr(g.example.prompt))[:60]}): "
+                              f"--custom-generate-function-path {name} {kind} "
+                              f"{type(exc).__name__}: {one_line(str(exc))}. Fix: the generate "
+                              "function (see the chained traceback).") from exc
         leaf = _as_leaf(out, f"execution {r}")
         for s in leaf:
             s.group_id = gid
