@@ -60,7 +60,7 @@ __all__ = [
     "RolloutValidationError", "Sample", "Schedule", "ScheduleError", "ScheduleInvariantError",
     "Status", "StepBatch", "StepPlan", "TokenIdError", "TrainMicroBatch", "VimeError",
     "ZigzagOffsets", "batch_staleness", "build_schedule", "check_feasible", "check_token_ids",
-    "fresh_samples", "group_staleness", "fallback_ids", "flatten_rollout_output",
+    "fallback_ids", "flatten_rollout_output", "fresh_samples", "group_staleness",
     "group_mask_sums", "grpo_advantages", "gspo_advantages", "megatron_loss_scale",
     "merge_metrics", "metric_values", "normalize_rewards", "normalized_loss_mask",
     "policy_from_flags", "rank_batch", "reduce_metrics", "reduce_train_step",

@@ -47,7 +47,7 @@ def test_stale_engine_data_trains_with_tis_and_never_trips_the_gap_check(tmp_pat
     assert [[r[k] for k in keys] for r in plain] == [[r[k] for k in keys] for r in current]
     assert all(r["staleness_max"] == 0 and r["logprob_gap"] < 1e-4 for r in current)
     assert_stale_records(tis)
-    assert math.isnan(tis[0]["mismatch_abs"])  # fresh single-step batch: the forward's own
+    assert tis[0]["mismatch_abs"] is None  # fresh single-step batch: the forward's own
     assert tis[2]["mismatch_abs"] > tis[1]["mismatch_abs"]  # the lag grows
     assert "rejected_token_frac" not in tis[0]
 

@@ -386,7 +386,7 @@ class _Loop:
                     and offpolicy.step_is_fresh(schedule, 0, fresh))
         needed = mine.steps[1:] if shortcut else mine.steps
         records = [mb for step in needed for mb in step.microbatches]
-        old, metrics = None, dict.fromkeys(offpolicy.MISMATCH_KEYS, float("nan"))
+        old, metrics = None, dict.fromkeys(offpolicy.MISMATCH_KEYS)  # None: not measured
         if records:
             old = self.trainer.compute_log_probs(records, mine.num_response_tokens)
             gap_samples = fresh if fresh is not None else np.ones(batch.num_samples, bool)

@@ -51,9 +51,9 @@ def scored_mask(mb: TrainMicroBatch, samples: np.ndarray) -> np.ndarray:
 
 
 def mismatch(records: list[TrainMicroBatch], old: np.ndarray, owns: bool,
-             group: dist.ProcessGroup | None = None) -> dict[str, float]:
+             group: dist.ProcessGroup | None = None) -> dict[str, float | None]:
     """Collective over ``group`` (default the world; the training ranks): ``MISMATCH_KEYS``
-    over the records' loss-masked tokens (NaN when no token has behaviour log-probs)."""
+    over the records' loss-masked tokens (None when no token has behaviour log-probs)."""
     parts = []
     for mb in records:
         if owns and mb.rollout_log_probs is not None:
@@ -63,19 +63,19 @@ def mismatch(records: list[TrainMicroBatch], old: np.ndarray, owns: bool,
     local = {k: merge_metrics([p[k] for p in parts], k) if parts else Metric(0.0, 0.0)
              for k in MISMATCH_KEYS}
     reduced = gather_metrics(local, group, group_dst=None)
-    return {k: m.value if m.count else float("nan") for k, m in reduced.items()}
+    return {k: m.value for k, m in reduced.items()}
 
 
-def tis_means(results: list, use_tis: bool) -> dict[str, float]:
+def tis_means(results: list, use_tis: bool) -> dict[str, float | None]:
     """``TIS_KEYS`` over the whole rollout (with ``--use-tis``): each step's token mean
-    weighted by its loss-masked tokens, through ``merge_metrics``; NaN when no token trained
+    weighted by its loss-masked tokens, through ``merge_metrics``; None when no token trained
     (every token rejected). Example: steps of 10 and 30 tokens with ``tis`` 1.0 and 2.0 give
     1.75."""
     if not use_tis or not results:
         return {}
     means = {k: merge_metrics([Metric(r.metrics[k] * r.metrics["tokens"], r.metrics["tokens"])
                                for r in results], k) for k in TIS_KEYS}
-    return {k: m.value if m.count else float("nan") for k, m in means.items()}
+    return {k: m.value for k, m in means.items()}
 
 
 def whole_batch(old: np.ndarray, owns: bool, device,
@@ -92,7 +92,8 @@ def whole_batch(old: np.ndarray, owns: bool, device,
 
 
 def reject(rank: RankBatch, batch: RolloutBatch, schedule: Schedule, old_full: np.ndarray,
-           config: RejectionConfig, norm: float | None) -> tuple[RankBatch, dict[str, float]]:
+           config: RejectionConfig, norm: float | None
+           ) -> tuple[RankBatch, dict[str, float | None]]:
     """``rank`` with ``--use-rs`` applied, and ``rejected_token_frac`` (same on every rank)."""
     if batch.rollout_log_probs is None:
         raise field_error(LossConfigError, "use_rs", True,
