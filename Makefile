@@ -30,13 +30,14 @@ TRL_VENV   := .venv-trl
 TRL_STAMP  := $(TRL_VENV)/.installed-$(subst =,,$(TRL_SPEC))
 PEER_ARGS  ?=
 
-.PHONY: demo demo-math test test-deep test-pure-kernels test-vllm venv bench bench-peer clean
+.PHONY: demo demo-math test test-deep test-pure-kernels test-vllm lint venv bench bench-peer clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "make: creating $(VENV) and installing CPU torch, Megatron-core and vime (~1 GB, a few minutes on first run)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" -e '.[train,test,fast]'
+	$(BIN)/python -m pip install --progress-bar on "$(TORCH_SPEC)" -e '.[train,test,fast,lint]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -47,7 +48,12 @@ demo-math: $(STAMP)
 	$(BIN)/vime demo --math
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 -p no:cacheprovider $(PYTEST_ARGS)
+
+# ruff (the rules in pyproject.toml) over the tree, mypy over the functional core.
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy src/vime_pure
 
 test-deep: $(STAMP)
 	@seed="$(SEED)"; seed="$${seed:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}"; \

@@ -67,3 +67,25 @@ def test_async_tail_summary_of_a_synthetic_run():
     assert out["wall_per_rollout_s_median"] == 2.0
     assert out["trainer_idle_frac"] == 0.5 and out["engine_idle_frac"] == 0.5
     assert out["staleness_frac"] == {0: 0.25, 1: 0.75} and out["staleness_median"] == 1
+
+
+def test_lr_curve_quick(capsys):
+    from benchmarks import lr_curve
+
+    out = lr_curve.main(["--quick"])
+    for case in out.values():
+        assert case["after"][-1] == 1e-5 and case["before"][-1] > 1e-5
+
+
+def test_flops_model_balance_quick(capsys):
+    from benchmarks import flops_model_balance
+
+    out = flops_model_balance.main(["--quick", "--dp", "4"])
+    assert out["the run's model"] <= out["fixed 8B proxy ratio"]
+
+
+def test_stop_lengths_quick(capsys):
+    from benchmarks import stop_lengths
+
+    before, after = stop_lengths.main(["--quick"]).values()
+    assert after["truncated_frac"] <= before["truncated_frac"]

@@ -59,7 +59,9 @@ def test_demo_is_train_with_the_default_config(monkeypatch):
     assert main(["demo", "--num-rollout", "5"]) == 0
     dumps = "runs/demo/rollouts/rollout_{rollout_id}.npz"
     assert main(["demo", "--max-tokens-per-gpu", "512"]) == 0
-    demo = dict(save_rollout_data=dumps, overwrite_run_dir=True)  # reruns move the old one aside
+    # reruns move the old one aside; vime train's own default run dir is another one
+    demo = dict(save_rollout_data=dumps, overwrite_run_dir=True, run_dir="runs/demo")
+    assert TrainConfig().run_dir != "runs/demo"
     assert seen == [TrainConfig(**demo, max_tokens_per_gpu=96),
                     TrainConfig(num_rollout=5, **demo, max_tokens_per_gpu=96),
                     TrainConfig(**demo, max_tokens_per_gpu=512)]

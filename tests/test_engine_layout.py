@@ -110,8 +110,8 @@ def test_buckets_keep_order_respect_the_cap_and_are_greedy(sizes, cap):
 
 
 def _layered(layer_sizes):
-    return [(f"model.layers.{l}.w{j}", np.zeros(n, dtype=np.uint8))
-            for l, sizes in enumerate(layer_sizes) for j, n in enumerate(sizes)]
+    return [(f"model.layers.{k}.w{j}", np.zeros(n, dtype=np.uint8))
+            for k, sizes in enumerate(layer_sizes) for j, n in enumerate(sizes)]
 
 
 @given(st.lists(st.lists(st.integers(0, 60), min_size=1, max_size=4), max_size=12),

@@ -75,6 +75,7 @@ def test_eval_lines_plot_beside_the_train_reward_and_go_to_wandb_offline(tmp_pat
     panels = curve_panels(read_metrics(tmp_path))
     assert panels["reward_mean"]["eval/gsm"] == ([0, 2], [0.25, 0.75])
     assert panels["reward_mean"]["reward_mean"] == ([0, 1], [0.5, 0.5])
+    assert "loss" not in panels and panels["logprob_gap"] == {"logprob_gap": ([0, 1], [0.5, 0.5])}
     assert [p.name for p in logger.finish()] == ["curves.png"]
     assert list((tmp_path / "wandb").glob("offline-run-*")), "an offline W&B run, no network"
 

@@ -15,7 +15,7 @@ from vime_shell.loop.config import ConfigError, TrainConfig, parse_train_config
 
 def test_defaults_are_the_demo_and_valid():
     cfg = TrainConfig()
-    assert cfg.groups_per_rollout == 128 == cfg.global_batch_size
+    assert cfg.groups_per_rollout == 128 == cfg.effective_global_batch_size
     assert cfg.batching_policy() == BatchingPolicy(global_batch_size=128, max_tokens_per_gpu=1024)
     assert TrainConfig.from_mapping(cfg.to_dict()) == cfg
 

@@ -24,7 +24,7 @@ from vime_shell.rollout.rewards import Rewarder
 
 @pytest.fixture(autouse=True)
 def fresh_cwd(tmp_path, monkeypatch):
-    """Default run directories (runs/demo) resolve under a fresh directory, not the checkout,
+    """Default run directories (runs/train) resolve under a fresh directory, not the checkout,
     where a demo run would make the launch checks refuse to reuse them."""
     monkeypatch.chdir(tmp_path)
 
@@ -119,6 +119,9 @@ def test_optimizer_flags_reach_the_trainer_config(capsys):
     optim = trainer_config(cfg).optim
     assert cfg.effective_global_batch_size == 64  # 16 prompts x 8 samples / 2 steps
     assert (optim.lr_warmup_groups, optim.lr_decay_groups) == (128, 640)  # steps x 64 groups
+    # no --lr-decay-iters: the whole run, 300 rollouts x 2 steps x 64 groups
+    whole = parse_train_config(["--lr-decay-style", "cosine", "--num-steps-per-rollout", "2"])
+    assert trainer_config(whole).optim.lr_decay_groups == 300 * 2 * 64
     assert (optim.min_lr, optim.lr_decay_style, optim.weight_decay) == (1e-5, "cosine", 0.1)
     assert (optim.clip_grad, optim.adam_beta1, optim.adam_beta2) == (0.5, 0.8, 0.95)
     assert optim.use_distributed_optimizer
@@ -170,6 +173,80 @@ def test_off_policy_correction_flags(capsys):
     _bad(["--use-rs", "--rs-level", "word"], capsys, "--rs-level")
     _bad(["--tis-clip-low", "3"], capsys, "--tis-clip-low")
     _bad(["--use-rs", "--rs-lower-bound", "3"], capsys, "--rs-lower-bound")
+
+
+@pytest.mark.parametrize("argv, first, second", [
+    (["--calculate-per-token-loss", "--loss-mode", "group_token_mean"],
+     "--calculate-per-token-loss", "--loss-mode group_token_mean"),
+    (["--calculate-per-token-loss", "--loss-mode", "sample_token_mean"],
+     "--calculate-per-token-loss", "--loss-mode sample_token_mean"),
+    (["--num-steps-per-rollout", "4", "--global-batch-size", "64"],
+     "--num-steps-per-rollout 4", "--global-batch-size is 64"),
+])
+def test_conflicting_flags_exit_2_naming_both(argv, first, second, capsys):
+    _bad(argv, capsys, first)
+    _bad(argv, capsys, second)
+
+
+def test_agreeing_flags_are_accepted():
+    agree = parse_train_config(["--num-steps-per-rollout", "4", "--global-batch-size", "32"])
+    assert agree.effective_global_batch_size == 32
+    same = parse_train_config(["--calculate-per-token-loss", "--loss-mode", "token_mean"])
+    assert same.effective_loss_mode == "token_mean"
+    assert TrainConfig().effective_loss_mode == "group_token_mean"
+
+
+def test_num_rollout_wins_over_num_epoch_as_in_slime(model, data):
+    common = ["--prompt-data", data, "--input-key", "q", "--label-key", "a",
+              "--rollout-max-response-len", "2", "--rollout-batch-size", "4",
+              "--global-batch-size", "32", "--num-epoch", "3"]
+    assert launch_checks(parse_train_config([*common, "--num-rollout", "2"]),
+                         model).num_rollout == 2
+    assert launch_checks(parse_train_config(common), model).num_rollout == 6
+    assert TrainConfig().resolved_num_rollout(None) == 300
+
+
+def test_eval_keys_and_sampling_overrides(model, data, tmp_path, capsys):
+    other = tmp_path / "eval.jsonl"
+    other.write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")
+    argv = ["--prompt-data", data, "--input-key", "q", "--label-key", "a",
+            "--rollout-max-response-len", "2", "--eval-prompt-data", "other", str(other),
+            "--eval-interval", "2"]
+    plan = launch_checks(parse_train_config([*argv, "--eval-input-key", "question",
+                                             "--eval-label-key", "answer"]), model)
+    assert plan.eval_sets[0][1][0].prompt == "1+1" and plan.eval_sets[0][1][0].label == "2"
+    _bad(argv, capsys, "Fix: pass --eval-input-key")
+    from types import SimpleNamespace
+
+    from vime_shell.loop.rollouts import RolloutProducer
+
+    cfg = parse_train_config([*argv, "--rollout-stop", "</a>", "--rollout-top-p", "0.9",
+                              "--eval-top-p", "0.5", "--eval-top-k", "4",
+                              "--eval-stop-token-ids", "7", "--rollout-max-context-len", "64"])
+    producer = SimpleNamespace(cfg=cfg, stop=(3,))
+    train = RolloutProducer._sampling(producer, 2, 0)
+    evals = RolloutProducer._sampling(producer, 2, 0, for_eval=True)
+    assert (train.top_p, train.top_k, train.stop, train.stop_token_ids) == (0.9, 0, ("</a>",), (3,))
+    assert (evals.top_p, evals.top_k, evals.stop, evals.stop_token_ids) == (0.5, 4, ("</a>",),
+                                                                            (3, 7))
+    assert evals.max_context_len == train.max_context_len == 64
+    _bad(["--rollout-stop-token-ids", "-1"], capsys, "--rollout-stop-token-ids=-1")
+
+
+def test_eval_config_gives_each_set_its_own_keys(model, data, tmp_path, capsys):
+    (tmp_path / "aime.jsonl").write_text(json.dumps({"problem": "2+2", "answer": "4"}) + "\n")
+    (tmp_path / "gsm.jsonl").write_text(json.dumps({"question": "1+2", "target": "3"}) + "\n")
+    config = tmp_path / "evals.yaml"
+    config.write_text("datasets:\n"
+                      "  - {name: aime, path: aime.jsonl, input_key: problem, label_key: answer}\n"
+                      "  - {name: gsm, path: gsm.jsonl, input_key: question, label_key: target}\n")
+    argv = ["--prompt-data", data, "--input-key", "q", "--label-key", "a",
+            "--rollout-max-response-len", "2", "--eval-interval", "2"]
+    plan = launch_checks(parse_train_config([*argv, "--eval-config", str(config)]), model)
+    assert [(n, rows[0].prompt, rows[0].label) for n, rows in plan.eval_sets] == [
+        ("aime", "2+2", "4"), ("gsm", "1+2", "3")]
+    config.write_text("datasets:\n  - {name: aime, file: aime.jsonl}\n")
+    _bad([*argv, "--eval-config", str(config)], capsys, "datasets[0]")
 
 
 # -- issue 19: inputs checked at launch, errors that name flags ------------------------------

@@ -212,7 +212,7 @@ def check_feasible(layout: Any, policy: Any) -> None:
 def static_misalignment_message(count: int, policy: BatchingPolicy, layout: ParallelLayout) -> str:
     """Explain why ``count`` static micro-batches cannot be spread evenly, and how to fix it."""
     multiple = layout.align_multiple
-    mbs = policy.micro_batch_size
+    mbs = int(policy.micro_batch_size or 1)  # static packing: micro_batch_size is set
     need = (count + multiple - 1) // multiple * multiple
     vpp = (f" * microbatch_group={layout.microbatch_group} (vpp={layout.vpp})"
            if layout.vpp > 1 else "")

@@ -99,8 +99,9 @@ def zigzag_offsets(total_length: Any, response_length: Any, cp_rank: Any,
             # An empty range placed where it would sit keeps response ranges sorted per rank.
             j = min(max(lo - start, 0), response_length)
             response.append((j, j))
-    return ZigzagOffsets(chunk_size=chunk, chunks=tuple(chunks), logits=tuple(logits),
-                         tokens=tuple(tokens), response=tuple(response))
+    return ZigzagOffsets(chunk_size=chunk, chunks=(chunks[0], chunks[1]),
+                         logits=(logits[0], logits[1]), tokens=(tokens[0], tokens[1]),
+                         response=(response[0], response[1]))
 
 
 def zigzag_chunks(length: int, cp_rank: int, cp_size: int) -> tuple[Range, Range]:

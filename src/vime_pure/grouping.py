@@ -19,7 +19,7 @@ gives three groups ``[0, 1, 2]`` with original ids ``(None, "a", None)``.
 """
 
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import numpy as np
@@ -194,7 +194,7 @@ def group_samples(group_ids: Any, *, error: type[VimeError] = ScheduleError,
         dense, values = dense_first_occurrence(own)
         ids = tuple(None if type(v) is tuple else v for v in values)
     else:
-        dense, ids = dense_first_occurrence(keys)
+        dense, ids = dense_first_occurrence(cast(Sequence[Any], keys))  # arrays index alike
     return Grouping.from_dense(dense, ids)
 
 

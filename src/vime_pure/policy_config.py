@@ -35,7 +35,8 @@ class LossConfig:
     """Clip ``eps_clip`` / ``eps_clip_high`` (DAPO clip-higher) / ``dual_clip``; KL penalty
     ``kl_coef * kl_kind`` against the reference; entropy bonus ``entropy_coef``; truncated
     importance sampling weights ``clamp(exp(old - rollout), tis_clip_low, tis_clip)`` when ``use_tis``
-    (slime's defaults: 0 and 2)."""
+    (slime's defaults: 0 and 2); ``sequence_ratio``: GSPO's sequence-level importance ratio
+    instead of per-token ratios."""
 
     eps_clip: float = 0.2
     eps_clip_high: float | None = None
@@ -46,14 +47,16 @@ class LossConfig:
     use_tis: bool = False
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
+    sequence_ratio: bool = False
 
     def __attrs_post_init__(self) -> None:
         for name in ("eps_clip", "eps_clip_high", "dual_clip", "kl_coef", "entropy_coef",
                      "tis_clip", "tis_clip_low"):
             _real(name, getattr(self, name), optional=name in ("eps_clip_high", "dual_clip"))
-        if not isinstance(self.use_tis, bool):
-            raise field_error(LossConfigError, "use_tis", self.use_tis, "must be a bool",
-                              "pass True or False")
+        for name in ("use_tis", "sequence_ratio"):
+            if not isinstance(getattr(self, name), bool):
+                raise field_error(LossConfigError, name, getattr(self, name), "must be a bool",
+                                  "pass True or False")
         if not 0.0 < self.eps_clip < 1.0:
             raise field_error(LossConfigError, "eps_clip", self.eps_clip, "must lie in (0, 1)",
                               "use e.g. 0.2")

@@ -65,9 +65,15 @@ def test_uneven_fanout_counts_each_rollout_group_once():
 def test_grpo_with_std_matches_the_formula():
     adv = grpo_advantages([1.0, 0.0, 1.0, 1.0], [0, 1, 2, 3], [0, 0, 0, 0], eps=1e-6)
     r = np.array([1.0, 0.0, 1.0, 1.0])
-    np.testing.assert_allclose(adv, (r - r.mean()) / (r.std() + 1e-6))
+    np.testing.assert_allclose(adv, (r - r.mean()) / (r.std(ddof=1) + 1e-6))
     np.testing.assert_array_equal(gspo_advantages([1.0, 0.0, 1.0, 1.0], [0, 1, 2, 3],
                                                   [0, 0, 0, 0]), adv)
+
+
+def test_grpo_std_is_slimes_sample_std():
+    # One solved of 8: slime's torch.std (Bessel) gives 2.475 / -0.354, not 2.646 / -0.378.
+    adv = grpo_advantages([1.0] + [0.0] * 7, list(range(8)), [0] * 8)
+    np.testing.assert_allclose(adv[:2], [2.4748737, -0.3535534], rtol=1e-5)  # eps 1e-6
 
 
 def test_single_rollout_prompt_gets_zero_advantage():

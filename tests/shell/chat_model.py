@@ -1,46 +1,5 @@
-"""A stand-in for a real instruct model, built offline: a tiny Qwen2 with a byte-level BPE
-tokenizer trained with ``tokenizers`` and a Qwen-style chat template, saved as an HF directory.
+"""The tiny instruct-shaped model of the shell tests: :mod:`vime_shell.models.chat_model`."""
 
-It takes the path a user with ``Qwen2.5-0.5B-Instruct`` takes: ``AutoTokenizer`` loads it,
-``apply_chat_template`` renders ``<|im_start|>user ... <|im_end|>`` turns, and EOS is
-``<|im_end|>``. Example: ``build_chat_model(tmp / "qwen")`` -> a ~0.2M-parameter model with a
-~400-token vocabulary.
-"""
+from vime_shell.models.chat_model import CORPUS, QWEN_TEMPLATE, SPECIALS, build_chat_model
 
-from pathlib import Path
-
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GenerationConfig, PreTrainedTokenizerFast
-
-from vime_shell.models.tiny_model import TinyModelSpec, random_hf_model
-
-SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-QWEN_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
-CORPUS = [f"What is {a} + {b}? Put the final answer in \\boxed{{}}. The answer is "
-          f"\\boxed{{{a + b}}}." for a in range(12) for b in range(12)]
-
-
-def build_chat_model(path: Path, vocab_size: int = 400) -> Path:
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(CORPUS, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", padding_side="left")
-    fast.chat_template = QWEN_TEMPLATE
-    fast.save_pretrained(path)
-    spec = TinyModelSpec(vocab_size=len(fast), hidden_size=64, num_layers=2, num_heads=2,
-                         num_kv_heads=1, head_dim=32, intermediate_size=128, seed=5)
-    model = random_hf_model(spec, pad_token_id=fast.pad_token_id, eos_token_id=fast.eos_token_id,
-                            bos_token_id=None)
-    model.generation_config = GenerationConfig(pad_token_id=fast.pad_token_id,
-                                               eos_token_id=fast.eos_token_id)
-    model.save_pretrained(path, safe_serialization=True)
-    return path
+__all__ = ["CORPUS", "QWEN_TEMPLATE", "SPECIALS", "build_chat_model"]

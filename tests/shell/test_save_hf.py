@@ -63,4 +63,4 @@ def test_cli_refuses_to_export_over_the_source(tmp_path, capsys):
     assert not (tmp_path / "run").exists()  # refused before anything ran
     code = cli.main(["train", "--hf-checkpoint", str(source), "--save-hf", str(tmp_path / "o"),
                      "--save-hf-max-shard-size", "lots", "--run-dir", str(tmp_path / "run")])
-    assert code == 2 and "save_hf_max_shard_size" in capsys.readouterr().err
+    assert code == 2 and "--save-hf-max-shard-size" in capsys.readouterr().err

@@ -13,7 +13,8 @@ response_length=1, loss_mask=[0]`` give ``tokens=[1, 2, 3, 4, 5]``, ``token_offs
 """
 
 from itertools import chain
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 from jaxtyping import Float32, Int32, Int64, UInt8
@@ -110,7 +111,8 @@ def _checked_versions(versions: object, where: str) -> tuple[int, int]:
         raise RolloutValidationError(f"{where}: weight_versions={versions!r:.60} is a "
                                      f"{type(versions).__name__}, not a list. Fix: append the "
                                      "engine's weight version (an int) per generated segment.")
-    values = list(versions.tolist() if isinstance(versions, np.ndarray) else versions)
+    values = list(versions.tolist() if isinstance(versions, np.ndarray)
+                  else cast(Sequence[Any], versions))  # a flat sequence, checked above
     for v in values:
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not (
                 0 <= v < _INT64_END):
@@ -133,7 +135,8 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
     n = len(ss)
     tokens = [s.tokens for s in ss]
     bad = next((i for i, t in enumerate(tokens) if not _flat_sequence(t)), None)
-    lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=n) if bad is None else None
+    lengths = (np.fromiter(map(len, tokens), dtype=np.int64, count=n) if bad is None
+               else np.zeros(0, dtype=np.int64))  # unread: the error below names sample bad
     if bad is not None or lengths.min() < 1:
         i = bad if bad is not None else int(np.argmin(lengths))
         raise RolloutValidationError(f"{flat.path(i)}: tokens={tokens[i]!r:.60} is not a "

@@ -59,7 +59,7 @@ class TrainMicroBatch:
     """One micro-batch of one (DP, CP) rank as a packed row (fields: module docstring)."""
 
     step: int
-    loss_mode: LossMode = attrs.field(converter=LossMode.parse)
+    loss_mode: LossMode = attrs.field(converter=lambda v: LossMode.parse(v))
     num_groups: int
     num_samples: int
     num_microbatches: int

@@ -7,7 +7,9 @@ to every sibling. Counting siblings individually would weight an execution by ho
 it happened to emit; reshaping rewards into ``[prompts, n]`` would break on uneven fan-out.
 
 - ``grpo``: ``(r - mean_prompt) / (std_prompt + eps)``, or just ``r - mean_prompt`` when
-  ``normalize_std=False`` (Dr. GRPO). Population std over the prompt's rollout groups.
+  ``normalize_std=False`` (Dr. GRPO). The std is the *sample* std over the prompt's rollout
+  groups (``ddof=1``, as slime's ``torch.std``): one solved of 8 gives 2.475 / -0.354, where
+  the population std would give 2.646 / -0.378; a prompt with one rollout group gets 0.
 - ``gspo``: GSPO changes the policy ratio (sequence-level), not the reward statistics, so its
   advantages are GRPO's; the name exists so configs say what they train.
 - ``reinforce_pp_baseline``: ``r - mean_prompt``, then, with ``normalize_std``, whitened over
@@ -145,7 +147,9 @@ def _advantages(r: np.ndarray, groups: np.ndarray, prompt_of_group: np.ndarray,
     mean = np.bincount(prompt_of_group, weights=per_group) / counts
     centred = per_group - mean[prompt_of_group]
     if config.normalize_std and config.method in ("grpo", "gspo"):
-        std = np.sqrt(np.bincount(prompt_of_group, weights=centred**2) / counts)
+        # Sample std (Bessel), as slime's torch.std; a lone group has centred 0 and std 0.
+        std = np.sqrt(np.bincount(prompt_of_group, weights=centred**2)
+                      / np.maximum(counts - 1.0, 1.0))
         centred = centred / (std[prompt_of_group] + config.eps)
     elif config.normalize_std:  # reinforce_pp_baseline: whiten over the batch's rollout groups
         centred = (centred - centred.mean()) / (centred.std() + config.eps)

@@ -18,7 +18,7 @@ import numpy as np
 
 from vime_pure.config import BatchingPolicy, ParallelLayout, check_feasible
 from vime_pure.config import static_misalignment_message
-from vime_pure.errors import ScheduleError
+from vime_pure.errors import ScheduleError, ScheduleInvariantError
 from vime_pure.scheduling.flops import proxy_flops
 from vime_pure.grouping import Grouping, group_samples
 from vime_pure.scheduling.rank_balance import balance_step
@@ -171,8 +171,11 @@ def _step_bins(samples: np.ndarray, sizes: np.ndarray, work: np.ndarray, layout:
     step_sizes = sizes[samples]
     if policy.dynamic and policy.balance == "straggler":
         order, ranks = presorted
+        cap = policy.token_cap(layout)
+        if cap is None:  # a dynamic policy always has one (BatchingPolicy checks it)
+            raise ScheduleInvariantError("a dynamic policy without max_tokens_per_gpu")
         result = balance_step(order.tolist(), ranks[order].tolist(), step_sizes, work[samples],
-                              policy.token_cap(layout), layout.dp, layout.microbatch_multiple)
+                              cap, layout.dp, layout.microbatch_multiple)
         if result is not None:
             parts, bins = result
             return np.asarray(parts, dtype=np.int64), to_flat(bins)

@@ -140,6 +140,8 @@ class PolicySummary:
     pad_waste: float
     over_cap_multi: int
     dropped_groups: int
+    oversize_samples: int = 0  # samples over the cap, each alone in its micro-batch
+    max_microbatch_tokens: int = 0
 
 
 def summarize(schedule: Schedule, flops: np.ndarray | None = None) -> PolicySummary:
@@ -163,4 +165,6 @@ def summarize(schedule: Schedule, flops: np.ndarray | None = None) -> PolicySumm
         pad_waste=padded / real - 1.0 if real else 0.0,
         over_cap_multi=sum(s.over_cap_multi for s in stats),
         dropped_groups=len(schedule.dropped_groups),
+        oversize_samples=sum(s.oversize_samples for s in stats),
+        max_microbatch_tokens=max((s.max_microbatch_tokens for s in stats), default=0),
     )

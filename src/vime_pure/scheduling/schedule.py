@@ -88,8 +88,7 @@ def _frozen_int64(value: object, name: str) -> np.ndarray:
     return value
 
 
-def _array_field():
-    return attrs.field(eq=attrs.cmp_using(eq=np.array_equal))
+_ARRAY_EQ = attrs.cmp_using(eq=np.array_equal)
 
 
 @attrs.frozen(slots=False)  # slots off: the cached views live in the instance dict
@@ -110,14 +109,14 @@ class Schedule:
 
     layout: ParallelLayout
     policy: BatchingPolicy
-    lengths_array: np.ndarray = _array_field()
-    group_array: np.ndarray = _array_field()
-    sample_ids: np.ndarray = _array_field()
-    mb_offsets: np.ndarray = _array_field()
-    step_microbatches: np.ndarray = _array_field()
-    step_groups: np.ndarray = _array_field()
+    lengths_array: np.ndarray = attrs.field(eq=_ARRAY_EQ)
+    group_array: np.ndarray = attrs.field(eq=_ARRAY_EQ)
+    sample_ids: np.ndarray = attrs.field(eq=_ARRAY_EQ)
+    mb_offsets: np.ndarray = attrs.field(eq=_ARRAY_EQ)
+    step_microbatches: np.ndarray = attrs.field(eq=_ARRAY_EQ)
+    step_groups: np.ndarray = attrs.field(eq=_ARRAY_EQ)
     dropped_groups: tuple[Hashable, ...]
-    dropped_array: np.ndarray = _array_field()
+    dropped_array: np.ndarray = attrs.field(eq=_ARRAY_EQ)
 
     def __attrs_post_init__(self) -> None:
         check_schedule(self)

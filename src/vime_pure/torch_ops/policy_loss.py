@@ -8,6 +8,9 @@ surrogate fed with group-normalised advantages.
 Formulas (``r = exp(clamp(logp - old_logp, -20, 20))``, advantage ``A``):
   * surrogate ``pg = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))``; with dual clip
     ``c > 1`` and ``A < 0`` it is further capped at ``-A * c``;
+  * GSPO (``sequence_ratio=True``): every token of sample ``i`` uses the sequence ratio
+    ``s_i = exp(mean_{t in i, m_t = 1}(logp_t - old_t))``, the geometric mean of its token
+    ratios, so the clip acts on whole sequences (:func:`gspo_clip_loss`);
   * ``k1 = logp - ref_logp``; ``k2 = k1**2 / 2``;
     ``k3 = exp(ref_logp - logp) - (ref_logp - logp) - 1 >= 0`` (``low_var_kl``: clamped to 10);
   * entropy ``H = -sum_v softmax(z)_v * log_softmax(z)_v``;
@@ -80,6 +83,37 @@ def ppo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, "
 
 
 @tensor_boundary
+def gspo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t"],
+                   advantages: Float[Tensor, " t"], loss_mask: Float[Tensor, " t"],
+                   sample_index: Int[Tensor, " t"], *, eps_clip: float | int = 0.2,
+                   eps_clip_high: float | int | None = None,
+                   dual_clip: float | int | None = None
+                   ) -> tuple[Float[Tensor, " t"], Float[Tensor, " t"], Float[Tensor, " t"]]:
+    """GSPO's sequence-level clipped surrogate, per token: ``(loss, clipped, ratio)``.
+
+    Sample ``i``'s ratio is ``s_i = exp(sum_t m_t (logp_t - old_t) / sum_t m_t)`` over its
+    tokens in this row (``sample_index``), differentiable in ``logp``; each of its tokens then
+    carries the clipped surrogate of ``s_i`` (:func:`ppo_clip_loss` on the sequence log-ratio),
+    so a loss mode's per-sample token average is GSPO's per-sequence term. Needs whole
+    samples in the row: a CP-sliced sample would average only its shard.
+
+    At ``logp == old`` value and gradient equal the token-level surrogate's: ``ds_i/dlogp_t =
+    m_t / n_i`` and the ``n_i`` tokens' weights ``m / D_i`` sum back to ``1 / D_i`` per token.
+    Example: one sample with log-ratios ``log 2`` and ``0``: ``s = sqrt 2 = 1.414``, clipped to
+    1.2 at eps 0.2 for ``A = 1``: both tokens carry ``-1.2``; the token-level surrogate would
+    clip the first token only.
+    """
+    n = int(sample_index.max()) + 1 if sample_index.numel() else 0
+    mask = loss_mask.to(log_probs.dtype)
+    zeros = torch.zeros(n, dtype=log_probs.dtype, device=log_probs.device)
+    sums = zeros.index_add(0, sample_index, (log_probs - old_log_probs) * mask)
+    counts = zeros.index_add(0, sample_index, mask).clamp(min=1.0)
+    sequence_log_ratio = (sums / counts)[sample_index]
+    return ppo_clip_loss(sequence_log_ratio, torch.zeros_like(sequence_log_ratio), advantages,
+                         eps_clip=eps_clip, eps_clip_high=eps_clip_high, dual_clip=dual_clip)
+
+
+@tensor_boundary
 def kl_penalty(log_probs: Float[Tensor, " t"], ref_log_probs: Float[Tensor, " t"],
                kind: KLKind | str = "k3") -> Float[Tensor, " t"]:
     """Per-token KL estimate of the policy from the reference (Schulman's estimators).
@@ -149,17 +183,31 @@ def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t
                 kl_kind: KLKind | str = "k3", entropy_coef: float | int = 0.0,
                 eps_clip: float | int = 0.2,
                 eps_clip_high: float | int | None = None, dual_clip: float | int | None = None,
-                tis: Float[Tensor, " t"] | None = None) -> PolicyTerms:
+                tis: Float[Tensor, " t"] | None = None, sequence_ratio: bool = False,
+                loss_mask: Float[Tensor, " t"] | None = None,
+                sample_index: Int[Tensor, " t"] | None = None) -> PolicyTerms:
     """All per-token pieces and their weighted total (see the module formulas).
 
+    ``sequence_ratio``: GSPO's per-sequence ratio (:func:`gspo_clip_loss`), which needs the
+    row's ``loss_mask`` and ``sample_index``.
     Example: ``r = 1``, ``A = 2``, no KL/entropy terms: ``total = pg = -2`` per token.
     """
     kl_coef, entropy_coef = (knob(name, value, -1e6, 1e6, "pass a finite coefficient, 0 to "
                                   "disable the term")
                              for name, value in (("kl_coef", kl_coef),
                                                  ("entropy_coef", entropy_coef)))
-    pg, clipped, ratio = ppo_clip_loss(log_probs, old_log_probs, advantages, eps_clip=eps_clip,
-                                       eps_clip_high=eps_clip_high, dual_clip=dual_clip)
+    if sequence_ratio:
+        if loss_mask is None or sample_index is None:
+            raise field_error(LossConfigError, "sequence_ratio", True,
+                              "needs the row's loss_mask and sample_index",
+                              "pass loss_mask= and sample_index= (the record's token_sample)")
+        pg, clipped, ratio = gspo_clip_loss(log_probs, old_log_probs, advantages, loss_mask,
+                                            sample_index, eps_clip=eps_clip,
+                                            eps_clip_high=eps_clip_high, dual_clip=dual_clip)
+    else:
+        pg, clipped, ratio = ppo_clip_loss(log_probs, old_log_probs, advantages,
+                                           eps_clip=eps_clip, eps_clip_high=eps_clip_high,
+                                           dual_clip=dual_clip)
     if tis is not None:
         pg = pg * tis
     zeros = torch.zeros_like(log_probs)

@@ -1,5 +1,5 @@
 """The ``vime`` command line: ``vime train`` (the RL loop), ``vime schedule`` (plan and report
-steps) and ``vime demo`` (``vime train`` with the embedded default, writing ``runs/demo/`` and
+steps), ``vime inspect`` (a rollout dump as readable text) and ``vime demo`` (``vime train`` with the embedded default, writing ``runs/demo/`` and
 the rollout dumps ``runs/demo/rollouts/rollout_<k>.npz``).
 
 Each subcommand lives in its own module with ``add_arguments(parser)`` and ``run(args) -> int``.
@@ -14,15 +14,21 @@ the full traceback follows under ``--log-level debug``. Messages name flags as t
 
 import argparse
 import os
+import re
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import attrs
+
 from vime_pure.errors import VimeError
 from vime_shell.cli import async_demo
+from vime_shell.cli import inspect as inspect_cmd
 from vime_shell.cli import schedule as schedule_cmd
 from vime_shell.cli import train as train_cmd
 from vime_shell.cli.parser import VimeArgumentParser, report_failure
+from vime_shell.loop.config import TrainConfig, field_type
 from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
 
 
@@ -33,12 +39,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser(
         "train", help="run the RL loop (generate, reward, schedule, train, sync)",
-        description=train_cmd.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        usage="vime train [--config FILE] [--flag VALUE ...]",
+        description=plain_text(train_cmd.__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     train_cmd.add_arguments(train)
     train.set_defaults(handler=train_cmd.run)
     schedule_cmd.add_arguments(sub.add_parser(
         "schedule", help="plan the steps of a workload and print a per-step table",
-        description=schedule_cmd.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+        description=plain_text(schedule_cmd.__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter))
+    inspect_cmd.add_arguments(sub.add_parser(
+        "inspect", help="print a rollout dump as text: decoded prompts and responses, labels, "
+        "rewards, metadata", description=plain_text(inspect_cmd.__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter))
     demo = sub.add_parser(
         "demo", help="the embedded CPU demo (what `make demo` runs): `vime train` with the "
         "default config and a 96-token micro-batch budget, writing runs/demo/ and its rollout "
@@ -53,6 +66,30 @@ def build_parser() -> argparse.ArgumentParser:
     train_cmd.add_arguments(demo)  # same flags, e.g. `vime demo --seed 1`
     demo.set_defaults(handler=_demo)
     return parser
+
+
+def plain_text(doc: str | None) -> str:
+    """A module docstring as help text: without reST markup (double backquotes, roles).
+    Example: ``":mod:`a.b` and ``--lr``"`` -> ``"a.b and --lr"``."""
+    return re.sub(r":\w+:`~?([^`]*)`", r"\1", (doc or "").replace("``", ""))
+
+
+def train_command(args: argparse.Namespace) -> str:
+    """The ``vime train`` command line a demo amounts to: every setting it was given.
+
+    Example: ``--max-tokens-per-gpu 96 --save-rollout-data 'runs/demo/rollouts/...'``."""
+    parts = ["vime", "train"]
+    for f in attrs.fields(TrainConfig):
+        if not hasattr(args, f.name):
+            continue
+        value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
+        if field_type(f)[0] is bool:
+            parts.append(flag if value else f"--no-{flag[2:]}")
+        elif isinstance(value, (list, tuple)):
+            parts += [flag, *map(str, value)]
+        else:
+            parts += [flag, "none" if value is None else str(value)]
+    return " ".join(shlex.quote(p) for p in parts)
 
 
 DEMO_MAX_TOKENS_PER_GPU = 96
@@ -76,6 +113,7 @@ def _demo(args: argparse.Namespace) -> int:
         if "WORLD_SIZE" not in os.environ:  # the parent: relaunch on 2 ranks
             return async_demo.launch(args, args.argv)
     run_dir = getattr(args, "run_dir", "runs/demo")
+    args.run_dir = run_dir
     if getattr(args, "save_rollout_data", None) is None:  # for `vime schedule --input` later
         args.save_rollout_data = f"{run_dir}/rollouts/rollout_{{rollout_id}}.npz"
     if not hasattr(args, "max_tokens_per_gpu") and not getattr(args, "config", None):
@@ -88,6 +126,7 @@ def _demo(args: argparse.Namespace) -> int:
               f"exact-match reward), HF engine + Megatron-core on CPU; writing {run_dir}/ "
               f"(`vime train` defaults, plus rollout dumps and --max-tokens-per-gpu "
               f"{args.max_tokens_per_gpu})", file=sys.stderr)
+        print(f"vime demo: the same as {train_command(args)}", file=sys.stderr)
     return train_cmd.run(args)
 
 
@@ -106,6 +145,7 @@ def _math_demo(args: argparse.Namespace) -> int:
     print(f"vime demo --math: the embedded model learns single-digit sums ({len(train)} train, "
           f"{len(held_out)} eval prompts in {data}/) through its chat template, the math reward "
           f"and dynamic sampling; writing {args.run_dir}/", file=sys.stderr)
+    print(f"vime demo --math: the same as {train_command(args)}", file=sys.stderr)
     return train_cmd.run(args)
 
 

@@ -13,7 +13,12 @@ Layout and policy flags are named as in slime and mean what they mean in `vime t
 --balance-by-flops by estimated FLOPs; --packing and --balance pick any algorithm
 (--balance straggler included). The table shows, per step: groups, samples, micro-batches per rank (and the aligned
 lower bound), max and mean rank tokens, token and FLOPs imbalance (max/mean), cap use (mean
-micro-batch fill) and the largest micro-batch. Dropped trailing groups are reported below.
+micro-batch fill) and the largest micro-batch. Below it: samples over the cap (each alone in a
+micro-batch, the out-of-memory risk) and the largest micro-batch against the cap, the pipeline
+bubble at --pp/--vpp, and with --peak-tflops a step-time estimate per step
+(vime_pure.scheduling.step_time). --hf-config DIR measures FLOPs with that model's config
+(what `vime train` uses) instead of the fixed 8B-shaped proxy ratio. Dropped trailing groups
+are reported last.
 """
 
 import argparse
@@ -30,7 +35,9 @@ from vime_pure.errors import VimeError, field_error
 from vime_pure.grouping import plain_key
 from vime_pure.scheduling.inputs import MAX_LENGTH
 from vime_pure.scheduling.planner import build_schedule
+from vime_pure.scheduling.flops import FlopsModel
 from vime_pure.scheduling.report import PolicySummary, StepStats, step_stats, summarize
+from vime_pure.scheduling.step_time import bubble_fraction, step_times
 from vime_pure.scheduling.workloads import FANOUTS, synthetic_workload
 from vime_shell.storage.dump import workload_from_dump
 from vime_shell.storage.files import require_regular_file, writable_target, write_atomic
@@ -68,6 +75,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="balance DP ranks by estimated FLOPs (--balance flops)")
     pol.add_argument("--allow-partial-train-step", action="store_true",
                      help="train trailing groups as one smaller final step when feasible")
+    model = p.add_argument_group("model")
+    model.add_argument("--hf-config", type=Path, default=None,
+                       help="HF model directory (or config.json) whose FLOPs model balances and "
+                            "measures (default: a fixed 8B-shaped ratio)")
+    model.add_argument("--peak-tflops", type=float, default=None,
+                       help="peak TFLOP/s per GPU: print a step-time estimate per step")
+    model.add_argument("--mfu", type=float, default=0.4,
+                       help="achieved share of --peak-tflops for the estimate (default 0.4)")
     rep = p.add_argument_group("reports")
     rep.add_argument("--json", type=Path, default=None, help="also write per-step stats as JSON")
     rep.add_argument("--compare", action="store_true",
@@ -204,7 +219,7 @@ def format_table(stats: tuple[StepStats, ...]) -> str:
 def format_compare(rows: list[tuple[str, str, PolicySummary]]) -> str:
     head = (f"{'packing':>9} {'balance':>9} {'mbs':>6} {'bound':>6} {'aligned':>7} {'tok imb mean/worst':>18} "
             f"{'tok LB':>6} {'flops imb mean/worst':>20} {'flops LB':>8} {'pad waste':>9} "
-            f"{'over cap':>8} {'dropped':>7}")
+            f"{'oversize':>8} {'max mb tok':>10} {'dropped':>7}")
     out = [head, "-" * len(head)]
     for packing, balance, s in rows:
         out.append(
@@ -213,25 +228,76 @@ def format_compare(rows: list[tuple[str, str, PolicySummary]]) -> str:
             f"{s.token_imbalance_mean:>8.3f} / {s.token_imbalance_worst:<7.3f} "
             f"{s.token_imbalance_bound:>6.3f} {s.flops_imbalance_mean:>9.3f} / "
             f"{s.flops_imbalance_worst:<8.3f} {s.flops_imbalance_bound:>8.3f} "
-            f"{s.pad_waste:>9.1%} {s.over_cap_multi:>8} {s.dropped_groups:>7}")
+            f"{s.pad_waste:>9.1%} {s.oversize_samples:>8} {s.max_microbatch_tokens:>10,} "
+            f"{s.dropped_groups:>7}")
     return "\n".join(out)
 
 
-def compare(lengths, groups, layout: ParallelLayout, policy: BatchingPolicy):
+def compare(lengths, groups, layout: ParallelLayout, policy: BatchingPolicy,
+            flops: FlopsModel | None = None):
     """Summaries of every packing x balance combination under ``policy``'s other settings."""
     rows = []
+    work = None if flops is None else flops.per_sample(lengths)
     for packing in PACKINGS:
         for balance in BALANCES:
             variant = attrs.evolve(policy, packing=packing, balance=balance)
             rows.append((packing, balance,
-                         summarize(build_schedule(lengths, groups, layout, variant))))
+                         summarize(build_schedule(lengths, groups, layout, variant, work),
+                                   work)))
     return rows
+
+
+def load_flops_model(path: Path | None) -> FlopsModel | None:
+    """``--hf-config``: the FLOPs model of a model directory's (or a file's) config.json."""
+    if path is None:
+        return None
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise field_error(InputError, "--hf-config", str(path), f"cannot be read ({exc})",
+                          "pass an HF model directory or its config.json") from None
+    return FlopsModel.from_hf_config(config)
+
+
+def format_extras(schedule, stats: tuple[StepStats, ...], policy: BatchingPolicy,
+                  layout: ParallelLayout, flops: FlopsModel | None, args) -> list[str]:
+    """The lines under the table: oversize singletons and the largest micro-batch, the
+    pipeline bubble, and the step-time estimate."""
+    out = []
+    cap = policy.token_cap(layout)
+    if stats:
+        largest = max(s.max_microbatch_tokens for s in stats)
+        oversize = sum(s.oversize_samples for s in stats)
+        ratio = f" = {largest / cap:.2f} x the cap" if cap else ""
+        out.append(f"oversize samples (alone in a micro-batch, over the cap): {oversize}; "
+                   f"largest micro-batch {largest:,} tokens{ratio}")
+        mbs = max(s.microbatches_per_rank for s in stats)
+        out.append(f"pipeline: pp={layout.pp} vpp={layout.vpp}, bubble "
+                   f"{bubble_fraction(layout.pp, layout.vpp, mbs):.1%} of a step at {mbs} "
+                   "micro-batches per rank")
+    if args.peak_tflops is not None:
+        model = flops or FlopsModel.from_hf_config(_PROXY_8B)
+        times = step_times(schedule, model, peak_tflops=args.peak_tflops, mfu=args.mfu)
+        source = "the --hf-config model" if flops else "an 8B-shaped dense model"
+        out.append(f"step time estimate ({source}, {args.peak_tflops:g} TFLOP/s x mfu "
+                   f"{args.mfu:g}): " + ", ".join(f"step {t.step} {t.seconds:.3g} s"
+                                                 for t in times[:8])
+                   + (" ..." if len(times) > 8 else "")
+                   + f"; total {sum(t.seconds for t in times):.3g} s")
+    return out
+
+
+# The dense 8B decoder whose ratio ``proxy_flops`` uses (Llama-3-8B's shape).
+_PROXY_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256}
 
 
 def run(args: argparse.Namespace) -> int:
     check_outputs(args)
     lengths, groups = load_workload(args)
     layout, policy = policy_from_args(args)
+    flops = load_flops_model(args.hf_config)
     if args.compare:
         if not policy.dynamic:
             raise InputError("--compare needs dynamic packing. Fix: set --max-tokens-per-gpu.")
@@ -241,16 +307,20 @@ def run(args: argparse.Namespace) -> int:
               f"each step's bound rounded up to a multiple of {layout.align_multiple}; LB = mean "
               "per-step "
               "imbalance lower bound max(max item, total/dp)/(total/dp)")
-        print(format_compare(compare(lengths, groups, layout, policy)))
+        print(format_compare(compare(lengths, groups, layout, policy, flops)))
         return 0
-    schedule = build_schedule(lengths, groups, layout, policy)
-    stats = step_stats(schedule)
+    work = None if flops is None else flops.per_sample(lengths)
+    schedule = build_schedule(lengths, groups, layout, policy, work)
+    stats = step_stats(schedule, work)
     cap = policy.token_cap(layout)
     print(f"workload: {len(lengths)} samples in {len(set(groups))} groups; layout dp={layout.dp} "
-          f"cp={layout.cp} vpp={layout.vpp} (align multiple {layout.align_multiple}); "
+          f"cp={layout.cp} pp={layout.pp} vpp={layout.vpp} (align multiple "
+          f"{layout.align_multiple}); "
           f"packing={policy.packing if policy.dynamic else 'static'} balance={policy.balance} "
           + (f"cap={cap:,} tokens" if cap else f"micro_batch_size={policy.micro_batch_size}"))
     print(format_table(stats))
+    for line in format_extras(schedule, stats, policy, layout, flops, args):
+        print(line)
     kept = sum(s.num_groups for s in stats)
     print(f"trained: {kept} groups in {len(stats)} steps; dropped: "
           f"{len(schedule.dropped_groups)} groups / {len(schedule.dropped_samples)} samples"

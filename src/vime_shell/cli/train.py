@@ -8,7 +8,8 @@ bad value exits with status 2 and one line naming the setting and the fix.
 
 Multi-process: ``torchrun --nproc-per-node 2 -m vime_shell.cli train
 --tensor-model-parallel-size 2``; multi-node adds torchrun's ``--nnodes``, ``--node-rank`` and
-``--rdzv-endpoint``. Rank 0 generates and writes; every rank trains.
+``--rdzv-endpoint``. Every rank with an engine generates its share of the prompts (see
+``--rollout-num-gpus``), rank 0 writes the files, every rank trains.
 
 Example: ``vime train --num-rollout 50 --lr 3e-4 --run-dir runs/r1 --save ck --save-hf hf_out``.
 """
@@ -36,12 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     result = run_training(cfg, plan=plan)
     if int(os.environ.get("RANK", "0")) == 0 and result.records:
-        first, last = result.records[0], result.records[-1]
-        tail = result.records[-10:]
-        print(f"vime train: rollouts {first['rollout']}..{last['rollout']}: reward "
-              f"{first['reward_mean']:.3f} -> {last['reward_mean']:.3f} (last 10: "
-              f"{sum(r['reward_mean'] for r in tail) / len(tail):.3f}); metrics in "
-              f"{cfg.run_dir}/metrics.jsonl", file=sys.stderr)
+        print(f"vime train: metrics in {cfg.run_dir}/metrics.jsonl", file=sys.stderr)
         for path in result.plots:
             print(f"vime train: plot {path}", file=sys.stderr)
     return 0

@@ -9,14 +9,16 @@ unprocessed logits (temperature, top-p and top-k shape *sampling* only). This is
 
 Invariants the tests assert, for every engine:
 - ``len(g.token_ids) == len(g.log_probs) <= params.max_new_tokens`` and every log-prob is <= 0;
-- ``finish_reason == "stop"`` iff the last token is a stop token; ``"length"`` iff the budget was
-  used up; tokens after the first stop token are never returned;
+- ``finish_reason == "stop"`` iff the last token is a stop token or completes a stop string;
+  ``"length"`` iff the budget was used up; tokens after the first stop are never returned;
+- the budget of a request is ``params.max_new_tokens_for(len(prompt))``: ``max_new_tokens``,
+  capped by ``max_context_len - len(prompt)`` when a context limit is set;
 - request ``i`` of a call with ``seed=s`` samples with seed ``s + i``: the samples of one group
   are independent draws (identical draws would give zero advantages and no learning) and a call
   is reproducible.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
@@ -43,8 +45,14 @@ class SamplingParams:
 
     ``top_k=0`` disables top-k; ``temperature=0`` is greedy. ``seed=None`` draws from the
     engine's own RNG stream; otherwise request ``i`` uses seed ``seed + i``.
+    ``stop_token_ids``: generation ends after any of them (the engines never add the model's
+    EOS on their own: the caller lists every stop token). ``stop``: strings that end
+    generation once the decoded response contains one; the response keeps the token that
+    completed it (slime's ``--rollout-stop``, vLLM's ``stop``). ``max_context_len``: prompt +
+    response tokens at most (``--rollout-max-context-len``).
     Example: ``SamplingParams(max_new_tokens=2, temperature=1.0, seed=7)`` samples two tokens
-    per request, request 3 with seed 10.
+    per request, request 3 with seed 10; with ``max_context_len=10`` a 9-token prompt gets a
+    budget of 1 token.
     """
 
     max_new_tokens: int
@@ -53,6 +61,8 @@ class SamplingParams:
     top_k: int = 0
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     seed: int | None = None
+    stop: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    max_context_len: int | None = None
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
@@ -72,6 +82,29 @@ class SamplingParams:
                                       or self.seed < 0):
             raise field_error(EngineError, "seed", self.seed, "must be None or an integer >= 0",
                               "derive it from the run seed and the rollout id")
+        if not all(isinstance(t, str) and t for t in self.stop):
+            raise field_error(EngineError, "stop", self.stop, "must hold non-empty strings",
+                              "pass e.g. ('</answer>',)")
+        ctx = self.max_context_len
+        if ctx is not None and (isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 2):
+            raise field_error(EngineError, "max_context_len", ctx,
+                              "must be None or an integer >= 2", "pass e.g. 4096")
+
+    def max_new_tokens_for(self, prompt_len: int) -> int:
+        """The token budget of a request with ``prompt_len`` prompt tokens.
+
+        Example: ``max_new_tokens=8, max_context_len=10``: a 4-token prompt gets 6, a
+        1-token prompt 8. A prompt that leaves no room is an :class:`EngineError`.
+        """
+        if self.max_context_len is None:
+            return self.max_new_tokens
+        room = self.max_context_len - prompt_len
+        if room < 1:
+            raise field_error(EngineError, "max_context_len", self.max_context_len,
+                              f"leaves no room for a response after a {prompt_len}-token prompt",
+                              "raise --rollout-max-context-len, or drop long prompts with "
+                              "--rollout-max-prompt-len")
+        return min(self.max_new_tokens, room)
 
     def request_seed(self, i: int) -> int | None:
         """Seed of request ``i``: ``seed + i`` (None when unseeded)."""
@@ -136,6 +169,31 @@ class RolloutEngine(Protocol):
     def wake_up(self, tags: Sequence[str] | None = None) -> None: ...
 
     def close(self) -> None: ...
+
+
+def stop_string_end(token_ids: Sequence[int], decode: Callable[[Sequence[int]], str],
+                    stops: Sequence[str]) -> int | None:
+    """Length of the shortest prefix of ``token_ids`` whose decoded text contains one of
+    ``stops`` (the response keeps the token that completed the stop string), or None.
+
+    A prefix's text only grows with it, so a binary search needs ~log2(n) decodes.
+    Example: tokens decoding to ``"ab"``, ``"c</"``, ``"a>"``, ``"zz"`` with
+    ``stops=("</a>",)`` give 3.
+    """
+    def hit(n: int) -> bool:
+        text = decode(token_ids[:n])
+        return any(s in text for s in stops)
+
+    if not stops or not token_ids or not hit(len(token_ids)):
+        return None
+    lo, hi = 1, len(token_ids)  # hit(hi) holds; find the smallest such n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if hit(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:

@@ -8,18 +8,23 @@ How it meets the protocol's invariants (see :mod:`vime_shell.engines.base`):
 - Log-probs come from the **raw** logits (``output_logits=True``), never from processed scores.
 - Prompts are left-padded (``generate`` needs that for batched decoding); the padding side is
   set on every call, because loading a tokenizer or model can reset it.
+- Per-request budgets (``max_context_len``) and stop strings are applied to each row after the
+  batched ``generate``: decoding is causal, so a row's first ``k`` tokens do not depend on how
+  long it ran on. Stop strings are matched on the text of the model directory's tokenizer.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessorList
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
+                          LogitsProcessorList)
 
 from vime_pure.errors import field_error
 from vime_shell.engines.base import (
-    EngineError, Generation, NamedTensors, SamplingParams, check_prompts,
+    EngineError, Generation, NamedTensors, SamplingParams, check_prompts, stop_string_end,
 )
 from vime_shell.engines.weights import load_safetensors_dir
 
@@ -81,7 +86,7 @@ class HfEngine:
     name = "hf"
 
     def __init__(self, model_path: str | Path, *, seed: int = 0, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, tokenizer: Any = None):
         path = Path(model_path).expanduser()
         if not (path / "config.json").is_file():
             raise field_error(EngineError, "model_path", str(path),
@@ -91,15 +96,28 @@ class HfEngine:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         self._init(model, seed=seed, device=device)
         self.model_path = path
+        self._tokenizer = tokenizer
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module, *, seed: int = 0,
-                   device: str = "cpu") -> "HfEngine":
-        """Wrap an already-built ``PreTrainedModel`` (tests, in-process trainers)."""
+    def from_model(cls, model: torch.nn.Module, *, seed: int = 0, device: str = "cpu",
+                   tokenizer: Any = None) -> "HfEngine":
+        """Wrap an already-built ``PreTrainedModel`` (tests, in-process trainers); stop
+        strings need ``tokenizer``."""
         engine = cls.__new__(cls)
         engine._init(model, seed=seed, device=device)
         engine.model_path = None
+        engine._tokenizer = tokenizer
         return engine
+
+    def _decoder(self) -> Any:
+        """The tokenizer that decodes responses for stop strings (loaded on first need)."""
+        if self._tokenizer is None:
+            if self.model_path is None:
+                raise field_error(EngineError, "stop", "<stop strings>",
+                                  "need a tokenizer, and this engine was built from a model "
+                                  "object", "pass HfEngine.from_model(..., tokenizer=tok)")
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        return self._tokenizer
 
     def _init(self, model: torch.nn.Module, *, seed: int, device: str) -> None:
         self.device = torch.device(device)
@@ -129,9 +147,10 @@ class HfEngine:
             seeds = self.draw_seeds(len(ids))
         else:
             seeds = [params.request_seed(i) for i in range(len(ids))]
+        budgets = [params.max_new_tokens_for(len(p)) for p in ids]
         input_ids, attention = self._left_pad(ids)
         config = GenerationConfig(
-            do_sample=False, max_new_tokens=params.max_new_tokens,
+            do_sample=False, max_new_tokens=max(budgets),
             min_new_tokens=0, eos_token_id=list(params.stop_token_ids) or None,
             pad_token_id=self.pad_token_id, output_logits=True, return_dict_in_generate=True,
         )
@@ -144,8 +163,9 @@ class HfEngine:
         response = out.sequences[:, input_ids.shape[1]:]
         raw = torch.stack(out.logits, dim=1).float()  # [B, T, V], unprocessed
         logp = torch.log_softmax(raw, dim=-1).gather(-1, response[..., None]).squeeze(-1)
-        return [self._cut(response[i].tolist(), logp[i].tolist(), params)
-                for i in range(len(ids))]
+        decode = self._decoder().decode if params.stop else None
+        return [self._cut(response[i, :budgets[i]].tolist(), logp[i, :budgets[i]].tolist(),
+                          params, decode) for i in range(len(ids))]
 
     def _left_pad(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in ids)
@@ -157,14 +177,20 @@ class HfEngine:
         return input_ids.to(self.device), attention.to(self.device)
 
     @staticmethod
-    def _cut(tokens: list[int], logps: list[float], params: SamplingParams) -> Generation:
-        """Keep tokens up to and including the first stop token; drop the padding after it."""
+    def _cut(tokens: list[int], logps: list[float], params: SamplingParams,
+             decode: Callable[[Sequence[int]], str] | None = None) -> Generation:
+        """Keep tokens up to and including the first stop token (dropping the padding after
+        it), then up to the token completing the first stop string."""
         stops = set(params.stop_token_ids)
-        for j, tok in enumerate(tokens):
-            if tok in stops:
-                return Generation(token_ids=tokens[:j + 1], log_probs=logps[:j + 1],
-                                  finish_reason="stop")
-        return Generation(token_ids=tokens, log_probs=logps, finish_reason="length")
+        end = next((j + 1 for j, tok in enumerate(tokens) if tok in stops), None)
+        if end is not None:
+            tokens, logps = tokens[:end], logps[:end]
+        if decode is not None:
+            at = stop_string_end(tokens, decode, params.stop)
+            if at is not None:
+                end, tokens, logps = at, tokens[:at], logps[:at]
+        return Generation(token_ids=tokens, log_probs=logps,
+                          finish_reason="length" if end is None else "stop")
 
     def update_weights_from_tensors(self, named_tensors: NamedTensors) -> None:
         """Copy HF-named tensors into the model in place; unknown names or shapes are errors."""

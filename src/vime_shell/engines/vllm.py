@@ -120,16 +120,20 @@ class VllmEngine(StagedWeights):
         if not ids:
             return []
         requests = [TokensPrompt(prompt_token_ids=p) for p in ids]
-        sampling = [self._sampling_params(params, i) for i in range(len(ids))]
+        sampling = [self._sampling_params(params, i, len(p)) for i, p in enumerate(ids)]
         outputs = self._llm.generate(requests, sampling, use_tqdm=False)
         return [self._to_generation(out) for out in outputs]
 
-    def _sampling_params(self, params: SamplingParams, i: int) -> Any:
+    def _sampling_params(self, params: SamplingParams, i: int, prompt_len: int) -> Any:
+        """vLLM's per-request parameters; stop strings need detokenizing (vLLM matches them
+        on the text and keeps the tokens up to the one that completed the match)."""
         return self._vllm.SamplingParams(
-            n=1, max_tokens=params.max_new_tokens, temperature=params.temperature,
-            top_p=params.top_p, top_k=params.top_k if params.top_k else -1,
+            n=1, max_tokens=params.max_new_tokens_for(prompt_len),
+            temperature=params.temperature, top_p=params.top_p,
+            top_k=params.top_k if params.top_k else -1,
             stop_token_ids=list(params.stop_token_ids), ignore_eos=True,
-            seed=params.request_seed(i), logprobs=0, detokenize=False,
+            stop=list(params.stop) or None, seed=params.request_seed(i), logprobs=0,
+            detokenize=bool(params.stop),
         )
 
     @staticmethod

@@ -49,6 +49,10 @@ ESTIMATOR_METHOD = {"grpo": "grpo", "gspo": "gspo",
 ESTIMATORS: tuple[str, ...] = tuple(ESTIMATOR_METHOD)
 LR_DECAY_STYLES: tuple[str, ...] = ("constant", "linear", "cosine", "inverse-square-root")
 LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning")
+SAVE_HF_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+DEFAULT_NUM_ROLLOUT = 300
+DEFAULT_GLOBAL_BATCH_SIZE = 128
+DEFAULT_LOSS_MODE = "group_token_mean"
 SECTIONS: tuple[str, ...] = ("model", "data", "rollout", "reward", "eval", "batching", "loss",
                              "optimizer", "parallelism", "checkpoint", "logging")
 
@@ -61,6 +65,13 @@ def _f(default: Any, help: str, section: str, choices: Sequence[Any] | None = No
        nargs: str | None = None) -> Any:
     return attrs.field(default=default, metadata={"help": help, "section": section,
                                                   "choices": choices, "nargs": nargs})
+
+
+def _tuple_field(help: str, section: str) -> Any:
+    """An optional list setting (``--flag A B``, a list in a config file), stored as a tuple."""
+    return attrs.field(default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
+                       metadata={"help": help, "section": section, "choices": None,
+                                 "nargs": "+"})
 
 
 @attrs.frozen(kw_only=True)
@@ -102,7 +113,8 @@ class TrainConfig:
                                "data")
     rollout_seed: int | None = _f(None, "seed of prompt order and sampling; default --seed",
                                   "data")
-    num_epoch: int | None = _f(None, "passes over the dataset; sets --num-rollout", "data")
+    num_epoch: int | None = _f(None, "passes over the dataset; sets the rollout count when "
+                               "--num-rollout is not given (slime's rule)", "data")
     task: str = _f("reverse2", "built-in task supplying prompts and labels without "
                    "--prompt-data", "data", tuple(TASKS))
     # rollout
@@ -125,7 +137,8 @@ class TrainConfig:
     rollout_num_turns: int = _f(2, "turns per execution of the compact rollout (2-3)", "rollout")
     rollout_turn_reward: str = _f("mean", "compact rollout reward over turns", "rollout",
                                   ("mean", "all"))
-    num_rollout: int = _f(300, "rollout batches to generate and train on", "rollout")
+    num_rollout: int | None = _f(None, f"rollout batches to generate and train on; default "
+                                 f"{DEFAULT_NUM_ROLLOUT}, or what --num-epoch needs", "rollout")
     rollout_batch_size: int = _f(16, "prompts (prompt groups) per rollout batch", "rollout")
     n_samples_per_prompt: int = _f(8, "rollout executions per prompt", "rollout")
     rollout_temperature: float = _f(1.0, "sampling temperature", "rollout")
@@ -133,6 +146,18 @@ class TrainConfig:
     rollout_top_k: int = _f(0, "top-k sampling, 0 for off", "rollout")
     rollout_max_response_len: int | None = _f(None, "max new tokens; default: the built-in "
                                               "task's answer length", "rollout")
+    # stop controls
+    rollout_stop: tuple[str, ...] | None = _tuple_field(
+        "stop strings: a response ends once its text contains one (the stop string stays in "
+        "the response)", "rollout")
+    rollout_stop_token_ids: tuple[int, ...] | None = _tuple_field(
+        "more stop token ids; generation always stops at the tokenizer's EOS, the "
+        "generation_config.json eos_token_id and, with --apply-chat-template, the template's "
+        "end-of-turn token (e.g. <|im_end|>)", "rollout")
+    rollout_max_context_len: int | None = _f(None, "max prompt + response tokens: a "
+                                             "response's budget is the smaller of this minus "
+                                             "its prompt and --rollout-max-response-len",
+                                             "rollout")
     over_sampling_batch_size: int | None = _f(None, "prompts drawn per generation round under "
                                               "dynamic sampling", "rollout")
     dynamic_sampling_filter_path: str | None = _f(None, "keep a prompt group when "
@@ -140,7 +165,13 @@ class TrainConfig:
                                                   "vime_shell.rollout.filters:nonzero_reward_std",
                                                   "rollout")
     dynamic_sampling_max_rounds: int = _f(8, "generation rounds per rollout under dynamic "
-                                          "sampling before training on what passed", "rollout")
+                                          "sampling before training on what passed (a rollout "
+                                          "where nothing passed is logged and skipped)",
+                                          "rollout")
+    dynamic_sampling_fill_filtered: bool = _f(False, "when fewer prompts than "
+                                              "--rollout-batch-size pass within the rounds, "
+                                              "fill the batch with filtered-out ones",
+                                              "rollout")
     # asynchronous training on separate rollout ranks (slime / miles names)
     train_async: bool = _f(False, "one step off (slime's train_async.py): engines on "
                            "--rollout-num-gpus ranks of their own generate rollout k+1 while "
@@ -159,22 +190,46 @@ class TrainConfig:
                                     "reward")
     group_rm: bool = _f(False, "--custom-rm-path takes all samples of one prompt and returns "
                         "their rewards", "reward")
-    advantage_estimator: str = _f("grpo", "rewards to advantages", "reward", ESTIMATORS)
+    advantage_estimator: str = _f("grpo", "rewards to advantages; gspo also trains with "
+                                  "GSPO's sequence-level importance ratio", "reward",
+                                  ESTIMATORS)
+    disable_grpo_std_normalization: bool = _f(False, "GRPO/GSPO advantages without the "
+                                              "division by the group's std (Dr. GRPO)",
+                                              "reward")
     # evaluation
     eval_prompt_data: tuple[str, ...] | None = attrs.field(
         default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
         metadata={"help": "NAME PATH [NAME PATH ...] eval sets", "section": "eval",
                   "choices": None, "nargs": "+"})
+    eval_config: str | None = _f(None, "YAML/JSON file of eval sets with their own keys: "
+                                 "{datasets: [{name, path, input_key, label_key}]} (beside "
+                                 "--eval-prompt-data)", "eval")
     eval_interval: int | None = _f(None, "evaluate every N rollouts (and after the last)", "eval")
     n_samples_per_eval_prompt: int = _f(1, "samples per eval prompt (pass@k uses them)", "eval")
     eval_max_response_len: int | None = _f(None, "max new tokens in eval; default "
                                            "--rollout-max-response-len", "eval")
     eval_temperature: float | None = _f(None, "eval sampling temperature; default "
                                         "--rollout-temperature", "eval")
+    eval_top_p: float | None = _f(None, "eval nucleus mass; default --rollout-top-p", "eval")
+    eval_top_k: int | None = _f(None, "eval top-k; default --rollout-top-k", "eval")
+    eval_stop: tuple[str, ...] | None = _tuple_field("eval stop strings; default "
+                                                     "--rollout-stop", "eval")
+    eval_stop_token_ids: tuple[int, ...] | None = _tuple_field(
+        "eval stop token ids (besides the default ones); default --rollout-stop-token-ids",
+        "eval")
+    eval_max_context_len: int | None = _f(None, "eval max prompt + response tokens; default "
+                                          "--rollout-max-context-len", "eval")
+    eval_input_key: str | None = _f(None, "eval rows' prompt field; default --input-key",
+                                    "eval")
+    eval_label_key: str | None = _f(None, "eval rows' label field; default --label-key",
+                                    "eval")
     # batching (global_batch_size counts groups = rollout executions, never samples)
-    global_batch_size: int = _f(128, "groups per optimizer step", "batching")
+    global_batch_size: int | None = _f(None, f"groups per optimizer step; default "
+                                       f"{DEFAULT_GLOBAL_BATCH_SIZE}, or the rollout's groups / "
+                                       "--num-steps-per-rollout", "batching")
     num_steps_per_rollout: int | None = _f(None, "optimizer steps per rollout; sets "
-                                           "--global-batch-size", "batching")
+                                           "--global-batch-size (which, if given too, must "
+                                           "agree)", "batching")
     max_tokens_per_gpu: int | None = _f(1024, "token budget of a packed micro-batch", "batching")
     micro_batch_size: int | None = _f(None, "samples per static micro-batch (with "
                                       "--max-tokens-per-gpu none)", "batching")
@@ -183,10 +238,13 @@ class TrainConfig:
     balance_data: bool = _f(False, "balance tokens across DP ranks (balance=tokens)", "batching")
     balance_by_flops: bool = _f(False, "balance estimated FLOPs across DP ranks (balance=flops)",
                                 "batching")
-    allow_partial_train_step: bool = _f(False, "train a short last step instead of dropping",
-                                        "batching")
+    allow_partial_train_step: bool = _f(False, "train a short last step instead of dropping; "
+                                        "implied by --dynamic-sampling-filter-path (without "
+                                        "--dynamic-sampling-fill-filtered)", "batching")
     # loss
-    loss_mode: str = _f("group_token_mean", "loss denominators", "loss", LOSS_MODES)
+    loss_mode: str | None = _f(None, f"loss denominators; default {DEFAULT_LOSS_MODE} "
+                               "(token_mean under --calculate-per-token-loss)", "loss",
+                               LOSS_MODES)
     calculate_per_token_loss: bool = _f(False, "slime's name for --loss-mode token_mean", "loss")
     eps_clip: float = _f(0.2, "PPO ratio clip", "loss")
     eps_clip_high: float | None = _f(None, "upper ratio clip (DAPO clip-higher); default "
@@ -254,9 +312,16 @@ class TrainConfig:
                                      ("train-only", "forge"))
     load_rollout_data_fallback: bool = _f(False, "replay rollout 0's dump when a rollout's "
                                           "dump is missing", "checkpoint")
-    save_hf: str | None = _f(None, "write the trained weights as an HF checkpoint here",
-                             "checkpoint")
+    save_hf: str | None = _f(None, "write the trained weights as an HF checkpoint here, at the "
+                             "end; a path with {rollout_id} (e.g. 'hf/iter_{rollout_id}') is "
+                             "written every --save-hf-interval rollouts too", "checkpoint")
+    save_hf_interval: int | None = _f(None, "rollouts between HF exports of a --save-hf "
+                                      "{rollout_id} template; default --save-interval",
+                                      "checkpoint")
     save_hf_max_shard_size: str = _f("5GB", "size limit of one safetensors shard", "checkpoint")
+    save_hf_dtype: str | None = _f(None, "dtype of the exported weights; default: the model "
+                                   "config's torch_dtype (the trainer may compute in fp32)",
+                                   "checkpoint", SAVE_HF_DTYPES)
     save_hf_overwrite: bool = _f(False, "let --save-hf write into a non-empty directory no "
                                  "vime export wrote (only the exported files are replaced "
                                  "there; vime-only flag)", "checkpoint")
@@ -264,10 +329,14 @@ class TrainConfig:
                                     "since the checkpoint (size or content; vime-only flag)",
                                     "checkpoint")
     # logging
-    run_dir: str = _f("runs/demo", "metrics.jsonl, TensorBoard and plots go here", "logging")
+    run_dir: str = _f("runs/train", "metrics.jsonl, TensorBoard and plots go here (vime demo "
+                      "uses runs/demo)", "logging")
     overwrite_run_dir: bool = _f(False, "a new run in a run dir that holds metrics moves them "
                                  "to <run-dir>/previous-<timestamp>/ (else: an error)", "logging")
     log_level: str = _f("info", "log level; debug logs on every rank", "logging", LOG_LEVELS)
+    log_interval: int = _f(1, "rollouts between progress lines when stderr is not a terminal "
+                           "(evals, skipped rollouts and the last rollout always print)",
+                           "logging")
     use_wandb: bool = _f(False, "also log to Weights & Biases (pip install vime[wandb])",
                          "logging")
     wandb_project: str = _f("vime", "W&B project", "logging")
@@ -292,19 +361,33 @@ class TrainConfig:
 
     def __attrs_post_init__(self) -> None:
         _check_types(self)
-        for name in ("rollout_num_turns", "num_rollout", "rollout_batch_size",
-                     "n_samples_per_prompt", "global_batch_size", "save_interval",
+        for name in ("rollout_num_turns", "rollout_batch_size", "log_interval",
+                     "n_samples_per_prompt", "save_interval",
                      "n_samples_per_eval_prompt", "dynamic_sampling_max_rounds",
                      "tensor_model_parallel_size", "pipeline_model_parallel_size",
                      "context_parallel_size", "sglang_server_concurrency"):
             _at_least(name, getattr(self, name), 1)
         for name in ("rollout_max_response_len", "max_tokens_per_gpu", "micro_batch_size",
                      "num_epoch", "eval_interval", "eval_max_response_len",
-                     "num_steps_per_rollout", "over_sampling_batch_size", "lr_decay_iters"):
+                     "num_steps_per_rollout", "over_sampling_batch_size", "lr_decay_iters",
+                     "num_rollout", "global_batch_size", "save_hf_interval"):
             if getattr(self, name) is not None:
                 _at_least(name, getattr(self, name), 1)
         for name in ("seed", "rollout_top_k", "lr_warmup_iters"):
             _at_least(name, getattr(self, name), 0)
+        if self.eval_top_k is not None:
+            _at_least("eval_top_k", self.eval_top_k, 0)
+        for name in ("rollout_max_context_len", "eval_max_context_len"):
+            if getattr(self, name) is not None:
+                _at_least(name, getattr(self, name), 2)
+        for name in ("rollout_stop_token_ids", "eval_stop_token_ids"):
+            for tok in getattr(self, name) or ():
+                _at_least(name, tok, 0)
+        for name in ("rollout_stop", "eval_stop"):
+            if any(not s for s in getattr(self, name) or ()):
+                raise field_error(ConfigError, name, list(getattr(self, name)),
+                                  "holds an empty string (it would stop at once)",
+                                  "drop the empty entry")
         if self.rollout_seed is not None:
             _at_least("rollout_seed", self.rollout_seed, 0)
         for name, value in self._choices():
@@ -317,6 +400,10 @@ class TrainConfig:
             raise field_error(ConfigError, "save_rollout_data", self.save_rollout_data,
                               "lacks {rollout_id}: every rollout would overwrite one file",
                               "use e.g. 'dumps/rollout_{rollout_id}.npz'")
+        if self.save_hf_interval is not None and not self.save_hf_is_template:
+            raise field_error(ConfigError, "save_hf_interval", self.save_hf_interval,
+                              "needs a --save-hf path with {rollout_id} (each export gets its "
+                              "own directory)", "pass e.g. --save-hf 'hf/iter_{rollout_id}'")
         self.batching_policy()  # BatchingPolicy's own checks (max_tokens / micro_batch_size)
         self._check_async()
         self._check_steps()
@@ -334,6 +421,8 @@ class TrainConfig:
         if self.eval_temperature is not None:
             _in_range("eval_temperature", self.eval_temperature, 0.0, 100.0, "use 1.0 or 0")
         _in_range("rollout_top_p", self.rollout_top_p, 1e-6, 1.0, "use 1.0")
+        if self.eval_top_p is not None:
+            _in_range("eval_top_p", self.eval_top_p, 1e-6, 1.0, "use 1.0")
         _in_range("eps_clip", self.eps_clip, 0.0, 1.0, "use 0.2")
         if self.eps_clip_high is not None:
             _in_range("eps_clip_high", self.eps_clip_high, 0.0, 10.0, "use e.g. 0.28")
@@ -391,13 +480,18 @@ class TrainConfig:
             raise field_error(ConfigError, "eval_prompt_data", list(self.eval_prompt_data),
                               "is not NAME PATH pairs",
                               "pass e.g. --eval-prompt-data gsm8k test.jsonl aime aime.jsonl")
-        if (self.eval_interval is None) != (self.eval_prompt_data is None):
+        has_evals = self.eval_prompt_data is not None or self.eval_config is not None
+        if (self.eval_interval is None) == has_evals:
             raise field_error(ConfigError, "eval_interval", self.eval_interval,
                               "and --eval-prompt-data go together",
                               "pass both, e.g. --eval-interval 10 --eval-prompt-data gsm8k "
                               "test.jsonl")
         filtered = self.dynamic_sampling_filter_path is not None
         self._check_partial()
+        if self.dynamic_sampling_fill_filtered and not filtered:
+            raise field_error(ConfigError, "dynamic_sampling_fill_filtered", True,
+                              "fills only what a dynamic-sampling filter removed",
+                              "pass --dynamic-sampling-filter-path, or drop the flag")
         if self.over_sampling_batch_size is not None:
             if not filtered and not self.partial_rollout:
                 raise field_error(ConfigError, "over_sampling_batch_size",
@@ -493,11 +587,17 @@ class TrainConfig:
                               "give every eval set its own name")
 
     def _check_loss(self) -> None:
-        if self.calculate_per_token_loss and self.loss_mode not in ("token_mean",
-                                                                    "group_token_mean"):
-            raise field_error(ConfigError, "calculate_per_token_loss", True,
-                              f"contradicts --loss-mode {self.loss_mode}",
-                              "drop one of them (--calculate-per-token-loss is token_mean)")
+        if self.calculate_per_token_loss and self.loss_mode not in (None, "token_mean"):
+            raise ConfigError(
+                f"--calculate-per-token-loss contradicts --loss-mode {self.loss_mode}: slime's "
+                "--calculate-per-token-loss means --loss-mode token_mean. Fix: drop one of "
+                "the two flags.")
+        if self.advantage_estimator == "gspo" and self.context_parallel_size > 1:
+            raise ConfigError(
+                f"--advantage-estimator gspo with --context-parallel-size "
+                f"{self.context_parallel_size}: GSPO's sequence ratio averages a whole "
+                "response, which context parallelism splits over ranks. Fix: use "
+                "--context-parallel-size 1 with gspo.")
         if self.kl_loss_coef > 0 and not self.use_kl_loss:
             raise field_error(ConfigError, "kl_loss_coef", self.kl_loss_coef,
                               "has no effect without --use-kl-loss",
@@ -513,11 +613,18 @@ class TrainConfig:
 
     def _check_steps(self) -> None:
         groups = self.groups_per_rollout
-        if self.num_steps_per_rollout is not None and groups % self.num_steps_per_rollout:
-            raise field_error(ConfigError, "num_steps_per_rollout", self.num_steps_per_rollout,
+        steps = self.num_steps_per_rollout
+        if steps is not None and groups % steps:
+            raise field_error(ConfigError, "num_steps_per_rollout", steps,
                               f"does not divide the {groups} groups of a rollout",
                               f"use a divisor of {groups}")
-        if groups % self.effective_global_batch_size and not self.allow_partial_train_step:
+        if steps is not None and self.global_batch_size not in (None, groups // steps):
+            raise ConfigError(
+                f"--num-steps-per-rollout {steps} gives {groups // steps} groups per step "
+                f"({groups} groups per rollout / {steps}), but --global-batch-size is "
+                f"{self.global_batch_size}. Fix: drop one of the two flags (slime requires "
+                "them to agree).")
+        if groups % self.effective_global_batch_size and not self.partial_steps:
             raise field_error(
                 ConfigError, "global_batch_size", self.effective_global_batch_size,
                 f"does not divide the {groups} groups of a rollout (rollout_batch_size="
@@ -527,15 +634,45 @@ class TrainConfig:
     @property
     def effective_loss_mode(self) -> str:
         """``--loss-mode``, or ``token_mean`` under ``--calculate-per-token-loss``."""
-        return "token_mean" if self.calculate_per_token_loss else self.loss_mode
+        if self.loss_mode is not None:
+            return self.loss_mode
+        return "token_mean" if self.calculate_per_token_loss else DEFAULT_LOSS_MODE
 
     @property
     def effective_global_batch_size(self) -> int:
         """Groups per optimizer step: ``--global-batch-size``, or the rollout's groups divided
         by ``--num-steps-per-rollout`` (slime's rule)."""
-        if self.num_steps_per_rollout is None:
-            return self.global_batch_size
-        return self.groups_per_rollout // self.num_steps_per_rollout
+        if self.num_steps_per_rollout is not None:
+            return self.groups_per_rollout // self.num_steps_per_rollout
+        return (DEFAULT_GLOBAL_BATCH_SIZE if self.global_batch_size is None
+                else self.global_batch_size)
+
+    def resolved_num_rollout(self, dataset_rows: int | None) -> int:
+        """Rollouts the run makes: ``--num-rollout``, else the rollouts ``--num-epoch``
+        passes over ``dataset_rows`` prompts need, else the default (slime's precedence).
+
+        Example: ``--num-epoch 3`` over 8 rows at ``--rollout-batch-size 4`` gives 6; with
+        ``--num-rollout 2`` as well, 2.
+        """
+        if self.num_rollout is not None:
+            return self.num_rollout
+        if self.num_epoch is not None and dataset_rows is not None:
+            # dynamic sampling may draw more prompts per rollout: a lower bound on the passes
+            return -(-self.num_epoch * dataset_rows // self.rollout_batch_size)
+        return DEFAULT_NUM_ROLLOUT
+
+    @property
+    def save_hf_is_template(self) -> bool:
+        """``--save-hf`` holds ``{rollout_id}``: one export directory per interval."""
+        return self.save_hf is not None and "{rollout_id}" in self.save_hf
+
+    @property
+    def partial_steps(self) -> bool:
+        """``--allow-partial-train-step``, implied by dynamic sampling: a rollout may keep
+        fewer prompts than ``--rollout-batch-size``, and its groups must still train (unless
+        ``--dynamic-sampling-fill-filtered`` keeps every batch full)."""
+        return self.allow_partial_train_step or (self.dynamic_sampling_filter_path is not None
+                                                 and not self.dynamic_sampling_fill_filtered)
 
     @property
     def groups_per_rollout(self) -> int:
@@ -551,7 +688,7 @@ class TrainConfig:
                 micro_batch_size=self.micro_batch_size, packing=self.packing,
                 balance=self.balance, balance_data=self.balance_data,
                 balance_by_flops=self.balance_by_flops,
-                allow_partial_train_step=self.allow_partial_train_step)
+                allow_partial_train_step=self.partial_steps)
         except VimeError as exc:
             raise ConfigError(str(exc)) from exc
 
@@ -585,6 +722,13 @@ def field_type(f: attrs.Attribute) -> tuple[type, bool]:
     return get_origin(base) or base, optional
 
 
+def _element_type(f: attrs.Attribute) -> type:
+    """``int`` for a ``tuple[int, ...]`` setting, ``str`` for ``tuple[str, ...]``."""
+    base = next(a for a in get_args(f.type) if a is not type(None)) if get_args(f.type) \
+        and type(None) in get_args(f.type) else f.type
+    return get_args(base)[0]
+
+
 def _from_text(f: attrs.Attribute, value: Any) -> Any:
     """A float setting written as text becomes the number: PyYAML (YAML 1.1) reads ``lr: 3e-4``
     as the string ``"3e-4"`` (it wants ``3.0e-4``). Other text is left for the type check."""
@@ -605,7 +749,8 @@ def _check_types(cfg: TrainConfig) -> None:
         ok = (isinstance(value, base) and not (base is int and isinstance(value, bool))
               or base is float and isinstance(value, int) and not isinstance(value, bool))
         if ok and base is tuple:
-            ok = all(isinstance(v, str) for v in value)
+            kind = _element_type(f)
+            ok = all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
         if not ok:
             raise field_error(ConfigError, f.name, value,
                               f"must be {'None or ' if optional else ''}"
@@ -692,7 +837,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)
             continue
-        kind = str if base is tuple else base
+        kind = _element_type(f) if base is tuple else base
         group.add_argument(flag, type=_optional(kind) if optional else kind,
                            choices=f.metadata["choices"], nargs=f.metadata["nargs"],
                            default=argparse.SUPPRESS, help=help_text)

@@ -32,7 +32,7 @@ from vime_pure.async_pool import AsyncPoolError, check_staleness_bound, generati
 from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_engine_layout
 from vime_shell.engines.roles import RankRoles, RankRolesError, resolve_rank_roles
 from vime_shell.loop.checkpoint_index import check_dataset, require_checkpoint
-from vime_shell.loop.config import ConfigError, TrainConfig
+from vime_shell.loop.config import ConfigError, TrainConfig, load_config_file
 from vime_shell.loop.ownership import check_ownership, check_unlocked, run_id_for
 from vime_shell.loop.replay import ReplaySource
 from vime_shell.loop.run_dir import check_run_dir, dump_dir
@@ -127,10 +127,9 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
                    group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout)
     _check_side_inputs(cfg, hf_dir)
     prompts, dropped, eval_sets = _prompt_sets(cfg, hf_dir, summary.max_position_embeddings)
-    # --num-epoch: enough rollouts to draw the dataset that many times (dynamic sampling may
-    # draw more prompts per rollout, so it is a lower bound on the passes made).
-    num_rollout = (cfg.num_rollout if cfg.num_epoch is None or prompts is None
-                   else -(-cfg.num_epoch * len(prompts) // cfg.rollout_batch_size))
+    # --num-rollout, else what --num-epoch passes need (dynamic sampling may draw more prompts
+    # per rollout, so it is a lower bound on the passes made).
+    num_rollout = cfg.resolved_num_rollout(None if prompts is None else len(prompts))
     run_id = check_run_paths(cfg, num_rollout)
     return LaunchPlan(hf_dir=hf_dir, layout=layout, policy=policy, prompts=prompts,
                       task=get_task(cfg.task) if prompts is None else None, eval_sets=eval_sets,
@@ -148,7 +147,18 @@ def _prompt_sets(cfg: TrainConfig, hf_dir: Path, context_len: int | None):
                     any_label=cfg.custom_rm_path is not None)
     train = None if cfg.prompt_data is None else read_prompt_file(cfg.prompt_data, keys)
     pairs = cfg.eval_prompt_data or ()
-    evals = [(name, read_prompt_file(path, keys)) for name, path in zip(pairs[::2], pairs[1::2])]
+    eval_keys = attrs.evolve(keys, input_key=cfg.eval_input_key or cfg.input_key,
+                             label_key=cfg.eval_label_key or cfg.label_key, flag_prefix="--eval-")
+    evals = [(name, read_prompt_file(path, eval_keys))
+             for name, path in zip(pairs[::2], pairs[1::2])]
+    if cfg.eval_config is not None:
+        evals += [(name, read_prompt_file(path, set_keys))
+                  for name, path, set_keys in eval_config_sets(cfg.eval_config, eval_keys)]
+    names = [name for name, _ in evals]
+    if len(set(names)) != len(names):
+        raise field_error(ConfigError, "eval set names", names, "repeat a name (their metrics "
+                          "would mix)", "give every --eval-prompt-data / --eval-config set its "
+                          "own name")
     if train is None and not evals:
         return None, 0, ()
     # transformers (and torch) load only here, for a run with datasets: a bad flag stays fast.
@@ -217,6 +227,38 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
     return roles
 
 
+
+_EVAL_SET_KEYS = ("name", "path", "input_key", "label_key", "metadata_key", "tool_key")
+
+
+def eval_config_sets(path: str, defaults: DataKeys) -> list[tuple[str, str, DataKeys]]:
+    """``--eval-config``: ``(name, path, keys)`` per dataset; unset keys take ``defaults``
+    (``--eval-input-key``, else ``--input-key``); a relative path is read next to the file.
+    Example entry: ``{"name": "aime", "path":
+    "aime.jsonl", "input_key": "problem", "label_key": "answer"}``."""
+    data = load_config_file(path)
+    entries = data.get("datasets")
+    if set(data) != {"datasets"} or not isinstance(entries, list) or not entries:
+        raise field_error(ConfigError, "--eval-config", path, "does not hold one non-empty "
+                          "'datasets' list", "write datasets: [{name: aime, path: aime.jsonl, "
+                          "input_key: problem, label_key: answer}]")
+    out = []
+    for i, entry in enumerate(entries):
+        where = f"--eval-config {path} datasets[{i}]"
+        if not isinstance(entry, dict) or not {"name", "path"} <= set(entry) or \
+                set(entry) - set(_EVAL_SET_KEYS) or \
+                not all(isinstance(v, str) and v for v in entry.values()):
+            raise field_error(ConfigError, where, entry, "is not an eval set",
+                              f"give name and path, and optionally {list(_EVAL_SET_KEYS[2:])}, "
+                              "all as non-empty strings")
+        keys = attrs.evolve(defaults, **{k: v for k, v in entry.items() if k.endswith("_key")},
+                            flag_prefix=f"{where} ")
+        file = Path(entry["path"]).expanduser()  # relative: next to the config file
+        out.append((entry["name"], str(file if file.is_absolute() else Path(path).parent / file),
+                    keys))
+    return out
+
+
 def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None,
                    roles: RankRoles | None = None) -> EngineLayout | None:
     """Which ranks host which engine; None for a train-only replay (no engine at all).
@@ -271,7 +313,7 @@ def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> str:
     for field, path in outputs:
         if path is not None:
             _check_writable(field, Path(path).expanduser())
-    num_rollout = cfg.num_rollout if num_rollout is None else num_rollout
+    num_rollout = cfg.resolved_num_rollout(None) if num_rollout is None else num_rollout
     start = 0
     if cfg.load is not None:  # every file checked against the manifest, the dataset's print
         found = require_checkpoint(cfg.load, verify=local_rank_from_env() == 0)  # once a node

@@ -69,6 +69,7 @@ from vime_pure.data.batch import RolloutBatch, schedule_for
 from vime_pure.data.microbatch import RankBatch, rank_batch, with_log_probs
 from vime_pure.data.vocab import check_token_ids
 from vime_pure.errors import VimeError
+from vime_pure.lr_schedule import LrGroups, lr_groups, lr_schedule_warnings
 from vime_pure.metrics import metric_values
 from vime_pure.policy_config import LossConfig
 from vime_pure.scheduling.schedule import Schedule
@@ -85,7 +86,7 @@ from vime_shell.loop.launch_checks import LaunchPlan, launch_checks, model_dir
 from vime_shell.loop.logs import configure_logging
 from vime_shell.loop.records import rollout_record
 from vime_shell.loop.replay import DumpWriter, ReplaySource
-from vime_shell.loop.rollouts import RolloutProducer
+from vime_shell.loop.rollouts import RolloutProducer, empty_rollout_message
 from vime_shell.loop.ownership import claim_run
 from vime_shell.loop.run_log import RunLogger, fmt
 from vime_shell.megatron.collectives import rank0_result
@@ -93,6 +94,7 @@ from vime_shell.megatron.config import OptimConfig, TrainerConfig
 from vime_shell.megatron.layout import rank_from_env, ranks_per_node_from_env
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
+from vime_shell.models.hf_config import read_config_summary
 from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
 from vime_shell.storage.hf_export import save_hf_checkpoint
 
@@ -159,21 +161,31 @@ class TrainResult:
     start_rollout: int
 
 
-def trainer_config(cfg: TrainConfig) -> TrainerConfig:
+def lr_schedule(cfg: TrainConfig, num_rollout: int | None = None) -> LrGroups:
+    """The run's LR lengths in groups; ``num_rollout``: the plan's (default: the config's)."""
+    return lr_groups(groups_per_rollout=cfg.groups_per_rollout,
+                     global_batch_size=cfg.effective_global_batch_size,
+                     allow_partial=cfg.partial_steps,
+                     num_rollout=cfg.resolved_num_rollout(None) if num_rollout is None
+                     else num_rollout,
+                     warmup_iters=cfg.lr_warmup_iters, decay_iters=cfg.lr_decay_iters)
+
+
+def trainer_config(cfg: TrainConfig, num_rollout: int | None = None) -> TrainerConfig:
     """The trainer's settings from the run's: the one place flags map onto the trainer.
 
     LR warmup/decay lengths are optimizer steps in the flags (as in slime) and groups in the
-    trainer (its schedule advances by each step's real group count), so they are multiplied by
-    the groups per full step. Example: ``--lr-warmup-iters 10`` with 128 groups per step warms
-    up over 1280 groups.
+    trainer (its schedule advances by each step's real group count): ``vime_pure.lr_groups``
+    converts them, and without ``--lr-decay-iters`` decays over the whole run. Example:
+    ``--lr-warmup-iters 10`` with 128 groups per step warms up over 1280 groups.
     """
-    per_step = cfg.effective_global_batch_size
+    lr = lr_schedule(cfg, num_rollout)
     return TrainerConfig(
         optim=OptimConfig(
             lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay,
             adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps,
-            clip_grad=cfg.clip_grad, lr_warmup_groups=cfg.lr_warmup_iters * per_step,
-            lr_decay_groups=None if cfg.lr_decay_iters is None else cfg.lr_decay_iters * per_step,
+            clip_grad=cfg.clip_grad, lr_warmup_groups=lr.warmup_groups,
+            lr_decay_groups=lr.decay_groups,
             lr_decay_style=cfg.lr_decay_style,
             use_distributed_optimizer=cfg.use_distributed_optimizer,
             overlap_grad_reduce=cfg.overlap_grad_reduce,
@@ -183,7 +195,8 @@ def trainer_config(cfg: TrainConfig) -> TrainerConfig:
                         kl_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
                         kl_kind=cfg.kl_loss_type, entropy_coef=cfg.entropy_coef,
                         use_tis=cfg.use_tis, tis_clip=cfg.tis_clip,
-                        tis_clip_low=cfg.tis_clip_low),
+                        tis_clip_low=cfg.tis_clip_low,
+                        sequence_ratio=cfg.advantage_estimator == "gspo"),
         seed=cfg.seed)
 
 
@@ -211,8 +224,10 @@ class _Loop:
         self.cfg, self.on_rollout = cfg, on_rollout
         self.plan = plan
         self.hf_dir = self.plan.hf_dir
+        t0 = time.perf_counter()
         self.trainer = MegatronTrainer.from_hf(
-            self.hf_dir, trainer_config(cfg), tp=cfg.tensor_model_parallel_size,
+            self.hf_dir, trainer_config(cfg, self.plan.num_rollout),
+            tp=cfg.tensor_model_parallel_size,
             pp=cfg.pipeline_model_parallel_size, cp=cfg.context_parallel_size,
             num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage,
             platform=detect_platform())
@@ -221,6 +236,9 @@ class _Loop:
                                         else self.hf_dir)
         self.layout = self.trainer.layout
         self.rank = dist.get_rank()
+        log.info("startup: trainer built in %.1f s (%s, dp %d tp %d pp %d cp %d)",
+                 time.perf_counter() - t0, self.hf_dir, self.layout.dp, self.layout.tp,
+                 self.layout.pp, self.layout.cp)
         self.replay = None
         if cfg.load_rollout_data is not None:
             self.replay = ReplaySource(template=cfg.load_rollout_data,
@@ -231,10 +249,13 @@ class _Loop:
             options = engine_options(cfg, self.trainer.platform.kind == "cuda")
             self.gap_tolerance = (cfg.logprob_gap_tolerance if cfg.logprob_gap_tolerance
                                   is not None else logprob_gap_tolerance(options.dtype))
+            t1 = time.perf_counter()
             if sides is not None:  # engines on ranks of their own (async_loop.py)
                 self.engines = self.producer = RemoteRollouts(cfg, sides, self.plan.num_rollout)
             else:
                 self.engines = EngineGroup.build(self.hf_dir, self.plan.engine_layout, options)
+                log.info("startup: %s engine(s) started in %.1f s", options.engine,
+                         time.perf_counter() - t1)
                 if self.replay is None:
                     self.producer = RolloutProducer(cfg, self.plan, self.engines)
                 else:  # forge: the engine stays up for syncs only; free its KV cache
@@ -265,7 +286,8 @@ class _Loop:
 
     def _batch_and_schedule(self, rid: int, generated) -> tuple[RolloutBatch, Schedule, dict]:
         """Rank 0: the batch (generated or replayed), checked (token ids; engine log-probs
-        for the weight-sync check), its dump, its schedule."""
+        for the weight-sync check), its dump, its schedule; ``(None, None, stats)`` when the
+        filter removed every prompt (the rollout is skipped)."""
         stats: dict = {}
         if self.replay is not None:
             batch = self.replay.load(rid)
@@ -273,6 +295,10 @@ class _Loop:
         else:
             batch, generation = generated
             stats = generation.as_record()
+            if batch is None:
+                log.warning(empty_rollout_message(rid, generation))
+                stats["filtered_reward_mean"] = generation.filtered_reward_mean
+                return None, None, stats
             source = f"rollout {rid}"
             if batch.rollout_log_probs is None and self.logprob_check:
                 raise LogprobCheckError(
@@ -289,8 +315,12 @@ class _Loop:
         if self.plan.vocab_size is not None:
             check_token_ids(batch, self.plan.vocab_size, source=source)
         if self.dumps is not None:
-            self.dumps.submit(rid, batch)
-        return batch, schedule_for(batch, self.layout.scheduler_layout(), self.plan.policy), stats
+            self.dumps.submit(rid, batch, list(generation.annotations)
+                              if self.replay is None else None)
+        # The run's own FLOPs model (from the model's config), not the fixed 8B proxy ratio.
+        schedule = schedule_for(batch, self.layout.scheduler_layout(), self.plan.policy,
+                                self.trainer.flops.per_sample(batch.lengths))
+        return batch, schedule, stats
 
     # -- every rank: the training side --------------------------------------------------------
     def sync_weights(self, version: int) -> None:
@@ -333,6 +363,9 @@ class _Loop:
         t0 = time.perf_counter()
         batch, schedule, stats = self._share_rollout(rid)
         t1 = time.perf_counter()
+        if batch is None:  # every prompt filtered out: no step, no sync, the LR stays
+            return skipped_record(rid, stats, lr=self.trainer.current_lr, rollout_s=t1 - t0,
+                                  evaluated=evaluated)
         mine = rank_batch(batch, schedule, dp_rank=self.trainer.dp_rank,
                           cp_rank=self.trainer.cp_rank, cp_size=self.layout.cp,
                           loss_mode=self.cfg.effective_loss_mode, norm=self._loss_norm())
@@ -481,20 +514,24 @@ class _Loop:
             self.producer.source.draws = int(state["draws"])
             self.producer.restore_partial_state(state)
 
-    def save_hf(self) -> None:
-        """Write the final weights with one writer per node; rank 0 finalises the index."""
-        tensors = self.trainer.hf_state_dict()
+    def save_hf(self, rollouts_done: int) -> Path:
+        """Write the weights after ``rollouts_done`` rollouts to ``--save-hf`` (its
+        ``{rollout_id}`` filled in) with one writer per node; rank 0 finalises the index."""
+        target = save_hf_path(self.cfg.save_hf, rollouts_done)
+        dtype = self.cfg.save_hf_dtype or read_config_summary(self.hf_dir).dtype
+        tensors = as_export_dtype(self.trainer.hf_state_dict(), dtype)
         world = dist.get_world_size()
         per_node = ranks_per_node_from_env() or world
         writers = list(range(0, world, per_node))
         group = dist.new_group(writers)
         if self.rank in writers:
-            save_hf_checkpoint(tensors, source_dir=self.hf_dir, target_dir=self.cfg.save_hf,
+            save_hf_checkpoint(tensors, source_dir=self.hf_dir, target_dir=target,
                                max_shard_size=self.cfg.save_hf_max_shard_size,
                                writer_rank=writers.index(self.rank), writers=len(writers),
                                barrier=lambda: dist.barrier(group=group),
                                overwrite=self.cfg.save_hf_overwrite)
         dist.barrier()
+        return target
 
 
 def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None] | None = None,
@@ -509,6 +546,8 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
     before importing this module).
     """
     _quiet_libraries()
+    configure_logging(cfg.log_level, dist.get_rank() if dist.is_initialized()
+                      else rank_from_env())
     plan = plan or launch_checks(cfg, model_dir(cfg))
     sides = None
     if plan.roles is not None:  # separate trainer and engine ranks
@@ -553,6 +592,8 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
     """Resume (``--load``) or start, run the rollouts, evaluate and export: ``run_training``'s
     body, between building the loop and tearing it down."""
     configure_logging(cfg.log_level, loop.rank)
+    for warning in launch_warnings(cfg, loop.plan.num_rollout):
+        log.warning(warning)
     start = 0
     if cfg.load is not None:  # launch checked it (and its manifest): load it
         found = require_checkpoint(cfg.load, verify=False)
@@ -570,31 +611,127 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
     total = loop.plan.num_rollout  # --num-rollout, or derived from --num-epoch
     logger = RunLogger(cfg.run_dir, start=start, total=total, enabled=loop.rank == 0,
                        progress=progress, wandb=cfg.to_dict() if cfg.use_wandb else None)
-    records = []
+    records, began = [], time.perf_counter()
     try:
         for rid in range(start, total):
             record = loop.rollout(rid)
             records.append(record)
             logger.log(record)
-            if not logger.has_progress_bar and (rid % 10 == 0 or rid + 1 == total):
-                log.info(_line(record))
-            done = rid + 1
-            if cfg.save is not None and (done % cfg.save_interval == 0 or done == total):
-                if loop.dumps is not None:
-                    loop.dumps.flush()  # a checkpoint never runs ahead of the dumps
-                run_checkpoint.save(cfg.save, done, loop.trainer, cfg.to_dict(),
-                                    data=loop.data_state(), run_id=loop.plan.run_id)
+            if rid == start:
+                log.info("startup: first rollout done in %.1f s", time.perf_counter() - began)
+            if _shows_line(record, rid - start, total - start, cfg.log_interval,
+                           logger.has_progress_bar):
+                logger.line(_line(record))
+            _after_rollout(loop, cfg, rid + 1, total)
         if loop._evaluates(0) and total > start:  # the trained weights, once more
-            logger.log_eval(total, loop.evaluate(total))
+            final = loop.evaluate(total)
+            logger.log_eval(total, final)
+            logger.line(f"eval after rollout {total - 1}: {_evals(final)}")
     finally:
         plots = logger.finish(loop.last_schedule)
         if loop.dumps is not None:
             loop.dumps.close()
-    if cfg.save_hf is not None:
-        loop.save_hf()
-        log.info("wrote HF checkpoint %s", cfg.save_hf)
+    if cfg.save_hf is not None and (not records or not _saves_hf(cfg, total, total)):
+        log.info("wrote HF checkpoint %s", loop.save_hf(total))
+    if records:
+        log.info(run_summary(records, time.perf_counter() - began))
     return TrainResult(records=records, plots=plots, hf_checkpoint=loop.hf_dir,
                        start_rollout=start)
+
+
+def _shows_line(record: dict, k: int, count: int, interval: int, bar: bool) -> bool:
+    """Whether rollout ``k`` of this run prints its line: on a terminal (a progress bar)
+    evals, skipped rollouts and dynamic-sampling filtering stay visible above the bar;
+    otherwise every ``--log-interval`` rollouts, the last one, evals and skipped rollouts."""
+    notable = "eval_s" in record or bool(record.get("skipped"))
+    if bar:
+        return notable or bool(record.get("prompts_filtered"))
+    return notable or k % interval == 0 or k + 1 == count
+
+
+def _after_rollout(loop: _Loop, cfg: TrainConfig, done: int, total: int) -> None:
+    """Checkpoint (``--save-interval``) and HF export (``--save-hf-interval``) after ``done``
+    rollouts, each with a log line."""
+    if cfg.save is not None and (done % cfg.save_interval == 0 or done == total):
+        if loop.dumps is not None:
+            loop.dumps.flush()  # a checkpoint never runs ahead of the dumps
+        t0 = time.perf_counter()
+        run_checkpoint.save(cfg.save, done, loop.trainer, cfg.to_dict(), data=loop.data_state(),
+                            run_id=loop.plan.run_id)
+        log.info("checkpoint after %d rollouts saved to %s in %.1f s", done, cfg.save,
+                 time.perf_counter() - t0)
+    if cfg.save_hf is not None and _saves_hf(cfg, done, total):
+        t0 = time.perf_counter()
+        path = loop.save_hf(done)
+        log.info("HF checkpoint after %d rollouts written to %s in %.1f s", done, path,
+                 time.perf_counter() - t0)
+
+
+def _saves_hf(cfg: TrainConfig, done: int, total: int) -> bool:
+    """A ``{rollout_id}`` template writes every ``--save-hf-interval`` (default
+    ``--save-interval``) rollouts and after the last; a plain path only at the end."""
+    if not cfg.save_hf_is_template:
+        return False
+    interval = cfg.save_hf_interval or cfg.save_interval
+    return done % interval == 0 or done == total
+
+
+def as_export_dtype(tensors: dict[str, torch.Tensor], dtype: str | None
+                    ) -> dict[str, torch.Tensor]:
+    """Floating-point tensors cast to ``dtype`` (``--save-hf-dtype``, else the config's
+    ``torch_dtype``): a bf16 model trained in fp32 on CPU exports bf16 as its config says.
+    Integer tensors and ``dtype=None`` are left alone. Example: fp32 -> ``"bfloat16"``."""
+    if dtype is None:
+        return tensors
+    target = getattr(torch, dtype, None)
+    if not isinstance(target, torch.dtype) or not target.is_floating_point:
+        return tensors  # an unknown name in a user's config.json: keep the trainer's dtype
+    return {k: t.to(target) if t.is_floating_point() else t for k, t in tensors.items()}
+
+
+def save_hf_path(template: str, rollouts_done: int) -> Path:
+    """``--save-hf`` with ``{rollout_id}`` replaced by the rollouts trained so far.
+    Example: ``save_hf_path("out/hf_{rollout_id}", 20) == Path("out/hf_20")``."""
+    return Path(template.replace("{rollout_id}", str(rollouts_done))).expanduser()
+
+
+def run_summary(records: list[dict], seconds: float) -> str:
+    """The end-of-run line: rollouts, reward first -> last (mean of the last 10 trained),
+    skipped rollouts, optimizer steps and the wall time."""
+    trained = [r for r in records if not r.get("skipped")]
+    if not trained:
+        return f"done: {len(records)} rollouts, all skipped (nothing passed the filter)"
+    tail = trained[-10:]
+    last10 = sum(r["reward_mean"] for r in tail) / len(tail)
+    skipped = len(records) - len(trained)
+    return (f"done: {len(records)} rollouts in {seconds:.0f} s, reward "
+            f"{trained[0]['reward_mean']:.3f} -> {trained[-1]['reward_mean']:.3f} (last "
+            f"{len(tail)}: {last10:.3f}), {sum(r['num_steps'] for r in trained)} optimizer "
+            f"steps" + (f", {skipped} skipped" if skipped else ""))
+
+
+def skipped_record(rid: int, stats: dict, *, lr: float, rollout_s: float,
+                   evaluated: dict) -> dict:
+    """The metrics line of a skipped rollout (``skipped: 1``, nothing trained): the
+    generation's counts, the filtered prompts' mean reward as ``reward_mean``, NaN losses."""
+    nan = float("nan")
+    return {"rollout": rid, "skipped": 1, "reward_mean": stats.get("filtered_reward_mean", nan),
+            "loss": nan, "num_groups": 0, "num_samples": 0, "num_steps": 0,
+            "num_microbatches": 0, "logprob_gap": nan, "tokens": 0, "tokens_per_s": 0.0,
+            "lr": lr, "rollout_s": rollout_s, "train_s": 0.0, "sync_s": 0.0,
+            **stats, **evaluated}
+
+
+def launch_warnings(cfg: TrainConfig, num_rollout: int) -> list[str]:
+    """Settings that run but likely not as meant (logged once at launch)."""
+    out = lr_schedule_warnings(style=cfg.lr_decay_style, lr=cfg.lr, min_lr=cfg.min_lr,
+                               schedule=lr_schedule(cfg, num_rollout), num_rollout=num_rollout)
+    if cfg.partial_steps and not cfg.allow_partial_train_step:
+        out.append("dynamic sampling may keep fewer than --rollout-batch-size "
+                   f"{cfg.rollout_batch_size} prompts per rollout: the last optimizer step of "
+                   "such a rollout is a partial one (--allow-partial-train-step is implied; "
+                   "--dynamic-sampling-fill-filtered keeps batches full instead)")
+    return out
 
 
 def _quiet_libraries() -> None:
@@ -605,13 +742,26 @@ def _quiet_libraries() -> None:
 
 
 def _line(r: dict) -> str:
-    line = (f"rollout {r['rollout']:4d}  reward {r['reward_mean']:.3f}  "
-            f"loss {fmt(r['loss'], '+.4f')}  entropy {fmt(r['entropy'], '.3f')}  "
-            f"gap {fmt(r['logprob_gap'], '.1e')}  "
-            f"mb/rank {r['num_microbatches']}  {r['tokens_per_s']:.0f} tok/s")
-    if r.get("prompts_generated", 0) != r.get("prompts_kept", 0):
+    """One rollout's progress line. Example: ``rollout   12  reward 0.312  loss -0.0004
+    entropy 2.310  gap 1.2e-07  resp 2.0 (trunc 0.00)  mb/rank 1  1830 tok/s``."""
+    if r.get("skipped"):
+        line = (f"rollout {r['rollout']:4d}  skipped: all {r.get('prompts_generated', 0)} "
+                f"prompts filtered out (reward {fmt(r['reward_mean'], '.3f')})")
+    else:
+        line = (f"rollout {r['rollout']:4d}  reward {r['reward_mean']:.3f}  "
+                f"loss {fmt(r['loss'], '+.4f')}  entropy {fmt(r.get('entropy'), '.3f')}  "
+                f"gap {fmt(r['logprob_gap'], '.1e')}  resp "
+                f"{fmt(r.get('response_len_mean'), '.1f')} (trunc "
+                f"{fmt(r.get('truncated_frac'), '.2f')})  mb/rank {r['num_microbatches']}  "
+                f"{r.get('tokens_per_s', 0):.0f} tok/s")
+    if r.get("prompts_generated", 0) != r.get("prompts_kept", 0) and not r.get("skipped"):
         line += f"  kept {r['prompts_kept']}/{r['prompts_generated']}"
     if not math.isnan(r.get("probe_gap", math.nan)):  # separate engine ranks, stale batches
         line += f"  probe {r['probe_gap']:.1e}  stale {r.get('staleness_max', 0):.0f}"
-    evals = [f"{k.split('/')[1]} {v:.3f}" for k, v in r.items() if k.endswith("/reward_mean")]
-    return line + (f"  eval {', '.join(evals)}" if evals else "")
+    evals = _evals(r)
+    return line + (f"  eval {evals}" if evals else "")
+
+
+def _evals(r: dict) -> str:
+    return ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in r.items()
+                     if k.endswith("/reward_mean") and k.startswith("eval/"))

@@ -14,12 +14,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def plot_step_loads(schedule: Schedule, path: Path, step: int = 0) -> Path:
-    """One bar per DP rank, stacked by micro-batch (token loads), with the cap-derived mean."""
+    """Left: one bar per DP rank, stacked by micro-batch (token loads), with the mean. Right:
+    every micro-batch's tokens in execution order against the token cap, so oversize
+    singletons (the out-of-memory risk) show at any DP size, DP1 included."""
     lengths = np.asarray(schedule.lengths, dtype=np.int64)
     plan = schedule.steps[step]
     dp = schedule.layout.dp
     loads = np.array([[int(lengths[list(mb)].sum()) for mb in rank] for rank in plan.microbatches])
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.25 * dp + 3), 4))
+    fig, (ax, right) = plt.subplots(1, 2, figsize=(max(6.0, 0.25 * dp + 3) + 6, 4))
+    _microbatch_panel(right, loads, schedule.token_cap)
     bottom = np.zeros(dp)
     colors = plt.cm.tab20(np.linspace(0, 1, max(plan.num_microbatches, 2)))
     for j in range(plan.num_microbatches):
@@ -38,19 +41,42 @@ def plot_step_loads(schedule: Schedule, path: Path, step: int = 0) -> Path:
     return _save(fig, path)
 
 
+def _microbatch_panel(ax, loads: np.ndarray, cap: int | None) -> None:
+    """Micro-batch token counts, rank after rank (colour = rank), and the cap."""
+    flat = loads.reshape(-1)
+    ranks = np.repeat(np.arange(loads.shape[0]), loads.shape[1])
+    colors = plt.cm.tab10(ranks % 10)
+    ax.bar(np.arange(flat.size), flat, color=colors, width=0.9)
+    if cap:
+        over = int((flat > cap).sum())
+        ax.axhline(cap, color="red", linestyle="--", linewidth=1,
+                   label=f"cap {cap:,} tokens ({over} over: oversize singletons)")
+        ax.legend(loc="upper right", framealpha=0.9, fontsize=8)
+    ax.set_xlabel("micro-batch (rank by rank, in execution order)")
+    ax.set_ylabel("tokens")
+    ax.set_title(f"largest micro-batch {int(flat.max()):,} tokens")
+
+
 Lines = dict[str, tuple[Sequence[float], Sequence[float]]]
 
 
 def plot_curves(panels: dict[str, Lines], path: Path, xlabel: str = "rollout",
-                title: str = "") -> Path:
-    """One panel per entry, each with named ``(x, y)`` lines (e.g. train and eval reward)."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
-    for ax, (name, lines) in zip(axes[0], panels.items()):
+                title: str = "", log_panels: frozenset[str] = frozenset()) -> Path:
+    """One panel per entry, each with named ``(x, y)`` lines (e.g. train and eval reward), in
+    rows of at most 4; panels named in ``log_panels`` use a log y axis."""
+    cols = min(4, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.3 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (name, lines) in zip(axes.flat, panels.items()):
         for label, (xs, ys) in lines.items():
             ax.plot(xs, ys, marker="." if len(lines) == 1 else "o", markersize=2 if
                     label == name else 4, linewidth=1, label=label)
         if len(lines) > 1:
             ax.legend(fontsize=7, framealpha=0.9)
+        if name in log_panels and any(y and y > 0 for _, ys in lines.values() for y in ys):
+            ax.set_yscale("log")
         ax.set_xlabel(xlabel)
         ax.set_title(name)
         ax.grid(alpha=0.3)

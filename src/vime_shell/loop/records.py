@@ -11,6 +11,7 @@ groups with losses 0.2 and 0.4 give ``loss 0.3``.
 
 import numpy as np
 
+from vime_pure.data.generation_stats import response_length_stats
 from vime_pure.metrics import weighted_mean
 from vime_pure.scheduling.report import step_stats
 
@@ -50,6 +51,7 @@ def rollout_record(rid: int, batch, schedule, results, *, gap: float, gap_max: f
         "dropped_groups": len(schedule.dropped_groups),
         "nonzero_adv_frac": float(np.mean(np.abs(advantages) > 1e-8)),
         "response_len_mean": float(batch.response_lengths.mean()),
+        **response_length_stats(batch.response_lengths, batch.statuses),
         "dp_imbalance": max((s.token_imbalance for s in stats), default=1.0),
         "tokens": tokens,
         "tokens_per_s": tokens / total if total > 0 else 0.0,

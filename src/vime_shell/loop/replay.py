@@ -38,11 +38,12 @@ def dump_path(template: str, rollout_id: int) -> Path:
     return Path(template.replace(TEMPLATE_KEY, str(rollout_id))).expanduser()
 
 
-def save_dump(template: str, rollout_id: int, batch: RolloutBatch) -> Path:
+def save_dump(template: str, rollout_id: int, batch: RolloutBatch,
+              annotations: list | None = None) -> Path:
     """Write ``batch`` to ``dump_path(template, rollout_id)``, creating parent directories."""
     path = dump_path(template, rollout_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return save_rollout_batch(path, batch)
+    return save_rollout_batch(path, batch, annotations)
 
 
 class DumpWriter:
@@ -59,9 +60,11 @@ class DumpWriter:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vime-dump")
         self._pending: list[Future] = []
 
-    def submit(self, rollout_id: int, batch: RolloutBatch) -> None:
+    def submit(self, rollout_id: int, batch: RolloutBatch, annotations: list | None = None
+               ) -> None:
         self._raise_failures(wait=False)
-        self._pending.append(self._pool.submit(save_dump, self.template, rollout_id, batch))
+        self._pending.append(self._pool.submit(save_dump, self.template, rollout_id, batch,
+                                               annotations))
 
     def flush(self) -> None:
         """Wait for every dump written so far (checkpoints and the run's end call it)."""

@@ -21,6 +21,7 @@ prompts, round 1 keeps 5 more and discards 27; the record says ``prompts_generat
 prompts_kept 16, prompts_filtered 42``.
 """
 
+import logging
 import math
 from collections.abc import Sequence
 from itertools import chain
@@ -39,7 +40,7 @@ from vime_shell.engines.async_engine import async_front
 from vime_shell.engines.group import EngineGroup
 from vime_shell.loop.config import ESTIMATOR_METHOD, TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan
-from vime_shell.models.tokenizer import load_tokenizer
+from vime_shell.models.tokenizer import default_stop_token_ids, load_tokenizer
 from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.filters import load_filter
 from vime_shell.rollout.plugins import call_plugin
@@ -59,6 +60,7 @@ from vime_shell.rollout.tasks import TaskExample
 # Evaluation draws its own seeds (the same prompts score the same way at every evaluation):
 # the base of a rollout id no training run reaches.
 _EVAL_ROLLOUT_ID = 0xE7A1E7A1
+log = logging.getLogger("vime.train")
 
 
 @attrs.frozen(kw_only=True)
@@ -89,11 +91,16 @@ class GenerationStats:
     prompts_kept: int
     prompts_filtered: int
     partial: PartialStats | None = None
+    prompts_filled: int = 0  # filtered prompts put back by --dynamic-sampling-fill-filtered
+    filtered_reward_mean: float = float("nan")  # over the filtered prompts' rollout groups
+    # Per sample of the batch, in its order: label and metadata (the dump's annotations).
+    annotations: tuple = attrs.field(default=(), eq=False, repr=False)
 
     def as_record(self) -> dict[str, float]:
         generated = max(self.prompts_generated, 1)
         return {"generation_rounds": self.rounds, "prompts_generated": self.prompts_generated,
                 "prompts_kept": self.prompts_kept, "prompts_filtered": self.prompts_filtered,
+                "prompts_filled": self.prompts_filled,
                 "filtered_frac": self.prompts_filtered / generated,
                 **(self.partial.as_record() if self.partial is not None else {})}
 
@@ -143,18 +150,26 @@ class RolloutProducer:
         self.rewarder = Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
                                        group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout)
         self.keep = load_filter(cfg.dynamic_sampling_filter_path)
-        self.normalization = RewardNormalization(method=ESTIMATOR_METHOD[cfg.advantage_estimator])
-        eos = self.tokenizer.eos_token_id
-        self.stop = () if eos is None else (int(eos),)
+        self.normalization = RewardNormalization(
+            method=ESTIMATOR_METHOD[cfg.advantage_estimator],
+            normalize_std=not cfg.disable_grpo_std_normalization)
+        self.stop = default_stop_token_ids(self.tokenizer, plan.hf_dir,
+                                           chat_template=cfg.apply_chat_template)
+        if self.is_rank0:
+            log.info("generation stops at token ids %s %s%s", list(self.stop),
+                     self.tokenizer.convert_ids_to_tokens(list(self.stop)),
+                     f" and strings {list(cfg.rollout_stop)}" if cfg.rollout_stop else "")
 
     # -- training batches ---------------------------------------------------------------------
-    def produce(self, rid: int) -> tuple[RolloutBatch, GenerationStats] | None:
+    def produce(self, rid: int) -> tuple[RolloutBatch | None, GenerationStats] | None:
         """Collective over the world: this rollout's batch and statistics on rank 0, None on
-        the other ranks."""
+        the other ranks. The batch is None when the filter removed every prompt group (the
+        loop skips that rollout)."""
         cfg = self.cfg
         need = cfg.rollout_batch_size
         per_round = cfg.over_sampling_batch_size or need
         kept: list[Any] = []
+        dropped: list[Any] = []
         generated = filtered = rounds = next_group = 0
         buffered = self.buffered_groups
         buffer = None if self.per_sample is None else self.per_sample.buffer
@@ -171,7 +186,7 @@ class RolloutProducer:
                 next_group = _next_group_id(output, next_group)
                 generated += len(output)
                 try:
-                    filtered += self._judge(output, kept, need,
+                    filtered += self._judge(output, kept, dropped, need,
                                             f"rollout {rid}, round {rounds - 1}")
                 except VimeError as exc:  # a failed filter: every rank leaves via rank0_result
                     error = error or exc
@@ -186,21 +201,28 @@ class RolloutProducer:
                 break
         if not self.is_rank0:
             return None
+        filled = dropped[:need - len(kept)] if cfg.dynamic_sampling_fill_filtered else []
         stats = GenerationStats(rounds=rounds, prompts_generated=generated,
-                                prompts_kept=len(kept), prompts_filtered=filtered,
+                                prompts_kept=len(kept) + len(filled), prompts_filtered=filtered,
+                                prompts_filled=len(filled),
+                                filtered_reward_mean=_group_reward_mean(dropped),
                                 partial=None if buffer is None else PartialStats(
                                     resumed_groups=buffered,
                                     buffered_groups=self.buffered_groups,
                                     restarted_samples=buffer.restarted,
                                     tokens=buffer.tokens - counted[0],
                                     offpolicy_tokens=buffer.offpolicy_tokens - counted[1]))
+        kept += filled
         if not kept:
-            raise RolloutEmptyError(rid, stats)
-        return RolloutBatch.from_samples(kept, normalization=self.normalization), stats
+            return None, stats
+        batch = RolloutBatch.from_samples(kept, normalization=self.normalization)
+        return batch, attrs.evolve(stats, annotations=sample_annotations(kept))
 
-    def _judge(self, output: list[Any], kept: list[Any], need: int, where: str) -> int:
-        """Rank 0: append the prompt groups the filter keeps to ``kept`` (up to ``need``);
-        returns how many it dropped. The surplus of the last round is discarded unjudged."""
+    def _judge(self, output: list[Any], kept: list[Any], dropped_out: list[Any], need: int,
+               where: str) -> int:
+        """Rank 0: append the prompt groups the filter keeps to ``kept`` (up to ``need``) and
+        the ones it drops to ``dropped_out``; returns how many it dropped. The surplus of the
+        last round is discarded unjudged."""
         dropped = 0
         for p, prompt_output in enumerate(output):
             if len(kept) == need:
@@ -212,15 +234,28 @@ class RolloutProducer:
                 kept.append(prompt_output)
             else:
                 dropped += 1
+                dropped_out.append(prompt_output)
         return dropped
 
-    def sampling(self, max_new_tokens: int, seed: int, temperature: float | None = None
+    def sampling(self, max_new_tokens: int, seed: int, *, for_eval: bool = False
                   ) -> SamplingParams:
+        """The run's sampling settings; for evaluation each ``--eval-*`` one that is set
+        replaces its ``--rollout-*`` one."""
         cfg = self.cfg
-        return SamplingParams(max_new_tokens=max_new_tokens,
-                              temperature=cfg.rollout_temperature if temperature is None
-                              else temperature, top_p=cfg.rollout_top_p,
-                              top_k=cfg.rollout_top_k, stop_token_ids=self.stop, seed=seed)
+
+        def pick(name: str):
+            rollout = getattr(cfg, f"rollout_{name}")
+            if not for_eval:
+                return rollout
+            override = getattr(cfg, f"eval_{name}")
+            return rollout if override is None else override
+
+        extra = pick("stop_token_ids") or ()
+        return SamplingParams(max_new_tokens=max_new_tokens, temperature=pick("temperature"),
+                              top_p=pick("top_p"), top_k=pick("top_k"),
+                              stop_token_ids=tuple(dict.fromkeys((*self.stop, *extra))),
+                              stop=pick("stop") or (), max_context_len=pick("max_context_len"),
+                              seed=seed)
 
     def partial_state(self) -> dict[str, Any]:
         """``{"partial_buffer": ...}`` under ``--partial-rollout`` (for the checkpoint's data
@@ -291,7 +326,7 @@ class RolloutProducer:
         outputs: dict[str, list[Any] | None] = {}
         for name, rows in self.eval_sets:
             sampling = self.sampling(max_new, seed=rollout_sampling_seed(0, _EVAL_ROLLOUT_ID),
-                                      temperature=cfg.eval_temperature)
+                                     for_eval=True)
             outputs[name], error = self._generate(rid, rows, sampling, first_group_id=0, n=n)
             # Every rank learns of a failed engine before the next set's collective generation.
             rank0_result(f"evaluation of {name} at rollout {rid}", lambda: None, pending=error)
@@ -314,15 +349,34 @@ def eval_metrics(name: str, output: list[Any], n: int) -> dict[str, float]:
     return out
 
 
-class RolloutEmptyError(VimeError):
-    """No prompt group passed the dynamic-sampling filter within the allowed rounds."""
+def empty_rollout_message(rid: int, stats: GenerationStats) -> str:
+    """The log line of a rollout whose every prompt group the filter removed (skipped)."""
+    return (f"rollout {rid}: all {stats.prompts_generated} prompts of {stats.rounds} "
+            f"generation rounds were filtered out by --dynamic-sampling-filter-path (their "
+            f"mean reward {stats.filtered_reward_mean:.3f}): skipped, no optimizer step, the "
+            "LR does not move. If this repeats, raise --dynamic-sampling-max-rounds or "
+            "--over-sampling-batch-size, pass --dynamic-sampling-fill-filtered, or check the "
+            "reward (groups scoring alike cannot be told apart)")
 
-    def __init__(self, rid: int, stats: GenerationStats):
-        super().__init__(
-            f"rollout {rid}: all {stats.prompts_generated} prompt groups of {stats.rounds} "
-            "rounds were filtered out by --dynamic-sampling-filter-path. Fix: raise "
-            "--dynamic-sampling-max-rounds or --over-sampling-batch-size, or check the reward "
-            "(every group scoring alike means the reward cannot tell responses apart).")
+
+def sample_annotations(output: list[Any]) -> tuple[dict, ...]:
+    """Label and metadata of every sample of ``output``, in the batch's order (the flattened
+    output's): what ``vime inspect`` prints beside the decoded tokens."""
+    hidden = ("prompt", "response", "label")
+    return tuple({"label": (s.metadata or {}).get("label"),
+                  "metadata": {k: v for k, v in (s.metadata or {}).items() if k not in hidden}}
+                 for s in flatten_rollout_output(output).samples)
+
+
+def _group_reward_mean(outputs: list[Any]) -> float:
+    """Mean reward over the rollout groups of ``outputs`` (NaN when there are none)."""
+    firsts = {}
+    for prompt_output in outputs:
+        for s in prompt_samples(prompt_output):
+            firsts.setdefault(id(prompt_output), {}).setdefault(s.group_id, s.reward)
+    rewards = [r for groups in firsts.values() for r in groups.values()
+               if isinstance(r, (int, float))]
+    return float(np.mean(rewards)) if rewards else float("nan")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

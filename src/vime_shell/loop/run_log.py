@@ -40,6 +40,7 @@ except ImportError:
 REQUIRED_KEYS = ("rollout", "reward_mean", "loss", "num_groups", "num_microbatches",
                  "logprob_gap")
 log = logging.getLogger(__name__)
+progress_log = logging.getLogger("vime.train")  # the run's own lines (loop.logs formats them)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -104,6 +105,16 @@ class RunLogger:
     def has_progress_bar(self) -> bool:
         return self._bar is not None
 
+    def line(self, text: str) -> None:
+        """A progress line: above the bar on a terminal (the bar stays at the bottom),
+        else a log line."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(f"vime train: {text}", file=sys.stderr)
+        else:
+            progress_log.info(text)
+
     def log_eval(self, rollout: int, metrics: Mapping[str, float]) -> None:
         """An evaluation-only line (the weights after the last rollout): ``eval_only`` set."""
         if not self.enabled:
@@ -158,11 +169,15 @@ class RunLogger:
         if trained:
             out += _plotted(lambda: plot_curves(curve_panels(self.records),
                                                 self.run_dir / CURVES,
-                                                title=f"{len(trained)} rollouts"))
+                                                title=f"{len(trained)} rollouts",
+                                                log_panels=LOG_PANELS))
         if last_schedule is not None and last_schedule.steps:
             out += _plotted(lambda: plot_step_loads(last_schedule, self.run_dir / SCHEDULE_PLOT,
                                                     step=0))
         return out
+
+
+LOG_PANELS = frozenset({"logprob_gap"})  # spans decades (1e-7 healthy, 1e-3 a missed sync)
 
 
 def _plotted(draw) -> list[Path]:
@@ -177,7 +192,10 @@ def _plotted(draw) -> list[Path]:
 
 
 def curve_panels(records: list[dict]) -> dict:
-    """Reward (train, and every eval set), loss, entropy and gradient norm against rollout."""
+    """Reward (train, and every eval set), entropy, gradient norm, the engine-trainer
+    log-prob gap (log scale), KL, response length (mean and p90) and truncation rate against
+    rollout. No loss panel: an on-policy step's surrogate is ~0 by construction (ratio 1), so
+    its curve is float noise; entropy and gradient norm show the learning."""
     def line(key: str) -> tuple[list[float], list[float]]:
         points = [(r["rollout"], r[key]) for r in records if r.get(key) is not None]
         return [x for x, _ in points], [y for _, y in points]
@@ -186,9 +204,12 @@ def curve_panels(records: list[dict]) -> dict:
                     and k.endswith("/reward_mean")})
     panels = {"reward_mean": {"reward_mean": line("reward_mean"),
                               **{k.removesuffix("/reward_mean"): line(k) for k in evals}}}
-    for key in ("loss", "entropy", "grad_norm"):
-        if any(key in r for r in records):
+    for key in ("entropy", "grad_norm", "logprob_gap", "kl", "truncated_frac"):
+        if any(r.get(key) is not None for r in records):
             panels[key] = {key: line(key)}
+    if any(r.get("response_len_mean") is not None for r in records):
+        panels["response_len"] = {"mean": line("response_len_mean"),
+                                  "p90": line("response_len_p90")}
     return panels
 
 

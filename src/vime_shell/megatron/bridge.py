@@ -129,10 +129,30 @@ def export_hf_weights(bridge, chunks: list[torch.nn.Module]) -> Iterator[tuple[s
 
     Collective: every rank of the model-parallel group must drain the iterator together. Each
     rank receives every tensor (full, unsharded), so any rank can sync or save.
+
+    Tied embeddings under PP: the first stage holds the embedding and the last stage its copy
+    as the output layer (Megatron all-reduces their gradients, so they stay equal), and mbridge
+    exports both as ``model.embed_tokens.weight``. The name is yielded once; a copy that
+    differs is an error, never a silent choice.
     """
+    seen: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, tensor in bridge.export_weights(chunks):
+            if name in seen:
+                if not torch.equal(seen[name], tensor):
+                    raise ModelLoadError(
+                        f"{name}: the pipeline's two copies of the tied embedding differ (max "
+                        f"{float((seen[name] - tensor).abs().max()):.3g}). Fix: report this; "
+                        "the embedding gradients were not all-reduced between the first and "
+                        "last stage.")
+                continue
+            if _tied(bridge) and name.endswith("embed_tokens.weight"):
+                seen[name] = tensor.detach()
             yield name, tensor.detach()
+
+
+def _tied(bridge) -> bool:
+    return bool(getattr(bridge.hf_config, "tie_word_embeddings", False))
 
 
 def hf_state_dict(bridge, chunks: list[torch.nn.Module]) -> dict[str, torch.Tensor]:

@@ -104,7 +104,9 @@ def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossCo
     terms = policy_loss(logp, old, row.advantages, ref_log_probs=row.ref_log_probs,
                         kl_coef=cfg.kl_coef, kl_kind=cfg.kl_kind, eps_clip=cfg.eps_clip,
                         eps_clip_high=cfg.eps_clip_high, dual_clip=cfg.dual_clip,
-                        entropy=entropy, entropy_coef=cfg.entropy_coef, tis=tis)
+                        entropy=entropy, entropy_coef=cfg.entropy_coef, tis=tis,
+                        sequence_ratio=cfg.sequence_ratio, loss_mask=row.loss_mask.to(logp.dtype),
+                        sample_index=row.token_sample)
     mask = row.loss_mask.to(logp.dtype)
     # The loss (with its gradient) and the reported terms, reduced together: one check of the
     # row's mask, indices and denominators, one weight per token.

@@ -151,14 +151,7 @@ class MegatronTrainer:
                             use_distributed_optimizer=o.use_distributed_optimizer),
             self.model)
         self.bridge.config.grad_scale_func = optimizer.scale_loss
-        decay = o.lr_decay_groups if o.lr_decay_groups is not None else 1 << 40
-        scheduler = OptimizerParamScheduler(
-            optimizer, init_lr=0.0 if o.lr_warmup_groups else o.lr, max_lr=o.lr,
-            min_lr=o.min_lr, lr_warmup_steps=o.lr_warmup_groups,
-            lr_decay_steps=max(decay, o.lr_warmup_groups + 1), lr_decay_style=o.lr_decay_style,
-            start_wd=o.weight_decay, end_wd=o.weight_decay, wd_incr_steps=1,
-            wd_incr_style="constant")
-        return optimizer, scheduler
+        return optimizer, lr_scheduler(optimizer, o)
 
     # -- data --------------------------------------------------------------------------------
     def _tensors(self, records: Sequence[TrainMicroBatch]) -> list[MicroBatchTensors]:
@@ -279,6 +272,11 @@ class MegatronTrainer:
                 f"step {self.steps_done}: the optimizer skipped the update (inf/nan gradients "
                 "under loss scaling). Fix: lower the learning rate or check the data.")
         return float(grad_norm if grad_norm is not None else norm), False
+
+    @property
+    def current_lr(self) -> float:
+        """The LR the next optimizer step uses."""
+        return float(self.optimizer.param_groups[0]["lr"])
 
     def train(self, batch: RankBatch,
               before_update: Callable[[int, dict[str, float]], None] | None = None
@@ -418,3 +416,18 @@ def _has_grad_scaler(optimizer) -> bool:
     """Whether any (chained) optimizer scales the loss: fp16's overflow check then applies."""
     parts = getattr(optimizer, "chained_optimizers", [optimizer])
     return any(getattr(o, "grad_scaler", None) is not None for o in parts)
+
+
+def lr_scheduler(optimizer, o: OptimConfig) -> OptimizerParamScheduler:
+    """Megatron's LR scheduler over ``o``'s lengths in groups (``step(increment=G_s)``).
+
+    Without a decay length (a trainer built outside ``vime train``) the LR never decays.
+    Example: ``lr_decay_groups=640`` with cosine reaches ``min_lr`` after 640 groups.
+    """
+    decay = o.lr_decay_groups if o.lr_decay_groups is not None else 1 << 40
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0 if o.lr_warmup_groups else o.lr, max_lr=o.lr,
+        min_lr=o.min_lr, lr_warmup_steps=o.lr_warmup_groups,
+        lr_decay_steps=max(decay, o.lr_warmup_groups + 1), lr_decay_style=o.lr_decay_style,
+        start_wd=o.weight_decay, end_wd=o.weight_decay, wd_incr_steps=1,
+        wd_incr_style="constant")

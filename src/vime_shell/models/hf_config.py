@@ -27,6 +27,7 @@ class HfConfigSummary:
     vocab_size: int
     max_position_embeddings: int | None
     num_attention_heads: int | None = None  # vLLM's TP size must divide it
+    dtype: str | None = None  # "torch_dtype" (or transformers 5's "dtype"), e.g. "bfloat16"
 
 
 def read_config_summary(hf_dir: str | Path) -> HfConfigSummary:
@@ -41,11 +42,18 @@ def read_config_summary(hf_dir: str | Path) -> HfConfigSummary:
             vocab_size=int(config.get("vocab_size") or text["vocab_size"]),
             max_position_embeddings=config.get("max_position_embeddings"),
             num_attention_heads=config.get("num_attention_heads") or text.get(
-                "num_attention_heads"))
+                "num_attention_heads"),
+            dtype=_dtype_name(config.get("torch_dtype") or config.get("dtype")
+                              or text.get("torch_dtype") or text.get("dtype")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ModelLoadError(f"hf_checkpoint={str(hf_dir)!r}: cannot read num_hidden_layers and "
                              f"vocab_size from config.json ({type(exc).__name__}: {exc}). Fix: "
                              "pass a directory written by save_pretrained.") from None
+
+
+def _dtype_name(value: object) -> str | None:
+    """``"bfloat16"`` from ``"bfloat16"`` or ``"torch.bfloat16"``; None when unset."""
+    return value.removeprefix("torch.") if isinstance(value, str) and value else None
 
 
 def has_chat_template(hf_dir: str | Path) -> bool:

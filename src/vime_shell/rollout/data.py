@@ -55,6 +55,7 @@ class DataKeys:
     # user's --custom-rm-path, which may take list or dict labels).
     apply_chat_template: bool = True
     any_label: bool = True
+    flag_prefix: str = "--"  # how errors spell the key flags: "--eval-" for eval sets
 
 
 def load_prompt_rows(path: str | Path, keys: DataKeys) -> tuple[TaskExample, ...]:
@@ -117,20 +118,22 @@ def _example(row: Any, keys: DataKeys, where: str) -> TaskExample:
     if not isinstance(row, dict):
         raise DataError(f"{where}: a row is a {type(row).__name__}. Fix: write one JSON "
                         "object per row.")
-    prompt = _text(_field(row, keys.input_key, where, "--input-key"), keys.input_key, where)
+    prompt = _text(_field(row, keys.input_key, where, f"{keys.flag_prefix}input-key"),
+                   keys.input_key, where)
     if isinstance(prompt, str) and prompt and not prompt.strip():
         raise DataError(f"{where}: {keys.input_key}={prompt!r:.60} is blank (only whitespace). "
                         "Fix: correct the row or drop it.")
     if not (isinstance(prompt, str) and prompt) and not _is_messages(prompt):
         raise DataError(f"{where}: {keys.input_key}={prompt!r:.60} is neither a non-empty string "
                         "nor a list of chat messages {'role', 'content'}. Fix: correct the row "
-                        "or point --input-key at the prompt field.")
+                        f"or point {keys.flag_prefix}input-key at the prompt field.")
     if isinstance(prompt, list) and not keys.apply_chat_template:
         raise DataError(f"{where}: {keys.input_key} is a list of {len(prompt)} chat messages, "
                         "which need a chat template to become tokens. Fix: pass "
                         "--apply-chat-template, or store prompts as text.")
     label = (None if keys.label_key is None
-             else _label(_field(row, keys.label_key, where, "--label-key"), keys, where))
+             else _label(_field(row, keys.label_key, where, f"{keys.flag_prefix}label-key"),
+                         keys, where))
     # Metadata and tools may be absent from a row (no extra facts about that prompt).
     metadata = {} if keys.metadata_key is None else row.get(keys.metadata_key) or {}
     if not isinstance(metadata, dict):

@@ -45,7 +45,7 @@ import attrs
 from vime_pure.errors import field_error, one_line
 from vime_pure.data.sample import Sample
 from vime_shell.engines.base import Generation, RolloutEngine, SamplingParams
-from vime_shell.rollout.generate import FINISH_STATUS, generate
+from vime_shell.rollout.generate import FINISH_STATUS, generate  # noqa: F401 - re-exported
 from vime_shell.rollout.plugins import is_expired, load_callable, time_limit
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskError, TaskExample

@@ -11,7 +11,9 @@ tool, and pandas via ``pd.DataFrame({k: d[k] for k in per_sample_columns})``.
 "columns": {name: {"dtype": "<i4", "shape": [t]}}, "group_id_values": [...],
 "prompt_group_values": [...], "sha256": hex}``. The checksum covers the header (without the
 checksum) and every column's name, dtype, shape and bytes. ``rollout_log_probs`` is absent
-when the batch has none.
+when the batch has none. An optional ``"annotations"`` list holds one JSON object per sample
+(``label``, ``metadata``: what a person needs to read a reward, ``vime inspect``); readers
+that do not know it ignore it, so it needs no new version.
 
 Versions: 2 added the per-sample ``weight_version_min`` / ``weight_version_max`` columns
 (``vime_pure.data.batch``). A version-1 dump (without them) still loads, every sample on
@@ -34,7 +36,7 @@ import json
 import math
 import os
 import zipfile
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +57,33 @@ MAX_HEADER_BYTES = 64 << 20  # header.json: column specs and group ids, far belo
 MAX_NPY_HEADER_BYTES = 1 << 16  # numpy's .npy header is under 4 KiB in practice
 
 
-def save_rollout_batch(path: str | os.PathLike, batch: RolloutBatch) -> Path:
-    """Write ``batch`` to ``path`` atomically; returns the path."""
+def save_rollout_batch(path: str | os.PathLike, batch: RolloutBatch,
+                       annotations: Sequence[Mapping[str, Any]] | None = None) -> Path:
+    """Write ``batch`` to ``path`` atomically; returns the path. ``annotations``: one mapping
+    per sample (label, metadata), stored as JSON in the header (values JSON cannot hold are
+    written as their ``repr``)."""
     if not isinstance(batch, RolloutBatch):
         raise DumpFormatError(f"batch is a {type(batch).__name__}. Fix: pass a RolloutBatch.")
+    if annotations is not None and len(annotations) != batch.num_samples:
+        raise DumpFormatError(f"annotations has {len(annotations)} entries for "
+                              f"{batch.num_samples} samples. Fix: pass one per sample.")
     columns = {k: v for k, v in batch.columns().items() if v is not None}
-    return write_dump_columns(path, columns, batch.group_id_values, batch.prompt_group_values)
+    return write_dump_columns(path, columns, batch.group_id_values, batch.prompt_group_values,
+                              annotations=annotations)
+
+
+def read_dump_annotations(path: str | os.PathLike) -> list[dict[str, Any]] | None:
+    """The per-sample annotations of a dump (None when it was written without them); the
+    dump itself is validated by ``load_rollout_batch`` first."""
+    load_rollout_batch(path)
+    with zipfile.ZipFile(Path(path)) as zf:
+        return json.loads(zf.read(HEADER).decode()).get("annotations")
 
 
 def write_dump_columns(path: str | os.PathLike, columns: Mapping[str, np.ndarray],
                        group_id_values: tuple[Hashable, ...],
-                       prompt_group_values: tuple[Hashable, ...]) -> Path:
+                       prompt_group_values: tuple[Hashable, ...],
+                       annotations: Sequence[Mapping[str, Any]] | None = None) -> Path:
     """Write raw columns in the dump format, unvalidated (``load_rollout_batch`` validates).
 
     For tools that produce dumps from other sources; ``save_rollout_batch`` is the usual entry.
@@ -79,6 +97,8 @@ def write_dump_columns(path: str | os.PathLike, columns: Mapping[str, np.ndarray
         "group_id_values": list(group_id_values),
         "prompt_group_values": list(prompt_group_values),
     }
+    if annotations is not None:  # plain JSON (a round trip turns tuples and numpy into lists)
+        header["annotations"] = json.loads(json.dumps(list(annotations), default=repr))
     header["sha256"] = _digest(header, arrays)
     with atomic_file(target) as fh:
         with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED) as zf:

@@ -1,0 +1,87 @@
+"""LR warmup and decay lengths: optimizer steps in the flags, groups in the scheduler.
+
+The trainer's LR scheduler advances by each step's real group count ``G_s`` (a partial step
+of 4 groups moves it by 4), so its lengths are in groups. The flags count optimizer steps, as
+in slime and Megatron. One rollout of ``R`` groups at ``--global-batch-size B`` makes
+``S = R // B`` steps (``ceil(R / B)`` with ``--allow-partial-train-step``), so one step is worth
+``R / S`` groups on average and ``N`` steps are ``N * R / S`` groups: exact at every rollout
+boundary, whatever the partial step's size. Without ``--lr-decay-iters`` the decay spans the
+whole run, ``--num-rollout x S`` steps (Megatron's ``--lr-decay-iters`` defaults to its
+``--train-iters``; slime's train iterations are rollouts x steps per rollout), so the LR
+reaches ``--min-lr`` at the last step.
+
+Example: 100 groups per rollout at ``B = 32`` with partial steps: steps of 32, 32, 32 and 4
+groups, ``S = 4``, 25 groups per step; 10 rollouts decay over 40 steps = 1000 groups;
+``--lr-decay-iters 9`` decays over 225 groups.
+"""
+
+import attrs
+
+from vime_pure.errors import ScheduleError, field_error
+
+CONSTANT = "constant"
+
+
+def steps_per_rollout(groups_per_rollout: int, global_batch_size: int,
+                      allow_partial: bool) -> int:
+    """Optimizer steps one rollout makes. Example: ``(100, 32, True) == 4``, ``(100, 32,
+    False) == 3`` (the 4 left-over groups are dropped)."""
+    for name, value in (("groups_per_rollout", groups_per_rollout),
+                        ("global_batch_size", global_batch_size)):
+        if value < 1:
+            raise field_error(ScheduleError, name, value, "must be >= 1", "pass a positive count")
+    full, rest = divmod(groups_per_rollout, global_batch_size)
+    return full + (1 if rest and allow_partial else 0)
+
+
+@attrs.frozen(kw_only=True)
+class LrGroups:
+    """The scheduler's lengths in groups, and the steps they came from."""
+
+    warmup_groups: int
+    decay_groups: int
+    warmup_steps: int
+    decay_steps: int
+    steps_per_rollout: int
+
+
+def lr_groups(*, groups_per_rollout: int, global_batch_size: int, allow_partial: bool,
+              num_rollout: int, warmup_iters: int, decay_iters: int | None) -> LrGroups:
+    """Warmup and decay lengths in groups (module docstring). ``decay_iters=None``: the
+    whole run. Example: ``lr_groups(groups_per_rollout=128, global_batch_size=64,
+    allow_partial=False, num_rollout=5, warmup_iters=2, decay_iters=None)`` decays over 10
+    steps = 640 groups and warms up over 128."""
+    spr = steps_per_rollout(groups_per_rollout, global_batch_size, allow_partial)
+    if spr == 0:  # fewer groups than one step and no partial steps: nothing trains
+        spr = 1
+    decay = num_rollout * spr if decay_iters is None else decay_iters
+    per_step = groups_per_rollout / spr
+
+    def groups(steps: int) -> int:
+        return int(round(steps * per_step))
+
+    return LrGroups(warmup_groups=groups(warmup_iters), decay_groups=groups(decay),
+                    warmup_steps=warmup_iters, decay_steps=decay, steps_per_rollout=spr)
+
+
+def lr_schedule_warnings(*, style: str, lr: float, min_lr: float, schedule: LrGroups,
+                         num_rollout: int) -> list[str]:
+    """What a user asking for a decay would not expect: nothing decays, or it stops short.
+
+    Example: ``--lr-decay-style cosine --lr-decay-iters 2 --lr-warmup-iters 2`` warns that
+    the decay is empty."""
+    if style == CONSTANT:
+        return []
+    out = []
+    run_steps = num_rollout * schedule.steps_per_rollout
+    if min_lr >= lr:
+        out.append(f"--lr-decay-style {style} has nothing to decay: --min-lr {min_lr:g} is "
+                   f"not below --lr {lr:g}")
+    if schedule.decay_steps <= schedule.warmup_steps:
+        out.append(f"--lr-decay-style {style} never decays: --lr-decay-iters "
+                   f"{schedule.decay_steps} is not past --lr-warmup-iters "
+                   f"{schedule.warmup_steps}")
+    elif schedule.decay_steps > run_steps:
+        out.append(f"--lr-decay-iters {schedule.decay_steps} is longer than the run "
+                   f"({run_steps} optimizer steps): the LR ends above --min-lr")
+    return out

@@ -1,0 +1,60 @@
+"""A stand-in for a real instruct model, built offline: a tiny Qwen2 with a byte-level BPE
+tokenizer trained with ``tokenizers`` and a Qwen-style chat template, saved as an HF directory.
+
+It takes the path a user with ``Qwen2.5-0.5B-Instruct`` takes: ``AutoTokenizer`` loads it and
+``apply_chat_template`` renders ``<|im_start|>user ... <|im_end|>`` turns. ``eos_token``
+picks the tokenizer's EOS: ``<|im_end|>`` (an instruct tokenizer) or ``<|endoftext|>`` (a base
+tokenizer under a chat template, where only the template says a turn ends at ``<|im_end|>``);
+``tie_word_embeddings`` shares the embedding with the LM head as Qwen2.5-0.5B does.
+Example: ``build_chat_model(tmp / "qwen")`` -> a ~0.2M-parameter model with a ~400-token
+vocabulary.
+"""
+
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GenerationConfig, PreTrainedTokenizerFast
+
+from vime_shell.models.tiny_model import TinyModelSpec, random_hf_model
+
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+QWEN_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+CORPUS = [f"What is {a} + {b}? Put the final answer in \\boxed{{}}. The answer is "
+          f"\\boxed{{{a + b}}}." for a in range(12) for b in range(12)]
+
+
+def build_chat_model(path: Path, vocab_size: int = 400, *, eos_token: str = "<|im_end|>",
+                     tie_word_embeddings: bool = False, num_layers: int = 2,
+                     generation_eos: bool = True, vocab_multiple: int = 1,
+                     num_kv_heads: int = 1) -> Path:
+    """Write the tokenizer and a random model to ``path``; returns it. ``generation_eos``:
+    ``generation_config.json`` names the EOS (False leaves it out, like a base checkpoint);
+    ``vocab_multiple``: pad the model's embedding rows to a multiple (Qwen's 151936 rows for
+    151665 tokens), so TP sizes divide them."""
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos_token,
+                                   pad_token="<|endoftext|>", padding_side="left")
+    fast.chat_template = QWEN_TEMPLATE
+    fast.save_pretrained(path)
+    rows = -(-len(fast) // vocab_multiple) * vocab_multiple
+    spec = TinyModelSpec(vocab_size=rows, hidden_size=64, num_layers=num_layers,
+                         num_heads=2, num_kv_heads=num_kv_heads, head_dim=32,
+                         intermediate_size=128,
+                         tie_word_embeddings=tie_word_embeddings, seed=5)
+    model = random_hf_model(spec, pad_token_id=fast.pad_token_id, eos_token_id=fast.eos_token_id,
+                            bos_token_id=None)
+    model.generation_config = GenerationConfig(
+        pad_token_id=fast.pad_token_id,
+        eos_token_id=fast.eos_token_id if generation_eos else None)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
