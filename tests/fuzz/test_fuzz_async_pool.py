@@ -18,7 +18,7 @@ INTS = mostly(st.integers(0, 9), st.one_of(st.integers(-3, -1), st.booleans(), J
 def test_weights_sync_due(rid, interval):
     out = outcome("weights_sync_due", weights_sync_due, rid, interval)
     if out is not REJECTED:
-        assert out == ((rid + 1) % interval == 0)
+        assert out == ((int(rid) + 1) % int(interval) == 0)
 
 
 @given(mostly(st.sampled_from(["sync", "one_step_off", "fully_async"]), JUNK),
