@@ -6,6 +6,7 @@ rollout's batch contents and metrics; the engine rank returns what it raised, if
 """
 
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -55,7 +56,7 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dic
     from vime_shell.loop.config import TrainConfig
     from vime_shell.loop.loop import run_training
 
-    out: dict = {}
+    out: dict = {"root": Path(root)}
     for name in runs:
         seen: list = []
         extra = RUNS.get(name, dict(train_async=True))
@@ -66,6 +67,8 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dic
             extra = dict(train_async=True, update_weights_interval=2, max_weight_staleness=2)
         if name == "broken_sync" and rank == 1:
             EngineGroup.sync_weights = _ignore_weights
+        if name in ("one_step_off_k0", "fully_async_k0"):  # dumps carry the engines' annotations
+            extra = {**extra, "save_rollout_data": f"{root}/{name}-dumps/r{{rollout_id}}.npz"}
         if name.startswith("resume"):
             extra = {**extra, "run_dir": f"{root}/resume", "save": f"{root}/resume-ck",
                      "load": f"{root}/resume-ck" if name == "resume_rest" else None}

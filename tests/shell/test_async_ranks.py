@@ -29,6 +29,10 @@ def runs(tmp_path_factory):
     return trainer, engine
 
 
+def runs_root(trainer):
+    return trainer["root"]
+
+
 def test_sync_separate_ranks_train_and_pass_the_gap_check_after_every_sync(runs):
     trainer, engine = runs
     rollouts = trainer["sync"]["rollouts"]
@@ -48,6 +52,7 @@ def test_async_modes_at_staleness_0_give_the_synchronous_batches(runs, mode):
     other = [r["contents"] for r in trainer[mode]["rollouts"]]
     assert other == sync
     assert all(r["metrics"]["staleness_max"] == 0 for r in trainer[mode]["rollouts"])
+    assert len(list((runs_root(trainer) / f"{mode}-dumps").glob("r*.npz"))) == 3
 
 
 def test_one_step_off_trains_on_weights_one_version_old(runs):

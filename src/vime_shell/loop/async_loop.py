@@ -69,9 +69,11 @@ class SourceState:
 
 @attrs.frozen
 class RemoteGeneration:
-    """A rollout's statistics as the engine side reported them (``as_record`` for the log)."""
+    """A rollout's statistics as the engine side reported them (``as_record`` for the log),
+    and its per-sample annotations (label, metadata) for the dump."""
 
     record: dict
+    annotations: tuple = ()
 
     def as_record(self) -> dict:
         return dict(self.record)
@@ -109,10 +111,10 @@ class RemoteRollouts:
         reply = self._reply(rid)
         if self.lag and rid + 1 < self.total and self.mode != "fully_async":
             self._ask(("generate", rid + 1, None), rid + 1)
-        _, _, batch, record, source = reply
+        _, _, batch, record, source = reply[:5]
         if source is not None:
             self.source = SourceState(**source)
-        return batch, RemoteGeneration(record)
+        return batch, RemoteGeneration(record, tuple(reply[5]) if len(reply) > 5 else ())
 
     def _take_restore(self) -> dict | None:
         restore, self._restore = self._restore, None
@@ -281,7 +283,8 @@ class _Server:
         stamp = np.full(batch.num_samples, self.version, dtype=np.int64)
         batch = attrs.evolve(batch, weight_version_min=stamp, weight_version_max=stamp)
         record = {**stats.as_record(), "weight_version": self.version}
-        return ("batch", rid, batch, record, {"offset": source.offset, "draws": source.draws})
+        return ("batch", rid, batch, record, {"offset": source.offset, "draws": source.draws},
+                stats.annotations)
 
     def _load(self, version: int) -> None:
         received = self.bridge.receive_weights()

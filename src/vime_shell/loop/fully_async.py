@@ -42,7 +42,7 @@ from vime_pure.data.batch import RolloutBatch
 from vime_shell.engines.async_engine import FRONTS, async_front
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.probe import generate_probe
-from vime_shell.loop.rollouts import RolloutProducer, prompt_samples
+from vime_shell.loop.rollouts import RolloutProducer, prompt_samples, sample_annotations
 from vime_shell.rollout.functions import rollout_sampling_seed, share_context
 from vime_shell.rollout.plugins import call_plugin
 
@@ -305,6 +305,7 @@ class GroupPool:
                   "pool_pending": c.pending}
         state = self.resume_state()
         source = {"offset": state.pop("offset"), "draws": state.pop("draws"), "pool": state}
-        self.bridge.send(("batch", k, batch, record, source))
+        self.bridge.send(("batch", k, batch, record, source,
+                          sample_annotations([out for _, out, _ in taken])))
         self.sent += 1
         self.demand = None
