@@ -45,6 +45,8 @@ def test_moe_counts_routed_top_k_shared_experts_router_and_dense_layers():
     sparse_mlp = 6 * h * 768 * 8 + 2 * h * 128
     expected = 36 * attention + 35 * sparse_mlp + 6 * h * 12288 + 2 * h * 151936
     assert model.linear == expected
+    top2 = FlopsModel.from_hf_config(moe, experts_per_token=2)  # --moe-router-topk 2
+    assert model.linear - top2.linear == 35 * 6 * h * 768 * (8 - 2)
     shared = FlopsModel.from_hf_config({**moe, "shared_expert_intermediate_size": 1024})
     assert shared.linear - model.linear == 35 * 6 * h * 1024
     # Mixtral names: num_local_experts, and the expert FFN is intermediate_size.

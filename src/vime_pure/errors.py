@@ -84,6 +84,10 @@ class FlopsModelError(VimeError):
     """A model config from which per-sample FLOPs cannot be estimated."""
 
 
+class MemoryEstimateError(VimeError):
+    """Sizes from which per-GPU memory cannot be estimated (a layout that does not divide)."""
+
+
 def type_check_error(cls: type[VimeError], where: str, exc: Exception, fix: str) -> VimeError:
     """One line from jaxtyping's multi-line ``TypeCheckError``: the parameter, its value, the
     expected type and the axis sizes bound so far.

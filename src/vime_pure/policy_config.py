@@ -34,9 +34,9 @@ RS_LEVELS: tuple[str, ...] = get_args(RejectionLevel)  # the choice list of --rs
 class LossConfig:
     """Clip ``eps_clip`` / ``eps_clip_high`` (DAPO clip-higher) / ``dual_clip``; KL penalty
     ``kl_coef * kl_kind`` against the reference; entropy bonus ``entropy_coef``; truncated
-    importance sampling weights ``clamp(exp(old - rollout), tis_clip_low, tis_clip)`` when ``use_tis``
-    (slime's defaults: 0 and 2); ``sequence_ratio``: GSPO's sequence-level importance ratio
-    instead of per-token ratios."""
+    importance sampling weights ``clamp(exp(old - rollout), tis_clip_low, tis_clip)`` when
+    ``use_tis`` (slime's defaults: 0 and 2); ``sequence_ratio``: GSPO's sequence-level
+    importance ratio instead of per-token ratios."""
 
     eps_clip: float = 0.2
     eps_clip_high: float | None = None

@@ -55,20 +55,22 @@ def thd_vs_mask_worker(rank: int, hf_dir: str) -> dict:
     return out
 
 
-def bf16_step_worker(rank: int, hf_dir: str) -> dict:
-    """One bf16 training step on the detected CUDA platform: finite loss, weights move."""
+def bf16_step_worker(rank: int, hf_dir: str, ep: int = 1) -> dict:
+    """One bf16 training step on the detected CUDA platform: finite loss, weights move;
+    ``ep``: the expert-parallel size of an MoE model (``final``: the weights after)."""
     import torch.distributed as dist
 
     from vime_shell.megatron.trainer import MegatronTrainer, OptimConfig, TrainerConfig
 
     _init_nccl(rank)
-    trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=OptimConfig(lr=1e-3)))
+    trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=OptimConfig(lr=1e-3)), ep=ep)
     before = trainer.hf_state_dict()
     results = trainer.train(_records(trainer, trainer.bridge.hf_config.vocab_size))
     after = trainer.hf_state_dict()
     moved = max(float((after[k].float() - before[k].float()).abs().max()) for k in before)
     out = {"losses": [r.metrics["loss"] for r in results], "moved": moved,
-           "dtype": str(next(iter(after.values())).dtype)}
+           "dtype": str(next(iter(after.values())).dtype),
+           "final": {k: v.float().cpu().numpy() for k, v in after.items()}}
     trainer.shutdown()
     dist.destroy_process_group()
     return out

@@ -21,9 +21,24 @@ def _compute(tmp_root) -> dict:
     hf_dir = build_tiny_hf_model(tmp_root / "tiny-qwen2-4l", TinyModelSpec(num_layers=4))
     llama_dir = build_tiny_hf_model(tmp_root / "tiny-llama-2l",
                                     TinyModelSpec(arch="llama", num_layers=2, seed=3))
+    features = {"dense": str(hf_dir)}
+    for name, spec in feature_specs().items():
+        features[name] = str(build_tiny_hf_model(tmp_root / f"tiny-{name}", spec))
     start = time.perf_counter()
-    per_rank = spawn(_worker(), 2, str(hf_dir), str(llama_dir), tuple(LAYOUTS), True)
+    per_rank = spawn(_worker(), 2, str(hf_dir), str(llama_dir), tuple(LAYOUTS), True, features)
     return {"per_rank": per_rank, "wall_s": time.perf_counter() - start, "hf_dir": str(hf_dir)}
+
+
+def feature_specs() -> dict:
+    """The tiny models of the model-feature runs (``model_workers``)."""
+    from vime_shell.models.tiny_model import TinyModelSpec
+
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    return {"qwen3_moe": TinyModelSpec(arch="qwen3_moe", num_layers=2, seed=5),
+            "qwen2_moe": TinyModelSpec(arch="qwen2_moe", num_layers=2, seed=6),
+            "llama3": TinyModelSpec(arch="llama", num_layers=2, rope_theta=5e5,
+                                    max_position_embeddings=512, rope_scaling=llama3, seed=7)}
 
 
 def _worker():
@@ -49,6 +64,9 @@ def megatron_runs(tmp_path_factory) -> dict:
         cache.write_bytes(pickle.dumps(result))
         per_layout = ", ".join(f"{name} {run['seconds']:.1f}s"
                                for name, run in result["per_rank"][0].items() if "seconds" in run)
+        features = sum(run["seconds"] for rank_runs in (result["per_rank"][0].get(key, {})
+                                                        for key in ("features_1", "features_2"))
+                       for run in rank_runs.values() if "seconds" in run)
         print(f"\n[megatron_runs] 2-process spawn over {len(LAYOUTS)} layouts + DP1: "
-              f"{result['wall_s']:.1f} s wall ({per_layout})")
+              f"{result['wall_s']:.1f} s wall ({per_layout}; model features {features:.1f}s)")
         return result

@@ -341,6 +341,35 @@ def engine_layouts_worker(rank: int, root: str, cache: str) -> dict:
     return out
 
 
+_FILTER_CALLS = [0]
+
+
+def rollout_one_filtered(samples) -> bool:
+    """A dynamic-sampling filter passing rollout 0's 4 prompt groups, rejecting the 8 of
+    rollout 1 (2 rounds of 4), and passing everything after: rollout 1 is fully filtered."""
+    _FILTER_CALLS[0] += 1
+    return not 4 < _FILTER_CALLS[0] <= 12
+
+
+def filtered_rollout_worker(rank: int, root: str, cache: str) -> dict:
+    """Three rollouts, the second fully filtered, a linear LR decay, a --save-hf template
+    every 2 rollouts; stderr captured (not a terminal)."""
+    import contextlib
+    import io
+
+    os.environ["VIME_CACHE_DIR"] = cache
+    from vime_shell.loop.loop import run_training
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        result = run_training(_cfg(
+            run_dir=f"{root}/run", num_rollout=3, global_batch_size=16, lr_decay_style="linear",
+            dynamic_sampling_filter_path="tests.shell.loop_workers:rollout_one_filtered",
+            dynamic_sampling_max_rounds=2, save_hf=f"{root}/hf/iter_{{rollout_id}}",
+            save_hf_interval=2, save_hf_dtype="bfloat16"), progress=False)
+    return {"records": result.records, "stderr": err.getvalue()}
+
+
 def initial_weights_rollout(ctx):
     """The built-in rollout, every sample stamped with weight version 0 (the initial weights):
     truthful when the engine never receives a sync (``stale_engine_worker``)."""
@@ -423,32 +452,3 @@ def stale_engine_rs_worker(rank: int, root: str, cache: str) -> dict:
                       rs_upper_bound=RS_BAND[1], rs_denominator="surviving"),
                  on_rollout=check, progress=False)
     return {"rs": seen}
-
-
-_FILTER_CALLS = [0]
-
-
-def rollout_one_filtered(samples) -> bool:
-    """A dynamic-sampling filter passing rollout 0's 4 prompt groups, rejecting the 8 of
-    rollout 1 (2 rounds of 4), and passing everything after: rollout 1 is fully filtered."""
-    _FILTER_CALLS[0] += 1
-    return not 4 < _FILTER_CALLS[0] <= 12
-
-
-def filtered_rollout_worker(rank: int, root: str, cache: str) -> dict:
-    """Three rollouts, the second fully filtered, a linear LR decay, a --save-hf template
-    every 2 rollouts; stderr captured (not a terminal)."""
-    import contextlib
-    import io
-
-    os.environ["VIME_CACHE_DIR"] = cache
-    from vime_shell.loop.loop import run_training
-
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        result = run_training(_cfg(
-            run_dir=f"{root}/run", num_rollout=3, global_batch_size=16, lr_decay_style="linear",
-            dynamic_sampling_filter_path="tests.shell.loop_workers:rollout_one_filtered",
-            dynamic_sampling_max_rounds=2, save_hf=f"{root}/hf/iter_{{rollout_id}}",
-            save_hf_interval=2, save_hf_dtype="bfloat16"), progress=False)
-    return {"records": result.records, "stderr": err.getvalue()}

@@ -26,6 +26,7 @@ LAYOUTS: dict[str, dict] = {
     "tp2": {"tp": 2},
     "pp2": {"pp": 2},
     "pp2_vpp2": {"pp": 2, "vpl": 1},
+    "pp2_uneven": {"pp": 2, "first": 1},  # 4 layers as 1 + 3 (--decoder-first-pipeline-...)
 }
 
 
@@ -124,7 +125,7 @@ def _logit_diff(trainer, hf_model, vocab: int) -> float | None:
     return float((logits - ref).abs().max())
 
 
-def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> dict:
+def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False, first=None) -> dict:
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -134,9 +135,11 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
 
     t0 = time.perf_counter()
     trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=_optim(distopt)), tp=tp,
-                                      pp=pp, num_layers_per_virtual_stage=vpl)
+                                      pp=pp, num_layers_per_virtual_stage=vpl,
+                                      first_stage_layers=first)
     hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     vocab = hf_model.config.vocab_size
+    stage_layers = len(trainer.model[0].module.decoder.layers)
     original = load_file(f"{hf_dir}/model.safetensors")
     exported = trainer.hf_state_dict()
     out: dict = {"name": name, "layout": attrs.asdict(trainer.layout), "dp_rank": trainer.dp_rank,
@@ -144,7 +147,7 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False) -> d
                  "roundtrip_max": max(float((exported[k] - original[k]).abs().max())
                                       for k in original),
                  "logit_max": _logit_diff(trainer, hf_model, vocab),
-                 "metrics": [], "trace": [], "lr": []}
+                 "metrics": [], "trace": [], "lr": [], "stage_layers": stage_layers}
     checkpoint = f"{hf_dir}-ckpt-{name}"
     for r, seed in enumerate(ROLLOUT_SEEDS):
         if r == 1 and (name in RESUME_CHECK_LAYOUTS or name in CROSS_LAYOUT_RESUMES):
@@ -283,8 +286,12 @@ def compat_report() -> dict:
 
 
 def all_layouts_worker(rank: int, hf_dir: str, llama_dir: str, names: tuple[str, ...],
-                       with_dp1: bool) -> dict:
-    """Every layout of ``names`` on the 2-process world, then DP1 on rank 0 (world of 1)."""
+                       with_dp1: bool, feature_dirs: dict[str, str] | None = None) -> dict:
+    """Every layout of ``names`` on the 2-process world, then DP1 on rank 0 (world of 1);
+    with ``feature_dirs``, also the model-feature runs of ``model_workers`` (recompute,
+    Llama-3 RoPE, MoE with EP) on both worlds."""
+    from tests.shell.model_workers import features_one_rank, features_two_ranks
+
     import warnings
 
     import torch.distributed as dist
@@ -300,6 +307,8 @@ def all_layouts_worker(rank: int, hf_dir: str, llama_dir: str, names: tuple[str,
     dist.init_process_group("gloo")
     results = {name: run_layout(hf_dir, name, **LAYOUTS[name]) for name in names}
     results["loss_modes_dp2"] = loss_modes(hf_dir)
+    if feature_dirs:
+        results["features_2"] = features_two_ranks(feature_dirs)
     dist.barrier()
     dist.destroy_process_group()
     if with_dp1 and rank == 0:
@@ -307,6 +316,8 @@ def all_layouts_worker(rank: int, hf_dir: str, llama_dir: str, names: tuple[str,
         results["dp1"] = run_layout(hf_dir, "dp1")
         results["loss_modes_dp1"] = loss_modes(hf_dir)
         results["llama_conversion"] = conversion_only(llama_dir)
+        if feature_dirs:
+            results["features_1"] = features_one_rank(feature_dirs)
         dist.destroy_process_group()
     results["compat"] = compat
     return results

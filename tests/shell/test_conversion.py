@@ -12,7 +12,7 @@ import pytest
 from vime_shell.megatron.bridge import ModelLoadError, read_hf_config
 
 TOL = 1e-5
-ROUNDTRIP_LAYOUTS = ["dp1", "tp2", "pp2", "pp2_vpp2"]
+ROUNDTRIP_LAYOUTS = ["dp1", "tp2", "pp2", "pp2_vpp2", "pp2_uneven"]
 
 
 @pytest.mark.slow
@@ -30,7 +30,7 @@ def test_logits_match_transformers(megatron_runs, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dp1", "dp2", "tp2", "pp2", "pp2_vpp2"])
+@pytest.mark.parametrize("name", ["dp1", "dp2", "tp2", "pp2", "pp2_vpp2", "pp2_uneven"])
 def test_log_probs_match_transformers_on_every_rank(megatron_runs, name):
     for rank in ((0,) if name == "dp1" else (0, 1)):
         assert megatron_runs["per_rank"][rank][name]["hf_logprob_max"] <= TOL
@@ -48,16 +48,30 @@ def test_missing_config_is_a_typed_error(tmp_path):
         read_hf_config(tmp_path)
 
 
-def test_scaled_rope_is_rejected_with_the_fix(tmp_path):
+@pytest.mark.slow
+def test_uneven_pipeline_stages_hold_the_requested_layers(megatron_runs):
+    # 4 layers, --decoder-first-pipeline-num-layers 1: stage 0 holds 1, stage 1 the other 3.
+    assert [megatron_runs["per_rank"][r]["pp2_uneven"]["stage_layers"] for r in (0, 1)] == [1, 3]
+
+
+def test_unsupported_rope_is_rejected_with_the_fix(tmp_path):
     from vime_shell.models.tiny_model import hf_config, TinyModelSpec
 
     config = hf_config(TinyModelSpec())
     config.save_pretrained(tmp_path)
     data = json.loads((tmp_path / "config.json").read_text())
+    data["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                               "original_max_position_embeddings": 128}
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ModelLoadError, match="rope_type='yarn'"):
+        read_hf_config(tmp_path)
+    data["rope_parameters"] = {"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5}
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ModelLoadError, match="low_freq_factor"):
+        read_hf_config(tmp_path)
     data["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
     (tmp_path / "config.json").write_text(json.dumps(data))
-    with pytest.raises(ModelLoadError, match="rope_type"):
-        read_hf_config(tmp_path)
+    assert read_hf_config(tmp_path).rope_theta == 10000.0
 
 
 def test_rope_theta_is_read_from_rope_parameters(tmp_path):

@@ -21,14 +21,19 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 GPU_TESTS = {"test_thd_packing_equals_mask_packing", "test_bf16_step_runs", "test_cp2_equals_cp1",
              "test_vime_train_end_to_end_on_one_gpu",
-             "test_a_missed_sync_is_visible_above_the_tolerance"}
+             "test_a_missed_sync_is_visible_above_the_tolerance",
+             "test_offload_train_frees_the_trainers_cuda_memory",
+             "test_optimizer_cpu_offload_steps_and_holds_less_cuda_memory",
+             "test_expert_parallel_on_nccl_equals_ep1"}
 
 
-def mocked_cuda_workers(rank: int, hf_dir: str, out_dir: str) -> dict:
-    """Every worker of ``tests.gpu.gpu_workers`` in turn, in this process, CUDA mocked."""
+def mocked_cuda_workers(rank: int, hf_dir: str, out_dir: str, moe_dir: str) -> dict:
+    """Every worker of ``tests.gpu.gpu_workers`` and ``memory_workers`` in turn, in this
+    process, CUDA mocked (not the optimizer CPU offload: Megatron's HybridDeviceOptimizer
+    fails on CPU, which is why the flag is CUDA-only)."""
     import torch.distributed as dist
 
-    from tests.gpu import gpu_workers
+    from tests.gpu import gpu_workers, memory_workers
     from vime_shell.megatron import cuda_compat
 
     cuda_compat.install()
@@ -40,7 +45,9 @@ def mocked_cuda_workers(rank: int, hf_dir: str, out_dir: str) -> dict:
     dist.init_process_group = gloo_init
     out = {"thd": gpu_workers.thd_vs_mask_worker(rank, hf_dir),
            "bf16": gpu_workers.bf16_step_worker(rank, hf_dir),
-           "cp1": gpu_workers.cp_worker(rank, hf_dir, 1)}
+           "cp1": gpu_workers.cp_worker(rank, hf_dir, 1),
+           "offload": memory_workers.offload_worker(rank, hf_dir),
+           "moe": gpu_workers.bf16_step_worker(rank, moe_dir, 1)}
     # Last: the loop leaves its process group initialised.
     small = {"rollout_batch_size": 8, "n_samples_per_prompt": 8}  # 64 samples: some reward
     out["e2e"] = gpu_workers.e2e_worker(rank, f"{out_dir}/e2e.json", 3, small)
@@ -62,11 +69,14 @@ def test_every_gpu_worker_runs_with_cuda_mocked(tmp_path):
     hf_dir = build_tiny_hf_model(tmp_path / "tiny", TinyModelSpec(
         hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64, intermediate_size=512,
         num_layers=2))
-    (out,) = spawn(mocked_cuda_workers, 1, str(hf_dir), str(tmp_path))
+    moe_dir = build_tiny_hf_model(tmp_path / "moe", TinyModelSpec(arch="qwen3_moe"))
+    (out,) = spawn(mocked_cuda_workers, 1, str(hf_dir), str(tmp_path), str(moe_dir))
     # On CPU the "thd" side is the detected fp32 platform (mask packing), the other bf16.
     assert out["thd"]["thd_platform"]["packing"] == "mask" and out["thd"]["max_diff"] < 5e-2
     assert out["bf16"]["moved"] > 0 and out["bf16"]["dtype"] == "torch.float32"  # CPU platform
     assert len(out["cp1"]["logps"]) > 0 and out["cp1"]["grad_norm"] > 0
+    assert out["offload"]["reported"] > 0 and out["offload"]["roundtrip_max"] == 0.0
+    assert any(".mlp.experts.3." in k for k in out["moe"]["final"])
     e2e = out["e2e"]
     assert (tmp_path / "e2e.json").is_file() and len(e2e["rollouts"]) == 3
     assert e2e["engine"] == "hf" and e2e["trainer_dtype"] == "float32"

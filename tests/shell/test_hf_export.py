@@ -235,3 +235,38 @@ def test_export_into_a_full_mount_point(hf_dir, tiny_tmpfs):
                            target_dir=tiny_tmpfs)
     assert _digest(tiny_tmpfs) == before and os.path.ismount(tiny_tmpfs)
     assert not (tiny_tmpfs / ".vime-staging").exists()
+
+
+def _stream(tensors, seen):
+    for name in sorted(tensors):
+        seen.append(name)
+        yield name, tensors[name].clone()
+
+
+def test_two_writers_of_one_stream_write_the_one_writer_files(hf_dir, tmp_path):
+    # --save-hf streamed: every per-node writer reads the trainer's whole export and writes
+    # only its shards; the files equal a one-writer export of the stream and of a mapping.
+    src, model = hf_dir
+    tensors = dict(model.state_dict())
+    barrier, errors, seen = threading.Barrier(2), [], {0: [], 1: []}
+
+    def write(rank):
+        try:
+            save_hf_checkpoint(_stream(tensors, seen[rank]), source_dir=src,
+                               target_dir=tmp_path / "two", max_shard_size="20KB",
+                               writer_rank=rank, writers=2, barrier=barrier.wait)
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=write, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors, errors
+    assert seen[0] == seen[1] == sorted(tensors)  # both drained the whole stream
+    one = save_hf_checkpoint(_stream(tensors, []), source_dir=src, target_dir=tmp_path / "one",
+                             max_shard_size="20KB")
+    mapping = save_hf_checkpoint(tensors, source_dir=src, target_dir=tmp_path / "map",
+                                 max_shard_size="20KB")
+    assert len(list((tmp_path / "two").glob("model-*.safetensors"))) > 2
+    assert _digest(tmp_path / "two") == _digest(one) == _digest(mapping)

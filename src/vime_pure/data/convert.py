@@ -13,8 +13,7 @@ response_length=1, loss_mask=[0]`` give ``tokens=[1, 2, 3, 4, 5]``, ``token_offs
 """
 
 from itertools import chain
-from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from jaxtyping import Float32, Int32, Int64, UInt8
@@ -111,8 +110,8 @@ def _checked_versions(versions: object, where: str) -> tuple[int, int]:
         raise RolloutValidationError(f"{where}: weight_versions={versions!r:.60} is a "
                                      f"{type(versions).__name__}, not a list. Fix: append the "
                                      "engine's weight version (an int) per generated segment.")
-    values = list(versions.tolist() if isinstance(versions, np.ndarray)
-                  else cast(Sequence[Any], versions))  # a flat sequence, checked above
+    values = (versions.tolist() if isinstance(versions, np.ndarray)
+              else list(versions) if isinstance(versions, (list, tuple)) else [])
     for v in values:
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not (
                 0 <= v < _INT64_END):

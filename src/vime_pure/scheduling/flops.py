@@ -69,12 +69,15 @@ class FlopsModel:
         return self.linear * length + self.quadratic * length * length
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any] | Any) -> "FlopsModel":
+    def from_hf_config(cls, config: Mapping[str, Any] | Any,
+                       experts_per_token: int | None = None) -> "FlopsModel":
         """Read a HF ``config.json`` dict or a ``PretrainedConfig``-like object (a nested
-        ``text_config`` is used when present, as in multimodal configs)."""
-        cfg = _Fields(config)
+        ``text_config`` is used when present, as in multimodal configs).
+        ``experts_per_token`` overrides the config's ``num_experts_per_tok``
+        (``--moe-router-topk``): only the active experts cost FLOPs."""
+        cfg = ConfigFields(config)
         if cfg.get("text_config") is not None:
-            cfg = _Fields(cfg.get("text_config"))
+            cfg = ConfigFields(cfg.get("text_config"))
         if cfg.get("kv_lora_rank") is not None:
             raise field_error(FlopsModelError, "kv_lora_rank", cfg.get("kv_lora_rank"),
                               "multi-head latent attention is not modelled",
@@ -86,15 +89,17 @@ class FlopsModel:
         q, kv = heads * head_dim, kv_heads * head_dim
         attention = 2 * hidden * (q + 2 * kv) + 2 * q * hidden
         dense_mlp = 6 * hidden * cfg.int("intermediate_size")
-        sparse = _sparse_layers(cfg, layers)
-        per_layer = [attention + (_moe_mlp(cfg, hidden) if i in sparse else dense_mlp)
+        sparse = sparse_layers(cfg, layers)
+        moe_mlp = _moe_mlp(cfg, hidden, experts_per_token) if sparse else 0
+        per_layer = [attention + (moe_mlp if i in sparse else dense_mlp)
                      for i in range(layers)]
         linear = sum(per_layer) + 2 * hidden * cfg.int("vocab_size")
         return cls(linear=linear, quadratic=2 * q * layers)
 
 
-class _Fields:
-    """Uniform read access to a dict or attribute-style config, with typed errors."""
+class ConfigFields:
+    """Uniform read access to a dict or attribute-style config, with typed errors (shared
+    with the memory estimator, ``vime_pure.memory``)."""
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -117,14 +122,15 @@ class _Fields:
         return int(value)
 
 
-def _num_experts(cfg: _Fields) -> int:
+def num_experts(cfg: ConfigFields) -> int:
+    """Routed experts of a config (0 for a dense model)."""
     return next((cfg.int(f) for f in _EXPERT_FIELDS if cfg.get(f)), 0)
 
 
-def _sparse_layers(cfg: _Fields, layers: int) -> set[int]:
+def sparse_layers(cfg: ConfigFields, layers: int) -> set[int]:
     """Indices of MoE layers (Qwen's decoder_sparse_step / mlp_only_layers, DeepSeek's
     first_k_dense_replace); none for a dense model."""
-    if not _num_experts(cfg):
+    if not num_experts(cfg):
         return set()
     step = cfg.int("decoder_sparse_step", 1)
     dense_only = set(cfg.get("mlp_only_layers", []) or [])
@@ -133,11 +139,11 @@ def _sparse_layers(cfg: _Fields, layers: int) -> set[int]:
             if (i + 1) % step == 0 and i not in dense_only and i >= first_dense}
 
 
-def _moe_mlp(cfg: _Fields, hidden: int) -> int:
+def _moe_mlp(cfg: ConfigFields, hidden: int, top_k: int | None = None) -> int:
     """Per-token FLOPs of a MoE MLP: top-k routed experts, shared experts, and the router."""
-    experts = _num_experts(cfg)
+    experts = num_experts(cfg)
     expert_ffn = cfg.int("moe_intermediate_size", cfg.int("intermediate_size"))
-    routed = 6 * hidden * expert_ffn * cfg.int("num_experts_per_tok")
+    routed = 6 * hidden * expert_ffn * (top_k or cfg.int("num_experts_per_tok"))
     shared_ffn = cfg.get("shared_expert_intermediate_size", 0) or 0
     shared_ffn += (cfg.get("n_shared_experts", 0) or 0) * expert_ffn
     return routed + 6 * hidden * int(shared_ffn) + 2 * hidden * experts

@@ -51,7 +51,8 @@ from vime_shell.engines.base import RolloutEngine
 from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, EngineLayout,
                                        check_gpu_memory_utilization, check_rollout_dtype)
-from vime_shell.engines.sync import SLEEP_LEVEL, Residency, SyncReport, stream_weights
+from vime_shell.engines.sync import (SLEEP_LEVEL, Residency, SyncReport, only_served_experts,
+                                     served_experts, stream_weights)
 
 
 class EngineGroupError(VimeError):
@@ -87,6 +88,8 @@ class EngineOptions:
     gather_timeout_s: float = 3 * 3600.0
     per_request: bool = False
     max_concurrency: int = DEFAULT_CONCURRENCY
+    expert_parallel: bool = False  # vLLM's enable_expert_parallel (--rollout-enable-expert-...)
+    num_experts: int | None = None  # the model's routed experts (None: dense)
 
 
 def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: EngineOptions,
@@ -124,6 +127,8 @@ def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: Engine
         kwargs["distributed_executor_backend"] = "external_launcher"
     if cuda:
         kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+    if options.expert_parallel:
+        kwargs["enable_expert_parallel"] = True
     return select_engine(options.engine, hf_dir, seed=seed, dtype=options.dtype,
                          enable_sleep_mode=options.colocate and cuda,
                          sleep_level=options.sleep_level, **kwargs)
@@ -221,11 +226,25 @@ class EngineGroup:
         if self.engine is None:
             return stream_weights(named, self.options.update_weight_buffer_size, None)
         self.residency.wake_for_sync()
+        served = self.served_experts()
+        if served is not None:
+            named = only_served_experts(named, served)
         report = stream_weights(named, self.options.update_weight_buffer_size,
                                 self.engine.update_weights_from_tensors)
         before = getattr(self.engine, "weight_version", 0)  # stand-ins may not count
         self.engine.weight_version = before + 1 if version is None else version
         return report
+
+    def served_experts(self) -> range | None:
+        """The routed experts this rank's engine shard holds under vLLM expert parallelism
+        (the engine's ranks split them); None when it holds all of them."""
+        if not self.options.expert_parallel or self.options.num_experts is None:
+            return None
+        engine = self.engine_index
+        if engine is None:
+            return None
+        return served_experts(self.options.num_experts, self.layout.gpus_per_engine,
+                              self.rank - self.layout.leader(engine))
 
     def sleep(self) -> None:
         """Release the engine's accelerator memory now (e.g. replay runs that never generate)."""

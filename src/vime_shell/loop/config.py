@@ -34,6 +34,10 @@ from vime_pure.denominators import LOSS_MODES, REJECTION_DENOMINATORS
 from vime_pure.policy_config import KL_KINDS, RS_LEVELS, RejectionConfig
 from vime_pure.errors import VimeError, field_error
 from vime_shell.engines import ENGINE_NAMES
+from vime_shell.megatron.model_options import (MOE_DISPATCHERS, MOE_LOAD_BALANCING,
+                                               MOE_ROUTER_DTYPES, RECOMPUTE_GRANULARITIES,
+                                               RECOMPUTE_METHODS, RECOMPUTE_MODULES,
+                                               ModelOptions)
 from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, ROLLOUT_DTYPES,
                                        EngineLayoutError, check_gpu_memory_utilization)
@@ -54,7 +58,7 @@ DEFAULT_NUM_ROLLOUT = 300
 DEFAULT_GLOBAL_BATCH_SIZE = 128
 DEFAULT_LOSS_MODE = "group_token_mean"
 SECTIONS: tuple[str, ...] = ("model", "data", "rollout", "reward", "eval", "batching", "loss",
-                             "optimizer", "parallelism", "checkpoint", "logging")
+                             "optimizer", "parallelism", "memory", "moe", "checkpoint", "logging")
 
 
 class ConfigError(VimeError):
@@ -98,6 +102,9 @@ class TrainConfig:
                                                "model")
     update_weight_buffer_size: int = _f(DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, "bytes per weight-"
                                         "sync bucket (a decoder layer is never split)", "model")
+    rollout_enable_expert_parallel: bool = _f(False, "vLLM expert parallelism inside each "
+                                              "engine (MoE): each engine rank holds and is "
+                                              "sent only its experts", "model")
     rollout_enforce_eager: bool = _f(False, "vLLM without CUDA graphs (faster start, slower "
                                      "decode)", "model")
     # data
@@ -299,6 +306,53 @@ class TrainConfig:
                                     "parallelism")
     num_layers_per_virtual_pipeline_stage: int | None = _f(None, "layers per virtual stage",
                                                            "parallelism")
+    expert_model_parallel_size: int = _f(1, "expert-parallel size (MoE): experts split over "
+                                         "this many ranks", "parallelism")
+    expert_tensor_parallel_size: int | None = _f(None, "tensor-parallel size inside an expert; "
+                                                 "default --tensor-model-parallel-size",
+                                                 "parallelism")
+    decoder_first_pipeline_num_layers: int | None = _f(None, "layers of the first pipeline "
+                                                       "stage (uneven pipelines)", "parallelism")
+    decoder_last_pipeline_num_layers: int | None = _f(None, "layers of the last pipeline stage",
+                                                      "parallelism")
+    # memory: activation recompute, optimizer and trainer offload
+    recompute_granularity: str | None = _f(None, "activation recompute: full layers or "
+                                           "selective modules", "memory",
+                                           RECOMPUTE_GRANULARITIES)
+    recompute_method: str | None = _f(None, "full recompute: uniform chunks or the first "
+                                      "layers of each stage (block)", "memory", RECOMPUTE_METHODS)
+    recompute_num_layers: int | None = _f(None, "full recompute: layers per chunk (uniform) or "
+                                          "per stage (block)", "memory")
+    recompute_modules: tuple[str, ...] | None = attrs.field(
+        default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
+        metadata={"help": f"selective recompute: some of {', '.join(RECOMPUTE_MODULES)} "
+                  "(Megatron's default core_attn)", "section": "memory", "choices": None,
+                  "nargs": "+"})
+    recompute_loss_function: bool = _f(False, "recompute the loss's fp32 log-softmax in the "
+                                       "backward instead of keeping it", "memory")
+    optimizer_cpu_offload: bool = _f(False, "Adam state and step on the CPU (CUDA only)",
+                                     "memory")
+    overlap_cpu_optimizer_d2h_h2d: bool = _f(False, "overlap the offloaded optimizer's copies "
+                                             "(with --optimizer-cpu-offload)", "memory")
+    use_precision_aware_optimizer: bool = _f(False, "TransformerEngine FusedAdam with low-"
+                                             "precision state (CUDA + TE only)", "memory")
+    offload_train: bool = _f(False, "weights, gradients and optimizer state leave the "
+                             "accelerator while the engines generate", "memory")
+    # MoE (unset: what the checkpoint's config.json says)
+    moe_router_topk: int | None = _f(None, "experts per token; default the checkpoint's", "moe")
+    moe_aux_loss_coeff: float | None = _f(None, "load-balancing loss weight", "moe")
+    moe_z_loss_coeff: float | None = _f(None, "router z-loss weight", "moe")
+    moe_router_load_balancing_type: str | None = _f(None, "load-balancing loss; default none "
+                                                    "(RL)", "moe", MOE_LOAD_BALANCING)
+    moe_token_dispatcher_type: str | None = _f(None, "token dispatcher; default alltoall (flex: "
+                                               "DeepEP, CUDA only)", "moe", MOE_DISPATCHERS)
+    moe_router_dtype: str | None = _f(None, "router precision", "moe", MOE_ROUTER_DTYPES)
+    moe_grouped_gemm: bool | None = _f(None, "grouped expert GEMM (CUDA only; default on with "
+                                       "TransformerEngine)", "moe")
+    moe_permute_fusion: bool | None = _f(None, "fused token permutation (CUDA + TE only)",
+                                         "moe")
+    use_rollout_routing_replay: bool = _f(False, "replay the experts the engine routed each "
+                                          "token to in the trainer (R3)", "moe")
     # checkpoints, rollout dumps and replay, HF export
     save: str | None = _f(None, "checkpoint directory", "checkpoint")
     save_interval: int = _f(50, "rollouts between checkpoints", "checkpoint")
@@ -365,12 +419,15 @@ class TrainConfig:
                      "n_samples_per_prompt", "save_interval",
                      "n_samples_per_eval_prompt", "dynamic_sampling_max_rounds",
                      "tensor_model_parallel_size", "pipeline_model_parallel_size",
-                     "context_parallel_size", "sglang_server_concurrency"):
+                     "context_parallel_size", "sglang_server_concurrency",
+                     "expert_model_parallel_size"):
             _at_least(name, getattr(self, name), 1)
         for name in ("rollout_max_response_len", "max_tokens_per_gpu", "micro_batch_size",
                      "num_epoch", "eval_interval", "eval_max_response_len",
                      "num_steps_per_rollout", "over_sampling_batch_size", "lr_decay_iters",
-                     "num_rollout", "global_batch_size", "save_hf_interval"):
+                     "expert_tensor_parallel_size", "decoder_first_pipeline_num_layers",
+                     "decoder_last_pipeline_num_layers", "num_rollout", "global_batch_size",
+                     "save_hf_interval"):
             if getattr(self, name) is not None:
                 _at_least(name, getattr(self, name), 1)
         for name in ("seed", "rollout_top_k", "lr_warmup_iters"):
@@ -400,6 +457,14 @@ class TrainConfig:
             raise field_error(ConfigError, "save_rollout_data", self.save_rollout_data,
                               "lacks {rollout_id}: every rollout would overwrite one file",
                               "use e.g. 'dumps/rollout_{rollout_id}.npz'")
+        self.model_options()  # recompute / MoE consistency (ModelOptions' own checks)
+        if self.use_precision_aware_optimizer and not self.use_distributed_optimizer:
+            raise field_error(ConfigError, "use_precision_aware_optimizer", True,
+                              "needs the distributed optimizer (Megatron's rule)",
+                              "pass --use-distributed-optimizer")
+        if self.overlap_cpu_optimizer_d2h_h2d and not self.optimizer_cpu_offload:
+            raise field_error(ConfigError, "overlap_cpu_optimizer_d2h_h2d", True,
+                              "needs --optimizer-cpu-offload", "pass both, or drop it")
         if self.save_hf_interval is not None and not self.save_hf_is_template:
             raise field_error(ConfigError, "save_hf_interval", self.save_hf_interval,
                               "needs a --save-hf path with {rollout_id} (each export gets its "
@@ -678,6 +743,24 @@ class TrainConfig:
     def groups_per_rollout(self) -> int:
         """Rollout groups the built-in rollouts produce per batch: prompts x samples."""
         return self.rollout_batch_size * self.n_samples_per_prompt
+
+    def model_options(self) -> ModelOptions:
+        """The trainer's recompute and MoE settings (``vime_shell.megatron.model_options``)."""
+        try:
+            return ModelOptions(
+                recompute_granularity=self.recompute_granularity,
+                recompute_method=self.recompute_method,
+                recompute_num_layers=self.recompute_num_layers,
+                recompute_modules=self.recompute_modules, moe_router_topk=self.moe_router_topk,
+                moe_aux_loss_coeff=self.moe_aux_loss_coeff,
+                moe_z_loss_coeff=self.moe_z_loss_coeff,
+                moe_router_load_balancing_type=self.moe_router_load_balancing_type,
+                moe_token_dispatcher_type=self.moe_token_dispatcher_type,
+                moe_router_dtype=self.moe_router_dtype, moe_grouped_gemm=self.moe_grouped_gemm,
+                moe_permute_fusion=self.moe_permute_fusion,
+                moe_enable_routing_replay=self.use_rollout_routing_replay)
+        except VimeError as exc:
+            raise ConfigError(str(exc)) from exc
 
     def batching_policy(self) -> BatchingPolicy:
         """The scheduler's policy, from the one builder ``vime_pure.policy_from_flags``."""

@@ -35,6 +35,7 @@ from vime_shell.loop.checkpoint_index import check_dataset, require_checkpoint
 from vime_shell.loop.config import ConfigError, TrainConfig, load_config_file
 from vime_shell.loop.ownership import check_ownership, check_unlocked, run_id_for
 from vime_shell.loop.replay import ReplaySource
+from vime_shell.loop.model_checks import check_model_settings
 from vime_shell.loop.run_dir import check_run_dir, dump_dir
 from vime_shell.megatron.layout import (TrainLayout, context_parallel_available,
                                         local_rank_from_env, rank_from_env,
@@ -107,7 +108,12 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
         world_size=roles.num_trainers if roles else world_size_from_env(), num_layers=summary.num_layers,
         supports_context_parallel=cp > 1 and context_parallel_available(), tp=tp,
         pp=cfg.pipeline_model_parallel_size, cp=cp,
-        num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage)
+        num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage,
+        ep=cfg.expert_model_parallel_size, etp=cfg.expert_tensor_parallel_size,
+        num_experts=summary.num_experts,
+        first_stage_layers=cfg.decoder_first_pipeline_num_layers,
+        last_stage_layers=cfg.decoder_last_pipeline_num_layers)
+    check_model_settings(cfg, summary, layout)
     policy = cfg.batching_policy()
     check_feasible(layout.scheduler_layout(), policy)
     engine_layout = _engine_layout(cfg, summary.num_attention_heads, roles)

@@ -92,11 +92,14 @@ from vime_shell.loop.run_log import RunLogger, fmt
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.config import OptimConfig, TrainerConfig
 from vime_shell.megatron.layout import rank_from_env, ranks_per_node_from_env
+from vime_shell.megatron.moe_bridge import num_experts_of
+from vime_shell.megatron.offload import offloaded
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
 from vime_shell.models.hf_config import read_config_summary
 from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
 from vime_shell.storage.hf_export import save_hf_checkpoint
+from vime_shell.storage.sizes import parse_size
 
 log = logging.getLogger("vime.train")
 
@@ -190,7 +193,11 @@ def trainer_config(cfg: TrainConfig, num_rollout: int | None = None) -> TrainerC
             use_distributed_optimizer=cfg.use_distributed_optimizer,
             overlap_grad_reduce=cfg.overlap_grad_reduce,
             overlap_param_gather=cfg.overlap_param_gather,
+            optimizer_cpu_offload=cfg.optimizer_cpu_offload,
+            overlap_cpu_optimizer_d2h_h2d=cfg.overlap_cpu_optimizer_d2h_h2d,
+            use_precision_aware_optimizer=cfg.use_precision_aware_optimizer,
             skip_nonfinite_grad_steps=cfg.skip_nonfinite_grad_steps),
+        model=cfg.model_options(), recompute_loss_function=cfg.recompute_loss_function,
         loss=LossConfig(eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high,
                         kl_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
                         kl_kind=cfg.kl_loss_type, entropy_coef=cfg.entropy_coef,
@@ -200,7 +207,7 @@ def trainer_config(cfg: TrainConfig, num_rollout: int | None = None) -> TrainerC
         seed=cfg.seed)
 
 
-def engine_options(cfg: TrainConfig, cuda: bool) -> EngineOptions:
+def engine_options(cfg: TrainConfig, cuda: bool, num_experts: int | None = None) -> EngineOptions:
     """The engines' settings from the run's: the engine by capability unless named, the
     trainer's dtype unless ``--rollout-dtype``, sleep mode on CUDA vLLM unless ``--colocate``
     says otherwise. Example: on CPU, defaults give ``EngineOptions(engine="hf",
@@ -213,7 +220,8 @@ def engine_options(cfg: TrainConfig, cuda: bool) -> EngineOptions:
         update_weight_buffer_size=cfg.update_weight_buffer_size, seed=cfg.seed,
         enforce_eager=cfg.rollout_enforce_eager,
         per_request=cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION,
-        max_concurrency=cfg.sglang_server_concurrency)
+        max_concurrency=cfg.sglang_server_concurrency,
+        expert_parallel=cfg.rollout_enable_expert_parallel, num_experts=num_experts)
 
 
 class _Loop:
@@ -230,7 +238,9 @@ class _Loop:
             tp=cfg.tensor_model_parallel_size,
             pp=cfg.pipeline_model_parallel_size, cp=cfg.context_parallel_size,
             num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage,
-            platform=detect_platform())
+            ep=cfg.expert_model_parallel_size, etp=cfg.expert_tensor_parallel_size,
+            first_stage_layers=cfg.decoder_first_pipeline_num_layers,
+            last_stage_layers=cfg.decoder_last_pipeline_num_layers, platform=detect_platform())
         if cfg.use_kl_loss:  # the initial weights, unless --ref-load names another model
             self.trainer.load_reference(Path(cfg.ref_load).expanduser() if cfg.ref_load
                                         else self.hf_dir)
@@ -246,7 +256,8 @@ class _Loop:
         self.engines = self.producer = None
         self.gap_tolerance = cfg.logprob_gap_tolerance
         if self.plan.engine_layout is not None:  # not a train-only replay
-            options = engine_options(cfg, self.trainer.platform.kind == "cuda")
+            options = engine_options(cfg, self.trainer.platform.kind == "cuda",
+                                     num_experts_of(self.trainer.bridge.hf_config))
             self.gap_tolerance = (cfg.logprob_gap_tolerance if cfg.logprob_gap_tolerance
                                   is not None else logprob_gap_tolerance(options.dtype))
             t1 = time.perf_counter()
@@ -359,9 +370,10 @@ class _Loop:
                 "weight update, or raise --logprob-gap-tolerance knowingly.")
 
     def rollout(self, rid: int) -> dict:
-        evaluated = self.evaluate(rid) if self._evaluates(rid) else {}
-        t0 = time.perf_counter()
-        batch, schedule, stats = self._share_rollout(rid)
+        with offloaded(self.trainer, self.cfg.offload_train and self.producer is not None):
+            evaluated = self.evaluate(rid) if self._evaluates(rid) else {}
+            t0 = time.perf_counter()
+            batch, schedule, stats = self._share_rollout(rid)
         t1 = time.perf_counter()
         if batch is None:  # every prompt filtered out: no step, no sync, the LR stays
             return skipped_record(rid, stats, lr=self.trainer.current_lr, rollout_s=t1 - t0,
@@ -516,20 +528,31 @@ class _Loop:
 
     def save_hf(self, rollouts_done: int) -> Path:
         """Write the weights after ``rollouts_done`` rollouts to ``--save-hf`` (its
-        ``{rollout_id}`` filled in) with one writer per node; rank 0 finalises the index."""
+        ``{rollout_id}`` filled in) with one writer per node; rank 0 finalises the index.
+
+        Streamed: the export comes in buckets of one shard's size (``trainer.hf_buckets``),
+        each cast to the export dtype, and each writer keeps only its own shards, so a rank
+        holds about one shard and one bucket of host memory, never the model; ranks without a
+        writer drain the export."""
         target = save_hf_path(self.cfg.save_hf, rollouts_done)
         dtype = self.cfg.save_hf_dtype or read_config_summary(self.hf_dir).dtype
-        tensors = as_export_dtype(self.trainer.hf_state_dict(), dtype)
+        limit = parse_size(self.cfg.save_hf_max_shard_size)
+        pairs = (pair for bucket in self.trainer.hf_buckets(limit)
+                 for pair in as_export_dtype(dict(bucket), dtype).items())
         world = dist.get_world_size()
         per_node = ranks_per_node_from_env() or world
         writers = list(range(0, world, per_node))
         group = dist.new_group(writers)
-        if self.rank in writers:
-            save_hf_checkpoint(tensors, source_dir=self.hf_dir, target_dir=target,
-                               max_shard_size=self.cfg.save_hf_max_shard_size,
-                               writer_rank=writers.index(self.rank), writers=len(writers),
-                               barrier=lambda: dist.barrier(group=group),
-                               overwrite=self.cfg.save_hf_overwrite)
+        try:
+            if self.rank in writers:
+                save_hf_checkpoint(pairs, source_dir=self.hf_dir, target_dir=target,
+                                   max_shard_size=limit,
+                                   writer_rank=writers.index(self.rank), writers=len(writers),
+                                   barrier=lambda: dist.barrier(group=group),
+                                   overwrite=self.cfg.save_hf_overwrite)
+        finally:
+            for _ in pairs:  # the export is collective: drained here too after a failure
+                pass
         dist.barrier()
         return target
 

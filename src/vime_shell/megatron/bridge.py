@@ -5,7 +5,8 @@ virtual pipeline stage on this rank) with ``mbridge``, and stream the trained we
 under their HF names (weight sync to the rollout engine, checkpoint export).
 
 mbridge 0.15 assumes TransformerEngine and an older transformers. :func:`make_bridge` applies
-the five adjustments it needs, all here and nowhere else:
+the five adjustments it needs, all here and nowhere else (plus RoPE scaling,
+:mod:`vime_shell.megatron.rope`, and the MoE adjustments, :mod:`vime_shell.megatron.moe_bridge`):
 
 1. layer spec: Megatron's decoder block spec with ``use_transformer_engine`` from the platform
    (the local spec on CPU), RMSNorm and ``qk_layernorm`` as configured;
@@ -35,7 +36,10 @@ from transformers import AutoConfig
 
 from vime_shell.models.hf_config import ModelLoadError
 from vime_shell.megatron.layout import TrainLayout
+from vime_shell.megatron.model_options import ModelOptions
+from vime_shell.megatron.moe_bridge import map_sequential_experts, num_experts_of, router_fields
 from vime_shell.megatron.platform import Platform
+from vime_shell.megatron.rope import apply_rope_scaling, gpt_rope_args, rope_scaling_of
 
 _LOCAL_NORM_NAMES = {
     "input_layernorm.weight": "model.layers.{n}.input_layernorm.weight",
@@ -47,30 +51,34 @@ def read_hf_config(hf_dir: str | Path):
     """The transformers config of ``hf_dir``, normalised for mbridge (``rope_theta`` restored).
 
     Raises ``ModelLoadError`` for a missing ``config.json`` or a RoPE variant the bridge cannot
-    convert. Example: a transformers-5 Qwen2 config with ``rope_parameters={"rope_theta": 1e4,
+    convert (``vime_shell.megatron.rope``: default, linear and llama3 pass). Example: a transformers-5 Qwen2 config with ``rope_parameters={"rope_theta": 1e4,
     "rope_type": "default"}`` comes back with ``rope_theta == 1e4``.
     """
     path = Path(hf_dir)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"hf_dir={str(path)!r}: no config.json there. Fix: pass a directory "
                              "written by save_pretrained (config.json + *.safetensors).")
-    config = AutoConfig.from_pretrained(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (KeyError, ValueError, TypeError) as exc:  # transformers validates rope_parameters
+        raise ModelLoadError(f"hf_dir={str(path)!r}: transformers rejects config.json "
+                             f"({type(exc).__name__}: {exc}). Fix: correct the config.") from None
     rope = getattr(config, "rope_parameters", None) or {}
     if getattr(config, "rope_theta", None) is None:  # adjustment 3
         if "rope_theta" not in rope:
             raise ModelLoadError(f"hf_dir={str(path)!r}: config has no rope_theta. Fix: use a "
                                  "RoPE model (Qwen2/Qwen3/Llama) with rope_theta set.")
         config.rope_theta = rope["rope_theta"]
-    if rope.get("rope_type", "default") != "default":
-        raise ModelLoadError(f"rope_parameters.rope_type={rope['rope_type']!r}: only plain RoPE "
-                             "is wired through the bridge. Fix: use a model with default RoPE.")
+    rope_scaling_of(rope or getattr(config, "rope_scaling", None))  # refuses what it cannot map
     return config
 
 
-def make_bridge(hf_dir: str | Path, platform: Platform):
-    """An mbridge ``Bridge`` for ``hf_dir`` with the platform's adjustments (module docstring).
+def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = ModelOptions(),
+                layout: TrainLayout | None = None):
+    """An mbridge ``Bridge`` for ``hf_dir`` with the platform's adjustments (module docstring),
+    the run's recompute / MoE ``options`` and ``layout``'s uneven pipeline stages.
 
-    Needs Megatron's parallel state to be initialised (it reads TP/PP/VPP sizes from it).
+    Needs Megatron's parallel state to be initialised (it reads TP/PP/VPP/EP sizes from it).
     """
     config = read_hf_config(hf_dir)
     try:
@@ -78,8 +86,10 @@ def make_bridge(hf_dir: str | Path, platform: Platform):
     except ValueError as exc:
         raise ModelLoadError(f"model_type={config.model_type!r}: {exc}. Fix: use a Qwen2/Qwen3/"
                              "Llama-family checkpoint.") from None
-    bridge.set_extra_args(**platform.transformer_overrides())  # adjustment 5
+    bridge.set_extra_args(**platform.transformer_overrides(), **router_fields(config),
+                          **_stage_fields(layout), **options.transformer_fields())  # adj. 5
     bridge.hf_dir = Path(hf_dir)
+    _adjust_rope(bridge, config)
 
     def layer_spec(vp_stage=None):  # adjustment 1
         return get_gpt_decoder_block_spec(
@@ -97,7 +107,47 @@ def make_bridge(hf_dir: str | Path, platform: Platform):
         return to_hf(name)
 
     bridge._weight_name_mapping_mcore_to_hf = name_to_hf
+    if num_experts_of(config) is not None:
+        _adjust_expert_names(bridge)
     return bridge
+
+
+def _stage_fields(layout: TrainLayout | None) -> dict[str, object]:
+    """Megatron's uneven pipeline split (``--decoder-first/last-pipeline-num-layers``)."""
+    if layout is None:
+        return {}
+    return {"num_layers_in_first_pipeline_stage": layout.first_stage_layers,
+            "num_layers_in_last_pipeline_stage": layout.last_stage_layers}
+
+
+def _adjust_rope(bridge, config) -> None:
+    """The checkpoint's RoPE scaling, in place of mbridge's (``vime_shell.megatron.rope``)."""
+    scaling = rope_scaling_of(getattr(config, "rope_parameters", None)
+                              or getattr(config, "rope_scaling", None))
+    gpt_args = bridge._get_gptmodel_args
+
+    def gptmodel_args() -> dict:
+        args = gpt_args()
+        args.pop("seq_len_interpolation_factor", None)
+        args.pop("rope_scaling", None)
+        return {**args, **gpt_rope_args(scaling)}
+
+    bridge._get_gptmodel_args = gptmodel_args
+    bridge.rope_scaling = scaling
+
+
+def _adjust_expert_names(bridge) -> None:
+    """``SequentialMLP`` expert names in mbridge's grouped form (MoE adjustment 2)."""
+    local_to_global = bridge._weight_name_mapping_mcore_local_to_global
+
+    def mapping(model, consider_ep: bool = True) -> dict[str, str]:
+        names = local_to_global(model, consider_ep=consider_ep)
+        ep_size, ep_rank = bridge.mpu.ep_size, bridge.mpu.ep_rank
+        per_rank = bridge.config.num_moe_experts // ep_size
+        return map_sequential_experts(names, ep_rank=ep_rank if consider_ep else 0,
+                                      experts_per_rank=per_rank)
+
+    bridge._weight_name_mapping_mcore_local_to_global = mapping
 
 
 def build_model_chunks(bridge, platform: Platform, layout: TrainLayout,
@@ -113,6 +163,7 @@ def build_model_chunks(bridge, platform: Platform, layout: TrainLayout,
             vp_stage=vp)
         chunk.model_type = ModelType.encoder_or_decoder
         chunk.vp_stage = vp
+        apply_rope_scaling(chunk, bridge.rope_scaling)
         for param in chunk.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
         if platform.kind == "cuda":

@@ -11,6 +11,7 @@ import attrs
 
 from vime_pure.errors import VimeError, field_error
 from vime_pure.policy_config import LossConfig
+from vime_shell.megatron.model_options import ModelOptions
 
 
 @attrs.frozen(kw_only=True)
@@ -31,6 +32,9 @@ class OptimConfig:
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    optimizer_cpu_offload: bool = False  # Megatron's HybridDeviceOptimizer (CUDA only)
+    overlap_cpu_optimizer_d2h_h2d: bool = False
+    use_precision_aware_optimizer: bool = False  # TE FusedAdam (CUDA + TE only)
     skip_nonfinite_grad_steps: bool = False  # else a NaN/inf gradient norm stops the run
 
     def __attrs_post_init__(self) -> None:
@@ -48,6 +52,8 @@ class TrainerConfig:
 
     optim: OptimConfig = attrs.field(factory=OptimConfig)
     loss: LossConfig = attrs.field(factory=LossConfig)
+    model: ModelOptions = attrs.field(factory=ModelOptions)  # recompute, MoE router
+    recompute_loss_function: bool = False  # --recompute-loss-function (objective.py)
     seed: int = 1234
 
 

@@ -17,6 +17,15 @@ What it does (and nothing else):
    the same object. ``torch.cuda.manual_seed`` seeds the CPU generator directly; calling
    ``torch.manual_seed`` would recurse through ``torch.cuda.manual_seed_all``.
 3. Megatron's tensor-parallel rng helpers read and write the CPU generator.
+4. MoE and recompute (:func:`_patch_moe_and_recompute`, measured with megatron-core 0.16.1):
+   A1 the router's ``te_general_gemm`` name exists (as None) without TransformerEngine, else
+   every router forward raises ``NameError``; A2 the alltoall dispatcher's split sizes become
+   numpy arrays for CPU tensors too (gloo's ``all_to_all_single`` rejects tensors there at
+   EP >= 2); A3 the backward pass (``torch.autograd.backward``, ``Tensor.backward``) answers
+   ``torch.cuda.current_device()`` with the CPU device: it runs with this mode popped (the mode
+   pops itself while it handles a call), and the EP all-to-all / all-gather backward and a
+   recomputed router allocate on ``current_device()``; A4 ``CheckpointWithoutOutput`` (selective
+   ``layernorm`` recompute) turns its fp8 flag off, which 0.16.1 sets True for ``fp8=False``.
 
 ``torch.cuda.is_available()`` stays False, so code that branches on it keeps its CPU path.
 
@@ -35,7 +44,10 @@ import contextlib
 import types
 
 import torch
+from megatron.core.pipeline_parallel import schedules
 from megatron.core.tensor_parallel import random as mrandom
+from megatron.core.tensor_parallel.random import CheckpointWithoutOutput
+from megatron.core.transformer.moe import moe_utils, token_dispatcher
 from torch.overrides import TorchFunctionMode, _get_current_function_mode, _pop_mode_temporarily
 
 _STATE: dict[str, object] = {"installed": False, "mode": None}
@@ -237,6 +249,53 @@ def _patch_megatron_rng() -> None:
     mrandom._set_cuda_rng_state = _set_cpu_rng_state
 
 
+@contextlib.contextmanager
+def _cpu_device_index():
+    index = torch.cuda.current_device
+    torch.cuda.current_device = _cpu_current_device
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = index
+
+
+def _backward(func, args, kwargs):  # A3, for Tensor.backward (a torch function)
+    with _cpu_device_index():
+        return func(*args, **(kwargs or {}))
+
+
+_SPECIAL[torch.Tensor.backward] = _backward
+
+
+def _patch_moe_and_recompute() -> None:
+    """A1-A4 of the module docstring."""
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None  # A1
+    to_cpu = token_dispatcher.maybe_move_tensor_to_cpu
+
+    def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):  # A2
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return to_cpu(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+    for owner, name in ((torch.autograd, "backward"), (schedules, "custom_backward")):  # A3
+        original = getattr(owner, name)
+
+        def on_cpu(*args, _original=original, **kwargs):
+            with _cpu_device_index():
+                return _original(*args, **kwargs)
+
+        setattr(owner, name, on_cpu)
+    init = CheckpointWithoutOutput.__init__
+
+    def checkpoint_init(self, fp8=False):  # A4
+        init(self, fp8)
+        self.fp8 = False
+
+    CheckpointWithoutOutput.__init__ = checkpoint_init
+
+
 def install() -> bool:
     """Install the layer once per process; returns True when it is (or already was) active.
 
@@ -252,6 +311,7 @@ def install() -> bool:
     torch.cuda.random.get_rng_state = torch.cuda.get_rng_state
     torch.cuda.random.set_rng_state = torch.cuda.set_rng_state
     _patch_megatron_rng()
+    _patch_moe_and_recompute()
     mode = CpuDeviceMode()
     mode.__enter__()  # process-wide: stays active for the life of the process
     _STATE.update(installed=True, mode=mode)

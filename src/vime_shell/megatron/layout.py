@@ -1,7 +1,10 @@
 """The parallel layout the trainer runs, resolved from Megatron/slime sizes (torch-free).
 
 ``resolve_layout`` turns ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
-``--context-parallel-size``, ``--num-layers-per-virtual-pipeline-stage`` and the world size into
+``--context-parallel-size``, ``--num-layers-per-virtual-pipeline-stage``,
+``--expert-model-parallel-size``, ``--expert-tensor-parallel-size``,
+``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` and the world
+size into
 a :class:`TrainLayout`, and rejects with :class:`UnsupportedLayoutError` what the machine or the
 model cannot run, before torch or Megatron is imported (launch checks run in well under a
 second).
@@ -35,6 +38,24 @@ class TrainLayout:
     cp: int = 1
     vpp: int = 1
     microbatch_group: int | None = None
+    ep: int = 1  # expert-parallel size: experts split over ep ranks of the dp*cp*tp ranks
+    etp: int = 1  # expert tensor-parallel size (Megatron's default: tp)
+    first_stage_layers: int | None = None  # uneven pipelines (None: layers split evenly)
+    last_stage_layers: int | None = None
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Decoder layers of each pipeline stage. Example: 7 layers, pp=3, first 1, last 2
+        gives ``(1, 4, 2)``."""
+        first, last = self.first_stage_layers, self.last_stage_layers
+        middle_stages = self.pp - (first is not None) - (last is not None)
+        rest = num_layers - (first or 0) - (last or 0)
+        per = rest // middle_stages if middle_stages else 0
+        stages = [per] * self.pp
+        if first is not None:
+            stages[0] = first
+        if last is not None:
+            stages[-1] = last
+        return tuple(stages)
 
     def scheduler_layout(self) -> ParallelLayout:
         """The layout the rollout-side scheduler plans for."""
@@ -51,12 +72,19 @@ def _require_positive(name: str, value: object, flag: str) -> int:
 
 def resolve_layout(
     *, world_size: int, num_layers: int, supports_context_parallel: bool, tp: int = 1,
-    pp: int = 1, cp: int = 1, num_layers_per_virtual_stage: int | None = None,
+    pp: int = 1, cp: int = 1, num_layers_per_virtual_stage: int | None = None, ep: int = 1,
+    etp: int | None = None, num_experts: int | None = None,
+    first_stage_layers: int | None = None, last_stage_layers: int | None = None,
 ) -> TrainLayout:
-    """Check the requested sizes against the world size, the model and the platform."""
+    """Check the requested sizes against the world size, the model and the platform.
+
+    ``num_experts`` is the model's routed expert count (None: a dense model)."""
     tp = _require_positive("tensor_model_parallel_size", tp, "--tensor-model-parallel-size")
     pp = _require_positive("pipeline_model_parallel_size", pp, "--pipeline-model-parallel-size")
     cp = _require_positive("context_parallel_size", cp, "--context-parallel-size")
+    ep = _require_positive("expert_model_parallel_size", ep, "--expert-model-parallel-size")
+    etp = tp if etp is None else _require_positive(
+        "expert_tensor_parallel_size", etp, "--expert-tensor-parallel-size")
     if cp > 1 and not supports_context_parallel:
         raise UnsupportedLayoutError(
             f"context_parallel_size={cp}: context parallelism needs TransformerEngine attention, "
@@ -68,10 +96,16 @@ def resolve_layout(
         raise UnsupportedLayoutError(
             f"world_size={world_size}: not divisible by tp*pp*cp={tp}*{pp}*{cp}={model_parallel}. "
             "Fix: launch a multiple of tp*pp*cp processes or change the parallel sizes.")
-    if num_layers % pp:
+    _check_experts(world_size, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, num_experts=num_experts)
+    uneven = first_stage_layers is not None or last_stage_layers is not None
+    if uneven:
+        _check_uneven(num_layers, pp, first_stage_layers, last_stage_layers,
+                      num_layers_per_virtual_stage)
+    elif num_layers % pp:
         raise UnsupportedLayoutError(
             f"pipeline_model_parallel_size={pp}: the model's {num_layers} layers do not split "
-            "evenly over the pipeline stages. Fix: use a pp that divides the layer count.")
+            "evenly over the pipeline stages. Fix: use a pp that divides the layer count, or "
+            "set --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers.")
     vpp, group = 1, None
     if num_layers_per_virtual_stage is not None:
         per = _require_positive("num_layers_per_virtual_pipeline_stage",
@@ -85,7 +119,54 @@ def resolve_layout(
         vpp = num_layers // pp // per
         group = pp if vpp > 1 else None
     return TrainLayout(world_size=world_size, dp=world_size // model_parallel, tp=tp, pp=pp,
-                       cp=cp, vpp=vpp, microbatch_group=group)
+                       cp=cp, vpp=vpp, microbatch_group=group, ep=ep, etp=etp,
+                       first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
+
+
+def _check_experts(world_size: int, *, tp: int, pp: int, cp: int, ep: int, etp: int,
+                   num_experts: int | None) -> None:
+    """Megatron's expert grid: ``etp * ep * pp`` divides the world, ``ep`` divides the experts."""
+    if (ep > 1 or etp != tp) and num_experts is None:
+        flag = "--expert-model-parallel-size" if ep > 1 else "--expert-tensor-parallel-size"
+        raise UnsupportedLayoutError(
+            f"{flag}={ep if ep > 1 else etp}: the model has no experts (a dense model). "
+            f"Fix: drop {flag}.")
+    if num_experts is not None and num_experts % ep:
+        raise UnsupportedLayoutError(
+            f"expert_model_parallel_size={ep}: does not divide the model's {num_experts} "
+            "experts. Fix: use an --expert-model-parallel-size that divides the expert count.")
+    if world_size % (etp * ep * pp):
+        raise UnsupportedLayoutError(
+            f"expert_model_parallel_size={ep}: world_size={world_size} is not divisible by "
+            f"etp*ep*pp={etp}*{ep}*{pp}. Fix: pick --expert-model-parallel-size and "
+            "--expert-tensor-parallel-size whose product with pp divides the world size.")
+
+
+def _check_uneven(num_layers: int, pp: int, first: int | None, last: int | None,
+                  per_virtual: int | None) -> None:
+    """Uneven stages (Megatron's ``num_layers_in_first/last_pipeline_stage``): the stages
+    between get the remaining layers evenly, and none is empty."""
+    for flag, value in (("--decoder-first-pipeline-num-layers", first),
+                        ("--decoder-last-pipeline-num-layers", last)):
+        if value is not None:
+            _require_positive(flag.lstrip("-").replace("-", "_"), value, flag)
+    set_count = (first is not None) + (last is not None)
+    if pp < 2 or pp < set_count:
+        raise UnsupportedLayoutError(
+            f"pipeline_model_parallel_size={pp}: uneven stages need pp >= 2 (one stage per set "
+            "flag). Fix: raise --pipeline-model-parallel-size or drop "
+            "--decoder-first/last-pipeline-num-layers.")
+    if per_virtual is not None:
+        raise UnsupportedLayoutError(
+            "num_layers_per_virtual_pipeline_stage: vime does not combine virtual stages with "
+            "uneven first/last stages yet. Fix: drop one of the two.")
+    rest, middle = num_layers - (first or 0) - (last or 0), pp - set_count
+    if rest < 0 or (middle and (rest < middle or rest % middle)) or (not middle and rest):
+        raise UnsupportedLayoutError(
+            f"decoder_first_pipeline_num_layers={first}, decoder_last_pipeline_num_layers="
+            f"{last}: the other {middle} stage(s) cannot split the remaining {rest} of "
+            f"{num_layers} layers evenly. Fix: choose first/last so that the rest divides "
+            f"by {middle or 'zero stages: first + last must equal the layer count'}.")
 
 
 def world_size_from_env() -> int:
@@ -109,11 +190,19 @@ def ranks_per_node_from_env() -> int | None:
     return int(local) if local else None
 
 
-def context_parallel_available() -> bool:
-    """True with CUDA and TransformerEngine (Megatron's CP needs TE attention).
-
-    Imports torch, so launch checks call it only when ``--context-parallel-size`` is above 1.
-    """
+def cuda_available() -> bool:
+    """True when torch sees a CUDA device. Imports torch, so launch checks call it only when a
+    setting needs the answer (``--context-parallel-size`` above 1, a CUDA-only flag)."""
     import torch  # heavy; needed only for this capability question
 
-    return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
+    return torch.cuda.is_available()
+
+
+def transformer_engine_available() -> bool:
+    """True when ``transformer_engine`` is importable (found without importing it)."""
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def context_parallel_available() -> bool:
+    """True with CUDA and TransformerEngine (Megatron's CP needs TE attention)."""
+    return cuda_available() and transformer_engine_available()

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+from torch.utils.checkpoint import checkpoint
 
 from vime_pure.data.microbatch import TrainMicroBatch
 from vime_pure.denominators import megatron_loss_scale
@@ -76,11 +77,22 @@ def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
     return total.log() - weighted / total
 
 
-def response_log_probs(output: torch.Tensor, row: MicroBatchTensors, with_entropy: bool
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def response_log_probs(output: torch.Tensor, row: MicroBatchTensors, with_entropy: bool,
+                       recompute: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the row's scored response tokens from vocab-parallel logits
     ``output`` ``[rows, columns, V/tp]`` (one row when packed): only the ``R`` positions at
-    ``row.logit_index`` (flat ``rows * columns`` order) are used."""
+    ``row.logit_index`` (flat ``rows * columns`` order) are used.
+
+    ``recompute`` (``--recompute-loss-function``): the fp32 ``[R, V/tp]`` intermediates are
+    not kept for the backward but recomputed there (``torch.utils.checkpoint``); one fp32 copy
+    of 16384 tokens x 151936 vocabulary rows at TP 1 is 10 GB."""
+    if recompute and torch.is_grad_enabled():
+        return checkpoint(_response_log_probs, output, row, with_entropy, use_reentrant=False)
+    return _response_log_probs(output, row, with_entropy)
+
+
+def _response_log_probs(output: torch.Tensor, row: MicroBatchTensors, with_entropy: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
     logits = output.reshape(-1, output.shape[-1])[row.logit_index].float()
     targets = row.labels.reshape(-1)[row.logit_index]
     entropy = vocab_parallel_entropy(logits) if with_entropy else None

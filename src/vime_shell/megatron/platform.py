@@ -62,6 +62,10 @@ class Platform:
             masked_softmax_fusion=False, gradient_accumulation_fusion=False,
             apply_rope_fusion=False, persist_layer_norm=False, bias_activation_fusion=False,
             use_cpu_initialization=self.kind == "cpu",
+            # MoE on the local spec: SequentialMLP experts (grouped GEMM needs a CUDA kernel),
+            # no shared-expert stream overlap, no TE permute / router fusions.
+            moe_grouped_gemm=False, moe_shared_expert_overlap=False, moe_permute_fusion=False,
+            moe_router_fusion=False,
         )
 
 
@@ -93,7 +97,8 @@ def initialize_parallel(layout: TrainLayout, platform: Platform, seed: int = 123
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
-        context_parallel_size=layout.cp,
+        context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.etp,
     )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     skip_single_rank_collectives()

@@ -57,7 +57,11 @@ from vime_shell.megatron.collectives import gather_metrics, gather_step_report
 from vime_pure.scheduling.flops import FlopsModel
 from vime_shell.megatron.config import OptimConfig, StepResult, TrainerConfig  # noqa: F401
 from vime_shell.megatron.cuda_compat import native_torch
-from vime_shell.megatron.layout import TrainLayout, resolve_layout, world_size_from_env
+from vime_shell.megatron.layout import (TrainLayout, UnsupportedLayoutError, resolve_layout,
+                                        world_size_from_env)
+from vime_shell.megatron.moe_bridge import num_experts_of
+from vime_shell.megatron.offload import OffloadReport, StorageOffload, trainer_tensors
+from vime_shell.engines.sync import buckets
 from vime_shell.megatron.objective import (STEP_KEYS, TIS_KEYS, TOKEN_KEYS, loss_factor,
                                            microbatch_objective, response_log_probs)
 from vime_shell.megatron.platform import Platform, detect_platform, initialize_parallel
@@ -80,9 +84,10 @@ class MegatronTrainer:
     def __init__(self, hf_dir: str | Path, platform: Platform, layout: TrainLayout,
                  config: TrainerConfig = TrainerConfig()):
         self.platform, self.layout, self.config = platform, layout, config
-        self.bridge = make_bridge(hf_dir, platform)
+        self.bridge = make_bridge(hf_dir, platform, config.model, layout)
         # The forward FLOPs model picks each record's cheaper CPU attention layout (tensors.py).
-        self.flops = FlopsModel.from_hf_config(self.bridge.hf_config)
+        self.flops = FlopsModel.from_hf_config(self.bridge.hf_config,
+                                               config.model.moe_router_topk)
         self.model = self._wrap(build_model_chunks(self.bridge, platform, layout))
         self.optimizer, self.scheduler = self._optimizer()
         self.dp_rank = mpu.get_data_parallel_rank()
@@ -94,23 +99,37 @@ class MegatronTrainer:
         self.trace: list[tuple[int, tuple[int, ...], int]] = []  # (step, samples, tokens) run
         self.steps_done = 0
         self.reference: list[torch.nn.Module] | None = None  # frozen chunks, for the KL penalty
+        self._offload = StorageOffload()
+        self.offload_report: OffloadReport | None = None
 
     @classmethod
     def from_hf(cls, hf_dir: str | Path, config: TrainerConfig = TrainerConfig(), *,
                 tp: int = 1, pp: int = 1, cp: int = 1,
-                num_layers_per_virtual_stage: int | None = None,
+                num_layers_per_virtual_stage: int | None = None, ep: int = 1,
+                etp: int | None = None, first_stage_layers: int | None = None,
+                last_stage_layers: int | None = None,
                 platform: Platform | None = None) -> "MegatronTrainer":
         """Detect the platform (unless given), resolve the layout for the launched world,
         initialise distributed + Megatron parallel state, build. Flags map 1:1 to Megatron's
-        ``--tensor-model-parallel-size`` etc.; a layout the platform cannot run raises
-        ``UnsupportedLayoutError`` before anything is built."""
+        ``--tensor-model-parallel-size`` etc. (``ep``: ``--expert-model-parallel-size``,
+        ``first_stage_layers``: ``--decoder-first-pipeline-num-layers``); a layout the
+        platform cannot run raises ``UnsupportedLayoutError`` before anything is built."""
         platform = platform or detect_platform()
         world = dist.get_world_size() if dist.is_initialized() else world_size_from_env()
-        layout = resolve_layout(world_size=world,
-                                num_layers=read_hf_config(hf_dir).num_hidden_layers,
+        hf_config = read_hf_config(hf_dir)
+        if etp not in (None, tp) and not platform.transformer_engine:
+            raise UnsupportedLayoutError(
+                f"expert_tensor_parallel_size={etp}: without TransformerEngine the experts are "
+                "Megatron's SequentialMLP, whose weights mbridge splits like the dense ones (over "
+                f"tp={tp}). Fix: drop --expert-tensor-parallel-size here (it defaults to the "
+                "TP size).")
+        layout = resolve_layout(world_size=world, num_layers=hf_config.num_hidden_layers,
                                 supports_context_parallel=platform.supports_context_parallel,
                                 tp=tp, pp=pp, cp=cp,
-                                num_layers_per_virtual_stage=num_layers_per_virtual_stage)
+                                num_layers_per_virtual_stage=num_layers_per_virtual_stage,
+                                ep=ep, etp=etp, num_experts=num_experts_of(hf_config),
+                                first_stage_layers=first_stage_layers,
+                                last_stage_layers=last_stage_layers)
         initialize_parallel(layout, platform, seed=config.seed)
         return cls(hf_dir, platform, layout, config)
 
@@ -148,7 +167,12 @@ class MegatronTrainer:
                             weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,
                             adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad,
                             bf16=bf16, params_dtype=self.platform.dtype,
-                            use_distributed_optimizer=o.use_distributed_optimizer),
+                            use_distributed_optimizer=o.use_distributed_optimizer,
+                            optimizer_cpu_offload=o.optimizer_cpu_offload,
+                            # all of the state, Megatron-LM's --optimizer-offload-fraction default
+                            optimizer_offload_fraction=1.0 if o.optimizer_cpu_offload else 0.0,
+                            overlap_cpu_optimizer_d2h_h2d=o.overlap_cpu_optimizer_d2h_h2d,
+                            use_precision_aware_optimizer=o.use_precision_aware_optimizer),
             self.model)
         self.bridge.config.grad_scale_func = optimizer.scale_loss
         return optimizer, lr_scheduler(optimizer, o)
@@ -222,7 +246,8 @@ class MegatronTrainer:
         factor = loss_factor(step.microbatches[0], self.layout.dp, self.layout.cp)
 
         def loss_fn(row: MicroBatchTensors, output: torch.Tensor):
-            logp, entropy = response_log_probs(output, row, with_entropy=True)
+            logp, entropy = response_log_probs(output, row, with_entropy=True,
+                                               recompute=self.config.recompute_loss_function)
             return microbatch_objective(logp, row, cfg, factor, entropy=entropy)
 
         for chunk in self.model:
@@ -370,6 +395,20 @@ class MegatronTrainer:
         Returns True when the RNG states were restored too (same layout only)."""
         return checkpoint.load_checkpoint(self, path)
 
+    # -- offload (--offload-train) ----------------------------------------------------------
+    def offload(self) -> OffloadReport:
+        """Free the accelerator memory of weights, gradients, optimizer state and the reference
+        model until :meth:`reload` (see :mod:`vime_shell.megatron.offload`); local, no
+        collective."""
+        self._finish_param_sync()
+        self.offload_report = self._offload.offload(
+            trainer_tensors(self.model, self.optimizer, self.reference))
+        return self.offload_report
+
+    def reload(self) -> None:
+        """Bring back, bit-exact, everything :meth:`offload` freed."""
+        self._offload.reload()
+
     def shutdown(self) -> None:
         """Drop Megatron's parallel state so another layout can be built in this process."""
         self.model, self.optimizer, self.scheduler = [], None, None
@@ -401,6 +440,14 @@ class MegatronTrainer:
         """``(hf_name, full tensor)`` for every weight; collective, drain on every rank."""
         self._finish_param_sync()
         return export_hf_weights(self.bridge, self.model)
+
+    def hf_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The export (:meth:`export_hf`) as host copies in consecutive buckets of at most
+        ``bucket_bytes`` (a larger tensor goes alone): at most one bucket is alive per rank,
+        never the model (``--save-hf`` casts each to the export dtype and streams it into the
+        writer). Collective: drain on every rank."""
+        for bucket in buckets(self.export_hf(), bucket_bytes, key=lambda name: name):
+            yield [(name, t.to("cpu", copy=True)) for name, t in bucket]
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """All weights under HF names, as CPU tensors, on every rank."""

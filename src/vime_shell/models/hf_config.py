@@ -16,6 +16,9 @@ import attrs
 from vime_pure.errors import VimeError
 
 
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # Qwen, Mixtral, DeepSeek
+
+
 class ModelLoadError(VimeError):
     """An HF model directory that cannot be loaded, with the reason and the fix."""
 
@@ -27,6 +30,7 @@ class HfConfigSummary:
     vocab_size: int
     max_position_embeddings: int | None
     num_attention_heads: int | None = None  # vLLM's TP size must divide it
+    num_experts: int | None = None  # routed experts of an MoE model; None: dense
     dtype: str | None = None  # "torch_dtype" (or transformers 5's "dtype"), e.g. "bfloat16"
 
 
@@ -43,6 +47,8 @@ def read_config_summary(hf_dir: str | Path) -> HfConfigSummary:
             max_position_embeddings=config.get("max_position_embeddings"),
             num_attention_heads=config.get("num_attention_heads") or text.get(
                 "num_attention_heads"),
+            num_experts=next((int(v) for k in EXPERT_KEYS
+                              if (v := config.get(k) or text.get(k))), None),
             dtype=_dtype_name(config.get("torch_dtype") or config.get("dtype")
                               or text.get("torch_dtype") or text.get("dtype")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

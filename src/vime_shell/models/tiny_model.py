@@ -6,17 +6,23 @@ download. :func:`build_tiny_hf_model` writes a randomly initialised Qwen2 or Lla
 
 Example: ``build_tiny_hf_model(tmp / "m", TinyModelSpec(num_layers=2))`` writes a 2-layer Qwen2
 with hidden 64, 4 heads of 16 and vocabulary 128: about 0.1M parameters, fp32.
+``TinyModelSpec(arch="qwen3_moe", num_experts=4)`` gives a Qwen3-MoE with 4 experts of width
+``moe_intermediate_size`` (top-2, normalised top-k probabilities); ``arch="qwen2_moe"`` adds
+Qwen2-MoE's gated shared expert. ``rope_scaling={"rope_type": "llama3", ...}`` on a Llama
+gives a Llama-3.x RoPE.
 """
 
 from pathlib import Path
 
 import attrs
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import (AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen2MoeConfig,
+                          Qwen3MoeConfig)
 
 from vime_pure.errors import VimeError, field_error
 
-ARCHITECTURES: tuple[str, ...] = ("qwen2", "llama")
+ARCHITECTURES: tuple[str, ...] = ("qwen2", "llama", "qwen2_moe", "qwen3_moe")
+MOE_ARCHITECTURES: tuple[str, ...] = ("qwen2_moe", "qwen3_moe")
 
 
 @attrs.frozen(kw_only=True)
@@ -34,6 +40,11 @@ class TinyModelSpec:
     max_position_embeddings: int = 512
     tie_word_embeddings: bool = False
     rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # extra rope_parameters, e.g. {"rope_type": "llama3", ...}
+    num_experts: int = 4  # MoE architectures only
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 32
+    shared_expert_intermediate_size: int = 48  # qwen2_moe
     seed: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -63,10 +74,20 @@ def hf_config(spec: TinyModelSpec, **extra):
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=spec.tie_word_embeddings, rms_norm_eps=1e-6,
         attention_dropout=0.0, torch_dtype="float32",
-        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta}, **extra,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta,
+                         **(spec.rope_scaling or {})}, **extra,
     )
+    moe = dict(num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
+               moe_intermediate_size=spec.moe_intermediate_size, decoder_sparse_step=1,
+               mlp_only_layers=[], router_aux_loss_coef=0.0)
     if spec.arch == "qwen2":
         return Qwen2Config(use_sliding_window=False, **common)
+    if spec.arch == "qwen3_moe":
+        return Qwen3MoeConfig(norm_topk_prob=True, attention_bias=False, **moe, **common)
+    if spec.arch == "qwen2_moe":
+        return Qwen2MoeConfig(norm_topk_prob=False, use_sliding_window=False,
+                              shared_expert_intermediate_size=spec.shared_expert_intermediate_size,
+                              **moe, **common)
     return LlamaConfig(attention_bias=False, mlp_bias=False, **common)
 
 

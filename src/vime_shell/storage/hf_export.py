@@ -17,11 +17,12 @@ Invariants (tested):
   deleted. A failure before that leaves the old export intact and removes the staging
   directory; an I/O error (full disk, permissions) is an ``ExportError`` naming the target.
 - **Never in place.** A target that is, contains or lies inside the source directory is refused.
-- **Streaming.** With one writer, ``tensors`` may be any iterable of ``(name, tensor)`` in name
-  order: one shard is held in memory at a time.
-- **Several writers.** With ``writers > 1`` (one per node; ``tensors`` a mapping, for the
-  plan), writer ``r`` writes shards ``k`` with ``k % writers == r`` and rank 0 writes the index
-  and publishes after ``barrier()``.
+- **Streaming.** ``tensors`` may be any iterable of ``(name, tensor)`` (the trainer's export,
+  ``MegatronTrainer.hf_buckets``): shards fill in arrival order and each writer holds one
+  shard in memory at a time. With ``writers > 1`` every writer reads the same stream.
+- **Several writers.** With ``writers > 1`` (one per node), writer ``r`` writes shards ``k``
+  with ``k % writers == r`` (a mapping is planned in sorted-name order first) and rank 0
+  writes the index and publishes after ``barrier()``.
 - **Modes.** Files get ``0o666`` less the umask, like any file the user creates.
 
 Example: 3 tensors of 400, 400 and 300 bytes with ``max_shard_size=800`` give shards
@@ -103,8 +104,9 @@ def save_hf_checkpoint(
         if writer_rank == 0:
             staging = fresh_staging(target)
         barrier()
-        if writers == 1:
-            weight_map, total = _write_stream(_pairs(tensors), staging, limit)
+        if writers == 1 or not isinstance(tensors, Mapping):
+            weight_map, total = _write_stream(_pairs(tensors), staging, limit, writer_rank,
+                                              writers)
         else:
             weight_map, total = _write_planned(tensors, staging, limit, writer_rank, writers)
         barrier()
@@ -138,29 +140,39 @@ def _write_shard(staging: Path, name: str, part: dict[str, torch.Tensor]) -> Non
     os.replace(tmp, staging / name)
 
 
-def _write_stream(pairs: Iterator[tuple[str, torch.Tensor]], staging: Path,
-                  limit: int) -> tuple[dict[str, str], int]:
-    """One writer: fill shards in arrival order (``plan_shards``' rule: a shard closes when
-    the next tensor would overflow it), each written as ``part-k`` and renamed to
-    ``model-k-of-N`` once ``N`` is known. Returns ``(weight_map, total bytes)``."""
+def _write_stream(pairs: Iterator[tuple[str, torch.Tensor]], staging: Path, limit: int,
+                  writer_rank: int = 0, writers: int = 1) -> tuple[dict[str, str], int]:
+    """Fill shards in arrival order (``plan_shards``' rule: a shard closes when the next
+    tensor would overflow it), each written as ``part-k`` and renamed to ``model-k-of-N`` once
+    ``N`` is known. With several writers every writer reads the same stream (the trainer's
+    export reaches every rank) and keeps and writes only its shards ``k % writers ==
+    writer_rank``: one shard in memory per writer. Returns ``(weight_map, total bytes)``."""
     shards: list[list[str]] = []
+    names: list[str] = []
     part: dict[str, torch.Tensor] = {}
     used = total = 0
+
+    def close() -> None:
+        if len(shards) % writers == writer_rank:
+            _write_shard(staging, f"part-{len(shards):05d}", part)
+        shards.append(list(names))
+
     for name, tensor in pairs:
         size = _nbytes(tensor)
-        if part and used + size > limit:
-            _write_shard(staging, f"part-{len(shards):05d}", part)
-            shards.append(list(part))
-            part, used = {}, 0
-        part[name] = tensor.detach().to("cpu").contiguous()
+        if names and used + size > limit:
+            close()
+            part, names, used = {}, [], 0
+        names.append(name)
+        if len(shards) % writers == writer_rank:  # another writer's shard: not kept
+            part[name] = tensor.detach().to("cpu").contiguous()
         used += size
         total += size
-    if part:
-        _write_shard(staging, f"part-{len(shards):05d}", part)
-        shards.append(list(part))
+    if names:
+        close()
+    part = {}
     if not shards:
         raise ExportError("tensors is empty. Fix: export the model's named parameters.")
-    for k in range(len(shards)):
+    for k in range(writer_rank, len(shards), writers):
         os.replace(staging / f"part-{k:05d}", staging / shard_name(k, len(shards)))
     return {n: shard_name(k, len(shards)) for k, names in enumerate(shards) for n in names}, total
 

