@@ -68,6 +68,23 @@ def test_slime_flag_coverage_on_our_corpus(tmp_path):
     assert result["refused"] == {"--lora-rank": 1}
 
 
+def test_async_tail_summary_of_a_synthetic_run():
+    """``benchmarks.async_tail`` (its runs take minutes): the latencies are the same in every
+    mode for a prompt, busy time is the union of intervals, and the summary's idle fractions
+    and staleness distribution follow the records."""
+    from benchmarks.async_tail import busy_seconds, latency, summarize
+
+    assert latency(0, 3, 5) == latency(0, 3, 5) != latency(0, 3, 6)
+    assert busy_seconds([[0, 2], [1, 3], [5, 6]]) == 4
+    records = [{"rollout_s": 1.0, "train_s": 1.0, "sync_s": 0.0, "reward_mean": 0.5,
+                "num_groups": 4, "staleness/0": 0.25, "staleness/1": 0.75, "probe_gap": None}
+               for _ in range(3)]
+    out = summarize(records, [[0.0, 3.0]])
+    assert out["wall_per_rollout_s_median"] == 2.0
+    assert out["trainer_idle_frac"] == 0.5 and out["engine_idle_frac"] == 0.5
+    assert out["staleness_frac"] == {0: 0.25, 1: 0.75} and out["staleness_median"] == 1
+
+
 def test_lr_curve_quick(capsys):
     from benchmarks import lr_curve
 

@@ -228,8 +228,8 @@ def test_eval_keys_and_sampling_overrides(model, data, tmp_path, capsys):
                               "--eval-top-p", "0.5", "--eval-top-k", "4",
                               "--eval-stop-token-ids", "7", "--rollout-max-context-len", "64"])
     producer = SimpleNamespace(cfg=cfg, stop=(3,))
-    train = RolloutProducer._sampling(producer, 2, 0)
-    evals = RolloutProducer._sampling(producer, 2, 0, for_eval=True)
+    train = RolloutProducer.sampling(producer, 2, 0)
+    evals = RolloutProducer.sampling(producer, 2, 0, for_eval=True)
     assert (train.top_p, train.top_k, train.stop, train.stop_token_ids) == (0.9, 0, ("</a>",), (3,))
     assert (evals.top_p, evals.top_k, evals.stop, evals.stop_token_ids) == (0.5, 4, ("</a>",),
                                                                             (3, 7))

@@ -13,6 +13,7 @@ the full traceback follows under ``--log-level debug``. Messages name flags as t
 """
 
 import argparse
+import os
 import re
 import shlex
 import sys
@@ -22,6 +23,7 @@ from pathlib import Path
 import attrs
 
 from vime_pure.errors import VimeError
+from vime_shell.cli import async_demo
 from vime_shell.cli import inspect as inspect_cmd
 from vime_shell.cli import schedule as schedule_cmd
 from vime_shell.cli import train as train_cmd
@@ -58,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--math", action="store_true",
                       help="learn single-digit sums from a JSONL dataset through the chat "
                       "template, the math reward, dynamic sampling and evaluation")
+    demo.add_argument("--async", dest="async_demo", action="store_true",
+                      help="on 2 ranks, 1 trainer and 1 engine: one step off (--train-async) "
+                      "unless --fully-async; writes runs/demo-async/")
     train_cmd.add_arguments(demo)  # same flags, e.g. `vime demo --seed 1`
     demo.set_defaults(handler=_demo)
     return parser
@@ -103,6 +108,10 @@ def _demo(args: argparse.Namespace) -> int:
         args.overwrite_run_dir = True
     if args.math:
         return _math_demo(args)
+    if args.async_demo:
+        async_demo.apply_defaults(args)
+        if "WORLD_SIZE" not in os.environ:  # the parent: relaunch on 2 ranks
+            return async_demo.launch(args, args.argv)
     run_dir = getattr(args, "run_dir", "runs/demo")
     args.run_dir = run_dir
     if getattr(args, "save_rollout_data", None) is None:  # for `vime schedule --input` later
@@ -112,11 +121,12 @@ def _demo(args: argparse.Namespace) -> int:
         # packing and the per-group loss: the reward curve equals the 1-micro-batch run's
         # rollout for rollout until float rounding flips a sampled token (rollout 184).
         args.max_tokens_per_gpu = DEMO_MAX_TOKENS_PER_GPU
-    print(f"vime demo: RL from scratch on the embedded tiny Qwen2 (reverse two digits, "
-          f"exact-match reward), HF engine + Megatron-core on CPU; writing {run_dir}/ "
-          f"(`vime train` defaults, plus rollout dumps and --max-tokens-per-gpu "
-          f"{args.max_tokens_per_gpu})", file=sys.stderr)
-    print(f"vime demo: the same as {train_command(args)}", file=sys.stderr)
+    if os.environ.get("RANK", "0") == "0":  # once, not per rank of `vime demo --async`
+        print(f"vime demo: RL from scratch on the embedded tiny Qwen2 (reverse two digits, "
+              f"exact-match reward), HF engine + Megatron-core on CPU; writing {run_dir}/ "
+              f"(`vime train` defaults, plus rollout dumps and --max-tokens-per-gpu "
+              f"{args.max_tokens_per_gpu})", file=sys.stderr)
+        print(f"vime demo: the same as {train_command(args)}", file=sys.stderr)
     return train_cmd.run(args)
 
 
@@ -142,6 +152,7 @@ def _math_demo(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `vime demo --async` relaunches
     try:
         return int(args.handler(args) or 0)
     except (VimeError, OSError, UnicodeDecodeError) as exc:

@@ -98,7 +98,9 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
     rollout_engine: str | None = _f(None, "rollout engine; default: by capability", "model",
                                     ENGINE_NAMES)
     rollout_num_gpus: int | None = _f(None, "ranks that host a rollout engine; default: every "
-                                      "rank", "model")
+                                      "rank; with --no-colocate, --train-async or "
+                                      "--fully-async the last N ranks run engines only (as "
+                                      "slime's non-colocated mode)", "model")
     rollout_num_gpus_per_engine: int = _f(1, "ranks (GPUs) per engine: vLLM's tensor-parallel "
                                           "size", "model")
     rollout_dtype: str | None = _f(None, "engine dtype; default: the trainer's (bf16 on CUDA, "
@@ -197,6 +199,18 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                                               "--rollout-batch-size pass within the rounds, "
                                               "fill the batch with filtered-out ones",
                                               "rollout")
+    # asynchronous training on separate rollout ranks (slime / miles names)
+    train_async: bool = _f(False, "one step off (slime's train_async.py): engines on "
+                           "--rollout-num-gpus ranks of their own generate rollout k+1 while "
+                           "the trainer trains rollout k", "rollout")
+    fully_async: bool = _f(False, "a persistent pool on one engine rank keeps "
+                           "--rollout-batch-size groups in flight; each step trains the "
+                           "first completed groups within --max-weight-staleness", "rollout")
+    max_weight_staleness: int | None = _f(None, "max versions between a group's weights and "
+                                          "the trainer's (staler groups are regenerated, "
+                                          "counted); default 1", "rollout")
+    update_weights_interval: int = _f(1, "rollouts between weight syncs to the engines",
+                                      "rollout")
     # reward
     rm_type: str | None = _f(None, "built-in reward (slime's rule rewards by name; boxed_X "
                              "grades the last \\boxed{} with X); default exact, or remote_rm "
@@ -512,6 +526,7 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                               "needs a --save-hf path with {rollout_id} (each export gets its "
                               "own directory)", "pass e.g. --save-hf 'hf/iter_{rollout_id}'")
         self.batching_policy()  # BatchingPolicy's own checks (max_tokens / micro_batch_size)
+        self._check_async()
         self._check_steps()
 
     def _choices(self):
@@ -547,6 +562,21 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
         if self.rollout_num_turns > 3:
             raise field_error(ConfigError, "rollout_num_turns", self.rollout_num_turns,
                               "must be 2 or 3", "use 2 (or the single-turn rollout)")
+
+    def _check_async(self) -> None:
+        _at_least("update_weights_interval", self.update_weights_interval, 1)
+        if self.max_weight_staleness is None:
+            return
+        _at_least("max_weight_staleness", self.max_weight_staleness, 0)
+        if not (self.train_async or self.fully_async):
+            raise field_error(ConfigError, "max_weight_staleness", self.max_weight_staleness,
+                              "bounds asynchronous training only",
+                              "add --train-async or --fully-async, or drop it")
+
+    @property
+    def effective_max_weight_staleness(self) -> int:
+        """``--max-weight-staleness``, default 1 (one step off's own staleness)."""
+        return 1 if self.max_weight_staleness is None else self.max_weight_staleness
 
     def _check_data(self) -> None:
         if self.prompt_data is not None and self.rollout_max_response_len is None:

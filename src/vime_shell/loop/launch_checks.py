@@ -29,7 +29,9 @@ import attrs
 from vime_pure.config import BatchingPolicy, check_feasible
 from vime_pure.errors import field_error
 from vime_shell.engines import vllm_available
+from vime_pure.async_pool import AsyncPoolError, check_staleness_bound, generation_lag
 from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_engine_layout
+from vime_shell.engines.roles import RankRoles, RankRolesError, resolve_rank_roles
 from vime_shell.loop.checkpoint_index import TRACKER, check_dataset, resume_checkpoint
 from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.loop.config_flags import load_config_file
@@ -70,6 +72,7 @@ class LaunchPlan:
     run_id: str  # the checkpoint's when resuming, else new (vime_shell.loop.ownership)
     prompts_dropped: int = 0  # dataset rows longer than --rollout-max-prompt-len
     vocab_size: int | None = None  # the model's embedding rows: every token id is below it
+    roles: RankRoles | None = None  # separate trainer and engine ranks (engines/roles.py)
 
 
 def model_dir(cfg: TrainConfig) -> Path:
@@ -113,8 +116,9 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     except ModelArgsError as exc:
         raise ConfigError(str(exc)) from None
     cp = cfg.context_parallel_size
+    roles = rank_roles(cfg)
     layout = resolve_layout(
-        world_size=world_size_from_env(), num_layers=summary.num_layers,
+        world_size=roles.num_trainers if roles else world_size_from_env(), num_layers=summary.num_layers,
         supports_context_parallel=cp > 1 and context_parallel_available(), tp=tp,
         pp=cfg.pipeline_model_parallel_size, cp=cp,
         num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage,
@@ -125,7 +129,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     check_model_settings(cfg, summary, layout)
     policy = cfg.batching_policy()
     check_feasible(layout.scheduler_layout(), policy)
-    engine_layout = _engine_layout(cfg, summary.num_attention_heads)
+    engine_layout = _engine_layout(cfg, summary.num_attention_heads, roles)
     for flag, path in (("--rollout-function-path", cfg.rollout_function_path),
                        ("--custom-rm-path", cfg.custom_rm_path),
                        ("--dynamic-sampling-filter-path", cfg.dynamic_sampling_filter_path),
@@ -154,7 +158,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     return LaunchPlan(hf_dir=hf_dir, layout=layout, policy=policy, prompts=prompts,
                       task=get_task(cfg.task) if prompts is None else None, eval_sets=eval_sets,
                       num_rollout=num_rollout, engine_layout=engine_layout, run_id=run_id,
-                      prompts_dropped=dropped, vocab_size=summary.vocab_size)
+                      prompts_dropped=dropped, vocab_size=summary.vocab_size, roles=roles)
 
 
 def _prompt_sets(cfg: TrainConfig, hf_dir: Path, context_len: int | None):
@@ -208,6 +212,46 @@ def _prompt_sets(cfg: TrainConfig, hf_dir: Path, context_len: int | None):
     return prompts, dropped, eval_sets
 
 
+def rank_roles(cfg: TrainConfig) -> RankRoles | None:
+    """Separate trainer and engine ranks (``engines/roles.py``) and the asynchronous modes'
+    own rules; None when engines live inside the trainer ranks."""
+    try:
+        roles = resolve_rank_roles(world_size=world_size_from_env(),
+                                   rollout_num_gpus=cfg.rollout_num_gpus, colocate=cfg.colocate,
+                                   train_async=cfg.train_async, fully_async=cfg.fully_async)
+        if roles is not None and roles.mode != "sync":
+            check_staleness_bound(max_staleness=cfg.effective_max_weight_staleness,
+                                  update_weights_interval=cfg.update_weights_interval,
+                                  lag=generation_lag(roles.mode, cfg.max_weight_staleness))
+    except (RankRolesError, AsyncPoolError) as exc:
+        raise ConfigError(str(exc)) from exc
+    if roles is None and cfg.update_weights_interval > 1:
+        raise field_error(ConfigError, "update_weights_interval", cfg.update_weights_interval,
+                          "needs engines on ranks of their own (the colocated loop trains on "
+                          "policy only)", "add --train-async or --fully-async with "
+                          "--rollout-num-gpus, or drop it")
+    if roles is not None and cfg.load_rollout_data is not None:
+        raise field_error(ConfigError, "load_rollout_data", cfg.load_rollout_data,
+                          "replays into the colocated loop only", "drop --rollout-num-gpus "
+                          "/ --train-async / --fully-async for a replay")
+    if roles is not None and cfg.partial_rollout:
+        raise field_error(ConfigError, "partial_rollout", True, "is not wired to separate "
+                          "engine ranks yet (its buffer lives in the colocated loop)",
+                          "drop --partial-rollout, or run engines inside the trainer ranks")
+    if roles is not None and roles.mode == "fully_async" and (
+            cfg.custom_generate_function_path is not None):
+        raise field_error(ConfigError, "custom_generate_function_path",
+                          cfg.custom_generate_function_path, "is not wired to the fully-async "
+                          "pool yet (the pool runs --rollout-function-path per group)",
+                          "use --train-async with it, or a batched --rollout-function-path")
+    if roles is not None and roles.mode == "fully_async" and cfg.eval_interval is not None:
+        raise field_error(ConfigError, "eval_interval", cfg.eval_interval,
+                          "is not supported with --fully-async yet",
+                          "evaluate the saved checkpoint, or use --train-async")
+    return roles
+
+
+
 _EVAL_SET_KEYS = ("name", "path", "input_key", "label_key", "metadata_key", "tool_key")
 
 
@@ -239,7 +283,8 @@ def eval_config_sets(path: str, defaults: DataKeys) -> list[tuple[str, str, Data
     return out
 
 
-def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None) -> EngineLayout | None:
+def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None,
+                   roles: RankRoles | None = None) -> EngineLayout | None:
     """Which ranks host which engine; None for a train-only replay (no engine at all).
 
     Without ``--rollout-engine`` the check assumes vLLM whenever it is installed (its rules are
@@ -247,8 +292,9 @@ def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None) -> EngineL
     if cfg.load_rollout_data is not None and cfg.load_rollout_data_mode == "train-only":
         return None
     try:
-        return resolve_engine_layout(
-            world_size=world_size_from_env(), rollout_num_gpus=cfg.rollout_num_gpus,
+        return resolve_engine_layout(  # separate ranks: every engine rank hosts an engine
+            world_size=roles.num_engine_ranks if roles else world_size_from_env(),
+            rollout_num_gpus=None if roles else cfg.rollout_num_gpus,
             rollout_num_gpus_per_engine=cfg.rollout_num_gpus_per_engine,
             engine=cfg.rollout_engine or ("vllm" if vllm_available() else "hf"),
             gpus_per_node=ranks_per_node_from_env(),

@@ -64,6 +64,7 @@ import torch
 import torch.distributed as dist
 from transformers.utils import logging as hf_logging
 
+from vime_pure.async_pool import enforce_staleness_bound, weights_sync_due
 from vime_pure.data.batch import RolloutBatch, schedule_for
 from vime_pure.data.microbatch import RankBatch, rank_batch, with_log_probs
 from vime_pure.data.vocab import check_token_ids
@@ -75,7 +76,9 @@ from vime_pure.staleness import fresh_samples, staleness_metrics
 from vime_shell.engines import resolve_engine_name
 from vime_shell.engines.group import EngineGroup, EngineOptions
 from vime_shell.engines.layout import default_rollout_dtype, logprob_gap_tolerance
+from vime_shell.engines.remote import Sides, open_sides
 from vime_shell.loop import offpolicy, run_checkpoint
+from vime_shell.loop.async_loop import RemoteRollouts, serve_rollouts
 from vime_shell.loop.checkpoint_index import resume_checkpoint
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan, launch_checks, model_dir
@@ -209,7 +212,7 @@ class _Loop:
     """One run's state on one rank; ``run_training`` is the public entry."""
 
     def __init__(self, cfg: TrainConfig, on_rollout: Callable[[RolloutEvent], None] | None,
-                 plan: LaunchPlan):
+                 plan: LaunchPlan, sides: Sides | None = None):
         self.cfg, self.on_rollout = cfg, on_rollout
         self.plan = plan
         self.hf_dir = self.plan.hf_dir
@@ -241,16 +244,20 @@ class _Loop:
             self.gap_tolerance = (cfg.logprob_gap_tolerance if cfg.logprob_gap_tolerance
                                   is not None else logprob_gap_tolerance(options.dtype))
             t1 = time.perf_counter()
-            self.engines = EngineGroup.build(self.hf_dir, self.plan.engine_layout, options)
-            log.info("startup: %s engine(s) started in %.1f s", options.engine,
-                     time.perf_counter() - t1)
-            if self.replay is None:
-                self.producer = RolloutProducer(cfg, self.plan, self.engines)
-            else:  # forge: the engine stays up for syncs only; free its KV cache
-                self.engines.sleep()
+            if sides is not None:  # engines on ranks of their own (async_loop.py)
+                self.engines = self.producer = RemoteRollouts(cfg, sides, self.plan.num_rollout)
+            else:
+                self.engines = EngineGroup.build(self.hf_dir, self.plan.engine_layout, options)
+                log.info("startup: %s engine(s) started in %.1f s", options.engine,
+                         time.perf_counter() - t1)
+                if self.replay is None:
+                    self.producer = RolloutProducer(cfg, self.plan, self.engines)
+                else:  # forge: the engine stays up for syncs only; free its KV cache
+                    self.engines.sleep()
         self.syncs = self.engines is not None
         self.weight_version = 0  # syncs of trained weights so far (resumes at rollouts done)
         self.rejection = cfg.rejection_config()
+        self.probe_gap = float("nan")  # the last sync's probe gap (separate engine ranks)
         self.syncs_done = 0  # weight syncs so far (with --load, the resume's counts)
         # The engine-trainer gap is checked on generated batches, unless --no-logprob-check.
         self.logprob_check = self.syncs and self.replay is None and cfg.logprob_check
@@ -289,8 +296,6 @@ class _Loop:
             # Generated batches only: a replayed dump's versions count another run's syncs.
             stats.update(metric_values(staleness_metrics(batch, self.weight_version)))
             source = f"rollout {rid}"
-            # Generated batches only: a replayed dump's versions count another run's syncs.
-            stats.update(metric_values(staleness_metrics(batch, self.weight_version)))
             if batch.rollout_log_probs is None and self.logprob_check:
                 raise LogprobCheckError(
                     f"{source}: the rollout function "
@@ -298,6 +303,11 @@ class _Loop:
                     "returned samples without rollout_log_probs, so the weight-sync check "
                     "(engine vs trainer log-probs) cannot run. Fix: record the engine's "
                     "log-probs in Sample.rollout_log_probs, or pass --no-logprob-check.")
+            # Generated batches only: a replayed dump's versions count another run's syncs.
+            stats.update(metric_values(staleness_metrics(batch, self.weight_version)))
+            if self.cfg.train_async or self.cfg.fully_async:  # never train past the bound
+                enforce_staleness_bound(batch.weight_version_min, self.weight_version,
+                                        self.cfg.effective_max_weight_staleness)
         if self.plan.vocab_size is not None:
             check_token_ids(batch, self.plan.vocab_size, source=source)
         if self.dumps is not None:
@@ -317,6 +327,32 @@ class _Loop:
         self.syncs_done += 1
         log.debug("weight sync: %d tensors, %d bytes in %d buckets, %.3f s", report.tensors,
                   report.bytes, report.buckets, report.seconds)
+        if isinstance(self.engines, RemoteRollouts) and self.engines.needs_probe:
+            self.check_probe()
+
+    def check_probe(self) -> None:
+        """Collective: score the engine's probe (generated by the weights just synced, see
+        ``loop/probe.py``) with the same weights; its gap above the tolerance is a failed
+        sync (:class:`WeightSyncError`), as for an on-policy batch."""
+        output = rank0_result(f"weight-sync probe of version {self.weight_version}",
+                              self.engines.take_probe)
+        batch = RolloutBatch.from_samples(output)
+        policy = attrs.evolve(self.plan.policy, allow_partial_step=True)  # one small group
+        mine = rank_batch(batch, schedule_for(batch, self.layout.scheduler_layout(), policy),
+                          dp_rank=self.trainer.dp_rank, cp_rank=self.trainer.cp_rank,
+                          cp_size=self.layout.cp, loss_mode=self.cfg.effective_loss_mode,
+                          norm=self._loss_norm())
+        records = [mb for step in mine.steps for mb in step.microbatches]
+        old = self.trainer.compute_log_probs(records, mine.num_response_tokens)
+        gap = GapMeter()
+        gap.add(*self._gap(records, old, np.ones(batch.num_samples, dtype=bool)))
+        self.probe_gap = gap.mean
+        if gap.mean > self.gap_tolerance:
+            raise WeightSyncError(
+                f"weight sync to version {self.weight_version}: mean engine-trainer log-prob gap "
+                f"{gap.mean:.3g} on the probe > logprob_gap_tolerance={self.gap_tolerance:g}. "
+                "The engine ranks did not load the trainer's weights. Fix: check the engine's "
+                "weight update, or raise --logprob-gap-tolerance knowingly.")
 
     def rollout(self, rid: int) -> dict:
         with offloaded(self.trainer, self.cfg.offload_train and self.producer is not None):
@@ -344,15 +380,16 @@ class _Loop:
 
             results = self.trainer.train(mine, before_update)
         t2 = time.perf_counter()
-        if self.syncs and results:
+        if self.syncs and results:  # the trainer's weights changed: a new version
             self.weight_version += 1
-            self.sync_weights(version=self.weight_version)
+            if weights_sync_due(rid, self.cfg.update_weights_interval):
+                self.sync_weights(version=self.weight_version)
         t3 = time.perf_counter()
         record = {**rollout_record(rid, batch, schedule, results, gap=gap.mean, gap_max=gap.max,
                                    times=(t1 - t0, t2 - t1, t3 - t2)),
                   "old_logprob_s": t_old - t1, "logprob_check": int(self.logprob_check),
-                  **stats, **corrections, **offpolicy.tis_means(results, self.cfg.use_tis),
-                  **evaluated}
+                  "probe_gap": self.probe_gap, **stats, **corrections,
+                  **offpolicy.tis_means(results, self.cfg.use_tis), **evaluated}
         if self.on_rollout is not None:
             self.on_rollout(RolloutEvent(rollout_id=rid, metrics=record, batch=batch,
                                          schedule=schedule, records=mine,
@@ -473,7 +510,9 @@ class _Loop:
             **self.producer.partial_state()})
 
     def restore_data_state(self, state: dict | None) -> None:
-        if self.producer is not None and state:
+        if isinstance(self.producer, RemoteRollouts) and state:
+            self.producer.restore(state)
+        elif self.producer is not None and state:
             self.producer.source.offset = int(state["offset"])
             self.producer.source.draws = int(state["draws"])
             self.producer.restore_partial_state(state)
@@ -524,8 +563,16 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
     configure_logging(cfg.log_level, dist.get_rank() if dist.is_initialized()
                       else rank_from_env())
     plan = plan or launch_checks(cfg, model_dir(cfg))
+    sides = None
+    if plan.roles is not None:  # separate trainer and engine ranks
+        platform = detect_platform()
+        sides = open_sides(plan.roles, backend=platform.backend)
+        if not sides.is_trainer:
+            configure_logging(cfg.log_level, sides.rank)
+            serve_rollouts(cfg, plan, engine_options(cfg, platform.kind == "cuda"), sides)
+            return TrainResult(records=[], plots=[], hf_checkpoint=plan.hf_dir, start_rollout=0)
     with claimed_run(cfg, plan.run_id):  # before the model is built: a second run fails now
-        loop = _Loop(cfg, on_rollout, plan)
+        loop = _Loop(cfg, on_rollout, plan, sides)
         try:
             return _run(loop, cfg, progress)
         finally:  # also after a failure: a caller that catches it may start another run
@@ -728,6 +775,8 @@ def _line(r: dict) -> str:
                 f"{r.get('tokens_per_s', 0):.0f} tok/s")
     if r.get("prompts_generated", 0) != r.get("prompts_kept", 0) and not r.get("skipped"):
         line += f"  kept {r['prompts_kept']}/{r['prompts_generated']}"
+    if not math.isnan(r.get("probe_gap", math.nan)):  # separate engine ranks, stale batches
+        line += f"  probe {r['probe_gap']:.1e}  stale {r.get('staleness_max', 0):.0f}"
     evals = _evals(r)
     return line + (f"  eval {evals}" if evals else "")
 

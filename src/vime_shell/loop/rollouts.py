@@ -179,7 +179,7 @@ class RolloutProducer:
         while rounds < cfg.dynamic_sampling_max_rounds:
             # Partial rollouts: the buffered groups come back first, within the round's size.
             prompts = self.source.take(max(per_round - self.buffered_groups, 0))
-            sampling = self._sampling(cfg.rollout_max_response_len or self.task.answer_length,
+            sampling = self.sampling(cfg.rollout_max_response_len or self.task.answer_length,
                                       rollout_sampling_seed(self.seed, rid, rounds))
             output, error = self._generate(rid, prompts, sampling, first_group_id=next_group,
                                            target_groups=need - len(kept))
@@ -235,7 +235,7 @@ class RolloutProducer:
             if len(kept) == need:
                 break
             if self.keep is None or call_plugin(
-                    self.keep, _samples(prompt_output),
+                    self.keep, prompt_samples(prompt_output),
                     what=f"filter {self.cfg.dynamic_sampling_filter_path}",
                     flag="--dynamic-sampling-filter-path", where=f"{where}, prompt {p}"):
                 kept.append(prompt_output)
@@ -244,7 +244,7 @@ class RolloutProducer:
                 dropped_out.append(prompt_output)
         return dropped
 
-    def _sampling(self, max_new_tokens: int, seed: int, *, for_eval: bool = False
+    def sampling(self, max_new_tokens: int, seed: int, *, for_eval: bool = False
                   ) -> SamplingParams:
         """The run's sampling settings; for evaluation each ``--eval-*`` one that is set
         replaces its ``--rollout-*`` one."""
@@ -285,6 +285,22 @@ class RolloutProducer:
             return 0
         return len(self.per_sample.buffer)
 
+    def context(self, rid: int, prompts: tuple[TaskExample, ...], sampling: SamplingParams, *,
+                first_group_id: int, n: int | None = None, target_groups: int | None = None,
+                engine: Any = None) -> RolloutContext:
+        """The rollout function's context for one generation round (``engine``: this rank's
+        engine unless given, e.g. the fully-async pool's shared one; ``target_groups=None``
+        is an evaluation round)."""
+        cfg = self.cfg
+        return RolloutContext(
+            rollout_id=rid, engine=engine or self.engines.engine, tokenizer=self.tokenizer,
+            prompts=prompts, n_samples_per_prompt=n or cfg.n_samples_per_prompt,
+            sampling=sampling, rewarder=self.rewarder,
+            apply_chat_template=cfg.apply_chat_template, first_group_id=first_group_id,
+            task=self.task, num_turns=cfg.rollout_num_turns, turn_reward=cfg.rollout_turn_reward,
+            per_sample=self.per_sample if target_groups is not None else self._eval_per_sample,
+            target_groups=target_groups)
+
     def _generate(self, rid: int, prompts: tuple[TaskExample, ...], sampling: SamplingParams, *,
                   first_group_id: int, n: int | None = None, target_groups: int | None = None,
                   ) -> tuple[list[Any] | None, Exception | None]:
@@ -292,15 +308,8 @@ class RolloutProducer:
         ``(merged output on rank 0 else None, this rank's error or None)``. The error is
         returned, not raised, so the caller still meets the other ranks in the next
         broadcast (``rank0_result``) and all leave together."""
-        cfg = self.cfg
-        ctx = RolloutContext(
-            rollout_id=rid, engine=self.engines.engine, tokenizer=self.tokenizer,
-            prompts=prompts, n_samples_per_prompt=n or cfg.n_samples_per_prompt,
-            sampling=sampling, rewarder=self.rewarder,
-            apply_chat_template=cfg.apply_chat_template, first_group_id=first_group_id,
-            task=self.task, num_turns=cfg.rollout_num_turns, turn_reward=cfg.rollout_turn_reward,
-            per_sample=self.per_sample if target_groups is not None else self._eval_per_sample,
-            target_groups=target_groups)
+        ctx = self.context(rid, prompts, sampling, first_group_id=first_group_id, n=n,
+                           target_groups=target_groups)
         try:
             with native_torch():  # generation names no CUDA device: skip the CPU device mode
                 output = self.engines.run_shares(
@@ -323,8 +332,8 @@ class RolloutProducer:
                    or self.task.answer_length)
         outputs: dict[str, list[Any] | None] = {}
         for name, rows in self.eval_sets:
-            sampling = self._sampling(max_new, seed=rollout_sampling_seed(0, _EVAL_ROLLOUT_ID),
-                                      for_eval=True)
+            sampling = self.sampling(max_new, seed=rollout_sampling_seed(0, _EVAL_ROLLOUT_ID),
+                                     for_eval=True)
             outputs[name], error = self._generate(rid, rows, sampling, first_group_id=0, n=n)
             # Every rank learns of a failed engine before the next set's collective generation.
             rank0_result(f"evaluation of {name} at rollout {rid}", lambda: None, pending=error)
@@ -341,7 +350,7 @@ def eval_metrics(name: str, output: list[Any], n: int) -> dict[str, float]:
     rewards = np.array([s.reward for s in flat.samples], dtype=np.float64)
     groups = np.unique(flat.group_dense, return_index=True)[1]
     out = {f"eval/{name}/reward_mean": float(rewards[groups].mean())}
-    solved = [int(sum(s.reward > 0 for s in _samples(p))) for p in output]
+    solved = [int(sum(s.reward > 0 for s in prompt_samples(p))) for p in output]
     for k in sorted({1, n}):
         out[f"eval/{name}/pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in solved]))
     return out
@@ -370,7 +379,7 @@ def _group_reward_mean(outputs: list[Any]) -> float:
     """Mean reward over the rollout groups of ``outputs`` (NaN when there are none)."""
     firsts = {}
     for prompt_output in outputs:
-        for s in _samples(prompt_output):
+        for s in prompt_samples(prompt_output):
             firsts.setdefault(id(prompt_output), {}).setdefault(s.group_id, s.reward)
     rewards = [r for groups in firsts.values() for r in groups.values()
                if isinstance(r, (int, float))]
@@ -385,14 +394,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _samples(prompt_output: Any) -> list[Any]:
+def prompt_samples(prompt_output: Any) -> list[Any]:
     """All samples of one prompt's output, whatever its nesting (lists/tuples of Samples)."""
     if isinstance(prompt_output, (list, tuple)):
-        return list(chain.from_iterable(_samples(x) for x in prompt_output))
+        return list(chain.from_iterable(prompt_samples(x) for x in prompt_output))
     return [prompt_output]
 
 
 def _next_group_id(output: Sequence[Any], current: int) -> int:
     """One past the largest int group id the round used (fallback ids are resolved later)."""
-    ids = [s.group_id for p in output for s in _samples(p) if type(s.group_id) is int]
+    ids = [s.group_id for p in output for s in prompt_samples(p) if type(s.group_id) is int]
     return max([current, *(i + 1 for i in ids)])

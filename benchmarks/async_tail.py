@@ -1,0 +1,147 @@
+"""The same job three ways on separate ranks (rank 0 trains, rank 1 generates): synchronous,
+one step off (``--train-async``) and fully async (``--fully-async --max-weight-staleness 2``),
+with a rollout function whose per-request latency is heavy-tailed, measured in one invocation.
+
+The rollout function (:func:`tail_rollout`) is the default single-turn rollout followed by a
+seeded Pareto sleep per prompt group (``--scale-ms`` x (1 + Pareto(``--alpha``)), capped at
+1 s, seeded by ``(seed, rollout, prompt)`` so every mode sees the same latencies): a batched
+call of many prompts waits for its slowest one, as a round of concurrent agentic requests does;
+the fully-async pool runs each prompt group on its own thread, so only the engine calls queue.
+Job: the embedded model on reverse2 from scratch, 16 prompts x 8 samples per rollout, seed 0,
+``vime train`` under ``torchrun --standalone --nproc-per-node 2``.
+
+Reported per mode: median wall seconds per rollout (batch wait + train + sync on the trainer)
+and its ratio to the synchronous run; the idle fraction of each rank (trainer: time not
+training; engine: time with no request in flight, from intervals the rollout function logs);
+reward means of the first and last 10 rollouts (the whole curve in the JSON); the staleness
+distribution of the trained groups (fraction per staleness, median). JSON:
+``benchmarks/results/async_tail.json``.
+
+Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python -m benchmarks.async_tail [--rollouts 60]``
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from vime_shell.rollout.functions import single_turn_rollout
+
+MODES = {
+    "sync": ["--no-colocate"],
+    "one_step_off": ["--train-async"],
+    "fully_async": ["--fully-async", "--max-weight-staleness", "2"],
+}
+SCALE_MS = float(os.environ.get("VIME_TAIL_SCALE_MS", "20"))
+ALPHA = float(os.environ.get("VIME_TAIL_ALPHA", "1.5"))
+MAX_SLEEP_S = 1.0
+LOG = "VIME_TAIL_LOG"  # where the engine rank appends its busy intervals
+
+
+def latency(seed: int, rollout: int, prompt: int) -> float:
+    """Seconds of one prompt group's simulated request latency."""
+    rng = np.random.default_rng([seed, rollout, prompt, 0x7A11])
+    return min(SCALE_MS / 1000 * (1 + rng.pareto(ALPHA)), MAX_SLEEP_S)
+
+
+def tail_rollout(ctx):
+    """``single_turn_rollout`` then the slowest of its prompts' latencies (module docstring)."""
+    start = time.time()
+    out = single_turn_rollout(ctx)
+    seed = ctx.sampling.seed or 0
+    time.sleep(max(latency(seed, ctx.rollout_id, ctx.prompt_offset + p)
+                   for p in range(len(ctx.prompts))))
+    if os.environ.get(LOG):
+        with open(os.environ[LOG], "a") as f:
+            f.write(json.dumps([start, time.time()]) + "\n")
+    return out
+
+
+def busy_seconds(intervals: list[list[float]]) -> float:
+    """Length of the union of ``[start, end]`` intervals. Example: [[0, 2], [1, 3]] -> 3."""
+    total, end = 0.0, -float("inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def summarize(records: list[dict], intervals: list[list[float]]) -> dict:
+    walls = [r["rollout_s"] + r["train_s"] + r["sync_s"] for r in records]
+    wall = sum(walls)
+    rewards = [r["reward_mean"] for r in records]
+    stale: dict[int, float] = {}
+    for r in records:
+        for key, value in r.items():
+            if key.startswith("staleness/"):
+                k = int(key.split("/")[1])
+                stale[k] = stale.get(k, 0.0) + value * r["num_groups"]
+    groups = sum(stale.values()) or 1.0
+    cumulative, median = 0.0, 0
+    for k in sorted(stale):
+        cumulative += stale[k]
+        if cumulative >= groups / 2:
+            median = k
+            break
+    return {"rollouts": len(records), "wall_per_rollout_s_median": statistics.median(walls),
+            "trainer_idle_frac": 1 - sum(r["train_s"] for r in records) / wall,
+            "engine_idle_frac": 1 - busy_seconds(intervals) / wall if intervals else None,
+            "reward_first10": statistics.mean(rewards[:10]),
+            "reward_last10": statistics.mean(rewards[-10:]),
+            "staleness_frac": {k: v / groups for k, v in sorted(stale.items())},
+            "staleness_median": median, "reward_curve": rewards,
+            "probe_gap_max": max((r["probe_gap"] for r in records  # NaN is null in JSON
+                                  if r.get("probe_gap") is not None), default=None)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.async_tail")
+    parser.add_argument("--rollouts", type=int, default=60)
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset")
+    parser.add_argument("--root", default="runs/bench-async")
+    parser.add_argument("--out", default="benchmarks/results/async_tail.json")
+    args = parser.parse_args(argv)
+    from vime_shell.loop.run_log import read_metrics
+
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, ["src", ".", env.get("PYTHONPATH")]))
+    results = {}
+    for name in args.modes.split(","):
+        run_dir = Path(f"{args.root}/{name}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log = run_dir / "engine_busy.jsonl"
+        log.unlink(missing_ok=True)  # ours: written by the previous run of this benchmark
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node=2", "-m", "vime_shell.cli", "train",
+                        "--run-dir", str(run_dir), "--overwrite-run-dir",
+                        "--num-rollout", str(args.rollouts), "--rollout-num-gpus", "1",
+                        "--rollout-function-path", "benchmarks.async_tail:tail_rollout",
+                        *MODES[name]], check=True, env={**env, LOG: str(log)})
+        intervals = [json.loads(line) for line in log.read_text().splitlines()]
+        results[name] = summarize(read_metrics(run_dir), intervals)
+    base = results.get("sync", {}).get("wall_per_rollout_s_median")
+    print(f"{'mode':13s} {'s/rollout':>9s} {'x sync':>6s} {'trainer idle':>12s} "
+          f"{'engine idle':>11s} {'reward 0-10':>11s} {'last 10':>7s} {'staleness':>18s}")
+    for name, r in results.items():
+        ratio = r["wall_per_rollout_s_median"] / base if base else float("nan")
+        dist = " ".join(f"{k}:{v:.2f}" for k, v in r["staleness_frac"].items())
+        print(f"{name:13s} {r['wall_per_rollout_s_median']:9.3f} {ratio:6.2f} "
+              f"{r['trainer_idle_frac']:12.2f} {r['engine_idle_frac'] or 0:11.2f} "
+              f"{r['reward_first10']:11.3f} {r['reward_last10']:7.3f} {dist:>18s} "
+              f"(median {r['staleness_median']})")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"scale_ms": SCALE_MS, "alpha": ALPHA,
+                                          "rollouts": args.rollouts, "load": os.getloadavg(),
+                                          "modes": results}, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Asynchronous training decisions: when weights sync, which groups a pool may start, which
+completed groups a trainer step takes and which it recycles (pure, torch-free).
+
+Versions: the trainer's weights after training ``v`` rollout batches are version ``v``; an
+engine holds the version of its last weight sync; a group's version is the engine version
+its generation started with (the oldest of its samples' ``weight_versions``). When the trainer
+trains batch ``k`` (having trained ``k`` batches since version 0) a group of version ``g`` is
+``k - g`` versions stale (``vime_pure.staleness``, the one definition of staleness).
+
+Modes (slime / miles flags):
+
+- synchronous: rollout ``k`` is generated with version ``k`` (lag 0);
+- ``--train-async`` (one step off): rollout ``k + 1`` is generated while the trainer trains
+  rollout ``k``, so with version ``k`` (lag 1); ``--max-weight-staleness 0`` makes it
+  synchronous again (:func:`generation_lag`);
+- ``--fully-async``: a pool keeps ``--rollout-batch-size`` groups in flight; a trainer step
+  takes the first ``B`` completed groups whose staleness is at most ``K``
+  (``--max-weight-staleness``) and sends every staler group back to be generated again
+  (:func:`drain`); the pool starts a group only if it can still be fresh enough for the
+  batch it would land in (:func:`admits`), so with ``K = 0`` nothing is ever generated twice.
+
+``--update-weights-interval I`` syncs after rollout ``k`` only when ``(k + 1) % I == 0``
+(:func:`weights_sync_due`); staleness then reaches ``I - 1`` plus the lag, so
+:func:`check_staleness_bound` asks for ``K >= I - 1`` (else no group could ever be trained).
+
+Example: ``drain(versions=(3, 1, 4, 4), trainer_version=4, max_staleness=1, batch_size=2)``
+takes groups 0 and 2, recycles group 1 (3 versions old) and leaves group 3 for the next step.
+"""
+
+from typing import Any
+
+import attrs
+import numpy as np
+
+from vime_pure.config import as_int
+from vime_pure.errors import VimeError, field_error
+from vime_pure.staleness import sample_staleness
+
+SYNC_MODES: tuple[str, ...] = ("sync", "one_step_off", "fully_async")
+_FIX = "pass a whole number (the flags --rollout-batch-size, --max-weight-staleness, " \
+    "--update-weights-interval are integers)"
+
+
+class AsyncPoolError(VimeError):
+    """An asynchronous-training setting that cannot run, or a group past its staleness bound."""
+
+
+def weights_sync_due(rollout_id: Any, interval: Any) -> bool:
+    """Whether the trainer syncs the engines after training rollout ``rollout_id`` (inputs
+    are typed loosely: a user boundary, checked here).
+
+    Example: interval 2 syncs after rollouts 1, 3, 5 (``weights_sync_due(1, 2) is True``).
+    """
+    rollout_id = as_int("rollout_id", rollout_id, 0, AsyncPoolError, _FIX)
+    return (rollout_id + 1) % as_int("update_weights_interval", interval, 1, AsyncPoolError,
+                                     _FIX) == 0
+
+
+def generation_lag(mode: Any, max_staleness: Any) -> int:
+    """Rollouts the engines run ahead of the trainer: 0 synchronous, 1 one step off (0 when
+    ``--max-weight-staleness 0``); the fully-async pool decides per group instead (0 here).
+
+    Example: ``generation_lag("one_step_off", None) == 1``.
+    """
+    if not isinstance(mode, str) or mode not in SYNC_MODES:
+        raise field_error(AsyncPoolError, "mode", mode, "is not a training mode",
+                          f"use one of {SYNC_MODES}")
+    if mode != "one_step_off":
+        return 0
+    if max_staleness is None:
+        return 1
+    return min(1, as_int("max_weight_staleness", max_staleness, 0, AsyncPoolError, _FIX))
+
+
+def check_staleness_bound(*, max_staleness: Any, update_weights_interval: Any,
+                          lag: Any = 0) -> None:
+    """``K >= lag + I - 1``: a group generated right after a sync is ``I - 1`` versions old by
+    the last batch before the next sync, plus the lag of one step off. Example: ``K=0, I=2`` is
+    an error naming both flags; one step off (lag 1) with ``I=2`` needs ``K >= 2``."""
+    max_staleness = as_int("max_weight_staleness", max_staleness, 0, AsyncPoolError, _FIX)
+    need = (as_int("lag", lag, 0, AsyncPoolError, _FIX)
+            + as_int("update_weights_interval", update_weights_interval, 1, AsyncPoolError,
+                     _FIX) - 1)
+    if max_staleness < need:
+        raise field_error(AsyncPoolError, "max_weight_staleness", max_staleness,
+                          f"is below {need} (generation lag {lag} + update_weights_interval "
+                          f"{update_weights_interval} - 1): some batches would be staler",
+                          f"pass --max-weight-staleness {need} or more, or a smaller "
+                          "--update-weights-interval")
+
+
+def enforce_staleness_bound(weight_version_min: Any, trainer_version: Any,
+                            max_staleness: Any) -> None:
+    """The bound as a check on a batch about to train: every sample's staleness (the core's
+    ``sample_staleness``) is at most ``K``, else :class:`AsyncPoolError` naming the sample.
+    Example: versions ``[3, 1]`` at trainer 3 with ``K=1`` raise for sample 1 (staleness 2).
+    """
+    max_staleness = as_int("max_weight_staleness", max_staleness, 0, AsyncPoolError, _FIX)
+    stale = sample_staleness(weight_version_min, trainer_version)
+    if stale.size and int(stale.max()) > max_staleness:
+        i = int(np.argmax(stale))
+        raise field_error(AsyncPoolError, f"staleness of sample {i}", int(stale[i]),
+                          f"exceeds --max-weight-staleness {max_staleness}: it would train",
+                          "report this: the engine side ran further ahead than the bound")
+
+
+def admits(*, batches_sent: Any, start_version: Any, engine_version: Any, queued: Any,
+           batch_size: Any, max_staleness: Any) -> bool:
+    """Whether the pool may start one more group now.
+
+    ``queued`` groups (in flight or completed, not yet sent) are ahead of it, so it lands in
+    batch ``batches_sent + queued // batch_size`` at the earliest, trained by version
+    ``start_version + that``; it is started only if its staleness there is at most ``K``, and
+    while fewer than two batches' worth are queued (``B`` in flight plus ``B`` ready).
+    Example: ``B=4, K=0``, nothing sent, 4 queued at version 0: the next group would land in
+    batch 1 (version 1) with staleness 1, so ``admits(...) is False`` until the sync.
+    """
+    batches_sent, start_version, engine_version, queued, batch_size, max_staleness = (
+        as_int(name, value, lo, AsyncPoolError, _FIX) for name, value, lo in (
+            ("batches_sent", batches_sent, 0), ("start_version", start_version, 0),
+            ("engine_version", engine_version, 0), ("queued", queued, 0),
+            ("batch_size", batch_size, 1), ("max_staleness", max_staleness, 0)))
+    if queued >= 2 * batch_size:
+        return False
+    lands_in = start_version + batches_sent + queued // batch_size
+    return lands_in - engine_version <= max_staleness
+
+
+@attrs.frozen(kw_only=True)
+class Drain:
+    """One trainer step's share of the completed groups (indices into the ready list)."""
+
+    take: tuple[int, ...]
+    recycle: tuple[int, ...]
+    keep: tuple[int, ...]
+    full: bool  # ``take`` holds a whole batch (else the trainer waits for more groups)
+
+
+def drain(*, versions: Any, trainer_version: Any, max_staleness: Any, batch_size: Any) -> Drain:
+    """Split completed groups (``versions`` in completion order) for the step trained by
+    ``trainer_version``: the first ``batch_size`` with staleness <= ``max_staleness`` are
+    taken, every staler one is recycled (generated again, counted), the rest wait.
+
+    Every index lands in exactly one of ``take``, ``recycle`` and ``keep``; no taken group
+    is staler than the bound. Example in the module docstring.
+    """
+    max_staleness = as_int("max_staleness", max_staleness, 0, AsyncPoolError, _FIX)
+    batch_size = as_int("batch_size", batch_size, 1, AsyncPoolError, _FIX)
+    if not isinstance(versions, (tuple, list)) or not all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+            for v in versions):
+        raise field_error(AsyncPoolError, "versions", versions, "is not a sequence of integer "
+                          "weight versions", "pass each completed group's engine version")
+    take: list[int] = []
+    recycle: list[int] = []
+    keep: list[int] = []
+    staleness = sample_staleness(np.asarray(versions, dtype=np.int64).reshape(-1),
+                                 trainer_version)
+    for i, stale in enumerate(staleness.tolist()):
+        if stale > max_staleness:
+            recycle.append(i)
+        elif len(take) < batch_size:
+            take.append(i)
+        else:
+            keep.append(i)
+    return Drain(take=tuple(take), recycle=tuple(recycle), keep=tuple(keep),
+                 full=len(take) == batch_size)
+
+
+@attrs.frozen(kw_only=True)
+class PoolCounts:
+    """What a fully-async pool did with every group it started (nothing goes uncounted):
+    ``started = trained + recycled + filtered + pending``."""
+
+    started: int = 0
+    trained: int = 0
+    recycled: int = 0
+    filtered: int = 0
+
+    @property
+    def pending(self) -> int:
+        """Groups started but not yet trained, recycled or filtered (in flight or ready)."""
+        return self.started - self.trained - self.recycled - self.filtered
+
+    def add(self, **counts: int) -> "PoolCounts":
+        """Example: ``PoolCounts().add(started=4, trained=2).pending == 2``."""
+        return attrs.evolve(self, **{k: getattr(self, k) + v for k, v in counts.items()})

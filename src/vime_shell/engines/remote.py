@@ -1,0 +1,186 @@
+"""Trainer and engine ranks of one ``torchrun`` job, talking over a *bridge* process group.
+
+:func:`open_sides` (every rank, once per process) builds, from torchrun's own store:
+
+- the side's **default** process group: trainer ranks ``[0, T)`` with world size ``T``
+  (Megatron's parallel state is sized from it), engine ranks ``[T, W)`` with world size
+  ``W - T`` (the colocated :class:`~vime_shell.engines.group.EngineGroup` then runs on it
+  unchanged);
+- the **bridge**: trainer rank 0 plus every engine rank (``RankRoles.bridge_rank``), one gloo
+  group for commands and results (pickled between vime's own processes, as
+  ``gather_object`` does) and one group for weights (NCCL on CUDA, the gloo one on CPU).
+
+Weights (:meth:`Bridge.send_weights` / :meth:`Bridge.receive_weights`) go from trainer rank 0
+to every engine rank in the layer-aligned buckets of :func:`vime_shell.engines.sync.buckets`
+(``--update-weight-buffer-size``): per bucket one command broadcast with the names, dtypes and
+shapes, then one broadcast of the bucket's bytes; the engine side yields ``(name, tensor)``
+pairs into its own bucketed load. A peer that died makes the next bridge call raise
+:class:`BridgeError` naming the peer (gloo sees the closed socket), so no rank waits forever.
+
+Example (W=2, 1 trainer, 1 engine)::
+
+    sides = open_sides(roles, backend="gloo")      # rank 0: trainer; rank 1: engine
+    rank 0: sides.bridge.command(("generate", 0)); batch = sides.bridge.recv(src=1)
+    rank 1: cmd = sides.bridge.command(); sides.bridge.send(("batch", ...), dst=0)
+"""
+
+import os
+import pickle
+from collections.abc import Iterable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from vime_pure.errors import VimeError
+from vime_shell.engines.roles import RankRoles
+from vime_shell.engines.sync import SyncReport, stream_weights
+
+_DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64,
+                               torch.int64, torch.int32, torch.uint8, torch.bool)}
+
+
+class BridgeError(VimeError):
+    """A trainer or engine rank on the other side of the bridge failed or went away."""
+
+
+def _peer(rank: int) -> str:
+    return "trainer rank 0" if rank == 0 else f"engine rank {rank - 1} (bridge rank {rank})"
+
+
+class Bridge:
+    """Trainer rank 0 (bridge rank 0) and the engine ranks (1..): commands, results, weights."""
+
+    def __init__(self, rank: int, size: int, control: Any, weights: Any, device: torch.device):
+        self.rank, self.size = rank, size
+        self.control, self.weights, self.device = control, weights, device
+
+    def _wait(self, work: Any, what: str, peer: int) -> None:
+        try:
+            work.wait()
+        except RuntimeError as exc:  # gloo: connection closed / timed out
+            raise BridgeError(f"{what}: {_peer(peer)} is gone ({str(exc)[:160]}). Fix: see "
+                              "that rank's error; the run stops on every rank.") from exc
+
+    # -- commands: bridge rank 0 to every other bridge rank ------------------------------------
+    def command(self, obj: Any = None) -> Any:
+        """Collective over the bridge: rank 0's ``obj`` on every bridge rank."""
+        return self.finish_command(self.post_command(), obj)
+
+    def post_command(self) -> Any:
+        """Start receiving the next command's length (engine side: poll ``is_completed``)."""
+        size = torch.zeros(1, dtype=torch.int64)
+        return size, (None if self.rank == 0 else self.control.broadcast(size, 0))
+
+    def finish_command(self, posted: Any, obj: Any = None) -> Any:
+        size, work = posted
+        if self.rank == 0:
+            data = pickle.dumps(obj)
+            size[0] = len(data)
+            self._wait(self.control.broadcast(size, 0), "sending a command", 1)
+            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            self._wait(self.control.broadcast(payload, 0), "sending a command", 1)
+            return obj
+        self._wait(work, "waiting for a command", 0)
+        payload = torch.empty(int(size[0]), dtype=torch.uint8)
+        self._wait(self.control.broadcast(payload, 0), "receiving a command", 0)
+        return pickle.loads(payload.numpy().tobytes())
+
+    # -- results: an engine rank to trainer rank 0 ---------------------------------------------
+    def send(self, obj: Any, dst: int = 0) -> None:
+        data = pickle.dumps(obj)
+        self._wait(self.control.send([torch.tensor([len(data)], dtype=torch.int64)], dst, 0),
+                   "sending a result", dst)
+        self._wait(self.control.send([torch.frombuffer(bytearray(data), dtype=torch.uint8)],
+                                     dst, 1), "sending a result", dst)
+
+    def recv(self, src: int = 1) -> Any:
+        size = torch.zeros(1, dtype=torch.int64)
+        self._wait(self.control.recv([size], src, 0), "waiting for a result", src)
+        payload = torch.empty(int(size[0]), dtype=torch.uint8)
+        self._wait(self.control.recv([payload], src, 1), "receiving a result", src)
+        return pickle.loads(payload.numpy().tobytes())
+
+    # -- weights ---------------------------------------------------------------------------------
+    def send_weights(self, named: Iterable[tuple[str, torch.Tensor]], cap_bytes: int
+                     ) -> SyncReport:
+        """Trainer rank 0: every bucket of ``named`` to every engine rank (after a
+        ``("weights", version)`` command)."""
+        def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
+            self.command([(n, str(t.dtype), tuple(t.shape)) for n, t in bucket])
+            flat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8)
+                              for _, t in bucket]).to(self.device)
+            self._wait(self.weights.broadcast(flat, 0), "sending weights", 1)
+
+        report = stream_weights(named, cap_bytes, load)
+        self.command(None)  # end of the weights
+        return report
+
+    def receive_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Engine rank: the ``(name, tensor)`` pairs of one :meth:`send_weights`, bucket by
+        bucket (drain it fully, even after a failed load, to stay in step)."""
+        while (meta := self.command()) is not None:
+            sizes = [torch.Size(shape).numel() * _DTYPES[dtype].itemsize
+                     for _, dtype, shape in meta]
+            flat = torch.empty(sum(sizes), dtype=torch.uint8, device=self.device)
+            self._wait(self.weights.broadcast(flat, 0), "receiving weights", 0)
+            offset = 0
+            for (name, dtype, shape), size in zip(meta, sizes):
+                yield name, flat[offset:offset + size].view(_DTYPES[dtype]).reshape(shape)
+                offset += size
+
+
+@attrs.frozen
+class Sides:
+    """This rank's role, its side's rank, and the bridge (None on trainer ranks other than 0)."""
+
+    roles: RankRoles
+    rank: int
+    bridge: Bridge | None
+
+    @property
+    def is_trainer(self) -> bool:
+        return self.roles.is_trainer(self.rank)
+
+
+_OPEN: dict[tuple[int, int], Sides] = {}  # (world size, trainer ranks) -> this rank's sides
+
+
+def open_sides(roles: RankRoles, *, backend: str, timeout_s: float = 3 * 3600.0) -> Sides:
+    """Collective over the job (see the module docstring); once per process and roles, later
+    calls return the same groups (a process may run several trainings in turn)."""
+    key = (roles.world_size, roles.num_trainers)
+    if key in _OPEN:  # the same split again (another mode, another run): the same groups
+        return attrs.evolve(_OPEN[key], roles=roles)
+    if dist.is_initialized():
+        raise BridgeError("a default process group exists already; separate trainer and "
+                          "engine ranks need their own. Fix: let vime create the groups (do not "
+                          "call init_process_group before run_training).")
+    timeout = timedelta(seconds=timeout_s)
+    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+    if world != roles.world_size:
+        raise BridgeError(f"world_size={world}: the roles were resolved for "
+                          f"{roles.world_size} ranks. Fix: resolve them in this job.")
+    trainer = roles.is_trainer(rank)
+    if backend == "nccl":  # before NCCL initialises, so each rank binds its own GPU
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    side = "trainer" if trainer else "engine"
+    dist.init_process_group(
+        backend=backend, store=dist.PrefixStore(f"vime/{side}", store),
+        rank=roles.side_rank(rank), world_size=roles.num_trainers if trainer
+        else roles.num_engine_ranks, timeout=timeout)
+    bridge = None
+    b = roles.bridge_rank(rank)
+    if b is not None:
+        control = dist.ProcessGroupGloo(dist.PrefixStore("vime/bridge", store), b,
+                                        roles.bridge_size, timeout)
+        weights, device = control, torch.device("cpu")
+        if backend == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+            weights = dist.ProcessGroupNCCL(dist.PrefixStore("vime/bridge-nccl", store), b,
+                                            roles.bridge_size)
+        bridge = Bridge(b, roles.bridge_size, control, weights, device)
+    _OPEN[key] = Sides(roles=roles, rank=rank, bridge=bridge)
+    return _OPEN[key]

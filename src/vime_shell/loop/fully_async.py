@@ -1,0 +1,311 @@
+"""``--fully-async``: a persistent generation pool on the engine rank (one rank, 1 engine).
+
+The pool keeps ``B = --rollout-batch-size`` prompt groups in flight, each one a task on a
+thread that runs the rollout function on its prompt alone. The engine is shared through its
+per-request front (:class:`FrontEngine`: the requests of all groups in flight are batched at
+each forward, while rewards, tool calls or sleeps of other groups overlap), or under a lock
+for an engine without one. A
+completed group waits, tagged with the engine version its generation started with. For the
+trainer's ``("batch", k)`` the pool hands over the first ``B`` completed groups whose staleness
+at trainer version ``k`` is within ``K = --max-weight-staleness``, and sends staler ones back
+to the queue, to be generated again with their original seeds; both are the core's
+:func:`vime_pure.async_pool.drain`. A group starts only when :func:`~vime_pure.async_pool.admits`
+says it can still be fresh enough, so with ``K = 0`` nothing runs ahead of the weights and the
+batches are the synchronous loop's. Weights arrive as a ``("weights", v)`` command, taken
+between two engine calls (in-flight groups continue on the new weights; their version stays
+the one they started with, so staleness is never under-counted).
+
+Prompts and seeds: the pool draws prompts in blocks of ``B`` exactly as the synchronous loop
+draws rollout ``r``'s (``PromptSource.take(B)``), and the ``i``-th prompt of block ``r`` is
+generated as prompt ``i`` of rollout ``r`` there (its seeds and group ids), so a group's samples
+do not depend on the mode; a batch lists its groups in draw order. Every group is counted (:class:`~vime_pure.async_pool.PoolCounts`):
+``started = trained + recycled + filtered + pending``. Dynamic sampling filters per group.
+
+Resuming (``--load``): every batch carries the pool's resume point (:meth:`GroupPool.
+resume_state`: the oldest block with an unfinished group, the prompt source's position before
+it, and which of its and later groups are done), saved in the checkpoint's data state; a
+resumed pool redraws from there and skips the done groups, so in-flight groups are generated
+again (same seeds) and no group trains twice.
+"""
+
+import asyncio
+import collections
+import concurrent.futures as futures
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from vime_pure.async_pool import PoolCounts, admits, drain
+from vime_pure.data.batch import RolloutBatch
+from vime_shell.engines.async_engine import FRONTS, async_front
+from vime_shell.loop.config import TrainConfig
+from vime_shell.loop.probe import generate_probe
+from vime_shell.loop.rollouts import RolloutProducer, prompt_samples, sample_annotations
+from vime_shell.rollout.functions import rollout_sampling_seed, share_context
+from vime_shell.rollout.plugins import call_plugin
+
+_POLL_S = 0.002  # between two looks at the trainer's commands and the finished groups
+
+
+@attrs.frozen
+class Draw:
+    """Prompt ``index`` of block ``block`` (the synchronous loop's rollout ``block``)."""
+
+    block: int
+    index: int
+    prompts: tuple  # the whole block (seeds and ids come from the prompt's place in it)
+
+
+class LockedEngine:
+    """One engine shared by the pool's threads: one call at a time (engines without a
+    per-request front)."""
+
+    def __init__(self, engine: Any):
+        self.engine, self.lock = engine, threading.Lock()
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return self.engine.generate(*args, **kwargs)
+
+    def between_calls(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` while no generation runs (weight loads)."""
+        with self.lock:
+            return fn()
+
+    def close(self) -> None:
+        pass
+
+
+class FrontEngine:
+    """The batched ``generate(prompts, params)`` of rollout functions, served by the engine's
+    per-request front (``vime_shell.engines.async_engine``) on an event-loop thread of its
+    own: the requests of every group in flight join the same forwards (continuous batching),
+    instead of one engine call per group. Request ``i`` of a call keeps seed ``seed + i``,
+    so a group samples as in a batched call."""
+
+    def __init__(self, engine: Any, max_concurrency: int):
+        self.engine = engine
+        self.front = async_front(engine, max_concurrency=max_concurrency)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                       name="vime-pool-front")
+        self.thread.start()
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def generate(self, prompts: Any, params: Any) -> list:
+        async def requests() -> list:
+            return list(await asyncio.gather(*(
+                self.front.generate(p, attrs.evolve(params, seed=params.request_seed(i)))
+                for i, p in enumerate(prompts))))
+
+        return asyncio.run_coroutine_threadsafe(requests(), self.loop).result()
+
+    def between_calls(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the front's loop, between two forwards (weight loads)."""
+        async def call() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=60)
+
+
+def shared_engine(engine: Any, max_concurrency: int) -> "FrontEngine | LockedEngine":
+    """The pool's engine: the per-request front when the engine has one, else a lock."""
+    return (FrontEngine(engine, max_concurrency) if engine.name in FRONTS
+            else LockedEngine(engine))
+
+
+class GroupPool:
+    """The engine rank's pool and command loop (module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, producer: RolloutProducer, bridge: Any):
+        self.cfg, self.producer, self.bridge = cfg, producer, bridge
+        self.size = cfg.rollout_batch_size
+        self.bound = cfg.effective_max_weight_staleness
+        self.engine = shared_engine(producer.engines.engine, cfg.sglang_server_concurrency)
+        self.version = 0
+        self.start: int | None = None  # the trainer's version at its first request
+        self.sent = 0  # batches handed to the trainer
+        self.demand: int | None = None
+        self.queue: collections.deque[Draw] = collections.deque()
+        self.blocks = 0
+        self.running: dict[futures.Future, tuple[Draw, int]] = {}
+        self.ready: list[tuple[Draw, list, int]] = []
+        self.counts = PoolCounts()
+        self.failure: Exception | None = None  # answered to the next request, raised at stop
+        self.done: set[tuple[int, int]] = set()  # (block, index) trained or filtered
+        self.block_starts: dict[int, tuple[int, int]] = {}  # source (offset, draws) per block
+        self.first_open = 0  # every block before it is done
+        self.threads = futures.ThreadPoolExecutor(max_workers=self.size,
+                                                  thread_name_prefix="vime-pool")
+
+    def run(self) -> None:
+        posted = self.bridge.post_command()
+        try:
+            while True:
+                if posted[1].is_completed():
+                    command = self.bridge.finish_command(posted)
+                    if command[0] == "stop":
+                        break
+                    self._handle(command)
+                    posted = self.bridge.post_command()
+                try:
+                    self._harvest()
+                except Exception as exc:  # noqa: BLE001 - sent to the trainer, raised at stop
+                    self.failure = self.failure or exc
+                if self.failure is not None:
+                    if self.demand is not None:
+                        self.bridge.send(("error", f"{type(self.failure).__name__}: "
+                                                   f"{self.failure}"))
+                        self.demand = None
+                elif self.demand is not None:
+                    self._serve()
+                if self.failure is None:
+                    self._admit()
+                if self.running:
+                    futures.wait(self.running, timeout=_POLL_S,
+                                 return_when=futures.FIRST_COMPLETED)
+                else:
+                    threading.Event().wait(_POLL_S)
+        finally:
+            self.threads.shutdown(wait=True, cancel_futures=True)
+            self.engine.close()
+        if self.failure is not None:
+            raise self.failure
+
+    def _handle(self, command: tuple) -> None:
+        if command[0] == "weights":
+            self.engine.between_calls(  # in-flight groups continue on the new weights
+                lambda: self.producer.engines.sync_weights(self.bridge.receive_weights(),
+                                                           version=command[1]))
+            self.version = command[1]
+            if command[2]:  # the trainer checks the sync on a probe of these weights
+                try:
+                    self.bridge.send(("probe", generate_probe(self.producer, self.engine)))
+                except Exception as exc:  # noqa: BLE001 - the trainer waits for this reply
+                    self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
+                    self.failure = self.failure or exc
+        elif command[0] == "batch":
+            self.demand = command[1]
+            if self.start is None:
+                self.start = command[1]
+                if command[2] is not None:
+                    self._resume(command[2])
+
+    # -- resuming -----------------------------------------------------------------------------
+    def resume_state(self) -> dict:
+        """Plain JSON for the checkpoint: the oldest block with a group not yet trained (or
+        filtered), where the prompt source stood before it, and the groups of it and later
+        blocks that are done. A resumed pool regenerates the rest, never a done group.
+        Example: ``{"block": 3, "offset": 48, "draws": 3, "done": [[3, 0], [4, 2]]}``."""
+        while self.first_open < self.blocks and all(
+                (self.first_open, i) in self.done for i in range(self.size)):
+            self.block_starts.pop(self.first_open, None)
+            self.done = {d for d in self.done if d[0] > self.first_open}
+            self.first_open += 1
+        first = self.first_open
+        offset, draws = self.block_starts.get(first, (self.producer.source.offset,
+                                                      self.producer.source.draws))
+        return {"block": first, "offset": offset, "draws": draws,
+                "done": sorted([b, i] for b, i in self.done if b >= first)}
+
+    def _resume(self, state: dict) -> None:
+        source = self.producer.source
+        source.offset, source.draws = state["offset"], state["draws"]
+        pool = state.get("pool")
+        if pool is not None:
+            self.blocks = self.first_open = pool["block"]
+            self.done = {(b, i) for b, i in pool["done"]}
+
+    # -- groups -------------------------------------------------------------------------------
+    def _next_draw(self) -> Draw:
+        while not self.queue:
+            source = self.producer.source
+            self.block_starts[self.blocks] = (source.offset, source.draws)
+            prompts = source.take(self.size)
+            self.queue.extend(Draw(block=self.blocks, index=i, prompts=prompts)
+                              for i in range(self.size) if (self.blocks, i) not in self.done)
+            self.blocks += 1
+        return self.queue.popleft()
+
+    def _admit(self) -> None:
+        while self.start is not None and admits(
+                batches_sent=self.sent, start_version=self.start, engine_version=self.version,
+                queued=len(self.running) + len(self.ready), batch_size=self.size,
+                max_staleness=self.bound):
+            draw = self._next_draw()
+            self.running[self.threads.submit(self._generate, draw)] = (draw, self.version)
+            self.counts = self.counts.add(started=1)
+
+    def _generate(self, draw: Draw) -> list:
+        """One prompt group, generated as prompt ``index`` of rollout ``block`` would be."""
+        p = self.producer
+        cfg = self.cfg
+        sampling = p.sampling(cfg.rollout_max_response_len or p.task.answer_length,
+                              rollout_sampling_seed(p.seed, draw.block, 0))
+        ctx = p.context(draw.block, draw.prompts, sampling, engine=self.engine,
+                        first_group_id=draw.block * len(draw.prompts) * cfg.n_samples_per_prompt)
+        return call_plugin(lambda c: list(p.rollout_fn(c)),
+                           share_context(ctx, range(draw.index, draw.index + 1)),
+                           what=f"rollout function {cfg.rollout_function_path}",
+                           flag="--rollout-function-path",
+                           where=f"rollout {draw.block}, prompt {draw.index}")
+
+    def _harvest(self) -> None:
+        for future in [f for f in self.running if f.done()]:
+            draw, version = self.running.pop(future)
+            output = future.result()  # a failing rollout function stops the pool here
+            # Stamped with the version it started under and, if a sync came in between, the
+            # one it ended under (oldest first, as Sample.weight_versions are).
+            for sample in prompt_samples(output[0]):
+                sample.weight_versions = sorted({version, self.version})
+            if self.producer.keep is not None and not call_plugin(
+                    self.producer.keep, prompt_samples(output[0]),
+                    what=f"filter {self.cfg.dynamic_sampling_filter_path}",
+                    flag="--dynamic-sampling-filter-path",
+                    where=f"rollout {draw.block}, prompt {draw.index}"):
+                self.counts = self.counts.add(filtered=1)
+                self.done.add((draw.block, draw.index))
+                continue
+            self.ready.append((draw, output[0], version))
+
+    def _serve(self) -> None:
+        """Hand batch ``demand`` over once ``B`` fresh-enough groups are ready."""
+        k = self.demand
+        split = drain(versions=tuple(v for _, _, v in self.ready), trainer_version=k,
+                      max_staleness=self.bound, batch_size=self.size)
+        for i in reversed(split.recycle):  # regenerated first, in draw order
+            self.queue.appendleft(self.ready[i][0])
+        self.counts = self.counts.add(recycled=len(split.recycle))
+        if not split.full:
+            self.ready = [self.ready[i] for i in (*split.take, *split.keep)]
+            return
+        # In draw order, not completion order: the batch (and its float sums) then does not
+        # depend on which request happened to finish first.
+        taken = sorted((self.ready[i] for i in split.take),
+                       key=lambda item: (item[0].block, item[0].index))
+        self.ready = [self.ready[i] for i in split.keep]
+        self.counts = self.counts.add(trained=len(taken))
+        self.done.update((d.block, d.index) for d, _, _ in taken)
+        batch = RolloutBatch.from_samples([out for _, out, _ in taken],
+                                          normalization=self.producer.normalization)
+        c = self.counts
+        record = {"prompts_generated": len(taken), "prompts_kept": len(taken),
+                  "weight_version": min(v for _, _, v in taken),
+                  "pool_started": c.started, "pool_trained": c.trained,
+                  "pool_recycled": c.recycled, "pool_filtered": c.filtered,
+                  "pool_pending": c.pending}
+        state = self.resume_state()
+        source = {"offset": state.pop("offset"), "draws": state.pop("draws"), "pool": state}
+        self.bridge.send(("batch", k, batch, record, source,
+                          sample_annotations([out for _, out, _ in taken])))
+        self.sent += 1
+        self.demand = None

@@ -1,0 +1,52 @@
+"""Fuzz: the asynchronous-training decisions (``vime_pure.async_pool``) on valid and invalid
+inputs (junk types, bools, negatives, versions newer than the trainer). Success gives the
+documented values; failure a ``VimeError``."""
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.fuzz.harness import REJECTED, outcome
+from tests.fuzz.strategies import JUNK, mostly
+from vime_pure.async_pool import (admits, check_staleness_bound, drain, enforce_staleness_bound,
+                                  generation_lag, weights_sync_due)
+
+INTS = mostly(st.integers(0, 9), st.one_of(st.integers(-3, -1), st.booleans(), JUNK))
+
+
+@given(INTS, INTS)
+def test_weights_sync_due(rid, interval):
+    out = outcome("weights_sync_due", weights_sync_due, rid, interval)
+    if out is not REJECTED:
+        assert out == ((int(rid) + 1) % int(interval) == 0)
+
+
+@given(mostly(st.sampled_from(["sync", "one_step_off", "fully_async"]), JUNK),
+       st.one_of(st.none(), INTS), INTS, INTS)
+def test_lag_and_bound(mode, staleness, interval, bound):
+    lag = outcome("generation_lag", generation_lag, mode, staleness)
+    if lag is not REJECTED:
+        assert lag in (0, 1) and (lag == 0 or mode == "one_step_off")
+    outcome("check_staleness_bound", check_staleness_bound, max_staleness=bound,
+            update_weights_interval=interval)
+
+
+@given(INTS, INTS, INTS, INTS, INTS, INTS)
+def test_admits(sent, start, engine, queued, size, bound):
+    out = outcome("admits", admits, batches_sent=sent, start_version=start,
+                  engine_version=engine, queued=queued, batch_size=size, max_staleness=bound)
+    if out is not REJECTED:
+        assert out in (True, False) and (not out or queued < 2 * size)
+
+
+@given(mostly(st.lists(st.integers(0, 8), max_size=8).map(tuple),
+              st.one_of(JUNK, st.lists(st.booleans(), min_size=1).map(tuple))),
+       INTS, INTS, INTS)
+def test_drain_and_enforce(versions, trainer, bound, size):
+    out = outcome("drain", drain, versions=versions, trainer_version=trainer,
+                  max_staleness=bound, batch_size=size)
+    if out is not REJECTED:
+        assert sorted(out.take + out.recycle + out.keep) == list(range(len(versions)))
+        kept = np.asarray([versions[i] for i in out.take], dtype=np.int64)
+        assert outcome("enforce_staleness_bound", enforce_staleness_bound, kept, trainer,
+                       bound) is None

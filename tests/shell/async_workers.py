@@ -1,0 +1,89 @@
+"""Process bodies for the separate-rollout-ranks tests (importable, so ``spawn`` runs them).
+
+``modes_worker`` runs, in one 2-rank job (rank 0 trains, rank 1 runs the engine), several
+short trainings in turn on ``TINY`` (see ``loop_workers``) and returns, from the trainer, each
+rollout's batch contents and metrics; the engine rank returns what it raised, if anything.
+"""
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from tests.shell.loop_workers import TINY
+
+SEPARATE = dict(rollout_num_gpus=1, colocate=False, num_rollout=3)
+RUNS = {
+    "sync": {},
+    "one_step_off_k0": dict(train_async=True, max_weight_staleness=0),
+    "fully_async_k0": dict(fully_async=True, max_weight_staleness=0),
+    "one_step_off": dict(train_async=True),
+    "fully_async_k2": dict(fully_async=True, max_weight_staleness=2),
+    # A fully-async run checkpointed after rollout 2 (groups still in flight there), then
+    # resumed from that checkpoint up to rollout 4: a run killed after its checkpoint.
+    "resume_first": dict(fully_async=True, max_weight_staleness=2, num_rollout=2,
+                         save_interval=2),
+    "resume_rest": dict(fully_async=True, max_weight_staleness=2, num_rollout=4),
+}
+
+
+def _contents(batch) -> list:
+    """The batch as a multiset of (tokens, reward) per sample, order-free."""
+    offsets = np.asarray(batch.token_offsets)
+    tokens = np.asarray(batch.tokens)
+    rows = [(tuple(tokens[offsets[i]:offsets[i + 1]].tolist()), float(batch.rewards[i]))
+            for i in range(len(batch.lengths))]
+    return sorted(rows)
+
+
+def always_failing_rollout(ctx):
+    """A rollout function whose engine is down."""
+    raise RuntimeError("engine is down")
+
+
+def _ignore_weights(self, named, version=None):
+    """A broken engine-side sync: the buckets arrive and are thrown away."""
+    for _ in named:
+        pass
+
+
+def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dict:
+    """Each named run in turn; ``failure``: the engine's rollout function raises;
+    ``broken_sync``: one step off with an engine rank that drops the weights it receives;
+    ``hook_failure``: the trainer fails while the engine still owes it a rollout."""
+    os.environ["VIME_CACHE_DIR"] = cache
+    from vime_shell.engines.group import EngineGroup
+    from vime_shell.loop.config import TrainConfig
+    from vime_shell.loop.loop import run_training
+
+    out: dict = {"root": Path(root)}
+    for name in runs:
+        seen: list = []
+        extra = RUNS.get(name, dict(train_async=True))
+        if name == "failure":
+            extra = {**extra, "rollout_function_path":
+                     "tests.shell.async_workers:always_failing_rollout"}
+        if name == "hook_failure":  # the trainer fails while rollout 1 is being generated
+            extra = dict(train_async=True, update_weights_interval=2, max_weight_staleness=2)
+        if name == "broken_sync" and rank == 1:
+            EngineGroup.sync_weights = _ignore_weights
+        if name in ("one_step_off_k0", "fully_async_k0"):  # dumps carry the engines' annotations
+            extra = {**extra, "save_rollout_data": f"{root}/{name}-dumps/r{{rollout_id}}.npz"}
+        if name.startswith("resume"):
+            extra = {**extra, "run_dir": f"{root}/resume", "save": f"{root}/resume-ck",
+                     "load": f"{root}/resume-ck" if name == "resume_rest" else None}
+        cfg = TrainConfig(**{**TINY, **SEPARATE, "run_dir": f"{root}/{name}", **extra})
+        def observe(e, seen=seen, name=name):
+            if name == "hook_failure":
+                raise RuntimeError("the trainer's hook failed")
+            seen.append({"contents": _contents(e.batch), "metrics": dict(e.metrics),
+                         "group_ids": list(e.batch.original_group_ids()),
+                         "trace": [(s, tuple(ix), n) for s, ix, n in e.trace],
+                         "num_samples": len(e.batch.lengths)})
+
+        try:
+            run_training(cfg, progress=False, on_rollout=observe)
+            out[name] = {"rollouts": seen}
+        except Exception as exc:  # noqa: BLE001 - the test reads which error each rank raised
+            out[name] = {"error": (type(exc).__name__, str(exc)), "rollouts": seen}
+    return out

@@ -1,0 +1,57 @@
+"""Separate rollout ranks and the asynchronous modes at launch: which rank does what, and every
+bad combination of flags is one typed error naming the flag, before anything is built."""
+
+import pytest
+
+from vime_shell.engines.roles import RankRolesError, resolve_rank_roles
+from vime_shell.loop.config import ConfigError, TrainConfig
+from vime_shell.loop.launch_checks import rank_roles
+
+
+def test_roles_put_trainers_first_and_engines_on_the_bridge():
+    roles = resolve_rank_roles(world_size=4, rollout_num_gpus=1, colocate=False)
+    assert (roles.num_trainers, roles.num_engine_ranks, roles.mode) == (3, 1, "sync")
+    assert [roles.is_trainer(r) for r in range(4)] == [True, True, True, False]
+    assert [roles.bridge_rank(r) for r in range(4)] == [0, None, None, 1]
+    assert roles.side_rank(3) == 0 and roles.bridge_size == 2
+    # Colocation not switched off, no async mode: engines stay inside the trainer ranks.
+    assert resolve_rank_roles(world_size=4, rollout_num_gpus=1, colocate=None) is None
+    assert resolve_rank_roles(world_size=2, rollout_num_gpus=1, colocate=None,
+                              train_async=True).mode == "one_step_off"
+
+
+@pytest.mark.parametrize("kwargs, flag", [
+    (dict(world_size=2, rollout_num_gpus=None, colocate=None, train_async=True),
+     "--rollout-num-gpus"),
+    (dict(world_size=2, rollout_num_gpus=2, colocate=None, fully_async=True),
+     "--rollout-num-gpus"),
+    (dict(world_size=4, rollout_num_gpus=2, colocate=None, fully_async=True),
+     "--rollout-num-gpus"),
+    (dict(world_size=2, rollout_num_gpus=1, colocate=True, train_async=True), "--colocate"),
+    (dict(world_size=2, rollout_num_gpus=1, colocate=None, train_async=True,
+          fully_async=True), "--fully-async"),
+])
+def test_bad_role_flags_name_the_flag(kwargs, flag):
+    with pytest.raises(RankRolesError, match=flag):
+        resolve_rank_roles(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(max_weight_staleness=1), "max_weight_staleness"),  # without an async mode
+    (dict(update_weights_interval=0), "update_weights_interval"),
+])
+def test_bad_async_settings_are_config_errors(kwargs, field):
+    with pytest.raises(ConfigError, match=field):
+        TrainConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(update_weights_interval=2), "update_weights_interval"),  # colocated loop
+    (dict(fully_async=True, rollout_num_gpus=1, max_weight_staleness=0,
+          update_weights_interval=2), "max_weight_staleness"),
+    (dict(fully_async=True, rollout_num_gpus=1, eval_interval=5), "eval_interval"),
+])
+def test_launch_checks_refuse_what_cannot_run(monkeypatch, kwargs, field):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=field):
+        rank_roles(TrainConfig(**kwargs))
