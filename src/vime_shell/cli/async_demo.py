@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from vime_shell.loop.config import config_from_args
+from vime_shell.loop.config_flags import config_from_args
 from vime_shell.loop.launch_checks import launch_checks, model_dir
 
 RANKS = 2  # 1 trainer + 1 engine

@@ -218,7 +218,7 @@ class RolloutProducer:
         if not kept:
             return None, stats
         if self.log_fn is not None:  # slime's custom rollout log; vime's own log still runs
-            call_plugin(self.log_fn, rid, cfg, [s for p in kept for s in _samples(p)],
+            call_plugin(self.log_fn, rid, cfg, [s for p in kept for s in prompt_samples(p)],
                         stats.as_record(), time.perf_counter() - started,
                         what=f"rollout log {cfg.custom_rollout_log_function_path}",
                         flag="--custom-rollout-log-function-path", where=f"rollout {rid}")
@@ -315,7 +315,7 @@ class RolloutProducer:
                 output = self.engines.run_shares(
                     lambda share: call_plugin(
                         lambda c: list(self.rollout_fn(c)), share_context(ctx, share),
-                        what=f"rollout function {cfg.effective_rollout_function_path}",
+                        what=f"rollout function {self.cfg.effective_rollout_function_path}",
                         flag="--rollout-function-path", where=f"rollout {rid}"),
                     len(prompts))
         except Exception as exc:  # noqa: BLE001 - handed to rank0_result by the caller
