@@ -55,7 +55,7 @@ def test_bad_sizes_are_typed_errors():
 def test_a_runs_flags_become_the_plan(tmp_path):
     import json
 
-    from vime_shell.loop.config import parse_train_config
+    from vime_shell.loop.config_flags import parse_train_config
     from vime_shell.loop.memory_report import estimate_run
     from vime_shell.megatron.layout import resolve_layout
 

@@ -96,6 +96,8 @@ class RejectionConfig:
                               f"use one of {REJECTION_DENOMINATORS}")
         for name in ("lower", "upper"):
             _real(name, getattr(self, name), optional=False)
+            # numpy numbers pass as reals; the torch kernels take plain floats only
+            object.__setattr__(self, name, float(getattr(self, name)))
         if not 0.0 <= self.lower <= self.upper < math.inf:
             raise field_error(LossConfigError, "upper", self.upper,
                               f"must satisfy lower={self.lower} <= upper < inf (and lower >= 0)",

@@ -27,7 +27,7 @@ def test_docstring_example():
     assert batch.token_offsets.tolist() == [0, 3, 7]
     assert batch.group_ids.tolist() == [0, 1] and batch.prompt_groups.tolist() == [0, 0]
     assert batch.group_mask_sums.tolist() == [2.0, 2.0]
-    np.testing.assert_allclose(batch.advantages, [1.0, -1.0], atol=1e-5)
+    np.testing.assert_allclose(batch.advantages, [0.7071068, -0.7071068], atol=1e-5)
 
 
 def test_group_mask_sums_come_from_the_loss_helper():

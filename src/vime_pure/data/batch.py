@@ -26,7 +26,7 @@ rewards and advantages are finite and equal among siblings. Columns are read-onl
 Example: ``RolloutBatch.from_samples([[Sample(tokens=[1, 2, 3], response_length=2,
 reward=1.0), Sample(tokens=[1, 2, 4, 5], response_length=2, reward=0.0)]])`` has
 ``token_offsets == [0, 3, 7]``, ``group_ids == [0, 1]``, ``prompt_groups == [0, 0]``,
-``group_mask_sums == [2, 2]`` and GRPO advantages ``[~1, ~-1]``.
+``group_mask_sums == [2, 2]`` and GRPO advantages ``[~0.707, ~-0.707]`` (sample std, as slime).
 """
 
 from collections.abc import Hashable
