@@ -53,7 +53,8 @@ def test_a_step_with_no_scored_token_reports_no_means(bad):
 def test_a_reward_calling_sys_exit_0_fails_the_run(bad):
     """A job scheduler must not read a reward's SystemExit(0) as success."""
     assert bad["exit_status"] == 2
-    (line,) = bad["exit_stderr"].strip().splitlines()  # the cause (SystemExit: 0) is in it
+    # One error line (its cause, SystemExit: 0, is in it); startup log lines may precede it.
+    (line,) = [x for x in bad["exit_stderr"].splitlines() if x.startswith("vime train: error:")]
     assert line.startswith("vime train: error: prompt 0, sample 0: reward "
                            "tests.shell.bad_input_workers:exit_reward exited with SystemExit: 0")
 
