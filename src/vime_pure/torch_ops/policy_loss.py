@@ -170,9 +170,13 @@ def tis_weights(old_log_probs: Float[Tensor, " t"], rollout_log_probs: Float[Ten
     if low > cap:  # LossConfig's relational rule, for a direct caller
         raise field_error(LossConfigError, "low", low, f"must be at most cap={cap}",
                           "pass e.g. low=0 (no lower clamp) or 0.5")
-    # A bound past the dtype's largest value clamps to it (torch refuses to convert it).
     top = torch.finfo(old_log_probs.dtype).max
-    cap, low = min(cap, top), min(low, top)
+    if low > top:  # no weight of this dtype could reach it
+        raise field_error(LossConfigError, "low", low,
+                          f"is past the largest {old_log_probs.dtype} value",
+                          "pass e.g. low=0 (no lower clamp) or 0.5")
+    # A cap past the dtype's largest value truncates nothing (and torch refuses to convert it).
+    cap = min(cap, top)
     ratio = torch.exp((old_log_probs - rollout_log_probs).clamp(max=LOG_RATIO_LIMIT))
     return ratio.clamp(min=low, max=cap).detach()
 
