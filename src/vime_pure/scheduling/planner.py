@@ -21,8 +21,7 @@ from vime_pure.config import static_misalignment_message
 from vime_pure.errors import ScheduleError, ScheduleInvariantError
 from vime_pure.scheduling.flops import proxy_flops
 from vime_pure.grouping import Grouping, group_samples
-from vime_pure.scheduling.rank_balance import balance_step
-from vime_pure.scheduling.registry import Flat, KernelSet, kernel_set, to_flat
+from vime_pure.scheduling.registry import Flat, KernelSet, kernel_set
 from vime_pure.scheduling.schedule import Schedule
 from vime_pure.scheduling.inputs import as_flops, as_lengths, check_same_length
 
@@ -174,11 +173,11 @@ def _step_bins(samples: np.ndarray, sizes: np.ndarray, work: np.ndarray, layout:
         cap = policy.token_cap(layout)
         if cap is None:  # a dynamic policy always has one (BatchingPolicy checks it)
             raise ScheduleInvariantError("a dynamic policy without max_tokens_per_gpu")
-        result = balance_step(order.tolist(), ranks[order].tolist(), step_sizes, work[samples],
-                              cap, layout.dp, layout.microbatch_multiple)
+        result = ks.balance_step(order, ranks[order], step_sizes, work[samples], cap,
+                                 layout.dp, layout.microbatch_multiple)
         if result is not None:
-            parts, bins = result
-            return np.asarray(parts, dtype=np.int64), to_flat(bins)
+            flat, m = result
+            return np.arange(layout.dp * m, dtype=np.int64).reshape(layout.dp, m), flat
         presorted = None  # fall back to packing, alignment and FLOPs balancing below
     flat = PACKERS[policy.packing if policy.dynamic else "static"](
         _PackInput(step_sizes, work[samples], layout, policy, presorted, ks))
