@@ -37,6 +37,13 @@ def test_ffd_compiled_equals_pure(case):
 
 
 @given(packing_cases())
+def test_first_fit_compiled_equals_pure(case):
+    """Same segment tree over bin rooms: the first bin with room, oversize items alone."""
+    sizes, cap = case
+    assert _same(kernel_set("compiled").first_fit(sizes, cap), PURE.first_fit(sizes, cap))
+
+
+@given(packing_cases())
 def test_ffd_sorted_compiled_equals_pure(case):
     """The presorted entry (the planner's FFD path) too, with a permuted item numbering."""
     sizes, cap = case
@@ -88,8 +95,8 @@ def test_lpt_ranks_compiled_equals_pure(case, steps):
     weights, dp = case
     step_of = np.sort(np.arange(len(weights)) % steps)
     bounds = np.searchsorted(step_of, np.arange(steps + 1))
-    assert np.array_equal(kernel_set("compiled").lpt_ranks(weights, step_of, bounds, dp),
-                          PURE.lpt_ranks(weights, step_of, bounds, dp))
+    assert np.array_equal(kernel_set("compiled").lpt_ranks(weights, bounds, dp),
+                          PURE.lpt_ranks(weights, bounds, dp))
 
 
 @st.composite

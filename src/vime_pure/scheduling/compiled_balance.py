@@ -368,3 +368,21 @@ def balance_step_flat(order: np.ndarray, ranks: np.ndarray, sizes: np.ndarray, w
         np.asarray(order, dtype=np.int64), cuts, sizes, np.asarray(work, dtype=np.float64),
         np.int64(cap), np.int64(m), np.int64(multiple))
     return ((items, offsets), int(m)) if ok else None
+
+
+@_compiled
+def _bin_lower_bound(sizes, cap):
+    """``rank_balance._bin_lower_bound``."""
+    over, volume, big, fits = 0, 0, 0, 0
+    half = cap // 2 + cap % 2
+    for s in sizes:
+        if s > cap:
+            over += 1
+        else:
+            fits += 1
+            volume += s
+            if s > half:
+                big += 1
+    if cap <= 1:
+        big = fits
+    return over + max(-(-volume // cap), big)

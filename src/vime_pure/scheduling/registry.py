@@ -56,9 +56,11 @@ class KernelSet:
     flops_pack: Callable[[np.ndarray, np.ndarray, int, int], Flat]
     split_to_count: Callable[[Flat, np.ndarray, int], Flat | None]
     karmarkar_karp: Callable[[np.ndarray, int], np.ndarray]  # [parts, k / parts] positions
-    lpt_ranks: Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
+    lpt_ranks: Callable[[np.ndarray, np.ndarray, int], np.ndarray]  # (work, bounds, dp)
     # (order, ranks, sizes, work, cap, dp, multiple) -> ((items, offsets), per-rank count)
     balance_step: Callable[..., tuple[Flat, int] | None]
+    # Every step in one call (``compiled_steps.plan_steps``), or None: the planner's loop.
+    plan_steps: Callable[..., tuple | None] | None = None
 
 
 def _pure_split(flat: Flat, sizes: np.ndarray, target: int) -> Flat | None:
@@ -96,13 +98,14 @@ def numba_available() -> bool:
 def _compiled() -> KernelSet:
     mod = importlib.import_module("vime_pure.scheduling.compiled_kernels")
     balance = importlib.import_module("vime_pure.scheduling.compiled_balance")
+    steps = importlib.import_module("vime_pure.scheduling.compiled_steps")
     return KernelSet(name="compiled", ffd=mod.ffd_flat, ffd_sorted=mod.ffd_sorted_flat,
-                     first_fit=lambda sizes, cap: PURE.first_fit(sizes, cap),
+                     first_fit=mod.first_fit_flat,
                      flops_pack=mod.flops_pack_flat,
                      split_to_count=lambda flat, sizes, target: mod.split_to_count_flat(
                          flat[0], flat[1], sizes, target),
                      karmarkar_karp=mod.karmarkar_karp_parts, lpt_ranks=mod.lpt_ranks,
-                     balance_step=balance.balance_step_flat)
+                     balance_step=balance.balance_step_flat, plan_steps=steps.plan_steps)
 
 
 def kernel_set(name: str | None = None) -> KernelSet:
