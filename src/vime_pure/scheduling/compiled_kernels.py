@@ -87,6 +87,33 @@ def ffd_flat(sizes: np.ndarray, cap: int):
 
 
 @_compiled
+def _sort_small(region, sizes, by_size):
+    """Sort ``region`` in place by value, or by (size descending, value) with ``by_size``:
+    insertion sort for the few items of a micro-batch (no allocation), numpy's for many."""
+    k = len(region)
+    if k > 32:
+        region[:] = np.sort(region)
+        if by_size:
+            region[:] = region[np.argsort(-sizes[region], kind="mergesort")]
+        return
+    for t in range(1, k):
+        item = region[t]
+        u = t - 1
+        while u >= 0:
+            other = region[u]
+            if by_size:
+                after = sizes[other] < sizes[item] or (sizes[other] == sizes[item]
+                                                        and other > item)
+            else:
+                after = other > item
+            if not after:
+                break
+            region[u + 1] = other
+            u -= 1
+        region[u + 1] = item
+
+
+@_compiled
 def _split_to_count(items, offsets, sizes, target):
     # Every bin is a range of one buffer. The first time a bin is split its range is sorted by
     # (size descending, position), the order ``kernels._halves`` deals; its halves are then
@@ -112,8 +139,7 @@ def _split_to_count(items, offsets, sizes, target):
         lo, k = start[b], count[b]
         region = buf[lo:lo + k]
         if not dealt[b]:
-            region[:] = np.sort(region)
-            region[:] = region[np.argsort(-sizes[region], kind="mergesort")]
+            _sort_small(region, sizes, True)
         s0, s1, n0, n1 = 0, 0, 0, 0
         for t in range(k):
             item = region[t]
@@ -135,8 +161,10 @@ def _split_to_count(items, offsets, sizes, target):
     out_offsets[1:] = np.cumsum(count)
     out = np.empty(out_offsets[-1], dtype=np.int64)
     for b in range(target):
-        seg = buf[start[b]:start[b] + count[b]]
-        out[out_offsets[b]:out_offsets[b + 1]] = np.sort(seg) if dealt[b] else seg
+        seg = out[out_offsets[b]:out_offsets[b + 1]]
+        seg[:] = buf[start[b]:start[b] + count[b]]
+        if dealt[b]:
+            _sort_small(seg, sizes, False)
     return out, out_offsets
 
 
