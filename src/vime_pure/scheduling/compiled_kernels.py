@@ -236,15 +236,61 @@ def karmarkar_karp_parts(weights: np.ndarray, parts: int) -> np.ndarray:
 
 
 @_compiled
+def _heap_push(keys, index, size, key, i):
+    """Push ``(key, i)`` onto the binary min-heap in ``keys[:size]``, ``index[:size]``
+    (ordered like tuples: key, then index); returns the new size."""
+    pos = size
+    while pos > 0:
+        parent = (pos - 1) // 2
+        if keys[parent] < key or (keys[parent] == key and index[parent] < i):
+            break
+        keys[pos], index[pos] = keys[parent], index[parent]
+        pos = parent
+    keys[pos], index[pos] = key, i
+    return size + 1
+
+
+@_compiled
+def _heap_pop(keys, index, size):
+    """Remove the heap's minimum; returns its index and the new size."""
+    top = index[0]
+    size -= 1
+    key, i = keys[size], index[size]
+    pos = 0
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        if child + 1 < size and (keys[child + 1] < keys[child] or (
+                keys[child + 1] == keys[child] and index[child + 1] < index[child])):
+            child += 1
+        if keys[child] < key or (keys[child] == key and index[child] < i):
+            keys[pos], index[pos] = keys[child], index[child]
+            pos = child
+        else:
+            break
+    if size > 0:
+        keys[pos], index[pos] = key, i
+    return top, size
+
+
+@_compiled
 def _flops_pack(order, sizes, work, cap, num_bins):
+    # Two array heaps, as ``heapq`` keeps them in the pure kernel: every bin is in at most one
+    # of them once, so (key, bin) entries are unique and any correct heap pops the same bin.
     n = len(order)
     most = num_bins + n
     room = np.full(most, cap, dtype=np.int64)
     load = np.zeros(most, dtype=np.float64)
     bin_of = np.empty(n, dtype=np.int64)
     count = num_bins
-    active = [(0.0, b) for b in range(num_bins)]  # (load, bin): least-loaded, lowest index
-    parked = [(np.int64(0), np.int64(0)) for _ in range(0)]  # (-room, bin) lacking room
+    active_key = np.empty(most, dtype=np.float64)  # (load, bin): least-loaded, lowest index
+    active_bin = np.arange(most)
+    active_key[:num_bins] = 0.0
+    active = num_bins  # all zero keys in index order: already a heap
+    parked_key = np.empty(most, dtype=np.int64)  # (-room, bin) of bins lacking room
+    parked_bin = np.empty(most, dtype=np.int64)
+    parked = 0
     for i in order:
         size = sizes[i]
         if size > cap:
@@ -253,21 +299,21 @@ def _flops_pack(order, sizes, work, cap, num_bins):
             load[count] = work[i]
             count += 1
             continue
-        while len(parked) and -parked[0][0] >= size:
-            b = heapq.heappop(parked)[1]
-            heapq.heappush(active, (load[b], b))
-        while len(active) and room[active[0][1]] < size:
-            b = heapq.heappop(active)[1]
-            heapq.heappush(parked, (-room[b], b))
-        if len(active):
-            best = heapq.heappop(active)[1]
+        while parked and -parked_key[0] >= size:
+            b, parked = _heap_pop(parked_key, parked_bin, parked)
+            active = _heap_push(active_key, active_bin, active, load[b], b)
+        while active and room[active_bin[0]] < size:
+            b, active = _heap_pop(active_key, active_bin, active)
+            parked = _heap_push(parked_key, parked_bin, parked, -room[b], b)
+        if active:
+            best, active = _heap_pop(active_key, active_bin, active)
         else:
             best = count
             count += 1
         bin_of[i] = best
         room[best] -= size
         load[best] += work[i]
-        heapq.heappush(active, (load[best], best))
+        active = _heap_push(active_key, active_bin, active, load[best], best)
     items = np.argsort(bin_of, kind="mergesort")  # by bin, each bin by position
     used = np.bincount(bin_of, minlength=count)
     used = used[used > 0]

@@ -20,7 +20,8 @@ import numpy as np
 
 from vime_pure.scheduling.compiled_balance import _balance_step, _bin_lower_bound
 from vime_pure.scheduling.compiled_kernels import (_compiled, _ffd_sorted, _first_fit,
-                                                   _flops_pack, _karmarkar_karp, _split_to_count)
+                                                   _flops_pack, _karmarkar_karp, _lpt_ranks,
+                                                   _split_to_count)
 
 PACKING_CODES = {"static": 0, "first_fit": 1, "ffd": 2, "flops": 3}
 BALANCE_CODES = {"strided": 0, "tokens": 1, "flops": 2, "straggler": 3}
@@ -56,13 +57,7 @@ def _pack(step_sizes, step_work, cap, multiple, packing, mbs):
 def _straggler_order(step_sizes, step_work, dp):
     """``planner._presort`` for one step: LPT ranks, then positions by (rank, size descending,
     position), and the rank of each of those positions."""
-    n = len(step_sizes)
-    ranks = np.empty(n, dtype=np.int64)
-    loads = np.zeros(dp, dtype=np.float64)
-    for i in np.argsort(-step_work, kind="mergesort"):
-        r = np.argmin(loads)  # the least-loaded rank, lowest on ties: what the heap picks
-        ranks[i] = r
-        loads[r] += step_work[i]
+    ranks = _lpt_ranks(step_work, np.array([0, len(step_sizes)], dtype=np.int64), dp)
     order = np.argsort(-step_sizes, kind="mergesort")
     order = order[np.argsort(ranks[order], kind="mergesort")]
     return order, ranks[order]
