@@ -7,22 +7,20 @@ import pytest
 
 from tests.shell.tied_workers import TIED_LAYOUTS, tied_layouts_worker
 from vime_shell.megatron.spawn import spawn
-from vime_shell.models.chat_model import build_chat_model
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def tied_runs(tmp_path_factory):
-    model = build_chat_model(tmp_path_factory.mktemp("tied") / "qwen", tie_word_embeddings=True,
-                             num_layers=2, vocab_multiple=8, num_kv_heads=2)
-    return spawn(tied_layouts_worker, 2, str(model))
+def tied_runs(tied_chat_model):
+    return spawn(tied_layouts_worker, 2, str(tied_chat_model))
 
 
 @pytest.mark.parametrize("name", list(TIED_LAYOUTS))
 def test_tied_model_exports_trains_and_syncs(tied_runs, name):
     for rank_out in tied_runs:
         run = rank_out[name]
+        assert run["vpp"] == (2 if name == "pp2_vpp2" else 1)  # 4 layers: 1 per chunk
         assert run["names_unique"] and run["keys_equal"], run
         assert run["roundtrip_max"] == 0.0
         assert run["moved"] > 1e-6
