@@ -42,7 +42,10 @@ def run_tied(hf_dir: str, tp: int = 1, pp: int = 1, vpl: int | None = None) -> d
     from vime_shell.megatron.config import OptimConfig
     from vime_shell.megatron.trainer import MegatronTrainer, TrainerConfig
 
-    trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=OptimConfig(lr=1e-2)), tp=tp,
+    # adam_eps 1: the first Adam update is ~lr x gradient (not lr x sign), so the layouts'
+    # trained weights agree to round-off, which compares their gradients
+    optim = OptimConfig(lr=1e-2, adam_eps=1.0)
+    trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=optim), tp=tp,
                                       pp=pp, num_layers_per_virtual_stage=vpl)
     original = load_file(f"{hf_dir}/model.safetensors")
     names = [name for name, _ in trainer.export_hf()]
@@ -69,6 +72,7 @@ def run_tied(hf_dir: str, tp: int = 1, pp: int = 1, vpl: int | None = None) -> d
     scored = np.concatenate([np.arange(3 * i, 3 * i + 3) for mb in mine.microbatches
                              for i in mb.sample_indices.tolist()]) if trainer.owns_loss else index
     out["moved"] = max(float((trained[k] - original[k]).abs().max()) for k in original)
+    out["trained"] = {k: t.numpy().copy() for k, t in trained.items()}
     out["engine_vs_trainer"] = (float(np.abs(after[index] - engine_logp[scored]).max())
                                 if index.size else None)
     trainer.shutdown()
