@@ -4,6 +4,8 @@
 tied, BPE, chat-template tiny Qwen2: for each, the export right after loading (names and values
 against the checkpoint), one training step, and the trained export loaded into transformers
 (the engine side of a weight sync), whose log-probs must equal the trainer's.
+``train_layouts_worker`` then runs ``vime train`` (the CLI) per layout in the same world;
+``tied_worker`` is both, in one spawn.
 """
 
 import numpy as np
@@ -88,7 +90,6 @@ def tied_layouts_worker(rank: int, hf_dir: str) -> dict:
     dist.init_process_group("gloo")
     results = {name: run_tied(hf_dir, **kwargs) for name, kwargs in TIED_LAYOUTS.items()}
     dist.barrier()
-    dist.destroy_process_group()
     return results
 
 
@@ -117,6 +118,13 @@ def train_argv(root: str, name: str, hf_dir: str, data: str) -> list[str]:
             "--max-tokens-per-gpu", "64", "--lr", "1e-3", "--seed", "3",
             "--run-dir", f"{root}/{name}/run", "--save-hf", f"{root}/{name}/hf_{{rollout_id}}",
             "--save-hf-interval", "2", *TRAIN_LAYOUTS[name]]
+
+
+def tied_worker(rank: int, root: str, hf_dir: str, data: str) -> dict:
+    """Both tied-model runs in one 2-process world (one spawn): one step per layout, then
+    ``vime train`` per layout."""
+    return {"steps": tied_layouts_worker(rank, hf_dir),
+            "train": train_layouts_worker(rank, root, hf_dir, data)}
 
 
 def train_layouts_worker(rank: int, root: str, hf_dir: str, data: str) -> dict:
