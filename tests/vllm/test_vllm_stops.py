@@ -17,8 +17,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from tests.stop_helpers import assert_cut_at_string, assert_cut_at_token  # noqa: E402
 from vime_shell.engines import SamplingParams, select_engine  # noqa: E402
-from vime_shell.engines.base import stop_string_end  # noqa: E402
 from vime_shell.models.chat_model import build_chat_model  # noqa: E402
 from vime_shell.models.tokenizer import default_stop_token_ids, load_tokenizer  # noqa: E402
 from vime_shell.rollout.functions import encode_prompt  # noqa: E402
@@ -45,16 +45,7 @@ def test_vllm_responses_stop_at_im_end_with_a_base_eos(base_eos):
     common = dict(max_new_tokens=48, temperature=2.0, seed=11)  # vLLM: <= 2
     before = engine.generate(prompts, SamplingParams(stop_token_ids=(eos,), **common))
     after = engine.generate(prompts, SamplingParams(stop_token_ids=stops, **common))
-    ran_past = [i for i, g in enumerate(before) if im_end in g.token_ids[:-1]]
-    assert ran_past, "no sample drew <|im_end|> mid-response: the test would show nothing"
-    for b, a in zip(before, after):
-        if im_end in b.token_ids:
-            cut = b.token_ids.index(im_end) + 1
-            assert (a.token_ids, a.finish_reason) == (b.token_ids[:cut], "stop")
-            assert a.log_probs == pytest.approx(b.log_probs[:cut], abs=1e-5)
-        else:
-            assert (a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason)
-    assert all(len(after[i].token_ids) < len(before[i].token_ids) for i in ran_past)
+    assert_cut_at_token(before, after, im_end)
 
 
 def test_vllm_stop_strings_cut_after_the_completing_token(base_eos):
@@ -67,13 +58,4 @@ def test_vllm_stop_strings_cut_after_the_completing_token(base_eos):
     pieces = [tok.decode([t]) for g in free for t in g.token_ids[2:]]
     stop = next(p for p in pieces if len(p.strip()) >= 2 and p.isascii() and p.isprintable())
     cut = engine.generate(prompts[:16], SamplingParams(stop=(stop,), **common))
-    hits = 0
-    for f, c in zip(free, cut):
-        end = stop_string_end(f.token_ids, tok.decode, (stop,))
-        if end is None:
-            assert (c.token_ids, c.finish_reason) == (f.token_ids, f.finish_reason)
-            continue
-        hits += 1
-        assert (c.token_ids, c.finish_reason) == (f.token_ids[:end], "stop")
-        assert stop in tok.decode(c.token_ids) and stop not in tok.decode(c.token_ids[:-1])
-    assert hits >= 1
+    assert_cut_at_string(free, cut, tok.decode, stop)
