@@ -10,7 +10,8 @@ files):
   ``LossConfig`` / ``RejectionConfig``), ``OptimizerArgs`` [optimizer] (``OptimConfig``),
   ``ParallelArgs`` [parallelism], ``MemoryArgs`` [memory] and ``MoEArgs`` [moe]
   (``ModelOptions``), ``CheckpointArgs`` [checkpoint], ``LoggingArgs`` [logging];
-* Megatron's and slime's pass-through flags: ``ModelArchArgs`` [architecture],
+* Megatron's and slime's pass-through flags: ``ModelArchArgs`` and ``MoEArchArgs``
+  [architecture],
   ``MegatronSwitchArgs`` [megatron, slime], ``PlacementArgs`` [placement]
   (``vime_shell.loop.megatron_args``).
 
@@ -60,6 +61,7 @@ from vime_shell.loop.settings.engine import EngineArgs
 from vime_shell.loop.settings.evaluation import EvalArgs
 from vime_shell.loop.settings.loss import LossArgs
 from vime_shell.loop.settings.memory import MemoryArgs, MoEArgs
+from vime_shell.loop.settings.moe_architecture import MoEArchArgs
 from vime_shell.loop.settings.optimizer import OptimizerArgs
 from vime_shell.loop.settings.parallelism import ParallelArgs
 from vime_shell.loop.settings.reward import RewardArgs
@@ -77,7 +79,7 @@ SECTIONS: tuple[str, ...] = ("model", "data", "rollout", "reward", "eval", "batc
 # The component records, each checked by its own ``_check`` (the Megatron ones: below).
 RECORDS: tuple[type, ...] = (EngineArgs, DataArgs, RolloutArgs, AsyncArgs, RewardArgs, EvalArgs,
                              BatchingArgs, LossArgs, OptimizerArgs, ParallelArgs, MemoryArgs,
-                             MoEArgs, CheckpointArgs, LoggingArgs)
+                             MoEArgs, CheckpointArgs, LoggingArgs, MoEArchArgs)
 R = TypeVar("R")
 
 # _element_type: the name config_flags and older callers import
@@ -87,7 +89,8 @@ _element_type = element_type
 @attrs.frozen(kw_only=True)
 class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, RewardArgs, EvalArgs,
                   BatchingArgs, LossArgs, OptimizerArgs, ParallelArgs, MemoryArgs, MoEArgs,
-                  CheckpointArgs, LoggingArgs, ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
+                  CheckpointArgs, LoggingArgs, ModelArchArgs, MoEArchArgs, MegatronSwitchArgs,
+                  PlacementArgs):
     """All ``vime train`` settings, named as slime's flags. Example:
     ``TrainConfig(prompt_data="train.jsonl", apply_chat_template=True, rm_type="math")``.
     The fields live in the component records (module docstring); this class adds only the
