@@ -283,6 +283,16 @@ def test_bad_rows_fail_at_launch_in_one_line_naming_the_line(tmp_path, capsys, l
          capsys, message)
 
 
+def test_a_response_limit_past_the_context_offers_no_prompt_limit(tmp_path, capsys):
+    # The embedded model's context is 64: a 1024-token response fits no prompt, so the fix is
+    # the response limit (the prompt "12" is 2 tokens), never --rollout-max-prompt-len 1.
+    code = main(["train", "--prompt-data", _rows(tmp_path, GOOD),
+                 "--rollout-max-response-len", "1024"])
+    err = capsys.readouterr().err
+    assert code == 2 and "lower --rollout-max-response-len to at most 62." in err, err
+    assert "--rollout-max-prompt-len" not in err
+
+
 def test_rollout_max_prompt_len_drops_and_counts_long_prompts(model, tmp_path):
     long = b'{"prompt": "' + b"1" * 70 + b'", "label": "3"}'
     cfg = parse_train_config(["--prompt-data", _rows(tmp_path, GOOD, long, GOOD),
