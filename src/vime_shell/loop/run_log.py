@@ -10,7 +10,8 @@ otherwise). At the end,
 ``curves.png`` (reward, loss, entropy and gradient norm per rollout; on-policy GRPO's loss
 is ~0 by construction, entropy and gradient norm show the learning) and ``schedule.png``
 (per-rank micro-batch token loads of the last rollout's first step) are drawn with
-:mod:`vime_shell.loop.plots`.
+:mod:`vime_shell.loop.plots`. On a terminal the progress bar stays at the bottom: progress
+lines, log records and Python warnings print above it (:func:`lines_above_bar`).
 
 Example line (the demo's rollout 0): ``{"rollout": 0, "reward_mean": 0.0, "loss": 0.0,
 "num_groups": 128, "num_microbatches": 1, "logprob_gap": 1.0e-07, "entropy": 2.92,
