@@ -128,8 +128,8 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, RewardArgs, Eval
                 "--context-parallel-size 1 with gspo.")
         if self.kl_coef != 0 and self.advantage_estimator not in ("grpo", "gspo"):
             raise field_error(ConfigError, "--kl-coef", self.kl_coef,
-                              f"(slime's per-token KL reward shaping for "
-                              f"{self.advantage_estimator}) is not supported in vime",
+                              f"with --advantage-estimator {self.advantage_estimator}: slime's "
+                              "per-token KL reward shaping is not supported in vime",
                               "pass --kl-coef 0, or train a KL penalty with --use-kl-loss "
                               "--kl-loss-coef")
         if self.use_precision_aware_optimizer and not self.use_distributed_optimizer:
