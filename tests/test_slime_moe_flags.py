@@ -8,6 +8,7 @@ from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.loop.config_flags import parse_train_config
 from vime_shell.loop.loop import engine_options
 from vime_shell.loop.megatron_args import ModelArgsError, check_architecture, notes
+from vime_shell.loop.slime_flags import UNSUPPORTED_VALUES
 from vime_shell.loop.settings.moe_architecture import LayerPatternError, moe_layer_pattern
 
 # A Qwen3-MoE-style config.json (as slime's scripts/models/qwen3-30B-A3B.sh describes it)
@@ -94,3 +95,12 @@ def test_accepted_switches_say_what_vime_does_instead(capsys):
 def test_moe_layer_freq_error_is_a_config_error():
     with pytest.raises(ConfigError, match="--moe-layer-freq"):
         TrainConfig(moe_layer_freq="[3]")
+
+
+@pytest.mark.parametrize("argv", [["--rm-type", "ifbench"],
+                                  ["--advantage-estimator", "reinforce_plus_plus"]])
+def test_a_refused_slime_choice_prints_its_table_line(argv, capsys):
+    status, err = _exit(argv, capsys)
+    key = " ".join(argv)
+    assert status == 2 and err == (f"vime train: error: {key}: not supported in vime "
+                                   f"({UNSUPPORTED_VALUES[key]})")

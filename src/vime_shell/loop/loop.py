@@ -187,7 +187,8 @@ def trainer_config(cfg: TrainConfig, num_rollout: int | None = None) -> TrainerC
     optim = attrs.evolve(cfg.optim_config(), lr_warmup_groups=lr.warmup_groups,
                          lr_decay_groups=lr.decay_groups)
     return TrainerConfig(optim=optim, loss=cfg.loss_config(), model=cfg.model_options(),
-                         recompute_loss_function=cfg.recompute_loss_function, seed=cfg.seed)
+                         recompute_loss_function=cfg.recompute_loss_function, seed=cfg.seed,
+                         sequence_parallel=bool(cfg.sequence_parallel))
 
 
 def engine_options(cfg: TrainConfig, cuda: bool, num_experts: int | None = None) -> EngineOptions:
@@ -341,7 +342,7 @@ class _Loop:
         mine = rank_batch(batch, schedule_for(batch, self.layout.scheduler_layout(), policy),
                           dp_rank=self.trainer.dp_rank, cp_rank=self.trainer.cp_rank,
                           cp_size=self.layout.cp, loss_mode=self.cfg.effective_loss_mode,
-                          norm=self._loss_norm())
+                          norm=self._loss_norm(), row_multiple=self.trainer.row_multiple)
         records = [mb for step in mine.steps for mb in step.microbatches]
         old = self.trainer.compute_log_probs(records, mine.num_response_tokens)
         gap = GapMeter()
@@ -365,7 +366,8 @@ class _Loop:
                                   evaluated=evaluated)
         mine = rank_batch(batch, schedule, dp_rank=self.trainer.dp_rank,
                           cp_rank=self.trainer.cp_rank, cp_size=self.layout.cp,
-                          loss_mode=self.cfg.effective_loss_mode, norm=self._loss_norm())
+                          loss_mode=self.cfg.effective_loss_mode, norm=self._loss_norm(),
+                          row_multiple=self.trainer.row_multiple)
         del self.trainer.trace[:]
         results, gap, corrections = [], GapMeter(), {}
         if mine.steps:
