@@ -89,7 +89,7 @@ def test_accepted_switches_say_what_vime_does_instead(capsys):
     assert len(lines) == 4 and any(line.startswith("--update-weight-transfer-mode: accepted; "
                                                    "vime syncs in-process") for line in lines)
     status, err = _exit(["--train-backend", "fsdp"], capsys)
-    assert status == 2 and "--train-backend" in err and "megatron" in err
+    assert status == 2 and "--train-backend fsdp: not supported in vime" in err
 
 
 def test_moe_layer_freq_error_is_a_config_error():
@@ -104,3 +104,13 @@ def test_a_refused_slime_choice_prints_its_table_line(argv, capsys):
     key = " ".join(argv)
     assert status == 2 and err == (f"vime train: error: {key}: not supported in vime "
                                    f"({UNSUPPORTED_VALUES[key]})")
+
+
+def test_kl_coef_is_the_reward_kl_of_reinforce_plus_plus_baseline():
+    """slime: --kl-coef shapes REINFORCE++-baseline's advantages (reference loaded for it) and
+    does nothing for grpo / gspo."""
+    on = parse_train_config(["--kl-coef", "0.05", "--advantage-estimator",
+                             "reinforce_plus_plus_baseline"])
+    assert on.needs_reference and on.loss_config().reward_kl_coef == 0.05
+    grpo = parse_train_config(["--kl-coef", "0.05"])
+    assert not grpo.needs_reference and grpo.loss_config().reward_kl_coef == 0.0

@@ -60,7 +60,7 @@ def launch_notes(cfg, args: argparse.Namespace, plan) -> list[str]:
     if cfg.sequence_parallel:
         out.append(sequence_parallel_note(cfg.tensor_model_parallel_size,
                                           cfg.context_parallel_size))
-    if cfg.kl_coef:
+    if cfg.kl_coef and not cfg.reward_kl:
         out.append(f"--kl-coef {cfg.kl_coef}: no effect with --advantage-estimator "
                    f"{cfg.advantage_estimator} (as in slime)")
     engine = cfg.rollout_engine or ("vllm" if vllm_available() else "hf")

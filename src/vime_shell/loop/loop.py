@@ -226,7 +226,7 @@ class _Loop:
             ep=cfg.expert_model_parallel_size, etp=cfg.expert_tensor_parallel_size,
             first_stage_layers=cfg.decoder_first_pipeline_num_layers,
             last_stage_layers=cfg.decoder_last_pipeline_num_layers, platform=detect_platform())
-        if cfg.use_kl_loss:  # the initial weights (--ref-load when given, as in slime)
+        if cfg.needs_reference:  # the initial weights (--ref-load when given, as in slime)
             self.trainer.load_reference(self.hf_dir)
         self.layout = self.trainer.layout
         self.rank = dist.get_rank()
@@ -426,7 +426,8 @@ class _Loop:
             self._check_gap(rid, gap)
             metrics = offpolicy.mismatch(records, old, self.trainer.owns_loss)
         ref = (self.trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens,
-                                              reference=True) if self.cfg.use_kl_loss else None)
+                                              reference=True)
+               if self.cfg.needs_reference else None)
         mine = with_log_probs(mine, old_log_probs=old, ref_log_probs=ref,
                               old_from_step=1 if shortcut else 0)
         if self.rejection is not None:

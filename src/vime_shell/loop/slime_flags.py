@@ -108,7 +108,7 @@ UNSUPPORTED_VALUES: dict[str, str] = {
     "reinforce_plus_plus_baseline",
     "--advantage-estimator cispo": "use gspo or grpo with --eps-clip-high",
     "--advantage-estimator reinforce_plus_plus": "per-token discounted returns; use "
-    "reinforce_plus_plus_baseline (its --kl-coef reward shaping: not supported either)",
+    "reinforce_plus_plus_baseline (with --kl-coef for its KL in the reward)",
     "--rm-type ifbench": "IFBench's instruction checkers (and their language packages) are "
     "not bundled; pass them as --custom-rm-path",
     "--rm-type random": "a random reward trains nothing; use --custom-rm-path for a stub",
