@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 
 from vime_pure.errors import VimeError, field_error
-from vime_shell.loop.settings.moe_architecture import given_values, moe_hf_values
+from vime_shell.loop.settings.moe_architecture import given_values, hf_num_experts, moe_hf_values
 
 
 class ModelArgsError(VimeError):
@@ -239,7 +239,7 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
         "swiglu": act in ("silu", "swish") if act else None,
         "add_qkv_bias": bool(qkv_bias),
         "untie_embeddings_and_output_weights": not hf.get("tie_word_embeddings", True),
-        "num_experts": hf.get("num_experts", hf.get("n_routed_experts")),
+        "num_experts": hf_num_experts(hf),
         "moe_ffn_hidden_size": hf.get("moe_intermediate_size"),
         "moe_shared_expert_intermediate_size": hf.get("shared_expert_intermediate_size"),
     }
