@@ -53,7 +53,7 @@ def test_eps_clip_0_fails_at_launch_in_one_line_without_torch():
     (["--eps-clip", "1.5"], "--eps-clip="), (["--eps-clip-c", "0.5"], "--eps-clip-c="),
     (["--tis-clip", "0"], "--tis-clip="), (["--lr", "0"], "--lr="),
     (["--hidden-dropout", "0.1"], "--hidden-dropout="),
-    (["--kl-coef", "0.1", "--advantage-estimator", "reinforce_plus_plus_baseline"], "--kl-coef="),
+    (["--kl-coef", "-1"], "--kl-coef="),
     (["--optimizer", "sgd"], "--optimizer"), (["--actor-num-gpus-per-node", "8"],
                                               "--actor-num-gpus-per-node="),
     (["--use-dynamic-batch-size", "--max-tokens-per-gpu", "none"], "--use-dynamic-batch-size"),

@@ -49,7 +49,7 @@ from vime_shell.models.hf_config import has_chat_template, read_config_json, rea
 from vime_shell.rollout.data import DataKeys, fit_prompts, read_prompt_file
 from vime_shell.rollout.functions import encode_prompt
 from vime_shell.rollout.plugins import load_callable, load_generate_function
-from vime_shell.rollout.rewards import Rewarder
+from vime_shell.rollout.rewards import RM_CHOICES, Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskExample, get_task
 from vime_shell.storage.export_target import check_export_target
 from vime_shell.storage.hf_check import check_hf_dir
@@ -253,14 +253,16 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
 
 
 
-_EVAL_SET_KEYS = ("name", "path", "input_key", "label_key", "metadata_key", "tool_key")
+_EVAL_SET_KEYS = ("name", "path", "input_key", "label_key", "metadata_key", "tool_key",
+                  "rm_type")
 
 
 def eval_config_sets(path: str, defaults: DataKeys) -> list[tuple[str, str, DataKeys]]:
     """``--eval-config``: ``(name, path, keys)`` per dataset; unset keys take ``defaults``
-    (``--eval-input-key``, else ``--input-key``); a relative path is read next to the file.
-    Example entry: ``{"name": "aime", "path":
-    "aime.jsonl", "input_key": "problem", "label_key": "answer"}``."""
+    (``--eval-input-key``, else ``--input-key``); a relative path is read next to the file; an
+    ``rm_type`` scores that set with its own built-in reward (slime's per-dataset rm_type).
+    Example entry: ``{"name": "aime", "path": "aime.jsonl", "input_key": "problem",
+    "label_key": "answer", "rm_type": "math"}``."""
     data = load_config_file(path)
     entries = data.get("datasets")
     if set(data) != {"datasets"} or not isinstance(entries, list) or not entries:
@@ -276,8 +278,11 @@ def eval_config_sets(path: str, defaults: DataKeys) -> list[tuple[str, str, Data
             raise field_error(ConfigError, where, entry, "is not an eval set",
                               f"give name and path, and optionally {list(_EVAL_SET_KEYS[2:])}, "
                               "all as non-empty strings")
+        if entry.get("rm_type", RM_CHOICES[0]) not in RM_CHOICES:
+            raise field_error(ConfigError, f"{where} rm_type", entry["rm_type"],
+                              "is not a built-in reward", f"use one of {list(RM_CHOICES)}")
         keys = attrs.evolve(defaults, **{k: v for k, v in entry.items() if k.endswith("_key")},
-                            flag_prefix=f"{where} ")
+                            rm_type=entry.get("rm_type"), flag_prefix=f"{where} ")
         file = Path(entry["path"]).expanduser()  # relative: next to the config file
         out.append((entry["name"], str(file if file.is_absolute() else Path(path).parent / file),
                     keys))

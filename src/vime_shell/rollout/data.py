@@ -56,6 +56,7 @@ class DataKeys:
     apply_chat_template: bool = True
     any_label: bool = True
     flag_prefix: str = "--"  # how errors spell the key flags: "--eval-" for eval sets
+    rm_type: str | None = None  # the reward of every row (an --eval-config set's rm_type)
 
 
 def load_prompt_rows(path: str | Path, keys: DataKeys) -> tuple[TaskExample, ...]:
@@ -140,6 +141,8 @@ def _example(row: Any, keys: DataKeys, where: str) -> TaskExample:
         raise DataError(f"{where}: {keys.metadata_key} is a {type(metadata).__name__}, not a "
                         "dict. Fix: store metadata as a JSON object.")
     tools = None if keys.tool_key is None else row.get(keys.tool_key)
+    if keys.rm_type is not None:
+        metadata = {**metadata, "rm_type": keys.rm_type}
     return TaskExample(prompt=prompt, label=label, metadata=metadata, tools=tools)
 
 
