@@ -97,12 +97,15 @@ def test_precision_aware_optimizer_needs_the_distributed_optimizer_and_te():
         parse_train_config(["--overlap-cpu-optimizer-d2h-h2d"])
 
 
-def test_routing_replay_is_refused_with_the_reason():
-    cfg = parse_train_config(["--use-rollout-routing-replay"])
-    with pytest.raises(ConfigError, match="triton-cpu"):
-        check_model_settings(cfg, MOE, _layout(num_experts=4))
+def test_routing_replay_runs_where_the_engine_returns_routes_and_is_refused_elsewhere():
+    cfg = parse_train_config(["--use-rollout-routing-replay", "--rollout-engine", "hf"])
+    assert cfg.model_options().moe_enable_routing_replay
+    check_model_settings(cfg, MOE, _layout(num_experts=4))  # the HF engine returns them
     with pytest.raises(ConfigError, match="dense"):
         check_model_settings(cfg, DENSE, _layout())
+    vllm_cpu = parse_train_config(["--use-rollout-routing-replay", "--rollout-engine", "vllm"])
+    with pytest.raises(ConfigError, match="use_rollout_routing_replay=True: .*triton-cpu"):
+        check_model_settings(vllm_cpu, MOE, _layout(num_experts=4))
 
 
 def test_moe_flags_on_a_dense_model_and_recompute_layers_per_stage():

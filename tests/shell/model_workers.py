@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from tests.shell.routing_workers import routing_runs
 from tests.shell.megatron_workers import (ROLLOUT_SEEDS, _hf_log_probs, _logit_diff, _main_grads,
                                           _max_diff, _optim, _scored, rank_rollout)
 
@@ -179,9 +180,11 @@ def streaming_export_run(hf_dir: str, limit: int = 40_000) -> dict:
 
 
 def features_two_ranks(dirs: dict[str, str]) -> dict:
-    """The MoE runs of ``MOE_TWO_RANKS`` on the launched 2-rank world."""
-    return {name: train_run(dirs["qwen3_moe"], options, with_parity=name == "ep2", **kwargs)
-            for name, kwargs, options in MOE_TWO_RANKS}
+    """The MoE runs of ``MOE_TWO_RANKS`` and the routing-replay runs on the 2-rank world."""
+    out = {name: train_run(dirs["qwen3_moe"], options, with_parity=name == "ep2", **kwargs)
+           for name, kwargs, options in MOE_TWO_RANKS}
+    out["routing"] = routing_runs(dirs["qwen3_moe"])  # R3, test_routing_replay
+    return out
 
 
 def features_one_rank(dirs: dict[str, str]) -> dict:

@@ -25,6 +25,7 @@ from vime_pure.data.ragged import offsets_from_lengths, row_positions, row_sums
 from vime_pure.data.rewards import RewardNormalization, normalize_rewards, scalar_reward
 from vime_pure.data.rollout_output import (FlatRollout, check_response_length, flatten_rollout_output,
                                mask_values)
+from vime_pure.data.routes import flat_routes
 from vime_pure.data.sample import ON_POLICY_VERSION, STATUSES, as_status
 
 _STATUS_CODE: dict[Any, int] = {s: k for k, s in enumerate(STATUSES)}  # str values hash alike
@@ -63,6 +64,8 @@ def batch_columns(output: object, reward_key: str | None,
         removed=np.array(rows["removed"], dtype=np.bool_),
         sample_indices=np.array(rows["indices"], dtype=np.int64),
         **_version_bounds(flat),
+        rollout_routed_experts=flat_routes([s.rollout_routed_experts for s in flat.samples],
+                                           lengths, flat.path),
     )
 
 

@@ -11,12 +11,17 @@ How it meets the protocol's invariants (see :mod:`vime_shell.engines.base`):
 - Per-request budgets (``max_context_len``) and stop strings are applied to each row after the
   batched ``generate``: decoding is causal, so a row's first ``k`` tokens do not depend on how
   long it ran on. Stop strings are matched on the text of the model directory's tokenizer.
+- Routed experts (``return_routed_experts=True``, MoE models, for routing replay): ``generate``
+  does not expose its routers' choices, so one forward of the same weights over each prompt +
+  response (right-padded, ``output_router_logits``) gives them: the top-k of every MoE layer's
+  router logits, for every token.
 """
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
@@ -86,7 +91,8 @@ class HfEngine:
     name = "hf"
 
     def __init__(self, model_path: str | Path, *, seed: int = 0, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, tokenizer: Any = None):
+                 dtype: torch.dtype = torch.float32, tokenizer: Any = None,
+                 return_routed_experts: bool = False):
         path = Path(model_path).expanduser()
         if not (path / "config.json").is_file():
             raise field_error(EngineError, "model_path", str(path),
@@ -94,17 +100,18 @@ class HfEngine:
                               "pass a directory saved with save_pretrained, e.g. the embedded "
                               "model from vime_shell.models.embedded.build_embedded()")
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        self._init(model, seed=seed, device=device)
+        self._init(model, seed=seed, device=device, return_routed_experts=return_routed_experts)
         self.model_path = path
         self._tokenizer = tokenizer
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, *, seed: int = 0, device: str = "cpu",
-                   tokenizer: Any = None) -> "HfEngine":
+                   tokenizer: Any = None, return_routed_experts: bool = False) -> "HfEngine":
         """Wrap an already-built ``PreTrainedModel`` (tests, in-process trainers); stop
         strings need ``tokenizer``."""
         engine = cls.__new__(cls)
-        engine._init(model, seed=seed, device=device)
+        engine._init(model, seed=seed, device=device,
+                     return_routed_experts=return_routed_experts)
         engine.model_path = None
         engine._tokenizer = tokenizer
         return engine
@@ -119,7 +126,14 @@ class HfEngine:
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         return self._tokenizer
 
-    def _init(self, model: torch.nn.Module, *, seed: int, device: str) -> None:
+    def _init(self, model: torch.nn.Module, *, seed: int, device: str,
+              return_routed_experts: bool = False) -> None:
+        self.topk = getattr(model.config, "num_experts_per_tok", None)
+        if return_routed_experts and self.topk is None:
+            raise field_error(EngineError, "return_routed_experts", True,
+                              f"needs an MoE model, and {model.config.model_type} is dense",
+                              "drop --use-rollout-routing-replay for a dense model")
+        self.return_routed_experts = return_routed_experts
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.vocab_size = int(model.config.vocab_size)
@@ -164,8 +178,27 @@ class HfEngine:
         raw = torch.stack(out.logits, dim=1).float()  # [B, T, V], unprocessed
         logp = torch.log_softmax(raw, dim=-1).gather(-1, response[..., None]).squeeze(-1)
         decode = self._decoder().decode if params.stop else None
-        return [self._cut(response[i, :budgets[i]].tolist(), logp[i, :budgets[i]].tolist(),
+        gens = [self._cut(response[i, :budgets[i]].tolist(), logp[i, :budgets[i]].tolist(),
                           params, decode) for i in range(len(ids))]
+        return self._with_routes(ids, gens) if self.return_routed_experts else gens
+
+    @torch.no_grad()
+    def _with_routes(self, prompts: list[list[int]], gens: list[Generation]) -> list[Generation]:
+        """``gens`` with the experts every prompt + response token is routed to (module
+        docstring): ``[tokens, moe_layers, topk]`` int16 per generation."""
+        seqs = [p + list(g.token_ids) for p, g in zip(prompts, gens)]
+        width = max(map(len, seqs))
+        ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, seq in enumerate(seqs):  # right padding: causal, the real tokens see no pad
+            ids[i, :len(seq)] = torch.tensor(seq)
+            mask[i, :len(seq)] = 1
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                         output_router_logits=True)
+        top = torch.stack([logits.view(len(seqs), width, -1).topk(self.topk, dim=-1).indices
+                           for logits in out.router_logits], dim=2).to(torch.int16).cpu()
+        return [attrs.evolve(g, routed_experts=top[i, :len(seq)].numpy())
+                for i, (g, seq) in enumerate(zip(gens, seqs))]
 
     def _left_pad(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in ids)

@@ -400,7 +400,8 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
     moe_permute_fusion: bool | None = _f(None, "fused token permutation (CUDA + TE only)",
                                          "moe")
     use_rollout_routing_replay: bool = _f(False, "replay the experts the engine routed each "
-                                          "token to in the trainer (R3)", "moe")
+                                          "token to in the trainer's routers (R3; the HF "
+                                          "engine, or vLLM on CUDA)", "moe")
     # checkpoints, rollout dumps and replay, HF export
     save: str | None = _f(None, "checkpoint directory", "checkpoint")
     save_interval: int = _f(50, "rollouts between checkpoints", "checkpoint")

@@ -205,7 +205,8 @@ def engine_options(cfg: TrainConfig, cuda: bool, num_experts: int | None = None)
         expert_parallel=cfg.rollout_enable_expert_parallel, num_experts=num_experts,
         per_request=cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION,
         max_concurrency=cfg.sglang_server_concurrency,
-        vllm_args=tuple(parse_engine_arg(a) for a in cfg.vllm_engine_args or ()))
+        vllm_args=tuple(parse_engine_arg(a) for a in cfg.vllm_engine_args or ()),
+        routed_experts=cfg.use_rollout_routing_replay)
 
 
 class _Loop:
