@@ -63,8 +63,21 @@ def test_uneven_pipeline_stages():
         _layout(world_size=3, pp=3, layers=6, first_stage_layers=1)  # 5 over 2 stages
     with pytest.raises(UnsupportedLayoutError, match="pp >= 2"):
         _layout(world_size=1, first_stage_layers=1)
-    with pytest.raises(UnsupportedLayoutError, match="virtual"):
+    with pytest.raises(UnsupportedLayoutError, match="--num-virtual-stages-per-pipeline-rank"):
         _layout(pp=2, first_stage_layers=1, num_layers_per_virtual_stage=1)
+
+
+def test_uneven_pipeline_stages_with_virtual_stages_per_rank():
+    layout = _layout(pp=2, layers=6, first_stage_layers=4, num_virtual_stages=2)
+    assert (layout.vpp, layout.microbatch_group, layout.stage_layers(6)) == (2, 2, (4, 2))
+    even = _layout(pp=2, layers=4, num_virtual_stages=2)  # Megatron-LM's other spelling
+    assert (even.vpp, even.microbatch_group) == (2, 2)
+    with pytest.raises(UnsupportedLayoutError, match=r"=2: .*divide every .*\[3, 3\]"):
+        _layout(pp=2, layers=6, first_stage_layers=3, num_virtual_stages=2)
+    with pytest.raises(UnsupportedLayoutError, match="pass one of the two"):
+        _layout(pp=2, layers=4, num_virtual_stages=2, num_layers_per_virtual_stage=1)
+    cfg = parse_train_config(["--num-virtual-stages-per-pipeline-rank", "2"])
+    assert cfg.num_virtual_stages_per_pipeline_rank == 2
 
 
 def test_expert_parallel_layout_checks():

@@ -354,6 +354,9 @@ class TrainConfig(ModelArchArgs, MegatronSwitchArgs, PlacementArgs):
                                     "parallelism")
     num_layers_per_virtual_pipeline_stage: int | None = _f(None, "layers per virtual stage",
                                                            "parallelism")
+    num_virtual_stages_per_pipeline_rank: int | None = _f(None, "virtual stages (model chunks) "
+                                                          "per pipeline rank; what uneven "
+                                                          "stages take", "parallelism")
     expert_model_parallel_size: int = _f(1, "expert-parallel size (MoE): experts split over "
                                          "this many ranks", "parallelism")
     expert_tensor_parallel_size: int | None = _f(None, "tensor-parallel size inside an expert; "

@@ -223,6 +223,7 @@ class _Loop:
             tp=cfg.tensor_model_parallel_size,
             pp=cfg.pipeline_model_parallel_size, cp=cfg.context_parallel_size,
             num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage,
+            num_virtual_stages=cfg.num_virtual_stages_per_pipeline_rank,
             ep=cfg.expert_model_parallel_size, etp=cfg.expert_tensor_parallel_size,
             first_stage_layers=cfg.decoder_first_pipeline_num_layers,
             last_stage_layers=cfg.decoder_last_pipeline_num_layers, platform=detect_platform())

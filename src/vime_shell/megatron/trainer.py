@@ -112,12 +112,13 @@ class MegatronTrainer:
                 tp: int = 1, pp: int = 1, cp: int = 1,
                 num_layers_per_virtual_stage: int | None = None, ep: int = 1,
                 etp: int | None = None, first_stage_layers: int | None = None,
-                last_stage_layers: int | None = None,
+                last_stage_layers: int | None = None, num_virtual_stages: int | None = None,
                 platform: Platform | None = None) -> "MegatronTrainer":
         """Detect the platform (unless given), resolve the layout for the launched world,
         initialise distributed + Megatron parallel state, build. Flags map 1:1 to Megatron's
         ``--tensor-model-parallel-size`` etc. (``ep``: ``--expert-model-parallel-size``,
-        ``first_stage_layers``: ``--decoder-first-pipeline-num-layers``); a layout the
+        ``first_stage_layers``: ``--decoder-first-pipeline-num-layers``,
+        ``num_virtual_stages``: ``--num-virtual-stages-per-pipeline-rank``); a layout the
         platform cannot run raises ``UnsupportedLayoutError`` before anything is built."""
         platform = platform or detect_platform()
         world = dist.get_world_size() if dist.is_initialized() else world_size_from_env()
@@ -134,7 +135,8 @@ class MegatronTrainer:
                                 num_layers_per_virtual_stage=num_layers_per_virtual_stage,
                                 ep=ep, etp=etp, num_experts=num_experts_of(hf_config),
                                 first_stage_layers=first_stage_layers,
-                                last_stage_layers=last_stage_layers)
+                                last_stage_layers=last_stage_layers,
+                                num_virtual_stages=num_virtual_stages)
         initialize_parallel(layout, platform, seed=config.seed)
         return cls(hf_dir, platform, layout, config)
 
