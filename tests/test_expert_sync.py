@@ -2,9 +2,11 @@
 between experts (never inside one: vLLM fuses an expert's gate/up/down) or between layers."""
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vime_shell.engines.base import EngineError
 from vime_shell.engines.group import EngineGroup, EngineOptions
 from vime_shell.engines.layout import resolve_engine_layout
 from vime_shell.engines.sync import (buckets, expert_of, only_served_experts, served_experts,
@@ -85,3 +87,13 @@ def test_each_engine_rank_is_sent_only_its_experts():
     everything = EngineGroup(layout, 1, _Recorder(), EngineOptions(engine="vllm", num_experts=4))
     assert everything.served_experts() is None  # without expert parallelism: every expert
     assert list(only_served_experts(iter(named), range(0, 4))) == named
+
+
+def test_round_robin_placement_follows_vllms_expert_placement_strategy():
+    assert list(served_experts(10, 4, 1, "round_robin")) == [1, 5, 9]
+    layout = resolve_engine_layout(world_size=2, rollout_num_gpus_per_engine=2, engine="vllm")
+    options = EngineOptions(engine="vllm", expert_parallel=True, num_experts=4,
+                            vllm_args=(("expert_placement_strategy", "round_robin"),))
+    assert list(EngineGroup(layout, 1, _Recorder(), options).served_experts()) == [1, 3]
+    with pytest.raises(EngineError, match="expert_placement_strategy='random'"):
+        served_experts(4, 2, 0, "random")

@@ -56,7 +56,7 @@ def _recorded(trainer) -> list:
             if isinstance(module, TopKRouter):
                 module.register_forward_hook(lambda m, args, out: seen.append(
                     (m.layer_number, out[1].nonzero()[:, 1].view(out[1].shape[0], -1)
-                     .sort(dim=1).values.numpy().copy())))
+                     .sort(dim=1).values.cpu().numpy())))
     return seen
 
 
@@ -83,7 +83,7 @@ def train(hf_dir: str, batch, *, replay: bool, options: dict | None = None, ep: 
     if record:  # the log-prob pass's router choices against the routes each row replayed
         rows = trainer._tensors(mine.microbatches)
         out["recorded"] = [(layer, chosen) for layer, chosen in seen[:2 * len(rows)]]
-        out["given"] = [np.sort(row.routed_experts.numpy().reshape(-1, 2, 2)[:, layer - 1],
+        out["given"] = [np.sort(row.routed_experts.cpu().numpy().reshape(-1, 2, 2)[:, layer - 1],
                                 axis=1) for row in rows for layer in (1, 2)]
     trainer.shutdown()
     return out

@@ -245,14 +245,16 @@ class EngineGroup:
 
     def served_experts(self) -> range | None:
         """The routed experts this rank's engine shard holds under vLLM expert parallelism
-        (the engine's ranks split them); None when it holds all of them."""
+        (the engine's ranks split them, as ``--vllm-engine-args expert_placement_strategy``
+        says, linear by default); None when it holds all of them."""
         if not self.options.expert_parallel or self.options.num_experts is None:
             return None
         engine = self.engine_index
         if engine is None:
             return None
+        placement = dict(self.options.vllm_args).get("expert_placement_strategy", "linear")
         return served_experts(self.options.num_experts, self.layout.gpus_per_engine,
-                              self.rank - self.layout.leader(engine))
+                              self.rank - self.layout.leader(engine), placement)
 
     def sleep(self) -> None:
         """Release the engine's accelerator memory now (e.g. replay runs that never generate)."""

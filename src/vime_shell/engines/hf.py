@@ -17,6 +17,7 @@ How it meets the protocol's invariants (see :mod:`vime_shell.engines.base`):
   router logits, for every token.
 """
 
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,36 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     keep_sorted = sorted_p.cumsum(dim=-1) - sorted_p < top_p  # always keeps the top token
     keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
     return probs * keep
+
+
+_EXPERT_NAME = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+def fused_expert_slice(params: dict[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    """The view of transformers' fused MoE parameters that a checkpoint's per-expert tensor
+    fills, or None. transformers 5 stores a layer's experts as ``experts.gate_up_proj``
+    ``[E, 2 * I, H]`` (gate rows, then up rows) and ``experts.down_proj`` ``[E, H, I]``, while
+    checkpoints and the trainer's export name ``experts.{e}.gate_proj.weight`` ``[I, H]``.
+    Example: ``model.layers.0.mlp.experts.3.up_proj.weight`` is
+    ``params["model.layers.0.mlp.experts.gate_up_proj"][3, I:]``."""
+    match = _EXPERT_NAME.match(name)
+    fused = params.get(fused_expert_name(name) or "")
+    if match is None or fused is None:
+        return None
+    expert, proj = int(match.group(2)), match.group(3)
+    if proj == "down":
+        return fused[expert]
+    half = fused.shape[1] // 2
+    return fused[expert, :half] if proj == "gate" else fused[expert, half:]
+
+
+def fused_expert_name(name: str) -> str | None:
+    """The fused parameter a per-expert checkpoint name belongs to (:func:`fused_expert_slice`).
+    Example: ``...experts.3.gate_proj.weight`` -> ``...experts.gate_up_proj``."""
+    match = _EXPERT_NAME.match(name)
+    if match is None:
+        return None
+    return f"{match.group(1)}.{'down_proj' if match.group(3) == 'down' else 'gate_up_proj'}"
 
 
 class HfEngine:
@@ -226,12 +257,16 @@ class HfEngine:
                           finish_reason="length" if end is None else "stop")
 
     def update_weights_from_tensors(self, named_tensors: NamedTensors) -> None:
-        """Copy HF-named tensors into the model in place; unknown names or shapes are errors."""
+        """Copy HF-named tensors into the model in place; unknown names or shapes are errors.
+        A checkpoint's per-expert name goes into its slice of the fused expert tensors
+        (:func:`fused_expert_slice`)."""
         params = dict(self.model.named_parameters())
         params.update(dict(self.model.named_buffers()))
         with torch.no_grad():
             for name, tensor in named_tensors:
                 target = params.get(name)
+                if target is None:
+                    target = fused_expert_slice(params, name)
                 if target is None:
                     raise field_error(EngineError, "name", name,
                                       "is not a parameter of the engine's model",
@@ -246,7 +281,8 @@ class HfEngine:
         """Load every ``*.safetensors`` in ``path``; all parameters must be present."""
         tensors = load_safetensors_dir(path)
         own = {n for n, _ in self.model.named_parameters()}  # tied weights are listed once
-        missing = sorted(own - set(tensors))
+        covered = {n if n in own else fused_expert_name(n) for n in tensors}
+        missing = sorted(own - covered)
         if missing:
             raise field_error(EngineError, "path", str(path),
                               f"lacks {len(missing)} parameters, e.g. {missing[:3]}",

