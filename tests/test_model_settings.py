@@ -158,3 +158,10 @@ def test_expert_tensor_parallelism_other_than_tp_needs_transformer_engine():
         check_model_settings(cfg, MOE, _layout(etp=2, num_experts=4))
     same = parse_train_config(["--expert-tensor-parallel-size", "1"])
     check_model_settings(same, MOE, _layout(num_experts=4))  # equal to TP: fine
+
+
+def test_routing_replay_turns_off_the_fused_router_and_refuses_sinkhorn():
+    fields = ModelOptions(moe_enable_routing_replay=True).transformer_fields()
+    assert fields == {"moe_enable_routing_replay": True, "moe_router_fusion": False}
+    with pytest.raises(ModelOptionsError, match="sinkhorn"):
+        ModelOptions(moe_enable_routing_replay=True, moe_router_load_balancing_type="sinkhorn")

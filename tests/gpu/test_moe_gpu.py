@@ -110,7 +110,8 @@ def test_vllm_expert_parallel_reload_sends_each_rank_its_experts(moe_dirs):
     expected = [[0, 1], [2, 3]] if world == 2 else [[0, 1, 2, 3]]
     assert [list(r["served"]) for r in ranks] == expected
     for r, experts in zip(ranks, expected):
-        assert r["placed"] == [experts] * 2  # vLLM's own placement, both MoE layers
+        # vLLM's own placement, in every module of both MoE layers that maps experts
+        assert len(r["placed"]) >= 2 and all(p == experts for p in r["placed"])
         assert {expert_of(n) for n in r["received"]} - {None} == set(experts)
         gap = _rescore(moe_dirs[1], r["after"])
         print(f"vLLM EP{world} reload on CUDA: experts {experts}, {r['buckets']} buckets, "

@@ -33,7 +33,8 @@ def export_order(tensors: dict) -> list:
 
 
 def _local_experts(model) -> list[list[int]]:
-    """The global expert ids vLLM placed on this rank, per MoE layer."""
+    """The global expert ids vLLM placed on this rank, per module that maps experts (a MoE
+    layer has more than one)."""
     return [list(m.expert_map_manager.get_local_expert_ids()) for m in model.modules()
             if hasattr(m, "expert_map_manager")]
 

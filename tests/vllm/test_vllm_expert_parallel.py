@@ -56,7 +56,8 @@ def test_expert_parallel_engine_is_sent_exactly_the_experts_vllm_placed_on_it(tm
     ranks = spawn(ep_sync_worker, 2, str(old), str(new), 2, 4, "float32", False)
     assert [r["served"] for r in ranks] == [[0, 1], [2, 3]]
     for r in ranks:
-        assert r["placed"] == [r["served"]] * 2  # vLLM's placement, both MoE layers
+        # vLLM's own placement, in every module of both MoE layers that maps experts
+        assert len(r["placed"]) >= 2 and all(p == r["served"] for p in r["placed"])
         assert {expert_of(n) for n in r["received"]} - {None} == set(r["served"])
         assert any(".self_attn." in n for n in r["received"])  # and every shared tensor
         print(f"\n[vllm EP2 sync] experts {r['served']}: {len(r['received'])} tensors in "

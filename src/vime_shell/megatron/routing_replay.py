@@ -78,6 +78,10 @@ class RouteReplayer:
     """
 
     def __init__(self, config, tp_rank: int, tp_size: int):
+        if getattr(config, "moe_router_fusion", False):  # ModelOptions turns it off
+            raise field_error(VimeError, "moe_router_fusion", True, "bypasses RouterReplay "
+                              "(TransformerEngine's fused top-k)", "leave it off with "
+                              "--use-rollout-routing-replay")
         self.columns = moe_layer_columns(config.moe_layer_freq, config.num_layers)
         self.topk, self.num_experts = config.moe_router_topk, config.num_moe_experts
         self.width = len(self.columns) * self.topk
@@ -124,7 +128,9 @@ class RouteReplayer:
             part = routes.shape[0] // self.tp_size
             routes = routes[self.tp_rank * part:(self.tp_rank + 1) * part]
         for replay, block in self._of(chunk):
-            replay.set_target_indices(routes[:, block * self.topk:(block + 1) * self.topk])
+            # int16 on the device until here: a layer's columns become the int64 gather index
+            replay.set_target_indices(
+                routes[:, block * self.topk:(block + 1) * self.topk].long())
 
     def clear(self) -> None:
         """Drop every pending route (after each schedule run: forward-only passes and layers

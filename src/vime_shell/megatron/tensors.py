@@ -58,7 +58,7 @@ class MicroBatchTensors:
     rollout_log_probs: torch.Tensor | None
     old_log_probs: torch.Tensor | None
     ref_log_probs: torch.Tensor | None
-    routed_experts: torch.Tensor | None = None  # [tokens, e] int64, the router's token order
+    routed_experts: torch.Tensor | None = None  # [tokens, e] int16, the router's token order
 
     @property
     def num_tokens(self) -> int:
@@ -110,7 +110,7 @@ def to_tensors(record: TrainMicroBatch, layout: Layout,
         rollout_log_probs=tensor(record.rollout_log_probs),
         old_log_probs=tensor(record.old_log_probs), ref_log_probs=tensor(record.ref_log_probs),
         routed_experts=tensor(None if record.routed_experts is None else routes_in_model_order(
-            record.routed_experts.astype(np.int64), seq, flat)))
+            record.routed_experts, seq, flat)))
 
 
 def cpu_layout(seq_lengths: Sequence[int], flops: FlopsModel) -> Layout:
