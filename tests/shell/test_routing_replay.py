@@ -4,12 +4,9 @@ by Megatron's routers (runs in ``routing_workers``, on the shared 2-rank spawn).
 import numpy as np
 import pytest
 
+from tests.shell.test_model_features import _delta
+
 pytestmark = pytest.mark.slow
-
-
-def _delta(a: dict, b: dict) -> float:
-    assert set(a) == set(b)
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
 @pytest.fixture(scope="module")

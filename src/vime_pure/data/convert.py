@@ -23,8 +23,8 @@ from vime_pure.denominators import group_totals
 from vime_pure.errors import RolloutValidationError
 from vime_pure.data.ragged import offsets_from_lengths, row_positions, row_sums
 from vime_pure.data.rewards import RewardNormalization, normalize_rewards, scalar_reward
-from vime_pure.data.rollout_output import (FlatRollout, check_response_length, flatten_rollout_output,
-                               mask_values)
+from vime_pure.data.rollout_output import (FlatRollout, all_or_none, check_response_length,
+                                           flatten_rollout_output, mask_values)
 from vime_pure.data.routes import flat_routes
 from vime_pure.data.sample import ON_POLICY_VERSION, STATUSES, as_status
 
@@ -273,15 +273,9 @@ def _ints_or_floats(parts: list) -> np.ndarray:
 
 def _flat_log_probs(flat: FlatRollout, parts: list, offsets: np.ndarray
                     ) -> Float32[np.ndarray, " r"] | None:
-    present = [p is not None for p in parts]
-    if not any(present):
+    if not all_or_none(parts, "rollout_log_probs", flat.path, "record rollout log-probs for "
+                       "every sample or for none (never silently train on a mix)"):
         return None
-    if not all(present):
-        i = present.index(not present[0])
-        raise RolloutValidationError(
-            f"{flat.path(i)}: rollout_log_probs is {'set' if present[i] else 'None'} but "
-            f"{flat.path(0)} has it {'set' if present[0] else 'None'}. Fix: record rollout "
-            "log-probs for every sample or for none (never silently train on a mix).")
     try:
         values = _concat(parts, np.float32)
     except (TypeError, ValueError) as exc:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from jaxtyping import Int16, Int64
 
+from vime_pure.data.rollout_output import all_or_none
 from vime_pure.errors import RolloutValidationError
 
 ROUTE_DTYPE = np.dtype(np.int16)
@@ -33,15 +34,9 @@ def flat_routes(parts: Sequence[object], lengths: Int64[np.ndarray, " n"],
     them. Every sample has them or none; each has one route per token (or per token but the
     last), the same ``layers`` and ``topk``, and ``topk`` distinct ids in ``[0, 32768)`` per
     layer; anything else is a ``RolloutValidationError`` naming the sample's path."""
-    present = [p is not None for p in parts]
-    if not any(present):
+    if not all_or_none(list(parts), "rollout_routed_experts", path, "return routed experts for "
+                       "every sample or for none (replay cannot mix routed and free tokens)"):
         return None
-    if not all(present):
-        i = present.index(not present[0])
-        raise RolloutValidationError(
-            f"{path(i)}: rollout_routed_experts is {'set' if present[i] else 'None'} but "
-            f"{path(0)} has it {'set' if present[0] else 'None'}. Fix: return routed experts "
-            "for every sample or for none (replay cannot mix routed and free tokens).")
     blocks, shape = [], None
     for i, (part, n) in enumerate(zip(parts, lengths.tolist())):
         routes = _as_routes(part, path(i))
