@@ -35,7 +35,8 @@ def feature_specs() -> dict:
 
     llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-    return {"qwen3_moe": TinyModelSpec(arch="qwen3_moe", num_layers=2, seed=5),
+    return {"dense6": TinyModelSpec(num_layers=6, seed=8),  # uneven stages with virtual ones
+            "qwen3_moe": TinyModelSpec(arch="qwen3_moe", num_layers=2, seed=5),
             "qwen2_moe": TinyModelSpec(arch="qwen2_moe", num_layers=2, seed=6),
             "llama3": TinyModelSpec(arch="llama", num_layers=2, rope_theta=5e5,
                                     max_position_embeddings=512, rope_scaling=llama3, seed=7)}

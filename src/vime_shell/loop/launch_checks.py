@@ -122,6 +122,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
         supports_context_parallel=cp > 1 and context_parallel_available(), tp=tp,
         pp=cfg.pipeline_model_parallel_size, cp=cp,
         num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage,
+        num_virtual_stages=cfg.num_virtual_stages_per_pipeline_rank,
         ep=cfg.expert_model_parallel_size, etp=cfg.expert_tensor_parallel_size,
         num_experts=summary.num_experts,
         first_stage_layers=cfg.decoder_first_pipeline_num_layers,

