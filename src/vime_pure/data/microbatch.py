@@ -14,6 +14,9 @@ One record is one packed row (the micro-batch's samples back to back):
   log-probs computed here land in batch coordinates), ``token_sample`` (its sample's position in
   the row), ``loss_mask``, ``advantages`` and the engine's ``rollout_log_probs``; ``old_log_probs``
   and ``ref_log_probs`` once attached with :func:`with_log_probs`;
+- ``routed_experts`` (MoE routing replay, when the batch has ``rollout_routed_experts``): one
+  row of ``layers * topk`` expert ids per local position, gathered with the tokens (a padding
+  position repeats its sample's last token's row: it scores nothing, any valid route is exact);
 - per sample: ``denominators``, the step-level ``D`` of ``loss_mode``
   (``vime_pure.denominators.step_denominators``: whole step, whole group, never this row);
 - the step's ``G_s`` (``num_groups``), ``N_s`` (``num_samples``) and per-rank micro-batch count
@@ -41,7 +44,7 @@ from typing import Any
 
 import attrs
 import numpy as np
-from jaxtyping import Float32, Float64, Int64, TypeCheckError
+from jaxtyping import Float32, Float64, Int16, Int64, TypeCheckError
 
 from vime_pure.config import as_int
 from vime_pure.cp import zigzag_offsets
@@ -79,16 +82,18 @@ class TrainMicroBatch:
     rollout_log_probs: Float32[np.ndarray, " R"] | None = None
     old_log_probs: Float32[np.ndarray, " R"] | None = None
     ref_log_probs: Float32[np.ndarray, " R"] | None = None
+    routed_experts: Int16[np.ndarray, "T e"] | None = None
 
     def __attrs_post_init__(self) -> None:
         _check_counts(self)
-        check_dtypes(self, MICROBATCH_COLUMNS, "TrainMicroBatch", optional=LOG_PROB_COLUMNS)
+        check_dtypes(self, MICROBATCH_COLUMNS, "TrainMicroBatch",
+                     optional=(*LOG_PROB_COLUMNS, "routed_experts"))
         try:
             shape_checker(_shapes)(
                 self.sample_indices, self.seq_lengths, self.denominators, self.tokens,
                 self.positions, self.labels, self.logit_index, self.response_index,
                 self.token_sample, self.loss_mask, self.advantages, self.rollout_log_probs,
-                self.old_log_probs, self.ref_log_probs)
+                self.old_log_probs, self.ref_log_probs, self.routed_experts)
         except TypeCheckError as exc:
             raise shape_error("TrainMicroBatch", self, exc) from None
         _check_values(self)
@@ -136,8 +141,13 @@ class RankBatch:
 
 def rank_batch(batch: Any, schedule: Any, *, dp_rank: Any,
                loss_mode: Any = LossMode.GROUP_TOKEN_MEAN, cp_size: Any = 1,
-               cp_rank: Any = 0, norm: Any = None) -> RankBatch:
+               cp_rank: Any = 0, norm: Any = None, row_multiple: Any = 1) -> RankBatch:
     """The records DP rank ``dp_rank`` / CP rank ``cp_rank`` trains (see the module docstring).
+
+    ``row_multiple``: every row's length is padded up to a multiple of it (the TP size under
+    Megatron's sequence parallelism, which splits the row over the TP ranks); the pad extends
+    the row's last sample and is never scored. Example: samples of 5 and 6 tokens at
+    ``row_multiple=4`` give ``seq_lengths [5, 7]`` (a row of 12).
 
     Typed loosely on purpose (a user boundary): a ``RolloutBatch``, its ``Schedule``, int
     ranks, a ``LossMode`` or its name; every value is checked here with a typed error.
@@ -153,6 +163,12 @@ def rank_batch(batch: Any, schedule: Any, *, dp_rank: Any,
         raise field_error(RolloutBatchError, "cp_size", cp_size, f"exceeds {MAX_CP}",
                           "pass the context-parallel size of the trainer")
     cp_rank = _rank("cp_rank", cp_rank, cp_size)
+    row_multiple = as_int("row_multiple", row_multiple, 1, RolloutBatchError,
+                          "pass the TP size under sequence parallelism, else 1")
+    if row_multiple > 1 and cp_size > 1:
+        raise field_error(RolloutBatchError, "row_multiple", row_multiple,
+                          f"is not wired with cp_size={cp_size} (each CP chunk would need it)",
+                          "use sequence parallelism without context parallelism")
     dens = step_denominators(mode, batch.group_ids,
                              row_sums(batch.loss_masks, batch.response_offsets).astype(np.float64),
                              step_of_sample(schedule), norm=norm)
@@ -166,7 +182,7 @@ def rank_batch(batch: Any, schedule: Any, *, dp_rank: Any,
             num_groups=step.num_groups, num_samples=num_samples,
             microbatches=tuple(
                 _record(batch, np.asarray(mb, dtype=np.int64), dens, cp_rank, cp_size,
-                        step=s, loss_mode=mode, num_groups=step.num_groups,
+                        row_multiple, step=s, loss_mode=mode, num_groups=step.num_groups,
                         num_samples=num_samples, num_microbatches=len(mbs))
                 for mb in mbs)))
     return RankBatch(dp_rank=dp_rank, cp_rank=cp_rank, cp_size=cp_size, loss_mode=mode,
@@ -219,15 +235,21 @@ def with_log_probs(rank: Any, *, old_log_probs: Any = None, ref_log_probs: Any =
 
 
 def _record(batch: RolloutBatch, idx: np.ndarray, dens: np.ndarray, cp_rank: int, cp_size: int,
-            **step_fields) -> TrainMicroBatch:
+            row_multiple: int, **step_fields) -> TrainMicroBatch:
     """One micro-batch's packed row; vectorised over its samples (CP cuts per sample)."""
     lens, resp = batch.lengths[idx], batch.response_lengths[idx]
     seq = lens if cp_size == 1 else -(-lens // (2 * cp_size)) * (2 * cp_size)
+    if row_multiple > 1 and len(seq):  # the pad extends the last sample (rank_batch)
+        seq = seq.copy()
+        seq[-1] += -int(seq.sum()) % row_multiple
     starts = offsets_from_lengths(seq)[:-1]
     total = int(seq.sum())
-    tokens = np.zeros(total, dtype=np.int64)
     # Real tokens of sample k sit at starts[k] .. starts[k] + lens[k]; CP padding after them.
-    tokens[_within(seq, lens)] = batch.tokens[row_positions(batch.token_offsets, idx)]
+    # source: each position's batch token (a padding position: its sample's last token).
+    real = _within(seq, lens)
+    source = np.repeat(batch.token_offsets[idx] + lens - 1, seq)
+    source[real] = row_positions(batch.token_offsets, idx)
+    tokens = np.where(real, batch.tokens[source], 0).astype(np.int64)
     positions = np.arange(total, dtype=np.int64) - np.repeat(starts, seq)
     labels = np.zeros(total, dtype=np.int64)
     has_next = _within(seq, lens - 1)  # every position but each sample's last real one
@@ -247,8 +269,8 @@ def _record(batch: RolloutBatch, idx: np.ndarray, dens: np.ndarray, cp_rank: int
         to_local[local] = np.arange(len(local))
         keep = to_local[logit_index] >= 0
         tokens, positions, labels = tokens[local], positions[local], labels[local]
-        logit_index = to_local[logit_index[keep]]
-    log_probs = batch.rollout_log_probs
+        logit_index, source = to_local[logit_index[keep]], source[local]
+    log_probs, routes = batch.rollout_log_probs, batch.rollout_routed_experts
     return TrainMicroBatch(
         **step_fields, cp_rank=cp_rank, cp_size=cp_size, sample_indices=idx,
         seq_lengths=seq.astype(np.int64, copy=False), denominators=dens[idx], tokens=tokens,
@@ -256,7 +278,8 @@ def _record(batch: RolloutBatch, idx: np.ndarray, dens: np.ndarray, cp_rank: int
         response_index=response_index[keep], token_sample=token_sample[keep],
         loss_mask=batch.loss_masks[response_index[keep]].astype(np.float32),
         advantages=np.repeat(batch.advantages[idx], resp)[keep].astype(np.float32),
-        rollout_log_probs=None if log_probs is None else log_probs[response_index[keep]])
+        rollout_log_probs=None if log_probs is None else log_probs[response_index[keep]],
+        routed_experts=None if routes is None else routes[source])
 
 
 def _ranks_within(sizes: np.ndarray) -> np.ndarray:
@@ -285,6 +308,7 @@ MICROBATCH_COLUMNS: dict[str, np.dtype] = {
                      "logit_index", "response_index", "token_sample"), np.dtype(np.int64)),
     "denominators": np.dtype(np.float64),
     **dict.fromkeys(("loss_mask", "advantages", *LOG_PROB_COLUMNS), np.dtype(np.float32)),
+    "routed_experts": np.dtype(np.int16),
 }
 MAX_CP = 2**16  # context-parallel ranks; a larger cp_size is a bug, not a layout
 _RECORD_FIX = "build records with rank_batch(batch, schedule_for(batch, layout, policy), ...)"
@@ -355,5 +379,6 @@ def _shapes(sample_indices: Int64[np.ndarray, " k"], seq_lengths: Int64[np.ndarr
             advantages: Float32[np.ndarray, " R"],
             rollout_log_probs: Float32[np.ndarray, " R"] | None,
             old_log_probs: Float32[np.ndarray, " R"] | None,
-            ref_log_probs: Float32[np.ndarray, " R"] | None) -> None:
+            ref_log_probs: Float32[np.ndarray, " R"] | None,
+            routed_experts: Int16[np.ndarray, "T e"] | None) -> None:
     """Cross-field shapes of a packed row: ``k`` samples, ``T`` local positions, ``R`` tokens."""
