@@ -48,7 +48,7 @@ def _ignore_weights(self, named, version=None):
 
 
 def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dict:
-    """Each named run in turn; ``failure``: the engine's rollout function raises;
+    """Each named run in turn (``fully_async_k2`` also evaluates); ``failure``: the engine's rollout function raises;
     ``broken_sync``: one step off with an engine rank that drops the weights it receives;
     ``hook_failure``: the trainer fails while the engine still owes it a rollout."""
     os.environ["VIME_CACHE_DIR"] = cache
@@ -69,6 +69,12 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dic
             EngineGroup.sync_weights = _ignore_weights
         if name in ("one_step_off_k0", "fully_async_k0"):  # dumps carry the engines' annotations
             extra = {**extra, "save_rollout_data": f"{root}/{name}-dumps/r{{rollout_id}}.npz"}
+        if name == "fully_async_k2":  # evaluation runs in the pool, between engine calls
+            from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
+
+            held_out = write_jsonl(Path(root) / f"eval-rank{rank}.jsonl", arithmetic_rows()[1])
+            extra = {**extra, "eval_prompt_data": ("held", str(held_out)), "eval_interval": 2,
+                     "n_samples_per_eval_prompt": 2}
         if name.startswith("resume"):
             extra = {**extra, "run_dir": f"{root}/resume", "save": f"{root}/resume-ck",
                      "load": f"{root}/resume-ck" if name == "resume_rest" else None}
