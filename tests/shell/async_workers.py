@@ -6,6 +6,7 @@ rollout's batch contents and metrics; the engine rank returns what it raised, if
 """
 
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -93,3 +94,24 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dic
         except Exception as exc:  # noqa: BLE001 - the test reads which error each rank raised
             out[name] = {"error": (type(exc).__name__, str(exc)), "rollouts": seen}
     return out
+
+
+def dying_rollout(ctx):
+    """The engine rank's process dies mid-generation (no error reply: SIGKILL)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def dying_engine_worker(rank: int, root: str, cache: str):
+    """One step off with an engine rank that is killed while generating rollout 0; the
+    trainer returns the error it raised."""
+    os.environ["VIME_CACHE_DIR"] = cache
+    from vime_shell.loop.config import TrainConfig
+    from vime_shell.loop.loop import run_training
+
+    cfg = TrainConfig(**{**TINY, **SEPARATE, "train_async": True, "run_dir": f"{root}/dying",
+                         "rollout_function_path": "tests.shell.async_workers:dying_rollout"})
+    try:
+        run_training(cfg, progress=False)
+    except Exception as exc:  # noqa: BLE001 - the test reads the trainer's error
+        return (type(exc).__name__, str(exc))
+    return None
