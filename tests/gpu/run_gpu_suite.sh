@@ -6,7 +6,8 @@
 #    all-skipped pass;
 # 3. runs tests/gpu: bf16 Megatron step, THD vs mask packing (needs TransformerEngine), CP=2
 #    (needs 2 GPUs and TE), --offload-train bytes freed, optimizer CPU offload and the
-#    precision-aware optimizer (TE), MoE EP2 on NCCL (2 GPUs), and the end-to-end `vime train` case, which writes
+#    precision-aware optimizer (TE), MoE EP2 on NCCL (2 GPUs), the trainer-to-engine weight bridge
+#    on NCCL (2 GPUs), and the end-to-end `vime train` case, which writes
 #    $VIME_GPU_SUITE_OUT/e2e.json (default runs/gpu-suite): reward per rollout, log-prob gap after
 #    each sync, generation and training tokens/s, peak memory. Only the TE / 2-GPU cases may skip
 #    (printed with their reason); any failure fails the script. Budget: under 8 minutes on one

@@ -20,9 +20,10 @@ RUNS = {
     "fully_async_k0": dict(fully_async=True, max_weight_staleness=0),
     "one_step_off": dict(train_async=True),
     "fully_async_k2": dict(fully_async=True, max_weight_staleness=2),
-    # A fully-async run checkpointed after rollout 2 (groups still in flight there), then
-    # resumed from that checkpoint up to rollout 4: a run killed after its checkpoint.
-    "resume_first": dict(fully_async=True, max_weight_staleness=2, num_rollout=2,
+    # A fully-async run checkpointed after rollout 2 (groups still in flight there) that dies
+    # while rollout 3 trains (its hook raises before that rollout's checkpoint), then resumed
+    # from the checkpoint up to rollout 4.
+    "resume_first": dict(fully_async=True, max_weight_staleness=2, num_rollout=4,
                          save_interval=2),
     "resume_rest": dict(fully_async=True, max_weight_staleness=2, num_rollout=4),
 }
@@ -83,6 +84,8 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dic
         def observe(e, seen=seen, name=name):
             if name == "hook_failure":
                 raise RuntimeError("the trainer's hook failed")
+            if name == "resume_first" and e.rollout_id == 2:  # trained, never checkpointed
+                raise RuntimeError("killed after the checkpoint")
             seen.append({"contents": _contents(e.batch), "metrics": dict(e.metrics),
                          "group_ids": list(e.batch.original_group_ids()),
                          "trace": [(s, tuple(ix), n) for s, ix, n in e.trace],

@@ -109,6 +109,7 @@ def test_fully_async_respects_the_staleness_bound_and_counts_every_group(runs):
 
 def test_a_resumed_fully_async_run_never_trains_a_group_twice(runs):
     trainer, _ = runs
+    assert trainer["resume_first"]["error"] == ("RuntimeError", "killed after the checkpoint")
     first, rest = trainer["resume_first"]["rollouts"], trainer["resume_rest"]["rollouts"]
     assert [r["metrics"]["rollout"] for r in first + rest] == [0, 1, 2, 3]
     # Group ids number the pool's draws (block, prompt, sample): each trains at most once,
