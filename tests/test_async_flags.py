@@ -51,6 +51,8 @@ def test_bad_async_settings_are_config_errors(kwargs, field):
           update_weights_interval=2), "--max-weight-staleness"),
     (dict(fully_async=True, rollout_num_gpus=1, partial_rollout=True,
           over_sampling_batch_size=24), "--partial-rollout"),
+    (dict(train_async=True, rollout_num_gpus=1, partial_rollout=True,
+          over_sampling_batch_size=24), "--partial-rollout"),
     (dict(fully_async=True, rollout_num_gpus=1,
           custom_generate_function_path="vime_shell.rollout.tool_example:generate"),
      "--custom-generate-function-path"),

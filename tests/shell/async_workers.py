@@ -14,6 +14,9 @@ import numpy as np
 from tests.shell.loop_workers import TINY
 
 SEPARATE = dict(rollout_num_gpus=1, colocate=False, num_rollout=3)
+PARTIAL = dict(partial_rollout=True, mask_offpolicy_in_partial_rollout=True,
+               over_sampling_batch_size=6, rollout_max_response_len=4,
+               custom_generate_function_path="tests.shell.agentic_workers:slow_generate")
 RUNS = {
     "sync": {},
     "one_step_off_k0": dict(train_async=True, max_weight_staleness=0),
@@ -26,6 +29,10 @@ RUNS = {
     "resume_first": dict(fully_async=True, max_weight_staleness=2, num_rollout=4,
                          save_interval=2),
     "resume_rest": dict(fully_async=True, max_weight_staleness=2, num_rollout=4),
+    # --partial-rollout with engines on a rank of their own (synchronous): groups cut at the
+    # end of a rollout resume in the next one, also across a checkpoint.
+    "partial_first": dict(PARTIAL, num_rollout=2, save_interval=2),
+    "partial_rest": dict(PARTIAL, num_rollout=3),
 }
 
 
@@ -77,9 +84,10 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dic
             held_out = write_jsonl(Path(root) / f"eval-rank{rank}.jsonl", arithmetic_rows()[1])
             extra = {**extra, "eval_prompt_data": ("held", str(held_out)), "eval_interval": 2,
                      "n_samples_per_eval_prompt": 2}
-        if name.startswith("resume"):
-            extra = {**extra, "run_dir": f"{root}/resume", "save": f"{root}/resume-ck",
-                     "load": f"{root}/resume-ck" if name == "resume_rest" else None}
+        if name.startswith(("resume", "partial")):
+            kind = name.split("_")[0]
+            extra = {**extra, "run_dir": f"{root}/{kind}", "save": f"{root}/{kind}-ck",
+                     "load": f"{root}/{kind}-ck" if name.endswith("_rest") else None}
         cfg = TrainConfig(**{**TINY, **SEPARATE, "run_dir": f"{root}/{name}", **extra})
         def observe(e, seen=seen, name=name):
             if name == "hook_failure":

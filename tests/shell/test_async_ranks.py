@@ -38,7 +38,8 @@ def cache(tmp_path_factory):
 def runs(tmp_path_factory, cache):
     root = tmp_path_factory.mktemp("async")
     names = ("sync", "one_step_off_k0", "fully_async_k0", "one_step_off", "fully_async_k2",
-             "resume_first", "resume_rest", "failure", "broken_sync", "hook_failure")
+             "resume_first", "resume_rest", "partial_first", "partial_rest", "failure",
+             "broken_sync", "hook_failure")
     trainer, engine = spawn(modes_worker, 2, str(root), cache, names, timeout=300)
     return trainer, engine
 
@@ -146,3 +147,15 @@ def test_a_killed_engine_rank_stops_the_trainer_with_a_named_error(tmp_path, cac
     with open(tmp_path / "0.pkl", "rb") as f:
         kind, message = pickle.load(f)
     assert kind == "BridgeError" and "engine rank 0 (bridge rank 1) is gone" in message
+
+
+def test_partial_rollouts_on_an_engine_rank_resume_groups_across_a_checkpoint(runs):
+    trainer, _ = runs
+    first, rest = trainer["partial_first"]["rollouts"], trainer["partial_rest"]["rollouts"]
+    assert [r["metrics"]["rollout"] for r in first + rest] == [0, 1, 2]
+    resumed = [r["metrics"]["partial/resumed_groups"] for r in first + rest]
+    # Rollout 2 is the resumed run's first: its groups came back from the checkpoint.
+    assert resumed[0] == 0 and resumed[1] > 0 and resumed[2] > 0
+    # Carried-over tokens keep their own (older) version: staleness and masking see them.
+    assert max(r["metrics"]["staleness_max"] for r in first[1:] + rest) >= 1
+    assert max(r["metrics"]["partial/offpolicy_token_frac"] for r in first[1:] + rest) > 0

@@ -234,10 +234,15 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
         raise field_error(ConfigError, "--load-rollout-data", cfg.load_rollout_data,
                           "replays into the colocated loop only", "drop --rollout-num-gpus "
                           "/ --train-async / --fully-async for a replay")
-    if roles is not None and cfg.partial_rollout:
-        raise field_error(ConfigError, "--partial-rollout", True, "is not wired to separate "
-                          "engine ranks yet (its buffer lives in the colocated loop)",
-                          "drop --partial-rollout, or run engines inside the trainer ranks")
+    if roles is not None and roles.mode != "sync" and cfg.partial_rollout:
+        flag = "--fully-async" if roles.mode == "fully_async" else "--train-async"
+        why = ("its pool already keeps unfinished groups in flight across steps"
+               if roles.mode == "fully_async" else "a carried-over group's first tokens "
+               "would be two versions old, past the one-step-off bound")
+        raise field_error(ConfigError, "--partial-rollout", True, f"is not supported with "
+                          f"{flag} ({why})", f"drop one of them; --partial-rollout works with "
+                          "engines on ranks of their own synchronously (--no-colocate "
+                          "--rollout-num-gpus N)")
     if roles is not None and roles.mode == "fully_async" and (
             cfg.custom_generate_function_path is not None):
         raise field_error(ConfigError, "--custom-generate-function-path",
