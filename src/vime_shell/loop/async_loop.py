@@ -11,6 +11,11 @@ engine ranks execute in order:
 - ``("weights", version)`` then the buckets: every engine rank loads them;
 - ``("evaluate", rid)``: the eval sets on the current weights; ``("stop",)``.
 
+``--partial-rollout`` (synchronous mode only: launch checks refuse it with either
+asynchronous mode) keeps its buffer in the engine ranks' producer; each batch's reply carries
+the buffer's state, the checkpoint saves it and a resumed run sends it back with its first
+request.
+
 Order per rollout ``k`` on trainer rank 0 (``L`` = :func:`vime_pure.async_pool.generation_lag`):
 synchronous (``L = 0``): generate ``k``, receive it, train, sync; one step off (``L = 1``):
 receive ``k`` (requested during rollout ``k - 1``), request ``k + 1`` (generated with the
