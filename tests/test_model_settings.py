@@ -142,3 +142,40 @@ def test_expert_tensor_parallelism_other_than_tp_needs_transformer_engine():
         check_model_settings(cfg, MOE, _layout(etp=2, num_experts=4))
     same = parse_train_config(["--expert-tensor-parallel-size", "1"])
     check_model_settings(same, MOE, _layout(num_experts=4))  # equal to TP: fine
+
+
+@pytest.mark.parametrize("tp,fits", [(1, True), (2, True), (14, True), (4, False), (7, False)])
+def test_tp_against_the_attention_and_kv_heads(tp, fits):
+    # Qwen2.5-0.5B's heads: 14 query heads, 2 KV heads. TP 14 gives each KV head to 7 ranks
+    # (more TP ranks than KV heads); TP 4 splits no head count evenly, and TP 7 splits the
+    # query heads but is neither a divisor nor a multiple of the 2 KV heads.
+    qwen = HfConfigSummary(model_type="qwen2", num_layers=24, vocab_size=151936,
+                           max_position_embeddings=32768, num_attention_heads=14,
+                           num_key_value_heads=2)
+    cfg = TrainConfig(tensor_model_parallel_size=tp)
+    layout = _layout(world_size=tp, layers=24, tp=tp)
+    if fits:
+        check_model_settings(cfg, qwen, layout)
+        return
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size=\d: does not fit the "
+                       r"model's 14 attention heads and 2 KV heads.*\[1, 2, 14\]"):
+        check_model_settings(cfg, qwen, layout)
+
+
+def test_vime_train_refuses_a_tp_the_heads_do_not_fit(tmp_path, monkeypatch, capsys):
+    import json
+
+    from vime_shell.cli.main import main
+
+    model = tmp_path / "qwen"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "num_hidden_layers": 24, "vocab_size": 151936,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "hidden_size": 896}))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    code = main(["train", "--hf-checkpoint", str(model), "--tensor-model-parallel-size", "4",
+                 "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--tensor-model-parallel-size=4: does not fit the model's 14 " \
+        "attention heads and 2 KV heads" in err, err
+    assert not (tmp_path / "run").exists()

@@ -48,6 +48,20 @@ def _worker():
 
 
 @pytest.fixture(scope="session")
+def tied_chat_model(tmp_path_factory):
+    """The tied, byte-level BPE, chat-template tiny Qwen2 of the tied-embedding tests: 4
+    layers (PP2 x VPP2 gets 1 layer per chunk), 2 query heads sharing 1 KV head (so TP2 has
+    more ranks than KV heads: Megatron all-gathers the QKV projection and each rank takes its
+    query head), the vocabulary padded to a multiple of 8 rows, and the base EOS
+    ``<|endoftext|>`` (only the template ends a turn at ``<|im_end|>``)."""
+    from vime_shell.models.chat_model import build_chat_model
+
+    return build_chat_model(tmp_path_factory.mktemp("tied") / "qwen", tie_word_embeddings=True,
+                            num_layers=4, vocab_multiple=8, num_kv_heads=1,
+                            eos_token="<|endoftext|>")
+
+
+@pytest.fixture(scope="session")
 def megatron_runs(tmp_path_factory) -> dict:
     from filelock import FileLock
 

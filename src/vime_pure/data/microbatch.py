@@ -136,8 +136,13 @@ class RankBatch:
 
 def rank_batch(batch: Any, schedule: Any, *, dp_rank: Any,
                loss_mode: Any = LossMode.GROUP_TOKEN_MEAN, cp_size: Any = 1,
-               cp_rank: Any = 0, norm: Any = None) -> RankBatch:
+               cp_rank: Any = 0, norm: Any = None, row_multiple: Any = 1) -> RankBatch:
     """The records DP rank ``dp_rank`` / CP rank ``cp_rank`` trains (see the module docstring).
+
+    ``row_multiple``: every row's length is padded up to a multiple of it (the TP size under
+    Megatron's sequence parallelism, which splits the row over the TP ranks); the pad extends
+    the row's last sample and is never scored. Example: samples of 5 and 6 tokens at
+    ``row_multiple=4`` give ``seq_lengths [5, 7]`` (a row of 12).
 
     Typed loosely on purpose (a user boundary): a ``RolloutBatch``, its ``Schedule``, int
     ranks, a ``LossMode`` or its name; every value is checked here with a typed error.
@@ -153,6 +158,12 @@ def rank_batch(batch: Any, schedule: Any, *, dp_rank: Any,
         raise field_error(RolloutBatchError, "cp_size", cp_size, f"exceeds {MAX_CP}",
                           "pass the context-parallel size of the trainer")
     cp_rank = _rank("cp_rank", cp_rank, cp_size)
+    row_multiple = as_int("row_multiple", row_multiple, 1, RolloutBatchError,
+                          "pass the TP size under sequence parallelism, else 1")
+    if row_multiple > 1 and cp_size > 1:
+        raise field_error(RolloutBatchError, "row_multiple", row_multiple,
+                          f"is not wired with cp_size={cp_size} (each CP chunk would need it)",
+                          "use sequence parallelism without context parallelism")
     dens = step_denominators(mode, batch.group_ids,
                              row_sums(batch.loss_masks, batch.response_offsets).astype(np.float64),
                              step_of_sample(schedule), norm=norm)
@@ -166,7 +177,7 @@ def rank_batch(batch: Any, schedule: Any, *, dp_rank: Any,
             num_groups=step.num_groups, num_samples=num_samples,
             microbatches=tuple(
                 _record(batch, np.asarray(mb, dtype=np.int64), dens, cp_rank, cp_size,
-                        step=s, loss_mode=mode, num_groups=step.num_groups,
+                        row_multiple, step=s, loss_mode=mode, num_groups=step.num_groups,
                         num_samples=num_samples, num_microbatches=len(mbs))
                 for mb in mbs)))
     return RankBatch(dp_rank=dp_rank, cp_rank=cp_rank, cp_size=cp_size, loss_mode=mode,
@@ -219,10 +230,13 @@ def with_log_probs(rank: Any, *, old_log_probs: Any = None, ref_log_probs: Any =
 
 
 def _record(batch: RolloutBatch, idx: np.ndarray, dens: np.ndarray, cp_rank: int, cp_size: int,
-            **step_fields) -> TrainMicroBatch:
+            row_multiple: int, **step_fields) -> TrainMicroBatch:
     """One micro-batch's packed row; vectorised over its samples (CP cuts per sample)."""
     lens, resp = batch.lengths[idx], batch.response_lengths[idx]
     seq = lens if cp_size == 1 else -(-lens // (2 * cp_size)) * (2 * cp_size)
+    if row_multiple > 1 and len(seq):  # the pad extends the last sample (rank_batch)
+        seq = seq.copy()
+        seq[-1] += -int(seq.sum()) % row_multiple
     starts = offsets_from_lengths(seq)[:-1]
     total = int(seq.sum())
     tokens = np.zeros(total, dtype=np.int64)

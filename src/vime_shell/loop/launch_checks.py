@@ -49,7 +49,7 @@ from vime_shell.models.hf_config import has_chat_template, read_config_json, rea
 from vime_shell.rollout.data import DataKeys, fit_prompts, read_prompt_file
 from vime_shell.rollout.functions import encode_prompt
 from vime_shell.rollout.plugins import load_callable, load_generate_function
-from vime_shell.rollout.rewards import Rewarder
+from vime_shell.rollout.rewards import RM_CHOICES, Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskExample, get_task
 from vime_shell.storage.export_target import check_export_target
 from vime_shell.storage.hf_check import check_hf_dir
@@ -150,6 +150,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     _check_side_inputs(cfg, hf_dir)
     if engine_layout is not None:
         _check_engine_args(cfg)
+        check_vllm_sampling(cfg)
     prompts, dropped, eval_sets = _prompt_sets(cfg, hf_dir, summary.max_position_embeddings)
     # --num-rollout, else what --num-epoch passes need (dynamic sampling may draw more prompts
     # per rollout, so it is a lower bound on the passes made).
@@ -253,14 +254,16 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
 
 
 
-_EVAL_SET_KEYS = ("name", "path", "input_key", "label_key", "metadata_key", "tool_key")
+_EVAL_SET_KEYS = ("name", "path", "input_key", "label_key", "metadata_key", "tool_key",
+                  "rm_type")
 
 
 def eval_config_sets(path: str, defaults: DataKeys) -> list[tuple[str, str, DataKeys]]:
     """``--eval-config``: ``(name, path, keys)`` per dataset; unset keys take ``defaults``
-    (``--eval-input-key``, else ``--input-key``); a relative path is read next to the file.
-    Example entry: ``{"name": "aime", "path":
-    "aime.jsonl", "input_key": "problem", "label_key": "answer"}``."""
+    (``--eval-input-key``, else ``--input-key``); a relative path is read next to the file; an
+    ``rm_type`` scores that set with its own built-in reward (slime's per-dataset rm_type).
+    Example entry: ``{"name": "aime", "path": "aime.jsonl", "input_key": "problem",
+    "label_key": "answer", "rm_type": "math"}``."""
     data = load_config_file(path)
     entries = data.get("datasets")
     if set(data) != {"datasets"} or not isinstance(entries, list) or not entries:
@@ -276,8 +279,11 @@ def eval_config_sets(path: str, defaults: DataKeys) -> list[tuple[str, str, Data
             raise field_error(ConfigError, where, entry, "is not an eval set",
                               f"give name and path, and optionally {list(_EVAL_SET_KEYS[2:])}, "
                               "all as non-empty strings")
+        if entry.get("rm_type", RM_CHOICES[0]) not in RM_CHOICES:
+            raise field_error(ConfigError, f"{where} rm_type", entry["rm_type"],
+                              "is not a built-in reward", f"use one of {list(RM_CHOICES)}")
         keys = attrs.evolve(defaults, **{k: v for k, v in entry.items() if k.endswith("_key")},
-                            flag_prefix=f"{where} ")
+                            rm_type=entry.get("rm_type"), flag_prefix=f"{where} ")
         file = Path(entry["path"]).expanduser()  # relative: next to the config file
         out.append((entry["name"], str(file if file.is_absolute() else Path(path).parent / file),
                     keys))
@@ -319,6 +325,23 @@ def _check_engine_args(cfg: TrainConfig) -> None:
                               f"names no vLLM engine argument ({key!r})",
                               "use a field of vllm.engine.arg_utils.EngineArgs, or drop the "
                               "--vllm-/--sglang- flag it came from")
+
+
+VLLM_MAX_TEMPERATURE = 2.0  # vLLM 0.32's SamplingParams refuses more
+
+
+def check_vllm_sampling(cfg: TrainConfig) -> None:
+    """A temperature vLLM refuses (above 2) fails here, not at the first generation after the
+    model is built; vime's own range (0..100) holds for the HF engine. The engine is vLLM
+    when named, or when installed and none is named (as for the engine layout)."""
+    if (cfg.rollout_engine or ("vllm" if vllm_available() else "hf")) != "vllm":
+        return
+    for flag in ("rollout_temperature", "eval_temperature"):
+        value = getattr(cfg, flag)
+        if value is not None and value > VLLM_MAX_TEMPERATURE:
+            raise field_error(ConfigError, flag, value,
+                              f"is above vLLM's limit of {VLLM_MAX_TEMPERATURE:g}",
+                              f"use at most {VLLM_MAX_TEMPERATURE:g}, or --rollout-engine hf")
 
 
 def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:

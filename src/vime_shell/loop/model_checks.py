@@ -15,7 +15,11 @@ CUDA-only flag is set). What is refused, and why (measured on CPU with megatron-
   no CPU backend); the HF engine cannot; and vime's vLLM adapter does not request them yet;
 - ``--expert-tensor-parallel-size`` other than the TP size without TransformerEngine (the local
   spec's SequentialMLP experts load through mbridge's dense TP split);
-- ``--recompute-num-layers`` above the layers of the smallest pipeline stage (Megatron's rule).
+- ``--recompute-num-layers`` above the layers of the smallest pipeline stage (Megatron's rule);
+- a ``--tensor-model-parallel-size`` that does not divide the attention heads, or that is
+  neither a divisor nor a multiple of the KV heads (Megatron's ``TransformerConfig`` rule: more
+  TP ranks than KV heads is fine, each KV head is then replicated; Qwen2.5-0.5B's 14 heads
+  and 2 KV heads take TP 1, 2 or 14, not 4 or 7).
 
 Example: ``check_model_settings(TrainConfig(optimizer_cpu_offload=True), summary, layout)``
 on a CPU machine raises ``ConfigError: optimizer_cpu_offload=True: is CUDA-only ...``.
@@ -57,6 +61,7 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
         raise field_error(ConfigError, "moe_router_topk", cfg.moe_router_topk,
                           f"exceeds the model's {summary.num_experts} experts",
                           "use at most the expert count")
+    check_tp_heads(cfg.tensor_model_parallel_size, summary)
     if cfg.recompute_num_layers is not None:
         smallest = min(layout.stage_layers(summary.num_layers))
         if cfg.recompute_num_layers > smallest:
@@ -77,6 +82,23 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                           "TransformerEngine's grouped experts (the local SequentialMLP "
                           "experts split like the dense weights)", "drop the flag here")
     _check_cuda_only(cfg)
+
+
+def check_tp_heads(tp: int, summary: HfConfigSummary) -> None:
+    """Megatron splits the query heads evenly over the TP ranks, and the KV heads evenly or,
+    with more ranks than KV heads, replicates each over ``tp / kv`` ranks. Example: 14 heads,
+    2 KV heads: TP 1, 2 and 14 run; TP 4 or 7 raise naming ``--tensor-model-parallel-size``."""
+    heads = summary.num_attention_heads
+    if tp == 1 or not heads:
+        return
+    kv = summary.num_key_value_heads or heads
+    fits = [t for t in range(1, heads + 1) if heads % t == 0 and (kv % t == 0 or t % kv == 0)]
+    if tp not in fits:
+        raise field_error(ConfigError, "tensor_model_parallel_size", tp,
+                          f"does not fit the model's {heads} attention heads and {kv} KV heads "
+                          "(Megatron splits the query heads evenly over the TP ranks, and the "
+                          "KV heads evenly, or replicates each over TP / KV-heads ranks)",
+                          f"use a TP size in {fits}")
 
 
 def _check_cuda_only(cfg: TrainConfig) -> None:

@@ -203,6 +203,15 @@ def transformer_engine_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
+def sequence_parallel_on(requested: bool, *, tp: int, cp: int, transformer_engine: bool) -> bool:
+    """Whether ``--sequence-parallel`` turns Megatron's sequence parallelism on: only with
+    TP > 1 (Megatron turns it off at TP 1), TransformerEngine (the local spec's torch norms
+    cannot run sequence-parallel) and CP 1 (the row padding it needs is not wired into the CP
+    chunks yet). Example: ``sequence_parallel_on(True, tp=2, cp=1, transformer_engine=False)``
+    is False."""
+    return bool(requested) and tp > 1 and cp == 1 and transformer_engine
+
+
 def context_parallel_available() -> bool:
     """True with CUDA and TransformerEngine (Megatron's CP needs TE attention)."""
     return cuda_available() and transformer_engine_available()

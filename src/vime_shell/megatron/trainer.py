@@ -26,7 +26,8 @@ Example::
 
     trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=OptimConfig(lr=1e-4)))
     mine = rank_batch(batch, schedule, dp_rank=trainer.dp_rank, cp_rank=trainer.cp_rank,
-                      cp_size=trainer.layout.cp, loss_mode="group_token_mean")
+                      cp_size=trainer.layout.cp, loss_mode="group_token_mean",
+                      row_multiple=trainer.row_multiple)
     logps = trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens)
     results = trainer.train(with_log_probs(mine, old_log_probs=logps))  # one per step
 """
@@ -58,7 +59,7 @@ from vime_pure.scheduling.flops import FlopsModel
 from vime_shell.megatron.config import OptimConfig, StepResult, TrainerConfig  # noqa: F401
 from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.megatron.layout import (TrainLayout, UnsupportedLayoutError, resolve_layout,
-                                        world_size_from_env)
+                                        sequence_parallel_on, world_size_from_env)
 from vime_shell.megatron.moe_bridge import num_experts_of
 from vime_shell.megatron.offload import OffloadReport, StorageOffload, trainer_tensors
 from vime_shell.engines.sync import buckets
@@ -84,7 +85,13 @@ class MegatronTrainer:
     def __init__(self, hf_dir: str | Path, platform: Platform, layout: TrainLayout,
                  config: TrainerConfig = TrainerConfig()):
         self.platform, self.layout, self.config = platform, layout, config
-        self.bridge = make_bridge(hf_dir, platform, config.model, layout)
+        self.sequence_parallel = sequence_parallel_on(
+            config.sequence_parallel, tp=layout.tp, cp=layout.cp,
+            transformer_engine=platform.transformer_engine)
+        # Sequence parallelism splits each packed row over the TP ranks: rows are padded to it.
+        self.row_multiple = layout.tp if self.sequence_parallel else 1
+        self.bridge = make_bridge(hf_dir, platform, config.model, layout,
+                                  sequence_parallel=self.sequence_parallel)
         # The forward FLOPs model picks each record's cheaper CPU attention layout (tensors.py).
         self.flops = FlopsModel.from_hf_config(self.bridge.hf_config,
                                                config.model.moe_router_topk)
