@@ -160,13 +160,6 @@ def test_expert_tensor_parallelism_other_than_tp_needs_transformer_engine():
     check_model_settings(same, MOE, _layout(num_experts=4))  # equal to TP: fine
 
 
-def test_routing_replay_turns_off_the_fused_router_and_refuses_sinkhorn():
-    fields = ModelOptions(moe_enable_routing_replay=True).transformer_fields()
-    assert fields == {"moe_enable_routing_replay": True, "moe_router_fusion": False}
-    with pytest.raises(ModelOptionsError, match="sinkhorn"):
-        ModelOptions(moe_enable_routing_replay=True, moe_router_load_balancing_type="sinkhorn")
-
-
 @pytest.mark.parametrize("tp,fits", [(1, True), (2, True), (14, True), (4, False), (7, False)])
 def test_tp_against_the_attention_and_kv_heads(tp, fits):
     # Qwen2.5-0.5B's heads: 14 query heads, 2 KV heads. TP 14 gives each KV head to 7 ranks
@@ -202,3 +195,10 @@ def test_vime_train_refuses_a_tp_the_heads_do_not_fit(tmp_path, monkeypatch, cap
     assert code == 2 and "--tensor-model-parallel-size=4: does not fit the model's 14 " \
         "attention heads and 2 KV heads" in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_routing_replay_turns_off_the_fused_router_and_refuses_sinkhorn():
+    fields = ModelOptions(moe_enable_routing_replay=True).transformer_fields()
+    assert fields == {"moe_enable_routing_replay": True, "moe_router_fusion": False}
+    with pytest.raises(ModelOptionsError, match="sinkhorn"):
+        ModelOptions(moe_enable_routing_replay=True, moe_router_load_balancing_type="sinkhorn")

@@ -124,6 +124,36 @@ def test_bad_inputs_are_typed_errors():
         attrs.evolve(mine.microbatches[0], loss_mask=np.zeros(1, dtype=np.float32))
 
 
+@given(scheduled_batches(depth=1), st.integers(2, 8))
+def test_row_multiple_pads_the_row_and_changes_nothing_scored(case, m):
+    """Theorem: sequence parallelism's padding (``row_multiple``) only appends unscored zero
+    tokens to a row's last sample: every scored field is the unpadded record's."""
+    batch, sched = case
+    plain, padded = (rank_batch(batch, sched, dp_rank=0, row_multiple=k) for k in (1, m))
+    for a, b in zip(plain.microbatches, padded.microbatches):
+        n, total = len(a.tokens), len(b.tokens)
+        assert total % m == 0 and total - n < m and b.seq_lengths.sum() == total
+        assert b.seq_lengths[:-1].tolist() == a.seq_lengths[:-1].tolist()
+        assert b.tokens[:n].tolist() == a.tokens.tolist() and not b.tokens[n:].any()
+        assert b.labels[:n].tolist() == a.labels.tolist() and not b.labels[n:].any()
+        assert b.positions[n:].tolist() == list(range(a.positions[-1] + 1,
+                                                      a.positions[-1] + 1 + total - n))
+        for name in ("logit_index", "response_index", "token_sample", "loss_mask",
+                     "advantages", "denominators"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+
+def test_row_multiple_example_and_its_cp_limit():
+    batch = RolloutBatch.from_samples([[
+        Sample(tokens=[1] * 5, response_length=2, reward=1.0),
+        Sample(tokens=[2] * 6, response_length=2, reward=0.0)]])
+    sched = _one_step(batch, max_tokens_per_gpu=64)
+    rec = rank_batch(batch, sched, dp_rank=0, row_multiple=4).microbatches[0]
+    assert (rec.sample_indices.tolist(), rec.seq_lengths.tolist()) == ([1, 0], [6, 6])
+    with pytest.raises(RolloutBatchError, match="row_multiple=2: is not wired with cp_size=2"):
+        rank_batch(batch, sched, dp_rank=0, cp_size=2, row_multiple=2)
+
+
 def _source_routes(batch):
     """Routes that name their token: row ``j`` is ``[2j, 2j + 1]`` (one layer, top-2)."""
     j = np.arange(len(batch.tokens), dtype=np.int16)
@@ -178,33 +208,3 @@ def test_bad_routes_are_typed_errors_naming_the_sample(routes, match):
              Sample(tokens=[1, 2], response_length=1, reward=1.0)]
     with pytest.raises(RolloutValidationError, match="for every sample or for none"):
         RolloutBatch.from_samples([mixed])
-
-
-@given(scheduled_batches(depth=1), st.integers(2, 8))
-def test_row_multiple_pads_the_row_and_changes_nothing_scored(case, m):
-    """Theorem: sequence parallelism's padding (``row_multiple``) only appends unscored zero
-    tokens to a row's last sample: every scored field is the unpadded record's."""
-    batch, sched = case
-    plain, padded = (rank_batch(batch, sched, dp_rank=0, row_multiple=k) for k in (1, m))
-    for a, b in zip(plain.microbatches, padded.microbatches):
-        n, total = len(a.tokens), len(b.tokens)
-        assert total % m == 0 and total - n < m and b.seq_lengths.sum() == total
-        assert b.seq_lengths[:-1].tolist() == a.seq_lengths[:-1].tolist()
-        assert b.tokens[:n].tolist() == a.tokens.tolist() and not b.tokens[n:].any()
-        assert b.labels[:n].tolist() == a.labels.tolist() and not b.labels[n:].any()
-        assert b.positions[n:].tolist() == list(range(a.positions[-1] + 1,
-                                                      a.positions[-1] + 1 + total - n))
-        for name in ("logit_index", "response_index", "token_sample", "loss_mask",
-                     "advantages", "denominators"):
-            np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
-
-
-def test_row_multiple_example_and_its_cp_limit():
-    batch = RolloutBatch.from_samples([[
-        Sample(tokens=[1] * 5, response_length=2, reward=1.0),
-        Sample(tokens=[2] * 6, response_length=2, reward=0.0)]])
-    sched = _one_step(batch, max_tokens_per_gpu=64)
-    rec = rank_batch(batch, sched, dp_rank=0, row_multiple=4).microbatches[0]
-    assert (rec.sample_indices.tolist(), rec.seq_lengths.tolist()) == ([1, 0], [6, 6])
-    with pytest.raises(RolloutBatchError, match="row_multiple=2: is not wired with cp_size=2"):
-        rank_batch(batch, sched, dp_rank=0, cp_size=2, row_multiple=2)

