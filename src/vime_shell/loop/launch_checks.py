@@ -242,7 +242,7 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
                if roles.mode == "fully_async" else "a carried-over group's first tokens "
                "would be two versions old, past the one-step-off bound")
         raise field_error(ConfigError, "--partial-rollout", True, f"is not supported with "
-                          f"{flag} ({why})", f"drop one of them; --partial-rollout works with "
+                          f"{flag} ({why})", "drop one of them; --partial-rollout works with "
                           "engines on ranks of their own synchronously (--no-colocate "
                           "--rollout-num-gpus N)")
     if roles is not None and roles.mode == "fully_async" and (
