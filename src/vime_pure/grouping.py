@@ -122,7 +122,7 @@ def group_keys(group_ids: object, error: type[VimeError] = ScheduleError,
 
 
 def _dense_numpy(keys: np.ndarray | list | tuple
-                 ) -> tuple[np.ndarray, list[int], np.ndarray, np.ndarray] | None:
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """Dense ids, first-occurrence positions, and the grouping's ``order`` and ``offsets``, via
     one sort (none when the ids never decrease), or None if not applicable."""
     if isinstance(keys, np.ndarray):
@@ -141,7 +141,7 @@ def _dense_numpy(keys: np.ndarray | list | tuple
         new = np.ones(n, dtype=bool)
         new[1:] = arr[1:] != arr[:-1]
         first = np.flatnonzero(new)
-        return (np.cumsum(new) - 1, first.tolist(), np.arange(n, dtype=np.int64),
+        return (np.cumsum(new) - 1, first, np.arange(n, dtype=np.int64),
                 np.append(first, n).astype(np.int64))
     order = np.argsort(arr, kind="stable")  # equal ids stay in index order
     ordered = arr[order]
@@ -159,7 +159,7 @@ def _dense_numpy(keys: np.ndarray | list | tuple
     offsets = np.zeros(len(lens) + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
     gather = np.repeat(runs[by_first] - offsets[:-1], lens) + np.arange(n)
-    return dense, first[by_first].tolist(), order[gather].astype(np.int64), offsets
+    return dense, first[by_first], order[gather].astype(np.int64), offsets
 
 
 def dense_first_occurrence(ids: Sequence[Any]) -> tuple[Int64[np.ndarray, " n"], tuple]:
@@ -203,7 +203,7 @@ def group_samples(group_ids: Any, *, error: type[VimeError] = ScheduleError,
     if fast is not None:
         dense, first, order, offsets = fast
         ids = tuple(keys[first].tolist()) if isinstance(keys, np.ndarray) else tuple(
-            map(keys.__getitem__, first))
+            map(keys.__getitem__, first.tolist()))
         return Grouping(ids=ids, dense=dense.astype(np.int64, copy=False), order=order,
                         offsets=offsets)
     if has_none:
