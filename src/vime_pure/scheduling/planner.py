@@ -2,7 +2,9 @@
 
 See ``vime_pure.scheduling.schedule`` for the contract and invariants; this module only computes.
 Work that spans the whole batch is done once with numpy (grouping, step slicing, the per-step
-size sort, index assembly); only the inherently sequential kernels run per step in Python.
+size sort, index assembly). With the compiled kernels (``vime[fast]``) every step is planned in
+one numba call (``compiled_steps.plan_steps``); with the pure ones the sequential kernels run
+step by step in Python, and both give the same schedule.
 
 Policy details: ``packing="flops"`` packs by LPT on FLOPs straight into FFD's aligned count and
 keeps FFD's bins when LPT would need more micro-batches, so it never costs micro-batches.

@@ -1,9 +1,10 @@
 """Kernel sets: the pure-Python kernels, or their numba twins when ``vime[fast]`` is installed.
 
 Both sets speak one flat form for bins: ``(items, offsets)``, bin ``b`` is
-``items[offsets[b]:offsets[b + 1]]``. The pure set wraps ``vime_pure.scheduling.kernels`` (the
-oracle); the compiled set is ``vime_pure.scheduling.compiled_kernels``, imported the first time
-``kernel_set()`` is asked for it, never at ``import vime_pure``. Both give bit-identical
+``items[offsets[b]:offsets[b + 1]]``. The pure set wraps ``vime_pure.scheduling.kernels`` and
+``rank_balance`` (the oracle); the compiled set is ``compiled_kernels``, ``compiled_balance``
+(the straggler policy) and ``compiled_steps`` (``plan_steps``: every step of a batch in one
+call), imported the first time ``kernel_set()`` is asked for it, never at ``import vime_pure``. Both give bit-identical
 schedules (property-tested), so the choice changes only the speed.
 
 Choice: the compiled set when numba is importable, unless ``VIME_KERNELS=pure`` is set in the
