@@ -14,6 +14,9 @@ One record is one packed row (the micro-batch's samples back to back):
   log-probs computed here land in batch coordinates), ``token_sample`` (its sample's position in
   the row), ``loss_mask``, ``advantages`` and the engine's ``rollout_log_probs``; ``old_log_probs``
   and ``ref_log_probs`` once attached with :func:`with_log_probs`;
+- ``routed_experts`` (MoE routing replay, when the batch has ``rollout_routed_experts``): one
+  row of ``layers * topk`` expert ids per local position, gathered with the tokens (a padding
+  position repeats its sample's last token's row: it scores nothing, any valid route is exact);
 - per sample: ``denominators``, the step-level ``D`` of ``loss_mode``
   (``vime_pure.denominators.step_denominators``: whole step, whole group, never this row);
 - the step's ``G_s`` (``num_groups``), ``N_s`` (``num_samples``) and per-rank micro-batch count
@@ -41,7 +44,7 @@ from typing import Any
 
 import attrs
 import numpy as np
-from jaxtyping import Float32, Float64, Int64, TypeCheckError
+from jaxtyping import Float32, Float64, Int16, Int64, TypeCheckError
 
 from vime_pure.config import as_int
 from vime_pure.cp import zigzag_offsets
@@ -79,16 +82,18 @@ class TrainMicroBatch:
     rollout_log_probs: Float32[np.ndarray, " R"] | None = None
     old_log_probs: Float32[np.ndarray, " R"] | None = None
     ref_log_probs: Float32[np.ndarray, " R"] | None = None
+    routed_experts: Int16[np.ndarray, "T e"] | None = None
 
     def __attrs_post_init__(self) -> None:
         _check_counts(self)
-        check_dtypes(self, MICROBATCH_COLUMNS, "TrainMicroBatch", optional=LOG_PROB_COLUMNS)
+        check_dtypes(self, MICROBATCH_COLUMNS, "TrainMicroBatch",
+                     optional=(*LOG_PROB_COLUMNS, "routed_experts"))
         try:
             shape_checker(_shapes)(
                 self.sample_indices, self.seq_lengths, self.denominators, self.tokens,
                 self.positions, self.labels, self.logit_index, self.response_index,
                 self.token_sample, self.loss_mask, self.advantages, self.rollout_log_probs,
-                self.old_log_probs, self.ref_log_probs)
+                self.old_log_probs, self.ref_log_probs, self.routed_experts)
         except TypeCheckError as exc:
             raise shape_error("TrainMicroBatch", self, exc) from None
         _check_values(self)
@@ -239,9 +244,12 @@ def _record(batch: RolloutBatch, idx: np.ndarray, dens: np.ndarray, cp_rank: int
         seq[-1] += -int(seq.sum()) % row_multiple
     starts = offsets_from_lengths(seq)[:-1]
     total = int(seq.sum())
-    tokens = np.zeros(total, dtype=np.int64)
     # Real tokens of sample k sit at starts[k] .. starts[k] + lens[k]; CP padding after them.
-    tokens[_within(seq, lens)] = batch.tokens[row_positions(batch.token_offsets, idx)]
+    # source: each position's batch token (a padding position: its sample's last token).
+    real = _within(seq, lens)
+    source = np.repeat(batch.token_offsets[idx] + lens - 1, seq)
+    source[real] = row_positions(batch.token_offsets, idx)
+    tokens = np.where(real, batch.tokens[source], 0).astype(np.int64)
     positions = np.arange(total, dtype=np.int64) - np.repeat(starts, seq)
     labels = np.zeros(total, dtype=np.int64)
     has_next = _within(seq, lens - 1)  # every position but each sample's last real one
@@ -261,8 +269,8 @@ def _record(batch: RolloutBatch, idx: np.ndarray, dens: np.ndarray, cp_rank: int
         to_local[local] = np.arange(len(local))
         keep = to_local[logit_index] >= 0
         tokens, positions, labels = tokens[local], positions[local], labels[local]
-        logit_index = to_local[logit_index[keep]]
-    log_probs = batch.rollout_log_probs
+        logit_index, source = to_local[logit_index[keep]], source[local]
+    log_probs, routes = batch.rollout_log_probs, batch.rollout_routed_experts
     return TrainMicroBatch(
         **step_fields, cp_rank=cp_rank, cp_size=cp_size, sample_indices=idx,
         seq_lengths=seq.astype(np.int64, copy=False), denominators=dens[idx], tokens=tokens,
@@ -270,7 +278,8 @@ def _record(batch: RolloutBatch, idx: np.ndarray, dens: np.ndarray, cp_rank: int
         response_index=response_index[keep], token_sample=token_sample[keep],
         loss_mask=batch.loss_masks[response_index[keep]].astype(np.float32),
         advantages=np.repeat(batch.advantages[idx], resp)[keep].astype(np.float32),
-        rollout_log_probs=None if log_probs is None else log_probs[response_index[keep]])
+        rollout_log_probs=None if log_probs is None else log_probs[response_index[keep]],
+        routed_experts=None if routes is None else routes[source])
 
 
 def _ranks_within(sizes: np.ndarray) -> np.ndarray:
@@ -299,6 +308,7 @@ MICROBATCH_COLUMNS: dict[str, np.dtype] = {
                      "logit_index", "response_index", "token_sample"), np.dtype(np.int64)),
     "denominators": np.dtype(np.float64),
     **dict.fromkeys(("loss_mask", "advantages", *LOG_PROB_COLUMNS), np.dtype(np.float32)),
+    "routed_experts": np.dtype(np.int16),
 }
 MAX_CP = 2**16  # context-parallel ranks; a larger cp_size is a bug, not a layout
 _RECORD_FIX = "build records with rank_batch(batch, schedule_for(batch, layout, policy), ...)"
@@ -369,5 +379,6 @@ def _shapes(sample_indices: Int64[np.ndarray, " k"], seq_lengths: Int64[np.ndarr
             advantages: Float32[np.ndarray, " R"],
             rollout_log_probs: Float32[np.ndarray, " R"] | None,
             old_log_probs: Float32[np.ndarray, " R"] | None,
-            ref_log_probs: Float32[np.ndarray, " R"] | None) -> None:
+            ref_log_probs: Float32[np.ndarray, " R"] | None,
+            routed_experts: Int16[np.ndarray, "T e"] | None) -> None:
     """Cross-field shapes of a packed row: ``k`` samples, ``T`` local positions, ``R`` tokens."""

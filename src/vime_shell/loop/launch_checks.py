@@ -122,6 +122,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
         supports_context_parallel=cp > 1 and context_parallel_available(), tp=tp,
         pp=cfg.pipeline_model_parallel_size, cp=cp,
         num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage,
+        num_virtual_stages=cfg.num_virtual_stages_per_pipeline_rank,
         ep=cfg.expert_model_parallel_size, etp=cfg.expert_tensor_parallel_size,
         num_experts=summary.num_experts,
         first_stage_layers=cfg.decoder_first_pipeline_num_layers,
@@ -150,6 +151,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     _check_side_inputs(cfg, hf_dir)
     if engine_layout is not None:
         _check_engine_args(cfg)
+        check_vllm_sampling(cfg)
     prompts, dropped, eval_sets = _prompt_sets(cfg, hf_dir, summary.max_position_embeddings)
     # --num-rollout, else what --num-epoch passes need (dynamic sampling may draw more prompts
     # per rollout, so it is a lower bound on the passes made).
@@ -323,6 +325,23 @@ def _check_engine_args(cfg: TrainConfig) -> None:
                               f"names no vLLM engine argument ({key!r})",
                               "use a field of vllm.engine.arg_utils.EngineArgs, or drop the "
                               "--vllm-/--sglang- flag it came from")
+
+
+VLLM_MAX_TEMPERATURE = 2.0  # vLLM 0.32's SamplingParams refuses more
+
+
+def check_vllm_sampling(cfg: TrainConfig) -> None:
+    """A temperature vLLM refuses (above 2) fails here, not at the first generation after the
+    model is built; vime's own range (0..100) holds for the HF engine. The engine is vLLM
+    when named, or when installed and none is named (as for the engine layout)."""
+    if (cfg.rollout_engine or ("vllm" if vllm_available() else "hf")) != "vllm":
+        return
+    for flag in ("rollout_temperature", "eval_temperature"):
+        value = getattr(cfg, flag)
+        if value is not None and value > VLLM_MAX_TEMPERATURE:
+            raise field_error(ConfigError, flag, value,
+                              f"is above vLLM's limit of {VLLM_MAX_TEMPERATURE:g}",
+                              f"use at most {VLLM_MAX_TEMPERATURE:g}, or --rollout-engine hf")
 
 
 def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:

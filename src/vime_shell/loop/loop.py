@@ -206,7 +206,8 @@ def engine_options(cfg: TrainConfig, cuda: bool, num_experts: int | None = None)
         expert_parallel=cfg.rollout_enable_expert_parallel, num_experts=num_experts,
         per_request=cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION,
         max_concurrency=cfg.sglang_server_concurrency,
-        vllm_args=tuple(parse_engine_arg(a) for a in cfg.vllm_engine_args or ()))
+        vllm_args=tuple(parse_engine_arg(a) for a in cfg.vllm_engine_args or ()),
+        routed_experts=cfg.use_rollout_routing_replay)
 
 
 class _Loop:
@@ -223,6 +224,7 @@ class _Loop:
             tp=cfg.tensor_model_parallel_size,
             pp=cfg.pipeline_model_parallel_size, cp=cfg.context_parallel_size,
             num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage,
+            num_virtual_stages=cfg.num_virtual_stages_per_pipeline_rank,
             ep=cfg.expert_model_parallel_size, etp=cfg.expert_tensor_parallel_size,
             first_stage_layers=cfg.decoder_first_pipeline_num_layers,
             last_stage_layers=cfg.decoder_last_pipeline_num_layers, platform=detect_platform())

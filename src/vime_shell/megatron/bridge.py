@@ -87,9 +87,11 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     except ValueError as exc:
         raise ModelLoadError(f"model_type={config.model_type!r}: {exc}. Fix: use a Qwen2/Qwen3/"
                              "Llama-family checkpoint.") from None
-    bridge.set_extra_args(**platform.transformer_overrides(sequence_parallel),
-                          **router_fields(config),
-                          **_stage_fields(layout), **options.transformer_fields())  # adj. 5
+    # Adjustment 5 is the platform's overrides; they come last, so a field the run's options
+    # also set (moe_router_fusion=False under routing replay) takes the platform's value.
+    bridge.set_extra_args(**{**options.transformer_fields(), **router_fields(config),
+                             **_stage_fields(layout),
+                             **platform.transformer_overrides(sequence_parallel)})
     bridge.hf_dir = Path(hf_dir)
     _adjust_rope(bridge, config)
 
