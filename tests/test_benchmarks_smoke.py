@@ -75,7 +75,7 @@ def test_async_tail_summary_of_a_synthetic_run():
     """``benchmarks.async_tail`` (its runs take minutes): the latencies are the same in every
     mode for a prompt, busy time is the union of intervals, and the summary's idle fractions
     and staleness distribution follow the records."""
-    from benchmarks.async_tail import busy_seconds, latency, summarize
+    from benchmarks.async_tail import busy_seconds, first_reaching, latency, summarize
 
     assert latency(0, 3, 5) == latency(0, 3, 5) != latency(0, 3, 6)
     assert busy_seconds([[0, 2], [1, 3], [5, 6]]) == 4
@@ -86,6 +86,8 @@ def test_async_tail_summary_of_a_synthetic_run():
     assert out["wall_per_rollout_s_median"] == 2.0
     assert out["trainer_idle_frac"] == 0.5 and out["engine_idle_frac"] == 0.5
     assert out["staleness_frac"] == {0: 0.25, 1: 0.75} and out["staleness_median"] == 1
+    assert out["reward_half10"] == 0.5 and out["reaches_0.8_at"] is None
+    assert first_reaching([0.0] * 5 + [1.0] * 10, 0.8) == 12  # rollouts 5-12 of 3-12 at 1
 
 
 def test_lr_curve_quick(capsys):

@@ -7,15 +7,15 @@
 # 3. runs tests/gpu: bf16 Megatron step, THD vs mask packing (needs TransformerEngine), CP=2
 #    (needs 2 GPUs and TE), --offload-train bytes freed, optimizer CPU offload and the
 #    precision-aware optimizer (TE), MoE EP2 on NCCL (2 GPUs: NCCL refuses two ranks on one
-#    device), routing replay (R3) in the bf16 trainer, CUDA vLLM's routed experts replayed by
-#    the trainer and vLLM's expert-parallel reload (both need vllm), and the end-to-end
-#    `vime train` case, which writes $VIME_GPU_SUITE_OUT/e2e.json (default runs/gpu-suite):
-#    reward per rollout, log-prob gap after each sync, generation and training tokens/s, peak
-#    memory. Only the TE / 2-GPU / vllm cases may skip (printed with their reason, -rs); any
-#    failure fails the script. Budget: about 8 minutes on one H200-class GPU (pytest is capped
-#    at $VIME_GPU_SUITE_TIMEOUT, default 540 s). Extra arguments go to pytest, so the suite
-#    splits over two shorter calls: `run_gpu_suite.sh -k "not end_to_end"` and
-#    `run_gpu_suite.sh -k end_to_end`.
+#    device), the trainer-to-engine weight bridge on NCCL (2 GPUs), routing replay (R3) in the
+#    bf16 trainer, CUDA vLLM's routed experts replayed by the trainer and vLLM's expert-parallel
+#    reload (both need vllm), and the end-to-end `vime train` case, which writes
+#    $VIME_GPU_SUITE_OUT/e2e.json (default runs/gpu-suite): reward per rollout, log-prob gap
+#    after each sync, generation and training tokens/s, peak memory. Only the TE / 2-GPU / vllm
+#    cases may skip (printed with their reason, -rs); any failure fails the script. Budget:
+#    about 8 minutes on one H200-class GPU (pytest is capped at $VIME_GPU_SUITE_TIMEOUT,
+#    default 540 s). Extra arguments go to pytest, so the suite splits over two shorter calls:
+#    `run_gpu_suite.sh -k "not end_to_end"` and `run_gpu_suite.sh -k end_to_end`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"

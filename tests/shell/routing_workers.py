@@ -38,7 +38,8 @@ def engine_batch(hf_dir: str, seed: int = 3):
 
 
 def _random_routes(batch, seed: int = 9):
-    """Distinct random experts per token and layer, in the batch's layout."""
+    """Distinct random experts per token and layer, in the batch's layout (the tiny MoE
+    models of these tests: 2 MoE layers, 4 experts)."""
     rng = np.random.default_rng(seed)
     t, width = batch.rollout_routed_experts.shape
     layers, topk, experts = 2, width // 2, 4

@@ -141,7 +141,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     if cfg.custom_generate_function_path is not None:
         load_generate_function(cfg.custom_generate_function_path)
     if cfg.partial_rollout and engine_layout is not None and engine_layout.num_engines > 1:
-        raise field_error(ConfigError, "partial_rollout", True,
+        raise field_error(ConfigError, "--partial-rollout", True,
                           f"keeps one buffer of unfinished groups, but this run has "
                           f"{engine_layout.num_engines} engines",
                           "pass --rollout-num-gpus 1 (one engine) with --partial-rollout")
@@ -228,28 +228,29 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
     except (RankRolesError, AsyncPoolError) as exc:
         raise ConfigError(str(exc)) from exc
     if roles is None and cfg.update_weights_interval > 1:
-        raise field_error(ConfigError, "update_weights_interval", cfg.update_weights_interval,
+        raise field_error(ConfigError, "--update-weights-interval", cfg.update_weights_interval,
                           "needs engines on ranks of their own (the colocated loop trains on "
                           "policy only)", "add --train-async or --fully-async with "
                           "--rollout-num-gpus, or drop it")
     if roles is not None and cfg.load_rollout_data is not None:
-        raise field_error(ConfigError, "load_rollout_data", cfg.load_rollout_data,
+        raise field_error(ConfigError, "--load-rollout-data", cfg.load_rollout_data,
                           "replays into the colocated loop only", "drop --rollout-num-gpus "
                           "/ --train-async / --fully-async for a replay")
-    if roles is not None and cfg.partial_rollout:
-        raise field_error(ConfigError, "partial_rollout", True, "is not wired to separate "
-                          "engine ranks yet (its buffer lives in the colocated loop)",
-                          "drop --partial-rollout, or run engines inside the trainer ranks")
+    if roles is not None and roles.mode != "sync" and cfg.partial_rollout:
+        flag = "--fully-async" if roles.mode == "fully_async" else "--train-async"
+        why = ("its pool already keeps unfinished groups in flight across steps"
+               if roles.mode == "fully_async" else "a carried-over group's first tokens "
+               "would be two versions old, past the one-step-off bound")
+        raise field_error(ConfigError, "--partial-rollout", True, f"is not supported with "
+                          f"{flag} ({why})", "drop one of them; --partial-rollout works with "
+                          "engines on ranks of their own synchronously (--no-colocate "
+                          "--rollout-num-gpus N)")
     if roles is not None and roles.mode == "fully_async" and (
             cfg.custom_generate_function_path is not None):
-        raise field_error(ConfigError, "custom_generate_function_path",
+        raise field_error(ConfigError, "--custom-generate-function-path",
                           cfg.custom_generate_function_path, "is not wired to the fully-async "
                           "pool yet (the pool runs --rollout-function-path per group)",
                           "use --train-async with it, or a batched --rollout-function-path")
-    if roles is not None and roles.mode == "fully_async" and cfg.eval_interval is not None:
-        raise field_error(ConfigError, "eval_interval", cfg.eval_interval,
-                          "is not supported with --fully-async yet",
-                          "evaluate the saved checkpoint, or use --train-async")
     return roles
 
 

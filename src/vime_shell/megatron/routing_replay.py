@@ -37,7 +37,9 @@ class RolloutRouterReplay(RouterReplay):
 
     def get_replay_topk(self, scores, topk, num_groups=None, group_topk=None,
                         default_compute_topk=None):
-        recompute = torch._C._current_graph_task_id() != -1  # inside a backward pass
+        # -1 outside autograd's engine (torch has no public "in backward" query); Megatron's
+        # recompute (full, or the 'moe' module) runs the router again inside a backward pass.
+        recompute = torch._C._current_graph_task_id() != -1
         self.set_router_replay_action(RouterReplayAction.REPLAY_BACKWARD if recompute
                                       else RouterReplayAction.REPLAY_FORWARD)
         return super().get_replay_topk(scores, topk, num_groups, group_topk,

@@ -16,7 +16,10 @@ Wiring that matters (each is silently wrong when missing):
 - ``opt_param_scheduler.step(increment=G_s)``, so a partial step of 8 groups moves the schedule
   by 8, not by a full step;
 - under ``overlap_param_gather`` the all-gather of updated shards waits for the next forward,
-  so export and checkpoint force it first (else ranks read stale shards).
+  so export and checkpoint force it first (else ranks read stale shards);
+- under ``--use-rollout-routing-replay`` every chunk's routers get the record's routes right
+  before that chunk's forward, and the pending routes are cleared after every schedule run
+  (:mod:`vime_shell.megatron.routing_replay`).
 
 Invariants (tested in ``tests/shell``): final loss and parameters after k steps are equal across
 DP1, DP2, DP2 + distributed optimizer + overlap, TP2, PP2 and PP2xVPP2 (fp32, 1e-5); the
