@@ -30,7 +30,7 @@ TRL_VENV   := .venv-trl
 TRL_STAMP  := $(TRL_VENV)/.installed-$(subst =,,$(TRL_SPEC))
 PEER_ARGS  ?=
 
-.PHONY: demo demo-math test test-deep test-pure-kernels test-vllm lint venv bench bench-peer clean
+.PHONY: demo demo-math test test-deep test-compiled-kernels test-vllm lint venv bench bench-peer clean
 
 venv: $(STAMP)
 
@@ -65,10 +65,12 @@ test-deep: $(STAMP)
 	  || { echo "test-deep FAILED with hypothesis seed $$seed; reproduce: $$again" >&2; exit 1; }; \
 	echo "test-deep: passed with seed $$seed in $$(( $$(date +%s) - start )) s"
 
-# The scheduler's properties and examples on the pure-Python kernels (what runs without
-# vime[fast]); `make test` runs them on the compiled ones.
-test-pure-kernels: $(STAMP)
-	VIME_KERNELS=pure $(BIN)/python -m pytest -q -n 2 tests/property/test_schedule_properties.py \
+# The scheduler's properties and examples forced onto the compiled kernels. `make test` runs
+# them on the kernel set chosen by size (registry.COMPILED_MIN_SAMPLES): the pure-Python kernels
+# for its small batches, what runs without vime[fast]. The first run here compiles the kernels
+# (about 70 s of CPU), later runs load numba's cache.
+test-compiled-kernels: $(STAMP)
+	VIME_KERNELS=compiled $(BIN)/python -m pytest -q -n 2 tests/property/test_schedule_properties.py \
 	  tests/property/test_balance.py tests/test_schedule_examples.py tests/test_reports.py \
 	  tests/test_readme_schedule.py
 

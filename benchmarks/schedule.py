@@ -93,7 +93,7 @@ def run_case(layout_name: str, size: str, policy_name: str, repeats: int, refere
     policy = BatchingPolicy(global_batch_size=gbs, max_tokens_per_gpu=mtpg, packing=packing,
                             balance=balance, allow_partial_step=True)
     build = lambda: build_schedule(lengths, group_ids, layout, policy, flops)  # noqa: E731
-    sched, wall, cpu = _timed(build, repeats)  # the default set: compiled when numba is there
+    sched, wall, cpu = _timed(build, repeats)  # the default set: by size (registry)
     pure = None
     if numba_available():  # the pure-Python fallback, same run, for the kernels' own speed-up
         os.environ["VIME_KERNELS"] = "pure"
@@ -107,7 +107,7 @@ def run_case(layout_name: str, size: str, policy_name: str, repeats: int, refere
     cap, multiple = mtpg * cp, layout.align_multiple
     row = {"layout": layout_name, "size": size, "policy": policy_name, "samples": len(lengths),
            "wall_ms": 1e3 * wall, "cpu_ms": 1e3 * cpu, "repeats": repeats,
-           "kernels": kernel_set().name, "pure": pure,
+           "kernels": kernel_set(num_samples=len(lengths)).name, "pure": pure,
            **step_metrics([s.microbatches for s in sched.steps], lengths, flops, cap, dp, multiple)}
     if reference:
         ref, ref_wall, ref_cpu = _timed(lambda: reference_schedule(

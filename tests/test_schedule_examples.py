@@ -6,6 +6,8 @@ import pytest
 from tests.invariant_helpers import assert_schedule_invariants
 from vime_pure import (BatchingPolicy, ParallelLayout, ScheduleError, build_schedule,
                        check_feasible)
+from vime_pure.scheduling.registry import (COMPILED_MIN_SAMPLES, PURE, kernel_set,
+                                           numba_available)
 
 
 def _build(lengths, groups, layout, policy):
@@ -260,3 +262,17 @@ def test_sibling_invariant_violations_name_the_group_and_steps(groups, step_grou
 
     with pytest.raises(ScheduleInvariantError, match=f"invariant 5 violated: {message}"):
         _hand_built([0, 1, 2], [0, 1, 2, 3], [2, 1], step_groups, groups)
+
+
+def test_the_kernel_set_follows_the_batch_size_unless_forced(monkeypatch):
+    """A small batch never pays numba's first compile; a large one gets the compiled kernels
+    when numba is there; ``VIME_KERNELS`` forces either set at any size."""
+    monkeypatch.delenv("VIME_KERNELS", raising=False)
+    assert kernel_set(num_samples=COMPILED_MIN_SAMPLES - 1) is PURE
+    large = kernel_set(num_samples=COMPILED_MIN_SAMPLES)
+    assert large.name == ("compiled" if numba_available() else "pure")
+    monkeypatch.setenv("VIME_KERNELS", "pure")
+    assert kernel_set(num_samples=10 * COMPILED_MIN_SAMPLES) is PURE
+    if numba_available():
+        monkeypatch.setenv("VIME_KERNELS", "compiled")
+        assert kernel_set(num_samples=1).name == "compiled"

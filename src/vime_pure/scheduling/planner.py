@@ -123,7 +123,7 @@ def _build_steps(step_groups: list[tuple[int, int]], full: int, grouping: Groupi
         return _Planned.of([]), None
     bounds = grouping.offsets[[g for g, _ in step_groups] + [step_groups[-1][1]]]
     kept = grouping.order[: bounds[-1]]  # samples of the steps, group-major, step by step
-    ks = kernel_set()
+    ks = kernel_set(num_samples=sizes.size)
     packing = policy.packing if policy.dynamic else "static"
     fused = ks.plan_steps(kept, bounds, sizes, work, cap=policy.token_cap(layout) or 0,
                           dp=layout.dp, multiple=layout.align_multiple, packing=packing,
@@ -174,7 +174,7 @@ def _presort(kept: np.ndarray, sizes: np.ndarray, work: np.ndarray, step_of: np.
     if not policy.dynamic or policy.packing == "first_fit" and policy.balance != "straggler":
         return None
     if policy.balance == "straggler":
-        ranks = kernel_set().lpt_ranks(work[kept], bounds, layout.dp)
+        ranks = kernel_set(num_samples=sizes.size).lpt_ranks(work[kept], bounds, layout.dp)
         return _sort_by_bucket_then_size(step_of * layout.dp + ranks, sizes[kept]), ranks
     return _sort_by_bucket_then_size(step_of, sizes[kept])
 

@@ -7,9 +7,14 @@ Both sets speak one flat form for bins: ``(items, offsets)``, bin ``b`` is
 call), imported the first time ``kernel_set()`` is asked for it, never at ``import vime_pure``. Both give bit-identical
 schedules (property-tested), so the choice changes only the speed.
 
-Choice: the compiled set when numba is importable, unless ``VIME_KERNELS=pure`` is set in the
-environment (CI runs the property suite both ways); ``VIME_KERNELS=compiled`` without numba is
-an error naming the fix. The loaded set is memoised: compiling twice would only cost time.
+Choice: ``VIME_KERNELS=pure`` or ``VIME_KERNELS=compiled`` in the environment forces a set
+(CI runs the scheduler suites both ways; ``compiled`` without numba is an error naming the fix).
+Otherwise the compiled set runs when numba is importable and the batch has at least
+``COMPILED_MIN_SAMPLES`` samples. Why the size rule: the first compiled schedule compiles every
+kernel once (about 70 s of CPU on this 2-core machine, then about 1 s from numba's disk cache),
+while below 8192 samples the pure kernels plan a batch in under about 30 ms; so a demo, a small
+run or a test never pays the compile, and a large batch, where the kernels save 5-10x per
+rollout, pays it once. The loaded set is memoised: compiling twice would only cost time.
 
 Example: ``kernel_set("pure").ffd(np.array([300, 800, 200, 700]), 1000)`` gives
 ``(array([1, 2, 3, 0]), array([0, 2, 4]))``.
@@ -109,10 +114,17 @@ def _compiled() -> KernelSet:
                      balance_step=balance.balance_step_flat, plan_steps=steps.plan_steps)
 
 
-def kernel_set(name: str | None = None) -> KernelSet:
-    """The named set, or the environment's choice (``VIME_KERNELS``), or the fastest present."""
+COMPILED_MIN_SAMPLES = 8192
+
+
+def kernel_set(name: str | None = None, *, num_samples: int | None = None) -> KernelSet:
+    """The named set, or the environment's choice (``VIME_KERNELS``), or by the batch's size:
+    compiled for ``num_samples >= COMPILED_MIN_SAMPLES`` when numba is present (or for any size
+    when ``num_samples`` is not given), pure otherwise. Example: ``kernel_set(num_samples=1024)``
+    is ``PURE`` unless ``VIME_KERNELS=compiled``."""
+    large = num_samples is None or num_samples >= COMPILED_MIN_SAMPLES
     choice = name or os.environ.get("VIME_KERNELS") or (
-        "compiled" if numba_available() else "pure")
+        "compiled" if large and numba_available() else "pure")
     if choice not in KERNEL_SETS:
         raise ScheduleError(f"VIME_KERNELS={choice!r}: is not a kernel set. Fix: use one of "
                             f"{list(KERNEL_SETS)}, or unset it.")
