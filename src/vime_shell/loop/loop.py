@@ -428,7 +428,8 @@ class _Loop:
         mine = with_log_probs(mine, old_log_probs=old, ref_log_probs=ref,
                               old_from_step=1 if shortcut else 0)
         if self.rejection is not None:
-            full = offpolicy.whole_batch(old, self.trainer.owns_loss, self.trainer.device)
+            full = offpolicy.whole_batch(records, old, int(batch.response_offsets[-1]),
+                                        self.trainer.owns_loss, self.trainer.device)
             mine, rejected = offpolicy.reject(mine, batch, schedule, full, self.rejection,
                                               self._loss_norm())
             metrics.update(rejected)
@@ -489,7 +490,7 @@ class _Loop:
         loss-masked tokens of the flagged ``samples`` (the fresh ones), reduced over the world
         with each (DP, CP) token counted once (by its last-stage, TP-rank-0 owner); no tokens
         without engine log-probs (a user rollout function may not record them)."""
-        diffs = [np.abs(old[mb.response_index] - mb.rollout_log_probs)[
+        diffs = [np.abs(old[mb.share_index] - mb.rollout_log_probs)[
                      offpolicy.scored_mask(mb, samples) & (mb.loss_mask > 0)] for mb in records
                  if mb.rollout_log_probs is not None and self.trainer.owns_loss]
         diff = np.concatenate(diffs) if diffs else np.zeros(0)

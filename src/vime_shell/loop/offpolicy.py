@@ -58,7 +58,7 @@ def mismatch(records: list[TrainMicroBatch], old: np.ndarray, owns: bool,
     for mb in records:
         if owns and mb.rollout_log_probs is not None:
             trained = mb.loss_mask > 0
-            parts.append(mismatch_metrics(old[mb.response_index][trained],
+            parts.append(mismatch_metrics(old[mb.share_index][trained],
                                           mb.rollout_log_probs[trained]))
     local = {k: merge_metrics([p[k] for p in parts], k) if parts else Metric(0.0, 0.0)
              for k in MISMATCH_KEYS}
@@ -78,13 +78,18 @@ def tis_means(results: list, use_tis: bool) -> dict[str, float | None]:
     return {k: m.value for k, m in means.items()}
 
 
-def whole_batch(old: np.ndarray, owns: bool, device,
-                group: dist.ProcessGroup | None = None) -> np.ndarray:
+def whole_batch(records: list[TrainMicroBatch], old: np.ndarray, num_tokens: int, owns: bool,
+                device, group: dist.ProcessGroup | None = None) -> np.ndarray:
     """Collective over ``group`` (default the world; the training ranks): this rank's
-    recomputed log-probs (NaN where another rank scores the token) summed into every token's
-    one owner value; NaN for unscored tokens."""
-    mine = np.isfinite(old) & owns
-    buf = torch.from_numpy(np.stack([np.where(mine, old, 0.0), mine]).astype(np.float64))
+    recomputed log-probs (share coordinates, NaN where another rank scores the token) placed
+    at the records' batch positions (``response_index``) and summed into every token's one
+    owner value over ``num_tokens`` batch response tokens; NaN for unscored tokens. (Only
+    ``--use-rs`` pays for this batch-sized array: rejection judges whole samples.)"""
+    full = np.full(num_tokens, np.nan)
+    for mb in records:
+        full[mb.response_index] = old[mb.share_index]
+    mine = np.isfinite(full) & owns
+    buf = torch.from_numpy(np.stack([np.where(mine, full, 0.0), mine]).astype(np.float64))
     buf = buf.to(device)
     dist.all_reduce(buf, group=group)
     values, count = buf.cpu().numpy()
