@@ -183,7 +183,7 @@ def share_batch(share: Any, schedule: Any, mask_sums: Any, *, dp_rank: Any,
     dens = step_denominators(mode, schedule.group_array,
                              np.asarray(mask_sums).astype(np.float64),
                              step_of_sample(schedule), norm=norm)
-    dp, sizes, offsets = schedule.layout.dp, np.diff(schedule.mb_offsets), schedule.mb_offsets
+    sizes, offsets = np.diff(schedule.mb_offsets), schedule.mb_offsets
     steps, pos = [], 0
     for s, count in enumerate(schedule.step_microbatches.tolist()):
         lo, hi = schedule.step_mb_range(s)

@@ -120,8 +120,10 @@ class ShareExchange:
         self.stats = ExchangeStats()
 
     def distribute(self, part: RolloutBatch | None, meta: BatchMeta | None,
-                   plan_fn: Callable[[BatchMeta], tuple[SharePlan | None, Any]], *,
-                   what: str, error: BaseException | None = None
+                   plan_fn: Callable[[BatchMeta | None], tuple[SharePlan | None, Any]], *,
+                   what: str, error: BaseException | None = None,
+                   failure: type[VimeError] = ShareExchangeError,
+                   name_of: Callable[[int], str] = lambda r: f"rank {r}"
                    ) -> tuple[SharePlan | None, RankShare | None, Any]:
         """Collective: ``(plan, this rank's share, extra)`` on every rank (module docstring).
 
@@ -129,21 +131,22 @@ class ShareExchange:
         ``error``: this rank's own failure in producing them (reported, then re-raised here);
         ``plan_fn(merged)`` runs on rank 0 and returns ``(plan or None, extra)``: a None plan
         (nothing to train, e.g. every prompt filtered) returns ``(None, None, extra)``
-        everywhere. A failure anywhere raises on every rank, naming ``what``."""
+        everywhere. A failure anywhere raises on every rank: the failing rank its own error,
+        rank 0 a ``failure`` naming each failed holder (``name_of(rank)``), the others
+        ``RankFailure`` naming ``what``; nobody waits for a rank that raised."""
         self.stats = ExchangeStats()
         mine = (("error", f"{type(error).__name__}: {error}") if error is not None
                 else None if meta is None else ("ok", meta))
         gathered = self._gather(mine)
         box = [None]
         if self.rank == 0:
-            box = [self._plan(gathered, plan_fn, own_error=error)]
+            box = [self._plan(gathered, plan_fn, error, failure, name_of)]
         box = self._broadcast(box)
         kind, payload = box[0]
         if error is not None:
             raise error
         if kind != "ok":
-            raise payload if self.rank == 0 and isinstance(payload, BaseException) else \
-                RankFailure(f"{what} failed on rank 0: {payload}")
+            raise RankFailure(f"{what} failed on rank 0: {payload}")
         plan, holders, extra = payload
         if plan is None:
             return None, None, extra
@@ -162,15 +165,14 @@ class ShareExchange:
                                            if o is not None) - self.stats.meta_sent
         return out
 
-    def _plan(self, gathered: list, plan_fn, own_error) -> tuple:
-        """Rank 0: ``("ok", (plan, holder ranks, extra))`` or ``("error", message)``."""
-        failed = [f"rank {r}: {g[1]}" for r, g in enumerate(gathered)
+    def _plan(self, gathered: list, plan_fn, own_error, failure, name_of) -> tuple:
+        """Rank 0: ``("ok", (plan, holder ranks, extra))`` or ``("error", exception)``."""
+        failed = [f"{name_of(r)}: {g[1]}" for r, g in enumerate(gathered)
                   if g is not None and g[0] != "ok"]
         if failed:
-            exc = own_error or ShareExchangeError(
+            return "error", own_error or failure(
                 "rollout generation failed on " + "; ".join(failed) + ". Fix: see that "
                 "rank's own error line (its traceback with --log-level debug).")
-            return "error", exc if own_error is None else f"{type(exc).__name__}: {exc}"
         holders = [r for r, g in enumerate(gathered) if g is not None]
         try:
             merged = merge_meta([gathered[r][1] for r in holders]) if holders else None
@@ -180,17 +182,13 @@ class ShareExchange:
         return "ok", (plan, holders, extra)
 
     def _broadcast(self, box: list) -> list:
-        if self.world == 1:
-            if box[0][0] == "error" and isinstance(box[0][1], BaseException):
-                raise box[0][1]
-            return box
+        """Rank 0's verdict to every rank; rank 0 raises its own failure after sending it."""
         kind, payload = box[0] if self.rank == 0 else (None, None)
-        if self.rank == 0 and kind == "error" and isinstance(payload, BaseException):
-            error = payload
+        error = payload if kind == "error" else None
+        if error is not None:
             box = [("error", f"{type(error).__name__}: {error}")]
-        else:
-            error = None
-        dist.broadcast_object_list(box, src=0, group=self.group)
+        if self.world > 1:
+            dist.broadcast_object_list(box, src=0, group=self.group)
         if error is not None:
             raise error
         if box[0][0] == "ok":

@@ -66,7 +66,9 @@ from transformers.utils import logging as hf_logging
 
 from vime_pure.async_pool import enforce_staleness_bound, weights_sync_due
 from vime_pure.data.batch import RolloutBatch, schedule_for
-from vime_pure.data.microbatch import RankBatch, rank_batch, with_log_probs
+from vime_pure.data.microbatch import RankBatch, rank_batch, share_batch, with_log_probs
+from vime_pure.data.rewards import RewardNormalization
+from vime_pure.data.shares import BatchMeta, RankShare, SharePlan, join_parts, plan_shares
 from vime_pure.data.vocab import check_token_ids
 from vime_pure.errors import VimeError
 from vime_pure.lr_schedule import LrGroups, lr_groups, lr_schedule_warnings
@@ -74,7 +76,7 @@ from vime_pure.metrics import metric_values
 from vime_pure.scheduling.schedule import Schedule
 from vime_pure.staleness import fresh_samples, staleness_metrics
 from vime_shell.engines import resolve_engine_name
-from vime_shell.engines.group import EngineGroup, EngineOptions
+from vime_shell.engines.group import EngineGroup, EngineGroupError, EngineOptions
 from vime_shell.engines.layout import default_rollout_dtype, logprob_gap_tolerance
 from vime_shell.engines.remote import Sides, open_sides
 from vime_shell.loop import offpolicy, run_checkpoint
@@ -83,9 +85,11 @@ from vime_shell.loop.checkpoint_index import resume_checkpoint
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan, launch_checks, model_dir
 from vime_shell.loop.logs import configure_logging
-from vime_shell.loop.records import rollout_record
+from vime_shell.loop.exchange import ExchangeStats, ShareExchange
+from vime_shell.loop.records import batch_fields, rollout_record
 from vime_shell.loop.replay import DumpWriter, ReplaySource
-from vime_shell.loop.rollouts import RolloutProducer, empty_rollout_message
+from vime_shell.loop.rollouts import (Produced, RolloutProducer, complete_stats,
+                                     empty_rollout_message)
 from vime_shell.loop.ownership import claim_run
 from vime_shell.loop.run_log import RunLogger, fmt
 from vime_shell.loop.slime_flags import parse_engine_arg
@@ -143,17 +147,27 @@ class RolloutEvent:
 
     ``records``: this rank's micro-batch records (``vime_pure.RankBatch``); ``trace``: what
     this rank's trainer ran, ``(step, sample indices, tokens)`` per micro-batch; ``engine``:
-    this rank's rollout engine (after this rollout's weight sync) or None.
+    this rank's rollout engine (after this rollout's weight sync) or None; ``share``: the
+    samples this rank received (``vime_pure.data.shares.RankShare``), ``plan`` what every rank
+    received, ``exchange`` the bytes this rank moved. No rank holds the whole batch:
+    :meth:`gather_batch` assembles it, collectively (call it on every rank or on none).
     """
 
     rollout_id: int
     metrics: dict
-    batch: RolloutBatch
     schedule: Schedule
     records: RankBatch
     trace: tuple
     trainer: MegatronTrainer
     engine: object = None
+    share: RankShare | None = None
+    plan: SharePlan | None = None
+    exchange: ExchangeStats | None = None
+    gather: Callable[[], RolloutBatch] | None = attrs.field(default=None, repr=False)
+
+    def gather_batch(self) -> RolloutBatch:
+        """Collective over the trainer ranks: the rollout's whole ``RolloutBatch``."""
+        return self.gather()
 
 
 @attrs.frozen(kw_only=True)
@@ -262,61 +276,106 @@ class _Loop:
         # The engine-trainer gap is checked on generated batches, unless --no-logprob-check.
         self.logprob_check = self.syncs and self.replay is None and cfg.logprob_check
         self.last_schedule: Schedule | None = None
+        # Parts stay on their holders; rank 0 plans, each rank receives its share (gloo).
+        self.exchange = ShareExchange(self.trainer.dp_rank)
+        self._part: RolloutBatch | None = None  # this rank's part of the last rollout
+        self._meta: BatchMeta | None = None  # rank 0: the last rollout's merged metadata
         self.dumps = (DumpWriter(cfg.save_rollout_data)
                       if cfg.save_rollout_data is not None and self.rank == 0 else None)
 
-    # -- rank 0: the rollout side -------------------------------------------------------------
-    def _share_rollout(self, rid: int) -> tuple[RolloutBatch, Schedule, dict]:
-        """Collective: generate (every engine) or replay (rank 0), then rank 0 builds the batch
-        and its schedule and every rank receives them (or the failure)."""
-        generated, error = None, None
-        if self.producer is not None:
-            try:
-                generated = self.producer.produce(rid)
-            except Exception as exc:  # noqa: BLE001 - broadcast by rank0_result below
-                error = exc
-        return rank0_result(f"rollout {rid}", lambda: self._batch_and_schedule(rid, generated),
-                            pending=error)
+    # -- the rollout side: parts on their holders, the plan from rank 0, a share per rank -----
+    def _share_rollout(self, rid: int) -> tuple[SharePlan | None, RankShare | None, dict]:
+        """Collective: generate (every engine) or replay (rank 0); each holder's part stays on
+        it, rank 0 plans from the parts' metadata (``_plan``), every rank receives the plan and
+        exactly its share (``ShareExchange``), or every rank raises (no rank waits forever)."""
+        produced, error = Produced(), None
+        try:
+            produced = self._produce(rid)
+            if produced.part is not None and self.plan.vocab_size is not None:
+                check_token_ids(produced.part, self.plan.vocab_size, source=self._source(rid))
+        except Exception as exc:  # noqa: BLE001 - reported to every rank by distribute
+            error = exc
+        self._part = produced.part
+        names = self.engines.engine_name if isinstance(self.engines, EngineGroup) else None
+        return self.exchange.distribute(
+            produced.part, produced.meta, lambda merged: self._plan(rid, merged, produced),
+            what=f"rollout {rid}", error=error, failure=EngineGroupError,
+            **({} if names is None else {"name_of": names}))
 
-    def _batch_and_schedule(self, rid: int, generated) -> tuple[RolloutBatch, Schedule, dict]:
-        """Rank 0: the batch (generated or replayed), checked (token ids; engine log-probs
-        for the weight-sync check), its dump, its schedule; ``(None, None, stats)`` when the
-        filter removed every prompt (the rollout is skipped)."""
-        stats: dict = {}
+    def _produce(self, rid: int) -> Produced:
+        """This rank's part: an engine leader's own output on the sharded path; rank 0 holds
+        the whole batch for a replay, separate engine ranks, or what needs the samples on one
+        rank (``RolloutProducer.sharded``)."""
         if self.replay is not None:
-            batch = self.replay.load(rid)
-            source = f"rollout {rid} (replayed from {self.replay.path(rid)})"
-        else:
-            batch, generation = generated
-            stats = generation.as_record()
-            if batch is None:
+            return Produced.whole(self.replay.load(rid), None) if self.rank == 0 else Produced()
+        if self.producer is None:
+            return Produced()
+        if isinstance(self.producer, RolloutProducer) and self.producer.sharded:
+            return self.producer.produce_part(rid)
+        generated = self.producer.produce(rid)
+        return Produced() if generated is None else Produced.whole(*generated)
+
+    def _source(self, rid: int) -> str:
+        if self.replay is not None:
+            return f"rollout {rid} (replayed from {self.replay.path(rid)})"
+        return f"rollout {rid}"
+
+    def _plan(self, rid: int, merged: BatchMeta | None, produced: Produced
+              ) -> tuple[SharePlan | None, dict]:
+        """Rank 0: checks (engine log-probs for the weight-sync check, the staleness bound),
+        the dump, advantages and the ``Schedule`` (``plan_shares``), the freshness of every
+        sample and the record's batch fields; ``(None, {"stats": ...})`` when nothing is left
+        to train (every prompt filtered: the rollout is skipped)."""
+        generation = produced.stats
+        if generation is not None and isinstance(self.producer, RolloutProducer) \
+                and self.producer.sharded:
+            generation = complete_stats(generation, merged)
+        stats = {} if generation is None else generation.as_record()
+        if merged is None:
+            if generation is not None:
                 log.warning(empty_rollout_message(rid, generation))
                 stats["filtered_reward_mean"] = generation.filtered_reward_mean
-                return None, None, stats
-            # Generated batches only: a replayed dump's versions count another run's syncs.
-            stats.update(metric_values(staleness_metrics(batch, self.weight_version)))
-            source = f"rollout {rid}"
-            if batch.rollout_log_probs is None and self.logprob_check:
+            return None, {"stats": stats}
+        generated = self.replay is None
+        if generated:  # a replayed dump's versions count another run's syncs
+            stats.update(metric_values(staleness_metrics(merged, self.weight_version)))
+            if not merged.has_log_probs and self.logprob_check:
                 raise LogprobCheckError(
-                    f"{source}: the rollout function "
+                    f"rollout {rid}: the rollout function "
                     f"({self.cfg.effective_rollout_function_path}) "
                     "returned samples without rollout_log_probs, so the weight-sync check "
                     "(engine vs trainer log-probs) cannot run. Fix: record the engine's "
                     "log-probs in Sample.rollout_log_probs, or pass --no-logprob-check.")
-            # Generated batches only: a replayed dump's versions count another run's syncs.
-            stats.update(metric_values(staleness_metrics(batch, self.weight_version)))
             if self.cfg.train_async or self.cfg.fully_async:  # never train past the bound
-                enforce_staleness_bound(batch.weight_version_min, self.weight_version,
+                enforce_staleness_bound(merged.weight_version_min, self.weight_version,
                                         self.cfg.effective_max_weight_staleness)
-        if self.plan.vocab_size is not None:
-            check_token_ids(batch, self.plan.vocab_size, source=source)
-        if self.dumps is not None:
-            self.dumps.submit(rid, batch, list(generation.annotations)
-                              if self.replay is None else None)
+        if self.dumps is not None:  # --save-rollout-data: rank 0 holds the whole batch
+            self.dumps.submit(rid, produced.part, list(generation.annotations)
+                              if generated else None)
+        normalization = (self.producer.normalization if isinstance(self.producer,
+                                                                   RolloutProducer)
+                         else RewardNormalization())
         # The run's own FLOPs model (from the model's config), not the fixed 8B proxy ratio.
-        schedule = schedule_for(batch, self.layout.scheduler_layout(), self.plan.policy,
-                                self.trainer.flops.per_sample(batch.lengths))
-        return batch, schedule, stats
+        meta, plan = plan_shares(merged, self.layout.scheduler_layout(), self.plan.policy,
+                                 self.trainer.flops.per_sample(merged.lengths.astype(np.int64)),
+                                 normalization=normalization)
+        if generated and self.syncs:
+            plan = attrs.evolve(plan, fresh=fresh_samples(meta, self.weight_version))
+        self._meta = meta
+        whole = produced.part if self.rejection is not None else None  # --use-rs only
+        return plan, {"stats": stats, "fields": batch_fields(meta, plan.schedule),
+                      "whole": whole}
+
+    def gather_batch(self) -> RolloutBatch:
+        """Collective: the last rollout's whole batch on every rank (the parts joined with
+        the merged ids and advantages). For inspection and tests only; training never needs
+        it."""
+        group = self.exchange.group
+        parts: list = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, self._part, group=group)
+        box = [self._meta if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=group)
+        return join_parts([p for p in parts if p is not None], box[0])
 
     # -- every rank: the training side --------------------------------------------------------
     def sync_weights(self, version: int) -> None:
@@ -358,18 +417,20 @@ class _Loop:
         with offloaded(self.trainer, self.cfg.offload_train and self.producer is not None):
             evaluated = self.evaluate(rid) if self._evaluates(rid) else {}
             t0 = time.perf_counter()
-            batch, schedule, stats = self._share_rollout(rid)
+            plan, share, extra = self._share_rollout(rid)
         t1 = time.perf_counter()
-        if batch is None:  # every prompt filtered out: no step, no sync, the LR stays
+        stats = extra["stats"]
+        if plan is None:  # every prompt filtered out: no step, no sync, the LR stays
             return skipped_record(rid, stats, lr=self.trainer.current_lr, rollout_s=t1 - t0,
                                   evaluated=evaluated)
-        mine = rank_batch(batch, schedule, dp_rank=self.trainer.dp_rank,
-                          cp_rank=self.trainer.cp_rank, cp_size=self.layout.cp,
-                          loss_mode=self.cfg.effective_loss_mode, norm=self._loss_norm())
+        schedule = plan.schedule
+        mine = share_batch(share, schedule, plan.mask_sums, dp_rank=self.trainer.dp_rank,
+                           cp_rank=self.trainer.cp_rank, cp_size=self.layout.cp,
+                           loss_mode=self.cfg.effective_loss_mode, norm=self._loss_norm())
         del self.trainer.trace[:]
         results, gap, corrections = [], GapMeter(), {}
         if mine.steps:
-            mine, corrections = self._attach_log_probs(rid, batch, schedule, mine, gap)
+            mine, corrections = self._attach_log_probs(rid, plan, extra["whole"], mine, gap)
         t_old = time.perf_counter()
         if mine.steps:
             def before_update(step: int, metrics: dict) -> None:
@@ -385,23 +446,25 @@ class _Loop:
             if weights_sync_due(rid, self.cfg.update_weights_interval):
                 self.sync_weights(version=self.weight_version)
         t3 = time.perf_counter()
-        record = {**rollout_record(rid, batch, schedule, results, gap=gap.mean, gap_max=gap.max,
-                                   times=(t1 - t0, t2 - t1, t3 - t2)),
+        record = {**rollout_record(rid, None, schedule, results, gap=gap.mean, gap_max=gap.max,
+                                   times=(t1 - t0, t2 - t1, t3 - t2), fields=extra["fields"]),
                   "old_logprob_s": t_old - t1, "logprob_check": int(self.logprob_check),
                   "probe_gap": self.probe_gap, **stats, **corrections,
                   **offpolicy.tis_means(results, self.cfg.use_tis), **evaluated}
         if self.on_rollout is not None:
-            self.on_rollout(RolloutEvent(rollout_id=rid, metrics=record, batch=batch,
-                                         schedule=schedule, records=mine,
-                                         trace=tuple(self.trainer.trace), trainer=self.trainer,
-                                         engine=self.engine))
+            self.on_rollout(RolloutEvent(rollout_id=rid, metrics=record, schedule=schedule,
+                                         records=mine, trace=tuple(self.trainer.trace),
+                                         trainer=self.trainer, engine=self.engine, share=share,
+                                         plan=plan, exchange=self.exchange.stats,
+                                         gather=self.gather_batch))
         self.last_schedule = schedule
         return record
 
-    def _attach_log_probs(self, rid: int, batch: RolloutBatch, schedule: Schedule,
+    def _attach_log_probs(self, rid: int, plan: SharePlan, whole: RolloutBatch | None,
                           mine: RankBatch, gap: "GapMeter") -> tuple[RankBatch, dict]:
         """Old log-probs where they differ from the training forward's, reference ones for KL,
-        rejection masks (``--use-rs``); returns the records and the mismatch metrics.
+        rejection masks (``--use-rs``, with the ``whole`` batch); returns the records and the
+        mismatch metrics.
 
         When every sample of step 0 is fresh (generated by the weights being trained), step 0
         trains those very weights: its old log-probs are the forward's own, detached (ratio 1),
@@ -410,16 +473,17 @@ class _Loop:
         from another engine, and rejection needs the old log-probs first: their old log-probs
         are recomputed here, before any update; the gap is measured on their fresh samples.
         """
-        generated = self.syncs and self.replay is None
-        fresh = fresh_samples(batch, self.weight_version) if generated else None
-        shortcut = (generated and self.rejection is None
+        schedule = plan.schedule
+        fresh = plan.fresh  # rank 0's fresh_samples, for generated batches with syncs
+        shortcut = (fresh is not None and self.rejection is None
                     and offpolicy.step_is_fresh(schedule, 0, fresh))
         needed = mine.steps[1:] if shortcut else mine.steps
         records = [mb for step in needed for mb in step.microbatches]
         old, metrics = None, dict.fromkeys(offpolicy.MISMATCH_KEYS)  # None: not measured
         if records:
             old = self.trainer.compute_log_probs(records, mine.num_response_tokens)
-            gap_samples = fresh if fresh is not None else np.ones(batch.num_samples, bool)
+            gap_samples = fresh if fresh is not None else np.ones(
+                len(schedule.lengths_array), bool)
             gap.add(*self._gap(records, old, gap_samples))
             self._check_gap(rid, gap)
             metrics = offpolicy.mismatch(records, old, self.trainer.owns_loss)
@@ -428,9 +492,9 @@ class _Loop:
         mine = with_log_probs(mine, old_log_probs=old, ref_log_probs=ref,
                               old_from_step=1 if shortcut else 0)
         if self.rejection is not None:
-            full = offpolicy.whole_batch(records, old, int(batch.response_offsets[-1]),
-                                        self.trainer.owns_loss, self.trainer.device)
-            mine, rejected = offpolicy.reject(mine, batch, schedule, full, self.rejection,
+            full = offpolicy.whole_batch(records, old, int(whole.response_offsets[-1]),
+                                         self.trainer.owns_loss, self.trainer.device)
+            mine, rejected = offpolicy.reject(mine, whole, schedule, full, self.rejection,
                                               self._loss_norm())
             metrics.update(rejected)
         return mine, metrics
