@@ -40,7 +40,8 @@ import attrs
 import numpy as np
 
 from benchmarks.batch_convert import median_s
-from benchmarks.scale_shares import funnel_rates, holder_parts, maxrss_bytes, share_row
+from benchmarks.scale_shares import (funnel_rates, gloo_check, holder_parts, maxrss_bytes,
+                                     share_row)
 from vime_pure import (BatchingPolicy, ParallelLayout, RolloutBatch, Sample, build_schedule,
                        rank_batch, schedule_for)
 from vime_pure.scheduling.workloads import synthetic_workload
@@ -243,6 +244,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--token-scale", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="8k samples, dp 8 and 64, 1 run")
+    parser.add_argument("--gloo", action="store_true",
+                        help="also run the exchange for real: 4 gloo ranks on CPU, 16k samples")
     parser.add_argument("--no-shares", action="store_true",
                         help="skip the sharded path (the funnel's rank_batch only)")
     parser.add_argument("--out", default="benchmarks/results/scale.json")
@@ -251,6 +254,13 @@ def main(argv: list[str] | None = None) -> dict:
         args.samples, args.dps, args.repeats = 8192, "8,64", 1
     result = run(args.samples, [int(d) for d in args.dps.split(",")], args.token_scale,
                  args.repeats, shares=not args.no_shares)
+    if args.gloo:
+        result["gloo_world4"] = gloo_check()
+        for r in result["gloo_world4"]:
+            print(f"gloo world 4 (real), rank {r['rank']}: share received {r['share_received']} B "
+                  f"(predicted {r['predicted_share_bytes']} B), plan {r['plan_bytes']} B, "
+                  f"metadata sent {r['meta_sent']} B, received {r['meta_received']} B",
+                  flush=True)
     for row in result["sync"]:
         print(f"sync {row['model']:30s} {row['params'] / 1e9:7.2f} B params, "
               f"{row['bf16_bytes'] / 1e9:8.1f} GB bf16, {row['buckets']} buckets, largest "

@@ -148,3 +148,45 @@ def share_row(parts: list[RolloutBatch], layout, policy, unscaled: np.ndarray,
 
 def maxrss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def gloo_worker(rank: int, samples: int, dp: int) -> dict:
+    """One rank of the real gloo run: hold part ``rank`` of the workload, distribute it with
+    ``ShareExchange`` (the loop's code), report the bytes moved and the ones predicted."""
+    import torch.distributed as dist
+
+    from benchmarks.scale import columnar_batch, response_lengths
+    from vime_pure import BatchingPolicy, ParallelLayout
+    from vime_pure.scheduling.workloads import synthetic_workload
+    from vime_shell.loop.exchange import ShareExchange
+
+    dist.init_process_group("gloo")
+    work = synthetic_workload(num_groups=samples, fanout="grpo16", seed=0)
+    world = dist.get_world_size()
+    parts = holder_parts(work.lengths, work.group_ids, work.prompt_ids, world, columnar_batch)
+    part = parts[rank]
+    layout = ParallelLayout(dp=dp)
+    policy = BatchingPolicy(global_batch_size=max(1, samples // 16), max_tokens_per_gpu=32768,
+                            allow_partial_step=True)
+    exchange = ShareExchange(dp_rank=rank % dp)
+    plan, share, _ = exchange.distribute(
+        part, part_meta(part), lambda merged: (plan_shares(merged, layout, policy)[1], None),
+        what="benchmark")
+    ids = plan.schedule.rank_sample_ids(rank % dp)
+    lengths = work.lengths[ids]
+    pieces = sum(1 for p, k in zip(parts, range(world))
+                 if len(share_piece(p, k, plan, rank % dp).sample_ids))
+    predicted = packed_bytes(len(ids), int(lengths.sum()), int(response_lengths(lengths).sum()),
+                             pieces)
+    dist.destroy_process_group()
+    return {"rank": rank, **exchange.stats.as_dict(), "predicted_share_bytes": predicted,
+            "share_nbytes": share.nbytes,
+            "batch_token_bytes": sum(p.tokens.nbytes + 5 * len(p.loss_masks) for p in parts)}
+
+
+def gloo_check(samples: int = 16384, world: int = 4) -> list[dict]:
+    """The real gloo run at ``world`` ranks on CPU (dp = world): per-rank bytes measured by
+    the exchange against the simulation's prediction."""
+    from vime_shell.megatron.spawn import spawn
+
+    return spawn(gloo_worker, world, samples, world)

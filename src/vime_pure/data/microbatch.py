@@ -42,7 +42,7 @@ from typing import Any
 
 import attrs
 import numpy as np
-from jaxtyping import Float32, Float64, Int64, TypeCheckError
+from jaxtyping import Float32, Float64, Int32, Int64, TypeCheckError
 
 from vime_pure.config import as_int
 from vime_pure.cp import zigzag_offsets
@@ -70,13 +70,13 @@ class TrainMicroBatch:
     sample_indices: Int64[np.ndarray, " k"]
     seq_lengths: Int64[np.ndarray, " k"]
     denominators: Float64[np.ndarray, " k"]
-    tokens: Int64[np.ndarray, " T"]
-    positions: Int64[np.ndarray, " T"]
-    labels: Int64[np.ndarray, " T"]
-    logit_index: Int64[np.ndarray, " R"]
+    tokens: Int32[np.ndarray, " T"]
+    positions: Int32[np.ndarray, " T"]
+    labels: Int32[np.ndarray, " T"]
+    logit_index: Int32[np.ndarray, " R"]
     response_index: Int64[np.ndarray, " R"]
-    share_index: Int64[np.ndarray, " R"]
-    token_sample: Int64[np.ndarray, " R"]
+    share_index: Int32[np.ndarray, " R"]
+    token_sample: Int32[np.ndarray, " R"]
     loss_mask: Float32[np.ndarray, " R"]
     advantages: Float32[np.ndarray, " R"]
     rollout_log_probs: Float32[np.ndarray, " R"] | None = None
@@ -180,6 +180,10 @@ def share_batch(share: Any, schedule: Any, mask_sums: Any, *, dp_rank: Any,
                           "pass the context-parallel size of the trainer")
     cp_rank = _rank("cp_rank", cp_rank, cp_size)
     _check_share_matches(share, schedule, dp_rank, mask_sums)
+    if share.num_response_tokens >= 2**31:  # share_index is int32
+        raise field_error(RolloutBatchError, "share", share.num_response_tokens,
+                          "response tokens on one DP rank exceed 2**31",
+                          "spread the batch over more DP ranks or use fewer samples")
     dens = step_denominators(mode, schedule.group_array,
                              np.asarray(mask_sums).astype(np.float64),
                              step_of_sample(schedule), norm=norm)
@@ -256,21 +260,21 @@ def _record(share: RankShare, a: int, b: int, dens: np.ndarray, cp_rank: int, cp
     seq = lens if cp_size == 1 else -(-lens // (2 * cp_size)) * (2 * cp_size)
     starts = offsets_from_lengths(seq)[:-1]
     total = int(seq.sum())
-    tokens = np.zeros(total, dtype=np.int64)
+    tokens = np.zeros(total, dtype=np.int32)
     # Real tokens of sample k sit at starts[k] .. starts[k] + lens[k]; CP padding after them.
     tokens[_within(seq, lens)] = share.tokens[share.token_offsets[a]:share.token_offsets[b]]
-    positions = np.arange(total, dtype=np.int64) - np.repeat(starts, seq)
-    labels = np.zeros(total, dtype=np.int64)
+    positions = (np.arange(total, dtype=np.int64) - np.repeat(starts, seq)).astype(np.int32)
+    labels = np.zeros(total, dtype=np.int32)
     has_next = _within(seq, lens - 1)  # every position but each sample's last real one
     labels[np.flatnonzero(has_next)] = tokens[np.flatnonzero(has_next) + 1]
     within = _ranks_within(resp)
     response_index = np.repeat(share.response_starts[a:b], resp) + within
     share_index = np.arange(share.response_offsets[a], share.response_offsets[b],
-                            dtype=np.int64)
+                            dtype=np.int32)
     # Response token j of sample k is predicted by row position starts + P - 1 + j.
     first_logit = starts + lens - resp - 1
     logit_index = np.repeat(first_logit, resp) + within
-    token_sample = np.repeat(np.arange(b - a, dtype=np.int64), resp)
+    token_sample = np.repeat(np.arange(b - a, dtype=np.int32), resp)
     keep = slice(None)
     if cp_size > 1:
         local = np.concatenate([
@@ -288,7 +292,7 @@ def _record(share: RankShare, a: int, b: int, dens: np.ndarray, cp_rank: int, cp
     return TrainMicroBatch(
         **step_fields, cp_rank=cp_rank, cp_size=cp_size, sample_indices=idx,
         seq_lengths=seq.astype(np.int64, copy=False), denominators=dens[idx], tokens=tokens,
-        positions=positions, labels=labels, logit_index=logit_index,
+        positions=positions, labels=labels, logit_index=logit_index.astype(np.int32),
         response_index=response_index[keep], share_index=share_index,
         token_sample=token_sample[keep],
         loss_mask=share.loss_masks[share_index].astype(np.float32),
@@ -318,10 +322,13 @@ def step_of_sample(schedule: Schedule) -> np.ndarray:
 
 
 LOG_PROB_COLUMNS = ("rollout_log_probs", "old_log_probs", "ref_log_probs")
+# int32 where a row or a share bounds the value (ids, row positions, share positions: half the
+# bytes per token); int64 for per-sample columns and response_index (batch coordinates, which
+# pass 2**31 at ~1M samples of a few thousand tokens).
 MICROBATCH_COLUMNS: dict[str, np.dtype] = {
-    **dict.fromkeys(("sample_indices", "seq_lengths", "tokens", "positions", "labels",
-                     "logit_index", "response_index", "share_index", "token_sample"),
-                   np.dtype(np.int64)),
+    **dict.fromkeys(("sample_indices", "seq_lengths", "response_index"), np.dtype(np.int64)),
+    **dict.fromkeys(("tokens", "positions", "labels", "logit_index", "share_index",
+                     "token_sample"), np.dtype(np.int32)),
     "denominators": np.dtype(np.float64),
     **dict.fromkeys(("loss_mask", "advantages", *LOG_PROB_COLUMNS), np.dtype(np.float32)),
 }
@@ -407,10 +414,10 @@ def _check_share_matches(share: RankShare, schedule: Schedule, dp_rank: int,
 
 
 def _shapes(sample_indices: Int64[np.ndarray, " k"], seq_lengths: Int64[np.ndarray, " k"],
-            denominators: Float64[np.ndarray, " k"], tokens: Int64[np.ndarray, " T"],
-            positions: Int64[np.ndarray, " T"], labels: Int64[np.ndarray, " T"],
-            logit_index: Int64[np.ndarray, " R"], response_index: Int64[np.ndarray, " R"],
-            share_index: Int64[np.ndarray, " R"], token_sample: Int64[np.ndarray, " R"],
+            denominators: Float64[np.ndarray, " k"], tokens: Int32[np.ndarray, " T"],
+            positions: Int32[np.ndarray, " T"], labels: Int32[np.ndarray, " T"],
+            logit_index: Int32[np.ndarray, " R"], response_index: Int64[np.ndarray, " R"],
+            share_index: Int32[np.ndarray, " R"], token_sample: Int32[np.ndarray, " R"],
             loss_mask: Float32[np.ndarray, " R"],
             advantages: Float32[np.ndarray, " R"],
             rollout_log_probs: Float32[np.ndarray, " R"] | None,
