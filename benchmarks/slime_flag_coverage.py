@@ -5,7 +5,8 @@ For each launch script (``scripts/**.sh`` and ``examples/**.sh`` that start ``tr
 expands (``${PERF_ARGS[@]}``), the flags on the command line itself, and ``MODEL_ARGS`` from
 the ``scripts/models/*.sh`` file it sources (or miles' ``tests/snapshots/model_args/*.txt``).
 Weights & Biases flags and secrets are left out (they do not configure the job). A flag is
-*refused* when ``vime train`` has no such option or its table of unsupported flags names it;
+*refused* when ``vime train`` has no such option or its table of unsupported flags names it, or
+when the script gives it a literal value outside the flag's choices (``--train-backend fsdp``);
 ``--sglang-*`` / ``--vllm-*`` are accepted (mapped or warned about). A script is *accepted*
 when it has no refused flag.
 
@@ -99,14 +100,34 @@ def script_flags(repo: Repo, names: set[str], name: str) -> list[str] | None:
     return flags
 
 
-def accepted_flags() -> set[str]:
+def _train_actions() -> list:
     parser = build_parser()
     sub = next(a for a in parser._actions if hasattr(a, "choices") and a.choices
                and "train" in a.choices)
-    return {s for a in sub.choices["train"]._actions for s in a.option_strings}
+    return sub.choices["train"]._actions
+
+
+def accepted_flags() -> set[str]:
+    return {s for a in _train_actions() for s in a.option_strings}
+
+
+def flag_choices() -> dict[str, tuple]:
+    """Each ``vime train`` flag with a choice list -> its choices."""
+    return {s: tuple(map(str, a.choices)) for a in _train_actions() if a.choices
+            for s in a.option_strings}
+
+
+def refused_values(repo: Repo, name: str, choices: dict[str, tuple]) -> set[str]:
+    """Flags the script passes a literal value vime's choice list lacks (``--train-backend
+    fsdp``); values from shell variables are not judged."""
+    pairs = re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)[ \t]+([A-Za-z0-9_.\-]+)(?=[\s\\)])",
+                       _code(repo.read(name)))
+    return {f"{flag} {value}" for flag, value in pairs
+            if flag in choices and value not in choices[flag] and not value.startswith("-")}
 
 
 def coverage(repo: Repo, accepted: set[str]) -> dict:
+    choices = flag_choices()
     names = repo.names()
     known = set(names)
     refused_per_script, refused = [], Counter()
@@ -119,6 +140,7 @@ def coverage(repo: Repo, accepted: set[str]) -> dict:
             continue
         bad = {f for f in set(flags) - NOT_JOB if f in UNSUPPORTED or (
             f not in accepted and not f.startswith(("--sglang-", "--vllm-")))}
+        bad |= refused_values(repo, name, choices)
         refused_per_script.append(len(bad))
         refused.update(bad)
     return {"scripts": len(refused_per_script),
@@ -141,7 +163,9 @@ def main() -> None:
               f" refused flags per script: median {result['median']}, range "
               f"{result['range'][0]}-{result['range'][1]}")
         for flag, count in result["refused"].most_common(args.top):
-            print(f"  {count:3d}  {unsupported_line(flag) or flag + ': no vime option'}")
+            line = unsupported_line(flag) or (f"{flag}: not one of vime's choices" if " " in flag
+                                              else f"{flag}: no vime option")
+            print(f"  {count:3d}  {line}")
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def test_static_micro_batches_without_dynamic_batch_size():
 
 
 @pytest.mark.parametrize("flag", ["--use-opd", "--lora-rank", "--multi-latent-attention",
-                                  "--train-backend", "--spec"])
+                                  "--lora-alpha", "--spec"])
 def test_unsupported_flag_prints_its_table_line(flag, capsys):
     status, err = _exit([flag, "1"], capsys)
     assert status == 2

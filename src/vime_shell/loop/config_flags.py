@@ -18,7 +18,8 @@ import attrs
 import yaml
 
 from vime_pure.errors import field_error
-from vime_shell.loop.config import SECTIONS, ConfigError, TrainConfig, _element_type, field_type
+from vime_shell.loop.config import SECTIONS, ConfigError, TrainConfig
+from vime_shell.loop.settings.common import element_type, field_type
 from vime_shell.loop.slime_flags import ALIASES, engine_flags
 
 
@@ -103,7 +104,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(*flags, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)
             continue
-        kind = _element_type(f) if base is tuple else base
+        kind = element_type(f) if base is tuple else base
         group.add_argument(*flags, type=_optional(kind) if optional else kind,
                            choices=f.metadata["choices"], nargs=f.metadata["nargs"],
                            default=argparse.SUPPRESS, help=help_text)

@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from vime_pure.errors import VimeError, field_error
+from vime_shell.loop.settings.moe_architecture import given_values, moe_hf_values
 
 
 class ModelArgsError(VimeError):
@@ -99,6 +100,23 @@ class MegatronSwitchArgs:
     log_probs_chunk_size: int | None = _f("accepted; vime computes log-probs per packed "
                                           "micro-batch (--max-tokens-per-gpu bounds memory)",
                                           "megatron")
+    transformer_impl: str | None = _f("accepted; vime picks the layer spec by platform "
+                                      "(TransformerEngine on CUDA when installed, else local)",
+                                      "megatron", ("transformer_engine", "local"))
+    qkv_format: str | None = _f("accepted; vime packs by platform (thd with TransformerEngine, "
+                                "block-diagonal masks on the local spec)", "megatron",
+                                ("thd", "bshd", "sbhd"))
+    deterministic_mode: bool | None = _f("accepted; CPU runs are deterministic for a --seed; "
+                                         "on CUDA vime does not switch Megatron's or vLLM's "
+                                         "kernels to deterministic ones", "megatron")
+    moe_token_drop_policy: str | None = _f("accepted; vime's MoE is dropless (no capacity "
+                                           "factor), so no token is dropped", "megatron",
+                                           ("probs", "position"))
+    moe_enable_deepep: bool | None = _f("accepted; DeepEP is vime's --moe-token-dispatcher-"
+                                        "type flex (CUDA only; checked to agree)", "megatron")
+    moe_router_bias_update_rate: float | None = _f("accepted; vime's bridge builds routers "
+                                                   "without an expert bias (Qwen-style MoE), "
+                                                   "so there is none to update", "megatron")
 
     # slime's own switches that change nothing in vime
     use_tensorboard: bool | None = _f("accepted; vime always writes TensorBoard events when "
@@ -111,6 +129,29 @@ class MegatronSwitchArgs:
                                          "slime", ("bridge", "raw"))
     data_pad_size_multiplier: int | None = _f("accepted; vime pads packed rows to what the "
                                               "layout needs", "slime")
+    train_backend: str | None = _f("accepted; vime trains with Megatron-core only", "slime",
+                                   ("megatron",))
+    model_name: str | None = _f("accepted; vime reads the architecture from --hf-checkpoint "
+                                "and converts with its own bridge", "slime")
+    use_rollout_logprobs: bool | None = _f("accepted; vime's PPO ratio uses the trainer's "
+                                           "log-probs as pi_old (the engine's feed --use-tis / "
+                                           "--use-rs and the weight-sync check)", "slime")
+    update_weight_mode: str | None = _f("accepted; vime syncs full weights in-process over "
+                                        "torch.distributed (--update-weight-buffer-size)",
+                                        "slime", ("full", "delta"))
+    update_weight_transport: str | None = _f("accepted; vime syncs in-process (no NCCL group "
+                                             "of its own, no disk)", "slime", ("nccl", "disk"))
+    update_weight_transfer_mode: str | None = _f("accepted; vime syncs in-process, bucketed "
+                                                 "by --update-weight-buffer-size", "slime")
+    update_weight_disk_dir: str | None = _f("accepted; vime syncs in-process and writes "
+                                            "nothing there", "slime")
+    update_weight_local_checkpoint_dir: str | None = _f("accepted; vime syncs in-process and "
+                                                        "writes nothing there", "slime")
+    update_weight_delta_encoding: str | None = _f("accepted; vime syncs full weights",
+                                                  "slime")
+    update_weight_delta_checksum: bool | None = _f("accepted; vime syncs full weights and "
+                                                   "checks each sync by the log-prob gap",
+                                                   "slime")
 
     def check_switches(self) -> None:
         for name in ("attention_dropout", "hidden_dropout"):
@@ -120,6 +161,12 @@ class MegatronSwitchArgs:
                                   "is not supported: vime trains without dropout (the PPO "
                                   "ratio compares two forwards of the same weights)",
                                   f"pass {_flag(name)} 0.0 or drop it")
+        if self.moe_enable_deepep and getattr(self, "moe_token_dispatcher_type", None) \
+                not in (None, "flex"):
+            raise field_error(ModelArgsError, "--moe-enable-deepep", True,
+                              f"needs --moe-token-dispatcher-type flex, not "
+                              f"{self.moe_token_dispatcher_type}", "pass both, as Megatron "
+                              "requires, or drop --moe-enable-deepep")
         if self.log_probs_chunk_size is not None and self.log_probs_chunk_size < 1:
             raise field_error(ModelArgsError, "--log-probs-chunk-size",
                               self.log_probs_chunk_size, "must be >= 1", "drop it")
@@ -212,9 +259,32 @@ def check_architecture(cfg: Any, hf: dict[str, Any], hf_dir: str) -> None:
                               f"does not match {hf_dir}/config.json (\"{_hf_key(name)}\": "
                               f"{actual!r})", f"{_fix(name, actual)} (the checkpoint's "
                               "value), or the --hf-checkpoint the script was written for")
+    hf_moe = moe_hf_values(hf)
+    for name, given in given_values(cfg, hf.get("num_hidden_layers")).items():
+        actual = hf_moe[name]
+        same = (math.isclose(float(given), float(actual), rel_tol=1e-6)
+                if isinstance(given, float) and actual is not None else given == actual)
+        if actual is not None and not same:
+            raise field_error(ModelArgsError, _flag(name), getattr(cfg, name),
+                              f"does not match {hf_dir}/config.json ({_moe_hf_text(name)}: "
+                              f"{actual!r})", "pass the checkpoint's value, or the "
+                              "--hf-checkpoint the script was written for")
     if cfg.disable_bias_linear and want["add_qkv_bias"] and not cfg.add_qkv_bias:
         raise field_error(ModelArgsError, "--disable-bias-linear", True,
                           f"but the HF config of {hf_dir} has QKV biases", "add --add-qkv-bias")
+
+
+def _moe_hf_text(name: str) -> str:
+    """Where :func:`moe_hf_values` read ``name``'s value from, for the error."""
+    return {"moe_layer_freq": "its MoE layers (first_k_dense_replace / mlp_only_layers / "
+            "decoder_sparse_step)", "moe_router_score_function": "scoring_func",
+            "moe_router_pre_softmax": "not norm_topk_prob",
+            "moe_router_topk_scaling_factor": "routed_scaling_factor",
+            "moe_router_num_groups": "n_group", "moe_router_group_topk": "topk_group",
+            "moe_router_enable_expert_bias": "topk_method == 'noaux_tc'",
+            "moe_shared_expert_gate": "model_type's shared-expert gate",
+            "rope_type": "rope_scaling.rope_type", "rotary_scaling_factor": "rope_scaling.factor",
+            }.get(name, f"rope_scaling.{name}")
 
 
 def _hf_key(name: str) -> str:

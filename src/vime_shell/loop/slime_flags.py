@@ -30,6 +30,7 @@ ALIASES: dict[str, str] = {
     "--vllm-enforce-eager": "rollout_enforce_eager",
     "--sglang-dtype": "rollout_dtype",
     "--vllm-dtype": "rollout_dtype",
+    "--offload-rollout": "colocate",  # slime: the engine releases its memory while training
 }
 
 # --sglang-X -> vLLM's engine argument of the same meaning
@@ -48,7 +49,6 @@ SGLANG_ONLY = "no vLLM equivalent in vime"
 
 UNSUPPORTED: dict[str, str] = {
     # training backends and modes
-    "--train-backend": "vime trains with Megatron-core only",
     "--loss-type": "vime trains the policy loss (sft_loss / custom_loss: not supported)",
     "--disable-compute-advantages-and-returns": "vime always computes advantages",
     "--use-opd": "on-policy distillation", "--opd-type": "on-policy distillation",
@@ -64,10 +64,11 @@ UNSUPPORTED: dict[str, str] = {
     "--muon-momentum": "the Muon optimizer; vime trains with Adam",
     "--enable-mtp-training": "multi-token prediction", "--mtp-num-layers": "multi-token "
     "prediction", "--mtp-loss-scaling-factor": "multi-token prediction",
-    "--spec": "custom Megatron layer specs; vime builds the model from the HF config",
-    "--transformer-impl": "vime picks the layer spec by platform",
-    "--model-name": "vime reads the architecture from --hf-checkpoint",
+    "--spec": "custom Megatron layer specs (vime builds the model from the HF config with "
+    "mbridge: Qwen2/Qwen3, their MoE variants, Llama)",
     "--custom-config-path": "use --config FILE (flat flag names or sections)",
+    "--custom-tis-function-path": "use --use-tis / --use-rs (TIS, MIS and IcePop are built "
+    "in, with slime's mis.py keys as flags)",
     "--train-env-vars": "set the environment of the torchrun command",
     "--use-fault-tolerance": "rerun with --load to resume from the last checkpoint",
     # architectures vime's bridge does not build
@@ -81,7 +82,6 @@ UNSUPPORTED: dict[str, str] = {
     "--rotary-interleaved": "interleaved RoPE (GLM)",
     "--window-size": "sliding-window attention", "--window-attn-skip-freq": "sliding-window "
     "attention", "--softmax-type": "attention sinks (gpt-oss)",
-    "--qkv-format": "vime packs micro-batches by platform (thd with TE, masks on CPU)",
     "--allgather-cp": "vime's context parallelism is Megatron's ring (--context-parallel-size)",
     "--fp8-format": "FP8 training", "--fp8-recipe": "FP8 training",
     "--attn-implementation": "the FSDP backend", "--gradient-checkpointing": "the FSDP "
@@ -89,22 +89,13 @@ UNSUPPORTED: dict[str, str] = {
     # data, rollout and evaluation
     "--eval-function-path": "evaluation runs the training rollout on --eval-prompt-data",
     "--multimodal-keys": "multimodal prompts",
-    "--rollout-max-context-len": "use --rollout-max-response-len (and the model's context)",
     "--custom-reward-post-process-path": "use --custom-rm-path with --group-rm",
     "--filter-zero-reward-samples": "use --dynamic-sampling-filter-path "
     "vime_shell.rollout.filters:nonzero_reward_std",
     "--use-dynamic-global-batch-size": "use --allow-partial-train-step",
     "--loss-mask-type": "the rollout function sets each sample's loss mask",
     # weight sync and serving
-    "--update-weight-mode": "vime syncs in-process (--update-weight-buffer-size)",
-    "--update-weight-transport": "vime syncs in-process", "--update-weight-transfer-mode":
-    "vime syncs in-process", "--update-weight-disk-dir": "vime syncs in-process",
-    "--update-weight-local-checkpoint-dir": "vime syncs in-process",
-    "--update-weight-delta-encoding": "vime syncs full weights",
-    "--update-weight-delta-checksum": "vime syncs full weights",
     "--prefill-num-servers": "prefill-decode disaggregation",
-    "--deterministic-mode": "CPU runs are deterministic for a --seed; on CUDA set vLLM's "
-    "VLLM_BATCH_INVARIANT=1",
     "--dump-details": "use --save-rollout-data (and metrics.jsonl)",
     "--critic-num-nodes": "critics (PPO value models)",
     "--critic-num-gpus-per-node": "critics (PPO value models)",
