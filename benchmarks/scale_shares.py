@@ -13,8 +13,9 @@ its part (``vime_pure.data.shares``), then per phase:
   holder, packed, unpacked and assembled: bytes received, CPU seconds of the receiving side
   (the cutting is the holders', timed for one holder: its pieces for every rank);
 - **rank_batch**: ``share_batch`` of that rank's share;
-- **memory**: ``tracemalloc`` peak of rank 0's gather + schedule, of a rank's all-to-all +
-  records (numpy allocations are traced).
+- **memory**: ``tracemalloc`` peak of rank 0's gather + schedule and of a rank's all-to-all
+  (numpy allocations are traced), and the bytes of the rank's records (``rank_batch`` runs
+  untraced: tracing slows allocation).
 
 The funnel (**before**): rank 0 unpickled every ``Sample``, converted and pickled the batch,
 every rank unpickled the whole batch; its per-token CPU costs are measured on 512 samples of the
@@ -126,9 +127,12 @@ def share_row(parts: list[RolloutBatch], layout, policy, unscaled: np.ndarray,
         received = [b for b, p in zip(packed, parts) if len(b) > 32]
         share, c_a2a = _cpu(lambda: assemble_share(
             [unpack_piece(b, plan) for b in received], plan, r))
-        records, c_rb = _cpu(lambda: share_batch(share, sched, plan.mask_sums, dp_rank=r))
         _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
+        tracemalloc.stop()  # off for the records: tracing every allocation would slow them
+        records, c_rb = _cpu(lambda: share_batch(share, sched, plan.mask_sums, dp_rank=r))
+        records_bytes = sum(v.nbytes for mb in records.microbatches
+                            for v in attrs.asdict(mb, recurse=False).values()
+                            if isinstance(v, np.ndarray))
         ids = sched.rank_sample_ids(r)
         true_tokens = int(lengths_unscaled[ids].sum())
         true_resp = int(response(lengths_unscaled[ids]).sum())
@@ -141,7 +145,8 @@ def share_row(parts: list[RolloutBatch], layout, policy, unscaled: np.ndarray,
             "share_bytes_received_unscaled": got_unscaled,
             "share_nbytes_unscaled": share_unscaled,
             "received_over_share_unscaled": (got_unscaled + len(plan_blob)) / share_unscaled,
-            "all_to_all_cpu_s": c_a2a, "rank_batch_cpu_s": c_rb, "peak_bytes": peak,
+            "all_to_all_cpu_s": c_a2a, "rank_batch_cpu_s": c_rb,
+            "all_to_all_peak_bytes": peak, "records_bytes": records_bytes,
             "microbatches": len(records.microbatches)})
     return out
 

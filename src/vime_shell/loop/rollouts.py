@@ -209,12 +209,7 @@ class RolloutProducer:
         ctx = self.context(rid, prompts, sampling, first_group_id=0,
                            target_groups=cfg.rollout_batch_size)
         with native_torch():  # generation names no CUDA device: skip the CPU device mode
-            output = self.engines.run_local(
-                lambda share: call_plugin(
-                    lambda c: list(self.rollout_fn(c)), share_context(ctx, share),
-                    what=f"rollout function {cfg.effective_rollout_function_path}",
-                    flag="--rollout-function-path", where=f"rollout {rid}"),
-                len(prompts))
+            output = self.engines.run_local(self._share_runner(rid, ctx), len(prompts))
         part = meta = None
         if output:
             part, meta = output_part(output, normalization=self.normalization)
@@ -378,15 +373,17 @@ class RolloutProducer:
                            target_groups=target_groups)
         try:
             with native_torch():  # generation names no CUDA device: skip the CPU device mode
-                output = self.engines.run_shares(
-                    lambda share: call_plugin(
-                        lambda c: list(self.rollout_fn(c)), share_context(ctx, share),
-                        what=f"rollout function {self.cfg.effective_rollout_function_path}",
-                        flag="--rollout-function-path", where=f"rollout {rid}"),
-                    len(prompts))
+                output = self.engines.run_shares(self._share_runner(rid, ctx), len(prompts))
         except Exception as exc:  # noqa: BLE001 - handed to rank0_result by the caller
             return None, exc
         return output, None
+
+    def _share_runner(self, rid: int, ctx: RolloutContext):
+        """``share -> output``: the rollout function on one engine's share of ``ctx``."""
+        return lambda share: call_plugin(
+            lambda c: list(self.rollout_fn(c)), share_context(ctx, share),
+            what=f"rollout function {self.cfg.effective_rollout_function_path}",
+            flag="--rollout-function-path", where=f"rollout {rid}")
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self, rid: int) -> dict[str, float]:
