@@ -13,8 +13,8 @@ its part (``vime_pure.data.shares``), then per phase:
   holder, packed, unpacked and assembled: bytes received, CPU seconds of the receiving side
   (the cutting is the holders', timed for one holder: its pieces for every rank);
 - **rank_batch**: ``share_batch`` of that rank's share;
-- **memory**: ``tracemalloc`` peak of rank 0's gather + schedule and of a rank's all-to-all
-  (numpy allocations are traced), and the bytes of the rank's records (``rank_batch`` runs
+- **memory**: ``tracemalloc`` peak of rank 0's gather + schedule and of a rank's unpacking
+  and assembling (numpy allocations are traced; its receive buffer comes on top), and the bytes of the rank's records (``rank_batch`` runs
   untraced: tracing slows allocation).
 
 The funnel (**before**): rank 0 unpickled every ``Sample``, converted and pickled the batch,
@@ -122,9 +122,9 @@ def share_row(parts: list[RolloutBatch], layout, policy, unscaled: np.ndarray,
     out["holder0_cut_and_pack_cpu_s"] = c_cut
     lengths_unscaled = unscaled
     for r in ranks:
-        tracemalloc.start()
         packed = [pack_piece(share_piece(p, k, plan, r)) for k, p in enumerate(parts)]
         received = [b for b, p in zip(packed, parts) if len(b) > 32]
+        tracemalloc.start()  # the receiver's side: unpack and assemble (its buffer on top)
         share, c_a2a = _cpu(lambda: assemble_share(
             [unpack_piece(b, plan) for b in received], plan, r))
         _, peak = tracemalloc.get_traced_memory()
