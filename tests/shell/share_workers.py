@@ -13,10 +13,9 @@ from pathlib import Path
 
 TIMING = ("rollout_s", "train_s", "sync_s", "old_logprob_s", "tokens_per_s", "eval_s")
 FIXTURE = Path(__file__).with_name("share_fixture.json")
-RUNS = {  # name -> (world size, layout flags)
+RUNS = {  # name -> (world size, layout flags): DP at world 2, DP x PP at world 4
     "dp2": (2, {}),
     "dp2_pp2": (4, {"pipeline_model_parallel_size": 2}),
-    "dp4": (4, {}),
 }
 CONFIG = dict(rollout_batch_size=4, n_samples_per_prompt=4, global_batch_size=8,
               max_tokens_per_gpu=24, lr=1e-3, seed=3, num_rollout=2,

@@ -4,8 +4,8 @@
 path replaced (engine leaders pickled their samples to rank 0, which built the batch and
 broadcast it), recorded on the base commit (``tests/shell/share_workers.py``). The sharded
 runs must give those values exactly (loss, reward, group and sample counts, entropy, grad
-norm...: every key but wall-clock times), at world 2 (DP 2) and world 4 (DP 2 x PP 2 and
-DP 4); and every rank must receive its own share's bytes, not the batch's.
+norm...: every key but wall-clock times), at world 2 (DP 2) and world 4 (DP 2 x PP 2: PP peers
+receive the same share); and every rank must receive its own share's bytes, not the batch's.
 """
 
 import json
