@@ -14,8 +14,8 @@ its part (``vime_pure.data.shares``), then per phase:
   (the cutting is the holders', timed for one holder: its pieces for every rank);
 - **rank_batch**: ``share_batch`` of that rank's share;
 - **memory**: ``tracemalloc`` peak of rank 0's gather + schedule and of a rank's unpacking
-  and assembling (numpy allocations are traced; its receive buffer comes on top), and the bytes of the rank's records (``rank_batch`` runs
-  untraced: tracing slows allocation).
+  and assembling, in a second, traced pass (numpy allocations are traced; tracing slows
+  them, so CPU seconds come from the untraced pass), and the bytes of the rank's records.
 
 The funnel (**before**): rank 0 unpickled every ``Sample``, converted and pickled the batch,
 every rank unpickled the whole batch; its per-token CPU costs are measured on 512 samples of the
@@ -99,11 +99,15 @@ def share_row(parts: list[RolloutBatch], layout, policy, unscaled: np.ndarray,
               response: callable) -> dict:
     """One (samples, dp) point of the sharded path (module docstring)."""
     dp = layout.dp
-    tracemalloc.start()
     metas = [part_meta(p) for p in parts]
     blobs = [pickle.dumps(("ok", m), protocol=5) for m in metas]
+    # CPU untraced, then the same phases again under tracemalloc for rank 0's peak
     (merged, c_gather) = _cpu(lambda: merge_meta([pickle.loads(b)[1] for b in blobs]))
     (meta, plan), c_plan = _cpu(lambda: plan_shares(merged, layout, policy))
+    del merged, meta, plan
+    tracemalloc.start()
+    merged = merge_meta([pickle.loads(b)[1] for b in blobs])
+    meta, plan = plan_shares(merged, layout, policy)
     plan_blob = pickle.dumps(plan, protocol=5)
     _, rank0_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
@@ -124,11 +128,12 @@ def share_row(parts: list[RolloutBatch], layout, policy, unscaled: np.ndarray,
     for r in ranks:
         packed = [pack_piece(share_piece(p, k, plan, r)) for k, p in enumerate(parts)]
         received = [b for b, p in zip(packed, parts) if len(b) > 32]
-        tracemalloc.start()  # the receiver's side: unpack and assemble (its buffer on top)
         share, c_a2a = _cpu(lambda: assemble_share(
             [unpack_piece(b, plan) for b in received], plan, r))
+        tracemalloc.start()  # the receiver's side again, traced (its buffer on top)
+        assemble_share([unpack_piece(b, plan) for b in received], plan, r)
         _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()  # off for the records: tracing every allocation would slow them
+        tracemalloc.stop()
         records, c_rb = _cpu(lambda: share_batch(share, sched, plan.mask_sums, dp_rank=r))
         records_bytes = sum(v.nbytes for mb in records.microbatches
                             for v in attrs.asdict(mb, recurse=False).values()
