@@ -13,8 +13,9 @@ Job: the embedded model on reverse2 from scratch, 16 prompts x 8 samples per rol
 Reported per mode: median wall seconds per rollout (batch wait + train + sync on the trainer)
 and its ratio to the synchronous run; the idle fraction of each rank (trainer: time not
 training; engine: time with no request in flight, from intervals the rollout function logs);
-reward means of the first and last 10 rollouts (the whole curve in the JSON); the staleness
-distribution of the trained groups (fraction per staleness, median). JSON:
+the reward at equal rollouts (10-rollout means ending at the middle and at the end of the
+run, and the first rollout whose 10-rollout mean reaches 0.8; the whole curve in the JSON);
+the staleness distribution of the trained groups (fraction per staleness, median). JSON:
 ``benchmarks/results/async_tail.json``.
 
 Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python -m benchmarks.async_tail [--rollouts 60]``
@@ -73,6 +74,21 @@ def busy_seconds(intervals: list[list[float]]) -> float:
     return total
 
 
+def window_mean(rewards: list[float], end: int, width: int = 10) -> float:
+    """Mean reward of the ``width`` rollouts ending at rollout ``end`` (exclusive): the modes'
+    reward at equal rollouts. Example: ``window_mean([0, 1, 1], 3, width=2) == 1.0``."""
+    return statistics.mean(rewards[max(end - width, 0):end])
+
+
+def first_reaching(rewards: list[float], level: float = 0.8, width: int = 10) -> int | None:
+    """The first rollout whose ``width``-rollout mean reward reaches ``level`` (None: never).
+    Example: ``first_reaching([0, 1, 1], 0.9, width=2) == 2``."""
+    for end in range(width, len(rewards) + 1):
+        if window_mean(rewards, end, width) >= level:
+            return end - 1
+    return None
+
+
 def summarize(records: list[dict], intervals: list[list[float]]) -> dict:
     walls = [r["rollout_s"] + r["train_s"] + r["sync_s"] for r in records]
     wall = sum(walls)
@@ -95,6 +111,8 @@ def summarize(records: list[dict], intervals: list[list[float]]) -> dict:
             "engine_idle_frac": 1 - busy_seconds(intervals) / wall if intervals else None,
             "reward_first10": statistics.mean(rewards[:10]),
             "reward_last10": statistics.mean(rewards[-10:]),
+            "reward_half10": window_mean(rewards, len(rewards) // 2),
+            "reaches_0.8_at": first_reaching(rewards),
             "staleness_frac": {k: v / groups for k, v in sorted(stale.items())},
             "staleness_median": median, "reward_curve": rewards,
             "probe_gap_max": max((r["probe_gap"] for r in records  # NaN is null in JSON
@@ -127,15 +145,19 @@ def main(argv: list[str] | None = None) -> dict:
         intervals = [json.loads(line) for line in log.read_text().splitlines()]
         results[name] = summarize(read_metrics(run_dir), intervals)
     base = results.get("sync", {}).get("wall_per_rollout_s_median")
+    half = args.rollouts // 2
     print(f"{'mode':13s} {'s/rollout':>9s} {'x sync':>6s} {'trainer idle':>12s} "
-          f"{'engine idle':>11s} {'reward 0-10':>11s} {'last 10':>7s} {'staleness':>18s}")
+          f"{'engine idle':>11s} {f'reward@{half}':>10s} {f'reward@{args.rollouts}':>10s} "
+          f"{'0.8 at':>6s}  staleness (share of groups)")
     for name, r in results.items():
         ratio = r["wall_per_rollout_s_median"] / base if base else float("nan")
         dist = " ".join(f"{k}:{v:.2f}" for k, v in r["staleness_frac"].items())
+        reached = r["reaches_0.8_at"]
         print(f"{name:13s} {r['wall_per_rollout_s_median']:9.3f} {ratio:6.2f} "
               f"{r['trainer_idle_frac']:12.2f} {r['engine_idle_frac'] or 0:11.2f} "
-              f"{r['reward_first10']:11.3f} {r['reward_last10']:7.3f} {dist:>18s} "
-              f"(median {r['staleness_median']})")
+              f"{r['reward_half10']:10.3f} {r['reward_last10']:10.3f} "
+              f"{'-' if reached is None else reached:>6} "
+              f" {dist} (median {r['staleness_median']})")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"scale_ms": SCALE_MS, "alpha": ALPHA,
                                           "rollouts": args.rollouts, "load": os.getloadavg(),

@@ -46,10 +46,16 @@ def test_bad_async_settings_are_config_errors(kwargs, field):
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(update_weights_interval=2), "update_weights_interval"),  # colocated loop
+    (dict(update_weights_interval=2), "--update-weights-interval"),  # colocated loop
     (dict(fully_async=True, rollout_num_gpus=1, max_weight_staleness=0,
-          update_weights_interval=2), "max_weight_staleness"),
-    (dict(fully_async=True, rollout_num_gpus=1, eval_interval=5), "eval_interval"),
+          update_weights_interval=2), "--max-weight-staleness"),
+    (dict(fully_async=True, rollout_num_gpus=1, partial_rollout=True,
+          over_sampling_batch_size=24), "--partial-rollout"),
+    (dict(train_async=True, rollout_num_gpus=1, partial_rollout=True,
+          over_sampling_batch_size=24), "--partial-rollout"),
+    (dict(fully_async=True, rollout_num_gpus=1,
+          custom_generate_function_path="vime_shell.rollout.tool_example:generate"),
+     "--custom-generate-function-path"),
 ])
 def test_launch_checks_refuse_what_cannot_run(monkeypatch, kwargs, field):
     monkeypatch.setenv("WORLD_SIZE", "2")

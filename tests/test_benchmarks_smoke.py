@@ -65,22 +65,25 @@ def test_scale_quick(tmp_path, capsys):
 def test_slime_flag_coverage_on_our_corpus(tmp_path):
     """The coverage tool on our own slime-style scripts laid out as a slime checkout: every
     script is found, its MODEL_ARGS read from the sourced models file, and all accepted; a
-    script passing a table flag is refused."""
+    script passing a table flag, or a literal value outside a flag's choices, is refused."""
     corpus = Path(__file__).parent / "slime_scripts"
     shutil.copytree(corpus, tmp_path / "scripts")
+    ours = len(list(corpus.glob("run-*.sh")))
     (tmp_path / "scripts" / "run-lora.sh").write_text(
         "ARGS=(--lora-rank 8)\npython3 train.py ${ARGS[@]} --lr 1e-6\n")
+    (tmp_path / "scripts" / "run-fsdp.sh").write_text(  # a value outside vime's choices
+        "python3 train.py --train-backend fsdp --optimizer $OPT --lr 1e-6\n")
     result = slime_flag_coverage.coverage(slime_flag_coverage.Repo(tmp_path),
                                           slime_flag_coverage.accepted_flags())
-    assert (result["scripts"], result["accepted"]) == (4, 3)
-    assert result["refused"] == {"--lora-rank": 1}
+    assert (result["scripts"], result["accepted"]) == (ours + 2, ours)
+    assert result["refused"] == {"--lora-rank": 1, "--train-backend fsdp": 1}
 
 
 def test_async_tail_summary_of_a_synthetic_run():
     """``benchmarks.async_tail`` (its runs take minutes): the latencies are the same in every
     mode for a prompt, busy time is the union of intervals, and the summary's idle fractions
     and staleness distribution follow the records."""
-    from benchmarks.async_tail import busy_seconds, latency, summarize
+    from benchmarks.async_tail import busy_seconds, first_reaching, latency, summarize
 
     assert latency(0, 3, 5) == latency(0, 3, 5) != latency(0, 3, 6)
     assert busy_seconds([[0, 2], [1, 3], [5, 6]]) == 4
@@ -91,6 +94,8 @@ def test_async_tail_summary_of_a_synthetic_run():
     assert out["wall_per_rollout_s_median"] == 2.0
     assert out["trainer_idle_frac"] == 0.5 and out["engine_idle_frac"] == 0.5
     assert out["staleness_frac"] == {0: 0.25, 1: 0.75} and out["staleness_median"] == 1
+    assert out["reward_half10"] == 0.5 and out["reaches_0.8_at"] is None
+    assert first_reaching([0.0] * 5 + [1.0] * 10, 0.8) == 12  # rollouts 5-12 of 3-12 at 1
 
 
 def test_lr_curve_quick(capsys):

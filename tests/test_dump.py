@@ -160,6 +160,15 @@ def test_weight_versions_survive_a_dump(tmp_path):
     assert loaded.weight_version_max.tolist() == [5, -1]
 
 
+def test_routed_experts_survive_a_dump(tmp_path):
+    routes = [[[0, 3], [1, 2]], [[2, 3], [0, 1]]]  # 2 tokens routed (the last one is not)
+    batch = RolloutBatch.from_samples([[Sample(tokens=[1, 2, 3], response_length=1, reward=1.0,
+                                               rollout_routed_experts=routes)]])
+    loaded = load_rollout_batch(save_rollout_batch(tmp_path / "r.npz", batch))
+    assert_same_batch(batch, loaded)
+    assert loaded.rollout_routed_experts.tolist() == [[0, 3, 1, 2], [2, 3, 0, 1], [2, 3, 0, 1]]
+
+
 def test_foreign_files(dump, tmp_path):
     _rewrite(dump, header_edit=lambda h: h.update(format="something.else"))
     with pytest.raises(DumpFormatError, match="format='something.else'"):

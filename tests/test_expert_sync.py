@@ -1,14 +1,18 @@
-"""MoE weight sync: each engine rank is sent only the experts it serves, and a bucket is cut
-between experts (never inside one: vLLM fuses an expert's gate/up/down) or between layers."""
+"""MoE weight sync: each engine rank is sent only the experts it serves, and a bucket is cut only
+between decoder layers, never inside an MoE layer (vLLM's FusedMoE module holds all of a layer's
+experts, and its in-place reload rebuilds a module from one call), whatever order the export
+gives a layer's experts in."""
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vime_shell.engines.base import EngineError
 from vime_shell.engines.group import EngineGroup, EngineOptions
 from vime_shell.engines.layout import resolve_engine_layout
-from vime_shell.engines.sync import (buckets, expert_of, only_served_experts, served_experts,
-                                     sync_unit)
+from vime_shell.engines.sync import (buckets, expert_of, layer_key, only_served_experts,
+                                     served_experts)
 
 
 def _moe_layer(layer: int, num_experts: int, expert_bytes: int = 3) -> list:
@@ -26,15 +30,11 @@ def _moe_layer(layer: int, num_experts: int, expert_bytes: int = 3) -> list:
     return out
 
 
-def test_sync_units():
-    assert sync_unit("model.layers.3.mlp.experts.7.up_proj.weight") == "model.layers.3.mlp.experts.7"
-    assert sync_unit("model.layers.3.mlp.gate.weight") == "model.layers.3"
-    assert sync_unit("model.layers.3.mlp.shared_expert_gate.weight") == \
-        sync_unit("model.layers.3.mlp.shared_expert.down_proj.weight")
-    assert sync_unit("model.layers.3.self_attn.q_proj.weight") == "model.layers.3"
-    assert sync_unit("lm_head.weight") == "lm_head.weight"
+def test_expert_names():
     assert expert_of("model.layers.0.block_sparse_moe.experts.12.w1.weight") == 12
+    assert expert_of("model.layers.3.mlp.experts.7.up_proj.weight") == 7
     assert expert_of("model.layers.0.mlp.shared_expert.up_proj.weight") is None
+    assert layer_key("model.layers.3.mlp.experts.7.up_proj.weight") == "model.layers.3"
 
 
 @given(st.integers(1, 64), st.integers(1, 16))
@@ -46,17 +46,19 @@ def test_served_experts_partition_the_experts(num_experts, ep_size):
     assert max(map(len, ranges)) - min(map(len, ranges)) <= 1
 
 
-@given(st.integers(1, 6), st.integers(9, 40))
-def test_an_moe_layer_is_cut_only_between_experts(num_experts, cap):
-    """A bucket boundary never falls inside an expert's three tensors (or the attention, or
-    the shared expert), and the buckets concatenate back to the export."""
+@given(st.integers(1, 6), st.integers(9, 40), st.booleans())
+def test_an_moe_layer_is_never_cut(num_experts, cap, by_projection):
+    """A bucket boundary never falls inside a decoder layer (its experts included), in
+    per-expert order or in the per-projection order mbridge exports under EP (every expert's
+    gate/up, then every expert's down), and the buckets concatenate back to the export."""
     named = _moe_layer(0, num_experts) + _moe_layer(1, num_experts)
+    if by_projection:
+        named.sort(key=lambda item: (layer_key(item[0]), "down_proj" in item[0]))
     out = list(buckets(named, cap))
     assert [n for b in out for n, _ in b] == [n for n, _ in named]
     for left, right in zip(out, out[1:]):
-        assert sync_unit(left[-1][0]) != sync_unit(right[0][0])
-    if 6 + 9 * num_experts > cap:  # a layer above the cap is split (between experts)
-        assert len(out) > 2
+        assert layer_key(left[-1][0]) != layer_key(right[0][0])
+    assert len(out) == (1 if 2 * (6 + 9 * num_experts) <= cap else 2)
 
 
 class _Recorder:
@@ -85,3 +87,13 @@ def test_each_engine_rank_is_sent_only_its_experts():
     everything = EngineGroup(layout, 1, _Recorder(), EngineOptions(engine="vllm", num_experts=4))
     assert everything.served_experts() is None  # without expert parallelism: every expert
     assert list(only_served_experts(iter(named), range(0, 4))) == named
+
+
+def test_round_robin_placement_follows_vllms_expert_placement_strategy():
+    assert list(served_experts(10, 4, 1, "round_robin")) == [1, 5, 9]
+    layout = resolve_engine_layout(world_size=2, rollout_num_gpus_per_engine=2, engine="vllm")
+    options = EngineOptions(engine="vllm", expert_parallel=True, num_experts=4,
+                            vllm_args=(("expert_placement_strategy", "round_robin"),))
+    assert list(EngineGroup(layout, 1, _Recorder(), options).served_experts()) == [1, 3]
+    with pytest.raises(EngineError, match="expert_placement_strategy='random'"):
+        served_experts(4, 2, 0, "random")

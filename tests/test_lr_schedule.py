@@ -57,7 +57,11 @@ def test_launch_warns_when_nothing_decays():
     floor = TrainConfig(lr_decay_style="cosine", lr=1e-4, min_lr=1e-4)
     assert "nothing to decay" in launch_warnings(floor, 300)[0]
     empty = TrainConfig(lr_decay_style="linear", lr_decay_iters=2, lr_warmup_iters=2)
-    assert "never decays" in launch_warnings(empty, 300)[0]
+    assert "never decays: --lr-decay-iters 2 is not past" in launch_warnings(empty, 300)[0]
+    short = TrainConfig(lr_decay_style="cosine", lr_warmup_iters=10)  # the README's, 2 rollouts
+    assert launch_warnings(short, 2) == [
+        "--lr-decay-style cosine never decays: the run's 2 optimizer steps (no --lr-decay-iters: "
+        "--num-rollout 2 x 1 per rollout) are not past --lr-warmup-iters 10"]
     long = TrainConfig(lr_decay_style="linear", lr_decay_iters=1000)
     assert "longer than the run" in launch_warnings(long, 300)[0]
     assert launch_warnings(TrainConfig(), 300) == []

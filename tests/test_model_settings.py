@@ -63,8 +63,21 @@ def test_uneven_pipeline_stages():
         _layout(world_size=3, pp=3, layers=6, first_stage_layers=1)  # 5 over 2 stages
     with pytest.raises(UnsupportedLayoutError, match="pp >= 2"):
         _layout(world_size=1, first_stage_layers=1)
-    with pytest.raises(UnsupportedLayoutError, match="virtual"):
+    with pytest.raises(UnsupportedLayoutError, match="--num-virtual-stages-per-pipeline-rank"):
         _layout(pp=2, first_stage_layers=1, num_layers_per_virtual_stage=1)
+
+
+def test_uneven_pipeline_stages_with_virtual_stages_per_rank():
+    layout = _layout(pp=2, layers=6, first_stage_layers=4, num_virtual_stages=2)
+    assert (layout.vpp, layout.microbatch_group, layout.stage_layers(6)) == (2, 2, (4, 2))
+    even = _layout(pp=2, layers=4, num_virtual_stages=2)  # Megatron-LM's other spelling
+    assert (even.vpp, even.microbatch_group) == (2, 2)
+    with pytest.raises(UnsupportedLayoutError, match=r"=2: .*divide every .*\[3, 3\]"):
+        _layout(pp=2, layers=6, first_stage_layers=3, num_virtual_stages=2)
+    with pytest.raises(UnsupportedLayoutError, match="pass one of the two"):
+        _layout(pp=2, layers=4, num_virtual_stages=2, num_layers_per_virtual_stage=1)
+    cfg = parse_train_config(["--num-virtual-stages-per-pipeline-rank", "2"])
+    assert cfg.num_virtual_stages_per_pipeline_rank == 2
 
 
 def test_expert_parallel_layout_checks():
@@ -97,12 +110,15 @@ def test_precision_aware_optimizer_needs_the_distributed_optimizer_and_te():
         parse_train_config(["--overlap-cpu-optimizer-d2h-h2d"])
 
 
-def test_routing_replay_is_refused_with_the_reason():
-    cfg = parse_train_config(["--use-rollout-routing-replay"])
-    with pytest.raises(ConfigError, match="triton-cpu"):
-        check_model_settings(cfg, MOE, _layout(num_experts=4))
+def test_routing_replay_runs_where_the_engine_returns_routes_and_is_refused_elsewhere():
+    cfg = parse_train_config(["--use-rollout-routing-replay", "--rollout-engine", "hf"])
+    assert cfg.model_options().moe_enable_routing_replay
+    check_model_settings(cfg, MOE, _layout(num_experts=4))  # the HF engine returns them
     with pytest.raises(ConfigError, match="dense"):
         check_model_settings(cfg, DENSE, _layout())
+    vllm_cpu = parse_train_config(["--use-rollout-routing-replay", "--rollout-engine", "vllm"])
+    with pytest.raises(ConfigError, match="use_rollout_routing_replay=True: .*triton-cpu"):
+        check_model_settings(vllm_cpu, MOE, _layout(num_experts=4))
 
 
 def test_moe_flags_on_a_dense_model_and_recompute_layers_per_stage():
@@ -142,3 +158,47 @@ def test_expert_tensor_parallelism_other_than_tp_needs_transformer_engine():
         check_model_settings(cfg, MOE, _layout(etp=2, num_experts=4))
     same = parse_train_config(["--expert-tensor-parallel-size", "1"])
     check_model_settings(same, MOE, _layout(num_experts=4))  # equal to TP: fine
+
+
+@pytest.mark.parametrize("tp,fits", [(1, True), (2, True), (14, True), (4, False), (7, False)])
+def test_tp_against_the_attention_and_kv_heads(tp, fits):
+    # Qwen2.5-0.5B's heads: 14 query heads, 2 KV heads. TP 14 gives each KV head to 7 ranks
+    # (more TP ranks than KV heads); TP 4 splits no head count evenly, and TP 7 splits the
+    # query heads but is neither a divisor nor a multiple of the 2 KV heads.
+    qwen = HfConfigSummary(model_type="qwen2", num_layers=24, vocab_size=151936,
+                           max_position_embeddings=32768, num_attention_heads=14,
+                           num_key_value_heads=2)
+    cfg = TrainConfig(tensor_model_parallel_size=tp)
+    layout = _layout(world_size=tp, layers=24, tp=tp)
+    if fits:
+        check_model_settings(cfg, qwen, layout)
+        return
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size=\d: does not fit the "
+                       r"model's 14 attention heads and 2 KV heads.*\[1, 2, 14\]"):
+        check_model_settings(cfg, qwen, layout)
+
+
+def test_vime_train_refuses_a_tp_the_heads_do_not_fit(tmp_path, monkeypatch, capsys):
+    import json
+
+    from vime_shell.cli.main import main
+
+    model = tmp_path / "qwen"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "num_hidden_layers": 24, "vocab_size": 151936,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "hidden_size": 896}))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    code = main(["train", "--hf-checkpoint", str(model), "--tensor-model-parallel-size", "4",
+                 "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--tensor-model-parallel-size=4: does not fit the model's 14 " \
+        "attention heads and 2 KV heads" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_routing_replay_turns_off_the_fused_router_and_refuses_sinkhorn():
+    fields = ModelOptions(moe_enable_routing_replay=True).transformer_fields()
+    assert fields == {"moe_enable_routing_replay": True, "moe_router_fusion": False}
+    with pytest.raises(ModelOptionsError, match="sinkhorn"):
+        ModelOptions(moe_enable_routing_replay=True, moe_router_load_balancing_type="sinkhorn")

@@ -89,3 +89,40 @@ def test_demo_curve_summary_finds_the_crossing():
     assert out["learned_at_rollout"] == 28
     assert out["learned_at_minutes"] == pytest.approx((20.0 + 29 * 0.4) / 60)
     assert out["startup_s"] == pytest.approx(20.0)
+
+
+def test_warnings_and_log_lines_print_above_the_progress_bar(tmp_path, monkeypatch):
+    import io
+    import logging
+    import warnings
+
+    from vime_shell.loop.logs import configure_logging
+
+    before, last_resort = warnings.showwarning, logging.lastResort
+    terminal = io.StringIO()
+    monkeypatch.setattr("sys.stderr", terminal)
+    configure_logging("info", rank=0)  # vime's handler on this "terminal"
+    monkeypatch.setattr(logging.root, "handlers", [])  # as outside pytest: the last resort
+    record = {"rollout": 0, "reward_mean": 0.5, "loss": 0.0, "num_groups": 4,
+              "num_microbatches": 1, "logprob_gap": 1e-7}
+    logger = RunLogger(tmp_path, start=0, total=3, enabled=True, progress=True)
+    logger.log(record)
+    logging.getLogger("vime.train").warning("dynamic sampling kept 3/8 prompts")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("a library warning", UserWarning)
+    logging.getLogger("some.library").warning("no handler: the last-resort one")
+    logger.line("eval after rollout 0: gsm 0.250")
+    logger.log({**record, "rollout": 1})
+    logger.finish()
+    # Each line starts at column 0 on its own (the bar is cleared first), none is glued to
+    # the bar's text, and the bar is redrawn after them (1/3, then 2/3 at the bottom).
+    segments = [seg for line in terminal.getvalue().split("\n") for seg in line.split("\r")]
+    for text in ("vime train: dynamic sampling kept 3/8 prompts", "no handler: the last-resort "
+                 "one", "vime train: eval after rollout 0: gsm 0.250"):
+        assert text in segments, terminal.getvalue()
+    assert any(seg.endswith("UserWarning: a library warning") for seg in segments)
+    out = terminal.getvalue()
+    assert out.index("last-resort") < out.rindex("2/3")
+    # Afterwards nothing is routed any more: handlers and warnings are as before.
+    assert warnings.showwarning is before and logging.lastResort is last_resort

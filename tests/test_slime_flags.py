@@ -53,7 +53,7 @@ def test_eps_clip_0_fails_at_launch_in_one_line_without_torch():
     (["--eps-clip", "1.5"], "--eps-clip="), (["--eps-clip-c", "0.5"], "--eps-clip-c="),
     (["--tis-clip", "0"], "--tis-clip="), (["--lr", "0"], "--lr="),
     (["--hidden-dropout", "0.1"], "--hidden-dropout="),
-    (["--kl-coef", "0.1", "--advantage-estimator", "reinforce_plus_plus_baseline"], "--kl-coef="),
+    (["--kl-coef", "-1"], "--kl-coef="),
     (["--optimizer", "sgd"], "--optimizer"), (["--actor-num-gpus-per-node", "8"],
                                               "--actor-num-gpus-per-node="),
     (["--use-dynamic-batch-size", "--max-tokens-per-gpu", "none"], "--use-dynamic-batch-size"),
@@ -181,20 +181,25 @@ def _readme_train_example() -> list[str]:
     return shlex.split(("--hf-checkpoint" + block).replace("\\\n", " "))
 
 
-def test_dry_run_on_the_readme_example(model, tmp_path, capsys):
-    """The README's example with its paths pointed at local files runs the whole dry run."""
+def test_dry_run_on_the_readme_example(tmp_path, capsys):
+    """The README's example, only its paths pointed at local files, runs the whole dry run on
+    a tiny model of Qwen2.5-0.5B-Instruct's shape (tied embeddings, byte-level BPE, the Qwen
+    chat template, a base EOS, a 32768-token context: its 1024/2048-token limits fit)."""
+    from vime_shell.models.chat_model import build_chat_model
+
+    model = build_chat_model(tmp_path / "Qwen-tiny", tie_word_embeddings=True, vocab_multiple=8,
+                             eos_token="<|endoftext|>", max_position_embeddings=32768)
     argv = _readme_train_example()
-    rows = "".join(json.dumps({"prompt": f"{a}+1=", "answer": str(a + 1), "label": str(a + 1)})
-                   + "\n" for a in range(8))
+    rows = "".join(json.dumps({"prompt": f"What is {a} + 1? Put the final answer in "
+                               "\\boxed{}.", "answer": str(a + 1)}) + "\n" for a in range(8))
     for path in ("train.jsonl", "test.jsonl"):
         (tmp_path / path).write_text(rows)
     pq.write_table(pa.Table.from_pylist([json.loads(r) for r in rows.splitlines()]),
                    tmp_path / "math500.parquet")
     local = {"/models/Qwen2.5-0.5B-Instruct": str(model), "ck": str(tmp_path / "ck"),
-             "runs/qwen-math": str(tmp_path / "run"),
-             "1024": "8", "2048": "8"}  # response lengths within the embedded model's 64 tokens
+             "runs/qwen-math": str(tmp_path / "run")}
     argv = [local.get(a, str(tmp_path / a) if a.endswith((".jsonl", ".parquet")) else a)
-            for a in argv if a != "--use-wandb"]  # wandb is an optional package
+            for a in argv]
     status, err = _exit(["--dry-run", *argv], capsys)
     assert status == 0, err
 

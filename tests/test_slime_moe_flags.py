@@ -8,6 +8,7 @@ from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.loop.config_flags import parse_train_config
 from vime_shell.loop.loop import engine_options
 from vime_shell.loop.megatron_args import ModelArgsError, check_architecture, notes
+from vime_shell.loop.slime_flags import UNSUPPORTED_VALUES
 from vime_shell.loop.settings.moe_architecture import LayerPatternError, moe_layer_pattern
 
 # A Qwen3-MoE-style config.json (as slime's scripts/models/qwen3-30B-A3B.sh describes it)
@@ -88,9 +89,28 @@ def test_accepted_switches_say_what_vime_does_instead(capsys):
     assert len(lines) == 4 and any(line.startswith("--update-weight-transfer-mode: accepted; "
                                                    "vime syncs in-process") for line in lines)
     status, err = _exit(["--train-backend", "fsdp"], capsys)
-    assert status == 2 and "--train-backend" in err and "megatron" in err
+    assert status == 2 and "--train-backend fsdp: not supported in vime" in err
 
 
 def test_moe_layer_freq_error_is_a_config_error():
     with pytest.raises(ConfigError, match="--moe-layer-freq"):
         TrainConfig(moe_layer_freq="[3]")
+
+
+@pytest.mark.parametrize("argv", [["--rm-type", "ifbench"],
+                                  ["--advantage-estimator", "reinforce_plus_plus"]])
+def test_a_refused_slime_choice_prints_its_table_line(argv, capsys):
+    status, err = _exit(argv, capsys)
+    key = " ".join(argv)
+    assert status == 2 and err == (f"vime train: error: {key}: not supported in vime "
+                                   f"({UNSUPPORTED_VALUES[key]})")
+
+
+def test_kl_coef_is_the_reward_kl_of_reinforce_plus_plus_baseline():
+    """slime: --kl-coef shapes REINFORCE++-baseline's advantages (reference loaded for it) and
+    does nothing for grpo / gspo."""
+    on = parse_train_config(["--kl-coef", "0.05", "--advantage-estimator",
+                             "reinforce_plus_plus_baseline"])
+    assert on.needs_reference and on.loss_config().reward_kl_coef == 0.05
+    grpo = parse_train_config(["--kl-coef", "0.05"])
+    assert not grpo.needs_reference and grpo.loss_config().reward_kl_coef == 0.0

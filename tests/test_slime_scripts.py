@@ -13,6 +13,7 @@ import pytest
 
 from vime_shell.engines import vllm_available
 from vime_shell.models.embedded import build_embedded
+from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
 from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
 
 SCRIPTS = Path(__file__).parent / "slime_scripts"
@@ -43,6 +44,7 @@ def env(tmp_path_factory):
     write_jsonl(data / "eval.jsonl", held_out)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
             "VIME_PYTHON": sys.executable, "MODEL_DIR": str(build_embedded()),
+            "MOE_DIR": str(build_tiny_hf_model(root / "moe", TinyModelSpec(arch="qwen3_moe"))),
             "DATA_DIR": str(data), "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(SCRIPTS)])}
 
@@ -58,6 +60,9 @@ def _run(script: str, env: dict, run_dir: Path) -> subprocess.CompletedProcess:
     ("run-tiny-dapo.sh", ["--eval-prompt-data without --eval-interval: evaluating after the "
                           "last", "--sglang-ep-size 1: no vLLM equivalent in vime; ignored"]),
     ("run-tiny-remote-rm.sh", [] if vllm_available() else ["the HF engine takes no vLLM"]),
+    ("run-tiny-moe.sh", ["--moe-token-drop-policy: accepted; vime's MoE is dropless",
+                         "--update-weight-transfer-mode: accepted; vime syncs in-process",
+                         "--sequence-parallel: off at --tensor-model-parallel-size 1"]),
 ])
 def test_slime_style_script_passes_the_dry_run(script, notes, env, tmp_path):
     out = _run(script, env, tmp_path / "run")
@@ -74,6 +79,21 @@ def test_a_script_for_another_checkpoint_fails_naming_both_values(env, tmp_path)
     assert out.returncode == 2
     line = out.stderr.strip().splitlines()[-1]
     assert "--rotary-base=1000000.0" in line and '"rope_theta": 10000.0' in line, line
+
+
+def test_a_moe_script_for_another_layer_pattern_fails_naming_both(env, tmp_path):
+    """slime's qwen3 MoE model file with one dense first layer, against an all-MoE config."""
+    script = (SCRIPTS / "models" / "tiny-qwen3-moe.sh").read_text()
+    models = tmp_path / "s" / "models"
+    models.mkdir(parents=True)
+    (models / "tiny-qwen3-moe.sh").write_text(script.replace("FIRST_K_DENSE_REPLACE=0",
+                                                             "FIRST_K_DENSE_REPLACE=1"))
+    (tmp_path / "s" / "run.sh").write_text((SCRIPTS / "run-tiny-moe.sh").read_text())
+    out = subprocess.run(["bash", str(tmp_path / "s" / "run.sh")],
+                         env={**env, "RUN_DIR": str(tmp_path / "run")}, capture_output=True,
+                         text=True, timeout=120)
+    line = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 2 and "--moe-layer-freq='[0,1]'" in line and "[1, 1]" in line, line
 
 
 def test_engine_flags_of_a_script_reach_the_vllm_arguments(env, tmp_path):

@@ -4,6 +4,7 @@ tokenizer's EOS is the base model's, at ``--rollout-stop`` strings, and within
 
 import pytest
 
+from tests.stop_helpers import assert_cut_at_string, assert_cut_at_token
 from vime_shell.engines.base import EngineError, SamplingParams, stop_string_end
 from vime_shell.engines.hf import HfEngine
 from vime_shell.models.chat_model import build_chat_model
@@ -44,16 +45,7 @@ def test_responses_stop_at_im_end_with_a_base_eos(base_eos_chat_model):
     chat = SamplingParams(max_new_tokens=40, temperature=3.0, seed=11,
                           stop_token_ids=default_stop_token_ids(tok, path, chat_template=True))
     before, after = engine.generate(prompts, base), engine.generate(prompts, chat)
-    ran_past = [i for i, g in enumerate(before) if im_end in g.token_ids[:-1]]
-    assert ran_past, "no sample drew <|im_end|>: the test would show nothing"
-    for i, (b, a) in enumerate(zip(before, after)):
-        assert b.token_ids[:len(a.token_ids)] == a.token_ids  # same seeds, same draws
-        if im_end in b.token_ids:
-            cut = b.token_ids.index(im_end) + 1
-            assert (a.token_ids, a.finish_reason) == (b.token_ids[:cut], "stop")
-        else:
-            assert a.token_ids == b.token_ids
-    assert all(len(after[i].token_ids) < len(before[i].token_ids) for i in ran_past)
+    assert_cut_at_token(before, after, im_end)
 
 
 def test_stop_strings_cut_after_the_completing_token(base_eos_chat_model):
@@ -65,16 +57,7 @@ def test_stop_strings_cut_after_the_completing_token(base_eos_chat_model):
     stop = next(t[4:6] for t in texts if len(t) > 8)  # two characters one response holds
     cut = engine.generate(prompts, SamplingParams(max_new_tokens=24, temperature=3.0, seed=3,
                                                   stop=(stop,)))
-    hits = 0
-    for f, c in zip(free, cut):
-        end = stop_string_end(f.token_ids, tok.decode, (stop,))
-        if end is None:
-            assert (c.token_ids, c.finish_reason) == (f.token_ids, f.finish_reason)
-            continue
-        hits += 1
-        assert c.token_ids == f.token_ids[:end] and c.finish_reason == "stop"
-        assert stop in tok.decode(c.token_ids) and stop not in tok.decode(c.token_ids[:-1])
-    assert hits >= 1
+    assert_cut_at_string(free, cut, tok.decode, stop)
 
 
 def test_max_context_len_caps_each_request(base_eos_chat_model):

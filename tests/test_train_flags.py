@@ -283,6 +283,16 @@ def test_bad_rows_fail_at_launch_in_one_line_naming_the_line(tmp_path, capsys, l
          capsys, message)
 
 
+def test_a_response_limit_past_the_context_offers_no_prompt_limit(tmp_path, capsys):
+    # The embedded model's context is 64: a 1024-token response fits no prompt, so the fix is
+    # the response limit (the prompt "12" is 2 tokens), never --rollout-max-prompt-len 1.
+    code = main(["train", "--prompt-data", _rows(tmp_path, GOOD),
+                 "--rollout-max-response-len", "1024"])
+    err = capsys.readouterr().err
+    assert code == 2 and "lower --rollout-max-response-len to at most 62." in err, err
+    assert "--rollout-max-prompt-len" not in err
+
+
 def test_rollout_max_prompt_len_drops_and_counts_long_prompts(model, tmp_path):
     long = b'{"prompt": "' + b"1" * 70 + b'", "label": "3"}'
     cfg = parse_train_config(["--prompt-data", _rows(tmp_path, GOOD, long, GOOD),
@@ -390,3 +400,15 @@ def test_check_flags_reach_what_they_configure(capsys):
     assert parse_train_config([]).logprob_check and parse_train_config([]).reward_timeout is None
     _bad(["--reward-timeout", "0"], capsys, "--reward-timeout=0")
     _bad(["--rollout-max-prompt-len", "0"], capsys, "--rollout-max-prompt-len=0")
+
+
+def test_a_temperature_vllm_refuses_fails_at_launch_for_the_vllm_engine():
+    from vime_shell.loop.launch_checks import check_vllm_sampling
+
+    with pytest.raises(ConfigError, match=r"rollout_temperature=3.0: is above vLLM's limit of "
+                                          r"2. Fix: use at most 2, or --rollout-engine hf"):
+        check_vllm_sampling(TrainConfig(rollout_engine="vllm", rollout_temperature=3.0))
+    with pytest.raises(ConfigError, match="eval_temperature=2.5"):
+        check_vllm_sampling(TrainConfig(rollout_engine="vllm", eval_temperature=2.5))
+    check_vllm_sampling(TrainConfig(rollout_engine="vllm", rollout_temperature=2.0))
+    check_vllm_sampling(TrainConfig(rollout_engine="hf", rollout_temperature=3.0))

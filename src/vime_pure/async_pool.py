@@ -82,8 +82,8 @@ def check_staleness_bound(*, max_staleness: Any, update_weights_interval: Any,
             + as_int("update_weights_interval", update_weights_interval, 1, AsyncPoolError,
                      _FIX) - 1)
     if max_staleness < need:
-        raise field_error(AsyncPoolError, "max_weight_staleness", max_staleness,
-                          f"is below {need} (generation lag {lag} + update_weights_interval "
+        raise field_error(AsyncPoolError, "--max-weight-staleness", max_staleness,
+                          f"is below {need} (generation lag {lag} + --update-weights-interval "
                           f"{update_weights_interval} - 1): some batches would be staler",
                           f"pass --max-weight-staleness {need} or more, or a smaller "
                           "--update-weights-interval")

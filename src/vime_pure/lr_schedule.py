@@ -43,6 +43,7 @@ class LrGroups:
     warmup_steps: int
     decay_steps: int
     steps_per_rollout: int
+    decay_spans_run: bool = False  # no --lr-decay-iters: the decay is the whole run
 
 
 def lr_groups(*, groups_per_rollout: int, global_batch_size: int, allow_partial: bool,
@@ -61,7 +62,8 @@ def lr_groups(*, groups_per_rollout: int, global_batch_size: int, allow_partial:
         return int(round(steps * per_step))
 
     return LrGroups(warmup_groups=groups(warmup_iters), decay_groups=groups(decay),
-                    warmup_steps=warmup_iters, decay_steps=decay, steps_per_rollout=spr)
+                    warmup_steps=warmup_iters, decay_steps=decay, steps_per_rollout=spr,
+                    decay_spans_run=decay_iters is None)
 
 
 def lr_schedule_warnings(*, style: str, lr: float, min_lr: float, schedule: LrGroups,
@@ -69,7 +71,8 @@ def lr_schedule_warnings(*, style: str, lr: float, min_lr: float, schedule: LrGr
     """What a user asking for a decay would not expect: nothing decays, or it stops short.
 
     Example: ``--lr-decay-style cosine --lr-decay-iters 2 --lr-warmup-iters 2`` warns that
-    the decay is empty."""
+    the decay is empty; so does ``--num-rollout 2 --lr-warmup-iters 10`` without
+    ``--lr-decay-iters``, naming the run's 2 steps (never a flag the user did not pass)."""
     if style == CONSTANT:
         return []
     out = []
@@ -78,9 +81,12 @@ def lr_schedule_warnings(*, style: str, lr: float, min_lr: float, schedule: LrGr
         out.append(f"--lr-decay-style {style} has nothing to decay: --min-lr {min_lr:g} is "
                    f"not below --lr {lr:g}")
     if schedule.decay_steps <= schedule.warmup_steps:
-        out.append(f"--lr-decay-style {style} never decays: --lr-decay-iters "
-                   f"{schedule.decay_steps} is not past --lr-warmup-iters "
-                   f"{schedule.warmup_steps}")
+        length = (f"the run's {schedule.decay_steps} optimizer steps (no --lr-decay-iters: "
+                  f"--num-rollout {num_rollout} x {schedule.steps_per_rollout} per rollout) are"
+                  if schedule.decay_spans_run else
+                  f"--lr-decay-iters {schedule.decay_steps} is")
+        out.append(f"--lr-decay-style {style} never decays: {length} not past "
+                   f"--lr-warmup-iters {schedule.warmup_steps}")
     elif schedule.decay_steps > run_steps:
         out.append(f"--lr-decay-iters {schedule.decay_steps} is longer than the run "
                    f"({run_steps} optimizer steps): the LR ends above --min-lr")

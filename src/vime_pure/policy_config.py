@@ -36,7 +36,9 @@ class LossConfig:
     ``kl_coef * kl_kind`` against the reference; entropy bonus ``entropy_coef``; truncated
     importance sampling weights ``clamp(exp(old - rollout), tis_clip_low, tis_clip)`` when
     ``use_tis`` (slime's defaults: 0 and 2); ``sequence_ratio``: GSPO's sequence-level
-    importance ratio instead of per-token ratios."""
+    importance ratio instead of per-token ratios; ``reward_kl_coef``: slime's reward-shaping
+    KL (``--kl-coef``), each token's advantage minus ``reward_kl_coef * kl_kind(pi_old || ref)``
+    (``vime_pure.torch_ops.policy_loss.kl_shaped_advantages``)."""
 
     eps_clip: float = 0.2
     eps_clip_high: float | None = None
@@ -48,6 +50,7 @@ class LossConfig:
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
     sequence_ratio: bool = False
+    reward_kl_coef: float = 0.0
 
     def __attrs_post_init__(self) -> None:
         for name in LOSS_BOUNDS:
@@ -136,6 +139,7 @@ LOSS_BOUNDS: dict[str, Bound] = {
     "entropy_coef": Bound(0.0, math.inf, False, True, "use 0 to disable it"),
     "tis_clip": Bound(0.0, math.inf, True, False, "use e.g. 2.0 (inf: no truncation)"),
     "tis_clip_low": Bound(0.0, math.inf, False, True, "use e.g. 0 or 0.5"),
+    "reward_kl_coef": Bound(0.0, math.inf, False, True, "use 0 to disable it"),
 }
 
 

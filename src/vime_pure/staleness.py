@@ -26,6 +26,7 @@ staleness ``[2, 0, 0]``, group staleness ``[2, 2, 0]``, fresh ``[False, True, Tr
 
 from typing import Any
 
+import attrs
 import numpy as np
 from jaxtyping import Bool, Float, Int64
 
@@ -88,6 +89,20 @@ def group_staleness(group_ids: Any, weight_version_min: Any, trainer_version: An
     worst = np.zeros(int(groups.max()) + 1, dtype=np.int64)
     np.maximum.at(worst, groups, per_sample)
     return worst[groups]
+
+
+def stamp_versions(batch: RolloutBatch, version: Any) -> RolloutBatch:
+    """``batch`` with ``version`` (the generating engine's) in place of ``ON_POLICY_VERSION``:
+    an engine on a rank of its own knows which version generated a sample that names none,
+    while a sample that names its versions (a partial rollout's carried-over tokens) keeps
+    them. Example: ``weight_version_min = [-1, 2]`` stamped with 3 -> ``[3, 2]``."""
+    version = trainer_version_of(version)
+
+    def stamp(column: np.ndarray) -> np.ndarray:
+        return np.where(column == ON_POLICY_VERSION, version, column).astype(np.int64)
+
+    return attrs.evolve(batch, weight_version_min=stamp(batch.weight_version_min),
+                        weight_version_max=stamp(batch.weight_version_max))
 
 
 def batch_staleness(batch: RolloutBatch, trainer_version: Any) -> Int64[np.ndarray, " n"]:

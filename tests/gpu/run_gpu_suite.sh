@@ -6,11 +6,16 @@
 #    all-skipped pass;
 # 3. runs tests/gpu: bf16 Megatron step, THD vs mask packing (needs TransformerEngine), CP=2
 #    (needs 2 GPUs and TE), --offload-train bytes freed, optimizer CPU offload and the
-#    precision-aware optimizer (TE), MoE EP2 on NCCL (2 GPUs), and the end-to-end `vime train` case, which writes
-#    $VIME_GPU_SUITE_OUT/e2e.json (default runs/gpu-suite): reward per rollout, log-prob gap after
-#    each sync, generation and training tokens/s, peak memory. Only the TE / 2-GPU cases may skip
-#    (printed with their reason); any failure fails the script. Budget: under 8 minutes on one
-#    H200-class GPU (the pytest run is capped at 450 s).
+#    precision-aware optimizer (TE), MoE EP2 on NCCL (2 GPUs: NCCL refuses two ranks on one
+#    device), the trainer-to-engine weight bridge on NCCL (2 GPUs), routing replay (R3) in the
+#    bf16 trainer, CUDA vLLM's routed experts replayed by the trainer and vLLM's expert-parallel
+#    reload (both need vllm), and the end-to-end `vime train` case, which writes
+#    $VIME_GPU_SUITE_OUT/e2e.json (default runs/gpu-suite): reward per rollout, log-prob gap
+#    after each sync, generation and training tokens/s, peak memory. Only the TE / 2-GPU / vllm
+#    cases may skip (printed with their reason, -rs); any failure fails the script. Budget:
+#    about 8 minutes on one H200-class GPU (pytest is capped at $VIME_GPU_SUITE_TIMEOUT,
+#    default 540 s). Extra arguments go to pytest, so the suite splits over two shorter calls:
+#    `run_gpu_suite.sh -k "not end_to_end"` and `run_gpu_suite.sh -k end_to_end`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -49,6 +54,6 @@ print(f"run_gpu_suite: torch {torch.__version__}, {torch.cuda.device_count()} x 
       f"{optional}; e2e engine: {'vllm' if optional['vllm'] else 'hf'}")
 PY
 mkdir -p "$VIME_GPU_SUITE_OUT"
-timeout 450 "$PY" -m pytest tests/gpu -v -rs -s -p no:cacheprovider \
+timeout "${VIME_GPU_SUITE_TIMEOUT:-540}" "$PY" -m pytest tests/gpu -v -rs -s -p no:cacheprovider \
   --junitxml "$VIME_GPU_SUITE_OUT/junit.xml" "$@"
 echo "run_gpu_suite: passed; results in $VIME_GPU_SUITE_OUT/e2e.json"

@@ -6,10 +6,9 @@
   and less CUDA memory is held than with the optimizer on the GPU;
 - ``--use-precision-aware-optimizer`` (needs TransformerEngine): a step runs;
 - MoE with ``--expert-model-parallel-size 2`` on NCCL equals EP1 (DP2) to bf16 precision
-  (needs 2 GPUs).
+  (needs 2 GPUs: NCCL refuses two ranks on one device).
 
-Routing replay has no GPU test: vime's vLLM adapter does not request routed experts yet, and
-``--use-rollout-routing-replay`` is refused at launch (``vime_shell.loop.model_checks``).
+Routing replay and vLLM's expert parallelism on CUDA: ``tests/gpu/test_moe_gpu.py``.
 """
 
 import importlib.util

@@ -35,7 +35,7 @@ def test_docstring_examples():
 def test_bad_inputs_are_typed_errors():
     with pytest.raises(RolloutBatchError, match="newer than the trainer"):
         drain(versions=(3,), trainer_version=2, max_staleness=0, batch_size=1)
-    with pytest.raises(AsyncPoolError, match="max_weight_staleness"):
+    with pytest.raises(AsyncPoolError, match="--max-weight-staleness"):
         check_staleness_bound(max_staleness=0, update_weights_interval=2)
     with pytest.raises(AsyncPoolError, match="one step off|lag 1"):
         check_staleness_bound(max_staleness=1, update_weights_interval=2, lag=1)

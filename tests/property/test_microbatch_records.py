@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from tests.data_invariants import assert_microbatch_invariants
 from tests.property.data_strategies import scheduled_batches
 from vime_pure import (BatchingPolicy, LossConfigError, LossMode, ParallelLayout, RolloutBatch,
-                       RolloutBatchError, Sample, rank_batch, schedule_for, with_log_probs)
+                       RolloutBatchError, RolloutValidationError, Sample, rank_batch,
+                       schedule_for, with_log_probs)
 
 NORM = 7.0  # the Dr. GRPO constant used by sample_token_sum_norm below
 
@@ -124,3 +125,89 @@ def test_bad_inputs_are_typed_errors():
         with_log_probs(mine, old_log_probs=np.zeros(2, dtype=np.float32))
     with pytest.raises(RolloutBatchError, match=r"TrainMicroBatch.loss_mask has shape"):
         attrs.evolve(mine.microbatches[0], loss_mask=np.zeros(1, dtype=np.float32))
+
+
+@given(scheduled_batches(depth=1), st.integers(2, 8))
+def test_row_multiple_pads_the_row_and_changes_nothing_scored(case, m):
+    """Theorem: sequence parallelism's padding (``row_multiple``) only appends unscored zero
+    tokens to a row's last sample: every scored field is the unpadded record's."""
+    batch, sched = case
+    plain, padded = (rank_batch(batch, sched, dp_rank=0, row_multiple=k) for k in (1, m))
+    for a, b in zip(plain.microbatches, padded.microbatches):
+        n, total = len(a.tokens), len(b.tokens)
+        assert total % m == 0 and total - n < m and b.seq_lengths.sum() == total
+        assert b.seq_lengths[:-1].tolist() == a.seq_lengths[:-1].tolist()
+        assert b.tokens[:n].tolist() == a.tokens.tolist() and not b.tokens[n:].any()
+        assert b.labels[:n].tolist() == a.labels.tolist() and not b.labels[n:].any()
+        assert b.positions[n:].tolist() == list(range(a.positions[-1] + 1,
+                                                      a.positions[-1] + 1 + total - n))
+        for name in ("logit_index", "response_index", "token_sample", "loss_mask",
+                     "advantages", "denominators"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+
+def test_row_multiple_example_and_its_cp_limit():
+    batch = RolloutBatch.from_samples([[
+        Sample(tokens=[1] * 5, response_length=2, reward=1.0),
+        Sample(tokens=[2] * 6, response_length=2, reward=0.0)]])
+    sched = _one_step(batch, max_tokens_per_gpu=64)
+    rec = rank_batch(batch, sched, dp_rank=0, row_multiple=4).microbatches[0]
+    assert (rec.sample_indices.tolist(), rec.seq_lengths.tolist()) == ([1, 0], [6, 6])
+    with pytest.raises(RolloutBatchError, match="row_multiple=2: is not wired with cp_size=2"):
+        rank_batch(batch, sched, dp_rank=0, cp_size=2, row_multiple=2)
+
+
+def _source_routes(batch):
+    """Routes that name their token: row ``j`` is ``[2j, 2j + 1]`` (one layer, top-2)."""
+    j = np.arange(len(batch.tokens), dtype=np.int16)
+    return attrs.evolve(batch, rollout_routed_experts=np.stack([2 * j, 2 * j + 1], axis=1))
+
+
+@given(scheduled_batches(), st.integers(1, 3))
+def test_routes_travel_with_their_tokens_through_packing_and_cp(case, cp):
+    """Theorem: a record's ``routed_experts`` row ``p`` is the route of the batch token at
+    ``p`` (a padding position: its sample's last token), for every rank and CP cut, because
+    routes are gathered with the tokens' own source indices."""
+    batch, sched = case
+    batch = _source_routes(batch)
+    for mine in _all_ranks(batch, sched, LossMode.GROUP_TOKEN_MEAN, cp).values():
+        for mb in mine.microbatches:
+            src = mb.routed_experts[:, 0].astype(np.int64) // 2
+            np.testing.assert_array_equal(mb.routed_experts[:, 1], 2 * src + 1)
+            sample = np.searchsorted(batch.token_offsets, src, side="right") - 1
+            assert set(sample.tolist()) <= set(mb.sample_indices.tolist())
+            within = src - batch.token_offsets[sample]
+            last = batch.lengths[sample] - 1
+            np.testing.assert_array_equal(within, np.minimum(mb.positions, last))
+            real = mb.positions <= last
+            np.testing.assert_array_equal(batch.tokens[src[real]], mb.tokens[real])
+
+
+def test_routes_of_a_cp2_padded_sample():
+    samples = [Sample(tokens=[10, 11, 12], response_length=1, reward=1.0,
+                      rollout_routed_experts=[[[0, 1]], [[1, 2]]])]  # the last token unrouted
+    batch = RolloutBatch.from_samples([samples])
+    assert batch.rollout_routed_experts.tolist() == [[0, 1], [1, 2], [1, 2]]
+    sched = _one_step(batch, max_tokens_per_gpu=64)
+    r0, r1 = (rank_batch(batch, sched, dp_rank=0, cp_size=2, cp_rank=c).microbatches[0]
+              for c in (0, 1))
+    # padded to 4 positions, chunk 1: rank 0 holds positions 0 and 3 (a pad), rank 1 1 and 2
+    assert r0.routed_experts.tolist() == [[0, 1], [1, 2]]
+    assert r1.routed_experts.tolist() == [[1, 2], [1, 2]]
+
+
+@pytest.mark.parametrize("routes, match", [
+    ([[[0, 1]]], "1 rows for 3 tokens"),
+    ([[[0, 0]], [[1, 2]], [[2, 3]]], "one expert twice"),
+    ([[[0, -1]], [[1, 2]], [[2, 3]]], "outside"),
+    ([[0, 1], [1, 2], [2, 3]], "not an integer array"),
+    ([[[0.5, 1]], [[1, 2]], [[2, 3]]], "not an integer array")])
+def test_bad_routes_are_typed_errors_naming_the_sample(routes, match):
+    with pytest.raises(RolloutValidationError, match=r"output\[0\]\[0\].*" + match):
+        RolloutBatch.from_samples([[Sample(tokens=[1, 2, 3], response_length=1, reward=1.0,
+                                           rollout_routed_experts=routes)]])
+    mixed = [Sample(tokens=[1, 2], response_length=1, reward=0.0,
+                    rollout_routed_experts=[[[0, 1]], [[1, 2]]]),
+             Sample(tokens=[1, 2], response_length=1, reward=1.0)]
+    with pytest.raises(RolloutValidationError, match="for every sample or for none"):
+        RolloutBatch.from_samples([mixed])

@@ -10,7 +10,7 @@ from tests.property.data_strategies import rollout_outputs
 from vime_pure import RolloutBatch, RolloutBatchError, Sample
 from vime_pure.metrics import metric_values
 from vime_pure.staleness import (batch_staleness, fresh_samples, mismatch_metrics,
-                                 sample_staleness, staleness_metrics)
+                                 sample_staleness, staleness_metrics, stamp_versions)
 
 
 @st.composite
@@ -35,6 +35,20 @@ def test_group_staleness_is_the_oldest_sibling_and_shifts_with_the_trainer(case,
     np.testing.assert_array_equal(aged, np.where(groups_all_on_policy, 0, staleness + k))
     assert (fresh_samples(batch, version) == (sample_staleness(
         batch.weight_version_min, version) == 0)).all()
+
+
+@given(versioned_batches())
+def test_stamping_names_the_generating_version_and_keeps_named_ones(case):
+    """An engine rank stamps the samples that name no version with its own (the newest the
+    batch can hold), so no sample stays "on policy" and named versions never change."""
+    batch, version = case
+    stamped = stamp_versions(batch, version)
+    named = batch.weight_version_min != -1
+    assert (stamped.weight_version_min[~named] == version).all()
+    np.testing.assert_array_equal(stamped.weight_version_min[named],
+                                  batch.weight_version_min[named])
+    assert (stamped.weight_version_min <= stamped.weight_version_max).all()
+    assert (stamped.weight_version_max[batch.weight_version_max == -1] == version).all()
 
 
 @given(versioned_batches())

@@ -6,6 +6,7 @@ rollout's batch contents and metrics; the engine rank returns what it raised, if
 """
 
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -13,17 +14,25 @@ import numpy as np
 from tests.shell.loop_workers import TINY
 
 SEPARATE = dict(rollout_num_gpus=1, colocate=False, num_rollout=3)
+PARTIAL = dict(partial_rollout=True, mask_offpolicy_in_partial_rollout=True,
+               over_sampling_batch_size=6, rollout_max_response_len=4,
+               custom_generate_function_path="tests.shell.agentic_workers:slow_generate")
 RUNS = {
     "sync": {},
     "one_step_off_k0": dict(train_async=True, max_weight_staleness=0),
     "fully_async_k0": dict(fully_async=True, max_weight_staleness=0),
     "one_step_off": dict(train_async=True),
     "fully_async_k2": dict(fully_async=True, max_weight_staleness=2),
-    # A fully-async run checkpointed after rollout 2 (groups still in flight there), then
-    # resumed from that checkpoint up to rollout 4: a run killed after its checkpoint.
-    "resume_first": dict(fully_async=True, max_weight_staleness=2, num_rollout=2,
+    # A fully-async run checkpointed after rollout 2 (groups still in flight there) that dies
+    # while rollout 3 trains (its hook raises before that rollout's checkpoint), then resumed
+    # from the checkpoint up to rollout 4.
+    "resume_first": dict(fully_async=True, max_weight_staleness=2, num_rollout=4,
                          save_interval=2),
     "resume_rest": dict(fully_async=True, max_weight_staleness=2, num_rollout=4),
+    # --partial-rollout with engines on a rank of their own (synchronous): groups cut at the
+    # end of a rollout resume in the next one, also across a checkpoint.
+    "partial_first": dict(PARTIAL, num_rollout=2, save_interval=2),
+    "partial_rest": dict(PARTIAL, num_rollout=3),
 }
 
 
@@ -48,7 +57,7 @@ def _ignore_weights(self, named, version=None):
 
 
 def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dict:
-    """Each named run in turn; ``failure``: the engine's rollout function raises;
+    """Each named run in turn (``fully_async_k2`` also evaluates); ``failure``: the engine's rollout function raises;
     ``broken_sync``: one step off with an engine rank that drops the weights it receives;
     ``hook_failure``: the trainer fails while the engine still owes it a rollout."""
     os.environ["VIME_CACHE_DIR"] = cache
@@ -69,13 +78,22 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dic
             EngineGroup.sync_weights = _ignore_weights
         if name in ("one_step_off_k0", "fully_async_k0"):  # dumps carry the engines' annotations
             extra = {**extra, "save_rollout_data": f"{root}/{name}-dumps/r{{rollout_id}}.npz"}
-        if name.startswith("resume"):
-            extra = {**extra, "run_dir": f"{root}/resume", "save": f"{root}/resume-ck",
-                     "load": f"{root}/resume-ck" if name == "resume_rest" else None}
+        if name == "fully_async_k2":  # evaluation runs in the pool, between engine calls
+            from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
+
+            held_out = write_jsonl(Path(root) / f"eval-rank{rank}.jsonl", arithmetic_rows()[1])
+            extra = {**extra, "eval_prompt_data": ("held", str(held_out)), "eval_interval": 2,
+                     "n_samples_per_eval_prompt": 2}
+        if name.startswith(("resume", "partial")):
+            kind = name.split("_")[0]
+            extra = {**extra, "run_dir": f"{root}/{kind}", "save": f"{root}/{kind}-ck",
+                     "load": f"{root}/{kind}-ck" if name.endswith("_rest") else None}
         cfg = TrainConfig(**{**TINY, **SEPARATE, "run_dir": f"{root}/{name}", **extra})
         def observe(e, seen=seen, name=name):
             if name == "hook_failure":
                 raise RuntimeError("the trainer's hook failed")
+            if name == "resume_first" and e.rollout_id == 2:  # trained, never checkpointed
+                raise RuntimeError("killed after the checkpoint")
             batch = e.gather_batch()  # collective: every trainer rank observes
             seen.append({"contents": _contents(batch), "metrics": dict(e.metrics),
                          "group_ids": list(batch.original_group_ids()),
@@ -88,3 +106,24 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dic
         except Exception as exc:  # noqa: BLE001 - the test reads which error each rank raised
             out[name] = {"error": (type(exc).__name__, str(exc)), "rollouts": seen}
     return out
+
+
+def dying_rollout(ctx):
+    """The engine rank's process dies mid-generation (no error reply: SIGKILL)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def dying_engine_worker(rank: int, root: str, cache: str):
+    """One step off with an engine rank that is killed while generating rollout 0; the
+    trainer returns the error it raised."""
+    os.environ["VIME_CACHE_DIR"] = cache
+    from vime_shell.loop.config import TrainConfig
+    from vime_shell.loop.loop import run_training
+
+    cfg = TrainConfig(**{**TINY, **SEPARATE, "train_async": True, "run_dir": f"{root}/dying",
+                         "rollout_function_path": "tests.shell.async_workers:dying_rollout"})
+    try:
+        run_training(cfg, progress=False)
+    except Exception as exc:  # noqa: BLE001 - the test reads the trainer's error
+        return (type(exc).__name__, str(exc))
+    return None

@@ -35,7 +35,8 @@ def feature_specs() -> dict:
 
     llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-    return {"qwen3_moe": TinyModelSpec(arch="qwen3_moe", num_layers=2, seed=5),
+    return {"dense6": TinyModelSpec(num_layers=6, seed=8),  # uneven stages with virtual ones
+            "qwen3_moe": TinyModelSpec(arch="qwen3_moe", num_layers=2, seed=5),
             "qwen2_moe": TinyModelSpec(arch="qwen2_moe", num_layers=2, seed=6),
             "llama3": TinyModelSpec(arch="llama", num_layers=2, rope_theta=5e5,
                                     max_position_embeddings=512, rope_scaling=llama3, seed=7)}
@@ -45,6 +46,20 @@ def _worker():
     from tests.shell.megatron_workers import all_layouts_worker
 
     return all_layouts_worker
+
+
+@pytest.fixture(scope="session")
+def tied_chat_model(tmp_path_factory):
+    """The tied, byte-level BPE, chat-template tiny Qwen2 of the tied-embedding tests: 4
+    layers (PP2 x VPP2 gets 1 layer per chunk), 2 query heads sharing 1 KV head (so TP2 has
+    more ranks than KV heads: Megatron all-gathers the QKV projection and each rank takes its
+    query head), the vocabulary padded to a multiple of 8 rows, and the base EOS
+    ``<|endoftext|>`` (only the template ends a turn at ``<|im_end|>``)."""
+    from vime_shell.models.chat_model import build_chat_model
+
+    return build_chat_model(tmp_path_factory.mktemp("tied") / "qwen", tie_word_embeddings=True,
+                            num_layers=4, vocab_multiple=8, num_kv_heads=1,
+                            eos_token="<|endoftext|>")
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from tests.shell.routing_workers import routing_runs
 from tests.shell.megatron_workers import (ROLLOUT_SEEDS, _hf_log_probs, _logit_diff, _main_grads,
                                           _in_batch, _max_diff, _optim, _scored,
                                           rank_rollout)
@@ -99,6 +100,7 @@ def train_run(hf_dir: str, options: dict | None = None, with_parity: bool = Fals
         out["microbatches"] = sum(res.num_microbatches for res in results)
     out["grad"] = _main_grads(trainer)
     out["final"] = {k: v.numpy() for k, v in trainer.hf_state_dict().items()}
+    out["chunk_layers"] = [len(chunk.module.decoder.layers) for chunk in trainer.model]
     out["transformer"] = {k: getattr(trainer.bridge.config, k) for k in (
         "recompute_granularity", "recompute_method", "num_moe_experts", "moe_router_pre_softmax",
         "moe_shared_expert_gate", "expert_model_parallel_size")}
@@ -181,9 +183,15 @@ def streaming_export_run(hf_dir: str, limit: int = 40_000) -> dict:
 
 
 def features_two_ranks(dirs: dict[str, str]) -> dict:
-    """The MoE runs of ``MOE_TWO_RANKS`` on the launched 2-rank world."""
-    return {name: train_run(dirs["qwen3_moe"], options, with_parity=name == "ep2", **kwargs)
-            for name, kwargs, options in MOE_TWO_RANKS}
+    """The MoE runs of ``MOE_TWO_RANKS`` and the routing-replay runs on the 2-rank world."""
+    out = {name: train_run(dirs["qwen3_moe"], options, with_parity=name == "ep2", **kwargs)
+           for name, kwargs, options in MOE_TWO_RANKS}
+    out["routing"] = routing_runs(dirs["qwen3_moe"])  # R3, test_routing_replay
+    # 6 layers as 4 + 2, each stage in 2 virtual stages (chunks of 2 and of 1 layer)
+    out["uneven"] = train_run(dirs["dense6"], pp=2, first_stage_layers=4)
+    out["uneven_vpp"] = train_run(dirs["dense6"], pp=2, first_stage_layers=4,
+                                  num_virtual_stages=2)
+    return out
 
 
 def features_one_rank(dirs: dict[str, str]) -> dict:
@@ -200,4 +208,5 @@ def features_one_rank(dirs: dict[str, str]) -> dict:
         dirs["qwen3_moe"], dict(recompute_granularity="selective", recompute_modules=("moe",)))
     out["qwen2_moe"] = train_run(dirs["qwen2_moe"], with_parity=True)
     out["llama3"] = llama3_run(dirs["llama3"])
+    out["dense6"] = train_run(dirs["dense6"])  # the uneven pipelines' DP1 reference
     return out

@@ -164,3 +164,47 @@ def test_engine_selection_by_capability_and_by_name(dirs):
 
 def _has_vllm() -> bool:
     return vllm_available()
+
+
+@pytest.fixture(scope="module")
+def moe_pair(tmp_path_factory):
+    from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
+
+    root = tmp_path_factory.mktemp("hf-moe")
+    return tuple(build_tiny_hf_model(root / f"m{seed}", TinyModelSpec(arch="qwen3_moe",
+                                                                      num_layers=2, seed=seed))
+                 for seed in (1, 2))
+
+
+def test_moe_weights_sync_into_transformers_fused_experts(moe_pair):
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(moe_pair[1], dtype=torch.float32)
+    toks = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(0))
+    for update in ("tensors", "path"):
+        engine = HfEngine(moe_pair[0])
+        if update == "tensors":  # per-expert checkpoint names, as the trainer exports them
+            engine.update_weights_from_tensors(load_safetensors_dir(moe_pair[1]).items())
+        else:
+            engine.update_weights_from_path(moe_pair[1])
+        with torch.no_grad():
+            assert torch.equal(engine.model(toks).logits, reference(toks).logits), update
+
+
+def test_routed_experts_are_the_routers_top_k_of_every_token(moe_pair, dirs):
+    engine = HfEngine(moe_pair[0], return_routed_experts=True)
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
+    gens = engine.generate(prompts, SamplingParams(max_new_tokens=3, seed=0))
+    for p, g in zip(prompts, gens):
+        seq = torch.tensor([p + list(g.token_ids)])
+        assert g.routed_experts.shape == (seq.shape[1], 2, 2)  # every token, 2 layers, top-2
+        with torch.no_grad():
+            logits = engine.model(seq, output_router_logits=True).router_logits
+        for layer, lg in enumerate(logits):
+            expected = lg.topk(2, dim=-1).indices.sort(dim=-1).values
+            assert torch.equal(torch.from_numpy(g.routed_experts[:, layer]).long()
+                               .sort(dim=-1).values, expected)
+    assert HfEngine(moe_pair[0]).generate(prompts, SamplingParams(
+        max_new_tokens=3, seed=0))[0].routed_experts is None  # only when asked
+    with pytest.raises(EngineError, match="return_routed_experts=True: needs an MoE model"):
+        HfEngine(dirs[0], return_routed_experts=True)

@@ -1,4 +1,5 @@
-"""Activation recompute, Llama-3 RoPE, uneven pipelines and MoE with expert parallelism on CPU.
+"""Activation recompute, Llama-3 RoPE, uneven pipelines (with virtual stages) and MoE with expert
+parallelism on CPU.
 
 All read the shared 2-process spawn (``megatron_runs``; runs in ``model_workers``). Each run
 trains two synthetic rollouts (4 Adam steps, lr 1e-4, fp32) from one HF checkpoint.
@@ -132,3 +133,14 @@ def test_streaming_save_hf_holds_about_one_shard_not_the_model(one):
     # the writer's shard, the bucket being handed over, and one tensor of look-ahead
     assert run["peak"] <= 2 * run["limit"] + run["largest"]
     assert run["peak"] < run["model_bytes"] / 2
+
+
+@pytest.mark.parametrize("name", ["uneven", "uneven_vpp"])
+def test_uneven_pipeline_with_virtual_stages_equals_dp1(one, two, name):
+    ref, runs = one["dense6"], [two[rank][name] for rank in (0, 1)]
+    # --decoder-first-pipeline-num-layers 4 of 6; --num-virtual-stages-per-pipeline-rank 2
+    assert [run["chunk_layers"] for run in runs] == ([[4], [2]] if name == "uneven"
+                                                     else [[2, 2], [1, 1]])
+    assert max(abs(a - b) for a, b in zip(runs[0]["losses"], ref["losses"])) <= 1e-6
+    assert _delta(runs[0]["final"], ref["final"]) <= 1e-5
+    assert _delta(runs[0]["final"], runs[1]["final"]) == 0.0

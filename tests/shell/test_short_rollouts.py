@@ -26,6 +26,9 @@ def test_a_fully_filtered_rollout_is_skipped_and_the_run_goes_on(tmp_path):
     assert last["lr"] == pytest.approx(1e-3 / 3, rel=1e-9)
     err = out["stderr"]
     assert "rollout 1: all 8 prompts of 2 generation rounds were filtered out" in err
+    # a rollout that needs another generation round says so while it runs
+    assert "dynamic sampling: rollout 1 has 0 of the 4 prompt groups it needs after round 0" \
+        in err
     progress = [x for x in err.splitlines() if x.startswith("vime train: rollout ")]
     assert [x.split()[3] for x in progress if "filtered out by" not in x] == ["0", "1", "2"]
     assert "skipped: all 8 prompts filtered out" in err

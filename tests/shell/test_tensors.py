@@ -78,7 +78,7 @@ def test_cpu_layout_docstring_example():
     assert cpu_layout([5] * 128, FlopsModel(linear=1.0, quadratic=0.0)) == "mask"  # ties pack
 
 
-def _record(mode="group_token_mean", old=None):
+def _record(mode="group_token_mean", old=None, ref=None):
     # One group of 2 samples, masks [1, 1] and [1, 0] -> group_token_mean D = 3.
     batch = RolloutBatch.from_samples([[[
         Sample(tokens=[1, 2, 3, 4], response_length=2, reward=1.0, group_id="g"),
@@ -88,7 +88,7 @@ def _record(mode="group_token_mean", old=None):
                                                                      max_tokens_per_gpu=64))
     mine = rank_batch(batch, sched, dp_rank=0, loss_mode=mode, norm=4)
     if old is not None:
-        mine = with_log_probs(mine, old_log_probs=old)
+        mine = with_log_probs(mine, old_log_probs=old, ref_log_probs=ref)
     return mine.microbatches[0]
 
 
@@ -161,3 +161,20 @@ def test_packed_log_probs_equal_unpacked(megatron_runs, name):
         run = megatron_runs["per_rank"][rank][name]
         for key in ("packing_max", "packing_max_mask", "packing_max_padded"):
             assert run[key] <= 1e-5, key
+
+
+def test_reward_kl_shapes_the_advantages_before_the_surrogate():
+    """--kl-coef with REINFORCE++-baseline: the objective equals the plain one run on
+    ``A - c * KL(pi_old || ref)`` per token (slime's reward KL), and needs reference log-probs."""
+    old = np.log(np.array([0.5, 0.4, 0.3, 0.2, 0.1], dtype=np.float32))
+    ref = old - np.float32(0.25)
+    row = to_tensors(_record(old=old, ref=ref), "mask")
+    logp = torch.from_numpy(old).clone().requires_grad_(True)
+    shaped_cfg = LossConfig(reward_kl_coef=0.1, kl_kind="k1")
+    loss, _ = microbatch_objective(logp, row, shaped_cfg, factor=1.0)
+    shaped = row.advantages - 0.1 * 0.25  # k1 = old - ref = 0.25 on every token
+    plain, _ = microbatch_objective(logp, attrs.evolve(row, advantages=shaped), LossConfig(),
+                                    factor=1.0)
+    assert float(loss) == pytest.approx(float(plain), abs=1e-6)
+    with pytest.raises(LossConfigError, match="reward_kl_coef=0.1: needs the reference"):
+        microbatch_objective(logp, attrs.evolve(row, ref_log_probs=None), shaped_cfg, 1.0)

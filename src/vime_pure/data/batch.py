@@ -15,6 +15,10 @@ weights being trained". ``rollout_log_probs`` are the behaviour policy's log-pro
 engine's, per response token). ``vime_pure.staleness`` reads these columns. Both default to
 on policy, so code that builds a batch without them (and version-1 dumps) stays on policy.
 
+Routed experts (MoE, ``--use-rollout-routing-replay``): ``rollout_routed_experts`` is None, or
+one int16 row of ``layers * topk`` expert ids per token, aligned with ``tokens``
+(``vime_pure.data.routes``).
+
 Invariants (checked in ``__attrs_post_init__``, asserted by the tests): dtypes as documented;
 cross-field shapes (checked with jaxtyping); offsets start at 0 and step by the lengths;
 ``lengths >= 1``; ``0 <= response_lengths <= lengths``; ``weight_version_min <=
@@ -34,13 +38,14 @@ from typing import Any
 
 import attrs
 import numpy as np
-from jaxtyping import Bool, Float32, Float64, Int32, Int64, TypeCheckError, UInt8
+from jaxtyping import Bool, Float32, Float64, Int16, Int32, Int64, TypeCheckError, UInt8
 
 from vime_pure.data.columns import (all_finite, check_dtypes, check_offsets, first_bad,
                                     shape_checker, shape_error)
 from vime_pure.data.convert import batch_columns
 from vime_pure.data.ragged import row_sums
 from vime_pure.data.rewards import RewardNormalization
+from vime_pure.data.routes import ROUTE_DTYPE
 from vime_pure.data.sample import ON_POLICY_VERSION, STATUSES
 from vime_pure.denominators import group_totals
 from vime_pure.errors import (RolloutBatchError, RolloutValidationError, field_error,
@@ -60,7 +65,9 @@ COLUMNS: dict[str, np.dtype] = {
     "statuses": np.dtype(np.uint8), "removed": np.dtype(np.bool_),
     "sample_indices": np.dtype(np.int64),
     "weight_version_min": np.dtype(np.int64), "weight_version_max": np.dtype(np.int64),
+    "rollout_routed_experts": ROUTE_DTYPE,
 }
+OPTIONAL_COLUMNS = ("rollout_log_probs", "rollout_routed_experts")  # None when not recorded
 
 
 @attrs.frozen(eq=False)
@@ -88,6 +95,7 @@ class RolloutBatch:
         default=attrs.Factory(lambda self: _on_policy(self.lengths), takes_self=True))
     weight_version_max: Int64[np.ndarray, " n"] = attrs.field(
         default=attrs.Factory(lambda self: _on_policy(self.lengths), takes_self=True))
+    rollout_routed_experts: Int16[np.ndarray, "t e"] | None = None
     # Each sample's loss-mask total (int64), summed once when the batch is checked: what
     # denominators, staleness and the shard metadata read instead of rescanning the masks.
     mask_sums: Int64[np.ndarray, " n"] = attrs.field(init=False, repr=False)
@@ -166,13 +174,13 @@ def schedule_for(batch: Any, layout: Any, policy: Any, flops: Any = None) -> Sch
 # -- construction-time checks ---------------------------------------------------------------
 def check_batch(b: RolloutBatch) -> None:
     """Every invariant of the module docstring; a typed error naming the column and row."""
-    check_dtypes(b, COLUMNS, "RolloutBatch")
+    check_dtypes(b, COLUMNS, "RolloutBatch", optional=OPTIONAL_COLUMNS)
     try:
         shape_checker(_shapes)(
             b.lengths, b.token_offsets, b.response_lengths, b.response_offsets, b.tokens,
             b.rollout_log_probs, b.loss_masks, b.group_ids, b.prompt_groups,
             b.group_mask_sums, b.rewards, b.advantages, b.statuses, b.removed, b.sample_indices,
-            b.weight_version_min, b.weight_version_max)
+            b.weight_version_min, b.weight_version_max, b.rollout_routed_experts)
     except TypeCheckError as exc:
         raise shape_error("RolloutBatch", b, exc) from None
     first_bad(b.lengths < 1, "lengths", b.lengths, "every sample needs at least one token")
@@ -191,6 +199,10 @@ def check_batch(b: RolloutBatch) -> None:
     object.__setattr__(b, "mask_sums", mask_sums)  # the column, computed by the check
     first_bad(b.removed & (mask_sums > 0), "loss_masks of removed sample", mask_sums,
                "remove_sample zeroes the mask")
+    routes = b.rollout_routed_experts
+    if routes is not None and routes.size and routes.min() < 0:
+        first_bad(routes.min(axis=1) < 0, "rollout_routed_experts", routes.min(axis=1),
+                  "expert ids are non-negative")
     if b.rollout_log_probs is not None and not all_finite(b.rollout_log_probs):
         first_bad(~np.isfinite(b.rollout_log_probs), "rollout_log_probs", b.rollout_log_probs,
                    "log-probs are finite")
@@ -247,5 +259,6 @@ def _shapes(lengths: Int64[np.ndarray, " n"], token_offsets: Int64[np.ndarray, "
             advantages: Float64[np.ndarray, " n"], statuses: UInt8[np.ndarray, " n"],
             removed: Bool[np.ndarray, " n"], sample_indices: Int64[np.ndarray, " n"],
             weight_version_min: Int64[np.ndarray, " n"],
-            weight_version_max: Int64[np.ndarray, " n"]) -> None:
+            weight_version_max: Int64[np.ndarray, " n"],
+            rollout_routed_experts: Int16[np.ndarray, "t e"] | None) -> None:
     """Cross-field shapes: per-sample columns n, offsets n+1, masks and log-probs alike."""

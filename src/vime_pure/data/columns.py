@@ -31,16 +31,21 @@ def all_finite(values: np.ndarray) -> bool:
     return bool(np.isfinite(total)) or bool(np.isfinite(values).all())
 
 
+# Columns with one row of several values per token (routed experts: layers x topk).
+MATRIX_COLUMNS = ("rollout_routed_experts", "routed_experts")
+
+
 def check_dtypes(record: object, columns: dict[str, np.dtype], what: str,
                  optional: tuple[str, ...] = ("rollout_log_probs",)) -> None:
     for name, dtype in columns.items():
         col = getattr(record, name)
         if col is None and name in optional:
             continue
-        if not isinstance(col, np.ndarray) or col.dtype != dtype or col.ndim != 1:
+        ndim = 2 if name in MATRIX_COLUMNS else 1
+        if not isinstance(col, np.ndarray) or col.dtype != dtype or col.ndim != ndim:
             got = (f"{col.dtype}[{','.join(map(str, col.shape))}]"
                    if isinstance(col, np.ndarray) else type(col).__name__)
-            raise RolloutBatchError(f"{what}.{name} is {got}; expected a 1-D {dtype} array. "
+            raise RolloutBatchError(f"{what}.{name} is {got}; expected a {ndim}-D {dtype} array. "
                                     f"Fix: build it with {what} helpers or cast with "
                                     f".astype(np.{dtype})")
 

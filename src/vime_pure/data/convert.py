@@ -23,8 +23,9 @@ from vime_pure.denominators import group_totals
 from vime_pure.errors import RolloutValidationError
 from vime_pure.data.ragged import offsets_from_lengths, row_positions, row_sums
 from vime_pure.data.rewards import RewardNormalization, normalize_rewards, scalar_reward
-from vime_pure.data.rollout_output import (FlatRollout, check_response_length, flatten_rollout_output,
-                               mask_values)
+from vime_pure.data.rollout_output import (FlatRollout, all_or_none, check_response_length,
+                                           flatten_rollout_output, mask_values)
+from vime_pure.data.routes import flat_routes
 from vime_pure.data.sample import ON_POLICY_VERSION, STATUSES, as_status
 
 _STATUS_CODE: dict[Any, int] = {s: k for k, s in enumerate(STATUSES)}  # str values hash alike
@@ -63,6 +64,8 @@ def batch_columns(output: object, reward_key: str | None,
         removed=np.array(rows["removed"], dtype=np.bool_),
         sample_indices=np.array(rows["indices"], dtype=np.int64),
         **_version_bounds(flat),
+        rollout_routed_experts=flat_routes([s.rollout_routed_experts for s in flat.samples],
+                                           lengths, flat.path),
     )
 
 
@@ -270,15 +273,9 @@ def _ints_or_floats(parts: list) -> np.ndarray:
 
 def _flat_log_probs(flat: FlatRollout, parts: list, offsets: np.ndarray
                     ) -> Float32[np.ndarray, " r"] | None:
-    present = [p is not None for p in parts]
-    if not any(present):
+    if not all_or_none(parts, "rollout_log_probs", flat.path, "record rollout log-probs for "
+                       "every sample or for none (never silently train on a mix)"):
         return None
-    if not all(present):
-        i = present.index(not present[0])
-        raise RolloutValidationError(
-            f"{flat.path(i)}: rollout_log_probs is {'set' if present[i] else 'None'} but "
-            f"{flat.path(0)} has it {'set' if present[0] else 'None'}. Fix: record rollout "
-            "log-probs for every sample or for none (never silently train on a mix).")
     try:
         values = _concat(parts, np.float32)
     except (TypeError, ValueError) as exc:

@@ -16,6 +16,9 @@ One record is one packed row (the micro-batch's samples back to back):
   ``token_sample`` (its sample's position in
   the row), ``loss_mask``, ``advantages`` and the engine's ``rollout_log_probs``; ``old_log_probs``
   and ``ref_log_probs`` once attached with :func:`with_log_probs`;
+- ``routed_experts`` (MoE routing replay, when the batch has ``rollout_routed_experts``): one
+  row of ``layers * topk`` expert ids per local position, gathered with the tokens (a padding
+  position repeats its sample's last token's row: it scores nothing, any valid route is exact);
 - per sample: ``denominators``, the step-level ``D`` of ``loss_mode``
   (``vime_pure.denominators.step_denominators``: whole step, whole group, never this row);
 - the step's ``G_s`` (``num_groups``), ``N_s`` (``num_samples``) and per-rank micro-batch count
@@ -42,7 +45,7 @@ from typing import Any
 
 import attrs
 import numpy as np
-from jaxtyping import Float32, Float64, Int32, Int64, TypeCheckError
+from jaxtyping import Float32, Float64, Int16, Int32, Int64, TypeCheckError
 
 from vime_pure.config import as_int
 from vime_pure.cp import zigzag_offsets
@@ -82,17 +85,19 @@ class TrainMicroBatch:
     rollout_log_probs: Float32[np.ndarray, " R"] | None = None
     old_log_probs: Float32[np.ndarray, " R"] | None = None
     ref_log_probs: Float32[np.ndarray, " R"] | None = None
+    routed_experts: Int16[np.ndarray, "T e"] | None = None
 
     def __attrs_post_init__(self) -> None:
         _check_counts(self)
-        check_dtypes(self, MICROBATCH_COLUMNS, "TrainMicroBatch", optional=LOG_PROB_COLUMNS)
+        check_dtypes(self, MICROBATCH_COLUMNS, "TrainMicroBatch",
+                     optional=(*LOG_PROB_COLUMNS, "routed_experts"))
         try:
             shape_checker(_shapes)(
                 self.sample_indices, self.seq_lengths, self.denominators, self.tokens,
                 self.positions, self.labels, self.logit_index, self.response_index,
                 self.share_index, self.token_sample, self.loss_mask, self.advantages,
-                self.rollout_log_probs,
-                self.old_log_probs, self.ref_log_probs)
+                self.rollout_log_probs, self.old_log_probs, self.ref_log_probs,
+                self.routed_experts)
         except TypeCheckError as exc:
             raise shape_error("TrainMicroBatch", self, exc) from None
         _check_values(self)
@@ -140,8 +145,13 @@ class RankBatch:
 
 def rank_batch(batch: Any, schedule: Any, *, dp_rank: Any,
                loss_mode: Any = LossMode.GROUP_TOKEN_MEAN, cp_size: Any = 1,
-               cp_rank: Any = 0, norm: Any = None) -> RankBatch:
+               cp_rank: Any = 0, norm: Any = None, row_multiple: Any = 1) -> RankBatch:
     """The records DP rank ``dp_rank`` / CP rank ``cp_rank`` trains (see the module docstring).
+
+    ``row_multiple``: every row's length is padded up to a multiple of it (the TP size under
+    Megatron's sequence parallelism, which splits the row over the TP ranks); the pad extends
+    the row's last sample and is never scored. Example: samples of 5 and 6 tokens at
+    ``row_multiple=4`` give ``seq_lengths [5, 7]`` (a row of 12).
 
     Typed loosely on purpose (a user boundary): a ``RolloutBatch``, its ``Schedule``, int
     ranks, a ``LossMode`` or its name; every value is checked here with a typed error.
@@ -154,12 +164,12 @@ def rank_batch(batch: Any, schedule: Any, *, dp_rank: Any,
     dp_rank = _rank("dp_rank", dp_rank, schedule.layout.dp)
     share = share_of_batch(batch, schedule.rank_sample_ids(dp_rank))
     return share_batch(share, schedule, batch.mask_sums, dp_rank=dp_rank, loss_mode=loss_mode,
-                       cp_size=cp_size, cp_rank=cp_rank, norm=norm)
+                       cp_size=cp_size, cp_rank=cp_rank, norm=norm, row_multiple=row_multiple)
 
 
 def share_batch(share: Any, schedule: Any, mask_sums: Any, *, dp_rank: Any,
                 loss_mode: Any = LossMode.GROUP_TOKEN_MEAN, cp_size: Any = 1,
-                cp_rank: Any = 0, norm: Any = None) -> RankBatch:
+                cp_rank: Any = 0, norm: Any = None, row_multiple: Any = 1) -> RankBatch:
     """The records of DP rank ``dp_rank`` from its ``RankShare`` alone (``vime_pure.data.
     shares``): the same records ``rank_batch`` builds from the whole batch.
 
@@ -179,6 +189,12 @@ def share_batch(share: Any, schedule: Any, mask_sums: Any, *, dp_rank: Any,
         raise field_error(RolloutBatchError, "cp_size", cp_size, f"exceeds {MAX_CP}",
                           "pass the context-parallel size of the trainer")
     cp_rank = _rank("cp_rank", cp_rank, cp_size)
+    row_multiple = as_int("row_multiple", row_multiple, 1, RolloutBatchError,
+                          "pass the TP size under sequence parallelism, else 1")
+    if row_multiple > 1 and cp_size > 1:
+        raise field_error(RolloutBatchError, "row_multiple", row_multiple,
+                          f"is not wired with cp_size={cp_size} (each CP chunk would need it)",
+                          "use sequence parallelism without context parallelism")
     _check_share_matches(share, schedule, dp_rank, mask_sums)
     if share.num_response_tokens >= 2**31:  # share_index is int32
         raise field_error(RolloutBatchError, "share", share.num_response_tokens,
@@ -196,8 +212,8 @@ def share_batch(share: Any, schedule: Any, mask_sums: Any, *, dp_rank: Any,
         records = []
         for m in range(lo + dp_rank * count, lo + (dp_rank + 1) * count):
             k = int(sizes[m])
-            records.append(_record(share, pos, pos + k, dens, cp_rank, cp_size, step=s,
-                                   loss_mode=mode, num_groups=num_groups,
+            records.append(_record(share, pos, pos + k, dens, cp_rank, cp_size, row_multiple,
+                                   step=s, loss_mode=mode, num_groups=num_groups,
                                    num_samples=num_samples, num_microbatches=count))
             pos += k
         steps.append(StepBatch(num_groups=num_groups, num_samples=num_samples,
@@ -253,16 +269,22 @@ def with_log_probs(rank: Any, *, old_log_probs: Any = None, ref_log_probs: Any =
 
 
 def _record(share: RankShare, a: int, b: int, dens: np.ndarray, cp_rank: int, cp_size: int,
-            **step_fields) -> TrainMicroBatch:
+            row_multiple: int, **step_fields) -> TrainMicroBatch:
     """The packed row of the share's samples ``a .. b - 1`` (one micro-batch, consecutive in
     the share's execution order); vectorised over its samples (CP cuts per sample)."""
     lens, resp = share.lengths[a:b], share.response_lengths[a:b]
     seq = lens if cp_size == 1 else -(-lens // (2 * cp_size)) * (2 * cp_size)
+    if row_multiple > 1 and len(seq):  # the pad extends the last sample (rank_batch)
+        seq = seq.copy()
+        seq[-1] += -int(seq.sum()) % row_multiple
     starts = offsets_from_lengths(seq)[:-1]
     total = int(seq.sum())
-    tokens = np.zeros(total, dtype=np.int32)
     # Real tokens of sample k sit at starts[k] .. starts[k] + lens[k]; CP padding after them.
-    tokens[_within(seq, lens)] = share.tokens[share.token_offsets[a]:share.token_offsets[b]]
+    # source: each position's share token (a padding position: its sample's last token).
+    real = _within(seq, lens)
+    source = np.repeat(share.token_offsets[a:b] + lens - 1, seq)
+    source[real] = np.arange(share.token_offsets[a], share.token_offsets[b], dtype=np.int64)
+    tokens = np.where(real, share.tokens[source], 0).astype(np.int32)
     positions = (np.arange(total, dtype=np.int64) - np.repeat(starts, seq)).astype(np.int32)
     labels = np.zeros(total, dtype=np.int32)
     has_next = _within(seq, lens - 1)  # every position but each sample's last real one
@@ -285,9 +307,9 @@ def _record(share: RankShare, a: int, b: int, dens: np.ndarray, cp_rank: int, cp
         to_local[local] = np.arange(len(local))
         keep = to_local[logit_index] >= 0
         tokens, positions, labels = tokens[local], positions[local], labels[local]
-        logit_index = to_local[logit_index[keep]]
+        logit_index, source = to_local[logit_index[keep]], source[local]
     share_index = share_index[keep]
-    log_probs = share.rollout_log_probs
+    log_probs, routes = share.rollout_log_probs, share.rollout_routed_experts
     idx = share.sample_ids[a:b]
     return TrainMicroBatch(
         **step_fields, cp_rank=cp_rank, cp_size=cp_size, sample_indices=idx,
@@ -297,7 +319,8 @@ def _record(share: RankShare, a: int, b: int, dens: np.ndarray, cp_rank: int, cp
         token_sample=token_sample[keep],
         loss_mask=share.loss_masks[share_index].astype(np.float32),
         advantages=np.repeat(share.advantages[a:b], resp)[keep].astype(np.float32, copy=False),
-        rollout_log_probs=None if log_probs is None else log_probs[share_index])
+        rollout_log_probs=None if log_probs is None else log_probs[share_index],
+        routed_experts=None if routes is None else routes[source])
 
 
 def _ranks_within(sizes: np.ndarray) -> np.ndarray:
@@ -331,6 +354,7 @@ MICROBATCH_COLUMNS: dict[str, np.dtype] = {
                      "token_sample"), np.dtype(np.int32)),
     "denominators": np.dtype(np.float64),
     **dict.fromkeys(("loss_mask", "advantages", *LOG_PROB_COLUMNS), np.dtype(np.float32)),
+    "routed_experts": np.dtype(np.int16),
 }
 MAX_CP = 2**16  # context-parallel ranks; a larger cp_size is a bug, not a layout
 _RECORD_FIX = "build records with rank_batch(batch, schedule_for(batch, layout, policy), ...)"
@@ -422,5 +446,6 @@ def _shapes(sample_indices: Int64[np.ndarray, " k"], seq_lengths: Int64[np.ndarr
             advantages: Float32[np.ndarray, " R"],
             rollout_log_probs: Float32[np.ndarray, " R"] | None,
             old_log_probs: Float32[np.ndarray, " R"] | None,
-            ref_log_probs: Float32[np.ndarray, " R"] | None) -> None:
+            ref_log_probs: Float32[np.ndarray, " R"] | None,
+            routed_experts: Int16[np.ndarray, "T e"] | None) -> None:
     """Cross-field shapes of a packed row: ``k`` samples, ``T`` local positions, ``R`` tokens."""

@@ -25,6 +25,7 @@ Example: ``[[a, b], [c]]`` with no ids gives group ids ``[0, 1, 2]`` and prompt 
 ``[0, 0, 1]``; with ``a.group_id = 1`` the ids become ``[1, 0, 2]``.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -297,3 +298,18 @@ def mask_values(mask: np.ndarray, where: str) -> np.ndarray:
             f"{where}: loss_mask must be a flat list of 0/1 values, got {bad}. Fix: use 1 for "
             "trained response tokens and 0 for masked ones (e.g. tool outputs).")
     return mask
+
+
+def all_or_none(parts: list, column: str, path: Callable[[int], str], fix: str) -> bool:
+    """True when every sample set ``column`` (``parts``: one value per sample), False when none
+    did; a mix is a ``RolloutValidationError`` naming the first sample that differs.
+    Example: ``all_or_none([None, [0.1]], "rollout_log_probs", ...)`` raises for sample 1."""
+    present = [p is not None for p in parts]
+    if not any(present):
+        return False
+    if not all(present):
+        i = present.index(not present[0])
+        raise RolloutValidationError(
+            f"{path(i)}: {column} is {'set' if present[i] else 'None'} but {path(0)} has it "
+            f"{'set' if present[0] else 'None'}. Fix: {fix}.")
+    return True

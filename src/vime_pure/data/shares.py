@@ -83,6 +83,7 @@ class BatchMeta:
     part_outputs: np.ndarray  # int64, per part: top-level entries of its rollout output
     has_log_probs: bool
     advantages: np.ndarray | None = None  # float64: a whole batch's, or set by plan_shares
+    has_routes: bool = False  # the engine recorded routed experts (MoE routing replay)
 
     @property
     def num_samples(self) -> int:
@@ -132,6 +133,7 @@ def part_meta(part: RolloutBatch, *, group_fallback: np.ndarray | None = None,
         part_outputs=np.array([len(part.prompt_group_values) if outputs is None else outputs],
                               dtype=np.int64),
         has_log_probs=part.rollout_log_probs is not None,
+        has_routes=part.rollout_routed_experts is not None,
         advantages=part.advantages if whole else None, **resolved)
 
 
@@ -194,10 +196,12 @@ def merge_meta(parts: Sequence[BatchMeta]) -> BatchMeta:
     """The metadata of the parts concatenated in order (holder order = prompt order)."""
     if not parts:
         raise RolloutValidationError("no part holds a sample. Fix: generate at least one.")
-    if len({m.has_log_probs for m in parts}) > 1:
-        raise RolloutValidationError(
-            "rollout_log_probs are recorded by some engines' rollout functions and not by "
-            "others. Fix: record them for every sample or for none.")
+    for flag, name in (("has_log_probs", "rollout_log_probs"),
+                       ("has_routes", "rollout_routed_experts")):
+        if len({getattr(m, flag) for m in parts}) > 1:
+            raise RolloutValidationError(
+                f"{name} are recorded by some engines' rollout functions and not by others. "
+                "Fix: record them for every sample or for none.")
     groups, g_off = _merged_values(parts, "group_id_values", "group_fallback", "group_id")
     prompts, p_off = _merged_values(parts, "prompt_group_values", "prompt_fallback",
                                     "prompt_group")
@@ -218,6 +222,7 @@ def merge_meta(parts: Sequence[BatchMeta]) -> BatchMeta:
         weight_version_max=cat("weight_version_max"),
         part_sizes=cat("part_sizes"), part_response_tokens=cat("part_response_tokens"),
         part_outputs=cat("part_outputs"), has_log_probs=parts[0].has_log_probs,
+        has_routes=parts[0].has_routes,
         advantages=cat("advantages") if all(m.advantages is not None for m in parts) else None)
 
 
@@ -288,6 +293,7 @@ class RankShare:
     response_offsets: np.ndarray  # int64
     rollout_log_probs: np.ndarray | None  # float32
     advantages: np.ndarray  # float32
+    rollout_routed_experts: np.ndarray | None = None  # int16 [tokens, layers * topk]
 
     def __attrs_post_init__(self) -> None:
         n = len(self.sample_ids)
@@ -334,7 +340,9 @@ def take_samples(source: Any, rows: np.ndarray, *, sample_ids: np.ndarray,
         tokens=source.tokens[tok], token_offsets=offsets_from_lengths(lengths),
         loss_masks=source.loss_masks[resp], response_offsets=offsets_from_lengths(response_lengths),
         rollout_log_probs=None if log_probs is None else log_probs[resp],
-        advantages=np.asarray(advantages, dtype=np.float32))
+        advantages=np.asarray(advantages, dtype=np.float32),
+        rollout_routed_experts=None if source.rollout_routed_experts is None
+        else source.rollout_routed_experts[tok])
 
 
 def share_of_batch(batch: RolloutBatch, ids: np.ndarray) -> RankShare:
@@ -407,7 +415,14 @@ def _concat(pieces: Sequence[RankShare]) -> RankShare:
                      token_offsets=offsets_from_lengths(lengths), loss_masks=cat("loss_masks"),
                      response_offsets=offsets_from_lengths(response_lengths),
                      rollout_log_probs=None if any(lp is None for lp in log_probs)
-                     else np.concatenate(log_probs), advantages=cat("advantages"))
+                     else np.concatenate(log_probs), advantages=cat("advantages"),
+                     rollout_routed_experts=_routes(pieces))
+
+
+def _routes(parts: Sequence[Any]) -> np.ndarray | None:
+    """The parts' routed experts concatenated (None unless every part has them)."""
+    routes = [p.rollout_routed_experts for p in parts]
+    return None if any(r is None for r in routes) else np.concatenate(routes)
 
 
 def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta) -> RolloutBatch:
@@ -435,4 +450,4 @@ def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta) -> RolloutBatch:
         rewards=cat("rewards"), advantages=meta.advantages, statuses=cat("statuses"),
         removed=cat("removed"), sample_indices=cat("sample_indices"),
         weight_version_min=cat("weight_version_min"),
-        weight_version_max=cat("weight_version_max"))
+        weight_version_max=cat("weight_version_max"), rollout_routed_experts=_routes(parts))

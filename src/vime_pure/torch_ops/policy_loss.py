@@ -182,6 +182,22 @@ def tis_weights(old_log_probs: Float[Tensor, " t"], rollout_log_probs: Float[Ten
 
 
 @tensor_boundary
+def kl_shaped_advantages(advantages: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t"],
+                         ref_log_probs: Float[Tensor, " t"], *, coef: float | int,
+                         kind: KLKind | str = "low_var_kl") -> Float[Tensor, " t"]:
+    """slime's reward-shaping KL (``--kl-coef``) for REINFORCE++-baseline: each token's
+    advantage minus ``coef`` times the KL estimate of the policy that generated it (pi_old)
+    from the reference, with no gradient (it is part of the reward, not of the loss).
+    Example: ``A = 1``, ``old = log 0.5``, ``ref = log 0.25``, k1, ``coef = 0.1``:
+    ``1 - 0.1 * log 2 = 0.931``.
+    """
+    coef = check_loss_knob("reward_kl_coef", coef)
+    if coef == 0.0:
+        return advantages
+    return advantages - coef * kl_penalty(old_log_probs.detach(), ref_log_probs, kind).detach()
+
+
+@tensor_boundary
 def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t"],
                 advantages: Float[Tensor, " t"], *, entropy: Float[Tensor, " t"] | None = None,
                 ref_log_probs: Float[Tensor, " t"] | None = None, kl_coef: float | int = 0.0,

@@ -33,6 +33,9 @@ class VimeArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        choice = re.match(r"argument (--[\w-]+)[^:]*: invalid choice: '([^']*)'", message)
+        if choice and self.flag_table is not None:  # a foreign choice: its table line
+            message = self.flag_table(f"{choice[1]} {choice[2]}") or message
         self.exit(2, f"{self.prog}: error: {message}\n")
 
     def parse_args(self, args: Sequence[str] | None = None,

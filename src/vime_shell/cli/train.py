@@ -33,6 +33,7 @@ from vime_shell.loop.config_flags import (absorb_engine_flags, add_train_argumen
 from vime_shell.loop.megatron_args import notes
 from vime_shell.loop.slime_flags import unsupported_line
 from vime_shell.loop.launch_checks import launch_checks, model_dir
+from vime_shell.megatron.layout import sequence_parallel_on, transformer_engine_available
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +57,10 @@ def launch_notes(cfg, args: argparse.Namespace, plan) -> list[str]:
         out.append("--eval-prompt-data without --eval-interval: evaluating "
                    + ("" if cfg.skip_eval_before_train else "before the first rollout and ")
                    + "after the last")
-    if cfg.kl_coef:
+    if cfg.sequence_parallel:
+        out.append(sequence_parallel_note(cfg.tensor_model_parallel_size,
+                                          cfg.context_parallel_size))
+    if cfg.kl_coef and not cfg.reward_kl:
         out.append(f"--kl-coef {cfg.kl_coef}: no effect with --advantage-estimator "
                    f"{cfg.advantage_estimator} (as in slime)")
     engine = cfg.rollout_engine or ("vllm" if vllm_available() else "hf")
@@ -64,6 +68,19 @@ def launch_notes(cfg, args: argparse.Namespace, plan) -> list[str]:
         out.append(f"--vllm-engine-args {' '.join(cfg.vllm_engine_args)}: the HF engine "
                    "takes no vLLM arguments; ignored")
     return out
+
+
+def sequence_parallel_note(tp: int, cp: int) -> str:
+    """What ``--sequence-parallel`` does on this machine (``layout.sequence_parallel_on``)."""
+    te = transformer_engine_available()
+    if sequence_parallel_on(True, tp=tp, cp=cp, transformer_engine=te):
+        return (f"--sequence-parallel: on over the {tp} TP ranks (packed rows padded to a "
+                f"multiple of {tp})")
+    why = ("at --tensor-model-parallel-size 1 (as in Megatron)" if tp == 1 else
+           "with --context-parallel-size > 1 (its row padding is not wired into the CP "
+           "chunks yet)" if cp > 1 else "on the local layer spec (no TransformerEngine: "
+           "torch norms cannot run sequence-parallel)")
+    return f"--sequence-parallel: off {why}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 import attrs
+import numpy as np
 
 from vime_pure.errors import VimeError, field_error
 
@@ -117,6 +118,10 @@ class Generation:
 
     ``weight_version``: the engine's ``weight_version`` the request started under (set by the
     per-request engines, :mod:`vime_shell.engines.async_engine`; None from batched calls).
+    ``routed_experts``: MoE engines asked for them (``--use-rollout-routing-replay``), the
+    experts routed for each prompt and response token, an int array ``[tokens, layers, topk]``
+    (``tokens`` may omit the last response token, which the engine never fed back;
+    ``vime_pure.data.routes``); None otherwise.
     Example: ``Generation(token_ids=(7, 4), log_probs=(-0.1, -2.3), finish_reason="length")``.
     """
 
@@ -124,6 +129,7 @@ class Generation:
     log_probs: tuple[float, ...] = attrs.field(converter=tuple)
     finish_reason: FinishReason
     weight_version: int | None = None
+    routed_experts: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if len(self.token_ids) != len(self.log_probs):

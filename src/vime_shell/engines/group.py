@@ -71,7 +71,9 @@ class EngineOptions:
     ``per_request``: the run generates per sample (``--custom-generate-function-path``), so a
     vLLM engine is ``VllmAsyncEngine`` (``AsyncLLM``) running at most ``max_concurrency``
     requests (``--sglang-server-concurrency``); the HF engine gets its per-request front from
-    :func:`vime_shell.engines.async_engine.async_front` either way.
+    :func:`vime_shell.engines.async_engine.async_front` either way. ``routed_experts``
+    (``--use-rollout-routing-replay``): every generation carries the experts its tokens were
+    routed to (the HF engine, and vLLM's ``enable_return_routed_experts`` on CUDA).
     """
 
     engine: str = "hf"
@@ -91,6 +93,7 @@ class EngineOptions:
     per_request: bool = False
     max_concurrency: int = DEFAULT_CONCURRENCY
     vllm_args: tuple[tuple[str, Any], ...] = ()  # --vllm-engine-args, passed to vllm.LLM
+    routed_experts: bool = False
 
 
 def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: EngineOptions,
@@ -104,7 +107,8 @@ def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: Engine
     if options.engine == "hf":
         device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
         return select_engine("hf", hf_dir, seed=seed, device=device,
-                             dtype=getattr(torch, options.dtype))
+                             dtype=getattr(torch, options.dtype),
+                             return_routed_experts=options.routed_experts)
     if options.per_request:
         if layout.world_size > 1:
             raise EngineGroupError(
@@ -130,6 +134,8 @@ def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: Engine
         kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
     if options.expert_parallel:
         kwargs["enable_expert_parallel"] = True
+    if options.routed_experts:
+        kwargs["enable_return_routed_experts"] = True
     kwargs.update(options.vllm_args)  # the user's (or slime's --sglang-X) engine arguments
     return select_engine(options.engine, hf_dir, seed=seed, dtype=options.dtype,
                          enable_sleep_mode=options.colocate and cuda,
@@ -257,14 +263,16 @@ class EngineGroup:
 
     def served_experts(self) -> range | None:
         """The routed experts this rank's engine shard holds under vLLM expert parallelism
-        (the engine's ranks split them); None when it holds all of them."""
+        (the engine's ranks split them, as ``--vllm-engine-args expert_placement_strategy``
+        says, linear by default); None when it holds all of them."""
         if not self.options.expert_parallel or self.options.num_experts is None:
             return None
         engine = self.engine_index
         if engine is None:
             return None
+        placement = dict(self.options.vllm_args).get("expert_placement_strategy", "linear")
         return served_experts(self.options.num_experts, self.layout.gpus_per_engine,
-                              self.rank - self.layout.leader(engine))
+                              self.rank - self.layout.leader(engine), placement)
 
     def sleep(self) -> None:
         """Release the engine's accelerator memory now (e.g. replay runs that never generate)."""

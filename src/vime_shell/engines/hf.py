@@ -11,12 +11,18 @@ How it meets the protocol's invariants (see :mod:`vime_shell.engines.base`):
 - Per-request budgets (``max_context_len``) and stop strings are applied to each row after the
   batched ``generate``: decoding is causal, so a row's first ``k`` tokens do not depend on how
   long it ran on. Stop strings are matched on the text of the model directory's tokenizer.
+- Routed experts (``return_routed_experts=True``, MoE models, for routing replay): ``generate``
+  does not expose its routers' choices, so one forward of the same weights over each prompt +
+  response (right-padded, ``output_router_logits``) gives them: the top-k of every MoE layer's
+  router logits, for every token.
 """
 
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
@@ -76,6 +82,36 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return probs * keep
 
 
+_EXPERT_NAME = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+def fused_expert_slice(params: dict[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    """The view of transformers' fused MoE parameters that a checkpoint's per-expert tensor
+    fills, or None. transformers 5 stores a layer's experts as ``experts.gate_up_proj``
+    ``[E, 2 * I, H]`` (gate rows, then up rows) and ``experts.down_proj`` ``[E, H, I]``, while
+    checkpoints and the trainer's export name ``experts.{e}.gate_proj.weight`` ``[I, H]``.
+    Example: ``model.layers.0.mlp.experts.3.up_proj.weight`` is
+    ``params["model.layers.0.mlp.experts.gate_up_proj"][3, I:]``."""
+    match = _EXPERT_NAME.match(name)
+    fused = params.get(fused_expert_name(name) or "")
+    if match is None or fused is None:
+        return None
+    expert, proj = int(match.group(2)), match.group(3)
+    if proj == "down":
+        return fused[expert]
+    half = fused.shape[1] // 2
+    return fused[expert, :half] if proj == "gate" else fused[expert, half:]
+
+
+def fused_expert_name(name: str) -> str | None:
+    """The fused parameter a per-expert checkpoint name belongs to (:func:`fused_expert_slice`).
+    Example: ``...experts.3.gate_proj.weight`` -> ``...experts.gate_up_proj``."""
+    match = _EXPERT_NAME.match(name)
+    if match is None:
+        return None
+    return f"{match.group(1)}.{'down_proj' if match.group(3) == 'down' else 'gate_up_proj'}"
+
+
 class HfEngine:
     """A Hugging Face causal LM generating in-process (CPU by default).
 
@@ -86,7 +122,8 @@ class HfEngine:
     name = "hf"
 
     def __init__(self, model_path: str | Path, *, seed: int = 0, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, tokenizer: Any = None):
+                 dtype: torch.dtype = torch.float32, tokenizer: Any = None,
+                 return_routed_experts: bool = False):
         path = Path(model_path).expanduser()
         if not (path / "config.json").is_file():
             raise field_error(EngineError, "model_path", str(path),
@@ -94,17 +131,18 @@ class HfEngine:
                               "pass a directory saved with save_pretrained, e.g. the embedded "
                               "model from vime_shell.models.embedded.build_embedded()")
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        self._init(model, seed=seed, device=device)
+        self._init(model, seed=seed, device=device, return_routed_experts=return_routed_experts)
         self.model_path = path
         self._tokenizer = tokenizer
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, *, seed: int = 0, device: str = "cpu",
-                   tokenizer: Any = None) -> "HfEngine":
+                   tokenizer: Any = None, return_routed_experts: bool = False) -> "HfEngine":
         """Wrap an already-built ``PreTrainedModel`` (tests, in-process trainers); stop
         strings need ``tokenizer``."""
         engine = cls.__new__(cls)
-        engine._init(model, seed=seed, device=device)
+        engine._init(model, seed=seed, device=device,
+                     return_routed_experts=return_routed_experts)
         engine.model_path = None
         engine._tokenizer = tokenizer
         return engine
@@ -119,7 +157,14 @@ class HfEngine:
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         return self._tokenizer
 
-    def _init(self, model: torch.nn.Module, *, seed: int, device: str) -> None:
+    def _init(self, model: torch.nn.Module, *, seed: int, device: str,
+              return_routed_experts: bool = False) -> None:
+        self.topk = getattr(model.config, "num_experts_per_tok", None)
+        if return_routed_experts and self.topk is None:
+            raise field_error(EngineError, "return_routed_experts", True,
+                              f"needs an MoE model, and {model.config.model_type} is dense",
+                              "drop --use-rollout-routing-replay for a dense model")
+        self.return_routed_experts = return_routed_experts
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.vocab_size = int(model.config.vocab_size)
@@ -164,8 +209,27 @@ class HfEngine:
         raw = torch.stack(out.logits, dim=1).float()  # [B, T, V], unprocessed
         logp = torch.log_softmax(raw, dim=-1).gather(-1, response[..., None]).squeeze(-1)
         decode = self._decoder().decode if params.stop else None
-        return [self._cut(response[i, :budgets[i]].tolist(), logp[i, :budgets[i]].tolist(),
+        gens = [self._cut(response[i, :budgets[i]].tolist(), logp[i, :budgets[i]].tolist(),
                           params, decode) for i in range(len(ids))]
+        return self._with_routes(ids, gens) if self.return_routed_experts else gens
+
+    @torch.no_grad()
+    def _with_routes(self, prompts: list[list[int]], gens: list[Generation]) -> list[Generation]:
+        """``gens`` with the experts every prompt + response token is routed to (module
+        docstring): ``[tokens, moe_layers, topk]`` int16 per generation."""
+        seqs = [p + list(g.token_ids) for p, g in zip(prompts, gens)]
+        width = max(map(len, seqs))
+        ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, seq in enumerate(seqs):  # right padding: causal, the real tokens see no pad
+            ids[i, :len(seq)] = torch.tensor(seq)
+            mask[i, :len(seq)] = 1
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                         output_router_logits=True)
+        top = torch.stack([logits.view(len(seqs), width, -1).topk(self.topk, dim=-1).indices
+                           for logits in out.router_logits], dim=2).to(torch.int16).cpu()
+        return [attrs.evolve(g, routed_experts=top[i, :len(seq)].numpy())
+                for i, (g, seq) in enumerate(zip(gens, seqs))]
 
     def _left_pad(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in ids)
@@ -193,12 +257,16 @@ class HfEngine:
                           finish_reason="length" if end is None else "stop")
 
     def update_weights_from_tensors(self, named_tensors: NamedTensors) -> None:
-        """Copy HF-named tensors into the model in place; unknown names or shapes are errors."""
+        """Copy HF-named tensors into the model in place; unknown names or shapes are errors.
+        A checkpoint's per-expert name goes into its slice of the fused expert tensors
+        (:func:`fused_expert_slice`)."""
         params = dict(self.model.named_parameters())
         params.update(dict(self.model.named_buffers()))
         with torch.no_grad():
             for name, tensor in named_tensors:
                 target = params.get(name)
+                if target is None:
+                    target = fused_expert_slice(params, name)
                 if target is None:
                     raise field_error(EngineError, "name", name,
                                       "is not a parameter of the engine's model",
@@ -213,7 +281,8 @@ class HfEngine:
         """Load every ``*.safetensors`` in ``path``; all parameters must be present."""
         tensors = load_safetensors_dir(path)
         own = {n for n, _ in self.model.named_parameters()}  # tied weights are listed once
-        missing = sorted(own - set(tensors))
+        covered = {n if n in own else fused_expert_name(n) for n in tensors}
+        missing = sorted(own - covered)
         if missing:
             raise field_error(EngineError, "path", str(path),
                               f"lacks {len(missing)} parameters, e.g. {missing[:3]}",

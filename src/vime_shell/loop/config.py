@@ -126,12 +126,6 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, RewardArgs, Eval
                 f"{self.context_parallel_size}: GSPO's sequence ratio averages a whole "
                 "response, which context parallelism splits over ranks. Fix: use "
                 "--context-parallel-size 1 with gspo.")
-        if self.kl_coef != 0 and self.advantage_estimator not in ("grpo", "gspo"):
-            raise field_error(ConfigError, "--kl-coef", self.kl_coef,
-                              f"(slime's per-token KL reward shaping for "
-                              f"{self.advantage_estimator}) is not supported in vime",
-                              "pass --kl-coef 0, or train a KL penalty with --use-kl-loss "
-                              "--kl-loss-coef")
         if self.use_precision_aware_optimizer and not self.use_distributed_optimizer:
             raise field_error(ConfigError, "use_precision_aware_optimizer", True,
                               "needs the distributed optimizer (Megatron's rule)",
@@ -205,7 +199,20 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, RewardArgs, Eval
         """The objective's knobs as the core's ``LossConfig`` (GSPO's sequence ratio from
         ``--advantage-estimator``). Example: ``--eps-clip 0`` -> ``--eps-clip=0: must lie in
         (0, 1). Fix: use e.g. 0.2.``"""
-        return self.loss_config_for(sequence_ratio=self.advantage_estimator == "gspo")
+        return self.loss_config_for(sequence_ratio=self.advantage_estimator == "gspo",
+                                    reward_kl=self.reward_kl)
+
+    @property
+    def reward_kl(self) -> bool:
+        """``--kl-coef`` shapes the advantages: REINFORCE++-baseline only (grpo and gspo
+        ignore it, as in slime)."""
+        return self.kl_coef > 0 and self.advantage_estimator == "reinforce_plus_plus_baseline"
+
+    @property
+    def needs_reference(self) -> bool:
+        """The frozen reference model is loaded: ``--use-kl-loss``, or ``--kl-coef``'s
+        reward KL."""
+        return self.use_kl_loss or self.reward_kl
 
     def optim_config(self) -> OptimConfig:
         """Adam and the LR schedule (``OptimConfig``). Warmup and decay lengths are optimizer

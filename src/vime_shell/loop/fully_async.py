@@ -13,7 +13,9 @@ to the queue, to be generated again with their original seeds; both are the core
 says it can still be fresh enough, so with ``K = 0`` nothing runs ahead of the weights and the
 batches are the synchronous loop's. Weights arrive as a ``("weights", v)`` command, taken
 between two engine calls (in-flight groups continue on the new weights; their version stays
-the one they started with, so staleness is never under-counted).
+the one they started with, so staleness is never under-counted). An ``("evaluate", k)``
+command (``--eval-interval``) runs the eval sets the same way, between two engine calls, on
+the weights synced last.
 
 Prompts and seeds: the pool draws prompts in blocks of ``B`` exactly as the synchronous loop
 draws rollout ``r``'s (``PromptSource.take(B)``), and the ``i``-th prompt of block ``r`` is
@@ -193,6 +195,13 @@ class GroupPool:
                 except Exception as exc:  # noqa: BLE001 - the trainer waits for this reply
                     self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
                     self.failure = self.failure or exc
+        elif command[0] == "evaluate":  # on the weights just synced, no group generating
+            try:
+                metrics = self.engine.between_calls(lambda: self.producer.evaluate(command[1]))
+                self.bridge.send(("eval", metrics))
+            except Exception as exc:  # noqa: BLE001 - the trainer waits for this reply
+                self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
+                self.failure = self.failure or exc
         elif command[0] == "batch":
             self.demand = command[1]
             if self.start is None:

@@ -49,7 +49,7 @@ from vime_shell.models.hf_config import has_chat_template, read_config_json, rea
 from vime_shell.rollout.data import DataKeys, fit_prompts, read_prompt_file
 from vime_shell.rollout.functions import encode_prompt
 from vime_shell.rollout.plugins import load_callable, load_generate_function
-from vime_shell.rollout.rewards import Rewarder
+from vime_shell.rollout.rewards import RM_CHOICES, Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskExample, get_task
 from vime_shell.storage.export_target import check_export_target
 from vime_shell.storage.hf_check import check_hf_dir
@@ -122,6 +122,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
         supports_context_parallel=cp > 1 and context_parallel_available(), tp=tp,
         pp=cfg.pipeline_model_parallel_size, cp=cp,
         num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage,
+        num_virtual_stages=cfg.num_virtual_stages_per_pipeline_rank,
         ep=cfg.expert_model_parallel_size, etp=cfg.expert_tensor_parallel_size,
         num_experts=summary.num_experts,
         first_stage_layers=cfg.decoder_first_pipeline_num_layers,
@@ -140,7 +141,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     if cfg.custom_generate_function_path is not None:
         load_generate_function(cfg.custom_generate_function_path)
     if cfg.partial_rollout and engine_layout is not None and engine_layout.num_engines > 1:
-        raise field_error(ConfigError, "partial_rollout", True,
+        raise field_error(ConfigError, "--partial-rollout", True,
                           f"keeps one buffer of unfinished groups, but this run has "
                           f"{engine_layout.num_engines} engines",
                           "pass --rollout-num-gpus 1 (one engine) with --partial-rollout")
@@ -150,6 +151,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     _check_side_inputs(cfg, hf_dir)
     if engine_layout is not None:
         _check_engine_args(cfg)
+        check_vllm_sampling(cfg)
     prompts, dropped, eval_sets = _prompt_sets(cfg, hf_dir, summary.max_position_embeddings)
     # --num-rollout, else what --num-epoch passes need (dynamic sampling may draw more prompts
     # per rollout, so it is a lower bound on the passes made).
@@ -226,40 +228,43 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
     except (RankRolesError, AsyncPoolError) as exc:
         raise ConfigError(str(exc)) from exc
     if roles is None and cfg.update_weights_interval > 1:
-        raise field_error(ConfigError, "update_weights_interval", cfg.update_weights_interval,
+        raise field_error(ConfigError, "--update-weights-interval", cfg.update_weights_interval,
                           "needs engines on ranks of their own (the colocated loop trains on "
                           "policy only)", "add --train-async or --fully-async with "
                           "--rollout-num-gpus, or drop it")
     if roles is not None and cfg.load_rollout_data is not None:
-        raise field_error(ConfigError, "load_rollout_data", cfg.load_rollout_data,
+        raise field_error(ConfigError, "--load-rollout-data", cfg.load_rollout_data,
                           "replays into the colocated loop only", "drop --rollout-num-gpus "
                           "/ --train-async / --fully-async for a replay")
-    if roles is not None and cfg.partial_rollout:
-        raise field_error(ConfigError, "partial_rollout", True, "is not wired to separate "
-                          "engine ranks yet (its buffer lives in the colocated loop)",
-                          "drop --partial-rollout, or run engines inside the trainer ranks")
+    if roles is not None and roles.mode != "sync" and cfg.partial_rollout:
+        flag = "--fully-async" if roles.mode == "fully_async" else "--train-async"
+        why = ("its pool already keeps unfinished groups in flight across steps"
+               if roles.mode == "fully_async" else "a carried-over group's first tokens "
+               "would be two versions old, past the one-step-off bound")
+        raise field_error(ConfigError, "--partial-rollout", True, f"is not supported with "
+                          f"{flag} ({why})", "drop one of them; --partial-rollout works with "
+                          "engines on ranks of their own synchronously (--no-colocate "
+                          "--rollout-num-gpus N)")
     if roles is not None and roles.mode == "fully_async" and (
             cfg.custom_generate_function_path is not None):
-        raise field_error(ConfigError, "custom_generate_function_path",
+        raise field_error(ConfigError, "--custom-generate-function-path",
                           cfg.custom_generate_function_path, "is not wired to the fully-async "
                           "pool yet (the pool runs --rollout-function-path per group)",
                           "use --train-async with it, or a batched --rollout-function-path")
-    if roles is not None and roles.mode == "fully_async" and cfg.eval_interval is not None:
-        raise field_error(ConfigError, "eval_interval", cfg.eval_interval,
-                          "is not supported with --fully-async yet",
-                          "evaluate the saved checkpoint, or use --train-async")
     return roles
 
 
 
-_EVAL_SET_KEYS = ("name", "path", "input_key", "label_key", "metadata_key", "tool_key")
+_EVAL_SET_KEYS = ("name", "path", "input_key", "label_key", "metadata_key", "tool_key",
+                  "rm_type")
 
 
 def eval_config_sets(path: str, defaults: DataKeys) -> list[tuple[str, str, DataKeys]]:
     """``--eval-config``: ``(name, path, keys)`` per dataset; unset keys take ``defaults``
-    (``--eval-input-key``, else ``--input-key``); a relative path is read next to the file.
-    Example entry: ``{"name": "aime", "path":
-    "aime.jsonl", "input_key": "problem", "label_key": "answer"}``."""
+    (``--eval-input-key``, else ``--input-key``); a relative path is read next to the file; an
+    ``rm_type`` scores that set with its own built-in reward (slime's per-dataset rm_type).
+    Example entry: ``{"name": "aime", "path": "aime.jsonl", "input_key": "problem",
+    "label_key": "answer", "rm_type": "math"}``."""
     data = load_config_file(path)
     entries = data.get("datasets")
     if set(data) != {"datasets"} or not isinstance(entries, list) or not entries:
@@ -275,8 +280,11 @@ def eval_config_sets(path: str, defaults: DataKeys) -> list[tuple[str, str, Data
             raise field_error(ConfigError, where, entry, "is not an eval set",
                               f"give name and path, and optionally {list(_EVAL_SET_KEYS[2:])}, "
                               "all as non-empty strings")
+        if entry.get("rm_type", RM_CHOICES[0]) not in RM_CHOICES:
+            raise field_error(ConfigError, f"{where} rm_type", entry["rm_type"],
+                              "is not a built-in reward", f"use one of {list(RM_CHOICES)}")
         keys = attrs.evolve(defaults, **{k: v for k, v in entry.items() if k.endswith("_key")},
-                            flag_prefix=f"{where} ")
+                            rm_type=entry.get("rm_type"), flag_prefix=f"{where} ")
         file = Path(entry["path"]).expanduser()  # relative: next to the config file
         out.append((entry["name"], str(file if file.is_absolute() else Path(path).parent / file),
                     keys))
@@ -318,6 +326,23 @@ def _check_engine_args(cfg: TrainConfig) -> None:
                               f"names no vLLM engine argument ({key!r})",
                               "use a field of vllm.engine.arg_utils.EngineArgs, or drop the "
                               "--vllm-/--sglang- flag it came from")
+
+
+VLLM_MAX_TEMPERATURE = 2.0  # vLLM 0.32's SamplingParams refuses more
+
+
+def check_vllm_sampling(cfg: TrainConfig) -> None:
+    """A temperature vLLM refuses (above 2) fails here, not at the first generation after the
+    model is built; vime's own range (0..100) holds for the HF engine. The engine is vLLM
+    when named, or when installed and none is named (as for the engine layout)."""
+    if (cfg.rollout_engine or ("vllm" if vllm_available() else "hf")) != "vllm":
+        return
+    for flag in ("rollout_temperature", "eval_temperature"):
+        value = getattr(cfg, flag)
+        if value is not None and value > VLLM_MAX_TEMPERATURE:
+            raise field_error(ConfigError, flag, value,
+                              f"is above vLLM's limit of {VLLM_MAX_TEMPERATURE:g}",
+                              f"use at most {VLLM_MAX_TEMPERATURE:g}, or --rollout-engine hf")
 
 
 def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:

@@ -206,7 +206,8 @@ def trainer_config(cfg: TrainConfig, num_rollout: int | None = None) -> TrainerC
     optim = attrs.evolve(cfg.optim_config(), lr_warmup_groups=lr.warmup_groups,
                          lr_decay_groups=lr.decay_groups)
     return TrainerConfig(optim=optim, loss=cfg.loss_config(), model=cfg.model_options(),
-                         recompute_loss_function=cfg.recompute_loss_function, seed=cfg.seed)
+                         recompute_loss_function=cfg.recompute_loss_function, seed=cfg.seed,
+                         sequence_parallel=bool(cfg.sequence_parallel))
 
 
 def engine_options(cfg: TrainConfig, cuda: bool, num_experts: int | None = None) -> EngineOptions:
@@ -224,7 +225,8 @@ def engine_options(cfg: TrainConfig, cuda: bool, num_experts: int | None = None)
         expert_parallel=cfg.rollout_enable_expert_parallel, num_experts=num_experts,
         per_request=cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION,
         max_concurrency=cfg.sglang_server_concurrency,
-        vllm_args=tuple(parse_engine_arg(a) for a in cfg.vllm_engine_args or ()))
+        vllm_args=tuple(parse_engine_arg(a) for a in cfg.vllm_engine_args or ()),
+        routed_experts=cfg.use_rollout_routing_replay)
 
 
 class _Loop:
@@ -241,10 +243,11 @@ class _Loop:
             tp=cfg.tensor_model_parallel_size,
             pp=cfg.pipeline_model_parallel_size, cp=cfg.context_parallel_size,
             num_layers_per_virtual_stage=cfg.num_layers_per_virtual_pipeline_stage,
+            num_virtual_stages=cfg.num_virtual_stages_per_pipeline_rank,
             ep=cfg.expert_model_parallel_size, etp=cfg.expert_tensor_parallel_size,
             first_stage_layers=cfg.decoder_first_pipeline_num_layers,
             last_stage_layers=cfg.decoder_last_pipeline_num_layers, platform=detect_platform())
-        if cfg.use_kl_loss:  # the initial weights (--ref-load when given, as in slime)
+        if cfg.needs_reference:  # the initial weights (--ref-load when given, as in slime)
             self.trainer.load_reference(self.hf_dir)
         self.layout = self.trainer.layout
         self.rank = dist.get_rank()
@@ -405,7 +408,7 @@ class _Loop:
         mine = rank_batch(batch, schedule_for(batch, self.layout.scheduler_layout(), policy),
                           dp_rank=self.trainer.dp_rank, cp_rank=self.trainer.cp_rank,
                           cp_size=self.layout.cp, loss_mode=self.cfg.effective_loss_mode,
-                          norm=self._loss_norm())
+                          norm=self._loss_norm(), row_multiple=self.trainer.row_multiple)
         records = [mb for step in mine.steps for mb in step.microbatches]
         old = self.trainer.compute_log_probs(records, mine.num_response_tokens)
         gap = GapMeter()
@@ -431,7 +434,8 @@ class _Loop:
         schedule = plan.schedule
         mine = share_batch(share, schedule, plan.mask_sums, dp_rank=self.trainer.dp_rank,
                            cp_rank=self.trainer.cp_rank, cp_size=self.layout.cp,
-                           loss_mode=self.cfg.effective_loss_mode, norm=self._loss_norm())
+                           loss_mode=self.cfg.effective_loss_mode, norm=self._loss_norm(),
+                           row_multiple=self.trainer.row_multiple)
         del self.trainer.trace[:]
         results, gap, corrections = [], GapMeter(), {}
         if mine.steps:
@@ -494,7 +498,8 @@ class _Loop:
             self._check_gap(rid, gap)
             metrics = offpolicy.mismatch(records, old, self.trainer.owns_loss)
         ref = (self.trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens,
-                                              reference=True) if self.cfg.use_kl_loss else None)
+                                              reference=True)
+               if self.cfg.needs_reference else None)
         mine = with_log_probs(mine, old_log_probs=old, ref_log_probs=ref,
                               old_from_step=1 if shortcut else 0)
         if self.rejection is not None:

@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 
 from vime_pure.errors import VimeError, field_error
-from vime_shell.loop.settings.moe_architecture import given_values, moe_hf_values
+from vime_shell.loop.settings.moe_architecture import given_values, hf_num_experts, moe_hf_values
 
 
 class ModelArgsError(VimeError):
@@ -81,8 +81,10 @@ class MegatronSwitchArgs:
                                          "forward (vime always trains without dropout)",
                                          "megatron")
     hidden_dropout: float | None = _f("must be 0 (see --attention-dropout)", "megatron")
-    sequence_parallel: bool | None = _f("accepted; vime turns it on with TP on "
-                                        "TransformerEngine and off on the local spec", "megatron")
+    sequence_parallel: bool | None = _f("Megatron's sequence parallelism with TP > 1 on "
+                                        "TransformerEngine (packed rows padded to a multiple "
+                                        "of TP); off at TP 1 (as in Megatron) and on the local "
+                                        "spec (a launch note says which)", "megatron")
     attention_softmax_in_fp32: bool | None = _f("accepted; always on in vime", "megatron")
     accumulate_allreduce_grads_in_fp32: bool | None = _f("accepted; always on in vime "
                                                          "(fp32 gradient reduce)", "megatron")
@@ -199,8 +201,10 @@ class PlacementArgs:
                                   f"launch with torchrun {torchrun} {value}, or drop the flag")
 
 
+# wired where they have a meaning (sequence_parallel's note: cli/train.launch_notes)
 NOTED = tuple(f.name for f in attrs.fields(MegatronSwitchArgs)
-              if f.name not in ("optimizer", "attention_dropout", "hidden_dropout"))
+              if f.name not in ("optimizer", "attention_dropout", "hidden_dropout",
+                                "sequence_parallel"))
 
 
 def notes(cfg: Any) -> list[str]:
@@ -235,7 +239,7 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
         "swiglu": act in ("silu", "swish") if act else None,
         "add_qkv_bias": bool(qkv_bias),
         "untie_embeddings_and_output_weights": not hf.get("tie_word_embeddings", True),
-        "num_experts": hf.get("num_experts", hf.get("n_routed_experts")),
+        "num_experts": hf_num_experts(hf),
         "moe_ffn_hidden_size": hf.get("moe_intermediate_size"),
         "moe_shared_expert_intermediate_size": hf.get("shared_expert_intermediate_size"),
     }

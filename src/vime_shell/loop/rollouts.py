@@ -262,6 +262,10 @@ class RolloutProducer:
                 lambda: (len(kept) >= need, next_group), pending=error)
             if done:
                 break
+            if self.is_rank0 and rounds < cfg.dynamic_sampling_max_rounds:  # a long rollout
+                log.info("dynamic sampling: rollout %d has %d of the %d prompt groups it "
+                         "needs after round %d (%.1f s); generating another round", rid,
+                         len(kept), need, rounds - 1, time.perf_counter() - started)
         if not self.is_rank0:
             return None
         filled = dropped[:need - len(kept)] if cfg.dynamic_sampling_fill_filtered else []

@@ -10,18 +10,21 @@ otherwise). At the end,
 ``curves.png`` (reward, loss, entropy and gradient norm per rollout; on-policy GRPO's loss
 is ~0 by construction, entropy and gradient norm show the learning) and ``schedule.png``
 (per-rank micro-batch token loads of the last rollout's first step) are drawn with
-:mod:`vime_shell.loop.plots`.
+:mod:`vime_shell.loop.plots`. On a terminal the progress bar stays at the bottom: progress
+lines, log records and Python warnings print above it (:func:`lines_above_bar`).
 
 Example line (the demo's rollout 0): ``{"rollout": 0, "reward_mean": 0.0, "loss": 0.0,
 "num_groups": 128, "num_microbatches": 1, "logprob_gap": 1.0e-07, "entropy": 2.92,
 "dp_imbalance": 1.0, "tokens_per_s": 1815.0, ...}``.
 """
 
+import contextlib
 import json
 import logging
 import math
 import sys
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from tqdm import tqdm
@@ -98,8 +101,10 @@ class RunLogger:
         self._tb = _tensorboard(self.run_dir / TENSORBOARD)
         if wandb is not None:
             self._wandb = _wandb_run(self.run_dir, wandb)
+        self._routing = contextlib.ExitStack()
         if sys.stderr.isatty() if progress is None else progress:
             self._bar = tqdm(total=total, initial=start, unit="rollout", dynamic_ncols=True)
+            self._routing.enter_context(lines_above_bar())
 
     @property
     def has_progress_bar(self) -> bool:
@@ -158,6 +163,7 @@ class RunLogger:
         if not self.enabled:
             return []
         self._file.close()
+        self._routing.close()
         if self._bar is not None:
             self._bar.close()
         if self._tb is not None:
@@ -175,6 +181,58 @@ class RunLogger:
             out += _plotted(lambda: plot_step_loads(last_schedule, self.run_dir / SCHEDULE_PLOT,
                                                     step=0))
         return out
+
+
+class _AboveBar(logging.Handler):
+    """A console handler's twin (level, formatter, filters) that prints with ``tqdm.write``."""
+
+    def __init__(self, like: logging.Handler, stream):
+        super().__init__(like.level)
+        self.setFormatter(like.formatter)
+        self.filters = list(like.filters)
+        self.stream = stream
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 - logging never raises into the run
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def lines_above_bar() -> Iterator[None]:
+    """While the progress bar is drawn, every line bound for the terminal goes above it
+    (``tqdm.write``: clear the bar, print, redraw) instead of into it: each console handler
+    of every logger (vime's warnings and notes, transformers', the last-resort handler of
+    loggers without one) and Python warnings (a library's ``warnings.warn``). Other handlers
+    (files) are left alone; everything is restored afterwards. Example: a ``UserWarning`` at
+    rollout 3 prints as its own line, and the bar below it still reads ``3/10``."""
+    consoles = {id(sys.stdout), id(sys.stderr)}
+    loggers = [logging.root, *(x for x in logging.root.manager.loggerDict.values()
+                               if isinstance(x, logging.Logger) and x.handlers)]
+    saved = [(logger, logger.handlers) for logger in loggers]
+    shown, last_resort = warnings.showwarning, logging.lastResort
+
+    def above(handler: logging.Handler) -> logging.Handler:
+        stream = getattr(handler, "stream", None)
+        is_console = isinstance(handler, logging.StreamHandler) and id(stream) in consoles
+        return _AboveBar(handler, stream) if is_console else handler
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = warnings.formatwarning(message, category, filename, lineno, line)
+        tqdm.write(text.rstrip("\n"), file=sys.stderr)
+
+    try:
+        for logger, handlers in saved:
+            logger.handlers = [above(h) for h in handlers]
+        if last_resort is not None:
+            logging.lastResort = _AboveBar(last_resort, sys.stderr)
+        warnings.showwarning = show
+        yield
+    finally:
+        for logger, handlers in saved:
+            logger.handlers = handlers
+        warnings.showwarning, logging.lastResort = shown, last_resort
 
 
 LOG_PANELS = frozenset({"logprob_gap"})  # spans decades (1e-7 healthy, 1e-3 a missed sync)

@@ -102,9 +102,24 @@ UNSUPPORTED: dict[str, str] = {
 }
 
 
+# slime's choices that vime's choice lists lack: "--flag value" -> the reason or equivalent
+UNSUPPORTED_VALUES: dict[str, str] = {
+    "--advantage-estimator ppo": "PPO needs a critic (value model); use grpo, gspo or "
+    "reinforce_plus_plus_baseline",
+    "--advantage-estimator cispo": "use gspo or grpo with --eps-clip-high",
+    "--advantage-estimator reinforce_plus_plus": "per-token discounted returns; use "
+    "reinforce_plus_plus_baseline (with --kl-coef for its KL in the reward)",
+    "--rm-type ifbench": "IFBench's instruction checkers (and their language packages) are "
+    "not bundled; pass them as --custom-rm-path",
+    "--rm-type random": "a random reward trains nothing; use --custom-rm-path for a stub",
+    "--train-backend fsdp": "vime trains with Megatron-core only",
+}
+
+
 def unsupported_line(flag: str) -> str | None:
-    """The table's line for ``flag``, or None when it is not in the table."""
-    why = UNSUPPORTED.get(flag)
+    """The table's line for ``flag`` (or ``"--flag value"`` for a refused choice), or None
+    when it is not in the table."""
+    why = UNSUPPORTED.get(flag) or UNSUPPORTED_VALUES.get(flag)
     return None if why is None else f"{flag}: not supported in vime ({why})"
 
 

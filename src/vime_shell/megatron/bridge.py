@@ -74,9 +74,10 @@ def read_hf_config(hf_dir: str | Path):
 
 
 def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = ModelOptions(),
-                layout: TrainLayout | None = None):
+                layout: TrainLayout | None = None, sequence_parallel: bool = False):
     """An mbridge ``Bridge`` for ``hf_dir`` with the platform's adjustments (module docstring),
-    the run's recompute / MoE ``options`` and ``layout``'s uneven pipeline stages.
+    the run's recompute / MoE ``options``, ``layout``'s uneven pipeline stages and Megatron's
+    sequence parallelism (as ``layout.sequence_parallel_on`` decided it).
 
     Needs Megatron's parallel state to be initialised (it reads TP/PP/VPP/EP sizes from it).
     """
@@ -86,8 +87,11 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     except ValueError as exc:
         raise ModelLoadError(f"model_type={config.model_type!r}: {exc}. Fix: use a Qwen2/Qwen3/"
                              "Llama-family checkpoint.") from None
-    bridge.set_extra_args(**platform.transformer_overrides(), **router_fields(config),
-                          **_stage_fields(layout), **options.transformer_fields())  # adj. 5
+    # Adjustment 5 is the platform's overrides; they come last, so a field the run's options
+    # also set (moe_router_fusion=False under routing replay) takes the platform's value.
+    bridge.set_extra_args(**{**options.transformer_fields(), **router_fields(config),
+                             **_stage_fields(layout),
+                             **platform.transformer_overrides(sequence_parallel)})
     bridge.hf_dir = Path(hf_dir)
     _adjust_rope(bridge, config)
 

@@ -77,6 +77,7 @@ class TrainerConfig:
     loss: LossConfig = attrs.field(factory=LossConfig)
     model: ModelOptions = attrs.field(factory=ModelOptions)  # recompute, MoE router
     recompute_loss_function: bool = False  # --recompute-loss-function (objective.py)
+    sequence_parallel: bool = False  # --sequence-parallel, as requested (the trainer decides)
     seed: int = 1234
 
 

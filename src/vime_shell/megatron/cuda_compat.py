@@ -23,8 +23,10 @@ What it does (and nothing else):
    numpy arrays for CPU tensors too (gloo's ``all_to_all_single`` rejects tensors there at
    EP >= 2); A3 the backward pass (``torch.autograd.backward``, ``Tensor.backward``) answers
    ``torch.cuda.current_device()`` with the CPU device: it runs with this mode popped (the mode
-   pops itself while it handles a call), and the EP all-to-all / all-gather backward and a
-   recomputed router allocate on ``current_device()``; A4 ``CheckpointWithoutOutput`` (selective
+   pops itself while it handles a call), and the EP all-to-all / all-gather backward, a
+   recomputed router and, with more TP ranks than KV heads, the backward of the QKV
+   all-gather (a reduce-scatter) allocate on ``current_device()`` (without A3: "Cannot
+   access accelerator device" at TP2 over 1 KV head; ``tests/shell/test_tied_embeddings.py``); A4 ``CheckpointWithoutOutput`` (selective
    ``layernorm`` recompute) turns its fp8 flag off, which 0.16.1 sets True for ``fp8=False``.
 
 ``torch.cuda.is_available()`` stays False, so code that branches on it keeps its CPU path.

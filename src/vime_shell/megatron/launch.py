@@ -78,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 seed=args.seed)
         schedule = synthetic_schedule(batch, trainer.layout, global_batch_size=8)
         results = trainer.train(rank_batch(batch, schedule, dp_rank=trainer.dp_rank,
-                                           cp_rank=trainer.cp_rank, cp_size=trainer.layout.cp))
+                                           cp_rank=trainer.cp_rank, cp_size=trainer.layout.cp,
+                                           row_multiple=trainer.row_multiple))
     except (VimeError, OSError, UnicodeDecodeError) as exc:  # one line, exit 2, as `vime`
         print(f"{type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

@@ -1,16 +1,23 @@
 """The parallel layout the trainer runs, resolved from Megatron/slime sizes (torch-free).
 
 ``resolve_layout`` turns ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
-``--context-parallel-size``, ``--num-layers-per-virtual-pipeline-stage``,
-``--expert-model-parallel-size``, ``--expert-tensor-parallel-size``,
-``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` and the world
-size into
+``--context-parallel-size``, ``--num-layers-per-virtual-pipeline-stage`` or
+``--num-virtual-stages-per-pipeline-rank``, ``--expert-model-parallel-size``,
+``--expert-tensor-parallel-size``, ``--decoder-first-pipeline-num-layers`` /
+``--decoder-last-pipeline-num-layers`` and the world size into
 a :class:`TrainLayout`, and rejects with :class:`UnsupportedLayoutError` what the machine or the
 model cannot run, before torch or Megatron is imported (launch checks run in well under a
 second).
 
+Virtual stages with uneven first/last stages follow Megatron-LM: the count is given per
+pipeline rank (``--num-virtual-stages-per-pipeline-rank``; layers per virtual stage would differ
+between stages) and must divide every stage's layer count (Megatron's
+``num_layers_in_first_pipeline_stage % virtual_pipeline_model_parallel_size``).
+
 Example: world size 4, ``tp=1, pp=2``, 4 layers, ``num_layers_per_virtual_stage=1`` gives
-``dp=2, vpp=2, microbatch_group=2``; ``cp=2`` without TransformerEngine raises.
+``dp=2, vpp=2, microbatch_group=2``; ``cp=2`` without TransformerEngine raises. 6 layers at
+``pp=2`` with ``first_stage_layers=4`` and ``num_virtual_stages=2`` gives chunks of 2 layers on
+stage 0 and of 1 layer on stage 1.
 """
 
 import importlib.util
@@ -75,6 +82,7 @@ def resolve_layout(
     pp: int = 1, cp: int = 1, num_layers_per_virtual_stage: int | None = None, ep: int = 1,
     etp: int | None = None, num_experts: int | None = None,
     first_stage_layers: int | None = None, last_stage_layers: int | None = None,
+    num_virtual_stages: int | None = None,
 ) -> TrainLayout:
     """Check the requested sizes against the world size, the model and the platform.
 
@@ -107,7 +115,11 @@ def resolve_layout(
             "evenly over the pipeline stages. Fix: use a pp that divides the layer count, or "
             "set --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers.")
     vpp, group = 1, None
-    if num_layers_per_virtual_stage is not None:
+    if num_virtual_stages is not None:
+        vpp = _virtual_stages(num_virtual_stages, num_layers, pp, first_stage_layers,
+                              last_stage_layers, num_layers_per_virtual_stage)
+        group = pp if vpp > 1 else None
+    elif num_layers_per_virtual_stage is not None:
         per = _require_positive("num_layers_per_virtual_pipeline_stage",
                                 num_layers_per_virtual_stage,
                                 "--num-layers-per-virtual-pipeline-stage")
@@ -158,8 +170,9 @@ def _check_uneven(num_layers: int, pp: int, first: int | None, last: int | None,
             "--decoder-first/last-pipeline-num-layers.")
     if per_virtual is not None:
         raise UnsupportedLayoutError(
-            "num_layers_per_virtual_pipeline_stage: vime does not combine virtual stages with "
-            "uneven first/last stages yet. Fix: drop one of the two.")
+            "num_layers_per_virtual_pipeline_stage: with uneven first/last stages the layers "
+            "per virtual stage differ between stages (Megatron-LM refuses it too). Fix: give "
+            "the virtual stages per pipeline rank, --num-virtual-stages-per-pipeline-rank.")
     rest, middle = num_layers - (first or 0) - (last or 0), pp - set_count
     if rest < 0 or (middle and (rest < middle or rest % middle)) or (not middle and rest):
         raise UnsupportedLayoutError(
@@ -167,6 +180,25 @@ def _check_uneven(num_layers: int, pp: int, first: int | None, last: int | None,
             f"{last}: the other {middle} stage(s) cannot split the remaining {rest} of "
             f"{num_layers} layers evenly. Fix: choose first/last so that the rest divides "
             f"by {middle or 'zero stages: first + last must equal the layer count'}.")
+
+
+def _virtual_stages(count: object, num_layers: int, pp: int, first: int | None,
+                    last: int | None, per_virtual: int | None) -> int:
+    """``--num-virtual-stages-per-pipeline-rank``: the model chunks of every pipeline rank."""
+    count = _require_positive("num_virtual_stages_per_pipeline_rank", count,
+                              "--num-virtual-stages-per-pipeline-rank")
+    if per_virtual is not None:
+        raise UnsupportedLayoutError(
+            "num_virtual_stages_per_pipeline_rank: set together with "
+            "--num-layers-per-virtual-pipeline-stage. Fix: pass one of the two.")
+    stages = TrainLayout(world_size=pp, dp=1, pp=pp, first_stage_layers=first,
+                         last_stage_layers=last).stage_layers(num_layers)
+    if pp < 2 or any(n % count for n in stages):
+        raise UnsupportedLayoutError(
+            f"num_virtual_stages_per_pipeline_rank={count}: needs pp >= 2 and to divide every "
+            f"pipeline stage's layer count (here {list(stages)}). Fix: pick a common divisor, "
+            "or change --decoder-first/last-pipeline-num-layers.")
+    return count
 
 
 def world_size_from_env() -> int:
@@ -201,6 +233,15 @@ def cuda_available() -> bool:
 def transformer_engine_available() -> bool:
     """True when ``transformer_engine`` is importable (found without importing it)."""
     return importlib.util.find_spec("transformer_engine") is not None
+
+
+def sequence_parallel_on(requested: bool, *, tp: int, cp: int, transformer_engine: bool) -> bool:
+    """Whether ``--sequence-parallel`` turns Megatron's sequence parallelism on: only with
+    TP > 1 (Megatron turns it off at TP 1), TransformerEngine (the local spec's torch norms
+    cannot run sequence-parallel) and CP 1 (the row padding it needs is not wired into the CP
+    chunks yet). Example: ``sequence_parallel_on(True, tp=2, cp=1, transformer_engine=False)``
+    is False."""
+    return bool(requested) and tp > 1 and cp == 1 and transformer_engine
 
 
 def context_parallel_available() -> bool:

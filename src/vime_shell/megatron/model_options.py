@@ -108,6 +108,10 @@ class ModelOptions:
             raise field_error(ModelOptionsError, "--recompute-granularity", "selective",
                               "takes no --recompute-method / --recompute-num-layers",
                               "drop them, or use --recompute-granularity full")
+        if self.moe_enable_routing_replay and self.moe_router_load_balancing_type == "sinkhorn":
+            raise field_error(ModelOptionsError, "--moe-router-load-balancing-type", "sinkhorn",
+                              "routes without top-k, so --use-rollout-routing-replay cannot "
+                              "replay it", "use aux_loss, seq_aux_loss or none")
         if "moe_act" in (self.recompute_modules or ()) and not self.moe_grouped_gemm:
             raise field_error(ModelOptionsError, "--recompute-modules", "moe_act",
                               "needs --moe-grouped-gemm (a GPU-only expert kernel)",
@@ -126,4 +130,5 @@ class ModelOptions:
                 out[f.name] = list(value) if f.name == "recompute_modules" else value
         if self.moe_enable_routing_replay:
             out["moe_enable_routing_replay"] = True
+            out["moe_router_fusion"] = False  # TE's fused top-k never consults RouterReplay
         return out

@@ -43,7 +43,7 @@ from vime_pure.denominators import megatron_loss_scale
 from vime_pure.errors import LossConfigError, field_error
 from vime_pure.policy_config import LossConfig
 from vime_pure.torch_ops.loss import microbatch_losses
-from vime_pure.torch_ops.policy_loss import policy_loss, tis_weights
+from vime_pure.torch_ops.policy_loss import kl_shaped_advantages, policy_loss, tis_weights
 from vime_shell.megatron.tensors import MicroBatchTensors
 
 STEP_KEYS: tuple[str, ...] = ("loss", "pg_loss", "kl", "entropy", "clipfrac")  # divided by C
@@ -113,7 +113,15 @@ def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossCo
                               "needs the engine's rollout log-probs, which this batch lacks",
                               "record rollout_log_probs in the rollout function, or drop --use-tis")
         tis = tis_weights(old, row.rollout_log_probs, cap=cfg.tis_clip, low=cfg.tis_clip_low)
-    terms = policy_loss(logp, old, row.advantages, ref_log_probs=row.ref_log_probs,
+    advantages = row.advantages
+    if cfg.reward_kl_coef:  # --kl-coef: slime's KL in the reward (REINFORCE++-baseline)
+        if row.ref_log_probs is None:
+            raise field_error(LossConfigError, "reward_kl_coef", cfg.reward_kl_coef,
+                              "needs the reference log-probs, which this batch lacks",
+                              "load the reference model (the loop does for --kl-coef)")
+        advantages = kl_shaped_advantages(advantages, old, row.ref_log_probs,
+                                          coef=cfg.reward_kl_coef, kind=cfg.kl_kind)
+    terms = policy_loss(logp, old, advantages, ref_log_probs=row.ref_log_probs,
                         kl_coef=cfg.kl_coef, kl_kind=cfg.kl_kind, eps_clip=cfg.eps_clip,
                         eps_clip_high=cfg.eps_clip_high, dual_clip=cfg.dual_clip,
                         entropy=entropy, entropy_coef=cfg.entropy_coef, tis=tis,

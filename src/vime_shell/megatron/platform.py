@@ -46,15 +46,16 @@ class Platform:
     def supports_context_parallel(self) -> bool:
         return self.transformer_engine
 
-    def transformer_overrides(self) -> dict[str, object]:
-        """TransformerConfig fields this platform forces (local spec: no fusions, no SP)."""
+    def transformer_overrides(self, sequence_parallel: bool = False) -> dict[str, object]:
+        """TransformerConfig fields this platform forces (local spec: no fusions, no SP);
+        ``sequence_parallel`` is what ``layout.sequence_parallel_on`` decided."""
         common: dict[str, object] = dict(
             hidden_dropout=0.0, attention_dropout=0.0, variable_seq_lengths=True,
             params_dtype=self.dtype, pipeline_dtype=self.dtype,
             bf16=self.dtype is torch.bfloat16, fp16=False,
         )
         if self.transformer_engine:
-            return common
+            return dict(common, sequence_parallel=sequence_parallel)
         # Megatron's local (torch) spec: no TE/Apex kernels, so no fusions and no SP with torch
         # norms; on CPU also CPU initialisation.
         return dict(

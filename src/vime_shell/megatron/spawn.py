@@ -12,6 +12,7 @@ import os
 import pickle
 import socket
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,13 +40,21 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float = 600.0) -> list:
     """Run ``fn(rank, *args)`` in ``world_size`` fresh processes with a torchrun-like env.
 
     ``fn`` must be importable (module level). Returns each rank's return value, rank order.
-    A failing rank raises ``RuntimeError`` carrying its traceback.
+    A failing rank raises ``RuntimeError`` carrying its traceback; ranks still running after
+    ``timeout`` seconds are killed and raise ``TimeoutError`` (a hang fails, never blocks).
     """
     with tempfile.TemporaryDirectory(prefix="vime-spawn-") as out_dir:
         ctx = mp.start_processes(_worker, args=(world_size, free_port(), out_dir, fn, args),
                                  nprocs=world_size, join=False, start_method="spawn")
-        while not ctx.join(timeout=timeout):
-            pass
+        deadline = time.monotonic() + timeout
+        while not ctx.join(timeout=max(deadline - time.monotonic(), 0.0)):
+            if time.monotonic() >= deadline:  # a hung rank fails the caller, never blocks it
+                alive = [r for r, p in enumerate(ctx.processes) if p.is_alive()]
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                raise TimeoutError(f"spawn: ranks {alive} still running after {timeout:g} s "
+                                   "(killed)")
         results = []
         for rank in range(world_size):
             with open(Path(out_dir) / f"{rank}.pkl", "rb") as f:

@@ -14,7 +14,8 @@ this module adds only what depends on the platform:
   batch steps (128 samples of ~5 tokens) that is 640**2 against 128 * 6**2 scores. Both give
   each sample the same attention (RoPE is relative, so where a sample starts does not matter);
 - ``logit_index`` and ``labels`` in the flat ``[rows * columns]`` order of the model's output,
-  so the objective indexes both layouts alike;
+  so the objective indexes both layouts alike; ``routed_experts`` (routing replay) in the
+  sequence-major order Megatron's routers see (:mod:`vime_shell.megatron.routing_replay`);
 - device placement.
 
 Example: a record of samples of 2 and 3 tokens gives ``tokens [1, 5]`` and a mask whose row 4
@@ -33,6 +34,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from vime_pure.data.microbatch import TrainMicroBatch
 from vime_pure.errors import VimeError, field_error
 from vime_pure.scheduling.flops import FlopsModel
+from vime_shell.megatron.routing_replay import routes_in_model_order
 
 Layout = Literal["mask", "padded", "thd"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
@@ -56,6 +58,7 @@ class MicroBatchTensors:
     rollout_log_probs: torch.Tensor | None
     old_log_probs: torch.Tensor | None
     ref_log_probs: torch.Tensor | None
+    routed_experts: torch.Tensor | None = None  # [tokens, e] int16, the router's token order
 
     @property
     def num_tokens(self) -> int:
@@ -89,7 +92,7 @@ def to_tensors(record: TrainMicroBatch, layout: Layout,
 
     seq = record.seq_lengths.tolist()
     tokens, positions, labels = record.tokens, record.positions, record.labels
-    logit_index, mask = record.logit_index, None
+    logit_index, mask, flat = record.logit_index, None, None
     if layout == "padded":
         width = max(seq)
         flat = np.repeat(np.arange(len(seq), dtype=np.int64), seq) * width + positions
@@ -110,7 +113,9 @@ def to_tensors(record: TrainMicroBatch, layout: Layout,
         loss_mask=tensor(record.loss_mask), advantages=tensor(record.advantages),
         denominators=tensor(record.denominators),
         rollout_log_probs=tensor(record.rollout_log_probs),
-        old_log_probs=tensor(record.old_log_probs), ref_log_probs=tensor(record.ref_log_probs))
+        old_log_probs=tensor(record.old_log_probs), ref_log_probs=tensor(record.ref_log_probs),
+        routed_experts=tensor(None if record.routed_experts is None else routes_in_model_order(
+            record.routed_experts, seq, flat)))
 
 
 def cpu_layout(seq_lengths: Sequence[int], flops: FlopsModel) -> Layout:

@@ -16,7 +16,10 @@ Wiring that matters (each is silently wrong when missing):
 - ``opt_param_scheduler.step(increment=G_s)``, so a partial step of 8 groups moves the schedule
   by 8, not by a full step;
 - under ``overlap_param_gather`` the all-gather of updated shards waits for the next forward,
-  so export and checkpoint force it first (else ranks read stale shards).
+  so export and checkpoint force it first (else ranks read stale shards);
+- under ``--use-rollout-routing-replay`` every chunk's routers get the record's routes right
+  before that chunk's forward, and the pending routes are cleared after every schedule run
+  (:mod:`vime_shell.megatron.routing_replay`).
 
 Invariants (tested in ``tests/shell``): final loss and parameters after k steps are equal across
 DP1, DP2, DP2 + distributed optimizer + overlap, TP2, PP2 and PP2xVPP2 (fp32, 1e-5); the
@@ -26,7 +29,8 @@ Example::
 
     trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=OptimConfig(lr=1e-4)))
     mine = rank_batch(batch, schedule, dp_rank=trainer.dp_rank, cp_rank=trainer.cp_rank,
-                      cp_size=trainer.layout.cp, loss_mode="group_token_mean")
+                      cp_size=trainer.layout.cp, loss_mode="group_token_mean",
+                      row_multiple=trainer.row_multiple)
     logps = trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens)
     results = trainer.train(with_log_probs(mine, old_log_probs=logps))  # one per step
 """
@@ -58,13 +62,14 @@ from vime_pure.scheduling.flops import FlopsModel
 from vime_shell.megatron.config import OptimConfig, StepResult, TrainerConfig  # noqa: F401
 from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.megatron.layout import (TrainLayout, UnsupportedLayoutError, resolve_layout,
-                                        world_size_from_env)
+                                        sequence_parallel_on, world_size_from_env)
 from vime_shell.megatron.moe_bridge import num_experts_of
 from vime_shell.megatron.offload import OffloadReport, StorageOffload, trainer_tensors
 from vime_shell.engines.sync import buckets
 from vime_shell.megatron.objective import (STEP_KEYS, TIS_KEYS, TOKEN_KEYS, loss_factor,
                                            microbatch_objective, response_log_probs)
 from vime_shell.megatron.platform import Platform, detect_platform, initialize_parallel
+from vime_shell.megatron.routing_replay import RouteReplayer
 from vime_shell.megatron.tensors import Layout, MicroBatchTensors, cpu_layout, to_tensors
 
 
@@ -84,7 +89,13 @@ class MegatronTrainer:
     def __init__(self, hf_dir: str | Path, platform: Platform, layout: TrainLayout,
                  config: TrainerConfig = TrainerConfig()):
         self.platform, self.layout, self.config = platform, layout, config
-        self.bridge = make_bridge(hf_dir, platform, config.model, layout)
+        self.sequence_parallel = sequence_parallel_on(
+            config.sequence_parallel, tp=layout.tp, cp=layout.cp,
+            transformer_engine=platform.transformer_engine)
+        # Sequence parallelism splits each packed row over the TP ranks: rows are padded to it.
+        self.row_multiple = layout.tp if self.sequence_parallel else 1
+        self.bridge = make_bridge(hf_dir, platform, config.model, layout,
+                                  sequence_parallel=self.sequence_parallel)
         # The forward FLOPs model picks each record's cheaper CPU attention layout (tensors.py).
         self.flops = FlopsModel.from_hf_config(self.bridge.hf_config,
                                                config.model.moe_router_topk)
@@ -101,18 +112,23 @@ class MegatronTrainer:
         self.reference: list[torch.nn.Module] | None = None  # frozen chunks, for the KL penalty
         self._offload = StorageOffload()
         self.offload_report: OffloadReport | None = None
+        # --use-rollout-routing-replay: the routers take the engine's experts (routing_replay)
+        self.replay = (RouteReplayer(self.bridge.config, mpu.get_tensor_model_parallel_rank(),
+                                     layout.tp)
+                       if config.model.moe_enable_routing_replay else None)
 
     @classmethod
     def from_hf(cls, hf_dir: str | Path, config: TrainerConfig = TrainerConfig(), *,
                 tp: int = 1, pp: int = 1, cp: int = 1,
                 num_layers_per_virtual_stage: int | None = None, ep: int = 1,
                 etp: int | None = None, first_stage_layers: int | None = None,
-                last_stage_layers: int | None = None,
+                last_stage_layers: int | None = None, num_virtual_stages: int | None = None,
                 platform: Platform | None = None) -> "MegatronTrainer":
         """Detect the platform (unless given), resolve the layout for the launched world,
         initialise distributed + Megatron parallel state, build. Flags map 1:1 to Megatron's
         ``--tensor-model-parallel-size`` etc. (``ep``: ``--expert-model-parallel-size``,
-        ``first_stage_layers``: ``--decoder-first-pipeline-num-layers``); a layout the
+        ``first_stage_layers``: ``--decoder-first-pipeline-num-layers``,
+        ``num_virtual_stages``: ``--num-virtual-stages-per-pipeline-rank``); a layout the
         platform cannot run raises ``UnsupportedLayoutError`` before anything is built."""
         platform = platform or detect_platform()
         world = dist.get_world_size() if dist.is_initialized() else world_size_from_env()
@@ -129,7 +145,8 @@ class MegatronTrainer:
                                 num_layers_per_virtual_stage=num_layers_per_virtual_stage,
                                 ep=ep, etp=etp, num_experts=num_experts_of(hf_config),
                                 first_stage_layers=first_stage_layers,
-                                last_stage_layers=last_stage_layers)
+                                last_stage_layers=last_stage_layers,
+                                num_virtual_stages=num_virtual_stages)
         initialize_parallel(layout, platform, seed=config.seed)
         return cls(hf_dir, platform, layout, config)
 
@@ -186,6 +203,8 @@ class MegatronTrainer:
                                   f"({self.cp_rank}/{self.layout.cp})",
                                   "build records with rank_batch(..., cp_size=trainer.layout.cp, "
                                   "cp_rank=trainer.cp_rank)")
+            if self.replay is not None:
+                self.replay.check(r)
         return [to_tensors(r, self.layout_of(r), self.device) for r in records]
 
     def layout_of(self, record: TrainMicroBatch) -> Layout:
@@ -205,6 +224,8 @@ class MegatronTrainer:
             if record_step is not None and model is self.model[0]:
                 self.trace.append((record_step, tuple(row.record.sample_indices.tolist()),
                                    row.num_tokens))
+            if self.replay is not None:
+                self.replay.before_forward(model, row.routed_experts)
             # No labels: the last stage returns vocab-parallel logits [rows, T, V/tp], of which the
             # loss needs only the rows that predict response tokens.
             with native_torch(model=True):  # no CUDA name in the forward: skip the CPU mode
@@ -222,11 +243,15 @@ class MegatronTrainer:
                               f"interleaved schedule (vpp={self.layout.vpp}) needs",
                               "build the records from a Schedule planned for this layout "
                               "(TrainLayout.scheduler_layout())")
-        return get_forward_backward_func()(
-            forward_step_func=self._forward_step(loss_fn, record_step),
-            data_iterator=self._iterators(rows), model=model or self.model,
-            num_microbatches=len(rows), seq_length=max(r.seq_length for r in rows),
-            micro_batch_size=1, forward_only=forward_only)
+        try:
+            return get_forward_backward_func()(
+                forward_step_func=self._forward_step(loss_fn, record_step),
+                data_iterator=self._iterators(rows), model=model or self.model,
+                num_microbatches=len(rows), seq_length=max(r.seq_length for r in rows),
+                micro_batch_size=1, forward_only=forward_only)
+        finally:
+            if self.replay is not None:
+                self.replay.clear()
 
     # -- steps -------------------------------------------------------------------------------
     def train_step(self, step: StepBatch,

@@ -30,11 +30,12 @@ CORPUS = [f"What is {a} + {b}? Put the final answer in \\boxed{{}}. The answer i
 def build_chat_model(path: Path, vocab_size: int = 400, *, eos_token: str = "<|im_end|>",
                      tie_word_embeddings: bool = False, num_layers: int = 2,
                      generation_eos: bool = True, vocab_multiple: int = 1,
-                     num_kv_heads: int = 1) -> Path:
+                     num_kv_heads: int = 1, max_position_embeddings: int = 512) -> Path:
     """Write the tokenizer and a random model to ``path``; returns it. ``generation_eos``:
     ``generation_config.json`` names the EOS (False leaves it out, like a base checkpoint);
     ``vocab_multiple``: pad the model's embedding rows to a multiple (Qwen's 151936 rows for
-    151665 tokens), so TP sizes divide them."""
+    151665 tokens), so TP sizes divide them; ``max_position_embeddings``: the context
+    (Qwen2.5-0.5B-Instruct's is 32768)."""
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -49,7 +50,7 @@ def build_chat_model(path: Path, vocab_size: int = 400, *, eos_token: str = "<|i
     rows = -(-len(fast) // vocab_multiple) * vocab_multiple
     spec = TinyModelSpec(vocab_size=rows, hidden_size=64, num_layers=num_layers,
                          num_heads=2, num_kv_heads=num_kv_heads, head_dim=32,
-                         intermediate_size=128,
+                         intermediate_size=128, max_position_embeddings=max_position_embeddings,
                          tie_word_embeddings=tie_word_embeddings, seed=5)
     model = random_hf_model(spec, pad_token_id=fast.pad_token_id, eos_token_id=fast.eos_token_id,
                             bos_token_id=None)

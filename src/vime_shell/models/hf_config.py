@@ -30,6 +30,7 @@ class HfConfigSummary:
     vocab_size: int
     max_position_embeddings: int | None
     num_attention_heads: int | None = None  # vLLM's TP size must divide it
+    num_key_value_heads: int | None = None  # None: as many as attention heads (MHA)
     num_experts: int | None = None  # routed experts of an MoE model; None: dense
     dtype: str | None = None  # "torch_dtype" (or transformers 5's "dtype"), e.g. "bfloat16"
 
@@ -47,6 +48,8 @@ def read_config_summary(hf_dir: str | Path) -> HfConfigSummary:
             max_position_embeddings=config.get("max_position_embeddings"),
             num_attention_heads=config.get("num_attention_heads") or text.get(
                 "num_attention_heads"),
+            num_key_value_heads=config.get("num_key_value_heads") or text.get(
+                "num_key_value_heads"),
             num_experts=next((int(v) for k in EXPERT_KEYS
                               if (v := config.get(k) or text.get(k))), None),
             dtype=_dtype_name(config.get("torch_dtype") or config.get("dtype")

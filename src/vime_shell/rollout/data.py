@@ -56,6 +56,7 @@ class DataKeys:
     apply_chat_template: bool = True
     any_label: bool = True
     flag_prefix: str = "--"  # how errors spell the key flags: "--eval-" for eval sets
+    rm_type: str | None = None  # the reward of every row (an --eval-config set's rm_type)
 
 
 def load_prompt_rows(path: str | Path, keys: DataKeys) -> tuple[TaskExample, ...]:
@@ -140,6 +141,8 @@ def _example(row: Any, keys: DataKeys, where: str) -> TaskExample:
         raise DataError(f"{where}: {keys.metadata_key} is a {type(metadata).__name__}, not a "
                         "dict. Fix: store metadata as a JSON object.")
     tools = None if keys.tool_key is None else row.get(keys.tool_key)
+    if keys.rm_type is not None:
+        metadata = {**metadata, "rm_type": keys.rm_type}
     return TaskExample(prompt=prompt, label=label, metadata=metadata, tools=tools)
 
 
@@ -217,13 +220,15 @@ def fit_prompts(rows: Sequence[TaskExample], wheres: Sequence[str], *,
         if max_prompt_len is not None and n > max_prompt_len:
             continue
         if context_len is not None and n + response_len > context_len:
-            drop = ("" if evaluation else ", or drop long prompts with "
-                    f"--rollout-max-prompt-len {max(context_len - response_len, 1)}")
+            # a response limit at or past the context leaves no prompt length to drop to
+            drop = ("" if evaluation or response_len >= context_len else ", or drop long "
+                    f"prompts with --rollout-max-prompt-len {context_len - response_len}")
+            lower = (f" to at most {context_len - n}" if response_len >= context_len else "")
             raise DataError(
                 f"{where}: the prompt has {n} tokens, and with {response_flag} {response_len} "
                 f"it exceeds the model's context of {context_len} tokens "
                 f"(config.json \"max_position_embeddings\"). Fix: shorten the prompt, lower "
-                f"{response_flag}{drop}.")
+                f"{response_flag}{lower}{drop}.")
         kept.append(row)
     return tuple(kept), len(rows) - len(kept)
 

@@ -13,6 +13,11 @@ exception, ``SystemExit`` or ``KeyboardInterrupt`` becomes a :class:`RewardFunct
 (``43`` or ``43.0`` in the dataset) is compared as a number: ``exact`` matches a response that
 is the same number (``"43"``, ``"43.0"``), ``math`` parses both sides.
 
+A built-in reward defers to the one a sample's ``metadata["rm_type"]`` names, as slime's does:
+a dataset row (through ``--metadata-key``) or an ``--eval-config`` set's ``rm_type`` picks
+its own reward (``{"rm_type": "math"}`` scores that row with ``math`` under ``--rm-type
+exact``); ``--custom-rm-path`` scores every sample itself.
+
 ``RM_TYPES`` is the registry of built-in rewards (``name -> "module:function"``); a module is
 imported only when its reward is chosen (``math`` pulls in sympy through ``math-verify``).
 
@@ -20,6 +25,7 @@ Example: ``Rewarder.build(rm_type="exact").score([s1, s2])`` with responses ``"7
 ``"11"`` against label ``"74"`` gives ``[1.0, 0.0]``.
 """
 
+import functools
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -101,6 +107,9 @@ class Rewarder:
     flag: str = "--custom-rm-path"
     timeout: float | None = None  # --reward-timeout: seconds per call
     concurrent: bool = False  # fn scores any list of samples at once (async per-sample rewards)
+    # built-in rewards only: the reward a sample's metadata["rm_type"] names (slime's per-row
+    # and per-eval-set reward), built on first use
+    typed: Callable[[str], "Rewarder"] | None = None
 
     @classmethod
     def build(cls, *, rm_type: str | None = None, custom_rm_path: str | None = None,
@@ -129,15 +138,31 @@ class Rewarder:
         call, group = adapt_reward(load_callable(RM_TYPES[base], flag="--rm-type"), args=args,
                                    group=False, flag="--rm-type", boxed=base != name,
                                    reward_key=reward_key or RM_REWARD_KEYS.get(base))
+
+        @functools.cache
+        def typed(kind: str) -> "Rewarder":  # a sample's own rm_type (metadata)
+            return cls.build(rm_type=kind, reward_timeout=reward_timeout, args=args,
+                             reward_key=reward_key, rm_url=rm_url)
+
         return cls(fn=call, group=group, name=name, flag="--rm-type", timeout=reward_timeout,
-                   concurrent=group)
+                   concurrent=group, typed=typed)
+
+    def _kind(self, sample: Any) -> str:
+        """The reward that scores ``sample``: its ``metadata["rm_type"]`` (slime's rule, for
+        built-in rewards), else this one's."""
+        meta = getattr(sample, "metadata", None)
+        kind = meta.get("rm_type") if isinstance(meta, dict) else None
+        return kind if self.typed is not None and isinstance(kind, str) and kind else self.name
+
+    def _mixed(self, samples: Sequence[Any]) -> bool:
+        return self.typed is not None and any(self._kind(s) != self.name for s in samples)
 
     def score_groups(self, groups: Sequence[Sequence[Any]],
                      where: Callable[[int], str]) -> list[list[float]]:
         """``score`` of every prompt group, ``where(p)`` naming group ``p``; a concurrent
         reward (slime's async per-sample ``rm``, ``--rm-url``) gets every sample of every
         group in flight at once instead of one prompt at a time."""
-        if not self.concurrent or len(groups) < 2:
+        if not self.concurrent or len(groups) < 2 or any(self._mixed(g) for g in groups):
             return [self.score(g, where=where(p)) for p, g in enumerate(groups)]
         flat = [s for g in groups for s in g]
         values = self._call(flat, f"{where(0)}..{where(len(groups) - 1)} (all samples)")
@@ -152,7 +177,11 @@ class Rewarder:
         return out
 
     def score(self, samples: Sequence[Any], *, where: str = "prompt") -> list[float]:
-        """Rewards of one prompt's samples, in order (see the module docstring)."""
+        """Rewards of one prompt's samples, in order (see the module docstring); a sample
+        whose metadata names another built-in ``rm_type`` is scored by that one."""
+        if self._mixed(samples):
+            return [self.typed(self._kind(s)).score([s], where=f"{where}, sample {k}")[0]
+                    for k, s in enumerate(samples)]
         if self.group:
             values = self._call(list(samples), f"{where} (group reward)")
             if not isinstance(values, Sequence) or len(values) != len(samples):

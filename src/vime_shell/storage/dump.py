@@ -10,8 +10,9 @@ tool, and pandas via ``pd.DataFrame({k: d[k] for k in per_sample_columns})``.
 ``header.json``: ``{"format": "vime.rollout_batch", "version": 2, "num_samples": n,
 "columns": {name: {"dtype": "<i4", "shape": [t]}}, "group_id_values": [...],
 "prompt_group_values": [...], "sha256": hex}``. The checksum covers the header (without the
-checksum) and every column's name, dtype, shape and bytes. ``rollout_log_probs`` is absent
-when the batch has none. An optional ``"annotations"`` list holds one JSON object per sample
+checksum) and every column's name, dtype, shape and bytes. ``rollout_log_probs`` and
+``rollout_routed_experts`` (a 2-D int16 ``[t, layers * topk]``) are absent when the batch has
+none. An optional ``"annotations"`` list holds one JSON object per sample
 (``label``, ``metadata``: what a person needs to read a reward, ``vime inspect``); readers
 that do not know it ignore it, so it needs no new version.
 
@@ -42,16 +43,17 @@ from typing import Any
 
 import numpy as np
 
-from vime_pure.data.batch import COLUMNS, RolloutBatch
+from vime_pure.data.batch import COLUMNS, OPTIONAL_COLUMNS, RolloutBatch
 from vime_pure.errors import DumpFormatError, VimeError
 from vime_shell.storage.files import FileKindError, atomic_file, require_regular_file
 
 FORMAT = "vime.rollout_batch"
 VERSION = 2
 VERSION_COLUMNS = ("weight_version_min", "weight_version_max")  # added in version 2
-# The columns of each readable version; a dump may omit rollout_log_probs (the batch had none).
+# The columns of each readable version; a dump omits the OPTIONAL_COLUMNS the batch lacks.
 COLUMNS_OF: dict[int, tuple[str, ...]] = {
-    1: tuple(c for c in COLUMNS if c not in VERSION_COLUMNS), 2: tuple(COLUMNS)}
+    1: tuple(c for c in COLUMNS if c not in (*VERSION_COLUMNS, "rollout_routed_experts")),
+    2: tuple(COLUMNS)}
 HEADER = "header.json"
 MAX_HEADER_BYTES = 64 << 20  # header.json: column specs and group ids, far below this
 MAX_NPY_HEADER_BYTES = 1 << 16  # numpy's .npy header is under 4 KiB in practice
@@ -138,13 +140,14 @@ def load_rollout_batch(path: str | os.PathLike) -> RolloutBatch:
         raise DumpFormatError(f"{where}: checksum mismatch: the file's contents changed after "
                               "it was written. Fix: restore the dump from a copy.")
     expected = set(COLUMNS_OF[header["version"]])
-    if not set(arrays) <= expected or not expected - {"rollout_log_probs"} <= set(arrays):
+    if not set(arrays) <= expected or not expected - set(OPTIONAL_COLUMNS) <= set(arrays):
         raise DumpFormatError(f"{where}: columns {sorted(arrays)} do not match the version "
                               f"{header['version']} set {sorted(expected)}. Fix: write it "
                               "with save_rollout_batch.")
     # A column an older version lacks takes the batch's default (versions: on policy).
     columns = {name: arrays[name] for name in COLUMNS if name in arrays}
-    columns.setdefault("rollout_log_probs", None)
+    for name in OPTIONAL_COLUMNS:
+        columns.setdefault(name, None)
     try:
         return RolloutBatch(**columns, group_id_values=ids[0], prompt_group_values=ids[1])
     except VimeError as exc:

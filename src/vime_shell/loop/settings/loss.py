@@ -20,7 +20,7 @@ LOSS_FLAGS = {"eps_clip": "--eps-clip", "eps_clip_high": "--eps-clip-high",
               "dual_clip": "--eps-clip-c", "kl_coef": "--kl-loss-coef",
               "kl_kind": "--kl-loss-type", "entropy_coef": "--entropy-coef",
               "use_tis": "--use-tis", "tis_clip": "--tis-clip", "tis_clip_low": "--tis-clip-low",
-              "sequence_ratio": "--advantage-estimator"}
+              "sequence_ratio": "--advantage-estimator", "reward_kl_coef": "--kl-coef"}
 _RS_FIELDS = ("rs_level", "rs_lower_bound", "rs_upper_bound", "rs_denominator")
 
 
@@ -40,8 +40,10 @@ class LossArgs(Record):
                                      "--eps-clip")
     eps_clip_c: float | None = _f(None, "dual-clip bound c > 1: a negative-advantage token's "
                                   "loss is capped at -A * c")
-    kl_coef: float = _f(0.0, "slime's reward-shaping KL: no effect with grpo/gspo (as in "
-                        "slime); other estimators: 0 only (use --use-kl-loss --kl-loss-coef)")
+    kl_coef: float = _f(0.0, "slime's reward-shaping KL: with reinforce_plus_plus_baseline "
+                        "each token's advantage minus kl_coef * KL(pi_old || reference) "
+                        "(--kl-loss-type's estimator, reference --ref-load or "
+                        "--hf-checkpoint); no effect with grpo/gspo, as in slime")
     use_kl_loss: bool = _f(False, "add a KL penalty against a frozen reference model")
     kl_loss_coef: float = _f(0.0, "weight of the KL penalty")
     kl_loss_type: str = _f("low_var_kl", "KL estimator", KL_KINDS)
@@ -75,16 +77,18 @@ class LossArgs(Record):
             return self.loss_mode
         return "token_mean" if self.calculate_per_token_loss else DEFAULT_LOSS_MODE
 
-    def loss_config_for(self, *, sequence_ratio: bool) -> LossConfig:
+    def loss_config_for(self, *, sequence_ratio: bool, reward_kl: bool = False) -> LossConfig:
         """The objective's knobs, validated once by their record (``LossConfig``); its error is
-        re-raised naming the flag. ``sequence_ratio`` is GSPO's (the reward record's choice)."""
+        re-raised naming the flag. ``sequence_ratio`` is GSPO's and ``reward_kl`` whether
+        ``--kl-coef`` shapes the advantages (both: the reward record's estimator)."""
         try:
             return LossConfig(eps_clip=self.eps_clip, eps_clip_high=self.eps_clip_high,
                               dual_clip=self.eps_clip_c,
                               kl_coef=self.kl_loss_coef if self.use_kl_loss else 0.0,
                               kl_kind=self.kl_loss_type, entropy_coef=self.entropy_coef,
                               use_tis=self.use_tis, tis_clip=self.tis_clip,
-                              tis_clip_low=self.tis_clip_low, sequence_ratio=sequence_ratio)
+                              tis_clip_low=self.tis_clip_low, sequence_ratio=sequence_ratio,
+                              reward_kl_coef=self.kl_coef if reward_kl else 0.0)
         except LossConfigError as exc:
             field, _, rest = str(exc).partition("=")
             raise ConfigError(f"{LOSS_FLAGS[field]}={rest}") from None
@@ -104,14 +108,11 @@ class LossArgs(Record):
         return lower, upper
 
     def _check(self) -> None:
-        self.loss_config_for(sequence_ratio=False)
+        self.loss_config_for(sequence_ratio=False, reward_kl=True)  # --kl-coef's range too
         for name in ("rs_lower_bound", "rs_upper_bound"):
             in_range(name, getattr(self, name), 0.0, 1e6, "use e.g. 0.5 / 2.0")
         in_range("logprob_gap_tolerance", self.logprob_gap_tolerance, 0.0, 1e9,
                  "use 1e-4 (fp32), or omit it for the rollout dtype's default")
-        if not 0 <= self.kl_coef < 1e6:
-            raise field_error(ConfigError, "--kl-coef", self.kl_coef, "must be >= 0",
-                              "pass --kl-coef 0")
         if self.calculate_per_token_loss and self.loss_mode not in (None, "token_mean"):
             raise ConfigError(
                 f"--calculate-per-token-loss contradicts --loss-mode {self.loss_mode}: slime's "

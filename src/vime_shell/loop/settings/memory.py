@@ -75,4 +75,5 @@ class MoEArgs(Record):
                                          "with TransformerEngine)")
     moe_permute_fusion: bool | None = _moe(None, "fused token permutation (CUDA + TE only)")
     use_rollout_routing_replay: bool = _moe(False, "replay the experts the engine routed each "
-                                            "token to in the trainer (R3)")
+                                            "token to in the trainer's routers (R3; the HF "
+                                            "engine, or vLLM on CUDA)")

@@ -19,6 +19,7 @@ import attrs
 
 from vime_pure.errors import VimeError, field_error
 from vime_shell.loop.settings.common import ConfigError, Record, setting
+from vime_shell.models.hf_config import EXPERT_KEYS
 
 SECTION = "architecture"
 SCORE_FUNCTIONS: tuple[str, ...] = ("softmax", "sigmoid")
@@ -102,9 +103,15 @@ def moe_layer_pattern(text: str, num_layers: int | None) -> list[int]:
                       "pass e.g. 1 (every layer MoE) or '[0]*1+[1]*47'")
 
 
+def hf_num_experts(hf: dict[str, Any]) -> int | None:
+    """Routed experts in a config.json (Qwen's ``num_experts``; transformers 5 writes Qwen-MoE
+    and Mixtral as ``num_local_experts``; DeepSeek's ``n_routed_experts``); None: dense."""
+    return next((hf[k] for k in EXPERT_KEYS if hf.get(k)), None)
+
+
 def _hf_layer_pattern(hf: dict[str, Any]) -> list[int] | None:
     layers = hf.get("num_hidden_layers")
-    if not layers or hf.get("num_experts", hf.get("n_routed_experts")) is None:
+    if not layers or hf_num_experts(hf) is None:
         return None
     if "first_k_dense_replace" in hf:  # DeepSeek-V3, GLM-4.x MoE
         k = int(hf["first_k_dense_replace"])

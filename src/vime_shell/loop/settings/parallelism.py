@@ -25,6 +25,9 @@ class ParallelArgs(Record):
     pipeline_model_parallel_size: int = _f(1, "pipeline-parallel size")
     context_parallel_size: int = _f(1, "context-parallel size (needs TransformerEngine)")
     num_layers_per_virtual_pipeline_stage: int | None = _f(None, "layers per virtual stage")
+    num_virtual_stages_per_pipeline_rank: int | None = _f(None, "virtual stages (model chunks) "
+                                                          "per pipeline rank; what uneven "
+                                                          "stages take")
     expert_model_parallel_size: int = _f(1, "expert-parallel size (MoE): experts split over "
                                          "this many ranks")
     expert_tensor_parallel_size: int | None = _f(None, "tensor-parallel size inside an expert; "
