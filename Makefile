@@ -69,7 +69,8 @@ test-deep: $(STAMP)
 # vime[fast]); `make test` runs them on the compiled ones.
 test-pure-kernels: $(STAMP)
 	VIME_KERNELS=pure $(BIN)/python -m pytest -q -n 2 tests/property/test_schedule_properties.py \
-	  tests/property/test_balance.py tests/test_schedule_examples.py tests/test_reports.py
+	  tests/property/test_balance.py tests/test_schedule_examples.py tests/test_reports.py \
+	  tests/test_readme_schedule.py
 
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)

@@ -237,3 +237,26 @@ def test_dynamic_gbs_below_alignment_rejected_at_launch():
     with pytest.raises(ScheduleError, match="at least 16"):
         check_feasible(ParallelLayout(dp=8, pp=2, vpp=2, microbatch_group=2),
                        BatchingPolicy(global_batch_size=8, max_tokens_per_gpu=1000))
+
+
+def _hand_built(sample_ids, mb_offsets, step_microbatches, step_groups, groups):
+    from vime_pure.scheduling.schedule import Schedule
+
+    a = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    return Schedule(layout=ParallelLayout(dp=1), policy=BatchingPolicy(
+        global_batch_size=1, max_tokens_per_gpu=100), lengths_array=a([5] * len(groups)),
+        group_array=a(groups), sample_ids=a(sample_ids), mb_offsets=a(mb_offsets),
+        step_microbatches=a(step_microbatches), step_groups=a(step_groups),
+        dropped_groups=(), dropped_array=a([]))
+
+
+@pytest.mark.parametrize("groups, step_groups, message", [
+    ([0, 1, 0], [2, 1], "group 0 straddles steps 0 and 1"),
+    ([0, 1, 2], [2, 2], "step 1 says 2 groups but holds 1"),
+])
+def test_sibling_invariant_violations_name_the_group_and_steps(groups, step_groups, message):
+    # Hand-built (a bug in vime, not bad input): samples 0, 1 in step 0 and 2 in step 1.
+    from vime_pure.errors import ScheduleInvariantError
+
+    with pytest.raises(ScheduleInvariantError, match=f"invariant 5 violated: {message}"):
+        _hand_built([0, 1, 2], [0, 1, 2, 3], [2, 1], step_groups, groups)

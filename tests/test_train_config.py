@@ -17,7 +17,9 @@ from vime_shell.loop.config_flags import parse_train_config
 def test_defaults_are_the_demo_and_valid():
     cfg = TrainConfig()
     assert cfg.groups_per_rollout == 128 == cfg.effective_global_batch_size
-    assert cfg.batching_policy() == BatchingPolicy(global_batch_size=128, max_tokens_per_gpu=1024)
+    # No balance flag under dynamic packing: the straggler policy (vime differs from slime).
+    assert cfg.batching_policy() == BatchingPolicy(global_batch_size=128, max_tokens_per_gpu=1024,
+                                                   balance="straggler")
     assert TrainConfig.from_mapping(cfg.to_dict()) == cfg
 
 

@@ -121,8 +121,10 @@ def group_keys(group_ids: object, error: type[VimeError] = ScheduleError,
     return out, any(v is None for v in out)
 
 
-def _dense_numpy(keys: np.ndarray | list | tuple) -> tuple[np.ndarray, list[int]] | None:
-    """Dense ids and first-occurrence positions via one sort, or None if not applicable."""
+def _dense_numpy(keys: np.ndarray | list | tuple
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Dense ids, first-occurrence positions, and the grouping's ``order`` and ``offsets``, via
+    one sort (none when the ids never decrease), or None if not applicable."""
     if isinstance(keys, np.ndarray):
         arr = keys
     elif keys and set(map(type, keys)) == {int}:
@@ -134,17 +136,30 @@ def _dense_numpy(keys: np.ndarray | list | tuple) -> tuple[np.ndarray, list[int]
         return None
     if arr.dtype.kind not in "iu":
         return None
+    n = len(arr)
+    if n and bool(np.all(arr[1:] >= arr[:-1])):  # grouped and in order: no sort needed
+        new = np.ones(n, dtype=bool)
+        new[1:] = arr[1:] != arr[:-1]
+        first = np.flatnonzero(new)
+        return (np.cumsum(new) - 1, first, np.arange(n, dtype=np.int64),
+                np.append(first, n).astype(np.int64))
     order = np.argsort(arr, kind="stable")  # equal ids stay in index order
     ordered = arr[order]
-    new = np.ones(len(arr), dtype=bool)
+    new = np.ones(n, dtype=bool)
     new[1:] = ordered[1:] != ordered[:-1]
-    first = order[new]  # first occurrence of every distinct id, in id order
+    runs = np.flatnonzero(new)  # where each distinct id's run starts in ``order``
+    first = order[runs]  # first occurrence of every distinct id, in id order
     by_first = np.argsort(first, kind="stable")
     rank = np.empty_like(by_first)
     rank[by_first] = np.arange(len(by_first))
-    dense = np.empty(len(arr), dtype=np.int64)
+    dense = np.empty(n, dtype=np.int64)
     dense[order] = rank[np.cumsum(new) - 1]
-    return dense, first[by_first].tolist()
+    # The runs in first-occurrence order are the groups: gather them without a second sort.
+    lens = np.diff(np.append(runs, n))[by_first]
+    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    gather = np.repeat(runs[by_first] - offsets[:-1], lens) + np.arange(n)
+    return dense, first[by_first], order[gather].astype(np.int64), offsets
 
 
 def dense_first_occurrence(ids: Sequence[Any]) -> tuple[Int64[np.ndarray, " n"], tuple]:
@@ -186,10 +201,12 @@ def group_samples(group_ids: Any, *, error: type[VimeError] = ScheduleError,
     keys, has_none = group_keys(group_ids, error, field)
     fast = _dense_numpy(keys)
     if fast is not None:
-        dense, first = fast
+        dense, first, order, offsets = fast
         ids = tuple(keys[first].tolist()) if isinstance(keys, np.ndarray) else tuple(
-            map(keys.__getitem__, first))
-    elif has_none:
+            map(keys.__getitem__, first.tolist()))
+        return Grouping(ids=ids, dense=dense.astype(np.int64, copy=False), order=order,
+                        offsets=offsets)
+    if has_none:
         own = [(_OWN, i) if v is None else v for i, v in enumerate(keys)]
         dense, values = dense_first_occurrence(own)
         ids = tuple(None if type(v) is tuple else v for v in values)

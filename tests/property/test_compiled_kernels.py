@@ -37,6 +37,13 @@ def test_ffd_compiled_equals_pure(case):
 
 
 @given(packing_cases())
+def test_first_fit_compiled_equals_pure(case):
+    """Same segment tree over bin rooms: the first bin with room, oversize items alone."""
+    sizes, cap = case
+    assert _same(kernel_set("compiled").first_fit(sizes, cap), PURE.first_fit(sizes, cap))
+
+
+@given(packing_cases())
 def test_ffd_sorted_compiled_equals_pure(case):
     """The presorted entry (the planner's FFD path) too, with a permuted item numbering."""
     sizes, cap = case
@@ -88,8 +95,35 @@ def test_lpt_ranks_compiled_equals_pure(case, steps):
     weights, dp = case
     step_of = np.sort(np.arange(len(weights)) % steps)
     bounds = np.searchsorted(step_of, np.arange(steps + 1))
-    assert np.array_equal(kernel_set("compiled").lpt_ranks(weights, step_of, bounds, dp),
-                          PURE.lpt_ranks(weights, step_of, bounds, dp))
+    assert np.array_equal(kernel_set("compiled").lpt_ranks(weights, bounds, dp),
+                          PURE.lpt_ranks(weights, bounds, dp))
+
+
+@st.composite
+def balance_cases(draw):
+    """One straggler step: tie-heavy sizes around the cap (some oversize), FLOPs with ties,
+    any dealing of samples to ranks (not only LPT's, so trimming, placing, ejecting and
+    splitting all occur), the planner's (rank, size descending, position) order."""
+    sizes, cap = draw(packing_cases(max_items=70))
+    dp = draw(st.integers(1, 5))
+    multiple = draw(st.sampled_from([1, 1, 2, 3]))
+    ranks = np.array(draw(st.lists(st.integers(0, dp - 1), min_size=len(sizes),
+                                   max_size=len(sizes))), dtype=np.int64)
+    work = np.array(draw(st.lists(st.sampled_from([0.0, 1.0, 2.0, 7.5]), min_size=len(sizes),
+                                  max_size=len(sizes)))) + sizes * draw(st.sampled_from([0, 1]))
+    order = np.lexsort((np.arange(len(sizes)), -sizes, ranks))
+    return order, ranks[order], sizes, work.astype(np.float64), cap, dp, multiple
+
+
+@given(balance_cases())
+def test_straggler_balance_compiled_equals_pure(case):
+    """Same LPT bins, trims, pool placement, ejections, splits and refining exchanges, with
+    the oracle's tie rules (stable sorts, first minimum, left-to-right float sums)."""
+    compiled = kernel_set("compiled").balance_step(*case)
+    pure = PURE.balance_step(*case)
+    assert (compiled is None) == (pure is None)
+    if pure is not None:
+        assert compiled[1] == pure[1] and _same(compiled[0], pure[0])
 
 
 @st.composite

@@ -19,7 +19,10 @@ from tests.property.bin_packing import (EXACT_LIMIT, align_up, any_fit_upper_bou
                                         ffd_upper_bound, first_fit_upper_bound, lower_bound,
                                         split_oversize)
 from tests.property.strategies import layouts, scenarios, workloads
+from tests.schedule_reference import reference_schedule_views
 from vime_pure import BatchingPolicy, ParallelLayout, ScheduleError, build_schedule
+from vime_pure.config import BALANCES
+from vime_pure.scheduling import planner
 from vime_pure.scheduling.report import step_stats
 
 CAP = 1000  # the token cap per micro-batch of the count properties (max_tokens_per_gpu * cp)
@@ -189,3 +192,48 @@ def test_bad_lengths_rejected(bad):
     with pytest.raises(ScheduleError, match=r"lengths\[0\]"):
         build_schedule(bad, [0], ParallelLayout(dp=1),
                        BatchingPolicy(global_batch_size=1, max_tokens_per_gpu=8))
+
+
+@st.composite
+def registry_cases(draw):
+    """Any packing of the planner's registry with any balance, dynamic or static, with a
+    partial step sometimes, and None group ids sometimes (each its own group)."""
+    layout = draw(layouts(max_dp=3))
+    packing = draw(st.sampled_from(sorted(planner.PACKERS)))
+    gbs = draw(st.integers(layout.align_multiple, layout.align_multiple + 8))
+    lengths, group_ids = draw(workloads(max_groups=3 * gbs + 3))
+    if packing == "static":
+        mbs = draw(st.integers(1, 3))
+        policy = BatchingPolicy(global_batch_size=gbs, micro_batch_size=mbs,
+                                balance=draw(st.sampled_from(BALANCES)),
+                                allow_partial_step=draw(st.booleans()))
+    else:
+        policy = BatchingPolicy(global_batch_size=gbs, max_tokens_per_gpu=CAP // layout.cp,
+                                packing=packing, balance=draw(st.sampled_from(BALANCES)),
+                                allow_partial_step=draw(st.booleans()))
+    if draw(st.booleans()):
+        group_ids = [None if k % 3 == 0 else g for k, g in enumerate(group_ids)]
+    return lengths, group_ids, layout, policy
+
+
+@given(registry_cases())
+def test_every_registry_entry_keeps_the_invariants_and_equals_the_tuple_schedule(case):
+    """Each packing of ``planner.PACKERS`` with each balance keeps every Schedule invariant,
+    and the array-backed Schedule's views equal the nested tuples built the old way from the
+    list kernels (``tests.schedule_reference``): storing flat arrays changed no schedule."""
+    lengths, group_ids, layout, policy = case
+    try:
+        s = build_schedule(lengths, group_ids, layout, policy)
+    except ScheduleError as exc:
+        assert "Fix:" in str(exc)
+        assert reference_schedule_views(lengths, group_ids, layout, policy) is None or (
+            "groups arrived" not in str(exc))
+        assume(False)
+    if None not in group_ids:  # the helper matches dropped_groups to ids; None repeats
+        assert_schedule_invariants(s, group_ids)
+    steps, partitions, local, dropped, dropped_groups = reference_schedule_views(
+        lengths, group_ids, layout, policy)
+    assert [(p.num_groups, p.microbatches) for p in s.steps] == list(steps)
+    assert s.partitions == partitions and s.micro_batch_indices == local
+    assert s.dropped_samples == dropped and s.dropped_groups == dropped_groups
+    assert s.lengths == tuple(lengths)

@@ -87,53 +87,84 @@ def ffd_flat(sizes: np.ndarray, cap: int):
 
 
 @_compiled
-def _by_size_then_position(items, sizes):
-    """``items`` ordered by (size descending, position): the order ``kernels._halves`` deals."""
-    items = items[np.argsort(items, kind="mergesort")]
-    return items[np.argsort(-sizes[items], kind="mergesort")]
+def _sort_small(region, sizes, by_size):
+    """Sort ``region`` in place by value, or by (size descending, value) with ``by_size``:
+    insertion sort for the few items of a micro-batch (no allocation), numpy's for many."""
+    k = len(region)
+    if k > 32:
+        region[:] = np.sort(region)
+        if by_size:
+            region[:] = region[np.argsort(-sizes[region], kind="mergesort")]
+        return
+    for t in range(1, k):
+        item = region[t]
+        u = t - 1
+        while u >= 0:
+            other = region[u]
+            if by_size:
+                after = sizes[other] < sizes[item] or (sizes[other] == sizes[item]
+                                                        and other > item)
+            else:
+                after = other > item
+            if not after:
+                break
+            region[u + 1] = other
+            u -= 1
+        region[u + 1] = item
 
 
 @_compiled
 def _split_to_count(items, offsets, sizes, target):
-    # A split bin is kept in (size descending, position) order: its halves are subsequences of
-    # that order, so they never need sorting again; each is sorted by position once, at the end.
+    # Every bin is a range of one buffer. The first time a bin is split its range is sorted by
+    # (size descending, position), the order ``kernels._halves`` deals; its halves are then
+    # written back as two adjacent ranges, each still in that order, so no half is ever sorted
+    # again and nothing is allocated per split. Split bins are sorted by position at the end.
     # This deals exactly as ``kernels._halves``, which re-sorts the half it splits every time.
     nbins = len(offsets) - 1
-    bins = []
-    sums = np.zeros(target, dtype=np.int64)
+    buf = items.copy()
+    start = np.empty(target, dtype=np.int64)
+    count = np.empty(target, dtype=np.int64)
+    total = np.empty(target, dtype=np.int64)
     dealt = np.zeros(target, dtype=np.bool_)
-    heap = []
+    heap = [(np.int64(0), np.int64(0)) for _ in range(0)]
     for b in range(nbins):
-        bins.append(items[offsets[b]:offsets[b + 1]].copy())
-        sums[b] = sizes[bins[b]].sum()
-        if len(bins[b]) > 1:
-            heap.append((-sums[b], b))
+        start[b], count[b] = offsets[b], offsets[b + 1] - offsets[b]
+        total[b] = sizes[buf[start[b]:start[b] + count[b]]].sum()
+        if count[b] > 1:
+            heap.append((-total[b], np.int64(b)))
     heapq.heapify(heap)
-    while len(bins) < target:
-        _, b = heapq.heappop(heap)
-        ordered = bins[b] if dealt[b] else _by_size_then_position(bins[b], sizes)
-        side = np.zeros(len(ordered), dtype=np.bool_)
-        s0, s1 = 0, 0
-        for t in range(len(ordered)):
+    tmp = np.empty(len(items), dtype=np.int64)
+    for new in range(nbins, target):
+        b = heapq.heappop(heap)[1]
+        lo, k = start[b], count[b]
+        region = buf[lo:lo + k]
+        if not dealt[b]:
+            _sort_small(region, sizes, True)
+        s0, s1, n0, n1 = 0, 0, 0, 0
+        for t in range(k):
+            item = region[t]
             if s0 <= s1:
-                s0 += sizes[ordered[t]]
+                region[n0] = item
+                n0 += 1
+                s0 += sizes[item]
             else:
-                side[t] = True
-                s1 += sizes[ordered[t]]
-        new = len(bins)
-        bins[b] = ordered[~side]
-        bins.append(ordered[side])
-        sums[b], sums[new] = s0, s1
-        dealt[b] = dealt[new] = True
-        for p in (b, new):
-            if len(bins[p]) > 1:
-                heapq.heappush(heap, (-sums[p], p))
-    out_offsets = np.zeros(len(bins) + 1, dtype=np.int64)
-    for b in range(len(bins)):
-        out_offsets[b + 1] = out_offsets[b] + len(bins[b])
+                tmp[n1] = item
+                n1 += 1
+                s1 += sizes[item]
+        region[n0:] = tmp[:n1]
+        count[b], total[b], dealt[b] = n0, s0, True
+        start[new], count[new], total[new], dealt[new] = lo + n0, n1, s1, True
+        for q in (b, new):
+            if count[q] > 1:
+                heapq.heappush(heap, (-total[q], np.int64(q)))
+    out_offsets = np.zeros(target + 1, dtype=np.int64)
+    out_offsets[1:] = np.cumsum(count)
     out = np.empty(out_offsets[-1], dtype=np.int64)
-    for b in range(len(bins)):
-        out[out_offsets[b]:out_offsets[b + 1]] = np.sort(bins[b]) if dealt[b] else bins[b]
+    for b in range(target):
+        seg = out[out_offsets[b]:out_offsets[b + 1]]
+        seg[:] = buf[start[b]:start[b] + count[b]]
+        if dealt[b]:
+            _sort_small(seg, sizes, False)
     return out, out_offsets
 
 
@@ -205,15 +236,61 @@ def karmarkar_karp_parts(weights: np.ndarray, parts: int) -> np.ndarray:
 
 
 @_compiled
+def _heap_push(keys, index, size, key, i):
+    """Push ``(key, i)`` onto the binary min-heap in ``keys[:size]``, ``index[:size]``
+    (ordered like tuples: key, then index); returns the new size."""
+    pos = size
+    while pos > 0:
+        parent = (pos - 1) // 2
+        if keys[parent] < key or (keys[parent] == key and index[parent] < i):
+            break
+        keys[pos], index[pos] = keys[parent], index[parent]
+        pos = parent
+    keys[pos], index[pos] = key, i
+    return size + 1
+
+
+@_compiled
+def _heap_pop(keys, index, size):
+    """Remove the heap's minimum; returns its index and the new size."""
+    top = index[0]
+    size -= 1
+    key, i = keys[size], index[size]
+    pos = 0
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        if child + 1 < size and (keys[child + 1] < keys[child] or (
+                keys[child + 1] == keys[child] and index[child + 1] < index[child])):
+            child += 1
+        if keys[child] < key or (keys[child] == key and index[child] < i):
+            keys[pos], index[pos] = keys[child], index[child]
+            pos = child
+        else:
+            break
+    if size > 0:
+        keys[pos], index[pos] = key, i
+    return top, size
+
+
+@_compiled
 def _flops_pack(order, sizes, work, cap, num_bins):
+    # Two array heaps, as ``heapq`` keeps them in the pure kernel: every bin is in at most one
+    # of them once, so (key, bin) entries are unique and any correct heap pops the same bin.
     n = len(order)
     most = num_bins + n
     room = np.full(most, cap, dtype=np.int64)
     load = np.zeros(most, dtype=np.float64)
     bin_of = np.empty(n, dtype=np.int64)
     count = num_bins
-    active = [(0.0, b) for b in range(num_bins)]  # (load, bin): least-loaded, lowest index
-    parked = [(np.int64(0), np.int64(0)) for _ in range(0)]  # (-room, bin) lacking room
+    active_key = np.empty(most, dtype=np.float64)  # (load, bin): least-loaded, lowest index
+    active_bin = np.arange(most)
+    active_key[:num_bins] = 0.0
+    active = num_bins  # all zero keys in index order: already a heap
+    parked_key = np.empty(most, dtype=np.int64)  # (-room, bin) of bins lacking room
+    parked_bin = np.empty(most, dtype=np.int64)
+    parked = 0
     for i in order:
         size = sizes[i]
         if size > cap:
@@ -222,21 +299,21 @@ def _flops_pack(order, sizes, work, cap, num_bins):
             load[count] = work[i]
             count += 1
             continue
-        while len(parked) and -parked[0][0] >= size:
-            b = heapq.heappop(parked)[1]
-            heapq.heappush(active, (load[b], b))
-        while len(active) and room[active[0][1]] < size:
-            b = heapq.heappop(active)[1]
-            heapq.heappush(parked, (-room[b], b))
-        if len(active):
-            best = heapq.heappop(active)[1]
+        while parked and -parked_key[0] >= size:
+            b, parked = _heap_pop(parked_key, parked_bin, parked)
+            active = _heap_push(active_key, active_bin, active, load[b], b)
+        while active and room[active_bin[0]] < size:
+            b, active = _heap_pop(active_key, active_bin, active)
+            parked = _heap_push(parked_key, parked_bin, parked, -room[b], b)
+        if active:
+            best, active = _heap_pop(active_key, active_bin, active)
         else:
             best = count
             count += 1
         bin_of[i] = best
         room[best] -= size
         load[best] += work[i]
-        heapq.heappush(active, (load[best], best))
+        active = _heap_push(active_key, active_bin, active, load[best], best)
     items = np.argsort(bin_of, kind="mergesort")  # by bin, each bin by position
     used = np.bincount(bin_of, minlength=count)
     used = used[used > 0]
@@ -254,22 +331,94 @@ def flops_pack_flat(sizes: np.ndarray, work: np.ndarray, cap: int, num_bins: int
 
 
 @_compiled
-def _lpt_ranks(values, bounds, dp):
-    chosen = np.empty(len(values), dtype=np.int64)
+def _lpt_ranks(work, bounds, dp):
+    # A binary heap of (load, rank) in two arrays: its minimum is unique (ranks differ), so
+    # it picks what ``heapq`` picks, without tuple lists.
+    ranks = np.empty(len(work), dtype=np.int64)
+    heap_load = np.empty(dp, dtype=np.float64)
+    heap_rank = np.empty(dp, dtype=np.int64)
     for s in range(len(bounds) - 1):
-        heap = [(0.0, r) for r in range(dp)]
-        for k in range(bounds[s], bounds[s + 1]):
-            load, r = heap[0]
-            chosen[k] = r
-            heapq.heapreplace(heap, (load + values[k], r))
-    return chosen
-
-
-def lpt_ranks(work: np.ndarray, step_of: np.ndarray, bounds: np.ndarray, dp: int) -> np.ndarray:
-    """``rank_balance.lpt_ranks``: per step, each sample (heaviest first) to the lightest rank."""
-    n = len(work)
-    order = np.lexsort((np.arange(n), -work, step_of))
-    ranks = np.empty(n, dtype=np.int64)
-    ranks[order] = _lpt_ranks(np.asarray(work, dtype=np.float64)[order],
-                              np.asarray(bounds, dtype=np.int64), np.int64(dp))
+        lo, hi = bounds[s], bounds[s + 1]
+        heap_load[:] = 0.0
+        heap_rank[:] = np.arange(dp)
+        order = lo + np.argsort(-work[lo:hi], kind="mergesort")
+        for i in order:
+            ranks[i] = heap_rank[0]
+            load, rank = heap_load[0] + work[i], heap_rank[0]
+            pos = 0
+            while True:  # sift the root down
+                child = 2 * pos + 1
+                if child >= dp:
+                    break
+                if child + 1 < dp and (heap_load[child + 1] < heap_load[child] or (
+                        heap_load[child + 1] == heap_load[child]
+                        and heap_rank[child + 1] < heap_rank[child])):
+                    child += 1
+                if heap_load[child] < load or (heap_load[child] == load
+                                               and heap_rank[child] < rank):
+                    heap_load[pos], heap_rank[pos] = heap_load[child], heap_rank[child]
+                    pos = child
+                else:
+                    break
+            heap_load[pos], heap_rank[pos] = load, rank
     return ranks
+
+
+def lpt_ranks(work: np.ndarray, bounds: np.ndarray, dp: int) -> np.ndarray:
+    """``rank_balance.lpt_ranks``: per step, each sample (heaviest first) to the lightest rank."""
+    return _lpt_ranks(np.asarray(work, dtype=np.float64), np.asarray(bounds, dtype=np.int64),
+                      np.int64(dp))
+
+
+@_compiled
+def _first_fit(sizes, cap):
+    # The pure kernel's max-segment tree over bin rooms, same bound on the bins it can open.
+    n = len(sizes)
+    fitting_count, fitting_sum = 0, 0
+    for i in range(n):
+        if sizes[i] <= cap:
+            fitting_count += 1
+            fitting_sum += sizes[i]
+    bound = min(fitting_count, 2 * fitting_sum // cap + 2) if fitting_count else 1
+    leaves, width = 1, max(bound - 1, 0)
+    while width:
+        leaves <<= 1
+        width >>= 1
+    tree = np.full(2 * leaves, cap, dtype=np.int64)
+    slot = np.full(leaves, -1, dtype=np.int64)  # tree leaf -> bin number
+    bin_of = np.empty(n, dtype=np.int64)
+    opened, used_leaves = 0, 0
+    for i in range(n):
+        s = sizes[i]
+        if s > cap:
+            bin_of[i] = opened
+            opened += 1
+            continue
+        node = 1
+        while node < leaves:
+            node <<= 1
+            if tree[node] < s:
+                node += 1
+        leaf = node - leaves
+        if leaf == used_leaves:
+            slot[leaf] = opened
+            opened += 1
+            used_leaves += 1
+        bin_of[i] = slot[leaf]
+        tree[node] -= s
+        node >>= 1
+        while node:
+            best = max(tree[2 * node], tree[2 * node + 1])
+            if tree[node] == best:
+                break
+            tree[node] = best
+            node >>= 1
+    items = np.argsort(bin_of, kind="mergesort").astype(np.int64)  # by bin, then position
+    offsets = np.zeros(opened + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(np.bincount(bin_of, minlength=opened))
+    return items, offsets
+
+
+def first_fit_flat(sizes: np.ndarray, cap: int):
+    """``kernels.first_fit`` in flat form."""
+    return _first_fit(np.asarray(sizes, dtype=np.int64), np.int64(cap))

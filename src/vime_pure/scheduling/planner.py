@@ -2,7 +2,9 @@
 
 See ``vime_pure.scheduling.schedule`` for the contract and invariants; this module only computes.
 Work that spans the whole batch is done once with numpy (grouping, step slicing, the per-step
-size sort, index assembly); only the inherently sequential kernels run per step in Python.
+size sort, index assembly). With the compiled kernels (``vime[fast]``) every step is planned in
+one numba call (``compiled_steps.plan_steps``); with the pure ones the sequential kernels run
+step by step in Python, and both give the same schedule.
 
 Policy details: ``packing="flops"`` packs by LPT on FLOPs straight into FFD's aligned count and
 keeps FFD's bins when LPT would need more micro-batches, so it never costs micro-batches.
@@ -21,8 +23,7 @@ from vime_pure.config import static_misalignment_message
 from vime_pure.errors import ScheduleError, ScheduleInvariantError
 from vime_pure.scheduling.flops import proxy_flops
 from vime_pure.grouping import Grouping, group_samples
-from vime_pure.scheduling.rank_balance import balance_step
-from vime_pure.scheduling.registry import Flat, KernelSet, kernel_set, to_flat
+from vime_pure.scheduling.registry import Flat, KernelSet, kernel_set
 from vime_pure.scheduling.schedule import Schedule
 from vime_pure.scheduling.inputs import as_flops, as_lengths, check_same_length
 
@@ -63,49 +64,85 @@ def plan_grouped(lengths: Sequence[Any] | np.ndarray, grouping: Grouping, layout
     step_groups = [(k * gbs, (k + 1) * gbs) for k in range(full)]
     if policy.allow_partial_step and full * gbs < num_groups:
         step_groups.append((full * gbs, num_groups))  # tried; dropped and reported if infeasible
-    steps, partial_error = _build_steps(step_groups, full, grouping, sizes, work, layout, policy)
-    if not steps:
+    planned, partial_error = _build_steps(step_groups, full, grouping, sizes, work, layout,
+                                          policy)
+    if not planned.num_steps:
         raise _too_few_groups(num_groups, gbs, partial_error)
 
-    kept_groups = step_groups[len(steps) - 1][1]
+    kept_groups = step_groups[planned.num_steps - 1][1]
     dropped = np.sort(grouping.order[grouping.offsets[kept_groups]:]).astype(np.int64)
-    mb_sizes = np.concatenate([step.mb_sizes for step in steps])
-    offsets = np.zeros(len(mb_sizes) + 1, dtype=np.int64)
-    np.cumsum(mb_sizes, out=offsets[1:])
+    offsets = np.zeros(len(planned.mb_sizes) + 1, dtype=np.int64)
+    np.cumsum(planned.mb_sizes, out=offsets[1:])
+    step_groups_array = np.diff(np.asarray([g for g, _ in step_groups] + [step_groups[-1][1]],
+                                           dtype=np.int64))[:planned.num_steps]
     return Schedule(
         layout=layout, policy=policy, lengths_array=sizes.astype(np.int64, copy=True),
         group_array=np.asarray(grouping.dense, dtype=np.int64).copy(),
-        sample_ids=np.concatenate([step.ids for step in steps]), mb_offsets=offsets,
-        step_microbatches=np.asarray([s.per_rank for s in steps], dtype=np.int64),
-        step_groups=np.asarray([s.num_groups for s in steps], dtype=np.int64),
-        dropped_groups=grouping.ids[kept_groups:], dropped_array=dropped,
+        sample_ids=planned.ids, mb_offsets=offsets, step_microbatches=planned.per_rank,
+        step_groups=step_groups_array, dropped_groups=grouping.ids[kept_groups:],
+        dropped_array=dropped,
     )
 
 
 @attrs.frozen
 class _StepArrays:
     """One planned step as flat arrays: sample ids in (rank, micro-batch) order, the
-    micro-batch sizes in the same order, the per-rank count and the group count."""
+    micro-batch sizes in the same order, the per-rank count."""
 
     ids: np.ndarray
     mb_sizes: np.ndarray
     per_rank: int
-    num_groups: int
+
+
+@attrs.frozen
+class _Planned:
+    """The planned steps, concatenated: sample ids, micro-batch sizes, per-rank counts."""
+
+    ids: np.ndarray
+    mb_sizes: np.ndarray
+    per_rank: np.ndarray
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.per_rank)
+
+    @classmethod
+    def of(cls, steps: list[_StepArrays]) -> "_Planned":
+        empty = np.zeros(0, dtype=np.int64)
+        return cls(ids=np.concatenate([s.ids for s in steps] or [empty]),
+                   mb_sizes=np.concatenate([s.mb_sizes for s in steps] or [empty]),
+                   per_rank=np.asarray([s.per_rank for s in steps], dtype=np.int64))
 
 
 def _build_steps(step_groups: list[tuple[int, int]], full: int, grouping: Grouping,
                  sizes: np.ndarray, work: np.ndarray, layout: ParallelLayout,
-                 policy: BatchingPolicy) -> tuple[list["_StepArrays"], ScheduleError | None]:
-    """Plan every step; a failing partial step (index ``full``) is left out, with its error."""
+                 policy: BatchingPolicy) -> tuple[_Planned, ScheduleError | None]:
+    """Plan every step; a failing partial step (index ``full``) is left out, with its error.
+    With the compiled kernels, every step in one call (``compiled_steps``); else step by step."""
     if not step_groups:
-        return [], None
+        return _Planned.of([]), None
     bounds = grouping.offsets[[g for g, _ in step_groups] + [step_groups[-1][1]]]
     kept = grouping.order[: bounds[-1]]  # samples of the steps, group-major, step by step
+    ks = kernel_set()
+    packing = policy.packing if policy.dynamic else "static"
+    fused = ks.plan_steps(kept, bounds, sizes, work, cap=policy.token_cap(layout) or 0,
+                          dp=layout.dp, multiple=layout.align_multiple, packing=packing,
+                          balance=policy.balance,
+                          micro_batch_size=policy.micro_batch_size or 0) if ks.plan_steps else None
+    if fused is not None:
+        failed, count, ids, mb_sizes, per_rank = fused
+        planned = _Planned(ids=ids, mb_sizes=mb_sizes, per_rank=per_rank)
+        if failed < 0:
+            return planned, None
+        exc = _misaligned(int(failed), int(count), int(bounds[failed + 1] - bounds[failed]),
+                          layout, policy)
+        if failed < full:
+            raise exc
+        return planned, exc  # an infeasible partial step is dropped and reported
     step_of = np.repeat(np.arange(len(step_groups)), np.diff(bounds))
     presorted = _presort(kept, sizes, work, step_of, bounds, layout, policy)
-    ks = kernel_set()
     steps: list[_StepArrays] = []
-    for s, (g0, g1) in enumerate(step_groups):
+    for s in range(len(step_groups)):
         lo, hi = int(bounds[s]), int(bounds[s + 1])
         samples = kept[lo:hi]
         try:
@@ -114,9 +151,9 @@ def _build_steps(step_groups: list[tuple[int, int]], full: int, grouping: Groupi
         except ScheduleError as exc:
             if s < full:
                 raise
-            return steps, exc  # an infeasible partial step is dropped and reported
-        steps.append(_step_plan(parts, bins, samples, g1 - g0))
-    return steps, None
+            return _Planned.of(steps), exc  # an infeasible partial step is dropped and reported
+        steps.append(_step_plan(parts, bins, samples))
+    return _Planned.of(steps), None
 
 
 def _too_few_groups(num_groups: int, gbs: int, partial_error: ScheduleError | None) -> ScheduleError:
@@ -137,7 +174,7 @@ def _presort(kept: np.ndarray, sizes: np.ndarray, work: np.ndarray, step_of: np.
     if not policy.dynamic or policy.packing == "first_fit" and policy.balance != "straggler":
         return None
     if policy.balance == "straggler":
-        ranks = kernel_set().lpt_ranks(work[kept], step_of, bounds, layout.dp)
+        ranks = kernel_set().lpt_ranks(work[kept], bounds, layout.dp)
         return _sort_by_bucket_then_size(step_of * layout.dp + ranks, sizes[kept]), ranks
     return _sort_by_bucket_then_size(step_of, sizes[kept])
 
@@ -174,11 +211,11 @@ def _step_bins(samples: np.ndarray, sizes: np.ndarray, work: np.ndarray, layout:
         cap = policy.token_cap(layout)
         if cap is None:  # a dynamic policy always has one (BatchingPolicy checks it)
             raise ScheduleInvariantError("a dynamic policy without max_tokens_per_gpu")
-        result = balance_step(order.tolist(), ranks[order].tolist(), step_sizes, work[samples],
-                              cap, layout.dp, layout.microbatch_multiple)
+        result = ks.balance_step(order, ranks[order], step_sizes, work[samples], cap,
+                                 layout.dp, layout.microbatch_multiple)
         if result is not None:
-            parts, bins = result
-            return np.asarray(parts, dtype=np.int64), to_flat(bins)
+            flat, m = result
+            return np.arange(layout.dp * m, dtype=np.int64).reshape(layout.dp, m), flat
         presorted = None  # fall back to packing, alignment and FLOPs balancing below
     flat = PACKERS[policy.packing if policy.dynamic else "static"](
         _PackInput(step_sizes, work[samples], layout, policy, presorted, ks))
@@ -243,25 +280,38 @@ def _align(flat: Flat, step_sizes: np.ndarray, layout: ParallelLayout,
     multiple, count = layout.align_multiple, len(flat[1]) - 1
     if count % multiple == 0:
         return flat
-    if not policy.dynamic:
-        raise ScheduleError(f"step {step}: " + static_misalignment_message(count, policy, layout))
-    target = -(-count // multiple) * multiple
-    aligned = ks.split_to_count(flat, step_sizes, target)
+    aligned = None
+    if policy.dynamic:
+        aligned = ks.split_to_count(flat, step_sizes, -(-count // multiple) * multiple)
     if aligned is None:
-        raise ScheduleError(
-            f"step {step}: its {len(step_sizes)} samples pack into {count} micro-batches "
-            f"under the cap {policy.token_cap(layout)}; a multiple of dp*microbatch_group="
-            f"{multiple} needs {target}, but splitting can make at most {len(step_sizes)} (one "
-            "per sample). Fix: raise global_batch_size (more samples per step), raise "
-            "max_tokens_per_gpu so samples share micro-batches, or lower dp / microbatch_group."
-        )
+        raise _misaligned(step, count, len(step_sizes), layout, policy)
     return aligned
 
 
+def _misaligned(step: int, count: int, num_samples: int, layout: ParallelLayout,
+                policy: BatchingPolicy) -> ScheduleError:
+    """Why ``step``'s ``count`` micro-batches cannot be aligned (static, or too few samples)."""
+    if not policy.dynamic:
+        return ScheduleError(f"step {step}: " + static_misalignment_message(count, policy, layout))
+    multiple = layout.align_multiple
+    target = -(-count // multiple) * multiple
+    return ScheduleError(
+        f"step {step}: its {num_samples} samples pack into {count} micro-batches "
+        f"under the cap {policy.token_cap(layout)}; a multiple of dp*microbatch_group="
+        f"{multiple} needs {target}, but splitting can make at most {num_samples} (one "
+        "per sample). Fix: raise global_batch_size (more samples per step), raise "
+        "max_tokens_per_gpu so samples share micro-batches, or lower dp / microbatch_group."
+    )
+
+
 def bin_sums(flat: Flat, per_item: np.ndarray) -> np.ndarray:
-    """Sum of ``per_item`` over every (non-empty) bin, vectorised."""
+    """Sum of ``per_item`` over every (non-empty) bin, each left to right from 0.0 (a
+    weighted ``bincount``), the order ``compiled_steps`` sums in: a pairwise sum would round
+    differently and could tip a tie. Example: bins [[0, 1], [2]] of [1.5, 2.0, 4.0] give
+    [3.5, 4.0]."""
     items, offsets = flat
-    return np.add.reduceat(per_item[items], offsets[:-1]) if len(items) else np.zeros(0)
+    bins = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    return np.bincount(bins, weights=per_item[items], minlength=len(offsets) - 1)
 
 
 def _distribute(flat: Flat, step_sizes: np.ndarray, step_work: np.ndarray,
@@ -274,8 +324,7 @@ def _distribute(flat: Flat, step_sizes: np.ndarray, step_work: np.ndarray,
     return ks.karmarkar_karp(bin_sums(flat, per_item), dp)
 
 
-def _step_plan(parts: np.ndarray, flat: Flat, samples: np.ndarray,
-               num_groups: int) -> _StepArrays:
+def _step_plan(parts: np.ndarray, flat: Flat, samples: np.ndarray) -> _StepArrays:
     """Gather the bins rank by rank and translate positions to global sample ids, in one go."""
     items, offsets = flat
     order = parts.reshape(-1)
@@ -283,4 +332,4 @@ def _step_plan(parts: np.ndarray, flat: Flat, samples: np.ndarray,
     out_starts = np.cumsum(lens) - lens
     gather = np.repeat(offsets[order] - out_starts, lens) + np.arange(int(lens.sum()))
     return _StepArrays(ids=samples[items[gather]].astype(np.int64, copy=False), mb_sizes=lens,
-                       per_rank=parts.shape[1], num_groups=num_groups)
+                       per_rank=parts.shape[1])

@@ -40,38 +40,46 @@ REFINE_PARTNERS = 4  # light ranks tried for an exchange with the heaviest one
 EXTRA_GROUP_THRESHOLD = 0.02  # above 2% over the bound, try one more micro-batch group per rank
 
 
-def lpt_ranks(work: Float[np.ndarray, " n"], step_of: Int[np.ndarray, " n"],
-              bounds: Int[np.ndarray, " s1"], dp: int) -> Int[np.ndarray, " n"]:
-    """Rank of every sample: per step, LPT on ``work`` (heaviest first, to the least-loaded
-    rank, lowest rank on ties). One sort for all steps, then a heap per step.
+def lpt_ranks(work: Float[np.ndarray, " n"], bounds: Int[np.ndarray, " s1"],
+              dp: int) -> Int[np.ndarray, " n"]:
+    """Rank of every sample: per step (samples ``bounds[s]:bounds[s + 1]``, contiguous), LPT on
+    ``work`` (heaviest first, ties by position, to the least-loaded rank, lowest rank on
+    ties). A stable sort and a heap per step (cheaper than one 3-key lexsort of the batch).
     Example: work [9, 8, 2, 1] in one step with dp=2 gives ranks [0, 1, 1, 0] (loads 10, 10)."""
-    n = len(work)
-    order = np.lexsort((np.arange(n), -work, step_of))
-    values = work[order].tolist()
-    chosen: list[int] = []
-    append, replace = chosen.append, heapq.heapreplace
+    ranks = np.empty(len(work), dtype=np.int64)
     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-        heap = [(0.0, r) for r in range(dp)]
-        for value in values[lo:hi]:
+        order = lo + np.argsort(-work[lo:hi], kind="stable")
+        chosen: list[int] = []
+        append, replace, heap = chosen.append, heapq.heapreplace, [(0.0, r) for r in range(dp)]
+        for value in work[order].tolist():
             load, r = heap[0]
             append(r)
             replace(heap, (load + value, r))
-    ranks = np.empty(n, dtype=np.int64)
-    ranks[order] = chosen
+        ranks[order] = chosen
     return ranks
 
 
-def balance_step(order: list[int], ranks: list[int], sizes: Int[np.ndarray, " n"],
-                 work: Float[np.ndarray, " n"], cap: int, dp: int, multiple: int
-                 ) -> tuple[list[list[int]], kernels.Bins] | None:
-    """Per-rank micro-batches of one step. ``order``: positions sorted by (rank, size
-    descending); ``ranks[k]``: the rank of ``order[k]``. Returns (bin numbers per rank, bins)."""
-    step = _Step(sizes, work, cap)
-    cuts = np.searchsorted(np.asarray(ranks), np.arange(dp + 1)).tolist()
-    slices = [(order[a:b], [step.size[i] for i in order[a:b]]) for a, b in zip(cuts[:-1], cuts[1:])]
-    ffd: dict[int, kernels.Bins] = {}  # per-rank FFD packing, computed on first need
+def first_count(sizes: Int[np.ndarray, " n"], cap: int, dp: int, multiple: int) -> int:
+    """The per-rank count ``M`` the balancer tries first: the aligned ``ceil(K_lb / dp)``.
+    Example: sizes [600, 600, 600, 100], cap 1000, dp 2, multiple 1 give 2 (3 bins at least)."""
     m = max(-(-_bin_lower_bound(sizes, cap) // dp), 1)
-    m = -(-m // multiple) * multiple
+    return -(-m // multiple) * multiple
+
+
+def balance_step(order: Int[np.ndarray, " n"], ranks: Int[np.ndarray, " n"],
+                 sizes: Int[np.ndarray, " n"], work: Float[np.ndarray, " n"], cap: int, dp: int,
+                 multiple: int) -> tuple[list[list[int]], kernels.Bins] | None:
+    """Per-rank micro-batches of one step. ``order``: positions sorted by (rank, size
+    descending); ``ranks[k]``: the rank of ``order[k]``. Returns (bin numbers per rank, bins).
+    The oracle of the compiled twin (``compiled_balance.balance_step_flat``): every tie breaks
+    by a stated rule (stable sorts, first minimum, sequential float sums) both implement."""
+    step = _Step(sizes, work, cap)
+    cuts = np.searchsorted(ranks, np.arange(dp + 1)).tolist()
+    order_list = order.tolist()
+    slices = [(order_list[a:b], [step.size[i] for i in order_list[a:b]])
+              for a, b in zip(cuts[:-1], cuts[1:])]
+    ffd: dict[int, kernels.Bins] = {}  # per-rank FFD packing, computed on first need
+    m = first_count(sizes, cap, dp, multiple)
     while m * dp <= len(step.size):
         equal = _equalise(_pack_ranks(slices, m, cap, ffd), m, step)
         if equal is None:
@@ -134,7 +142,8 @@ class _Step:
         return sum(map(self.size.__getitem__, items))
 
     def load(self, bins: kernels.Bins) -> float:
-        return sum(sum(map(self.flops.__getitem__, b)) for b in bins)
+        # 0.0 start: an empty rank's load is a float, so an array of loads stays float64.
+        return sum((sum(map(self.flops.__getitem__, b)) for b in bins), 0.0)
 
 
 def _bin_lower_bound(sizes: np.ndarray, cap: int) -> int:
@@ -229,9 +238,11 @@ def _refine(ranks: list[kernels.Bins], step: _Step) -> float:
     """Move or swap single samples from the heaviest to the lightest rank while that lowers the
     heaviest rank's load (in place). Every micro-batch stays non-empty and within the cap.
     Returns the final straggler ratio: heaviest rank load / ``max(heaviest sample, mean)``."""
-    load = np.array([step.load(bins) for bins in ranks])
-    # No assignment beats max(heaviest sample, mean load); stop close to that bound.
-    bound = max(float(load.mean()), float(step.work.max(initial=0.0)))
+    loads = [step.load(bins) for bins in ranks]
+    load = np.array(loads)
+    # No assignment beats max(heaviest sample, mean load); stop close to that bound. The mean
+    # is a left-to-right sum (numpy's pairwise one would differ from the compiled twin's).
+    bound = max(sum(loads) / len(loads), float(step.work.max(initial=0.0)))
     budget = 2 * len(ranks)  # exchange searches, about 2 per rank
     while budget > 0:
         a = int(np.argmax(load))
@@ -265,17 +276,24 @@ def _items(bins: kernels.Bins, step: _Step):
     return np.array(item, dtype=np.int64), slot, tokens, count
 
 
+def _nearest(key: np.ndarray) -> np.ndarray:
+    """Positions of the ``REFINE_CANDIDATES`` smallest keys (earlier first on ties), sorted."""
+    return np.sort(np.argsort(key, kind="stable")[:REFINE_CANDIDATES])
+
+
 def _best_exchange(heavy: kernels.Bins, light: kernels.Bins, step: _Step, gap: float):
     """The move or swap whose FLOPs transfer is closest to ``gap / 2`` (None if none helps):
     ((heavy bin, sample), (light bin, sample or -1 for a move), FLOPs moved)."""
     ia, sa, ta, ca = _items(heavy, step)
     ib, sb, tb, cb = _items(light, step)
     wa, wb = step.work[ia], step.work[ib]
-    if len(ia) > REFINE_CANDIDATES:  # big ranks: the items nearest the ideal transfer
-        keep = np.sort(np.argpartition(np.abs(wa - gap / 2), REFINE_CANDIDATES)[:REFINE_CANDIDATES])
+    # Big ranks: the items nearest the ideal transfer, and the lightest items to take back.
+    # Ties at the cut go to the earlier item (a stable sort, not argpartition's arbitrary pick).
+    if len(ia) > REFINE_CANDIDATES:
+        keep = _nearest(np.abs(wa - gap / 2))
         ia, sa, wa = ia[keep], sa[keep], wa[keep]
-    if len(ib) > REFINE_CANDIDATES:  # ... and the lightest items to take back
-        keep = np.sort(np.argpartition(wb, REFINE_CANDIDATES)[:REFINE_CANDIDATES])
+    if len(ib) > REFINE_CANDIDATES:
+        keep = _nearest(wb)
         ib, sb, wb = ib[keep], sb[keep], wb[keep]
     za, zb, cap = step.sizes[ia], step.sizes[ib], step.cap
     # Swaps: x from heavy bin sa, y from light bin sb; a bin left with one sample may exceed cap.

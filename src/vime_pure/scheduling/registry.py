@@ -1,9 +1,10 @@
 """Kernel sets: the pure-Python kernels, or their numba twins when ``vime[fast]`` is installed.
 
 Both sets speak one flat form for bins: ``(items, offsets)``, bin ``b`` is
-``items[offsets[b]:offsets[b + 1]]``. The pure set wraps ``vime_pure.scheduling.kernels`` (the
-oracle); the compiled set is ``vime_pure.scheduling.compiled_kernels``, imported the first time
-``kernel_set()`` is asked for it, never at ``import vime_pure``. Both give bit-identical
+``items[offsets[b]:offsets[b + 1]]``. The pure set wraps ``vime_pure.scheduling.kernels`` and
+``rank_balance`` (the oracle); the compiled set is ``compiled_kernels``, ``compiled_balance``
+(the straggler policy) and ``compiled_steps`` (``plan_steps``: every step of a batch in one
+call), imported the first time ``kernel_set()`` is asked for it, never at ``import vime_pure``. Both give bit-identical
 schedules (property-tested), so the choice changes only the speed.
 
 Choice: the compiled set when numba is importable, unless ``VIME_KERNELS=pure`` is set in the
@@ -56,12 +57,22 @@ class KernelSet:
     flops_pack: Callable[[np.ndarray, np.ndarray, int, int], Flat]
     split_to_count: Callable[[Flat, np.ndarray, int], Flat | None]
     karmarkar_karp: Callable[[np.ndarray, int], np.ndarray]  # [parts, k / parts] positions
-    lpt_ranks: Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
+    lpt_ranks: Callable[[np.ndarray, np.ndarray, int], np.ndarray]  # (work, bounds, dp)
+    # (order, ranks, sizes, work, cap, dp, multiple) -> ((items, offsets), per-rank count)
+    balance_step: Callable[..., tuple[Flat, int] | None]
+    # Every step in one call (``compiled_steps.plan_steps``), or None: the planner's loop.
+    plan_steps: Callable[..., tuple | None] | None = None
 
 
 def _pure_split(flat: Flat, sizes: np.ndarray, target: int) -> Flat | None:
     out = kernels.split_to_count(to_bins(flat), sizes, target)
     return None if out is None else to_flat(out)
+
+
+def _pure_balance(order: np.ndarray, ranks: np.ndarray, sizes: np.ndarray, work: np.ndarray,
+                  cap: int, dp: int, multiple: int) -> tuple[Flat, int] | None:
+    out = rank_balance.balance_step(order, ranks, sizes, work, cap, dp, multiple)
+    return None if out is None else (to_flat(out[1]), len(out[0][0]))
 
 
 PURE = KernelSet(
@@ -76,6 +87,7 @@ PURE = KernelSet(
     karmarkar_karp=lambda weights, parts: np.asarray(
         kernels.karmarkar_karp_equal(weights, parts), dtype=np.int64).reshape(parts, -1),
     lpt_ranks=rank_balance.lpt_ranks,
+    balance_step=_pure_balance,
 )
 
 
@@ -86,12 +98,15 @@ def numba_available() -> bool:
 @functools.cache
 def _compiled() -> KernelSet:
     mod = importlib.import_module("vime_pure.scheduling.compiled_kernels")
+    balance = importlib.import_module("vime_pure.scheduling.compiled_balance")
+    steps = importlib.import_module("vime_pure.scheduling.compiled_steps")
     return KernelSet(name="compiled", ffd=mod.ffd_flat, ffd_sorted=mod.ffd_sorted_flat,
-                     first_fit=lambda sizes, cap: PURE.first_fit(sizes, cap),
+                     first_fit=mod.first_fit_flat,
                      flops_pack=mod.flops_pack_flat,
                      split_to_count=lambda flat, sizes, target: mod.split_to_count_flat(
                          flat[0], flat[1], sizes, target),
-                     karmarkar_karp=mod.karmarkar_karp_parts, lpt_ranks=mod.lpt_ranks)
+                     karmarkar_karp=mod.karmarkar_karp_parts, lpt_ranks=mod.lpt_ranks,
+                     balance_step=balance.balance_step_flat, plan_steps=steps.plan_steps)
 
 
 def kernel_set(name: str | None = None) -> KernelSet:

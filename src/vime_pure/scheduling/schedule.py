@@ -292,25 +292,31 @@ def _check_siblings(s: Schedule, ids: np.ndarray) -> None:
     groups = s.group_array
     per_step = s.mb_offsets[s._step_mb_starts[1:]] - s.mb_offsets[s._step_mb_starts[:-1]]
     step_of = np.repeat(np.arange(s.num_steps, dtype=np.int64), per_step)
-    # Sort scheduled samples by group (stable radix sort): a group's samples are then adjacent.
-    by_group = np.argsort(groups[ids], kind="stable")
-    g_sorted, s_sorted = groups[ids][by_group], step_of[by_group]
-    same_group = g_sorted[1:] == g_sorted[:-1]
-    split = np.flatnonzero(same_group & (s_sorted[1:] != s_sorted[:-1]))
-    if split.size:
-        g = int(g_sorted[split[0]])
-        _fail(5, f"group {g} straddles steps {int(s_sorted[split[0]])} and "
-                 f"{int(s_sorted[split[0] + 1])}")
-    first = np.concatenate(([True], ~same_group)) if ids.size else np.zeros(0, dtype=bool)
-    held = np.bincount(s_sorted[first], minlength=s.num_steps)
+    scheduled = groups[ids]
+    # One step per group, without a sort: scatter each sample's step onto its group (some
+    # sibling's write wins); a group in one step reads its own step back from every sample.
+    group_step = np.full(int(groups.max(initial=-1)) + 1, -1, dtype=np.int64)
+    group_step[scheduled] = step_of
+    if np.any(group_step[scheduled] != step_of):
+        _straddling(scheduled, step_of)
+    held = np.bincount(group_step[group_step >= 0], minlength=s.num_steps)
     wrong = np.flatnonzero(held != s.step_groups)
     if wrong.size:
         k = int(wrong[0])
         _fail(5, f"step {k} says {int(s.step_groups[k])} groups but holds {int(held[k])}")
     # A group is either wholly in one step or wholly dropped: compare per-group counts.
     if len(groups):
-        kept = np.bincount(groups[ids], minlength=int(groups.max()) + 1)
+        kept = np.bincount(scheduled, minlength=len(group_step))
         size = np.bincount(groups)
         partial = np.flatnonzero((kept > 0) & (kept < size))
         if partial.size:
             _fail(5, f"group {int(partial[0])} is partly scheduled")
+
+
+def _straddling(scheduled: np.ndarray, step_of: np.ndarray) -> None:
+    """Name the first group (in group order) whose samples sit in two steps."""
+    by_group = np.argsort(scheduled, kind="stable")
+    g_sorted, s_sorted = scheduled[by_group], step_of[by_group]
+    split = np.flatnonzero((g_sorted[1:] == g_sorted[:-1]) & (s_sorted[1:] != s_sorted[:-1]))
+    _fail(5, f"group {int(g_sorted[split[0]])} straddles steps {int(s_sorted[split[0]])} and "
+             f"{int(s_sorted[split[0] + 1])}")

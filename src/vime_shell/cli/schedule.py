@@ -68,7 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     pol.add_argument("--packing", choices=PACKINGS, default=None,
                      help="bin-packing algorithm (default ffd)")
     pol.add_argument("--balance", choices=BALANCES, default=None,
-                     help="DP balance mode; overrides --balance-data / --balance-by-flops")
+                     help="DP balance mode; overrides --balance-data / --balance-by-flops. "
+                     "Default as in vime train (not slime's round-robin 'strided'): "
+                     "'straggler' with --max-tokens-per-gpu and neither of those, else "
+                     "'strided'")
     pol.add_argument("--balance-data", action="store_true",
                      help="balance DP ranks by tokens (--balance tokens)")
     pol.add_argument("--balance-by-flops", action="store_true",

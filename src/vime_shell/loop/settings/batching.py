@@ -41,7 +41,10 @@ class BatchingArgs(Record):
                                              "packing (vime's default); off with "
                                              "--micro-batch-size: static micro-batches")
     packing: str = _f("ffd", "bin-packing algorithm", PACKINGS)
-    balance: str | None = _f(None, "DP balance; overrides the two below", BALANCES)
+    balance: str | None = _f(None, "DP balance; overrides the two below. Default (vime differs "
+                             "from slime, which deals micro-batches round-robin: here "
+                             "'strided'): 'straggler' under --max-tokens-per-gpu packing when "
+                             "neither of the two below is given, else 'strided'", BALANCES)
     balance_data: bool = _f(False, "balance tokens across DP ranks (balance=tokens)")
     balance_by_flops: bool = _f(False, "balance estimated FLOPs across DP ranks (balance=flops)")
     allow_partial_train_step: bool = _f(False, "train a short last step instead of dropping; "
