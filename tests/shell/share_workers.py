@@ -2,8 +2,10 @@
 its ``metrics.jsonl`` values, and what the rank's share exchange moved.
 
 ``FIXTURE`` holds the values main's funnel (leaders -> rank 0 -> broadcast) produced for the
-same runs, recorded with ``python -m tests.shell.share_workers --record`` on the base commit
-(``PYTHONPATH=<base>/src:.``): the sharded path must reproduce them exactly.
+same runs, recorded with ``python -m tests.shell.share_workers --record`` on main's sources
+(``PYTHONPATH=<main>/src:.``, main at fcbbec7, before the sharded path merged): the sharded
+path must reproduce them exactly. Re-record it only from a funnel build (a change that moves
+the numbers, e.g. a new scheduler, must move them on both paths).
 """
 
 import json

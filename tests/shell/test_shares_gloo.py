@@ -2,7 +2,7 @@
 
 ``share_fixture.json`` holds ``metrics.jsonl`` of the same runs made by the funnel the sharded
 path replaced (engine leaders pickled their samples to rank 0, which built the batch and
-broadcast it), recorded on the base commit (``tests/shell/share_workers.py``). The sharded
+broadcast it), recorded on main's sources before the merge (``share_workers.py``). The sharded
 runs must give those values exactly (loss, reward, group and sample counts, entropy, grad
 norm...: every key but wall-clock times), at world 2 (DP 2) and world 4 (DP 2 x PP 2: PP peers
 receive the same share); and every rank must receive its own share's bytes, not the batch's.
