@@ -40,6 +40,8 @@ import attrs
 import numpy as np
 
 from benchmarks.batch_convert import median_s
+from benchmarks.scale_shares import (funnel_rates, gloo_check, holder_parts, maxrss_bytes,
+                                     share_row)
 from vime_pure import (BatchingPolicy, ParallelLayout, RolloutBatch, Sample, build_schedule,
                        rank_batch, schedule_for)
 from vime_pure.scheduling.workloads import synthetic_workload
@@ -161,7 +163,8 @@ def records_nbytes(records) -> int:
                for v in attrs.asdict(mb, recurse=False).values() if isinstance(v, np.ndarray))
 
 
-def run(samples: int, dps: list[int], token_scale: int, repeats: int) -> dict:
+def run(samples: int, dps: list[int], token_scale: int, repeats: int,
+        shares: bool = True) -> dict:
     work = synthetic_workload(num_groups=samples, fanout="grpo16", seed=0)
     lengths = np.maximum(work.lengths // token_scale, 2)
     cap = MAX_TOKENS_PER_GPU // token_scale
@@ -181,7 +184,24 @@ def run(samples: int, dps: list[int], token_scale: int, repeats: int) -> dict:
         schedule = schedule_for(batch, layout, policy)
         r_wall, r_cpu = median_s(lambda: rank_batch(batch, schedule, dp_rank=0), repeats)
         mine = rank_batch(batch, schedule, dp_rank=0)
-        rows.append({"dp": dp, "schedule_wall_s": wall, "schedule_cpu_s": cpu,
+        row_shares = None
+        if shares:
+            parts = holder_parts(lengths, work.group_ids, work.prompt_ids, dp, columnar_batch)
+            row_shares = share_row(parts, layout, policy, work.lengths, response_lengths)
+            del parts
+            worst = row_shares["ranks"][-1]
+            print(f"dp={dp:4d} sharded (simulated in one process, {dp} holders): rank 0 "
+                  f"gather {row_shares['rank0_gather_cpu_s']:.2f} s + schedule "
+                  f"{row_shares['rank0_schedule_cpu_s']:.2f} s CPU, receives "
+                  f"{row_shares['rank0_gather_bytes_received'] / 1e6:.1f} MB, peak "
+                  f"{row_shares['rank0_gather_schedule_peak_bytes'] / 1e9:.2f} GB; every rank "
+                  f"receives the plan {row_shares['plan_bytes_every_rank'] / 1e6:.1f} MB; "
+                  f"DP rank {worst['dp_rank']}: share {worst['share_bytes_received_unscaled'] / 1e6:.1f} MB "
+                  f"received (unscaled), {worst['received_over_share_unscaled']:.2f}x its share, "
+                  f"all-to-all {worst['all_to_all_cpu_s']:.3f} s, rank_batch "
+                  f"{worst['rank_batch_cpu_s']:.3f} s CPU", flush=True)
+        rows.append({"dp": dp, "shares": row_shares,
+                     "schedule_wall_s": wall, "schedule_cpu_s": cpu,
                      "steps": len(schedule.steps),
                      "microbatches_per_rank_step0": schedule.steps[0].num_microbatches,
                      "rank_batch_wall_s": r_wall, "rank_batch_cpu_s": r_cpu,
@@ -191,7 +211,19 @@ def run(samples: int, dps: list[int], token_scale: int, repeats: int) -> dict:
               f"{schedule.steps[0].num_microbatches} micro-batches per rank in step 0, "
               f"rank records {records_nbytes(mine) / 1e9:.2f} GB", flush=True)
     real_tokens = int(work.lengths.sum())
-    return {
+    rates = funnel_rates(work.lengths)
+    funnel = {"rates_s_per_token": rates,
+              "rank0_cpu_s_unscaled": real_tokens * (rates["unpickle_samples"] + rates["convert"]
+                                                     + rates["pickle_batch"]),
+              "every_rank_unpickle_cpu_s_unscaled": real_tokens * rates["unpickle_batch"],
+              "rank0_bytes_received_unscaled": int(rates["pickled_samples_bytes"] * real_tokens),
+              "every_rank_bytes_received_unscaled": columns_bytes(work.lengths)}
+    print(f"funnel (before, per-token costs measured on 512 samples): rank 0 "
+          f"{funnel['rank0_cpu_s_unscaled']:.1f} s CPU, receives "
+          f"{funnel['rank0_bytes_received_unscaled'] / 1e9:.2f} GB; every rank receives "
+          f"{funnel['every_rank_bytes_received_unscaled'] / 1e9:.2f} GB and unpickles it in "
+          f"{funnel['every_rank_unpickle_cpu_s_unscaled']:.1f} s", flush=True)
+    return {"funnel": funnel, "maxrss_bytes": maxrss_bytes(),
         "samples": int(len(lengths)), "groups": groups, "token_scale": token_scale,
         "tokens": int(lengths.sum()), "tokens_unscaled": real_tokens,
         "mean_tokens_per_sample": float(work.lengths.mean()), "batch_build_s": build_s,
@@ -212,12 +244,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--token-scale", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="8k samples, dp 8 and 64, 1 run")
+    parser.add_argument("--gloo", action="store_true",
+                        help="also run the exchange for real: 4 gloo ranks on CPU, 16k samples")
+    parser.add_argument("--no-shares", action="store_true",
+                        help="skip the sharded path (the funnel's rank_batch only)")
     parser.add_argument("--out", default="benchmarks/results/scale.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.samples, args.dps, args.repeats = 8192, "8,64", 1
     result = run(args.samples, [int(d) for d in args.dps.split(",")], args.token_scale,
-                 args.repeats)
+                 args.repeats, shares=not args.no_shares)
+    if args.gloo:
+        result["gloo_world4"] = gloo_check()
+        for r in result["gloo_world4"]:
+            print(f"gloo world 4 (real), rank {r['rank']}: share received {r['share_received']} B "
+                  f"(predicted {r['predicted_share_bytes']} B), plan {r['plan_bytes']} B, "
+                  f"metadata sent {r['meta_sent']} B, received {r['meta_received']} B",
+                  flush=True)
     for row in result["sync"]:
         print(f"sync {row['model']:30s} {row['params'] / 1e9:7.2f} B params, "
               f"{row['bf16_bytes'] / 1e9:8.1f} GB bf16, {row['buckets']} buckets, largest "

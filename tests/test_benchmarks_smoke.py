@@ -52,6 +52,14 @@ def test_scale_quick(tmp_path, capsys):
     assert abs(params["Qwen3-8B"] / 8.19e9 - 1) < 0.01
     assert abs(params["Llama-3.1-70B"] / 70.55e9 - 1) < 0.01
     assert "gather: columns" in capsys.readouterr().out
+    # the sharded path: the exact packing count the doc uses for 1M samples equals what
+    # pack_piece really produced; a rank receives its share (and the plan), not the batch
+    for row in result["rows"]:
+        for rank in row["shares"]["ranks"]:
+            assert rank["share_bytes_received"] == rank["share_bytes_received_unscaled"]
+            assert rank["share_bytes_received"] <= rank["share_nbytes"]
+        assert row["shares"]["plan_bytes_every_rank"] < result["columns_bytes_total"] / 100
+    assert result["funnel"]["rank0_bytes_received_unscaled"] > result["columns_bytes_total"]
 
 
 def test_slime_flag_coverage_on_our_corpus(tmp_path):

@@ -32,7 +32,6 @@ from jaxtyping import Bool, Float, Int64
 
 from vime_pure.config import as_int
 from vime_pure.data.batch import RolloutBatch
-from vime_pure.data.ragged import row_sums
 from vime_pure.data.sample import ON_POLICY_VERSION
 from vime_pure.errors import RolloutBatchError, field_error, type_tag
 from vime_pure.metrics import Metric
@@ -139,7 +138,7 @@ def staleness_metrics(batch: RolloutBatch, trainer_version: Any) -> dict[str, Me
     counts = np.bincount(groups)
     for k, c in enumerate(counts.tolist()):
         out[f"staleness/{k}"] = Metric(float(c), len(groups))
-    tokens = row_sums(batch.loss_masks, batch.response_offsets).astype(np.float64)
+    tokens = batch.mask_sums.astype(np.float64)
     stale = sample_staleness(batch.weight_version_min, trainer_version) > 0
     out["off_policy_token_frac"] = Metric(float(tokens[stale].sum()), float(tokens.sum()))
     return out

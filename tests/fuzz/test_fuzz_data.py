@@ -107,7 +107,7 @@ def _corrupt(draw, arr):
 @given(scheduled_batches(), st.data())
 def test_rollout_batch_constructor(case, data):
     batch, _ = case
-    fields = {f.name: getattr(batch, f.name) for f in attrs.fields(RolloutBatch)}
+    fields = {f.name: getattr(batch, f.name) for f in attrs.fields(RolloutBatch) if f.init}
     name = data.draw(st.sampled_from(sorted(fields)))
     fields[name] = _corrupt(data.draw, fields[name]) if isinstance(
         fields[name], np.ndarray) or fields[name] is None else data.draw(

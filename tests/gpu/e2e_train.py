@@ -133,7 +133,7 @@ def run_e2e(out_path: str | Path, *, num_rollout: int = 8, control_stale_sync: b
 
     def on_rollout(event) -> None:
         m = event.metrics
-        response_tokens = int(np.asarray(event.batch.response_lengths).sum())
+        response_tokens = int(np.asarray(event.gather_batch().response_lengths).sum())
         rows.append({"rollout": event.rollout_id, "reward_mean": m["reward_mean"],
                      "logprob_gap": m["logprob_gap"], "logprob_gap_max": m["logprob_gap_max"],
                      "generation_tokens_per_s": response_tokens / max(m["rollout_s"], 1e-9),

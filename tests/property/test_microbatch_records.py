@@ -34,15 +34,18 @@ def test_records_cover_the_schedule_with_the_loss_modes_denominators(case, mode,
 
 
 @given(scheduled_batches(depth=1))
-def test_with_log_probs_gathers_by_response_index(case):
-    """Theorem: attaching batch-coordinate log-probs is a gather at ``response_index``."""
+def test_with_log_probs_gathers_by_share_index(case):
+    """Theorem: attaching share-coordinate log-probs is a gather at ``share_index``, and the
+    share's positions are its samples' batch response tokens in execution order."""
     batch, sched = case
-    flat = -np.arange(int(batch.response_offsets[-1]), dtype=np.float32) / 7
-    mine = with_log_probs(rank_batch(batch, sched, dp_rank=0), old_log_probs=flat,
-                          ref_log_probs=flat * 2)
+    rank = rank_batch(batch, sched, dp_rank=0)
+    flat = -np.arange(rank.num_response_tokens, dtype=np.float32) / 7
+    mine = with_log_probs(rank, old_log_probs=flat, ref_log_probs=flat * 2)
     for mb in mine.microbatches:
-        np.testing.assert_array_equal(mb.old_log_probs, flat[mb.response_index])
-        np.testing.assert_array_equal(mb.ref_log_probs, 2 * flat[mb.response_index])
+        np.testing.assert_array_equal(mb.old_log_probs, flat[mb.share_index])
+        np.testing.assert_array_equal(mb.ref_log_probs, 2 * flat[mb.share_index])
+    ids = sched.rank_sample_ids(0)
+    assert rank.num_response_tokens == int(batch.response_lengths[ids].sum())
 
 
 def _batch():

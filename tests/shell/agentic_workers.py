@@ -38,6 +38,13 @@ def _responses(batch):
     return out
 
 
+def _partial_seen(e, batch) -> dict:
+    return {"metrics": dict(e.metrics), "samples": _responses(batch),
+            "versions": np.stack([batch.weight_version_min,
+                                  batch.weight_version_max]).tolist(),
+            "group_mask_sums": batch.group_mask_sums.tolist()}
+
+
 def agentic_worker(rank: int, root: str, cache: str) -> dict:
     os.environ["VIME_CACHE_DIR"] = cache
     from tests.shell.loop_workers import _cfg
@@ -47,16 +54,12 @@ def agentic_worker(rank: int, root: str, cache: str) -> dict:
     run_training(_cfg(run_dir=f"{root}/tool", num_rollout=2, rollout_max_response_len=5,
                       custom_generate_function_path="vime_shell.rollout.tool_example:generate"),
                  on_rollout=lambda e: tool.append({"metrics": dict(e.metrics),
-                                                   "samples": _responses(e.batch)}),
+                                                   "samples": _responses(e.gather_batch())}),
                  progress=False)
     run_training(_cfg(run_dir=f"{root}/partial", num_rollout=3, rollout_max_response_len=4,
                       over_sampling_batch_size=6, partial_rollout=True,
                       mask_offpolicy_in_partial_rollout=True,
                       custom_generate_function_path="tests.shell.agentic_workers:slow_generate"),
-                 on_rollout=lambda e: partial.append({
-                     "metrics": dict(e.metrics), "samples": _responses(e.batch),
-                     "versions": np.stack([e.batch.weight_version_min,
-                                           e.batch.weight_version_max]).tolist(),
-                     "group_mask_sums": e.batch.group_mask_sums.tolist()}),
+                 on_rollout=lambda e: partial.append(_partial_seen(e, e.gather_batch())),
                  progress=False)
     return {"tool": tool, "partial": partial}

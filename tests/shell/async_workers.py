@@ -94,10 +94,11 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dic
                 raise RuntimeError("the trainer's hook failed")
             if name == "resume_first" and e.rollout_id == 2:  # trained, never checkpointed
                 raise RuntimeError("killed after the checkpoint")
-            seen.append({"contents": _contents(e.batch), "metrics": dict(e.metrics),
-                         "group_ids": list(e.batch.original_group_ids()),
+            batch = e.gather_batch()  # collective: every trainer rank observes
+            seen.append({"contents": _contents(batch), "metrics": dict(e.metrics),
+                         "group_ids": list(batch.original_group_ids()),
                          "trace": [(s, tuple(ix), n) for s, ix, n in e.trace],
-                         "num_samples": len(e.batch.lengths)})
+                         "num_samples": len(batch.lengths)})
 
         try:
             run_training(cfg, progress=False, on_rollout=observe)

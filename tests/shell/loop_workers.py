@@ -34,6 +34,7 @@ def _observe(event, out: list, *, engine_check: bool = False) -> None:
     from megatron.core import parallel_state as mpu
 
     sched = event.schedule
+    batch = event.gather_batch()  # collective: every rank observes
     rank = mpu.get_data_parallel_rank()
     item = {"rollout": event.rollout_id, "metrics": dict(event.metrics), "dp_rank": rank,
             "trace": [(s, tuple(ix), n) for s, ix, n in event.trace],
@@ -42,11 +43,11 @@ def _observe(event, out: list, *, engine_check: bool = False) -> None:
             "steps": [[[tuple(mb) for mb in r] for r in step.microbatches]
                       for step in sched.steps],
             "partition": tuple(sched.partitions[rank]),
-            "group_ids": event.batch.original_group_ids(),
-            "tokens": np.asarray(event.batch.tokens).copy(),
-            "advantages": np.asarray(event.batch.advantages).copy(),
-            "rollout_log_probs": (None if event.batch.rollout_log_probs is None
-                                  else np.asarray(event.batch.rollout_log_probs).copy()),
+            "group_ids": batch.original_group_ids(),
+            "tokens": np.asarray(batch.tokens).copy(),
+            "advantages": np.asarray(batch.advantages).copy(),
+            "rollout_log_probs": (None if batch.rollout_log_probs is None
+                                  else np.asarray(batch.rollout_log_probs).copy()),
             "has_engine": event.engine is not None}
     if engine_check:
         state = event.trainer.hf_state_dict()  # collective: every rank calls it
@@ -232,9 +233,10 @@ def real_jobs_worker(rank: int, root: str, cache: str) -> dict:
     seen: list = []
 
     def observe(event):
-        seen.append({"metrics": dict(event.metrics), "num_groups": event.batch.num_groups,
-                     "advantages": event.batch.advantages.copy(),
-                     "group_ids": event.batch.group_ids.copy(),
+        batch = event.gather_batch()
+        seen.append({"metrics": dict(event.metrics), "num_groups": batch.num_groups,
+                     "advantages": batch.advantages.copy(),
+                     "group_ids": batch.group_ids.copy(),
                      "schedule_groups": [s.num_groups for s in event.schedule.steps]})
 
     run_training(_cfg(
@@ -318,8 +320,9 @@ def engine_layouts_worker(rank: int, root: str, cache: str) -> dict:
         seen: list = []
         result = run_training(_cfg(run_dir=f"{root}/{name}", **job, **extra),
                               on_rollout=lambda e, seen=seen: seen.append({
-                                  "tokens": np.asarray(e.batch.tokens).copy(),
-                                  "rewards": np.asarray(e.batch.rewards).copy(),
+                                  **(lambda b: {"tokens": np.asarray(b.tokens).copy(),
+                                                "rewards": np.asarray(b.rewards).copy()})(
+                                      e.gather_batch()),
                                   "metrics": dict(e.metrics),
                                   "has_engine": e.engine is not None}),
                               progress=False)
@@ -439,9 +442,10 @@ def stale_engine_rs_worker(rank: int, root: str, cache: str) -> dict:
 
     def check(event):
         wrong = tokens = 0
+        batch = event.gather_batch()
         for mb in event.records.microbatches:
             d = mb.old_log_probs.astype(np.float64) - mb.rollout_log_probs.astype(np.float64)
-            want = event.batch.loss_masks[mb.response_index] * ((d >= lo) & (d <= hi))
+            want = batch.loss_masks[mb.response_index] * ((d >= lo) & (d <= hi))
             wrong += int((mb.loss_mask != want).sum())
             tokens += len(d)
         seen.append({**event.metrics, "wrong_masks": wrong, "scored": tokens})

@@ -105,6 +105,15 @@ def _resume(hf_dir: str, checkpoint: str, vocab: int, *, tp=1, pp=1, vpl=None,
     return out
 
 
+def _in_batch(mine, logps: np.ndarray, batch) -> np.ndarray:
+    """Share-coordinate log-probs (``compute_log_probs``) placed at their batch positions
+    (NaN elsewhere), so passes over different schedules compare token by token."""
+    out = np.full(int(batch.response_offsets[-1]), np.nan)
+    for mb in mine.microbatches:
+        out[mb.response_index] = logps[mb.share_index]
+    return out
+
+
 def _max_diff(a: np.ndarray, b: np.ndarray, where: np.ndarray) -> float:
     return float(np.max(np.abs(a[where] - b[where])))
 
@@ -158,7 +167,8 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False, firs
         old = trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens)
         if r == 0:
             mine_idx = _scored(mine)
-            out["hf_logprob_max"] = _max_diff(old, _hf_log_probs(hf_model, batch), mine_idx)
+            out["hf_logprob_max"] = _max_diff(_in_batch(mine, old, batch),
+                                              _hf_log_probs(hf_model, batch), mine_idx)
             # Singleton micro-batches: DP1 and PP2 (a VPP plan would need microbatch_group
             # multiples; TP2 pays ~10 gloo all-reduces per forward, so it is left out for time).
             if name in PACKING_CHECK_LAYOUTS:
@@ -166,14 +176,16 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False, firs
                     global_batch_size=batch.num_groups, micro_batch_size=1))
                 single = rank_batch(batch, alone, dp_rank=trainer.dp_rank)
                 logps = trainer.compute_log_probs(single.microbatches, single.num_response_tokens)
-                out["packing_max"] = _max_diff(old, logps, mine_idx)
+                logps = _in_batch(single, logps, batch)
+                out["packing_max"] = _max_diff(_in_batch(mine, old, batch), logps, mine_idx)
                 # Each CPU attention layout forced (the trainer picks by FLOPs): a packed row
                 # with a block mask, and one padded row per sample.
                 for layout in ("mask", "padded"):
                     trainer.layout_of = lambda record, layout=layout: layout
                     forced = trainer.compute_log_probs(mine.microbatches,
                                                        mine.num_response_tokens)
-                    out[f"packing_max_{layout}"] = _max_diff(forced, logps, mine_idx)
+                    out[f"packing_max_{layout}"] = _max_diff(_in_batch(mine, forced, batch),
+                                                             logps, mine_idx)
                 del trainer.layout_of  # back to the class's choice by FLOPs
             if trainer.layout.vpp > 1:  # an odd micro-batch count cannot interleave
                 try:

@@ -12,7 +12,8 @@ import numpy as np
 
 from tests.shell.routing_workers import routing_runs
 from tests.shell.megatron_workers import (ROLLOUT_SEEDS, _hf_log_probs, _logit_diff, _main_grads,
-                                          _max_diff, _optim, _scored, rank_rollout)
+                                          _in_batch, _max_diff, _optim, _scored,
+                                          rank_rollout)
 
 RECOMPUTE = {
     "full_uniform": dict(recompute_granularity="full", recompute_method="uniform",
@@ -90,7 +91,8 @@ def train_run(hf_dir: str, options: dict | None = None, with_parity: bool = Fals
         batch, _, mine = rank_rollout(vocab, seed, trainer)
         old = trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens)
         if with_parity and r == 0:
-            out["hf_logprob_max"] = _max_diff(old, _hf_log_probs(hf_model, batch), _scored(mine))
+            out["hf_logprob_max"] = _max_diff(_in_batch(mine, old, batch),
+                                              _hf_log_probs(hf_model, batch), _scored(mine))
         before = dict(counts)
         results = trainer.train(with_log_probs(mine, old_log_probs=old))
         out["losses"].extend(res.metrics["loss"] for res in results)

@@ -41,9 +41,10 @@ def moe_train_worker(rank: int, root: str, hf_dir: str) -> dict:
         seen: list = []
 
         def observe(event, seen=seen):
-            routes = event.batch.rollout_routed_experts
+            batch = event.gather_batch()  # collective: every rank observes
+            routes = batch.rollout_routed_experts
             seen.append({"metrics": dict(event.metrics),
-                         "tokens": np.asarray(event.batch.tokens).copy(),
+                         "tokens": np.asarray(batch.tokens).copy(),
                          "routes": None if routes is None else routes.shape,
                          "state": {n: t.numpy().copy()
                                    for n, t in event.trainer.hf_state_dict().items()}})

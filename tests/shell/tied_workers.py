@@ -69,7 +69,7 @@ def run_tied(hf_dir: str, tp: int = 1, pp: int = 1, vpl: int | None = None) -> d
         logits = engine.model(input_ids=ids).logits.float()
     logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
     engine_logp = logp[:, -3:].reshape(-1).numpy()
-    index = np.concatenate([mb.response_index for mb in mine.microbatches]) \
+    index = np.concatenate([mb.share_index for mb in mine.microbatches]) \
         if trainer.owns_loss else np.zeros(0, dtype=np.int64)
     scored = np.concatenate([np.arange(3 * i, 3 * i + 3) for mb in mine.microbatches
                              for i in mb.sample_indices.tolist()]) if trainer.owns_loss else index

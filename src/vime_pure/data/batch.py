@@ -96,6 +96,9 @@ class RolloutBatch:
     weight_version_max: Int64[np.ndarray, " n"] = attrs.field(
         default=attrs.Factory(lambda self: _on_policy(self.lengths), takes_self=True))
     rollout_routed_experts: Int16[np.ndarray, "t e"] | None = None
+    # Each sample's loss-mask total (int64), summed once when the batch is checked: what
+    # denominators, staleness and the shard metadata read instead of rescanning the masks.
+    mask_sums: Int64[np.ndarray, " n"] = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         check_batch(self)
@@ -103,6 +106,7 @@ class RolloutBatch:
             column = getattr(self, name)
             if column is not None:
                 column.flags.writeable = False
+        self.mask_sums.flags.writeable = False
 
     @property
     def num_samples(self) -> int:
@@ -191,7 +195,8 @@ def check_batch(b: RolloutBatch) -> None:
         first_bad(b.tokens < 0, "tokens", b.tokens, "token ids are non-negative")
     if b.loss_masks.size and b.loss_masks.max() > 1:
         first_bad(b.loss_masks > 1, "loss_masks", b.loss_masks, "masks are 0/1")
-    mask_sums = row_sums(b.loss_masks, b.response_offsets)
+    mask_sums = row_sums(b.loss_masks, b.response_offsets).astype(np.int64, copy=False)
+    object.__setattr__(b, "mask_sums", mask_sums)  # the column, computed by the check
     first_bad(b.removed & (mask_sums > 0), "loss_masks of removed sample", mask_sums,
                "remove_sample zeroes the mask")
     routes = b.rollout_routed_experts

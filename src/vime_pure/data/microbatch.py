@@ -11,7 +11,9 @@ One record is one packed row (the micro-batch's samples back to back):
   the same sample; 0 after a sample's last token) over the row's ``T`` local positions;
 - per response token this rank scores (``R`` of them): ``logit_index`` (the local position whose
   output predicts it), ``response_index`` (its place in the batch's flat response columns, so
-  log-probs computed here land in batch coordinates), ``token_sample`` (its sample's position in
+  the token keeps its batch identity), ``share_index`` (its place in this rank's share, the
+  ``RankShare``'s flat response columns: log-prob arrays are share-sized and indexed by it),
+  ``token_sample`` (its sample's position in
   the row), ``loss_mask``, ``advantages`` and the engine's ``rollout_log_probs``; ``old_log_probs``
   and ``ref_log_probs`` once attached with :func:`with_log_probs`;
 - ``routed_experts`` (MoE routing replay, when the batch has ``rollout_routed_experts``): one
@@ -39,19 +41,19 @@ Example: samples ``[5, 6, 7]`` (response 2) and ``[8, 9]`` (response 1) in one m
 groups, ``denominators [1, 1]``.
 """
 
-from itertools import chain
 from typing import Any
 
 import attrs
 import numpy as np
-from jaxtyping import Float32, Float64, Int16, Int64, TypeCheckError
+from jaxtyping import Float32, Float64, Int16, Int32, Int64, TypeCheckError
 
 from vime_pure.config import as_int
 from vime_pure.cp import zigzag_offsets
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.columns import (all_finite, check_dtypes, first_bad, shape_checker,
                                     shape_error)
-from vime_pure.data.ragged import offsets_from_lengths, row_positions, row_sums
+from vime_pure.data.ragged import offsets_from_lengths
+from vime_pure.data.shares import RankShare, share_of_batch
 from vime_pure.denominators import LossMode, step_denominators
 from vime_pure.errors import RolloutBatchError, Shown, field_error, type_tag
 from vime_pure.scheduling.schedule import Schedule
@@ -71,12 +73,13 @@ class TrainMicroBatch:
     sample_indices: Int64[np.ndarray, " k"]
     seq_lengths: Int64[np.ndarray, " k"]
     denominators: Float64[np.ndarray, " k"]
-    tokens: Int64[np.ndarray, " T"]
-    positions: Int64[np.ndarray, " T"]
-    labels: Int64[np.ndarray, " T"]
-    logit_index: Int64[np.ndarray, " R"]
+    tokens: Int32[np.ndarray, " T"]
+    positions: Int32[np.ndarray, " T"]
+    labels: Int32[np.ndarray, " T"]
+    logit_index: Int32[np.ndarray, " R"]
     response_index: Int64[np.ndarray, " R"]
-    token_sample: Int64[np.ndarray, " R"]
+    share_index: Int32[np.ndarray, " R"]
+    token_sample: Int32[np.ndarray, " R"]
     loss_mask: Float32[np.ndarray, " R"]
     advantages: Float32[np.ndarray, " R"]
     rollout_log_probs: Float32[np.ndarray, " R"] | None = None
@@ -92,8 +95,9 @@ class TrainMicroBatch:
             shape_checker(_shapes)(
                 self.sample_indices, self.seq_lengths, self.denominators, self.tokens,
                 self.positions, self.labels, self.logit_index, self.response_index,
-                self.token_sample, self.loss_mask, self.advantages, self.rollout_log_probs,
-                self.old_log_probs, self.ref_log_probs, self.routed_experts)
+                self.share_index, self.token_sample, self.loss_mask, self.advantages,
+                self.rollout_log_probs, self.old_log_probs, self.ref_log_probs,
+                self.routed_experts)
         except TypeCheckError as exc:
             raise shape_error("TrainMicroBatch", self, exc) from None
         _check_values(self)
@@ -122,8 +126,8 @@ class StepBatch:
 class RankBatch:
     """Everything one (DP, CP) rank trains from one rollout batch, step by step.
 
-    ``num_response_tokens`` is the batch's flat response length: log-prob arrays in batch
-    coordinates (``response_index``) have this size.
+    ``num_response_tokens`` is the rank's share's flat response length: log-prob arrays in
+    share coordinates (``share_index``) have this size, never the whole batch's.
     """
 
     dp_rank: int
@@ -153,9 +157,31 @@ def rank_batch(batch: Any, schedule: Any, *, dp_rank: Any,
     ranks, a ``LossMode`` or its name; every value is checked here with a typed error.
     ``norm``: the constant of ``sample_token_sum_norm`` (e.g. the max response length).
     Raises ``RolloutBatchError`` when the schedule was planned for another batch or a rank is
-    out of range, ``LossConfigError`` for a bad mode or norm.
+    out of range, ``LossConfigError`` for a bad mode or norm. The rank's samples are cut from
+    the batch (``share_of_batch``) and built by :func:`share_batch`, the loop's path.
     """
     _check_schedule_matches(batch, schedule)
+    dp_rank = _rank("dp_rank", dp_rank, schedule.layout.dp)
+    share = share_of_batch(batch, schedule.rank_sample_ids(dp_rank))
+    return share_batch(share, schedule, batch.mask_sums, dp_rank=dp_rank, loss_mode=loss_mode,
+                       cp_size=cp_size, cp_rank=cp_rank, norm=norm, row_multiple=row_multiple)
+
+
+def share_batch(share: Any, schedule: Any, mask_sums: Any, *, dp_rank: Any,
+                loss_mode: Any = LossMode.GROUP_TOKEN_MEAN, cp_size: Any = 1,
+                cp_rank: Any = 0, norm: Any = None, row_multiple: Any = 1) -> RankBatch:
+    """The records of DP rank ``dp_rank`` from its ``RankShare`` alone (``vime_pure.data.
+    shares``): the same records ``rank_batch`` builds from the whole batch.
+
+    ``mask_sums``: every sample's loss-mask total (``RolloutBatch.mask_sums``, or the plan's
+    int32 column): the step denominators need the whole step, which only these numbers cover.
+    Cost: O(share tokens) plus O(samples) on small int arrays; no whole-batch token is read.
+    Example: a share of 2 of a batch's 8 samples gives that rank's 1 micro-batch of 2.
+    """
+    if not isinstance(share, RankShare) or not isinstance(schedule, Schedule):
+        raise RolloutBatchError(f"share_batch(share, schedule) got {type(share).__name__} and "
+                                f"{type(schedule).__name__}. Fix: pass the RankShare "
+                                "assemble_share built and the plan's Schedule.")
     mode = LossMode.parse(loss_mode)
     dp_rank = _rank("dp_rank", dp_rank, schedule.layout.dp)
     cp_size = as_int("cp_size", cp_size, 1, RolloutBatchError, "pass the context-parallel size")
@@ -169,37 +195,44 @@ def rank_batch(batch: Any, schedule: Any, *, dp_rank: Any,
         raise field_error(RolloutBatchError, "row_multiple", row_multiple,
                           f"is not wired with cp_size={cp_size} (each CP chunk would need it)",
                           "use sequence parallelism without context parallelism")
-    dens = step_denominators(mode, batch.group_ids,
-                             row_sums(batch.loss_masks, batch.response_offsets).astype(np.float64),
+    _check_share_matches(share, schedule, dp_rank, mask_sums)
+    if share.num_response_tokens >= 2**31:  # share_index is int32
+        raise field_error(RolloutBatchError, "share", share.num_response_tokens,
+                          "response tokens on one DP rank exceed 2**31",
+                          "spread the batch over more DP ranks or use fewer samples")
+    dens = step_denominators(mode, schedule.group_array,
+                             np.asarray(mask_sums).astype(np.float64),
                              step_of_sample(schedule), norm=norm)
-    steps = []
-    for s, step in enumerate(schedule.steps):
-        mbs = step.microbatches[dp_rank]
-        # A property summing every rank's micro-batches: read once per step, not per record
-        # (at dp=512 the repeated sum was 70% of this function).
-        num_samples = step.num_samples
-        steps.append(StepBatch(
-            num_groups=step.num_groups, num_samples=num_samples,
-            microbatches=tuple(
-                _record(batch, np.asarray(mb, dtype=np.int64), dens, cp_rank, cp_size,
-                        row_multiple, step=s, loss_mode=mode, num_groups=step.num_groups,
-                        num_samples=num_samples, num_microbatches=len(mbs))
-                for mb in mbs)))
+    sizes, offsets = np.diff(schedule.mb_offsets), schedule.mb_offsets
+    steps, pos = [], 0
+    for s, count in enumerate(schedule.step_microbatches.tolist()):
+        lo, hi = schedule.step_mb_range(s)
+        num_groups = int(schedule.step_groups[s])
+        num_samples = int(offsets[hi] - offsets[lo])  # every rank's, from the offsets
+        records = []
+        for m in range(lo + dp_rank * count, lo + (dp_rank + 1) * count):
+            k = int(sizes[m])
+            records.append(_record(share, pos, pos + k, dens, cp_rank, cp_size, row_multiple,
+                                   step=s, loss_mode=mode, num_groups=num_groups,
+                                   num_samples=num_samples, num_microbatches=count))
+            pos += k
+        steps.append(StepBatch(num_groups=num_groups, num_samples=num_samples,
+                               microbatches=tuple(records)))
     return RankBatch(dp_rank=dp_rank, cp_rank=cp_rank, cp_size=cp_size, loss_mode=mode,
-                     num_response_tokens=int(batch.response_offsets[-1]), steps=tuple(steps))
+                     num_response_tokens=share.num_response_tokens, steps=tuple(steps))
 
 
 def with_log_probs(rank: Any, *, old_log_probs: Any = None, ref_log_probs: Any = None,
                    old_from_step: Any = 0) -> RankBatch:
     """``rank`` with ``old_log_probs`` / ``ref_log_probs`` attached to every record.
 
-    Both are flat float arrays in batch coordinates (``num_response_tokens`` long, e.g. from
-    the trainer's log-prob pass); each record gathers its tokens by ``response_index``.
+    Both are flat float arrays in share coordinates (``num_response_tokens`` long, e.g. from
+    the trainer's log-prob pass); each record gathers its tokens by ``share_index``.
     ``old_from_step=1`` leaves step 0's records without old log-probs: a trainer then uses the
     current ones, detached (ratio 1), which is exact on policy, where step 0 trains the weights
     that generated the batch; later steps follow an update and need the recomputed values.
     Example: ``with_log_probs(rb, old_log_probs=logps)`` gives records whose ``old_log_probs``
-    equal ``logps[mb.response_index]``.
+    equal ``logps[mb.share_index]``.
     """
     if not isinstance(rank, RankBatch):
         raise field_error(RolloutBatchError, "rank", type_tag(rank), "is not a RankBatch",
@@ -213,7 +246,8 @@ def with_log_probs(rank: Any, *, old_log_probs: Any = None, ref_log_probs: Any =
             raise field_error(RolloutBatchError, name, type_tag(values) if arr is None else
                               Shown(f"<{arr.dtype}{list(arr.shape)}>"),
                               f"is not a float array of the batch's {rank.num_response_tokens} "
-                              "response tokens", "pass log-probs in batch coordinates")
+                              "response tokens", "pass log-probs in share coordinates "
+                              "(the trainer's compute_log_probs)")
         columns[name] = arr  # NaN where another rank scores the token: only ours must be finite
     if isinstance(old_from_step, bool) or not isinstance(old_from_step, int) or old_from_step < 0:
         raise field_error(RolloutBatchError, "old_from_step", old_from_step,
@@ -223,7 +257,7 @@ def with_log_probs(rank: Any, *, old_log_probs: Any = None, ref_log_probs: Any =
         names = [n for n in columns if n != "old_log_probs" or s >= old_from_step]
         records = []
         for mb in step.microbatches:
-            attached = {name: columns[name][mb.response_index] for name in names}
+            attached = {name: columns[name][mb.share_index] for name in names}
             for name, mine in attached.items():
                 if not all_finite(mine):
                     first_bad(~np.isfinite(mine), f"{name}[response_index]", mine, "is finite",
@@ -234,10 +268,11 @@ def with_log_probs(rank: Any, *, old_log_probs: Any = None, ref_log_probs: Any =
     return attrs.evolve(rank, steps=tuple(steps))
 
 
-def _record(batch: RolloutBatch, idx: np.ndarray, dens: np.ndarray, cp_rank: int, cp_size: int,
+def _record(share: RankShare, a: int, b: int, dens: np.ndarray, cp_rank: int, cp_size: int,
             row_multiple: int, **step_fields) -> TrainMicroBatch:
-    """One micro-batch's packed row; vectorised over its samples (CP cuts per sample)."""
-    lens, resp = batch.lengths[idx], batch.response_lengths[idx]
+    """The packed row of the share's samples ``a .. b - 1`` (one micro-batch, consecutive in
+    the share's execution order); vectorised over its samples (CP cuts per sample)."""
+    lens, resp = share.lengths[a:b], share.response_lengths[a:b]
     seq = lens if cp_size == 1 else -(-lens // (2 * cp_size)) * (2 * cp_size)
     if row_multiple > 1 and len(seq):  # the pad extends the last sample (rank_batch)
         seq = seq.copy()
@@ -245,40 +280,46 @@ def _record(batch: RolloutBatch, idx: np.ndarray, dens: np.ndarray, cp_rank: int
     starts = offsets_from_lengths(seq)[:-1]
     total = int(seq.sum())
     # Real tokens of sample k sit at starts[k] .. starts[k] + lens[k]; CP padding after them.
-    # source: each position's batch token (a padding position: its sample's last token).
+    # source: each position's share token (a padding position: its sample's last token).
     real = _within(seq, lens)
-    source = np.repeat(batch.token_offsets[idx] + lens - 1, seq)
-    source[real] = row_positions(batch.token_offsets, idx)
-    tokens = np.where(real, batch.tokens[source], 0).astype(np.int64)
-    positions = np.arange(total, dtype=np.int64) - np.repeat(starts, seq)
-    labels = np.zeros(total, dtype=np.int64)
+    source = np.repeat(share.token_offsets[a:b] + lens - 1, seq)
+    source[real] = np.arange(share.token_offsets[a], share.token_offsets[b], dtype=np.int64)
+    tokens = np.where(real, share.tokens[source], 0).astype(np.int32)
+    positions = (np.arange(total, dtype=np.int64) - np.repeat(starts, seq)).astype(np.int32)
+    labels = np.zeros(total, dtype=np.int32)
     has_next = _within(seq, lens - 1)  # every position but each sample's last real one
     labels[np.flatnonzero(has_next)] = tokens[np.flatnonzero(has_next) + 1]
-    response_index = row_positions(batch.response_offsets, idx)
+    within = _ranks_within(resp)
+    response_index = np.repeat(share.response_starts[a:b], resp) + within
+    share_index = np.arange(share.response_offsets[a], share.response_offsets[b],
+                            dtype=np.int32)
     # Response token j of sample k is predicted by row position starts + P - 1 + j.
     first_logit = starts + lens - resp - 1
-    logit_index = np.repeat(first_logit, resp) + _ranks_within(resp)
-    token_sample = np.repeat(np.arange(len(idx), dtype=np.int64), resp)
+    logit_index = np.repeat(first_logit, resp) + within
+    token_sample = np.repeat(np.arange(b - a, dtype=np.int32), resp)
     keep = slice(None)
     if cp_size > 1:
         local = np.concatenate([
-            np.arange(start + a, start + b, dtype=np.int64)
+            np.arange(start + c, start + d, dtype=np.int64)
             for start, n, r in zip(starts.tolist(), lens.tolist(), resp.tolist())
-            for a, b in zigzag_offsets(n, r, cp_rank, cp_size).chunks])
+            for c, d in zigzag_offsets(n, r, cp_rank, cp_size).chunks])
         to_local = np.full(total, -1, dtype=np.int64)
         to_local[local] = np.arange(len(local))
         keep = to_local[logit_index] >= 0
         tokens, positions, labels = tokens[local], positions[local], labels[local]
         logit_index, source = to_local[logit_index[keep]], source[local]
-    log_probs, routes = batch.rollout_log_probs, batch.rollout_routed_experts
+    share_index = share_index[keep]
+    log_probs, routes = share.rollout_log_probs, share.rollout_routed_experts
+    idx = share.sample_ids[a:b]
     return TrainMicroBatch(
         **step_fields, cp_rank=cp_rank, cp_size=cp_size, sample_indices=idx,
         seq_lengths=seq.astype(np.int64, copy=False), denominators=dens[idx], tokens=tokens,
-        positions=positions, labels=labels, logit_index=logit_index,
-        response_index=response_index[keep], token_sample=token_sample[keep],
-        loss_mask=batch.loss_masks[response_index[keep]].astype(np.float32),
-        advantages=np.repeat(batch.advantages[idx], resp)[keep].astype(np.float32),
-        rollout_log_probs=None if log_probs is None else log_probs[response_index[keep]],
+        positions=positions, labels=labels, logit_index=logit_index.astype(np.int32),
+        response_index=response_index[keep], share_index=share_index,
+        token_sample=token_sample[keep],
+        loss_mask=share.loss_masks[share_index].astype(np.float32),
+        advantages=np.repeat(share.advantages[a:b], resp)[keep].astype(np.float32, copy=False),
+        rollout_log_probs=None if log_probs is None else log_probs[share_index],
         routed_experts=None if routes is None else routes[source])
 
 
@@ -294,18 +335,23 @@ def _within(seq: np.ndarray, limit: np.ndarray) -> np.ndarray:
 
 
 def step_of_sample(schedule: Schedule) -> np.ndarray:
-    """Step of every sample of the schedule's batch; -1 for dropped samples."""
-    out = np.full(len(schedule.lengths), -1, dtype=np.int64)
-    for s, step in enumerate(schedule.steps):
-        out[np.fromiter(chain.from_iterable(chain.from_iterable(step.microbatches)),
-                        dtype=np.int64)] = s
+    """Step of every sample of the schedule's batch; -1 for dropped samples (from the flat
+    arrays: no tuple is built)."""
+    out = np.full(len(schedule.lengths_array), -1, dtype=np.int64)
+    mb_step = np.repeat(np.arange(schedule.num_steps, dtype=np.int64),
+                        schedule.step_microbatches * schedule.layout.dp)
+    out[schedule.sample_ids] = np.repeat(mb_step, np.diff(schedule.mb_offsets))
     return out
 
 
 LOG_PROB_COLUMNS = ("rollout_log_probs", "old_log_probs", "ref_log_probs")
+# int32 where a row or a share bounds the value (ids, row positions, share positions: half the
+# bytes per token); int64 for per-sample columns and response_index (batch coordinates, which
+# pass 2**31 at ~1M samples of a few thousand tokens).
 MICROBATCH_COLUMNS: dict[str, np.dtype] = {
-    **dict.fromkeys(("sample_indices", "seq_lengths", "tokens", "positions", "labels",
-                     "logit_index", "response_index", "token_sample"), np.dtype(np.int64)),
+    **dict.fromkeys(("sample_indices", "seq_lengths", "response_index"), np.dtype(np.int64)),
+    **dict.fromkeys(("tokens", "positions", "labels", "logit_index", "share_index",
+                     "token_sample"), np.dtype(np.int32)),
     "denominators": np.dtype(np.float64),
     **dict.fromkeys(("loss_mask", "advantages", *LOG_PROB_COLUMNS), np.dtype(np.float32)),
     "routed_experts": np.dtype(np.int16),
@@ -334,6 +380,7 @@ def _check_values(mb: "TrainMicroBatch") -> None:
             ("logit_index", mb.logit_index, (mb.logit_index < 0) | (mb.logit_index >= t),
              f"indexes one of the row's {t} positions"),
             ("response_index", mb.response_index, mb.response_index < 0, "is >= 0"),
+            ("share_index", mb.share_index, mb.share_index < 0, "is >= 0"),
             ("loss_mask", mb.loss_mask, (mb.loss_mask != 0) & (mb.loss_mask != 1), "is 0 or 1"),
             ("denominators", mb.denominators, ~np.isfinite(mb.denominators)
              | (mb.denominators < 0), "is finite and >= 0"),
@@ -371,11 +418,31 @@ def _check_schedule_matches(batch: RolloutBatch, schedule: Schedule) -> None:
             "schedule_for(batch, layout, policy).")
 
 
+def _check_share_matches(share: RankShare, schedule: Schedule, dp_rank: int,
+                         mask_sums: Any) -> None:
+    """The share holds the schedule's samples of ``dp_rank`` with their lengths (O(share))."""
+    want = schedule.rank_sample_ids(dp_rank)
+    if not (np.array_equal(share.sample_ids, want)
+            and np.array_equal(share.lengths, schedule.lengths_array[want])):
+        raise RolloutBatchError(
+            f"the share holds samples {share.sample_ids[:4].tolist()}... but the schedule "
+            f"gives DP rank {dp_rank} {len(want)} samples {want[:4].tolist()}... Fix: build "
+            "the share for this rank (assemble_share) from the plan of this schedule.")
+    sums = np.asarray(mask_sums)
+    if sums.shape != schedule.lengths_array.shape or sums.dtype.kind not in "iu":
+        raise field_error(RolloutBatchError, "mask_sums",
+                          Shown(f"<{sums.dtype}{list(sums.shape)}>"),
+                          f"is not one integer loss-mask total per sample of the schedule "
+                          f"({len(schedule.lengths_array)})",
+                          "pass RolloutBatch.mask_sums or the plan's mask_sums")
+
+
 def _shapes(sample_indices: Int64[np.ndarray, " k"], seq_lengths: Int64[np.ndarray, " k"],
-            denominators: Float64[np.ndarray, " k"], tokens: Int64[np.ndarray, " T"],
-            positions: Int64[np.ndarray, " T"], labels: Int64[np.ndarray, " T"],
-            logit_index: Int64[np.ndarray, " R"], response_index: Int64[np.ndarray, " R"],
-            token_sample: Int64[np.ndarray, " R"], loss_mask: Float32[np.ndarray, " R"],
+            denominators: Float64[np.ndarray, " k"], tokens: Int32[np.ndarray, " T"],
+            positions: Int32[np.ndarray, " T"], labels: Int32[np.ndarray, " T"],
+            logit_index: Int32[np.ndarray, " R"], response_index: Int64[np.ndarray, " R"],
+            share_index: Int32[np.ndarray, " R"], token_sample: Int32[np.ndarray, " R"],
+            loss_mask: Float32[np.ndarray, " R"],
             advantages: Float32[np.ndarray, " R"],
             rollout_log_probs: Float32[np.ndarray, " R"] | None,
             old_log_probs: Float32[np.ndarray, " R"] | None,

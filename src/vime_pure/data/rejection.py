@@ -44,7 +44,7 @@ def with_rejection(rank: Any, batch: Any, schedule: Any, keep: Any, *,
     if denominator not in REJECTION_DENOMINATORS:
         raise field_error(RolloutBatchError, "denominator", denominator, "is not a choice",
                           f"use one of {REJECTION_DENOMINATORS}")
-    keep = _keep_column(keep, rank.num_response_tokens)
+    keep = _keep_column(keep, int(batch.response_offsets[-1]))
     dens = None
     if denominator == "surviving":
         surviving = row_sums(batch.loss_masks * keep, batch.response_offsets)

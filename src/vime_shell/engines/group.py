@@ -214,6 +214,24 @@ class EngineGroup:
                                    "with --log-level debug).")
         return merge_rollout_shares([p[1] for p in parts])
 
+    def run_local(self, produce: Callable[[range], list], num_prompts: int) -> list | None:
+        """``produce(share)`` on this rank's engine, kept here: the leader's output on a
+        leader, None on its TP peers and on ranks without an engine (the sharded path: the
+        leader converts its output to its part, ``vime_pure.data.shares``, and nothing is
+        gathered). A failure is raised on the failing ranks; the caller reports it to every
+        rank (``ShareExchange.distribute``)."""
+        if self.engine is None:
+            return None
+        self.residency.wake_for_generation()
+        out = produce(self.prompt_share(num_prompts))
+        self.residency.sleep()  # the trainer runs next: hand it the memory
+        return out if self.is_leader else None
+
+    def engine_name(self, rank: int) -> str:
+        """How errors name the engine ``rank`` leads. Example: ``"engine 1 (rank 1)"``."""
+        engine = self.layout.engine_of(rank)
+        return f"rank {rank}" if engine is None else f"engine {engine} (rank {rank})"
+
     def _gather(self, payload: tuple[str, Any] | None) -> list | None:
         """Leaders' payloads in engine order on rank 0; None on every other rank."""
         if self.layout.world_size == 1:

@@ -23,19 +23,40 @@ def _weighted(results, key: str) -> float | None:
                          key)
 
 
-def rollout_record(rid: int, batch, schedule, results, *, gap: float, gap_max: float,
-                   times: tuple[float, float, float]) -> dict:
-    """The record of rollout ``rid``; ``times`` are (rollout, train, sync) seconds."""
+def batch_fields(batch, schedule) -> dict:
+    """The record's values that read the batch: rewards per rollout group, counts, response
+    lengths, trained tokens, DP imbalance. ``batch``: a ``RolloutBatch`` or the merged
+    ``BatchMeta`` (rank 0 computes these once and broadcasts them with the plan)."""
     _, first = np.unique(batch.group_ids, return_index=True)
     rewards, advantages = batch.rewards[first], batch.advantages[first]
-    trained = np.asarray([i for rank in schedule.partitions for i in rank], dtype=np.int64)
-    tokens = int(batch.lengths[trained].sum()) if trained.size else 0
-    stats = step_stats(schedule) if schedule.steps else ()
+    trained = schedule.sample_ids
+    stats = step_stats(schedule) if schedule.num_steps else ()
+    return {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()),
+        "num_groups": int(batch.num_groups),
+        "num_samples": int(batch.num_samples),
+        "nonzero_adv_frac": float(np.mean(np.abs(advantages) > 1e-8)),
+        "response_len_mean": float(np.asarray(batch.response_lengths, dtype=np.int64).mean()),
+        **response_length_stats(np.asarray(batch.response_lengths, dtype=np.int64),
+                                batch.statuses),
+        "dp_imbalance": max((s.token_imbalance for s in stats), default=1.0),
+        "tokens": int(batch.lengths[trained].astype(np.int64).sum()) if trained.size else 0,
+    }
+
+
+def rollout_record(rid: int, batch, schedule, results, *, gap: float, gap_max: float,
+                   times: tuple[float, float, float], fields: dict | None = None) -> dict:
+    """The record of rollout ``rid``; ``times`` are (rollout, train, sync) seconds;
+    ``fields``: ``batch_fields(batch, schedule)`` when already computed (then ``batch`` is
+    not read: ranks without the batch pass None)."""
+    f = batch_fields(batch, schedule) if fields is None else fields
+    tokens = f["tokens"]
     total = float(sum(times))
     return {
         "rollout": rid,
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std()),
+        "reward_mean": f["reward_mean"],
+        "reward_std": f["reward_std"],
         "loss": _weighted(results, "loss"),
         "pg_loss": _weighted(results, "pg_loss"),
         "clipfrac": _weighted(results, "clipfrac"),
@@ -44,15 +65,12 @@ def rollout_record(rid: int, batch, schedule, results, *, gap: float, gap_max: f
         "ratio": _weighted(results, "ratio"),
         "logprob_gap": gap,
         "logprob_gap_max": gap_max,
-        "num_groups": int(batch.num_groups),
-        "num_samples": int(batch.num_samples),
-        "num_steps": len(schedule.steps),
-        "num_microbatches": int(sum(s.num_microbatches for s in schedule.steps)),
+        "num_groups": f["num_groups"],
+        "num_samples": f["num_samples"],
+        "num_steps": schedule.num_steps,
+        "num_microbatches": int(schedule.step_microbatches.sum()),
         "dropped_groups": len(schedule.dropped_groups),
-        "nonzero_adv_frac": float(np.mean(np.abs(advantages) > 1e-8)),
-        "response_len_mean": float(batch.response_lengths.mean()),
-        **response_length_stats(batch.response_lengths, batch.statuses),
-        "dp_imbalance": max((s.token_imbalance for s in stats), default=1.0),
+        **{k: v for k, v in f.items() if k not in _HEAD},
         "tokens": tokens,
         "tokens_per_s": tokens / total if total > 0 else 0.0,
         "lr": results[-1].lr if results else float("nan"),
@@ -60,3 +78,6 @@ def rollout_record(rid: int, batch, schedule, results, *, gap: float, gap_max: f
         "skipped_steps": sum(r.skipped for r in results),  # --skip-nonfinite-grad-steps
         "rollout_s": times[0], "train_s": times[1], "sync_s": times[2],
     }
+
+
+_HEAD = ("reward_mean", "reward_std", "num_groups", "num_samples", "tokens")

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.rollout_output import flatten_rollout_output
+from vime_pure.data.shares import BatchMeta, output_part, part_meta
 from vime_pure.errors import VimeError
 from vime_shell.engines import SamplingParams
 from vime_shell.engines.async_engine import async_front
@@ -105,6 +106,23 @@ class GenerationStats:
                 **(self.partial.as_record() if self.partial is not None else {})}
 
 
+@attrs.frozen(kw_only=True)
+class Produced:
+    """One rank's result of producing a rollout batch: its part and the part's metadata (a
+    holder: an engine leader on the sharded path, rank 0 when it holds the whole batch), the
+    generation's statistics (rank 0) and the dump annotations (rank 0, whole batch only)."""
+
+    part: RolloutBatch | None = None
+    meta: BatchMeta | None = None
+    stats: GenerationStats | None = None
+
+    @classmethod
+    def whole(cls, batch: RolloutBatch | None, stats: GenerationStats | None) -> "Produced":
+        """Rank 0 holds the whole batch (filtered rounds, a replay, a remote engine's)."""
+        return cls(part=batch, meta=None if batch is None else part_meta(batch, whole=True),
+                   stats=stats)
+
+
 def _per_sample(cfg: TrainConfig, engines: EngineGroup, tokenizer: Any) -> PerSample | None:
     """How this rank runs per-sample ``generate`` functions (None when the rollout function
     is a batched one, or this rank has no engine): the engine's per-request front, the
@@ -162,6 +180,49 @@ class RolloutProducer:
                      f" and strings {list(cfg.rollout_stop)}" if cfg.rollout_stop else "")
 
     # -- training batches ---------------------------------------------------------------------
+    @property
+    def sharded(self) -> bool:
+        """Whether each engine leader keeps its output as its part (no sample reaches rank
+        0). Rank 0 needs the samples themselves only for what judges or records whole prompt
+        groups across engines: ``--dynamic-sampling-filter-path`` (rounds, the kept count),
+        over-sampling (the surplus is cut in prompt order), ``--custom-rollout-log-function-
+        path`` (slime's hook receives the samples), ``--save-rollout-data`` (one dump file) and
+        ``--use-rs`` (rejection judges whole samples on every rank)."""
+        cfg = self.cfg
+        per_round = cfg.over_sampling_batch_size or cfg.rollout_batch_size
+        return (self.keep is None and self.log_fn is None and cfg.save_rollout_data is None
+                and not cfg.use_rs and per_round <= cfg.rollout_batch_size)
+
+    def produce_part(self, rid: int) -> Produced:
+        """Collective over the engines, nothing gathered: each leader's output of one round
+        as its part (``output_part``: validated columns); the statistics on rank 0 (its prompt
+        counts are completed from the merged metadata, ``complete_stats``). Raises this rank's
+        own failure (the caller reports it to every rank)."""
+        cfg = self.cfg
+        buffered = self.buffered_groups
+        buffer = None if self.per_sample is None else self.per_sample.buffer
+        counted = (0, 0) if buffer is None else (buffer.tokens, buffer.offpolicy_tokens)
+        per_round = cfg.over_sampling_batch_size or cfg.rollout_batch_size
+        prompts = self.source.take(max(per_round - buffered, 0))
+        sampling = self.sampling(cfg.rollout_max_response_len or self.task.answer_length,
+                                 rollout_sampling_seed(self.seed, rid, 0))
+        ctx = self.context(rid, prompts, sampling, first_group_id=0,
+                           target_groups=cfg.rollout_batch_size)
+        with native_torch():  # generation names no CUDA device: skip the CPU device mode
+            output = self.engines.run_local(self._share_runner(rid, ctx), len(prompts))
+        part = meta = None
+        if output:
+            part, meta = output_part(output, normalization=self.normalization)
+        stats = None
+        if self.is_rank0:
+            stats = GenerationStats(
+                rounds=1, prompts_generated=0, prompts_kept=0, prompts_filtered=0,
+                partial=None if buffer is None else PartialStats(
+                    resumed_groups=buffered, buffered_groups=self.buffered_groups,
+                    restarted_samples=buffer.restarted, tokens=buffer.tokens - counted[0],
+                    offpolicy_tokens=buffer.offpolicy_tokens - counted[1]))
+        return Produced(part=part, meta=meta, stats=stats)
+
     def produce(self, rid: int) -> tuple[RolloutBatch | None, GenerationStats] | None:
         """Collective over the world: this rollout's batch and statistics on rank 0, None on
         the other ranks. The batch is None when the filter removed every prompt group (the
@@ -316,15 +377,17 @@ class RolloutProducer:
                            target_groups=target_groups)
         try:
             with native_torch():  # generation names no CUDA device: skip the CPU device mode
-                output = self.engines.run_shares(
-                    lambda share: call_plugin(
-                        lambda c: list(self.rollout_fn(c)), share_context(ctx, share),
-                        what=f"rollout function {self.cfg.effective_rollout_function_path}",
-                        flag="--rollout-function-path", where=f"rollout {rid}"),
-                    len(prompts))
+                output = self.engines.run_shares(self._share_runner(rid, ctx), len(prompts))
         except Exception as exc:  # noqa: BLE001 - handed to rank0_result by the caller
             return None, exc
         return output, None
+
+    def _share_runner(self, rid: int, ctx: RolloutContext):
+        """``share -> output``: the rollout function on one engine's share of ``ctx``."""
+        return lambda share: call_plugin(
+            lambda c: list(self.rollout_fn(c)), share_context(ctx, share),
+            what=f"rollout function {self.cfg.effective_rollout_function_path}",
+            flag="--rollout-function-path", where=f"rollout {rid}")
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self, rid: int) -> dict[str, float]:
@@ -344,6 +407,12 @@ class RolloutProducer:
         return rank0_result(f"evaluation at rollout {rid}",
                             lambda: {k: v for name, output in outputs.items()
                                      for k, v in eval_metrics(name, output, n).items()})
+
+
+def complete_stats(stats: GenerationStats, merged: BatchMeta | None) -> GenerationStats:
+    """Rank 0: a sharded round's prompt counts, from the parts' output entries."""
+    n = 0 if merged is None else int(merged.part_outputs.sum())
+    return attrs.evolve(stats, prompts_generated=n, prompts_kept=n)
 
 
 def eval_metrics(name: str, output: list[Any], n: int) -> dict[str, float]:

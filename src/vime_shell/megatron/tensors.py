@@ -83,7 +83,12 @@ def to_tensors(record: TrainMicroBatch, layout: Layout,
                           "run context parallelism on CUDA with TransformerEngine")
 
     def tensor(values: np.ndarray | None) -> torch.Tensor | None:
-        return None if values is None else torch.from_numpy(values).to(device)
+        """On ``device``; the records' int32 ids and indices widen to int64 here, per
+        micro-batch, as embedding lookups and gathers take them."""
+        if values is None:
+            return None
+        out = torch.from_numpy(values)
+        return (out if out.is_floating_point() else out.long()).to(device)
 
     seq = record.seq_lengths.tolist()
     tokens, positions, labels = record.tokens, record.positions, record.labels

@@ -369,9 +369,10 @@ class MegatronTrainer:
         """Per-token log-probs of the records' scored response tokens, forward only, under the
         trained model or (``reference=True``) the frozen reference model.
 
-        Returns a float32 array in batch coordinates (``num_response_tokens`` long, a
-        ``RankBatch``'s ``num_response_tokens``): entry ``record.response_index[t]`` holds the
-        log-prob of token ``t``; tokens this rank does not score are NaN. The last pipeline
+        Returns a float32 array in share coordinates (``num_response_tokens`` long, a
+        ``RankBatch``'s ``num_response_tokens``: the rank's share, never the whole batch):
+        entry ``record.share_index[t]`` holds the log-prob of token ``t``; tokens this rank does
+        not score are NaN. The last pipeline
         stage's values are broadcast so every stage returns them.
         """
         if reference and self.reference is None:
@@ -388,7 +389,7 @@ class MegatronTrainer:
         flat = torch.full((num_response_tokens,), float("nan"), dtype=torch.float32)
         if mpu.is_pipeline_last_stage(ignore_virtual=True):
             for row, report in zip(rows, reports):
-                flat[torch.from_numpy(row.record.response_index)] = report["log_probs"].float().cpu()
+                flat[torch.from_numpy(row.record.share_index)] = report["log_probs"].float().cpu()
         self._broadcast_from_last_stage(flat)
         return flat.numpy()
 

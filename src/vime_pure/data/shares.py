@@ -1,0 +1,453 @@
+"""A rollout batch held in parts, scheduled from its metadata, moved to each rank as its share.
+
+No process ever holds the whole batch. Each *holder* (an engine leader, or rank 0 for a replay)
+keeps its *part*: a ``RolloutBatch`` of the prompts it generated (a prompt's samples, so its
+groups, never straddle parts). The global batch is the parts concatenated in holder order.
+
+1. **Metadata** (``part_meta``): per sample the numbers the schedule, the advantages and the
+   metrics need (lengths, response lengths, loss-mask totals, dense group and prompt ids,
+   reward, status, weight versions: 46 bytes, no token), plus the parts' original ids.
+   ``merge_meta`` concatenates the parts' metadata exactly as ``RolloutBatch.from_samples``
+   numbers the merged output (dense ids in first-occurrence order, ids a rollout function left
+   ``None`` numbered after the merge, an explicit id in two parts an error).
+2. **Plan** (``plan_shares``): advantages (``normalize_rewards``) and the ``Schedule``
+   (``plan_grouped``) of the merged metadata, with what every rank needs to build its records
+   without the batch: per-sample loss-mask totals (int32), float32 advantages (what the
+   records carry), the parts' sizes and first global response token.
+3. **Pieces** (``share_piece``): a holder cuts, from its part, the samples one DP rank trains,
+   in that rank's execution order, with their global ids and global response offsets.
+4. **Share** (``assemble_share``): a rank joins its pieces in execution order: a ``RankShare``,
+   which ``vime_pure.data.microbatch.share_batch`` turns into the same records
+   ``rank_batch`` builds from the whole batch (tested bit for bit).
+
+Example: parts of 3 and 2 samples; the schedule gives DP rank 1 samples ``[4, 0]``: holder 0
+sends it sample 0 (its local 0), holder 1 sample 4 (its local 1); rank 1's share holds samples
+``[4, 0]`` in that order, 2 samples' tokens and nothing else.
+"""
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from vime_pure.data.batch import RolloutBatch
+from vime_pure.data.ragged import offsets_from_lengths, row_positions
+from vime_pure.data.rewards import RewardNormalization, normalize_rewards
+from vime_pure.data.rollout_output import fallback_ids
+from vime_pure.errors import RolloutBatchError, RolloutValidationError, field_error
+from vime_pure.grouping import Grouping
+from vime_pure.scheduling.planner import plan_grouped
+from vime_pure.scheduling.schedule import Schedule
+
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def _int32(name: str, values: np.ndarray) -> np.ndarray:
+    """``values`` as int32: lengths and mask totals of one sample stay below 2**31."""
+    if values.size and int(values.max()) > _INT32_MAX:
+        raise field_error(RolloutBatchError, name, int(values.max()), "exceeds int32",
+                          "keep every sample under 2**31 tokens")
+    return values.astype(np.int32)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class BatchMeta:
+    """Per-sample metadata of one part, or of the merged batch (``merge_meta``).
+
+    Reads like a ``RolloutBatch`` for everything that needs no token (``rollout_record``,
+    ``staleness_metrics``, ``fresh_samples``): ``lengths``, ``response_lengths``,
+    ``mask_sums``, dense ``group_ids`` / ``prompt_groups`` with their original values,
+    ``rewards``, ``statuses``, the weight versions, ``advantages`` once planned.
+    ``group_fallback[g]``: group ``g``'s id was ``None`` in the rollout output (renumbered
+    when parts merge); ``prompt_fallback`` alike. ``part_sizes[p]`` / ``part_response_tokens``
+    [p]: samples and response tokens of part ``p``; ``has_log_probs``: the engine recorded
+    rollout log-probs (in every part).
+    """
+
+    lengths: np.ndarray  # int32
+    response_lengths: np.ndarray  # int32
+    mask_sums: np.ndarray  # int32
+    group_ids: np.ndarray  # int32, dense
+    group_id_values: tuple[Hashable, ...]
+    group_fallback: np.ndarray  # bool, per group
+    prompt_groups: np.ndarray  # int32, dense
+    prompt_group_values: tuple[Hashable, ...]
+    prompt_fallback: np.ndarray  # bool, per prompt group
+    rewards: np.ndarray  # float64
+    statuses: np.ndarray  # uint8
+    weight_version_min: np.ndarray  # int64
+    weight_version_max: np.ndarray  # int64
+    part_sizes: np.ndarray  # int64, per part
+    part_response_tokens: np.ndarray  # int64, per part
+    part_outputs: np.ndarray  # int64, per part: top-level entries of its rollout output
+    has_log_probs: bool
+    advantages: np.ndarray | None = None  # float64: a whole batch's, or set by plan_shares
+    has_routes: bool = False  # the engine recorded routed experts (MoE routing replay)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_id_values)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the per-sample arrays (what a holder sends; the id tuples come on top)."""
+        return sum(v.nbytes for v in attrs.asdict(self, recurse=False).values()
+                   if isinstance(v, np.ndarray))
+
+
+def part_meta(part: RolloutBatch, *, group_fallback: np.ndarray | None = None,
+              prompt_fallback: np.ndarray | None = None, outputs: int | None = None,
+              whole: bool = False) -> BatchMeta:
+    """The metadata of one holder's part. ``group_fallback`` / ``prompt_fallback`` flag the
+    dense groups / prompt groups whose id the rollout output left ``None`` (``output_part``
+    finds them); default none. ``outputs``: top-level entries of its rollout output (default
+    its prompt groups). ``whole``: the part is the whole batch (a replay, a filtered batch):
+    its advantages are the batch's and travel along. Example: a part of 2 samples in one
+    group with masks summing to 2 and 1: ``mask_sums [2, 1]``, ``part_sizes [2]``."""
+    flags = {"group_fallback": (group_fallback, part.num_groups),
+             "prompt_fallback": (prompt_fallback, len(part.prompt_group_values))}
+    resolved = {}
+    for name, (given, size) in flags.items():
+        arr = np.zeros(size, dtype=bool) if given is None else np.asarray(given, dtype=bool)
+        if arr.shape != (size,):
+            raise field_error(RolloutBatchError, name, f"<{arr.shape}>",
+                              f"does not have one flag per id ({size})",
+                              "pass what output_part returned")
+        resolved[name] = arr
+    return BatchMeta(
+        lengths=_int32("lengths", part.lengths),
+        response_lengths=_int32("response_lengths", part.response_lengths),
+        mask_sums=_int32("mask_sums", part.mask_sums),
+        group_ids=part.group_ids.astype(np.int32), group_id_values=part.group_id_values,
+        prompt_groups=part.prompt_groups.astype(np.int32),
+        prompt_group_values=part.prompt_group_values,
+        rewards=part.rewards, statuses=part.statuses,
+        weight_version_min=part.weight_version_min, weight_version_max=part.weight_version_max,
+        part_sizes=np.array([part.num_samples], dtype=np.int64),
+        part_response_tokens=np.array([int(part.response_offsets[-1])], dtype=np.int64),
+        part_outputs=np.array([len(part.prompt_group_values) if outputs is None else outputs],
+                              dtype=np.int64),
+        has_log_probs=part.rollout_log_probs is not None,
+        has_routes=part.rollout_routed_experts is not None,
+        advantages=part.advantages if whole else None, **resolved)
+
+
+def output_part(output: Any, *, normalization: Any = RewardNormalization()
+                ) -> tuple[RolloutBatch, BatchMeta]:
+    """A holder's rollout output as its part (``RolloutBatch.from_samples``: validated,
+    columnar, no ``Sample`` leaves the holder) and the part's metadata, with the groups and
+    prompt groups whose ids were ``None`` flagged for renumbering at the merge."""
+    part = RolloutBatch.from_samples(output, normalization=normalization)
+    samples = _flat_samples(output)
+    none_group = np.fromiter((s.group_id is None for s in samples), dtype=bool,
+                             count=len(samples))
+    none_prompt = np.fromiter((s.prompt_group is None for s in samples), dtype=bool,
+                              count=len(samples))
+    group_flags = np.zeros(part.num_groups, dtype=bool)
+    group_flags[part.group_ids[none_group]] = True
+    prompt_flags = np.zeros(len(part.prompt_group_values), dtype=bool)
+    prompt_flags[part.prompt_groups[none_prompt]] = True
+    return part, part_meta(part, group_fallback=group_flags, prompt_fallback=prompt_flags,
+                           outputs=len(output))
+
+
+def _flat_samples(output: Any) -> list:
+    """The samples of a (validated) nested output in flattening order."""
+    out, stack = [], [output]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        else:
+            out.append(item)
+    return out
+
+
+def _merged_values(parts: Sequence[BatchMeta], values: str, flags: str, field: str
+                   ) -> tuple[tuple[Hashable, ...], np.ndarray]:
+    """The merged original ids (fallback ones renumbered as over the merged output) and the
+    dense offset of every part."""
+    owner: dict[Hashable, int] = {}
+    for p, meta in enumerate(parts):
+        for value, fallback in zip(getattr(meta, values), getattr(meta, flags).tolist()):
+            if fallback:
+                continue
+            first = owner.setdefault(value, p)
+            if first != p:
+                raise field_error(
+                    RolloutValidationError, field, value,
+                    f"is used by the outputs of engines {first} and {p}; merged, two rollout "
+                    "groups (or prompts) would become one",
+                    "derive explicit ids from the global prompt index "
+                    "(RolloutContext.prompt_offset, as the built-in rollouts do) or leave them "
+                    "None so they are numbered after the merge")
+    merged = [None if f else v for meta in parts
+              for v, f in zip(getattr(meta, values), getattr(meta, flags).tolist())]
+    sizes = np.array([len(getattr(meta, values)) for meta in parts], dtype=np.int64)
+    return tuple(fallback_ids(merged)), offsets_from_lengths(sizes)
+
+
+def merge_meta(parts: Sequence[BatchMeta]) -> BatchMeta:
+    """The metadata of the parts concatenated in order (holder order = prompt order)."""
+    if not parts:
+        raise RolloutValidationError("no part holds a sample. Fix: generate at least one.")
+    for flag, name in (("has_log_probs", "rollout_log_probs"),
+                       ("has_routes", "rollout_routed_experts")):
+        if len({getattr(m, flag) for m in parts}) > 1:
+            raise RolloutValidationError(
+                f"{name} are recorded by some engines' rollout functions and not by others. "
+                "Fix: record them for every sample or for none.")
+    groups, g_off = _merged_values(parts, "group_id_values", "group_fallback", "group_id")
+    prompts, p_off = _merged_values(parts, "prompt_group_values", "prompt_fallback",
+                                    "prompt_group")
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(m, name) for m in parts])
+
+    return BatchMeta(
+        lengths=cat("lengths"), response_lengths=cat("response_lengths"),
+        mask_sums=cat("mask_sums"),
+        group_ids=np.concatenate([m.group_ids + np.int32(o) for m, o in zip(parts, g_off)]),
+        group_id_values=groups, group_fallback=np.zeros(len(groups), dtype=bool),
+        prompt_groups=np.concatenate([m.prompt_groups + np.int32(o)
+                                      for m, o in zip(parts, p_off)]),
+        prompt_group_values=prompts, prompt_fallback=np.zeros(len(prompts), dtype=bool),
+        rewards=cat("rewards"), statuses=cat("statuses"),
+        weight_version_min=cat("weight_version_min"),
+        weight_version_max=cat("weight_version_max"),
+        part_sizes=cat("part_sizes"), part_response_tokens=cat("part_response_tokens"),
+        part_outputs=cat("part_outputs"), has_log_probs=parts[0].has_log_probs,
+        has_routes=parts[0].has_routes,
+        advantages=cat("advantages") if all(m.advantages is not None for m in parts) else None)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class SharePlan:
+    """What every rank receives before its share: the ``Schedule``, per sample the loss-mask
+    total (int32) and the advantage as the records carry it (float32), per part its first
+    global sample and response token. ``fresh`` (bool per sample, optional): the caller's
+    flag of samples generated by the trainer's weights."""
+
+    schedule: Schedule
+    mask_sums: np.ndarray
+    advantages: np.ndarray
+    part_offsets: np.ndarray  # int64, parts + 1
+    part_response_offsets: np.ndarray  # int64, parts + 1
+    fresh: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the plan's arrays (what the broadcast carries, pickled raw)."""
+        s = self.schedule
+        arrays = (s.lengths_array, s.group_array, s.sample_ids, s.mb_offsets,
+                  s.step_microbatches, s.step_groups, s.dropped_array, self.mask_sums,
+                  self.advantages, self.part_offsets, self.part_response_offsets,
+                  *(() if self.fresh is None else (self.fresh,)))
+        return sum(a.nbytes for a in arrays)
+
+
+def plan_shares(meta: BatchMeta, layout: Any, policy: Any, flops: Any = None, *,
+                normalization: Any = RewardNormalization()
+                ) -> tuple[BatchMeta, SharePlan]:
+    """Advantages and schedule of the merged ``meta`` (the core's ``normalize_rewards`` and
+    ``plan_grouped``, on the same inputs ``RolloutBatch.from_samples`` and ``schedule_for``
+    give them; a whole batch's own advantages are kept, e.g. a replayed dump's); returns the
+    metadata with its advantages and the plan."""
+    groups = meta.group_ids.astype(np.int64)
+    advantages = meta.advantages
+    if advantages is None:
+        advantages = normalize_rewards(meta.rewards, groups,
+                                       meta.prompt_groups.astype(np.int64), normalization)
+    schedule = plan_grouped(meta.lengths.astype(np.int64),
+                            Grouping.from_dense(groups, meta.group_id_values), layout, policy,
+                            flops)
+    plan = SharePlan(schedule=schedule, mask_sums=meta.mask_sums,
+                     advantages=advantages.astype(np.float32),
+                     part_offsets=offsets_from_lengths(meta.part_sizes),
+                     part_response_offsets=offsets_from_lengths(meta.part_response_tokens))
+    return attrs.evolve(meta, advantages=advantages), plan
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class RankShare:
+    """The samples one DP rank trains, in its execution order, and nothing else.
+
+    ``sample_ids``: global sample indices; ``response_starts``: each sample's first response
+    token in the global batch (so records keep batch coordinates in ``response_index``);
+    ragged ``tokens`` / ``loss_masks`` / ``rollout_log_probs`` with local offsets;
+    ``advantages`` (float32) per sample.
+    """
+
+    sample_ids: np.ndarray  # int64
+    response_starts: np.ndarray  # int64
+    lengths: np.ndarray  # int64
+    response_lengths: np.ndarray  # int64
+    tokens: np.ndarray  # int32
+    token_offsets: np.ndarray  # int64
+    loss_masks: np.ndarray  # uint8
+    response_offsets: np.ndarray  # int64
+    rollout_log_probs: np.ndarray | None  # float32
+    advantages: np.ndarray  # float32
+    rollout_routed_experts: np.ndarray | None = None  # int16 [tokens, layers * topk]
+
+    def __attrs_post_init__(self) -> None:
+        n = len(self.sample_ids)
+        for name in ("response_starts", "lengths", "response_lengths", "advantages"):
+            if len(getattr(self, name)) != n:
+                raise field_error(RolloutBatchError, f"RankShare.{name}",
+                                  len(getattr(self, name)), f"is not {n} entries long",
+                                  "build shares with share_piece and assemble_share")
+        for flat, offsets, lengths in (("tokens", "token_offsets", "lengths"),
+                                       ("loss_masks", "response_offsets", "response_lengths")):
+            off = getattr(self, offsets)
+            if (len(off) != n + 1 or off[0] != 0 or off[-1] != len(getattr(self, flat))
+                    or not np.array_equal(np.diff(off), getattr(self, lengths))):
+                raise field_error(RolloutBatchError, f"RankShare.{offsets}", f"<{len(off)}>",
+                                  f"does not cut {flat} by {lengths}",
+                                  "build shares with share_piece and assemble_share")
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.sample_ids)
+
+    @property
+    def num_response_tokens(self) -> int:
+        return int(self.response_offsets[-1])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(v.nbytes for v in attrs.asdict(self, recurse=False).values()
+                   if isinstance(v, np.ndarray))
+
+
+def take_samples(source: Any, rows: np.ndarray, *, sample_ids: np.ndarray,
+                 response_starts: np.ndarray, advantages: np.ndarray) -> RankShare:
+    """Rows ``rows`` (local indices) of a ``RolloutBatch`` or ``RankShare`` as a share."""
+    rows = np.asarray(rows, dtype=np.int64)
+    tok = row_positions(source.token_offsets, rows)
+    resp = row_positions(source.response_offsets, rows)
+    lengths, response_lengths = source.lengths[rows], source.response_lengths[rows]
+    log_probs = source.rollout_log_probs
+    return RankShare(
+        sample_ids=np.asarray(sample_ids, dtype=np.int64),
+        response_starts=np.asarray(response_starts, dtype=np.int64),
+        lengths=lengths.astype(np.int64), response_lengths=response_lengths.astype(np.int64),
+        tokens=source.tokens[tok], token_offsets=offsets_from_lengths(lengths),
+        loss_masks=source.loss_masks[resp], response_offsets=offsets_from_lengths(response_lengths),
+        rollout_log_probs=None if log_probs is None else log_probs[resp],
+        advantages=np.asarray(advantages, dtype=np.float32),
+        rollout_routed_experts=None if source.rollout_routed_experts is None
+        else source.rollout_routed_experts[tok])
+
+
+def share_of_batch(batch: RolloutBatch, ids: np.ndarray) -> RankShare:
+    """The share of global samples ``ids`` cut from a whole batch (the reference path)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    return take_samples(batch, ids, sample_ids=ids, response_starts=batch.response_offsets[ids],
+                        advantages=batch.advantages[ids].astype(np.float32))
+
+
+def share_piece(part: RolloutBatch, part_index: int, plan: SharePlan, dp_rank: int
+                ) -> RankShare:
+    """The samples of part ``part_index`` that DP rank ``dp_rank`` trains, in its order."""
+    lo, hi = (int(x) for x in plan.part_offsets[part_index:part_index + 2])
+    if part.num_samples != hi - lo:
+        raise field_error(RolloutBatchError, "part", part.num_samples,
+                          f"samples, but the plan gives part {part_index} {hi - lo}",
+                          "cut pieces from the part whose metadata the plan merged")
+    ids = plan.schedule.rank_sample_ids(dp_rank)
+    mine = ids[(ids >= lo) & (ids < hi)]
+    local = mine - lo
+    start = int(plan.part_response_offsets[part_index])
+    return take_samples(part, local, sample_ids=mine,
+                        response_starts=start + part.response_offsets[local],
+                        advantages=plan.advantages[mine])
+
+
+def assemble_share(pieces: Sequence[RankShare], plan: SharePlan, dp_rank: int) -> RankShare:
+    """A rank's pieces (from every holder) joined in its execution order; every sample the
+    schedule gives the rank must arrive exactly once (a typed error names the first missing)."""
+    want = plan.schedule.rank_sample_ids(dp_rank)
+    pieces = [p for p in pieces if p.num_samples] or list(pieces[:1])
+    if not pieces:
+        got = np.zeros(0, dtype=np.int64)
+    else:
+        got = np.concatenate([p.sample_ids for p in pieces])
+    if len(got) != len(want) or not np.array_equal(np.sort(got), np.sort(want)):
+        missing = np.setdiff1d(want, got)
+        raise field_error(RolloutBatchError, "share", f"<{len(got)} samples>",
+                          f"does not hold DP rank {dp_rank}'s {len(want)} scheduled samples "
+                          f"(first missing: {missing[:1].tolist()})",
+                          "send every rank the pieces share_piece cuts for it")
+    if not pieces:
+        return share_of_empty()
+    joined = pieces[0] if len(pieces) == 1 else _concat(pieces)
+    order = np.argsort(got, kind="stable")
+    rows = order[np.searchsorted(got[order], want)]
+    if np.array_equal(rows, np.arange(len(rows))):
+        return joined
+    return take_samples(joined, rows, sample_ids=joined.sample_ids[rows],
+                        response_starts=joined.response_starts[rows],
+                        advantages=joined.advantages[rows])
+
+
+def share_of_empty() -> RankShare:
+    zero = np.zeros(0, dtype=np.int64)
+    return RankShare(sample_ids=zero, response_starts=zero, lengths=zero, response_lengths=zero,
+                     tokens=np.zeros(0, np.int32), token_offsets=np.zeros(1, np.int64),
+                     loss_masks=np.zeros(0, np.uint8), response_offsets=np.zeros(1, np.int64),
+                     rollout_log_probs=None, advantages=np.zeros(0, np.float32))
+
+
+def _concat(pieces: Sequence[RankShare]) -> RankShare:
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(p, name) for p in pieces])
+
+    log_probs = [p.rollout_log_probs for p in pieces]
+    lengths, response_lengths = cat("lengths"), cat("response_lengths")
+    return RankShare(sample_ids=cat("sample_ids"), response_starts=cat("response_starts"),
+                     lengths=lengths, response_lengths=response_lengths, tokens=cat("tokens"),
+                     token_offsets=offsets_from_lengths(lengths), loss_masks=cat("loss_masks"),
+                     response_offsets=offsets_from_lengths(response_lengths),
+                     rollout_log_probs=None if any(lp is None for lp in log_probs)
+                     else np.concatenate(log_probs), advantages=cat("advantages"),
+                     rollout_routed_experts=_routes(pieces))
+
+
+def _routes(parts: Sequence[Any]) -> np.ndarray | None:
+    """The parts' routed experts concatenated (None unless every part has them)."""
+    routes = [p.rollout_routed_experts for p in parts]
+    return None if any(r is None for r in routes) else np.concatenate(routes)
+
+
+def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta) -> RolloutBatch:
+    """The whole ``RolloutBatch`` of the parts (holder order) with the merged, planned
+    ``meta``'s ids and advantages: for inspection (``RolloutEvent.gather_batch``) and dumps,
+    never on the training path. Validated by the batch's own checks."""
+    if meta.advantages is None:
+        raise field_error(RolloutBatchError, "meta.advantages", None, "are not planned",
+                          "pass the metadata plan_shares returned")
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(p, name) for p in parts])
+
+    log_probs = [p.rollout_log_probs for p in parts]
+    lengths, response_lengths = cat("lengths"), cat("response_lengths")
+    return RolloutBatch(
+        tokens=cat("tokens"), token_offsets=offsets_from_lengths(lengths), lengths=lengths,
+        response_lengths=response_lengths, loss_masks=cat("loss_masks"),
+        response_offsets=offsets_from_lengths(response_lengths),
+        rollout_log_probs=None if any(lp is None for lp in log_probs)
+        else np.concatenate(log_probs),
+        group_ids=meta.group_ids.astype(np.int64), group_id_values=meta.group_id_values,
+        prompt_groups=meta.prompt_groups.astype(np.int64),
+        prompt_group_values=meta.prompt_group_values, group_mask_sums=cat("group_mask_sums"),
+        rewards=cat("rewards"), advantages=meta.advantages, statuses=cat("statuses"),
+        removed=cat("removed"), sample_indices=cat("sample_indices"),
+        weight_version_min=cat("weight_version_min"),
+        weight_version_max=cat("weight_version_max"), rollout_routed_experts=_routes(parts))

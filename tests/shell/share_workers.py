@@ -1,0 +1,66 @@
+"""Process bodies for the sharded-batch tests (``test_shares_gloo.py``): one short training,
+its ``metrics.jsonl`` values, and what the rank's share exchange moved.
+
+``FIXTURE`` holds the values main's funnel (leaders -> rank 0 -> broadcast) produced for the
+same runs, recorded with ``python -m tests.shell.share_workers --record`` on main's sources
+(``PYTHONPATH=<main>/src:.``, main at fcbbec7, before the sharded path merged): the sharded
+path must reproduce them exactly. Re-record it only from a funnel build (a change that moves
+the numbers, e.g. a new scheduler, must move them on both paths).
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+TIMING = ("rollout_s", "train_s", "sync_s", "old_logprob_s", "tokens_per_s", "eval_s")
+FIXTURE = Path(__file__).with_name("share_fixture.json")
+RUNS = {  # name -> (world size, layout flags): DP at world 2, DP x PP at world 4
+    "dp2": (2, {}),
+    "dp2_pp2": (4, {"pipeline_model_parallel_size": 2}),
+}
+CONFIG = dict(rollout_batch_size=4, n_samples_per_prompt=4, global_batch_size=8,
+              max_tokens_per_gpu=24, lr=1e-3, seed=3, num_rollout=2,
+              custom_rm_path="tests.shell.loop_workers:first_char_reward")
+
+
+def metric_values(path: Path) -> list[dict]:
+    """``metrics.jsonl`` without the wall-clock fields (the rest must match exactly)."""
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    return [{k: v for k, v in line.items() if k not in TIMING} for line in lines]
+
+
+def train_worker(rank: int, run_dir: str, cache: str, layout: dict) -> dict:
+    """One run; rank 0 returns the metrics, every rank the bytes its exchange moved."""
+    os.environ["VIME_CACHE_DIR"] = cache
+    from vime_shell.loop.config import TrainConfig
+    from vime_shell.loop.loop import run_training
+
+    moved: list = []
+
+    def observe(event) -> None:
+        stats = getattr(event, "exchange", None)
+        if stats is not None:
+            moved.append({"stats": stats.as_dict(), "share_bytes": event.share.nbytes,
+                          "share_samples": event.share.num_samples})
+
+    run_training(TrainConfig(run_dir=run_dir, **CONFIG, **layout), on_rollout=observe,
+                 progress=False)
+    metrics = metric_values(Path(run_dir) / "metrics.jsonl") if rank == 0 else None
+    return {"metrics": metrics, "moved": moved}
+
+
+def run(name: str, root: str, cache: str) -> list[dict]:
+    from vime_shell.megatron.spawn import spawn
+
+    world, layout = RUNS[name]
+    return spawn(train_worker, world, f"{root}/{name}", cache, layout)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--record"]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = {name: run(name, tmp, f"{tmp}/cache")[0]["metrics"] for name in RUNS}
+    FIXTURE.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {FIXTURE}")
