@@ -408,21 +408,24 @@ def _concat(pieces: Sequence[RankShare]) -> RankShare:
     def cat(name: str) -> np.ndarray:
         return np.concatenate([getattr(p, name) for p in pieces])
 
-    log_probs = [p.rollout_log_probs for p in pieces]
     lengths, response_lengths = cat("lengths"), cat("response_lengths")
     return RankShare(sample_ids=cat("sample_ids"), response_starts=cat("response_starts"),
                      lengths=lengths, response_lengths=response_lengths, tokens=cat("tokens"),
                      token_offsets=offsets_from_lengths(lengths), loss_masks=cat("loss_masks"),
                      response_offsets=offsets_from_lengths(response_lengths),
-                     rollout_log_probs=None if any(lp is None for lp in log_probs)
-                     else np.concatenate(log_probs), advantages=cat("advantages"),
-                     rollout_routed_experts=_routes(pieces))
+                     rollout_log_probs=_optional_cat([p.rollout_log_probs for p in pieces]),
+                     advantages=cat("advantages"), rollout_routed_experts=_routes(pieces))
+
+
+def _optional_cat(columns: Sequence[np.ndarray | None]) -> np.ndarray | None:
+    """An optional column of several parts, concatenated: None unless every part has it."""
+    present = [c for c in columns if c is not None]
+    return np.concatenate(present) if present and len(present) == len(columns) else None
 
 
 def _routes(parts: Sequence[Any]) -> np.ndarray | None:
     """The parts' routed experts concatenated (None unless every part has them)."""
-    routes = [p.rollout_routed_experts for p in parts]
-    return None if any(r is None for r in routes) else np.concatenate(routes)
+    return _optional_cat([p.rollout_routed_experts for p in parts])
 
 
 def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta) -> RolloutBatch:
@@ -436,14 +439,12 @@ def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta) -> RolloutBatch:
     def cat(name: str) -> np.ndarray:
         return np.concatenate([getattr(p, name) for p in parts])
 
-    log_probs = [p.rollout_log_probs for p in parts]
     lengths, response_lengths = cat("lengths"), cat("response_lengths")
     return RolloutBatch(
         tokens=cat("tokens"), token_offsets=offsets_from_lengths(lengths), lengths=lengths,
         response_lengths=response_lengths, loss_masks=cat("loss_masks"),
         response_offsets=offsets_from_lengths(response_lengths),
-        rollout_log_probs=None if any(lp is None for lp in log_probs)
-        else np.concatenate(log_probs),
+        rollout_log_probs=_optional_cat([p.rollout_log_probs for p in parts]),
         group_ids=meta.group_ids.astype(np.int64), group_id_values=meta.group_id_values,
         prompt_groups=meta.prompt_groups.astype(np.int64),
         prompt_group_values=meta.prompt_group_values, group_mask_sums=cat("group_mask_sums"),
