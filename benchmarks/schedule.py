@@ -164,7 +164,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/schedule.json"))
     parser.add_argument("--readme", type=Path, default=None,
                         help="update this README's table (default: benchmarks/README.md on a "
-                             "full run, nothing with --quick)")
+                             "full run; nothing with --quick, --layouts, --sizes or "
+                             "--no-reference, whose partial table would replace the full one)")
     parser.add_argument("--layouts", default=None, help="comma-separated subset, e.g. A,D")
     parser.add_argument("--sizes", default=None, help="comma-separated subset of " + ",".join(SIZES))
     parser.add_argument("--ref-budget", type=float, default=1.0,
@@ -181,7 +182,8 @@ def main(argv=None) -> dict:
     result = run(layouts, sizes, list(POLICIES), budget, args.ref_steps)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    readme = args.readme or (None if args.quick else Path("benchmarks/README.md"))
+    partial = args.quick or args.layouts or args.sizes or args.no_reference
+    readme = args.readme or (None if partial else Path("benchmarks/README.md"))
     if readme is not None:
         from benchmarks.table import update_readme
 
