@@ -140,7 +140,7 @@ def _build_steps(step_groups: list[tuple[int, int]], full: int, grouping: Groupi
             raise exc
         return planned, exc  # an infeasible partial step is dropped and reported
     step_of = np.repeat(np.arange(len(step_groups)), np.diff(bounds))
-    presorted = _presort(kept, sizes, work, step_of, bounds, layout, policy)
+    presorted = _presort(ks, kept, sizes, work, step_of, bounds, layout, policy)
     steps: list[_StepArrays] = []
     for s in range(len(step_groups)):
         lo, hi = int(bounds[s]), int(bounds[s + 1])
@@ -167,14 +167,15 @@ def _too_few_groups(num_groups: int, gbs: int, partial_error: ScheduleError | No
     )
 
 
-def _presort(kept: np.ndarray, sizes: np.ndarray, work: np.ndarray, step_of: np.ndarray,
-             bounds: np.ndarray, layout: ParallelLayout, policy: BatchingPolicy):
+def _presort(ks: KernelSet, kept: np.ndarray, sizes: np.ndarray, work: np.ndarray,
+             step_of: np.ndarray, bounds: np.ndarray, layout: ParallelLayout,
+             policy: BatchingPolicy):
     """One sort for all steps: per step the positions by decreasing size (ties by position)
     for FFD and FLOPs packing, or, for ``balance="straggler"``, by rank then decreasing size."""
     if not policy.dynamic or policy.packing == "first_fit" and policy.balance != "straggler":
         return None
     if policy.balance == "straggler":
-        ranks = kernel_set(num_samples=sizes.size).lpt_ranks(work[kept], bounds, layout.dp)
+        ranks = ks.lpt_ranks(work[kept], bounds, layout.dp)
         return _sort_by_bucket_then_size(step_of * layout.dp + ranks, sizes[kept]), ranks
     return _sort_by_bucket_then_size(step_of, sizes[kept])
 
