@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from vime_pure.data.batch import RolloutBatch
+from vime_pure.data.ragged import offsets_from_lengths
 from vime_pure.data.shares import (BatchMeta, RankShare, SharePlan, assemble_share, merge_meta,
                                    share_piece)
 from vime_pure.errors import VimeError
@@ -101,16 +102,11 @@ def unpack_piece(buf: np.ndarray, plan: SharePlan) -> RankShare:
     lengths, response_lengths = cols["lengths"], cols["response_lengths"]
     return RankShare(sample_ids=cols["sample_ids"], response_starts=cols["response_starts"],
                      lengths=lengths, response_lengths=response_lengths, tokens=tokens,
-                     token_offsets=_offsets(lengths), loss_masks=masks,
-                     response_offsets=_offsets(response_lengths), rollout_log_probs=log_probs,
+                     token_offsets=offsets_from_lengths(lengths), loss_masks=masks,
+                     response_offsets=offsets_from_lengths(response_lengths),
+                     rollout_log_probs=log_probs,
                      advantages=plan.advantages[cols["sample_ids"]],
                      rollout_routed_experts=routes)
-
-
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
-    return out
 
 
 class ShareExchange:
