@@ -128,27 +128,34 @@ def test_straggler_balance_compiled_equals_pure(case):
 
 @st.composite
 def schedule_cases(draw):
+    """A batch, a layout (VPP groups too: an alignment multiple above dp), a policy, and FLOPs:
+    the default (which follow the lengths) or tie-heavy ones that do not, so FLOPs packing
+    takes both of its LPT orders (FFD's size order reused, or its own sort)."""
     n = draw(st.integers(1, 80))
     lengths = draw(st.lists(st.integers(1, 300), min_size=n, max_size=n))
     groups = draw(st.lists(st.integers(0, n // 2 + 1), min_size=n, max_size=n))
     dp = draw(st.integers(1, 4))
+    group = draw(st.sampled_from([None, None, 2, 3]))
+    layout = ParallelLayout(dp=dp, vpp=2 if group else 1, microbatch_group=group)
     packing = draw(st.sampled_from(PACKINGS))
     balance = draw(st.sampled_from(BALANCES))
     policy = BatchingPolicy(global_batch_size=draw(st.integers(1, 8)), max_tokens_per_gpu=300,
                             packing=packing, balance=balance, allow_partial_step=True)
-    return lengths, groups, ParallelLayout(dp=dp), policy
+    flops = draw(st.one_of(st.none(), st.lists(st.sampled_from([1.0, 2.0, 2.5, 40.0]),
+                                               min_size=n, max_size=n)))
+    return lengths, groups, layout, policy, flops
 
 
 @given(schedule_cases())
 def test_schedules_equal_with_either_kernel_set(case):
     """End to end: the kernel set changes the speed of build_schedule, never its result."""
-    lengths, groups, layout, policy = case
+    lengths, groups, layout, policy, flops = case
     with pytest.MonkeyPatch.context() as mp:
         out = []
         for name in ("pure", "compiled"):
             mp.setenv("VIME_KERNELS", name)
             try:
-                out.append(build_schedule(lengths, groups, layout, policy))
+                out.append(build_schedule(lengths, groups, layout, policy, flops))
             except ValueError as exc:
                 out.append(str(exc))
     assert out[0] == out[1]

@@ -87,26 +87,44 @@ def ffd_flat(sizes: np.ndarray, cap: int):
 
 
 @_compiled
-def _sort_small(region, sizes, by_size):
-    """Sort ``region`` in place by value, or by (size descending, value) with ``by_size``:
-    insertion sort for the few items of a micro-batch (no allocation), numpy's for many."""
+def _sorted_ints(values):
+    """``np.sort`` of distinct ints, through the stable argsort the kernels already compile:
+    numba's quicksort for ``np.sort`` would add about 2.5 s to the first compile."""
+    return values[np.argsort(values, kind="mergesort")]
+
+
+@_compiled
+def _sort_by_value(region):
+    """Sort the distinct ints of ``region`` in place: insertion sort for the few items of a
+    micro-batch (no allocation), a full sort for many."""
     k = len(region)
     if k > 32:
-        region[:] = np.sort(region)
-        if by_size:
-            region[:] = region[np.argsort(-sizes[region], kind="mergesort")]
+        region[:] = _sorted_ints(region)
+        return
+    for t in range(1, k):
+        item = region[t]
+        u = t - 1
+        while u >= 0 and region[u] > item:
+            region[u + 1] = region[u]
+            u -= 1
+        region[u + 1] = item
+
+
+@_compiled
+def _sort_by_size(region, sizes):
+    """Sort ``region`` in place by (size descending, value), as ``_sort_by_value``."""
+    k = len(region)
+    if k > 32:
+        region[:] = _sorted_ints(region)
+        region[:] = region[np.argsort(-sizes[region], kind="mergesort")]
         return
     for t in range(1, k):
         item = region[t]
         u = t - 1
         while u >= 0:
             other = region[u]
-            if by_size:
-                after = sizes[other] < sizes[item] or (sizes[other] == sizes[item]
-                                                        and other > item)
-            else:
-                after = other > item
-            if not after:
+            if not (sizes[other] < sizes[item] or (sizes[other] == sizes[item]
+                                                    and other > item)):
                 break
             region[u + 1] = other
             u -= 1
@@ -139,7 +157,7 @@ def _split_to_count(items, offsets, sizes, target):
         lo, k = start[b], count[b]
         region = buf[lo:lo + k]
         if not dealt[b]:
-            _sort_small(region, sizes, True)
+            _sort_by_size(region, sizes)
         s0, s1, n0, n1 = 0, 0, 0, 0
         for t in range(k):
             item = region[t]
@@ -164,7 +182,7 @@ def _split_to_count(items, offsets, sizes, target):
         seg = out[out_offsets[b]:out_offsets[b + 1]]
         seg[:] = buf[start[b]:start[b] + count[b]]
         if dealt[b]:
-            _sort_small(seg, sizes, False)
+            _sort_by_value(seg)
     return out, out_offsets
 
 
@@ -220,7 +238,7 @@ def _karmarkar_karp(values, order, parts):
             out[j, t] = i
             t += 1
             i = nxt[i]
-        out[j] = np.sort(out[j])
+        out[j] = _sorted_ints(out[j])
     return out
 
 
@@ -275,9 +293,14 @@ def _heap_pop(keys, index, size):
 
 
 @_compiled
-def _flops_pack(order, sizes, work, cap, num_bins):
+def _flops_pack(order, sizes, work, cap, num_bins, limit):
     # Two array heaps, as ``heapq`` keeps them in the pure kernel: every bin is in at most one
     # of them once, so (key, bin) entries are unique and any correct heap pops the same bin.
+    # ``limit``: give up as soon as more than ``limit`` bins are non-empty (bins never empty
+    # again, so the result would have more): returns no items and ``limit + 2`` offsets, i.e.
+    # ``limit + 1`` bins, which a caller comparing the count with ``limit`` rejects. The planner
+    # passes FFD's aligned count (a larger result is discarded for FFD's bins), which stops E's
+    # steps after a quarter of their samples; ``flops_pack_flat`` passes no effective limit.
     n = len(order)
     most = num_bins + n
     room = np.full(most, cap, dtype=np.int64)
@@ -291,6 +314,8 @@ def _flops_pack(order, sizes, work, cap, num_bins):
     parked_key = np.empty(most, dtype=np.int64)  # (-room, bin) of bins lacking room
     parked_bin = np.empty(most, dtype=np.int64)
     parked = 0
+    fresh = np.ones(most, dtype=np.bool_)  # bins holding nothing yet
+    nonempty = 0
     for i in order:
         size = sizes[i]
         if size > cap:
@@ -298,6 +323,9 @@ def _flops_pack(order, sizes, work, cap, num_bins):
             room[count] = -1
             load[count] = work[i]
             count += 1
+            nonempty += 1
+            if nonempty > limit:
+                return np.zeros(0, dtype=np.int64), np.zeros(limit + 2, dtype=np.int64)
             continue
         while parked and -parked_key[0] >= size:
             b, parked = _heap_pop(parked_key, parked_bin, parked)
@@ -310,6 +338,11 @@ def _flops_pack(order, sizes, work, cap, num_bins):
         else:
             best = count
             count += 1
+        if fresh[best]:
+            fresh[best] = False
+            nonempty += 1
+            if nonempty > limit:
+                return np.zeros(0, dtype=np.int64), np.zeros(limit + 2, dtype=np.int64)
         bin_of[i] = best
         room[best] -= size
         load[best] += work[i]
@@ -327,7 +360,21 @@ def flops_pack_flat(sizes: np.ndarray, work: np.ndarray, cap: int, num_bins: int
     work = np.asarray(work, dtype=np.float64)
     order = np.argsort(-work, kind="stable").astype(np.int64)
     return _flops_pack(order, np.asarray(sizes, dtype=np.int64), work, np.int64(cap),
-                       np.int64(num_bins))
+                       np.int64(num_bins), np.int64(num_bins + len(order)))
+
+
+@_compiled
+def _sorted_by(key, order):
+    """Whether ``order`` is ``np.argsort(-key, kind="stable")``: ``key`` non-increasing along
+    it, ties by increasing position (that order is unique, so this is exact; a NaN fails).
+    O(n), against O(n log n) for the sort: FLOPs that grow with length (every ``FlopsModel``)
+    give FFD's size order back, so FLOPs packing reuses it. Example: key [3., 5., 3.],
+    order [1, 0, 2] gives True; order [1, 2, 0] gives False."""
+    for k in range(len(order) - 1):
+        a, b = key[order[k]], key[order[k + 1]]
+        if not (a > b or (a == b and order[k] < order[k + 1])):
+            return False
+    return True
 
 
 @_compiled
