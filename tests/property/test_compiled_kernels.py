@@ -72,6 +72,20 @@ def test_flops_pack_compiled_equals_pure(case, num_bins, rnd):
                  PURE.flops_pack(sizes, work, cap, num_bins))
 
 
+@given(st.one_of(
+    st.lists(st.one_of(st.integers(1, 4), st.integers(1, 70000)), min_size=64, max_size=300),
+    st.lists(st.one_of(st.integers(1, 4), st.integers(1, 2**40), st.integers(-2**62, 2**62)),
+             max_size=300)))
+def test_radix_argsort_equals_stable_argsort(values):
+    """FFD's size order: the LSD radix sort is numpy's stable argsort of ``-values`` (ties by
+    position), on ties, spans of one to eight bytes, past 64 values, and the merge-sort
+    fallback (negative or huge values)."""
+    from vime_pure.scheduling.compiled_kernels import argsort_desc
+
+    a = np.array(values, dtype=np.int64)
+    assert np.array_equal(argsort_desc(a), np.argsort(-a, kind="stable"))
+
+
 @st.composite
 def weights_cases(draw):
     """Bin weights with many ties (small integers) and a number of parts dividing them."""

@@ -29,8 +29,9 @@ import numpy as np
 
 from vime_pure.scheduling.compiled_balance import _balance_step, _bin_lower_bound
 from vime_pure.scheduling.compiled_kernels import (_compiled, _ffd_sorted, _first_fit,
-                                                   _flops_pack, _karmarkar_karp, _lpt_ranks,
-                                                   _sorted_by, _split_to_count)
+                                                   _flops_pack, _group_by, _karmarkar_karp,
+                                                   _lpt_ranks, _sorted_by, _split_to_count,
+                                                   argsort_desc)
 
 PACKING_CODES = {"static": 0, "first_fit": 1, "ffd": 2, "flops": 3}
 # balance -> (kind: 0 strided, 1 Karmarkar-Karp, 2 straggler; KK on tokens rather than FLOPs)
@@ -48,7 +49,7 @@ def _static(n, mbs):
 
 @_compiled
 def _ffd(step_sizes, cap):
-    order = np.argsort(-step_sizes, kind="mergesort")
+    order = argsort_desc(step_sizes)
     return _ffd_sorted(order, step_sizes[order], cap)
 
 
@@ -58,7 +59,7 @@ def _flops_or_ffd(step_sizes, step_work, cap, multiple):
     micro-batches (more than the aligned count: it is a multiple), then FFD's bins. The LPT
     order is FFD's size order when the FLOPs follow the sizes (checked, ``_sorted_by``)."""
     n = len(step_sizes)
-    order = np.argsort(-step_sizes, kind="mergesort")
+    order = argsort_desc(step_sizes)
     items, offsets = _ffd_sorted(order, step_sizes[order], cap)
     aligned = -(-(len(offsets) - 1) // multiple) * multiple
     if not _sorted_by(step_work, order):
@@ -74,8 +75,8 @@ def _straggler_order(step_sizes, step_work, dp):
     """``planner._presort`` for one step: LPT ranks, then positions by (rank, size descending,
     position), and the rank of each of those positions."""
     ranks = _lpt_ranks(step_work, np.array([0, len(step_sizes)], dtype=np.int64), dp)
-    order = np.argsort(-step_sizes, kind="mergesort")
-    order = order[np.argsort(ranks[order], kind="mergesort")]
+    order = argsort_desc(step_sizes)
+    order = order[_group_by(ranks[order], dp)[0]]  # stable by rank: a counting sort
     return order, ranks[order]
 
 
