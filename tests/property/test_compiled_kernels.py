@@ -80,7 +80,7 @@ def test_radix_argsort_equals_stable_argsort(values):
     """FFD's size order: the LSD radix sort is numpy's stable argsort of ``-values`` (ties by
     position), on ties, spans of one to eight bytes, past 64 values, and the merge-sort
     fallback (negative or huge values)."""
-    from vime_pure.scheduling.compiled_kernels import argsort_desc
+    from vime_pure.scheduling.compiled_kernels import argsort_desc  # imports numba: not at top
 
     a = np.array(values, dtype=np.int64)
     assert np.array_equal(argsort_desc(a), np.argsort(-a, kind="stable"))
