@@ -74,16 +74,18 @@ def test_flops_pack_compiled_equals_pure(case, num_bins, rnd):
 
 @given(st.one_of(
     st.lists(st.one_of(st.integers(1, 4), st.integers(1, 70000)), min_size=64, max_size=300),
-    st.lists(st.one_of(st.integers(1, 4), st.integers(1, 2**40), st.integers(-2**62, 2**62)),
-             max_size=300)))
-def test_radix_argsort_equals_stable_argsort(values):
-    """FFD's size order: the LSD radix sort is numpy's stable argsort of ``-values`` (ties by
-    position), on ties, spans of one to eight bytes, past 64 values, and the merge-sort
-    fallback (negative or huge values)."""
-    from vime_pure.scheduling.compiled_kernels import argsort_desc  # imports numba: not at top
+    st.lists(st.one_of(st.integers(1, 4), st.integers(1, 2**40),
+                       st.integers(-2**63, 2**63 - 1)), max_size=300)))
+def test_radix_sorts_equal_numpy(values):
+    """FFD's size order and the kernels' int sorts: the radix sorts equal numpy's stable
+    argsort of ``-values`` (ties by position) and ``np.sort``, on ties, spans of one to eight
+    bytes and the whole int64 range (negative values included)."""
+    from vime_pure.scheduling.compiled_kernels import _sorted_ints, argsort_desc  # imports numba
 
     a = np.array(values, dtype=np.int64)
-    assert np.array_equal(argsort_desc(a), np.argsort(-a, kind="stable"))
+    expected = sorted(range(len(values)), key=lambda i: (-values[i], i))  # Python ints: exact
+    assert argsort_desc(a).tolist() == expected
+    assert np.array_equal(_sorted_ints(a), np.sort(a))
 
 
 @st.composite
