@@ -6,6 +6,7 @@ choosing it changes only the speed. Skipped without numba (the CI venv has it; t
 ``test_schedule_properties`` run on both sets via ``VIME_KERNELS``).
 """
 
+import os
 import subprocess
 import sys
 
@@ -192,3 +193,21 @@ def test_import_vime_pure_does_not_import_numba():
     """numba loads (and compiles) on the first schedule, never at ``import vime_pure``."""
     code = "import sys, vime_pure; assert 'numba' not in sys.modules, 'numba imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_policy_compiles_only_its_own_kernels(tmp_path):
+    """Each policy's compiled loop holds only its own kernels (numba prunes the others'
+    branches), so a first schedule compiles no straggler balancer (most of the first compile)
+    unless it asks for one. Checked on a fresh numba cache (a cached loop would load without
+    compiling anything) with static packing, the cheapest loop to compile (a few seconds)."""
+    code = (
+        "from vime_pure import BatchingPolicy, ParallelLayout, build_schedule\n"
+        "from vime_pure.scheduling import compiled_balance as cb, compiled_kernels as ck\n"
+        "policy = BatchingPolicy(global_batch_size=4, micro_batch_size=1)\n"
+        "build_schedule([30, 70, 50, 20], [0, 1, 2, 3], ParallelLayout(dp=2), policy)\n"
+        "print([len(f.signatures) for f in (cb._balance_step, ck._lpt_ranks, ck._flops_pack,"
+        " ck._karmarkar_karp, ck._ffd_sorted, ck._split_to_count)])\n")
+    env = {**os.environ, "VIME_KERNELS": "compiled", "NUMBA_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, env=env)
+    assert out.stdout.strip() == "[0, 0, 0, 0, 0, 0]"
