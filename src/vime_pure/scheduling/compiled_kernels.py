@@ -376,7 +376,7 @@ def _flops_pack(order, sizes, work, cap, num_bins, limit):
     active = num_bins  # all zero keys in index order: already a heap
     parked_key = np.empty(most, dtype=np.int64)  # (-room, bin) of bins lacking room
     parked_bin = np.empty(most, dtype=np.int64)
-    parked = 0
+    parked = np.int64(0)  # not a literal: one _heap_pop signature
     fresh = np.ones(most, dtype=np.bool_)  # bins holding nothing yet
     nonempty = 0
     for i in order:

@@ -116,7 +116,7 @@ def _loop(packing: int, kind: int):
         ids = np.empty(bounds[-1], dtype=np.int64)
         mb_sizes = np.empty(bounds[-1], dtype=np.int64)
         per_rank = np.empty(steps, dtype=np.int64)
-        pos, nmb = 0, 0
+        pos, nmb = np.int64(0), np.int64(0)  # not literals: one _gather signature
         for s in range(steps):
             samples = kept[bounds[s]:bounds[s + 1]]
             step_sizes, step_work = sizes[samples], work[samples]
