@@ -2,8 +2,8 @@
 
 Never imported by ``import vime_pure``: ``vime_pure.scheduling.registry`` imports this module the
 first time a schedule is built with numba installed, and numba compiles the kernels then, or
-loads them from its on-disk cache (``cache=True``; measured here, CPU: 17-24 s for one
-policy's kernels the first time, 43 s with the straggler balancer's, well under a second
+loads them from its on-disk cache (``cache=True``; measured here, CPU: 17-27 s for one
+policy's kernels the first time, 43-49 s with the straggler balancer's, well under a second
 afterwards; ``registry`` says why small batches never pay it).
 
 Every kernel returns exactly what its pure-Python twin in ``vime_pure.scheduling.kernels``

@@ -11,8 +11,8 @@ Choice: ``VIME_KERNELS=pure`` or ``VIME_KERNELS=compiled`` in the environment fo
 (CI runs the scheduler suites both ways; ``compiled`` without numba is an error naming the fix).
 Otherwise the compiled set runs when numba is importable and the batch has at least
 ``COMPILED_MIN_SAMPLES`` samples. Why the size rule: the first compiled schedule compiles the
-kernels of its policy once (CPU on this 2-core machine: 17-24 s for FFD or FLOPs packing,
-about 43 s for the straggler balance, then well under 1 s from numba's disk cache), while
+kernels of its policy once (CPU on this 2-core machine: 17-27 s for FFD or FLOPs packing,
+43-49 s for the straggler balance, then well under 1 s from numba's disk cache), while
 below 8192 samples the pure kernels plan a batch in under about 30 ms; so a demo, a small run
 or a test never pays the compile, and a large batch, where the kernels save 5-10x per
 rollout, pays it once. The loaded set is memoised: compiling twice would only cost time.
