@@ -145,9 +145,8 @@ def argsort_desc(values):
 
 
 @_compiled
-def _sorted_ints(values):
-    """``np.sort`` of int64s, by the radix sort (so the splitter and Karmarkar-Karp need no
-    numba quicksort beside it). Example: [7, -2, 3] gives [-2, 3, 7]."""
+def _radix_sorted(values):
+    """``np.sort`` of int64s by the radix sort (no numba quicksort to compile beside it)."""
     keys = np.empty(len(values), dtype=np.uint64)
     if len(values):
         low = np.uint64(values.min())
@@ -157,12 +156,22 @@ def _sorted_ints(values):
 
 
 @_compiled
+def _sorted_ints(values):
+    """``np.sort`` of int64s: an insertion sort up to 32 values (a Karmarkar-Karp part has a
+    handful: the radix sort's 257 counters would cost more), else the radix sort. Example:
+    [7, -2, 3] gives [-2, 3, 7]."""
+    out = values.copy()
+    _sort_by_value(out)
+    return out
+
+
+@_compiled
 def _sort_by_value(region):
-    """Sort the distinct ints of ``region`` in place: insertion sort for the few items of a
+    """Sort the ints of ``region`` in place: insertion sort for the few items of a
     micro-batch (no allocation), a full sort for many."""
     k = len(region)
     if k > 32:
-        region[:] = _sorted_ints(region)
+        region[:] = _radix_sorted(region)
         return
     for t in range(1, k):
         item = region[t]
@@ -178,7 +187,7 @@ def _sort_by_size(region, sizes):
     """Sort ``region`` in place by (size descending, value), as ``_sort_by_value``."""
     k = len(region)
     if k > 32:
-        region[:] = _sorted_ints(region)
+        region[:] = _radix_sorted(region)
         region[:] = region[argsort_desc(sizes[region])]
         return
     for t in range(1, k):
