@@ -99,7 +99,7 @@ def share_row(parts: list[RolloutBatch], layout, policy, unscaled: np.ndarray,
               response: callable) -> dict:
     """One (samples, dp) point of the sharded path (module docstring)."""
     dp = layout.dp
-    metas = [part_meta(p) for p in parts]
+    metas = [part_meta(p, start=k) for k, p in enumerate(parts)]  # holder k: one chunk
     blobs = [pickle.dumps(("ok", m), protocol=5) for m in metas]
     # CPU untraced, then the same phases again under tracemalloc for rank 0's peak
     (merged, c_gather) = _cpu(lambda: merge_meta([pickle.loads(b)[1] for b in blobs]))
@@ -121,12 +121,13 @@ def share_row(parts: list[RolloutBatch], layout, policy, unscaled: np.ndarray,
            "rank0_gather_schedule_peak_bytes": rank0_peak,
            "plan_bytes_every_rank": len(plan_blob), "ranks": []}
     # One holder's sending side: its pieces for every DP rank (holder 0).
-    (_, c_cut) = _cpu(lambda: [pack_piece(share_piece(parts[0], 0, plan, r))
+    (_, c_cut) = _cpu(lambda: [pack_piece(share_piece(parts[0], plan, r, starts=np.array([0])))
                                for r in range(dp)])
     out["holder0_cut_and_pack_cpu_s"] = c_cut
     lengths_unscaled = unscaled
     for r in ranks:
-        packed = [pack_piece(share_piece(p, k, plan, r)) for k, p in enumerate(parts)]
+        packed = [pack_piece(share_piece(p, plan, r, starts=np.array([k])))
+                  for k, p in enumerate(parts)]
         received = [b for b, p in zip(packed, parts) if len(b) > 32]
         share, c_a2a = _cpu(lambda: assemble_share(
             [unpack_piece(b, plan) for b in received], plan, r))
@@ -180,12 +181,13 @@ def gloo_worker(rank: int, samples: int, dp: int) -> dict:
                             allow_partial_step=True)
     exchange = ShareExchange(dp_rank=rank % dp)
     plan, share, _ = exchange.distribute(
-        part, part_meta(part), lambda merged: (plan_shares(merged, layout, policy)[1], None),
+        part, part_meta(part, start=rank),
+        lambda merged: (plan_shares(merged, layout, policy)[1], None),
         what="benchmark")
     ids = plan.schedule.rank_sample_ids(rank % dp)
     lengths = work.lengths[ids]
     pieces = sum(1 for p, k in zip(parts, range(world))
-                 if len(share_piece(p, k, plan, rank % dp).sample_ids))
+                 if len(share_piece(p, plan, rank % dp, starts=np.array([k])).sample_ids))
     predicted = packed_bytes(len(ids), int(lengths.sum()), int(response_lengths(lengths).sum()),
                              pieces)
     dist.destroy_process_group()

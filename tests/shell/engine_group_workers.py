@@ -107,3 +107,41 @@ def env_summary() -> dict:
 
 
 __all__ = ["batch_columns", "failing_worker", "group_worker", "make_context", "np"]
+
+
+class _StandIn:
+    """An engine that generates nothing (the queue test needs none): only ``close``."""
+
+    weight_version = 0
+
+    def close(self) -> None:
+        pass
+
+
+def queue_failure_worker(rank: int, gpus_per_engine: int) -> dict:
+    """16 prompts, chunks of 2 (``queue_chunk_size(16, 2)``) over 2 engines: engine 1's leader
+    fails on its second chunk while engine 0 (0.3 s per chunk) is still claiming. Every rank returns
+    its error message (or ``"no error"``) and the chunks its engine generated."""
+    import time
+
+    init_gloo()
+    layout = resolve_engine_layout(world_size=dist.get_world_size(),
+                                   rollout_num_gpus_per_engine=gpus_per_engine)
+    group = EngineGroup.build("unused", layout, EngineOptions(engine="hf"),
+                              factory=lambda *_: _StandIn())
+    chunks: list[int] = []
+
+    def produce(share):
+        chunks.append(share.start)
+        if group.engine_index == 1 and group.is_leader and len(chunks) == 2:
+            raise RuntimeError("tool sandbox unreachable")
+        time.sleep(0.3 if group.engine_index == 0 else 0.0)
+        return [[] for _ in share]
+    try:
+        group.run_shares(produce, 16)
+        message = "no error"
+    except (RuntimeError, EngineGroupError) as exc:
+        message = f"{type(exc).__name__}: {exc}"
+    group.close()
+    dist.destroy_process_group()
+    return {"message": message, "chunks": chunks, "engine": group.engine_index}

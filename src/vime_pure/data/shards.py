@@ -73,8 +73,9 @@ def merge_rollout_shares(parts: Sequence[object]) -> list:
                 if first != e:
                     raise field_error(
                         RolloutValidationError, field, value,
-                        f"is used by the outputs of engines {first} and {e}; merged, two "
-                        "rollout groups (or prompts) would become one",
+                        f"is used by two parts of the output (engines' prompt chunks {first} "
+                        f"and {e}, in prompt order); merged, two rollout groups (or prompts) "
+                        "would become one",
                         "derive explicit ids from the global prompt index "
                         "(RolloutContext.prompt_offset, as the built-in rollouts do) or leave "
                         "them None so they are numbered after the merge")

@@ -30,11 +30,13 @@ from typing import Any
 
 import attrs
 import numpy as np
+from jaxtyping import Int64
 
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.ragged import offsets_from_lengths, row_positions
 from vime_pure.data.rewards import RewardNormalization, normalize_rewards
 from vime_pure.data.rollout_output import fallback_ids
+from vime_pure.data.work_queue import prompt_order
 from vime_pure.errors import RolloutBatchError, RolloutValidationError, field_error
 from vime_pure.grouping import Grouping
 from vime_pure.scheduling.planner import plan_grouped
@@ -81,6 +83,7 @@ class BatchMeta:
     part_sizes: np.ndarray  # int64, per part
     part_response_tokens: np.ndarray  # int64, per part
     part_outputs: np.ndarray  # int64, per part: top-level entries of its rollout output
+    part_starts: np.ndarray  # int64, per part: its first global prompt index
     has_log_probs: bool
     advantages: np.ndarray | None = None  # float64: a whole batch's, or set by plan_shares
     has_routes: bool = False  # the engine recorded routed experts (MoE routing replay)
@@ -102,12 +105,13 @@ class BatchMeta:
 
 def part_meta(part: RolloutBatch, *, group_fallback: np.ndarray | None = None,
               prompt_fallback: np.ndarray | None = None, outputs: int | None = None,
-              whole: bool = False) -> BatchMeta:
+              whole: bool = False, start: int = 0) -> BatchMeta:
     """The metadata of one holder's part. ``group_fallback`` / ``prompt_fallback`` flag the
     dense groups / prompt groups whose id the rollout output left ``None`` (``output_part``
     finds them); default none. ``outputs``: top-level entries of its rollout output (default
     its prompt groups). ``whole``: the part is the whole batch (a replay, a filtered batch):
-    its advantages are the batch's and travel along. Example: a part of 2 samples in one
+    its advantages are the batch's and travel along. ``start``: the part's first global prompt
+    index (a work-queue chunk's; what orders parts at the merge). Example: a part of 2 samples in one
     group with masks summing to 2 and 1: ``mask_sums [2, 1]``, ``part_sizes [2]``."""
     flags = {"group_fallback": (group_fallback, part.num_groups),
              "prompt_fallback": (prompt_fallback, len(part.prompt_group_values))}
@@ -132,16 +136,18 @@ def part_meta(part: RolloutBatch, *, group_fallback: np.ndarray | None = None,
         part_response_tokens=np.array([int(part.response_offsets[-1])], dtype=np.int64),
         part_outputs=np.array([len(part.prompt_group_values) if outputs is None else outputs],
                               dtype=np.int64),
+        part_starts=np.array([start], dtype=np.int64),
         has_log_probs=part.rollout_log_probs is not None,
         has_routes=part.rollout_routed_experts is not None,
         advantages=part.advantages if whole else None, **resolved)
 
 
-def output_part(output: Any, *, normalization: Any = RewardNormalization()
+def output_part(output: Any, *, normalization: Any = RewardNormalization(), start: int = 0
                 ) -> tuple[RolloutBatch, BatchMeta]:
-    """A holder's rollout output as its part (``RolloutBatch.from_samples``: validated,
-    columnar, no ``Sample`` leaves the holder) and the part's metadata, with the groups and
-    prompt groups whose ids were ``None`` flagged for renumbering at the merge."""
+    """A rollout output (one claimed chunk's, or a holder's) as a part
+    (``RolloutBatch.from_samples``: validated, columnar, no ``Sample`` leaves the holder) and
+    the part's metadata, with the groups and prompt groups whose ids were ``None`` flagged for
+    renumbering at the merge; ``start``: its first global prompt index."""
     part = RolloutBatch.from_samples(output, normalization=normalization)
     samples = _flat_samples(output)
     none_group = np.fromiter((s.group_id is None for s in samples), dtype=bool,
@@ -153,7 +159,7 @@ def output_part(output: Any, *, normalization: Any = RewardNormalization()
     prompt_flags = np.zeros(len(part.prompt_group_values), dtype=bool)
     prompt_flags[part.prompt_groups[none_prompt]] = True
     return part, part_meta(part, group_fallback=group_flags, prompt_fallback=prompt_flags,
-                           outputs=len(output))
+                           outputs=len(output), start=start)
 
 
 def _flat_samples(output: Any) -> list:
@@ -181,8 +187,10 @@ def _merged_values(parts: Sequence[BatchMeta], values: str, flags: str, field: s
             if first != p:
                 raise field_error(
                     RolloutValidationError, field, value,
-                    f"is used by the outputs of engines {first} and {p}; merged, two rollout "
-                    "groups (or prompts) would become one",
+                    f"is used by the outputs of two engines or prompt chunks (the ones from "
+                    f"prompt {int(parts[first].part_starts[0])} and from prompt "
+                    f"{int(meta.part_starts[0])}); merged, two rollout groups (or prompts) "
+                    "would become one",
                     "derive explicit ids from the global prompt index "
                     "(RolloutContext.prompt_offset, as the built-in rollouts do) or leave them "
                     "None so they are numbered after the merge")
@@ -193,9 +201,13 @@ def _merged_values(parts: Sequence[BatchMeta], values: str, flags: str, field: s
 
 
 def merge_meta(parts: Sequence[BatchMeta]) -> BatchMeta:
-    """The metadata of the parts concatenated in order (holder order = prompt order)."""
+    """The metadata of the parts concatenated in global prompt order (``part_starts``,
+    whatever order they come in: work-queue chunks of any engines), numbered as
+    ``RolloutBatch.from_samples`` numbers the merged output. Example: chunks starting at
+    prompts 4 and 0 merge as the chunk of prompt 0, then the one of prompt 4."""
     if not parts:
         raise RolloutValidationError("no part holds a sample. Fix: generate at least one.")
+    parts = _in_prompt_order(parts)
     for flag, name in (("has_log_probs", "rollout_log_probs"),
                        ("has_routes", "rollout_routed_experts")):
         if len({getattr(m, flag) for m in parts}) > 1:
@@ -221,23 +233,38 @@ def merge_meta(parts: Sequence[BatchMeta]) -> BatchMeta:
         weight_version_min=cat("weight_version_min"),
         weight_version_max=cat("weight_version_max"),
         part_sizes=cat("part_sizes"), part_response_tokens=cat("part_response_tokens"),
-        part_outputs=cat("part_outputs"), has_log_probs=parts[0].has_log_probs,
+        part_outputs=cat("part_outputs"), part_starts=cat("part_starts"),
+        has_log_probs=parts[0].has_log_probs,
         has_routes=parts[0].has_routes,
         advantages=cat("advantages") if all(m.advantages is not None for m in parts) else None)
+
+
+def _in_prompt_order(parts: Sequence[BatchMeta]) -> list[BatchMeta]:
+    """``parts`` sorted by their first prompt; their parts must not interleave."""
+    order = prompt_order(np.array([int(m.part_starts[0]) for m in parts], dtype=np.int64))
+    ordered = [parts[i] for i in order.tolist()]
+    starts = np.concatenate([m.part_starts for m in ordered])
+    if np.any(np.diff(starts) <= 0):
+        raise field_error(RolloutValidationError, "part_starts", starts.tolist(),
+                          "interleave or repeat across the parts", "merge single chunks")
+    return ordered
 
 
 @attrs.frozen(kw_only=True, eq=False)
 class SharePlan:
     """What every rank receives before its share: the ``Schedule``, per sample the loss-mask
-    total (int32) and the advantage as the records carry it (float32), per part its first
-    global sample and response token. ``fresh`` (bool per sample, optional): the caller's
-    flag of samples generated by the trainer's weights."""
+    total (int32) and the advantage as the records carry it (float32), per part (a work-queue
+    chunk, in global prompt order) its first global sample, response token and prompt: the
+    owner map, since a holder knows the first prompts of the chunks it holds (``share_piece``).
+    ``fresh`` (bool per sample, optional): the caller's flag of samples generated by the
+    trainer's weights."""
 
     schedule: Schedule
     mask_sums: np.ndarray
     advantages: np.ndarray
     part_offsets: np.ndarray  # int64, parts + 1
     part_response_offsets: np.ndarray  # int64, parts + 1
+    part_starts: np.ndarray  # int64, per part: its first global prompt
     fresh: np.ndarray | None = None
 
     @property
@@ -247,7 +274,7 @@ class SharePlan:
         arrays = (s.lengths_array, s.group_array, s.sample_ids, s.mb_offsets,
                   s.step_microbatches, s.step_groups, s.dropped_array, self.mask_sums,
                   self.advantages, self.part_offsets, self.part_response_offsets,
-                  *(() if self.fresh is None else (self.fresh,)))
+                  self.part_starts, *(() if self.fresh is None else (self.fresh,)))
         return sum(a.nbytes for a in arrays)
 
 
@@ -269,7 +296,8 @@ def plan_shares(meta: BatchMeta, layout: Any, policy: Any, flops: Any = None, *,
     plan = SharePlan(schedule=schedule, mask_sums=meta.mask_sums,
                      advantages=advantages.astype(np.float32),
                      part_offsets=offsets_from_lengths(meta.part_sizes),
-                     part_response_offsets=offsets_from_lengths(meta.part_response_tokens))
+                     part_response_offsets=offsets_from_lengths(meta.part_response_tokens),
+                     part_starts=meta.part_starts)
     return attrs.evolve(meta, advantages=advantages), plan
 
 
@@ -352,20 +380,41 @@ def share_of_batch(batch: RolloutBatch, ids: np.ndarray) -> RankShare:
                         advantages=batch.advantages[ids].astype(np.float32))
 
 
-def share_piece(part: RolloutBatch, part_index: int, plan: SharePlan, dp_rank: int
-                ) -> RankShare:
-    """The samples of part ``part_index`` that DP rank ``dp_rank`` trains, in its order."""
-    lo, hi = (int(x) for x in plan.part_offsets[part_index:part_index + 2])
-    if part.num_samples != hi - lo:
+def share_piece(part: RolloutBatch, plan: SharePlan, dp_rank: int, *,
+                starts: Int64[np.ndarray, " k"]) -> RankShare:
+    """The samples of a holder's ``part`` that DP rank ``dp_rank`` trains, in its order.
+
+    ``starts``: the first global prompt of each chunk the part holds, in the part's order
+    (claim order; one entry for a contiguous block or a whole batch). The plan's per-chunk
+    offsets (global prompt order) locate each chunk's samples globally; the part holds them
+    back to back. Example: a part holding the chunks at prompts 0 and 8, of 2 and 3 samples,
+    which the plan puts at global samples 0-1 and 4-6: global sample 5 is the part's row 3.
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    chunks = np.searchsorted(plan.part_starts, starts)
+    if (chunks >= len(plan.part_starts)).any() \
+            or not np.array_equal(plan.part_starts[np.minimum(chunks, len(plan.part_starts) - 1)],
+                                  starts):
+        raise field_error(RolloutBatchError, "starts", starts.tolist(),
+                          "name chunks the plan does not hold",
+                          "cut pieces with the starts of the metadata the plan merged")
+    sizes = plan.part_offsets[chunks + 1] - plan.part_offsets[chunks]
+    if part.num_samples != int(sizes.sum()):
         raise field_error(RolloutBatchError, "part", part.num_samples,
-                          f"samples, but the plan gives part {part_index} {hi - lo}",
+                          f"samples, but the plan gives its chunks {int(sizes.sum())}",
                           "cut pieces from the part whose metadata the plan merged")
+    first_row = offsets_from_lengths(sizes)[:-1]
+    slot = np.full(len(plan.part_starts), -1, dtype=np.int64)
+    slot[chunks] = np.arange(len(chunks))
     ids = plan.schedule.rank_sample_ids(dp_rank)
-    mine = ids[(ids >= lo) & (ids < hi)]
-    local = mine - lo
-    start = int(plan.part_response_offsets[part_index])
-    return take_samples(part, local, sample_ids=mine,
-                        response_starts=start + part.response_offsets[local],
+    chunk_of = np.searchsorted(plan.part_offsets, ids, side="right") - 1
+    held = slot[chunk_of]
+    keep = held >= 0
+    mine, held, chunk_of = ids[keep], held[keep], chunk_of[keep]
+    local = first_row[held] + (mine - plan.part_offsets[chunk_of])
+    starts_resp = (plan.part_response_offsets[chunk_of] + part.response_offsets[local]
+                   - part.response_offsets[first_row[held]])
+    return take_samples(part, local, sample_ids=mine, response_starts=starts_resp,
                         advantages=plan.advantages[mine])
 
 
@@ -428,27 +477,81 @@ def _routes(parts: Sequence[Any]) -> np.ndarray | None:
     return _optional_cat([p.rollout_routed_experts for p in parts])
 
 
-def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta) -> RolloutBatch:
-    """The whole ``RolloutBatch`` of the parts (holder order) with the merged, planned
-    ``meta``'s ids and advantages: for inspection (``RolloutEvent.gather_batch``) and dumps,
-    never on the training path. Validated by the batch's own checks."""
+def claimed_part(chunks: Sequence[tuple[int, Any]], *,
+                 normalization: Any = RewardNormalization()
+                 ) -> tuple[RolloutBatch | None, tuple[BatchMeta, ...]]:
+    """A holder's work-queue chunks ``(first prompt, rollout output)`` (claim order) as its
+    part, the chunks' columns back to back, and one metadata per chunk (``output_part``: what
+    rank 0 merges in prompt order). An explicit id in two of its chunks is the merge's error,
+    raised here. Example: chunks at prompts 0 and 8 -> a part of both, two metadata."""
+    converted = [output_part(out, normalization=normalization, start=start)
+                 for start, out in chunks if out]
+    if not converted:
+        return None, ()
+    batches = [b for b, _ in converted]
+    metas = tuple(m for _, m in converted)
+    if len(batches) == 1:
+        return batches[0], metas
+    own = attrs.evolve(merge_meta(metas),
+                       advantages=np.concatenate([b.advantages for b in batches]))
+    return join_parts(batches, own), metas
+
+
+def held_rows(held: Sequence[Sequence[BatchMeta]]) -> Int64[np.ndarray, " n"]:
+    """Rows of the holders' parts stacked in holder order, in global prompt order: ``held[h]``
+    are holder ``h``'s chunk metadata in its part's order. Example: holder 0 holds the chunks
+    at prompts 0 and 8 (2 and 1 samples), holder 1 the one at 4 (2 samples): ``[0, 1, 3, 4,
+    2]``."""
+    chunks = [(int(s), n) for metas in held for m in metas
+              for s, n in zip(m.part_starts, m.part_sizes.tolist())]
+    first = offsets_from_lengths(np.array([n for _, n in chunks], dtype=np.int64))
+    order = prompt_order(np.array([s for s, _ in chunks], dtype=np.int64))
+    pieces = [np.arange(first[i], first[i + 1]) for i in order.tolist()]
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+
+
+def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta, *,
+               rows: Int64[np.ndarray, " n"] | None = None) -> RolloutBatch:
+    """The whole ``RolloutBatch`` of the parts (concatenated, then ``rows`` of that in order:
+    ``held_rows`` puts work-queue chunks in prompt order) with the merged, planned ``meta``'s
+    ids and advantages: for inspection (``RolloutEvent.gather_batch``) and a holder's own
+    chunks, never on the training path. Validated by the batch's own checks."""
     if meta.advantages is None:
         raise field_error(RolloutBatchError, "meta.advantages", None, "are not planned",
                           "pass the metadata plan_shares returned")
 
+    cols = {name: np.concatenate([getattr(p, name) for p in parts])
+            for name in ("tokens", "lengths", "response_lengths", "loss_masks",
+                         "group_mask_sums", "rewards", "statuses", "removed", "sample_indices",
+                         "weight_version_min", "weight_version_max")}
+    cols["rollout_log_probs"] = _optional_cat([p.rollout_log_probs for p in parts])
+    cols["rollout_routed_experts"] = _routes(parts)
+    if rows is not None:
+        cols = _take_rows(cols, np.asarray(rows, dtype=np.int64))
+
     def cat(name: str) -> np.ndarray:
-        return np.concatenate([getattr(p, name) for p in parts])
+        return cols[name]
 
     lengths, response_lengths = cat("lengths"), cat("response_lengths")
     return RolloutBatch(
         tokens=cat("tokens"), token_offsets=offsets_from_lengths(lengths), lengths=lengths,
         response_lengths=response_lengths, loss_masks=cat("loss_masks"),
         response_offsets=offsets_from_lengths(response_lengths),
-        rollout_log_probs=_optional_cat([p.rollout_log_probs for p in parts]),
+        rollout_log_probs=cols["rollout_log_probs"],
         group_ids=meta.group_ids.astype(np.int64), group_id_values=meta.group_id_values,
         prompt_groups=meta.prompt_groups.astype(np.int64),
         prompt_group_values=meta.prompt_group_values, group_mask_sums=cat("group_mask_sums"),
         rewards=cat("rewards"), advantages=meta.advantages, statuses=cat("statuses"),
         removed=cat("removed"), sample_indices=cat("sample_indices"),
         weight_version_min=cat("weight_version_min"),
-        weight_version_max=cat("weight_version_max"), rollout_routed_experts=_routes(parts))
+        weight_version_max=cat("weight_version_max"),
+        rollout_routed_experts=cols["rollout_routed_experts"])
+
+
+def _take_rows(cols: dict, rows: np.ndarray) -> dict:
+    """Samples ``rows`` of concatenated batch columns (ragged ones by their offsets)."""
+    tok = row_positions(offsets_from_lengths(cols["lengths"]), rows)
+    resp = row_positions(offsets_from_lengths(cols["response_lengths"]), rows)
+    flat = {"tokens": tok, "rollout_routed_experts": tok, "loss_masks": resp,
+            "rollout_log_probs": resp}
+    return {k: None if v is None else v[flat.get(k, rows)] for k, v in cols.items()}

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from vime_pure.data.shards import merge_rollout_shares
+from vime_pure.data.work_queue import in_prompt_order
 from vime_pure.errors import VimeError
 from vime_shell.engines import select_engine
 from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
@@ -53,6 +54,7 @@ from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        check_gpu_memory_utilization, check_rollout_dtype)
 from vime_shell.engines.sync import (SLEEP_LEVEL, Residency, SyncReport, only_served_experts,
                                      served_experts, stream_weights)
+from vime_shell.engines.work_queue import PromptQueue, forget_round, job_store, new_group_prefix
 
 
 class EngineGroupError(VimeError):
@@ -150,6 +152,9 @@ class EngineGroup:
         self.layout, self.rank, self.engine, self.options = layout, rank, engine, options
         self.residency = Residency(engine, enabled=options.colocate, level=options.sleep_level)
         self._leaders = leaders_group
+        self._prefix = new_group_prefix()  # the work queue's keys (built on every rank alike)
+        self._rounds = 0  # generation rounds so far (every rank counts every round)
+        self._queued: dict[int, int] = {}  # queued round -> claims this rank's engine made
 
     @classmethod
     def build(cls, hf_dir: str | Path, layout: EngineLayout, options: EngineOptions, *,
@@ -187,17 +192,18 @@ class EngineGroup:
         return self.layout.prompt_share(self.rank, num_prompts)
 
     # -- generation ----------------------------------------------------------------------------
-    def run_shares(self, produce: Callable[[range], list], num_prompts: int) -> list | None:
-        """Collective: ``produce(share)`` on every engine, outputs merged on rank 0 (module
-        docstring). Returns the merged output on rank 0, None elsewhere."""
+    def run_shares(self, produce: Callable[[range], list], num_prompts: int, *,
+                   queue: bool = True) -> list | None:
+        """Collective: every engine generates the chunks it claims (``produce(chunk)``, module
+        docstring; ``queue=False``: its contiguous block), the leaders' chunks merged in
+        prompt order on rank 0. Returns the merged output on rank 0, None elsewhere."""
         payload: tuple[str, Any] | None = None
         error: BaseException | None = None
+        round_ = self._next_round()
         if self.engine is not None:
             try:
-                self.residency.wake_for_generation()
-                out = produce(self.prompt_share(num_prompts))
-                payload = ("ok", out if self.is_leader else None)
-                self.residency.sleep()  # the trainer runs next: hand it the memory
+                chunks = self._generate(produce, num_prompts, queue, round_)
+                payload = ("ok", chunks if self.is_leader else None)
             except Exception as exc:  # re-raised below, once the leaders have heard of it
                 error = exc
                 payload = ("error", "".join(traceback.format_exception_only(exc)).strip())
@@ -212,20 +218,55 @@ class EngineGroup:
             raise EngineGroupError("rollout generation failed on " + "; ".join(failed)
                                    + ". Fix: see that rank's own error line (its traceback "
                                    "with --log-level debug).")
-        return merge_rollout_shares([p[1] for p in parts])
+        return merge_rollout_shares(in_prompt_order([c for p in parts for c in p[1]]))
 
-    def run_local(self, produce: Callable[[range], list], num_prompts: int) -> list | None:
-        """``produce(share)`` on this rank's engine, kept here: the leader's output on a
+    def run_local(self, produce: Callable[[range], list], num_prompts: int, *,
+                  queue: bool = True) -> list[tuple[int, list]] | None:
+        """``produce(chunk)`` for every chunk this rank's engine claims (``queue=False``: its
+        contiguous block), kept here: ``[(first prompt, output), ...]`` in claim order on a
         leader, None on its TP peers and on ranks without an engine (the sharded path: the
-        leader converts its output to its part, ``vime_pure.data.shares``, and nothing is
-        gathered). A failure is raised on the failing ranks; the caller reports it to every
-        rank (``ShareExchange.distribute``)."""
+        leader converts its chunks to its part, ``vime_pure.data.shares.claimed_part``, and
+        nothing is gathered). A failure is raised on the failing ranks (after stopping the
+        queue); the caller reports it to every rank (``ShareExchange.distribute``)."""
+        round_ = self._next_round()
         if self.engine is None:
             return None
+        chunks = self._generate(produce, num_prompts, queue, round_)
+        return chunks if self.is_leader else None
+
+    def _next_round(self) -> int:
+        """The next round's number; forgets the store keys of the round before last."""
+        round_, self._rounds = self._rounds, self._rounds + 1
+        if round_ - 2 in self._queued:
+            forget_round(job_store(), f"{self._prefix}/{round_ - 2}", engine=self.engine_index,
+                         leader=self.is_leader and self.layout.gpus_per_engine > 1,
+                         first_rank=self.rank == 0, published=self._queued.pop(round_ - 2))
+        return round_
+
+    def _generate(self, produce: Callable[[range], list], num_prompts: int, queue: bool,
+                  round_: int) -> list[tuple[int, list]]:
+        """This rank's chunks ``(first prompt, output)``; a failure stops the queue first."""
         self.residency.wake_for_generation()
-        out = produce(self.prompt_share(num_prompts))
+        claims: Any = [self.prompt_share(num_prompts)]
+        if queue and self.layout.num_engines > 1:
+            claims = PromptQueue(job_store(), f"{self._prefix}/{round_}",
+                                 engine=self.engine_index, leader=self.is_leader,
+                                 peers=self.layout.gpus_per_engine > 1, num_prompts=num_prompts,
+                                 num_engines=self.layout.num_engines,
+                                 timeout_s=self.options.gather_timeout_s)
+        out: list[tuple[int, list]] = []
+        try:
+            for share in claims:
+                out.append((share.start, produce(share)))
+        except BaseException:
+            if isinstance(claims, PromptQueue):
+                claims.abort()
+            raise
+        finally:
+            if isinstance(claims, PromptQueue):
+                self._queued[round_] = claims.claimed
         self.residency.sleep()  # the trainer runs next: hand it the memory
-        return out if self.is_leader else None
+        return out
 
     def engine_name(self, rank: int) -> str:
         """How errors name the engine ``rank`` leads. Example: ``"engine 1 (rank 1)"``."""
