@@ -10,13 +10,23 @@ of the group after the trainer has created the process group. With the layout of
   consecutive ranks, and every call is in-process, so weights sync in memory. A single process
   (CPU, one GPU) keeps vLLM's plain in-process ``LLM``. The HF engine is the CPU / CI path.
   An engine's seed is ``seed + e`` (equal on its TP ranks, as vLLM needs);
-- **run_shares(produce, P)**: engine ``e`` calls ``produce(share)`` for its contiguous block of the
-  ``P`` prompts (a prompt's ``n`` samples stay on one engine); the engines' leaders gather their
-  outputs on rank 0 over a gloo group of leaders only (non-leaders hold copies and send nothing),
-  merged in prompt order by ``vime_pure.data.shards.merge_rollout_shares``. Request seeds derive
-  from global prompt indices (``RolloutContext.prompt_offset``), so the merged output does not
-  depend on the number of engines. A failure is raised on the failing ranks and, naming every
-  failed engine, on rank 0;
+- **prompts, by work queue** (:mod:`vime_shell.engines.work_queue`): engines claim chunks of
+  ``queue_chunk_size(P, E)`` (about ``P / 4E``) whole prompts, one atomic add on the job's
+  store per claim, until the round's ``P`` prompts are exhausted; engine ``e`` calls
+  ``produce(chunk)`` for each chunk it claims (a prompt's ``n`` samples stay on one engine),
+  so a slow engine generates fewer prompts and a fast one more. Its TP peers generate the
+  leader's chunks (the leader publishes each claim in the store). Request seeds and group ids
+  derive from global prompt indices (``RolloutContext.prompt_offset``), and chunks are merged
+  at their first prompt, so the batch depends neither on the engine count nor on who claimed
+  what. ``queue=False`` (``--partial-rollout``: each engine's buffer resumes its own groups
+  once per round) gives each engine its contiguous block instead (``prompt_shares``);
+- **run_local(produce, P)**: the leader keeps its chunks (the sharded path: they become its
+  part, ``vime_pure.data.shares.claimed_part``); **run_shares(produce, P)**: the leaders gather
+  their chunks on rank 0 over a gloo group of leaders only (non-leaders hold copies and send
+  nothing), merged in prompt order (``in_prompt_order``, ``merge_rollout_shares``); what
+  dynamic sampling and evaluation use. A failure is raised on the failing ranks (after
+  pushing the queue's counter past the end, so no engine keeps claiming and no TP peer waits
+  for a claim) and, naming every failed engine, on rank 0 (``run_local``: by the exchange);
 - **sync_weights(named, version=)**: the trainer's HF-named export, streamed in buckets of
   ``update_weight_buffer_size`` bytes into the local engine; ranks without an engine drain it
   (the export is collective). No file is written. The engine's ``weight_version`` is set;
@@ -27,8 +37,9 @@ Example (2 ranks, HF engine, 16 prompts)::
 
     layout = resolve_engine_layout(world_size=2)              # 2 engines of 1 rank
     group = EngineGroup.build(hf_dir, layout, EngineOptions(engine="hf"))
-    out = group.run_shares(lambda share: rollout_fn(share_context(ctx, share)), 16)
-    # rank 0: 16 per-prompt lists (engine 0 made prompts 0-7, engine 1 prompts 8-15); else None
+    out = group.run_shares(lambda chunk: rollout_fn(share_context(ctx, chunk)), 16)
+    # chunks of 2 prompts; e.g. engine 0 claimed prompts 0-1, 4-9, 12-15, engine 1 (slower)
+    # 2-3 and 10-11; rank 0: the 16 per-prompt lists in prompt order; None elsewhere
     group.sync_weights(trainer.export_hf())
 """
 
