@@ -488,13 +488,19 @@ def claimed_part(chunks: Sequence[tuple[int, Any]], *,
                  for start, out in chunks if out]
     if not converted:
         return None, ()
-    batches = [b for b, _ in converted]
     metas = tuple(m for _, m in converted)
+    return join_chunks([b for b, _ in converted], metas), metas
+
+
+def join_chunks(batches: Sequence[RolloutBatch], metas: Sequence[BatchMeta]) -> RolloutBatch:
+    """One holder's chunk batches (claim order = its prompt order) as its part: their columns
+    back to back, ids numbered over the holder's chunks (``merge_meta``; the plan numbers
+    globally, the part's ids only name samples in its errors)."""
     if len(batches) == 1:
-        return batches[0], metas
+        return batches[0]
     own = attrs.evolve(merge_meta(metas),
                        advantages=np.concatenate([b.advantages for b in batches]))
-    return join_parts(batches, own), metas
+    return join_parts(batches, own)
 
 
 def held_rows(held: Sequence[Sequence[BatchMeta]]) -> Int64[np.ndarray, " n"]:
