@@ -44,7 +44,6 @@ from benchmarks.scale_shares import (funnel_rates, gloo_check, holders_of, maxrs
                                      share_row)
 from vime_pure import (BatchingPolicy, ParallelLayout, RolloutBatch, Sample, build_schedule,
                        rank_batch, schedule_for)
-from vime_pure.data.work_queue import CHUNKS_PER_ENGINE
 from vime_pure.scheduling.workloads import synthetic_workload
 from vime_shell.engines.layout import DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
 from vime_shell.engines.sync import buckets
@@ -191,8 +190,8 @@ def run(samples: int, dps: list[int], token_scale: int, repeats: int,
             row_shares = share_row(holders, layout, policy, work.lengths, response_lengths)
             del holders
             worst = row_shares["ranks"][-1]
-            print(f"dp={dp:4d} sharded (simulated in one process, {dp} holders of "
-                  f"{CHUNKS_PER_ENGINE} chunks): rank 0 "
+            print(f"dp={dp:4d} sharded (simulated in one process, {dp} holders, "
+                  f"{row_shares['chunks']} chunks): rank 0 "
                   f"gather {row_shares['rank0_gather_cpu_s']:.2f} s + schedule "
                   f"{row_shares['rank0_schedule_cpu_s']:.2f} s CPU, receives "
                   f"{row_shares['rank0_gather_bytes_received'] / 1e6:.1f} MB, peak "

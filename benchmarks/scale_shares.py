@@ -2,10 +2,10 @@
 it replaced (``docs/scaling.md``); called by ``benchmarks/scale.py``.
 
 **Simulated in one process** (labelled so in the output): ``dp`` holders (one engine leader
-per rank, ``--rollout-num-gpus-per-engine 1``), each holding ``CHUNKS_PER_ENGINE`` work-queue
-chunks of the batch (``vime_pure.data.work_queue``: ``4 * dp`` chunks cut at prompt boundaries,
-holder ``h`` holding chunks ``h, h + dp, ...``, as if the engines claimed in turn) joined as its
-part (``vime_pure.data.shares.join_chunks``), then per phase:
+per rank, ``--rollout-num-gpus-per-engine 1``), each holding the work-queue chunks of the batch
+the engines would claim in turn (``vime_pure.data.work_queue``: ``queue_chunk_size(P, dp)``
+prompts per chunk, about 4 per holder; holder ``h`` holds chunks ``h, h + dp, ...``) joined as
+its part (``vime_pure.data.shares.join_chunks``), then per phase:
 
 - **gather** (rank 0): every holder's chunk metadata (``part_meta`` per chunk) pickled,
   unpickled on rank 0 and merged in prompt order (``merge_meta``): bytes rank 0 receives, its
@@ -43,7 +43,7 @@ from vime_pure import RolloutBatch, Sample
 from vime_pure.data.microbatch import share_batch
 from vime_pure.data.shares import (assemble_share, join_chunks, merge_meta, part_meta,
                                    plan_shares, share_piece)
-from vime_pure.data.work_queue import CHUNKS_PER_ENGINE
+from vime_pure.data.work_queue import queue_chunk_size
 from vime_shell.loop.exchange import pack_piece, unpack_piece
 
 PROMPT_TOKENS = 500
@@ -88,35 +88,29 @@ class Holder:
 
 def holders_of(lengths: np.ndarray, group_ids: np.ndarray, prompt_ids: np.ndarray,
                holders: int, columnar_batch) -> list[Holder]:
-    """``holders`` holders of ``CHUNKS_PER_ENGINE`` chunks each, dealt in turn (module doc);
-    chunk ``k``'s stand-in first prompt is ``k`` (only the order matters)."""
-    chunks = holder_parts(lengths, group_ids, prompt_ids, CHUNKS_PER_ENGINE * holders,
-                          columnar_batch)
+    """``holders`` holders of the product's work-queue chunks (``queue_chunk_size`` prompts
+    each), dealt in turn (module doc); a chunk's first prompt is its global prompt index."""
+    firsts = np.flatnonzero(np.r_[True, prompt_ids[1:] != prompt_ids[:-1]])  # prompt starts
+    chunk = queue_chunk_size(len(firsts), holders)
+    bounds = np.r_[firsts[::chunk], len(lengths)]
     out = []
     for h in range(holders):
-        ks = list(range(h, len(chunks), holders))
-        metas = tuple(part_meta(chunks[k], start=k) for k in ks)
+        ks = list(range(h, len(bounds) - 1, holders))
+        chunks = [_columns(lengths, group_ids, prompt_ids, bounds[k], bounds[k + 1],
+                           columnar_batch) for k in ks]
+        metas = tuple(part_meta(c, start=k * chunk) for c, k in zip(chunks, ks))
         if ks:
-            out.append(Holder(part=join_chunks([chunks[k] for k in ks], metas), metas=metas,
-                              starts=np.array(ks, dtype=np.int64)))
+            out.append(Holder(part=join_chunks(chunks, metas), metas=metas,
+                              starts=np.array([k * chunk for k in ks], dtype=np.int64)))
     return out
 
 
-def holder_parts(lengths: np.ndarray, group_ids: np.ndarray, prompt_ids: np.ndarray,
-                 holders: int, columnar_batch) -> list[RolloutBatch]:
-    """The batch cut into ``holders`` contiguous parts at prompt boundaries (zero tokens)."""
-    bounds = np.linspace(0, len(lengths), holders + 1).astype(np.int64)
-    starts = np.flatnonzero(np.r_[True, prompt_ids[1:] != prompt_ids[:-1]])
-    bounds = np.unique(starts[np.searchsorted(starts, bounds[1:-1])].tolist()
-                       + [0, len(lengths)])
-    parts = []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        part = columnar_batch(lengths[a:b], group_ids[a:b], prompt_ids[a:b])
-        # the engines' ids come from the global prompt index: keep the global values
-        parts.append(attrs.evolve(
-            part, group_id_values=tuple(np.unique(group_ids[a:b]).tolist()),
-            prompt_group_values=tuple(np.unique(prompt_ids[a:b]).tolist())))
-    return parts
+def _columns(lengths, group_ids, prompt_ids, a: int, b: int, columnar_batch) -> RolloutBatch:
+    """Samples ``[a, b)`` as a part whose ids keep their global values (the engines' ids come
+    from the global prompt index)."""
+    part = columnar_batch(lengths[a:b], group_ids[a:b], prompt_ids[a:b])
+    return attrs.evolve(part, group_id_values=tuple(np.unique(group_ids[a:b]).tolist()),
+                        prompt_group_values=tuple(np.unique(prompt_ids[a:b]).tolist()))
 
 
 def packed_bytes(n: int, tokens: int, response: int, pieces: int) -> int:
@@ -148,7 +142,7 @@ def share_row(holders: list[Holder], layout, policy, unscaled: np.ndarray,
     sizes = [len(sched.rank_sample_ids(r)) for r in range(dp)]
     ranks = sorted({0, int(np.argmax(sizes))})
     out = {"dp": dp, "holders": len(parts), "chunks": len(plan.part_starts),
-           "simulated": f"one process, {len(parts)} holders of {CHUNKS_PER_ENGINE} chunks",
+           "simulated": f"one process, {len(parts)} holders, {len(plan.part_starts)} chunks",
            "rank0_gather_bytes_received": sum(len(b) for b in blobs),
            "meta_bytes_per_sample": sum(len(b) for b in blobs) / merged.num_samples,
            "rank0_gather_cpu_s": c_gather, "rank0_schedule_cpu_s": c_plan,
