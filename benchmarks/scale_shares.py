@@ -5,7 +5,7 @@ it replaced (``docs/scaling.md``); called by ``benchmarks/scale.py``.
 per rank, ``--rollout-num-gpus-per-engine 1``), each holding the work-queue chunks of the batch
 the engines would claim in turn (``vime_pure.data.work_queue``: ``queue_chunk_size(P, dp)``
 prompts per chunk, about 4 per holder; holder ``h`` holds chunks ``h, h + dp, ...``) joined as
-its part (``vime_pure.data.shares.join_chunks``), then per phase:
+its part (``vime_pure.data.held_parts.join_chunks``), then per phase:
 
 - **gather** (rank 0): every holder's chunk metadata (``part_meta`` per chunk) pickled,
   unpickled on rank 0 and merged in prompt order (``merge_meta``): bytes rank 0 receives, its
@@ -41,8 +41,9 @@ import numpy as np
 
 from vime_pure import RolloutBatch, Sample
 from vime_pure.data.microbatch import share_batch
-from vime_pure.data.shares import (assemble_share, join_chunks, merge_meta, part_meta,
-                                   plan_shares, share_piece)
+from vime_pure.data.held_parts import join_chunks
+from vime_pure.data.shares import (assemble_share, merge_meta, part_meta, plan_shares,
+                                   share_piece)
 from vime_pure.data.work_queue import queue_chunk_size
 from vime_shell.loop.exchange import pack_piece, unpack_piece
 

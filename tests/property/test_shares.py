@@ -19,8 +19,9 @@ from vime_pure import (BatchingPolicy, ParallelLayout, RolloutBatch, Sample, Sch
                        rank_batch, schedule_for)
 from vime_pure.data.microbatch import share_batch
 from vime_pure.data.shards import merge_rollout_shares, prompt_shares
-from vime_pure.data.shares import (assemble_share, claimed_part, held_rows, join_parts,
-                                   merge_meta, output_part, plan_shares, share_piece)
+from vime_pure.data.held_parts import claimed_part, held_rows, join_parts
+from vime_pure.data.shares import (assemble_share, merge_meta, output_part, plan_shares,
+                                   share_piece)
 from vime_pure.data.work_queue import chunk_range, in_prompt_order, queue_chunk_size
 from vime_pure.denominators import LossMode
 from vime_pure.errors import RolloutBatchError, RolloutValidationError

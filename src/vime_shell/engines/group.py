@@ -21,7 +21,7 @@ of the group after the trainer has created the process group. With the layout of
   what. ``queue=False`` (``--partial-rollout``: each engine's buffer resumes its own groups
   once per round) gives each engine its contiguous block instead (``prompt_shares``);
 - **run_local(produce, P)**: the leader keeps its chunks (the sharded path: they become its
-  part, ``vime_pure.data.shares.claimed_part``); **run_shares(produce, P)**: the leaders gather
+  part, ``vime_pure.data.held_parts.claimed_part``); **run_shares(produce, P)**: the leaders gather
   their chunks on rank 0 over a gloo group of leaders only (non-leaders hold copies and send
   nothing), merged in prompt order (``in_prompt_order``, ``merge_rollout_shares``); what
   dynamic sampling and evaluation use. A failure is raised on the failing ranks (after
@@ -236,7 +236,7 @@ class EngineGroup:
         """``produce(chunk)`` for every chunk this rank's engine claims (``queue=False``: its
         contiguous block), kept here: ``[(first prompt, output), ...]`` in claim order on a
         leader, None on its TP peers and on ranks without an engine (the sharded path: the
-        leader converts its chunks to its part, ``vime_pure.data.shares.claimed_part``, and
+        leader converts its chunks to its part, ``vime_pure.data.held_parts.claimed_part``, and
         nothing is gathered). A failure is raised on the failing ranks (after stopping the
         queue); the caller reports it to every rank (``ShareExchange.distribute``)."""
         round_ = self._next_round()

@@ -73,8 +73,8 @@ from vime_pure.async_pool import enforce_staleness_bound, weights_sync_due
 from vime_pure.data.batch import RolloutBatch, schedule_for
 from vime_pure.data.microbatch import RankBatch, rank_batch, share_batch, with_log_probs
 from vime_pure.data.rewards import RewardNormalization
-from vime_pure.data.shares import (BatchMeta, RankShare, SharePlan, held_rows, join_parts,
-                                   plan_shares)
+from vime_pure.data.held_parts import held_rows, join_parts
+from vime_pure.data.shares import BatchMeta, RankShare, SharePlan, plan_shares
 from vime_pure.data.vocab import check_token_ids
 from vime_pure.errors import VimeError
 from vime_pure.lr_schedule import LrGroups, lr_groups, lr_schedule_warnings

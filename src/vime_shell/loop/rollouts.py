@@ -34,7 +34,8 @@ import torch.distributed as dist
 
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.rollout_output import flatten_rollout_output
-from vime_pure.data.shares import BatchMeta, claimed_part, part_meta
+from vime_pure.data.held_parts import claimed_part
+from vime_pure.data.shares import BatchMeta, part_meta
 from vime_pure.errors import VimeError
 from vime_shell.engines import SamplingParams
 from vime_shell.engines.async_engine import async_front
