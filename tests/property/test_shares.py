@@ -54,6 +54,16 @@ def _plan(parts, layout, policy):
     return [b for b, _ in pieces], meta, plan
 
 
+def _schedulable(data, whole):
+    """A drawn layout and policy that can schedule ``whole``, and its schedule."""
+    layout, policy = data.draw(schedule_configs(whole.num_groups))
+    try:
+        return layout, policy, schedule_for(whole, layout, policy)
+    except ScheduleError:
+        assume(False)
+        raise
+
+
 def _pieces(parts, plan, dp):
     """DP rank ``dp``'s pieces from every contiguous part (a part: one chunk)."""
     return [share_piece(b, plan, dp, starts=np.array([start])) for (start, _), b in parts]
@@ -81,11 +91,7 @@ def test_shares_build_the_whole_batch_records(case, data):
     whole-batch path bit for bit (merged output -> one batch -> rank_batch)."""
     output, parts = case
     whole = RolloutBatch.from_samples(merge_rollout_shares([p for _, p in parts]))
-    layout, policy = data.draw(schedule_configs(whole.num_groups))
-    try:
-        schedule = schedule_for(whole, layout, policy)
-    except ScheduleError:
-        assume(False)
+    layout, policy, schedule = _schedulable(data, whole)
     batches, meta, plan = _plan(parts, layout, policy)
     assert plan.schedule == schedule
     np.testing.assert_array_equal(plan.part_starts, [s for s, _ in parts])
@@ -180,11 +186,7 @@ def test_any_claim_pattern_gives_the_contiguous_blocks_batch(case, data):
     held = [claimed_part([(s, output[s:s + chunk]) for s in starts]) for starts in claims]
     held = [(b, m) for b, m in held if b is not None]
     whole = RolloutBatch.from_samples(output)
-    layout, policy = data.draw(schedule_configs(whole.num_groups))
-    try:
-        schedule = schedule_for(whole, layout, policy)
-    except ScheduleError:
-        assume(False)
+    layout, policy, schedule = _schedulable(data, whole)
     block_batches, block_meta, block_plan = _plan(blocks, layout, policy)
     metas = [m for _, ms in held for m in ms]
     order = data.draw(st.permutations(range(len(metas))))

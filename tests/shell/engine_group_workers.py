@@ -92,8 +92,14 @@ def failing_worker(rank: int, hf_dir: str) -> str:
         if group.engine_index == 1:
             raise RuntimeError("tool sandbox unreachable")
         return [[] for _ in share]
+    return _run_and_close(group, produce, 4)
+
+
+def _run_and_close(group, produce, num_prompts: int) -> str:
+    """``run_shares`` on every rank; this rank's error as ``"Type: message"`` (or ``"no
+    error"``), the group closed and the process group destroyed."""
     try:
-        group.run_shares(produce, 4)
+        group.run_shares(produce, num_prompts)
         message = "no error"
     except (RuntimeError, EngineGroupError) as exc:
         message = f"{type(exc).__name__}: {exc}"
@@ -137,11 +143,5 @@ def queue_failure_worker(rank: int, gpus_per_engine: int) -> dict:
             raise RuntimeError("tool sandbox unreachable")
         time.sleep(0.3 if group.engine_index == 0 else 0.0)
         return [[] for _ in share]
-    try:
-        group.run_shares(produce, 16)
-        message = "no error"
-    except (RuntimeError, EngineGroupError) as exc:
-        message = f"{type(exc).__name__}: {exc}"
-    group.close()
-    dist.destroy_process_group()
+    message = _run_and_close(group, produce, 16)
     return {"message": message, "chunks": chunks, "engine": group.engine_index}
