@@ -43,6 +43,7 @@ Example (2 ranks, HF engine, 16 prompts)::
     group.sync_weights(trainer.export_hf())
 """
 
+import logging
 import os
 import traceback
 from collections.abc import Callable, Iterable
@@ -66,6 +67,9 @@ from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
 from vime_shell.engines.sync import (SLEEP_LEVEL, Residency, SyncReport, only_served_experts,
                                      served_experts, stream_weights)
 from vime_shell.engines.work_queue import PromptQueue, forget_round, job_store, new_group_prefix
+
+
+log = logging.getLogger("vime.train")  # the run's log (loop.logs formats it)
 
 
 class EngineGroupError(VimeError):
@@ -269,9 +273,13 @@ class EngineGroup:
         try:
             for share in claims:
                 out.append((share.start, produce(share)))
-        except BaseException:
+        except BaseException as exc:
             if isinstance(claims, PromptQueue):
-                claims.abort()
+                try:
+                    claims.abort()
+                except Exception as store_error:  # noqa: BLE001 - the engine's error matters
+                    log.warning("engine %s: could not stop the work queue (%s) after: %s",
+                                self.engine_index, store_error, exc)
             raise
         finally:
             if isinstance(claims, PromptQueue):
