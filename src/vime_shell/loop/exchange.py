@@ -6,7 +6,7 @@ never belong in GPU memory). Per rollout (``ShareExchange.distribute``):
 
 1. **gather**: every holder (an engine leader, or rank 0 for a replay or a filtered batch)
    sends the ``BatchMeta`` of each work-queue chunk its part holds (~46 bytes per sample plus
-   ~1 KB per chunk, numpy, no ``Sample``) or its error to rank 0; other ranks send ``None``;
+   ~0.5 KB per chunk, numpy, no ``Sample``) or its error to rank 0; other ranks send ``None``;
 2. **plan**: rank 0 merges the metadata in global prompt order (``merge_meta``: the batch
    does not depend on which engine claimed which chunk) and calls the caller's ``plan_fn`` (advantages,
    checks, the ``Schedule``: the core's functions), and broadcasts the ``SharePlan`` (flat
