@@ -16,7 +16,7 @@ import attrs
 import torch
 
 from vime_shell.loop.config import TrainConfig
-from vime_shell.loop.loop import trainer_config
+from vime_shell.loop.components import trainer_config
 from vime_shell.megatron.trainer import lr_scheduler
 
 CASES = {

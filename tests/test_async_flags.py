@@ -53,11 +53,18 @@ def test_bad_async_settings_are_config_errors(kwargs, field):
           over_sampling_batch_size=24), "--partial-rollout"),
     (dict(train_async=True, rollout_num_gpus=1, partial_rollout=True,
           over_sampling_batch_size=24), "--partial-rollout"),
-    (dict(fully_async=True, rollout_num_gpus=1,
-          custom_generate_function_path="vime_shell.rollout.tool_example:generate"),
-     "--custom-generate-function-path"),
 ])
 def test_launch_checks_refuse_what_cannot_run(monkeypatch, kwargs, field):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match=field):
         rank_roles(TrainConfig(**kwargs))
+
+
+def test_the_pool_takes_a_custom_generate_function(monkeypatch):
+    """Per-sample (multi-turn, tool) functions run in the fully-async pool, as with slime's
+    and miles' async rollouts (tests/shell/test_async_ranks.py trains with one)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    roles = rank_roles(TrainConfig(
+        fully_async=True, rollout_num_gpus=1,
+        custom_generate_function_path="vime_shell.rollout.tool_example:generate"))
+    assert roles.mode == "fully_async" and roles.num_engine_ranks == 1

@@ -6,7 +6,7 @@ def test_export_dtype_follows_the_config(tmp_path):
 
     import torch
 
-    from vime_shell.loop.loop import as_export_dtype, save_hf_path
+    from vime_shell.loop.hf_save import as_export_dtype, save_hf_path
     from vime_shell.models.hf_config import read_config_summary
 
     (tmp_path / "config.json").write_text(json.dumps(

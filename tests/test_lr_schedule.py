@@ -7,7 +7,8 @@ import torch
 
 from vime_pure.lr_schedule import lr_groups
 from vime_shell.loop.config import TrainConfig
-from vime_shell.loop.loop import launch_warnings, trainer_config
+from vime_shell.loop.components import trainer_config
+from vime_shell.loop.report import launch_warnings
 from vime_shell.megatron.trainer import lr_scheduler
 
 

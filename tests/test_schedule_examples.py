@@ -1,5 +1,7 @@
 """Named scenarios users hit, each with exact expected schedules."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -276,3 +278,26 @@ def test_the_kernel_set_follows_the_batch_size_unless_forced(monkeypatch):
     if numba_available():
         monkeypatch.setenv("VIME_KERNELS", "compiled")
         assert kernel_set(num_samples=1).name == "compiled"
+
+
+def test_without_numba_a_large_batch_plans_on_the_pure_kernels(monkeypatch):
+    """``vime[fast]`` is optional: with numba absent (``find_spec`` sees no module), a batch
+    past ``COMPILED_MIN_SAMPLES`` takes the pure kernels and plans the schedule those give,
+    and forcing the compiled set is an error that names the extra."""
+    monkeypatch.delenv("VIME_KERNELS", raising=False)
+    monkeypatch.setitem(sys.modules, "numba", None)  # importlib.util.find_spec -> None
+    assert not numba_available()
+    assert kernel_set(num_samples=4 * COMPILED_MIN_SAMPLES) is PURE
+    rng = np.random.default_rng(0)
+    n = COMPILED_MIN_SAMPLES
+    lengths = rng.integers(1, 200, size=n)
+    group_ids = np.repeat(np.arange(n // 8), 8)
+    layout = ParallelLayout(dp=8)
+    policy = BatchingPolicy(global_batch_size=64, max_tokens_per_gpu=1024)
+    schedule = build_schedule(lengths, group_ids, layout, policy)
+    assert_schedule_invariants(schedule, group_ids)
+    monkeypatch.setenv("VIME_KERNELS", "pure")
+    assert build_schedule(lengths, group_ids, layout, policy) == schedule
+    monkeypatch.setenv("VIME_KERNELS", "compiled")
+    with pytest.raises(ScheduleError, match=r"vime\[fast\]"):
+        kernel_set(num_samples=n)

@@ -7,7 +7,7 @@ import torch
 
 from vime_shell.cli.train import sequence_parallel_note
 from vime_shell.loop.config_flags import parse_train_config
-from vime_shell.loop.loop import trainer_config
+from vime_shell.loop.components import trainer_config
 from vime_shell.megatron.layout import sequence_parallel_on, transformer_engine_available
 from vime_shell.megatron.platform import Platform
 

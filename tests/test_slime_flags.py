@@ -18,7 +18,7 @@ from vime_shell.loop.checkpoint_index import resume_checkpoint
 from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.loop.config_flags import config_from_args, parse_train_config
 from vime_shell.loop.launch_checks import launch_checks, model_dir
-from vime_shell.loop.loop import engine_options, trainer_config
+from vime_shell.loop.components import engine_options, trainer_config
 from vime_shell.loop.slime_flags import UNSUPPORTED, engine_flags
 from vime_shell.models.embedded import build_embedded
 

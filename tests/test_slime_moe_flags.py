@@ -6,7 +6,7 @@ import pytest
 from vime_shell.cli.main import main
 from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.loop.config_flags import parse_train_config
-from vime_shell.loop.loop import engine_options
+from vime_shell.loop.components import engine_options
 from vime_shell.loop.megatron_args import ModelArgsError, check_architecture, notes
 from vime_shell.loop.slime_flags import UNSUPPORTED_VALUES
 from vime_shell.loop.settings.moe_architecture import LayerPatternError, moe_layer_pattern

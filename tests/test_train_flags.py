@@ -16,7 +16,7 @@ from vime_shell.loop.config import SECTIONS, ConfigError, TrainConfig
 from vime_shell.loop.config_flags import parse_train_config
 from vime_shell.loop.launch_checks import launch_checks
 from vime_shell.loop.logs import configure_logging
-from vime_shell.loop.loop import trainer_config
+from vime_shell.loop.components import trainer_config
 from vime_shell.models.embedded import build_embedded
 from vime_shell.rollout import functions
 from vime_shell.rollout.data import DataError

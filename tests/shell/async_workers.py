@@ -17,8 +17,15 @@ SEPARATE = dict(rollout_num_gpus=1, colocate=False, num_rollout=3)
 PARTIAL = dict(partial_rollout=True, mask_offpolicy_in_partial_rollout=True,
                over_sampling_batch_size=6, rollout_max_response_len=4,
                custom_generate_function_path="tests.shell.agentic_workers:slow_generate")
+# --custom-generate-function-path: a multi-turn per-sample function (one token per turn, a
+# long tail of slow groups), synchronous and in the fully-async pool.
+AGENTIC = dict(custom_generate_function_path="tests.shell.agentic_workers:slow_generate",
+               rollout_max_response_len=4, num_rollout=2)
 RUNS = {
     "sync": {},
+    "agentic_sync": AGENTIC,
+    "agentic_k0": dict(AGENTIC, fully_async=True, max_weight_staleness=0),
+    "agentic_k2": dict(AGENTIC, fully_async=True, max_weight_staleness=2),
     "one_step_off_k0": dict(train_async=True, max_weight_staleness=0),
     "fully_async_k0": dict(fully_async=True, max_weight_staleness=0),
     "one_step_off": dict(train_async=True),
@@ -78,7 +85,7 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dic
             EngineGroup.sync_weights = _ignore_weights
         if name in ("one_step_off_k0", "fully_async_k0"):  # dumps carry the engines' annotations
             extra = {**extra, "save_rollout_data": f"{root}/{name}-dumps/r{{rollout_id}}.npz"}
-        if name == "fully_async_k2":  # evaluation runs in the pool, between engine calls
+        if name in ("fully_async_k2", "agentic_k2"):  # evaluation runs in the pool too
             from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
 
             held_out = write_jsonl(Path(root) / f"eval-rank{rank}.jsonl", arithmetic_rows()[1])

@@ -260,7 +260,8 @@ def broken_sync_worker(rank: int, root: str, cache: str) -> dict:
     sampled with stale weights, so its one step must fail the gap check before updating."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.engines.hf import HfEngine
-    from vime_shell.loop.loop import WeightSyncError, run_training
+    from vime_shell.loop.loop import run_training
+    from vime_shell.loop.weight_check import WeightSyncError
 
     HfEngine.update_weights_from_tensors = lambda self, named: [None for _ in named]
     seen: dict = {}

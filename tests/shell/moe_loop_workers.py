@@ -18,7 +18,7 @@ from tests.shell.loop_workers import TINY
 
 def build_moe_chat_model(path: str | Path) -> Path:
     """A 2-layer Qwen3-MoE (4 experts, top-2) over the embedded tokenizer's 19 tokens."""
-    from vime_shell.models.embedded import build_tokenizer
+    from vime_shell.models.embedded_build import build_tokenizer
     from vime_shell.models.tiny_model import TinyModelSpec, random_hf_model
 
     out = Path(path)

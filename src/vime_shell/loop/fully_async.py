@@ -17,6 +17,12 @@ the one they started with, so staleness is never under-counted). An ``("evaluate
 command (``--eval-interval``) runs the eval sets the same way, between two engine calls, on
 the weights synced last.
 
+Per-sample rollouts (``--custom-generate-function-path``): a group's executions run on the
+front's event loop (``FrontEngine.run`` as the round's ``PerSample.runner``), beside every
+other group's, through one shared front (:class:`GroupsFront`), so their requests join the
+same forwards; the group's rewards are computed on its own thread. The probe and evaluation
+run the same function the same way.
+
 Prompts and seeds: the pool draws prompts in blocks of ``B`` exactly as the synchronous loop
 draws rollout ``r``'s (``PromptSource.take(B)``), and the ``i``-th prompt of block ``r`` is
 generated as prompt ``i`` of rollout ``r`` there (its seeds and group ids), so a group's samples
@@ -34,7 +40,7 @@ import asyncio
 import collections
 import concurrent.futures as futures
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import attrs
@@ -87,9 +93,10 @@ class FrontEngine:
     instead of one engine call per group. Request ``i`` of a call keeps seed ``seed + i``,
     so a group samples as in a batched call."""
 
-    def __init__(self, engine: Any, max_concurrency: int):
+    def __init__(self, engine: Any, max_concurrency: int,
+                 decode: Callable[[list[int]], str] | None = None):
         self.engine = engine
-        self.front = async_front(engine, max_concurrency=max_concurrency)
+        self.front = async_front(engine, max_concurrency=max_concurrency, decode=decode)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
                                        name="vime-pool-front")
@@ -107,6 +114,12 @@ class FrontEngine:
 
         return asyncio.run_coroutine_threadsafe(requests(), self.loop).result()
 
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the front's loop and wait for it here (a pool thread): how a
+        per-sample round's executions run (``PerSample.runner``), beside every other
+        group's."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
     def between_calls(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` on the front's loop, between two forwards (weight loads)."""
         async def call() -> Any:
@@ -119,10 +132,38 @@ class FrontEngine:
         self.thread.join(timeout=60)
 
 
-def shared_engine(engine: Any, max_concurrency: int) -> "FrontEngine | LockedEngine":
-    """The pool's engine: the per-request front when the engine has one, else a lock."""
-    return (FrontEngine(engine, max_concurrency) if engine.name in FRONTS
-            else LockedEngine(engine))
+class GroupsFront:
+    """The per-request front as per-sample rounds see it in the pool: every round shares it,
+    so one round's end must not abort the others' requests (``abort_all`` ends nothing: the
+    pool never cuts a group, ``--partial-rollout`` is refused with ``--fully-async``)."""
+
+    def __init__(self, front: Any):
+        self.front = front
+        self.name = front.name
+
+    @property
+    def weight_version(self) -> int:
+        return self.front.weight_version
+
+    @property
+    def in_flight(self) -> int:
+        return self.front.in_flight
+
+    async def generate(self, prompt_ids: Any, params: Any) -> Any:
+        return await self.front.generate(prompt_ids, params)
+
+    def abort_all(self) -> int:
+        return 0
+
+
+def shared_engine(engine: Any, max_concurrency: int,
+                  decode: Callable[[list[int]], str] | None = None
+                  ) -> "FrontEngine | LockedEngine":
+    """The pool's engine: the per-request front when the engine has one (or is one, as
+    vLLM's ``AsyncLLM`` engine is), else a lock."""
+    if engine.name in FRONTS or hasattr(engine, "abort_all"):
+        return FrontEngine(engine, max_concurrency, decode)
+    return LockedEngine(engine)
 
 
 class GroupPool:
@@ -132,7 +173,13 @@ class GroupPool:
         self.cfg, self.producer, self.bridge = cfg, producer, bridge
         self.size = cfg.rollout_batch_size
         self.bound = cfg.effective_max_weight_staleness
-        self.engine = shared_engine(producer.engines.engine, cfg.sglang_server_concurrency)
+        self.engine = shared_engine(producer.engines.engine, cfg.sglang_server_concurrency,
+                                    decode=producer.tokenizer.decode)
+        # Per-sample rounds (--custom-generate-function-path): every group's executions run
+        # on the front's loop, beside the other groups', so their requests batch together.
+        self.per_sample = producer.per_sample is not None
+        if self.per_sample:
+            producer.run_per_sample_on(GroupsFront(self.engine.front), self.engine.run)
         self.version = 0
         self.start: int | None = None  # the trainer's version at its first request
         self.sent = 0  # batches handed to the trainer
@@ -197,7 +244,10 @@ class GroupPool:
                     self.failure = self.failure or exc
         elif command[0] == "evaluate":  # on the weights just synced, no group generating
             try:
-                metrics = self.engine.between_calls(lambda: self.producer.evaluate(command[1]))
+                # Per-sample rounds run on the front's loop: evaluate from here (no weights
+                # arrive meanwhile, this thread takes them); batched ones between two calls.
+                metrics = (self.producer.evaluate(command[1]) if self.per_sample else
+                           self.engine.between_calls(lambda: self.producer.evaluate(command[1])))
                 self.bridge.send(("eval", metrics))
             except Exception as exc:  # noqa: BLE001 - the trainer waits for this reply
                 self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))

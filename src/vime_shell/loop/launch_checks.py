@@ -245,12 +245,6 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
                           f"{flag} ({why})", "drop one of them; --partial-rollout works with "
                           "engines on ranks of their own synchronously (--no-colocate "
                           "--rollout-num-gpus N)")
-    if roles is not None and roles.mode == "fully_async" and (
-            cfg.custom_generate_function_path is not None):
-        raise field_error(ConfigError, "--custom-generate-function-path",
-                          cfg.custom_generate_function_path, "is not wired to the fully-async "
-                          "pool yet (the pool runs --rollout-function-path per group)",
-                          "use --train-async with it, or a batched --rollout-function-path")
     return roles
 
 

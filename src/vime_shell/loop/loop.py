@@ -57,7 +57,6 @@ model on reverse2 for 3 rollouts of 16 prompts x 8 samples and writes ``runs/x/m
 
 import contextlib
 import logging
-import math
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -65,7 +64,6 @@ from pathlib import Path
 
 import attrs
 import numpy as np
-import torch
 import torch.distributed as dist
 from transformers.utils import logging as hf_logging
 
@@ -76,75 +74,43 @@ from vime_pure.data.rewards import RewardNormalization
 from vime_pure.data.held_parts import held_rows, join_parts
 from vime_pure.data.shares import BatchMeta, RankShare, SharePlan, plan_shares
 from vime_pure.data.vocab import check_token_ids
-from vime_pure.errors import VimeError
-from vime_pure.lr_schedule import LrGroups, lr_groups, lr_schedule_warnings
 from vime_pure.metrics import metric_values
 from vime_pure.scheduling.schedule import Schedule
 from vime_pure.staleness import fresh_samples, staleness_metrics
-from vime_shell.engines import resolve_engine_name
-from vime_shell.engines.group import EngineGroup, EngineGroupError, EngineOptions
-from vime_shell.engines.layout import default_rollout_dtype, logprob_gap_tolerance
+from vime_shell.engines.group import EngineGroup, EngineGroupError
+from vime_shell.engines.layout import logprob_gap_tolerance
 from vime_shell.engines.remote import Sides, open_sides
 from vime_shell.loop import offpolicy, run_checkpoint
 from vime_shell.loop.async_loop import RemoteRollouts, serve_rollouts
 from vime_shell.loop.checkpoint_index import resume_checkpoint
+from vime_shell.loop.components import engine_options, trainer_config
 from vime_shell.loop.config import TrainConfig
+from vime_shell.loop.exchange import ExchangeStats, ShareExchange
+from vime_shell.loop.hf_save import save_hf, saves_hf
 from vime_shell.loop.launch_checks import LaunchPlan, launch_checks, model_dir
 from vime_shell.loop.logs import configure_logging
-from vime_shell.loop.exchange import ExchangeStats, ShareExchange
+from vime_shell.loop.ownership import claim_run
 from vime_shell.loop.records import batch_fields, rollout_record
 from vime_shell.loop.replay import DumpWriter, ReplaySource
+from vime_shell.loop.report import (eval_summary, launch_warnings, rollout_line, run_summary,
+                                    shows_line, skipped_record)
 from vime_shell.loop.rollouts import (Produced, RolloutProducer, complete_stats,
                                      empty_rollout_message)
-from vime_shell.loop.ownership import claim_run
-from vime_shell.loop.run_log import RunLogger, fmt
-from vime_shell.loop.slime_flags import parse_engine_arg
+from vime_shell.loop.run_log import RunLogger
+from vime_shell.loop.weight_check import (GapMeter, LogprobCheckError, WeightSyncError,
+                                          check_gap, check_probe_gap, measure_gap)
 from vime_shell.megatron.collectives import rank0_result
-from vime_shell.megatron.config import TrainerConfig
-from vime_shell.megatron.layout import rank_from_env, ranks_per_node_from_env
+from vime_shell.megatron.layout import rank_from_env
 from vime_shell.megatron.moe_bridge import num_experts_of
 from vime_shell.megatron.offload import offloaded
 from vime_shell.megatron.platform import detect_platform
 from vime_shell.megatron.trainer import MegatronTrainer
-from vime_shell.models.hf_config import read_config_summary
-from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
-from vime_shell.storage.hf_export import save_hf_checkpoint
-from vime_shell.storage.sizes import parse_size
+
+__all__ = ["LogprobCheckError", "RolloutEvent", "TrainResult", "WeightSyncError",
+           "claimed_run", "run_training"]
+
 
 log = logging.getLogger("vime.train")
-
-
-class TrainLoopError(VimeError):
-    """The loop cannot continue."""
-
-
-class WeightSyncError(TrainLoopError):
-    """After a weight sync the engine's log-probs differ from the trainer's: the sync failed."""
-
-
-class LogprobCheckError(TrainLoopError):
-    """The rollout function returned no engine log-probs: the weight-sync check cannot run."""
-
-
-@attrs.define
-class GapMeter:
-    """The engine-trainer log-prob gap of one rollout, from the pieces that measured it
-    (step 0's training forward, the recomputed old log-probs of later steps)."""
-
-    total: float = 0.0
-    tokens: float = 0.0
-    max: float = float("nan")
-
-    def add(self, mean: float, top: float, tokens: float) -> None:
-        if tokens:
-            self.total += mean * tokens
-            self.tokens += tokens
-            self.max = top if math.isnan(self.max) else max(self.max, top)
-
-    @property
-    def mean(self) -> float:
-        """NaN when no token had engine log-probs."""
-        return self.total / self.tokens if self.tokens else float("nan")
 
 
 @attrs.frozen(kw_only=True)
@@ -182,52 +148,6 @@ class TrainResult:
     plots: list[Path]
     hf_checkpoint: Path
     start_rollout: int
-
-
-def lr_schedule(cfg: TrainConfig, num_rollout: int | None = None) -> LrGroups:
-    """The run's LR lengths in groups; ``num_rollout``: the plan's (default: the config's)."""
-    return lr_groups(groups_per_rollout=cfg.groups_per_rollout,
-                     global_batch_size=cfg.effective_global_batch_size,
-                     allow_partial=cfg.partial_steps,
-                     num_rollout=cfg.resolved_num_rollout(None) if num_rollout is None
-                     else num_rollout,
-                     warmup_iters=cfg.warmup_iters, decay_iters=cfg.lr_decay_iters)
-
-
-def trainer_config(cfg: TrainConfig, num_rollout: int | None = None) -> TrainerConfig:
-    """The trainer's settings from the run's: the one place flags map onto the trainer.
-
-    LR warmup/decay lengths are optimizer steps in the flags (as in slime) and groups in the
-    trainer (its schedule advances by each step's real group count): ``vime_pure.lr_groups``
-    converts them, and without ``--lr-decay-iters`` decays over the whole run. Example:
-    ``--lr-warmup-iters 10`` with 128 groups per step warms up over 1280 groups.
-    """
-    lr = lr_schedule(cfg, num_rollout)
-    # the records TrainConfig validated at launch (one check per knob), with the run's LR lengths
-    optim = attrs.evolve(cfg.optim_config(), lr_warmup_groups=lr.warmup_groups,
-                         lr_decay_groups=lr.decay_groups)
-    return TrainerConfig(optim=optim, loss=cfg.loss_config(), model=cfg.model_options(),
-                         recompute_loss_function=cfg.recompute_loss_function, seed=cfg.seed,
-                         sequence_parallel=bool(cfg.sequence_parallel))
-
-
-def engine_options(cfg: TrainConfig, cuda: bool, num_experts: int | None = None) -> EngineOptions:
-    """The engines' settings from the run's: the engine by capability unless named, the
-    trainer's dtype unless ``--rollout-dtype``, sleep mode on CUDA vLLM unless ``--colocate``
-    says otherwise. Example: on CPU, defaults give ``EngineOptions(engine="hf",
-    dtype="float32", colocate=False)``."""
-    engine = resolve_engine_name(cfg.rollout_engine)
-    return EngineOptions(
-        engine=engine, dtype=cfg.rollout_dtype or default_rollout_dtype(cuda),
-        colocate=cfg.colocate if cfg.colocate is not None else cuda and engine == "vllm",
-        gpu_memory_utilization=cfg.rollout_gpu_memory_utilization,
-        update_weight_buffer_size=cfg.update_weight_buffer_size, seed=cfg.seed,
-        enforce_eager=cfg.rollout_enforce_eager,
-        expert_parallel=cfg.rollout_enable_expert_parallel, num_experts=num_experts,
-        per_request=cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION,
-        max_concurrency=cfg.sglang_server_concurrency,
-        vllm_args=tuple(parse_engine_arg(a) for a in cfg.vllm_engine_args or ()),
-        routed_experts=cfg.use_rollout_routing_replay)
 
 
 class _Loop:
@@ -417,12 +337,7 @@ class _Loop:
         gap = GapMeter()
         gap.add(*self._gap(records, old, np.ones(batch.num_samples, dtype=bool)))
         self.probe_gap = gap.mean
-        if gap.mean > self.gap_tolerance:
-            raise WeightSyncError(
-                f"weight sync to version {self.weight_version}: mean engine-trainer log-prob gap "
-                f"{gap.mean:.3g} on the probe > logprob_gap_tolerance={self.gap_tolerance:g}. "
-                "The engine ranks did not load the trainer's weights. Fix: check the engine's "
-                "weight update, or raise --logprob-gap-tolerance knowingly.")
+        check_probe_gap(self.weight_version, gap, self.gap_tolerance)
 
     def rollout(self, rid: int) -> dict:
         with offloaded(self.trainer, self.cfg.offload_train and self.producer is not None):
@@ -513,24 +428,9 @@ class _Loop:
             metrics.update(rejected)
         return mine, metrics
 
-    def _check_gap(self, rid: int, gap: "GapMeter") -> None:
-        if not (self.logprob_check and gap.mean > self.gap_tolerance):
-            return
-        head = (f"rollout {rid}: mean engine-trainer log-prob gap {gap.mean:.3g} > "
-                f"--logprob-gap-tolerance {self.gap_tolerance:g}.")
-        if self.syncs_done == 0:  # both loaded --hf-checkpoint: no sync has run yet
-            raise WeightSyncError(
-                f"{head} No weight sync has run yet: the engine and the trainer loaded the "
-                "same --hf-checkpoint but score its tokens differently (the engine's dtype, "
-                "e.g. bf16, a model the trainer converts differently, or a rollout function "
-                "whose log-probs are not the engine's). Fix: pass --rollout-dtype float32, "
-                "check the rollout function's rollout_log_probs, or raise "
-                "--logprob-gap-tolerance knowingly.")
-        raise WeightSyncError(
-            f"{head} The weights the engine sampled with are not the trainer's: the last "
-            "weight sync failed (or the engine computes log-probs differently, e.g. in bf16). "
-            "Fix: check the engine's weight update, or raise --logprob-gap-tolerance "
-            "knowingly.")
+    def _check_gap(self, rid: int, gap: GapMeter) -> None:
+        if self.logprob_check:
+            check_gap(rid, gap, tolerance=self.gap_tolerance, syncs_done=self.syncs_done)
 
     def _evaluates(self, rid: int) -> bool:
         """Before rollout ``rid`` (weights trained on rollouts ``< rid``) every
@@ -564,23 +464,9 @@ class _Loop:
 
     def _gap(self, records: list, old: np.ndarray, samples: np.ndarray
              ) -> tuple[float, float, float]:
-        """Mean, max and token count of |engine - trainer| log-prob over ``records``' scored,
-        loss-masked tokens of the flagged ``samples`` (the fresh ones), reduced over the world
-        with each (DP, CP) token counted once (by its last-stage, TP-rank-0 owner); no tokens
-        without engine log-probs (a user rollout function may not record them)."""
-        diffs = [np.abs(old[mb.share_index] - mb.rollout_log_probs)[
-                     offpolicy.scored_mask(mb, samples) & (mb.loss_mask > 0)] for mb in records
-                 if mb.rollout_log_probs is not None and self.trainer.owns_loss]
-        diff = np.concatenate(diffs) if diffs else np.zeros(0)
-        device = self.trainer.device
-        sums = torch.tensor([float(diff.sum()), float(diff.size)], dtype=torch.float64,
-                            device=device)
-        dist.all_reduce(sums)
-        top = torch.tensor([float(diff.max()) if diff.size else 0.0], dtype=torch.float64,
-                           device=device)
-        dist.all_reduce(top, op=dist.ReduceOp.MAX)
-        count = float(sums[1])
-        return (float(sums[0]) / count if count else 0.0), float(top.item()), count
+        """Collective: the gap of ``records``' fresh ``samples`` (``measure_gap``)."""
+        return measure_gap(records, old, samples, owns_loss=self.trainer.owns_loss,
+                           device=self.trainer.device)
 
     def data_state(self) -> dict:
         """Where the prompt source stands (rank 0's, shared so every rank saves the same)."""
@@ -597,34 +483,8 @@ class _Loop:
             self.producer.restore_partial_state(state)
 
     def save_hf(self, rollouts_done: int) -> Path:
-        """Write the weights after ``rollouts_done`` rollouts to ``--save-hf`` (its
-        ``{rollout_id}`` filled in) with one writer per node; rank 0 finalises the index.
-
-        Streamed: the export comes in buckets of one shard's size (``trainer.hf_buckets``),
-        each cast to the export dtype, and each writer keeps only its own shards, so a rank
-        holds about one shard and one bucket of host memory, never the model; ranks without a
-        writer drain the export."""
-        target = save_hf_path(self.cfg.save_hf, rollouts_done)
-        dtype = self.cfg.save_hf_dtype or read_config_summary(self.hf_dir).dtype
-        limit = parse_size(self.cfg.save_hf_max_shard_size)
-        pairs = (pair for bucket in self.trainer.hf_buckets(limit)
-                 for pair in as_export_dtype(dict(bucket), dtype).items())
-        world = dist.get_world_size()
-        per_node = ranks_per_node_from_env() or world
-        writers = list(range(0, world, per_node))
-        group = dist.new_group(writers)
-        try:
-            if self.rank in writers:
-                save_hf_checkpoint(pairs, source_dir=self.hf_dir, target_dir=target,
-                                   max_shard_size=limit,
-                                   writer_rank=writers.index(self.rank), writers=len(writers),
-                                   barrier=lambda: dist.barrier(group=group),
-                                   overwrite=self.cfg.save_hf_overwrite)
-        finally:
-            for _ in pairs:  # the export is collective: drained here too after a failure
-                pass
-        dist.barrier()
-        return target
+        """Collective: ``--save-hf`` after ``rollouts_done`` rollouts (``hf_save.save_hf``)."""
+        return save_hf(self.cfg, self.trainer, self.hf_dir, rollouts_done)
 
 
 def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None] | None = None,
@@ -717,34 +577,24 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
             logger.log(record)
             if rid == start:
                 log.info("startup: first rollout done in %.1f s", time.perf_counter() - began)
-            if _shows_line(record, rid - start, total - start, cfg.log_interval,
+            if shows_line(record, rid - start, total - start, cfg.log_interval,
                            logger.has_progress_bar):
-                logger.line(_line(record))
+                logger.line(rollout_line(record))
             _after_rollout(loop, cfg, rid + 1, total)
         if loop._evaluates_at_end() and total > start:  # the trained weights, once more
             final = loop.evaluate(total)
             logger.log_eval(total, final)
-            logger.line(f"eval after rollout {total - 1}: {_evals(final)}")
+            logger.line(f"eval after rollout {total - 1}: {eval_summary(final)}")
     finally:
         plots = logger.finish(loop.last_schedule)
         if loop.dumps is not None:
             loop.dumps.close()
-    if cfg.save_hf is not None and (not records or not _saves_hf(cfg, total, total)):
+    if cfg.save_hf is not None and (not records or not saves_hf(cfg, total, total)):
         log.info("wrote HF checkpoint %s", loop.save_hf(total))
     if records:
         log.info(run_summary(records, time.perf_counter() - began))
     return TrainResult(records=records, plots=plots, hf_checkpoint=loop.hf_dir,
                        start_rollout=start)
-
-
-def _shows_line(record: dict, k: int, count: int, interval: int, bar: bool) -> bool:
-    """Whether rollout ``k`` of this run prints its line: on a terminal (a progress bar)
-    evals, skipped rollouts and dynamic-sampling filtering stay visible above the bar;
-    otherwise every ``--log-interval`` rollouts, the last one, evals and skipped rollouts."""
-    notable = "eval_s" in record or bool(record.get("skipped"))
-    if bar:
-        return notable or bool(record.get("prompts_filtered"))
-    return notable or k % interval == 0 or k + 1 == count
 
 
 def _after_rollout(loop: _Loop, cfg: TrainConfig, done: int, total: int) -> None:
@@ -758,78 +608,11 @@ def _after_rollout(loop: _Loop, cfg: TrainConfig, done: int, total: int) -> None
                             run_id=loop.plan.run_id)
         log.info("checkpoint after %d rollouts saved to %s in %.1f s", done, cfg.save,
                  time.perf_counter() - t0)
-    if cfg.save_hf is not None and _saves_hf(cfg, done, total):
+    if cfg.save_hf is not None and saves_hf(cfg, done, total):
         t0 = time.perf_counter()
         path = loop.save_hf(done)
         log.info("HF checkpoint after %d rollouts written to %s in %.1f s", done, path,
                  time.perf_counter() - t0)
-
-
-def _saves_hf(cfg: TrainConfig, done: int, total: int) -> bool:
-    """A ``{rollout_id}`` template writes every ``--save-hf-interval`` (default
-    ``--save-interval``) rollouts and after the last; a plain path only at the end."""
-    if not cfg.save_hf_is_template:
-        return False
-    interval = cfg.save_hf_interval or cfg.save_interval
-    return done % interval == 0 or done == total
-
-
-def as_export_dtype(tensors: dict[str, torch.Tensor], dtype: str | None
-                    ) -> dict[str, torch.Tensor]:
-    """Floating-point tensors cast to ``dtype`` (``--save-hf-dtype``, else the config's
-    ``torch_dtype``): a bf16 model trained in fp32 on CPU exports bf16 as its config says.
-    Integer tensors and ``dtype=None`` are left alone. Example: fp32 -> ``"bfloat16"``."""
-    if dtype is None:
-        return tensors
-    target = getattr(torch, dtype, None)
-    if not isinstance(target, torch.dtype) or not target.is_floating_point:
-        return tensors  # an unknown name in a user's config.json: keep the trainer's dtype
-    return {k: t.to(target) if t.is_floating_point() else t for k, t in tensors.items()}
-
-
-def save_hf_path(template: str, rollouts_done: int) -> Path:
-    """``--save-hf`` with ``{rollout_id}`` replaced by the rollouts trained so far.
-    Example: ``save_hf_path("out/hf_{rollout_id}", 20) == Path("out/hf_20")``."""
-    return Path(template.replace("{rollout_id}", str(rollouts_done))).expanduser()
-
-
-def run_summary(records: list[dict], seconds: float) -> str:
-    """The end-of-run line: rollouts, reward first -> last (mean of the last 10 trained),
-    skipped rollouts, optimizer steps and the wall time."""
-    trained = [r for r in records if not r.get("skipped")]
-    if not trained:
-        return f"done: {len(records)} rollouts, all skipped (nothing passed the filter)"
-    tail = trained[-10:]
-    last10 = sum(r["reward_mean"] for r in tail) / len(tail)
-    skipped = len(records) - len(trained)
-    return (f"done: {len(records)} rollouts in {seconds:.0f} s, reward "
-            f"{trained[0]['reward_mean']:.3f} -> {trained[-1]['reward_mean']:.3f} (last "
-            f"{len(tail)}: {last10:.3f}), {sum(r['num_steps'] for r in trained)} optimizer "
-            f"steps" + (f", {skipped} skipped" if skipped else ""))
-
-
-def skipped_record(rid: int, stats: dict, *, lr: float, rollout_s: float,
-                   evaluated: dict) -> dict:
-    """The metrics line of a skipped rollout (``skipped: 1``, nothing trained): the
-    generation's counts, the filtered prompts' mean reward as ``reward_mean``, NaN losses."""
-    nan = float("nan")
-    return {"rollout": rid, "skipped": 1, "reward_mean": stats.get("filtered_reward_mean", nan),
-            "loss": nan, "num_groups": 0, "num_samples": 0, "num_steps": 0,
-            "num_microbatches": 0, "logprob_gap": nan, "tokens": 0, "tokens_per_s": 0.0,
-            "lr": lr, "rollout_s": rollout_s, "train_s": 0.0, "sync_s": 0.0,
-            **stats, **evaluated}
-
-
-def launch_warnings(cfg: TrainConfig, num_rollout: int) -> list[str]:
-    """Settings that run but likely not as meant (logged once at launch)."""
-    out = lr_schedule_warnings(style=cfg.lr_decay_style, lr=cfg.lr, min_lr=cfg.min_lr,
-                               schedule=lr_schedule(cfg, num_rollout), num_rollout=num_rollout)
-    if cfg.partial_steps and not cfg.allow_partial_train_step:
-        out.append("dynamic sampling may keep fewer than --rollout-batch-size "
-                   f"{cfg.rollout_batch_size} prompts per rollout: the last optimizer step of "
-                   "such a rollout is a partial one (--allow-partial-train-step is implied; "
-                   "--dynamic-sampling-fill-filtered keeps batches full instead)")
-    return out
 
 
 def _quiet_libraries() -> None:
@@ -837,29 +620,3 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True")
     # transformers draws a "Loading weights" bar at every engine (re)load: noise in the log.
     hf_logging.disable_progress_bar()
-
-
-def _line(r: dict) -> str:
-    """One rollout's progress line. Example: ``rollout   12  reward 0.312  loss -0.0004
-    entropy 2.310  gap 1.2e-07  resp 2.0 (trunc 0.00)  mb/rank 1  1830 tok/s``."""
-    if r.get("skipped"):
-        line = (f"rollout {r['rollout']:4d}  skipped: all {r.get('prompts_generated', 0)} "
-                f"prompts filtered out (reward {fmt(r['reward_mean'], '.3f')})")
-    else:
-        line = (f"rollout {r['rollout']:4d}  reward {r['reward_mean']:.3f}  "
-                f"loss {fmt(r['loss'], '+.4f')}  entropy {fmt(r.get('entropy'), '.3f')}  "
-                f"gap {fmt(r['logprob_gap'], '.1e')}  resp "
-                f"{fmt(r.get('response_len_mean'), '.1f')} (trunc "
-                f"{fmt(r.get('truncated_frac'), '.2f')})  mb/rank {r['num_microbatches']}  "
-                f"{r.get('tokens_per_s', 0):.0f} tok/s")
-    if r.get("prompts_generated", 0) != r.get("prompts_kept", 0) and not r.get("skipped"):
-        line += f"  kept {r['prompts_kept']}/{r['prompts_generated']}"
-    if not math.isnan(r.get("probe_gap", math.nan)):  # separate engine ranks, stale batches
-        line += f"  probe {r['probe_gap']:.1e}  stale {r.get('staleness_max', 0):.0f}"
-    evals = _evals(r)
-    return line + (f"  eval {evals}" if evals else "")
-
-
-def _evals(r: dict) -> str:
-    return ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in r.items()
-                     if k.endswith("/reward_mean") and k.startswith("eval/"))

@@ -20,10 +20,11 @@ import torch.distributed as dist
 
 from vime_pure.data.batch import schedule_for
 from vime_shell.engines.group import EngineGroup
+from vime_shell.loop.components import engine_options
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan
 from vime_shell.loop.logs import configure_logging
-from vime_shell.loop.loop import TrainResult, claimed_run, engine_options
+from vime_shell.loop.loop import TrainResult, claimed_run
 from vime_shell.loop.records import rollout_record
 from vime_shell.loop.replay import DumpWriter
 from vime_shell.loop.rollouts import RolloutProducer

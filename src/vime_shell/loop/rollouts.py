@@ -24,7 +24,7 @@ prompts_kept 16, prompts_filtered 42``.
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from itertools import chain
 from typing import Any
 
@@ -349,6 +349,19 @@ class RolloutProducer:
         if saved is not None and self.per_sample is not None \
                 and self.per_sample.buffer is not None:
             self.per_sample.buffer = PartialBuffer.from_state(saved)
+
+    def run_per_sample_on(self, front: Any, runner: Callable[[Coroutine[Any, Any, Any]], Any]
+                          ) -> None:
+        """Per-sample generation (``--custom-generate-function-path``) through ``front``, its
+        rounds run by ``runner`` (``PerSample``): the fully-async pool's groups, probes and
+        evaluations then share one engine front and one event loop."""
+        if self.per_sample is None:
+            return
+        old = self.per_sample.runtime  # a fresh runtime: none of the old one's task sets
+        runtime = GenerateRuntime(engine=front, tokenizer=old.tokenizer, encode=old.encode,
+                                  mask_offpolicy=old.mask_offpolicy)
+        self.per_sample = attrs.evolve(self.per_sample, runtime=runtime, runner=runner)
+        self._eval_per_sample = attrs.evolve(self.per_sample, buffer=None)
 
     @property
     def buffered_groups(self) -> int:

@@ -36,6 +36,7 @@ its 2 tokens; next rollout it runs first and its aborted sample generates 1 more
 """
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import attrs
@@ -104,13 +105,16 @@ class PartialBuffer:
 @attrs.define(eq=False)
 class PerSample:
     """How ``generate_rollout`` generates: the runtime (engine, tokenizer), the per-sample
-    function, the run's config given to it as ``args``, and the partial-rollout buffer
-    (None: no partial rollouts)."""
+    function, the run's config given to it as ``args``, the partial-rollout buffer (None: no
+    partial rollouts), and ``runner``, which runs a round's executions to completion: a fresh
+    event loop per call (``asyncio.run``), or a long-lived loop that several rounds share, as
+    the fully-async pool's groups share its engine front (``vime_shell.loop.fully_async``)."""
 
     runtime: GenerateRuntime
     generate_fn: GenerateFn
     args: Any = None
     buffer: PartialBuffer | None = None
+    runner: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run
 
 
 def _execution_done(samples: list[Sample]) -> bool:
@@ -150,7 +154,7 @@ def generate_rollout(ctx: RolloutContext) -> list[list[list[Sample]]]:
         for e in ctx.prompts]
     first = first_request(ctx, sum(len(g.executions) for g in groups))
     target = ctx.target_groups if setup.buffer is not None else None
-    order = asyncio.run(_drive(ctx, setup, groups, first, target))
+    order = setup.runner(_drive(ctx, setup, groups, first, target))
     if setup.buffer is None:
         complete = groups  # nothing is aborted from outside: train what the functions gave
     else:  # the first `target` groups to finish train; the rest waits, finished or not

@@ -1,0 +1,64 @@
+"""The components' settings from the run's: the one place ``TrainConfig`` maps onto the
+trainer's ``TrainerConfig``, the engines' ``EngineOptions`` and the LR lengths in groups.
+
+Example: ``trainer_config(TrainConfig(lr_warmup_iters=10))`` with 128 groups per step warms
+the trainer's LR up over 1280 groups; ``engine_options(cfg, cuda=False)`` picks the HF engine
+in float32.
+"""
+
+import attrs
+
+from vime_pure.lr_schedule import LrGroups, lr_groups
+from vime_shell.engines import resolve_engine_name
+from vime_shell.engines.group import EngineOptions
+from vime_shell.engines.layout import default_rollout_dtype
+from vime_shell.loop.config import TrainConfig
+from vime_shell.loop.slime_flags import parse_engine_arg
+from vime_shell.megatron.config import TrainerConfig
+from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
+
+
+def lr_schedule(cfg: TrainConfig, num_rollout: int | None = None) -> LrGroups:
+    """The run's LR lengths in groups; ``num_rollout``: the plan's (default: the config's)."""
+    return lr_groups(groups_per_rollout=cfg.groups_per_rollout,
+                     global_batch_size=cfg.effective_global_batch_size,
+                     allow_partial=cfg.partial_steps,
+                     num_rollout=cfg.resolved_num_rollout(None) if num_rollout is None
+                     else num_rollout,
+                     warmup_iters=cfg.warmup_iters, decay_iters=cfg.lr_decay_iters)
+
+
+def trainer_config(cfg: TrainConfig, num_rollout: int | None = None) -> TrainerConfig:
+    """The trainer's settings from the run's: the one place flags map onto the trainer.
+
+    LR warmup/decay lengths are optimizer steps in the flags (as in slime) and groups in the
+    trainer (its schedule advances by each step's real group count): ``vime_pure.lr_groups``
+    converts them, and without ``--lr-decay-iters`` decays over the whole run. Example:
+    ``--lr-warmup-iters 10`` with 128 groups per step warms up over 1280 groups.
+    """
+    lr = lr_schedule(cfg, num_rollout)
+    # the records TrainConfig validated at launch (one check per knob), with the run's LR lengths
+    optim = attrs.evolve(cfg.optim_config(), lr_warmup_groups=lr.warmup_groups,
+                         lr_decay_groups=lr.decay_groups)
+    return TrainerConfig(optim=optim, loss=cfg.loss_config(), model=cfg.model_options(),
+                         recompute_loss_function=cfg.recompute_loss_function, seed=cfg.seed,
+                         sequence_parallel=bool(cfg.sequence_parallel))
+
+
+def engine_options(cfg: TrainConfig, cuda: bool, num_experts: int | None = None) -> EngineOptions:
+    """The engines' settings from the run's: the engine by capability unless named, the
+    trainer's dtype unless ``--rollout-dtype``, sleep mode on CUDA vLLM unless ``--colocate``
+    says otherwise. Example: on CPU, defaults give ``EngineOptions(engine="hf",
+    dtype="float32", colocate=False)``."""
+    engine = resolve_engine_name(cfg.rollout_engine)
+    return EngineOptions(
+        engine=engine, dtype=cfg.rollout_dtype or default_rollout_dtype(cuda),
+        colocate=cfg.colocate if cfg.colocate is not None else cuda and engine == "vllm",
+        gpu_memory_utilization=cfg.rollout_gpu_memory_utilization,
+        update_weight_buffer_size=cfg.update_weight_buffer_size, seed=cfg.seed,
+        enforce_eager=cfg.rollout_enforce_eager,
+        expert_parallel=cfg.rollout_enable_expert_parallel, num_experts=num_experts,
+        per_request=cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION,
+        max_concurrency=cfg.sglang_server_concurrency,
+        vllm_args=tuple(parse_engine_arg(a) for a in cfg.vllm_engine_args or ()),
+        routed_experts=cfg.use_rollout_routing_replay)
