@@ -82,19 +82,6 @@ def group_worker(rank: int, hf_dir: str, new_dir: str, cases: list, options: dic
     return out
 
 
-def failing_worker(rank: int, hf_dir: str) -> str:
-    """Engine 1's rollout raises: rank 1 re-raises its own error, rank 0 names engine 1."""
-    init_gloo()
-    layout = resolve_engine_layout(world_size=dist.get_world_size())
-    group = EngineGroup.build(hf_dir, layout, EngineOptions(engine="hf"))
-
-    def produce(share):
-        if group.engine_index == 1:
-            raise RuntimeError("tool sandbox unreachable")
-        return [[] for _ in share]
-    return _run_and_close(group, produce, 4)
-
-
 def _run_and_close(group, produce, num_prompts: int) -> str:
     """``run_shares`` on every rank; this rank's error as ``"Type: message"`` (or ``"no
     error"``), the group closed and the process group destroyed."""
@@ -112,7 +99,7 @@ def env_summary() -> dict:
     return {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
 
 
-__all__ = ["batch_columns", "failing_worker", "group_worker", "make_context", "np"]
+__all__ = ["batch_columns", "group_worker", "make_context", "np", "queue_failure_worker"]
 
 
 class _StandIn:
