@@ -1,6 +1,6 @@
 """The rollout side of the loop: prompts, generation rounds with dynamic sampling, rewards, the
-``RolloutBatch``, and evaluation, over the run's engines (:class:`EngineGroup`: each engine
-generates its share of a round's prompts, rank 0 merges, judges and builds the batch).
+``RolloutBatch``, and evaluation, over the run's engines (:class:`EngineGroup`: engines claim a
+round's prompts in chunks from a work queue; rank 0 merges, judges and builds the batch).
 
 One rollout batch (``produce``): draw ``--over-sampling-batch-size`` prompts (default
 ``--rollout-batch-size``), generate ``--n-samples-per-prompt`` responses each through the
@@ -148,7 +148,7 @@ class RolloutProducer:
 
     Built on every rank of a run with engines: the prompt draws and the round count are the
     same everywhere (seeded, and rank 0's filter verdict is broadcast), each engine generates
-    its share of a round, and only rank 0 holds the merged output, the batch and the metrics.
+    the chunks of a round it claims, and only rank 0 holds the merged output, the batch and the metrics.
     """
 
     def __init__(self, cfg: TrainConfig, plan: LaunchPlan, engines: EngineGroup):
