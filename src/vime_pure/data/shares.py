@@ -1,28 +1,33 @@
 """A rollout batch held in parts, scheduled from its metadata, moved to each rank as its share.
 
 No process ever holds the whole batch. Each *holder* (an engine leader, or rank 0 for a replay)
-keeps its *part*: a ``RolloutBatch`` of the prompts it generated (a prompt's samples, so its
-groups, never straddle parts). The global batch is the parts concatenated in holder order.
+keeps its *part*: a ``RolloutBatch`` of the work-queue chunks of prompts it generated
+(``vime_pure.data.work_queue``, joined by ``vime_pure.data.held_parts``; a prompt's samples, so
+its groups, never straddle chunks). The global batch is every chunk in global prompt order
+(``part_starts``: a chunk's first prompt), whichever holder generated it.
 
 1. **Metadata** (``part_meta``): per sample the numbers the schedule, the advantages and the
    metrics need (lengths, response lengths, loss-mask totals, dense group and prompt ids,
-   reward, status, weight versions: 46 bytes, no token), plus the parts' original ids.
-   ``merge_meta`` concatenates the parts' metadata exactly as ``RolloutBatch.from_samples``
+   reward, status, weight versions: 46 bytes, no token), plus the parts' original ids; one
+   per chunk. ``merge_meta`` puts the chunks in prompt order and concatenates their metadata
+   exactly as ``RolloutBatch.from_samples``
    numbers the merged output (dense ids in first-occurrence order, ids a rollout function left
    ``None`` numbered after the merge, an explicit id in two parts an error).
 2. **Plan** (``plan_shares``): advantages (``normalize_rewards``) and the ``Schedule``
    (``plan_grouped``) of the merged metadata, with what every rank needs to build its records
    without the batch: per-sample loss-mask totals (int32), float32 advantages (what the
-   records carry), the parts' sizes and first global response token.
-3. **Pieces** (``share_piece``): a holder cuts, from its part, the samples one DP rank trains,
-   in that rank's execution order, with their global ids and global response offsets.
+   records carry), each chunk's first global sample, response token and prompt (the owner map).
+3. **Pieces** (``share_piece``): a holder cuts, from its part (its chunks, known by their first
+   prompts), the samples one DP rank trains, in that rank's execution order, with their global
+   ids and global response offsets.
 4. **Share** (``assemble_share``): a rank joins its pieces in execution order: a ``RankShare``,
    which ``vime_pure.data.microbatch.share_batch`` turns into the same records
    ``rank_batch`` builds from the whole batch (tested bit for bit).
 
-Example: parts of 3 and 2 samples; the schedule gives DP rank 1 samples ``[4, 0]``: holder 0
-sends it sample 0 (its local 0), holder 1 sample 4 (its local 1); rank 1's share holds samples
-``[4, 0]`` in that order, 2 samples' tokens and nothing else.
+Example: chunks of 3 and 2 samples, at prompts 0 and 1, held by holders 0 and 1; the schedule
+gives DP rank 1 samples ``[4, 0]``: holder 0 sends it sample 0 (its local 0), holder 1 sample 4
+(its local 1); rank 1's share holds samples ``[4, 0]`` in that order, 2 samples' tokens and
+nothing else.
 """
 
 from collections.abc import Hashable, Sequence
@@ -111,8 +116,8 @@ def part_meta(part: RolloutBatch, *, group_fallback: np.ndarray | None = None,
     finds them); default none. ``outputs``: top-level entries of its rollout output (default
     its prompt groups). ``whole``: the part is the whole batch (a replay, a filtered batch):
     its advantages are the batch's and travel along. ``start``: the part's first global prompt
-    index (a work-queue chunk's; what orders parts at the merge). Example: a part of 2 samples in one
-    group with masks summing to 2 and 1: ``mask_sums [2, 1]``, ``part_sizes [2]``."""
+    index (a work-queue chunk's; what orders parts at the merge). Example: a part of 2 samples
+    in one group with masks summing to 2 and 1: ``mask_sums [2, 1]``, ``part_sizes [2]``."""
     flags = {"group_fallback": (group_fallback, part.num_groups),
              "prompt_fallback": (prompt_fallback, len(part.prompt_group_values))}
     resolved = {}
