@@ -70,8 +70,9 @@ def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta, *,
                rows: Int64[np.ndarray, " n"] | None = None) -> RolloutBatch:
     """The whole ``RolloutBatch`` of the parts (concatenated, then ``rows`` of that in order:
     ``held_rows`` puts work-queue chunks in prompt order) with the merged, planned ``meta``'s
-    ids and advantages: for inspection (``RolloutEvent.gather_batch``) and a holder's own
-    chunks, never on the training path. Validated by the batch's own checks."""
+    ids and advantages: a holder's own chunks (``join_chunks``: one copy of its columns, what
+    ``share_piece`` cuts) and inspection (``RolloutEvent.gather_batch``: the whole batch, never
+    on the training path). Validated by the batch's own checks."""
     if meta.advantages is None:
         raise field_error(RolloutBatchError, "meta.advantages", None, "are not planned",
                           "pass the metadata plan_shares returned")
