@@ -4,7 +4,7 @@ protocol without processes or timing.
 Named examples: interleaved leaders partition the prompts into the core's chunks; a TP peer
 reads exactly its leader's claims; a failing engine pushes the counter past the end (the other
 engine's next claim is the end) and tells its peers to stop; a finished round's keys are
-deleted. The multi-process runs are in ``tests/shell/test_engine_group.py``.
+deleted (by an engine group, ``KEPT_ROUNDS`` rounds later). The multi-process runs are in ``tests/shell/test_engine_group.py``.
 """
 
 from datetime import timedelta
@@ -12,7 +12,10 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from vime_pure.data.work_queue import queue_chunk_size
-from vime_shell.engines.work_queue import PromptQueue, forget_round
+from vime_shell.engines import group as group_module
+from vime_shell.engines.group import EngineGroup, EngineOptions
+from vime_shell.engines.layout import EngineLayout
+from vime_shell.engines.work_queue import KEPT_ROUNDS, PromptQueue, forget_round
 
 ROUND = "vime/queue/0/0"
 
@@ -61,3 +64,22 @@ def test_a_finished_rounds_keys_are_deleted():
     forget_round(store, ROUND, engine=0, leader=True, first_rank=True, published=2)
     assert not any(store.check([k]) for k in keys)
     store.wait([], timedelta(seconds=1))  # the store still serves
+
+
+def test_an_engine_group_forgets_a_round_kept_rounds_later(monkeypatch):
+    """Round r's keys (the counter, the leader's claims) go when round r + KEPT_ROUNDS starts."""
+    store = dist.HashStore()
+    monkeypatch.setattr(group_module, "job_store", lambda: store)
+    group = EngineGroup(EngineLayout(world_size=4, num_engines=2, gpus_per_engine=2), 0, None,
+                        EngineOptions())
+    first = group._next_round()  # noqa: SLF001 - the round bookkeeping under test
+    prefix = f"{group._prefix}/{first}"  # noqa: SLF001
+    assert list(PromptQueue(store, prefix, engine=0, leader=True, peers=True, num_prompts=3,
+                            num_engines=2, timeout_s=5.0)) == [range(0, 1), range(1, 2),
+                                                               range(2, 3)]
+    group._queued[first] = 3  # noqa: SLF001 - what _generate records for a queued round
+    for _ in range(KEPT_ROUNDS - 1):
+        group._next_round()  # noqa: SLF001
+    assert store.check([f"{prefix}/next", f"{prefix}/e0/3"])
+    group._next_round()  # noqa: SLF001 - round KEPT_ROUNDS: round 0 is forgotten
+    assert not any(store.check([f"{prefix}/{k}"]) for k in ("next", "e0/0", "e0/3"))

@@ -66,7 +66,8 @@ from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        check_gpu_memory_utilization, check_rollout_dtype)
 from vime_shell.engines.sync import (SLEEP_LEVEL, Residency, SyncReport, only_served_experts,
                                      served_experts, stream_weights)
-from vime_shell.engines.work_queue import PromptQueue, forget_round, job_store, new_group_prefix
+from vime_shell.engines.work_queue import (KEPT_ROUNDS, PromptQueue, forget_round, job_store,
+                                           new_group_prefix)
 
 
 log = logging.getLogger("vime.train")  # the run's log (loop.logs formats it)
@@ -250,12 +251,13 @@ class EngineGroup:
         return chunks if self.is_leader else None
 
     def _next_round(self) -> int:
-        """The next round's number; forgets the store keys of the round before last."""
+        """The next round's number; forgets the store keys of the round ``KEPT_ROUNDS`` back."""
         round_, self._rounds = self._rounds, self._rounds + 1
-        if round_ - 2 in self._queued:
-            forget_round(job_store(), f"{self._prefix}/{round_ - 2}", engine=self.engine_index,
+        old = round_ - KEPT_ROUNDS
+        if old in self._queued:
+            forget_round(job_store(), f"{self._prefix}/{old}", engine=self.engine_index,
                          leader=self.is_leader and self.layout.gpus_per_engine > 1,
-                         first_rank=self.rank == 0, published=self._queued.pop(round_ - 2))
+                         first_rank=self.rank == 0, published=self._queued.pop(old))
         return round_
 
     def _generate(self, produce: Callable[[range], list], num_prompts: int, queue: bool,

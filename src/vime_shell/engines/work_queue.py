@@ -17,9 +17,10 @@ round's counter):
   then meets the failure in the exchange, which names the failed engine); a failed leader also
   publishes ``abort`` to its peers, so none waits for a claim that never comes.
 
-Keys of the round before last are deleted when a round starts (rank 0's store stays small over
-thousands of rollouts); every round is followed by a collective over the world, so no peer
-still reads them.
+A round's keys are deleted ``KEPT_ROUNDS`` rounds later (rank 0's store stays small over
+thousands of rollouts): vLLM's TP peers run in lockstep with their leader, and no peer lags
+its leader by 8 rounds (most rounds end in a collective over the world: the exchange, a
+dynamic-sampling verdict, an evaluation's result).
 
 Example (2 engines of 1 rank, 10 prompts, chunks of 2): engine 0 claims 0 -> prompts 0-1,
 engine 1 claims 1 -> prompts 2-3, engine 0 claims 2, 3, 4 while engine 1 is slow; engine 1's
@@ -36,6 +37,7 @@ import torch.distributed as dist
 from vime_pure.data.work_queue import chunk_range, queue_chunk_size
 
 _ABORT = 1 << 40  # added to a round's counter on failure: every later claim is past the end
+KEPT_ROUNDS = 8  # a round's keys are deleted this many rounds later
 _GROUPS = count()  # engine groups built in this process (built collectively: same on all ranks)
 
 
