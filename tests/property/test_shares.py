@@ -22,7 +22,8 @@ from vime_pure.data.shards import merge_rollout_shares, prompt_shares
 from vime_pure.data.held_parts import claimed_part, held_rows, join_parts
 from vime_pure.data.shares import (assemble_share, merge_meta, output_part, plan_shares,
                                    share_piece)
-from vime_pure.data.work_queue import chunk_range, in_prompt_order, queue_chunk_size
+from vime_pure.data.work_queue import (chunk_range, chunks_per_engine, in_prompt_order,
+                                       queue_chunk_size)
 from vime_pure.denominators import LossMode
 from vime_pure.errors import RolloutBatchError, RolloutValidationError
 
@@ -209,9 +210,11 @@ def test_any_claim_pattern_gives_the_contiguous_blocks_batch(case, data):
 
 
 def test_chunks_and_claims():
-    """The documented examples: 4 claims per engine, the end is an empty range."""
+    """The documented examples: 4 claims per engine (1 where calls are tail-bound), the end
+    is an empty range."""
     assert queue_chunk_size(64, 4) == 4 and queue_chunk_size(3, 8) == 1
-    assert queue_chunk_size(0, 2) == 1
+    assert queue_chunk_size(0, 2) == 1 and queue_chunk_size(10, 2, per_engine=1) == 5
+    assert chunks_per_engine(tail_bound=True) == 1 and chunks_per_engine(tail_bound=False) == 4
     assert chunk_range(2, 4, 10) == range(8, 10) and chunk_range(3, 4, 10) == range(10, 10)
     assert in_prompt_order([(4, "b"), (0, "a")]) == ["a", "b"]
     with pytest.raises(RolloutValidationError, match="^num_engines=0: must be an integer"):

@@ -3,7 +3,7 @@
 With ``E`` engines, engines *claim* chunks of the round's ``P`` prompts from one shared counter
 (the shell keeps it in the job's ``torch.distributed`` store) until the prompts run out: claim
 ``k`` is prompts ``[k*c, min((k+1)*c, P))`` (``chunk_range``) with ``c =
-queue_chunk_size(P, E)``. A fast engine claims more chunks, a slow one fewer, so the round ends
+queue_chunk_size(P, E, per_engine=k)``. A fast engine claims more chunks, a slow one fewer, so the round ends
 when the prompts end, not when the slowest engine's fixed block ends. A chunk holds whole
 prompts: a prompt's ``n`` samples (its rollout groups, its prompt group) never straddle two
 chunks, nor two engines.
@@ -13,10 +13,17 @@ group ids derive from them, ``RolloutContext.prompt_offset``), never on which en
 or when. Putting every chunk back at its first prompt's place (``prompt_order``) therefore
 gives the batch of contiguous blocks, bit for bit, whatever the claim pattern.
 
-Why ``c = ceil(P / (4E))``: about four claims per engine bound the final imbalance to one chunk
-(a quarter of an engine's even share) while each engine pays ~4 store round-trips per round and
-keeps batches of ``c * n`` requests. Smaller chunks balance better but shorten each
-``generate`` call's batch and add one response-length tail per call on a batched engine.
+Why ``c = ceil(P / (k E))`` with ``k = chunks_per_engine(...)``: every chunk is one batched
+``generate`` call, and a call ends with a tail while its longest responses finish. Where a
+call's time grows with its tokens (the HF engine on CPU: every step costs the whole padded
+batch), more calls cost nothing and ``k = 4`` claims per engine bound the final imbalance to a
+quarter of an even share. Where a call's time is its longest response (vLLM, any engine on a
+GPU: the batch decodes in parallel), each extra call adds a tail: the model
+``python -m benchmarks.work_queue`` gives 1.5-2.3x the makespan of contiguous blocks at
+``k = 4`` for equal engines and long-tailed responses, so there ``k = 1``: one block-sized
+claim per engine (the batch and the failure handling are the queue's; an engine that starts
+late loses its block to a free one; a slow engine is not helped, which needs request-level
+streaming, not built).
 
 Example: ``queue_chunk_size(64, 4) == 4``; claims 0..15 are prompts 0-3, 4-7, ..., 60-63; claim
 16 is ``range(64, 64)``, the end. Engine 0 holding claims 0 and 3 and engine 1 claim 1 and 2
@@ -42,11 +49,21 @@ def _count(name: str, value: object, lo: int) -> int:
     return int(value)
 
 
-def queue_chunk_size(num_prompts: int, num_engines: int) -> int:
-    """Prompts per claim: ``ceil(P / (4 E))``, at least 1 (module docstring). Example:
-    ``queue_chunk_size(10, 2) == 2``, ``queue_chunk_size(3, 8) == 1``."""
+def chunks_per_engine(*, tail_bound: bool) -> int:
+    """Claims per engine of a round: 1 where a ``generate`` call lasts as long as its longest
+    response (vLLM, GPUs), else ``CHUNKS_PER_ENGINE`` (module docstring). Example:
+    ``chunks_per_engine(tail_bound=False) == 4``."""
+    return 1 if tail_bound else CHUNKS_PER_ENGINE
+
+
+def queue_chunk_size(num_prompts: int, num_engines: int, *,
+                     per_engine: int = CHUNKS_PER_ENGINE) -> int:
+    """Prompts per claim: ``ceil(P / (per_engine * E))``, at least 1 (module docstring).
+    Example: ``queue_chunk_size(10, 2) == 2``, ``queue_chunk_size(3, 8) == 1``,
+    ``queue_chunk_size(10, 2, per_engine=1) == 5``."""
     p, e = _count("num_prompts", num_prompts, 0), _count("num_engines", num_engines, 1)
-    return max(1, -(-p // (CHUNKS_PER_ENGINE * e)))
+    k = _count("per_engine", per_engine, 1)
+    return max(1, -(-p // (k * e)))
 
 
 def chunk_range(claim: int, chunk: int, num_prompts: int) -> range:

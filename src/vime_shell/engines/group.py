@@ -11,10 +11,13 @@ of the group after the trainer has created the process group. With the layout of
   (CPU, one GPU) keeps vLLM's plain in-process ``LLM``. The HF engine is the CPU / CI path.
   An engine's seed is ``seed + e`` (equal on its TP ranks, as vLLM needs);
 - **prompts, by work queue** (:mod:`vime_shell.engines.work_queue`): engines claim chunks of
-  ``queue_chunk_size(P, E)`` (about ``P / 4E``) whole prompts, one atomic add on the job's
-  store per claim, until the round's ``P`` prompts are exhausted; engine ``e`` calls
-  ``produce(chunk)`` for each chunk it claims (a prompt's ``n`` samples stay on one engine),
-  so a slow engine generates fewer prompts and a fast one more. Its TP peers generate the
+  ``queue_chunk_size(P, E, per_engine=k)`` whole prompts (``k = chunks_per_engine``: 4 for
+  the HF engine on CPU, 1 for vLLM and on CUDA, where every extra call adds a response-length
+  tail), one atomic add on the job's store per claim, until the round's ``P`` prompts are
+  exhausted; engine ``e`` calls ``produce(chunk)`` for each chunk it claims (a prompt's ``n``
+  samples stay on one engine), so with ``k > 1`` a slow engine generates fewer prompts and a
+  fast one more (with ``k = 1`` only an engine that starts late loses its block). Its TP
+  peers generate the
   leader's chunks (the leader publishes each claim in the store). Request seeds and group ids
   derive from global prompt indices (``RolloutContext.prompt_offset``), and chunks are merged
   at their first prompt, so the batch depends neither on the engine count nor on who claimed
@@ -56,7 +59,7 @@ import torch
 import torch.distributed as dist
 
 from vime_pure.data.shards import merge_rollout_shares
-from vime_pure.data.work_queue import in_prompt_order
+from vime_pure.data.work_queue import chunks_per_engine, in_prompt_order
 from vime_pure.errors import VimeError
 from vime_shell.engines import select_engine
 from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
@@ -203,6 +206,14 @@ class EngineGroup:
     def is_leader(self) -> bool:
         return self.layout.is_leader(self.rank)
 
+    @property
+    def chunks_per_engine(self) -> int:
+        """Work-queue claims per engine and round (``vime_pure.data.work_queue``): 4 for the
+        HF engine on CPU (a call's time grows with its tokens), 1 for vLLM and on CUDA (a
+        call lasts as long as its longest response: more calls, more tails)."""
+        return chunks_per_engine(tail_bound=self.options.engine != "hf"
+                                 or torch.cuda.is_available())
+
     def prompt_share(self, num_prompts: int) -> range:
         """The global prompt indices this rank's engine generates (empty without engine)."""
         return self.layout.prompt_share(self.rank, num_prompts)
@@ -270,7 +281,8 @@ class EngineGroup:
                                  engine=self.engine_index, leader=self.is_leader,
                                  peers=self.layout.gpus_per_engine > 1, num_prompts=num_prompts,
                                  num_engines=self.layout.num_engines,
-                                 timeout_s=self.options.gather_timeout_s)
+                                 timeout_s=self.options.gather_timeout_s,
+                                 per_engine=self.chunks_per_engine)
         out: list[tuple[int, list]] = []
         try:
             for share in claims:

@@ -1,7 +1,8 @@
 """The engines' work queue of prompts, kept in the job's own ``torch.distributed`` store.
 
 The core says what a claim is (:mod:`vime_pure.data.work_queue`: claim ``k`` is a chunk of
-``queue_chunk_size(P, E)`` whole prompts); this module moves the claims. Per generation round
+``queue_chunk_size(P, E, per_engine=chunks_per_engine(...))`` whole prompts: 4 claims per
+engine for the HF engine on CPU, 1 for vLLM and on GPUs); this module moves the claims. Per generation round
 (one call of ``EngineGroup.run_local`` / ``run_shares``; the key prefix names the engine group
 and the call, so a second round, an evaluation or a dynamic-sampling round never reads another
 round's counter):
@@ -34,7 +35,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from vime_pure.data.work_queue import chunk_range, queue_chunk_size
+from vime_pure.data.work_queue import CHUNKS_PER_ENGINE, chunk_range, queue_chunk_size
 
 _ABORT = 1 << 40  # added to a round's counter on failure: every later claim is past the end
 KEPT_ROUNDS = 8  # a round's keys are deleted this many rounds later
@@ -51,11 +52,12 @@ class PromptQueue:
     """One rank's claims of one round (``iter`` yields its engine's chunks, in claim order)."""
 
     def __init__(self, store: Any, prefix: str, *, engine: int, leader: bool, peers: bool,
-                 num_prompts: int, num_engines: int, timeout_s: float):
+                 num_prompts: int, num_engines: int, timeout_s: float,
+                 per_engine: int = CHUNKS_PER_ENGINE):
         self.store, self.prefix, self.engine = store, prefix, engine
         self.leader, self.peers = leader, peers
         self.num_prompts = num_prompts
-        self.chunk = queue_chunk_size(num_prompts, num_engines)
+        self.chunk = queue_chunk_size(num_prompts, num_engines, per_engine=per_engine)
         self.timeout = timedelta(seconds=timeout_s)
         self.claimed = 0  # claims this engine made (published ones, on a leader)
 
