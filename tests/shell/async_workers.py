@@ -36,6 +36,8 @@ RUNS = {
     "resume_first": dict(fully_async=True, max_weight_staleness=2, num_rollout=4,
                          save_interval=2),
     "resume_rest": dict(fully_async=True, max_weight_staleness=2, num_rollout=4),
+    # The pool of the job's last engine rank fails (the others' rollout function works).
+    "pool_failure": dict(fully_async=True, max_weight_staleness=2),
     # --partial-rollout with engines on a rank of their own (synchronous): groups cut at the
     # end of a rollout resume in the next one, also across a checkpoint.
     "partial_first": dict(PARTIAL, num_rollout=2, save_interval=2),
@@ -57,16 +59,30 @@ def always_failing_rollout(ctx):
     raise RuntimeError("engine is down")
 
 
+def last_rank_failing_rollout(ctx):
+    """The default rollout function, except on the job's last rank (engine rank 1 of 2),
+    whose engine is down."""
+    if int(os.environ["RANK"]) == int(os.environ["WORLD_SIZE"]) - 1:
+        raise RuntimeError("engine is down")
+    from vime_shell.rollout.functions import single_turn_rollout
+
+    return single_turn_rollout(ctx)
+
+
 def _ignore_weights(self, named, version=None):
     """A broken engine-side sync: the buckets arrive and are thrown away."""
     for _ in named:
         pass
 
 
-def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dict:
+def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...],
+                 engine_ranks: int = 1) -> dict:
     """Each named run in turn (``fully_async_k2`` also evaluates); ``failure``: the engine's rollout function raises;
     ``broken_sync``: one step off with an engine rank that drops the weights it receives;
-    ``hook_failure``: the trainer fails while the engine still owes it a rollout."""
+    ``hook_failure``: the trainer fails while the engine still owes it a rollout.
+    ``pool_failure``: fully async, the last engine rank's rollout function raises;
+    ``engine_ranks``: the job's last ``engine_ranks`` ranks run engines (``fully_async_k2``
+    then draws blocks of 3 prompts, split unevenly, 2 + 1)."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.engines.group import EngineGroup
     from vime_shell.loop.config import TrainConfig
@@ -76,9 +92,12 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dic
     for name in runs:
         seen: list = []
         extra = RUNS.get(name, dict(train_async=True))
-        if name == "failure":
+        if name in ("failure", "pool_failure"):
+            failing = "always" if name == "failure" else "last_rank"
             extra = {**extra, "rollout_function_path":
-                     "tests.shell.async_workers:always_failing_rollout"}
+                     f"tests.shell.async_workers:{failing}_failing_rollout"}
+        if name == "fully_async_k2" and engine_ranks > 1:
+            extra = {**extra, "rollout_batch_size": 3, "global_batch_size": 12}
         if name == "hook_failure":  # the trainer fails while rollout 1 is being generated
             extra = dict(train_async=True, update_weights_interval=2, max_weight_staleness=2)
         if name == "broken_sync" and rank == 1:
@@ -95,7 +114,8 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dic
             kind = name.split("_")[0]
             extra = {**extra, "run_dir": f"{root}/{kind}", "save": f"{root}/{kind}-ck",
                      "load": f"{root}/{kind}-ck" if name.endswith("_rest") else None}
-        cfg = TrainConfig(**{**TINY, **SEPARATE, "run_dir": f"{root}/{name}", **extra})
+        cfg = TrainConfig(**{**TINY, **SEPARATE, "rollout_num_gpus": engine_ranks,
+                             "run_dir": f"{root}/{name}", **extra})
         def observe(e, seen=seen, name=name):
             if name == "hook_failure":
                 raise RuntimeError("the trainer's hook failed")

@@ -54,6 +54,7 @@ from vime_shell.engines.sync import stream_weights
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.fully_async import GroupPool
 from vime_shell.loop.launch_checks import LaunchPlan
+from vime_shell.loop.pool_parts import join_parts
 from vime_shell.loop.probe import generate_probe
 from vime_shell.loop.rollouts import RolloutProducer
 from vime_shell.megatron.collectives import rank0_result
@@ -96,6 +97,9 @@ class RemoteRollouts:
         self.cfg, self.bridge, self.total = cfg, sides.bridge, total
         self.mode = sides.roles.mode
         self.first_engine_rank = sides.roles.num_trainers
+        # Who answers a batch request or a probe: every engine rank's pool (fully async),
+        # else engine rank 0 for all (the engine ranks' producer gathers there).
+        self.answering = (sides.roles.num_engine_ranks if self.mode == "fully_async" else 1)
         self.lag = generation_lag(self.mode, cfg.max_weight_staleness)
         self.source = SourceState()
         self._restore: dict | None = None
@@ -138,12 +142,20 @@ class RemoteRollouts:
     def _collect_one(self) -> None:
         """Receive the oldest outstanding reply; an engine's failure is raised here."""
         expected = self._requested.pop(0)
-        reply = self.bridge.recv(src=1)
-        if reply[0] == "error":
-            raise EngineGroupError(f"rollout generation failed on engine rank 0 (global rank "
-                                   f"{self.first_engine_rank}): {reply[1]}. Fix: see that "
-                                   "rank's traceback.")
-        self._received[expected] = reply
+        replies = self._recv_all("rollout generation")
+        self._received[expected] = (join_parts(self.cfg, replies) if self.mode == "fully_async"
+                                    else replies[0])
+
+    def _recv_all(self, what: str) -> list[tuple]:
+        """One reply from each answering engine rank (all of them, so every rank stays in
+        step even when one failed); a failure raises, naming every failing engine rank."""
+        replies = [self.bridge.recv(src=1 + j) for j in range(self.answering)]
+        failed = [f"engine rank {j} (global rank {self.first_engine_rank + j}): {r[1]}"
+                  for j, r in enumerate(replies) if r[0] == "error"]
+        if failed:
+            raise EngineGroupError(f"{what} failed on " + "; ".join(failed)
+                                   + ". Fix: see that rank's traceback.")
+        return replies
 
     def _drain(self) -> None:
         """Every outstanding reply, received now: the next command expects none before its
@@ -174,12 +186,9 @@ class RemoteRollouts:
         self._drain()
         self.bridge.command(("weights", version, self.needs_probe))
         report = self.bridge.send_weights(named, cap)
-        if self.needs_probe:
-            reply = self.bridge.recv(src=1)
-            if reply[0] == "error":
-                raise EngineGroupError(f"weight sync to version {version} failed on engine rank "
-                                       f"0 (global rank {self.first_engine_rank}): {reply[1]}")
-            self._probe = reply[1]
+        if self.needs_probe:  # fully async: every engine rank's probe, in one probe batch
+            replies = self._recv_all(f"weight sync to version {version}")
+            self._probe = [group for reply in replies for group in reply[1]]
         return report
 
     def take_probe(self) -> list | None:
@@ -236,7 +245,7 @@ def serve_rollouts(cfg: TrainConfig, plan: LaunchPlan, options: EngineOptions,
     try:
         producer = RolloutProducer(cfg, plan, engines)
         if sides.roles.mode == "fully_async":
-            GroupPool(cfg, producer, sides.bridge).run()
+            GroupPool(cfg, producer, sides.bridge, sides.roles.num_engine_ranks).run()
         else:
             _Server(producer, sides.bridge).run()
     finally:

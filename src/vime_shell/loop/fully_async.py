@@ -46,11 +46,11 @@ from typing import Any
 import attrs
 
 from vime_pure.async_pool import PoolCounts, admits, drain
-from vime_pure.data.batch import RolloutBatch
+from vime_pure.pool_ranks import pool_share
 from vime_shell.engines.async_engine import FRONTS, async_front
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.probe import generate_probe
-from vime_shell.loop.rollouts import RolloutProducer, prompt_samples, sample_annotations
+from vime_shell.loop.rollouts import RolloutProducer, prompt_samples
 from vime_shell.rollout.functions import rollout_sampling_seed, share_context
 from vime_shell.rollout.plugins import call_plugin
 
@@ -169,9 +169,14 @@ def shared_engine(engine: Any, max_concurrency: int,
 class GroupPool:
     """The engine rank's pool and command loop (module docstring)."""
 
-    def __init__(self, cfg: TrainConfig, producer: RolloutProducer, bridge: Any):
+    def __init__(self, cfg: TrainConfig, producer: RolloutProducer, bridge: Any,
+                 num_pools: int = 1):
         self.cfg, self.producer, self.bridge = cfg, producer, bridge
-        self.size = cfg.rollout_batch_size
+        self.pool = bridge.rank - 1  # this engine rank's pool among ``num_pools``
+        self.lead = self.pool == 0  # answers evaluations (collective over the engine ranks)
+        self.block = cfg.rollout_batch_size  # prompts per block (one synchronous rollout)
+        self.share = pool_share(self.block, num_pools, self.pool)  # this pool's indices
+        self.size = len(self.share)  # this pool's part of every batch (0 when B < N)
         self.bound = cfg.effective_max_weight_staleness
         self.engine = shared_engine(producer.engines.engine, cfg.sglang_server_concurrency,
                                     decode=producer.tokenizer.decode)
@@ -193,7 +198,7 @@ class GroupPool:
         self.done: set[tuple[int, int]] = set()  # (block, index) trained or filtered
         self.block_starts: dict[int, tuple[int, int]] = {}  # source (offset, draws) per block
         self.first_open = 0  # every block before it is done
-        self.threads = futures.ThreadPoolExecutor(max_workers=self.size,
+        self.threads = futures.ThreadPoolExecutor(max_workers=max(self.size, 1),
                                                   thread_name_prefix="vime-pool")
 
     def run(self) -> None:
@@ -237,8 +242,10 @@ class GroupPool:
                                                            version=command[1]))
             self.version = command[1]
             if command[2]:  # the trainer checks the sync on a probe of these weights
-                try:
-                    self.bridge.send(("probe", generate_probe(self.producer, self.engine)))
+                try:  # every engine rank's sync is checked: probe ids apart per pool
+                    self.bridge.send(("probe", generate_probe(
+                        self.producer, self.engine,
+                        first_group_id=self.pool * self.cfg.n_samples_per_prompt)))
                 except Exception as exc:  # noqa: BLE001 - the trainer waits for this reply
                     self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
                     self.failure = self.failure or exc
@@ -246,11 +253,15 @@ class GroupPool:
             try:
                 # Per-sample rounds run on the front's loop: evaluate from here (no weights
                 # arrive meanwhile, this thread takes them); batched ones between two calls.
+                # Collective over the engine ranks (each engine takes its share of the
+                # eval prompts); engine rank 0 answers, as the synchronous server does.
                 metrics = (self.producer.evaluate(command[1]) if self.per_sample else
                            self.engine.between_calls(lambda: self.producer.evaluate(command[1])))
-                self.bridge.send(("eval", metrics))
+                if self.lead:
+                    self.bridge.send(("eval", metrics))
             except Exception as exc:  # noqa: BLE001 - the trainer waits for this reply
-                self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
+                if self.lead:
+                    self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
                 self.failure = self.failure or exc
         elif command[0] == "batch":
             self.demand = command[1]
@@ -266,7 +277,7 @@ class GroupPool:
         blocks that are done. A resumed pool regenerates the rest, never a done group.
         Example: ``{"block": 3, "offset": 48, "draws": 3, "done": [[3, 0], [4, 2]]}``."""
         while self.first_open < self.blocks and all(
-                (self.first_open, i) in self.done for i in range(self.size)):
+                (self.first_open, i) in self.done for i in self.share):
             self.block_starts.pop(self.first_open, None)
             self.done = {d for d in self.done if d[0] > self.first_open}
             self.first_open += 1
@@ -289,14 +300,14 @@ class GroupPool:
         while not self.queue:
             source = self.producer.source
             self.block_starts[self.blocks] = (source.offset, source.draws)
-            prompts = source.take(self.size)
+            prompts = source.take(self.block)  # the whole block, as every engine rank does
             self.queue.extend(Draw(block=self.blocks, index=i, prompts=prompts)
-                              for i in range(self.size) if (self.blocks, i) not in self.done)
+                              for i in self.share if (self.blocks, i) not in self.done)
             self.blocks += 1
         return self.queue.popleft()
 
     def _admit(self) -> None:
-        while self.start is not None and admits(
+        while self.start is not None and self.size and admits(
                 batches_sent=self.sent, start_version=self.start, engine_version=self.version,
                 queued=len(self.running) + len(self.ready), batch_size=self.size,
                 max_staleness=self.bound):
@@ -337,8 +348,12 @@ class GroupPool:
             self.ready.append((draw, output[0], version))
 
     def _serve(self) -> None:
-        """Hand batch ``demand`` over once ``B`` fresh-enough groups are ready."""
+        """Hand this pool's part of batch ``demand`` over once its ``len(share)`` fresh-enough
+        groups are ready (at once when it owns none); trainer rank 0 joins the parts
+        (:func:`vime_shell.loop.pool_parts.join_parts`)."""
         k = self.demand
+        if not self.size:
+            return self._send_part(k, [])
         split = drain(versions=tuple(v for _, _, v in self.ready), trainer_version=k,
                       max_staleness=self.bound, batch_size=self.size)
         for i in reversed(split.recycle):  # regenerated first, in draw order
@@ -347,24 +362,19 @@ class GroupPool:
         if not split.full:
             self.ready = [self.ready[i] for i in (*split.take, *split.keep)]
             return
-        # In draw order, not completion order: the batch (and its float sums) then does not
-        # depend on which request happened to finish first.
-        taken = sorted((self.ready[i] for i in split.take),
-                       key=lambda item: (item[0].block, item[0].index))
+        taken = [self.ready[i] for i in split.take]
         self.ready = [self.ready[i] for i in split.keep]
         self.counts = self.counts.add(trained=len(taken))
         self.done.update((d.block, d.index) for d, _, _ in taken)
-        batch = RolloutBatch.from_samples([out for _, out, _ in taken],
-                                          normalization=self.producer.normalization)
+        self._send_part(k, taken)
+
+    def _send_part(self, k: int, taken: list[tuple[Draw, list, int]]) -> None:
+        """``("part", k, groups, record, resume point)``: each group as ``((block, index),
+        output, version)``; the record holds this pool's counts."""
         c = self.counts
-        record = {"prompts_generated": len(taken), "prompts_kept": len(taken),
-                  "weight_version": min(v for _, _, v in taken),
-                  "pool_started": c.started, "pool_trained": c.trained,
-                  "pool_recycled": c.recycled, "pool_filtered": c.filtered,
-                  "pool_pending": c.pending}
-        state = self.resume_state()
-        source = {"offset": state.pop("offset"), "draws": state.pop("draws"), "pool": state}
-        self.bridge.send(("batch", k, batch, record, source,
-                          sample_annotations([out for _, out, _ in taken])))
+        record = {"pool_started": c.started, "pool_trained": c.trained,
+                  "pool_recycled": c.recycled, "pool_filtered": c.filtered}
+        groups = [((d.block, d.index), out, v) for d, out, v in taken]
+        self.bridge.send(("part", k, groups, record, self.resume_state()))
         self.sent += 1
         self.demand = None
