@@ -1,6 +1,16 @@
-"""``--fully-async``: a persistent generation pool on the engine rank (one rank, 1 engine).
+"""``--fully-async``: a persistent generation pool on every engine rank (one engine each).
 
-The pool keeps ``B = --rollout-batch-size`` prompt groups in flight, each one a task on a
+Several engine ranks (``--rollout-num-gpus N``): one pool per rank, each over a static,
+contiguous slice of every prompt block (``vime_pure.pool_ranks.pool_share``; ``B = 4, N = 2``:
+prompts 0-1 and 2-3). Static because a group's seeds and ids come from its place in the block
+and the prompt source is the same on every rank: no rank asks another for work, the batches
+do not depend on ``N``, and a resume point is exact without any exchange between the pools
+(a shared queue would need a coordinator on the trainer's side of the bridge, and the
+pools would race for prompts). The cost: a slow rank's slice is not taken over by a fast
+one. Below, ``B`` is this pool's part (``len(share)``); every trainer command reaches every
+pool, each answers its part and trainer rank 0 joins them (:mod:`vime_shell.loop.pool_parts`).
+
+The pool keeps ``B`` prompt groups of its slice in flight, each one a task on a
 thread that runs the rollout function on its prompt alone. The engine is shared through its
 per-request front (:class:`FrontEngine`: the requests of all groups in flight are batched at
 each forward, while rewards, tool calls or sleeps of other groups overlap), or under a lock
@@ -15,7 +25,9 @@ batches are the synchronous loop's. Weights arrive as a ``("weights", v)`` comma
 between two engine calls (in-flight groups continue on the new weights; their version stays
 the one they started with, so staleness is never under-counted). An ``("evaluate", k)``
 command (``--eval-interval``) runs the eval sets the same way, between two engine calls, on
-the weights synced last.
+the weights synced last; it is collective over the engine ranks (each engine takes its share
+of the eval prompts) and engine rank 0 answers. After a sync every pool generates the probe on
+its own weights (group ids apart), so the trainer checks every engine rank's sync.
 
 Per-sample rollouts (``--custom-generate-function-path``): a group's executions run on the
 front's event loop (``FrontEngine.run`` as the round's ``PerSample.runner``), beside every
@@ -23,17 +35,19 @@ other group's, through one shared front (:class:`GroupsFront`), so their request
 same forwards; the group's rewards are computed on its own thread. The probe and evaluation
 run the same function the same way.
 
-Prompts and seeds: the pool draws prompts in blocks of ``B`` exactly as the synchronous loop
-draws rollout ``r``'s (``PromptSource.take(B)``), and the ``i``-th prompt of block ``r`` is
+Prompts and seeds: the pool draws prompts in whole blocks of ``--rollout-batch-size`` exactly
+as the synchronous loop draws rollout ``r``'s (``PromptSource.take``), and the ``i``-th prompt of block ``r`` is
 generated as prompt ``i`` of rollout ``r`` there (its seeds and group ids), so a group's samples
-do not depend on the mode; a batch lists its groups in draw order. Every group is counted (:class:`~vime_pure.async_pool.PoolCounts`):
+do not depend on the mode; a batch lists its groups in draw order (trainer rank 0 sorts the
+parts, ``vime_pure.pool_ranks.merge_order``). Every group is counted (:class:`~vime_pure.async_pool.PoolCounts`):
 ``started = trained + recycled + filtered + pending``. Dynamic sampling filters per group.
 
-Resuming (``--load``): every batch carries the pool's resume point (:meth:`GroupPool.
-resume_state`: the oldest block with an unfinished group, the prompt source's position before
-it, and which of its and later groups are done), saved in the checkpoint's data state; a
-resumed pool redraws from there and skips the done groups, so in-flight groups are generated
-again (same seeds) and no group trains twice.
+Resuming (``--load``): every part carries the pool's resume point (:meth:`GroupPool.
+resume_state`: the oldest block with an unfinished group of its slice, the prompt source's
+position before it, and which of its and later groups are done); trainer rank 0 merges the
+pools' points into one exact point (``vime_pure.pool_ranks.merge_resume_states``), saved in
+the checkpoint's data state; every resumed pool redraws from there and skips the done groups,
+so in-flight groups are generated again (same seeds) and no group trains twice.
 """
 
 import asyncio
