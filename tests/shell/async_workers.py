@@ -36,8 +36,10 @@ RUNS = {
     "resume_first": dict(fully_async=True, max_weight_staleness=2, num_rollout=4,
                          save_interval=2),
     "resume_rest": dict(fully_async=True, max_weight_staleness=2, num_rollout=4),
-    # The pool of the job's last engine rank fails (the others' rollout function works).
+    # The pool of the job's last engine rank fails (the others' rollout function works), or
+    # drops its weights (the others load theirs).
     "pool_failure": dict(fully_async=True, max_weight_staleness=2),
+    "pool_broken_sync": dict(fully_async=True, max_weight_staleness=2),
     # --partial-rollout with engines on a rank of their own (synchronous): groups cut at the
     # end of a rollout resume in the next one, also across a checkpoint.
     "partial_first": dict(PARTIAL, num_rollout=2, save_interval=2),
@@ -52,6 +54,18 @@ def _contents(batch) -> list:
     rows = [(tuple(tokens[offsets[i]:offsets[i + 1]].tolist()), float(batch.rewards[i]))
             for i in range(len(batch.lengths))]
     return sorted(rows)
+
+
+def check_resumed_pool_run(trainer: dict) -> None:
+    """``resume_first`` then ``resume_rest`` (see ``RUNS``): 4 rollouts in all, no group
+    trained twice, and groups were in flight at the checkpoint (regenerated after it)."""
+    assert trainer["resume_first"]["error"] == ("RuntimeError", "killed after the checkpoint")
+    first, rest = trainer["resume_first"]["rollouts"], trainer["resume_rest"]["rollouts"]
+    assert [r["metrics"]["rollout"] for r in first + rest] == [0, 1, 2, 3]
+    # Group ids number the pool's draws (block, prompt, sample): each trains at most once.
+    ids = [g for r in first + rest for g in set(r["group_ids"])]
+    assert len(ids) == len(set(ids)) == 4 * 16
+    assert first[-1]["metrics"]["pool_pending"] > 0
 
 
 def always_failing_rollout(ctx):
@@ -76,19 +90,21 @@ def _ignore_weights(self, named, version=None):
 
 
 def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...],
-                 engine_ranks: int = 1) -> dict:
+                 engine_ranks: int = 1, overrides: dict | None = None) -> dict:
     """Each named run in turn (``fully_async_k2`` also evaluates); ``failure``: the engine's rollout function raises;
     ``broken_sync``: one step off with an engine rank that drops the weights it receives;
     ``hook_failure``: the trainer fails while the engine still owes it a rollout.
     ``pool_failure``: fully async, the last engine rank's rollout function raises;
-    ``engine_ranks``: the job's last ``engine_ranks`` ranks run engines (``fully_async_k2``
-    then draws blocks of 3 prompts, split unevenly, 2 + 1)."""
+    ``pool_broken_sync``: fully async, the last engine rank drops the weights it receives;
+    ``engine_ranks``: the job's last ``engine_ranks`` ranks run engines; ``overrides``: more
+    settings per run name."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.engines.group import EngineGroup
     from vime_shell.loop.config import TrainConfig
     from vime_shell.loop.loop import run_training
 
     out: dict = {"root": Path(root)}
+    loads_weights = EngineGroup.sync_weights
     for name in runs:
         seen: list = []
         extra = RUNS.get(name, dict(train_async=True))
@@ -96,12 +112,12 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...],
             failing = "always" if name == "failure" else "last_rank"
             extra = {**extra, "rollout_function_path":
                      f"tests.shell.async_workers:{failing}_failing_rollout"}
-        if name == "fully_async_k2" and engine_ranks > 1:
-            extra = {**extra, "rollout_batch_size": 3, "global_batch_size": 12}
+        extra = {**extra, **(overrides or {}).get(name, {})}
         if name == "hook_failure":  # the trainer fails while rollout 1 is being generated
             extra = dict(train_async=True, update_weights_interval=2, max_weight_staleness=2)
-        if name == "broken_sync" and rank == 1:
-            EngineGroup.sync_weights = _ignore_weights
+        last = rank == int(os.environ["WORLD_SIZE"]) - 1  # the last engine rank
+        EngineGroup.sync_weights = (_ignore_weights if last and name.endswith("broken_sync")
+                                    else loads_weights)
         if name in ("one_step_off_k0", "fully_async_k0"):  # dumps carry the engines' annotations
             extra = {**extra, "save_rollout_data": f"{root}/{name}-dumps/r{{rollout_id}}.npz"}
         if name in ("fully_async_k2", "agentic_k2"):  # evaluation runs in the pool too

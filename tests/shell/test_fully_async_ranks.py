@@ -4,15 +4,15 @@ and 2 each run an HF engine and a pool over their slice of every prompt block).
 Asserts: with ``--max-weight-staleness 0`` the pools give the synchronous run's batches (same
 job, synchronous mode over the same two engine ranks); with ``K = 2`` (blocks of 3 prompts,
 split 2 + 1) the bound holds, the summed counts add up, both engine ranks' groups are in
-every batch and every sync is checked on a probe from both engine ranks' weights, and the
-pools evaluate together; a resumed run never trains a group twice and regenerates what was in
+every batch and every sync is checked on a probe from both engine ranks' weights (engine
+rank 1 alone dropping its weights is caught), and the pools evaluate together; a resumed run never trains a group twice and regenerates what was in
 flight; a failing engine rank 1 stops the trainer with an error naming it (no hang: the job
 has a deadline).
 """
 
 import pytest
 
-from tests.shell.async_workers import modes_worker
+from tests.shell.async_workers import check_resumed_pool_run, modes_worker
 from vime_shell.megatron.spawn import spawn
 from vime_shell.models.embedded import build_embedded
 
@@ -25,14 +25,18 @@ def runs(tmp_path_factory):
     build_embedded(cache)
     root = tmp_path_factory.mktemp("pool-ranks")
     names = ("sync", "fully_async_k0", "fully_async_k2", "resume_first", "resume_rest",
-             "pool_failure")
-    return spawn(modes_worker, 3, str(root), str(cache), names, 2, timeout=300)
+             "pool_broken_sync", "pool_failure")
+    overrides = {"sync": {"num_rollout": 2}, "fully_async_k0": {"num_rollout": 2},
+                 # blocks of 3 prompts: engine rank 0 owns prompts 0-1, engine rank 1 prompt 2
+                 "fully_async_k2": {"rollout_batch_size": 3, "global_batch_size": 12},
+                 "pool_broken_sync": {"num_rollout": 1}, "pool_failure": {"num_rollout": 1}}
+    return spawn(modes_worker, 3, str(root), str(cache), names, 2, overrides, timeout=300)
 
 
 def test_two_pools_at_staleness_0_give_the_synchronous_batches(runs):
     trainer, *engines = runs
     sync = [r["contents"] for r in trainer["sync"]["rollouts"]]
-    assert len(sync) == 3
+    assert len(sync) == 2
     assert [r["contents"] for r in trainer["fully_async_k0"]["rollouts"]] == sync
     for r in trainer["fully_async_k0"]["rollouts"]:
         m = r["metrics"]
@@ -62,13 +66,9 @@ def test_two_pools_keep_the_bound_count_every_group_and_probe_both_engines(runs)
 
 
 def test_a_resumed_run_over_two_pools_never_trains_a_group_twice(runs):
+    """The checkpoint holds the two pools' resume points merged into one."""
     trainer, _, _ = runs
-    assert trainer["resume_first"]["error"] == ("RuntimeError", "killed after the checkpoint")
-    first, rest = trainer["resume_first"]["rollouts"], trainer["resume_rest"]["rollouts"]
-    assert [r["metrics"]["rollout"] for r in first + rest] == [0, 1, 2, 3]
-    ids = [g for r in first + rest for g in set(r["group_ids"])]
-    assert len(ids) == len(set(ids)) == 4 * 16
-    assert first[-1]["metrics"]["pool_pending"] > 0  # groups were in flight at the checkpoint
+    check_resumed_pool_run(trainer)
 
 
 def test_a_failing_engine_rank_1_stops_the_trainer_with_its_name(runs):
@@ -79,3 +79,12 @@ def test_a_failing_engine_rank_1_stops_the_trainer_with_its_name(runs):
     assert "engine rank 0" not in message
     assert failing["pool_failure"]["error"][0] == "PluginError"
     assert "error" not in healthy["pool_failure"]  # it stopped cleanly when told
+
+
+def test_a_broken_sync_on_engine_rank_1_alone_is_caught_by_the_probe(runs):
+    """The probe batch holds every engine rank's probe: engine rank 1 dropping its weights
+    (engine rank 0 loads them) fails the first sync's check."""
+    trainer, *engines = runs
+    kind, message = trainer["pool_broken_sync"]["error"]
+    assert kind == "WeightSyncError" and "on the probe" in message
+    assert all("error" not in e["pool_broken_sync"] for e in engines)

@@ -54,7 +54,7 @@ from vime_shell.engines.sync import stream_weights
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.fully_async import GroupPool
 from vime_shell.loop.launch_checks import LaunchPlan
-from vime_shell.loop.pool_parts import join_parts
+from vime_shell.loop.pool_parts import join_pool_parts
 from vime_shell.loop.probe import generate_probe
 from vime_shell.loop.rollouts import RolloutProducer
 from vime_shell.megatron.collectives import rank0_result
@@ -143,8 +143,9 @@ class RemoteRollouts:
         """Receive the oldest outstanding reply; an engine's failure is raised here."""
         expected = self._requested.pop(0)
         replies = self._recv_all("rollout generation")
-        self._received[expected] = (join_parts(self.cfg, replies) if self.mode == "fully_async"
-                                    else replies[0])
+        fully_async = self.mode == "fully_async"  # one part per pool, joined here
+        self._received[expected] = join_pool_parts(self.cfg, replies) if fully_async \
+            else replies[0]
 
     def _recv_all(self, what: str) -> list[tuple]:
         """One reply from each answering engine rank (all of them, so every rank stays in

@@ -35,11 +35,12 @@ other group's, through one shared front (:class:`GroupsFront`), so their request
 same forwards; the group's rewards are computed on its own thread. The probe and evaluation
 run the same function the same way.
 
-Prompts and seeds: the pool draws prompts in whole blocks of ``--rollout-batch-size`` exactly
-as the synchronous loop draws rollout ``r``'s (``PromptSource.take``), and the ``i``-th prompt of block ``r`` is
-generated as prompt ``i`` of rollout ``r`` there (its seeds and group ids), so a group's samples
-do not depend on the mode; a batch lists its groups in draw order (trainer rank 0 sorts the
-parts, ``vime_pure.pool_ranks.merge_order``). Every group is counted (:class:`~vime_pure.async_pool.PoolCounts`):
+Prompts and seeds: the pool draws prompts in whole blocks of ``--rollout-batch-size``
+exactly as the synchronous loop draws rollout ``r``'s (``PromptSource.take``), and the
+``i``-th prompt of block ``r`` is generated as prompt ``i`` of rollout ``r`` there (its seeds
+and group ids), so a group's samples do not depend on the mode; a batch lists its groups in
+draw order (trainer rank 0 sorts the parts, ``vime_pure.pool_ranks.merge_order``). Every
+group is counted (:class:`~vime_pure.async_pool.PoolCounts`, summed over the pools):
 ``started = trained + recycled + filtered + pending``. Dynamic sampling filters per group.
 
 Resuming (``--load``): every part carries the pool's resume point (:meth:`GroupPool.
@@ -364,7 +365,7 @@ class GroupPool:
     def _serve(self) -> None:
         """Hand this pool's part of batch ``demand`` over once its ``len(share)`` fresh-enough
         groups are ready (at once when it owns none); trainer rank 0 joins the parts
-        (:func:`vime_shell.loop.pool_parts.join_parts`)."""
+        (:func:`vime_shell.loop.pool_parts.join_pool_parts`)."""
         k = self.demand
         if not self.size:
             return self._send_part(k, [])

@@ -22,7 +22,7 @@ from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.rollouts import sample_annotations
 
 
-def join_parts(cfg: TrainConfig, parts: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+def join_pool_parts(cfg: TrainConfig, parts: list[tuple[Any, ...]]) -> tuple[Any, ...]:
     """The ``("batch", k, batch, record, source, annotations)`` reply of one pool, from the
     ``parts`` of every pool (engine rank order)."""
     groups = [g for part in parts for g in part[2]]
