@@ -5,7 +5,8 @@ Asserts: with ``--max-weight-staleness 0`` the pools give the synchronous run's 
 job, synchronous mode over the same two engine ranks); with ``K = 2`` (blocks of 3 prompts,
 split 2 + 1) the bound holds, the summed counts add up, both engine ranks' groups are in
 every batch and every sync is checked on a probe from both engine ranks' weights (engine
-rank 1 alone dropping its weights is caught), and the pools evaluate together; a resumed run never trains a group twice and regenerates what was in
+rank 1 alone dropping its weights is caught, also one step off), and the pools evaluate
+together; a resumed run never trains a group twice and regenerates what was in
 flight; a failing engine rank 1 stops the trainer with an error naming it (no hang: the job
 has a deadline).
 """
@@ -25,11 +26,12 @@ def runs(tmp_path_factory):
     build_embedded(cache)
     root = tmp_path_factory.mktemp("pool-ranks")
     names = ("sync", "fully_async_k0", "fully_async_k2", "resume_first", "resume_rest",
-             "pool_broken_sync", "pool_failure")
+             "pool_broken_sync", "broken_sync", "pool_failure")
     overrides = {"sync": {"num_rollout": 2}, "fully_async_k0": {"num_rollout": 2},
                  # blocks of 3 prompts: engine rank 0 owns prompts 0-1, engine rank 1 prompt 2
                  "fully_async_k2": {"rollout_batch_size": 3, "global_batch_size": 12},
-                 "pool_broken_sync": {"num_rollout": 1}, "pool_failure": {"num_rollout": 1}}
+                 "pool_broken_sync": {"num_rollout": 1}, "broken_sync": {"num_rollout": 1},
+                 "pool_failure": {"num_rollout": 1}}
     return spawn(modes_worker, 3, str(root), str(cache), names, 2, overrides, timeout=300)
 
 
@@ -81,10 +83,11 @@ def test_a_failing_engine_rank_1_stops_the_trainer_with_its_name(runs):
     assert "error" not in healthy["pool_failure"]  # it stopped cleanly when told
 
 
-def test_a_broken_sync_on_engine_rank_1_alone_is_caught_by_the_probe(runs):
+@pytest.mark.parametrize("name", ["pool_broken_sync", "broken_sync"])
+def test_a_broken_sync_on_engine_rank_1_alone_is_caught_by_the_probe(runs, name):
     """The probe batch holds every engine rank's probe: engine rank 1 dropping its weights
-    (engine rank 0 loads them) fails the first sync's check."""
+    (engine rank 0 loads them) fails the first sync's check, fully async and one step off."""
     trainer, *engines = runs
-    kind, message = trainer["pool_broken_sync"]["error"]
+    kind, message = trainer[name]["error"]
     assert kind == "WeightSyncError" and "on the probe" in message
-    assert all("error" not in e["pool_broken_sync"] for e in engines)
+    assert all("error" not in e[name] for e in engines)
