@@ -40,6 +40,9 @@ RUNS = {
     # drops its weights (the others load theirs).
     "pool_failure": dict(fully_async=True, max_weight_staleness=2),
     "pool_broken_sync": dict(fully_async=True, max_weight_staleness=2),
+    # One prompt per block: with 2 engine ranks, the second one's pool owns none.
+    "pool_one_prompt": dict(fully_async=True, max_weight_staleness=1, rollout_batch_size=1,
+                            global_batch_size=4, num_rollout=1),
     # --partial-rollout with engines on a rank of their own (synchronous): groups cut at the
     # end of a rollout resume in the next one, also across a checkpoint.
     "partial_first": dict(PARTIAL, num_rollout=2, save_interval=2),

@@ -26,11 +26,13 @@ def runs(tmp_path_factory):
     build_embedded(cache)
     root = tmp_path_factory.mktemp("pool-ranks")
     names = ("sync", "fully_async_k0", "fully_async_k2", "resume_first", "resume_rest",
-             "pool_broken_sync", "broken_sync", "pool_failure")
+             "pool_one_prompt", "pool_broken_sync", "broken_sync", "pool_failure")
     overrides = {"sync": {"num_rollout": 2}, "fully_async_k0": {"num_rollout": 2},
                  # blocks of 3 prompts: engine rank 0 owns prompts 0-1, engine rank 1 prompt 2
-                 "fully_async_k2": {"rollout_batch_size": 3, "global_batch_size": 12},
-                 "pool_broken_sync": {"num_rollout": 1}, "broken_sync": {"num_rollout": 1},
+                 "fully_async_k2": {"rollout_batch_size": 3, "global_batch_size": 12,
+                                    "num_rollout": 2},
+                 "pool_broken_sync": {"num_rollout": 1},
+                 "broken_sync": {"num_rollout": 1},
                  "pool_failure": {"num_rollout": 1}}
     return spawn(modes_worker, 3, str(root), str(cache), names, 2, overrides, timeout=300)
 
@@ -50,7 +52,7 @@ def test_two_pools_at_staleness_0_give_the_synchronous_batches(runs):
 def test_two_pools_keep_the_bound_count_every_group_and_probe_both_engines(runs):
     trainer, *engines = runs
     rollouts = trainer["fully_async_k2"]["rollouts"]
-    assert [r["metrics"]["rollout"] for r in rollouts] == [0, 1, 2]
+    assert [r["metrics"]["rollout"] for r in rollouts] == [0, 1]
     for r in rollouts:
         m = r["metrics"]
         assert m["staleness_max"] <= 2
@@ -61,10 +63,25 @@ def test_two_pools_keep_the_bound_count_every_group_and_probe_both_engines(runs)
         assert (m["pool_part_engine_rank_0"], m["pool_part_engine_rank_1"]) == (2, 1)
         assert r["num_samples"] == 3 * 4
     ids = [g for r in rollouts for g in set(r["group_ids"])]  # one per sample: never twice
-    assert len(ids) == len(set(ids)) == 3 * 3 * 4
+    assert len(ids) == len(set(ids)) == 2 * 3 * 4
     evals = {r["metrics"]["rollout"]: r["metrics"].get("eval/held/pass@1") for r in rollouts}
-    assert evals[1] is None and all(0 <= evals[k] <= 1 for k in (0, 2))
+    assert evals[1] is None and 0 <= evals[0] <= 1  # --eval-interval 2
     assert all("error" not in e["fully_async_k2"] for e in engines)
+
+
+def test_one_prompt_per_block_leaves_engine_rank_1_without_groups(runs):
+    """``B = 1 < N = 2``: engine rank 1's pool owns no prompt and answers empty parts; it
+    still loads every sync and answers its probe."""
+    trainer, *engines = runs
+    rollouts = trainer["pool_one_prompt"]["rollouts"]
+    assert [r["metrics"]["rollout"] for r in rollouts] == [0]
+    for r in rollouts:
+        m = r["metrics"]
+        assert (m["pool_part_engine_rank_0"], m["pool_part_engine_rank_1"]) == (1, 0)
+        assert r["num_samples"] == 4 and m["staleness_max"] <= 1 and m["probe_gap"] < 1e-4
+        assert m["pool_started"] == (m["pool_trained"] + m["pool_recycled"]
+                                     + m["pool_filtered"] + m["pool_pending"])
+    assert all("error" not in e["pool_one_prompt"] for e in engines)
 
 
 def test_a_resumed_run_over_two_pools_never_trains_a_group_twice(runs):
