@@ -6,7 +6,8 @@ trainer's ``("batch", k)`` with its part: ``("part", k, groups, counts, resume p
 group as ``((block, index), output, version)``. The parts are joined in draw order
 (:func:`vime_pure.pool_ranks.merge_order`) and the batch is built here from the samples, as
 one pool builds it (``RolloutBatch.from_samples``), so a batch does not depend on how many
-engine ranks generated it; the counts are added up (``sum_counts``), the weight version is the
+engine ranks generated it (built here, not per part: ``--normalize-advantages`` whitens over
+the whole batch's groups); the counts are added up (``sum_counts``), the weight version is the
 oldest group's, and the resume points merge into one exact point (``merge_resume_states``).
 
 Example: ``B = 4`` over 2 engine ranks: parts with groups ``(3, 0), (3, 1)`` and ``(3, 2),
