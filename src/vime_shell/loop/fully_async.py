@@ -41,7 +41,9 @@ exactly as the synchronous loop draws rollout ``r``'s (``PromptSource.take``), a
 and group ids), so a group's samples do not depend on the mode; a batch lists its groups in
 draw order (trainer rank 0 sorts the parts, ``vime_pure.pool_ranks.merge_order``). Every
 group is counted (:class:`~vime_pure.async_pool.PoolCounts`, summed over the pools):
-``started = trained + recycled + filtered + pending``. Dynamic sampling filters per group.
+``started = trained + recycled + filtered + pending``. Dynamic sampling filters per group
+(over several engine ranks a pool that filters more draws blocks faster: the blocks are the
+same on every rank, the other slices of a block wait for their own pools).
 
 Resuming (``--load``): every part carries the pool's resume point (:meth:`GroupPool.
 resume_state`: the oldest block with an unfinished group of its slice, the prompt source's
