@@ -17,7 +17,6 @@ Example: ``B=5, N=2``: pool 0 owns indices 0-2, pool 1 indices 3-4; parts with k
 ``[(7, 3), (7, 4)]`` and ``[(7, 0), (7, 1), (7, 2)]`` join in order ``[2, 3, 4, 0, 1]``.
 """
 
-from collections.abc import Sequence
 from typing import Any
 
 from vime_pure.async_pool import AsyncPoolError, PoolCounts
@@ -40,11 +39,25 @@ def pool_share(batch_size: Any, num_pools: Any, pool: Any) -> range:
     return prompt_shares(batch_size, num_pools)[pool]
 
 
-def merge_order(keys: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _pairs(name: str, value: Any) -> list[tuple[int, int]]:
+    """``value`` as ``(block, index)`` pairs of whole numbers >= 0, else the typed error."""
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(k, (list, tuple)) and len(k) == 2 and all(map(_is_count, k))
+            for k in value):
+        raise field_error(AsyncPoolError, name, value, "is not a list of (block, index) pairs "
+                          "of whole numbers >= 0", "pass the pools' group keys")
+    return [(int(b), int(i)) for b, i in value]
+
+
+def merge_order(keys: Any) -> tuple[int, ...]:
     """Positions of the groups ``keys`` (``(block, index)``, the pools' parts concatenated) in
     draw order; a group present twice is an error (it would train twice).
     Example: ``merge_order([(1, 2), (0, 3), (1, 0)]) == (1, 2, 0)``."""
-    keys = [tuple(k) for k in keys]
+    keys = _pairs("groups (block, index)", keys)
     if len(set(keys)) != len(keys):
         twice = sorted({k for k in keys if keys.count(k) > 1})
         raise field_error(AsyncPoolError, "groups (block, index)", twice, "came from more than "
@@ -52,9 +65,13 @@ def merge_order(keys: Sequence[tuple[int, int]]) -> tuple[int, ...]:
     return tuple(sorted(range(len(keys)), key=keys.__getitem__))
 
 
-def sum_counts(counts: Sequence[PoolCounts]) -> PoolCounts:
+def sum_counts(counts: Any) -> PoolCounts:
     """The pools' counts added up (``started = trained + recycled + filtered + pending``
     holds for the sum when it holds for each)."""
+    if not isinstance(counts, (list, tuple)) or not all(isinstance(c, PoolCounts)
+                                                         for c in counts):
+        raise field_error(AsyncPoolError, "counts", counts, "is not a list of PoolCounts",
+                          "pass each pool's counts")
     total = PoolCounts()
     for c in counts:
         total = total.add(started=c.started, trained=c.trained, recycled=c.recycled,
@@ -62,7 +79,7 @@ def sum_counts(counts: Sequence[PoolCounts]) -> PoolCounts:
     return total
 
 
-def merge_resume_states(states: Sequence[dict], shares: Sequence[Sequence[int]]) -> dict:
+def merge_resume_states(states: Any, shares: Any) -> dict:
     """One resume point for all pools: ``states[j]`` is pool ``j``'s (``{"block", "offset",
     "draws", "done"}``), ``shares[j]`` its indices. Pools owning nothing are ignored.
 
@@ -73,7 +90,8 @@ def merge_resume_states(states: Sequence[dict], shares: Sequence[Sequence[int]])
     ``[[4, 0]]``, pool 1 (indices 2-3) at block 2 with nothing done: block 2, done
     ``[[2, 0], [2, 1], [4, 0]]``.
     """
-    live = [(s, tuple(share)) for s, share in zip(states, shares, strict=True) if len(share)]
+    _check_states(states, shares)
+    live = [(s, tuple(share)) for s, share in zip(states, shares) if len(share)]
     if not live:
         raise field_error(AsyncPoolError, "pool shares", list(shares), "are all empty",
                           "pass at least one pool with groups")
@@ -85,3 +103,19 @@ def merge_resume_states(states: Sequence[dict], shares: Sequence[Sequence[int]])
         done.update((b, i) for b in range(block, int(state["block"])) for i in share)
     return {"block": block, "offset": int(first["offset"]), "draws": int(first["draws"]),
             "done": sorted([b, i] for b, i in done)}
+
+
+def _check_states(states: Any, shares: Any) -> None:
+    """One resume point per pool (whole numbers, done pairs) and one share of indices each."""
+    fields = ("block", "offset", "draws")
+    if not isinstance(states, (list, tuple)) or not isinstance(shares, (list, tuple)) \
+            or len(states) != len(shares) or not all(
+                isinstance(s, dict) and all(_is_count(s.get(f)) for f in fields)
+                for s in states) or not all(
+                isinstance(sh, (range, list, tuple)) and all(map(_is_count, sh))
+                for sh in shares):
+        raise field_error(AsyncPoolError, "pool resume states", states, "are not one "
+                          '{"block", "offset", "draws", "done"} point (whole numbers) per '
+                          "pool share", "pass each pool's GroupPool.resume_state and share")
+    for state in states:
+        _pairs("done", state.get("done"))
