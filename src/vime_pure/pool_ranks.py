@@ -43,7 +43,7 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _pairs(name: str, value: Any) -> list[tuple[int, int]]:
+def _group_keys(name: str, value: Any) -> list[tuple[int, int]]:
     """``value`` as ``(block, index)`` pairs of whole numbers >= 0, else the typed error."""
     if not isinstance(value, (list, tuple)) or not all(
             isinstance(k, (list, tuple)) and len(k) == 2 and all(map(_is_count, k))
@@ -57,7 +57,7 @@ def merge_order(keys: Any) -> tuple[int, ...]:
     """Positions of the groups ``keys`` (``(block, index)``, the pools' parts concatenated) in
     draw order; a group present twice is an error (it would train twice).
     Example: ``merge_order([(1, 2), (0, 3), (1, 0)]) == (1, 2, 0)``."""
-    keys = _pairs("groups (block, index)", keys)
+    keys = _group_keys("groups (block, index)", keys)
     if len(set(keys)) != len(keys):
         twice = sorted({k for k in keys if keys.count(k) > 1})
         raise field_error(AsyncPoolError, "groups (block, index)", twice, "came from more than "
@@ -118,4 +118,4 @@ def _check_states(states: Any, shares: Any) -> None:
                           '{"block", "offset", "draws", "done"} point (whole numbers) per '
                           "pool share", "pass each pool's GroupPool.resume_state and share")
     for state in states:
-        _pairs("done", state.get("done"))
+        _group_keys("done", state.get("done"))
