@@ -40,7 +40,7 @@ import attrs
 import numpy as np
 
 from benchmarks.batch_convert import median_s
-from benchmarks.scale_shares import (funnel_rates, gloo_check, holder_parts, maxrss_bytes,
+from benchmarks.scale_shares import (funnel_rates, gloo_check, holders_of, maxrss_bytes,
                                      share_row)
 from vime_pure import (BatchingPolicy, ParallelLayout, RolloutBatch, Sample, build_schedule,
                        rank_batch, schedule_for)
@@ -186,11 +186,12 @@ def run(samples: int, dps: list[int], token_scale: int, repeats: int,
         mine = rank_batch(batch, schedule, dp_rank=0)
         row_shares = None
         if shares:
-            parts = holder_parts(lengths, work.group_ids, work.prompt_ids, dp, columnar_batch)
-            row_shares = share_row(parts, layout, policy, work.lengths, response_lengths)
-            del parts
+            holders = holders_of(lengths, work.group_ids, work.prompt_ids, dp, columnar_batch)
+            row_shares = share_row(holders, layout, policy, work.lengths, response_lengths)
+            del holders
             worst = row_shares["ranks"][-1]
-            print(f"dp={dp:4d} sharded (simulated in one process, {dp} holders): rank 0 "
+            print(f"dp={dp:4d} sharded (simulated in one process, {dp} holders, "
+                  f"{row_shares['chunks']} chunks): rank 0 "
                   f"gather {row_shares['rank0_gather_cpu_s']:.2f} s + schedule "
                   f"{row_shares['rank0_schedule_cpu_s']:.2f} s CPU, receives "
                   f"{row_shares['rank0_gather_bytes_received'] / 1e6:.1f} MB, peak "

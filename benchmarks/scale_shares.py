@@ -2,11 +2,14 @@
 it replaced (``docs/scaling.md``); called by ``benchmarks/scale.py``.
 
 **Simulated in one process** (labelled so in the output): ``dp`` holders (one engine leader
-per rank, ``--rollout-num-gpus-per-engine 1``), each holding a contiguous block of the batch as
-its part (``vime_pure.data.shares``), then per phase:
+per rank, ``--rollout-num-gpus-per-engine 1``), each holding the work-queue chunks of the batch
+the engines would claim in turn (``vime_pure.data.work_queue``: ``queue_chunk_size(P, dp)``
+prompts per chunk, about 4 per holder; holder ``h`` holds chunks ``h, h + dp, ...``) joined as
+its part (``vime_pure.data.held_parts.join_chunks``), then per phase:
 
-- **gather** (rank 0): every holder's ``part_meta`` pickled, unpickled on rank 0 and merged
-  (``merge_meta``): bytes rank 0 receives, its CPU seconds;
+- **gather** (rank 0): every holder's chunk metadata (``part_meta`` per chunk) pickled,
+  unpickled on rank 0 and merged in prompt order (``merge_meta``): bytes rank 0 receives, its
+  CPU seconds;
 - **schedule** (rank 0): ``plan_shares`` (advantages + ``Schedule``); the plan's bytes, which
   every rank receives (broadcast);
 - **all-to-all**: the pieces of DP rank 0 (and of the rank with the largest share) cut by every
@@ -38,8 +41,10 @@ import numpy as np
 
 from vime_pure import RolloutBatch, Sample
 from vime_pure.data.microbatch import share_batch
+from vime_pure.data.held_parts import join_chunks
 from vime_pure.data.shares import (assemble_share, merge_meta, part_meta, plan_shares,
                                    share_piece)
+from vime_pure.data.work_queue import queue_chunk_size
 from vime_shell.loop.exchange import pack_piece, unpack_piece
 
 PROMPT_TOKENS = 500
@@ -73,21 +78,40 @@ def funnel_rates(lengths: np.ndarray, count: int = 512, seed: int = 0) -> dict[s
             "pickled_samples_bytes": len(blob) / tokens}
 
 
-def holder_parts(lengths: np.ndarray, group_ids: np.ndarray, prompt_ids: np.ndarray,
-                 holders: int, columnar_batch) -> list[RolloutBatch]:
-    """The batch cut into ``holders`` contiguous parts at prompt boundaries (zero tokens)."""
-    bounds = np.linspace(0, len(lengths), holders + 1).astype(np.int64)
-    starts = np.flatnonzero(np.r_[True, prompt_ids[1:] != prompt_ids[:-1]])
-    bounds = np.unique(starts[np.searchsorted(starts, bounds[1:-1])].tolist()
-                       + [0, len(lengths)])
-    parts = []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        part = columnar_batch(lengths[a:b], group_ids[a:b], prompt_ids[a:b])
-        # the engines' ids come from the global prompt index: keep the global values
-        parts.append(attrs.evolve(
-            part, group_id_values=tuple(np.unique(group_ids[a:b]).tolist()),
-            prompt_group_values=tuple(np.unique(prompt_ids[a:b]).tolist())))
-    return parts
+@attrs.frozen
+class Holder:
+    """One simulated holder: its part (its chunks joined) and each chunk's metadata."""
+
+    part: RolloutBatch
+    metas: tuple
+    starts: np.ndarray
+
+
+def holders_of(lengths: np.ndarray, group_ids: np.ndarray, prompt_ids: np.ndarray,
+               holders: int, columnar_batch) -> list[Holder]:
+    """``holders`` holders of the product's work-queue chunks (``queue_chunk_size`` prompts
+    each), dealt in turn (module doc); a chunk's first prompt is its global prompt index."""
+    firsts = np.flatnonzero(np.r_[True, prompt_ids[1:] != prompt_ids[:-1]])  # prompt starts
+    chunk = queue_chunk_size(len(firsts), holders)
+    bounds = np.r_[firsts[::chunk], len(lengths)]
+    out = []
+    for h in range(holders):
+        ks = list(range(h, len(bounds) - 1, holders))
+        chunks = [_columns(lengths, group_ids, prompt_ids, bounds[k], bounds[k + 1],
+                           columnar_batch) for k in ks]
+        metas = tuple(part_meta(c, start=k * chunk) for c, k in zip(chunks, ks))
+        if ks:
+            out.append(Holder(part=join_chunks(chunks, metas), metas=metas,
+                              starts=np.array([k * chunk for k in ks], dtype=np.int64)))
+    return out
+
+
+def _columns(lengths, group_ids, prompt_ids, a: int, b: int, columnar_batch) -> RolloutBatch:
+    """Samples ``[a, b)`` as a part whose ids keep their global values (the engines' ids come
+    from the global prompt index)."""
+    part = columnar_batch(lengths[a:b], group_ids[a:b], prompt_ids[a:b])
+    return attrs.evolve(part, group_id_values=tuple(np.unique(group_ids[a:b]).tolist()),
+                        prompt_group_values=tuple(np.unique(prompt_ids[a:b]).tolist()))
 
 
 def packed_bytes(n: int, tokens: int, response: int, pieces: int) -> int:
@@ -95,18 +119,22 @@ def packed_bytes(n: int, tokens: int, response: int, pieces: int) -> int:
     return 24 * n + 4 * tokens + 5 * response + 32 * pieces
 
 
-def share_row(parts: list[RolloutBatch], layout, policy, unscaled: np.ndarray,
+def _merged(blobs: list[bytes]):
+    return merge_meta([m for b in blobs for m in pickle.loads(b)[1]])
+
+
+def share_row(holders: list[Holder], layout, policy, unscaled: np.ndarray,
               response: callable) -> dict:
     """One (samples, dp) point of the sharded path (module docstring)."""
     dp = layout.dp
-    metas = [part_meta(p) for p in parts]
-    blobs = [pickle.dumps(("ok", m), protocol=5) for m in metas]
+    parts = [h.part for h in holders]
+    blobs = [pickle.dumps(("ok", h.metas), protocol=5) for h in holders]
     # CPU untraced, then the same phases again under tracemalloc for rank 0's peak
-    (merged, c_gather) = _cpu(lambda: merge_meta([pickle.loads(b)[1] for b in blobs]))
+    (merged, c_gather) = _cpu(lambda: _merged(blobs))
     (meta, plan), c_plan = _cpu(lambda: plan_shares(merged, layout, policy))
     del merged, meta, plan
     tracemalloc.start()
-    merged = merge_meta([pickle.loads(b)[1] for b in blobs])
+    merged = _merged(blobs)
     meta, plan = plan_shares(merged, layout, policy)
     plan_blob = pickle.dumps(plan, protocol=5)
     _, rank0_peak = tracemalloc.get_traced_memory()
@@ -114,19 +142,21 @@ def share_row(parts: list[RolloutBatch], layout, policy, unscaled: np.ndarray,
     sched = plan.schedule
     sizes = [len(sched.rank_sample_ids(r)) for r in range(dp)]
     ranks = sorted({0, int(np.argmax(sizes))})
-    out = {"dp": dp, "holders": len(parts), "simulated": f"one process, {len(parts)} holders",
+    out = {"dp": dp, "holders": len(parts), "chunks": len(plan.part_starts),
+           "simulated": f"one process, {len(parts)} holders, {len(plan.part_starts)} chunks",
            "rank0_gather_bytes_received": sum(len(b) for b in blobs),
            "meta_bytes_per_sample": sum(len(b) for b in blobs) / merged.num_samples,
            "rank0_gather_cpu_s": c_gather, "rank0_schedule_cpu_s": c_plan,
            "rank0_gather_schedule_peak_bytes": rank0_peak,
            "plan_bytes_every_rank": len(plan_blob), "ranks": []}
     # One holder's sending side: its pieces for every DP rank (holder 0).
-    (_, c_cut) = _cpu(lambda: [pack_piece(share_piece(parts[0], 0, plan, r))
+    (_, c_cut) = _cpu(lambda: [pack_piece(share_piece(parts[0], plan, r,
+                                                      starts=holders[0].starts))
                                for r in range(dp)])
     out["holder0_cut_and_pack_cpu_s"] = c_cut
     lengths_unscaled = unscaled
     for r in ranks:
-        packed = [pack_piece(share_piece(p, k, plan, r)) for k, p in enumerate(parts)]
+        packed = [pack_piece(share_piece(h.part, plan, r, starts=h.starts)) for h in holders]
         received = [b for b, p in zip(packed, parts) if len(b) > 32]
         share, c_a2a = _cpu(lambda: assemble_share(
             [unpack_piece(b, plan) for b in received], plan, r))
@@ -173,25 +203,27 @@ def gloo_worker(rank: int, samples: int, dp: int) -> dict:
     dist.init_process_group("gloo")
     work = synthetic_workload(num_groups=samples, fanout="grpo16", seed=0)
     world = dist.get_world_size()
-    parts = holder_parts(work.lengths, work.group_ids, work.prompt_ids, world, columnar_batch)
-    part = parts[rank]
+    holders = holders_of(work.lengths, work.group_ids, work.prompt_ids, world, columnar_batch)
+    mine = holders[rank]
     layout = ParallelLayout(dp=dp)
     policy = BatchingPolicy(global_batch_size=max(1, samples // 16), max_tokens_per_gpu=32768,
                             allow_partial_step=True)
     exchange = ShareExchange(dp_rank=rank % dp)
     plan, share, _ = exchange.distribute(
-        part, part_meta(part), lambda merged: (plan_shares(merged, layout, policy)[1], None),
+        mine.part, mine.metas,
+        lambda merged: (plan_shares(merged, layout, policy)[1], None),
         what="benchmark")
     ids = plan.schedule.rank_sample_ids(rank % dp)
     lengths = work.lengths[ids]
-    pieces = sum(1 for p, k in zip(parts, range(world))
-                 if len(share_piece(p, k, plan, rank % dp).sample_ids))
+    pieces = sum(1 for h in holders
+                 if len(share_piece(h.part, plan, rank % dp, starts=h.starts).sample_ids))
     predicted = packed_bytes(len(ids), int(lengths.sum()), int(response_lengths(lengths).sum()),
                              pieces)
     dist.destroy_process_group()
     return {"rank": rank, **exchange.stats.as_dict(), "predicted_share_bytes": predicted,
             "share_nbytes": share.nbytes,
-            "batch_token_bytes": sum(p.tokens.nbytes + 5 * len(p.loss_masks) for p in parts)}
+            "batch_token_bytes": sum(h.part.tokens.nbytes + 5 * len(h.part.loss_masks)
+                                     for h in holders)}
 
 
 def gloo_check(samples: int = 16384, world: int = 4) -> list[dict]:

@@ -25,8 +25,6 @@ def test_roles_put_trainers_first_and_engines_on_the_bridge():
      "--rollout-num-gpus"),
     (dict(world_size=2, rollout_num_gpus=2, colocate=None, fully_async=True),
      "--rollout-num-gpus"),
-    (dict(world_size=4, rollout_num_gpus=2, colocate=None, fully_async=True),
-     "--rollout-num-gpus"),
     (dict(world_size=2, rollout_num_gpus=1, colocate=True, train_async=True), "--colocate"),
     (dict(world_size=2, rollout_num_gpus=1, colocate=None, train_async=True,
           fully_async=True), "--fully-async"),
@@ -68,3 +66,18 @@ def test_the_pool_takes_a_custom_generate_function(monkeypatch):
         fully_async=True, rollout_num_gpus=1,
         custom_generate_function_path="vime_shell.rollout.tool_example:generate"))
     assert roles.mode == "fully_async" and roles.num_engine_ranks == 1
+
+
+def test_the_pool_runs_over_several_engine_ranks(monkeypatch):
+    """--fully-async with --rollout-num-gpus 2 of 4 ranks: one pool per engine rank
+    (tests/shell/test_fully_async_ranks.py trains with two)."""
+    roles = resolve_rank_roles(world_size=4, rollout_num_gpus=2, colocate=None,
+                               fully_async=True)
+    assert (roles.mode, roles.num_trainers, roles.num_engine_ranks) == ("fully_async", 2, 2)
+    assert [roles.bridge_rank(r) for r in range(4)] == [0, None, 1, 2]
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert rank_roles(TrainConfig(fully_async=True, rollout_num_gpus=2)).num_engine_ranks == 2
+    # Still refused: an engine over several ranks in the pool (one pool per engine rank).
+    with pytest.raises(ConfigError, match="--rollout-num-gpus-per-engine"):
+        rank_roles(TrainConfig(fully_async=True, rollout_num_gpus=2,
+                               rollout_num_gpus_per_engine=2))

@@ -4,7 +4,7 @@ import json
 import shutil
 from pathlib import Path
 
-from benchmarks import batch_convert, sample_access, slime_flag_coverage
+from benchmarks import batch_convert, sample_access, slime_flag_coverage, work_queue
 from benchmarks.schedule import POLICIES, QUICK, main
 
 
@@ -118,3 +118,14 @@ def test_stop_lengths_quick(capsys):
 
     before, after = stop_lengths.main(["--quick"]).values()
     assert after["truncated_frac"] <= before["truncated_frac"]
+
+
+def test_work_queue_model_says_when_claims_pay(capsys):
+    """The model behind ``chunks_per_engine``: one claim per engine is the blocks' makespan;
+    on tail-bound calls four claims cost tails, on token-bound calls they balance a straggler."""
+    out = work_queue.main(["--seeds", "3", "--prompts", "256", "--n", "8"])
+    assert all(r["ratio"][1] == 1.0 for r in out.values())
+    assert out["tail/equal"]["ratio"][4] > 1.2
+    assert out["tokens/straggler"]["ratio"][4] < 0.8
+    assert out["tokens/straggler"]["engine0_share_of_even_k4"] < 0.8
+    assert "[model]" in capsys.readouterr().out

@@ -10,6 +10,7 @@ from tests.fuzz.harness import REJECTED, outcome
 from tests.fuzz.strategies import JUNK, mostly
 from vime_pure.async_pool import (admits, check_staleness_bound, drain, enforce_staleness_bound,
                                   generation_lag, weights_sync_due)
+from vime_pure.pool_ranks import merge_order, merge_resume_states, pool_share
 
 INTS = mostly(st.integers(0, 9), st.one_of(st.integers(-3, -1), st.booleans(), JUNK))
 
@@ -50,3 +51,30 @@ def test_drain_and_enforce(versions, trainer, bound, size):
         kept = np.asarray([versions[i] for i in out.take], dtype=np.int64)
         assert outcome("enforce_staleness_bound", enforce_staleness_bound, kept, trainer,
                        bound) is None
+
+
+KEYS = mostly(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), max_size=8),
+              st.one_of(JUNK, st.lists(st.tuples(st.booleans(), st.integers(-2, 2)),
+                                       min_size=1)))
+
+
+@given(INTS, INTS, INTS, KEYS)
+def test_pool_shares_and_merge_order(size, pools, pool, keys):
+    share = outcome("pool_share", pool_share, size, pools, pool)
+    if share is not REJECTED:
+        assert all(0 <= i < int(size) for i in share)
+    order = outcome("merge_order", merge_order, keys)
+    if order is not REJECTED:
+        assert [keys[i] for i in order] == sorted(keys)
+
+
+STATE = st.fixed_dictionaries({"block": INTS, "offset": INTS, "draws": INTS, "done": KEYS})
+
+
+@given(mostly(st.lists(STATE, min_size=1, max_size=3), JUNK),
+       mostly(st.lists(st.lists(st.integers(0, 5), max_size=3), min_size=1, max_size=3),
+              JUNK))
+def test_merge_resume_states(states, shares):
+    out = outcome("merge_resume_states", merge_resume_states, states, shares)
+    if out is not REJECTED:
+        assert out["block"] == min(s["block"] for s, sh in zip(states, shares) if sh)

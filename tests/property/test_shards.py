@@ -63,7 +63,7 @@ def _prompt(gid, pg=None):
     ("prompt_group", [[_prompt(None, "p")], [_prompt(None, "p")]]),
 ])
 def test_an_explicit_id_used_by_two_engines_is_an_error(field, parts):
-    with pytest.raises(RolloutValidationError, match=f"{field}=.*engines 0 and 1"):
+    with pytest.raises(RolloutValidationError, match=f"{field}=.*prompt chunks 0 and 1"):
         merge_rollout_shares(parts)
 
 

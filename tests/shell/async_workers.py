@@ -36,6 +36,13 @@ RUNS = {
     "resume_first": dict(fully_async=True, max_weight_staleness=2, num_rollout=4,
                          save_interval=2),
     "resume_rest": dict(fully_async=True, max_weight_staleness=2, num_rollout=4),
+    # The pool of the job's last engine rank fails (the others' rollout function works), or
+    # drops its weights (the others load theirs).
+    "pool_failure": dict(fully_async=True, max_weight_staleness=2),
+    "pool_broken_sync": dict(fully_async=True, max_weight_staleness=2),
+    # One prompt per block: with 2 engine ranks, the second one's pool owns none.
+    "pool_one_prompt": dict(fully_async=True, max_weight_staleness=1, rollout_batch_size=1,
+                            global_batch_size=4, num_rollout=1),
     # --partial-rollout with engines on a rank of their own (synchronous): groups cut at the
     # end of a rollout resume in the next one, also across a checkpoint.
     "partial_first": dict(PARTIAL, num_rollout=2, save_interval=2),
@@ -52,9 +59,31 @@ def _contents(batch) -> list:
     return sorted(rows)
 
 
+def check_resumed_pool_run(trainer: dict) -> None:
+    """``resume_first`` then ``resume_rest`` (see ``RUNS``): 4 rollouts in all, no group
+    trained twice, and groups were in flight at the checkpoint (regenerated after it)."""
+    assert trainer["resume_first"]["error"] == ("RuntimeError", "killed after the checkpoint")
+    first, rest = trainer["resume_first"]["rollouts"], trainer["resume_rest"]["rollouts"]
+    assert [r["metrics"]["rollout"] for r in first + rest] == [0, 1, 2, 3]
+    # Group ids number the pool's draws (block, prompt, sample): each trains at most once.
+    ids = [g for r in first + rest for g in set(r["group_ids"])]
+    assert len(ids) == len(set(ids)) == 4 * 16
+    assert first[-1]["metrics"]["pool_pending"] > 0
+
+
 def always_failing_rollout(ctx):
     """A rollout function whose engine is down."""
     raise RuntimeError("engine is down")
+
+
+def last_rank_failing_rollout(ctx):
+    """The default rollout function, except on the job's last rank (engine rank 1 of 2),
+    whose engine is down."""
+    if int(os.environ["RANK"]) == int(os.environ["WORLD_SIZE"]) - 1:
+        raise RuntimeError("engine is down")
+    from vime_shell.rollout.functions import single_turn_rollout
+
+    return single_turn_rollout(ctx)
 
 
 def _ignore_weights(self, named, version=None):
@@ -63,26 +92,35 @@ def _ignore_weights(self, named, version=None):
         pass
 
 
-def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dict:
+def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...],
+                 engine_ranks: int = 1, overrides: dict | None = None) -> dict:
     """Each named run in turn (``fully_async_k2`` also evaluates); ``failure``: the engine's rollout function raises;
     ``broken_sync``: one step off with an engine rank that drops the weights it receives;
-    ``hook_failure``: the trainer fails while the engine still owes it a rollout."""
+    ``hook_failure``: the trainer fails while the engine still owes it a rollout.
+    ``pool_failure``: fully async, the last engine rank's rollout function raises;
+    ``pool_broken_sync``: fully async, the last engine rank drops the weights it receives;
+    ``engine_ranks``: the job's last ``engine_ranks`` ranks run engines; ``overrides``: more
+    settings per run name."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.engines.group import EngineGroup
     from vime_shell.loop.config import TrainConfig
     from vime_shell.loop.loop import run_training
 
     out: dict = {"root": Path(root)}
+    loads_weights = EngineGroup.sync_weights
     for name in runs:
         seen: list = []
         extra = RUNS.get(name, dict(train_async=True))
-        if name == "failure":
+        if name in ("failure", "pool_failure"):
+            failing = "always" if name == "failure" else "last_rank"
             extra = {**extra, "rollout_function_path":
-                     "tests.shell.async_workers:always_failing_rollout"}
+                     f"tests.shell.async_workers:{failing}_failing_rollout"}
+        extra = {**extra, **(overrides or {}).get(name, {})}
         if name == "hook_failure":  # the trainer fails while rollout 1 is being generated
             extra = dict(train_async=True, update_weights_interval=2, max_weight_staleness=2)
-        if name == "broken_sync" and rank == 1:
-            EngineGroup.sync_weights = _ignore_weights
+        last = rank == int(os.environ["WORLD_SIZE"]) - 1  # the last engine rank
+        EngineGroup.sync_weights = (_ignore_weights if last and name.endswith("broken_sync")
+                                    else loads_weights)
         if name in ("one_step_off_k0", "fully_async_k0"):  # dumps carry the engines' annotations
             extra = {**extra, "save_rollout_data": f"{root}/{name}-dumps/r{{rollout_id}}.npz"}
         if name in ("fully_async_k2", "agentic_k2"):  # evaluation runs in the pool too
@@ -95,7 +133,8 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...]) -> dic
             kind = name.split("_")[0]
             extra = {**extra, "run_dir": f"{root}/{kind}", "save": f"{root}/{kind}-ck",
                      "load": f"{root}/{kind}-ck" if name.endswith("_rest") else None}
-        cfg = TrainConfig(**{**TINY, **SEPARATE, "run_dir": f"{root}/{name}", **extra})
+        cfg = TrainConfig(**{**TINY, **SEPARATE, "rollout_num_gpus": engine_ranks,
+                             "run_dir": f"{root}/{name}", **extra})
         def observe(e, seen=seen, name=name):
             if name == "hook_failure":
                 raise RuntimeError("the trainer's hook failed")

@@ -82,18 +82,11 @@ def group_worker(rank: int, hf_dir: str, new_dir: str, cases: list, options: dic
     return out
 
 
-def failing_worker(rank: int, hf_dir: str) -> str:
-    """Engine 1's rollout raises: rank 1 re-raises its own error, rank 0 names engine 1."""
-    init_gloo()
-    layout = resolve_engine_layout(world_size=dist.get_world_size())
-    group = EngineGroup.build(hf_dir, layout, EngineOptions(engine="hf"))
-
-    def produce(share):
-        if group.engine_index == 1:
-            raise RuntimeError("tool sandbox unreachable")
-        return [[] for _ in share]
+def _run_and_close(group, produce, num_prompts: int) -> str:
+    """``run_shares`` on every rank; this rank's error as ``"Type: message"`` (or ``"no
+    error"``), the group closed and the process group destroyed."""
     try:
-        group.run_shares(produce, 4)
+        group.run_shares(produce, num_prompts)
         message = "no error"
     except (RuntimeError, EngineGroupError) as exc:
         message = f"{type(exc).__name__}: {exc}"
@@ -106,4 +99,36 @@ def env_summary() -> dict:
     return {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
 
 
-__all__ = ["batch_columns", "failing_worker", "group_worker", "make_context", "np"]
+__all__ = ["batch_columns", "group_worker", "make_context", "np", "queue_failure_worker"]
+
+
+class _StandIn:
+    """An engine that generates nothing (the queue test needs none): only ``close``."""
+
+    weight_version = 0
+
+    def close(self) -> None:
+        pass
+
+
+def queue_failure_worker(rank: int, gpus_per_engine: int) -> dict:
+    """16 prompts, chunks of 2 (``queue_chunk_size(16, 2)``) over 2 engines: engine 1's leader
+    fails on its second chunk while engine 0 (0.3 s per chunk) is still claiming. Every rank returns
+    its error message (or ``"no error"``) and the chunks its engine generated."""
+    import time
+
+    init_gloo()
+    layout = resolve_engine_layout(world_size=dist.get_world_size(),
+                                   rollout_num_gpus_per_engine=gpus_per_engine)
+    group = EngineGroup.build("unused", layout, EngineOptions(engine="hf"),
+                              factory=lambda *_: _StandIn())
+    chunks: list[int] = []
+
+    def produce(share):
+        chunks.append(share.start)
+        if group.engine_index == 1 and group.is_leader and len(chunks) == 2:
+            raise RuntimeError("tool sandbox unreachable")
+        time.sleep(0.3 if group.engine_index == 0 else 0.0)
+        return [[] for _ in share]
+    message = _run_and_close(group, produce, 16)
+    return {"message": message, "chunks": chunks, "engine": group.engine_index}

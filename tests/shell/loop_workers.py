@@ -279,12 +279,23 @@ def broken_sync_worker(rank: int, root: str, cache: str) -> dict:
     return {"error": None}
 
 
+def _engine_1_down(ctx, what: str) -> None:
+    """Rank 1's engine raises; rank 0's waits 0.5 s per chunk first, so that engine 1 claims
+    a chunk of the work queue before engine 0 has claimed them all."""
+    import time
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise RuntimeError(f"{what} with prompts from {ctx.prompt_offset} is down")
+    time.sleep(0.5)
+
+
 def failing_share_rollout(ctx):
-    """A rollout function whose second engine fails (the first one's share starts at 0)."""
+    """A rollout function whose second engine fails."""
     from vime_shell.rollout.functions import single_turn_rollout
 
-    if ctx.prompt_offset > 0:
-        raise RuntimeError(f"engine with prompts from {ctx.prompt_offset} is down")
+    _engine_1_down(ctx, "engine")
     return single_turn_rollout(ctx)
 
 
@@ -292,8 +303,8 @@ def failing_eval_rollout(ctx):
     """Fails on the second engine during evaluation only (eval runs at temperature 0.5 here)."""
     from vime_shell.rollout.functions import single_turn_rollout
 
-    if ctx.prompt_offset > 0 and ctx.sampling.temperature == 0.5:
-        raise RuntimeError(f"eval engine with prompts from {ctx.prompt_offset} is down")
+    if ctx.sampling.temperature == 0.5:
+        _engine_1_down(ctx, "eval engine")
     return single_turn_rollout(ctx)
 
 

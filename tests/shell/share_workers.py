@@ -4,24 +4,46 @@ its ``metrics.jsonl`` values, and what the rank's share exchange moved.
 ``FIXTURE`` holds the values main's funnel (leaders -> rank 0 -> broadcast) produced for the
 same runs, recorded with ``python -m tests.shell.share_workers --record`` on main's sources
 (``PYTHONPATH=<main>/src:.``, main at fcbbec7, before the sharded path merged): the sharded
-path must reproduce them exactly. Re-record it only from a funnel build (a change that moves
+path must reproduce them exactly, with prompts handed out by the engines' work queue (in
+``dp2`` engine 1 is a straggler, ``recorded_rollout``; the fixture's blocks were
+contiguous). Re-record it only from a funnel build (a change that moves
 the numbers, e.g. a new scheduler, must move them on both paths).
 """
 
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 TIMING = ("rollout_s", "train_s", "sync_s", "old_logprob_s", "tokens_per_s", "eval_s")
 FIXTURE = Path(__file__).with_name("share_fixture.json")
+# Engine 1 of the dp2 run sleeps this long per prompt it claims: the work queue must hand the
+# fast engine 0 more prompts and still give the contiguous blocks' batch (the fixture).
+SLOW_S = 2.5  # vs ~0.05 s per prompt on engine 0: a wide margin on a loaded machine
+QUEUED = {"rollout_function_path": "tests.shell.share_workers:recorded_rollout"}
 RUNS = {  # name -> (world size, layout flags): DP at world 2, DP x PP at world 4
-    "dp2": (2, {}),
-    "dp2_pp2": (4, {"pipeline_model_parallel_size": 2}),
+    "dp2": (2, QUEUED),
+    "dp2_pp2": (4, {**QUEUED, "pipeline_model_parallel_size": 2}),
 }
+CLAIMS: list = []  # (rank, rollout, first prompt, prompts) of each chunk generated here
 CONFIG = dict(rollout_batch_size=4, n_samples_per_prompt=4, global_batch_size=8,
               max_tokens_per_gpu=24, lr=1e-3, seed=3, num_rollout=2,
               custom_rm_path="tests.shell.loop_workers:first_char_reward")
+
+
+def recorded_rollout(ctx):
+    """The built-in single-turn rollout, recording each chunk; at world 2 rank 1 (engine 1)
+    is a straggler."""
+    import torch.distributed as dist
+
+    from vime_shell.rollout.functions import single_turn_rollout
+
+    rank = dist.get_rank()
+    CLAIMS.append((rank, ctx.rollout_id, ctx.prompt_offset, len(ctx.prompts)))
+    if rank == 1 and dist.get_world_size() == 2:
+        time.sleep(SLOW_S * len(ctx.prompts))
+    return single_turn_rollout(ctx)
 
 
 def metric_values(path: Path) -> list[dict]:
@@ -47,7 +69,7 @@ def train_worker(rank: int, run_dir: str, cache: str, layout: dict) -> dict:
     run_training(TrainConfig(run_dir=run_dir, **CONFIG, **layout), on_rollout=observe,
                  progress=False)
     metrics = metric_values(Path(run_dir) / "metrics.jsonl") if rank == 0 else None
-    return {"metrics": metrics, "moved": moved}
+    return {"metrics": metrics, "moved": moved, "claims": CLAIMS}
 
 
 def run(name: str, root: str, cache: str) -> list[dict]:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.shell.engine_group_workers import (NUM_PROMPTS, N_SAMPLES, ROLLOUTS, batch_columns,
-                                              failing_worker, group_worker, make_context)
+                                              group_worker, make_context, queue_failure_worker)
 from vime_pure import RolloutBatch
 from vime_shell.engines.hf import HfEngine
 from vime_shell.engines.weights import load_safetensors_dir
@@ -92,8 +92,24 @@ def test_bucketed_sync_loads_the_new_weights_on_every_engine_rank(runs, dirs, ca
             assert r["sync_error"] == 0.0
 
 
-def test_a_failing_engine_fails_its_rank_and_rank_0_names_it(dirs):
-    zero, one = spawn(failing_worker, 2, str(dirs[0]))
-    assert one == "RuntimeError: tool sandbox unreachable"
-    assert zero.startswith("EngineGroupError: rollout generation failed on engine 1 (rank 1)")
-    assert "tool sandbox unreachable" in zero
+@pytest.mark.parametrize("gpus_per_engine", [1, 2], ids=["2x1", "2x2"])
+def test_a_failing_engine_mid_queue_stops_every_rank_with_a_named_error(gpus_per_engine):
+    """An engine's failure is raised on its rank and, naming the engine, on rank 0, even
+    mid-queue. Engine 1's leader fails on its second claimed chunk: its TP peer, waiting for the
+    leader's next claim, is told to stop (never left waiting), engine 0 stops claiming (the
+    counter is pushed past the end), and rank 0 names engine 1; a hang fails by the spawn
+    timeout."""
+    out = spawn(queue_failure_worker, 2 * gpus_per_engine, gpus_per_engine, timeout=120)
+    leader1 = gpus_per_engine  # engine 1's leader
+    assert out[0]["message"].startswith(
+        f"EngineGroupError: rollout generation failed on engine 1 (rank {leader1})")
+    assert "tool sandbox unreachable" in out[0]["message"]
+    for rank, o in enumerate(out):
+        if rank == leader1:
+            assert o["message"] == "RuntimeError: tool sandbox unreachable"
+        elif rank:
+            assert o["message"] == "no error"  # rank 0 speaks for the group (run_shares)
+        if o["engine"] == 1 and rank != leader1:
+            assert o["chunks"] == out[leader1]["chunks"]  # a peer generates its leader's chunks
+    # 8 chunks; engine 1 took 2 at once, engine 0 one per 0.3 s: it stopped short of the rest
+    assert len(out[0]["chunks"]) + len(out[leader1]["chunks"]) < 8

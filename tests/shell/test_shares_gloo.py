@@ -6,6 +6,8 @@ broadcast it), recorded on main's sources before the merge (``share_workers.py``
 runs must give those values exactly (loss, reward, group and sample counts, entropy, grad
 norm...: every key but wall-clock times), at world 2 (DP 2) and world 4 (DP 2 x PP 2: PP peers
 receive the same share); and every rank must receive its own share's bytes, not the batch's.
+Prompts are handed out by the engines' work queue, the fixture's in contiguous blocks: in dp2
+engine 1 is a straggler and must claim fewer prompts, the metrics still bit-identical.
 """
 
 import json
@@ -23,7 +25,7 @@ def cache(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", list(RUNS))
-def test_sharded_runs_give_the_funnels_metrics_and_move_only_shares(tmp_path, cache, name):
+def test_sharded_queued_runs_give_the_funnels_metrics_and_move_only_shares(tmp_path, cache, name):
     out = run(name, str(tmp_path), cache)
     assert out[0]["metrics"] == json.loads(FIXTURE.read_text())[name]
     world = RUNS[name][0]
@@ -38,6 +40,24 @@ def test_sharded_runs_give_the_funnels_metrics_and_move_only_shares(tmp_path, ca
             assert packed < got <= packed + 32 * world, (rank, m)
             if rank:
                 assert m["stats"]["meta_received"] == 0  # only rank 0 gathers metadata
-    # Every rank leads an engine (a holder): it sends its part's metadata to rank 0.
-    assert all(m["stats"]["meta_sent"] > 0 for o in out[1:] for m in o["moved"])
     assert world == len(out)
+    claims = [c for o in out for c in o["claims"]]
+    _check_claims(name, claims)
+    # Every rank leads an engine: it is a holder, sending rank 0 its chunks' metadata, when its
+    # engine claimed a chunk of that rollout (a fast engine may claim a slow one's share).
+    for rank, o in enumerate(out[1:], start=1):
+        for rid, m in enumerate(o["moved"]):
+            claimed = any(c[0] == rank and c[1] == rid for c in claims)
+            assert (m["stats"]["meta_sent"] > 0) == claimed, (rank, rid, claims)
+
+
+def _check_claims(name: str, claims: list) -> None:
+    """Per rollout every prompt was generated once, in chunks of 1 (4 prompts, >= 2 engines:
+    ``queue_chunk_size``); in dp2 the straggler (engine 1, asleep ``SLOW_S`` s per prompt)
+    claimed fewer prompts than engine 0 (which generates one in well under a second)."""
+    for rid in (0, 1):
+        mine = [(rank, first, n) for rank, r, first, n in claims if r == rid]
+        assert sorted(first for _, first, _ in mine) == [0, 1, 2, 3] and all(
+            n == 1 for *_, n in mine), mine
+        per_rank = {r: sum(n for rank, _, n in mine if rank == r) for r in (0, 1)}
+        assert name != "dp2" or per_rank[1] < per_rank[0], mine

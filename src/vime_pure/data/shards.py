@@ -1,16 +1,18 @@
 """Prompt shares of several rollout engines, and the merge of their outputs in prompt order.
 
-With ``E`` engines each one generates a contiguous block of the rollout's ``P`` prompts;
-``prompt_shares(P, E)`` gives the blocks (sizes differ by at most one, earlier engines get the
-extra prompt). A prompt's ``n`` samples are requests of the same engine, so a rollout group
+Engines claim a round's prompts in chunks from a work queue (``vime_pure.data.work_queue``);
+under ``--partial-rollout`` each one generates a contiguous block of the rollout's ``P``
+prompts instead: ``prompt_shares(P, E)`` gives the blocks (sizes differ by at most one, earlier
+engines get the extra prompt). A prompt's ``n`` samples are requests of the same engine, so a rollout group
 (all samples of one execution) and a prompt group never straddle two engines.
 
-``merge_rollout_shares(parts)`` concatenates the engines' nested outputs (the format of
-:mod:`vime_pure.data.rollout_output`) in engine order, which is prompt order. Ids a rollout
-function left ``None`` are numbered after the merge, so they never collide. Explicit ids
-(``group_id``, ``prompt_group``) must already be unique across engines: the built-in rollouts
-derive them from the global prompt index; two engines using one id would merge two rollout
-groups (or two prompts' advantage baselines) silently, so that is an error naming both engines.
+``merge_rollout_shares(parts)`` concatenates the engines' blocks (or their chunks, put in prompt
+order by ``work_queue.in_prompt_order``): nested outputs (the format of
+:mod:`vime_pure.data.rollout_output`) in prompt order. Ids a rollout function left ``None`` are
+numbered after the merge, so they never collide. Explicit ids (``group_id``, ``prompt_group``)
+must already be unique across parts: the built-in rollouts derive them from the global prompt
+index; two parts using one id would merge two rollout groups (or two prompts' advantage
+baselines) silently, so that is an error naming both parts.
 
 Invariants the tests assert: the shares partition ``range(P)`` in order; ``merge`` of the
 shares of one output equals that output; a collision is a ``RolloutValidationError``.
@@ -73,8 +75,9 @@ def merge_rollout_shares(parts: Sequence[object]) -> list:
                 if first != e:
                     raise field_error(
                         RolloutValidationError, field, value,
-                        f"is used by the outputs of engines {first} and {e}; merged, two "
-                        "rollout groups (or prompts) would become one",
+                        f"is used by two parts of the output (engines' prompt chunks {first} "
+                        f"and {e}, in prompt order); merged, two rollout groups (or prompts) "
+                        "would become one",
                         "derive explicit ids from the global prompt index "
                         "(RolloutContext.prompt_offset, as the built-in rollouts do) or leave "
                         "them None so they are numbered after the merge")

@@ -1,28 +1,33 @@
 """A rollout batch held in parts, scheduled from its metadata, moved to each rank as its share.
 
 No process ever holds the whole batch. Each *holder* (an engine leader, or rank 0 for a replay)
-keeps its *part*: a ``RolloutBatch`` of the prompts it generated (a prompt's samples, so its
-groups, never straddle parts). The global batch is the parts concatenated in holder order.
+keeps its *part*: a ``RolloutBatch`` of the work-queue chunks of prompts it generated
+(``vime_pure.data.work_queue``, joined by ``vime_pure.data.held_parts``; a prompt's samples, so
+its groups, never straddle chunks). The global batch is every chunk in global prompt order
+(``part_starts``: a chunk's first prompt), whichever holder generated it.
 
 1. **Metadata** (``part_meta``): per sample the numbers the schedule, the advantages and the
    metrics need (lengths, response lengths, loss-mask totals, dense group and prompt ids,
-   reward, status, weight versions: 46 bytes, no token), plus the parts' original ids.
-   ``merge_meta`` concatenates the parts' metadata exactly as ``RolloutBatch.from_samples``
+   reward, status, weight versions: 46 bytes, no token), plus the parts' original ids; one
+   per chunk. ``merge_meta`` puts the chunks in prompt order and concatenates their metadata
+   exactly as ``RolloutBatch.from_samples``
    numbers the merged output (dense ids in first-occurrence order, ids a rollout function left
    ``None`` numbered after the merge, an explicit id in two parts an error).
 2. **Plan** (``plan_shares``): advantages (``normalize_rewards``) and the ``Schedule``
    (``plan_grouped``) of the merged metadata, with what every rank needs to build its records
    without the batch: per-sample loss-mask totals (int32), float32 advantages (what the
-   records carry), the parts' sizes and first global response token.
-3. **Pieces** (``share_piece``): a holder cuts, from its part, the samples one DP rank trains,
-   in that rank's execution order, with their global ids and global response offsets.
+   records carry), each chunk's first global sample, response token and prompt (the owner map).
+3. **Pieces** (``share_piece``): a holder cuts, from its part (its chunks, known by their first
+   prompts), the samples one DP rank trains, in that rank's execution order, with their global
+   ids and global response offsets.
 4. **Share** (``assemble_share``): a rank joins its pieces in execution order: a ``RankShare``,
    which ``vime_pure.data.microbatch.share_batch`` turns into the same records
    ``rank_batch`` builds from the whole batch (tested bit for bit).
 
-Example: parts of 3 and 2 samples; the schedule gives DP rank 1 samples ``[4, 0]``: holder 0
-sends it sample 0 (its local 0), holder 1 sample 4 (its local 1); rank 1's share holds samples
-``[4, 0]`` in that order, 2 samples' tokens and nothing else.
+Example: chunks of 3 and 2 samples, at prompts 0 and 1, held by holders 0 and 1; the schedule
+gives DP rank 1 samples ``[4, 0]``: holder 0 sends it sample 0 (its local 0), holder 1 sample 4
+(its local 1); rank 1's share holds samples ``[4, 0]`` in that order, 2 samples' tokens and
+nothing else.
 """
 
 from collections.abc import Hashable, Sequence
@@ -30,11 +35,13 @@ from typing import Any
 
 import attrs
 import numpy as np
+from jaxtyping import Int64
 
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.ragged import offsets_from_lengths, row_positions
 from vime_pure.data.rewards import RewardNormalization, normalize_rewards
 from vime_pure.data.rollout_output import fallback_ids
+from vime_pure.data.work_queue import prompt_order
 from vime_pure.errors import RolloutBatchError, RolloutValidationError, field_error
 from vime_pure.grouping import Grouping
 from vime_pure.scheduling.planner import plan_grouped
@@ -81,6 +88,7 @@ class BatchMeta:
     part_sizes: np.ndarray  # int64, per part
     part_response_tokens: np.ndarray  # int64, per part
     part_outputs: np.ndarray  # int64, per part: top-level entries of its rollout output
+    part_starts: np.ndarray  # int64, per part: its first global prompt index
     has_log_probs: bool
     advantages: np.ndarray | None = None  # float64: a whole batch's, or set by plan_shares
     has_routes: bool = False  # the engine recorded routed experts (MoE routing replay)
@@ -102,13 +110,14 @@ class BatchMeta:
 
 def part_meta(part: RolloutBatch, *, group_fallback: np.ndarray | None = None,
               prompt_fallback: np.ndarray | None = None, outputs: int | None = None,
-              whole: bool = False) -> BatchMeta:
+              whole: bool = False, start: int = 0) -> BatchMeta:
     """The metadata of one holder's part. ``group_fallback`` / ``prompt_fallback`` flag the
     dense groups / prompt groups whose id the rollout output left ``None`` (``output_part``
     finds them); default none. ``outputs``: top-level entries of its rollout output (default
     its prompt groups). ``whole``: the part is the whole batch (a replay, a filtered batch):
-    its advantages are the batch's and travel along. Example: a part of 2 samples in one
-    group with masks summing to 2 and 1: ``mask_sums [2, 1]``, ``part_sizes [2]``."""
+    its advantages are the batch's and travel along. ``start``: the part's first global prompt
+    index (a work-queue chunk's; what orders parts at the merge). Example: a part of 2 samples
+    in one group with masks summing to 2 and 1: ``mask_sums [2, 1]``, ``part_sizes [2]``."""
     flags = {"group_fallback": (group_fallback, part.num_groups),
              "prompt_fallback": (prompt_fallback, len(part.prompt_group_values))}
     resolved = {}
@@ -132,16 +141,18 @@ def part_meta(part: RolloutBatch, *, group_fallback: np.ndarray | None = None,
         part_response_tokens=np.array([int(part.response_offsets[-1])], dtype=np.int64),
         part_outputs=np.array([len(part.prompt_group_values) if outputs is None else outputs],
                               dtype=np.int64),
+        part_starts=np.array([start], dtype=np.int64),
         has_log_probs=part.rollout_log_probs is not None,
         has_routes=part.rollout_routed_experts is not None,
         advantages=part.advantages if whole else None, **resolved)
 
 
-def output_part(output: Any, *, normalization: Any = RewardNormalization()
+def output_part(output: Any, *, normalization: Any = RewardNormalization(), start: int = 0
                 ) -> tuple[RolloutBatch, BatchMeta]:
-    """A holder's rollout output as its part (``RolloutBatch.from_samples``: validated,
-    columnar, no ``Sample`` leaves the holder) and the part's metadata, with the groups and
-    prompt groups whose ids were ``None`` flagged for renumbering at the merge."""
+    """A rollout output (one claimed chunk's, or a holder's) as a part
+    (``RolloutBatch.from_samples``: validated, columnar, no ``Sample`` leaves the holder) and
+    the part's metadata, with the groups and prompt groups whose ids were ``None`` flagged for
+    renumbering at the merge; ``start``: its first global prompt index."""
     part = RolloutBatch.from_samples(output, normalization=normalization)
     samples = _flat_samples(output)
     none_group = np.fromiter((s.group_id is None for s in samples), dtype=bool,
@@ -153,7 +164,7 @@ def output_part(output: Any, *, normalization: Any = RewardNormalization()
     prompt_flags = np.zeros(len(part.prompt_group_values), dtype=bool)
     prompt_flags[part.prompt_groups[none_prompt]] = True
     return part, part_meta(part, group_fallback=group_flags, prompt_fallback=prompt_flags,
-                           outputs=len(output))
+                           outputs=len(output), start=start)
 
 
 def _flat_samples(output: Any) -> list:
@@ -181,8 +192,10 @@ def _merged_values(parts: Sequence[BatchMeta], values: str, flags: str, field: s
             if first != p:
                 raise field_error(
                     RolloutValidationError, field, value,
-                    f"is used by the outputs of engines {first} and {p}; merged, two rollout "
-                    "groups (or prompts) would become one",
+                    f"is used by the outputs of two engines or prompt chunks (the ones from "
+                    f"prompt {int(parts[first].part_starts[0])} and from prompt "
+                    f"{int(meta.part_starts[0])}); merged, two rollout groups (or prompts) "
+                    "would become one",
                     "derive explicit ids from the global prompt index "
                     "(RolloutContext.prompt_offset, as the built-in rollouts do) or leave them "
                     "None so they are numbered after the merge")
@@ -193,9 +206,13 @@ def _merged_values(parts: Sequence[BatchMeta], values: str, flags: str, field: s
 
 
 def merge_meta(parts: Sequence[BatchMeta]) -> BatchMeta:
-    """The metadata of the parts concatenated in order (holder order = prompt order)."""
+    """The metadata of the parts concatenated in global prompt order (``part_starts``,
+    whatever order they come in: work-queue chunks of any engines), numbered as
+    ``RolloutBatch.from_samples`` numbers the merged output. Example: chunks starting at
+    prompts 4 and 0 merge as the chunk of prompt 0, then the one of prompt 4."""
     if not parts:
         raise RolloutValidationError("no part holds a sample. Fix: generate at least one.")
+    parts = _in_prompt_order(parts)
     for flag, name in (("has_log_probs", "rollout_log_probs"),
                        ("has_routes", "rollout_routed_experts")):
         if len({getattr(m, flag) for m in parts}) > 1:
@@ -221,23 +238,38 @@ def merge_meta(parts: Sequence[BatchMeta]) -> BatchMeta:
         weight_version_min=cat("weight_version_min"),
         weight_version_max=cat("weight_version_max"),
         part_sizes=cat("part_sizes"), part_response_tokens=cat("part_response_tokens"),
-        part_outputs=cat("part_outputs"), has_log_probs=parts[0].has_log_probs,
+        part_outputs=cat("part_outputs"), part_starts=cat("part_starts"),
+        has_log_probs=parts[0].has_log_probs,
         has_routes=parts[0].has_routes,
         advantages=cat("advantages") if all(m.advantages is not None for m in parts) else None)
+
+
+def _in_prompt_order(parts: Sequence[BatchMeta]) -> list[BatchMeta]:
+    """``parts`` sorted by their first prompt; their parts must not interleave."""
+    order = prompt_order(np.array([int(m.part_starts[0]) for m in parts], dtype=np.int64))
+    ordered = [parts[i] for i in order.tolist()]
+    starts = np.concatenate([m.part_starts for m in ordered])
+    if np.any(np.diff(starts) <= 0):
+        raise field_error(RolloutValidationError, "part_starts", starts.tolist(),
+                          "interleave or repeat across the parts", "merge single chunks")
+    return ordered
 
 
 @attrs.frozen(kw_only=True, eq=False)
 class SharePlan:
     """What every rank receives before its share: the ``Schedule``, per sample the loss-mask
-    total (int32) and the advantage as the records carry it (float32), per part its first
-    global sample and response token. ``fresh`` (bool per sample, optional): the caller's
-    flag of samples generated by the trainer's weights."""
+    total (int32) and the advantage as the records carry it (float32), per part (a work-queue
+    chunk, in global prompt order) its first global sample, response token and prompt: the
+    owner map, since a holder knows the first prompts of the chunks it holds (``share_piece``).
+    ``fresh`` (bool per sample, optional): the caller's flag of samples generated by the
+    trainer's weights."""
 
     schedule: Schedule
     mask_sums: np.ndarray
     advantages: np.ndarray
     part_offsets: np.ndarray  # int64, parts + 1
     part_response_offsets: np.ndarray  # int64, parts + 1
+    part_starts: np.ndarray  # int64, per part: its first global prompt
     fresh: np.ndarray | None = None
 
     @property
@@ -247,7 +279,7 @@ class SharePlan:
         arrays = (s.lengths_array, s.group_array, s.sample_ids, s.mb_offsets,
                   s.step_microbatches, s.step_groups, s.dropped_array, self.mask_sums,
                   self.advantages, self.part_offsets, self.part_response_offsets,
-                  *(() if self.fresh is None else (self.fresh,)))
+                  self.part_starts, *(() if self.fresh is None else (self.fresh,)))
         return sum(a.nbytes for a in arrays)
 
 
@@ -269,7 +301,8 @@ def plan_shares(meta: BatchMeta, layout: Any, policy: Any, flops: Any = None, *,
     plan = SharePlan(schedule=schedule, mask_sums=meta.mask_sums,
                      advantages=advantages.astype(np.float32),
                      part_offsets=offsets_from_lengths(meta.part_sizes),
-                     part_response_offsets=offsets_from_lengths(meta.part_response_tokens))
+                     part_response_offsets=offsets_from_lengths(meta.part_response_tokens),
+                     part_starts=meta.part_starts)
     return attrs.evolve(meta, advantages=advantages), plan
 
 
@@ -352,20 +385,41 @@ def share_of_batch(batch: RolloutBatch, ids: np.ndarray) -> RankShare:
                         advantages=batch.advantages[ids].astype(np.float32))
 
 
-def share_piece(part: RolloutBatch, part_index: int, plan: SharePlan, dp_rank: int
-                ) -> RankShare:
-    """The samples of part ``part_index`` that DP rank ``dp_rank`` trains, in its order."""
-    lo, hi = (int(x) for x in plan.part_offsets[part_index:part_index + 2])
-    if part.num_samples != hi - lo:
+def share_piece(part: RolloutBatch, plan: SharePlan, dp_rank: int, *,
+                starts: Int64[np.ndarray, " k"]) -> RankShare:
+    """The samples of a holder's ``part`` that DP rank ``dp_rank`` trains, in its order.
+
+    ``starts``: the first global prompt of each chunk the part holds, in the part's order
+    (claim order; one entry for a contiguous block or a whole batch). The plan's per-chunk
+    offsets (global prompt order) locate each chunk's samples globally; the part holds them
+    back to back. Example: a part holding the chunks at prompts 0 and 8, of 2 and 3 samples,
+    which the plan puts at global samples 0-1 and 4-6: global sample 5 is the part's row 3.
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    chunks = np.searchsorted(plan.part_starts, starts)
+    if (chunks >= len(plan.part_starts)).any() \
+            or not np.array_equal(plan.part_starts[np.minimum(chunks, len(plan.part_starts) - 1)],
+                                  starts):
+        raise field_error(RolloutBatchError, "starts", starts.tolist(),
+                          "name chunks the plan does not hold",
+                          "cut pieces with the starts of the metadata the plan merged")
+    sizes = plan.part_offsets[chunks + 1] - plan.part_offsets[chunks]
+    if part.num_samples != int(sizes.sum()):
         raise field_error(RolloutBatchError, "part", part.num_samples,
-                          f"samples, but the plan gives part {part_index} {hi - lo}",
+                          f"samples, but the plan gives its chunks {int(sizes.sum())}",
                           "cut pieces from the part whose metadata the plan merged")
+    first_row = offsets_from_lengths(sizes)[:-1]
+    slot = np.full(len(plan.part_starts), -1, dtype=np.int64)
+    slot[chunks] = np.arange(len(chunks))
     ids = plan.schedule.rank_sample_ids(dp_rank)
-    mine = ids[(ids >= lo) & (ids < hi)]
-    local = mine - lo
-    start = int(plan.part_response_offsets[part_index])
-    return take_samples(part, local, sample_ids=mine,
-                        response_starts=start + part.response_offsets[local],
+    chunk_of = np.searchsorted(plan.part_offsets, ids, side="right") - 1
+    held = slot[chunk_of]
+    keep = held >= 0
+    mine, held, chunk_of = ids[keep], held[keep], chunk_of[keep]
+    local = first_row[held] + (mine - plan.part_offsets[chunk_of])
+    starts_resp = (plan.part_response_offsets[chunk_of] + part.response_offsets[local]
+                   - part.response_offsets[first_row[held]])
+    return take_samples(part, local, sample_ids=mine, response_starts=starts_resp,
                         advantages=plan.advantages[mine])
 
 
@@ -413,42 +467,16 @@ def _concat(pieces: Sequence[RankShare]) -> RankShare:
                      lengths=lengths, response_lengths=response_lengths, tokens=cat("tokens"),
                      token_offsets=offsets_from_lengths(lengths), loss_masks=cat("loss_masks"),
                      response_offsets=offsets_from_lengths(response_lengths),
-                     rollout_log_probs=_optional_cat([p.rollout_log_probs for p in pieces]),
-                     advantages=cat("advantages"), rollout_routed_experts=_routes(pieces))
+                     rollout_log_probs=optional_cat([p.rollout_log_probs for p in pieces]),
+                     advantages=cat("advantages"), rollout_routed_experts=routes_of(pieces))
 
 
-def _optional_cat(columns: Sequence[np.ndarray | None]) -> np.ndarray | None:
+def optional_cat(columns: Sequence[np.ndarray | None]) -> np.ndarray | None:
     """An optional column of several parts, concatenated: None unless every part has it."""
     present = [c for c in columns if c is not None]
     return np.concatenate(present) if present and len(present) == len(columns) else None
 
 
-def _routes(parts: Sequence[Any]) -> np.ndarray | None:
+def routes_of(parts: Sequence[Any]) -> np.ndarray | None:
     """The parts' routed experts concatenated (None unless every part has them)."""
-    return _optional_cat([p.rollout_routed_experts for p in parts])
-
-
-def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta) -> RolloutBatch:
-    """The whole ``RolloutBatch`` of the parts (holder order) with the merged, planned
-    ``meta``'s ids and advantages: for inspection (``RolloutEvent.gather_batch``) and dumps,
-    never on the training path. Validated by the batch's own checks."""
-    if meta.advantages is None:
-        raise field_error(RolloutBatchError, "meta.advantages", None, "are not planned",
-                          "pass the metadata plan_shares returned")
-
-    def cat(name: str) -> np.ndarray:
-        return np.concatenate([getattr(p, name) for p in parts])
-
-    lengths, response_lengths = cat("lengths"), cat("response_lengths")
-    return RolloutBatch(
-        tokens=cat("tokens"), token_offsets=offsets_from_lengths(lengths), lengths=lengths,
-        response_lengths=response_lengths, loss_masks=cat("loss_masks"),
-        response_offsets=offsets_from_lengths(response_lengths),
-        rollout_log_probs=_optional_cat([p.rollout_log_probs for p in parts]),
-        group_ids=meta.group_ids.astype(np.int64), group_id_values=meta.group_id_values,
-        prompt_groups=meta.prompt_groups.astype(np.int64),
-        prompt_group_values=meta.prompt_group_values, group_mask_sums=cat("group_mask_sums"),
-        rewards=cat("rewards"), advantages=meta.advantages, statuses=cat("statuses"),
-        removed=cat("removed"), sample_indices=cat("sample_indices"),
-        weight_version_min=cat("weight_version_min"),
-        weight_version_max=cat("weight_version_max"), rollout_routed_experts=_routes(parts))
+    return optional_cat([p.rollout_routed_experts for p in parts])

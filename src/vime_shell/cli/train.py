@@ -14,8 +14,8 @@ and a flag vime does not support prints its line from ``vime_shell.loop.slime_fl
 
 Multi-process: ``torchrun --nproc-per-node 2 -m vime_shell.cli train
 --tensor-model-parallel-size 2``; multi-node adds torchrun's ``--nnodes``, ``--node-rank`` and
-``--rdzv-endpoint``. Every rank with an engine generates its share of the prompts (see
-``--rollout-num-gpus``), rank 0 writes the files, every rank trains.
+``--rdzv-endpoint``. Every rank with an engine generates the prompt chunks its engine claims
+from the work queue (see ``--rollout-num-gpus``), rank 0 writes the files, every rank trains.
 
 Example: ``vime train --num-rollout 50 --lr 3e-4 --run-dir runs/r1 --save ck --save-hf hf_out``.
 """

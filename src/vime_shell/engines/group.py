@@ -10,13 +10,26 @@ of the group after the trainer has created the process group. With the layout of
   consecutive ranks, and every call is in-process, so weights sync in memory. A single process
   (CPU, one GPU) keeps vLLM's plain in-process ``LLM``. The HF engine is the CPU / CI path.
   An engine's seed is ``seed + e`` (equal on its TP ranks, as vLLM needs);
-- **run_shares(produce, P)**: engine ``e`` calls ``produce(share)`` for its contiguous block of the
-  ``P`` prompts (a prompt's ``n`` samples stay on one engine); the engines' leaders gather their
-  outputs on rank 0 over a gloo group of leaders only (non-leaders hold copies and send nothing),
-  merged in prompt order by ``vime_pure.data.shards.merge_rollout_shares``. Request seeds derive
-  from global prompt indices (``RolloutContext.prompt_offset``), so the merged output does not
-  depend on the number of engines. A failure is raised on the failing ranks and, naming every
-  failed engine, on rank 0;
+- **prompts, by work queue** (:mod:`vime_shell.engines.work_queue`): engines claim chunks of
+  ``queue_chunk_size(P, E, per_engine=k)`` whole prompts (``k = chunks_per_engine``: 4 for
+  the HF engine on CPU, 1 for vLLM and on CUDA, where every extra call adds a response-length
+  tail), one atomic add on the job's store per claim, until the round's ``P`` prompts are
+  exhausted; engine ``e`` calls ``produce(chunk)`` for each chunk it claims (a prompt's ``n``
+  samples stay on one engine), so with ``k > 1`` a slow engine generates fewer prompts and a
+  fast one more (with ``k = 1`` only an engine that starts late loses its block). Its TP
+  peers generate the
+  leader's chunks (the leader publishes each claim in the store). Request seeds and group ids
+  derive from global prompt indices (``RolloutContext.prompt_offset``), and chunks are merged
+  at their first prompt, so the batch depends neither on the engine count nor on who claimed
+  what. ``queue=False`` (``--partial-rollout``: each engine's buffer resumes its own groups
+  once per round) gives each engine its contiguous block instead (``prompt_shares``);
+- **run_local(produce, P)**: the leader keeps its chunks (the sharded path: they become its
+  part, ``vime_pure.data.held_parts.claimed_part``); **run_shares(produce, P)**: the leaders gather
+  their chunks on rank 0 over a gloo group of leaders only (non-leaders hold copies and send
+  nothing), merged in prompt order (``in_prompt_order``, ``merge_rollout_shares``); what
+  dynamic sampling and evaluation use. A failure is raised on the failing ranks (after
+  pushing the queue's counter past the end, so no engine keeps claiming and no TP peer waits
+  for a claim) and, naming every failed engine, on rank 0 (``run_local``: by the exchange);
 - **sync_weights(named, version=)**: the trainer's HF-named export, streamed in buckets of
   ``update_weight_buffer_size`` bytes into the local engine; ranks without an engine drain it
   (the export is collective). No file is written. The engine's ``weight_version`` is set;
@@ -27,11 +40,13 @@ Example (2 ranks, HF engine, 16 prompts)::
 
     layout = resolve_engine_layout(world_size=2)              # 2 engines of 1 rank
     group = EngineGroup.build(hf_dir, layout, EngineOptions(engine="hf"))
-    out = group.run_shares(lambda share: rollout_fn(share_context(ctx, share)), 16)
-    # rank 0: 16 per-prompt lists (engine 0 made prompts 0-7, engine 1 prompts 8-15); else None
+    out = group.run_shares(lambda chunk: rollout_fn(share_context(ctx, chunk)), 16)
+    # chunks of 2 prompts; e.g. engine 0 claimed prompts 0-1, 4-9, 12-15, engine 1 (slower)
+    # 2-3 and 10-11; rank 0: the 16 per-prompt lists in prompt order; None elsewhere
     group.sync_weights(trainer.export_hf())
 """
 
+import logging
 import os
 import traceback
 from collections.abc import Callable, Iterable
@@ -44,6 +59,7 @@ import torch
 import torch.distributed as dist
 
 from vime_pure.data.shards import merge_rollout_shares
+from vime_pure.data.work_queue import chunks_per_engine, in_prompt_order
 from vime_pure.errors import VimeError
 from vime_shell.engines import select_engine
 from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
@@ -53,6 +69,11 @@ from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        check_gpu_memory_utilization, check_rollout_dtype)
 from vime_shell.engines.sync import (SLEEP_LEVEL, Residency, SyncReport, only_served_experts,
                                      served_experts, stream_weights)
+from vime_shell.engines.work_queue import (KEPT_ROUNDS, PromptQueue, forget_round, job_store,
+                                           new_group_prefix)
+
+
+log = logging.getLogger("vime.train")  # the run's log (loop.logs formats it)
 
 
 class EngineGroupError(VimeError):
@@ -150,6 +171,9 @@ class EngineGroup:
         self.layout, self.rank, self.engine, self.options = layout, rank, engine, options
         self.residency = Residency(engine, enabled=options.colocate, level=options.sleep_level)
         self._leaders = leaders_group
+        self._prefix = new_group_prefix()  # the work queue's keys (built on every rank alike)
+        self._rounds = 0  # generation rounds so far (every rank counts every round)
+        self._queued: dict[int, int] = {}  # queued round -> claims this rank's engine made
 
     @classmethod
     def build(cls, hf_dir: str | Path, layout: EngineLayout, options: EngineOptions, *,
@@ -182,22 +206,31 @@ class EngineGroup:
     def is_leader(self) -> bool:
         return self.layout.is_leader(self.rank)
 
+    @property
+    def chunks_per_engine(self) -> int:
+        """Work-queue claims per engine and round (``vime_pure.data.work_queue``): 4 for the
+        HF engine on CPU (a call's time grows with its tokens), 1 for vLLM and on CUDA (a
+        call lasts as long as its longest response: more calls, more tails)."""
+        return chunks_per_engine(tail_bound=self.options.engine != "hf"
+                                 or torch.cuda.is_available())
+
     def prompt_share(self, num_prompts: int) -> range:
         """The global prompt indices this rank's engine generates (empty without engine)."""
         return self.layout.prompt_share(self.rank, num_prompts)
 
     # -- generation ----------------------------------------------------------------------------
-    def run_shares(self, produce: Callable[[range], list], num_prompts: int) -> list | None:
-        """Collective: ``produce(share)`` on every engine, outputs merged on rank 0 (module
-        docstring). Returns the merged output on rank 0, None elsewhere."""
+    def run_shares(self, produce: Callable[[range], list], num_prompts: int, *,
+                   queue: bool = True) -> list | None:
+        """Collective: every engine generates the chunks it claims (``produce(chunk)``, module
+        docstring; ``queue=False``: its contiguous block), the leaders' chunks merged in
+        prompt order on rank 0. Returns the merged output on rank 0, None elsewhere."""
         payload: tuple[str, Any] | None = None
         error: BaseException | None = None
+        round_ = self._next_round()
         if self.engine is not None:
             try:
-                self.residency.wake_for_generation()
-                out = produce(self.prompt_share(num_prompts))
-                payload = ("ok", out if self.is_leader else None)
-                self.residency.sleep()  # the trainer runs next: hand it the memory
+                chunks = self._generate(produce, num_prompts, queue, round_)
+                payload = ("ok", chunks if self.is_leader else None)
             except Exception as exc:  # re-raised below, once the leaders have heard of it
                 error = exc
                 payload = ("error", "".join(traceback.format_exception_only(exc)).strip())
@@ -212,20 +245,61 @@ class EngineGroup:
             raise EngineGroupError("rollout generation failed on " + "; ".join(failed)
                                    + ". Fix: see that rank's own error line (its traceback "
                                    "with --log-level debug).")
-        return merge_rollout_shares([p[1] for p in parts])
+        return merge_rollout_shares(in_prompt_order([c for p in parts for c in p[1]]))
 
-    def run_local(self, produce: Callable[[range], list], num_prompts: int) -> list | None:
-        """``produce(share)`` on this rank's engine, kept here: the leader's output on a
+    def run_local(self, produce: Callable[[range], list], num_prompts: int, *,
+                  queue: bool = True) -> list[tuple[int, list]] | None:
+        """``produce(chunk)`` for every chunk this rank's engine claims (``queue=False``: its
+        contiguous block), kept here: ``[(first prompt, output), ...]`` in claim order on a
         leader, None on its TP peers and on ranks without an engine (the sharded path: the
-        leader converts its output to its part, ``vime_pure.data.shares``, and nothing is
-        gathered). A failure is raised on the failing ranks; the caller reports it to every
-        rank (``ShareExchange.distribute``)."""
+        leader converts its chunks to its part, ``vime_pure.data.held_parts.claimed_part``, and
+        nothing is gathered). A failure is raised on the failing ranks (after stopping the
+        queue); the caller reports it to every rank (``ShareExchange.distribute``)."""
+        round_ = self._next_round()
         if self.engine is None:
             return None
+        chunks = self._generate(produce, num_prompts, queue, round_)
+        return chunks if self.is_leader else None
+
+    def _next_round(self) -> int:
+        """The next round's number; forgets the store keys of the round ``KEPT_ROUNDS`` back."""
+        round_, self._rounds = self._rounds, self._rounds + 1
+        old = round_ - KEPT_ROUNDS
+        if old in self._queued:
+            forget_round(job_store(), f"{self._prefix}/{old}", engine=self.engine_index,
+                         leader=self.is_leader and self.layout.gpus_per_engine > 1,
+                         first_rank=self.rank == 0, published=self._queued.pop(old))
+        return round_
+
+    def _generate(self, produce: Callable[[range], list], num_prompts: int, queue: bool,
+                  round_: int) -> list[tuple[int, list]]:
+        """This rank's chunks ``(first prompt, output)``; a failure stops the queue first."""
         self.residency.wake_for_generation()
-        out = produce(self.prompt_share(num_prompts))
+        claims: Any = [self.prompt_share(num_prompts)]
+        if queue and self.layout.num_engines > 1:
+            claims = PromptQueue(job_store(), f"{self._prefix}/{round_}",
+                                 engine=self.engine_index, leader=self.is_leader,
+                                 peers=self.layout.gpus_per_engine > 1, num_prompts=num_prompts,
+                                 num_engines=self.layout.num_engines,
+                                 timeout_s=self.options.gather_timeout_s,
+                                 per_engine=self.chunks_per_engine)
+        out: list[tuple[int, list]] = []
+        try:
+            for share in claims:
+                out.append((share.start, produce(share)))
+        except BaseException as exc:
+            if isinstance(claims, PromptQueue):
+                try:
+                    claims.abort()
+                except Exception as store_error:  # noqa: BLE001 - the engine's error matters
+                    log.warning("engine %s: could not stop the work queue (%s) after: %s",
+                                self.engine_index, store_error, exc)
+            raise
+        finally:
+            if isinstance(claims, PromptQueue):
+                self._queued[round_] = claims.claimed
         self.residency.sleep()  # the trainer runs next: hand it the memory
-        return out if self.is_leader else None
+        return out
 
     def engine_name(self, rank: int) -> str:
         """How errors name the engine ``rank`` leads. Example: ``"engine 1 (rank 1)"``."""

@@ -21,7 +21,9 @@ Precision: ``--rollout-dtype`` defaults to the trainer's dtype (bf16 on CUDA, fp
 engine-trainer log-prob gap tolerance follows it (:func:`logprob_gap_tolerance`).
 
 Example: ``resolve_engine_layout(world_size=8, rollout_num_gpus_per_engine=2, engine="vllm")``
-gives 4 engines; engine 1 is ranks 2-3, led by rank 2; with 10 prompts it generates prompts 3-5.
+gives 4 engines; engine 1 is ranks 2-3, led by rank 2; its contiguous block of 10 prompts is
+prompts 3-5 (``prompt_share``: used under ``--partial-rollout``; otherwise engines claim chunks
+from the work queue, :mod:`vime_shell.engines.work_queue`).
 """
 
 import attrs

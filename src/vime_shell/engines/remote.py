@@ -46,7 +46,9 @@ class BridgeError(VimeError):
     """A trainer or engine rank on the other side of the bridge failed or went away."""
 
 
-def _peer(rank: int) -> str:
+def _peer(rank: int | None) -> str:
+    if rank is None:  # a broadcast to several engine ranks: gloo does not say which one
+        return "an engine rank"
     return "trainer rank 0" if rank == 0 else f"engine rank {rank - 1} (bridge rank {rank})"
 
 
@@ -56,6 +58,7 @@ class Bridge:
     def __init__(self, rank: int, size: int, control: Any, weights: Any, device: torch.device):
         self.rank, self.size = rank, size
         self.control, self.weights, self.device = control, weights, device
+        self.engines = 1 if size == 2 else None  # who a failed broadcast names (_peer)
 
     def _wait(self, work: Any, what: str, peer: int) -> None:
         try:
@@ -79,9 +82,9 @@ class Bridge:
         if self.rank == 0:
             data = pickle.dumps(obj)
             size[0] = len(data)
-            self._wait(self.control.broadcast(size, 0), "sending a command", 1)
+            self._wait(self.control.broadcast(size, 0), "sending a command", self.engines)
             payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            self._wait(self.control.broadcast(payload, 0), "sending a command", 1)
+            self._wait(self.control.broadcast(payload, 0), "sending a command", self.engines)
             return obj
         self._wait(work, "waiting for a command", 0)
         payload = torch.empty(int(size[0]), dtype=torch.uint8)
@@ -116,7 +119,7 @@ class Bridge:
             for (_, t), offset in zip(bucket, offsets):
                 raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
                 flat[offset:offset + raw.numel()].copy_(raw)
-            self._wait(self.weights.broadcast(flat, 0), "sending weights", 1)
+            self._wait(self.weights.broadcast(flat, 0), "sending weights", self.engines)
 
         report = stream_weights(named, cap_bytes, load)
         self.command(None)  # end of the weights

@@ -13,8 +13,9 @@ engine rank over a separate *bridge* group: ``bridge rank 0`` = trainer rank 0, 
 
 Rules (each a :class:`RankRolesError` naming the flag and the fix): ``1 <= N < W``;
 ``--colocate`` is not on with an asynchronous mode; ``--train-async`` and ``--fully-async``
-exclude each other; the fully-async pool runs on one engine rank (``N == 1``; more engine
-ranks per pool are not built yet).
+exclude each other. With ``--fully-async`` every engine rank runs a pool of its own over its
+slice of each prompt block (:mod:`vime_pure.pool_ranks`, :mod:`vime_shell.loop.fully_async`),
+so an engine must fit on one rank (``--rollout-num-gpus-per-engine 1``, a launch check).
 
 Example: ``resolve_rank_roles(world_size=4, rollout_num_gpus=1, colocate=False,
 mode="sync")`` gives 3 trainer ranks (0-2) and engine rank 3 (bridge rank 1).
@@ -83,10 +84,5 @@ def resolve_rank_roles(*, world_size: int, rollout_num_gpus: int | None,
                            if world_size > 1 else "launch 2 processes or more (torchrun "
                            "--nproc-per-node 2 -m vime_shell.cli train ...) with "
                            "--rollout-num-gpus 1"))
-    if mode == "fully_async" and rollout_num_gpus != 1:
-        raise field_error(RankRolesError, "--rollout-num-gpus", rollout_num_gpus,
-                          "must be 1 with --fully-async (one engine rank runs the pool; a pool "
-                          "over several engine ranks is not built yet)",
-                          "pass --rollout-num-gpus 1, or use --train-async")
     return RankRoles(world_size=world_size, num_trainers=world_size - rollout_num_gpus,
                      mode=mode)

@@ -5,14 +5,16 @@ the trainer's world (host memory only: on CUDA the default group is NCCL, and a 
 never belong in GPU memory). Per rollout (``ShareExchange.distribute``):
 
 1. **gather**: every holder (an engine leader, or rank 0 for a replay or a filtered batch)
-   sends its part's ``BatchMeta`` (~46 bytes per sample, numpy, no ``Sample``) or its error to
-   rank 0; other ranks send ``None``;
-2. **plan**: rank 0 merges the metadata and calls the caller's ``plan_fn`` (advantages,
+   sends the ``BatchMeta`` of each work-queue chunk its part holds (~46 bytes per sample plus
+   ~0.5 KB per chunk, numpy, no ``Sample``) or its error to rank 0; other ranks send ``None``;
+2. **plan**: rank 0 merges the metadata in global prompt order (``merge_meta``: the batch
+   does not depend on which engine claimed which chunk) and calls the caller's ``plan_fn`` (advantages,
    checks, the ``Schedule``: the core's functions), and broadcasts the ``SharePlan`` (flat
    arrays, ~33 bytes per sample) with the caller's extra result, or the failure, so every rank
    leaves together (no rank waits on a rank that raised);
 3. **all-to-all**: each holder cuts from its part the samples every rank trains
-   (``share_piece``) and one ``all_to_all_single`` moves them: each rank receives exactly its
+   (``share_piece``: the plan's per-chunk offsets and the first prompts of the holder's own
+   chunks are the owner map) and one ``all_to_all_single`` moves them: each rank receives exactly its
    DP rank's samples. Ranks sharing a DP index (TP / CP / PP peers) each receive the share
    directly from the holders: one collective, every receiver's bytes equal its share, at the
    price of holders sending a DP group's share ``tp*cp*pp`` times (a fan-out inside the DP
@@ -28,7 +30,7 @@ part to rank 0, rank 0 broadcasts the plan, and rank 1 receives only the samples
 
 import pickle
 from datetime import timedelta
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -122,7 +124,8 @@ class ShareExchange:
         self.dp_of = [int(d) for d in dps]  # DP index of every rank
         self.stats = ExchangeStats()
 
-    def distribute(self, part: RolloutBatch | None, meta: BatchMeta | None,
+    def distribute(self, part: RolloutBatch | None,
+                   meta: BatchMeta | Sequence[BatchMeta] | None,
                    plan_fn: Callable[[BatchMeta | None], tuple[SharePlan | None, Any]], *,
                    what: str, error: BaseException | None = None,
                    failure: type[VimeError] = ShareExchangeError,
@@ -130,7 +133,8 @@ class ShareExchange:
                    ) -> tuple[SharePlan | None, RankShare | None, Any]:
         """Collective: ``(plan, this rank's share, extra)`` on every rank (module docstring).
 
-        ``part`` / ``meta``: this rank's part and its metadata (None on non-holders);
+        ``part`` / ``meta``: this rank's part and its chunks' metadata, in the part's order
+        (one ``BatchMeta`` for a single chunk; None or empty on non-holders);
         ``error``: this rank's own failure in producing them (reported, then re-raised here);
         ``plan_fn(merged)`` runs on rank 0 and returns ``(plan or None, extra)``: a None plan
         (nothing to train, e.g. every prompt filtered) returns ``(None, None, extra)``
@@ -138,8 +142,9 @@ class ShareExchange:
         rank 0 a ``failure`` naming each failed holder (``name_of(rank)``), the others
         ``RankFailure`` naming ``what``; nobody waits for a rank that raised."""
         self.stats = ExchangeStats()
+        metas = (meta,) if isinstance(meta, BatchMeta) else tuple(meta or ())
         mine = (("error", f"{type(error).__name__}: {error}") if error is not None
-                else None if meta is None else ("ok", meta))
+                else ("ok", metas) if metas else None)
         gathered = self._gather(mine)
         box = [None]
         if self.rank == 0:
@@ -150,10 +155,11 @@ class ShareExchange:
             raise error
         if kind != "ok":
             raise RankFailure(f"{what} failed on rank 0: {payload}")
-        plan, holders, extra = payload
+        plan, extra = payload
         if plan is None:
             return None, None, extra
-        share = self._all_to_all(part, holders, plan)
+        starts = np.concatenate([m.part_starts for m in metas]) if metas else None
+        share = self._all_to_all(part, starts, plan)
         return plan, share, extra
 
     # -- phases ----------------------------------------------------------------------------
@@ -169,7 +175,7 @@ class ShareExchange:
         return out
 
     def _plan(self, gathered: list, plan_fn, own_error, failure, name_of) -> tuple:
-        """Rank 0: ``("ok", (plan, holder ranks, extra))`` or ``("error", exception)``."""
+        """Rank 0: ``("ok", (plan, extra))`` or ``("error", exception)``."""
         failed = [f"{name_of(r)}: {g[1]}" for r, g in enumerate(gathered)
                   if g is not None and g[0] != "ok"]
         if failed:
@@ -178,11 +184,12 @@ class ShareExchange:
                 "rank's own error line (its traceback with --log-level debug).")
         holders = [r for r, g in enumerate(gathered) if g is not None]
         try:
-            merged = merge_meta([gathered[r][1] for r in holders]) if holders else None
+            merged = (merge_meta([m for r in holders for m in gathered[r][1]]) if holders
+                      else None)
             plan, extra = plan_fn(merged)
         except Exception as exc:  # noqa: BLE001 - every rank hears of it below
             return "error", exc
-        return "ok", (plan, holders, extra)
+        return "ok", (plan, extra)
 
     def _broadcast(self, box: list) -> list:
         """Rank 0's verdict to every rank; rank 0 raises its own failure after sending it."""
@@ -198,13 +205,13 @@ class ShareExchange:
             self.stats.plan_bytes = 0 if box[0][1][0] is None else box[0][1][0].nbytes
         return box
 
-    def _all_to_all(self, part: RolloutBatch | None, holders: list[int],
+    def _all_to_all(self, part: RolloutBatch | None, starts: np.ndarray | None,
                     plan: SharePlan) -> RankShare:
         """Every holder's pieces to every rank; this rank's share."""
         pieces_out: list[np.ndarray] = []
         if part is not None:
-            p = holders.index(self.rank)
-            by_dp = {dp: pack_piece(share_piece(part, p, plan, dp)) for dp in set(self.dp_of)}
+            by_dp = {dp: pack_piece(share_piece(part, plan, dp, starts=starts))
+                     for dp in set(self.dp_of)}
             pieces_out = [by_dp[self.dp_of[d]] for d in range(self.world)]
         if self.world == 1:
             received = pieces_out

@@ -1,6 +1,16 @@
-"""``--fully-async``: a persistent generation pool on the engine rank (one rank, 1 engine).
+"""``--fully-async``: a persistent generation pool on every engine rank (one engine each).
 
-The pool keeps ``B = --rollout-batch-size`` prompt groups in flight, each one a task on a
+Several engine ranks (``--rollout-num-gpus N``): one pool per rank, each over a static,
+contiguous slice of every prompt block (``vime_pure.pool_ranks.pool_share``; ``B = 4, N = 2``:
+prompts 0-1 and 2-3). Static because a group's seeds and ids come from its place in the block
+and the prompt source is the same on every rank: no rank asks another for work, the batches
+do not depend on ``N``, and a resume point is exact without any exchange between the pools
+(a shared queue would need a coordinator on the trainer's side of the bridge, and the
+pools would race for prompts). The cost: a slow rank's slice is not taken over by a fast
+one. Below, ``B`` is this pool's part (``len(share)``); every trainer command reaches every
+pool, each answers its part and trainer rank 0 joins them (:mod:`vime_shell.loop.pool_parts`).
+
+The pool keeps ``B`` prompt groups of its slice in flight, each one a task on a
 thread that runs the rollout function on its prompt alone. The engine is shared through its
 per-request front (:class:`FrontEngine`: the requests of all groups in flight are batched at
 each forward, while rewards, tool calls or sleeps of other groups overlap), or under a lock
@@ -15,7 +25,9 @@ batches are the synchronous loop's. Weights arrive as a ``("weights", v)`` comma
 between two engine calls (in-flight groups continue on the new weights; their version stays
 the one they started with, so staleness is never under-counted). An ``("evaluate", k)``
 command (``--eval-interval``) runs the eval sets the same way, between two engine calls, on
-the weights synced last.
+the weights synced last; it is collective over the engine ranks (each engine takes its share
+of the eval prompts) and engine rank 0 answers. After a sync every pool generates the probe on
+its own weights (group ids apart), so the trainer checks every engine rank's sync.
 
 Per-sample rollouts (``--custom-generate-function-path``): a group's executions run on the
 front's event loop (``FrontEngine.run`` as the round's ``PerSample.runner``), beside every
@@ -23,17 +35,22 @@ other group's, through one shared front (:class:`GroupsFront`), so their request
 same forwards; the group's rewards are computed on its own thread. The probe and evaluation
 run the same function the same way.
 
-Prompts and seeds: the pool draws prompts in blocks of ``B`` exactly as the synchronous loop
-draws rollout ``r``'s (``PromptSource.take(B)``), and the ``i``-th prompt of block ``r`` is
-generated as prompt ``i`` of rollout ``r`` there (its seeds and group ids), so a group's samples
-do not depend on the mode; a batch lists its groups in draw order. Every group is counted (:class:`~vime_pure.async_pool.PoolCounts`):
-``started = trained + recycled + filtered + pending``. Dynamic sampling filters per group.
+Prompts and seeds: the pool draws prompts in whole blocks of ``--rollout-batch-size``
+exactly as the synchronous loop draws rollout ``r``'s (``PromptSource.take``), and the
+``i``-th prompt of block ``r`` is generated as prompt ``i`` of rollout ``r`` there (its seeds
+and group ids), so a group's samples do not depend on the mode; a batch lists its groups in
+draw order (trainer rank 0 sorts the parts, ``vime_pure.pool_ranks.merge_order``). Every
+group is counted (:class:`~vime_pure.async_pool.PoolCounts`, summed over the pools):
+``started = trained + recycled + filtered + pending``. Dynamic sampling filters per group
+(over several engine ranks a pool that filters more draws blocks faster: the blocks are the
+same on every rank, the other slices of a block wait for their own pools).
 
-Resuming (``--load``): every batch carries the pool's resume point (:meth:`GroupPool.
-resume_state`: the oldest block with an unfinished group, the prompt source's position before
-it, and which of its and later groups are done), saved in the checkpoint's data state; a
-resumed pool redraws from there and skips the done groups, so in-flight groups are generated
-again (same seeds) and no group trains twice.
+Resuming (``--load``): every part carries the pool's resume point (:meth:`GroupPool.
+resume_state`: the oldest block with an unfinished group of its slice, the prompt source's
+position before it, and which of its and later groups are done); trainer rank 0 merges the
+pools' points into one exact point (``vime_pure.pool_ranks.merge_resume_states``), saved in
+the checkpoint's data state; every resumed pool redraws from there and skips the done groups,
+so in-flight groups are generated again (same seeds) and no group trains twice.
 """
 
 import asyncio
@@ -46,11 +63,11 @@ from typing import Any
 import attrs
 
 from vime_pure.async_pool import PoolCounts, admits, drain
-from vime_pure.data.batch import RolloutBatch
+from vime_pure.pool_ranks import pool_share
 from vime_shell.engines.async_engine import FRONTS, async_front
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.probe import generate_probe
-from vime_shell.loop.rollouts import RolloutProducer, prompt_samples, sample_annotations
+from vime_shell.loop.rollouts import RolloutProducer, prompt_samples
 from vime_shell.rollout.functions import rollout_sampling_seed, share_context
 from vime_shell.rollout.plugins import call_plugin
 
@@ -169,9 +186,14 @@ def shared_engine(engine: Any, max_concurrency: int,
 class GroupPool:
     """The engine rank's pool and command loop (module docstring)."""
 
-    def __init__(self, cfg: TrainConfig, producer: RolloutProducer, bridge: Any):
+    def __init__(self, cfg: TrainConfig, producer: RolloutProducer, bridge: Any,
+                 num_pools: int = 1):
         self.cfg, self.producer, self.bridge = cfg, producer, bridge
-        self.size = cfg.rollout_batch_size
+        self.pool = bridge.rank - 1  # this engine rank's pool among ``num_pools``
+        self.lead = self.pool == 0  # answers evaluations (collective over the engine ranks)
+        self.block = cfg.rollout_batch_size  # prompts per block (one synchronous rollout)
+        self.share = pool_share(self.block, num_pools, self.pool)  # this pool's indices
+        self.size = len(self.share)  # this pool's part of every batch (0 when B < N)
         self.bound = cfg.effective_max_weight_staleness
         self.engine = shared_engine(producer.engines.engine, cfg.sglang_server_concurrency,
                                     decode=producer.tokenizer.decode)
@@ -193,7 +215,7 @@ class GroupPool:
         self.done: set[tuple[int, int]] = set()  # (block, index) trained or filtered
         self.block_starts: dict[int, tuple[int, int]] = {}  # source (offset, draws) per block
         self.first_open = 0  # every block before it is done
-        self.threads = futures.ThreadPoolExecutor(max_workers=self.size,
+        self.threads = futures.ThreadPoolExecutor(max_workers=max(self.size, 1),
                                                   thread_name_prefix="vime-pool")
 
     def run(self) -> None:
@@ -237,8 +259,10 @@ class GroupPool:
                                                            version=command[1]))
             self.version = command[1]
             if command[2]:  # the trainer checks the sync on a probe of these weights
-                try:
-                    self.bridge.send(("probe", generate_probe(self.producer, self.engine)))
+                try:  # every engine rank's sync is checked: probe ids apart per pool
+                    self.bridge.send(("probe", generate_probe(
+                        self.producer, self.engine,
+                        first_group_id=self.pool * self.cfg.n_samples_per_prompt)))
                 except Exception as exc:  # noqa: BLE001 - the trainer waits for this reply
                     self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
                     self.failure = self.failure or exc
@@ -246,11 +270,15 @@ class GroupPool:
             try:
                 # Per-sample rounds run on the front's loop: evaluate from here (no weights
                 # arrive meanwhile, this thread takes them); batched ones between two calls.
+                # Collective over the engine ranks (each engine takes its share of the
+                # eval prompts); engine rank 0 answers, as the synchronous server does.
                 metrics = (self.producer.evaluate(command[1]) if self.per_sample else
                            self.engine.between_calls(lambda: self.producer.evaluate(command[1])))
-                self.bridge.send(("eval", metrics))
+                if self.lead:
+                    self.bridge.send(("eval", metrics))
             except Exception as exc:  # noqa: BLE001 - the trainer waits for this reply
-                self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
+                if self.lead:
+                    self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
                 self.failure = self.failure or exc
         elif command[0] == "batch":
             self.demand = command[1]
@@ -266,7 +294,7 @@ class GroupPool:
         blocks that are done. A resumed pool regenerates the rest, never a done group.
         Example: ``{"block": 3, "offset": 48, "draws": 3, "done": [[3, 0], [4, 2]]}``."""
         while self.first_open < self.blocks and all(
-                (self.first_open, i) in self.done for i in range(self.size)):
+                (self.first_open, i) in self.done for i in self.share):
             self.block_starts.pop(self.first_open, None)
             self.done = {d for d in self.done if d[0] > self.first_open}
             self.first_open += 1
@@ -289,14 +317,14 @@ class GroupPool:
         while not self.queue:
             source = self.producer.source
             self.block_starts[self.blocks] = (source.offset, source.draws)
-            prompts = source.take(self.size)
+            prompts = source.take(self.block)  # the whole block, as every engine rank does
             self.queue.extend(Draw(block=self.blocks, index=i, prompts=prompts)
-                              for i in range(self.size) if (self.blocks, i) not in self.done)
+                              for i in self.share if (self.blocks, i) not in self.done)
             self.blocks += 1
         return self.queue.popleft()
 
     def _admit(self) -> None:
-        while self.start is not None and admits(
+        while self.start is not None and self.size and admits(
                 batches_sent=self.sent, start_version=self.start, engine_version=self.version,
                 queued=len(self.running) + len(self.ready), batch_size=self.size,
                 max_staleness=self.bound):
@@ -337,8 +365,12 @@ class GroupPool:
             self.ready.append((draw, output[0], version))
 
     def _serve(self) -> None:
-        """Hand batch ``demand`` over once ``B`` fresh-enough groups are ready."""
+        """Hand this pool's part of batch ``demand`` over once its ``len(share)`` fresh-enough
+        groups are ready (at once when it owns none); trainer rank 0 joins the parts
+        (:func:`vime_shell.loop.pool_parts.join_pool_parts`)."""
         k = self.demand
+        if not self.size:
+            return self._send_part(k, [])
         split = drain(versions=tuple(v for _, _, v in self.ready), trainer_version=k,
                       max_staleness=self.bound, batch_size=self.size)
         for i in reversed(split.recycle):  # regenerated first, in draw order
@@ -347,24 +379,19 @@ class GroupPool:
         if not split.full:
             self.ready = [self.ready[i] for i in (*split.take, *split.keep)]
             return
-        # In draw order, not completion order: the batch (and its float sums) then does not
-        # depend on which request happened to finish first.
-        taken = sorted((self.ready[i] for i in split.take),
-                       key=lambda item: (item[0].block, item[0].index))
+        taken = [self.ready[i] for i in split.take]
         self.ready = [self.ready[i] for i in split.keep]
         self.counts = self.counts.add(trained=len(taken))
         self.done.update((d.block, d.index) for d, _, _ in taken)
-        batch = RolloutBatch.from_samples([out for _, out, _ in taken],
-                                          normalization=self.producer.normalization)
+        self._send_part(k, taken)
+
+    def _send_part(self, k: int, taken: list[tuple[Draw, list, int]]) -> None:
+        """``("part", k, groups, record, resume point)``: each group as ``((block, index),
+        output, version)``; the record holds this pool's counts."""
         c = self.counts
-        record = {"prompts_generated": len(taken), "prompts_kept": len(taken),
-                  "weight_version": min(v for _, _, v in taken),
-                  "pool_started": c.started, "pool_trained": c.trained,
-                  "pool_recycled": c.recycled, "pool_filtered": c.filtered,
-                  "pool_pending": c.pending}
-        state = self.resume_state()
-        source = {"offset": state.pop("offset"), "draws": state.pop("draws"), "pool": state}
-        self.bridge.send(("batch", k, batch, record, source,
-                          sample_annotations([out for _, out, _ in taken])))
+        record = {"pool_started": c.started, "pool_trained": c.trained,
+                  "pool_recycled": c.recycled, "pool_filtered": c.filtered}
+        groups = [((d.block, d.index), out, v) for d, out, v in taken]
+        self.bridge.send(("part", k, groups, record, self.resume_state()))
         self.sent += 1
         self.demand = None

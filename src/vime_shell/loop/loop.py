@@ -71,7 +71,8 @@ from vime_pure.async_pool import enforce_staleness_bound, weights_sync_due
 from vime_pure.data.batch import RolloutBatch, schedule_for
 from vime_pure.data.microbatch import RankBatch, rank_batch, share_batch, with_log_probs
 from vime_pure.data.rewards import RewardNormalization
-from vime_pure.data.shares import BatchMeta, RankShare, SharePlan, join_parts, plan_shares
+from vime_pure.data.held_parts import held_rows, join_parts
+from vime_pure.data.shares import BatchMeta, RankShare, SharePlan, plan_shares
 from vime_pure.data.vocab import check_token_ids
 from vime_pure.metrics import metric_values
 from vime_pure.scheduling.schedule import Schedule
@@ -207,6 +208,7 @@ class _Loop:
         # Parts stay on their holders; rank 0 plans, each rank receives its share (gloo).
         self.exchange = ShareExchange(self.trainer.dp_rank)
         self._part: RolloutBatch | None = None  # this rank's part of the last rollout
+        self._held: tuple[BatchMeta, ...] = ()  # its chunks' metadata (the part's order)
         self._meta: BatchMeta | None = None  # rank 0: the last rollout's merged metadata
         self.dumps = (DumpWriter(cfg.save_rollout_data)
                       if cfg.save_rollout_data is not None and self.rank == 0 else None)
@@ -223,7 +225,7 @@ class _Loop:
                 check_token_ids(produced.part, self.plan.vocab_size, source=self._source(rid))
         except Exception as exc:  # noqa: BLE001 - reported to every rank by distribute
             error = exc
-        self._part = produced.part
+        self._part, self._held = produced.part, produced.meta
         names = self.engines.engine_name if isinstance(self.engines, EngineGroup) else None
         return self.exchange.distribute(
             produced.part, produced.meta, lambda merged: self._plan(rid, merged, produced),
@@ -300,10 +302,11 @@ class _Loop:
         it."""
         group = self.exchange.group
         parts: list = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, self._part, group=group)
+        dist.all_gather_object(parts, (self._part, self._held), group=group)
         box = [self._meta if self.rank == 0 else None]
         dist.broadcast_object_list(box, src=0, group=group)
-        return join_parts([p for p in parts if p is not None], box[0])
+        held = [(p, m) for p, m in parts if p is not None]
+        return join_parts([p for p, _ in held], box[0], rows=held_rows([m for _, m in held]))
 
     # -- every rank: the training side --------------------------------------------------------
     def sync_weights(self, version: int) -> None:

@@ -24,11 +24,13 @@ def probe_prompt(source: PromptSource):
     return source.task.examples(1, seed=source.seed, rollout_id=_PROBE_ROLLOUT)[0]
 
 
-def generate_probe(producer: RolloutProducer, engine: Any = None) -> list:
-    """One probe group on ``engine`` (this rank's by default), seeded the same every time."""
+def generate_probe(producer: RolloutProducer, engine: Any = None, *,
+                   first_group_id: int = 0) -> list:
+    """One probe group on ``engine`` (this rank's by default), seeded the same every time;
+    ``first_group_id`` keeps the groups of several engine ranks' probes apart."""
     cfg = producer.cfg
     sampling = producer.sampling(cfg.rollout_max_response_len or producer.task.answer_length,
                                  rollout_sampling_seed(producer.seed, _PROBE_ROLLOUT))
     ctx = producer.context(_PROBE_ROLLOUT, (probe_prompt(producer.source),), sampling,
-                           first_group_id=0, engine=engine)
+                           first_group_id=first_group_id, engine=engine)
     return list(producer.rollout_fn(ctx))

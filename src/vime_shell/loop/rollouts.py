@@ -1,6 +1,6 @@
 """The rollout side of the loop: prompts, generation rounds with dynamic sampling, rewards, the
-``RolloutBatch``, and evaluation, over the run's engines (:class:`EngineGroup`: each engine
-generates its share of a round's prompts, rank 0 merges, judges and builds the batch).
+``RolloutBatch``, and evaluation, over the run's engines (:class:`EngineGroup`: engines claim a
+round's prompts in chunks from a work queue; rank 0 merges, judges and builds the batch).
 
 One rollout batch (``produce``): draw ``--over-sampling-batch-size`` prompts (default
 ``--rollout-batch-size``), generate ``--n-samples-per-prompt`` responses each through the
@@ -34,7 +34,8 @@ import torch.distributed as dist
 
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.rollout_output import flatten_rollout_output
-from vime_pure.data.shares import BatchMeta, output_part, part_meta
+from vime_pure.data.held_parts import claimed_part
+from vime_pure.data.shares import BatchMeta, part_meta
 from vime_pure.errors import VimeError
 from vime_shell.engines import SamplingParams
 from vime_shell.engines.async_engine import async_front
@@ -113,13 +114,13 @@ class Produced:
     generation's statistics (rank 0) and the dump annotations (rank 0, whole batch only)."""
 
     part: RolloutBatch | None = None
-    meta: BatchMeta | None = None
+    meta: tuple[BatchMeta, ...] = ()  # one per work-queue chunk the part holds, its order
     stats: GenerationStats | None = None
 
     @classmethod
     def whole(cls, batch: RolloutBatch | None, stats: GenerationStats | None) -> "Produced":
         """Rank 0 holds the whole batch (filtered rounds, a replay, a remote engine's)."""
-        return cls(part=batch, meta=None if batch is None else part_meta(batch, whole=True),
+        return cls(part=batch, meta=() if batch is None else (part_meta(batch, whole=True),),
                    stats=stats)
 
 
@@ -147,7 +148,7 @@ class RolloutProducer:
 
     Built on every rank of a run with engines: the prompt draws and the round count are the
     same everywhere (seeded, and rank 0's filter verdict is broadcast), each engine generates
-    its share of a round, and only rank 0 holds the merged output, the batch and the metrics.
+    the chunks of a round it claims, and only rank 0 holds the merged output, the batch and the metrics.
     """
 
     def __init__(self, cfg: TrainConfig, plan: LaunchPlan, engines: EngineGroup):
@@ -181,6 +182,13 @@ class RolloutProducer:
 
     # -- training batches ---------------------------------------------------------------------
     @property
+    def queue(self) -> bool:
+        """Whether engines claim a round's prompts from the work queue (``EngineGroup``):
+        always, except under ``--partial-rollout``, where each engine's buffer resumes its
+        own unfinished groups once per round, so each engine keeps its contiguous block."""
+        return self.per_sample is None or self.per_sample.buffer is None
+
+    @property
     def sharded(self) -> bool:
         """Whether each engine leader keeps its output as its part (no sample reaches rank
         0). Rank 0 needs the samples themselves only for what judges or records whole prompt
@@ -209,10 +217,9 @@ class RolloutProducer:
         ctx = self.context(rid, prompts, sampling, first_group_id=0,
                            target_groups=cfg.rollout_batch_size)
         with native_torch():  # generation names no CUDA device: skip the CPU device mode
-            output = self.engines.run_local(self._share_runner(rid, ctx), len(prompts))
-        part = meta = None
-        if output:
-            part, meta = output_part(output, normalization=self.normalization)
+            chunks = self.engines.run_local(self._share_runner(rid, ctx), len(prompts),
+                                            queue=self.queue)
+        part, meta = claimed_part(chunks or (), normalization=self.normalization)
         stats = None
         if self.is_rank0:
             stats = GenerationStats(
@@ -390,7 +397,8 @@ class RolloutProducer:
                            target_groups=target_groups)
         try:
             with native_torch():  # generation names no CUDA device: skip the CPU device mode
-                output = self.engines.run_shares(self._share_runner(rid, ctx), len(prompts))
+                output = self.engines.run_shares(self._share_runner(rid, ctx), len(prompts),
+                                                 queue=self.queue or target_groups is None)
         except Exception as exc:  # noqa: BLE001 - handed to rank0_result by the caller
             return None, exc
         return output, None

@@ -23,8 +23,9 @@ the batched rollout function that runs such a function for every execution.
   (embedded model, 16 prompts x 8 executions x 2 turns: 0.00 -> 0.75 in ~250 rollouts).
 
 Sharded over several engines (:mod:`vime_shell.engines.group`) each engine runs the rollout
-function on :func:`share_context`: its block of prompts, with ``prompt_offset`` = the global index
-of its first prompt. The built-in rollouts number requests and group ids from the global prompt
+function on :func:`share_context` of every chunk of prompts it claims from the work queue (or
+its one contiguous block under ``--partial-rollout``), with ``prompt_offset`` = the global index
+of the chunk's first prompt. The built-in rollouts number requests and group ids from the global prompt
 index (group id ``first_group_id + r`` for request ``r``), leave prompt groups to the merged
 output's top-level index, and seed request ``r`` of turn ``t`` with ``sampling.seed + t *
 TURN_SEED_STRIDE + r``, so the merged output equals a single engine's whatever the split.
@@ -119,14 +120,15 @@ class RolloutContext:
 
 
 def share_context(ctx: RolloutContext, share: range) -> RolloutContext:
-    """``ctx`` restricted to the prompts ``share`` (global indices, a contiguous block).
+    """``ctx`` restricted to the prompts ``share`` (global indices, a contiguous range: a
+    work-queue chunk or an engine's block).
 
     Example: ``share_context(ctx, range(8, 16))`` holds prompts 8-15 with ``prompt_offset=8``.
     """
     if share.step != 1 or share.start < 0 or share.stop > len(ctx.prompts):
         raise field_error(TaskError, "share", share,
                           f"is not a contiguous block of the {len(ctx.prompts)} prompts",
-                          "pass a range from EngineGroup.prompt_share")
+                          "pass a range EngineGroup.run_local / run_shares hands produce")
     return attrs.evolve(ctx, prompts=ctx.prompts[share.start:share.stop],
                         prompt_offset=ctx.prompt_offset + share.start)
 

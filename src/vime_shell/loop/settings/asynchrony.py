@@ -24,9 +24,11 @@ class AsyncArgs(Record):
     train_async: bool = _f(False, "one step off (slime's train_async.py): engines on "
                            "--rollout-num-gpus ranks of their own generate rollout k+1 while "
                            "the trainer trains rollout k")
-    fully_async: bool = _f(False, "a persistent pool on one engine rank keeps "
+    fully_async: bool = _f(False, "a persistent pool on every engine rank "
+                           "(--rollout-num-gpus N, one engine per rank) keeps its slice of "
                            "--rollout-batch-size groups in flight; each step trains the "
-                           "first completed groups within --max-weight-staleness")
+                           "first completed groups within --max-weight-staleness, joined "
+                           "in draw order (batches do not depend on N)")
     max_weight_staleness: int | None = _f(None, "max versions between a group's weights and "
                                           "the trainer's (staler groups are regenerated, "
                                           "counted); default 1")
