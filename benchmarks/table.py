@@ -24,7 +24,9 @@ def tables(result: dict) -> str:
            f"{_mean(rows, big, 'flops_bound_mean'):.3f}); speed-up: wall time vs the naive reference "
            "at the largest N where it ran; vs pure: the compiled kernels (vime[fast]) against the "
            "pure-Python ones, same run; +mb/rank: most extra micro-batches "
-           "per rank in a step vs ffd/strided; viol: multi-sample micro-batches over the cap.", ""]
+           "per rank in a step vs ffd/strided; viol: multi-sample micro-batches over the cap. "
+           "Batches under 8192 samples run the pure-Python kernels (registry.COMPILED_MIN_SAMPLES), "
+           "larger ones the compiled kernels when numba is installed.", ""]
     head = ["layout", "policy", *[f"t@{s}" for s in sizes], "speed-up (N)", f"vs pure@{big}",
             "mb vs bound",
             "tok imb", "FLOPs imb", "+mb/rank", "viol"]

@@ -6,6 +6,7 @@ choosing it changes only the speed. Skipped without numba (the CI venv has it; t
 ``test_schedule_properties`` run on both sets via ``VIME_KERNELS``).
 """
 
+import os
 import subprocess
 import sys
 
@@ -72,6 +73,22 @@ def test_flops_pack_compiled_equals_pure(case, num_bins, rnd):
                  PURE.flops_pack(sizes, work, cap, num_bins))
 
 
+@given(st.one_of(
+    st.lists(st.one_of(st.integers(1, 4), st.integers(1, 70000)), min_size=64, max_size=300),
+    st.lists(st.one_of(st.integers(1, 4), st.integers(1, 2**40),
+                       st.integers(-2**63, 2**63 - 1)), max_size=300)))
+def test_radix_sorts_equal_numpy(values):
+    """FFD's size order and the kernels' int sorts: the radix sorts equal numpy's stable
+    argsort of ``-values`` (ties by position) and ``np.sort``, on ties, spans of one to eight
+    bytes and the whole int64 range (negative values included)."""
+    from vime_pure.scheduling.compiled_kernels import _sorted_ints, argsort_desc  # imports numba
+
+    a = np.array(values, dtype=np.int64)
+    expected = sorted(range(len(values)), key=lambda i: (-values[i], i))  # Python ints: exact
+    assert argsort_desc(a).tolist() == expected
+    assert np.array_equal(_sorted_ints(a), np.sort(a))
+
+
 @st.composite
 def weights_cases(draw):
     """Bin weights with many ties (small integers) and a number of parts dividing them."""
@@ -128,27 +145,34 @@ def test_straggler_balance_compiled_equals_pure(case):
 
 @st.composite
 def schedule_cases(draw):
+    """A batch, a layout (VPP groups too: an alignment multiple above dp), a policy, and FLOPs:
+    the default (which follow the lengths) or tie-heavy ones that do not, so FLOPs packing
+    takes both of its LPT orders (FFD's size order reused, or its own sort)."""
     n = draw(st.integers(1, 80))
     lengths = draw(st.lists(st.integers(1, 300), min_size=n, max_size=n))
     groups = draw(st.lists(st.integers(0, n // 2 + 1), min_size=n, max_size=n))
     dp = draw(st.integers(1, 4))
+    group = draw(st.sampled_from([None, None, 2, 3]))
+    layout = ParallelLayout(dp=dp, vpp=2 if group else 1, microbatch_group=group)
     packing = draw(st.sampled_from(PACKINGS))
     balance = draw(st.sampled_from(BALANCES))
     policy = BatchingPolicy(global_batch_size=draw(st.integers(1, 8)), max_tokens_per_gpu=300,
                             packing=packing, balance=balance, allow_partial_step=True)
-    return lengths, groups, ParallelLayout(dp=dp), policy
+    flops = draw(st.one_of(st.none(), st.lists(st.sampled_from([1.0, 2.0, 2.5, 40.0]),
+                                               min_size=n, max_size=n)))
+    return lengths, groups, layout, policy, flops
 
 
 @given(schedule_cases())
 def test_schedules_equal_with_either_kernel_set(case):
     """End to end: the kernel set changes the speed of build_schedule, never its result."""
-    lengths, groups, layout, policy = case
+    lengths, groups, layout, policy, flops = case
     with pytest.MonkeyPatch.context() as mp:
         out = []
         for name in ("pure", "compiled"):
             mp.setenv("VIME_KERNELS", name)
             try:
-                out.append(build_schedule(lengths, groups, layout, policy))
+                out.append(build_schedule(lengths, groups, layout, policy, flops))
             except ValueError as exc:
                 out.append(str(exc))
     assert out[0] == out[1]
@@ -169,3 +193,21 @@ def test_import_vime_pure_does_not_import_numba():
     """numba loads (and compiles) on the first schedule, never at ``import vime_pure``."""
     code = "import sys, vime_pure; assert 'numba' not in sys.modules, 'numba imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_policy_compiles_only_its_own_kernels(tmp_path):
+    """Each policy's compiled loop holds only its own kernels (numba prunes the others'
+    branches), so a first schedule compiles no straggler balancer (most of the first compile)
+    unless it asks for one. Checked on a fresh numba cache (a cached loop would load without
+    compiling anything) with static packing, the cheapest loop to compile (a few seconds)."""
+    code = (
+        "from vime_pure import BatchingPolicy, ParallelLayout, build_schedule\n"
+        "from vime_pure.scheduling import compiled_balance as cb, compiled_kernels as ck\n"
+        "policy = BatchingPolicy(global_batch_size=4, micro_batch_size=1)\n"
+        "build_schedule([30, 70, 50, 20], [0, 1, 2, 3], ParallelLayout(dp=2), policy)\n"
+        "print([len(f.signatures) for f in (cb._balance_step, ck._lpt_ranks, ck._flops_pack,"
+        " ck._karmarkar_karp, ck._ffd_sorted, ck._split_to_count)])\n")
+    env = {**os.environ, "VIME_KERNELS": "compiled", "NUMBA_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, env=env)
+    assert out.stdout.strip() == "[0, 0, 0, 0, 0, 0]"

@@ -16,7 +16,8 @@ import heapq
 
 import numpy as np
 
-from vime_pure.scheduling.compiled_kernels import _compiled, _ffd_sorted, _split_to_count
+from vime_pure.scheduling.compiled_kernels import (_compiled, _ffd_sorted, _sorted_ints,
+                                                   _split_to_count)
 from vime_pure.scheduling.rank_balance import (EXTRA_GROUP_THRESHOLD, REFINE_CANDIDATES,
                                                REFINE_PARTNERS, REFINE_TOLERANCE, first_count)
 
@@ -236,7 +237,7 @@ def _items(bins, sizes):
 
 @_compiled
 def _nearest(key):
-    return np.sort(np.argsort(key, kind="mergesort")[:REFINE_CANDIDATES])
+    return _sorted_ints(np.argsort(key, kind="mergesort")[:REFINE_CANDIDATES])
 
 
 @_compiled

@@ -2,8 +2,9 @@
 
 Never imported by ``import vime_pure``: ``vime_pure.scheduling.registry`` imports this module the
 first time a schedule is built with numba installed, and numba compiles the kernels then, or
-loads them from its on-disk cache (``cache=True``; measured here: about 5 s the first time,
-well under a second afterwards).
+loads them from its on-disk cache (``cache=True``; measured here, CPU: 17-27 s for one
+policy's kernels the first time, 43-49 s with the straggler balancer's, well under a second
+afterwards; ``registry`` says why small batches never pay it).
 
 Every kernel returns exactly what its pure-Python twin in ``vime_pure.scheduling.kernels``
 returns, in the flat form ``(items, offsets)``: bin ``b`` holds ``items[offsets[b]:offsets[b+1]]``
@@ -87,26 +88,115 @@ def ffd_flat(sizes: np.ndarray, cap: int):
 
 
 @_compiled
-def _sort_small(region, sizes, by_size):
-    """Sort ``region`` in place by value, or by (size descending, value) with ``by_size``:
-    insertion sort for the few items of a micro-batch (no allocation), numpy's for many."""
+def _group_by(bin_of, count):
+    """Positions grouped by bin, each bin by position (``np.argsort(bin_of, kind="stable")``),
+    and every bin's start (``count + 1`` offsets): a counting sort, O(n + count). Example:
+    bin_of [1, 0, 1] gives [1, 0, 2] and [0, 1, 3]."""
+    starts = np.zeros(count + 1, dtype=np.int64)
+    for b in bin_of:
+        starts[b + 1] += 1
+    for b in range(count):
+        starts[b + 1] += starts[b]
+    fill = starts[:-1].copy()
+    items = np.empty(len(bin_of), dtype=np.int64)
+    for i in range(len(bin_of)):
+        items[fill[bin_of[i]]] = i
+        fill[bin_of[i]] += 1
+    return items, starts
+
+
+@_compiled
+def _radix_order(keys):
+    """Positions that sort the uint64 ``keys`` ascending, ties by position: an LSD radix sort,
+    one stable counting pass per byte of the largest key (two for keys under 65536)."""
+    n = len(keys)
+    order = np.arange(n)
+    spare = np.empty(n, dtype=np.int64)
+    count = np.empty(257, dtype=np.int64)
+    top = keys.max() if n else np.uint64(0)
+    shift = np.uint64(0)
+    while shift < np.uint64(64) and (top >> shift) > np.uint64(0):
+        count[:] = 0
+        for i in range(n):
+            count[np.int64((keys[order[i]] >> shift) & np.uint64(255)) + 1] += 1
+        for d in range(256):
+            count[d + 1] += count[d]
+        for i in range(n):
+            d = np.int64((keys[order[i]] >> shift) & np.uint64(255))
+            spare[count[d]] = order[i]
+            count[d] += 1
+        order, spare = spare, order
+        shift += np.uint64(8)
+    return order
+
+
+@_compiled
+def argsort_desc(values):
+    """``np.argsort(-values, kind="stable")`` of int64s (largest first, ties by position) as a
+    radix sort of ``max - value`` (exact in uint64): 39 us against numpy's 246 us on a
+    4096-sample step (the sort was the largest part of FFD there). Example: [5, 9, 5, 1]
+    gives [1, 0, 2, 3]."""
+    keys = np.empty(len(values), dtype=np.uint64)
+    if len(values):
+        top = np.uint64(values.max())
+        for i in range(len(values)):
+            keys[i] = top - np.uint64(values[i])
+    return _radix_order(keys)
+
+
+@_compiled
+def _radix_sorted(values):
+    """``np.sort`` of int64s by the radix sort (no numba quicksort to compile beside it)."""
+    keys = np.empty(len(values), dtype=np.uint64)
+    if len(values):
+        low = np.uint64(values.min())
+        for i in range(len(values)):
+            keys[i] = np.uint64(values[i]) - low
+    return values[_radix_order(keys)]
+
+
+@_compiled
+def _sorted_ints(values):
+    """``np.sort`` of int64s: an insertion sort up to 32 values (a Karmarkar-Karp part has a
+    handful: the radix sort's 257 counters would cost more), else the radix sort. Example:
+    [7, -2, 3] gives [-2, 3, 7]."""
+    out = values.copy()
+    _sort_by_value(out)
+    return out
+
+
+@_compiled
+def _sort_by_value(region):
+    """Sort the ints of ``region`` in place: insertion sort for the few items of a
+    micro-batch (no allocation), a full sort for many."""
     k = len(region)
     if k > 32:
-        region[:] = np.sort(region)
-        if by_size:
-            region[:] = region[np.argsort(-sizes[region], kind="mergesort")]
+        region[:] = _radix_sorted(region)
+        return
+    for t in range(1, k):
+        item = region[t]
+        u = t - 1
+        while u >= 0 and region[u] > item:
+            region[u + 1] = region[u]
+            u -= 1
+        region[u + 1] = item
+
+
+@_compiled
+def _sort_by_size(region, sizes):
+    """Sort ``region`` in place by (size descending, value), as ``_sort_by_value``."""
+    k = len(region)
+    if k > 32:
+        region[:] = _radix_sorted(region)
+        region[:] = region[argsort_desc(sizes[region])]
         return
     for t in range(1, k):
         item = region[t]
         u = t - 1
         while u >= 0:
             other = region[u]
-            if by_size:
-                after = sizes[other] < sizes[item] or (sizes[other] == sizes[item]
-                                                        and other > item)
-            else:
-                after = other > item
-            if not after:
+            if not (sizes[other] < sizes[item] or (sizes[other] == sizes[item]
+                                                    and other > item)):
                 break
             region[u + 1] = other
             u -= 1
@@ -139,7 +229,7 @@ def _split_to_count(items, offsets, sizes, target):
         lo, k = start[b], count[b]
         region = buf[lo:lo + k]
         if not dealt[b]:
-            _sort_small(region, sizes, True)
+            _sort_by_size(region, sizes)
         s0, s1, n0, n1 = 0, 0, 0, 0
         for t in range(k):
             item = region[t]
@@ -164,7 +254,7 @@ def _split_to_count(items, offsets, sizes, target):
         seg = out[out_offsets[b]:out_offsets[b + 1]]
         seg[:] = buf[start[b]:start[b] + count[b]]
         if dealt[b]:
-            _sort_small(seg, sizes, False)
+            _sort_by_value(seg)
     return out, out_offsets
 
 
@@ -220,7 +310,7 @@ def _karmarkar_karp(values, order, parts):
             out[j, t] = i
             t += 1
             i = nxt[i]
-        out[j] = np.sort(out[j])
+        out[j] = _sorted_ints(out[j])
     return out
 
 
@@ -275,9 +365,14 @@ def _heap_pop(keys, index, size):
 
 
 @_compiled
-def _flops_pack(order, sizes, work, cap, num_bins):
+def _flops_pack(order, sizes, work, cap, num_bins, limit):
     # Two array heaps, as ``heapq`` keeps them in the pure kernel: every bin is in at most one
     # of them once, so (key, bin) entries are unique and any correct heap pops the same bin.
+    # ``limit``: give up as soon as more than ``limit`` bins are non-empty (bins never empty
+    # again, so the result would have more): returns no items and ``limit + 2`` offsets, i.e.
+    # ``limit + 1`` bins, which a caller comparing the count with ``limit`` rejects. The planner
+    # passes FFD's aligned count (a larger result is discarded for FFD's bins), which stops E's
+    # steps after a quarter of their samples; ``flops_pack_flat`` passes no effective limit.
     n = len(order)
     most = num_bins + n
     room = np.full(most, cap, dtype=np.int64)
@@ -290,7 +385,9 @@ def _flops_pack(order, sizes, work, cap, num_bins):
     active = num_bins  # all zero keys in index order: already a heap
     parked_key = np.empty(most, dtype=np.int64)  # (-room, bin) of bins lacking room
     parked_bin = np.empty(most, dtype=np.int64)
-    parked = 0
+    parked = np.int64(0)  # not a literal: one _heap_pop signature
+    fresh = np.ones(most, dtype=np.bool_)  # bins holding nothing yet
+    nonempty = 0
     for i in order:
         size = sizes[i]
         if size > cap:
@@ -298,6 +395,9 @@ def _flops_pack(order, sizes, work, cap, num_bins):
             room[count] = -1
             load[count] = work[i]
             count += 1
+            nonempty += 1
+            if nonempty > limit:
+                return np.zeros(0, dtype=np.int64), np.zeros(limit + 2, dtype=np.int64)
             continue
         while parked and -parked_key[0] >= size:
             b, parked = _heap_pop(parked_key, parked_bin, parked)
@@ -310,16 +410,23 @@ def _flops_pack(order, sizes, work, cap, num_bins):
         else:
             best = count
             count += 1
+        if fresh[best]:
+            fresh[best] = False
+            nonempty += 1
+            if nonempty > limit:
+                return np.zeros(0, dtype=np.int64), np.zeros(limit + 2, dtype=np.int64)
         bin_of[i] = best
         room[best] -= size
         load[best] += work[i]
         active = _heap_push(active_key, active_bin, active, load[best], best)
-    items = np.argsort(bin_of, kind="mergesort")  # by bin, each bin by position
-    used = np.bincount(bin_of, minlength=count)
-    used = used[used > 0]
-    offsets = np.zeros(len(used) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum(used)
-    return items.astype(np.int64), offsets
+    items, starts = _group_by(bin_of, count)  # by bin, each bin by position
+    offsets = np.empty(count + 1, dtype=np.int64)
+    offsets[0], used = 0, 0
+    for b in range(count):
+        if starts[b + 1] > starts[b]:  # unused parked bins are dropped, as the pure kernel does
+            used += 1
+            offsets[used] = starts[b + 1]
+    return items, offsets[:used + 1].copy()
 
 
 def flops_pack_flat(sizes: np.ndarray, work: np.ndarray, cap: int, num_bins: int):
@@ -327,7 +434,21 @@ def flops_pack_flat(sizes: np.ndarray, work: np.ndarray, cap: int, num_bins: int
     work = np.asarray(work, dtype=np.float64)
     order = np.argsort(-work, kind="stable").astype(np.int64)
     return _flops_pack(order, np.asarray(sizes, dtype=np.int64), work, np.int64(cap),
-                       np.int64(num_bins))
+                       np.int64(num_bins), np.int64(num_bins + len(order)))
+
+
+@_compiled
+def _sorted_by(key, order):
+    """Whether ``order`` is ``np.argsort(-key, kind="stable")``: ``key`` non-increasing along
+    it, ties by increasing position (that order is unique, so this is exact; a NaN fails).
+    O(n), against O(n log n) for the sort: FLOPs that grow with length (every ``FlopsModel``)
+    give FFD's size order back, so FLOPs packing reuses it. Example: key [3., 5., 3.],
+    order [1, 0, 2] gives True; order [1, 2, 0] gives False."""
+    for k in range(len(order) - 1):
+        a, b = key[order[k]], key[order[k + 1]]
+        if not (a > b or (a == b and order[k] < order[k + 1])):
+            return False
+    return True
 
 
 @_compiled
@@ -413,10 +534,7 @@ def _first_fit(sizes, cap):
                 break
             tree[node] = best
             node >>= 1
-    items = np.argsort(bin_of, kind="mergesort").astype(np.int64)  # by bin, then position
-    offsets = np.zeros(opened + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum(np.bincount(bin_of, minlength=opened))
-    return items, offsets
+    return _group_by(bin_of, opened)  # by bin, then position; every opened bin holds an item
 
 
 def first_fit_flat(sizes: np.ndarray, cap: int):

@@ -9,47 +9,64 @@ arrays the ``Schedule`` stores. Its result equals the per-step loop on the pure 
 descending, then position; straggler: rank first), same per-bin sums (left to right, as
 ``planner.bin_sums``), same fallbacks.
 
-Packings and balances are passed as codes (``PACKING_CODES`` / ``BALANCE_CODES``); a packing
-missing there runs the per-step loop instead, so a new packing needs no change here.
+One loop per packing and kind of balance (``_loop``): both are compile-time constants of the
+loop, so numba prunes the other branches and a schedule compiles only the kernels its policy
+uses. On a fresh numba cache that is what the first schedule pays: the straggler balancer
+alone is most of the compile time, and one loop with a runtime switch over every policy made
+``ffd/strided`` pay it too. ``"tokens"`` and ``"flops"`` share one loop (Karmarkar-Karp on
+token or FLOPs sums, a runtime flag): one compile fewer where both run (the tests).
+Packings and balances are named by their codes (``PACKING_CODES`` / ``BALANCE_CODES``); a
+policy missing there runs the planner's per-step loop instead, so a new packing needs no
+change here.
 Example: ``plan_steps(kept, bounds, sizes, work, cap=1000, dp=2, multiple=2, packing="ffd",
 balance="strided", micro_batch_size=0)`` returns ``(failed_step, failed_count, ids,
 mb_sizes, per_rank)``; ``failed_step`` is -1 when every step was planned.
 """
 
+import functools
+
 import numpy as np
 
 from vime_pure.scheduling.compiled_balance import _balance_step, _bin_lower_bound
 from vime_pure.scheduling.compiled_kernels import (_compiled, _ffd_sorted, _first_fit,
-                                                   _flops_pack, _karmarkar_karp, _lpt_ranks,
-                                                   _split_to_count)
+                                                   _flops_pack, _group_by, _karmarkar_karp,
+                                                   _lpt_ranks, _sorted_by, _split_to_count,
+                                                   argsort_desc)
 
 PACKING_CODES = {"static": 0, "first_fit": 1, "ffd": 2, "flops": 3}
-BALANCE_CODES = {"strided": 0, "tokens": 1, "flops": 2, "straggler": 3}
+# balance -> (kind: 0 strided, 1 Karmarkar-Karp, 2 straggler; KK on tokens rather than FLOPs)
+BALANCE_CODES = {"strided": (0, False), "tokens": (1, True), "flops": (1, False),
+                 "straggler": (2, False)}
+
+
+@_compiled
+def _static(n, mbs):
+    offsets = np.empty(-(-n // mbs) + 1, dtype=np.int64)
+    offsets[:-1] = np.arange(0, n, mbs)
+    offsets[-1] = n
+    return np.arange(n), offsets
 
 
 @_compiled
 def _ffd(step_sizes, cap):
-    order = np.argsort(-step_sizes, kind="mergesort")
+    order = argsort_desc(step_sizes)
     return _ffd_sorted(order, step_sizes[order], cap)
 
 
 @_compiled
-def _pack(step_sizes, step_work, cap, multiple, packing, mbs):
+def _flops_or_ffd(step_sizes, step_work, cap, multiple):
+    """``planner._pack_flops``: LPT on FLOPs into FFD's aligned count, unless that needs more
+    micro-batches (more than the aligned count: it is a multiple), then FFD's bins. The LPT
+    order is FFD's size order when the FLOPs follow the sizes (checked, ``_sorted_by``)."""
     n = len(step_sizes)
-    if packing == 0:
-        offsets = np.empty(-(-n // mbs) + 1, dtype=np.int64)
-        offsets[:-1] = np.arange(0, n, mbs)
-        offsets[-1] = n
-        return np.arange(n), offsets
-    if packing == 1:
-        return _first_fit(step_sizes, cap)
-    items, offsets = _ffd(step_sizes, cap)
-    if packing == 3:  # planner._pack_flops: LPT into FFD's aligned count, unless that costs more
-        aligned = -(-(len(offsets) - 1) // multiple) * multiple
+    order = argsort_desc(step_sizes)
+    items, offsets = _ffd_sorted(order, step_sizes[order], cap)
+    aligned = -(-(len(offsets) - 1) // multiple) * multiple
+    if not _sorted_by(step_work, order):
         order = np.argsort(-step_work, kind="mergesort")
-        f_items, f_offsets = _flops_pack(order, step_sizes, step_work, cap, min(aligned, n))
-        if -(-(len(f_offsets) - 1) // multiple) * multiple <= aligned:
-            return f_items, f_offsets
+    f_items, f_offsets = _flops_pack(order, step_sizes, step_work, cap, min(aligned, n), aligned)
+    if len(f_offsets) - 1 <= aligned:
+        return f_items, f_offsets
     return items, offsets
 
 
@@ -58,8 +75,8 @@ def _straggler_order(step_sizes, step_work, dp):
     """``planner._presort`` for one step: LPT ranks, then positions by (rank, size descending,
     position), and the rank of each of those positions."""
     ranks = _lpt_ranks(step_work, np.array([0, len(step_sizes)], dtype=np.int64), dp)
-    order = np.argsort(-step_sizes, kind="mergesort")
-    order = order[np.argsort(ranks[order], kind="mergesort")]
+    order = argsort_desc(step_sizes)
+    order = order[_group_by(ranks[order], dp)[0]]  # stable by rank: a counting sort
     return order, ranks[order]
 
 
@@ -73,63 +90,89 @@ def _bin_sums(items, offsets, per_item):
 
 
 @_compiled
-def _plan_steps(kept, bounds, sizes, work, cap, dp, multiple, packing, balance, mbs):
-    steps = len(bounds) - 1
-    ids = np.empty(bounds[-1], dtype=np.int64)
-    mb_sizes = np.empty(bounds[-1], dtype=np.int64)
-    per_rank = np.empty(steps, dtype=np.int64)
-    dynamic = packing != 0
-    pos, nmb = 0, 0
-    for s in range(steps):
-        samples = kept[bounds[s]:bounds[s + 1]]
-        step_sizes, step_work = sizes[samples], work[samples]
-        n = len(samples)
-        done = False
-        if dynamic and balance == 3:
-            order, ranks = _straggler_order(step_sizes, step_work, dp)
-            cuts = np.searchsorted(ranks, np.arange(dp + 1))
-            lb = _bin_lower_bound(step_sizes, cap)
-            m = max(-(-lb // dp), 1)
-            m = -(-m // (multiple // dp)) * (multiple // dp)
-            ok, items, offsets, m = _balance_step(order, cuts, step_sizes, step_work, cap, m,
-                                                  multiple // dp)
-            if ok:
-                parts = np.arange(dp * m).reshape(dp, m)
-                done = True
-        if not done:
-            items, offsets = _pack(step_sizes, step_work, cap, multiple, packing, mbs)
-            count = len(offsets) - 1
-            if count % multiple:
-                target = -(-count // multiple) * multiple
-                if not dynamic or n < target:
-                    return s, count, ids[:pos], mb_sizes[:nmb], per_rank[:s]
-                items, offsets = _split_to_count(items, offsets, step_sizes, target)
-                count = target
-            if balance == 0:
-                parts = np.arange(count).reshape(-1, dp).T.copy()
-            else:
-                per_item = step_sizes.astype(np.float64) if balance == 1 else step_work
-                weights = _bin_sums(items, offsets, per_item)
-                parts = _karmarkar_karp(weights, np.argsort(-weights, kind="mergesort"), dp)
-        per_rank[s] = parts.shape[1]
-        for r in range(dp):
-            for j in range(parts.shape[1]):
-                b = parts[r, j]
-                for k in range(offsets[b], offsets[b + 1]):
-                    ids[pos] = samples[items[k]]
-                    pos += 1
-                mb_sizes[nmb] = offsets[b + 1] - offsets[b]
-                nmb += 1
-    return -1, 0, ids[:pos], mb_sizes[:nmb], per_rank
+def _gather(parts, items, offsets, samples, ids, mb_sizes, pos, nmb):
+    """Write the step's bins rank by rank as global sample ids; the new write positions."""
+    for r in range(parts.shape[0]):
+        for j in range(parts.shape[1]):
+            b = parts[r, j]
+            for k in range(offsets[b], offsets[b + 1]):
+                ids[pos] = samples[items[k]]
+                pos += 1
+            mb_sizes[nmb] = offsets[b + 1] - offsets[b]
+            nmb += 1
+    return pos, nmb
+
+
+@functools.cache
+def _loop(packing: int, kind: int):
+    """The step loop for one packing code and balance kind. Every test of ``packing`` and
+    ``kind`` below compares a closure constant with a literal, so numba prunes the branches of
+    the other policies and never compiles their kernels. Each pair is its own function (own
+    name, own numba cache file). Under static packing the straggler kind falls back to
+    Karmarkar-Karp on FLOPs, as ``planner._step_bins`` does."""
+
+    def plan(kept, bounds, sizes, work, cap, dp, multiple, mbs, by_tokens):
+        steps = len(bounds) - 1
+        ids = np.empty(bounds[-1], dtype=np.int64)
+        mb_sizes = np.empty(bounds[-1], dtype=np.int64)
+        per_rank = np.empty(steps, dtype=np.int64)
+        pos, nmb = np.int64(0), np.int64(0)  # not literals: one _gather signature
+        for s in range(steps):
+            samples = kept[bounds[s]:bounds[s + 1]]
+            step_sizes, step_work = sizes[samples], work[samples]
+            n = len(samples)
+            done = False
+            if packing != 0 and kind == 2:
+                order, ranks = _straggler_order(step_sizes, step_work, dp)
+                cuts = np.searchsorted(ranks, np.arange(dp + 1))
+                lb = _bin_lower_bound(step_sizes, cap)
+                m = max(-(-lb // dp), 1)
+                m = -(-m // (multiple // dp)) * (multiple // dp)
+                ok, items, offsets, m = _balance_step(order, cuts, step_sizes, step_work, cap, m,
+                                                      multiple // dp)
+                if ok:
+                    parts = np.arange(dp * m).reshape(dp, m)
+                    done = True
+            if not done:
+                if packing == 0:
+                    items, offsets = _static(n, mbs)
+                elif packing == 1:
+                    items, offsets = _first_fit(step_sizes, cap)
+                elif packing == 2:
+                    items, offsets = _ffd(step_sizes, cap)
+                else:
+                    items, offsets = _flops_or_ffd(step_sizes, step_work, cap, multiple)
+                count = len(offsets) - 1
+                if count % multiple:
+                    target = -(-count // multiple) * multiple
+                    if packing == 0 or n < target:
+                        return s, count, ids[:pos], mb_sizes[:nmb], per_rank[:s]
+                    items, offsets = _split_to_count(items, offsets, step_sizes, target)
+                    count = target
+                if kind == 0:
+                    parts = np.arange(count).reshape(-1, dp).T.copy()
+                else:
+                    per_item = step_sizes.astype(np.float64) if by_tokens else step_work
+                    weights = _bin_sums(items, offsets, per_item)
+                    parts = _karmarkar_karp(weights, np.argsort(-weights, kind="mergesort"), dp)
+            per_rank[s] = parts.shape[1]
+            pos, nmb = _gather(parts, items, offsets, samples, ids, mb_sizes, pos, nmb)
+        return -1, 0, ids[:pos], mb_sizes[:nmb], per_rank
+
+    plan.__name__ = plan.__qualname__ = f"_plan_{packing}_{kind}"
+    return _compiled(plan)
 
 
 def plan_steps(kept: np.ndarray, bounds: np.ndarray, sizes: np.ndarray, work: np.ndarray, *,
                cap: int, dp: int, multiple: int, packing: str, balance: str,
                micro_batch_size: int):
     """Every step planned in one call; see the module docstring. ``multiple`` is the layout's
-    ``align_multiple``; ``cap`` is unused (0) under static packing."""
-    return _plan_steps(np.asarray(kept, dtype=np.int64), np.asarray(bounds, dtype=np.int64),
-                       np.asarray(sizes, dtype=np.int64), np.asarray(work, dtype=np.float64),
-                       np.int64(cap), np.int64(dp), np.int64(multiple),
-                       np.int64(PACKING_CODES[packing]), np.int64(BALANCE_CODES[balance]),
-                       np.int64(micro_batch_size))
+    ``align_multiple``; ``cap`` is unused (0) under static packing. None for a packing or
+    balance without a code: the planner then runs its per-step loop."""
+    if packing not in PACKING_CODES or balance not in BALANCE_CODES:
+        return None
+    kind, by_tokens = BALANCE_CODES[balance]
+    loop = _loop(PACKING_CODES[packing], kind)
+    return loop(np.asarray(kept, dtype=np.int64), np.asarray(bounds, dtype=np.int64),
+                np.asarray(sizes, dtype=np.int64), np.asarray(work, dtype=np.float64),
+                np.int64(cap), np.int64(dp), np.int64(multiple), np.int64(micro_batch_size), by_tokens)

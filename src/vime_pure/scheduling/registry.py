@@ -4,16 +4,17 @@ Both sets speak one flat form for bins: ``(items, offsets)``, bin ``b`` is
 ``items[offsets[b]:offsets[b + 1]]``. The pure set wraps ``vime_pure.scheduling.kernels`` and
 ``rank_balance`` (the oracle); the compiled set is ``compiled_kernels``, ``compiled_balance``
 (the straggler policy) and ``compiled_steps`` (``plan_steps``: every step of a batch in one
-call), imported the first time ``kernel_set()`` is asked for it, never at ``import vime_pure``. Both give bit-identical
+call, one compiled loop per policy), imported the first time ``kernel_set()`` is asked for it, never at ``import vime_pure``. Both give bit-identical
 schedules (property-tested), so the choice changes only the speed.
 
 Choice: ``VIME_KERNELS=pure`` or ``VIME_KERNELS=compiled`` in the environment forces a set
 (CI runs the scheduler suites both ways; ``compiled`` without numba is an error naming the fix).
 Otherwise the compiled set runs when numba is importable and the batch has at least
-``COMPILED_MIN_SAMPLES`` samples. Why the size rule: the first compiled schedule compiles every
-kernel once (about 70 s of CPU on this 2-core machine, then about 1 s from numba's disk cache),
-while below 8192 samples the pure kernels plan a batch in under about 30 ms; so a demo, a small
-run or a test never pays the compile, and a large batch, where the kernels save 5-10x per
+``COMPILED_MIN_SAMPLES`` samples. Why the size rule: the first compiled schedule compiles the
+kernels of its policy once (CPU on this 2-core machine: 17-27 s for FFD or FLOPs packing,
+43-49 s for the straggler balance, then well under 1 s from numba's disk cache), while
+below 8192 samples the pure kernels plan a batch in under about 30 ms; so a demo, a small run
+or a test never pays the compile, and a large batch, where the kernels save 5-10x per
 rollout, pays it once. The loaded set is memoised: compiling twice would only cost time.
 
 Example: ``kernel_set("pure").ffd(np.array([300, 800, 200, 700]), 1000)`` gives
