@@ -280,11 +280,15 @@ def _record(share: RankShare, a: int, b: int, dens: np.ndarray, cp_rank: int, cp
     starts = offsets_from_lengths(seq)[:-1]
     total = int(seq.sum())
     # Real tokens of sample k sit at starts[k] .. starts[k] + lens[k]; CP padding after them.
-    # source: each position's share token (a padding position: its sample's last token).
     real = _within(seq, lens)
-    source = np.repeat(share.token_offsets[a:b] + lens - 1, seq)
-    source[real] = np.arange(share.token_offsets[a], share.token_offsets[b], dtype=np.int64)
-    tokens = np.where(real, share.tokens[source], 0).astype(np.int32)
+    tokens = np.zeros(total, dtype=np.int32)
+    tokens[real] = share.tokens[share.token_offsets[a]:share.token_offsets[b]]
+    routes = share.rollout_routed_experts
+    source = None  # MoE routing replay only: each position's share token (a padding
+    if routes is not None:  # position: its sample's last token), to gather its route row
+        source = np.repeat(share.token_offsets[a:b] + lens - 1, seq)
+        source[real] = np.arange(share.token_offsets[a], share.token_offsets[b],
+                                 dtype=np.int64)
     positions = (np.arange(total, dtype=np.int64) - np.repeat(starts, seq)).astype(np.int32)
     labels = np.zeros(total, dtype=np.int32)
     has_next = _within(seq, lens - 1)  # every position but each sample's last real one
@@ -307,9 +311,10 @@ def _record(share: RankShare, a: int, b: int, dens: np.ndarray, cp_rank: int, cp
         to_local[local] = np.arange(len(local))
         keep = to_local[logit_index] >= 0
         tokens, positions, labels = tokens[local], positions[local], labels[local]
-        logit_index, source = to_local[logit_index[keep]], source[local]
+        logit_index = to_local[logit_index[keep]]
+        source = None if source is None else source[local]
     share_index = share_index[keep]
-    log_probs, routes = share.rollout_log_probs, share.rollout_routed_experts
+    log_probs = share.rollout_log_probs
     idx = share.sample_ids[a:b]
     return TrainMicroBatch(
         **step_fields, cp_rank=cp_rank, cp_size=cp_size, sample_indices=idx,
