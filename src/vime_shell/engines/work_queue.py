@@ -67,17 +67,16 @@ class PromptQueue:
     def __iter__(self) -> Iterator[range]:
         for j in count():
             if self.leader:
-                share = chunk_range(int(self.store.add(f"{self.prefix}/next", 1)) - 1,
-                                    self.chunk, self.num_prompts)
+                claim = int(self.store.add(f"{self.prefix}/next", 1)) - 1
+                share = chunk_range(claim, self.chunk, self.num_prompts)
                 if self.peers:
-                    self.store.set(self._key(j), str(share.start) if share else "end")
+                    self.store.set(self._key(j), str(claim) if share else "end")
             else:
                 self.store.wait([self._key(j)], self.timeout)
                 value = self.store.get(self._key(j)).decode()
                 if value in ("end", "abort"):
                     return
-                start = int(value)
-                share = range(start, min(start + self.chunk, self.num_prompts))
+                share = chunk_range(int(value), self.chunk, self.num_prompts)
             if not share:
                 return
             self.claimed = j + 1
