@@ -125,7 +125,7 @@ class ShareExchange:
         self.stats = ExchangeStats()
 
     def distribute(self, part: RolloutBatch | None,
-                   meta: BatchMeta | Sequence[BatchMeta] | None,
+                   meta: Sequence[BatchMeta],
                    plan_fn: Callable[[BatchMeta | None], tuple[SharePlan | None, Any]], *,
                    what: str, error: BaseException | None = None,
                    failure: type[VimeError] = ShareExchangeError,
@@ -134,7 +134,7 @@ class ShareExchange:
         """Collective: ``(plan, this rank's share, extra)`` on every rank (module docstring).
 
         ``part`` / ``meta``: this rank's part and its chunks' metadata, in the part's order
-        (one ``BatchMeta`` for a single chunk; None or empty on non-holders);
+        (empty on non-holders);
         ``error``: this rank's own failure in producing them (reported, then re-raised here);
         ``plan_fn(merged)`` runs on rank 0 and returns ``(plan or None, extra)``: a None plan
         (nothing to train, e.g. every prompt filtered) returns ``(None, None, extra)``
@@ -142,7 +142,7 @@ class ShareExchange:
         rank 0 a ``failure`` naming each failed holder (``name_of(rank)``), the others
         ``RankFailure`` naming ``what``; nobody waits for a rank that raised."""
         self.stats = ExchangeStats()
-        metas = (meta,) if isinstance(meta, BatchMeta) else tuple(meta or ())
+        metas = tuple(meta)
         mine = (("error", f"{type(error).__name__}: {error}") if error is not None
                 else ("ok", metas) if metas else None)
         gathered = self._gather(mine)

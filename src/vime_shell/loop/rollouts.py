@@ -164,8 +164,6 @@ class RolloutProducer:
         self.eval_sets = plan.eval_sets
         self.rollout_fn = load_rollout_function(cfg.effective_rollout_function_path)
         self.per_sample = _per_sample(cfg, engines, self.tokenizer)
-        self._eval_per_sample = (None if self.per_sample is None  # evaluation never buffers
-                                 else attrs.evolve(self.per_sample, buffer=None))
         self.rewarder = Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
                                        group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout,
                                        args=cfg, reward_key=cfg.reward_key, rm_url=cfg.rm_url)
@@ -361,7 +359,12 @@ class RolloutProducer:
         runtime = GenerateRuntime(engine=front, tokenizer=old.tokenizer, encode=old.encode,
                                   mask_offpolicy=old.mask_offpolicy)
         self.per_sample = attrs.evolve(self.per_sample, runtime=runtime, runner=runner)
-        self._eval_per_sample = attrs.evolve(self.per_sample, buffer=None)
+
+    @property
+    def _eval_per_sample(self) -> PerSample | None:
+        """The run's per-sample setup without the partial-rollout buffer: evaluation, probes
+        and the pool's groups never buffer."""
+        return None if self.per_sample is None else attrs.evolve(self.per_sample, buffer=None)
 
     @property
     def buffered_groups(self) -> int:
