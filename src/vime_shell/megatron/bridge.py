@@ -51,8 +51,9 @@ def read_hf_config(hf_dir: str | Path):
     """The transformers config of ``hf_dir``, normalised for mbridge (``rope_theta`` restored).
 
     Raises ``ModelLoadError`` for a missing ``config.json`` or a RoPE variant the bridge cannot
-    convert (``vime_shell.megatron.rope``: default, linear and llama3 pass). Example: a transformers-5 Qwen2 config with ``rope_parameters={"rope_theta": 1e4,
-    "rope_type": "default"}`` comes back with ``rope_theta == 1e4``.
+    convert (``vime_shell.megatron.rope``: default, linear and llama3 pass). Example: a
+    transformers-5 Qwen2 config with ``rope_parameters={"rope_theta": 1e4, "rope_type":
+    "default"}`` comes back with ``rope_theta == 1e4``.
     """
     path = Path(hf_dir)
     if not (path / "config.json").is_file():

@@ -20,14 +20,15 @@ What it does (and nothing else):
 4. MoE and recompute (:func:`_patch_moe_and_recompute`, measured with megatron-core 0.16.1):
    A1 the router's ``te_general_gemm`` name exists (as None) without TransformerEngine, else
    every router forward raises ``NameError``; A2 the alltoall dispatcher's split sizes become
-   numpy arrays for CPU tensors too (gloo's ``all_to_all_single`` rejects tensors there at
-   EP >= 2); A3 the backward pass (``torch.autograd.backward``, ``Tensor.backward``) answers
+   numpy arrays for CPU tensors too (gloo's ``all_to_all_single`` rejects tensors there at EP >=
+   2); A3 the backward pass (``torch.autograd.backward``, ``Tensor.backward``) answers
    ``torch.cuda.current_device()`` with the CPU device: it runs with this mode popped (the mode
    pops itself while it handles a call), and the EP all-to-all / all-gather backward, a
-   recomputed router and, with more TP ranks than KV heads, the backward of the QKV
-   all-gather (a reduce-scatter) allocate on ``current_device()`` (without A3: "Cannot
-   access accelerator device" at TP2 over 1 KV head; ``tests/shell/test_tied_embeddings.py``); A4 ``CheckpointWithoutOutput`` (selective
-   ``layernorm`` recompute) turns its fp8 flag off, which 0.16.1 sets True for ``fp8=False``.
+   recomputed router and, with more TP ranks than KV heads, the backward of the QKV all-gather
+   (a reduce-scatter) allocate on ``current_device()`` (without A3: "Cannot access accelerator
+   device" at TP2 over 1 KV head; ``tests/shell/test_tied_embeddings.py``); A4
+   ``CheckpointWithoutOutput`` (selective ``layernorm`` recompute) turns its fp8 flag off, which
+   0.16.1 sets True for ``fp8=False``.
 
 ``torch.cuda.is_available()`` stays False, so code that branches on it keeps its CPU path.
 
