@@ -73,11 +73,11 @@ def _flops_or_ffd(step_sizes, step_work, cap, multiple):
 @_compiled
 def _straggler_order(step_sizes, step_work, dp):
     """``planner._presort`` for one step: LPT ranks, then positions by (rank, size descending,
-    position), and the rank of each of those positions."""
+    position), and where each rank's positions start (``dp + 1`` cuts)."""
     ranks = _lpt_ranks(step_work, np.array([0, len(step_sizes)], dtype=np.int64), dp)
     order = argsort_desc(step_sizes)
-    order = order[_group_by(ranks[order], dp)[0]]  # stable by rank: a counting sort
-    return order, ranks[order]
+    by_rank, cuts = _group_by(ranks[order], dp)  # stable by rank: a counting sort
+    return order[by_rank], cuts
 
 
 @_compiled
@@ -123,8 +123,7 @@ def _loop(packing: int, kind: int):
             n = len(samples)
             done = False
             if packing != 0 and kind == 2:
-                order, ranks = _straggler_order(step_sizes, step_work, dp)
-                cuts = np.searchsorted(ranks, np.arange(dp + 1))
+                order, cuts = _straggler_order(step_sizes, step_work, dp)
                 lb = _bin_lower_bound(step_sizes, cap)
                 m = max(-(-lb // dp), 1)
                 m = -(-m // (multiple // dp)) * (multiple // dp)
@@ -175,4 +174,5 @@ def plan_steps(kept: np.ndarray, bounds: np.ndarray, sizes: np.ndarray, work: np
     loop = _loop(PACKING_CODES[packing], kind)
     return loop(np.asarray(kept, dtype=np.int64), np.asarray(bounds, dtype=np.int64),
                 np.asarray(sizes, dtype=np.int64), np.asarray(work, dtype=np.float64),
-                np.int64(cap), np.int64(dp), np.int64(multiple), np.int64(micro_batch_size), by_tokens)
+                np.int64(cap), np.int64(dp), np.int64(multiple), np.int64(micro_batch_size),
+                by_tokens)
