@@ -3,11 +3,13 @@ its ``metrics.jsonl`` values, and what the rank's share exchange moved.
 
 ``FIXTURE`` holds the values main's funnel (leaders -> rank 0 -> broadcast) produced for the
 same runs, recorded with ``python -m tests.shell.share_workers --record`` on main's sources
-(``PYTHONPATH=<main>/src:.``, main at fcbbec7, before the sharded path merged): the sharded
-path must reproduce them exactly, with prompts handed out by the engines' work queue (in
-``dp2`` engine 1 is a straggler, ``recorded_rollout``; the fixture's blocks were
-contiguous). Re-record it only from a funnel build (a change that moves
-the numbers, e.g. a new scheduler, must move them on both paths).
+(``PYTHONPATH=<main>/src:.``, main at fcbbec7, before the sharded path merged, on another
+machine): the sharded path must reproduce them as ``tests.metric_keys`` says (data keys
+exactly, the trainer's floats to rounding, engine log-prob keys to their noise), with prompts
+handed out by the engines' work queue (in ``dp2`` engine 1 is a straggler,
+``recorded_rollout``; the fixture's blocks were contiguous, so its engines batched other
+prompts together). Re-record it only from a funnel build (a change that moves the numbers,
+e.g. a new scheduler, must move them on both paths).
 """
 
 import json
@@ -16,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-TIMING = ("rollout_s", "train_s", "sync_s", "old_logprob_s", "tokens_per_s", "eval_s")
+from tests.metric_keys import without_timing
+
 FIXTURE = Path(__file__).with_name("share_fixture.json")
 # Engine 1 of the dp2 run sleeps this long per prompt it claims: the work queue must hand the
 # fast engine 0 more prompts and still give the contiguous blocks' batch (the fixture).
@@ -47,9 +50,8 @@ def recorded_rollout(ctx):
 
 
 def metric_values(path: Path) -> list[dict]:
-    """``metrics.jsonl`` without the wall-clock fields (the rest must match exactly)."""
-    lines = [json.loads(x) for x in path.read_text().splitlines()]
-    return [{k: v for k, v in line.items() if k not in TIMING} for line in lines]
+    """``metrics.jsonl`` without the wall-clock fields (``tests.metric_keys.TIMING_KEYS``)."""
+    return [without_timing(json.loads(x)) for x in path.read_text().splitlines()]
 
 
 def train_worker(rank: int, run_dir: str, cache: str, layout: dict) -> dict:
