@@ -99,7 +99,7 @@ def test_a_failing_engine_mid_queue_stops_every_rank_with_a_named_error(gpus_per
     leader's next claim, is told to stop (never left waiting), engine 0 stops claiming (the
     counter is pushed past the end), and rank 0 names engine 1; a hang fails by the spawn
     timeout."""
-    out = spawn(queue_failure_worker, 2 * gpus_per_engine, gpus_per_engine, timeout=120)
+    out = spawn(queue_failure_worker, 2 * gpus_per_engine, gpus_per_engine, timeout=300)
     leader1 = gpus_per_engine  # engine 1's leader
     assert out[0]["message"].startswith(
         f"EngineGroupError: rollout generation failed on engine 1 (rank {leader1})")
