@@ -91,7 +91,7 @@ fcntl.flock(fd, fcntl.LOCK_EX)
 os.write(fd, json.dumps({{"run_id": "r0", "pid": {gone.pid}, "host": socket.gethostname(),
                           "since": "then", "command": "vime train"}}).encode())
 print("held", flush=True)
-time.sleep(60)
+time.sleep(3600)  # held until the test kills it, at any load
 """], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

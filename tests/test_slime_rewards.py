@@ -167,7 +167,7 @@ def test_rm_url_failure_names_the_url_after_the_retries(server, monkeypatch):
 def test_rm_url_scores_the_whole_rollout_concurrently(server, monkeypatch):
     """Every sample of every prompt is in flight at once: with a server that answers only when
     4 requests wait together, 2 prompts x 2 samples finish (one prompt at a time would hang)."""
-    barrier = threading.Barrier(4, timeout=10)
+    barrier = threading.Barrier(4, timeout=50)  # a safety net under the client's 60 s
     monkeypatch.setattr(remote_reward, "RM_URL_RETRIES", 0)
     original = _Handler.do_POST
 

@@ -5,7 +5,8 @@ the vLLM engine when ``vllm`` imports, else the HF engine. Writes the JSON to
 ``$VIME_GPU_SUITE_OUT/e2e.json`` (default ``runs/gpu-suite``) and asserts: every rollout ran
 and was logged, rewards are finite, the gap after every sync is below the trainer dtype's
 tolerance (the loop would have raised otherwise), throughputs are positive, peak memory was
-measured, and the run fits the suite's 8-minute budget. A second, 3-rollout run with syncs
+measured. Its wall time is printed against the suite's 8-minute budget, never asserted (a
+shared or busy GPU would fail a correct run; ``run_gpu_suite.sh``'s timeout bounds it). A second, 3-rollout run with syncs
 disabled (``--control-stale-sync``) writes ``e2e_stale.json``: the gap of a missed sync, to set
 the bf16 tolerance against. Skips only without CUDA;
 ``run_gpu_suite.sh`` fails outright there.
@@ -39,7 +40,7 @@ def test_vime_train_end_to_end_on_one_gpu():
     assert all(g <= result["logprob_gap_tolerance"] for g in result["gap_after_sync"])
     assert result["generation_tokens_per_s"] > 0 and result["train_tokens_per_s"] > 0
     assert result["peak_device_used_bytes"] > 0 and result["peak_torch_allocated_bytes"] > 0
-    assert result["wall_s"] < TIME_LIMIT_S
+    print(f"e2e: {result['wall_s']:.0f} s of the suite's {TIME_LIMIT_S} s budget")
 
 
 def test_a_missed_sync_is_visible_above_the_tolerance():

@@ -51,7 +51,9 @@ RUNS = {
 
 
 def _contents(batch) -> list:
-    """The batch as a multiset of (tokens, reward) per sample, order-free."""
+    """The batch as a multiset of (tokens, reward) per sample, order-free. Compared exactly
+    across modes: tokens and rewards do not depend on how the pool batched the requests
+    (``tests.metric_keys``), the engine's log-probs do (float noise), so they are left out."""
     offsets = np.asarray(batch.token_offsets)
     tokens = np.asarray(batch.tokens)
     rows = [(tuple(tokens[offsets[i]:offsets[i + 1]].tolist()), float(batch.rewards[i]))

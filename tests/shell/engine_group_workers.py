@@ -6,6 +6,7 @@ worker runs every case in one process group and returns plain, picklable observa
 """
 
 import os
+from datetime import timedelta
 
 import numpy as np
 import torch.distributed as dist
@@ -15,6 +16,7 @@ from vime_shell.engines import SamplingParams
 from vime_shell.engines.group import EngineGroup, EngineGroupError, EngineOptions
 from vime_shell.engines.layout import resolve_engine_layout
 from vime_shell.engines.weights import load_safetensors_dir
+from vime_shell.engines.work_queue import PromptQueue, job_store
 from vime_shell.models.tokenizer import load_tokenizer
 from vime_shell.rollout.functions import (RolloutContext, compact_rollout, rollout_sampling_seed,
                                           share_context, single_turn_rollout)
@@ -113,22 +115,31 @@ class _StandIn:
 
 def queue_failure_worker(rank: int, gpus_per_engine: int) -> dict:
     """16 prompts, chunks of 2 (``queue_chunk_size(16, 2)``) over 2 engines: engine 1's leader
-    fails on its second chunk while engine 0 (0.3 s per chunk) is still claiming. Every rank returns
-    its error message (or ``"no error"``) and the chunks its engine generated."""
-    import time
-
+    fails on its second chunk while engine 0 still holds its first: engine 0 finishes a chunk
+    only once engine 1 has aborted the queue (a key in the job's store, set after
+    ``PromptQueue.abort``; a wait, not a sleep), so at any load engine 0 generates at most one
+    chunk and engine 1 two. Every rank returns its error message (or ``"no error"``) and the
+    chunks its engine generated."""
     init_gloo()
     layout = resolve_engine_layout(world_size=dist.get_world_size(),
                                    rollout_num_gpus_per_engine=gpus_per_engine)
     group = EngineGroup.build("unused", layout, EngineOptions(engine="hf"),
                               factory=lambda *_: _StandIn())
     chunks: list[int] = []
+    aborted = "tests/queue-aborted"
+    abort = PromptQueue.abort
+
+    def abort_and_say_so(queue: PromptQueue) -> None:
+        abort(queue)
+        job_store().set(aborted, "1")
+    PromptQueue.abort = abort_and_say_so  # this process only: spawn's worker, never pytest's
 
     def produce(share):
         chunks.append(share.start)
         if group.engine_index == 1 and group.is_leader and len(chunks) == 2:
             raise RuntimeError("tool sandbox unreachable")
-        time.sleep(0.3 if group.engine_index == 0 else 0.0)
+        if group.engine_index == 0:
+            job_store().wait([aborted], timedelta(seconds=60))
         return [[] for _ in share]
     message = _run_and_close(group, produce, 16)
     return {"message": message, "chunks": chunks, "engine": group.engine_index}

@@ -280,15 +280,20 @@ def broken_sync_worker(rank: int, root: str, cache: str) -> dict:
 
 
 def _engine_1_down(ctx, what: str) -> None:
-    """Rank 1's engine raises; rank 0's waits 0.5 s per chunk first, so that engine 1 claims
-    a chunk of the work queue before engine 0 has claimed them all."""
-    import time
+    """Rank 1's engine raises; rank 0's waits until it has (a key in the job's store, not a
+    sleep), so engine 1 claims a chunk of the work queue at any load: engine 0 holds one chunk
+    while it waits, and the queue has several. The wait is bounded, never a hang."""
+    from datetime import timedelta
 
     import torch.distributed as dist
 
+    from vime_shell.engines.work_queue import job_store
+
+    down = f"tests/{what}/down"
     if dist.get_rank() == 1:
+        job_store().set(down, "1")
         raise RuntimeError(f"{what} with prompts from {ctx.prompt_offset} is down")
-    time.sleep(0.5)
+    job_store().wait([down], timedelta(seconds=120))
 
 
 def failing_share_rollout(ctx):

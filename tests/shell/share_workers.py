@@ -3,24 +3,28 @@ its ``metrics.jsonl`` values, and what the rank's share exchange moved.
 
 ``FIXTURE`` holds the values main's funnel (leaders -> rank 0 -> broadcast) produced for the
 same runs, recorded with ``python -m tests.shell.share_workers --record`` on main's sources
-(``PYTHONPATH=<main>/src:.``, main at fcbbec7, before the sharded path merged): the sharded
-path must reproduce them exactly, with prompts handed out by the engines' work queue (in
-``dp2`` engine 1 is a straggler, ``recorded_rollout``; the fixture's blocks were
-contiguous). Re-record it only from a funnel build (a change that moves
-the numbers, e.g. a new scheduler, must move them on both paths).
+(``PYTHONPATH=<main>/src:.``, main at fcbbec7, before the sharded path merged, on another
+machine): the sharded path must reproduce them as ``tests.metric_keys`` says (data keys
+exactly, the trainer's floats to rounding, engine log-prob keys to their noise), with prompts
+handed out by the engines' work queue (in ``dp2`` engine 1 is a straggler,
+``recorded_rollout``; the fixture's blocks were contiguous, so its engines batched other
+prompts together). Re-record it only from a funnel build (a change that moves the numbers,
+e.g. a new scheduler, must move them on both paths).
 """
 
 import json
 import os
 import sys
-import time
+from datetime import timedelta
 from pathlib import Path
 
-TIMING = ("rollout_s", "train_s", "sync_s", "old_logprob_s", "tokens_per_s", "eval_s")
+from tests.metric_keys import without_timing
+
 FIXTURE = Path(__file__).with_name("share_fixture.json")
-# Engine 1 of the dp2 run sleeps this long per prompt it claims: the work queue must hand the
-# fast engine 0 more prompts and still give the contiguous blocks' batch (the fixture).
-SLOW_S = 2.5  # vs ~0.05 s per prompt on engine 0: a wide margin on a loaded machine
+# Engine 1 of the dp2 run generates a chunk only once engine 0 has generated every other
+# prompt of the rollout: the work queue must hand engine 0 the rest and still give the
+# contiguous blocks' batch (the fixture). A wait on the job's store, bounded, never a sleep.
+STRAGGLER_WAIT_S = 300
 QUEUED = {"rollout_function_path": "tests.shell.share_workers:recorded_rollout"}
 RUNS = {  # name -> (world size, layout flags): DP at world 2, DP x PP at world 4
     "dp2": (2, QUEUED),
@@ -34,22 +38,30 @@ CONFIG = dict(rollout_batch_size=4, n_samples_per_prompt=4, global_batch_size=8,
 
 def recorded_rollout(ctx):
     """The built-in single-turn rollout, recording each chunk; at world 2 rank 1 (engine 1)
-    is a straggler."""
+    is a straggler at any load: it starts a chunk only after rank 0 has generated all the
+    rollout's other prompts (rank 0 counts them in the job's store), so it claims at most
+    one chunk and rank 0 the rest."""
     import torch.distributed as dist
 
+    from vime_shell.engines.work_queue import job_store
     from vime_shell.rollout.functions import single_turn_rollout
 
-    rank = dist.get_rank()
+    rank, straggles = dist.get_rank(), dist.get_world_size() == 2
     CLAIMS.append((rank, ctx.rollout_id, ctx.prompt_offset, len(ctx.prompts)))
-    if rank == 1 and dist.get_world_size() == 2:
-        time.sleep(SLOW_S * len(ctx.prompts))
-    return single_turn_rollout(ctx)
+    done = f"tests/straggler/{ctx.rollout_id}"
+    if straggles and rank == 1:
+        others = CONFIG["rollout_batch_size"] - len(ctx.prompts)
+        job_store().wait([f"{done}/{others}"], timedelta(seconds=STRAGGLER_WAIT_S))
+    out = single_turn_rollout(ctx)
+    if straggles and rank == 0:
+        generated = job_store().add(done, len(ctx.prompts))
+        job_store().set(f"{done}/{generated}", "1")
+    return out
 
 
 def metric_values(path: Path) -> list[dict]:
-    """``metrics.jsonl`` without the wall-clock fields (the rest must match exactly)."""
-    lines = [json.loads(x) for x in path.read_text().splitlines()]
-    return [{k: v for k, v in line.items() if k not in TIMING} for line in lines]
+    """``metrics.jsonl`` without the wall-clock fields (``tests.metric_keys.TIMING_KEYS``)."""
+    return [without_timing(json.loads(x)) for x in path.read_text().splitlines()]
 
 
 def train_worker(rank: int, run_dir: str, cache: str, layout: dict) -> dict:

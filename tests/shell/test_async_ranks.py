@@ -40,7 +40,8 @@ def runs(tmp_path_factory, cache):
     names = ("sync", "agentic_sync", "agentic_k0", "agentic_k2", "one_step_off_k0", "fully_async_k0", "one_step_off", "fully_async_k2",
              "resume_first", "resume_rest", "partial_first", "partial_rest", "failure",
              "broken_sync", "hook_failure")
-    trainer, engine = spawn(modes_worker, 2, str(root), cache, names, timeout=300)
+    # 15 short runs in one job: the deadline catches a hang, sized for a loaded machine
+    trainer, engine = spawn(modes_worker, 2, str(root), cache, names, timeout=900)
     return trainer, engine
 
 
@@ -149,7 +150,7 @@ def test_a_killed_engine_rank_stops_the_trainer_with_a_named_error(tmp_path, cac
                                             (str(tmp_path), cache)),
                              nprocs=2, join=False, start_method="spawn")
     trainer, engine = ctx.processes
-    trainer.join(timeout=240)
+    trainer.join(timeout=600)  # a hang is the bridge's 3 hours; 600 s covers a loaded start
     alive = trainer.is_alive()
     for p in ctx.processes:
         if p.is_alive():

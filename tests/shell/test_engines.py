@@ -112,6 +112,7 @@ def test_weight_update_changes_outputs_and_matches_new_weights(dirs, prompts, tm
         engine.update_weights_from_path(save_safetensors_dir(tmp_path / "sync", new.items()))
     after = engine.generate(prompts, params)
     assert after != before
+    # Log-probs included, exactly: the same prompts in one call, the same weights' bits.
     assert after == reference.generate(prompts, params)
     assert max_gap(after, reference.model, prompts) < LOGPROB_TOL
 

@@ -34,7 +34,8 @@ def runs(tmp_path_factory):
                  "pool_broken_sync": {"num_rollout": 1},
                  "broken_sync": {"num_rollout": 1},
                  "pool_failure": {"num_rollout": 1}}
-    return spawn(modes_worker, 3, str(root), str(cache), names, 2, overrides, timeout=300)
+    # 9 short runs in one job: the deadline catches a hang, sized for a loaded machine
+    return spawn(modes_worker, 3, str(root), str(cache), names, 2, overrides, timeout=900)
 
 
 def test_two_pools_at_staleness_0_give_the_synchronous_batches(runs):

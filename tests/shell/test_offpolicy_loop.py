@@ -42,7 +42,9 @@ def assert_stale_records(records: list[dict]) -> None:
 def test_stale_engine_data_trains_with_tis_and_never_trips_the_gap_check(tmp_path, cache):
     out = spawn(stale_engine_worker, 1, str(tmp_path), cache)[0]
     plain, current, tis = out["plain"], out["current"], out["tis"]
-    # Samples stamped with the current version are on policy: the same run, to the bit.
+    # Samples stamped with the current version are on policy: the same run, to the bit. Exact
+    # even for the engine-log-prob keys (tis, logprob_gap, and the TIS-weighted loss): one
+    # process, one engine, the same prompts in the same generate calls, so the same bits.
     keys = ("loss", "pg_loss", "tis", "grad_norm", "logprob_gap", "staleness_max")
     assert [[r[k] for k in keys] for r in plain] == [[r[k] for k in keys] for r in current]
     assert all(r["staleness_max"] == 0 and r["logprob_gap"] < 1e-4 for r in current)

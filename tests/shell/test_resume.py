@@ -15,6 +15,7 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 
+from tests.metric_keys import without_timing
 from tests.shell.loop_workers import killed_in_save_worker, killed_worker, resume_worker
 from vime_shell.loop import run_checkpoint as checkpoint
 from vime_shell.megatron.checkpoint import TRAINER_STATE
@@ -22,15 +23,13 @@ from vime_shell.storage.dump import load_rollout_batch
 from vime_shell.megatron.spawn import free_port, spawn
 
 pytestmark = pytest.mark.slow
-TIMING = {"rollout_s", "train_s", "sync_s", "old_logprob_s", "eval_s", "tokens_per_s"}
 # Each killed run and the rollouts it had logged when it died: the hook kill comes before
 # rollout 3 is logged, the save kill after.
 KILLED = {"interrupted": [0, 1, 2], "killed_in_save": [0, 1, 2, 3]}
 
 
 def _metrics(path) -> list[dict]:
-    lines = [json.loads(x) for x in path.read_text().splitlines()]
-    return [{k: v for k, v in x.items() if k not in TIMING} for x in lines]
+    return [without_timing(json.loads(x)) for x in path.read_text().splitlines()]
 
 
 def _run_to_death(target, *args) -> int:
@@ -72,6 +71,9 @@ def test_killed_and_resumed_run_equals_uninterrupted(killed_runs, name):
     full = _metrics(root / "uninterrupted" / "run" / "metrics.jsonl")
     resumed = _metrics(root / name / "run" / "metrics.jsonl")
     assert [x["rollout"] for x in resumed] == [0, 1, 2, 3]  # no rollout twice, none skipped
+    # Exact, engine-log-prob keys included: each run (one process each, on this machine) has
+    # one engine, which generates the same prompts in the same calls on the same weights'
+    # bits (resumed from the checkpoint's), and its trainer the same layout.
     assert resumed == full
     for rid in range(4):
         a = load_rollout_batch(root / "uninterrupted" / "dumps" / f"r{rid}.npz")

@@ -3,17 +3,21 @@
 ``share_fixture.json`` holds ``metrics.jsonl`` of the same runs made by the funnel the sharded
 path replaced (engine leaders pickled their samples to rank 0, which built the batch and
 broadcast it), recorded on main's sources before the merge (``share_workers.py``). The sharded
-runs must give those values exactly (loss, reward, group and sample counts, entropy, grad
-norm...: every key but wall-clock times), at world 2 (DP 2) and world 4 (DP 2 x PP 2: PP peers
-receive the same share); and every rank must receive its own share's bytes, not the batch's.
-Prompts are handed out by the engines' work queue, the fixture's in contiguous blocks: in dp2
-engine 1 is a straggler and must claim fewer prompts, the metrics still bit-identical.
+runs must give those values (``tests.metric_keys``): token, sample, group and prompt counts,
+lengths, rewards and fractions exactly; the trainer's floats (loss, entropy, grad norm, ...)
+to rounding, as the fixture was recorded on another machine; and the keys computed from the
+engine's log-probs (``logprob_gap``, ``mismatch_*``) to float noise, since the engines batched
+other prompts together than the fixture's (chunks of a work queue, not contiguous blocks). At
+world 2 (DP 2) and world 4 (DP 2 x PP 2: PP peers receive the same share); and every rank must
+receive its own share's bytes, not the batch's. In dp2 engine 1 is a straggler and must claim
+fewer prompts, the data keys still bit-identical.
 """
 
 import json
 
 import pytest
 
+from tests.metric_keys import assert_metrics_match
 from tests.shell.share_workers import FIXTURE, RUNS, run
 
 pytestmark = pytest.mark.slow
@@ -27,7 +31,8 @@ def cache(tmp_path_factory):
 @pytest.mark.parametrize("name", list(RUNS))
 def test_sharded_queued_runs_give_the_funnels_metrics_and_move_only_shares(tmp_path, cache, name):
     out = run(name, str(tmp_path), cache)
-    assert out[0]["metrics"] == json.loads(FIXTURE.read_text())[name]
+    # Not ``==``: the engine log-prob keys are noise of the engines' batches (see the docstring).
+    assert_metrics_match(out[0]["metrics"], json.loads(FIXTURE.read_text())[name])
     world = RUNS[name][0]
     for rank, o in enumerate(out):
         assert len(o["moved"]) == 2  # one per rollout
@@ -53,8 +58,9 @@ def test_sharded_queued_runs_give_the_funnels_metrics_and_move_only_shares(tmp_p
 
 def _check_claims(name: str, claims: list) -> None:
     """Per rollout every prompt was generated once, in chunks of 1 (4 prompts, >= 2 engines:
-    ``queue_chunk_size``); in dp2 the straggler (engine 1, asleep ``SLOW_S`` s per prompt)
-    claimed fewer prompts than engine 0 (which generates one in well under a second)."""
+    ``queue_chunk_size``); in dp2 the straggler (engine 1, which starts a chunk only after
+    engine 0 generated every other prompt: ``recorded_rollout``) claimed fewer prompts than
+    engine 0, at any load."""
     for rid in (0, 1):
         mine = [(rank, first, n) for rank, r, first, n in claims if r == rid]
         assert sorted(first for _, first, _ in mine) == [0, 1, 2, 3] and all(

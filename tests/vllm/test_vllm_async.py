@@ -11,6 +11,7 @@ update from a directory bumps ``weight_version`` and greedy output follows the n
 
 import asyncio
 import os
+import threading
 
 import pytest
 
@@ -70,21 +71,41 @@ def test_concurrent_requests_equal_the_batched_llm(engine, embedded_pair, prompt
     assert engine.in_flight == 0
 
 
+def _streamed(engine, tokens: int) -> threading.Event:
+    """An Event set once a request on ``engine`` has streamed ``tokens`` tokens: its
+    ``AsyncLLM.generate`` (yielding the cumulative output after every engine step) wrapped on
+    the instance; ``del engine._llm.generate`` restores it."""
+    reached, stream = threading.Event(), engine._llm.generate
+
+    async def watched(*args, **kwargs):
+        async for out in stream(*args, **kwargs):
+            if len(out.outputs[0].token_ids) >= tokens:
+                reached.set()
+            yield out
+    engine._llm.generate = watched
+    return reached
+
+
 def test_an_aborted_request_continues_exactly(engine, prompt_ids):
     params = SamplingParams(max_new_tokens=40, temperature=0.0)
     prompt = prompt_ids[0]
     full = asyncio.run(engine.generate(prompt, params))
+    assert len(full.token_ids) == 40  # no stop token: 38 engine steps left after the cut
+    # The abort follows the second streamed token (an Event, not a sleep: at any load the
+    # request is mid-generation), and reaches vLLM long before 38 more steps.
+    reached = _streamed(engine, 2)
 
     async def cut():
         task = asyncio.create_task(engine.generate(prompt, params))
-        while engine.in_flight == 0:
-            await asyncio.sleep(0.001)
-        await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(reached.wait, 120), "no token streamed in 120 s"
         assert engine.abort_all() == 1
         return await task
 
-    partial = asyncio.run(cut())
-    assert partial.finish_reason == "abort" and len(partial.token_ids) < 40
+    try:
+        partial = asyncio.run(cut())
+    finally:
+        del engine._llm.generate
+    assert partial.finish_reason == "abort" and 2 <= len(partial.token_ids) < 40
     rest = asyncio.run(engine.generate(list(prompt) + list(partial.token_ids), SamplingParams(
         max_new_tokens=40 - len(partial.token_ids), temperature=0.0)))
     assert list(partial.token_ids) + list(rest.token_ids) == list(full.token_ids)
