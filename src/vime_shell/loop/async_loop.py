@@ -14,7 +14,8 @@ engine ranks execute in order:
 ``--partial-rollout`` (synchronous mode only: launch checks refuse it with either
 asynchronous mode) keeps its buffer in the engine ranks' producer; each batch's reply carries
 the buffer's state, the checkpoint saves it and a resumed run sends it back with its first
-request.
+request (resumed without ``--partial-rollout``, the producer puts the groups' prompts back
+first in line, ``carried``, and the replies carry those until they are drawn).
 
 Order per rollout ``k`` on trainer rank 0 (``L`` = :func:`vime_pure.async_pool.generation_lag`):
 synchronous (``L = 0``): generate ``k``, receive it, train, sync; one step off (``L = 1``):
@@ -67,12 +68,14 @@ log = logging.getLogger("vime.train")
 class SourceState:
     """Where the engines' prompt source stands after the last trained rollout (checkpoints);
     ``pool``: the fully-async pool's resume point (``GroupPool.resume_state``); ``partial``:
-    the groups ``--partial-rollout`` carries into the next rollout (``PartialBuffer``)."""
+    the groups ``--partial-rollout`` carries into the next rollout (``PartialBuffer``);
+    ``carried``: prompts put back first in line (``PromptSource.carried``)."""
 
     offset: int = 0
     draws: int = 0
     pool: dict | None = None
     partial: dict | None = None
+    carried: list | None = None
 
 
 @attrs.frozen
@@ -206,15 +209,16 @@ class RemoteRollouts:
         resume point) continue from there, sent with the next request."""
         self.source = SourceState(offset=int(state["offset"]), draws=int(state["draws"]),
                                   pool=state.get("async_pool"),
-                                  partial=state.get("partial_buffer"))
+                                  partial=state.get("partial_buffer"),
+                                  carried=state.get("carried"))
         self._restore = attrs.asdict(self.source)
 
     def partial_state(self) -> dict:
-        """The fully-async pool's resume point and the partial-rollout buffer, for the
-        checkpoint (plain JSON)."""
-        out = {} if self.source.pool is None else {"async_pool": self.source.pool}
-        return out if self.source.partial is None else {**out,
-                                                        "partial_buffer": self.source.partial}
+        """The fully-async pool's resume point, the partial-rollout buffer and the prompts
+        put back, for the checkpoint (plain JSON)."""
+        named = {"async_pool": self.source.pool, "partial_buffer": self.source.partial,
+                 "carried": self.source.carried}
+        return {key: value for key, value in named.items() if value is not None}
 
     def sleep(self) -> None:
         """Engines on ranks of their own never give memory back to the trainer."""
@@ -303,7 +307,8 @@ class _Server:
         source = producer.source
         if restore is not None:
             source.offset, source.draws = restore["offset"], restore["draws"]
-            producer.restore_partial_state({"partial_buffer": restore.get("partial")})
+            producer.restore_partial_state({"partial_buffer": restore.get("partial"),
+                                            "carried": restore.get("carried")})
         out = producer.produce(rid)  # collective over the engine ranks
         if out is None:
             return ("batch", rid, None, None, None)
@@ -313,8 +318,9 @@ class _Server:
         # the trainer's staleness report and fresh-sample gap check read these columns.
         batch = stamp_versions(batch, self.version)
         record = {**stats.as_record(), "weight_version": self.version}
+        kept = producer.partial_state()
         state = {"offset": source.offset, "draws": source.draws,
-                 "partial": producer.partial_state().get("partial_buffer")}
+                 "partial": kept.get("partial_buffer"), "carried": kept.get("carried")}
         return ("batch", rid, batch, record, state, stats.annotations)
 
     def _load(self, version: int) -> None:
