@@ -47,7 +47,7 @@ from typing import Any
 import attrs
 import torch
 
-from vime_pure.async_pool import generation_lag
+from vime_pure.async_pool import PoolCounts, generation_lag
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.staleness import stamp_versions
 from vime_shell.engines.group import EngineGroup, EngineGroupError, EngineOptions
@@ -69,13 +69,15 @@ class SourceState:
     """Where the engines' prompt source stands after the last trained rollout (checkpoints);
     ``pool``: the fully-async pool's resume point (``GroupPool.resume_state``); ``partial``:
     the groups ``--partial-rollout`` carries into the next rollout (``PartialBuffer``);
-    ``carried``: prompts put back first in line (``PromptSource.carried``)."""
+    ``carried``: prompts put back first in line (``PromptSource.carried``); ``pool_counts``:
+    the fully-async pools' counts so far, over the whole run (``PoolCounts.to_state``)."""
 
     offset: int = 0
     draws: int = 0
     pool: dict | None = None
     partial: dict | None = None
     carried: list | None = None
+    pool_counts: dict | None = None
 
 
 @attrs.frozen
@@ -108,6 +110,7 @@ class RemoteRollouts:
         self.answering = self.engine_ranks if self.mode == "fully_async" else 1
         self.lag = generation_lag(self.mode, cfg.max_weight_staleness)
         self.source = SourceState()
+        self.resumed_counts = PoolCounts()  # the pools' counts at the --load checkpoint
         self._restore: dict | None = None
         self._requested: list[int] = []  # asked for, reply not yet received
         self._received: dict[int, tuple] = {}
@@ -150,8 +153,8 @@ class RemoteRollouts:
         expected = self._requested.pop(0)
         replies = self._recv_all("rollout generation")
         fully_async = self.mode == "fully_async"  # one part per pool, joined here
-        self._received[expected] = join_pool_parts(self.cfg, replies) if fully_async \
-            else replies[0]
+        self._received[expected] = join_pool_parts(self.cfg, replies, self.resumed_counts) \
+            if fully_async else replies[0]
 
     def _recv_all(self, what: str, ranks: int | None = None) -> list[tuple]:
         """One reply from each of the first ``ranks`` engine ranks (default: those that
@@ -210,14 +213,17 @@ class RemoteRollouts:
         self.source = SourceState(offset=int(state["offset"]), draws=int(state["draws"]),
                                   pool=state.get("async_pool"),
                                   partial=state.get("partial_buffer"),
-                                  carried=state.get("carried"))
+                                  carried=state.get("carried"),
+                                  pool_counts=state.get("pool_counts"))
+        if self.source.pool_counts is not None:  # counters continue, pending ones recycled
+            self.resumed_counts = PoolCounts.from_state(self.source.pool_counts).resumed()
         self._restore = attrs.asdict(self.source)
 
     def partial_state(self) -> dict:
-        """The fully-async pool's resume point, the partial-rollout buffer and the prompts
-        put back, for the checkpoint (plain JSON)."""
+        """The fully-async pool's resume point and counts, the partial-rollout buffer and the
+        prompts put back, for the checkpoint (plain JSON)."""
         named = {"async_pool": self.source.pool, "partial_buffer": self.source.partial,
-                 "carried": self.source.carried}
+                 "carried": self.source.carried, "pool_counts": self.source.pool_counts}
         return {key: value for key, value in named.items() if value is not None}
 
     def sleep(self) -> None:
