@@ -52,6 +52,21 @@ def test_decay_iters_count_optimizer_steps_with_partial_steps():
                      num_rollout=5, warmup_iters=1, decay_iters=9).decay_groups == 96
 
 
+def test_lr_budgets_follow_each_steps_real_group_count():
+    """The seed's example: 5 groups per rollout at --global-batch-size 4 with partial steps
+    train steps of 4, 1, 4, 1, ...: --lr-warmup-iters 1 warms up over the first step's 4
+    groups and --lr-decay-iters 3 ends the decay exactly at the third step (9 groups)."""
+    cfg = TrainConfig(rollout_batch_size=5, n_samples_per_prompt=1, global_batch_size=4,
+                      allow_partial_train_step=True, lr=1e-3, min_lr=0.0,
+                      lr_decay_style="linear", lr_warmup_iters=1, lr_decay_iters=3)
+    optim = trainer_config(cfg, 4).optim
+    assert (optim.lr_warmup_groups, optim.lr_decay_groups) == (4, 9)
+    lrs = _run_lrs(cfg, num_rollout=2)
+    assert lrs[0] == pytest.approx(1e-3)  # warmed up after the first step
+    assert lrs[1] == pytest.approx(1e-3 * 4 / 5)  # 5 groups: 1 of the 5 decay groups
+    assert lrs[1] > 0.0 and lrs[2] == 0.0  # the third step ends the decay
+
+
 def test_launch_warns_when_nothing_decays():
     quiet = TrainConfig(lr_decay_style="cosine")
     assert launch_warnings(quiet, 300) == []

@@ -75,6 +75,22 @@ def test_a_resumed_source_continues_the_same_order(takes, shuffle, seed):
     assert head + [e.prompt for n in takes[half:] for e in resumed.take(n)] == drawn
 
 
+@given(st.integers(0, 6), st.lists(st.integers(0, 9), min_size=1, max_size=6))
+def test_prompts_put_back_come_first_and_only_the_rest_is_drawn(carried, takes):
+    """Prompts put back (a --partial-rollout checkpoint resumed without it) are handed out
+    before any new one; the source draws only the rest, so after them it continues as if
+    they had never been taken: nothing drawn is lost, nothing repeats."""
+    rows = tuple(TaskExample(prompt=str(k)) for k in range(40))
+    back = tuple(TaskExample(prompt=f"back{k}") for k in range(carried))
+    plain = PromptSource.from_dataset(rows, shuffle=True, seed=1)
+    source = PromptSource.from_dataset(rows, shuffle=True, seed=1)
+    source.carried = back
+    got = [e for n in takes for e in source.take(n)]
+    expected = list(back) + list(plain.take(sum(takes)))
+    assert got == expected[:sum(takes)]
+    assert source.carried == back[sum(takes):] and source.draws == len(takes)
+
+
 def test_every_epoch_is_a_permutation_and_shuffles_differ_across_epochs():
     rows = tuple(TaskExample(prompt=str(k)) for k in range(20))
     source = PromptSource.from_dataset(rows, shuffle=True, seed=0)

@@ -167,10 +167,20 @@ def drain(*, versions: Any, trainer_version: Any, max_staleness: Any, batch_size
                  full=len(take) == batch_size)
 
 
+def is_count(value: Any) -> bool:
+    """A whole number >= 0 (not a bool): a count read back from a checkpoint."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 @attrs.frozen(kw_only=True)
 class PoolCounts:
     """What a fully-async pool did with every group it started (nothing goes uncounted):
-    ``started = trained + recycled + filtered + pending``."""
+    ``started = trained + recycled + filtered + pending``.
+
+    ``started``, ``trained``, ``recycled`` and ``filtered`` are counters over the whole run,
+    across resumes (a checkpoint keeps them, :meth:`to_state`); ``pending`` is a gauge: the
+    groups in flight or ready at that moment. A resumed run continues from :meth:`resumed`.
+    """
 
     started: int = 0
     trained: int = 0
@@ -185,3 +195,35 @@ class PoolCounts:
     def add(self, **counts: int) -> "PoolCounts":
         """Example: ``PoolCounts().add(started=4, trained=2).pending == 2``."""
         return attrs.evolve(self, **{k: getattr(self, k) + v for k, v in counts.items()})
+
+    def resumed(self) -> "PoolCounts":
+        """The counts a run resumed from these continues from: the groups pending at the
+        checkpoint are generated again with their original seeds, so they count as recycled
+        (and ``pending`` restarts at 0). Example: started 10, trained 8, 2 pending ->
+        started 10, trained 8, recycled 2, pending 0."""
+        return attrs.evolve(self, recycled=self.recycled + self.pending)
+
+    def as_record(self) -> dict[str, int]:
+        """The metrics record's ``pool_*`` keys. Example: ``PoolCounts(started=2,
+        trained=1).as_record()["pool_pending"] == 1``."""
+        return {"pool_started": self.started, "pool_trained": self.trained,
+                "pool_recycled": self.recycled, "pool_filtered": self.filtered,
+                "pool_pending": self.pending}
+
+    def to_state(self) -> dict[str, int]:
+        """Plain JSON for a checkpoint (:meth:`from_state` reads it back)."""
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_state(cls, state: Any) -> "PoolCounts":
+        """Inverse of :meth:`to_state`; a malformed one is an :class:`AsyncPoolError`.
+        Example: ``PoolCounts.from_state({"started": 3, "trained": 2, "recycled": 0,
+        "filtered": 1}).pending == 0``."""
+        names = tuple(attrs.fields_dict(cls))
+        if not isinstance(state, dict) or set(state) != set(names) or not all(
+                is_count(state[n]) for n in names) or cls(**state).pending < 0:
+            raise field_error(AsyncPoolError, "checkpoint pool_counts", state,
+                              f"are not the counts {list(names)} (whole numbers, started "
+                              "at least the others' sum)",
+                              "resume from an intact checkpoint (--load)")
+        return cls(**state)

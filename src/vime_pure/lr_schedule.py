@@ -2,17 +2,19 @@
 
 The trainer's LR scheduler advances by each step's real group count ``G_s`` (a partial step
 of 4 groups moves it by 4), so its lengths are in groups. The flags count optimizer steps, as
-in slime and Megatron. One rollout of ``R`` groups at ``--global-batch-size B`` makes
-``S = R // B`` steps (``ceil(R / B)`` with ``--allow-partial-train-step``), so one step is worth
-``R / S`` groups on average and ``N`` steps are ``N * R / S`` groups: exact at every rollout
-boundary, whatever the partial step's size. Without ``--lr-decay-iters`` the decay spans the
-whole run, ``--num-rollout x S`` steps (Megatron's ``--lr-decay-iters`` defaults to its
-``--train-iters``; slime's train iterations are rollouts x steps per rollout), so the LR
-reaches ``--min-lr`` at the last step.
+in slime and Megatron. One rollout of ``R`` groups at ``--global-batch-size B`` makes steps of
+``B`` groups and, with ``--allow-partial-train-step``, a last one of ``R mod B``
+(:func:`step_groups`); without it those groups are dropped. ``N`` steps are the groups of the
+run's first ``N`` steps, each counted at its real size, as the seed system (slime, group data
+model) consumes its budgets: exact at every step, not only at rollout ends. Without
+``--lr-decay-iters`` the decay spans the whole run, ``--num-rollout x S`` steps (Megatron's
+``--lr-decay-iters`` defaults to its ``--train-iters``; slime's train iterations are rollouts
+x steps per rollout), so the LR reaches ``--min-lr`` at the last step.
 
-Example: 100 groups per rollout at ``B = 32`` with partial steps: steps of 32, 32, 32 and 4
-groups, ``S = 4``, 25 groups per step; 10 rollouts decay over 40 steps = 1000 groups;
-``--lr-decay-iters 9`` decays over 225 groups.
+Example: 5 groups per rollout at ``B = 4`` with partial steps: steps of 4, 1, 4, 1, ...;
+``--lr-decay-iters 3`` decays over 4 + 1 + 4 = 9 groups and ``--lr-warmup-iters 1`` warms up
+over 4 (an average of 2.5 groups per step would give 8 and 2). With dynamic sampling a
+rollout may train fewer groups; the lengths follow the full rollout's steps.
 """
 
 import attrs
@@ -34,6 +36,25 @@ def steps_per_rollout(groups_per_rollout: int, global_batch_size: int,
     return full + (1 if rest and allow_partial else 0)
 
 
+def step_groups(groups_per_rollout: int, global_batch_size: int,
+                allow_partial: bool) -> tuple[int, ...]:
+    """Each optimizer step's group count in one rollout. Example: ``(5, 4, True) == (4, 1)``,
+    ``(5, 4, False) == (4,)`` (the left-over group is dropped)."""
+    full, rest = divmod(groups_per_rollout, global_batch_size)
+    spr = steps_per_rollout(groups_per_rollout, global_batch_size, allow_partial)
+    return (global_batch_size,) * full + (rest,) * (spr - full)
+
+
+def groups_of_steps(steps: int, per_rollout: tuple[int, ...]) -> int:
+    """The groups of the run's first ``steps`` optimizer steps, each at its real size, every
+    rollout stepping ``per_rollout``. Example: ``groups_of_steps(3, (4, 1)) == 9``."""
+    if steps < 0:
+        raise field_error(ScheduleError, "steps", steps, "must be >= 0",
+                          "pass --lr-warmup-iters / --lr-decay-iters of 0 or more")
+    rollouts, rest = divmod(steps, len(per_rollout))
+    return rollouts * sum(per_rollout) + sum(per_rollout[:rest])
+
+
 @attrs.frozen(kw_only=True)
 class LrGroups:
     """The scheduler's lengths in groups, and the steps they came from."""
@@ -52,16 +73,13 @@ def lr_groups(*, groups_per_rollout: int, global_batch_size: int, allow_partial:
     whole run. Example: ``lr_groups(groups_per_rollout=128, global_batch_size=64,
     allow_partial=False, num_rollout=5, warmup_iters=2, decay_iters=None)`` decays over 10
     steps = 640 groups and warms up over 128."""
-    spr = steps_per_rollout(groups_per_rollout, global_batch_size, allow_partial)
-    if spr == 0:  # fewer groups than one step and no partial steps: nothing trains
-        spr = 1
+    per_rollout = step_groups(groups_per_rollout, global_batch_size, allow_partial)
+    if not per_rollout:  # fewer groups than one step and no partial steps: nothing trains
+        per_rollout = (groups_per_rollout,)
+    spr = len(per_rollout)
     decay = num_rollout * spr if decay_iters is None else decay_iters
-    per_step = groups_per_rollout / spr
-
-    def groups(steps: int) -> int:
-        return int(round(steps * per_step))
-
-    return LrGroups(warmup_groups=groups(warmup_iters), decay_groups=groups(decay),
+    return LrGroups(warmup_groups=groups_of_steps(warmup_iters, per_rollout),
+                    decay_groups=groups_of_steps(decay, per_rollout),
                     warmup_steps=warmup_iters, decay_steps=decay, steps_per_rollout=spr,
                     decay_spans_run=decay_iters is None)
 

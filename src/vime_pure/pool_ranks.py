@@ -20,6 +20,7 @@ Example: ``B=5, N=2``: pool 0 owns indices 0-2, pool 1 indices 3-4; parts with k
 from typing import Any
 
 from vime_pure.async_pool import AsyncPoolError, PoolCounts
+from vime_pure.async_pool import is_count as _is_count
 from vime_pure.config import as_int
 from vime_pure.data.shards import prompt_shares
 from vime_pure.errors import field_error
@@ -37,10 +38,6 @@ def pool_share(batch_size: Any, num_pools: Any, pool: Any) -> range:
         raise field_error(AsyncPoolError, "pool", pool, f"is not below num_pools={num_pools}",
                           "pass an engine rank of the job")
     return prompt_shares(batch_size, num_pools)[pool]
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _group_keys(name: str, value: Any) -> list[tuple[int, int]]:

@@ -124,3 +124,39 @@ def test_at_bound_zero_nothing_is_generated_twice(run):
     stale: the run is the synchronous loop, nothing recycled."""
     out = simulate(**{**run, "bound": 0, "interval": 1})
     assert out["counts"].recycled == 0 and set(out["staleness"]) == {0}
+
+
+def test_a_resume_counts_the_pending_groups_as_recycled():
+    """Started 10, trained 8, 2 in flight at the checkpoint: the resumed run continues from
+    started 10, trained 8, recycled 2 (they are generated again), pending 0."""
+    resumed = PoolCounts(started=10, trained=8).resumed()
+    assert resumed == PoolCounts(started=10, trained=8, recycled=2)
+    assert resumed.as_record() == {"pool_started": 10, "pool_trained": 8, "pool_recycled": 2,
+                                   "pool_filtered": 0, "pool_pending": 0}
+
+
+counts = st.builds(lambda t, r, f, p: PoolCounts(started=t + r + f + p, trained=t, recycled=r,
+                                                 filtered=f),
+                   *[st.integers(0, 1000)] * 4)
+
+
+@given(counts, counts)
+def test_counts_survive_a_checkpoint_and_stay_cumulative(before, after):
+    """A checkpoint's counts read back exactly; a resumed run's counts added onto them never
+    go back, and ``started = trained + recycled + filtered + pending`` still holds."""
+    back = PoolCounts.from_state(before.to_state())
+    assert back == before
+    total = back.resumed().add(started=after.started, trained=after.trained,
+                               recycled=after.recycled, filtered=after.filtered)
+    for name in ("started", "trained", "recycled", "filtered"):
+        assert getattr(total, name) >= getattr(before, name)
+    assert total.pending == after.pending
+    assert total.started == total.trained + total.recycled + total.filtered + total.pending
+
+
+@pytest.mark.parametrize("state", [None, {"started": 1}, {"started": 1, "trained": 2,
+                                                          "recycled": 0, "filtered": 0},
+                                   {"started": 1.0, "trained": 0, "recycled": 0, "filtered": 0}])
+def test_a_malformed_checkpoint_count_is_a_typed_error(state):
+    with pytest.raises(AsyncPoolError, match="pool_counts"):
+        PoolCounts.from_state(state)

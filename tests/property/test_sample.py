@@ -44,13 +44,21 @@ def test_legacy_rollout_id_read_only_without_group_id(s, legacy):
     is absent, warns as setting the attribute does, and never writes it back."""
     d = s.to_dict()
     both = {**d, "rollout_id": legacy}
-    with pytest.warns(DeprecationWarning, match="'rollout_id' is deprecated"):
+    with pytest.warns(DeprecationWarning, match="Sample.rollout_id is deprecated"):
         assert Sample.from_dict(both).group_id == s.group_id  # group_id wins
     del both["group_id"]
     with pytest.warns(DeprecationWarning):
         back = Sample.from_dict(both)
     assert back.group_id == legacy
     assert "rollout_id" not in back.to_dict()
+
+
+def test_legacy_rollout_id_key_warns_with_the_seeds_text():
+    """The seed's tests match "Sample.rollout_id is deprecated" for a legacy dump key too."""
+    legacy = {**Sample(tokens=[1, 2], response_length=1).to_dict(), "rollout_id": 7}
+    legacy.pop("group_id")
+    with pytest.warns(DeprecationWarning, match=r"^Sample\.rollout_id is deprecated"):
+        assert Sample.from_dict(legacy).group_id == 7
 
 
 @given(any_sample(), st.text(max_size=8), st.text(max_size=8))

@@ -62,4 +62,36 @@ def agentic_worker(rank: int, root: str, cache: str) -> dict:
                       custom_generate_function_path="tests.shell.agentic_workers:slow_generate"),
                  on_rollout=lambda e: partial.append(_partial_seen(e, e.gather_batch())),
                  progress=False)
-    return {"tool": tool, "partial": partial}
+    return {"tool": tool, "partial": partial, **_put_back_runs(root)}
+
+
+def _put_back_runs(root: str) -> dict:
+    """A --partial-rollout run over a dataset of unique prompts, checkpointed after rollout 1
+    with groups in its buffer, then resumed without --partial-rollout for rollout 2 (and, in
+    between, the same resume under --fully-async, refused at launch)."""
+    from tests.shell.loop_workers import _cfg
+    from vime_shell.loop.checkpoint_index import latest, waiting_groups
+    from vime_shell.loop.launch_checks import check_run_paths
+    from vime_shell.loop.loop import run_training
+    from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
+
+    rows = write_jsonl(f"{root}/data/train.jsonl", arithmetic_rows()[0])
+    common = dict(prompt_data=str(rows), apply_chat_template=True, rollout_max_response_len=4,
+                  run_dir=f"{root}/put-back", save=f"{root}/put-back-ck")
+    seen: dict = {"put_back_first": [], "put_back_rest": []}
+
+    def run(name: str, **kwargs) -> None:
+        run_training(_cfg(**common, **kwargs), progress=False, on_rollout=lambda e: seen[
+            name].append({"metrics": dict(e.metrics),
+                          "prompts": [p for p, _, _ in _responses(e.gather_batch())]}))
+
+    run("put_back_first", num_rollout=2, over_sampling_batch_size=6, partial_rollout=True,
+        custom_generate_function_path="tests.shell.agentic_workers:slow_generate")
+    seen["put_back_waiting"] = waiting_groups(latest(common["save"]))
+    try:
+        check_run_paths(_cfg(**common, load=common["save"], fully_async=True,
+                             rollout_num_gpus=1, num_rollout=3))
+    except Exception as exc:  # noqa: BLE001 - the test reads the launch error
+        seen["put_back_async"] = (type(exc).__name__, str(exc))
+    run("put_back_rest", num_rollout=3, load=common["save"])
+    return seen

@@ -30,11 +30,13 @@ RUNS = {
     "fully_async_k0": dict(fully_async=True, max_weight_staleness=0),
     "one_step_off": dict(train_async=True),
     "fully_async_k2": dict(fully_async=True, max_weight_staleness=2),
-    # A fully-async run checkpointed after rollout 2 (groups still in flight there) that dies
-    # while rollout 3 trains (its hook raises before that rollout's checkpoint), then resumed
-    # from the checkpoint up to rollout 4.
+    # A fully-async run checkpointed after every rollout (groups still in flight there) that
+    # dies while rollout 2 trains (its hook raises before that rollout's checkpoint), resumed
+    # from rollout 2 and dying the same way in rollout 3, then resumed again up to rollout 4.
     "resume_first": dict(fully_async=True, max_weight_staleness=2, num_rollout=4,
-                         save_interval=2),
+                         save_interval=1),
+    "resume_middle": dict(fully_async=True, max_weight_staleness=2, num_rollout=4,
+                          save_interval=1),
     "resume_rest": dict(fully_async=True, max_weight_staleness=2, num_rollout=4),
     # The pool of the job's last engine rank fails (the others' rollout function works), or
     # drops its weights (the others load theirs).
@@ -47,6 +49,10 @@ RUNS = {
     # end of a rollout resume in the next one, also across a checkpoint.
     "partial_first": dict(PARTIAL, num_rollout=2, save_interval=2),
     "partial_rest": dict(PARTIAL, num_rollout=3),
+    # ... and resumed once more without --partial-rollout: the buffered groups' prompts are
+    # generated again from scratch in rollout 3.
+    "partial_plain": dict(custom_generate_function_path=PARTIAL["custom_generate_function_path"],
+                          rollout_max_response_len=4, num_rollout=4),
 }
 
 
@@ -62,15 +68,37 @@ def _contents(batch) -> list:
 
 
 def check_resumed_pool_run(trainer: dict) -> None:
-    """``resume_first`` then ``resume_rest`` (see ``RUNS``): 4 rollouts in all, no group
-    trained twice, and groups were in flight at the checkpoint (regenerated after it)."""
-    assert trainer["resume_first"]["error"] == ("RuntimeError", "killed after the checkpoint")
-    first, rest = trainer["resume_first"]["rollouts"], trainer["resume_rest"]["rollouts"]
-    assert [r["metrics"]["rollout"] for r in first + rest] == [0, 1, 2, 3]
+    """``resume_first``, ``resume_middle`` then ``resume_rest`` (see ``RUNS``): 4 rollouts in
+    all, no group trained twice, and groups were in flight at both checkpoints (regenerated
+    after them)."""
+    for name in ("resume_first", "resume_middle"):
+        assert trainer[name]["error"] == ("RuntimeError", "killed after the checkpoint")
+    first, middle, rest = (trainer[f"resume_{n}"]["rollouts"]
+                           for n in ("first", "middle", "rest"))
+    assert [r["metrics"]["rollout"] for r in first + middle + rest] == [0, 1, 2, 3]
     # Group ids number the pool's draws (block, prompt, sample): each trains at most once.
-    ids = [g for r in first + rest for g in set(r["group_ids"])]
+    ids = [g for r in first + middle + rest for g in set(r["group_ids"])]
     assert len(ids) == len(set(ids)) == 4 * 16
-    assert first[-1]["metrics"]["pool_pending"] > 0
+    assert first[-1]["metrics"]["pool_pending"] > 0 and middle[-1]["metrics"]["pool_pending"] > 0
+
+
+def check_pool_counts_are_cumulative(trainer: dict) -> None:
+    """Over ``resume_first``, ``resume_middle`` and ``resume_rest``: ``pool_trained`` is every
+    prompt group trained so far, both resumes included (the checkpoint keeps the counts); the
+    counters never go back; ``pool_pending`` (a gauge) closes ``started = trained + recycled +
+    filtered + pending`` at every rollout (a resume counts the groups pending at its
+    checkpoint as recycled: they are generated again)."""
+    records = [r["metrics"] for n in ("first", "middle", "rest")
+               for r in trainer[f"resume_{n}"]["rollouts"]]
+    assert [m["rollout"] for m in records] == [0, 1, 2, 3]
+    kept = np.cumsum([m["prompts_kept"] for m in records]).tolist()
+    assert [m["pool_trained"] for m in records] == kept
+    for key in ("pool_started", "pool_recycled", "pool_filtered"):
+        values = [m[key] for m in records]
+        assert values == sorted(values), (key, values)
+    for m in records:
+        assert m["pool_started"] == (m["pool_trained"] + m["pool_recycled"]
+                                     + m["pool_filtered"] + m["pool_pending"])
 
 
 def always_failing_rollout(ctx):
@@ -134,14 +162,15 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...],
         if name.startswith(("resume", "partial")):
             kind = name.split("_")[0]
             extra = {**extra, "run_dir": f"{root}/{kind}", "save": f"{root}/{kind}-ck",
-                     "load": f"{root}/{kind}-ck" if name.endswith("_rest") else None}
+                     "load": f"{root}/{kind}-ck"
+                     if name.endswith(("_middle", "_rest", "_plain")) else None}
         cfg = TrainConfig(**{**TINY, **SEPARATE, "rollout_num_gpus": engine_ranks,
                              "run_dir": f"{root}/{name}", **extra})
         def observe(e, seen=seen, name=name):
             if name == "hook_failure":
                 raise RuntimeError("the trainer's hook failed")
-            if name == "resume_first" and e.rollout_id == 2:  # trained, never checkpointed
-                raise RuntimeError("killed after the checkpoint")
+            if (name, e.rollout_id) in (("resume_first", 2), ("resume_middle", 3)):
+                raise RuntimeError("killed after the checkpoint")  # trained, not checkpointed
             batch = e.gather_batch()  # collective: every trainer rank observes
             seen.append({"contents": _contents(batch), "metrics": dict(e.metrics),
                          "group_ids": list(batch.original_group_ids()),

@@ -10,16 +10,21 @@ probe instead, and a broken sync is caught there); fully async never trains a
 group staler than its bound, counts every group it started, and evaluates
 (``--eval-interval``); a failing engine rank stops both ranks with named errors, and a
 killed one (SIGKILL) stops the trainer with a ``BridgeError`` naming it (no hang: each job
-has a deadline, and ``spawn`` kills ranks still running past it).
+has a deadline, and ``spawn`` kills ranks still running past it). Resumes: fully async twice
+(no group trained twice, the pool counters cumulative), partial rollouts with and without
+``--partial-rollout``.
 """
 
+import json
 import pickle
 import signal
 
 import pytest
 import torch.multiprocessing as mp
 
-from tests.shell.async_workers import check_resumed_pool_run, dying_engine_worker, modes_worker
+from tests.shell.async_workers import (check_pool_counts_are_cumulative,
+                                       check_resumed_pool_run, dying_engine_worker, modes_worker)
+from vime_shell.loop.checkpoint_index import waiting_groups
 from vime_shell.megatron.spawn import _worker, free_port, spawn
 from vime_shell.models.embedded import build_embedded
 
@@ -38,9 +43,10 @@ def cache(tmp_path_factory):
 def runs(tmp_path_factory, cache):
     root = tmp_path_factory.mktemp("async")
     names = ("sync", "agentic_sync", "agentic_k0", "agentic_k2", "one_step_off_k0", "fully_async_k0", "one_step_off", "fully_async_k2",
-             "resume_first", "resume_rest", "partial_first", "partial_rest", "failure",
+             "resume_first", "resume_middle", "resume_rest", "partial_first", "partial_rest", "partial_plain",
+             "failure",
              "broken_sync", "hook_failure")
-    # 15 short runs in one job: the deadline catches a hang, sized for a loaded machine
+    # 17 short runs in one job: the deadline catches a hang, sized for a loaded machine
     trainer, engine = spawn(modes_worker, 2, str(root), cache, names, timeout=900)
     return trainer, engine
 
@@ -133,6 +139,11 @@ def test_a_resumed_fully_async_run_never_trains_a_group_twice(runs):
     check_resumed_pool_run(trainer)  # and it regenerated what was in flight at the checkpoint
 
 
+def test_pool_counters_are_cumulative_across_two_resumes(runs):
+    trainer, _ = runs
+    check_pool_counts_are_cumulative(trainer)
+
+
 def test_a_failing_engine_rank_stops_every_rank_with_a_named_error(runs):
     trainer, engine = runs
     kind, message = trainer["failure"]["error"]
@@ -172,3 +183,18 @@ def test_partial_rollouts_on_an_engine_rank_resume_groups_across_a_checkpoint(ru
     # Carried-over tokens keep their own (older) version: staleness and masking see them.
     assert max(r["metrics"]["staleness_max"] for r in first[1:] + rest) >= 1
     assert max(r["metrics"]["partial/offpolicy_token_frac"] for r in first[1:] + rest) > 0
+
+
+def test_resume_without_partial_rollout_on_an_engine_rank_draws_the_buffered_groups_first(runs):
+    """Rollout 3, resumed without --partial-rollout from the checkpoint after rollout 2, trains
+    the groups buffered there (generated again from scratch) and draws only the rest anew:
+    the prompt source moves by 4 - buffered, nothing stays waiting."""
+    trainer, _ = runs
+    assert [r["metrics"]["rollout"] for r in trainer["partial_plain"]["rollouts"]] == [3]
+    ck = runs_root(trainer) / "partial-ck"
+    before, after = (json.loads((ck / f"rollout_00000{k}" / "loop_state.json").read_text())
+                     ["data"] for k in (3, 4))
+    waiting = waiting_groups(ck / "rollout_000003")
+    assert waiting == len(before["partial_buffer"]["groups"]) > 0
+    assert after["offset"] - before["offset"] == 4 - waiting
+    assert "partial_buffer" not in after and "carried" not in after

@@ -6,14 +6,15 @@ job, synchronous mode over the same two engine ranks); with ``K = 2`` (blocks of
 split 2 + 1) the bound holds, the summed counts add up, both engine ranks' groups are in
 every batch and every sync is checked on a probe from both engine ranks' weights (engine
 rank 1 alone dropping its weights is caught, also one step off), and the pools evaluate
-together; a resumed run never trains a group twice and regenerates what was in
-flight; a failing engine rank 1 stops the trainer with an error naming it (no hang: the job
+together; a run resumed twice never trains a group twice, regenerates what was in
+flight and keeps its pool counters cumulative; a failing engine rank 1 stops the trainer with an error naming it (no hang: the job
 has a deadline).
 """
 
 import pytest
 
-from tests.shell.async_workers import check_resumed_pool_run, modes_worker
+from tests.shell.async_workers import (check_pool_counts_are_cumulative,
+                                       check_resumed_pool_run, modes_worker)
 from vime_shell.megatron.spawn import spawn
 from vime_shell.models.embedded import build_embedded
 
@@ -25,7 +26,7 @@ def runs(tmp_path_factory):
     cache = tmp_path_factory.mktemp("embedded")
     build_embedded(cache)
     root = tmp_path_factory.mktemp("pool-ranks")
-    names = ("sync", "fully_async_k0", "fully_async_k2", "resume_first", "resume_rest",
+    names = ("sync", "fully_async_k0", "fully_async_k2", "resume_first", "resume_middle", "resume_rest",
              "pool_one_prompt", "pool_broken_sync", "broken_sync", "pool_failure")
     overrides = {"sync": {"num_rollout": 2}, "fully_async_k0": {"num_rollout": 2},
                  # blocks of 3 prompts: engine rank 0 owns prompts 0-1, engine rank 1 prompt 2
@@ -34,7 +35,7 @@ def runs(tmp_path_factory):
                  "pool_broken_sync": {"num_rollout": 1},
                  "broken_sync": {"num_rollout": 1},
                  "pool_failure": {"num_rollout": 1}}
-    # 9 short runs in one job: the deadline catches a hang, sized for a loaded machine
+    # 10 short runs in one job: the deadline catches a hang, sized for a loaded machine
     return spawn(modes_worker, 3, str(root), str(cache), names, 2, overrides, timeout=900)
 
 
@@ -89,6 +90,12 @@ def test_a_resumed_run_over_two_pools_never_trains_a_group_twice(runs):
     """The checkpoint holds the two pools' resume points merged into one."""
     trainer, _, _ = runs
     check_resumed_pool_run(trainer)
+
+
+def test_pool_counters_over_two_pools_are_cumulative_across_two_resumes(runs):
+    """The checkpoint keeps the two pools' summed counts; the resumed runs add theirs."""
+    trainer, _, _ = runs
+    check_pool_counts_are_cumulative(trainer)
 
 
 def test_a_failing_engine_rank_1_stops_the_trainer_with_its_name(runs):

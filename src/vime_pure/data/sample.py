@@ -162,8 +162,9 @@ class Sample:
         fields = dict(data)
         legacy = fields.pop("rollout_id", None)
         if "rollout_id" in data:
-            warnings.warn("Sample dict key 'rollout_id' is deprecated; write 'group_id'.",
-                          DeprecationWarning, stacklevel=2)
+            # The seed's wording (its tests match it), with the dict key named after it.
+            warnings.warn("Sample.rollout_id is deprecated (dict key 'rollout_id'); write "
+                          "'group_id'.", DeprecationWarning, stacklevel=2)
             if "group_id" not in fields:
                 fields["group_id"] = legacy
         unknown = sorted(set(fields) - set(FIELD_NAMES), key=repr)  # keys may mix types

@@ -14,7 +14,8 @@ engine ranks execute in order:
 ``--partial-rollout`` (synchronous mode only: launch checks refuse it with either
 asynchronous mode) keeps its buffer in the engine ranks' producer; each batch's reply carries
 the buffer's state, the checkpoint saves it and a resumed run sends it back with its first
-request.
+request (resumed without ``--partial-rollout``, the producer puts the groups' prompts back
+first in line, ``carried``, and the replies carry those until they are drawn).
 
 Order per rollout ``k`` on trainer rank 0 (``L`` = :func:`vime_pure.async_pool.generation_lag`):
 synchronous (``L = 0``): generate ``k``, receive it, train, sync; one step off (``L = 1``):
@@ -46,7 +47,7 @@ from typing import Any
 import attrs
 import torch
 
-from vime_pure.async_pool import generation_lag
+from vime_pure.async_pool import PoolCounts, generation_lag
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.staleness import stamp_versions
 from vime_shell.engines.group import EngineGroup, EngineGroupError, EngineOptions
@@ -67,12 +68,16 @@ log = logging.getLogger("vime.train")
 class SourceState:
     """Where the engines' prompt source stands after the last trained rollout (checkpoints);
     ``pool``: the fully-async pool's resume point (``GroupPool.resume_state``); ``partial``:
-    the groups ``--partial-rollout`` carries into the next rollout (``PartialBuffer``)."""
+    the groups ``--partial-rollout`` carries into the next rollout (``PartialBuffer``);
+    ``carried``: prompts put back first in line (``PromptSource.carried``); ``pool_counts``:
+    the fully-async pools' counts so far, over the whole run (``PoolCounts.to_state``)."""
 
     offset: int = 0
     draws: int = 0
     pool: dict | None = None
     partial: dict | None = None
+    carried: list | None = None
+    pool_counts: dict | None = None
 
 
 @attrs.frozen
@@ -105,6 +110,7 @@ class RemoteRollouts:
         self.answering = self.engine_ranks if self.mode == "fully_async" else 1
         self.lag = generation_lag(self.mode, cfg.max_weight_staleness)
         self.source = SourceState()
+        self.resumed_counts = PoolCounts()  # the pools' counts at the --load checkpoint
         self._restore: dict | None = None
         self._requested: list[int] = []  # asked for, reply not yet received
         self._received: dict[int, tuple] = {}
@@ -147,8 +153,8 @@ class RemoteRollouts:
         expected = self._requested.pop(0)
         replies = self._recv_all("rollout generation")
         fully_async = self.mode == "fully_async"  # one part per pool, joined here
-        self._received[expected] = join_pool_parts(self.cfg, replies) if fully_async \
-            else replies[0]
+        self._received[expected] = join_pool_parts(self.cfg, replies, self.resumed_counts) \
+            if fully_async else replies[0]
 
     def _recv_all(self, what: str, ranks: int | None = None) -> list[tuple]:
         """One reply from each of the first ``ranks`` engine ranks (default: those that
@@ -206,15 +212,19 @@ class RemoteRollouts:
         resume point) continue from there, sent with the next request."""
         self.source = SourceState(offset=int(state["offset"]), draws=int(state["draws"]),
                                   pool=state.get("async_pool"),
-                                  partial=state.get("partial_buffer"))
+                                  partial=state.get("partial_buffer"),
+                                  carried=state.get("carried"),
+                                  pool_counts=state.get("pool_counts"))
+        if self.source.pool_counts is not None:  # counters continue, pending ones recycled
+            self.resumed_counts = PoolCounts.from_state(self.source.pool_counts).resumed()
         self._restore = attrs.asdict(self.source)
 
     def partial_state(self) -> dict:
-        """The fully-async pool's resume point and the partial-rollout buffer, for the
-        checkpoint (plain JSON)."""
-        out = {} if self.source.pool is None else {"async_pool": self.source.pool}
-        return out if self.source.partial is None else {**out,
-                                                        "partial_buffer": self.source.partial}
+        """The fully-async pool's resume point and counts, the partial-rollout buffer and the
+        prompts put back, for the checkpoint (plain JSON)."""
+        named = {"async_pool": self.source.pool, "partial_buffer": self.source.partial,
+                 "carried": self.source.carried, "pool_counts": self.source.pool_counts}
+        return {key: value for key, value in named.items() if value is not None}
 
     def sleep(self) -> None:
         """Engines on ranks of their own never give memory back to the trainer."""
@@ -303,7 +313,8 @@ class _Server:
         source = producer.source
         if restore is not None:
             source.offset, source.draws = restore["offset"], restore["draws"]
-            producer.restore_partial_state({"partial_buffer": restore.get("partial")})
+            producer.restore_partial_state({"partial_buffer": restore.get("partial"),
+                                            "carried": restore.get("carried")})
         out = producer.produce(rid)  # collective over the engine ranks
         if out is None:
             return ("batch", rid, None, None, None)
@@ -313,8 +324,9 @@ class _Server:
         # the trainer's staleness report and fresh-sample gap check read these columns.
         batch = stamp_versions(batch, self.version)
         record = {**stats.as_record(), "weight_version": self.version}
+        kept = producer.partial_state()
         state = {"offset": source.offset, "draws": source.draws,
-                 "partial": producer.partial_state().get("partial_buffer")}
+                 "partial": kept.get("partial_buffer"), "carried": kept.get("carried")}
         return ("batch", rid, batch, record, state, stats.annotations)
 
     def _load(self, version: int) -> None:

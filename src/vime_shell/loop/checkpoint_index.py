@@ -9,7 +9,9 @@ Every checkpoint holds a ``manifest.json`` (:mod:`vime_shell.storage.manifest`: 
 BLAKE2b of each file, written last); ``require_checkpoint`` verifies it, so a flipped byte in a
 shard fails ``--load`` at launch naming the file. The loop state records the fingerprint of
 ``--prompt-data``; ``check_dataset`` refuses a resume on a dataset changed since, unless
-``--allow-dataset-change``.
+``--allow-dataset-change``. ``check_waiting_groups`` refuses to resume a checkpoint with prompt
+groups left unfinished by ``--partial-rollout`` under ``--fully-async``, whose pool cannot put
+them back (the synchronous and one-step-off loops do, see ``RolloutProducer``).
 
 Example: ``latest("ck")`` is ``Path("ck/rollout_000006")`` when the tracker says 6 and that
 checkpoint has its loop state; None when ``ck`` holds no tracker.
@@ -152,3 +154,30 @@ def check_dataset(found: Path, prompt_data: str | None, allow_change: bool) -> N
                           "resumed run would not continue the same prompt order",
                           "restore the dataset, start a new run, or pass "
                           "--allow-dataset-change to resume on the new data knowingly")
+
+
+def waiting_groups(found: Path) -> int:
+    """Prompt groups a checkpoint's next rollout owes: those ``--partial-rollout`` left
+    unfinished (the buffer) and prompts put back but not drawn yet (``carried``). Example: a
+    checkpoint of ``--over-sampling-batch-size 6 --rollout-batch-size 4`` holds 2."""
+    data = read_loop_state(found).get("data")
+    if not isinstance(data, dict):
+        return 0
+    buffer = data.get("partial_buffer")
+    groups = buffer.get("groups") if isinstance(buffer, dict) else None
+    carried = data.get("carried")
+    return sum(len(part) for part in (groups, carried) if isinstance(part, list))
+
+
+def check_waiting_groups(found: Path, fully_async: bool) -> None:
+    """Refuse ``--fully-async`` on a checkpoint whose next rollout owes prompt groups
+    (``waiting_groups``): the pool draws whole blocks and cannot put them back, so they
+    would be lost for the epoch."""
+    waiting = waiting_groups(found) if fully_async else 0
+    if waiting:
+        raise field_error(CheckpointError, "--fully-async", True,
+                          f"cannot resume {found}: it holds {waiting} prompt groups left "
+                          "unfinished by --partial-rollout, which the fully-async pool cannot "
+                          "put back", "resume once without --fully-async (its next rollout "
+                          "generates them again from scratch), then switch to --fully-async "
+                          "from a later checkpoint")

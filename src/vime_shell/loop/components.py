@@ -33,7 +33,8 @@ def trainer_config(cfg: TrainConfig, num_rollout: int | None = None) -> TrainerC
 
     LR warmup/decay lengths are optimizer steps in the flags (as in slime) and groups in the
     trainer (its schedule advances by each step's real group count): ``vime_pure.lr_groups``
-    converts them, and without ``--lr-decay-iters`` decays over the whole run. Example:
+    converts them (``N`` steps are the groups of the run's first ``N`` steps, each at its
+    real size), and without ``--lr-decay-iters`` decays over the whole run. Example:
     ``--lr-warmup-iters 10`` with 128 groups per step warms up over 1280 groups.
     """
     lr = lr_schedule(cfg, num_rollout)

@@ -32,7 +32,8 @@ from vime_shell.engines import vllm_available
 from vime_pure.async_pool import AsyncPoolError, check_staleness_bound, generation_lag
 from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_engine_layout
 from vime_shell.engines.roles import RankRoles, RankRolesError, resolve_rank_roles
-from vime_shell.loop.checkpoint_index import TRACKER, check_dataset, resume_checkpoint
+from vime_shell.loop.checkpoint_index import (TRACKER, check_dataset, check_waiting_groups,
+                                              resume_checkpoint)
 from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.loop.config_flags import load_config_file
 from vime_shell.loop.ownership import check_ownership, check_unlocked, run_id_for
@@ -381,7 +382,8 @@ def _check_ref_load(cfg: TrainConfig) -> None:
 def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> str:
     """The run's files: the run directory (``run_dir.check_run_dir``), output directories that
     can be created, the ``--load`` checkpoint (it must exist: a mistyped path never starts a
-    new run; its files match its manifest; the dataset did not change), the directories'
+    new run; its files match its manifest; the dataset did not change; under
+    ``--fully-async`` it owes no unfinished partial-rollout groups), the directories'
     owners and locks (``ownership.check_ownership``) and every dump ``--load-rollout-data``
     will replay (the first one read and validated). Returns the run id."""
     owner = rank_from_env() == 0  # rank 0 claims and writes; another rank may see its lock
@@ -401,6 +403,7 @@ def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> str:
     found = resume_checkpoint(cfg.load, cfg.save, verify=local_rank_from_env() == 0)
     if found is not None:
         check_dataset(found, cfg.prompt_data, cfg.allow_dataset_change)
+        check_waiting_groups(found, cfg.fully_async)
         start = int(found.name.split("_")[-1])
     run_id = run_id_for(cfg)
     if owner:

@@ -335,18 +335,39 @@ class RolloutProducer:
                               seed=seed)
 
     def partial_state(self) -> dict[str, Any]:
-        """``{"partial_buffer": ...}`` under ``--partial-rollout`` (for the checkpoint's data
-        state: the groups waiting for the next rollout), else ``{}``."""
-        if self.per_sample is None or self.per_sample.buffer is None:
-            return {}
-        return {"partial_buffer": self.per_sample.buffer.to_state()}
+        """For the checkpoint's data state: ``{"partial_buffer": ...}`` under
+        ``--partial-rollout`` (the groups waiting for the next rollout) and ``{"carried":
+        [...]}`` while the prompt source still holds prompts put back (see
+        :meth:`restore_partial_state`); ``{}`` when neither."""
+        out: dict[str, Any] = {}
+        if self.per_sample is not None and self.per_sample.buffer is not None:
+            out["partial_buffer"] = self.per_sample.buffer.to_state()
+        if self.source.carried:
+            out["carried"] = [attrs.asdict(e) for e in self.source.carried]
+        return out
 
     def restore_partial_state(self, state: dict[str, Any]) -> None:
-        """Put a checkpoint's waiting groups back (see :meth:`partial_state`)."""
+        """Put a checkpoint's waiting groups back (see :meth:`partial_state`). Under
+        ``--partial-rollout`` the buffer continues them; without it their prompts go back to
+        the prompt source, first in line (``PromptSource.carried``), and are generated from
+        scratch as fresh prompts of the next rollout: they were drawn but never trained, so
+        nothing is lost and nothing trains twice (their unfinished samples were never
+        trained either)."""
+        carried = tuple(TaskExample(**e) for e in state.get("carried") or ())
         saved = state.get("partial_buffer")
-        if saved is not None and self.per_sample is not None \
-                and self.per_sample.buffer is not None:
-            self.per_sample.buffer = PartialBuffer.from_state(saved)
+        if saved is None:
+            self.source.carried = carried
+            return
+        buffer = PartialBuffer.from_state(saved)
+        if self.per_sample is not None and self.per_sample.buffer is not None:
+            self.per_sample.buffer = buffer
+        else:
+            carried += tuple(g.example for g in buffer.groups)
+            if buffer.groups and self.is_rank0:
+                log.info("the checkpoint's %d prompt groups left unfinished by "
+                         "--partial-rollout are generated again from scratch in the next "
+                         "rollout (this run has no --partial-rollout)", len(buffer.groups))
+        self.source.carried = carried
 
     def run_per_sample_on(self, front: Any, runner: Callable[[Coroutine[Any, Any, Any]], Any]
                           ) -> None:

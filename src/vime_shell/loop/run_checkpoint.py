@@ -11,7 +11,10 @@ Layout under ``DIR`` (Megatron's tracker file name, so tools that read it keep w
                                              metadata.json: model and optimizer (all ranks)
     DIR/rollout_000006/trainer_state.json    step counter, LR scheduler, layout, RNG states
     DIR/rollout_000006/loop_state.json       rollout counter, python / numpy RNG, the config,
-                                             the run id, the --prompt-data fingerprint
+                                             the run id, the --prompt-data fingerprint, the
+                                             data state (prompt source position, prompts put
+                                             back, --partial-rollout buffer, fully-async
+                                             resume point and pool counts)
                                              (JSON: loading a checkpoint never unpickles)
     DIR/rollout_000006/manifest.json         size and BLAKE2b of every file above, written
                                              last; verified by --load at launch
@@ -63,7 +66,7 @@ class LoopState:
 
     rollouts_done: int
     config: dict
-    data: dict | None = None  # the prompt source's position (offset, draws)
+    data: dict | None = None  # the prompt source's position (offset, draws) and more (above)
 
 
 def save(root: str | Path, rollouts_done: int, trainer, config: dict,

@@ -19,7 +19,10 @@ permutation per epoch), or a built-in task's generator. Its only state is ``offs
 number of prompts drawn so far, so a resumed run that restores it continues the same order,
 whatever dynamic sampling consumed (a task generator also counts its draws: its ``k``-th draw
 is a pure function of ``(seed, k)``, so a run with one draw per rollout sees the prompts of
-``task.examples(n, seed=, rollout_id=k)``).
+``task.examples(n, seed=, rollout_id=k)``). ``carried`` holds prompts drawn before but never
+trained, put back to come first (a ``--partial-rollout`` checkpoint's unfinished groups,
+resumed without ``--partial-rollout``): ``take(n)`` hands them out before any new prompt and
+draws only the rest, as the partial rollout itself would have.
 
 Example: ``PromptSource.from_dataset(rows, shuffle=True, seed=0)`` over 5 rows draws
 ``take(3)`` then ``take(3)``: rows 3 of epoch 0's permutation, then its last 2 and the first of
@@ -247,6 +250,7 @@ class PromptSource:
     seed: int
     offset: int = 0
     draws: int = 0
+    carried: tuple[TaskExample, ...] = ()  # put back, handed out first (module docstring)
 
     @classmethod
     def from_dataset(cls, rows: Sequence[TaskExample], *, shuffle: bool,
@@ -263,13 +267,18 @@ class PromptSource:
         return 0 if self.rows is None else self.offset // len(self.rows)
 
     def take(self, n: int) -> tuple[TaskExample, ...]:
-        """The next ``n`` prompts; the source advances by ``n`` prompts and one draw."""
+        """The next ``n`` prompts: the carried ones first, then new ones; the source advances
+        by the new prompts and one draw. Example: 2 carried, ``take(5)`` gives them and 3
+        new prompts (``offset`` + 3)."""
+        old, self.carried = self.carried[:n], self.carried[n:]
+        n -= len(old)
         start, self.offset = self.offset, self.offset + n
         draw, self.draws = self.draws, self.draws + 1
         if self.rows is None:
-            return self.task.examples(n, seed=self.seed, rollout_id=draw)
+            return old + tuple(self.task.examples(n, seed=self.seed, rollout_id=draw))
         size = len(self.rows)
-        return tuple(self.rows[self._order(i // size)[i % size]] for i in range(start, start + n))
+        return old + tuple(self.rows[self._order(i // size)[i % size]]
+                           for i in range(start, start + n))
 
     def _order(self, epoch: int) -> np.ndarray:
         if not self.shuffle:

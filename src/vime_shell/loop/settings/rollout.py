@@ -46,7 +46,11 @@ class RolloutArgs(Record):
         "turn")
     partial_rollout: bool = _f(False, "abort unfinished generations once a rollout has its "
                                "groups; they continue under the new weights in a later "
-                               "rollout (per-sample generation)")
+                               "rollout (per-sample generation). vime: the unfinished groups "
+                               "are in the checkpoint; resumed without this flag they are "
+                               "generated again from scratch as the next rollout's first "
+                               "prompts (never lost, never trained twice; refused with "
+                               "--fully-async)")
     mask_offpolicy_in_partial_rollout: bool = _f(False, "loss mask 0 for every token of a "
                                                  "partial rollout generated under older "
                                                  "weights (vime: also of samples that finished "
