@@ -200,7 +200,7 @@ class _Loop:
         self.syncs = self.engines is not None
         self.weight_version = 0  # syncs of trained weights so far (resumes at rollouts done)
         self.rejection = cfg.rejection_config()
-        self.probe_gap = float("nan")  # the last sync's probe gap (separate engine ranks)
+        self.probe_gap = None  # the last sync's probe gap (separate engine ranks; None: none)
         self.syncs_done = 0  # weight syncs so far (with --load, the resume's counts)
         # The engine-trainer gap is checked on generated batches, unless --no-logprob-check.
         self.logprob_check = self.syncs and self.replay is None and cfg.logprob_check
