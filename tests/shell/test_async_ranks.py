@@ -13,6 +13,7 @@ killed one (SIGKILL) stops the trainer with a ``BridgeError`` naming it (no hang
 has a deadline, and ``spawn`` kills ranks still running past it).
 """
 
+import json
 import pickle
 import signal
 
@@ -20,6 +21,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from tests.shell.async_workers import check_resumed_pool_run, dying_engine_worker, modes_worker
+from vime_shell.loop.report import rollout_line
 from vime_shell.megatron.spawn import _worker, free_port, spawn
 from vime_shell.models.embedded import build_embedded
 
@@ -171,3 +173,20 @@ def test_partial_rollouts_on_an_engine_rank_resume_groups_across_a_checkpoint(ru
     # Carried-over tokens keep their own (older) version: staleness and masking see them.
     assert max(r["metrics"]["staleness_max"] for r in first[1:] + rest) >= 1
     assert max(r["metrics"]["partial/offpolicy_token_frac"] for r in first[1:] + rest) > 0
+
+
+@pytest.mark.parametrize("mode", ["one_step_off", "fully_async_k2"])
+def test_async_progress_lines_print_no_nan_and_metrics_jsonl_holds_null(runs, mode):
+    """A stale batch has no fresh sample to measure the log-prob gap on: the record holds
+    None (``null`` in metrics.jsonl, ``-`` in the progress line), never NaN."""
+    trainer, _ = runs
+    records = [r["metrics"] for r in trainer[mode]["rollouts"]]
+    assert any(m["logprob_gap"] is None for m in records)  # rollouts after the first
+    for m in records:
+        line = rollout_line(m)
+        assert "nan" not in line.lower(), line
+        assert ("gap -" in line) == (m["logprob_gap"] is None), line
+    text = (runs_root(trainer) / mode / "metrics.jsonl").read_text()
+    assert "NaN" not in text
+    logged = [x for x in map(json.loads, text.splitlines()) if not x.get("eval_only")]
+    assert [x["logprob_gap"] for x in logged] == [m["logprob_gap"] for m in records]
