@@ -210,7 +210,7 @@ class _Loop:
         self._part: RolloutBatch | None = None  # this rank's part of the last rollout
         self._held: tuple[BatchMeta, ...] = ()  # its chunks' metadata (the part's order)
         self._meta: BatchMeta | None = None  # rank 0: the last rollout's merged metadata
-        self.dumps = (DumpWriter(cfg.save_rollout_data)
+        self.dumps = (DumpWriter(cfg.save_rollout_data, self.plan.hf_dir)
                       if cfg.save_rollout_data is not None and self.rank == 0 else None)
 
     # -- the rollout side: parts on their holders, the plan from rank 0, a share per rank -----

@@ -45,7 +45,7 @@ def _rollouts(cfg: TrainConfig, plan: LaunchPlan, progress: bool | None) -> Trai
     configure_logging(cfg.log_level, rank)
     engines = EngineGroup.build(plan.hf_dir, plan.engine_layout,
                                 engine_options(cfg, torch.cuda.is_available()))
-    dumps = (DumpWriter(cfg.save_rollout_data)
+    dumps = (DumpWriter(cfg.save_rollout_data, plan.hf_dir)
              if cfg.save_rollout_data is not None and rank == 0 else None)
     logger = RunLogger(cfg.run_dir, start=0, total=plan.num_rollout, enabled=rank == 0,
                        progress=progress, wandb=cfg.to_dict() if cfg.use_wandb else None)
