@@ -7,13 +7,16 @@ or after the resume point; the demo curve reports when the trailing mean crossed
 
 import json
 
+import attrs
 import pytest
 
 from benchmarks.demo_curve import summarize
 from vime_pure.data.batch import RolloutBatch, schedule_for
 from vime_pure.config import BatchingPolicy, ParallelLayout
 from vime_pure.data.sample import Sample
-from vime_shell.loop.run_log import REQUIRED_KEYS, RunLogger, curve_panels, read_metrics
+from vime_shell.loop import plots
+from vime_shell.loop.run_log import (LIGHT_LINES, REQUIRED_KEYS, RunLogger, curve_panels,
+                                     read_metrics)
 from vime_shell.loop.records import rollout_record
 from vime_shell.megatron.config import StepResult
 
@@ -44,6 +47,44 @@ def test_record_averages_rewards_per_group_and_losses_per_group_over_steps():
     assert rec["num_microbatches"] == 2 and rec["tokens"] == int(batch.lengths.sum())
     assert rec["tokens_per_s"] == pytest.approx(rec["tokens"] / 1.0)
     assert set(REQUIRED_KEYS) <= set(rec)
+
+
+def test_grad_norm_is_the_mean_over_the_rollouts_steps_and_grad_norm_max_their_max():
+    """Four optimizer steps, the last of which had zero gradient (every advantage zero): the
+    last step alone would report 0.0. A skipped step (non-finite norm) has no norm to
+    average; with no updating step both are None, never NaN."""
+    batch = _batch()
+    schedule = schedule_for(batch, ParallelLayout(dp=1),
+                            BatchingPolicy(global_batch_size=1, max_tokens_per_gpu=64))
+    steps = [attrs.evolve(_step(0.1, 1), grad_norm=g) for g in (0.4, 1.2, 0.8, 0.0)]
+    rec = rollout_record(0, batch, schedule, steps, gap=1e-7, gap_max=2e-7, times=(1, 1, 1))
+    assert rec["grad_norm"] == pytest.approx(0.6) and rec["grad_norm_max"] == 1.2
+    skipped = attrs.evolve(_step(0.1, 1), grad_norm=float("inf"), skipped=True)
+    rec = rollout_record(0, batch, schedule, [*steps[:2], skipped], gap=None, gap_max=None,
+                         times=(1, 1, 1))
+    assert rec["grad_norm"] == pytest.approx(0.8) and rec["grad_norm_max"] == 1.2
+    assert rec["skipped_steps"] == 1
+    rec = rollout_record(0, batch, schedule, [skipped], gap=None, gap_max=None, times=(1, 1, 1))
+    assert rec["grad_norm"] is None and rec["grad_norm_max"] is None
+
+
+def test_curves_plot_the_grad_norm_mean_and_a_lighter_max(tmp_path, monkeypatch):
+    records = [{"rollout": k, "reward_mean": 0.5, "grad_norm": 0.1 * k,
+                "grad_norm_max": 0.3 * k} for k in range(3)]
+    panels = curve_panels(records)
+    assert panels["grad_norm"] == {"mean": ([0, 1, 2], [0.0, 0.1, 0.2]),
+                                   "max": ([0, 1, 2], [0.0, 0.3, 0.6])}
+    drawn = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.update(
+        {ax.get_title(): ax.lines for ax in fig.axes}) or path)
+    plots.plot_curves(panels, tmp_path / "curves.png", light_lines=LIGHT_LINES)
+    mean, top = drawn["grad_norm"]
+    assert (mean.get_label(), top.get_label()) == ("mean", "max")
+    assert list(top.get_ydata()) == [0.0, 0.3, 0.6]
+    assert top.get_alpha() < 1 and top.get_color() == mean.get_color() and mean.get_alpha() is None
+    # An earlier run's records (no grad_norm_max) keep their single line.
+    old = [{k: v for k, v in r.items() if k != "grad_norm_max"} for r in records]
+    assert curve_panels(old)["grad_norm"] == {"grad_norm": ([0, 1, 2], [0.0, 0.1, 0.2])}
 
 
 def test_resumed_log_drops_records_at_or_after_the_resume_point(tmp_path):

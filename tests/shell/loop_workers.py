@@ -61,14 +61,30 @@ def _observe(event, out: list, *, engine_check: bool = False) -> None:
 
 
 def loop_worker(rank: int, run_dir: str, cache: str, kwargs: dict) -> dict:
-    """One run of ``kwargs`` (on top of ``TINY``); engine/trainer weights after each sync."""
+    """One run of ``kwargs`` (on top of ``TINY``); engine/trainer weights after each sync,
+    and each rollout's optimizer steps' gradient norms (``step_grad_norms``)."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.loop.loop import run_training
+    from vime_shell.megatron.trainer import MegatronTrainer
 
     seen: list = []
-    result = run_training(_cfg(run_dir=run_dir, **kwargs),
-                          on_rollout=lambda e: _observe(e, seen, engine_check=True),
-                          progress=False)
+    norms: list = []
+    train = MegatronTrainer.train
+
+    def recording(self, *args, **kw):
+        results = train(self, *args, **kw)
+        norms.append([r.grad_norm for r in results])
+        return results
+
+    MegatronTrainer.train = recording
+    try:
+        result = run_training(_cfg(run_dir=run_dir, **kwargs),
+                              on_rollout=lambda e: _observe(e, seen, engine_check=True),
+                              progress=False)
+    finally:
+        MegatronTrainer.train = train
+    for item, steps in zip(seen, norms):
+        item["step_grad_norms"] = steps
     return {"rollouts": seen, "hf_dir": str(result.hf_checkpoint)}
 
 

@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 from tests.shell.async_workers import (check_pool_counts_are_cumulative,
                                        check_resumed_pool_run, dying_engine_worker, modes_worker)
 from vime_shell.loop.checkpoint_index import waiting_groups
+from vime_shell.loop.report import rollout_line
 from vime_shell.megatron.spawn import _worker, free_port, spawn
 from vime_shell.models.embedded import build_embedded
 
@@ -198,3 +199,20 @@ def test_resume_without_partial_rollout_on_an_engine_rank_draws_the_buffered_gro
     assert waiting == len(before["partial_buffer"]["groups"]) > 0
     assert after["offset"] - before["offset"] == 4 - waiting
     assert "partial_buffer" not in after and "carried" not in after
+
+
+@pytest.mark.parametrize("mode", ["one_step_off", "fully_async_k2"])
+def test_async_progress_lines_print_no_nan_and_metrics_jsonl_holds_null(runs, mode):
+    """A stale batch has no fresh sample to measure the log-prob gap on: the record holds
+    None (``null`` in metrics.jsonl, ``-`` in the progress line), never NaN."""
+    trainer, _ = runs
+    records = [r["metrics"] for r in trainer[mode]["rollouts"]]
+    assert any(m["logprob_gap"] is None for m in records)  # rollouts after the first
+    for m in records:
+        line = rollout_line(m)
+        assert "nan" not in line.lower(), line
+        assert ("gap -" in line) == (m["logprob_gap"] is None), line
+    text = (runs_root(trainer) / mode / "metrics.jsonl").read_text()
+    assert "NaN" not in text
+    logged = [x for x in map(json.loads, text.splitlines()) if not x.get("eval_only")]
+    assert [x["logprob_gap"] for x in logged] == [m["logprob_gap"] for m in records]

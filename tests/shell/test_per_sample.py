@@ -13,6 +13,7 @@ the signature.
 
 import asyncio
 import json
+import logging
 
 import attrs
 import numpy as np
@@ -198,3 +199,44 @@ def test_the_cut_cancels_executions_waiting_on_a_tool(parts):
     waiting = [s for g in buffer.groups for e in g.executions for s in e]
     assert all(s.status is Status.ABORTED for s in waiting)
     assert all(s.response_length == 1 for s in waiting)  # the token before the tool is kept
+
+
+async def raising_max_new_tokens(args, sample, sampling_params):
+    """A plugin that asks for far more tokens than the run allows, and no stop token (so
+    every response runs to whatever budget it gets)."""
+    return await generate(args, sample, {**sampling_params, "max_new_tokens": 10000,
+                                         "stop_token_ids": []})
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def test_a_plugins_max_new_tokens_is_capped_at_the_run_limit_and_the_context_warned_once(
+        parts):
+    lines, logger = _Lines(), logging.getLogger("vime.train")
+    logger.addHandler(lines)
+    try:
+        ctx = _ctx(parts, raising_max_new_tokens, max_new=2)
+        run_limit = _flat(generate_rollout(ctx))
+        assert {s.response_length for s in run_limit} == {2}  # not 10000
+        generate_rollout(ctx)  # a second round: no second warning
+        # The model's context caps it too: 3 positions after the longest prompt.
+        prompt_lens = [len(s.tokens) - s.response_length for s in run_limit]
+        ctx = attrs.evolve(ctx, sampling=attrs.evolve(ctx.sampling, max_new_tokens=8))
+        ctx.per_sample.runtime.context_len = max(prompt_lens) + 3
+        in_context = _flat(generate_rollout(ctx))  # the same run: its cap warned already
+    finally:
+        logger.removeHandler(lines)
+    assert [len(s.tokens) for s in in_context] == [max(prompt_lens) + 3] * len(in_context)
+    limit, context = lines.lines
+    name = "--custom-generate-function-path tests.shell.test_per_sample:raising_max_new_tokens"
+    assert limit.startswith(f'{name} set sampling_params["max_new_tokens"]=10000')
+    assert "capped at 2 (--rollout-max-response-len" in limit
+    assert context.startswith(f"{name}: max_new_tokens=8 after a ")
+    assert f"the model's context of {max(prompt_lens) + 3} tokens" in context

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from tests.shell.loop_workers import replay_worker
-from vime_shell.storage.dump import load_rollout_batch
+from vime_shell.models.embedded import build_embedded
+from vime_shell.storage.dump import load_rollout_batch, read_dump_header, tokenizer_record
 from vime_shell.megatron.spawn import spawn
 from vime_shell.loop.replay import ReplayError, ReplaySource, dump_path
 
@@ -20,7 +21,7 @@ from vime_shell.loop.replay import ReplayError, ReplaySource, dump_path
 def replay_runs(tmp_path_factory):
     cache = tmp_path_factory.mktemp("embedded")  # the worker builds the embedded model
     root = tmp_path_factory.mktemp("replay")
-    return root, spawn(replay_worker, 1, str(root), str(cache))[0]
+    return root, spawn(replay_worker, 1, str(root), str(cache))[0], cache
 
 
 def _same_rollout(a: dict, b: dict) -> None:
@@ -33,7 +34,7 @@ def _same_rollout(a: dict, b: dict) -> None:
 
 @pytest.mark.slow
 def test_replay_trains_exactly_the_dumped_batches(replay_runs):
-    root, runs = replay_runs
+    root, runs, _ = replay_runs
     original = runs["original"]
     assert all(r["has_engine"] for r in original)
     for rid, seen in enumerate(original):
@@ -52,8 +53,15 @@ def test_replay_trains_exactly_the_dumped_batches(replay_runs):
 
 
 @pytest.mark.slow
+def test_a_runs_dumps_record_its_models_tokenizer(replay_runs):
+    root, _, cache = replay_runs
+    record = read_dump_header(root / "dumps" / "r0.npz")["tokenizer"]
+    assert record == tokenizer_record(build_embedded(cache)) and record["sha256"]
+
+
+@pytest.mark.slow
 def test_fallback_replays_rollout_0_for_a_missing_dump(replay_runs):
-    _, runs = replay_runs
+    _, runs, _ = replay_runs
     first, second, third = runs["fallback"]
     _same_rollout(first, runs["original"][0])
     _same_rollout(second, runs["original"][1])

@@ -62,6 +62,10 @@ def assert_loop_invariants(per_rank: list[dict], run_dir, dp: int, num_rollout: 
                 assert len(step) == dp and len({len(x) for x in step}) == 1
             assert r["metrics"]["logprob_gap"] < 1e-4
             assert r["metrics"]["num_steps"] == 2 and r["metrics"]["num_groups"] == 16
+            # grad_norm is the mean over the rollout's optimizer steps, not the last one's
+            norms = r["step_grad_norms"]
+            assert len(norms) == 2 and r["metrics"]["grad_norm_max"] == max(norms)
+            assert r["metrics"]["grad_norm"] == pytest.approx(sum(norms) / 2, rel=1e-12)
         initial = _initial_weights(rank_out["hf_dir"])
         final = rollouts[-1]["state"]
         assert max(float(np.abs(final[k] - initial[k]).max()) for k in initial) > 1e-5

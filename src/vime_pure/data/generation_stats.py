@@ -17,15 +17,15 @@ _ABORTED = STATUSES.index(Status.ABORTED)
 
 
 def response_length_stats(response_lengths: Int64[np.ndarray, " n"],
-                          statuses: UInt8[np.ndarray, " n"]) -> dict[str, float]:
+                          statuses: UInt8[np.ndarray, " n"]) -> dict[str, float | None]:
     """``truncated_frac``, ``aborted_frac`` and the response length's min, p10, p50, p90 and
-    max over samples (NaN for an empty batch)."""
+    max over samples (None for an empty batch: nothing measured, never a NaN)."""
     lengths = np.asarray(response_lengths, dtype=np.float64)
     codes = np.asarray(statuses)
     if not lengths.size:
-        return {k: float("nan") for k in ("truncated_frac", "aborted_frac", "response_len_min",
-                                          "response_len_p10", "response_len_p50",
-                                          "response_len_p90", "response_len_max")}
+        return dict.fromkeys(("truncated_frac", "aborted_frac", "response_len_min",
+                              "response_len_p10", "response_len_p50", "response_len_p90",
+                              "response_len_max"))
     p10, p50, p90 = np.percentile(lengths, [10, 50, 90])
     return {"truncated_frac": float(np.mean(codes == _TRUNCATED)),
             "aborted_frac": float(np.mean(codes == _ABORTED)),

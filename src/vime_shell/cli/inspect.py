@@ -1,27 +1,41 @@
 """vime inspect DUMP: a rollout dump as text a person can read.
 
 Per sample: its group and prompt group, status, reward and advantage, the decoded prompt and
-response (with the model directory's tokenizer: --hf-checkpoint, default the embedded model),
-and, for dumps written by vime train, the label and metadata. --samples N limits the output
-(default 8, 0 for all); --json prints one JSON object per sample instead.
+response, and, for dumps written by vime train, the label and metadata. --samples N limits the
+output (default 8, 0 for all); --json prints one JSON object per sample instead.
+
+The text is decoded with the tokenizer the dump records (vime train records its model's
+directory and the tokenizer's fingerprint), or with --hf-checkpoint's when given. When the
+recorded directory has changed since, a one-line note says so (the text is decoded with it
+anyway); when it is gone, inspect stops and asks for --hf-checkpoint; a dump that records no
+tokenizer (an older one) is decoded with the embedded model's, and a note says so.
 
 Example: vime inspect runs/demo/rollouts/rollout_3.npz --samples 2
 """
 
 import argparse
 import json
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
 from vime_pure.data.sample import STATUSES
-from vime_shell.storage.dump import load_rollout_batch, read_dump_annotations
+from vime_pure.errors import VimeError, field_error
+from vime_shell.storage.dump import load_rollout_batch, read_dump_header
+from vime_shell.storage.manifest import tokenizer_fingerprint
+
+
+class InspectError(VimeError):
+    """``vime inspect`` cannot decode a dump faithfully."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dump", type=Path, help="a rollout dump (--save-rollout-data)")
     p.add_argument("--hf-checkpoint", type=Path, default=None,
-                   help="model directory whose tokenizer decodes (default: the embedded model)")
+                   help="model directory whose tokenizer decodes (default: the one the dump "
+                        "records; the embedded model for a dump that records none)")
     p.add_argument("--samples", type=int, default=8, help="samples to print (0: all)")
     p.add_argument("--json", action="store_true", help="one JSON object per sample")
     p.set_defaults(handler=run)
@@ -47,14 +61,55 @@ def sample_rows(batch, annotations, tokenizer) -> list[dict]:
     return rows
 
 
+def tokenizer_dir(dump: Path, record: Mapping | None, hf_checkpoint: Path | None,
+                  embedded: Callable[[], Path]) -> tuple[Path, str | None]:
+    """The model directory whose tokenizer decodes ``dump``, and a one-line note for the
+    user (None: nothing to say). ``record``: the dump's ``tokenizer`` (``{"path", "sha256"}``,
+    None in an older dump); ``embedded()`` builds or finds the embedded model.
+
+    Example: a dump recording ``/models/mine`` whose files are unchanged decodes with it and
+    no note; with ``/models/mine`` deleted it is an :class:`InspectError` asking for
+    ``--hf-checkpoint``.
+    """
+    if not (isinstance(record, Mapping) and isinstance(record.get("path"), str)):
+        record = None  # an older dump's (or a foreign writer's): no usable record
+    if hf_checkpoint is not None:
+        differs = record and tokenizer_fingerprint(hf_checkpoint) != record.get("sha256")
+        return hf_checkpoint, (f"note: --hf-checkpoint {hf_checkpoint}'s tokenizer is not the "
+                               f"one that wrote this dump ({record['path']})" if differs
+                               else None)
+    if not record:
+        path = embedded()
+        return path, (f"note: {dump} does not record its tokenizer (written by an older vime): "
+                      f"decoding with the embedded model's ({path}); pass --hf-checkpoint "
+                      "MODEL_DIR if it came from another model")
+    path, want = Path(record["path"]), record.get("sha256")
+    found = tokenizer_fingerprint(path)
+    if found == want:
+        return path, None
+    if found is None and tokenizer_fingerprint(fallback := embedded()) == want:
+        return fallback, None  # the embedded model's, rebuilt elsewhere (a cleared cache)
+    if found is None:
+        raise field_error(InspectError, "dump", str(dump), f"was written with the tokenizer "
+                          f"of {path}, which is gone", "pass --hf-checkpoint with that "
+                          "model's directory")
+    return path, (f"note: the tokenizer of {path} changed since it wrote {dump}: the text "
+                  "may be wrong; pass --hf-checkpoint with the model that wrote it")
+
+
 def run(args: argparse.Namespace) -> int:
     batch = load_rollout_batch(args.dump)
-    annotations = read_dump_annotations(args.dump)
+    header = read_dump_header(args.dump)
+    annotations = header.get("annotations")
     # transformers (and torch) only when inspecting: `vime train`'s errors must stay fast
     from vime_shell.models.embedded import build_embedded
     from vime_shell.models.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(args.hf_checkpoint or build_embedded())
+    model, note = tokenizer_dir(args.dump, header.get("tokenizer"), args.hf_checkpoint,
+                                build_embedded)
+    if note is not None:
+        print(note, file=sys.stderr)
+    tokenizer = load_tokenizer(model)
     rows = sample_rows(batch, annotations, tokenizer)
     shown = rows if args.samples <= 0 else rows[:args.samples]
     if args.json:

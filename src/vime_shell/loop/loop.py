@@ -200,7 +200,7 @@ class _Loop:
         self.syncs = self.engines is not None
         self.weight_version = 0  # syncs of trained weights so far (resumes at rollouts done)
         self.rejection = cfg.rejection_config()
-        self.probe_gap = float("nan")  # the last sync's probe gap (separate engine ranks)
+        self.probe_gap = None  # the last sync's probe gap (separate engine ranks; None: none)
         self.syncs_done = 0  # weight syncs so far (with --load, the resume's counts)
         # The engine-trainer gap is checked on generated batches, unless --no-logprob-check.
         self.logprob_check = self.syncs and self.replay is None and cfg.logprob_check
@@ -210,7 +210,7 @@ class _Loop:
         self._part: RolloutBatch | None = None  # this rank's part of the last rollout
         self._held: tuple[BatchMeta, ...] = ()  # its chunks' metadata (the part's order)
         self._meta: BatchMeta | None = None  # rank 0: the last rollout's merged metadata
-        self.dumps = (DumpWriter(cfg.save_rollout_data)
+        self.dumps = (DumpWriter(cfg.save_rollout_data, self.plan.hf_dir)
                       if cfg.save_rollout_data is not None and self.rank == 0 else None)
 
     # -- the rollout side: parts on their holders, the plan from rank 0, a share per rank -----

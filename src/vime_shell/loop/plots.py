@@ -61,9 +61,12 @@ Lines = dict[str, tuple[Sequence[float], Sequence[float]]]
 
 
 def plot_curves(panels: dict[str, Lines], path: Path, xlabel: str = "rollout",
-                title: str = "", log_panels: frozenset[str] = frozenset()) -> Path:
+                title: str = "", log_panels: frozenset[str] = frozenset(),
+                light_lines: frozenset[str] = frozenset()) -> Path:
     """One panel per entry, each with named ``(x, y)`` lines (e.g. train and eval reward), in
-    rows of at most 4; panels named in ``log_panels`` use a log y axis."""
+    rows of at most 4; panels named in ``log_panels`` use a log y axis; lines named in
+    ``light_lines`` are drawn lighter, in the colour of the line before them (a spread such
+    as the max over a rollout's steps, beside its mean)."""
     cols = min(4, len(panels))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.3 * rows), squeeze=False)
@@ -71,8 +74,10 @@ def plot_curves(panels: dict[str, Lines], path: Path, xlabel: str = "rollout",
         ax.set_visible(False)
     for ax, (name, lines) in zip(axes.flat, panels.items()):
         for label, (xs, ys) in lines.items():
+            light = label in light_lines and ax.lines
             ax.plot(xs, ys, marker="." if len(lines) == 1 else "o", markersize=2 if
-                    label == name else 4, linewidth=1, label=label)
+                    label == name else 4, linewidth=1, label=label,
+                    **({"alpha": 0.4, "color": ax.lines[-1].get_color()} if light else {}))
         if len(lines) > 1:
             ax.legend(fontsize=7, framealpha=0.9)
         if name in log_panels and any(y and y > 0 for _, ys in lines.values() for y in ys):

@@ -2,17 +2,24 @@
 
 Every input is already identical on all ranks (the batch and schedule are broadcast, step
 metrics are all-reduced by the trainer), so every rank builds the same record. Rewards are
-averaged per **rollout group** (siblings of a multi-turn execution count once); losses are
-averaged over steps weighted by their group counts ``G_s``, i.e. over all trained groups.
+averaged per **rollout group** (siblings of a multi-turn execution count once); losses
+(``loss``, ``pg_loss``, ``clipfrac``, ``entropy``, ``kl``, ``ratio``) are averaged over steps
+weighted by their group counts ``G_s``, i.e. over all trained groups. ``grad_norm`` is the plain
+mean of the rollout's optimizer steps' global gradient norms and ``grad_norm_max`` their largest
+(each step is one observation: the norm is already global over its groups); a step skipped for
+a non-finite norm (``--skip-nonfinite-grad-steps``, counted in ``skipped_steps``) has no norm
+and is left out of both, which are None when no step updated. ``lr`` is the one value that is
+not reduced: the LR after the rollout's last step (the one the next step uses).
 
 Example: 128 groups of which 13 solved reverse2 give ``reward_mean 0.1016``; two steps of 64
-groups with losses 0.2 and 0.4 give ``loss 0.3``.
+groups with losses 0.2 and 0.4 give ``loss 0.3``; four steps with gradient norms 0, 0, 0.8 and
+0 give ``grad_norm 0.2``, ``grad_norm_max 0.8`` (the last step alone would say 0).
 """
 
 import numpy as np
 
 from vime_pure.data.generation_stats import response_length_stats
-from vime_pure.metrics import weighted_mean
+from vime_pure.metrics import Metric, weighted_mean
 from vime_pure.scheduling.report import step_stats
 
 
@@ -21,6 +28,13 @@ def _weighted(results, key: str) -> float | None:
     or no scored token: ``null`` in metrics.jsonl, never a made-up 0)."""
     return weighted_mean([r.metrics[key] for r in results], [r.num_groups for r in results],
                          key)
+
+
+def grad_norms(results) -> dict[str, float | None]:
+    """``grad_norm`` (mean) and ``grad_norm_max`` over the steps that updated (a skipped step's
+    norm is NaN/inf: not a measurement to average); None for both when none did."""
+    norms = [r.grad_norm for r in results if not r.skipped]
+    return {"grad_norm": Metric.of(norms).value, "grad_norm_max": Metric.of(norms, "max").value}
 
 
 def batch_fields(batch, schedule) -> dict:
@@ -45,9 +59,11 @@ def batch_fields(batch, schedule) -> dict:
     }
 
 
-def rollout_record(rid: int, batch, schedule, results, *, gap: float, gap_max: float,
-                   times: tuple[float, float, float], fields: dict | None = None) -> dict:
-    """The record of rollout ``rid``; ``times`` are (rollout, train, sync) seconds;
+def rollout_record(rid: int, batch, schedule, results, *, gap: float | None,
+                   gap_max: float | None, times: tuple[float, float, float],
+                   fields: dict | None = None) -> dict:
+    """The record of rollout ``rid``; ``gap``/``gap_max``: the log-prob gap, None where not
+    measured (no fresh sample); ``times`` are (rollout, train, sync) seconds;
     ``fields``: ``batch_fields(batch, schedule)`` when already computed (then ``batch`` is
     not read: ranks without the batch pass None)."""
     f = batch_fields(batch, schedule) if fields is None else fields
@@ -73,8 +89,8 @@ def rollout_record(rid: int, batch, schedule, results, *, gap: float, gap_max: f
         **{k: v for k, v in f.items() if k not in _HEAD},
         "tokens": tokens,
         "tokens_per_s": tokens / total if total > 0 else 0.0,
-        "lr": results[-1].lr if results else float("nan"),
-        "grad_norm": results[-1].grad_norm if results else float("nan"),
+        "lr": results[-1].lr if results else None,  # after the last step (see above)
+        **grad_norms(results),
         "skipped_steps": sum(r.skipped for r in results),  # --skip-nonfinite-grad-steps
         "rollout_s": times[0], "train_s": times[1], "sync_s": times[2],
     }

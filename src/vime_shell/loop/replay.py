@@ -21,7 +21,7 @@ import attrs
 
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.errors import VimeError, field_error
-from vime_shell.storage.dump import load_rollout_batch, save_rollout_batch
+from vime_shell.storage.dump import load_rollout_batch, save_rollout_batch, tokenizer_record
 
 TEMPLATE_KEY = "{rollout_id}"
 
@@ -39,11 +39,12 @@ def dump_path(template: str, rollout_id: int) -> Path:
 
 
 def save_dump(template: str, rollout_id: int, batch: RolloutBatch,
-              annotations: list | None = None) -> Path:
-    """Write ``batch`` to ``dump_path(template, rollout_id)``, creating parent directories."""
+              annotations: list | None = None, tokenizer: dict | None = None) -> Path:
+    """Write ``batch`` to ``dump_path(template, rollout_id)``, creating parent directories;
+    ``tokenizer``: ``tokenizer_record`` of the model that wrote the ids."""
     path = dump_path(template, rollout_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return save_rollout_batch(path, batch, annotations)
+    return save_rollout_batch(path, batch, annotations, tokenizer)
 
 
 class DumpWriter:
@@ -51,12 +52,16 @@ class DumpWriter:
     each dump while the next rollout trains (a ``RolloutBatch`` is read-only, so sharing it is
     safe). A failed write surfaces at the next ``submit`` or at ``flush``, never silently.
 
+    Each dump records the tokenizer of ``model_dir`` (the run's model: ``vime inspect``
+    decodes with it), fingerprinted once here.
+
     Example: ``w = DumpWriter("d/r{rollout_id}.npz"); w.submit(3, batch); w.flush()`` leaves
     ``d/r3.npz`` complete on disk.
     """
 
-    def __init__(self, template: str):
+    def __init__(self, template: str, model_dir: str | Path | None = None):
         self.template = template
+        self.tokenizer = None if model_dir is None else tokenizer_record(model_dir)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vime-dump")
         self._pending: list[Future] = []
 
@@ -64,7 +69,7 @@ class DumpWriter:
                ) -> None:
         self._raise_failures(wait=False)
         self._pending.append(self._pool.submit(save_dump, self.template, rollout_id, batch,
-                                               annotations))
+                                               annotations, self.tokenizer))
 
     def flush(self) -> None:
         """Wait for every dump written so far (checkpoints and the run's end call it)."""

@@ -5,8 +5,6 @@ Example: ``rollout_line({"rollout": 12, "reward_mean": 0.312, ...})`` gives
 ``rollout   12  reward 0.312  loss -0.0004  entropy 2.310  gap 1.2e-07 ...``.
 """
 
-import math
-
 from vime_pure.lr_schedule import lr_schedule_warnings
 from vime_shell.loop.components import lr_schedule
 from vime_shell.loop.config import TrainConfig
@@ -41,11 +39,11 @@ def run_summary(records: list[dict], seconds: float) -> str:
 def skipped_record(rid: int, stats: dict, *, lr: float, rollout_s: float,
                    evaluated: dict) -> dict:
     """The metrics line of a skipped rollout (``skipped: 1``, nothing trained): the
-    generation's counts, the filtered prompts' mean reward as ``reward_mean``, NaN losses."""
-    nan = float("nan")
-    return {"rollout": rid, "skipped": 1, "reward_mean": stats.get("filtered_reward_mean", nan),
-            "loss": nan, "num_groups": 0, "num_samples": 0, "num_steps": 0,
-            "num_microbatches": 0, "logprob_gap": nan, "tokens": 0, "tokens_per_s": 0.0,
+    generation's counts, the filtered prompts' mean reward as ``reward_mean``, no loss or gap
+    (None: nothing was measured)."""
+    return {"rollout": rid, "skipped": 1, "reward_mean": stats.get("filtered_reward_mean"),
+            "loss": None, "num_groups": 0, "num_samples": 0, "num_steps": 0,
+            "num_microbatches": 0, "logprob_gap": None, "tokens": 0, "tokens_per_s": 0.0,
             "lr": lr, "rollout_s": rollout_s, "train_s": 0.0, "sync_s": 0.0,
             **stats, **evaluated}
 
@@ -77,7 +75,7 @@ def rollout_line(r: dict) -> str:
                 f"{r.get('tokens_per_s', 0):.0f} tok/s")
     if r.get("prompts_generated", 0) != r.get("prompts_kept", 0) and not r.get("skipped"):
         line += f"  kept {r['prompts_kept']}/{r['prompts_generated']}"
-    if not math.isnan(r.get("probe_gap", math.nan)):  # separate engine ranks, stale batches
+    if r.get("probe_gap") is not None:  # separate engine ranks, stale batches
         line += f"  probe {r['probe_gap']:.1e}  stale {r.get('staleness_max', 0):.0f}"
     evals = eval_summary(r)
     return line + (f"  eval {evals}" if evals else "")

@@ -11,7 +11,6 @@ Example: ``vime train --debug-rollout-only --num-rollout 3 --save-rollout-data
 d/r_{rollout_id}.npz`` writes three dumps and three records.
 """
 
-import math
 import time
 from pathlib import Path
 
@@ -46,7 +45,7 @@ def _rollouts(cfg: TrainConfig, plan: LaunchPlan, progress: bool | None) -> Trai
     configure_logging(cfg.log_level, rank)
     engines = EngineGroup.build(plan.hf_dir, plan.engine_layout,
                                 engine_options(cfg, torch.cuda.is_available()))
-    dumps = (DumpWriter(cfg.save_rollout_data)
+    dumps = (DumpWriter(cfg.save_rollout_data, plan.hf_dir)
              if cfg.save_rollout_data is not None and rank == 0 else None)
     logger = RunLogger(cfg.run_dir, start=0, total=plan.num_rollout, enabled=rank == 0,
                        progress=progress, wandb=cfg.to_dict() if cfg.use_wandb else None)
@@ -62,8 +61,7 @@ def _rollouts(cfg: TrainConfig, plan: LaunchPlan, progress: bool | None) -> Trai
             if dumps is not None:
                 dumps.submit(rid, batch)
             schedule = schedule_for(batch, plan.layout.scheduler_layout(), plan.policy)
-            record = {**rollout_record(rid, batch, schedule, [], gap=math.nan,
-                                       gap_max=math.nan,
+            record = {**rollout_record(rid, batch, schedule, [], gap=None, gap_max=None,
                                        times=(time.perf_counter() - start, 0.0, 0.0)),
                       **stats.as_record()}
             records.append(record)

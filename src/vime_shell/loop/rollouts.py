@@ -42,6 +42,7 @@ from vime_shell.engines.async_engine import async_front
 from vime_shell.engines.group import EngineGroup
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan
+from vime_shell.models.hf_config import read_config_summary
 from vime_shell.models.tokenizer import default_stop_token_ids, load_tokenizer
 from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.filters import load_filter
@@ -124,11 +125,13 @@ class Produced:
                    stats=stats)
 
 
-def _per_sample(cfg: TrainConfig, engines: EngineGroup, tokenizer: Any) -> PerSample | None:
+def _per_sample(cfg: TrainConfig, engines: EngineGroup, tokenizer: Any,
+                context_len: int | None) -> PerSample | None:
     """How this rank runs per-sample ``generate`` functions (None when the rollout function
     is a batched one, or this rank has no engine): the engine's per-request front, the
     function (``--custom-generate-function-path``, else the built-in one), the run's config
-    as ``args``, and the partial-rollout buffer under ``--partial-rollout``."""
+    as ``args``, and the partial-rollout buffer under ``--partial-rollout``; ``context_len``:
+    the model's context, which caps a function's ``max_new_tokens``."""
     if cfg.effective_rollout_function_path != PER_SAMPLE_ROLLOUT_FUNCTION \
             or engines.engine is None:
         return None
@@ -137,7 +140,7 @@ def _per_sample(cfg: TrainConfig, engines: EngineGroup, tokenizer: Any) -> PerSa
     runtime = GenerateRuntime(
         engine=front, tokenizer=tokenizer,
         encode=lambda example: encode_prompt(tokenizer, example, cfg.apply_chat_template),
-        mask_offpolicy=cfg.mask_offpolicy_in_partial_rollout)
+        mask_offpolicy=cfg.mask_offpolicy_in_partial_rollout, context_len=context_len)
     fn = load_generate_function(cfg.custom_generate_function_path or DEFAULT_GENERATE_FUNCTION)
     return PerSample(runtime=runtime, generate_fn=fn, args=cfg,
                      buffer=PartialBuffer() if cfg.partial_rollout else None)
@@ -163,7 +166,8 @@ class RolloutProducer:
         self.task = plan.task
         self.eval_sets = plan.eval_sets
         self.rollout_fn = load_rollout_function(cfg.effective_rollout_function_path)
-        self.per_sample = _per_sample(cfg, engines, self.tokenizer)
+        self.per_sample = _per_sample(cfg, engines, self.tokenizer, read_config_summary(
+            plan.hf_dir).max_position_embeddings)
         self.rewarder = Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
                                        group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout,
                                        args=cfg, reward_key=cfg.reward_key, rm_url=cfg.rm_url)
@@ -378,7 +382,8 @@ class RolloutProducer:
             return
         old = self.per_sample.runtime  # a fresh runtime: none of the old one's task sets
         runtime = GenerateRuntime(engine=front, tokenizer=old.tokenizer, encode=old.encode,
-                                  mask_offpolicy=old.mask_offpolicy)
+                                  mask_offpolicy=old.mask_offpolicy,
+                                  context_len=old.context_len, warned=old.warned)
         self.per_sample = attrs.evolve(self.per_sample, runtime=runtime, runner=runner)
 
     @property

@@ -176,7 +176,8 @@ class RunLogger:
             out += _plotted(lambda: plot_curves(curve_panels(self.records),
                                                 self.run_dir / CURVES,
                                                 title=f"{len(trained)} rollouts",
-                                                log_panels=LOG_PANELS))
+                                                log_panels=LOG_PANELS,
+                                                light_lines=LIGHT_LINES))
         if last_schedule is not None and last_schedule.steps:
             out += _plotted(lambda: plot_step_loads(last_schedule, self.run_dir / SCHEDULE_PLOT,
                                                     step=0))
@@ -236,6 +237,7 @@ def lines_above_bar() -> Iterator[None]:
 
 
 LOG_PANELS = frozenset({"logprob_gap"})  # spans decades (1e-7 healthy, 1e-3 a missed sync)
+LIGHT_LINES = frozenset({"max"})  # grad_norm_max, drawn lighter beside the mean
 
 
 def _plotted(draw) -> list[Path]:
@@ -250,9 +252,9 @@ def _plotted(draw) -> list[Path]:
 
 
 def curve_panels(records: list[dict]) -> dict:
-    """Reward (train, and every eval set), entropy, gradient norm, the engine-trainer
-    log-prob gap (log scale), KL, response length (mean and p90) and truncation rate against
-    rollout. No loss panel: an on-policy step's surrogate is ~0 by construction (ratio 1), so
+    """Reward (train, and every eval set), entropy, gradient norm (the mean over each
+    rollout's optimizer steps, and their max as a lighter line), the engine-trainer log-prob
+    gap (log scale), KL, response length (mean and p90) and truncation rate against rollout. No loss panel: an on-policy step's surrogate is ~0 by construction (ratio 1), so
     its curve is float noise; entropy and gradient norm show the learning."""
     def line(key: str) -> tuple[list[float], list[float]]:
         points = [(r["rollout"], r[key]) for r in records if r.get(key) is not None]
@@ -265,6 +267,8 @@ def curve_panels(records: list[dict]) -> dict:
     for key in ("entropy", "grad_norm", "logprob_gap", "kl", "truncated_frac"):
         if any(r.get(key) is not None for r in records):
             panels[key] = {key: line(key)}
+    if any(r.get("grad_norm_max") is not None for r in records):  # older runs' records lack it
+        panels["grad_norm"] = {"mean": line("grad_norm"), "max": line("grad_norm_max")}
     if any(r.get("response_len_mean") is not None for r in records):
         panels["response_len"] = {"mean": line("response_len_mean"),
                                   "p90": line("response_len_p90")}

@@ -8,14 +8,13 @@ moves every token by ~1e-3. Example: a gap of 2e-3 against the fp32 tolerance 1e
 first sync raises :class:`WeightSyncError` before any update.
 """
 
-import math
-
 import attrs
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from vime_pure.errors import VimeError
+from vime_pure.metrics import Metric
 from vime_shell.loop import offpolicy
 
 
@@ -38,18 +37,19 @@ class GapMeter:
 
     total: float = 0.0
     tokens: float = 0.0
-    max: float = float("nan")
+    max: float | None = None  # None until a token is measured, as the mean
 
     def add(self, mean: float, top: float, tokens: float) -> None:
         if tokens:
             self.total += mean * tokens
             self.tokens += tokens
-            self.max = top if math.isnan(self.max) else max(self.max, top)
+            self.max = top if self.max is None else max(self.max, top)
 
     @property
-    def mean(self) -> float:
-        """NaN when no token had engine log-probs."""
-        return self.total / self.tokens if self.tokens else float("nan")
+    def mean(self) -> float | None:
+        """None when no token had engine log-probs (nothing measured: a stale batch's, one
+        step off or fully async; ``null`` in metrics.jsonl, ``-`` in the progress line)."""
+        return Metric(self.total, self.tokens).value
 
 
 def measure_gap(records: list, old: np.ndarray, samples: np.ndarray, *, owns_loss: bool,
@@ -76,7 +76,7 @@ def measure_gap(records: list, old: np.ndarray, samples: np.ndarray, *, owns_los
 def check_gap(rid: int, gap: GapMeter, *, tolerance: float, syncs_done: int) -> None:
     """Raise :class:`WeightSyncError` when rollout ``rid``'s mean gap is above ``tolerance``;
     the fix it names depends on whether a sync has run yet."""
-    if not gap.mean > tolerance:
+    if gap.mean is None or not gap.mean > tolerance:  # None: nothing measured
         return
     head = (f"rollout {rid}: mean engine-trainer log-prob gap {gap.mean:.3g} > "
             f"--logprob-gap-tolerance {tolerance:g}.")
@@ -98,7 +98,7 @@ def check_gap(rid: int, gap: GapMeter, *, tolerance: float, syncs_done: int) -> 
 def check_probe_gap(version: int, gap: GapMeter, tolerance: float) -> None:
     """Raise :class:`WeightSyncError` when the probe's gap after the sync to ``version`` (separate
     engine ranks, ``loop/probe.py``) is above ``tolerance``."""
-    if gap.mean > tolerance:
+    if gap.mean is not None and gap.mean > tolerance:
         raise WeightSyncError(
             f"weight sync to version {version}: mean engine-trainer log-prob gap "
             f"{gap.mean:.3g} on the probe > logprob_gap_tolerance={tolerance:g}. "

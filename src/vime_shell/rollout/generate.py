@@ -27,7 +27,11 @@ list is a fan-out: the samples become one rollout group (siblings share the grou
   ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` (0 or -1: off), ``stop`` (strings),
   ``stop_token_ids``, ``sampling_seed``; slime's text-only keys (``skip_special_tokens``,
   ``no_stop_trim``, ``spaces_between_special_tokens``) are accepted and have no effect on
-  token ids.
+  token ids. A function may lower ``max_new_tokens``, never raise it: :func:`generate` caps it
+  at the value the rollout passed (``--rollout-max-response-len``, in evaluation
+  ``--eval-max-response-len``) and at the model's context (``max_position_embeddings`` minus
+  the prompt), with one warning per function naming the value and the cap
+  (:func:`response_budget`).
 
 The engine and tokenizer come from the :class:`GenerateRuntime` the caller installs with
 :func:`use_runtime` (the rollout driver :func:`vime_shell.rollout.per_sample.generate_rollout`
@@ -50,6 +54,7 @@ Example (a two-turn custom function)::
 import asyncio
 import contextlib
 import contextvars
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -75,6 +80,7 @@ _SLIME_NAMES = {"seed": "sampling_seed"}
 # by k golden-ratio steps mod 2**62: an independent draw, far from the rollout's structured
 # seeds (base + round * 2**20 + turn * 2**18 + request); segment 0 keeps the seed itself.
 _SEGMENT_STEP = 0x9E3779B97F4A7C15
+log = logging.getLogger("vime.train")  # the run's log (loop.logs formats it)
 
 
 def segment_seed(seed: int, k: int) -> int:
@@ -93,7 +99,9 @@ class GenerateRuntime:
     becomes tokens (``encode``: the rollout's ``encode_prompt``, chat template included; None:
     the text as is), and the partial-rollout switches. ``aborting``: set while in-flight work is being aborted (new
     calls return aborted at once); ``mask_offpolicy`` (``--mask-offpolicy-in-partial-rollout``):
-    tokens from older weights get loss mask 0 when their group trains.
+    tokens from older weights get loss mask 0 when their group trains; ``context_len``: the
+    model's ``max_position_embeddings`` (None: unknown, not capped); ``warned``: the caps
+    already warned about (:func:`response_budget` warns once per function and kind).
     Example: ``GenerateRuntime(engine=async_front(hf_engine), tokenizer=tok)``.
     """
 
@@ -101,6 +109,8 @@ class GenerateRuntime:
     tokenizer: Any
     encode: Callable[[TaskExample], list[int]] | None = None
     mask_offpolicy: bool = False
+    context_len: int | None = None
+    warned: set = attrs.Factory(set)
     aborting: bool = False
     executions: set = attrs.Factory(set)  # the execution tasks a driver registered
     _in_engine: set = attrs.Factory(set)  # tasks awaiting an engine request now
@@ -136,6 +146,71 @@ def use_runtime(runtime: GenerateRuntime) -> Iterator[GenerateRuntime]:
         yield runtime
     finally:
         _RUNTIME.reset(token)
+
+
+@attrs.frozen
+class ResponseLimit:
+    """The response budget a rollout driver passed its executions (``max_new_tokens`` of the
+    ``sampling_params`` it gave) and the function it passed it to, as its flag names it."""
+
+    max_new_tokens: int
+    function: str
+
+
+_LIMIT: contextvars.ContextVar[ResponseLimit | None] = contextvars.ContextVar(
+    "vime_generate_limit", default=None)
+
+
+@contextlib.contextmanager
+def use_limit(limit: ResponseLimit) -> Iterator[ResponseLimit]:
+    """Cap the :func:`generate` calls made in this context (and its asyncio tasks) at
+    ``limit`` (see :func:`response_budget`)."""
+    token = _LIMIT.set(limit)
+    try:
+        yield limit
+    finally:
+        _LIMIT.reset(token)
+
+
+def function_name(fn: Callable) -> str:
+    """``pkg.mod:fn``, as ``--custom-generate-function-path`` spells a function."""
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def response_budget(params: SamplingParams, sample: Sample, rt: GenerateRuntime) -> int:
+    """The whole response's token budget: ``params.max_new_tokens`` capped at the rollout's
+    limit (a function may lower slime's ``max_new_tokens``; raising it past the run's
+    ``--rollout-max-response-len`` would train responses the run never allowed) and at the
+    model's context after the prompt. Each cap warns once per function.
+
+    Example: a function that sets ``max_new_tokens`` 10000 under ``--rollout-max-response-len
+    2`` gets 2, and one warning; with a 60-token prompt and a context of 64, at most 4.
+    """
+    budget, limit = params.max_new_tokens, _LIMIT.get()
+    who = ("a generate call" if limit is None
+           else f"--custom-generate-function-path {limit.function}")
+    if limit is not None and budget > limit.max_new_tokens:
+        _warn_once(rt, (who, "limit"), f"{who} set sampling_params[\"max_new_tokens\"]="
+                   f"{budget}, above the rollout's response limit: capped at "
+                   f"{limit.max_new_tokens} (--rollout-max-response-len, or "
+                   "--eval-max-response-len in evaluation; a generate function may lower it, "
+                   "never raise it)")
+        budget = limit.max_new_tokens
+    prompt_len = len(sample.tokens) - sample.response_length
+    if rt.context_len is not None and prompt_len + budget > rt.context_len:
+        room = rt.context_len - prompt_len
+        _warn_once(rt, (who, "context"), f"{who}: max_new_tokens={budget} after a "
+                   f"{prompt_len}-token prompt exceeds the model's context of "
+                   f"{rt.context_len} tokens (config.json max_position_embeddings): capped at "
+                   f"{max(room, 0)}")
+        budget = room
+    return budget
+
+
+def _warn_once(rt: GenerateRuntime, key: tuple[str, str], message: str) -> None:
+    if key not in rt.warned:
+        rt.warned.add(key)
+        log.warning("%s (warned once)", message)
 
 
 def current_runtime() -> GenerateRuntime:
@@ -216,7 +291,7 @@ async def generate(args: Any, sample: Sample, sampling_params: Mapping[str, Any]
     if rt.aborting:
         sample.status = Status.ABORTED
         return sample
-    budget = params.max_new_tokens - sample.response_length
+    budget = response_budget(params, sample, rt) - sample.response_length
     if budget < 1:
         sample.status = Status.TRUNCATED
         return sample

@@ -44,8 +44,9 @@ import attrs
 from vime_pure.data.sample import Sample, Status
 from vime_pure.errors import VimeError, field_error, one_line
 from vime_shell.rollout.functions import RolloutContext, first_request
-from vime_shell.rollout.generate import (RESUMED_AT, GenerateFn, GenerateRuntime,
-                                         sampling_params_dict, use_runtime)
+from vime_shell.rollout.generate import (RESUMED_AT, GenerateFn, GenerateRuntime, ResponseLimit,
+                                         function_name, sampling_params_dict, use_limit,
+                                         use_runtime)
 from vime_shell.rollout.plugins import PluginError
 from vime_shell.rollout.tasks import TaskError, TaskExample
 
@@ -235,7 +236,9 @@ async def _drive(ctx: RolloutContext, setup: PerSample, groups: list[PromptGroup
             if target is not None and len(order) >= target and not rt.aborting:
                 rt.abort()
 
-    with use_runtime(rt):
+    # the function may lower the max_new_tokens it is given, never raise it (generate caps it)
+    limit = ResponseLimit(ctx.sampling.max_new_tokens, function_name(setup.generate_fn))
+    with use_runtime(rt), use_limit(limit):
         rt.resume()
         try:
             jobs, r = [], first

@@ -13,8 +13,10 @@ tool, and pandas via ``pd.DataFrame({k: d[k] for k in per_sample_columns})``.
 checksum) and every column's name, dtype, shape and bytes. ``rollout_log_probs`` and
 ``rollout_routed_experts`` (a 2-D int16 ``[t, layers * topk]``) are absent when the batch has
 none. An optional ``"annotations"`` list holds one JSON object per sample
-(``label``, ``metadata``: what a person needs to read a reward, ``vime inspect``); readers
-that do not know it ignore it, so it needs no new version.
+(``label``, ``metadata``: what a person needs to read a reward, ``vime inspect``); an optional
+``"tokenizer"`` object, ``{"path": model directory, "sha256": tokenizer_fingerprint}``, names
+the tokenizer whose ids the dump holds (``vime train`` records its model's, so ``vime inspect``
+decodes with it). Readers that do not know these keys ignore them, so they need no new version.
 
 Versions: 2 added the per-sample ``weight_version_min`` / ``weight_version_max`` columns
 (``vime_pure.data.batch``). A version-1 dump (without them) still loads, every sample on
@@ -46,6 +48,7 @@ import numpy as np
 from vime_pure.data.batch import COLUMNS, OPTIONAL_COLUMNS, RolloutBatch
 from vime_pure.errors import DumpFormatError, VimeError
 from vime_shell.storage.files import FileKindError, atomic_file, require_regular_file
+from vime_shell.storage.manifest import tokenizer_fingerprint
 
 FORMAT = "vime.rollout_batch"
 VERSION = 2
@@ -60,10 +63,12 @@ MAX_NPY_HEADER_BYTES = 1 << 16  # numpy's .npy header is under 4 KiB in practice
 
 
 def save_rollout_batch(path: str | os.PathLike, batch: RolloutBatch,
-                       annotations: Sequence[Mapping[str, Any]] | None = None) -> Path:
+                       annotations: Sequence[Mapping[str, Any]] | None = None,
+                       tokenizer: Mapping[str, Any] | None = None) -> Path:
     """Write ``batch`` to ``path`` atomically; returns the path. ``annotations``: one mapping
     per sample (label, metadata), stored as JSON in the header (values JSON cannot hold are
-    written as their ``repr``)."""
+    written as their ``repr``); ``tokenizer``: :func:`tokenizer_record` of the model whose
+    tokenizer produced the ids."""
     if not isinstance(batch, RolloutBatch):
         raise DumpFormatError(f"batch is a {type(batch).__name__}. Fix: pass a RolloutBatch.")
     if annotations is not None and len(annotations) != batch.num_samples:
@@ -71,21 +76,35 @@ def save_rollout_batch(path: str | os.PathLike, batch: RolloutBatch,
                               f"{batch.num_samples} samples. Fix: pass one per sample.")
     columns = {k: v for k, v in batch.columns().items() if v is not None}
     return write_dump_columns(path, columns, batch.group_id_values, batch.prompt_group_values,
-                              annotations=annotations)
+                              annotations=annotations, tokenizer=tokenizer)
+
+
+def tokenizer_record(model_dir: str | os.PathLike) -> dict[str, str | None]:
+    """What a dump records of the tokenizer that wrote its ids: the model directory (absolute)
+    and its :func:`tokenizer_fingerprint`. Example: ``{"path": "/models/qwen3-4b", "sha256":
+    "9f2c..."}``."""
+    return {"path": str(Path(model_dir).expanduser().resolve()),
+            "sha256": tokenizer_fingerprint(model_dir)}
+
+
+def read_dump_header(path: str | os.PathLike) -> dict[str, Any]:
+    """A dump's ``header.json`` (its optional ``annotations`` and ``tokenizer`` included),
+    after ``load_rollout_batch`` validated the dump."""
+    load_rollout_batch(path)
+    with zipfile.ZipFile(Path(path)) as zf:
+        return json.loads(zf.read(HEADER).decode())
 
 
 def read_dump_annotations(path: str | os.PathLike) -> list[dict[str, Any]] | None:
-    """The per-sample annotations of a dump (None when it was written without them); the
-    dump itself is validated by ``load_rollout_batch`` first."""
-    load_rollout_batch(path)
-    with zipfile.ZipFile(Path(path)) as zf:
-        return json.loads(zf.read(HEADER).decode()).get("annotations")
+    """The per-sample annotations of a dump (None when it was written without them)."""
+    return read_dump_header(path).get("annotations")
 
 
 def write_dump_columns(path: str | os.PathLike, columns: Mapping[str, np.ndarray],
                        group_id_values: tuple[Hashable, ...],
                        prompt_group_values: tuple[Hashable, ...],
-                       annotations: Sequence[Mapping[str, Any]] | None = None) -> Path:
+                       annotations: Sequence[Mapping[str, Any]] | None = None,
+                       tokenizer: Mapping[str, Any] | None = None) -> Path:
     """Write raw columns in the dump format, unvalidated (``load_rollout_batch`` validates).
 
     For tools that produce dumps from other sources; ``save_rollout_batch`` is the usual entry.
@@ -101,6 +120,8 @@ def write_dump_columns(path: str | os.PathLike, columns: Mapping[str, np.ndarray
     }
     if annotations is not None:  # plain JSON (a round trip turns tuples and numpy into lists)
         header["annotations"] = json.loads(json.dumps(list(annotations), default=repr))
+    if tokenizer is not None:
+        header["tokenizer"] = {"path": str(tokenizer["path"]), "sha256": tokenizer["sha256"]}
     header["sha256"] = _digest(header, arrays)
     with atomic_file(target) as fh:
         with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED) as zf:

@@ -1,4 +1,5 @@
-"""Checksums of a checkpoint's files, and a dataset's fingerprint (torch-free, stdlib only).
+"""Checksums of a checkpoint's files, a dataset's fingerprint and a tokenizer's (torch-free,
+stdlib only).
 
 ``write_manifest(dir)`` records the size and BLAKE2b-256 digest of every file under ``dir`` in
 ``dir/manifest.json``, written last (atomically), so a complete manifest means every file it
@@ -12,6 +13,10 @@ of its first and last MiB (the whole file when it is under 2 MiB). ``dataset_cha
 new)`` says how a dataset changed: a different size or digest is a change; a different mtime
 alone is one only when the file was not hashed whole (so a ``cp`` or ``touch`` of a small file
 is not a change, and an edit in the middle of a large one is).
+
+``tokenizer_fingerprint(model_dir)`` is a tokenizer's identity for reading a dump back: the
+SHA-256 of the names and bytes of the model directory's tokenizer files (``TOKENIZER_FILES``),
+so an edit of any of them, or another model's tokenizer at the same path, changes it.
 
 Example: after ``write_manifest(ck)``, flipping one byte of ``ck/__0_0.distcp`` makes
 ``verify_manifest(ck)`` raise ``ManifestError: ck/__0_0.distcp: its BLAKE2b checksum differs
@@ -30,6 +35,10 @@ MANIFEST = "manifest.json"
 _FORMAT = "vime.manifest"
 _CHUNK = 1 << 20
 _EDGE = 1 << 20  # the fingerprint hashes the first and the last MiB
+# What transformers' tokenizers load from a model directory (fast, BPE, WordPiece, SentencePiece).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt",
+                   "tokenizer.model", "spiece.model")
 
 
 class ManifestError(VimeError):
@@ -135,3 +144,19 @@ def dataset_changed(old: dict, new: dict) -> str | None:
         return ("it was modified since (same size, same first and last MiB: the middle may "
                 "differ)")
     return None
+
+
+def tokenizer_fingerprint(model_dir: str | os.PathLike) -> str | None:
+    """SHA-256 over the ``TOKENIZER_FILES`` present in ``model_dir`` (name, size, bytes, in
+    that order); None when it holds none of them (or is gone)."""
+    root = Path(model_dir)
+    present = [name for name in TOKENIZER_FILES if (root / name).is_file()]
+    if not present:
+        return None
+    h = hashlib.sha256()
+    for name in present:
+        h.update(f"{name}|{(root / name).stat().st_size}|".encode())
+        with open(root / name, "rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                h.update(chunk)
+    return h.hexdigest()
