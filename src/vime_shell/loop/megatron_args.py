@@ -151,9 +151,12 @@ class MegatronSwitchArgs:
                                                         "writes nothing there", "slime")
     update_weight_delta_encoding: str | None = _f("accepted; vime syncs full weights",
                                                   "slime")
-    update_weight_delta_checksum: bool | None = _f("accepted; vime syncs full weights and "
-                                                   "checks each sync by the log-prob gap",
-                                                   "slime")
+    update_weight_delta_checksum: str | None = _f("accepted; vime syncs full weights and "
+                                                  "checks each sync by the log-prob gap",
+                                                  "slime", ("xxh3-128", "blake3", "adler32"))
+    wandb_always_use_train_step: bool | None = _f("accepted; vime logs one W&B record per "
+                                                  "rollout, its step the rollout index",
+                                                  "slime")
 
     def check_switches(self) -> None:
         for name in ("attention_dropout", "hidden_dropout"):
