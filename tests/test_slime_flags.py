@@ -461,7 +461,13 @@ def test_single_eval_prompt_path_is_slimes_legacy_aime_set(tmp_path, capsys):
     assert status == 2 and "is not NAME PATH pairs" in err  # three words: no legacy form
 
 
-def test_wandb_flags_are_slimes(tmp_path, capsys):
+def test_wandb_flags_are_slimes(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    config = tmp_path / "c.yaml"
+    config.write_text("wandb_key: from-a-config-file\nuse_wandb: true\n")
+    cfg = config_from_args(argparse.Namespace(config=str(config)))
+    assert os.environ["WANDB_API_KEY"] == "from-a-config-file"  # monkeypatch restores it
+    assert "from-a-config-file" not in json.dumps(cfg.to_dict())
     cfg = parse_train_config(["--use-wandb", "--wandb-team", "t", "--wandb-host", "https://h",
                               "--wandb-run-id", "r1", "--wandb-dir", "wd",
                               "--disable-wandb-random-suffix", "--wandb-always-use-train-step",

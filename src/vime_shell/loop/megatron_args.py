@@ -100,8 +100,8 @@ class MegatronSwitchArgs:
     check_for_nan_in_loss_and_grad: bool | None = _f("accepted; vime's loss checks are "
                                                      "its own", "megatron")
     log_probs_chunk_size: int | None = _f("accepted; vime computes log-probs per packed "
-                                          "micro-batch (--max-tokens-per-gpu bounds memory)",
-                                          "megatron")
+                                          "micro-batch (--max-tokens-per-gpu bounds memory; "
+                                          "slime's -1, no chunking, is unset)", "megatron")
     transformer_impl: str | None = _f("accepted; vime picks the layer spec by platform "
                                       "(TransformerEngine on CUDA when installed, else local)",
                                       "megatron", ("transformer_engine", "local"))
