@@ -3,8 +3,8 @@
 For each launch script (``scripts/**.sh`` and ``examples/**.sh`` that start ``train.py`` or
 ``train_async.py``) it collects the flags the training command passes: the bash arrays it
 expands (``${PERF_ARGS[@]}``), the flags on the command line itself, and ``MODEL_ARGS`` from
-the ``scripts/models/*.sh`` file it sources (or miles' ``tests/snapshots/model_args/*.txt``).
-Weights & Biases flags and secrets are left out (they do not configure the job). A flag is
+the ``scripts/models/*.sh`` file it sources (or miles' ``tests/snapshots/model_args/*.txt``),
+slime's Weights & Biases flags included (vime takes them). A flag is
 *refused* when ``vime train`` has no such option or its table of unsupported flags names it, or
 when the script gives it a literal value outside the flag's choices (``--train-backend fsdp``);
 ``--sglang-*`` / ``--vllm-*`` are accepted (mapped or warned about). A script is *accepted*
@@ -29,9 +29,6 @@ from vime_shell.loop.slime_flags import UNSUPPORTED, unsupported_line
 
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*[a-z0-9])")
 ARRAY = re.compile(r"([A-Z_][A-Z0-9_]*)\+?=\(([^)]*)\)", re.S)
-NOT_JOB = {"--use-wandb", "--wandb-key", "--wandb-host", "--wandb-team", "--wandb-project",
-           "--wandb-group", "--wandb-run-id", "--wandb-always-use-train-step",
-           "--disable-wandb-random-suffix"}
 
 
 class Repo:
@@ -138,7 +135,7 @@ def coverage(repo: Repo, accepted: set[str]) -> dict:
         flags = script_flags(repo, known, name)
         if flags is None:
             continue
-        bad = {f for f in set(flags) - NOT_JOB if f in UNSUPPORTED or (
+        bad = {f for f in set(flags) if f in UNSUPPORTED or (
             f not in accepted and not f.startswith(("--sglang-", "--vllm-")))}
         bad |= refused_values(repo, name, choices)
         refused_per_script.append(len(bad))

@@ -2,25 +2,35 @@
 a bad value exits 2 with one line before torch is imported, and a flag vime does not support
 prints its table line (never a misleading did-you-mean)."""
 
+import argparse
+import hashlib
 import json
+import os
+import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import attrs
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vime_shell.cli.main import main
+from vime_shell.cli.main import build_parser, main
 from vime_shell.engines.layout import DEFAULT_GPU_MEMORY_UTILIZATION
 from vime_shell.loop.checkpoint_index import resume_checkpoint
 from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.loop.config_flags import config_from_args, parse_train_config
 from vime_shell.loop.launch_checks import launch_checks, model_dir
 from vime_shell.loop.components import engine_options, trainer_config
-from vime_shell.loop.slime_flags import UNSUPPORTED, engine_flags
+from vime_shell.loop.megatron_args import ModelArchArgs
+from vime_shell.loop.run_log import wandb_names
+from vime_shell.loop.slime_flags import UNSUPPORTED, default_flags, engine_flags, redact
 from vime_shell.models.embedded import build_embedded
+from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
+from vime_shell.rollout.functions import DEFAULT_ROLLOUT_FUNCTION
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,6 +38,12 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def model():
     return build_embedded()
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory):
+    return build_tiny_hf_model(tmp_path_factory.mktemp("moe") / "m",
+                               TinyModelSpec(arch="qwen3_moe"))
 
 
 def _exit(argv, capsys) -> tuple[int, str]:
@@ -215,3 +231,284 @@ def test_config_file_by_section_and_section_views(tmp_path):
     path.write_text("loss:\n  lr: 1.0e-5\n")
     with pytest.raises(ConfigError, match="belongs to section 'optimizer'"):
         config_from_args(args)
+
+
+# --- a flag at its default no-op value is never an error -----------------------------------
+# slime's default of each flag, as a script would type it. Where slime has none, Megatron's
+# (slime passes Megatron's flags through), then miles'. Sources:
+#   s  = THUDM/slime slime/utils/arguments.py at 624b824
+#   mi = radixark/miles miles/utils/arguments.py at 31f1ca9
+#   m  = NVIDIA/Megatron-LM megatron/training/arguments.py at d98e8a64
+#   mc = megatron-core 0.16.1's TransformerConfig field defaults (Megatron builds those flags
+#        from the dataclass: ArgumentGroupFactory)
+# A flag whose default is None or an unset store_true has no value to type: it is absent here
+# and, when vime accepts it, tried at vime's own default (a bool as --no-X / --X).
+SLIME_DEFAULTS: dict[str, str] = {
+    "--rollout-num-gpus-per-engine": "1", "--update-weight-buffer-size": str(512 * 1024**2),
+    "--input-key": "input", "--metadata-key": "metadata", "--tool-key": "tools",  # s
+    "--rollout-seed": "42", "--update-weights-interval": "1",  # s
+    "--rollout-function-path": "slime.rollout.sglang_rollout.generate_rollout",  # s
+    "--n-samples-per-prompt": "1", "--rollout-temperature": "1.0", "--rollout-top-p": "1.0",
+    "--rollout-top-k": "-1", "--advantage-estimator": "grpo",  # s
+    "--n-samples-per-eval-prompt": "1", "--micro-batch-size": "1", "--eps-clip": "0.2",  # s
+    "--kl-coef": "0.0", "--kl-loss-coef": "0.0", "--kl-loss-type": "k1",  # s
+    "--entropy-coef": "0.0", "--tis-clip": "2.0", "--tis-clip-low": "0", "--lr": "1e-6",  # s
+    "--seed": "1234", "--clip-grad": "1.0", "--log-probs-chunk-size": "-1",  # s
+    "--min-lr": "0.0", "--weight-decay": "0.01", "--adam-beta1": "0.9",  # m
+    "--adam-beta2": "0.999", "--adam-eps": "1e-08", "--optimizer": "adam",  # m
+    "--tensor-model-parallel-size": "1", "--pipeline-model-parallel-size": "1",  # mc
+    "--context-parallel-size": "1", "--expert-model-parallel-size": "1",  # mc
+    "--expert-tensor-parallel-size": "1",  # mc: None (= TP); slime's scripts pass 1
+    "--moe-router-topk": "2", "--moe-token-dispatcher-type": "allgather",  # mc
+    "--moe-router-score-function": "softmax", "--moe-token-drop-policy": "probs",  # mc
+    "--moe-router-bias-update-rate": "0.001", "--transformer-impl": "transformer_engine",  # mc
+    "--attention-backend": "auto",  # mc
+    "--moe-aux-loss-coeff": "0.0", "--moe-router-load-balancing-type": "aux_loss",  # m
+    "--moe-layer-freq": "1", "--rotary-scaling-factor": "1.0", "--mscale": "1.0",  # m
+    "--mscale-all-dim": "0.0", "--make-vocab-size-divisible-by": "128",  # m
+    "--qkv-format": "thd", "--megatron-to-hf-mode": "raw",  # mi
+    "--update-weight-transfer-mode": "broadcast",  # mi
+    "--data-pad-size-multiplier": "128", "--train-backend": "megatron",  # s
+    "--update-weight-mode": "full", "--update-weight-transport": "nccl",  # s
+    "--update-weight-delta-encoding": "xor", "--update-weight-delta-checksum": "xxh3-128",  # s
+    "--actor-num-nodes": "1", "--actor-num-gpus-per-node": "8", "--num-gpus-per-node": "8",
+    # refused features, at the value that leaves them off
+    "--loss-type": "policy_loss", "--opd-kl-coef": "1.0", "--train-env-vars": "{}",  # s
+    "--mtp-loss-scaling-factor": "0.2", "--loss-mask-type": "qwen",  # s
+    "--mtp-num-layers": "0",  # s, mc: None; Megatron builds no MTP layer for 0
+    "--opd-teacher-key": "opd_teacher", "--opd-log-prob-top-k": "0",  # mi
+    "--opd-reward-weight-mode": "student_p", "--opd-top-k-strategy": "only-student",  # mi
+    "--lora-rank": "0", "--lora-alpha": "16", "--lora-dropout": "0.0",  # mi
+    "--muon-momentum": "0.9", "--kv-lora-rank": "32", "--qk-head-dim": "128",  # m
+    "--qk-pos-emb-head-dim": "64", "--v-head-dim": "128",  # m
+    "--softmax-type": "vanilla", "--fp8-recipe": "delayed",  # mc
+}
+# Refused flags with no value to type at their default (a store_true, or None): nothing to try.
+NO_TYPED_DEFAULT = {
+    "--disable-compute-advantages-and-returns", "--use-opd", "--opd-type", "--opd-teacher-load",
+    "--opd-teacher-urls", "--target-modules", "--lora-base-cpu-backup",
+    "--experts-shared-outer-loras", "--enable-mtp-training", "--spec", "--custom-config-path",
+    "--custom-tis-function-path", "--use-fault-tolerance", "--multi-latent-attention",
+    "--q-lora-rank", "--attention-output-gate", "--use-gated-attention", "--apply-layernorm-1p",
+    "--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved",
+    "--window-size", "--window-attn-skip-freq", "--allgather-cp", "--fp8-format",
+    "--attn-implementation", "--gradient-checkpointing", "--eval-function-path",
+    "--multimodal-keys", "--custom-reward-post-process-path", "--filter-zero-reward-samples",
+    "--use-dynamic-global-batch-size", "--prefill-num-servers", "--dump-details",
+    "--critic-num-nodes", "--critic-num-gpus-per-node",
+}
+# Not no-ops, so outside the rule: Megatron's default is a statement about the model (the
+# architecture flags are checked against config.json: --no-swiglu on a SwiGLU checkpoint is a
+# mismatch), or a setting vime cannot train with (Megatron's default dropout 0.1, which
+# slime's scripts turn off: "default dropout in megatron is 0.1").
+NOT_NO_OPS = {*(f"--{f.name.replace('_', '-')}" for f in attrs.fields(ModelArchArgs)),
+              "--attention-dropout", "--hidden-dropout"}
+# slime's default that makes the job another shape: what else it needs in vime (slime's own
+# --global-batch-size default is Megatron's micro-batch x DP; vime's is 128 groups).
+WITH = {"--n-samples-per-prompt": ["--global-batch-size", "16"]}
+# Placement defaults describe the world they launch: slime's 8 GPUs is an 8-rank torchrun.
+WORLD = {"--actor-num-gpus-per-node": "8", "--num-gpus-per-node": "8"}
+NOT_FLAGS = {"--help", "--config", "--dry-run", "--wandb-key", "--load-forge-rollout-data"}
+
+
+def _train_flags() -> dict[str, argparse.Action]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {s: a for a in sub.choices["train"]._actions for s in a.option_strings
+            if s.startswith("--") and not s.startswith("--no-") and s not in NOT_FLAGS}
+
+
+def _at_default(flag: str, action: argparse.Action) -> list[str] | None:
+    """The words that pass ``flag`` at slime's default, else at vime's; None: none to type."""
+    if flag in SLIME_DEFAULTS:
+        return [flag, SLIME_DEFAULTS[flag]]
+    default = attrs.fields_dict(TrainConfig)[action.dest].default
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return [flag] if default else [f"--no-{flag[2:]}"]
+    if default is None:
+        return None
+    return [flag, *(map(str, default) if isinstance(default, tuple) else [str(default)])]
+
+
+def test_the_table_of_slime_defaults_covers_every_refused_flag():
+    known = {*_train_flags(), *UNSUPPORTED}
+    assert set(SLIME_DEFAULTS) <= known, set(SLIME_DEFAULTS) - known
+    untyped = set(UNSUPPORTED) - set(SLIME_DEFAULTS) - NO_TYPED_DEFAULT
+    assert not untyped, f"add slime's default of {sorted(untyped)} to SLIME_DEFAULTS"
+
+
+@pytest.mark.parametrize("stand_in", ["dense", "moe"])
+def test_flag_at_its_default_no_op_value_is_never_an_error(stand_in, model, moe_model,
+                                                           tmp_path, capsys, monkeypatch):
+    """Every flag vime accepts, and every flag it refuses, at slime's default (Megatron's or
+    miles' where slime has none; vime's own where neither has one) on a dense and a MoE
+    stand-in: the dry run passes."""
+    hf = model if stand_in == "dense" else moe_model
+    cases = {f: _at_default(f, a) for f, a in _train_flags().items() if f not in NOT_NO_OPS}
+    cases.update({f: [f, v] for f, v in SLIME_DEFAULTS.items() if f in UNSUPPORTED})
+    failed = []
+    for n, (flag, words) in enumerate(cases.items()):
+        if words is None:
+            continue
+        with monkeypatch.context() as env:
+            if flag in WORLD:
+                env.setenv("WORLD_SIZE", WORLD[flag])
+                env.setenv("LOCAL_WORLD_SIZE", WORLD[flag])
+            status, err = _exit(["--dry-run", "--hf-checkpoint", str(hf), "--run-dir",
+                                 str(tmp_path / str(n)), *words, *WITH.get(flag, [])], capsys)
+        if status != 0:
+            failed.append(f"{' '.join(words)}: {err.splitlines()[-1]}")
+    assert not failed, "\n".join(failed)
+
+
+def test_expert_tensor_parallel_size_1_is_a_no_op_on_a_dense_model(model, monkeypatch,
+                                                                   capsys, tmp_path):
+    """slime's dense Qwen3-4B script: TP 2 with --expert-tensor-parallel-size 1 (the issue's
+    case). A dense model has no experts to split; EP above 1 still names the mistake."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    argv = ["--dry-run", "--hf-checkpoint", str(model), "--run-dir", str(tmp_path / "r"),
+            "--tensor-model-parallel-size", "2"]
+    status, err = _exit([*argv, "--expert-tensor-parallel-size", "1",
+                         "--expert-model-parallel-size", "1"], capsys)
+    assert status == 0, err
+    cfg = parse_train_config(argv[1:] + ["--expert-tensor-parallel-size", "1"])
+    assert launch_checks(cfg, model).layout.etp == 2  # dense: the expert grid is the TP grid
+    status, err = _exit([*argv, "--expert-model-parallel-size", "2"], capsys)
+    assert status == 2 and "--expert-model-parallel-size=2: the model has no experts" in err
+
+
+def test_unsupported_flag_at_slimes_default_is_a_note_and_at_another_value_its_line(capsys,
+                                                                                   tmp_path):
+    status, err = _exit(["--dry-run", "--run-dir", str(tmp_path), "--lora-rank", "0",
+                         "--loss-type=policy_loss", "--mtp-num-layers", "0"], capsys)
+    assert status == 0, err
+    assert "note: --lora-rank 0: slime's default, a no-op (not supported in vime: LoRA)" in err
+    assert "note: --loss-type policy_loss: slime's default" in err
+    status, err = _exit(["--lora-rank", "8"], capsys)
+    assert (status, err) == (2, "vime train: error: --lora-rank: not supported in vime (LoRA)")
+    assert default_flags(["--lora-rank", "0.0", "--lr", "1"]) == (
+        ["--lora-rank 0.0: slime's default, a no-op (not supported in vime: LoRA)"],
+        ["--lr", "1"])
+
+
+def test_slimes_spellings_of_values_become_vimes(capsys, tmp_path):
+    """slime's default rollout function, Megatron's default dispatcher, SGLang's top-k -1 and
+    slime's log-probs chunk -1 (no chunking) are vime's own values."""
+    cfg = parse_train_config(["--rollout-function-path",
+                              "slime.rollout.sglang_rollout.generate_rollout",
+                              "--moe-token-dispatcher-type", "allgather", "--rollout-top-k",
+                              "-1", "--eval-top-k", "-1", "--log-probs-chunk-size", "-1"])
+    assert (cfg.rollout_function_path, cfg.moe_token_dispatcher_type, cfg.rollout_top_k,
+            cfg.eval_top_k, cfg.log_probs_chunk_size) == (
+        DEFAULT_ROLLOUT_FUNCTION, "alltoall", 0, 0, None)
+    status, err = _exit(["--dry-run", "--run-dir", str(tmp_path), "--rollout-function-path",
+                         "slime.rollout.sglang_rollout.generate_rollout"], capsys)
+    assert status == 0 and "slime's default rollout function" in err, err
+    status, err = _exit(["--rollout-top-k", "-2"], capsys)
+    assert status == 2 and "--rollout-top-k=-2" in err
+
+
+def test_precision_aware_optimizer_turns_on_distributed_optimizer(capsys, tmp_path):
+    """Megatron needs the distributed optimizer under --use-precision-aware-optimizer and
+    --overlap-param-gather; slime turns it on always, so its scripts never pass it. vime turns
+    it on for them, with a note (its default stays off: a checkpoint records which optimizer
+    wrote it, and resuming needs the same)."""
+    for flag in ("--use-precision-aware-optimizer", "--overlap-param-gather"):
+        cfg = parse_train_config([flag])
+        assert not cfg.use_distributed_optimizer
+        assert trainer_config(cfg).optim.use_distributed_optimizer, flag
+        status, err = _exit(["--dry-run", "--run-dir", str(tmp_path / flag), flag], capsys)
+        assert status == 0, err
+        assert f"note: {flag}: turns on the distributed optimizer" in err
+    assert not trainer_config(TrainConfig()).optim.use_distributed_optimizer
+    said = parse_train_config(["--use-precision-aware-optimizer", "--use-distributed-optimizer"])
+    assert said.distributed_optimizer_needed_by(True) is None  # given: no note
+
+
+def test_moe_router_load_balancing_type_none_is_a_choice(moe_model, capsys, tmp_path):
+    """slime's MiniMax-M2 model args pass it; "none" was read as unset before the choice
+    check. Every choice list with a "none" member keeps it as a value."""
+    cfg = parse_train_config(["--moe-router-load-balancing-type", "none"])
+    assert cfg.moe_router_load_balancing_type == "none"
+    status, err = _exit(["--dry-run", "--hf-checkpoint", str(moe_model), "--run-dir",
+                         str(tmp_path), "--moe-router-load-balancing-type", "none"], capsys)
+    assert status == 0, err
+    with_none = [f for f in attrs.fields(TrainConfig) if "none" in (f.metadata["choices"] or ())]
+    for f in with_none:
+        flag = "--" + f.name.replace("_", "-")
+        assert getattr(parse_train_config([flag, "none"]), f.name) == "none", flag
+    assert parse_train_config(["--moe-router-dtype", "none"]).moe_router_dtype is None  # unset
+
+
+def test_single_eval_prompt_path_is_slimes_legacy_aime_set(tmp_path, capsys):
+    """slime: "[legacy] only one eval_prompt_data detected, will assume it is data for aime"
+    (slime/utils/arguments.py); its Qwen3-30B-A3B int4 script passes one path."""
+    path = tmp_path / "aime-2024.jsonl"
+    path.write_text(json.dumps({"prompt": "1+1", "label": "2"}) + "\n")
+    assert parse_train_config(["--eval-prompt-data", str(path)]).eval_prompt_data == (
+        "aime", str(path))
+    status, err = _exit(["--dry-run", "--run-dir", str(tmp_path / "r"), "--eval-prompt-data",
+                         str(path)], capsys)
+    assert status == 0, err
+    assert (f"note: --eval-prompt-data {path}: one path is slime's legacy form, an eval set "
+            "named aime") in err
+    config = tmp_path / "c.yaml"
+    config.write_text(f"eval_prompt_data: {path}\n")
+    args = argparse.Namespace(config=str(config))
+    assert config_from_args(args).eval_prompt_data == ("aime", str(path))
+    status, err = _exit(["--eval-prompt-data", "a", "a.jsonl", "b"], capsys)
+    assert status == 2 and "is not NAME PATH pairs" in err  # three words: no legacy form
+
+
+def test_wandb_flags_are_slimes(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    config = tmp_path / "c.yaml"
+    config.write_text("wandb_key: from-a-config-file\nuse_wandb: true\n")
+    cfg = config_from_args(argparse.Namespace(config=str(config)))
+    assert os.environ["WANDB_API_KEY"] == "from-a-config-file"  # monkeypatch restores it
+    assert "from-a-config-file" not in json.dumps(cfg.to_dict())
+    cfg = parse_train_config(["--use-wandb", "--wandb-team", "t", "--wandb-host", "https://h",
+                              "--wandb-run-id", "r1", "--wandb-dir", "wd",
+                              "--disable-wandb-random-suffix", "--wandb-always-use-train-step",
+                              "--wandb-group", "g"])
+    assert (cfg.wandb_team, cfg.wandb_host, cfg.wandb_run_id, cfg.wandb_dir) == (
+        "t", "https://h", "r1", "wd")
+    assert wandb_names("g", True) == ("g", "g")
+    group, name = wandb_names("g", False)  # slime: a random 6-character suffix
+    assert re.fullmatch(r"g_[0-9a-f]{6}", group) and name == f"{group}-RANK_0"
+
+
+def test_wandb_key_reaches_wandb_only_through_its_environment(tmp_path):
+    """A one-rollout run with W&B offline and a key: the key is in WANDB_API_KEY (where W&B
+    reads it) and in no file the run writes (metrics, checkpoint, lock and owner records,
+    W&B's own run files, which record the command line), nor in its output or dry-run
+    report."""
+    key = "vime-test-key-3f9c0d7e1b2a"
+    code = ("import hashlib, os, sys; from vime_shell.cli.main import main; "
+            "rc = main(sys.argv[1:]); print('KEY-IN-ENV', hashlib.sha256(os.environ.get("
+            "'WANDB_API_KEY', '').encode()).hexdigest()); sys.exit(rc)")
+    in_env = f"KEY-IN-ENV {hashlib.sha256(key.encode()).hexdigest()}"
+    common = ["--use-wandb", "--wandb-mode", "offline", "--wandb-key", key, "--wandb-group",
+              "g", "--num-rollout", "1", "--rollout-batch-size", "4", "--n-samples-per-prompt",
+              "2", "--global-batch-size", "8"]
+    env = {"PYTHONPATH": str(REPO / "src"), "PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1",
+           "HOME": str(tmp_path), "WANDB_SILENT": "true"}
+    outputs = []
+    for extra in (["--dry-run", "--run-dir", "dry"],
+                  ["--run-dir", "run", "--save", "ck", "--save-interval", "1"]):
+        out = subprocess.run([sys.executable, "-c", code, "train", *common, *extra],
+                             capture_output=True, text=True, cwd=tmp_path, env=env,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert in_env in out.stdout, out.stdout[-500:]
+        outputs += [out.stdout, out.stderr]
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*")), "W&B ran"
+    assert (tmp_path / "ck" / "latest_checkpointed_iteration.txt").is_file()
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(written) > 10
+    leaks = [str(p) for p in written if key.encode() in p.read_bytes()]
+    leaks += [f"output {i}" for i, text in enumerate(outputs) if key in text]
+    assert not leaks, leaks
+    assert redact(["train", "--wandb-key", key, "--wandb-key=" + key, "--lr", "1"]) == [
+        "train", "--wandb-key", "***", "--wandb-key=***", "--lr", "1"]

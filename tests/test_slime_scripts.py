@@ -4,6 +4,7 @@ submit -- python3 train.py ...``) runs unchanged through ``vime train --dry-run`
 launch check, and its notes say where vime differs."""
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -42,15 +43,19 @@ def env(tmp_path_factory):
     data = root / "data"
     write_jsonl(data / "train.jsonl", train)
     write_jsonl(data / "eval.jsonl", held_out)
+    embedded = build_embedded()
+    moe = build_tiny_hf_model(root / "moe", TinyModelSpec(arch="qwen3_moe"))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(embedded / name, moe / name)  # the dataset's digits and a chat template
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
-            "VIME_PYTHON": sys.executable, "MODEL_DIR": str(build_embedded()),
-            "MOE_DIR": str(build_tiny_hf_model(root / "moe", TinyModelSpec(arch="qwen3_moe"))),
+            "VIME_PYTHON": sys.executable, "MODEL_DIR": str(embedded), "MOE_DIR": str(moe),
             "DATA_DIR": str(data), "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(SCRIPTS)])}
 
 
-def _run(script: str, env: dict, run_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPTS / script)], env={**env, "RUN_DIR": str(run_dir)},
+def _run(script: str, env: dict, run_dir: Path, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPTS / script)],
+                          env={**env, "RUN_DIR": str(run_dir), **extra},
                           capture_output=True, text=True, timeout=120)
 
 
@@ -72,6 +77,38 @@ def test_slime_style_script_passes_the_dry_run(script, notes, env, tmp_path):
     for note in notes:
         assert note in out.stderr, (note, out.stderr[-2000:])
     assert not (tmp_path / "run" / "ckpt").exists()  # a dry run writes no checkpoint
+
+
+# slime's own scripts, ported (tests/slime_scripts/run-qwen3-*.sh, run-retool-*.sh): each
+# failed its dry run for a reason of vime's alone before issue 31. They launch 2 ranks.
+TWO_RANKS = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "NUM_GPUS": "2"}
+WANDB_KEY = "slime-script-test-key-7c1e"
+
+
+@pytest.mark.parametrize("script, notes", [
+    ("run-qwen3-4B.sh", [
+        "--use-precision-aware-optimizer: turns on the distributed optimizer",
+        "--use-precision-aware-optimizer: no TransformerEngine here",
+        "--wandb-always-use-train-step: accepted"]),
+    ("run-qwen3-30B-A3B.sh", [
+        "one path is slime's legacy form, an eval set named aime",
+        "--use-precision-aware-optimizer: turns on the distributed optimizer",
+        "--sglang-cuda-graph-bs 1 2 4 8 16"]),
+    ("run-retool-qwen3-4B.sh", []),
+])
+def test_slimes_own_scripts_pass_the_dry_run(script, notes, env, tmp_path):
+    """The issue's three: --expert-tensor-parallel-size 1 on a dense model at TP 2, the
+    precision-aware optimizer without --use-distributed-optimizer, slime's W&B flags (the key
+    in no line vime prints), one eval path; retool's plugins by stand-ins of its signatures."""
+    out = _run(script, env, tmp_path / "run", WANDB_KEY=WANDB_KEY, **TWO_RANKS)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "every launch check passed" in out.stdout
+    assert "parallel layout: world 2" in out.stdout
+    for note in notes:
+        assert note in out.stderr, (note, out.stderr[-3000:])
+    vime_lines = [line for line in out.stderr.splitlines() if line.startswith("vime")]
+    assert WANDB_KEY not in out.stdout and not any(WANDB_KEY in x for x in vime_lines)
+    # (bash's `set -x` of slime's script echoes its own command line, key and all)
 
 
 def test_a_script_for_another_checkpoint_fails_naming_both_values(env, tmp_path):

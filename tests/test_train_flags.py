@@ -129,7 +129,9 @@ def test_optimizer_flags_reach_the_trainer_config(capsys):
     _bad(["--lr", "0"], capsys, "--lr=0")
     _bad(["--min-lr", "1"], capsys, "--min-lr")
     _bad(["--num-steps-per-rollout", "3"], capsys, "--num-steps-per-rollout")
-    _bad(["--overlap-param-gather"], capsys, "--overlap-param-gather")
+    # Megatron needs the distributed optimizer for it: on without the flag (slime's default)
+    assert trainer_config(parse_train_config(["--overlap-param-gather"])
+                          ).optim.use_distributed_optimizer
 
 
 def test_batching_and_parallelism_flags(model, capsys, monkeypatch):

@@ -49,7 +49,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def launch_notes(cfg, args: argparse.Namespace, plan) -> list[str]:
     """One line per accepted flag that vime treats differently (rank 0 prints them)."""
-    out = [*notes(cfg), *getattr(args, "engine_warnings", ())]
+    out = [*notes(cfg), *getattr(args, "engine_warnings", ()), *getattr(args, "flag_notes", ())]
+    needed_by = cfg.distributed_optimizer_needed_by(cfg.use_precision_aware_optimizer)
+    if needed_by is not None:
+        out.append(f"{needed_by}: turns on the distributed optimizer (Megatron needs it; slime "
+                   "always runs it); pass --use-distributed-optimizer to say so")
+    if cfg.use_precision_aware_optimizer and not transformer_engine_available():
+        out.append("--use-precision-aware-optimizer: no TransformerEngine here, so Adam is "
+                   "torch's, its state fp32, as the precision-aware optimizer keeps it at "
+                   "Megatron's default state dtypes")
     if cfg.load is not None and resume_checkpoint(cfg.load, cfg.save) is None:
         out.append(f"--load {cfg.load}: no checkpoint yet (it is the --save directory): "
                    "starting fresh, as slime does")

@@ -126,10 +126,6 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, RewardArgs, Eval
                 f"{self.context_parallel_size}: GSPO's sequence ratio averages a whole "
                 "response, which context parallelism splits over ranks. Fix: use "
                 "--context-parallel-size 1 with gspo.")
-        if self.use_precision_aware_optimizer and not self.use_distributed_optimizer:
-            raise field_error(ConfigError, "use_precision_aware_optimizer", True,
-                              "needs the distributed optimizer (Megatron's rule)",
-                              "pass --use-distributed-optimizer")
         self.model_options()  # recompute / MoE consistency (ModelOptions' own checks)
         self._check_steps()
 

@@ -1,7 +1,10 @@
 """``vime train``'s settings from the command line and config files: one ``--dash-name`` flag
 per ``TrainConfig`` field (grouped by section, slime's aliases as extra spellings), a
 ``--config`` file (YAML, JSON or TOML; flat keys or by section), and the parser hook that turns
-slime's ``--vllm-X`` / ``--sglang-X`` engine flags into vLLM engine arguments.
+slime's ``--vllm-X`` / ``--sglang-X`` engine flags into vLLM engine arguments and takes slime's
+unsupported flags at their default (off) value with a note. slime's spellings of values
+(``slime_flags.slime_values``) become vime's, with a note, and ``--wandb-key`` (flag or
+config key) goes into ``WANDB_API_KEY``, never into the configuration.
 
 Sources, later wins: the defaults, the ``--config`` file, then the flags given. Example:
 ``parse_train_config(["--lr", "1e-3", "--sglang-mem-fraction-static", "0.7"])``.
@@ -9,6 +12,7 @@ Sources, later wins: the defaults, the ``--config`` file, then the flags given. 
 
 import argparse
 import json
+import os
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,7 +24,10 @@ import yaml
 from vime_pure.errors import field_error
 from vime_shell.loop.config import SECTIONS, ConfigError, TrainConfig
 from vime_shell.loop.settings.common import element_type, field_type
-from vime_shell.loop.slime_flags import ALIASES, engine_flags
+from vime_shell.loop.slime_flags import (ALIASES, SLIME_VALUES, default_flags, engine_flags,
+                                         slime_values)
+
+WANDB_KEY_ENV = "WANDB_API_KEY"  # where W&B reads its key; the key is kept nowhere else
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -83,6 +90,15 @@ def _optional(kind: type) -> Any:
     return parse
 
 
+class _OrUnset(tuple):
+    """A choice list that also takes None: ``--moe-router-dtype none`` (unset) passes
+    argparse's choice check, which runs after the type turned "none" into None; ``--help``
+    lists the choices only."""
+
+    def __contains__(self, value: object) -> bool:
+        return value is None or tuple.__contains__(self, value)
+
+
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--config`` and one ``--dash-name`` flag per field, grouped by section, choices
     shown as choices; unset flags stay absent (defaults and the config file fill them).
@@ -105,14 +121,25 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                                default=argparse.SUPPRESS, help=help_text)
             continue
         kind = element_type(f) if base is tuple else base
-        group.add_argument(*flags, type=_optional(kind) if optional else kind,
-                           choices=f.metadata["choices"], nargs=f.metadata["nargs"],
+        choices = f.metadata["choices"]
+        if choices is not None:  # slime's spellings of a choice (SLIME_VALUES) are choices
+            choices = (*choices, *(v for n, v in SLIME_VALUES if n == f.name))
+        # "none" means unset, unless it is one of the choices (--moe-router-load-balancing-type)
+        unset = optional and "none" not in (choices or ())
+        if unset and choices is not None:
+            choices = _OrUnset(choices)
+        group.add_argument(*flags, type=_optional(kind) if unset else kind,
+                           choices=choices, nargs=f.metadata["nargs"],
                            default=argparse.SUPPRESS, help=help_text)
     groups["checkpoint"].add_argument(
         "--load-forge-rollout-data", action=_ForgeReplay, metavar="PATH",
         default=argparse.SUPPRESS, help="slime's alias: --load-rollout-data PATH "
         "--load-rollout-data-mode forge")
-    parser.set_defaults(engine_warnings=())
+    groups["logging"].add_argument(
+        "--wandb-key", action=_WandbKey, metavar="KEY", default=argparse.SUPPRESS,
+        help=f"W&B API key: set as {WANDB_KEY_ENV} for W&B, never written to the run's "
+        "configuration, checkpoints or logs")
+    parser.set_defaults(engine_warnings=(), flag_notes=())
 
 
 class _ForgeReplay(argparse.Action):
@@ -123,26 +150,43 @@ class _ForgeReplay(argparse.Action):
         namespace.load_rollout_data_mode = "forge"
 
 
+class _WandbKey(argparse.Action):
+    """``--wandb-key KEY``: into W&B's environment at once, kept in no setting (so no dump,
+    checkpoint, report or W&B config can hold it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        os.environ[WANDB_KEY_ENV] = values
+
+
 def absorb_engine_flags(extras: list[str], namespace: argparse.Namespace) -> list[str]:
     """The parser's hook for ``--vllm-X`` / ``--sglang-X`` (``slime_flags.engine_flags``):
-    mapped ones extend ``--vllm-engine-args``, the rest become launch warnings."""
+    mapped ones extend ``--vllm-engine-args``, the rest become launch warnings; slime's
+    unsupported flags at their default value (``slime_flags.default_flags``) become notes."""
     engine, warnings, rest = engine_flags(extras)
     if engine:
         given = getattr(namespace, "vllm_engine_args", None) or ()
         namespace.vllm_engine_args = [*given, *engine]
     namespace.engine_warnings = (*namespace.engine_warnings, *warnings)
+    notes, rest = default_flags(rest)
+    namespace.flag_notes = (*getattr(namespace, "flag_notes", ()), *notes)
     return rest
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Defaults, then the ``--config`` file, then the flags that were given."""
+    """Defaults, then the ``--config`` file, then the flags that were given; slime's spellings
+    of values are vime's (their notes join ``args.flag_notes`` for the launch log)."""
     values = dict(vars(args))
     path = values.pop("config", None)
     merged = flatten_sections(load_config_file(path), str(path)) if path else {}
     merged = {ALIASES.get("--" + str(k).replace("_", "-"), str(k).replace("-", "_")): v
               for k, v in merged.items()}  # slime's spellings of vime settings too
+    key = merged.pop("wandb_key", None)
+    if key is not None:  # a config file's W&B key: the environment, as the flag's
+        os.environ[WANDB_KEY_ENV] = str(key)
     fields = {f.name for f in attrs.fields(TrainConfig)}
     merged.update({k: v for k, v in values.items() if k in fields})
+    merged, notes = slime_values(merged)
+    args.flag_notes = (*getattr(args, "flag_notes", ()), *notes)
     return TrainConfig.from_mapping(merged, source=f"--config {path}" if path else "flags")
 
 

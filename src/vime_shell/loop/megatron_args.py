@@ -100,8 +100,8 @@ class MegatronSwitchArgs:
     check_for_nan_in_loss_and_grad: bool | None = _f("accepted; vime's loss checks are "
                                                      "its own", "megatron")
     log_probs_chunk_size: int | None = _f("accepted; vime computes log-probs per packed "
-                                          "micro-batch (--max-tokens-per-gpu bounds memory)",
-                                          "megatron")
+                                          "micro-batch (--max-tokens-per-gpu bounds memory; "
+                                          "slime's -1, no chunking, is unset)", "megatron")
     transformer_impl: str | None = _f("accepted; vime picks the layer spec by platform "
                                       "(TransformerEngine on CUDA when installed, else local)",
                                       "megatron", ("transformer_engine", "local"))
@@ -151,9 +151,12 @@ class MegatronSwitchArgs:
                                                         "writes nothing there", "slime")
     update_weight_delta_encoding: str | None = _f("accepted; vime syncs full weights",
                                                   "slime")
-    update_weight_delta_checksum: bool | None = _f("accepted; vime syncs full weights and "
-                                                   "checks each sync by the log-prob gap",
-                                                   "slime")
+    update_weight_delta_checksum: str | None = _f("accepted; vime syncs full weights and "
+                                                  "checks each sync by the log-prob gap",
+                                                  "slime", ("xxh3-128", "blake3", "adler32"))
+    wandb_always_use_train_step: bool | None = _f("accepted; vime logs one W&B record per "
+                                                  "rollout, its step the rollout index",
+                                                  "slime")
 
     def check_switches(self) -> None:
         for name in ("attention_dropout", "hidden_dropout"):

@@ -24,7 +24,7 @@ def memory_plan(cfg: TrainConfig, layout: TrainLayout, *, gpu_bytes: int,
         tp=layout.tp, pp=layout.pp, cp=layout.cp, dp=layout.dp, ep=layout.ep, etp=layout.etp,
         recompute_granularity=cfg.recompute_granularity, recompute_method=cfg.recompute_method,
         recompute_num_layers=cfg.recompute_num_layers,
-        distributed_optimizer=cfg.use_distributed_optimizer,
+        distributed_optimizer=cfg.optim_config().use_distributed_optimizer,
         optimizer_cpu_offload=cfg.optimizer_cpu_offload, offload_train=cfg.offload_train,
         colocate=cfg.colocate is not False, engine_share=cfg.rollout_gpu_memory_utilization,
         param_bytes=param_bytes)

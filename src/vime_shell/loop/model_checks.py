@@ -7,7 +7,9 @@ CUDA-only flag is set). What is refused, and why (measured on CPU with megatron-
 - ``--optimizer-cpu-offload``: Megatron's ``HybridDeviceOptimizer`` splits parameters by
   ``param.is_cuda``; on CPU it fails ("can't optimize a non-leaf Tensor" with the distributed
   optimizer, a ``KeyError`` at the first step without);
-- ``--use-precision-aware-optimizer``: needs TransformerEngine's FusedAdam;
+- (not ``--use-precision-aware-optimizer``: without TransformerEngine the optimizer is torch's
+  Adam with fp32 state, which is what it keeps at Megatron's default state dtypes; a launch
+  note says so, and the trainer uses TE's FusedAdam only where TE is);
 - ``--moe-grouped-gemm``, ``--moe-permute-fusion``, ``--moe-token-dispatcher-type flex``: CUDA
   kernels (grouped_gemm / TransformerEngine / DeepEP);
 - ``--use-rollout-routing-replay`` where the engine cannot return the experts it routed each
@@ -16,7 +18,10 @@ CUDA-only flag is set). What is refused, and why (measured on CPU with megatron-
   (``--custom-generate-function-path``: the per-request fronts return no routes). The batched
   HF engine and CUDA vLLM (``enable_return_routed_experts``) return them;
 - ``--expert-tensor-parallel-size`` other than the TP size without TransformerEngine (the local
-  spec's SequentialMLP experts load through mbridge's dense TP split);
+  spec's SequentialMLP experts load through mbridge's dense TP split), on a MoE model (a dense
+  model has no experts to split);
+- a ``--moe-*`` flag on a dense model, unless at Megatron's or vime's default (``MOE_NO_OPS``):
+  a flag at its default no-op value is never an error;
 - ``--recompute-num-layers`` above the layers of the smallest pipeline stage (Megatron's rule);
 - a ``--tensor-model-parallel-size`` that does not divide the attention heads, or that is
   neither a divisor nor a multiple of the KV heads (Megatron's ``TransformerConfig`` rule: more
@@ -40,16 +45,23 @@ _CUDA_ONLY = {
     "moe_grouped_gemm": "the grouped expert GEMM is a CUDA kernel",
     "moe_permute_fusion": "the fused permutation is a TransformerEngine CUDA kernel",
 }
-_NEEDS_TE = ("use_precision_aware_optimizer", "moe_permute_fusion")
+_NEEDS_TE = ("moe_permute_fusion",)
+# The MoE flags' no-op values on a dense model: Megatron's defaults (megatron-core's
+# TransformerConfig; --moe-router-load-balancing-type and --moe-aux-loss-coeff from
+# Megatron-LM's arguments.py) and vime's (no load-balancing loss, the alltoall dispatcher).
+MOE_NO_OPS: dict[str, tuple[object, ...]] = {
+    "moe_router_topk": (2,), "moe_aux_loss_coeff": (0.0,), "moe_z_loss_coeff": (0.0,),
+    "moe_router_load_balancing_type": ("aux_loss", "none"),
+    "moe_token_dispatcher_type": ("alltoall",), "moe_router_dtype": (),
+    "moe_grouped_gemm": (False,), "moe_permute_fusion": (False,),
+}
 
 
 def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                          layout: TrainLayout) -> None:
     """Raise ``ConfigError`` for a memory / MoE setting this machine or model cannot run."""
-    moe_flags = [name for name in ("moe_router_topk", "moe_aux_loss_coeff", "moe_z_loss_coeff",
-                                   "moe_router_load_balancing_type", "moe_token_dispatcher_type",
-                                   "moe_router_dtype", "moe_grouped_gemm", "moe_permute_fusion")
-                 if getattr(cfg, name) is not None]
+    moe_flags = [name for name, no_ops in MOE_NO_OPS.items()
+                 if getattr(cfg, name) is not None and getattr(cfg, name) not in no_ops]
     moe_flags += [name for name in ("use_rollout_routing_replay",
                                     "rollout_enable_expert_parallel") if getattr(cfg, name)]
     if cfg.rollout_enable_expert_parallel and cfg.rollout_engine == "hf":
@@ -75,7 +87,8 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
     if cfg.use_rollout_routing_replay:
         _check_routing_replay(cfg)
     etp = cfg.expert_tensor_parallel_size
-    if etp not in (None, cfg.tensor_model_parallel_size) and not (
+    if summary.num_experts is not None and etp not in (None, cfg.tensor_model_parallel_size) \
+            and not (
             transformer_engine_available() and cuda_available()):
         raise field_error(ConfigError, "expert_tensor_parallel_size", etp,
                           "differs from --tensor-model-parallel-size, which needs "
@@ -127,9 +140,7 @@ def _check_cuda_only(cfg: TrainConfig) -> None:
     for name in wanted:
         value = getattr(cfg, name)
         if not cuda:
-            why = _CUDA_ONLY.get(name, "it needs TransformerEngine (FusedAdam)"
-                                 if name == "use_precision_aware_optimizer"
-                                 else "flex is DeepEP's dispatcher")
+            why = _CUDA_ONLY.get(name, "flex is DeepEP's dispatcher")
             raise field_error(ConfigError, name, value, f"is CUDA-only ({why})",
                               "drop it on this machine (CPU runs keep all state in host "
                               "memory anyway)")

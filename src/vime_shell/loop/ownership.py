@@ -23,11 +23,13 @@ fails with ``--run-dir='runs/b': belongs to run b1, but --load ck_a continues ru
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 from vime_pure.errors import field_error
 from vime_shell.loop.checkpoint_index import LOOP_STATE, TRACKER, latest, starts_fresh
 from vime_shell.loop.config import TrainConfig
+from vime_shell.loop.slime_flags import redact
 from vime_shell.loop.run_dir import (RunDirError, check_run_dir, dump_dir, earlier_records,
                                      move_aside)
 from vime_shell.storage.locks import (BOOKKEEPING, DirClaim, DirectoryInUseError, lock_holder,
@@ -144,7 +146,8 @@ def claim_run(cfg: TrainConfig, run_id: str) -> tuple[DirClaim, Path | None]:
     earlier run aside (``--overwrite-run-dir``) and record this run as the owner. Returns the
     claim (``release()`` it at the end) and where the earlier run went (or None)."""
     check_run_dir(cfg)  # before any lock file is created: no symlinked entry is written
-    claim = DirClaim(run_id)
+    argv = getattr(sys, "orig_argv", sys.argv)  # "python -m vime_shell.cli train ..."
+    claim = DirClaim(run_id, command=" ".join([Path(argv[0]).name, *redact(argv[1:])]))
     (run_flag, run_dir), *others = claimed_dirs(cfg)
     try:
         claim.acquire(run_flag, run_dir)

@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import sys
+import uuid
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -31,6 +32,7 @@ from tqdm import tqdm
 
 from vime_pure.errors import field_error
 from vime_shell.loop.plots import plot_curves, plot_step_loads
+from vime_shell.loop.slime_flags import redact
 from vime_shell.loop.run_dir import (CURVES, METRICS, SCHEDULE_PLOT, TENSORBOARD,  # noqa: F401
                                      RunDirError)
 from vime_shell.storage.files import write_atomic
@@ -295,9 +297,44 @@ def _tensorboard(path: Path):
 
 
 def _wandb_run(run_dir: Path, config: Mapping[str, object]):
-    """A W&B run in ``run_dir/wandb`` (``--wandb-mode offline`` needs no network)."""
+    """A W&B run in ``--wandb-dir`` or ``run_dir`` (``--wandb-mode offline`` needs no
+    network), named as slime names it (:func:`wandb_names`). Its key comes from
+    ``WANDB_API_KEY`` (``--wandb-key`` put it there); ``config`` holds no key."""
     import wandb  # optional extra; launch checks made sure it is installed
 
-    return wandb.init(project=str(config["wandb_project"]), group=config.get("wandb_group"),
-                      mode=str(config["wandb_mode"]), dir=str(run_dir), config=dict(config),
-                      reinit=True)
+    group, name = wandb_names(config.get("wandb_group"),
+                              bool(config.get("disable_wandb_random_suffix")))
+    where = Path(str(config.get("wandb_dir") or run_dir)).expanduser()
+    where.mkdir(parents=True, exist_ok=True)
+    host = config.get("wandb_host")
+    with _redacted_argv():  # W&B records the command line; --wandb-key's value stays out
+        return wandb.init(project=str(config["wandb_project"]),
+                          entity=config.get("wandb_team"), group=group, name=name,
+                          id=config.get("wandb_run_id"),
+                          resume="allow" if config.get("wandb_run_id") else None,
+                          mode=str(config["wandb_mode"]), dir=str(where), config=dict(config),
+                          settings=wandb.Settings(base_url=str(host)) if host else None,
+                          reinit=True)
+
+
+@contextlib.contextmanager
+def _redacted_argv() -> Iterator[None]:
+    """``sys.argv`` without secret values (``slime_flags.redact``) while W&B reads it."""
+    saved = sys.argv
+    sys.argv = redact(saved)
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+def wandb_names(group: object, disable_suffix: bool) -> tuple[str | None, str | None]:
+    """slime's W&B group and run name: ``--wandb-group`` plus a random 6-character suffix
+    (unless ``--disable-wandb-random-suffix``), the run named ``<group>-RANK_0`` (vime logs
+    from rank 0). Without a group, W&B picks both."""
+    if group is None:
+        return None, None
+    if disable_suffix:
+        return str(group), str(group)
+    group = f"{group}_{uuid.uuid4().hex[:6]}"
+    return group, f"{group}-RANK_0"

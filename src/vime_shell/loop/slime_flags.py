@@ -10,15 +10,25 @@ table of flags vime does not support.
 * ``UNSUPPORTED``: every other flag the anchors' example scripts pass, with the reason or the
   vime equivalent: ``vime train --use-opd`` prints ``--use-opd: not supported in vime
   (on-policy distillation)`` and exits 2. The line comes from this table, never from spelling
-  distance.
+  distance. At slime's default (``UNSUPPORTED_OFF``: ``--lora-rank 0``, ``--loss-type
+  policy_loss``) such a flag leaves its feature off, so it is accepted with a note
+  (:func:`default_flags`): a flag at its default no-op value is never an error.
+* ``SLIME_VALUES``: slime's spelling of a value vime spells otherwise (slime's default rollout
+  function is vime's; Megatron's default ``allgather`` dispatcher is vime's ``alltoall``;
+  ``--rollout-top-k -1`` is off), and slime's legacy one-path ``--eval-prompt-data PATH``, an
+  eval set named ``aime`` (:func:`slime_values`).
+* ``SECRET_FLAGS``: ``--wandb-key`` goes to W&B through ``WANDB_API_KEY`` only; :func:`redact`
+  hides its value in a recorded command line.
 
 Example: ``engine_flags(["--sglang-mem-fraction-static", "0.7"])`` maps to
 ``--rollout-gpu-memory-utilization`` (an alias), and ``engine_flags(["--sglang-ep-size", "8"])``
 gives the warning ``--sglang-ep-size 8: no vLLM equivalent in vime; ignored``.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from vime_shell.rollout.functions import DEFAULT_ROLLOUT_FUNCTION
 
 # alias flag -> the TrainConfig field it sets (same type, same meaning)
 ALIASES: dict[str, str] = {
@@ -116,6 +126,42 @@ UNSUPPORTED_VALUES: dict[str, str] = {
 }
 
 
+# slime's defaults of flags in UNSUPPORTED, at which their feature is off (a no-op; accepted
+# with a note). Sources, as typed on a command line: THUDM/slime slime/utils/arguments.py
+# (624b824), radixark/miles miles/utils/arguments.py (31f1ca9; the LoRA and OPD-top-k flags),
+# NVIDIA/Megatron-LM megatron/training/arguments.py (d98e8a64: --muon-momentum, the MLA
+# dimensions) and megatron-core's TransformerConfig defaults (--softmax-type, --fp8-recipe,
+# --mtp-loss-scaling-factor 0.1; slime resets it to 0.2). --mtp-num-layers defaults to None,
+# and Megatron builds no MTP layer for 0.
+UNSUPPORTED_OFF: dict[str, tuple[str, ...]] = {
+    "--loss-type": ("policy_loss",), "--opd-kl-coef": ("1.0",),
+    "--opd-teacher-key": ("opd_teacher",), "--opd-log-prob-top-k": ("0",),
+    "--opd-reward-weight-mode": ("student_p",), "--opd-top-k-strategy": ("only-student",),
+    "--lora-rank": ("0",), "--lora-alpha": ("16",), "--lora-dropout": ("0.0",),
+    "--muon-momentum": ("0.9",), "--mtp-num-layers": ("0",),
+    "--mtp-loss-scaling-factor": ("0.2", "0.1"), "--train-env-vars": ("{}",),
+    "--kv-lora-rank": ("32",), "--qk-head-dim": ("128",), "--qk-pos-emb-head-dim": ("64",),
+    "--v-head-dim": ("128",), "--softmax-type": ("vanilla",), "--fp8-recipe": ("delayed",),
+    "--loss-mask-type": ("qwen",),
+}
+
+# slime's value of a vime setting that vime spells otherwise: (setting, slime's value) ->
+# (vime's value, the launch note, or None when the meaning is identical)
+SLIME_VALUES: dict[tuple[str, Any], tuple[Any, str | None]] = {
+    ("rollout_function_path", "slime.rollout.sglang_rollout.generate_rollout"): (
+        DEFAULT_ROLLOUT_FUNCTION, "slime's default rollout function; vime's default "
+        f"({DEFAULT_ROLLOUT_FUNCTION}) is its counterpart"),
+    ("moe_token_dispatcher_type", "allgather"): (
+        "alltoall", "Megatron's default dispatcher; vime's MoE uses alltoall (allgather "
+        "refuses the variable sequence lengths vime packs; the routing is the same)"),
+    ("rollout_top_k", -1): (0, None),  # SGLang's and slime's "off"
+    ("eval_top_k", -1): (0, None),
+    ("log_probs_chunk_size", -1): (None, None),  # slime: -1, no chunking
+}
+LEGACY_EVAL_SET = "aime"  # slime's name for a lone --eval-prompt-data PATH
+SECRET_FLAGS: tuple[str, ...] = ("--wandb-key",)
+
+
 def unsupported_line(flag: str) -> str | None:
     """The table's line for ``flag`` (or ``"--flag value"`` for a refused choice), or None
     when it is not in the table."""
@@ -165,3 +211,69 @@ def parse_engine_arg(text: str) -> tuple[str, Any]:
         except ValueError:
             pass
     return key, value
+
+
+def _matches(text: str, default: str) -> bool:
+    """``"0"`` is ``"0.0"``: numbers compare as numbers, other words as written."""
+    try:
+        return float(text) == float(default)
+    except ValueError:
+        return text == default
+
+
+def default_flags(tokens: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split ``tokens`` into ``(notes, rest)``: every ``FLAG VALUE`` / ``FLAG=VALUE`` of
+    ``UNSUPPORTED_OFF`` at slime's default becomes a note; everything else stays in ``rest``
+    (a flag at another value keeps its table line). Example: ``["--lora-rank", "0"]`` gives
+    the note ``--lora-rank 0: slime's default, a no-op (not supported in vime: LoRA)``."""
+    notes, rest = [], []
+    i = 0
+    while i < len(tokens):
+        name, eq, inline = tokens[i].partition("=")
+        value = inline if eq else (tokens[i + 1] if i + 1 < len(tokens) else None)
+        offs = UNSUPPORTED_OFF.get(name, ())
+        if value is not None and any(_matches(value, off) for off in offs):
+            notes.append(f"{name} {value}: slime's default, a no-op (not supported in vime: "
+                         f"{UNSUPPORTED[name]})")
+            i += 1 if eq else 2
+            continue
+        rest.append(tokens[i])
+        i += 1
+    return notes, rest
+
+
+def slime_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``values`` (setting name -> value) with slime's spellings in vime's (``SLIME_VALUES``,
+    ``LEGACY_EVAL_SET``), and a launch note per change whose meaning needs one. Example:
+    ``{"eval_prompt_data": ["aime.jsonl"]}`` -> ``{"eval_prompt_data": ("aime",
+    "aime.jsonl")}``."""
+    out, notes = dict(values), []
+    for (name, slime), (vime, note) in SLIME_VALUES.items():
+        if name in out and out[name] == slime and type(out[name]) is type(slime):
+            out[name] = vime
+            if note is not None:
+                notes.append(f"--{name.replace('_', '-')} {slime}: {note}")
+    evals = out.get("eval_prompt_data")
+    if isinstance(evals, str):
+        evals = [evals]
+    if isinstance(evals, (list, tuple)) and len(evals) == 1:
+        out["eval_prompt_data"] = (LEGACY_EVAL_SET, evals[0])
+        notes.append(f"--eval-prompt-data {evals[0]}: one path is slime's legacy form, an eval "
+                     f"set named {LEGACY_EVAL_SET} (eval/{LEGACY_EVAL_SET}/...)")
+    return out, notes
+
+
+def redact(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the value of each ``SECRET_FLAGS`` flag replaced by ``***``, for a
+    command line that is written down (the run's lock and owner records)."""
+    out, hide = [], False
+    for token in argv:
+        name, eq, _ = token.partition("=")
+        if hide:
+            out.append("***")
+        elif name in SECRET_FLAGS and eq:
+            out.append(f"{name}=***")
+        else:
+            out.append(token)
+        hide = name in SECRET_FLAGS and not eq and not hide
+    return out

@@ -105,6 +105,8 @@ def resolve_layout(
             f"world_size={world_size}: not divisible by tp*pp*cp={tp}*{pp}*{cp}={model_parallel}. "
             "Fix: launch a multiple of tp*pp*cp processes or change the parallel sizes.")
     _check_experts(world_size, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, num_experts=num_experts)
+    if num_experts is None:  # a dense model: --expert-tensor-parallel-size 1 is a no-op
+        etp = tp
     uneven = first_stage_layers is not None or last_stage_layers is not None
     if uneven:
         _check_uneven(num_layers, pp, first_stage_layers, last_stage_layers,
@@ -137,8 +139,9 @@ def resolve_layout(
 
 def _check_experts(world_size: int, *, tp: int, pp: int, cp: int, ep: int, etp: int,
                    num_experts: int | None) -> None:
-    """Megatron's expert grid: ``etp * ep * pp`` divides the world, ``ep`` divides the experts."""
-    if (ep > 1 or etp != tp) and num_experts is None:
+    """Megatron's expert grid: ``etp * ep * pp`` divides the world, ``ep`` divides the experts.
+    A dense model takes the no-op values only: EP 1, ETP 1 or the TP size."""
+    if (ep > 1 or etp not in (1, tp)) and num_experts is None:
         flag = "--expert-model-parallel-size" if ep > 1 else "--expert-tensor-parallel-size"
         raise UnsupportedLayoutError(
             f"{flag}={ep if ep > 1 else etp}: the model has no experts (a dense model). "

@@ -133,7 +133,8 @@ class MegatronTrainer:
         platform = platform or detect_platform()
         world = dist.get_world_size() if dist.is_initialized() else world_size_from_env()
         hf_config = read_hf_config(hf_dir)
-        if etp not in (None, tp) and not platform.transformer_engine:
+        if etp not in (None, tp) and not platform.transformer_engine \
+                and num_experts_of(hf_config) is not None:  # dense: no experts to split
             raise UnsupportedLayoutError(
                 f"expert_tensor_parallel_size={etp}: without TransformerEngine the experts are "
                 "Megatron's SequentialMLP, whose weights mbridge splits like the dense ones (over "
@@ -189,7 +190,10 @@ class MegatronTrainer:
                             # all of the state, Megatron-LM's --optimizer-offload-fraction default
                             optimizer_offload_fraction=1.0 if o.optimizer_cpu_offload else 0.0,
                             overlap_cpu_optimizer_d2h_h2d=o.overlap_cpu_optimizer_d2h_h2d,
-                            use_precision_aware_optimizer=o.use_precision_aware_optimizer),
+                            # TE's FusedAdam; without TE torch's Adam keeps fp32 state, as
+                            # this does at Megatron's default state dtypes
+                            use_precision_aware_optimizer=o.use_precision_aware_optimizer
+                            and self.platform.transformer_engine),
             self.model)
         self.bridge.config.grad_scale_func = optimizer.scale_loss
         return optimizer, lr_scheduler(optimizer, o)

@@ -76,7 +76,7 @@ def read_prompt_file(path: str | Path, keys: DataKeys
     """``load_prompt_rows`` and each row's ``"file:line"`` (for errors found later)."""
     p = Path(path).expanduser()
     if not p.is_file():
-        raise field_error(DataError, "--prompt-data", str(p), "is not a file",
+        raise field_error(DataError, f"{keys.flag_prefix}prompt-data", str(p), "is not a file",
                           "pass a .jsonl or .parquet file of prompts")
     rows = _read_parquet(p) if p.suffix == ".parquet" else _read_jsonl(p)
     if not rows:

@@ -22,8 +22,9 @@ def _f(default, help):
 class EvalArgs(Record):
     """Which sets are evaluated, how often, and how they are sampled."""
 
-    eval_prompt_data: tuple[str, ...] | None = setting_list("NAME PATH [NAME PATH ...] eval sets",
-                                                         SECTION)
+    eval_prompt_data: tuple[str, ...] | None = setting_list(
+        "NAME PATH [NAME PATH ...] eval sets; one PATH alone is slime's legacy form, the set "
+        "'aime'", SECTION)
     eval_config: str | None = _f(None, "YAML/JSON file of eval sets with their own keys: "
                                  "{datasets: [{name, path, input_key, label_key}]} (beside "
                                  "--eval-prompt-data)")

@@ -42,8 +42,10 @@ class MemoryArgs(Record):
     optimizer_cpu_offload: bool = _mem(False, "Adam state and step on the CPU (CUDA only)")
     overlap_cpu_optimizer_d2h_h2d: bool = _mem(False, "overlap the offloaded optimizer's "
                                                "copies (with --optimizer-cpu-offload)")
-    use_precision_aware_optimizer: bool = _mem(False, "TransformerEngine FusedAdam with low-"
-                                               "precision state (CUDA + TE only)")
+    use_precision_aware_optimizer: bool = _mem(False, "TransformerEngine's FusedAdam (with TE; "
+                                               "without it torch's Adam, fp32 state, as at "
+                                               "Megatron's default state dtypes); turns on "
+                                               "the distributed optimizer")
     offload_train: bool = _mem(False, "weights, gradients and optimizer state leave the "
                                "accelerator while the engines generate")
 
@@ -69,7 +71,8 @@ class MoEArgs(Record):
     moe_router_load_balancing_type: str | None = _moe(None, "load-balancing loss; default none "
                                                       "(RL)", MOE_LOAD_BALANCING)
     moe_token_dispatcher_type: str | None = _moe(None, "token dispatcher; default alltoall "
-                                                 "(flex: DeepEP, CUDA only)", MOE_DISPATCHERS)
+                                                 "(flex: DeepEP, CUDA only; Megatron's default "
+                                                 "allgather runs as alltoall)", MOE_DISPATCHERS)
     moe_router_dtype: str | None = _moe(None, "router precision", MOE_ROUTER_DTYPES)
     moe_grouped_gemm: bool | None = _moe(None, "grouped expert GEMM (CUDA only; default on "
                                          "with TransformerEngine)")

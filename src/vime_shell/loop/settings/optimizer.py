@@ -39,7 +39,10 @@ class OptimizerArgs(Record):
     adam_beta1: float = _f(0.9, "Adam beta1")
     adam_beta2: float = _f(0.999, "Adam beta2")
     adam_eps: float = _f(1e-8, "Adam epsilon")
-    use_distributed_optimizer: bool = _f(False, "shard optimizer state over DP ranks")
+    use_distributed_optimizer: bool = _f(False, "shard optimizer state over DP ranks; on "
+                                         "without it when --overlap-param-gather or "
+                                         "--use-precision-aware-optimizer needs it (slime "
+                                         "always turns it on; a vime checkpoint records it)")
     overlap_grad_reduce: bool = _f(False, "overlap the DP gradient reduce with backward")
     overlap_param_gather: bool = _f(False, "overlap the distributed optimizer's gather with "
                                     "forward")
@@ -53,19 +56,30 @@ class OptimizerArgs(Record):
                          **offload: Any) -> OptimConfig:
         """``OptimConfig`` with the schedule in groups and the ``memory`` section's offload
         switches; its error is re-raised naming the flag."""
+        needed = self.distributed_optimizer_needed_by(
+            offload.get("use_precision_aware_optimizer", False))
         try:
             return OptimConfig(
                 lr=self.lr, min_lr=self.min_lr, weight_decay=self.weight_decay,
                 adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2, adam_eps=self.adam_eps,
                 clip_grad=self.clip_grad, lr_warmup_groups=warmup_groups,
                 lr_decay_groups=decay_groups, lr_decay_style=self.lr_decay_style,
-                use_distributed_optimizer=self.use_distributed_optimizer,
+                use_distributed_optimizer=self.use_distributed_optimizer or needed is not None,
                 overlap_grad_reduce=self.overlap_grad_reduce,
                 overlap_param_gather=self.overlap_param_gather,
                 skip_nonfinite_grad_steps=self.skip_nonfinite_grad_steps, **offload)
         except OptimConfigError as exc:
             field, _, rest = str(exc).partition("=")
             raise ConfigError(f"--{field.replace('_', '-')}={rest}") from None
+
+    def distributed_optimizer_needed_by(self, precision_aware: bool) -> str | None:
+        """The flag that turns the distributed optimizer on when ``--use-distributed-optimizer``
+        is not given (Megatron needs it under both; slime turns it on always), or None."""
+        if self.use_distributed_optimizer:
+            return None
+        if precision_aware:
+            return "--use-precision-aware-optimizer"
+        return "--overlap-param-gather" if self.overlap_param_gather else None
 
     def _check(self) -> None:
         check_seed("seed", self.seed)

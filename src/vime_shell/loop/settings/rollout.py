@@ -65,7 +65,7 @@ class RolloutArgs(Record):
     n_samples_per_prompt: int = _f(8, "rollout executions per prompt")
     rollout_temperature: float = _f(1.0, "sampling temperature")
     rollout_top_p: float = _f(1.0, "nucleus sampling mass")
-    rollout_top_k: int = _f(0, "top-k sampling, 0 for off")
+    rollout_top_k: int = _f(0, "top-k sampling, 0 (or slime's -1) for off")
     rollout_max_response_len: int | None = _f(None, "max new tokens; default: the built-in "
                                               "task's answer length")
     rollout_stop: tuple[str, ...] | None = setting_list(

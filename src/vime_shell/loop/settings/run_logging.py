@@ -1,4 +1,6 @@
-"""Where the run's metrics go and how much it prints (section ``logging``).
+"""Where the run's metrics go and how much it prints (section ``logging``). The W&B flags are
+slime's; its ``--wandb-key`` is no setting: it goes to ``WANDB_API_KEY`` only
+(``config_flags``), so no dump of the settings can hold it.
 
 Example: ``LoggingArgs(log_interval=0)`` raises ``log_interval=0: must be >= 1 ...``.
 """
@@ -31,6 +33,14 @@ class LoggingArgs(Record):
     wandb_group: str | None = _f(None, "W&B group")
     wandb_mode: str = _f("offline", "W&B mode; offline needs no network",
                          ("online", "offline", "disabled"))
+    wandb_team: str | None = _f(None, "W&B entity (team or user)")
+    wandb_host: str | None = _f(None, "W&B server URL (default W&B's own)")
+    wandb_dir: str | None = _f(None, "where W&B writes its files; default the run directory")
+    wandb_run_id: str | None = _f(None, "W&B run id to log into (resumed if it exists; slime "
+                                  "sets it itself for its other ranks, vime logs from rank 0)")
+    disable_wandb_random_suffix: bool = _f(False, "use --wandb-group as given for the W&B "
+                                           "group and run name (else, as slime, a random "
+                                           "6-character suffix is added)")
 
     def _check(self) -> None:
         at_least("log_interval", self.log_interval, 1)
