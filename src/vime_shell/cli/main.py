@@ -22,12 +22,12 @@ from pathlib import Path
 
 import attrs
 
-from vime_pure.errors import VimeError
 from vime_shell.cli import async_demo
 from vime_shell.cli import inspect as inspect_cmd
 from vime_shell.cli import schedule as schedule_cmd
 from vime_shell.cli import train as train_cmd
-from vime_shell.cli.parser import VimeArgumentParser, report_failure
+from vime_shell.cli.launch_verdict import ReportedElsewhere, speaks_for_job
+from vime_shell.cli.parser import REPORTED_ERRORS, VimeArgumentParser, report_failure
 from vime_shell.loop.config import TrainConfig, field_type
 from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
 
@@ -121,7 +121,7 @@ def _demo(args: argparse.Namespace) -> int:
         # packing and the per-group loss: the reward curve equals the 1-micro-batch run's
         # rollout for rollout until float rounding flips a sampled token (rollout 184).
         args.max_tokens_per_gpu = DEMO_MAX_TOKENS_PER_GPU
-    if os.environ.get("RANK", "0") == "0":  # once, not per rank of `vime demo --async`
+    if speaks_for_job():  # once, not per rank of `vime demo --async`
         print(f"vime demo: RL from scratch on the embedded tiny Qwen2 (reverse two digits, "
               f"exact-match reward), HF engine + Megatron-core on CPU; writing {run_dir}/ "
               f"(`vime train` defaults, plus rollout dumps and --max-tokens-per-gpu "
@@ -155,7 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `vime demo --async` relaunches
     try:
         return int(args.handler(args) or 0)
-    except (VimeError, OSError, UnicodeDecodeError) as exc:
+    except ReportedElsewhere as exc:  # another rank of the job printed the error
+        return exc.status
+    except REPORTED_ERRORS as exc:
         report_error(parser, args, exc)
         return 2
 

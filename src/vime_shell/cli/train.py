@@ -21,11 +21,12 @@ Example: ``vime train --num-rollout 50 --lr 3e-4 --run-dir runs/r1 --save ck --s
 """
 
 import argparse
-import os
 import sys
 import warnings
 
 from vime_shell.cli.dry_run import dry_run_report
+from vime_shell.cli.launch_verdict import settle, speaks_for_job
+from vime_shell.cli.parser import REPORTED_ERRORS
 from vime_shell.engines import vllm_available
 from vime_shell.loop.checkpoint_index import resume_checkpoint
 from vime_shell.loop.config_flags import (absorb_engine_flags, add_train_arguments,
@@ -83,15 +84,29 @@ def sequence_parallel_note(tp: int, cp: int) -> str:
     return f"--sequence-parallel: off {why}"
 
 
+def checked_launch(args: argparse.Namespace):
+    """``(cfg, plan)``: every setting and launch check on this rank, then the job's verdict
+    (``launch_verdict.settle``: under torchrun a failure is reported by one rank, the others
+    raise ``ReportedElsewhere``)."""
+    try:
+        cfg = config_from_args(args)
+        plan = launch_checks(cfg, model_dir(cfg))
+    except REPORTED_ERRORS as exc:
+        settle(exc)
+        raise  # settle raises on a failure; kept for readers and type checkers
+    settle(None)
+    return cfg, plan
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate every setting (no torch yet), then run the loop and print its summary."""
-    cfg = config_from_args(args)
-    plan = launch_checks(cfg, model_dir(cfg))
-    if int(os.environ.get("RANK", "0")) == 0:
+    cfg, plan = checked_launch(args)
+    if speaks_for_job():
         for line in launch_notes(cfg, args, plan):
             print(f"vime train: note: {line}", file=sys.stderr)
     if getattr(args, "dry_run", False):
-        print(dry_run_report(cfg, plan))
+        if speaks_for_job():  # every rank resolved the same run: its report once
+            print(dry_run_report(cfg, plan))
         return 0
     # Megatron and mbridge announce every missing optional kernel (TE, Apex) on CPU at import.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"(megatron|mbridge)\.")
@@ -100,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
     result = (run_rollouts_only(cfg, plan) if cfg.debug_rollout_only
               else run_training(cfg, plan=plan))
-    if int(os.environ.get("RANK", "0")) == 0 and result.records:
+    if speaks_for_job() and result.records:
         print(f"vime train: metrics in {cfg.run_dir}/metrics.jsonl", file=sys.stderr)
         for path in result.plots:
             print(f"vime train: plot {path}", file=sys.stderr)
