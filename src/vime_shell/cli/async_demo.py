@@ -46,4 +46,17 @@ def launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
           f"writing {cfg.run_dir}/", file=sys.stderr)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={RANKS}", "-m", "vime_shell.cli", *argv]
-    return subprocess.run(command, check=False).returncode
+    child = subprocess.Popen(command)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:  # the job's ranks got the same Ctrl-C: its rank 0 says where
+        try:  # torchrun stops its ranks within its own 30 s, then kills them
+            child.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        return INTERRUPTED
+
+
+INTERRUPTED = 130  # as `vime train` exits after Ctrl-C
+STOP_TIMEOUT_S = 120.0
