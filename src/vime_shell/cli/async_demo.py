@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from vime_shell.loop.config_flags import config_from_args
+from vime_shell.loop.interrupts import INTERRUPTED
 from vime_shell.loop.launch_checks import launch_checks, model_dir
 
 RANKS = 2  # 1 trainer + 1 engine
@@ -58,5 +59,4 @@ def launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return INTERRUPTED
 
 
-INTERRUPTED = 130  # as `vime train` exits after Ctrl-C
 STOP_TIMEOUT_S = 120.0

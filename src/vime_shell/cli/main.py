@@ -32,7 +32,7 @@ from vime_shell.cli import train as train_cmd
 from vime_shell.cli.launch_verdict import ReportedElsewhere, speaks_for_job
 from vime_shell.cli.parser import REPORTED_ERRORS, VimeArgumentParser, report_failure
 from vime_shell.loop.config import TrainConfig, field_type
-from vime_shell.loop.interrupts import interrupt_line, is_interrupt
+from vime_shell.loop.interrupts import INTERRUPTED, interrupt_line, is_interrupt
 from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
 
 
@@ -168,9 +168,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return report_interrupt(args, exc)
         report_error(parser, args, exc)
         return 2
-
-
-INTERRUPTED = 130  # 128 + SIGINT: a shell's status for a command ended by Ctrl-C
 
 
 def report_interrupt(args: argparse.Namespace, exc: BaseException) -> int:

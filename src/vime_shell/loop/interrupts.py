@@ -19,6 +19,8 @@ from pathlib import Path
 from vime_pure.errors import VimeError
 from vime_shell.loop.checkpoint_index import latest
 
+INTERRUPTED = 130  # 128 + SIGINT: a shell's status for a command ended by Ctrl-C
+
 
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C during rollout ``rollout_id`` of a run that checkpoints to ``save`` every
