@@ -187,7 +187,8 @@ def test_vime_train_refuses_a_tp_the_heads_do_not_fit(tmp_path, monkeypatch, cap
     model.mkdir()
     (model / "config.json").write_text(json.dumps({
         "model_type": "qwen2", "num_hidden_layers": 24, "vocab_size": 151936,
-        "num_attention_heads": 14, "num_key_value_heads": 2, "hidden_size": 896}))
+        "num_attention_heads": 14, "num_key_value_heads": 2, "hidden_size": 896,
+        "intermediate_size": 4864}))
     monkeypatch.setenv("WORLD_SIZE", "4")
     code = main(["train", "--hf-checkpoint", str(model), "--tensor-model-parallel-size", "4",
                  "--run-dir", str(tmp_path / "run")])

@@ -45,7 +45,8 @@ from vime_shell.megatron.layout import (TrainLayout, context_parallel_available,
                                         world_size_from_env)
 from vime_shell.models.embedded import build_embedded
 from vime_shell.loop.megatron_args import ModelArgsError, check_architecture
-from vime_shell.models.hf_config import has_chat_template, read_config_json, read_config_summary
+from vime_shell.models.hf_config import (check_config, has_chat_template, read_config_json,
+                                          read_config_summary)
 from vime_shell.rollout.data import DataKeys, fit_prompts, read_prompt_file
 from vime_shell.rollout.functions import encode_prompt
 from vime_shell.rollout.plugins import load_callable, load_generate_function
@@ -86,8 +87,9 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     """Check ``cfg`` against the model in ``hf_dir`` and the launched world (module docstring)."""
     if cfg.ref_load is not None:  # the initial weights (model_dir): an HF directory
         _check_ref_load(cfg)
+    flag = "--ref-load" if cfg.ref_load else "--hf-checkpoint"  # where the weights come from
     if not (hf_dir / "config.json").is_file():
-        raise field_error(ConfigError, "hf_checkpoint", str(hf_dir), "has no config.json",
+        raise field_error(ConfigError, flag, str(hf_dir), "has no config.json",
                           "pass a Hugging Face model directory, or omit it for the embedded model")
     if cfg.save_hf is not None:
         check_export_target(cfg.save_hf, overwrite=cfg.save_hf_overwrite, protected={
@@ -101,7 +103,8 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
         parse_size(cfg.save_hf_max_shard_size)
     except ExportError as exc:
         raise ConfigError(f"save_hf_max_shard_size: {exc}") from exc
-    summary = read_config_summary(hf_dir)
+    check_config(read_config_json(hf_dir, flag), hf_dir / "config.json", flag)  # every key read
+    summary = read_config_summary(hf_dir, flag)
     tp = cfg.tensor_model_parallel_size
     if summary.vocab_size % tp:  # Megatron's vocab-parallel embedding splits rows evenly
         raise field_error(ConfigError, "tensor_model_parallel_size", tp,
@@ -110,7 +113,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
                           "LM head with reserved rows as Megatron's --make-vocab-size-"
                           "divisible-by does (the embedded model has 20 rows: TP 1, 2 or 4)")
     try:  # slime's Megatron flags: the architecture against the HF config, Ray placement
-        check_architecture(cfg, read_config_json(hf_dir), str(hf_dir))
+        check_architecture(cfg, read_config_json(hf_dir, flag), str(hf_dir))
         cfg.check_placement(world_size=world_size_from_env(),
                             ranks_per_node=ranks_per_node_from_env())
     except ModelArgsError as exc:
@@ -370,7 +373,8 @@ def _check_ref_load(cfg: TrainConfig) -> None:
                           "drop --ref-load to start from --hf-checkpoint, or pass an HF "
                           "directory (save_pretrained, or vime's --save-hf)")
     if cfg.hf_checkpoint is not None:
-        a, b = (read_config_summary(Path(p).expanduser()) for p in (cfg.hf_checkpoint, ref))
+        a = read_config_summary(Path(cfg.hf_checkpoint).expanduser(), "--hf-checkpoint")
+        b = read_config_summary(ref, "--ref-load")
         for name in ("model_type", "num_layers", "vocab_size"):
             if getattr(a, name) != getattr(b, name):
                 raise field_error(ConfigError, "--ref-load", cfg.ref_load,
