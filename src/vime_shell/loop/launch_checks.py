@@ -230,6 +230,13 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
                                   lag=generation_lag(roles.mode, cfg.max_weight_staleness))
     except (RankRolesError, AsyncPoolError) as exc:
         raise ConfigError(str(exc)) from exc
+    if roles is not None and cfg.debug_rollout_only:  # its loop lays engines over every rank
+        mode = ("--fully-async" if cfg.fully_async else "--train-async" if cfg.train_async
+                else "--no-colocate")
+        raise field_error(ConfigError, "debug_rollout_only", True, f"runs no trainer, and "
+                          f"{mode} puts the engines on ranks of their own beside a trainer",
+                          f"drop {mode} (a rollout-only run with --rollout-num-gpus N runs N "
+                          "engines and leaves the other ranks idle)")
     if roles is None and cfg.update_weights_interval > 1:
         raise field_error(ConfigError, "--update-weights-interval", cfg.update_weights_interval,
                           "needs engines on ranks of their own (the colocated loop trains on "
