@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
-from tests.fuzz.harness import REJECTIONS, outcome, tried
+from tests.fuzz.harness import REJECTIONS, check_cli_line, outcome, tried
 from vime_shell.cli.main import main
 from vime_shell.loop.checkpoint_index import LOOP_STATE, TRACKER, require_checkpoint
 from vime_shell.loop.config import TrainConfig
@@ -44,7 +44,8 @@ def _cli(entry: str, argv: list[str]) -> str:
         rc = main(argv)
     lines = err.getvalue().strip().splitlines()
     assert rc == 2 and len(lines) == 1, (rc, err.getvalue())
-    assert lines[0].startswith("vime train: error:") and "Fix:" in lines[0], lines
+    assert lines[0].startswith("vime train: error:"), lines
+    check_cli_line(lines[0])
     REJECTIONS[entry] += 1
     return lines[0]
 

@@ -108,7 +108,8 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     tp = cfg.tensor_model_parallel_size
     if summary.vocab_size % tp:  # Megatron's vocab-parallel embedding splits rows evenly
         raise field_error(ConfigError, "tensor_model_parallel_size", tp,
-                          f"does not divide the model's vocab_size={summary.vocab_size}",
+                          f"does not divide the model's {summary.vocab_size} vocabulary rows "
+                          '("vocab_size" in config.json)',
                           "use a TP size that divides it, or pad the model's embedding and "
                           "LM head with reserved rows as Megatron's --make-vocab-size-"
                           "divisible-by does (the embedded model has 20 rows: TP 1, 2 or 4)")

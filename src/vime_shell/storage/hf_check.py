@@ -31,7 +31,7 @@ _MAX_HEADER = 100 << 20  # safetensors' own limit on a header's JSON
 def _damaged(flag: str, path: Path, problem: str) -> ModelLoadError:
     return field_error(ModelLoadError, flag, str(path), problem,
                        "restore the model directory from its source (save_pretrained, "
-                       "huggingface-cli download) or point the flag at an intact copy")
+                       f"huggingface-cli download) or point {flag} at an intact copy")
 
 
 def _json(flag: str, path: Path) -> object:
@@ -87,9 +87,10 @@ def _weight_files(flag: str, root: Path) -> list[Path]:
         return [root / shard for shard in sorted(set(weight_map.values()))]
     found = sorted(root.glob("*.safetensors"))
     if not found:
-        bins = " (pytorch_model*.bin is not read: convert it with save_pretrained("
+        bins = (" (pytorch_model*.bin is not read: load the model in transformers and "
+                "save_pretrained it, which writes safetensors)")
         raise _damaged(flag, root, "holds no *.safetensors weights" + (
-            bins + "safe_serialization=True))" if any(root.glob("pytorch_model*.bin")) else ""))
+            bins if any(root.glob("pytorch_model*.bin")) else ""))
     return found
 
 
