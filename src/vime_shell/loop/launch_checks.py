@@ -100,9 +100,9 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
             "the checkpoint directory (--load)": cfg.load,
             "the rollout dump directory (--save-rollout-data)": dump_dir(cfg.save_rollout_data)})
     try:
-        parse_size(cfg.save_hf_max_shard_size)
+        parse_size(cfg.save_hf_max_shard_size, "--save-hf-max-shard-size")
     except ExportError as exc:
-        raise ConfigError(f"save_hf_max_shard_size: {exc}") from exc
+        raise ConfigError(str(exc)) from exc
     check_config(read_config_json(hf_dir, flag), hf_dir / "config.json", flag)  # every key read
     summary = read_config_summary(hf_dir, flag)
     tp = cfg.tensor_model_parallel_size
