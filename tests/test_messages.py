@@ -18,6 +18,7 @@ import pytest
 
 from tests.fuzz.harness import SRC, VIME_NAMES, check_cli_line
 from vime_shell.cli.main import main
+from vime_shell.cli.parser import as_flags
 
 # Shell messages where naming a Python function is the fix: errors of a Python API that only
 # library code reaches (``vime train`` builds these objects itself), and the signature a
@@ -110,3 +111,11 @@ def test_a_bad_launch_is_one_line_in_flags(world, flags, monkeypatch, tmp_path):
     assert status == 2 and len(lines) == 1, err.getvalue()
     assert lines[0].startswith("vime train: error: ")
     check_cli_line(lines[0])
+
+
+def test_the_cores_layout_names_read_as_the_commands_flags():
+    flags = {"--pipeline-model-parallel-size", "--context-parallel-size",
+             "--global-batch-size"}
+    assert as_flags("global_batch_size=3 with pp=2, cp=2 and dp=4", flags) == \
+        "--global-batch-size=3 with --pipeline-model-parallel-size=2, --context-parallel-size=2 " \
+        "and dp=4"  # dp: the ranks left over, no flag of its own

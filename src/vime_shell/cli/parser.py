@@ -99,8 +99,13 @@ def print_error(command: str, message: str) -> None:
     print(f"vime {command}: error: {message}", file=sys.stderr)
 
 
-# Core (vime_pure) field names whose flag is spelled differently.
-FLAG_ALIASES: Mapping[str, str] = {"allow_partial_step": "allow_partial_train_step"}
+# Core (vime_pure) field names whose flag is spelled differently: the batching policy's, and
+# the parallel layout's short sizes (``ParallelLayout(pp=2)``; ``dp`` has no flag of its own).
+FLAG_ALIASES: Mapping[str, str] = {
+    "allow_partial_step": "allow_partial_train_step", "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size", "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size", "etp": "expert_tensor_parallel_size",
+    "vpp": "num_virtual_stages_per_pipeline_rank"}
 
 
 def report_failure(command: str, exc: BaseException, *, flags: set[str],
