@@ -2,8 +2,8 @@
 
 Every test runs a real ``torchrun --nproc-per-node N -m vime_shell.cli train`` and reads the
 combined output: the ``--dry-run`` report, a launch error and a flag error each appear exactly
-once, torchrun exits 1, and an error that one non-zero rank alone finds is printed once, by
-that rank, naming it. (Every rank exits 2 right after the ranks agree; torchrun's own block
+once, torchrun exits 1, an error that one non-zero rank alone finds is printed once, by that
+rank, naming it, and so is a failure during the run that reaches every rank. (Every rank exits 2 right after the ranks agree; torchrun's own block
 lists each rank, with ``exitcode : 2``, or -15 for a rank still exiting when torchrun saw the
 first one end: which of the two depends on timing, so the tests do not count them.)
 """
@@ -69,4 +69,15 @@ def test_an_error_one_rank_alone_finds_is_printed_once_by_that_rank(tmp_path):
     assert re.match(r"vime train: error: rank 1 \(.+\): --custom-rm-path=", errors[0])
     assert "has no attribute 'reward'" in errors[0]
     assert "every launch check passed" not in output
+    assert status == 1
+
+
+def test_a_failure_during_the_run_prints_once_under_torchrun(tmp_path):
+    """Every rank's reward fails in rollout 0 and every rank raises its account of it (its own
+    error, or rank 0's line quoting another's): the first rank to claim the job's report prints
+    it, the others stay quiet."""
+    status, output = torchrun(tmp_path, 2, "--debug-rollout-only", "--num-rollout", "1",
+                              "--custom-rm-path", "tests.shell.one_rank_plugin:broken_reward")
+    errors = [x for x in output.splitlines() if x.startswith("vime train: error:")]
+    assert len(errors) == 1 and "the reward server is down" in errors[0], output
     assert status == 1

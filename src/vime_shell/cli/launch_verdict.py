@@ -19,6 +19,10 @@ the first one end and stopped the rest), and no message of vime's.
 Every wait is bounded: a rank that has not posted within ``AGREEMENT_TIMEOUT_S`` (a hung file
 system, a rank stuck in a check) fails the launch on the others, naming the missing ranks.
 
+A failure during the run (after launch) reaches every rank of the collective step it happened
+in, and each rank raises its own account of it; the first rank to claim the job's report in the
+same store prints its line (``first_to_report``), the others exit 2 quietly.
+
 Without torchrun's agent store (a plain ``python`` run, ``vime_shell.megatron.spawn``, a
 launcher that sets only ``RANK`` / ``WORLD_SIZE`` / ``MASTER_*``) nothing can be posted before
 the process group exists: every failing rank reports its own error, and only rank 0 prints the
@@ -159,6 +163,26 @@ def describe(exc: BaseException) -> str:
     """A ``VimeError``'s message as it is; other errors prefixed by their type."""
     text = re.sub(r"\s*\n\s*", " ", str(exc)).strip()
     return text if isinstance(exc, VimeError) else f"{type(exc).__name__}: {text}"
+
+
+def first_to_report(*, timeout_s: float = 30.0) -> bool:
+    """After launch, whether this rank prints the error it met: under torchrun the first rank
+    to claim the job's report does (a failure reaches every rank of a collective step, each
+    raising its own account of it: the failing rank its error, the others a line quoting
+    it); the others stay quiet. Without torchrun's agent store, or when the store cannot be
+    reached, every rank reports its own."""
+    if not has_agent_store():
+        return True
+    import torch.distributed as dist  # loaded already: the run is past its launch
+
+    key = f"vime/run/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/reporter"
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              is_master=False, timeout=timedelta(seconds=timeout_s))
+        claimed = store.compare_set(key, "", str(job_rank()))
+    except (RuntimeError, ValueError):  # no store: better twice than never
+        return True
+    return claimed.decode() == str(job_rank())
 
 
 def speaks_for_job() -> bool:

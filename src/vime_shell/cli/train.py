@@ -25,7 +25,8 @@ import sys
 import warnings
 
 from vime_shell.cli.dry_run import dry_run_report
-from vime_shell.cli.launch_verdict import settle, speaks_for_job
+from vime_shell.cli.launch_verdict import (ReportedElsewhere, first_to_report, settle,
+                                          speaks_for_job)
 from vime_shell.cli.parser import REPORTED_ERRORS
 from vime_shell.engines import vllm_available
 from vime_shell.loop.checkpoint_index import resume_checkpoint
@@ -113,8 +114,13 @@ def run(args: argparse.Namespace) -> int:
     from vime_shell.loop.loop import run_training  # torch, Megatron: only for a valid run
     from vime_shell.loop.rollout_only import run_rollouts_only
 
-    result = (run_rollouts_only(cfg, plan) if cfg.debug_rollout_only
-              else run_training(cfg, plan=plan))
+    try:
+        result = (run_rollouts_only(cfg, plan) if cfg.debug_rollout_only
+                  else run_training(cfg, plan=plan))
+    except REPORTED_ERRORS as exc:
+        if not first_to_report():  # another rank of the job printed its account of it
+            raise ReportedElsewhere(2) from exc
+        raise
     if speaks_for_job() and result.records:
         print(f"vime train: metrics in {cfg.run_dir}/metrics.jsonl", file=sys.stderr)
         for path in result.plots:
