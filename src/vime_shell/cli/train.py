@@ -16,6 +16,11 @@ Multi-process: ``torchrun --nproc-per-node 2 -m vime_shell.cli train
 --tensor-model-parallel-size 2``; multi-node adds torchrun's ``--nnodes``, ``--node-rank`` and
 ``--rdzv-endpoint``. Every rank with an engine generates the prompt chunks its engine claims
 from the work queue (see ``--rollout-num-gpus``), rank 0 writes the files, every rank trains.
+The ranks agree on the launch checks before any process group exists, so the ``--dry-run``
+report and a launch error print once (:mod:`vime_shell.cli.launch_verdict`); torchrun then exits
+1 after its own ``ChildFailedError`` block. Ctrl-C ends the run with ``interrupted at rollout k;
+resume with --load DIR`` (or why there is nothing to resume) and status 130; SIGTERM ends it at
+once.
 
 Example: ``vime train --num-rollout 50 --lr 3e-4 --run-dir runs/r1 --save ck --save-hf hf_out``.
 """
