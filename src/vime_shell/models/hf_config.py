@@ -118,11 +118,11 @@ def check_config(config: dict, path: Path, flag: str = "--hf-checkpoint",
             value = config.get(key)
             if value is not None and not ok(value):
                 raise _malformed(flag, path, f'"{key}" is {_shown(value)}, not {want}')
-    _check_token_ids(config, path, flag)
+    _check_special_token_ids(config, path, flag)
     _check_heads(config, path, flag)
 
 
-def _check_token_ids(config: dict, path: Path, flag: str) -> None:
+def _check_special_token_ids(config: dict, path: Path, flag: str) -> None:
     vocab = config.get("vocab_size")
     for key in TOKEN_IDS:
         value = config.get(key)
