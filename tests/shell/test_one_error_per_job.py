@@ -3,9 +3,10 @@
 Every test runs a real ``torchrun --nproc-per-node N -m vime_shell.cli train`` and reads the
 combined output: the ``--dry-run`` report, a launch error and a flag error each appear exactly
 once, torchrun exits 1, an error that one non-zero rank alone finds is printed once, by that
-rank, naming it, and so is a failure during the run that reaches every rank. (Every rank exits 2 right after the ranks agree; torchrun's own block
-lists each rank, with ``exitcode : 2``, or -15 for a rank still exiting when torchrun saw the
-first one end: which of the two depends on timing, so the tests do not count them.)
+rank, naming it, and so is a failure during the run that reaches every rank. (Every rank exits
+2 right after the ranks agree; torchrun's own block lists each rank, with ``exitcode : 2``, or
+-15 for a rank still exiting when torchrun saw the first one end: which of the two depends on
+timing, so the tests do not count them.)
 """
 
 import os

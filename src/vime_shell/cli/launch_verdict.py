@@ -50,6 +50,10 @@ class LaunchAgreementError(VimeError):
     """The ranks of a job could not agree on the launch checks' outcome (a rank missing)."""
 
 
+class OnRank(VimeError):
+    """A launch error that one non-zero rank alone found, with the rank and host it names."""
+
+
 class ReportedElsewhere(Exception):
     """This rank stays quiet: another rank reports the job's failure (exit with ``status``)."""
 
@@ -89,7 +93,8 @@ def job_world() -> int:
 
 
 def has_agent_store() -> bool:
-    """torchrun's workers share its agent's store from the start (``TORCHELASTIC_USE_AGENT_STORE``)."""
+    """torchrun's workers share its agent's store from the start
+    (``TORCHELASTIC_USE_AGENT_STORE``)."""
     return (job_world() > 1 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
             and "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ)
 
@@ -153,10 +158,6 @@ def where(verdict: Verdict) -> str:
     if verdict.rank == 0 or not has_agent_store():
         return ""
     return f"rank {verdict.rank} ({socket.gethostname()}): "
-
-
-class OnRank(VimeError):
-    """A launch error that one non-zero rank alone found, with the rank and host it names."""
 
 
 def describe(exc: BaseException) -> str:
