@@ -83,7 +83,7 @@ POSITIVE_INTS = ("num_hidden_layers", "vocab_size", "hidden_size", "num_attentio
                  "max_position_embeddings", "moe_intermediate_size", "num_experts_per_tok",
                  "decoder_sparse_step")
 NON_NEGATIVE_INTS = (*EXPERT_KEYS, "shared_expert_intermediate_size", "n_shared_experts",
-          "first_k_dense_replace")  # 0 allowed: a dense model, no shared expert
+                     "first_k_dense_replace")  # 0 allowed: a dense model, no shared expert
 POSITIVE_NUMBERS = ("rms_norm_eps", "rope_theta")
 BOOLS = ("tie_word_embeddings",)
 OBJECTS = ("rope_parameters", "rope_scaling")
