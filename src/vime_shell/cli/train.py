@@ -35,6 +35,7 @@ from vime_shell.cli.launch_verdict import (ReportedElsewhere, first_to_report, s
 from vime_shell.cli.parser import REPORTED_ERRORS
 from vime_shell.engines import vllm_available
 from vime_shell.loop.checkpoint_index import resume_checkpoint
+from vime_shell.loop.interrupts import is_interrupt
 from vime_shell.loop.config_flags import (absorb_engine_flags, add_train_arguments,
                                           config_from_args)
 from vime_shell.loop.megatron_args import notes
@@ -123,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
         result = (run_rollouts_only(cfg, plan) if cfg.debug_rollout_only
                   else run_training(cfg, plan=plan))
     except REPORTED_ERRORS as exc:
-        if not first_to_report():  # another rank of the job printed its account of it
+        # another rank of the job printed its account of it (a Ctrl-C is rank 0's to report)
+        if not is_interrupt(exc) and not first_to_report():
             raise ReportedElsewhere(2) from exc
         raise
     if speaks_for_job() and result.records:
