@@ -35,9 +35,9 @@ from vime_shell.cli.launch_verdict import (ReportedElsewhere, first_to_report, s
 from vime_shell.cli.parser import REPORTED_ERRORS
 from vime_shell.engines import vllm_available
 from vime_shell.loop.checkpoint_index import resume_checkpoint
-from vime_shell.loop.interrupts import is_interrupt
 from vime_shell.loop.config_flags import (absorb_engine_flags, add_train_arguments,
                                           config_from_args)
+from vime_shell.loop.interrupts import is_interrupt
 from vime_shell.loop.megatron_args import notes
 from vime_shell.loop.slime_flags import unsupported_line
 from vime_shell.loop.launch_checks import launch_checks, model_dir
