@@ -58,6 +58,16 @@ def test_launch_checks_refuse_what_cannot_run(monkeypatch, kwargs, field):
         rank_roles(TrainConfig(**kwargs))
 
 
+@pytest.mark.parametrize("mode", [dict(fully_async=True), dict(train_async=True),
+                                  dict(colocate=False)])
+def test_debug_rollout_only_with_engine_ranks_of_their_own_fails_at_launch(monkeypatch, mode):
+    """It has no trainer: issue 31 saw it fail 30 s in, naming an internal function."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"debug_rollout_only=True: runs no trainer.*Fix: "
+                       r"drop --(fully-async|train-async|no-colocate)"):
+        rank_roles(TrainConfig(debug_rollout_only=True, rollout_num_gpus=1, **mode))
+
+
 def test_the_pool_takes_a_custom_generate_function(monkeypatch):
     """Per-sample (multi-turn, tool) functions run in the fully-async pool, as with slime's
     and miles' async rollouts (tests/shell/test_async_ranks.py trains with one)."""

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from vime_shell.cli.launch_verdict import Verdict, agree, settle, where
 from vime_shell.cli.main import main
 
 
@@ -97,3 +98,22 @@ def test_schedule_balance_flag_selects_straggler(tmp_path):
     stats = json.loads(out.read_text())
     assert len(stats) == 2 and all(s["over_cap_multi"] == 0 for s in stats)
     assert all(s["flops_imbalance"] >= s["flops_imbalance_bound"] - 1e-9 for s in stats)
+
+
+def test_without_torchrun_each_failing_rank_reports_its_own_error(monkeypatch):
+    """No agent store to agree through (``spawn``, a plain launcher): a failing rank speaks for
+    itself, unprefixed, since it cannot know whether rank 0 failed too."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    verdict = agree(failed=True)
+    assert verdict.speaker == 1 and where(verdict) == ""
+    with pytest.raises(ValueError, match="bad"):
+        settle(ValueError("bad"))
+    settle(None)  # a rank that passed goes on
+
+
+def test_the_speaker_is_the_lowest_failed_rank_else_the_lowest_that_posted():
+    assert Verdict(rank=2, world=4, failed=(1, 3)).speaker == 1
+    assert Verdict(rank=2, world=4, missing=(0, 3)).speaker == 1
+    assert Verdict(rank=2, world=4).passed

@@ -190,10 +190,10 @@ def check_feasible(layout: Any, policy: Any) -> None:
     if policy.dynamic:
         if policy.global_batch_size < multiple:
             raise ScheduleError(
-                f"global_batch_size={policy.global_batch_size} groups cannot fill "
-                f"dp*microbatch_group={multiple} micro-batches when a group has one sample. "
-                f"Fix: raise global_batch_size to at least {multiple}, or lower dp / "
-                "microbatch_group."
+                f"global_batch_size={policy.global_batch_size} groups cannot fill the "
+                f"{multiple} micro-batches of a step ({alignment_terms(layout)}) when a group "
+                f"has one sample. Fix: raise global_batch_size to at least {multiple}, or use "
+                f"fewer {alignment_terms(layout, fewer=True)}."
             )
         return
     mbs = policy.micro_batch_size
@@ -214,15 +214,23 @@ def static_misalignment_message(count: int, policy: BatchingPolicy, layout: Para
     multiple = layout.align_multiple
     mbs = int(policy.micro_batch_size or 1)  # static packing: micro_batch_size is set
     need = (count + multiple - 1) // multiple * multiple
-    vpp = (f" * microbatch_group={layout.microbatch_group} (vpp={layout.vpp})"
-           if layout.vpp > 1 else "")
     return (
         f"static packing forms {count} micro-batches of micro_batch_size={mbs}, which is not a "
-        f"multiple of dp={layout.dp}{vpp} = {multiple}. Fix: make the step's sample count a "
-        f"multiple of micro_batch_size*{multiple} = {mbs * multiple} (e.g. {need * mbs} samples), "
-        "change micro_batch_size or dp, or use dynamic packing (max_tokens_per_gpu), which can "
-        "split micro-batches to align"
+        f"multiple of {alignment_terms(layout)} = {multiple}. Fix: make the step's sample count "
+        f"a multiple of {mbs} x {multiple} = {mbs * multiple} (e.g. {need * mbs} samples), "
+        f"change micro_batch_size, use fewer {alignment_terms(layout, fewer=True)}, or use "
+        "dynamic packing (max_tokens_per_gpu), which can split micro-batches to align"
     )
+
+
+def alignment_terms(layout: ParallelLayout, fewer: bool = False) -> str:
+    """What ``layout.align_multiple`` is made of, in words a user of any front end reads:
+    ``"dp=2 x a virtual-pipeline group of 2"``; ``fewer``: what to have less of."""
+    if fewer:
+        return "DP ranks" + (" or no virtual pipeline stages" if layout.vpp > 1 else "")
+    group = (f" x a virtual-pipeline group of {layout.microbatch_group}" if layout.vpp > 1
+             else "")
+    return f"dp={layout.dp}{group}"
 
 
 # The balance of ``vime train`` / ``vime schedule`` when no balance flag is given and packing is

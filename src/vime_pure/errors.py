@@ -36,6 +36,21 @@ def one_line(text: str, limit: int = 120) -> str:
     return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
+def relayed(what: str, failures: list[tuple[str, str]], fix: str) -> str:
+    """One line for failures other ranks reported: the first in full, keeping its own ``Fix:``
+    (the others are named only), so the line never holds two; ``fix`` when it has none.
+
+    Example: ``relayed("rollout 3", [("engine 1 (rank 1)", "RewardError: r=nan: is not finite.
+    Fix: clip it."), ("engine 2 (rank 2)", "...")], "see that rank's log")`` is ``"rollout 3
+    failed on engine 1 (rank 1) (and on engine 2 (rank 2)): RewardError: r=nan: is not finite.
+    Fix: clip it."``.
+    """
+    (where, message), others = failures[0], [w for w, _ in failures[1:]]
+    also = f" (and on {', '.join(others)})" if others else ""
+    text = f"{what} failed on {where}{also}: {one_line(message, 2000).rstrip('. ')}"
+    return f"{text}." if "Fix:" in message else f"{text}. Fix: {fix}."
+
+
 class Shown(str):
     """A value ``field_error`` shows as written, without quotes: ``Shown("<generator>")``."""
 

@@ -13,8 +13,11 @@ Example::
         ...  # the schedule's invariants
 """
 
+import ast
 import math
+import re
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 
@@ -30,10 +33,43 @@ def tried(entry: str) -> None:
 
 
 def check_message(exc: VimeError) -> None:
-    """The house format: one line that says how to fix it."""
+    """The house format: one line that says how to fix it, once (exactly one ``Fix:``, no
+    ``..`` where two sentences were glued)."""
     text = str(exc)
     assert "\n" not in text, text
-    assert "Fix:" in text, text
+    assert text.count("Fix:") == 1, text
+    assert not GLUED.search(text), text
+
+
+GLUED = re.compile(r"(?<!\.)\.\.(?=\s|$)")  # "run).. Fix": not "..." nor "../x"
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _vime_names() -> frozenset[str]:
+    """Every function and class vime defines (a message must never call one by name)."""
+    names = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+    return frozenset(names)
+
+
+VIME_NAMES = _vime_names()
+# A Python name of a setting left in a command's line (``world_size=3``): ``as_flags`` turns
+# every one that is a flag into the flag, so what is left names no flag.
+PYTHON_SETTING = re.compile(r"(?<![\w\-'\"\[/])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)=")
+
+
+def check_cli_line(line: str) -> None:
+    """A ``vime`` command's error line: ``check_message``'s rules, and it names flags, never a
+    vime function (``resolve_engine_layout(...)``) or a Python name of a setting
+    (``layout.world_size=1``). Messages of the core's own API (``vime_pure``) may name its
+    functions; a command's may not."""
+    assert "\n" not in line and line.count("Fix:") == 1 and not GLUED.search(line), line
+    called = [n for n in re.findall(r"\b([A-Za-z_]\w*)\(", line) if n in VIME_NAMES]
+    assert not called, (called, line)
+    assert not PYTHON_SETTING.findall(line), (PYTHON_SETTING.findall(line), line)
 
 
 def outcome(entry: str, fn, *args, **kwargs):

@@ -2,7 +2,7 @@
 
 ``vime train --load`` on 14 kinds of damaged checkpoint and ``vime train --hf-checkpoint`` on
 12 kinds of damaged model directory exit 2 at launch with one line naming the file (before any
-model is built); random bit flips anywhere in a checkpoint file are caught by its manifest. A
+model is built), and so does every malformed value of every ``config.json`` key launch reads; random bit flips anywhere in a checkpoint file are caught by its manifest. A
 full disk (``RLIMIT_FSIZE``, in a subprocess) during an HF export and a checkpoint save is one
 typed error naming the flag, and the files already there survive.
 """
@@ -23,12 +23,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
-from tests.fuzz.harness import REJECTIONS, outcome, tried
+from tests.fuzz.harness import REJECTIONS, check_cli_line, outcome, tried
 from vime_shell.cli.main import main
 from vime_shell.loop.checkpoint_index import LOOP_STATE, TRACKER, require_checkpoint
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.launch_checks import launch_checks
 from vime_shell.models.embedded import build_embedded
+from vime_shell.models.hf_config import (BOOLS, NON_NEGATIVE_INTS, OBJECTS, POSITIVE_INTS,
+                                         POSITIVE_NUMBERS, REQUIRED, TOKEN_IDS)
 from vime_shell.storage.manifest import MANIFEST, write_manifest
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -42,7 +44,8 @@ def _cli(entry: str, argv: list[str]) -> str:
         rc = main(argv)
     lines = err.getvalue().strip().splitlines()
     assert rc == 2 and len(lines) == 1, (rc, err.getvalue())
-    assert lines[0].startswith("vime train: error:") and "Fix:" in lines[0], lines
+    assert lines[0].startswith("vime train: error:"), lines
+    check_cli_line(lines[0])
     REJECTIONS[entry] += 1
     return lines[0]
 
@@ -162,6 +165,75 @@ def test_a_damaged_hf_directory_is_one_line_at_launch(model, tmp_path, kind):
     line = _cli("vime train --hf-checkpoint (damaged)",
                 ["train", "--hf-checkpoint", str(scratch), "--run-dir", str(tmp_path / "run")])
     assert named in line and ("--hf-checkpoint" in line or "hf_checkpoint" in line), line
+
+
+MISSING = object()  # the key is deleted
+# Values no key launch reads accepts, by the kind the key holds (hf_config's tuples).
+BAD_VALUES = {
+    "a positive integer": ["20", -2, 0, 2.5, True, None, [1], {"a": 1}],
+    "a non-negative integer": ["20", -1, 2.5, True, [1]],
+    "a positive number": ["1e-6", -1e-6, 0, True, [1]],
+    "true or false": ["true", 1, [True]],
+    "a JSON object": ["x", 1, [1]],
+    "a non-empty string": ["", 2, ["qwen2"], {"a": 1}],
+    "a token id": ["1", -2, 20, 2.5, True, [1, "x"], {"a": 1}],
+}
+KINDS = {**dict.fromkeys(POSITIVE_INTS, "a positive integer"),
+         **dict.fromkeys(NON_NEGATIVE_INTS, "a non-negative integer"),
+         **dict.fromkeys(POSITIVE_NUMBERS, "a positive number"),
+         **dict.fromkeys(BOOLS, "true or false"), **dict.fromkeys(OBJECTS, "a JSON object"),
+         "model_type": "a non-empty string", "torch_dtype": "a non-empty string",
+         **dict.fromkeys(TOKEN_IDS, "a token id")}
+OPTIONAL_NULL = set(KINDS) - set(REQUIRED)  # null: the model family's default
+
+
+def _config_cases() -> list[tuple[str, object]]:
+    cases = [(key, value) for key, kind in KINDS.items() for value in BAD_VALUES[kind]
+             if not (value is None and key in OPTIONAL_NULL)]
+    return cases + [(key, MISSING) for key in REQUIRED]
+
+
+@pytest.fixture(scope="module")
+def config_scratch(model, tmp_path_factory) -> Path:
+    scratch = tmp_path_factory.mktemp("cfg") / "m"
+    shutil.copytree(model, scratch)
+    return scratch
+
+
+@pytest.mark.parametrize("key", sorted(KINDS))
+def test_a_malformed_config_json_key_is_one_line_naming_the_file_and_key(config_scratch, key,
+                                                                         tmp_path):
+    """Every bad value of every key launch reads (a string for a count, a negative, a float,
+    a boolean, a list, a missing required key) fails `vime train --dry-run` with exit 2 and one
+    line naming the flag, the file and the key, never a traceback."""
+    intact = json.loads((config_scratch / "config.json").read_text())
+    try:
+        for name, value in [c for c in _config_cases() if c[0] == key]:
+            broken = {k: v for k, v in intact.items() if k != name}
+            if value is not MISSING:
+                broken[name] = value
+            (config_scratch / "config.json").write_text(json.dumps(broken))
+            line = _cli("vime train --dry-run (malformed config.json)",
+                        ["train", "--dry-run", "--hf-checkpoint", str(config_scratch),
+                         "--run-dir", str(tmp_path / "run")])
+            assert f"--hf-checkpoint='{config_scratch / 'config.json'}'" in line, line
+            assert f'"{name}"' in line and line.count("Fix:") == 1, (name, value, line)
+    finally:
+        (config_scratch / "config.json").write_text(json.dumps(intact))
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"qwen2"', "3", "null", '{"text_config": [1]}'])
+def test_a_config_json_that_is_no_object_of_settings_is_one_line(config_scratch, text,
+                                                                 tmp_path):
+    intact = (config_scratch / "config.json").read_text()
+    try:
+        (config_scratch / "config.json").write_text(text)
+        line = _cli("vime train --dry-run (config.json not an object)",
+                    ["train", "--dry-run", "--hf-checkpoint", str(config_scratch),
+                     "--run-dir", str(tmp_path / "run")])
+        assert "config.json" in line and "not a JSON object" in line, line
+    finally:
+        (config_scratch / "config.json").write_text(intact)
 
 
 FULL_DISK = textwrap.dedent("""

@@ -27,7 +27,8 @@ def test_pp2_vpp2_layout_resolves_with_microbatch_group():
     ({"world_size": 3, "tp": 2}, "not divisible"),
     ({"world_size": 3, "pp": 3}, "pipeline_model_parallel_size=3"),
     ({"world_size": 2, "pp": 2, "num_layers_per_virtual_stage": 3}, "virtual"),
-    ({"world_size": 2, "num_layers_per_virtual_stage": 1}, "needs pp >= 2"),
+    ({"world_size": 2, "num_layers_per_virtual_stage": 1},
+     "needs --pipeline-model-parallel-size >= 2"),
     ({"world_size": 2, "tp": 0}, "positive"),
 ])
 def test_unsupported_layouts_are_typed_errors(kwargs, match):

@@ -19,7 +19,7 @@ import attrs
 import numpy as np
 
 from vime_pure.config import BatchingPolicy, ParallelLayout, check_feasible
-from vime_pure.config import static_misalignment_message
+from vime_pure.config import alignment_terms, static_misalignment_message
 from vime_pure.errors import ScheduleError, ScheduleInvariantError
 from vime_pure.scheduling.flops import proxy_flops
 from vime_pure.grouping import Grouping, group_samples
@@ -298,10 +298,11 @@ def _misaligned(step: int, count: int, num_samples: int, layout: ParallelLayout,
     target = -(-count // multiple) * multiple
     return ScheduleError(
         f"step {step}: its {num_samples} samples pack into {count} micro-batches "
-        f"under the cap {policy.token_cap(layout)}; a multiple of dp*microbatch_group="
-        f"{multiple} needs {target}, but splitting can make at most {num_samples} (one "
-        "per sample). Fix: raise global_batch_size (more samples per step), raise "
-        "max_tokens_per_gpu so samples share micro-batches, or lower dp / microbatch_group."
+        f"under the cap {policy.token_cap(layout)}; a multiple of {multiple} "
+        f"({alignment_terms(layout)}) needs {target}, but splitting can make at most "
+        f"{num_samples} (one per sample). Fix: raise global_batch_size (more samples per "
+        "step), raise max_tokens_per_gpu so samples share micro-batches, or use fewer "
+        f"{alignment_terms(layout, fewer=True)}."
     )
 
 

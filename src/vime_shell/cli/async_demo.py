@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from vime_shell.loop.config_flags import config_from_args
+from vime_shell.loop.interrupts import INTERRUPTED
 from vime_shell.loop.launch_checks import launch_checks, model_dir
 
 RANKS = 2  # 1 trainer + 1 engine
@@ -46,4 +47,16 @@ def launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
           f"writing {cfg.run_dir}/", file=sys.stderr)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={RANKS}", "-m", "vime_shell.cli", *argv]
-    return subprocess.run(command, check=False).returncode
+    child = subprocess.Popen(command)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:  # the job's ranks got the same Ctrl-C: its rank 0 says where
+        try:  # torchrun stops its ranks within its own 30 s, then kills them
+            child.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        return INTERRUPTED
+
+
+STOP_TIMEOUT_S = 120.0

@@ -7,7 +7,10 @@ Each subcommand lives in its own module with ``add_arguments(parser)`` and ``run
 Errors: a ``VimeError`` (bad input, an infeasible run), an ``OSError`` (disk full, permission,
 not a directory) or a ``UnicodeDecodeError`` from any subcommand is one line on stderr and exit
 status 2; its chained cause, when it adds something, is one more line (``caused by: ...``), and
-the full traceback follows under ``--log-level debug``. Messages name flags as typed
+the full traceback follows under ``--log-level debug``. Under torchrun one rank prints it
+(:mod:`vime_shell.cli.launch_verdict`). Ctrl-C ends ``vime train`` with one line, ``interrupted
+at rollout k; resume with --load DIR`` (or why there is nothing to resume), and status 130;
+SIGTERM ends the process at once (:mod:`vime_shell.loop.interrupts`). Messages name flags as typed
 (``--allow-partial-train-step``), never the Python names the core uses
 (:func:`vime_shell.cli.parser.as_flags`).
 """
@@ -22,13 +25,14 @@ from pathlib import Path
 
 import attrs
 
-from vime_pure.errors import VimeError
 from vime_shell.cli import async_demo
 from vime_shell.cli import inspect as inspect_cmd
 from vime_shell.cli import schedule as schedule_cmd
 from vime_shell.cli import train as train_cmd
-from vime_shell.cli.parser import VimeArgumentParser, report_failure
+from vime_shell.cli.launch_verdict import ReportedElsewhere, speaks_for_job
+from vime_shell.cli.parser import REPORTED_ERRORS, VimeArgumentParser, report_failure
 from vime_shell.loop.config import TrainConfig, field_type
+from vime_shell.loop.interrupts import INTERRUPTED, interrupt_line, is_interrupt
 from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
 
 
@@ -121,7 +125,7 @@ def _demo(args: argparse.Namespace) -> int:
         # packing and the per-group loss: the reward curve equals the 1-micro-batch run's
         # rollout for rollout until float rounding flips a sampled token (rollout 184).
         args.max_tokens_per_gpu = DEMO_MAX_TOKENS_PER_GPU
-    if os.environ.get("RANK", "0") == "0":  # once, not per rank of `vime demo --async`
+    if speaks_for_job():  # once, not per rank of `vime demo --async`
         print(f"vime demo: RL from scratch on the embedded tiny Qwen2 (reverse two digits, "
               f"exact-match reward), HF engine + Megatron-core on CPU; writing {run_dir}/ "
               f"(`vime train` defaults, plus rollout dumps and --max-tokens-per-gpu "
@@ -155,9 +159,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `vime demo --async` relaunches
     try:
         return int(args.handler(args) or 0)
-    except (VimeError, OSError, UnicodeDecodeError) as exc:
+    except ReportedElsewhere as exc:  # another rank of the job printed the error
+        return exc.status
+    except KeyboardInterrupt as exc:
+        return report_interrupt(args, exc)
+    except REPORTED_ERRORS as exc:
+        if is_interrupt(exc):  # a Ctrl-C some wrapper turned into an error on its way up
+            return report_interrupt(args, exc)
         report_error(parser, args, exc)
         return 2
+
+
+def report_interrupt(args: argparse.Namespace, exc: BaseException) -> int:
+    """Ctrl-C: one line from rank 0 (every rank of a job gets the signal), where the run
+    stopped and how to resume (``loop.interrupts``); status 130."""
+    if speaks_for_job():
+        line = interrupt_line(exc) if args.command in ("train", "demo") else "interrupted"
+        print(f"vime {args.command}: {line}", file=sys.stderr)
+    return INTERRUPTED
 
 
 def report_error(parser: argparse.ArgumentParser, args: argparse.Namespace,

@@ -23,6 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
 from vime_pure.errors import VimeError
+from vime_shell.cli.launch_verdict import LaunchAgreementError, agree, describe, where
+
+# What a command reports as one line and exit status 2 (bad input, a file system's refusal).
+REPORTED_ERRORS = (VimeError, OSError, UnicodeDecodeError)
 
 
 class VimeArgumentParser(argparse.ArgumentParser):
@@ -36,7 +40,13 @@ class VimeArgumentParser(argparse.ArgumentParser):
         choice = re.match(r"argument (--[\w-]+)[^:]*: invalid choice: '([^']*)'", message)
         if choice and self.flag_table is not None:  # a foreign choice: its table line
             message = self.flag_table(f"{choice[1]} {choice[2]}") or message
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        try:  # under torchrun every rank has the same flags: one rank prints (launch_verdict)
+            verdict = agree(failed=True)
+        except LaunchAgreementError:
+            self.exit(2, f"{self.prog}: error: {message}\n")
+        if verdict.rank != verdict.speaker:
+            self.exit(2)
+        self.exit(2, f"{self.prog}: error: {where(verdict)}{message}\n")
 
     def parse_args(self, args: Sequence[str] | None = None,
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
@@ -89,8 +99,13 @@ def print_error(command: str, message: str) -> None:
     print(f"vime {command}: error: {message}", file=sys.stderr)
 
 
-# Core (vime_pure) field names whose flag is spelled differently.
-FLAG_ALIASES: Mapping[str, str] = {"allow_partial_step": "allow_partial_train_step"}
+# Core (vime_pure) field names whose flag is spelled differently: the batching policy's, and
+# the parallel layout's short sizes (``ParallelLayout(pp=2)``; ``dp`` has no flag of its own).
+FLAG_ALIASES: Mapping[str, str] = {
+    "allow_partial_step": "allow_partial_train_step", "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size", "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size", "etp": "expert_tensor_parallel_size",
+    "vpp": "num_virtual_stages_per_pipeline_rank"}
 
 
 def report_failure(command: str, exc: BaseException, *, flags: set[str],
@@ -98,11 +113,11 @@ def report_failure(command: str, exc: BaseException, *, flags: set[str],
     """``exc`` as one line, its chained cause (unless already quoted) as one more, the full
     traceback when ``debug``. Example: ``OSError(28, "No space left on device", "ck/x")``
     prints ``vime train: error: OSError: [Errno 28] No space left on device: 'ck/x'``."""
-    raw = _describe(exc)
+    raw = describe(exc)
     print_error(command, as_flags(raw, flags, aliases))
     cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     if cause is not None and _flat(str(cause)) not in raw:
-        print(f"vime {command}: caused by: {as_flags(_describe(cause), flags, aliases)}",
+        print(f"vime {command}: caused by: {as_flags(describe(cause), flags, aliases)}",
               file=sys.stderr)
     if debug:
         traceback.print_exception(exc, file=sys.stderr)
@@ -110,12 +125,6 @@ def report_failure(command: str, exc: BaseException, *, flags: set[str],
 
 def _flat(text: str) -> str:
     return re.sub(r"\s*\n\s*", " ", text).strip()
-
-
-def _describe(exc: BaseException) -> str:
-    """A ``VimeError``'s message as it is (it names its field); others prefixed by their type."""
-    text = _flat(str(exc))
-    return text if isinstance(exc, VimeError) else f"{type(exc).__name__}: {text}"
 
 
 def as_flags(message: str, flags: set[str], aliases: Mapping[str, str] = FLAG_ALIASES) -> str:

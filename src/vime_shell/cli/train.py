@@ -16,20 +16,28 @@ Multi-process: ``torchrun --nproc-per-node 2 -m vime_shell.cli train
 --tensor-model-parallel-size 2``; multi-node adds torchrun's ``--nnodes``, ``--node-rank`` and
 ``--rdzv-endpoint``. Every rank with an engine generates the prompt chunks its engine claims
 from the work queue (see ``--rollout-num-gpus``), rank 0 writes the files, every rank trains.
+The ranks agree on the launch checks before any process group exists, so the ``--dry-run``
+report and a launch error print once (:mod:`vime_shell.cli.launch_verdict`); torchrun then exits
+1 after its own ``ChildFailedError`` block. Ctrl-C ends the run with ``interrupted at rollout k;
+resume with --load DIR`` (or why there is nothing to resume) and status 130; SIGTERM ends it at
+once.
 
 Example: ``vime train --num-rollout 50 --lr 3e-4 --run-dir runs/r1 --save ck --save-hf hf_out``.
 """
 
 import argparse
-import os
 import sys
 import warnings
 
 from vime_shell.cli.dry_run import dry_run_report
+from vime_shell.cli.launch_verdict import (ReportedElsewhere, first_to_report, settle,
+                                          speaks_for_job)
+from vime_shell.cli.parser import REPORTED_ERRORS
 from vime_shell.engines import vllm_available
 from vime_shell.loop.checkpoint_index import resume_checkpoint
 from vime_shell.loop.config_flags import (absorb_engine_flags, add_train_arguments,
                                           config_from_args)
+from vime_shell.loop.interrupts import is_interrupt
 from vime_shell.loop.megatron_args import notes
 from vime_shell.loop.slime_flags import unsupported_line
 from vime_shell.loop.launch_checks import launch_checks, model_dir
@@ -91,24 +99,44 @@ def sequence_parallel_note(tp: int, cp: int) -> str:
     return f"--sequence-parallel: off {why}"
 
 
+def checked_launch(args: argparse.Namespace):
+    """``(cfg, plan)``: every setting and launch check on this rank, then the job's verdict
+    (``launch_verdict.settle``: under torchrun a failure is reported by one rank, the others
+    raise ``ReportedElsewhere``)."""
+    try:
+        cfg = config_from_args(args)
+        plan = launch_checks(cfg, model_dir(cfg))
+    except REPORTED_ERRORS as exc:
+        settle(exc)
+        raise  # settle raises on a failure; kept for readers and type checkers
+    settle(None)
+    return cfg, plan
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate every setting (no torch yet), then run the loop and print its summary."""
-    cfg = config_from_args(args)
-    plan = launch_checks(cfg, model_dir(cfg))
-    if int(os.environ.get("RANK", "0")) == 0:
+    cfg, plan = checked_launch(args)
+    if speaks_for_job():
         for line in launch_notes(cfg, args, plan):
             print(f"vime train: note: {line}", file=sys.stderr)
     if getattr(args, "dry_run", False):
-        print(dry_run_report(cfg, plan))
+        if speaks_for_job():  # every rank resolved the same run: its report once
+            print(dry_run_report(cfg, plan))
         return 0
     # Megatron and mbridge announce every missing optional kernel (TE, Apex) on CPU at import.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"(megatron|mbridge)\.")
     from vime_shell.loop.loop import run_training  # torch, Megatron: only for a valid run
     from vime_shell.loop.rollout_only import run_rollouts_only
 
-    result = (run_rollouts_only(cfg, plan) if cfg.debug_rollout_only
-              else run_training(cfg, plan=plan))
-    if int(os.environ.get("RANK", "0")) == 0 and result.records:
+    try:
+        result = (run_rollouts_only(cfg, plan) if cfg.debug_rollout_only
+                  else run_training(cfg, plan=plan))
+    except REPORTED_ERRORS as exc:
+        # another rank of the job printed its account of it (a Ctrl-C is rank 0's to report)
+        if not is_interrupt(exc) and not first_to_report():
+            raise ReportedElsewhere(2) from exc
+        raise
+    if speaks_for_job() and result.records:
         print(f"vime train: metrics in {cfg.run_dir}/metrics.jsonl", file=sys.stderr)
         for path in result.plots:
             print(f"vime train: plot {path}", file=sys.stderr)

@@ -60,7 +60,7 @@ import torch.distributed as dist
 
 from vime_pure.data.shards import merge_rollout_shares
 from vime_pure.data.work_queue import chunks_per_engine, in_prompt_order
-from vime_pure.errors import VimeError
+from vime_pure.errors import VimeError, relayed
 from vime_shell.engines import select_engine
 from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
 from vime_shell.engines.base import RolloutEngine
@@ -187,9 +187,11 @@ class EngineGroup:
         rank = dist.get_rank() if dist.is_initialized() else 0
         world = dist.get_world_size() if dist.is_initialized() else 1
         if world != layout.world_size:
-            raise EngineGroupError(f"layout.world_size={layout.world_size}: the launched world "
-                                   f"has {world} ranks. Fix: resolve the layout with "
-                                   "resolve_engine_layout(world_size=<launched world size>).")
+            raise EngineGroupError(f"the engine layout covers {layout.world_size} rank(s) but "
+                                   f"the job launched {world}. Fix: launch {layout.world_size} "
+                                   "rank(s), or let vime train lay the engines out over the "
+                                   "ranks it has (--rollout-num-gpus, "
+                                   "--rollout-num-gpus-per-engine).")
         leaders = None
         if world > 1:  # new_group is collective: every rank calls it, members or not
             leaders = dist.new_group(
@@ -239,12 +241,12 @@ class EngineGroup:
             raise error
         if parts is None:
             return None
-        failed = [f"engine {e} (rank {self.layout.leader(e)}): {p[1]}"
+        failed = [(f"engine {e} (rank {self.layout.leader(e)})", p[1])
                   for e, p in enumerate(parts) if p[0] != "ok"]
         if failed:
-            raise EngineGroupError("rollout generation failed on " + "; ".join(failed)
-                                   + ". Fix: see that rank's own error line (its traceback "
-                                   "with --log-level debug).")
+            raise EngineGroupError(relayed(
+                "rollout generation", failed, "see that rank's own error line (its traceback "
+                "with --log-level debug)"))
         return merge_rollout_shares(in_prompt_order([c for p in parts for c in p[1]]))
 
     def run_local(self, produce: Callable[[range], list], num_prompts: int, *,

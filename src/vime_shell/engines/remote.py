@@ -182,8 +182,9 @@ def open_sides(roles: RankRoles, *, backend: str, timeout_s: float = 3 * 3600.0)
     timeout = timedelta(seconds=timeout_s)
     store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
     if world != roles.world_size:
-        raise BridgeError(f"world_size={world}: the roles were resolved for "
-                          f"{roles.world_size} ranks. Fix: resolve them in this job.")
+        raise BridgeError(f"the job has {world} ranks, but its trainer and engine ranks were "
+                          f"split for {roles.world_size}. Fix: split them for this job (vime "
+                          "train does at launch, from --rollout-num-gpus).")
     trainer = roles.is_trainer(rank)
     if backend == "nccl":  # before NCCL initialises, so each rank binds its own GPU
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())

@@ -49,6 +49,7 @@ import torch
 
 from vime_pure.async_pool import PoolCounts, generation_lag
 from vime_pure.data.batch import RolloutBatch
+from vime_pure.errors import relayed
 from vime_pure.staleness import stamp_versions
 from vime_shell.engines.group import EngineGroup, EngineGroupError, EngineOptions
 from vime_shell.engines.remote import BridgeError, Sides
@@ -161,11 +162,11 @@ class RemoteRollouts:
         answer batches), all received so every rank stays in step even when one failed; a
         failure raises, naming every failing engine rank."""
         replies = [self.bridge.recv(src=1 + j) for j in range(ranks or self.answering)]
-        failed = [f"engine rank {j} (global rank {self.first_engine_rank + j}): {r[1]}"
+        failed = [(f"engine rank {j} (global rank {self.first_engine_rank + j})", r[1])
                   for j, r in enumerate(replies) if r[0] == "error"]
         if failed:
-            raise EngineGroupError(f"{what} failed on " + "; ".join(failed)
-                                   + ". Fix: see that rank's traceback.")
+            raise EngineGroupError(relayed(what, failed, "see that rank's traceback (--log-level "
+                                           "debug)"))
         return replies
 
     def _drain(self) -> None:

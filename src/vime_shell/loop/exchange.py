@@ -42,7 +42,7 @@ from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.ragged import offsets_from_lengths
 from vime_pure.data.shares import (BatchMeta, RankShare, SharePlan, assemble_share, merge_meta,
                                    share_piece)
-from vime_pure.errors import VimeError
+from vime_pure.errors import VimeError, relayed
 from vime_shell.megatron.collectives import RankFailure
 
 
@@ -176,12 +176,12 @@ class ShareExchange:
 
     def _plan(self, gathered: list, plan_fn, own_error, failure, name_of) -> tuple:
         """Rank 0: ``("ok", (plan, extra))`` or ``("error", exception)``."""
-        failed = [f"{name_of(r)}: {g[1]}" for r, g in enumerate(gathered)
+        failed = [(name_of(r), g[1]) for r, g in enumerate(gathered)
                   if g is not None and g[0] != "ok"]
         if failed:
-            return "error", own_error or failure(
-                "rollout generation failed on " + "; ".join(failed) + ". Fix: see that "
-                "rank's own error line (its traceback with --log-level debug).")
+            return "error", own_error or failure(relayed(
+                "rollout generation", failed, "see that rank's own error line (its traceback "
+                "with --log-level debug)"))
         holders = [r for r, g in enumerate(gathered) if g is not None]
         try:
             merged = (merge_meta([m for r in holders for m in gathered[r][1]]) if holders

@@ -46,7 +46,8 @@ from vime_shell.megatron.layout import (TrainLayout, context_parallel_available,
                                         world_size_from_env)
 from vime_shell.models.embedded import build_embedded
 from vime_shell.loop.megatron_args import ModelArgsError, check_architecture
-from vime_shell.models.hf_config import has_chat_template, read_config_json, read_config_summary
+from vime_shell.models.hf_config import (check_config, has_chat_template, read_config_json,
+                                          read_config_summary)
 from vime_shell.rollout.data import DataKeys, fit_prompts, read_prompt_file
 from vime_shell.rollout.functions import encode_prompt
 from vime_shell.rollout.plugins import load_callable, load_generate_function
@@ -87,8 +88,9 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     """Check ``cfg`` against the model in ``hf_dir`` and the launched world (module docstring)."""
     if cfg.ref_load is not None:  # the initial weights (model_dir): an HF directory
         _check_ref_load(cfg)
+    flag = "--ref-load" if cfg.ref_load else "--hf-checkpoint"  # where the weights come from
     if not (hf_dir / "config.json").is_file():
-        raise field_error(ConfigError, "hf_checkpoint", str(hf_dir), "has no config.json",
+        raise field_error(ConfigError, flag, str(hf_dir), "has no config.json",
                           "pass a Hugging Face model directory, or omit it for the embedded model")
     if cfg.save_hf is not None:
         check_export_target(cfg.save_hf, overwrite=cfg.save_hf_overwrite, protected={
@@ -99,19 +101,21 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
             "the checkpoint directory (--load)": cfg.load,
             "the rollout dump directory (--save-rollout-data)": dump_dir(cfg.save_rollout_data)})
     try:
-        parse_size(cfg.save_hf_max_shard_size)
+        parse_size(cfg.save_hf_max_shard_size, "--save-hf-max-shard-size")
     except ExportError as exc:
-        raise ConfigError(f"save_hf_max_shard_size: {exc}") from exc
-    summary = read_config_summary(hf_dir)
+        raise ConfigError(str(exc)) from exc
+    check_config(read_config_json(hf_dir, flag), hf_dir / "config.json", flag)  # every key read
+    summary = read_config_summary(hf_dir, flag)
     tp = cfg.tensor_model_parallel_size
     if summary.vocab_size % tp:  # Megatron's vocab-parallel embedding splits rows evenly
         raise field_error(ConfigError, "tensor_model_parallel_size", tp,
-                          f"does not divide the model's vocab_size={summary.vocab_size}",
+                          f"does not divide the model's {summary.vocab_size} vocabulary rows "
+                          '("vocab_size" in config.json)',
                           "use a TP size that divides it, or pad the model's embedding and "
                           "LM head with reserved rows as Megatron's --make-vocab-size-"
                           "divisible-by does (the embedded model has 20 rows: TP 1, 2 or 4)")
     try:  # slime's Megatron flags: the architecture against the HF config, Ray placement
-        check_architecture(cfg, read_config_json(hf_dir), str(hf_dir))
+        check_architecture(cfg, read_config_json(hf_dir, flag), str(hf_dir))
         cfg.check_placement(world_size=world_size_from_env(),
                             ranks_per_node=ranks_per_node_from_env())
     except ModelArgsError as exc:
@@ -228,6 +232,13 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
                                   lag=generation_lag(roles.mode, cfg.max_weight_staleness))
     except (RankRolesError, AsyncPoolError) as exc:
         raise ConfigError(str(exc)) from exc
+    if roles is not None and cfg.debug_rollout_only:  # its loop lays engines over every rank
+        mode = ("--fully-async" if cfg.fully_async else "--train-async" if cfg.train_async
+                else "--no-colocate")
+        raise field_error(ConfigError, "debug_rollout_only", True, f"runs no trainer, and "
+                          f"{mode} puts the engines on ranks of their own beside a trainer",
+                          f"drop {mode} (a rollout-only run with --rollout-num-gpus N runs N "
+                          "engines and leaves the other ranks idle)")
     if roles is None and cfg.update_weights_interval > 1:
         raise field_error(ConfigError, "--update-weights-interval", cfg.update_weights_interval,
                           "needs engines on ranks of their own (the colocated loop trains on "
@@ -371,7 +382,8 @@ def _check_ref_load(cfg: TrainConfig) -> None:
                           "drop --ref-load to start from --hf-checkpoint, or pass an HF "
                           "directory (save_pretrained, or vime's --save-hf)")
     if cfg.hf_checkpoint is not None:
-        a, b = (read_config_summary(Path(p).expanduser()) for p in (cfg.hf_checkpoint, ref))
+        a = read_config_summary(Path(cfg.hf_checkpoint).expanduser(), "--hf-checkpoint")
+        b = read_config_summary(ref, "--ref-load")
         for name in ("model_type", "num_layers", "vocab_size"):
             if getattr(a, name) != getattr(b, name):
                 raise field_error(ConfigError, "--ref-load", cfg.ref_load,

@@ -87,6 +87,7 @@ from vime_shell.loop.components import engine_options, trainer_config
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.exchange import ExchangeStats, ShareExchange
 from vime_shell.loop.hf_save import save_hf, saves_hf
+from vime_shell.loop.interrupts import RunInterrupted, is_interrupt
 from vime_shell.loop.launch_checks import LaunchPlan, launch_checks, model_dir
 from vime_shell.loop.logs import configure_logging
 from vime_shell.loop.ownership import claim_run
@@ -569,7 +570,7 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
     total = loop.plan.num_rollout  # --num-rollout, or derived from --num-epoch
     logger = RunLogger(cfg.run_dir, start=start, total=total, enabled=loop.rank == 0,
                        progress=progress, wandb=cfg.to_dict() if cfg.use_wandb else None)
-    records, began = [], time.perf_counter()
+    records, began, rid = [], time.perf_counter(), start
     try:
         for rid in range(start, total):
             record = loop.rollout(rid)
@@ -585,6 +586,10 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
             final = loop.evaluate(total)
             logger.log_eval(total, final)
             logger.line(f"eval after rollout {total - 1}: {eval_summary(final)}")
+    except BaseException as exc:
+        if is_interrupt(exc):  # Ctrl-C: the CLI says where and how to resume
+            raise RunInterrupted(rid, cfg.save, cfg.save_interval) from exc
+        raise
     finally:
         plots = logger.finish(loop.last_schedule)
         if loop.dumps is not None:

@@ -21,6 +21,7 @@ from vime_pure.data.batch import schedule_for
 from vime_shell.engines.group import EngineGroup
 from vime_shell.loop.components import engine_options
 from vime_shell.loop.config import TrainConfig
+from vime_shell.loop.interrupts import RunInterrupted, is_interrupt
 from vime_shell.loop.launch_checks import LaunchPlan
 from vime_shell.loop.logs import configure_logging
 from vime_shell.loop.loop import TrainResult, claimed_run
@@ -49,7 +50,7 @@ def _rollouts(cfg: TrainConfig, plan: LaunchPlan, progress: bool | None) -> Trai
              if cfg.save_rollout_data is not None and rank == 0 else None)
     logger = RunLogger(cfg.run_dir, start=0, total=plan.num_rollout, enabled=rank == 0,
                        progress=progress, wandb=cfg.to_dict() if cfg.use_wandb else None)
-    records, schedule = [], None
+    records, schedule, rid = [], None, 0
     try:
         producer = RolloutProducer(cfg, plan, engines)
         for rid in range(plan.num_rollout):
@@ -66,6 +67,10 @@ def _rollouts(cfg: TrainConfig, plan: LaunchPlan, progress: bool | None) -> Trai
                       **stats.as_record()}
             records.append(record)
             logger.log(record)
+    except BaseException as exc:
+        if is_interrupt(exc):  # Ctrl-C: the CLI says where it stopped
+            raise RunInterrupted(rid, None, unsaved="--debug-rollout-only saves none") from exc
+        raise
     finally:
         plots = logger.finish(schedule)
         if dumps is not None:

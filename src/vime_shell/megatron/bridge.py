@@ -34,6 +34,7 @@ from megatron.core.enums import ModelType
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from transformers import AutoConfig
 
+from vime_pure.errors import one_line
 from vime_shell.models.hf_config import ModelLoadError
 from vime_shell.megatron.layout import TrainLayout
 from vime_shell.megatron.model_options import ModelOptions
@@ -57,18 +58,19 @@ def read_hf_config(hf_dir: str | Path):
     """
     path = Path(hf_dir)
     if not (path / "config.json").is_file():
-        raise ModelLoadError(f"hf_dir={str(path)!r}: no config.json there. Fix: pass a directory "
+        raise ModelLoadError(f"{str(path)!r}: has no config.json. Fix: pass a directory "
                              "written by save_pretrained (config.json + *.safetensors).")
     try:
         config = AutoConfig.from_pretrained(path)
     except (KeyError, ValueError, TypeError) as exc:  # transformers validates rope_parameters
-        raise ModelLoadError(f"hf_dir={str(path)!r}: transformers rejects config.json "
-                             f"({type(exc).__name__}: {exc}). Fix: correct the config.") from None
+        raise ModelLoadError(f"{str(path / 'config.json')!r}: transformers rejects it "
+                             f"({type(exc).__name__}: {one_line(str(exc))}). Fix: correct the "
+                             "key it names, as the model's source has it.") from None
     rope = getattr(config, "rope_parameters", None) or {}
     if getattr(config, "rope_theta", None) is None:  # adjustment 3
         if "rope_theta" not in rope:
-            raise ModelLoadError(f"hf_dir={str(path)!r}: config has no rope_theta. Fix: use a "
-                                 "RoPE model (Qwen2/Qwen3/Llama) with rope_theta set.")
+            raise ModelLoadError(f"{str(path / 'config.json')!r}: has no \"rope_theta\". Fix: "
+                                 "use a RoPE model (Qwen2/Qwen3/Llama) with it set.")
         config.rope_theta = rope["rope_theta"]
     rope_scaling_of(rope or getattr(config, "rope_scaling", None))  # refuses what it cannot map
     return config
@@ -86,8 +88,9 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     try:
         bridge = AutoBridge.from_config(config, dtype=platform.dtype)  # adjustment 4
     except ValueError as exc:
-        raise ModelLoadError(f"model_type={config.model_type!r}: {exc}. Fix: use a Qwen2/Qwen3/"
-                             "Llama-family checkpoint.") from None
+        raise ModelLoadError(f"{str(Path(hf_dir) / 'config.json')!r}: \"model_type\" "
+                             f"{config.model_type!r}: {one_line(str(exc))}. Fix: use a Qwen2/"
+                             "Qwen3/Llama-family checkpoint.") from None
     # Adjustment 5 is the platform's overrides; they come last, so a field the run's options
     # also set (moe_router_fusion=False under routing replay) takes the platform's value.
     bridge.set_extra_args(**{**options.transformer_fields(), **router_fields(config),

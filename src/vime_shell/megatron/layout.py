@@ -29,6 +29,9 @@ from vime_pure.config import ParallelLayout
 from vime_pure.errors import VimeError
 
 
+PP = "--pipeline-model-parallel-size"  # named in several messages
+
+
 class UnsupportedLayoutError(VimeError):
     """A parallel layout this platform or model cannot run; the message says what to change."""
 
@@ -102,8 +105,10 @@ def resolve_layout(
     model_parallel = tp * pp * cp
     if world_size % model_parallel:
         raise UnsupportedLayoutError(
-            f"world_size={world_size}: not divisible by tp*pp*cp={tp}*{pp}*{cp}={model_parallel}. "
-            "Fix: launch a multiple of tp*pp*cp processes or change the parallel sizes.")
+            f"the {world_size} launched ranks are not divisible by --tensor-model-parallel-size "
+            f"x --pipeline-model-parallel-size x --context-parallel-size = {tp} x {pp} x {cp} = "
+            f"{model_parallel}. Fix: launch a multiple of {model_parallel} processes, or change "
+            "those sizes.")
     _check_experts(world_size, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, num_experts=num_experts)
     if num_experts is None:  # a dense model: --expert-tensor-parallel-size 1 is a no-op
         etp = tp
@@ -114,7 +119,8 @@ def resolve_layout(
     elif num_layers % pp:
         raise UnsupportedLayoutError(
             f"pipeline_model_parallel_size={pp}: the model's {num_layers} layers do not split "
-            "evenly over the pipeline stages. Fix: use a pp that divides the layer count, or "
+            "evenly over the pipeline stages. Fix: use a --pipeline-model-parallel-size that "
+            "divides the layer count, or "
             "set --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers.")
     vpp, group = 1, None
     if num_virtual_stages is not None:
@@ -127,8 +133,9 @@ def resolve_layout(
                                 "--num-layers-per-virtual-pipeline-stage")
         if pp < 2 or (num_layers // pp) % per:
             raise UnsupportedLayoutError(
-                f"num_layers_per_virtual_pipeline_stage={per}: needs pp >= 2 and to divide the "
-                f"{num_layers // pp} layers of each pipeline stage (pp={pp}). Fix: drop the flag "
+                f"num_layers_per_virtual_pipeline_stage={per}: needs {PP} >= 2 and to divide "
+                f"the {num_layers // pp} layers of each pipeline stage ({PP} {pp}). Fix: drop "
+                "the flag "
                 "or pick a divisor of the per-stage layer count.")
         vpp = num_layers // pp // per
         group = pp if vpp > 1 else None
@@ -152,9 +159,10 @@ def _check_experts(world_size: int, *, tp: int, pp: int, cp: int, ep: int, etp: 
             "experts. Fix: use an --expert-model-parallel-size that divides the expert count.")
     if world_size % (etp * ep * pp):
         raise UnsupportedLayoutError(
-            f"expert_model_parallel_size={ep}: world_size={world_size} is not divisible by "
-            f"etp*ep*pp={etp}*{ep}*{pp}. Fix: pick --expert-model-parallel-size and "
-            "--expert-tensor-parallel-size whose product with pp divides the world size.")
+            f"expert_model_parallel_size={ep}: the {world_size} launched ranks are not "
+            f"divisible by --expert-tensor-parallel-size x --expert-model-parallel-size x {PP} "
+            f"= {etp} x {ep} x {pp}. Fix: pick --expert-model-parallel-size and "
+            f"--expert-tensor-parallel-size whose product with {PP} divides the rank count.")
 
 
 def _check_uneven(num_layers: int, pp: int, first: int | None, last: int | None,
@@ -168,8 +176,8 @@ def _check_uneven(num_layers: int, pp: int, first: int | None, last: int | None,
     set_count = (first is not None) + (last is not None)
     if pp < 2 or pp < set_count:
         raise UnsupportedLayoutError(
-            f"pipeline_model_parallel_size={pp}: uneven stages need pp >= 2 (one stage per set "
-            "flag). Fix: raise --pipeline-model-parallel-size or drop "
+            f"pipeline_model_parallel_size={pp}: uneven stages need 2 stages or more (one per "
+            "set flag). Fix: raise --pipeline-model-parallel-size or drop "
             "--decoder-first/last-pipeline-num-layers.")
     if per_virtual is not None:
         raise UnsupportedLayoutError(
@@ -198,7 +206,7 @@ def _virtual_stages(count: object, num_layers: int, pp: int, first: int | None,
                          last_stage_layers=last).stage_layers(num_layers)
     if pp < 2 or any(n % count for n in stages):
         raise UnsupportedLayoutError(
-            f"num_virtual_stages_per_pipeline_rank={count}: needs pp >= 2 and to divide every "
+            f"num_virtual_stages_per_pipeline_rank={count}: needs {PP} >= 2 and to divide every "
             f"pipeline stage's layer count (here {list(stages)}). Fix: pick a common divisor, "
             "or change --decoder-first/last-pipeline-num-layers.")
     return count

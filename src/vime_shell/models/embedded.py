@@ -65,7 +65,8 @@ def build_embedded(cache_dir: str | Path | None = None,
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise field_error(EmbeddedError, "cache_dir", str(root), f"cannot be created ({exc})",
+        raise field_error(EmbeddedError, "the embedded model's cache", str(root),
+                          f"cannot be created ({exc})",
                           "pass a writable directory or set VIME_CACHE_DIR") from exc
     tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
     try:

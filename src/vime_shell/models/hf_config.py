@@ -3,6 +3,9 @@
 Importing transformers costs seconds; the checks that run before anything heavy (layer count
 for pipeline stages, vocabulary size for tensor parallelism, the architecture) need only the
 JSON. ``vime_shell.megatron.bridge.read_hf_config`` reads the full config for the model itself.
+Every key launch reads is checked first (``check_config``): a malformed ``config.json`` (not a
+JSON object, a key missing, a string or a negative where a count belongs) is one
+``ModelLoadError`` naming the flag, the file and the key, never a traceback.
 
 Example: the embedded model's directory gives ``HfConfigSummary(model_type="qwen2",
 num_layers=2, vocab_size=20, max_position_embeddings=64, num_attention_heads=2)``.
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import attrs
 
-from vime_pure.errors import VimeError
+from vime_pure.errors import VimeError, field_error, one_line
 
 
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # Qwen, Mixtral, DeepSeek
@@ -35,44 +38,140 @@ class HfConfigSummary:
     dtype: str | None = None  # "torch_dtype" (or transformers 5's "dtype"), e.g. "bfloat16"
 
 
-def read_config_summary(hf_dir: str | Path) -> HfConfigSummary:
-    """The fields above from ``hf_dir/config.json`` (a ``text_config`` is looked into)."""
-    path = Path(hf_dir).expanduser() / "config.json"
-    try:
-        config = json.loads(path.read_text())
-        text = config.get("text_config") or {}
-        return HfConfigSummary(
-            model_type=str(config.get("model_type", "?")),
-            num_layers=int(config.get("num_hidden_layers") or text["num_hidden_layers"]),
-            vocab_size=int(config.get("vocab_size") or text["vocab_size"]),
-            max_position_embeddings=config.get("max_position_embeddings"),
-            num_attention_heads=config.get("num_attention_heads") or text.get(
-                "num_attention_heads"),
-            num_key_value_heads=config.get("num_key_value_heads") or text.get(
-                "num_key_value_heads"),
-            num_experts=next((int(v) for k in EXPERT_KEYS
-                              if (v := config.get(k) or text.get(k))), None),
-            dtype=_dtype_name(config.get("torch_dtype") or config.get("dtype")
-                              or text.get("torch_dtype") or text.get("dtype")))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ModelLoadError(f"hf_checkpoint={str(hf_dir)!r}: cannot read num_hidden_layers and "
-                             f"vocab_size from config.json ({type(exc).__name__}: {exc}). Fix: "
-                             "pass a directory written by save_pretrained.") from None
+def read_config_summary(hf_dir: str | Path, flag: str = "--hf-checkpoint") -> HfConfigSummary:
+    """The fields above from ``hf_dir/config.json`` (a ``text_config`` merged over it), each
+    checked (``check_config``: a malformed one is a ``ModelLoadError`` naming ``flag``, the
+    file and the key)."""
+    config = read_config_json(hf_dir, flag)
+    check_config(config, _path(hf_dir), flag, required=SUMMARY_REQUIRED)
+    return HfConfigSummary(
+        model_type=str(config.get("model_type", "?")),
+        num_layers=config["num_hidden_layers"], vocab_size=config["vocab_size"],
+        max_position_embeddings=config.get("max_position_embeddings"),
+        num_attention_heads=config.get("num_attention_heads"),
+        num_key_value_heads=config.get("num_key_value_heads"),
+        num_experts=next((config[k] for k in EXPERT_KEYS if config.get(k)), None),
+        dtype=_dtype_name(config.get("torch_dtype") or config.get("dtype")))
 
 
-def read_config_json(hf_dir: str | Path) -> dict:
+def read_config_json(hf_dir: str | Path, flag: str = "--hf-checkpoint") -> dict:
     """``config.json`` as a dict, a multimodal model's ``text_config`` merged over it (the
-    decoder's shape lives there). Example: the embedded model gives ``{"model_type": "qwen2",
-    "num_hidden_layers": 2, ...}``."""
-    path = Path(hf_dir).expanduser() / "config.json"
+    decoder's shape lives there); JSON that is not an object is a ``ModelLoadError``. Example:
+    the embedded model gives ``{"model_type": "qwen2", "num_hidden_layers": 2, ...}``."""
+    path = _path(hf_dir)
     try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"hf_checkpoint={str(hf_dir)!r}: cannot read config.json "
-                             f"({type(exc).__name__}: {exc}). Fix: pass a directory written "
-                             "by save_pretrained.") from None
-    text = config.get("text_config") if isinstance(config, dict) else None
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise _malformed(flag, path, "does not exist",
+                         "pass a Hugging Face model directory (save_pretrained writes "
+                         "config.json)") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise _malformed(flag, path, f"is not readable JSON ({type(exc).__name__}: "
+                         f"{one_line(str(exc), 80)})") from None
+    if not isinstance(config, dict):
+        raise _malformed(flag, path, f"holds {_kind(config)}, not a JSON object of settings")
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise _malformed(flag, path, f'"text_config" is {_kind(text)}, not a JSON object')
     return {**config, **text} if isinstance(text, dict) else config
+
+
+# What launch reads from config.json, by the kind of value each key must hold. A key missing
+# or null takes the model family's default, except the required ones.
+POSITIVE_INTS = ("num_hidden_layers", "vocab_size", "hidden_size", "num_attention_heads",
+                 "intermediate_size", "num_key_value_heads", "head_dim",
+                 "max_position_embeddings", "moe_intermediate_size", "num_experts_per_tok",
+                 "decoder_sparse_step")
+NON_NEGATIVE_INTS = (*EXPERT_KEYS, "shared_expert_intermediate_size", "n_shared_experts",
+                     "first_k_dense_replace")  # 0 allowed: a dense model, no shared expert
+POSITIVE_NUMBERS = ("rms_norm_eps", "rope_theta")
+BOOLS = ("tie_word_embeddings",)
+OBJECTS = ("rope_parameters", "rope_scaling")
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # one id, or a list (EOS)
+# The keys every model's config.json gives: the trainer, the FLOPs model and the memory
+# estimate read them; the summary alone (layouts, vocabulary) needs the first two.
+SUMMARY_REQUIRED = ("num_hidden_layers", "vocab_size")
+REQUIRED = (*SUMMARY_REQUIRED, "hidden_size", "num_attention_heads", "intermediate_size",
+            "model_type")
+
+
+def check_config(config: dict, path: Path, flag: str = "--hf-checkpoint",
+                 required: tuple[str, ...] = REQUIRED) -> None:
+    """Every key launch reads holds a value of its kind (the tuples above), the ``required``
+    ones are there, token ids lie below ``vocab_size`` and the heads divide as attention needs.
+    Example: ``{"vocab_size": "20", ...}`` raises ``ModelLoadError: --hf-checkpoint='m/config.
+    json': "vocab_size" is "20" (a string), not a positive integer. Fix: ...``."""
+    for key in required:
+        if config.get(key) is None:
+            raise _malformed(flag, path, f'has no "{key}" (every model\'s config.json gives '
+                             "it)", f'add "{key}" as the model\'s source has it')
+    kinds = ((POSITIVE_INTS, "a positive integer", lambda v: _int(v) and v > 0),
+             (NON_NEGATIVE_INTS, "a non-negative integer", lambda v: _int(v) and v >= 0),
+             (POSITIVE_NUMBERS, "a positive number",
+              lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v > 0),
+             (BOOLS, "true or false", lambda v: isinstance(v, bool)),
+             (OBJECTS, "a JSON object", lambda v: isinstance(v, dict)),
+             (("model_type", "torch_dtype", "dtype"), "a non-empty string",
+              lambda v: isinstance(v, str) and v != ""))
+    for keys, want, ok in kinds:
+        for key in keys:
+            value = config.get(key)
+            if value is not None and not ok(value):
+                raise _malformed(flag, path, f'"{key}" is {_shown(value)}, not {want}')
+    _check_special_token_ids(config, path, flag)
+    _check_heads(config, path, flag)
+
+
+def _check_special_token_ids(config: dict, path: Path, flag: str) -> None:
+    vocab = config.get("vocab_size")
+    for key in TOKEN_IDS:
+        value = config.get(key)
+        ids = value if isinstance(value, list) else [value]
+        # -1: "no such token" in some older conversions
+        if value is not None and not all(_int(i) and i >= -1 and (vocab is None or i < vocab)
+                                         for i in ids):
+            raise _malformed(flag, path, f'"{key}" is {_shown(value)}, not a token id (or a '
+                             f'list of them) below "vocab_size" {vocab}')
+
+
+def _check_heads(config: dict, path: Path, flag: str) -> None:
+    """Attention splits ``hidden_size`` over the heads (unless ``head_dim`` is given) and the
+    query heads into groups of the KV heads."""
+    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    hidden = config.get("hidden_size")
+    if heads and kv and heads % kv:
+        raise _malformed(flag, path, f'"num_attention_heads" {heads} is not a multiple of '
+                         f'"num_key_value_heads" {kv}')
+    if heads and hidden and config.get("head_dim") is None and hidden % heads:
+        raise _malformed(flag, path, f'"hidden_size" {hidden} is not a multiple of '
+                         f'"num_attention_heads" {heads}, and no "head_dim" is given')
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kind(value: object) -> str:
+    """``a string``, ``a list``, ... (the JSON name of a value's type)."""
+    return {str: "a string", list: "a list", dict: "an object", bool: "a boolean",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _shown(value: object) -> str:
+    """A value as JSON writes it, with its kind when that is the problem: ``"20" (a string)``."""
+    text = one_line(json.dumps(value), 60)
+    return text if isinstance(value, int | float) and not isinstance(value, bool) \
+        else f"{text} ({_kind(value)})"
+
+
+def _malformed(flag: str, path: Path, problem: str, fix: str | None = None) -> ModelLoadError:
+    return field_error(ModelLoadError, flag, str(path), problem, fix or (
+        "correct it to the model's own value (as its source's config.json has it), or point "
+        f"{flag} at an intact model directory"))
+
+
+def _path(hf_dir: str | Path) -> Path:
+    return Path(hf_dir).expanduser() / "config.json"
 
 
 def _dtype_name(value: object) -> str | None:

@@ -1,7 +1,8 @@
 """A Hugging Face model directory checked at launch, reading only headers (torch-free).
 
 ``check_hf_dir`` refuses, with ``ModelLoadError`` naming the file, a directory a loader would
-fail on minutes later (or, worse, load partly): ``config.json`` that is not a JSON object; no
+fail on minutes later (or, worse, load partly): a malformed ``config.json``
+(``hf_config.check_config``); no
 safetensors weights (the trainer's loader reads no ``.bin``); a weight index that is not JSON or names a shard that is missing; a weight
 file that is a directory, FIFO or device; a ``.safetensors`` file whose header is not
 safetensors, or that is shorter than its header says (truncated); a tokenizer JSON file that
@@ -19,7 +20,7 @@ import struct
 from pathlib import Path
 
 from vime_pure.errors import field_error
-from vime_shell.models.hf_config import ModelLoadError
+from vime_shell.models.hf_config import ModelLoadError, check_config, read_config_json
 
 INDEX = "model.safetensors.index.json"
 TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
@@ -30,7 +31,7 @@ _MAX_HEADER = 100 << 20  # safetensors' own limit on a header's JSON
 def _damaged(flag: str, path: Path, problem: str) -> ModelLoadError:
     return field_error(ModelLoadError, flag, str(path), problem,
                        "restore the model directory from its source (save_pretrained, "
-                       "huggingface-cli download) or point the flag at an intact copy")
+                       f"huggingface-cli download) or point {flag} at an intact copy")
 
 
 def _json(flag: str, path: Path) -> object:
@@ -86,17 +87,17 @@ def _weight_files(flag: str, root: Path) -> list[Path]:
         return [root / shard for shard in sorted(set(weight_map.values()))]
     found = sorted(root.glob("*.safetensors"))
     if not found:
-        bins = " (pytorch_model*.bin is not read: convert it with save_pretrained("
+        bins = (" (pytorch_model*.bin is not read: load the model in transformers and "
+                "save_pretrained it, which writes safetensors)")
         raise _damaged(flag, root, "holds no *.safetensors weights" + (
-            bins + "safe_serialization=True))" if any(root.glob("pytorch_model*.bin")) else ""))
+            bins if any(root.glob("pytorch_model*.bin")) else ""))
     return found
 
 
 def check_hf_dir(hf_dir: str | Path, flag: str = "--hf-checkpoint") -> None:
     """Refuse a damaged model directory (module docstring); reads headers only."""
     root = Path(hf_dir).expanduser()
-    if not isinstance(_json(flag, root / "config.json"), dict):
-        raise _damaged(flag, root / "config.json", "is not a JSON object")
+    check_config(read_config_json(root, flag), root / "config.json", flag)
     for path in _weight_files(flag, root):
         check_safetensors(flag, path)
     for name in TOKENIZER_JSON:

@@ -16,16 +16,17 @@ class ExportError(VimeError):
     """A checkpoint export that cannot proceed (bad target, size limit, or inputs)."""
 
 
-def parse_size(size: int | str) -> int:
-    """``"5GB"`` -> 5_000_000_000, ``"512MiB"`` -> 536_870_912, ``1000`` -> 1000."""
+def parse_size(size: int | str, name: str = "max_shard_size") -> int:
+    """``"5GB"`` -> 5_000_000_000, ``"512MiB"`` -> 536_870_912, ``1000`` -> 1000; a message
+    names the value ``name`` (the flag, at the command line)."""
     if isinstance(size, int) and not isinstance(size, bool):
         value = size
     else:
         match = _SIZE_RE.match(str(size))
         if not match:
-            raise ExportError(f"max_shard_size={size!r} is not a size. Fix: pass bytes or a "
+            raise ExportError(f"{name}={size!r} is not a size. Fix: pass bytes or a "
                               "string such as '5GB' or '512MiB'.")
         value = int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
     if value < 1:
-        raise ExportError(f"max_shard_size={size!r} must be positive. Fix: e.g. '5GB'.")
+        raise ExportError(f"{name}={size!r} must be positive. Fix: e.g. '5GB'.")
     return value
