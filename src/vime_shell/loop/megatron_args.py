@@ -154,6 +154,11 @@ class MegatronSwitchArgs:
     update_weight_delta_checksum: bool | None = _f("accepted; vime syncs full weights and "
                                                    "checks each sync by the log-prob gap",
                                                    "slime")
+    use_fault_tolerance: bool | None = _f("accepted; vime checks every rank's health always "
+                                          "(--rollout-health-check-*) but cannot restart a "
+                                          "rank of a torchrun job: a rank that stops "
+                                          "answering ends the job, resume with --load",
+                                          "slime")
 
     def check_switches(self) -> None:
         for name in ("attention_dropout", "hidden_dropout"):
