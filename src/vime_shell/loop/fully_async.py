@@ -65,6 +65,7 @@ import attrs
 from vime_pure.async_pool import PoolCounts, admits, drain
 from vime_pure.pool_ranks import pool_share
 from vime_shell.engines.async_engine import FRONTS, async_front
+from vime_shell.engines.health import current
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.probe import generate_probe
 from vime_shell.loop.rollouts import RolloutProducer, prompt_samples
@@ -220,8 +221,10 @@ class GroupPool:
 
     def run(self) -> None:
         posted = self.bridge.post_command()
+        monitor = current()
         try:
             while True:
+                monitor.check()  # the job's health verdict ends the pool (engines.health)
                 if posted[1].is_completed():
                     command = self.bridge.finish_command(posted)
                     if command[0] == "stop":
