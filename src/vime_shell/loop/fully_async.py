@@ -51,6 +51,12 @@ position before it, and which of its and later groups are done); trainer rank 0 
 pools' points into one exact point (``vime_pure.pool_ranks.merge_resume_states``), saved in
 the checkpoint's data state; every resumed pool redraws from there and skips the done groups,
 so in-flight groups are generated again (same seeds) and no group trains twice.
+
+Health (:mod:`vime_shell.engines.health`): the pool's loop raises the job's health verdict
+between two looks at the trainer's commands, so a pool whose trainer or sibling engine rank
+stopped answering ends with the error naming that rank; trainer rank 0 bounds its wait for
+each rollout's parts by the slowest parts so far (a group stuck in a call that never returns
+ends the job, naming its engine rank).
 """
 
 import asyncio
