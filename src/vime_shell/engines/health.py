@@ -115,7 +115,9 @@ class HealthMonitor:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> "HealthMonitor":
-        """Beat from now on, in a daemon thread; mark this rank left when the process exits."""
+        """Beat now (a rank that ever started is known to watchers, however soon it stops)
+        and from now on, in a daemon thread; mark this rank left when the process exits."""
+        self.tick(self.clock())
         threading.Thread(target=self._run, daemon=True, name="vime-health").start()
         atexit.register(self.leave)
         return self
