@@ -228,15 +228,26 @@ class HealthMonitor:
 
     def _reap(self, grace_s: float) -> None:
         """End the process once the main thread is done, or ``grace_s`` after the verdict
-        if it is still blocked (in a wait vime cannot slice, or in a destructor)."""
+        if it is still blocked (in a wait vime cannot slice, or in a destructor). A process
+        that serves the job's store (global rank 0 outside torchrun, whose agent serves it
+        otherwise) first stays up one check interval, so every rank reads the verdict."""
+        start = time.monotonic()
         main = threading.main_thread()
         main.join(grace_s)
+        if serves_store(self.rank):
+            time.sleep(max(0.0, self.policy.interval_s + 1.0 - (time.monotonic() - start)))
         if main.is_alive():
             print(f"vime train [rank {self.rank}]: error: {self.verdict} (ending "
                   f"{self.name_of(self.rank)}: {grace_s:.0f} s after the verdict it was "
                   "still blocked in a call that waits on that rank)", file=sys.stderr)
         _flush()
         os._exit(EXIT_STATUS)
+
+
+def serves_store(rank: int) -> bool:
+    """Whether this process serves the job's TCP store: global rank 0 of an ``env://`` job
+    that ``torchrun`` did not launch (torchrun's agent serves it then)."""
+    return rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
 
 
 def _flush() -> None:
