@@ -30,7 +30,10 @@ on a verdict the monitor also starts a non-daemon *reaper*: as soon as the main 
 finished (the error printed), or after a grace of ``interval + timeout`` (at least
 :data:`MIN_GRACE_S`) if it is still blocked, the reaper flushes the logs and ends the process
 with ``os._exit(2)`` (the CLI's status for a typed error), after printing the verdict itself
-when the main thread could not.
+when the main thread could not. Global rank 0, which serves the job's store when ``torchrun``
+did not launch the job, first stays up one check interval, so every rank reads the verdict.
+slime's ``--use-fault-tolerance`` restarts a dead engine; a rank of a ``torchrun`` job cannot
+be restarted, so vime accepts the flag with a note and ends the job (resume with ``--load``).
 
 **Bounds.** A wait passes its bound (``vime_pure.health.WaitHistory``: the slowest wait of its
 kind so far plus 10 timeouts, the first one the first wait plus 120 timeouts) -> a
@@ -109,6 +112,7 @@ class HealthMonitor:
         self._next_check = 0.0
         self._store_failing_since: float | None = None
         self._retry_at = 0.0
+        self._pause = 0.0  # after a store failure: how long until the next try
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._reaper: threading.Thread | None = None
@@ -184,13 +188,15 @@ class HealthMonitor:
                 "it is only slow")
 
     def _store_failed(self, now: float, exc: Exception) -> None:
-        """Retry after a pause (each failed operation logs a C++ warning); between runs
-        nobody reads the beats: stop beating. While watching, a store silent for a timeout
-        is a verdict of its own (it cannot be published)."""
+        """Retry after a pause (each failed operation logs a C++ warning): a beat's period
+        while watching, doubling up to a minute between runs (a store gone with the process
+        that served it). While watching, a store silent for a timeout is a verdict of its own
+        (it cannot be published)."""
+        self._pause = (min(self.policy.interval_s, self.policy.beat_s) if self.watching
+                       else min(max(2 * self._pause, 1.0), 60.0))
+        self._retry_at = now + self._pause
         if not self.watching:
-            self._stopped.set()
             return
-        self._retry_at = now + min(self.policy.interval_s, self.policy.timeout_s / 4)
         if self._store_failing_since is None:
             self._store_failing_since = now
         elif now - self._store_failing_since > self.policy.timeout_s:
