@@ -349,8 +349,17 @@ class EngineGroup:
             return self._claim_and_produce(produce, num_prompts, queue, round_, bound)
         finally:
             if self.layout.world_size > 1:
-                job_store().set(self._done_key(round_, self.rank), "1")
-                self._marked.add(round_)
+                self._mark_done(round_)
+
+    def _mark_done(self, round_: int) -> None:
+        """This rank's mark for round ``round_`` (a failure to write it never hides the
+        round's own error: the other ranks' bound then names this rank)."""
+        try:
+            job_store().set(self._done_key(round_, self.rank), "1")
+            self._marked.add(round_)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log.warning("%s: could not mark generation round %d done (%s)",
+                        self.engine_name(self.rank), round_, exc)
 
     def _claim_and_produce(self, produce: Callable[[range], list], num_prompts: int,
                            queue: bool, round_: int, bound: WaitBound) -> list[tuple[int, list]]:
