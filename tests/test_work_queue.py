@@ -23,7 +23,7 @@ ROUND = "vime/queue/0/0"
 def _queue(store, engine: int, *, leader: bool = True, peers: bool = False, prompts: int = 10,
            engines: int = 2) -> PromptQueue:
     return PromptQueue(store, ROUND, engine=engine, leader=leader, peers=peers,
-                       num_prompts=prompts, num_engines=engines, timeout_s=5.0)
+                       num_prompts=prompts, num_engines=engines)
 
 
 def test_interleaved_leaders_partition_the_prompts_into_chunks():
@@ -72,14 +72,13 @@ def test_an_engine_group_forgets_a_round_kept_rounds_later(monkeypatch):
     monkeypatch.setattr(group_module, "job_store", lambda: store)
     group = EngineGroup(EngineLayout(world_size=4, num_engines=2, gpus_per_engine=2), 0, None,
                         EngineOptions())
-    first = group._next_round()  # noqa: SLF001 - the round bookkeeping under test
+    first, _ = group._next_round(3)  # noqa: SLF001 - the round bookkeeping under test
     prefix = f"{group._prefix}/{first}"  # noqa: SLF001
     assert list(PromptQueue(store, prefix, engine=0, leader=True, peers=True, num_prompts=3,
-                            num_engines=2, timeout_s=5.0)) == [range(0, 1), range(1, 2),
-                                                               range(2, 3)]
+                            num_engines=2)) == [range(0, 1), range(1, 2), range(2, 3)]
     group._queued[first] = 3  # noqa: SLF001 - what _generate records for a queued round
     for _ in range(KEPT_ROUNDS - 1):
-        group._next_round()  # noqa: SLF001
+        group._next_round(3)  # noqa: SLF001
     assert store.check([f"{prefix}/next", f"{prefix}/e0/3"])
-    group._next_round()  # noqa: SLF001 - round KEPT_ROUNDS: round 0 is forgotten
+    group._next_round(3)  # noqa: SLF001 - round KEPT_ROUNDS: round 0 is forgotten
     assert not any(store.check([f"{prefix}/{k}"]) for k in ("next", "e0/0", "e0/3"))

@@ -171,7 +171,7 @@ def test_a_killed_engine_rank_stops_the_trainer_with_a_named_error(tmp_path, cac
     assert engine.exitcode == -signal.SIGKILL
     with open(tmp_path / "0.pkl", "rb") as f:
         kind, message = pickle.load(f)
-    assert kind == "BridgeError" and "engine rank 0 (bridge rank 1) is gone" in message
+    assert kind == "BridgeError" and "engine rank 0 (global rank 1) is gone" in message
 
 
 def test_partial_rollouts_on_an_engine_rank_resume_groups_across_a_checkpoint(runs):

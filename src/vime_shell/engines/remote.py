@@ -15,7 +15,9 @@ to every engine rank in the layer-aligned buckets of :func:`vime_shell.engines.s
 (``--update-weight-buffer-size``): per bucket one command broadcast with the names, dtypes and
 shapes, then one broadcast of the bucket's bytes; the engine side yields ``(name, tensor)``
 pairs into its own bucketed load. A peer that died makes the next bridge call raise
-:class:`BridgeError` naming the peer (gloo sees the closed socket), so no rank waits forever.
+:class:`BridgeError` naming the peer (gloo sees the closed socket); a peer that stopped
+answering (SIGSTOP, a hang) is found by the health checks, which end every wait here
+(:mod:`vime_shell.engines.health`), so no rank waits forever.
 
 Example (W=2, 1 trainer, 1 engine)::
 
@@ -35,6 +37,8 @@ import torch
 import torch.distributed as dist
 
 from vime_pure.errors import VimeError
+from vime_shell.engines.health import (PG_BACKSTOP_S, WaitBound, collective_done, current,
+                                       ensure_monitor, polled_done, thread_done, wait_until)
 from vime_shell.engines.roles import RankRoles
 from vime_shell.engines.sync import SyncReport, stream_weights
 
@@ -46,83 +50,111 @@ class BridgeError(VimeError):
     """A trainer or engine rank on the other side of the bridge failed or went away."""
 
 
-def _peer(rank: int | None) -> str:
-    if rank is None:  # a broadcast to several engine ranks: gloo does not say which one
-        return "an engine rank"
-    return "trainer rank 0" if rank == 0 else f"engine rank {rank - 1} (bridge rank {rank})"
-
-
 class Bridge:
-    """Trainer rank 0 (bridge rank 0) and the engine ranks (1..): commands, results, weights."""
+    """Trainer rank 0 (bridge rank 0) and the engine ranks (1..): commands, results, weights.
 
-    def __init__(self, rank: int, size: int, control: Any, weights: Any, device: torch.device):
+    Every wait runs in slices (:func:`vime_shell.engines.health.wait_until`): the job's health
+    verdict ends it, and a ``bound`` (a :class:`~vime_shell.engines.health.WaitBound`, given by
+    the trainer's side for the replies it waits for) ends it with a
+    :class:`~vime_shell.engines.health.HealthCheckError` naming the rank waited on."""
+
+    def __init__(self, rank: int, size: int, control: Any, weights: Any, device: torch.device,
+                 first_engine_rank: int = 1):
         self.rank, self.size = rank, size
         self.control, self.weights, self.device = control, weights, device
-        self.engines = 1 if size == 2 else None  # who a failed broadcast names (_peer)
+        self.first_engine_rank = first_engine_rank  # the global rank of bridge rank 1
+        self.engines = 1 if size == 2 else None  # who a failed broadcast names (peer)
 
-    def _wait(self, work: Any, what: str, peer: int) -> None:
+    def peer(self, rank: int | None) -> str:
+        """How messages name bridge rank ``rank``. Example: ``peer(2)`` with one trainer rank:
+        ``"engine rank 1 (global rank 2)"``."""
+        if rank is None:  # a broadcast to several engine ranks: gloo does not say which one
+            return "an engine rank"
+        if rank == 0:
+            return "trainer rank 0 (global rank 0)"
+        return f"engine rank {rank - 1} (global rank {self.first_engine_rank + rank - 1})"
+
+    def _wait(self, work: Any, what: str, peer: int | None, *, bound: WaitBound | None = None,
+              collective: bool = True, nccl: bool = False) -> None:
+        """Wait for ``work``; ``what`` names what is awaited, ``{peer}`` standing for the
+        peer (``"{peer}'s reply to rollout 3"``)."""
+        done = (polled_done(work) if nccl else collective_done(work) if collective
+                else thread_done(work.wait))
+        name = self.peer(peer)
         try:
-            work.wait()
+            wait_until(done, what.format(peer=name), bound)
         except RuntimeError as exc:  # gloo: connection closed / timed out
-            raise BridgeError(f"{what}: {_peer(peer)} is gone ({str(exc)[:160]}). Fix: see "
-                              "that rank's error; the run stops on every rank.") from exc
+            raise BridgeError(f"waiting for {what.format(peer=name)}: {name} is gone "
+                              f"({str(exc)[:160]}). Fix: see that rank's error; the run stops "
+                              "on every rank.") from exc
 
     # -- commands: bridge rank 0 to every other bridge rank ------------------------------------
-    def command(self, obj: Any = None) -> Any:
-        """Collective over the bridge: rank 0's ``obj`` on every bridge rank."""
-        return self.finish_command(self.post_command(), obj)
+    def command(self, obj: Any = None, *, bound: WaitBound | None = None) -> Any:
+        """Collective over the bridge: rank 0's ``obj`` on every bridge rank (``bound``: rank
+        0's limit on every engine rank taking it)."""
+        return self.finish_command(self.post_command(), obj, bound=bound)
 
     def post_command(self) -> Any:
         """Start receiving the next command's length (engine side: poll ``is_completed``)."""
+        current().check()  # no new operation on a job that is ending
         size = torch.zeros(1, dtype=torch.int64)
         return size, (None if self.rank == 0 else self.control.broadcast(size, 0))
 
-    def finish_command(self, posted: Any, obj: Any = None) -> Any:
+    def finish_command(self, posted: Any, obj: Any = None, *, bound: WaitBound | None = None
+                       ) -> Any:
         size, work = posted
         if self.rank == 0:
             data = pickle.dumps(obj)
             size[0] = len(data)
-            self._wait(self.control.broadcast(size, 0), "sending a command", self.engines)
+            what = "{peer} to take a command"
+            self._wait(self.control.broadcast(size, 0), what, self.engines, bound=bound)
             payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            self._wait(self.control.broadcast(payload, 0), "sending a command", self.engines)
+            self._wait(self.control.broadcast(payload, 0), what, self.engines, bound=bound)
             return obj
-        self._wait(work, "waiting for a command", 0)
+        self._wait(work, "the next command from {peer}", 0)  # it trains in between: no bound
         payload = torch.empty(int(size[0]), dtype=torch.uint8)
-        self._wait(self.control.broadcast(payload, 0), "receiving a command", 0)
+        self._wait(self.control.broadcast(payload, 0), "the rest of a command from {peer}", 0)
         return pickle.loads(payload.numpy().tobytes())
 
     # -- results: an engine rank to trainer rank 0 ---------------------------------------------
     def send(self, obj: Any, dst: int = 0) -> None:
         data = pickle.dumps(obj)
+        current().check()
         self._wait(self.control.send([torch.tensor([len(data)], dtype=torch.int64)], dst, 0),
-                   "sending a result", dst)
+                   "{peer} to take a result", dst, collective=False)
         self._wait(self.control.send([torch.frombuffer(bytearray(data), dtype=torch.uint8)],
-                                     dst, 1), "sending a result", dst)
+                                     dst, 1), "{peer} to take a result", dst, collective=False)
 
-    def recv(self, src: int = 1) -> Any:
+    def recv(self, src: int = 1, *, what: str = "a result from {peer}",
+             bound: WaitBound | None = None) -> Any:
+        """Bridge rank ``src``'s next result (``what`` names it in messages, ``{peer}``
+        standing for that rank)."""
+        current().check()
         size = torch.zeros(1, dtype=torch.int64)
-        self._wait(self.control.recv([size], src, 0), "waiting for a result", src)
+        self._wait(self.control.recv([size], src, 0), what, src, bound=bound, collective=False)
         payload = torch.empty(int(size[0]), dtype=torch.uint8)
-        self._wait(self.control.recv([payload], src, 1), "receiving a result", src)
+        self._wait(self.control.recv([payload], src, 1), what, src, bound=bound,
+                   collective=False)
         return pickle.loads(payload.numpy().tobytes())
 
     # -- weights ---------------------------------------------------------------------------------
-    def send_weights(self, named: Iterable[tuple[str, torch.Tensor]], cap_bytes: int
-                     ) -> SyncReport:
+    def send_weights(self, named: Iterable[tuple[str, torch.Tensor]], cap_bytes: int, *,
+                     bound: WaitBound | None = None) -> SyncReport:
         """Trainer rank 0: every bucket of ``named`` to every engine rank (after a
-        ``("weights", version)`` command)."""
+        ``("weights", version)`` command), within ``bound``."""
         def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
             meta = [(n, str(t.dtype), tuple(t.shape)) for n, t in bucket]
-            self.command(meta)
+            self.command(meta, bound=bound)
             offsets, total = _layout(meta)
             flat = torch.zeros(total, dtype=torch.uint8, device=self.device)
             for (_, t), offset in zip(bucket, offsets):
                 raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
                 flat[offset:offset + raw.numel()].copy_(raw)
-            self._wait(self.weights.broadcast(flat, 0), "sending weights", self.engines)
+            self._wait(self.weights.broadcast(flat, 0), "{peer} to take weights",
+                       self.engines, bound=bound, nccl=self.weights is not self.control)
 
         report = stream_weights(named, cap_bytes, load)
-        self.command(None)  # end of the weights
+        self.command(None, bound=bound)  # end of the weights
         return report
 
     def receive_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -131,7 +163,8 @@ class Bridge:
         while (meta := self.command()) is not None:
             offsets, total = _layout(meta)
             flat = torch.empty(total, dtype=torch.uint8, device=self.device)
-            self._wait(self.weights.broadcast(flat, 0), "receiving weights", 0)
+            self._wait(self.weights.broadcast(flat, 0), "the weights from {peer}", 0,
+                       nccl=self.weights is not self.control)
             for (name, dtype, shape), offset in zip(meta, offsets):
                 size = torch.Size(shape).numel() * _DTYPES[dtype].itemsize
                 yield name, flat[offset:offset + size].view(_DTYPES[dtype]).reshape(shape)
@@ -165,13 +198,21 @@ class Sides:
     def is_trainer(self) -> bool:
         return self.roles.is_trainer(self.rank)
 
+    def name_of(self, rank: int) -> str:
+        """How messages name global rank ``rank``, by role. Example (1 trainer rank):
+        ``name_of(2)`` -> ``"engine rank 1 (global rank 2)"``."""
+        role = "trainer" if self.roles.is_trainer(rank) else "engine"
+        return f"{role} rank {self.roles.side_rank(rank)} (global rank {rank})"
+
 
 _OPEN: dict[tuple[int, int], Sides] = {}  # (world size, trainer ranks) -> this rank's sides
 
 
-def open_sides(roles: RankRoles, *, backend: str, timeout_s: float = 3 * 3600.0) -> Sides:
+def open_sides(roles: RankRoles, *, backend: str, timeout_s: float = PG_BACKSTOP_S) -> Sides:
     """Collective over the job (see the module docstring); once per process and roles, later
-    calls return the same groups (a process may run several trainings in turn)."""
+    calls return the same groups (a process may run several trainings in turn). This rank's
+    heartbeat starts here, before anything slow is built (:mod:`vime_shell.engines.health`;
+    ``timeout_s``, the groups' own timeout, is a backstop the bounded waits preempt)."""
     key = (roles.world_size, roles.num_trainers)
     if key in _OPEN:  # the same split again (another mode, another run): the same groups
         return attrs.evolve(_OPEN[key], roles=roles)
@@ -185,6 +226,7 @@ def open_sides(roles: RankRoles, *, backend: str, timeout_s: float = 3 * 3600.0)
         raise BridgeError(f"the job has {world} ranks, but its trainer and engine ranks were "
                           f"split for {roles.world_size}. Fix: split them for this job (vime "
                           "train does at launch, from --rollout-num-gpus).")
+    ensure_monitor(store, rank, world)
     trainer = roles.is_trainer(rank)
     if backend == "nccl":  # before NCCL initialises, so each rank binds its own GPU
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
@@ -203,6 +245,7 @@ def open_sides(roles: RankRoles, *, backend: str, timeout_s: float = 3 * 3600.0)
             device = torch.device("cuda", torch.cuda.current_device())
             weights = dist.ProcessGroupNCCL(dist.PrefixStore("vime/bridge-nccl", store), b,
                                             roles.bridge_size)
-        bridge = Bridge(b, roles.bridge_size, control, weights, device)
+        bridge = Bridge(b, roles.bridge_size, control, weights, device,
+                        first_engine_rank=roles.num_trainers)
     _OPEN[key] = Sides(roles=roles, rank=rank, bridge=bridge)
     return _OPEN[key]

@@ -11,8 +11,9 @@ round's counter):
   0's TCPStore, no extra thread or service) until its claim is past the last prompt;
 - an engine's **TP peers** (its other ranks: vLLM needs every TP rank in each ``generate``)
   generate the same chunks: the leader publishes its ``j``-th claim under
-  ``<round>/e<engine>/<j>`` and peers wait for it (``store.wait`` with the engines' gather
-  timeout, never the store's default), until the leader publishes ``end``;
+  ``<round>/e<engine>/<j>`` and peers wait for it (polled in slices between health checks,
+  within the round's bound: :func:`vime_shell.engines.health.wait_until`), until the leader
+  publishes ``end``;
 - a **failure** on any engine rank (``abort``) adds 2**40 to the counter, so every other
   engine's next claim is past the end and it stops claiming (it finishes the chunk it holds,
   then meets the failure in the exchange, which names the failed engine); a failed leader also
@@ -29,13 +30,13 @@ next claim (5) is past the end: engine 0 generated 8 prompts, engine 1 2.
 """
 
 from collections.abc import Iterator
-from datetime import timedelta
 from itertools import count
 from typing import Any
 
 import torch.distributed as dist
 
 from vime_pure.data.work_queue import CHUNKS_PER_ENGINE, chunk_range, queue_chunk_size
+from vime_shell.engines.health import WaitBound, keys_done, wait_until
 
 _ABORT = 1 << 40  # added to a round's counter on failure: every later claim is past the end
 KEPT_ROUNDS = 8  # a round's keys are deleted this many rounds later
@@ -49,16 +50,19 @@ def job_store() -> Any:
 
 
 class PromptQueue:
-    """One rank's claims of one round (``iter`` yields its engine's chunks, in claim order)."""
+    """One rank's claims of one round (``iter`` yields its engine's chunks, in claim order).
+    ``bound``: how long a TP peer may wait for its leader's claims (None: as long as the
+    leader answers the health checks); ``leader_name`` names the leader in that bound's
+    message."""
 
     def __init__(self, store: Any, prefix: str, *, engine: int, leader: bool, peers: bool,
-                 num_prompts: int, num_engines: int, timeout_s: float,
-                 per_engine: int = CHUNKS_PER_ENGINE):
+                 num_prompts: int, num_engines: int, bound: WaitBound | None = None,
+                 per_engine: int = CHUNKS_PER_ENGINE, leader_name: str = "its engine's leader"):
         self.store, self.prefix, self.engine = store, prefix, engine
         self.leader, self.peers = leader, peers
         self.num_prompts = num_prompts
         self.chunk = queue_chunk_size(num_prompts, num_engines, per_engine=per_engine)
-        self.timeout = timedelta(seconds=timeout_s)
+        self.bound, self.leader_name = bound, leader_name
         self.claimed = 0  # claims this engine made (published ones, on a leader)
 
     def _key(self, j: int) -> str:
@@ -72,7 +76,8 @@ class PromptQueue:
                 if self.peers:
                     self.store.set(self._key(j), str(claim) if share else "end")
             else:
-                self.store.wait([self._key(j)], self.timeout)
+                wait_until(keys_done(self.store, [self._key(j)]),
+                           f"claim {j} of {self.leader_name} (engine {self.engine})", self.bound)
                 value = self.store.get(self._key(j)).decode()
                 if value in ("end", "abort"):
                     return

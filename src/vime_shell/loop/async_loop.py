@@ -38,8 +38,18 @@ A failure on an engine rank comes back as ``("error", text)`` and is raised on t
 as :class:`EngineGroupError` naming the engine rank (the loop's ``rank0_result`` then stops
 every trainer rank); the engine ranks re-raise their own error. A rank that died makes the next
 bridge call raise :class:`BridgeError` on the other side.
+
+A rank that stops answering (SIGSTOP, a hang) is found by the health checks
+(:mod:`vime_shell.engines.health`, ``--rollout-health-check-*``; every rank watches while it
+runs here). Trainer rank 0's waits for the engine ranks are bounded per kind (a rollout's
+replies, a weight sync with its probes, an evaluation, a command): the first one by the first
+wait plus 120 timeouts, later ones by the slowest of their kind so far plus 10 timeouts
+(``vime_pure.health.WaitHistory``). An engine rank's wait for the next command has no bound
+of its own (the trainer trains, saves and evaluates in between): the trainer's heartbeat
+bounds it.
 """
 
+import contextlib
 import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -50,8 +60,11 @@ import torch
 from vime_pure.async_pool import PoolCounts, generation_lag
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.errors import relayed
+from vime_pure.health import WaitHistory
 from vime_pure.staleness import stamp_versions
 from vime_shell.engines.group import EngineGroup, EngineGroupError, EngineOptions
+from vime_shell.engines.health import (HealthCheckError, WaitBound, begin_watch, current,
+                                       end_watch, wait_bound, watching)
 from vime_shell.engines.remote import BridgeError, Sides
 from vime_shell.engines.sync import stream_weights
 from vime_shell.loop.config import TrainConfig
@@ -118,6 +131,19 @@ class RemoteRollouts:
         self._closed = False
         self.needs_probe = needs_probe(cfg, self.mode, self.lag)
         self._probe: list | None = None
+        self.policy = cfg.health_policy()
+        self.waits: dict[str, WaitHistory] = {}  # per kind of wait: the slowest so far
+        self._watching = begin_watch(self.policy, sides.name_of)
+
+    @contextlib.contextmanager
+    def _bounded(self, kind: str) -> Iterator[WaitBound]:
+        """The bound of trainer rank 0's waits of one ``kind`` (``"rollout"``, ``"weight
+        sync"``, ``"evaluation"``, ``"command"``) from that kind's history; the time they
+        took joins it."""
+        history = self.waits.get(kind, WaitHistory())
+        bound = wait_bound(history, self.policy)
+        yield bound
+        self.waits[kind] = history.seen(bound.elapsed())
 
     # -- generation ----------------------------------------------------------------------------
     def produce(self, rid: int) -> tuple[RolloutBatch, RemoteGeneration] | None:
@@ -141,7 +167,8 @@ class RemoteRollouts:
         return restore
 
     def _ask(self, command: tuple, rid: int) -> None:
-        self.bridge.command(command)
+        with self._bounded("command") as bound:
+            self.bridge.command(command, bound=bound)
         self._requested.append(rid)
 
     def _reply(self, rid: int) -> tuple:
@@ -152,16 +179,18 @@ class RemoteRollouts:
     def _collect_one(self) -> None:
         """Receive the oldest outstanding reply; an engine's failure is raised here."""
         expected = self._requested.pop(0)
-        replies = self._recv_all("rollout generation")
+        with self._bounded("rollout") as bound:
+            replies = self._recv_all(f"rollout {expected}", bound)
         fully_async = self.mode == "fully_async"  # one part per pool, joined here
         self._received[expected] = join_pool_parts(self.cfg, replies, self.resumed_counts) \
             if fully_async else replies[0]
 
-    def _recv_all(self, what: str, ranks: int | None = None) -> list[tuple]:
-        """One reply from each of the first ``ranks`` engine ranks (default: those that
-        answer batches), all received so every rank stays in step even when one failed; a
-        failure raises, naming every failing engine rank."""
-        replies = [self.bridge.recv(src=1 + j) for j in range(ranks or self.answering)]
+    def _recv_all(self, what: str, bound: WaitBound, ranks: int | None = None) -> list[tuple]:
+        """One reply to ``what`` from each of the first ``ranks`` engine ranks (default:
+        those that answer batches), all received so every rank stays in step even when one
+        failed, within ``bound``; a failure raises, naming every failing engine rank."""
+        replies = [self.bridge.recv(src=1 + j, what=f"{{peer}}'s reply to {what}", bound=bound)
+                   for j in range(ranks or self.answering)]
         failed = [(f"engine rank {j} (global rank {self.first_engine_rank + j})", r[1])
                   for j, r in enumerate(replies) if r[0] == "error"]
         if failed:
@@ -179,8 +208,10 @@ class RemoteRollouts:
         """Collective over the trainer ranks: the eval metrics on the engines' weights."""
         def ask() -> dict[str, float]:
             self._drain()
-            self.bridge.command(("evaluate", rid))
-            reply = self.bridge.recv(src=1)
+            with self._bounded("evaluation") as bound:
+                self.bridge.command(("evaluate", rid), bound=bound)
+                reply = self.bridge.recv(src=1, what=f"{{peer}}'s evaluation at rollout {rid}",
+                                         bound=bound)
             if reply[0] == "error":
                 raise EngineGroupError(f"evaluation failed on engine rank 0 (global rank "
                                        f"{self.first_engine_rank}): {reply[1]}")
@@ -196,11 +227,13 @@ class RemoteRollouts:
         if self.bridge is None:
             return stream_weights(named, cap, None)
         self._drain()
-        self.bridge.command(("weights", version, self.needs_probe))
-        report = self.bridge.send_weights(named, cap)
-        if self.needs_probe:  # every engine rank's probe, in one probe batch
-            replies = self._recv_all(f"weight sync to version {version}", self.engine_ranks)
-            self._probe = [group for reply in replies for group in reply[1]]
+        with self._bounded("weight sync") as bound:
+            self.bridge.command(("weights", version, self.needs_probe), bound=bound)
+            report = self.bridge.send_weights(named, cap, bound=bound)
+            if self.needs_probe:  # every engine rank's probe, in one probe batch
+                replies = self._recv_all(f"weight sync to version {version}", bound,
+                                         self.engine_ranks)
+                self._probe = [group for reply in replies for group in reply[1]]
         return report
 
     def take_probe(self) -> list | None:
@@ -231,17 +264,26 @@ class RemoteRollouts:
         """Engines on ranks of their own never give memory back to the trainer."""
 
     def close(self) -> None:
-        """Tell the engine ranks to stop (once; a gone engine rank is not waited for)."""
-        if self.bridge is None or self._closed:
+        """Tell the engine ranks to stop (once; a gone engine rank is not waited for, and
+        after a health verdict nothing is: every rank is ending)."""
+        if self._closed:
             return
         self._closed = True
         try:
+            if self.bridge is not None and current().verdict is None:
+                self._tell_stop()
+        finally:
+            end_watch(self._watching)
+
+    def _tell_stop(self) -> None:
+        try:
             self._drain()  # a reply still under way would block its sender, and our stop
-        except (BridgeError, EngineGroupError):
+        except (BridgeError, EngineGroupError, HealthCheckError):
             pass  # the engine side failed or stopped: its error was raised where it occurred
         try:
-            self.bridge.command(("stop",))
-        except BridgeError:
+            with self._bounded("command") as bound:
+                self.bridge.command(("stop",), bound=bound)
+        except (BridgeError, HealthCheckError):
             pass
 
 
@@ -257,15 +299,16 @@ def serve_rollouts(cfg: TrainConfig, plan: LaunchPlan, options: EngineOptions,
                    sides: Sides) -> None:
     """Engine ranks: build the engines on the engine ranks' own group, then execute the
     trainer's commands until ``("stop",)``."""
-    engines = EngineGroup.build(plan.hf_dir, plan.engine_layout, options)
-    try:
-        producer = RolloutProducer(cfg, plan, engines)
-        if sides.roles.mode == "fully_async":
-            GroupPool(cfg, producer, sides.bridge, sides.roles.num_engine_ranks).run()
-        else:
-            _Server(producer, sides.bridge).run()
-    finally:
-        engines.close()
+    with watching(cfg.health_policy(), sides.name_of):
+        engines = EngineGroup.build(plan.hf_dir, plan.engine_layout, options)
+        try:
+            producer = RolloutProducer(cfg, plan, engines)
+            if sides.roles.mode == "fully_async":
+                GroupPool(cfg, producer, sides.bridge, sides.roles.num_engine_ranks).run()
+            else:
+                _Server(producer, sides.bridge).run()
+        finally:
+            engines.close()
 
 
 class _Server:

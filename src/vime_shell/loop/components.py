@@ -62,4 +62,4 @@ def engine_options(cfg: TrainConfig, cuda: bool, num_experts: int | None = None)
         per_request=cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION,
         max_concurrency=cfg.sglang_server_concurrency,
         vllm_args=tuple(parse_engine_arg(a) for a in cfg.vllm_engine_args or ()),
-        routed_experts=cfg.use_rollout_routing_replay)
+        routed_experts=cfg.use_rollout_routing_replay, health=cfg.health_policy())

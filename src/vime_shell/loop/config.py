@@ -4,7 +4,8 @@ composed of one small keyword-only record per component.
 The records (``vime_shell.loop.settings``; section in brackets, as in ``--help`` and config
 files):
 
-* ``EngineArgs`` [model], ``DataArgs`` [data], ``RolloutArgs`` and ``AsyncArgs`` [rollout],
+* ``EngineArgs`` [model], ``DataArgs`` [data], ``RolloutArgs``, ``AsyncArgs`` and
+  ``HealthArgs`` [rollout],
   ``RewardArgs`` [reward], ``EvalArgs`` [eval];
 * ``BatchingArgs`` [batching] (the core's ``BatchingPolicy``), ``LossArgs`` [loss] (the core's
   ``LossConfig`` / ``RejectionConfig``), ``OptimizerArgs`` [optimizer] (``OptimConfig``),
@@ -59,6 +60,7 @@ from vime_shell.loop.settings.common import ConfigError, check_record_fields, el
 from vime_shell.loop.settings.data import DataArgs
 from vime_shell.loop.settings.engine import EngineArgs
 from vime_shell.loop.settings.evaluation import EvalArgs
+from vime_shell.loop.settings.health import HealthArgs
 from vime_shell.loop.settings.loss import LossArgs
 from vime_shell.loop.settings.memory import MemoryArgs, MoEArgs
 from vime_shell.loop.settings.moe_architecture import MoEArchArgs
@@ -77,9 +79,10 @@ SECTIONS: tuple[str, ...] = ("model", "data", "rollout", "reward", "eval", "batc
                              "optimizer", "parallelism", "memory", "moe", "checkpoint", "logging",
                              "architecture", "megatron", "slime", "placement")
 # The component records, each checked by its own ``_check`` (the Megatron ones: below).
-RECORDS: tuple[type, ...] = (EngineArgs, DataArgs, RolloutArgs, AsyncArgs, RewardArgs, EvalArgs,
-                             BatchingArgs, LossArgs, OptimizerArgs, ParallelArgs, MemoryArgs,
-                             MoEArgs, CheckpointArgs, LoggingArgs, MoEArchArgs)
+RECORDS: tuple[type, ...] = (EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs,
+                             RewardArgs, EvalArgs, BatchingArgs, LossArgs, OptimizerArgs,
+                             ParallelArgs, MemoryArgs, MoEArgs, CheckpointArgs, LoggingArgs,
+                             MoEArchArgs)
 R = TypeVar("R")
 
 # _element_type: the name config_flags and older callers import
@@ -87,7 +90,7 @@ _element_type = element_type
 
 
 @attrs.frozen(kw_only=True)
-class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, RewardArgs, EvalArgs,
+class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, RewardArgs, EvalArgs,
                   BatchingArgs, LossArgs, OptimizerArgs, ParallelArgs, MemoryArgs, MoEArgs,
                   CheckpointArgs, LoggingArgs, ModelArchArgs, MoEArchArgs, MegatronSwitchArgs,
                   PlacementArgs):

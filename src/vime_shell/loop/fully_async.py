@@ -51,6 +51,12 @@ position before it, and which of its and later groups are done); trainer rank 0 
 pools' points into one exact point (``vime_pure.pool_ranks.merge_resume_states``), saved in
 the checkpoint's data state; every resumed pool redraws from there and skips the done groups,
 so in-flight groups are generated again (same seeds) and no group trains twice.
+
+Health (:mod:`vime_shell.engines.health`): the pool's loop raises the job's health verdict
+between two looks at the trainer's commands, so a pool whose trainer or sibling engine rank
+stopped answering ends with the error naming that rank; trainer rank 0 bounds its wait for
+each rollout's parts by the slowest parts so far (a group stuck in a call that never returns
+ends the job, naming its engine rank).
 """
 
 import asyncio
@@ -65,6 +71,7 @@ import attrs
 from vime_pure.async_pool import PoolCounts, admits, drain
 from vime_pure.pool_ranks import pool_share
 from vime_shell.engines.async_engine import FRONTS, async_front
+from vime_shell.engines.health import current
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.probe import generate_probe
 from vime_shell.loop.rollouts import RolloutProducer, prompt_samples
@@ -220,8 +227,10 @@ class GroupPool:
 
     def run(self) -> None:
         posted = self.bridge.post_command()
+        monitor = current()
         try:
             while True:
+                monitor.check()  # the job's health verdict ends the pool (engines.health)
                 if posted[1].is_completed():
                     command = self.bridge.finish_command(posted)
                     if command[0] == "stop":

@@ -157,6 +157,11 @@ class MegatronSwitchArgs:
     wandb_always_use_train_step: bool | None = _f("accepted; vime logs one W&B record per "
                                                   "rollout, its step the rollout index",
                                                   "slime")
+    use_fault_tolerance: bool | None = _f("accepted; vime checks every rank's health always "
+                                          "(--rollout-health-check-*) but cannot restart a "
+                                          "rank of a torchrun job: a rank that stops "
+                                          "answering ends the job, resume with --load",
+                                          "slime")
 
     def check_switches(self) -> None:
         for name in ("attention_dropout", "hidden_dropout"):

@@ -80,7 +80,6 @@ UNSUPPORTED: dict[str, str] = {
     "--custom-tis-function-path": "use --use-tis / --use-rs (TIS, MIS and IcePop are built "
     "in, with slime's mis.py keys as flags)",
     "--train-env-vars": "set the environment of the torchrun command",
-    "--use-fault-tolerance": "rerun with --load to resume from the last checkpoint",
     # architectures vime's bridge does not build
     "--multi-latent-attention": "MLA models (DeepSeek-V3, Kimi-K2)",
     "--q-lora-rank": "MLA models", "--kv-lora-rank": "MLA models", "--qk-head-dim": "MLA "
