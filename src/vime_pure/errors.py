@@ -36,6 +36,20 @@ def one_line(text: str, limit: int = 120) -> str:
     return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
+def failed_on(what: str, failures: list[str] | tuple[str, ...], fix: str) -> str:
+    """One line for ``what`` failing on several ranks, each failure its rank's own error line:
+    their problems joined, and exactly one "Fix:", the first failure's own if it has one, else
+    ``fix``. Example: ``failed_on("rollout 3", ["rank 1: X. Fix: do y."], "see rank 1")`` ->
+    ``"rollout 3 failed on rank 1: X. Fix: do y."``."""
+    problems, fixes = [], []
+    for failure in failures:
+        problem, found, own = failure.partition(" Fix: ")
+        problems.append(problem.rstrip(". "))
+        if found:
+            fixes.append(own.rstrip(". "))
+    return f"{what} failed on {'; '.join(problems)}. Fix: {fixes[0] if fixes else fix}."
+
+
 class Shown(str):
     """A value ``field_error`` shows as written, without quotes: ``Shown("<generator>")``."""
 

@@ -39,7 +39,7 @@ def runs(tmp_path_factory, cache):
     root = tmp_path_factory.mktemp("async")
     names = ("sync", "agentic_sync", "agentic_k0", "agentic_k2", "one_step_off_k0", "fully_async_k0", "one_step_off", "fully_async_k2",
              "resume_first", "resume_rest", "partial_first", "partial_rest", "failure",
-             "broken_sync", "hook_failure")
+             "broken_sync", "hook_failure", "reward_timeout_pool", "generate_timeout_pool")
     trainer, engine = spawn(modes_worker, 2, str(root), cache, names, timeout=300)
     return trainer, engine
 
@@ -139,6 +139,28 @@ def test_a_failing_engine_rank_stops_every_rank_with_a_named_error(runs):
     assert "engine rank 0 (global rank 1)" in message and "engine is down" in message
     kind, message = engine["failure"]["error"]  # the plugin's error, named on its own rank
     assert kind == "PluginError" and "raised RuntimeError: engine is down" in message
+
+
+@pytest.mark.parametrize("name, kind, late", [
+    ("reward_timeout_pool", "PluginTimeoutError", "reward tests.shell.async_workers:"
+                                                  "sleeping_reward did not return within "
+                                                  "--reward-timeout 0.5 s"),
+    ("generate_timeout_pool", "GenerateTimeoutError", "execution 0: "
+                                                      "--custom-generate-function-path tests."
+                                                      "shell.async_workers:loop_blocking_"
+                                                      "generate did not return within "
+                                                      "--generate-timeout 0.5 s")])
+def test_a_plugin_that_never_returns_stops_the_fully_async_pool_at_its_deadline(
+        runs, name, kind, late):
+    """A reward sleeping on a pool thread, a generate function blocking the front's event
+    loop: each is given up on at its deadline, named on the engine rank, and the trainer
+    stops with the engine rank's line (one "Fix:")."""
+    trainer, engine = runs
+    engine_kind, message = engine[name]["error"]
+    assert engine_kind == kind and late in message and message.count("Fix:") == 1
+    trainer_kind, message = trainer[name]["error"]
+    assert trainer_kind == "EngineGroupError" and late in message
+    assert message.count("Fix:") == 1 and ".." not in message
 
 
 def test_a_killed_engine_rank_stops_the_trainer_with_a_named_error(tmp_path, cache):

@@ -60,7 +60,7 @@ import torch.distributed as dist
 
 from vime_pure.data.shards import merge_rollout_shares
 from vime_pure.data.work_queue import chunks_per_engine, in_prompt_order
-from vime_pure.errors import VimeError
+from vime_pure.errors import VimeError, failed_on
 from vime_shell.engines import select_engine
 from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
 from vime_shell.engines.base import RolloutEngine
@@ -242,9 +242,9 @@ class EngineGroup:
         failed = [f"engine {e} (rank {self.layout.leader(e)}): {p[1]}"
                   for e, p in enumerate(parts) if p[0] != "ok"]
         if failed:
-            raise EngineGroupError("rollout generation failed on " + "; ".join(failed)
-                                   + ". Fix: see that rank's own error line (its traceback "
-                                   "with --log-level debug).")
+            raise EngineGroupError(failed_on("rollout generation", failed, "see the error "
+                                             "line that rank printed (its traceback with "
+                                             "--log-level debug)"))
         return merge_rollout_shares(in_prompt_order([c for p in parts for c in p[1]]))
 
     def run_local(self, produce: Callable[[range], list], num_prompts: int, *,

@@ -48,6 +48,7 @@ import torch
 
 from vime_pure.async_pool import generation_lag
 from vime_pure.data.batch import RolloutBatch
+from vime_pure.errors import failed_on
 from vime_pure.staleness import stamp_versions
 from vime_shell.engines.group import EngineGroup, EngineGroupError, EngineOptions
 from vime_shell.engines.remote import BridgeError, Sides
@@ -158,8 +159,7 @@ class RemoteRollouts:
         failed = [f"engine rank {j} (global rank {self.first_engine_rank + j}): {r[1]}"
                   for j, r in enumerate(replies) if r[0] == "error"]
         if failed:
-            raise EngineGroupError(f"{what} failed on " + "; ".join(failed)
-                                   + ". Fix: see that rank's traceback.")
+            raise EngineGroupError(failed_on(what, failed, "see the error line that rank printed (its traceback with --log-level debug)"))
         return replies
 
     def _drain(self) -> None:

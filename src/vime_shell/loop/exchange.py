@@ -42,7 +42,7 @@ from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.ragged import offsets_from_lengths
 from vime_pure.data.shares import (BatchMeta, RankShare, SharePlan, assemble_share, merge_meta,
                                    share_piece)
-from vime_pure.errors import VimeError
+from vime_pure.errors import VimeError, failed_on
 from vime_shell.megatron.collectives import RankFailure
 
 
@@ -179,9 +179,9 @@ class ShareExchange:
         failed = [f"{name_of(r)}: {g[1]}" for r, g in enumerate(gathered)
                   if g is not None and g[0] != "ok"]
         if failed:
-            return "error", own_error or failure(
-                "rollout generation failed on " + "; ".join(failed) + ". Fix: see that "
-                "rank's own error line (its traceback with --log-level debug).")
+            return "error", own_error or failure(failed_on(
+                "rollout generation", failed, "see the error line that rank printed (its "
+                "traceback with --log-level debug)"))
         holders = [r for r, g in enumerate(gathered) if g is not None]
         try:
             merged = (merge_meta([m for r in holders for m in gathered[r][1]]) if holders

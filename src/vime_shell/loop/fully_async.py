@@ -30,7 +30,7 @@ of the eval prompts) and engine rank 0 answers. After a sync every pool generate
 its own weights (group ids apart), so the trainer checks every engine rank's sync.
 
 Per-sample rollouts (``--custom-generate-function-path``): a group's executions run on the
-front's event loop (``FrontEngine.run`` as the round's ``PerSample.runner``), beside every
+front's event loop (``FrontEngine.submit`` as the round's ``PerSample.runner``), beside every
 other group's, through one shared front (:class:`GroupsFront`), so their requests join the
 same forwards; the group's rewards are computed on its own thread. The probe and evaluation
 run the same function the same way.
@@ -99,7 +99,7 @@ class LockedEngine:
         with self.lock:
             return fn()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         pass
 
 
@@ -131,11 +131,11 @@ class FrontEngine:
 
         return asyncio.run_coroutine_threadsafe(requests(), self.loop).result()
 
-    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        """Run ``coro`` on the front's loop and wait for it here (a pool thread): how a
-        per-sample round's executions run (``PerSample.runner``), beside every other
-        group's."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> futures.Future:
+        """Start ``coro`` on the front's loop; a pool thread waits for the returned future
+        (with the executions' deadline, ``per_sample``): how a per-sample round's executions
+        run (``PerSample.runner``), beside every other group's."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def between_calls(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` on the front's loop, between two forwards (weight loads)."""
@@ -144,9 +144,12 @@ class FrontEngine:
 
         return asyncio.run_coroutine_threadsafe(call(), self.loop).result()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Stop the front's loop; ``wait``: for its thread to end (a daemon: without the wait,
+        a loop a generate function blocks never holds the process)."""
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=60)
+        if wait:
+            self.thread.join(timeout=60)
 
 
 class GroupsFront:
@@ -201,7 +204,7 @@ class GroupPool:
         # on the front's loop, beside the other groups', so their requests batch together.
         self.per_sample = producer.per_sample is not None
         if self.per_sample:
-            producer.run_per_sample_on(GroupsFront(self.engine.front), self.engine.run)
+            producer.run_per_sample_on(GroupsFront(self.engine.front), self.engine.submit)
         self.version = 0
         self.start: int | None = None  # the trainer's version at its first request
         self.sent = 0  # batches handed to the trainer
@@ -246,9 +249,10 @@ class GroupPool:
                                  return_when=futures.FIRST_COMPLETED)
                 else:
                     threading.Event().wait(_POLL_S)
-        finally:
-            self.threads.shutdown(wait=True, cancel_futures=True)
-            self.engine.close()
+        finally:  # after a failure no in-flight group is waited for: one may never return
+            # (a generate function past --generate-timeout that blocks the front's loop)
+            self.threads.shutdown(wait=self.failure is None, cancel_futures=True)
+            self.engine.close(wait=self.failure is None)
         if self.failure is not None:
             raise self.failure
 

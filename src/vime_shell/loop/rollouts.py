@@ -21,6 +21,7 @@ prompts, round 1 keeps 5 more and discards 27; the record says ``prompts_generat
 prompts_kept 16, prompts_filtered 42``.
 """
 
+import concurrent.futures as futures
 import logging
 import math
 import time
@@ -127,8 +128,9 @@ class Produced:
 def _per_sample(cfg: TrainConfig, engines: EngineGroup, tokenizer: Any) -> PerSample | None:
     """How this rank runs per-sample ``generate`` functions (None when the rollout function
     is a batched one, or this rank has no engine): the engine's per-request front, the
-    function (``--custom-generate-function-path``, else the built-in one), the run's config
-    as ``args``, and the partial-rollout buffer under ``--partial-rollout``."""
+    function (``--custom-generate-function-path``, else the built-in one) and its deadline
+    (``--generate-timeout``), the run's config as ``args``, and the partial-rollout buffer
+    under ``--partial-rollout``."""
     if cfg.effective_rollout_function_path != PER_SAMPLE_ROLLOUT_FUNCTION \
             or engines.engine is None:
         return None
@@ -138,9 +140,10 @@ def _per_sample(cfg: TrainConfig, engines: EngineGroup, tokenizer: Any) -> PerSa
         engine=front, tokenizer=tokenizer,
         encode=lambda example: encode_prompt(tokenizer, example, cfg.apply_chat_template),
         mask_offpolicy=cfg.mask_offpolicy_in_partial_rollout)
-    fn = load_generate_function(cfg.custom_generate_function_path or DEFAULT_GENERATE_FUNCTION)
-    return PerSample(runtime=runtime, generate_fn=fn, args=cfg,
-                     buffer=PartialBuffer() if cfg.partial_rollout else None)
+    path = cfg.custom_generate_function_path or DEFAULT_GENERATE_FUNCTION
+    return PerSample(runtime=runtime, generate_fn=load_generate_function(path), args=cfg,
+                     buffer=PartialBuffer() if cfg.partial_rollout else None, name=path,
+                     timeout=cfg.generate_timeout)
 
 
 class RolloutProducer:
@@ -348,8 +351,8 @@ class RolloutProducer:
                 and self.per_sample.buffer is not None:
             self.per_sample.buffer = PartialBuffer.from_state(saved)
 
-    def run_per_sample_on(self, front: Any, runner: Callable[[Coroutine[Any, Any, Any]], Any]
-                          ) -> None:
+    def run_per_sample_on(self, front: Any,
+                          runner: Callable[[Coroutine[Any, Any, Any]], futures.Future]) -> None:
         """Per-sample generation (``--custom-generate-function-path``) through ``front``, its
         rounds run by ``runner`` (``PerSample``): the fully-async pool's groups, probes and
         evaluations then share one engine front and one event loop."""
