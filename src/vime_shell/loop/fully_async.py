@@ -249,9 +249,10 @@ class GroupPool:
                                  return_when=futures.FIRST_COMPLETED)
                 else:
                     threading.Event().wait(_POLL_S)
-        finally:  # after a failure no in-flight group is waited for: one may never return
-            # (a generate function past --generate-timeout that blocks the front's loop)
-            self.threads.shutdown(wait=self.failure is None, cancel_futures=True)
+        finally:  # in-flight groups end first (their plugin calls are bounded); after a
+            # failure the front's loop is not waited for: a generate function given up on may
+            # still block it
+            self.threads.shutdown(wait=True, cancel_futures=True)
             self.engine.close(wait=self.failure is None)
         if self.failure is not None:
             raise self.failure

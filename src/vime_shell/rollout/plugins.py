@@ -232,19 +232,7 @@ def load_callable(path: str, *, flag: str) -> Callable[..., Any]:
     if not module_name or not attr:
         raise field_error(PluginError, flag, path, "names no module and function",
                           'pass "package.module:function" (or "package.module.function")')
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise _import_error(exc, path, module_name, flag) from exc
-    except (SystemExit, KeyboardInterrupt) as exc:  # an import may not end the run either
-        raise field_error(PluginError, flag, path, f"module {module_name!r} exited with "
-                          f"{type(exc).__name__}({exc}) while being imported",
-                          "remove the exit from the module's top level") from exc
-    except Exception as exc:  # noqa: BLE001 - the module's own code failed: one typed line
-        raise field_error(PluginError, flag, path, f"module {module_name!r} raised "
-                          f"{type(exc).__name__} while being imported: "
-                          f"{one_line(str(exc)).rstrip('. ')}", f"correct {module_name} (its "
-                          "traceback: --log-level debug)") from exc
+    module = _import_module(module_name, path, flag)
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -256,6 +244,30 @@ def load_callable(path: str, *, flag: str) -> Callable[..., Any]:
         raise field_error(PluginError, flag, path, f"names a {type(obj).__name__}, not a function",
                           "point it at a function")
     return obj
+
+
+def _import_module(module_name: str, path: str, flag: str) -> Any:
+    """The plugin's module; any failure while importing it is one typed line (the module's
+    own traceback chained: ``--log-level debug``), but the user's Ctrl-C."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise _import_error(exc, path, module_name, flag) from exc
+    except KeyboardInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            raise  # the user's Ctrl-C during a slow import
+        raise field_error(PluginError, flag, path, f"module {module_name!r} exited with "
+                          "KeyboardInterrupt while being imported",
+                          "remove the exit from the module's top level") from None
+    except SystemExit as exc:  # an import may not end the run either
+        raise field_error(PluginError, flag, path, f"module {module_name!r} exited with "
+                          f"{type(exc).__name__}({exc}) while being imported",
+                          "remove the exit from the module's top level") from exc
+    except Exception as exc:  # noqa: BLE001 - the module's own code failed: one typed line
+        raise field_error(PluginError, flag, path, f"module {module_name!r} raised "
+                          f"{type(exc).__name__} while being imported: "
+                          f"{one_line(str(exc)).rstrip('. ')}", f"correct {module_name} (its "
+                          "traceback: --log-level debug)") from exc
 
 
 # Packages a plugin written for slime or miles imports, and where vime's counterparts are.
