@@ -48,6 +48,9 @@ RUNS = {
     # end of a rollout resume in the next one, also across a checkpoint.
     "partial_first": dict(PARTIAL, num_rollout=2, save_interval=2),
     "partial_rest": dict(PARTIAL, num_rollout=3),
+    # slime's first asynchronous job: math GRPO, the math-verify reward on the pool's threads.
+    "math_pool": dict(fully_async=True, max_weight_staleness=1, rm_type="math",
+                      custom_rm_path=None),
     # A reward and a generate function that never return, under the fully-async pool (its
     # threads, the front's event loop): the job stops at --reward-timeout / --generate-timeout.
     "reward_timeout_pool": dict(fully_async=True, reward_timeout=0.5,

@@ -10,7 +10,9 @@ probe instead, and a broken sync is caught there); fully async never trains a
 group staler than its bound, counts every group it started, and evaluates
 (``--eval-interval``); a failing engine rank stops both ranks with named errors, and a
 killed one (SIGKILL) stops the trainer with a ``BridgeError`` naming it (no hang: each job
-has a deadline, and ``spawn`` kills ranks still running past it).
+has a deadline, and ``spawn`` kills ranks still running past it); in the fully-async pool the
+math reward scores on the pool's threads, and a reward or a generate function that never
+returns stops the job at ``--reward-timeout`` / ``--generate-timeout``.
 """
 
 import pickle
@@ -39,7 +41,8 @@ def runs(tmp_path_factory, cache):
     root = tmp_path_factory.mktemp("async")
     names = ("sync", "agentic_sync", "agentic_k0", "agentic_k2", "one_step_off_k0", "fully_async_k0", "one_step_off", "fully_async_k2",
              "resume_first", "resume_rest", "partial_first", "partial_rest", "failure",
-             "broken_sync", "hook_failure", "reward_timeout_pool", "generate_timeout_pool")
+             "broken_sync", "hook_failure", "math_pool", "reward_timeout_pool",
+             "generate_timeout_pool")
     trainer, engine = spawn(modes_worker, 2, str(root), cache, names, timeout=300)
     return trainer, engine
 
@@ -139,6 +142,14 @@ def test_a_failing_engine_rank_stops_every_rank_with_a_named_error(runs):
     assert "engine rank 0 (global rank 1)" in message and "engine is down" in message
     kind, message = engine["failure"]["error"]  # the plugin's error, named on its own rank
     assert kind == "PluginError" and "raised RuntimeError: engine is down" in message
+
+
+def test_fully_async_math_grpo_scores_with_math_verify_on_the_pool_threads(runs):
+    """--fully-async --rm-type math died at rollout 0 (math-verify's signal.alarm refuses
+    threads); now every rollout trains."""
+    trainer, engine = runs
+    assert "error" not in trainer["math_pool"] and "error" not in engine["math_pool"]
+    assert [r["metrics"]["rollout"] for r in trainer["math_pool"]["rollouts"]] == [0, 1, 2]
 
 
 @pytest.mark.parametrize("name, kind, late", [

@@ -35,6 +35,14 @@ other group's, through one shared front (:class:`GroupsFront`), so their request
 same forwards; the group's rewards are computed on its own thread. The probe and evaluation
 run the same function the same way.
 
+Deadlines: every plugin call of a group is bounded on the pool's threads as in the synchronous
+loop: a reward by ``--reward-timeout`` (on a worker thread, ``rollout.plugins.run_within``), a
+per-sample execution by ``--generate-timeout`` (the pool thread waiting for its round watches
+its executions on the front's loop, ``rollout.per_sample``); a plugin given up on fails the
+pool, which answers the trainer's next request with the error. At the stop the in-flight groups
+end first; after a failure the front's loop thread is not waited for (a generate function
+given up on may still block it; it is a daemon thread).
+
 Prompts and seeds: the pool draws prompts in whole blocks of ``--rollout-batch-size``
 exactly as the synchronous loop draws rollout ``r``'s (``PromptSource.take``), and the
 ``i``-th prompt of block ``r`` is generated as prompt ``i`` of rollout ``r`` there (its seeds
