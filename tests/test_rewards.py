@@ -269,3 +269,18 @@ def test_filters_and_rollout_functions_go_through_the_same_wrapper():
                     flag="--dynamic-sampling-filter-path", where="rollout 2, round 0, prompt 1")
     assert call_plugin(lambda ctx: [ctx], 5, what="rollout function f",
                        flag="--rollout-function-path", where="rollout 0") == [5]
+
+
+def test_a_failing_built_in_reward_asks_for_a_report_not_a_correction():
+    """A built-in (--rm-type) reward is vime's code: its error does not ask the user to correct
+    "the function --rm-type names"."""
+    def broken(sample):
+        raise ValueError("sympy gave up")
+
+    rewarder = Rewarder(fn=broken, name="math", flag="--rm-type")
+    with pytest.raises(RewardFunctionError) as info:
+        rewarder.score([_sample("8")], where="prompt 1")
+    message = str(info.value)
+    assert message.startswith("prompt 1, sample 0: reward math raised ValueError: sympy gave up. "
+                              "Fix: report it with this response")
+    assert "correct the function" not in message and message.count("Fix:") == 1

@@ -110,6 +110,9 @@ def plugin_failure(where: str, what: str, flag: str, exc: BaseException) -> str:
                 "--fully-async pools and --reward-timeout run plugins on other threads. Fix: in "
                 f"the function {flag} names, pass parsing_timeout=None and timeout_seconds=None "
                 "to math-verify (and bound the call with --reward-timeout), or drop the signal.")
+    if flag == "--rm-type":  # vime's own reward: nothing for the user to correct
+        return (f"{where}: {what} raised {name}. Fix: report it with this response (its "
+                "traceback: --log-level debug); meanwhile score with --custom-rm-path.")
     return (f"{where}: {what} raised {name}. Fix: correct the function {flag} names for this "
             "input (its traceback: --log-level debug).")
 
