@@ -30,16 +30,17 @@ execution that was cut off is restarted (its partial samples are counted in
 every token generated under older weights gets loss mask 0 (the batch's denominators follow
 the masks, :mod:`vime_pure.denominators`).
 
-Deadlines (``--generate-timeout``, default ``functions.GENERATE_TIMEOUT_S``): each execution (one call
-of the function) must return within that many seconds. The round's executions run on an event
-loop of their own thread (:func:`fresh_loop`; in the fully-async pool, the engine front's loop)
-and the thread that waits for the round watches them: an execution that runs over stops the
-run with :class:`GenerateTimeoutError` naming the function, the flag, the rollout, the prompt
-and the execution, whether it awaits forever (``await asyncio.sleep(3600)``) or blocks the
-event loop (``time.sleep(3600)`` inside the coroutine, which no ``asyncio`` timeout can
-interrupt). While executions are outstanding, one ``still waiting for execution k of prompt p``
-line per ``STILL_WAITING_S`` seconds (per process) names the oldest; it is logged by the rank
-that waits, at every log level.
+Deadlines (``--generate-timeout``, default ``functions.GENERATE_TIMEOUT_S``): each execution
+(one call of the function) must return within that many seconds. The round's executions run on
+an event loop of their own thread (:func:`fresh_loop`; in the fully-async pool, the engine
+front's loop) and the thread that waits for the round watches them: an execution that runs
+over stops the run with :class:`GenerateTimeoutError` naming the function, the flag, the
+rollout, the prompt and the execution, whether it awaits forever (``await
+asyncio.sleep(3600)``) or blocks the event loop (``time.sleep(3600)`` inside the coroutine,
+which no ``asyncio`` timeout can interrupt: the step of its coroutine that runs on and on names
+it). While executions are outstanding, one ``still waiting for execution k of prompt p`` line
+per ``STILL_WAITING_S`` seconds (per process) names the oldest; it is logged by the rank that
+waits, at every log level. The first execution to fail fails the round at once.
 
 Example: 4 prompts x 2 executions, ``target_groups=3``: the 3 groups that finish first are
 returned, rewarded; the 4th goes to the buffer with one sample done and one aborted after 1 of

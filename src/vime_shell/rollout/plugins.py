@@ -89,10 +89,10 @@ def _typed_call(fn: Callable[..., Any], args: tuple, what: str, flag: str, where
         raise
     except _Interrupt:
         raise  # an abandoned call: nobody waits for its outcome
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if threading.current_thread() is threading.main_thread():
             raise  # the user's Ctrl-C: the CLI reports the interrupted run
-        raise error(plugin_failure(where, what, flag, KeyboardInterrupt())) from None
+        raise error(plugin_failure(where, what, flag, exc)) from exc
     except BaseException as exc:  # noqa: BLE001 - SystemExit(0) must not look like success
         raise error(plugin_failure(where, what, flag, exc)) from exc
 
