@@ -16,6 +16,7 @@ import concurrent.futures as futures
 import json
 import logging
 import re
+import threading
 import time
 
 import attrs
@@ -35,7 +36,7 @@ from vime_shell.rollout.generate import (GenerateError, GenerateRuntime, engine_
                                          sampling_params_dict)
 from vime_shell.loop.fully_async import FrontEngine, GroupsFront
 from vime_shell.rollout.per_sample import (GenerateTimeoutError, PartialBuffer, PerSample,
-                                           generate_rollout)
+                                           check_loop, generate_rollout)
 from vime_shell.rollout.plugins import PluginError, load_generate_function
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import TASKS
@@ -313,3 +314,32 @@ def test_a_wrong_return_names_the_plugin_and_the_prompt(parts):
                                           r"--custom-generate-function-path \S+:returns_nothing "
                                           r"returned None, not a Sample"):
         generate_rollout(_ctx(parts, returns_nothing))
+
+
+_BLOCKING = threading.Event()
+
+
+async def signals_then_blocks(args, sample, sampling_params):
+    """Execution 0 of prompt 0 says it is about to block the loop, then blocks it."""
+    if sample.index == 0:
+        _BLOCKING.set()
+        time.sleep(3600)
+    return await generate(args, sample, sampling_params)
+
+
+def test_a_weight_load_waiting_on_a_blocked_loop_names_the_blocker(parts):
+    """The fully-async pool loads weights on the front's loop: a generate function blocking it
+    fails the load at --generate-timeout, naming that execution (not a silent hang)."""
+    front, shared = _pool_runner(parts)
+    ctx = _ctx(parts, signals_then_blocks)
+    setup = attrs.evolve(ctx.per_sample, runner=front.submit, timeout=0.5, runtime=
+                         GenerateRuntime(engine=shared, tokenizer=ctx.per_sample.runtime.tokenizer))
+    with futures.ThreadPoolExecutor(max_workers=1) as pool:  # the pool thread of the round
+        round_ = pool.submit(generate_rollout, attrs.evolve(ctx, per_sample=setup))
+        assert _BLOCKING.wait(timeout=60)
+        with pytest.raises(GenerateTimeoutError) as info:
+            front.between_calls(lambda: None, check=lambda: check_loop(setup, front.loop))
+        assert "execution 0: --custom-generate-function-path" in str(info.value)
+        assert "blocks the event loop" in str(info.value)
+        with pytest.raises(GenerateTimeoutError):
+            round_.result(timeout=60)

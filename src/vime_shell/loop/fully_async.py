@@ -77,9 +77,11 @@ from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.probe import generate_probe
 from vime_shell.loop.rollouts import RolloutProducer, prompt_samples
 from vime_shell.rollout.functions import rollout_sampling_seed, share_context
+from vime_shell.rollout.per_sample import GenerateTimeoutError, check_loop
 from vime_shell.rollout.plugins import call_plugin
 
 _POLL_S = 0.002  # between two looks at the trainer's commands and the finished groups
+_CHECK_S = 1.0  # between two checks of the front's loop while a weight load waits for it
 
 
 @attrs.frozen
@@ -145,12 +147,18 @@ class FrontEngine:
         run (``PerSample.runner``), beside every other group's."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def between_calls(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` on the front's loop, between two forwards (weight loads)."""
+    def between_calls(self, fn: Callable[[], Any],
+                      check: Callable[[], None] | None = None) -> Any:
+        """``fn()`` on the front's loop, between two forwards (weight loads); while it waits,
+        ``check()`` every ``_CHECK_S`` may raise (a generate function blocks the loop)."""
         async def call() -> Any:
             return fn()
 
-        return asyncio.run_coroutine_threadsafe(call(), self.loop).result()
+        future = asyncio.run_coroutine_threadsafe(call(), self.loop)
+        while not futures.wait([future], timeout=_CHECK_S)[0]:
+            if check is not None:
+                check()
+        return future.result()
 
     def close(self, wait: bool = True) -> None:
         """Stop the front's loop; ``wait``: for its thread to end (a daemon: without the wait,
@@ -267,9 +275,14 @@ class GroupPool:
 
     def _handle(self, command: tuple) -> None:
         if command[0] == "weights":
-            self.engine.between_calls(  # in-flight groups continue on the new weights
-                lambda: self.producer.engines.sync_weights(self.bridge.receive_weights(),
-                                                           version=command[1]))
+            try:
+                self.engine.between_calls(  # in-flight groups continue on the new weights
+                    lambda: self.producer.engines.sync_weights(self.bridge.receive_weights(),
+                                                               version=command[1]),
+                    check=self._check_loop)
+            except GenerateTimeoutError as exc:  # the loop is blocked: nothing more runs
+                self.failure = exc  # on it; ending this rank ends the trainer's send
+                raise
             self.version = command[1]
             if command[2]:  # the trainer checks the sync on a probe of these weights
                 try:  # every engine rank's sync is checked: probe ids apart per pool
@@ -299,6 +312,12 @@ class GroupPool:
                 self.start = command[1]
                 if command[2] is not None:
                     self._resume(command[2])
+
+    def _check_loop(self) -> None:
+        """While a weight load waits for the front's loop: a generate function blocking the
+        loop past ``--generate-timeout`` fails the pool (``per_sample.check_loop``)."""
+        if self.per_sample:
+            check_loop(self.producer.per_sample, self.engine.loop)
 
     # -- resuming -----------------------------------------------------------------------------
     def resume_state(self) -> dict:

@@ -183,12 +183,13 @@ class PerSample:
 @attrs.define(eq=False)
 class _Execution:
     """One execution in flight: execution ``k`` of ``prompt`` (``prompt 3 ('47>')``) in
-    rollout ``rollout``, when it started, and when the step of its coroutine now running
-    started (None while it awaits): a step that runs on and on blocks its loop."""
+    rollout ``rollout``, its event loop, when it started, and when the step of its coroutine
+    now running started (None while it awaits): a step that runs on and on blocks its loop."""
 
     rollout: int
     prompt: str
     k: int
+    loop: asyncio.AbstractEventLoop | None = None  # the one it runs on
     started: float = attrs.Factory(time.monotonic)
     step: float | None = None
 
@@ -224,12 +225,13 @@ class _Round:
     submitted: float = attrs.Factory(time.monotonic)
     running: set = attrs.Factory(set)
     began: bool = False  # an execution has started
+    loop: asyncio.AbstractEventLoop | None = None  # its executions', once one started
 
     def start(self, execution: _Execution) -> _Execution:
         with _FLIGHT_LOCK:
             self.running.add(execution)
             _IN_FLIGHT.add(execution)
-            self.began = True
+            self.began, self.loop = True, execution.loop
         return execution
 
     def stop(self, execution: _Execution) -> None:
@@ -237,29 +239,35 @@ class _Round:
             self.running.discard(execution)
             _IN_FLIGHT.discard(execution)
 
-    def forget(self) -> None:
-        """A round given up on: its executions are no longer in flight (one may still hold
-        its loop, as a leftover of a failed run)."""
-        with _FLIGHT_LOCK:
-            _IN_FLIGHT.difference_update(self.running)
-            self.running.clear()
-
     def oldest(self) -> tuple[_Execution | None, int]:
         with _FLIGHT_LOCK:
             return min(self.running, key=lambda e: e.started, default=None), len(self.running)
 
 
-_IN_FLIGHT: set[_Execution] = set()  # every execution of this process, whatever its loop
+# Every execution of this process in flight (an execution given up on that still blocks its
+# loop stays here: it is still running), whatever its loop.
+_IN_FLIGHT: set[_Execution] = set()
 _FLIGHT_LOCK = threading.Lock()
 
 
-def _blocker(now: float, timeout: float) -> _Execution | None:
-    """The execution whose current step has run longest, once that is half the deadline (or
-    10 s): it blocks its event loop (rounds of the fully-async pool share one)."""
+def _blocker(now: float, at_least: float, loop: asyncio.AbstractEventLoop | None
+             ) -> _Execution | None:
+    """The execution on ``loop`` (None: any) whose current step has run longest, once that is
+    ``at_least`` seconds: it blocks the loop (rounds of the fully-async pool share one)."""
     with _FLIGHT_LOCK:
-        steps = [(now - e.step, e) for e in _IN_FLIGHT if e.step is not None]
+        steps = [(now - e.step, e) for e in _IN_FLIGHT
+                 if e.step is not None and (loop is None or e.loop is loop)]
     longest = max(steps, key=lambda x: x[0], default=(0.0, None))
-    return longest[1] if longest[0] >= min(timeout / 2, 10.0) else None
+    return longest[1] if longest[0] >= at_least else None
+
+
+def check_loop(setup: PerSample, loop: asyncio.AbstractEventLoop) -> None:
+    """For a thread waiting on ``loop``, where the executions run, for something else than a
+    round (the fully-async pool's weight loads): :class:`GenerateTimeoutError` once one
+    execution's step has blocked the loop for ``--generate-timeout`` seconds."""
+    blocker = _blocker(time.monotonic(), setup.timeout, loop)
+    if blocker is not None:
+        raise GenerateTimeoutError(_late_message(blocker.where, True, setup, True))
 
 
 _LAST_LINE = [0.0]  # when this process last logged a "still waiting" line
@@ -371,8 +379,7 @@ def _wait_round(future: futures.Future, setup: PerSample, flight: _Round, rollou
             continue  # between two executions (or the round's end)
         if now - (flight.submitted if oldest is None else oldest.started) >= setup.timeout:
             future.cancel()  # its tasks are cancelled once the loop runs again
-            blocker = _blocker(now, setup.timeout)
-            flight.forget()
+            blocker = _blocker(now, min(setup.timeout / 2, 10.0), flight.loop)
             late = blocker or oldest
             where = late.where if late is not None else f"rollout {rollout_id}"
             raise GenerateTimeoutError(_late_message(where, late is not None, setup,
@@ -428,7 +435,8 @@ async def _drive(ctx: RolloutContext, setup: PerSample, groups: list[PromptGroup
         sample.group_id, sample.index = gid, r
         params = sampling_params_dict(attrs.evolve(ctx.sampling,
                                                    seed=ctx.sampling.request_seed(r)))
-        execution = flight.start(_Execution(ctx.rollout_id, names[i], k))
+        execution = flight.start(_Execution(ctx.rollout_id, names[i], k,
+                                            asyncio.get_running_loop()))
         try:
             out = await _timed(setup.generate_fn(setup.args, sample, params), execution)
         except asyncio.CancelledError:
