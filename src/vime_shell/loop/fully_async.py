@@ -38,7 +38,8 @@ run the same function the same way.
 Deadlines: every plugin call of a group is bounded on the pool's threads as in the synchronous
 loop: a reward by ``--reward-timeout`` (on a worker thread, ``rollout.plugins.run_within``), a
 per-sample execution by ``--generate-timeout`` (the pool thread waiting for its round watches
-its executions on the front's loop, ``rollout.per_sample``); a plugin given up on fails the
+its executions on the front's loop, ``rollout.per_sample``; a weight load waiting for that
+loop fails the same way when a generate function blocks it); a plugin given up on fails the
 pool, which answers the trainer's next request with the error. At the stop the in-flight groups
 end first; after a failure the front's loop thread is not waited for (a generate function
 given up on may still block it; it is a daemon thread).
