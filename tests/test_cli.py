@@ -1,12 +1,20 @@
 """The ``vime`` command line: ``vime schedule`` (table output, JSONL input, JSON stats and clear
-errors), and what ``vime demo`` launches."""
+errors), what ``vime demo`` launches, and how ``vime train``'s process ends (even when a plugin
+left a thread running)."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from vime_shell.cli.launch_verdict import Verdict, agree, settle, where
 from vime_shell.cli.main import main
+from vime_shell.storage.locks import lock_holder, read_owner
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def test_schedule_synthetic_prints_table(capsys):
@@ -117,3 +125,36 @@ def test_the_speaker_is_the_lowest_failed_rank_else_the_lowest_that_posted():
     assert Verdict(rank=2, world=4, failed=(1, 3)).speaker == 1
     assert Verdict(rank=2, world=4, missing=(0, 3)).speaker == 1
     assert Verdict(rank=2, world=4).passed
+
+
+LINGERING_PLUGIN = '''
+import threading
+
+def reward(sample):
+    if not any(t.name == "my-plugin-poller" for t in threading.enumerate()):
+        threading.Thread(target=threading.Event().wait, name="my-plugin-poller").start()
+    return float(sample.metadata["response"] == sample.metadata["label"])
+
+def failing_reward(sample):
+    reward(sample)
+    raise RuntimeError("grader offline")
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn, status", [("reward", 0), ("failing_reward", 2)])
+def test_vime_train_exits_although_a_plugin_left_a_thread_running(tmp_path, fn, status):
+    """A reward that starts a non-daemon thread (never ending) used to keep `vime train` alive
+    after `done`: now it exits with the run's status, naming the thread in one warning, its
+    run directory unlocked (the owner record stays)."""
+    (tmp_path / "lingering.py").write_text(LINGERING_PLUGIN)
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{SRC}", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "vime_shell.cli", "train", "--num-rollout", "2",
+                           "--run-dir", str(run), "--custom-rm-path", f"lingering:{fn}"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == status, done.stderr[-2000:]
+    warnings = [line for line in done.stderr.splitlines() if "still running" in line]
+    assert len(warnings) == 1 and "'my-plugin-poller'" in warnings[0]
+    assert f"exiting with status {status}" in warnings[0]
+    assert lock_holder(run) is None and read_owner(run) is not None

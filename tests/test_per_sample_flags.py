@@ -45,6 +45,21 @@ def test_bad_combinations_name_the_flag(kwargs, field):
         TrainConfig(**kwargs)
 
 
+def test_generate_timeout_bounds_per_sample_executions_only():
+    """--generate-timeout has a default (no unbounded wait) and reaches the per-sample runs; a
+    batched rollout function runs no execution it could bound: another value is refused."""
+    assert TrainConfig().generate_timeout == 3600  # the default: never an error
+    cfg = parse_train_config(["--custom-generate-function-path",
+                              "vime_shell.rollout.functions:generate", "--generate-timeout", "30"])
+    assert cfg.generate_timeout == 30
+    with pytest.raises(ConfigError, match=r"generate_timeout=30: bounds executions of a "
+                                          r"per-sample generate function.*Fix: pass "
+                                          "--custom-generate-function-path"):
+        TrainConfig(generate_timeout=30)
+    with pytest.raises(ConfigError, match="generate_timeout=0"):
+        TrainConfig(generate_timeout=0, partial_rollout=True, over_sampling_batch_size=20)
+
+
 def test_launch_checks_the_generate_signature_and_the_engine_count(tmp_path, monkeypatch):
     model = build_embedded(tmp_path / "cache")
     bad = TrainConfig(run_dir=str(tmp_path / "a"),

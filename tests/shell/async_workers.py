@@ -7,6 +7,7 @@ rollout's batch contents and metrics; the engine rank returns what it raised, if
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +54,33 @@ RUNS = {
     # generated again from scratch in rollout 3.
     "partial_plain": dict(custom_generate_function_path=PARTIAL["custom_generate_function_path"],
                           rollout_max_response_len=4, num_rollout=4),
+    # slime's first asynchronous job: math GRPO, the math-verify reward on the pool's threads.
+    "math_pool": dict(fully_async=True, max_weight_staleness=1, rm_type="math",
+                      custom_rm_path=None),
+    # A reward and a generate function that never return, under the fully-async pool (its
+    # threads, the front's event loop): the job stops at --reward-timeout / --generate-timeout.
+    "reward_timeout_pool": dict(fully_async=True, reward_timeout=0.5,
+                                custom_rm_path="tests.shell.async_workers:sleeping_reward"),
+    "generate_timeout_pool": dict(AGENTIC, fully_async=True, generate_timeout=0.5,
+                                  custom_generate_function_path="tests.shell.async_workers:"
+                                                                "loop_blocking_generate"),
 }
+
+
+def sleeping_reward(sample) -> float:
+    """A reward whose grader never answers."""
+    time.sleep(3600)
+    return 0.0
+
+
+async def loop_blocking_generate(args, sample, sampling_params):
+    """A generate function that blocks the event loop it runs on (a blocking call in the
+    coroutine) for its first execution; the others would finish."""
+    if sample.index == 0:
+        time.sleep(3600)
+    from vime_shell.rollout.functions import generate
+
+    return await generate(args, sample, sampling_params)
 
 
 def _contents(batch) -> list:

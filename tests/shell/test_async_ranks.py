@@ -12,7 +12,9 @@ group staler than its bound, counts every group it started, and evaluates
 killed one (SIGKILL) stops the trainer with a ``BridgeError`` naming it (no hang: each job
 has a deadline, and ``spawn`` kills ranks still running past it). Resumes: fully async twice
 (no group trained twice, the pool counters cumulative), partial rollouts with and without
-``--partial-rollout``.
+``--partial-rollout``. In the fully-async pool the math reward scores on the pool's threads, and
+a reward or a generate function that never returns stops the job at ``--reward-timeout`` /
+``--generate-timeout``.
 """
 
 import json
@@ -45,9 +47,9 @@ def runs(tmp_path_factory, cache):
     root = tmp_path_factory.mktemp("async")
     names = ("sync", "agentic_sync", "agentic_k0", "agentic_k2", "one_step_off_k0", "fully_async_k0", "one_step_off", "fully_async_k2",
              "resume_first", "resume_middle", "resume_rest", "partial_first", "partial_rest", "partial_plain",
-             "failure",
-             "broken_sync", "hook_failure")
-    # 17 short runs in one job: the deadline catches a hang, sized for a loaded machine
+             "failure", "broken_sync", "hook_failure", "math_pool", "reward_timeout_pool",
+             "generate_timeout_pool")
+    # 20 short runs in one job: the deadline catches a hang, sized for a loaded machine
     trainer, engine = spawn(modes_worker, 2, str(root), cache, names, timeout=900)
     return trainer, engine
 
@@ -152,6 +154,36 @@ def test_a_failing_engine_rank_stops_every_rank_with_a_named_error(runs):
     assert "engine rank 0 (global rank 1)" in message and "engine is down" in message
     kind, message = engine["failure"]["error"]  # the plugin's error, named on its own rank
     assert kind == "PluginError" and "raised RuntimeError: engine is down" in message
+
+
+def test_fully_async_math_grpo_scores_with_math_verify_on_the_pool_threads(runs):
+    """--fully-async --rm-type math died at rollout 0 (math-verify's signal.alarm refuses
+    threads); now every rollout trains."""
+    trainer, engine = runs
+    assert "error" not in trainer["math_pool"] and "error" not in engine["math_pool"]
+    assert [r["metrics"]["rollout"] for r in trainer["math_pool"]["rollouts"]] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("name, kind, late", [
+    ("reward_timeout_pool", "PluginTimeoutError", "reward tests.shell.async_workers:"
+                                                  "sleeping_reward did not return within "
+                                                  "--reward-timeout 0.5 s"),
+    ("generate_timeout_pool", "GenerateTimeoutError", "execution 0: "
+                                                      "--custom-generate-function-path tests."
+                                                      "shell.async_workers:loop_blocking_"
+                                                      "generate did not return within "
+                                                      "--generate-timeout 0.5 s")])
+def test_a_plugin_that_never_returns_stops_the_fully_async_pool_at_its_deadline(
+        runs, name, kind, late):
+    """A reward sleeping on a pool thread, a generate function blocking the front's event
+    loop: each is given up on at its deadline, named on the engine rank, and the trainer
+    stops with the engine rank's line (one "Fix:")."""
+    trainer, engine = runs
+    engine_kind, message = engine[name]["error"]
+    assert engine_kind == kind and late in message and message.count("Fix:") == 1
+    trainer_kind, message = trainer[name]["error"]
+    assert trainer_kind == "EngineGroupError" and late in message
+    assert message.count("Fix:") == 1 and ".." not in message
 
 
 def test_a_killed_engine_rank_stops_the_trainer_with_a_named_error(tmp_path, cache):

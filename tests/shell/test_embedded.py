@@ -91,7 +91,8 @@ def test_tp_launch_check_reads_the_padded_vocabulary(built, monkeypatch, tmp_pat
     assert (plan.layout.tp, plan.layout.dp) == (2, 1)
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(ConfigError, match=r"tensor_model_parallel_size=3: does not divide the "
-                                          r"model's vocab_size=20.*make-vocab-size-divisible-by"):
+                                          r"model's 20 vocabulary rows.*"
+                                          r"make-vocab-size-divisible-by"):
         launch_checks(TrainConfig(tensor_model_parallel_size=3), built)
 
 

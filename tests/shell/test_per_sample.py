@@ -12,8 +12,12 @@ the signature.
 """
 
 import asyncio
+import concurrent.futures as futures
 import json
 import logging
+import re
+import threading
+import time
 
 import attrs
 import numpy as np
@@ -30,7 +34,9 @@ from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.functions import RolloutContext, generate, single_turn_rollout
 from vime_shell.rollout.generate import (GenerateError, GenerateRuntime, engine_params,
                                          sampling_params_dict)
-from vime_shell.rollout.per_sample import PartialBuffer, PerSample, generate_rollout
+from vime_shell.loop.fully_async import FrontEngine, GroupsFront
+from vime_shell.rollout.per_sample import (GenerateTimeoutError, PartialBuffer, PerSample,
+                                           check_loop, generate_rollout)
 from vime_shell.rollout.plugins import PluginError, load_generate_function
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import TASKS
@@ -176,10 +182,12 @@ async def broken(args, sample, sampling_params):
 
 def test_a_failing_generate_names_the_execution_and_the_flag(parts):
     ctx = _ctx(parts, broken)
-    with pytest.raises(PluginError, match=r"execution \d+ .*custom-generate-function-path "
-                                          r"broken raised KeyError") as info:
+    with pytest.raises(PluginError, match=r"^rollout 0, prompt 0 \('\d+>'\), execution 0: "
+                                          r"--custom-generate-function-path tests.shell."
+                                          r"test_per_sample:broken raised KeyError: 'label'\. "
+                                          "Fix: ") as info:
         generate_rollout(ctx)
-    assert isinstance(info.value.__cause__, KeyError)
+    assert isinstance(info.value.__cause__, KeyError) and str(info.value).count("Fix:") == 1
     assert ctx.per_sample.runtime.engine.in_flight == 0  # nothing left behind in the engine
 
 
@@ -208,18 +216,72 @@ async def raising_max_new_tokens(args, sample, sampling_params):
                                          "stop_token_ids": []})
 
 
+async def awaits_forever(args, sample, sampling_params):
+    """Execution 1 of prompt 0 waits on a tool that never answers; the others finish."""
+    if sample.index == 1:
+        await asyncio.sleep(3600)
+    return await generate(args, sample, sampling_params)
+
+
+async def blocks_the_loop(args, sample, sampling_params):
+    """Execution 1 of prompt 0 calls a blocking sleep inside the coroutine: the event loop
+    stops, so no asyncio timeout can fire."""
+    if sample.index == 1:
+        time.sleep(3600)
+    return await generate(args, sample, sampling_params)
+
+
+def _pool_runner(parts):
+    """The fully-async pool's way: executions on the engine front's long-lived loop (its own
+    thread), the round waited for from a pool thread."""
+    engine, tok, _ = parts
+    front = FrontEngine(engine, max_concurrency=64, decode=tok.decode)
+    return front, GroupsFront(front.front)
+
+
+def _round(ctx, mode, parts):
+    if mode == "sync":
+        return generate_rollout(ctx)
+    front, shared = _pool_runner(parts)
+    per_sample = attrs.evolve(ctx.per_sample, runner=front.submit, runtime=GenerateRuntime(
+        engine=shared, tokenizer=ctx.per_sample.runtime.tokenizer))
+    with futures.ThreadPoolExecutor(max_workers=1) as pool:  # a pool thread waits
+        return pool.submit(generate_rollout, attrs.evolve(ctx, per_sample=per_sample)
+                           ).result(timeout=120)
+
+
+@pytest.mark.parametrize("mode", ["sync", "fully_async"])
+@pytest.mark.parametrize("fn, blocking", [(awaits_forever, False), (blocks_the_loop, True)])
+def test_a_generate_that_never_returns_fails_at_its_deadline(parts, fn, blocking, mode):
+    """``await asyncio.sleep(3600)`` and a blocking ``time.sleep(3600)`` alike: a typed error
+    naming the plugin, the flag, the prompt and the execution, well before the hour."""
+    ctx = _ctx(parts, fn)
+    ctx = attrs.evolve(ctx, per_sample=attrs.evolve(ctx.per_sample, timeout=0.5))
+    with pytest.raises(GenerateTimeoutError) as info:
+        _round(ctx, mode, parts)
+    message = str(info.value)
+    assert message.startswith(f"rollout 0, prompt 0 ('{parts[2][0].prompt}'), execution 1: "
+                              f"--custom-generate-function-path tests.shell.test_per_sample:"
+                              f"{fn.__name__} did not return within --generate-timeout 0.5 s")
+    assert ("blocks the event loop" in message) == blocking and message.count("Fix:") == 1
+
+
+async def waits_on_a_tool(args, sample, sampling_params):
+    await asyncio.Event().wait()  # never set
+
+
 class _Lines(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
+    def __init__(self, level: int = logging.NOTSET):
+        super().__init__(level)
+        self.lines: list[tuple[str, bool]] = []  # (message, logged on any rank)
 
     def emit(self, record):
-        self.lines.append(record.getMessage())
+        self.lines.append((record.getMessage(), getattr(record, "any_rank", False)))
 
 
 def test_a_plugins_max_new_tokens_is_capped_at_the_run_limit_and_the_context_warned_once(
         parts):
-    lines, logger = _Lines(), logging.getLogger("vime.train")
+    lines, logger = _Lines(logging.WARNING), logging.getLogger("vime.train")
     logger.addHandler(lines)
     try:
         ctx = _ctx(parts, raising_max_new_tokens, max_new=2)
@@ -234,9 +296,82 @@ def test_a_plugins_max_new_tokens_is_capped_at_the_run_limit_and_the_context_war
     finally:
         logger.removeHandler(lines)
     assert [len(s.tokens) for s in in_context] == [max(prompt_lens) + 3] * len(in_context)
-    limit, context = lines.lines
+    limit, context = [message for message, _ in lines.lines]
     name = "--custom-generate-function-path tests.shell.test_per_sample:raising_max_new_tokens"
     assert limit.startswith(f'{name} set sampling_params["max_new_tokens"]=10000')
     assert "capped at 2 (--rollout-max-response-len" in limit
     assert context.startswith(f"{name}: max_new_tokens=8 after a ")
     assert f"the model's context of {max(prompt_lens) + 3} tokens" in context
+
+
+def test_a_still_waiting_line_names_the_outstanding_execution(parts):
+    """While an execution is outstanding, a line at a fixed interval (tiny here) names it,
+    logged on whichever rank waits."""
+    ctx = _ctx(parts, waits_on_a_tool, n=1)
+    ctx = attrs.evolve(ctx, prompts=ctx.prompts[:1], per_sample=attrs.evolve(
+        ctx.per_sample, timeout=1.0, report_every=0.05))
+    lines = _Lines()
+    logging.getLogger("vime.train").addHandler(lines)
+    try:
+        with pytest.raises(GenerateTimeoutError):
+            generate_rollout(ctx)
+    finally:
+        logging.getLogger("vime.train").removeHandler(lines)
+    waiting = [(m, any_rank) for m, any_rank in lines.lines if "still waiting" in m]
+    assert waiting, lines.lines
+    message, any_rank = waiting[0]
+    assert any_rank and re.fullmatch(
+        rf"rank \d+: rollout 0: still waiting for execution 0 of prompt 0 "
+        rf"\('{parts[2][0].prompt}'\) \(\d+ s; 1 in flight; --generate-timeout 1 s\)", message)
+
+
+async def interrupts_itself(args, sample, sampling_params):
+    raise KeyboardInterrupt
+
+
+def test_a_generate_functions_own_keyboard_interrupt_is_typed(parts):
+    """Executions run on an event loop's thread, where no Ctrl-C lands: the function's own
+    KeyboardInterrupt is a typed error, never an interrupted (or successful) run."""
+    with pytest.raises(PluginError, match=r"execution 0: --custom-generate-function-path "
+                                          r"\S+:interrupts_itself exited with KeyboardInterrupt"):
+        generate_rollout(_ctx(parts, interrupts_itself))
+
+
+async def returns_nothing(args, sample, sampling_params):
+    return None
+
+
+def test_a_wrong_return_names_the_plugin_and_the_prompt(parts):
+    with pytest.raises(PluginError, match=r"^rollout 0, prompt 0 \('\d+>'\), execution 0: "
+                                          r"--custom-generate-function-path \S+:returns_nothing "
+                                          r"returned None, not a Sample"):
+        generate_rollout(_ctx(parts, returns_nothing))
+
+
+_BLOCKING = threading.Event()
+
+
+async def signals_then_blocks(args, sample, sampling_params):
+    """Execution 0 of prompt 0 says it is about to block the loop, then blocks it."""
+    if sample.index == 0:
+        _BLOCKING.set()
+        time.sleep(3600)
+    return await generate(args, sample, sampling_params)
+
+
+def test_a_weight_load_waiting_on_a_blocked_loop_names_the_blocker(parts):
+    """The fully-async pool loads weights on the front's loop: a generate function blocking it
+    fails the load at --generate-timeout, naming that execution (not a silent hang)."""
+    front, shared = _pool_runner(parts)
+    ctx = _ctx(parts, signals_then_blocks)
+    setup = attrs.evolve(ctx.per_sample, runner=front.submit, timeout=0.5, runtime=
+                         GenerateRuntime(engine=shared, tokenizer=ctx.per_sample.runtime.tokenizer))
+    with futures.ThreadPoolExecutor(max_workers=1) as pool:  # the pool thread of the round
+        round_ = pool.submit(generate_rollout, attrs.evolve(ctx, per_sample=setup))
+        assert _BLOCKING.wait(timeout=60)
+        with pytest.raises(GenerateTimeoutError) as info:
+            front.between_calls(lambda: None, check=lambda: check_loop(setup, front.loop))
+        assert "execution 0: --custom-generate-function-path" in str(info.value)
+        assert "blocks the event loop" in str(info.value)
+        with pytest.raises(GenerateTimeoutError):
+            round_.result(timeout=60)

@@ -154,6 +154,8 @@ def _math_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the process's own command line: it ends with the command (no thread
+        return train_cmd.leave(main(sys.argv[1:]))  # a plugin left running keeps it alive)
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `vime demo --async` relaunches

@@ -22,11 +22,20 @@ report and a launch error print once (:mod:`vime_shell.cli.launch_verdict`); tor
 resume with --load DIR`` (or why there is nothing to resume) and status 130; SIGTERM ends it at
 once.
 
+The process ends when the run does: a plugin that leaves a (non-daemon) thread running does
+not keep ``vime train`` alive after its last flush. :func:`leave` waits ``LINGER_S`` for such
+threads, then names them in one warning and exits with the run's status (``os._exit``: Python
+would wait for them forever); the run directory's lock was released when the run ended.
+
 Example: ``vime train --num-rollout 50 --lr 3e-4 --run-dir runs/r1 --save ck --save-hf hf_out``.
 """
 
 import argparse
+import logging
+import os
 import sys
+import threading
+import time
 import warnings
 
 from vime_shell.cli.dry_run import dry_run_report
@@ -42,6 +51,9 @@ from vime_shell.loop.megatron_args import notes
 from vime_shell.loop.slime_flags import unsupported_line
 from vime_shell.loop.launch_checks import launch_checks, model_dir
 from vime_shell.megatron.layout import sequence_parallel_on, transformer_engine_available
+
+
+LINGER_S = 5.0  # how long the process waits for threads a plugin left running
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,3 +153,30 @@ def run(args: argparse.Namespace) -> int:
         for path in result.plots:
             print(f"vime train: plot {path}", file=sys.stderr)
     return 0
+
+
+def leave(status: int) -> int:
+    """``status``, once every thread but the main one has ended; when a plugin left threads
+    running (not daemon threads, which Python would wait for forever), they get ``LINGER_S``
+    seconds, then one warning names them and the process exits with ``status`` at once,
+    its output flushed. Call it only where the process ends (``vime``'s own command line)."""
+    lingering = _lingering()
+    deadline = time.monotonic() + LINGER_S
+    for thread in lingering:
+        thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+    lingering = _lingering()
+    if not lingering:
+        return status
+    names = ", ".join(f"{t.name!r}" for t in lingering)
+    print(f"vime: warning: {len(lingering)} thread(s) still running after the run ended "
+          f"(started by a plugin, and not daemon threads): {names}; exiting with status "
+          f"{status} without waiting for them", file=sys.stderr)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _lingering() -> list[threading.Thread]:
+    main = threading.main_thread()
+    return [t for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]

@@ -194,8 +194,8 @@ class RemoteRollouts:
         failed = [(f"engine rank {j} (global rank {self.first_engine_rank + j})", r[1])
                   for j, r in enumerate(replies) if r[0] == "error"]
         if failed:
-            raise EngineGroupError(relayed(what, failed, "see that rank's traceback (--log-level "
-                                           "debug)"))
+            raise EngineGroupError(relayed(what, failed, "see the error line that rank printed "
+                                           "(its traceback with --log-level debug)"))
         return replies
 
     def _drain(self) -> None:

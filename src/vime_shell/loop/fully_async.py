@@ -30,10 +30,19 @@ of the eval prompts) and engine rank 0 answers. After a sync every pool generate
 its own weights (group ids apart), so the trainer checks every engine rank's sync.
 
 Per-sample rollouts (``--custom-generate-function-path``): a group's executions run on the
-front's event loop (``FrontEngine.run`` as the round's ``PerSample.runner``), beside every
+front's event loop (``FrontEngine.submit`` as the round's ``PerSample.runner``), beside every
 other group's, through one shared front (:class:`GroupsFront`), so their requests join the
 same forwards; the group's rewards are computed on its own thread. The probe and evaluation
 run the same function the same way.
+
+Deadlines: every plugin call of a group is bounded on the pool's threads as in the synchronous
+loop: a reward by ``--reward-timeout`` (on a worker thread, ``rollout.plugins.run_within``), a
+per-sample execution by ``--generate-timeout`` (the pool thread waiting for its round watches
+its executions on the front's loop, ``rollout.per_sample``; a weight load waiting for that
+loop fails the same way when a generate function blocks it); a plugin given up on fails the
+pool, which answers the trainer's next request with the error. At the stop the in-flight groups
+end first; after a failure the front's loop thread is not waited for (a generate function
+given up on may still block it; it is a daemon thread).
 
 Prompts and seeds: the pool draws prompts in whole blocks of ``--rollout-batch-size``
 exactly as the synchronous loop draws rollout ``r``'s (``PromptSource.take``), and the
@@ -76,9 +85,11 @@ from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.probe import generate_probe
 from vime_shell.loop.rollouts import RolloutProducer, prompt_samples
 from vime_shell.rollout.functions import rollout_sampling_seed, share_context
+from vime_shell.rollout.per_sample import GenerateTimeoutError, check_loop
 from vime_shell.rollout.plugins import call_plugin
 
 _POLL_S = 0.002  # between two looks at the trainer's commands and the finished groups
+_CHECK_S = 1.0  # between two checks of the front's loop while a weight load waits for it
 
 
 @attrs.frozen
@@ -106,7 +117,7 @@ class LockedEngine:
         with self.lock:
             return fn()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         pass
 
 
@@ -138,22 +149,31 @@ class FrontEngine:
 
         return asyncio.run_coroutine_threadsafe(requests(), self.loop).result()
 
-    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        """Run ``coro`` on the front's loop and wait for it here (a pool thread): how a
-        per-sample round's executions run (``PerSample.runner``), beside every other
-        group's."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> futures.Future:
+        """Start ``coro`` on the front's loop; a pool thread waits for the returned future
+        (with the executions' deadline, ``per_sample``): how a per-sample round's executions
+        run (``PerSample.runner``), beside every other group's."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def between_calls(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` on the front's loop, between two forwards (weight loads)."""
+    def between_calls(self, fn: Callable[[], Any],
+                      check: Callable[[], None] | None = None) -> Any:
+        """``fn()`` on the front's loop, between two forwards (weight loads); while it waits,
+        ``check()`` every ``_CHECK_S`` may raise (a generate function blocks the loop)."""
         async def call() -> Any:
             return fn()
 
-        return asyncio.run_coroutine_threadsafe(call(), self.loop).result()
+        future = asyncio.run_coroutine_threadsafe(call(), self.loop)
+        while not futures.wait([future], timeout=_CHECK_S)[0]:
+            if check is not None:
+                check()
+        return future.result()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Stop the front's loop; ``wait``: for its thread to end (a daemon: without the wait,
+        a loop a generate function blocks never holds the process)."""
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=60)
+        if wait:
+            self.thread.join(timeout=60)
 
 
 class GroupsFront:
@@ -208,7 +228,7 @@ class GroupPool:
         # on the front's loop, beside the other groups', so their requests batch together.
         self.per_sample = producer.per_sample is not None
         if self.per_sample:
-            producer.run_per_sample_on(GroupsFront(self.engine.front), self.engine.run)
+            producer.run_per_sample_on(GroupsFront(self.engine.front), self.engine.submit)
         self.version = 0
         self.start: int | None = None  # the trainer's version at its first request
         self.sent = 0  # batches handed to the trainer
@@ -255,17 +275,24 @@ class GroupPool:
                                  return_when=futures.FIRST_COMPLETED)
                 else:
                     threading.Event().wait(_POLL_S)
-        finally:
+        finally:  # in-flight groups end first (their plugin calls are bounded); after a
+            # failure the front's loop is not waited for: a generate function given up on may
+            # still block it
             self.threads.shutdown(wait=True, cancel_futures=True)
-            self.engine.close()
+            self.engine.close(wait=self.failure is None)
         if self.failure is not None:
             raise self.failure
 
     def _handle(self, command: tuple) -> None:
         if command[0] == "weights":
-            self.engine.between_calls(  # in-flight groups continue on the new weights
-                lambda: self.producer.engines.sync_weights(self.bridge.receive_weights(),
-                                                           version=command[1]))
+            try:
+                self.engine.between_calls(  # in-flight groups continue on the new weights
+                    lambda: self.producer.engines.sync_weights(self.bridge.receive_weights(),
+                                                               version=command[1]),
+                    check=self._check_loop)
+            except GenerateTimeoutError as exc:  # the loop is blocked: nothing more runs
+                self.failure = exc  # on it; ending this rank ends the trainer's send
+                raise
             self.version = command[1]
             if command[2]:  # the trainer checks the sync on a probe of these weights
                 try:  # every engine rank's sync is checked: probe ids apart per pool
@@ -295,6 +322,12 @@ class GroupPool:
                 self.start = command[1]
                 if command[2] is not None:
                     self._resume(command[2])
+
+    def _check_loop(self) -> None:
+        """While a weight load waits for the front's loop: a generate function blocking the
+        loop past ``--generate-timeout`` fails the pool (``per_sample.check_loop``)."""
+        if self.per_sample:
+            check_loop(self.producer.per_sample, self.engine.loop)
 
     # -- resuming -----------------------------------------------------------------------------
     def resume_state(self) -> dict:

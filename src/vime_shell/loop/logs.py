@@ -16,14 +16,16 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 
 
 class RankFilter(logging.Filter):
-    """Passes records on rank 0, and on every rank at debug level."""
+    """Passes records on rank 0, and on every rank at debug level; a record logged with
+    ``extra={"any_rank": True}`` (what only this rank can see, e.g. a generate function it
+    still waits for) on every rank."""
 
     def __init__(self, rank: int, all_ranks: bool):
         super().__init__()
         self.rank, self.all_ranks = rank, all_ranks
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.all_ranks or self.rank == 0
+        return self.all_ranks or self.rank == 0 or getattr(record, "any_rank", False)
 
 
 def configure_logging(level: str, rank: int) -> logging.Logger:

@@ -19,10 +19,9 @@ Example: ``B = 4`` over 2 engine ranks: parts with groups ``(3, 0), (3, 1)`` and
 from typing import Any
 
 from vime_pure.async_pool import PoolCounts
-from vime_pure.data.batch import RolloutBatch
 from vime_pure.pool_ranks import merge_order, merge_resume_states, pool_share, sum_counts
 from vime_shell.loop.config import TrainConfig
-from vime_shell.loop.rollouts import sample_annotations
+from vime_shell.loop.rollouts import batch_of, output_source, sample_annotations
 
 
 def join_pool_parts(cfg: TrainConfig, parts: list[tuple[Any, ...]],
@@ -33,7 +32,7 @@ def join_pool_parts(cfg: TrainConfig, parts: list[tuple[Any, ...]],
     groups = [g for part in parts for g in part[2]]
     order = merge_order([g[0] for g in groups])
     outputs = [groups[i][1] for i in order]
-    batch = RolloutBatch.from_samples(outputs, normalization=cfg.reward_normalization())
+    batch = batch_of(outputs, cfg.reward_normalization(), parts[0][1], output_source(cfg))
     c = sum_counts([resumed, *(PoolCounts(
         started=p[3]["pool_started"], trained=p[3]["pool_trained"],
         recycled=p[3]["pool_recycled"], filtered=p[3]["pool_filtered"]) for p in parts)])

@@ -21,8 +21,10 @@ prompts, round 1 keeps 5 more and discards 27; the record says ``prompts_generat
 prompts_kept 16, prompts_filtered 42``.
 """
 
+import concurrent.futures as futures
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from itertools import chain
@@ -36,7 +38,7 @@ from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.rollout_output import flatten_rollout_output
 from vime_pure.data.held_parts import claimed_part
 from vime_pure.data.shares import BatchMeta, part_meta
-from vime_pure.errors import VimeError
+from vime_pure.errors import RolloutValidationError, VimeError, one_line
 from vime_shell.engines import SamplingParams
 from vime_shell.engines.async_engine import async_front
 from vime_shell.engines.group import EngineGroup
@@ -129,9 +131,10 @@ def _per_sample(cfg: TrainConfig, engines: EngineGroup, tokenizer: Any,
                 context_len: int | None) -> PerSample | None:
     """How this rank runs per-sample ``generate`` functions (None when the rollout function
     is a batched one, or this rank has no engine): the engine's per-request front, the
-    function (``--custom-generate-function-path``, else the built-in one), the run's config
-    as ``args``, and the partial-rollout buffer under ``--partial-rollout``; ``context_len``:
-    the model's context, which caps a function's ``max_new_tokens``."""
+    function (``--custom-generate-function-path``, else the built-in one) and its deadline
+    (``--generate-timeout``), the run's config as ``args``, and the partial-rollout buffer
+    under ``--partial-rollout``; ``context_len``: the model's context, which caps a function's
+    ``max_new_tokens``."""
     if cfg.effective_rollout_function_path != PER_SAMPLE_ROLLOUT_FUNCTION \
             or engines.engine is None:
         return None
@@ -141,9 +144,10 @@ def _per_sample(cfg: TrainConfig, engines: EngineGroup, tokenizer: Any,
         engine=front, tokenizer=tokenizer,
         encode=lambda example: encode_prompt(tokenizer, example, cfg.apply_chat_template),
         mask_offpolicy=cfg.mask_offpolicy_in_partial_rollout, context_len=context_len)
-    fn = load_generate_function(cfg.custom_generate_function_path or DEFAULT_GENERATE_FUNCTION)
-    return PerSample(runtime=runtime, generate_fn=fn, args=cfg,
-                     buffer=PartialBuffer() if cfg.partial_rollout else None)
+    path = cfg.custom_generate_function_path or DEFAULT_GENERATE_FUNCTION
+    return PerSample(runtime=runtime, generate_fn=load_generate_function(path), args=cfg,
+                     buffer=PartialBuffer() if cfg.partial_rollout else None, name=path,
+                     timeout=cfg.generate_timeout)
 
 
 class RolloutProducer:
@@ -221,7 +225,10 @@ class RolloutProducer:
         with native_torch():  # generation names no CUDA device: skip the CPU device mode
             chunks = self.engines.run_local(self._share_runner(rid, ctx), len(prompts),
                                             queue=self.queue)
-        part, meta = claimed_part(chunks or (), normalization=self.normalization)
+        try:
+            part, meta = claimed_part(chunks or (), normalization=self.normalization)
+        except RolloutValidationError as exc:
+            raise chunk_output_error(exc, chunks, rid, output_source(cfg)) from None
         stats = None
         if self.is_rank0:
             stats = GenerationStats(
@@ -296,7 +303,7 @@ class RolloutProducer:
                         stats.as_record(), time.perf_counter() - started,
                         what=f"rollout log {cfg.custom_rollout_log_function_path}",
                         flag="--custom-rollout-log-function-path", where=f"rollout {rid}")
-        batch = RolloutBatch.from_samples(kept, normalization=self.normalization)
+        batch = batch_of(kept, self.normalization, rid, output_source(cfg))
         return batch, attrs.evolve(stats, annotations=sample_annotations(kept))
 
     def _judge(self, output: list[Any], kept: list[Any], dropped_out: list[Any], need: int,
@@ -373,8 +380,8 @@ class RolloutProducer:
                          "rollout (this run has no --partial-rollout)", len(buffer.groups))
         self.source.carried = carried
 
-    def run_per_sample_on(self, front: Any, runner: Callable[[Coroutine[Any, Any, Any]], Any]
-                          ) -> None:
+    def run_per_sample_on(self, front: Any,
+                          runner: Callable[[Coroutine[Any, Any, Any]], futures.Future]) -> None:
         """Per-sample generation (``--custom-generate-function-path``) through ``front``, its
         rounds run by ``runner`` (``PerSample``): the fully-async pool's groups, probes and
         evaluations then share one engine front and one event loop."""
@@ -487,6 +494,59 @@ def empty_rollout_message(rid: int, stats: GenerationStats) -> str:
             "LR does not move. If this repeats, raise --dynamic-sampling-max-rounds or "
             "--over-sampling-batch-size, pass --dynamic-sampling-fill-filtered, or check the "
             "reward (groups scoring alike cannot be told apart)")
+
+
+def output_source(cfg: TrainConfig) -> str:
+    """The plugin that writes a rollout's samples, as the user named it: ``--custom-generate-
+    function-path my.mod:fn`` under per-sample generation, else ``--rollout-function-path``."""
+    if cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION:
+        return ("--custom-generate-function-path "
+                f"{cfg.custom_generate_function_path or DEFAULT_GENERATE_FUNCTION}")
+    return f"--rollout-function-path {cfg.rollout_function_path}"
+
+
+def batch_of(output: list[Any], normalization: Any, rid: int, source: str) -> RolloutBatch:
+    """``RolloutBatch.from_samples``; a malformed sample's error names the plugin that wrote
+    it and its prompt (:func:`output_error`)."""
+    try:
+        return RolloutBatch.from_samples(output, normalization=normalization)
+    except RolloutValidationError as exc:
+        raise output_error(exc, output, rid, source) from None
+
+
+_PATH = re.compile(r"output((?:\[\d+\])+): (.*)")
+
+
+def output_error(exc: RolloutValidationError, output: Any, rid: int, source: str
+                 ) -> RolloutValidationError:
+    """The core's error about the rollout output (``output[0][1][0]: len(loss_mask)=5 but
+    ...``) naming the plugin that returned it (``source``) and the sample's prompt.
+    Example: ``rollout 3, prompt '47>' (output[0][1][0]): the sample --custom-generate-
+    function-path my.mod:fn returned: len(loss_mask)=5 but response_length=2. Fix: ...``."""
+    found = _PATH.fullmatch(str(exc))
+    if found is None:
+        return RolloutValidationError(f"rollout {rid}: the samples {source} returned: {exc}")
+    node = output
+    for k in map(int, re.findall(r"\d+", found.group(1))):
+        node = node[k] if isinstance(node, (list, tuple)) and k < len(node) else None
+    prompt = getattr(node, "metadata", None)
+    prompt = prompt.get("prompt") if isinstance(prompt, dict) else None
+    where = (f"prompt {one_line(repr(prompt), 40)} (output{found.group(1)})"
+             if prompt is not None else f"output{found.group(1)}")
+    return RolloutValidationError(f"rollout {rid}, {where}: the sample {source} returned: "
+                                  f"{found.group(2)}")
+
+
+def chunk_output_error(exc: RolloutValidationError, chunks: Sequence[tuple[int, Any]], rid: int,
+                       source: str) -> RolloutValidationError:
+    """:func:`output_error` for a holder's work-queue chunks (``claimed_part``): the chunk at
+    fault is found again by converting each alone."""
+    for _, out in chunks or ():
+        try:
+            RolloutBatch.from_samples(out)
+        except RolloutValidationError as own:
+            return output_error(own, out, rid, source)
+    return output_error(exc, None, rid, source)
 
 
 def sample_annotations(output: list[Any]) -> tuple[dict, ...]:

@@ -48,7 +48,7 @@ from vime_pure.data.sample import Sample
 from vime_shell.engines.base import Generation, RolloutEngine, SamplingParams
 # generate: re-exported, the default of --custom-generate-function-path
 from vime_shell.rollout.generate import FINISH_STATUS, generate  # noqa: F401
-from vime_shell.rollout.plugins import is_expired, load_callable, time_limit
+from vime_shell.rollout.plugins import DeadlineExpired, load_callable, run_within
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskError, TaskExample
 
@@ -56,6 +56,10 @@ RolloutFn = Callable[["RolloutContext"], Sequence[Any]]
 DEFAULT_ROLLOUT_FUNCTION = "vime_shell.rollout.functions:single_turn_rollout"
 PER_SAMPLE_ROLLOUT_FUNCTION = "vime_shell.rollout.per_sample:generate_rollout"
 DEFAULT_GENERATE_FUNCTION = "vime_shell.rollout.functions:generate"
+# --generate-timeout's default, seconds per execution of a per-sample generate function: an
+# hour is longer than any single execution of a real run we know of (a 32k-token response at 30
+# tokens/s takes 18 min), and still ends a stuck job.
+GENERATE_TIMEOUT_S = 3600.0
 TURN_REWARDS: tuple[str, ...] = ("mean", "all")
 # A chat template renders in milliseconds; one with runaway loops is stopped after this long.
 CHAT_TEMPLATE_TIMEOUT_S = 10.0
@@ -168,17 +172,15 @@ def render_chat_template(tokenizer: Any, example: TaskExample,
     messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     limit = CHAT_TEMPLATE_TIMEOUT_S if timeout is None else timeout
     try:
-        with time_limit(limit):
-            return tokenizer.apply_chat_template(messages, tools=example.tools, tokenize=False,
-                                                 add_generation_prompt=True)
-    except BaseException as exc:  # noqa: BLE001 - includes the time limit's own signal
-        if not isinstance(exc, Exception) and not is_expired(exc):
-            raise
-        problem = (f"did not render within {limit:g} s" if is_expired(exc)
-                   else f"failed ({type(exc).__name__}: {one_line(str(exc))})")
-        raise TaskError(f"the chat template {problem} for the prompt {one_line(repr(prompt))}. "
-                        "Fix: correct the tokenizer's chat_template, or drop "
-                        "--apply-chat-template.") from None
+        return run_within(limit, lambda: tokenizer.apply_chat_template(
+            messages, tools=example.tools, tokenize=False, add_generation_prompt=True))
+    except DeadlineExpired:
+        problem = f"did not render within {limit:g} s"
+    except Exception as exc:  # noqa: BLE001 - the template's own error, as one line
+        problem = f"failed ({type(exc).__name__}: {one_line(str(exc)).rstrip('. ')})"
+    raise TaskError(f"the chat template {problem} for the prompt {one_line(repr(prompt))}. "
+                    "Fix: correct the tokenizer's chat_template, or drop "
+                    "--apply-chat-template.")
 
 
 def _respond(ctx: RolloutContext, examples: Sequence[TaskExample],

@@ -2,17 +2,29 @@
 ``--custom-rm-path``, ``--dynamic-sampling-filter-path``, ``--custom-generate-function-path``).
 
 Both spellings are accepted: ``"pkg.mod:fn"`` (entry-point style, unambiguous) and slime's dotted
-``"pkg.mod.fn"``. A path that does not resolve to a callable raises :class:`PluginError` naming
-the flag, the path and what went wrong; an ``Exception`` raised *inside* the user's module while
-it is imported propagates unchanged, so its traceback stays useful.
+``"pkg.mod.fn"``. A path that does not resolve to a callable, or whose module fails to import
+(its own imports included: a plugin written for slime that imports ``slime.rollout``), raises
+:class:`PluginError` naming the flag, the module and what went wrong, the cause chained (its
+traceback under ``--log-level debug``).
 
 Every call into a plugin goes through :func:`call_plugin`: whatever the plugin raises becomes one
 typed error naming the flag, the function and where (prompt, sample), with the cause chained.
-That includes ``SystemExit``, ``KeyboardInterrupt`` and other ``BaseException``: a reward that
-calls ``sys.exit(0)`` must not end ``vime train`` with status 0, which a job scheduler would read
-as success. ``timeout`` (``--reward-timeout``) bounds one call: a watchdog thread interrupts the
-main thread with ``SIGUSR1`` when it expires (a signal, so a ``time.sleep`` or a pure-Python loop
-is interrupted; ``SIGALRM`` stays free for ``math-verify``'s own parse timeouts).
+That includes ``SystemExit`` and other ``BaseException``: a reward that calls ``sys.exit(0)``
+must not end ``vime train`` with status 0, which a job scheduler would read as success. A
+``KeyboardInterrupt`` raised in the main thread passes unchanged: it is the user's Ctrl-C (a
+plugin's own ``raise KeyboardInterrupt`` there cannot be told apart from it; the run then ends
+as interrupted, status 130, never 0); raised in any other thread it is the plugin's own, and
+typed.
+
+Deadlines (:func:`run_within`, one mechanism for every thread): ``timeout`` (``--reward-timeout``)
+runs the call on a daemon worker thread and waits for it at most that long, so a call that
+sleeps, blocks on I/O or spins is given up on time in the main thread, a fully-async pool
+thread or an event loop's thread alike (signals, which only the main thread receives, are not
+used). A call given up on is a fatal :class:`PluginTimeoutError`; its worker is abandoned and,
+if it still runs Python code (a spinning loop), interrupted there by an asynchronous exception,
+so it stops using the CPU; a daemon thread never keeps the process alive. Not enforceable: a C
+call that holds the GIL (a catastrophic regular expression) stops every thread, the waiting one
+too.
 
 Example: ``call_plugin(fn, sample, what="reward my.mod:rm", flag="--custom-rm-path",
 where="prompt 3, sample 1", error=RewardFunctionError, timeout=5.0)``; a ``fn`` that sleeps 60 s
@@ -21,13 +33,14 @@ raises ``PluginTimeoutError: prompt 3, sample 1: reward my.mod:rm did not return
 3, sample 1: reward my.mod:rm exited with SystemExit: 0 ...``.
 """
 
-import contextlib
+import contextvars
+import ctypes
 import importlib
 import inspect
-import signal
+import itertools
+import queue
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from vime_pure.errors import VimeError, field_error, one_line
@@ -42,100 +55,170 @@ class PluginTimeoutError(PluginError):
     """A plugin call that did not return within its time limit."""
 
 
-class _Expired(BaseException):
-    """Raised in the main thread when a call's time limit expires (a BaseException, so that a
-    plugin's ``except Exception`` does not swallow it)."""
+class DeadlineExpired(Exception):
+    """A :func:`run_within` call that did not return in time (the caller names what and why)."""
+
+
+class _Interrupt(BaseException):
+    """Raised asynchronously in an abandoned worker that still runs Python code (a
+    BaseException, so that a plugin's ``except Exception`` does not swallow it)."""
 
 
 def call_plugin(fn: Callable[..., Any], *args: Any, what: str, flag: str, where: str,
-                error: type[VimeError] = PluginError, timeout: float | None = None) -> Any:
+                error: type[VimeError] = PluginError, timeout: float | None = None,
+                timeout_flag: str = "--reward-timeout") -> Any:
     """``fn(*args)``, with every failure a typed error (module docstring). ``what`` names the
     plugin (``"reward my.mod:rm"``), ``flag`` the flag that chose it, ``where`` the data it was
-    given. A ``VimeError`` the plugin raises (e.g. from a vime helper) passes unchanged."""
+    given; ``timeout`` seconds (``timeout_flag``) bound the call. A ``VimeError`` the plugin
+    raises (e.g. from a vime helper) passes unchanged."""
     try:
-        with time_limit(timeout):
-            return fn(*args)
+        return run_within(timeout, _typed_call, fn, args, what, flag, where, error)
+    except DeadlineExpired:
+        raise PluginTimeoutError(
+            f"{where}: {what} did not return within {timeout_flag} {timeout:g} s. Fix: make "
+            f"the function {flag} names return sooner, or raise {timeout_flag}.") from None
+
+
+def _typed_call(fn: Callable[..., Any], args: tuple, what: str, flag: str, where: str,
+                error: type[VimeError]) -> Any:
+    """``fn(*args)`` in the thread that runs it, its failure typed there: only that thread
+    knows whether a ``KeyboardInterrupt`` can be the user's Ctrl-C (the main thread's)."""
+    try:
+        return fn(*args)
     except VimeError:
         raise
-    except _Expired:
-        raise PluginTimeoutError(
-            f"{where}: {what} did not return within --reward-timeout {timeout:g} s. Fix: make "
-            f"the function {flag} names faster, or raise --reward-timeout.") from None
+    except _Interrupt:
+        raise  # an abandoned call: nobody waits for its outcome
+    except KeyboardInterrupt as exc:
+        if threading.current_thread() is threading.main_thread():
+            raise  # the user's Ctrl-C: the CLI reports the interrupted run
+        raise error(plugin_failure(where, what, flag, exc)) from exc
     except BaseException as exc:  # noqa: BLE001 - SystemExit(0) must not look like success
-        kind = "exited with" if isinstance(exc, (SystemExit, KeyboardInterrupt)) else "raised"
-        detail = one_line(str(exc))
-        raise error(f"{where}: {what} {kind} {type(exc).__name__}"
-                    f"{': ' + detail if detail else ''}. Fix: correct the function {flag} "
-                    "names (a plugin returns its result; it may not end the run).") from exc
+        raise error(plugin_failure(where, what, flag, exc)) from exc
 
 
-def is_expired(exc: BaseException) -> bool:
-    """True for the exception :func:`time_limit` raises when its time is up."""
-    return isinstance(exc, _Expired)
+def plugin_failure(where: str, what: str, flag: str, exc: BaseException) -> str:
+    """The one-line message of a plugin call that raised or exited (one "Fix:")."""
+    detail = one_line(str(exc).split(" Fix: ")[0]).rstrip(". ")
+    name = type(exc).__name__ + (f": {detail}" if detail else "")
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        return (f"{where}: {what} exited with {name}. Fix: return a result from the function "
+                f"{flag} names (a plugin may not end the run).")
+    if _needs_main_thread(exc):
+        return (f"{where}: {what} raised {type(exc).__name__}: it sets a signal (signal.alarm: "
+                "math-verify's default timeouts do), which works only in the main thread, and "
+                "--fully-async pools and --reward-timeout run plugins on other threads. Fix: in "
+                f"the function {flag} names, pass parsing_timeout=None and timeout_seconds=None "
+                "to math-verify (and bound the call with --reward-timeout), or drop the signal.")
+    if flag == "--rm-type":  # vime's own reward: nothing for the user to correct
+        return (f"{where}: {what} raised {name}. Fix: report it with this response (its "
+                "traceback: --log-level debug); meanwhile score with --custom-rm-path.")
+    return (f"{where}: {what} raised {name}. Fix: correct the function {flag} names for this "
+            "input (its traceback: --log-level debug).")
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float | None) -> Iterator[None]:
-    """Raise ``_Expired`` in the main thread if the body runs longer than ``seconds`` (None: no
-    limit; off the main thread, where no signal handler can run, the body runs unlimited).
+def _needs_main_thread(exc: BaseException | None) -> bool:
+    """Python's "signal only works in main thread" (also as the cause math-verify rewords)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ValueError) and "signal only works in main thread" in str(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
-    One watchdog thread serves every limit (a limit costs a dict entry, not a thread: the
-    launch checks render every dataset prompt under one)."""
-    if seconds is None or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _start_watchdog()
-    token = object()
-    with _LOCK:
-        _ACTIVE[token] = time.monotonic() + seconds
-    _WAKE.set()
+
+# -- deadlines ------------------------------------------------------------------------------------
+def run_within(seconds: float | None, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, or :class:`DeadlineExpired` once ``seconds`` have passed (None: no limit,
+    ``fn`` runs here). Works in any thread (module docstring): the call runs on a pooled daemon
+    worker, in a copy of the caller's context (``contextvars``), and its exception, if any, is
+    raised here. Example: ``run_within(0.1, time.sleep, 3600)`` raises after 0.1 s."""
+    if seconds is None:
+        return fn(*args)
+    worker = _Worker.take()
+    job = _Job(fn, args, contextvars.copy_context())
+    worker.jobs.put(job)
+    finished = False
     try:
-        yield
+        finished = job.done.wait(seconds)
     finally:
-        with _LOCK:
-            _ACTIVE.pop(token, None)
-            _EXPIRED.discard(token)
+        if finished:
+            worker.give_back()
+        else:  # expired, or the wait itself was interrupted (Ctrl-C in the main thread)
+            worker.abandon(job)
+    if not finished:
+        raise DeadlineExpired(f"did not return within {seconds:g} s")
+    return job.outcome()
 
 
-_LOCK = threading.RLock()  # re-entrant: the signal handler runs in the main thread, which
-# may hold it (inside ``time_limit``) when the signal lands
-_ACTIVE: dict[object, float] = {}  # live limits -> their deadline (time.monotonic)
-_EXPIRED: set[object] = set()  # limits whose deadline passed while still live
-_WAKE = threading.Event()
-_WATCHDOG: list[threading.Thread] = []
+class _Job:
+    """One call handed to a worker, and its outcome."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple, context: contextvars.Context):
+        self.fn, self.args, self.context = fn, args, context
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.context.run(self.fn, *self.args)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the waiting thread
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            error, self.error = self.error, None  # no cycle through this frame
+            raise error
+        return self.result
 
 
-def _watch() -> None:
-    main = threading.main_thread().ident
-    while True:
-        _WAKE.clear()  # before reading the deadlines: a later set() ends the wait at once
-        with _LOCK:
-            now = time.monotonic()
-            due = [t for t, d in _ACTIVE.items() if d <= now and t not in _EXPIRED]
-            _EXPIRED.update(due)
-            pending = [d for t, d in _ACTIVE.items() if t not in _EXPIRED]
-        if due:
-            signal.pthread_kill(main, signal.SIGUSR1)
-        _WAKE.wait(max(min(pending) - time.monotonic(), 0.0) if pending else None)
+class _Worker:
+    """A daemon thread that runs :class:`_Job` s one at a time; idle ones are pooled."""
 
+    _IDLE: list["_Worker"] = []
+    _LOCK = threading.Lock()
+    _NUMBER = itertools.count()
 
-def _on_signal(signum: int, frame: Any) -> None:
-    """Raise for a live expired limit; a late signal (its limit already left) is ignored."""
-    with _LOCK:
-        live = bool(_EXPIRED)
-        _EXPIRED.clear()
-    if live:
-        raise _Expired()
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.abandoned = False
+        self.thread = threading.Thread(target=self._serve, daemon=True,
+                                       name=f"vime-deadline-{next(self._NUMBER)}")
+        self.thread.start()
 
+    @classmethod
+    def take(cls) -> "_Worker":
+        with cls._LOCK:
+            while cls._IDLE:
+                worker = cls._IDLE.pop()
+                if worker.thread.is_alive():  # a pooled worker does not survive a fork
+                    return worker
+        return cls()
 
-def _start_watchdog() -> None:
-    # The handler is installed once and left in place: a signal that arrives just as its
-    # call returns must find it, not SIGUSR1's default action (which ends the process).
-    if signal.getsignal(signal.SIGUSR1) is not _on_signal:
-        signal.signal(signal.SIGUSR1, _on_signal)
-    if not (_WATCHDOG and _WATCHDOG[-1].is_alive()):  # none yet, or lost in a fork
-        _WATCHDOG.append(threading.Thread(target=_watch, name="vime-time-limit", daemon=True))
-        _WATCHDOG[-1].start()
+    def give_back(self) -> None:
+        with self._LOCK:
+            self._IDLE.append(self)
+
+    def abandon(self, job: _Job) -> None:
+        """Never used again; a job still running Python code is interrupted where it is."""
+        self.abandoned = True
+        self.jobs.put(None)  # ends the serving loop once the job returns
+        if not job.done.is_set() and self.thread.is_alive():
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident),
+                                                       ctypes.py_object(_Interrupt))
+
+    def _serve(self) -> None:
+        try:
+            while not self.abandoned:
+                job = self.jobs.get()
+                if job is None:
+                    return
+                job.run()
+        except _Interrupt:  # aimed at an abandoned job that had just returned
+            return
 
 
 def load_callable(path: str, *, flag: str) -> Callable[..., Any]:
@@ -152,17 +235,7 @@ def load_callable(path: str, *, flag: str) -> Callable[..., Any]:
     if not module_name or not attr:
         raise field_error(PluginError, flag, path, "names no module and function",
                           'pass "package.module:function" (or "package.module.function")')
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not module_name.startswith(exc.name):
-            raise  # the user's module imports something missing: keep its traceback
-        raise field_error(PluginError, flag, path, f"module {module_name!r} is not importable",
-                          "check the spelling and that its directory is on PYTHONPATH") from exc
-    except (SystemExit, KeyboardInterrupt) as exc:  # an import may not end the run either
-        raise field_error(PluginError, flag, path, f"module {module_name!r} exited with "
-                          f"{type(exc).__name__}({exc}) while being imported",
-                          "remove the exit from the module's top level") from exc
+    module = _import_module(module_name, path, flag)
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -174,6 +247,56 @@ def load_callable(path: str, *, flag: str) -> Callable[..., Any]:
         raise field_error(PluginError, flag, path, f"names a {type(obj).__name__}, not a function",
                           "point it at a function")
     return obj
+
+
+def _import_module(module_name: str, path: str, flag: str) -> Any:
+    """The plugin's module; any failure while importing it is one typed line (the module's
+    own traceback chained: ``--log-level debug``), but the user's Ctrl-C."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise _import_error(exc, path, module_name, flag) from exc
+    except KeyboardInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            raise  # the user's Ctrl-C during a slow import
+        raise field_error(PluginError, flag, path, f"module {module_name!r} exited with "
+                          "KeyboardInterrupt while being imported",
+                          "remove the exit from the module's top level") from None
+    except SystemExit as exc:  # an import may not end the run either
+        raise field_error(PluginError, flag, path, f"module {module_name!r} exited with "
+                          f"{type(exc).__name__}({exc}) while being imported",
+                          "remove the exit from the module's top level") from exc
+    except Exception as exc:  # noqa: BLE001 - the module's own code failed: one typed line
+        raise field_error(PluginError, flag, path, f"module {module_name!r} raised "
+                          f"{type(exc).__name__} while being imported: "
+                          f"{one_line(str(exc)).rstrip('. ')}", f"correct {module_name} (its "
+                          "traceback: --log-level debug)") from exc
+
+
+# Packages a plugin written for slime or miles imports, and where vime's counterparts are.
+_ANCHORS = ("slime", "miles", "sglang")
+_COUNTERPARTS = ("vime_pure.Sample for slime.utils.types.Sample, "
+                 "vime_shell.rollout.functions.generate for slime's sglang_rollout generate")
+
+
+def _import_error(exc: ImportError, path: str, module_name: str, flag: str) -> PluginError:
+    """The typed error of a plugin module that cannot be imported: the module itself is not
+    found, or its own imports fail (a package that is not installed, a missing name)."""
+    missing = exc.name or ""
+    if isinstance(exc, ModuleNotFoundError) and missing and \
+            (module_name == missing or module_name.startswith(missing + ".")):
+        return field_error(PluginError, flag, path, f"module {module_name!r} is not importable",
+                           "check the spelling and that its directory is on PYTHONPATH")
+    package = missing.split(".")[0]
+    if isinstance(exc, ModuleNotFoundError) and package in _ANCHORS:
+        fix = (f"{module_name} is written for {package}, which vime does not include: import "
+               f"vime's counterparts instead ({_COUNTERPARTS}; README \"Coming from slime\")")
+    elif isinstance(exc, ModuleNotFoundError) and package:
+        fix = f"install {package}, or remove that import from {module_name}"
+    else:
+        fix = f"correct that import in {module_name}"
+    return field_error(PluginError, flag, path, f"module {module_name!r} fails to import: "
+                       f"{type(exc).__name__}: {one_line(str(exc))}", fix)
 
 
 GENERATE_PARAMETERS = ("args", "sample", "sampling_params")

@@ -8,8 +8,8 @@ diversity, majority vote). :class:`Rewarder` applies either, and turns anything 
 inside into a :class:`RewardFunctionError` naming the prompt and sample.
 
 Every call of the reward goes through :func:`vime_shell.rollout.plugins.call_plugin`: an
-exception, ``SystemExit`` or ``KeyboardInterrupt`` becomes a :class:`RewardFunctionError`, and
-``--reward-timeout SECONDS`` bounds each call (a :class:`PluginTimeoutError`). A numeric label
+exception or ``SystemExit`` becomes a :class:`RewardFunctionError`, and ``--reward-timeout
+SECONDS`` bounds each call in any thread (a :class:`PluginTimeoutError`). A numeric label
 (``43`` or ``43.0`` in the dataset) is compared as a number: ``exact`` matches a response that
 is the same number (``"43"``, ``"43.0"``), ``math`` parses both sides.
 
@@ -165,13 +165,16 @@ class Rewarder:
         if not self.concurrent or len(groups) < 2 or any(self._mixed(g) for g in groups):
             return [self.score(g, where=where(p)) for p, g in enumerate(groups)]
         flat = [s for g in groups for s in g]
-        values = self._call(flat, f"{where(0)}..{where(len(groups) - 1)} (all samples)")
+        span = f"{where(0)} to {where(len(groups) - 1)} (scored together)"
+        values = self._call(flat, span)
         if not isinstance(values, Sequence) or len(values) != len(flat):
-            raise RewardFunctionError(f"reward {self.name} returned {values!r:.80} for "
-                                      f"{len(flat)} samples. Fix: one float per sample.")
+            raise RewardFunctionError(f"{span}: reward {self.name} returned {values!r:.80} for "
+                                      f"{len(flat)} samples. Fix: make the function "
+                                      f"{self.flag} names return one float per sample, in "
+                                      "order.")
         out, start = [], 0
         for p, g in enumerate(groups):
-            out.append([_finite(v, f"{where(p)}, sample {k}", self.name)
+            out.append([_finite(v, f"{where(p)}, sample {k}", self.name, self.flag)
                         for k, v in enumerate(values[start:start + len(g)])])
             start += len(g)
         return out
@@ -187,18 +190,21 @@ class Rewarder:
             if not isinstance(values, Sequence) or len(values) != len(samples):
                 raise RewardFunctionError(
                     f"{where}: group reward {self.name} returned {values!r:.80} for "
-                    f"{len(samples)} samples. Fix: return one float per sample, in order.")
+                    f"{len(samples)} samples. Fix: make the function {self.flag} names return "
+                    "one float per sample, in order.")
         else:
             values = [self._call(s, f"{where}, sample {k}") for k, s in enumerate(samples)]
-        return [_finite(v, f"{where}, sample {k}", self.name) for k, v in enumerate(values)]
+        return [_finite(v, f"{where}, sample {k}", self.name, self.flag)
+                for k, v in enumerate(values)]
 
     def _call(self, arg: Any, where: str) -> Any:
         return call_plugin(self.fn, arg, what=f"reward {self.name}", flag=self.flag,
                            where=where, error=RewardFunctionError, timeout=self.timeout)
 
 
-def _finite(value: Any, where: str, name: str) -> float:
+def _finite(value: Any, where: str, name: str, flag: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise RewardFunctionError(f"{where}: reward {name} returned {value!r:.60}, not a finite "
-                                  "number. Fix: return a float (e.g. 0.0 for a failure).")
+                                  f"number. Fix: make the function {flag} names return a float "
+                                  "(e.g. 0.0 for a failure).")
     return float(value)

@@ -6,7 +6,8 @@ slime's reward of the same name, on the rules written in each docstring (vime's 
 
 * ``deepscaler``: the text after the last ``</think>`` (or after ``###Response``; neither: 0),
   its last ``\\boxed{}`` graded against the label by ``math-verify`` (or equal after
-  normalisation): 1 or 0. Thinking models only, as in slime.
+  normalisation): 1 or 0, in any thread (``math_reward.parse_math``). Thinking models only,
+  as in slime.
 * ``dapo``: the last 300 characters, the last ``Answer: X`` line, normalised; 1.0 when it equals
   the integer label, else -1.0, as ``{"score", "acc", "pred"}`` (the trained key is
   ``score`` unless ``--reward-key`` names another).
@@ -24,8 +25,7 @@ import string
 from collections import Counter
 from typing import Any
 
-from math_verify import parse, verify
-
+from vime_shell.rollout.math_reward import parse_math, verify_math
 from vime_shell.rollout.reward_plugins import last_boxed
 from vime_shell.rollout.rewards import sample_field
 
@@ -33,8 +33,8 @@ from vime_shell.rollout.rewards import sample_field
 def _same_math(answer: str, gold: str) -> bool:
     if _normal(answer) == _normal(gold):
         return True
-    a, g = parse(f"${answer}$"), parse(f"${gold}$")
-    return bool(a and g and verify(g, a))
+    a, g = parse_math(f"${answer}$"), parse_math(f"${gold}$")
+    return bool(a and g and verify_math(g, a))
 
 
 def _normal(text: str) -> str:

@@ -38,7 +38,8 @@ class RewardArgs(Record):
     group_rm: bool = _f(False, "--custom-rm-path takes all samples of one prompt and returns "
                         "their rewards")
     reward_timeout: float | None = _f(None, "seconds one reward call may take; over it the "
-                                      "run stops naming the sample (vime only)")
+                                      "run stops naming the sample, in every mode (the call "
+                                      "runs on a worker thread; vime only)")
     advantage_estimator: str = _f("grpo", "rewards to advantages; gspo also trains with "
                                   "GSPO's sequence-level importance ratio", ESTIMATORS)
     disable_grpo_std_normalization: bool = _f(False, "GRPO/GSPO advantages without the "

@@ -10,8 +10,8 @@ import attrs
 from vime_pure.errors import field_error
 from vime_shell.loop.settings.common import (ConfigError, Record, at_least, in_range, setting,
                                              setting_list)
-from vime_shell.rollout.functions import (DEFAULT_ROLLOUT_FUNCTION, MAX_GENERATION_ROUNDS,
-                                          PER_SAMPLE_ROLLOUT_FUNCTION)
+from vime_shell.rollout.functions import (DEFAULT_ROLLOUT_FUNCTION, GENERATE_TIMEOUT_S,
+                                          MAX_GENERATION_ROUNDS, PER_SAMPLE_ROLLOUT_FUNCTION)
 
 SECTION = "rollout"
 
@@ -44,6 +44,14 @@ class RolloutArgs(Record):
         None, "per-sample 'pkg.mod:fn', slime's async generate(args, sample, sampling_params) "
         "-> Sample | list[Sample]; it may await vime_shell.rollout.functions.generate for each "
         "turn")
+    generate_timeout: float = _f(
+        GENERATE_TIMEOUT_S, "seconds one execution of the per-sample generate function "
+        "(--custom-generate-function-path, or the built-in one) may take; over it the run stops "
+        "with an error naming the prompt and the execution, also when the function blocks the "
+        "event loop (time.sleep in the coroutine); a 'still waiting' line every 60 s meanwhile. "
+        "Default 3600: longer than any single execution of a real run (a 32k-token response at "
+        "30 tokens/s takes 18 min), short enough to end a stuck job (vime only: slime and miles "
+        "have no such flag)")
     partial_rollout: bool = _f(False, "abort unfinished generations once a rollout has its "
                                "groups; they continue under the new weights in a later "
                                "rollout (per-sample generation). vime: the unfinished groups "
@@ -127,6 +135,7 @@ class RolloutArgs(Record):
                               "must be 2 or 3", "use 2 (or the single-turn rollout)")
         self._check_partial()
         self._check_over_sampling()
+        self._check_generate_timeout()
 
     def _check_over_sampling(self) -> None:
         filtered = self.dynamic_sampling_filter_path is not None
@@ -148,6 +157,15 @@ class RolloutArgs(Record):
                               self.over_sampling_batch_size,
                               f"is below rollout_batch_size={self.rollout_batch_size}",
                               "draw at least as many prompts per round as a batch needs")
+
+    def _check_generate_timeout(self) -> None:
+        in_range("generate_timeout", self.generate_timeout, 1e-3, 1e6, "pass seconds, e.g. 600")
+        if self.generate_timeout != GENERATE_TIMEOUT_S and \
+                self.effective_rollout_function_path != PER_SAMPLE_ROLLOUT_FUNCTION:
+            raise field_error(ConfigError, "generate_timeout", self.generate_timeout,
+                              "bounds executions of a per-sample generate function, and "
+                              f"--rollout-function-path {self.rollout_function_path} runs none",
+                              "pass --custom-generate-function-path, or drop the flag")
 
     def _check_partial(self) -> None:
         if self.mask_offpolicy_in_partial_rollout and not self.partial_rollout:
