@@ -320,3 +320,31 @@ def test_use_fault_tolerance_is_accepted_with_a_note_saying_vime_ends_the_job():
     cfg = TrainConfig(use_fault_tolerance=True)
     note = next(n for n in megatron_args.notes(cfg) if n.startswith("--use-fault-tolerance"))
     assert "cannot restart" in note and "--load" in note
+
+
+class _Work:
+    """A gloo work whose timed wait runs out just as the operation ends (``fails``: it ends
+    with its own error)."""
+
+    def __init__(self, fails: bool = False):
+        self.fails, self.waits = fails, []
+
+    def wait(self, timeout=None):
+        self.waits.append(timeout)
+        if timeout is not None:
+            raise RuntimeError("Operation timed out!")
+        if self.fails:
+            raise RuntimeError("Connection closed by peer")
+
+    def is_completed(self):
+        return True
+
+
+def test_a_collective_that_completes_as_its_slice_runs_out_is_done_not_failed():
+    """A slice's timeout raced with the operation's end: the work is done, not a failure (it
+    was raised as one, failing a healthy bridge and desynchronising its peer)."""
+    work = _Work()
+    assert health.collective_done(work)(0.25) is True
+    assert work.waits[-1] is None  # waited for again, untimed, to learn how it ended
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        health.collective_done(_Work(fails=True))(0.25)
