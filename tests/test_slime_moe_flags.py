@@ -114,3 +114,14 @@ def test_kl_coef_is_the_reward_kl_of_reinforce_plus_plus_baseline():
     assert on.needs_reference and on.loss_config().reward_kl_coef == 0.05
     grpo = parse_train_config(["--kl-coef", "0.05"])
     assert not grpo.needs_reference and grpo.loss_config().reward_kl_coef == 0.0
+
+
+def test_a_derived_architecture_mismatch_quotes_the_config_as_written():
+    """``--swiglu`` on a GELU checkpoint names ``"hidden_act": 'gelu'`` and what it means, not
+    the derived ``"hidden_act": False`` (which read as a config value that is not there)."""
+    with pytest.raises(ModelArgsError) as err:
+        check_architecture(parse_train_config(["--swiglu"]),
+                           {**QWEN3_MOE, "hidden_act": "gelu"}, "/m")
+    message = str(err.value)
+    assert "\"hidden_act\": 'gelu', which means no --swiglu" in message, message
+    assert "False" not in message and message.count("Fix:") == 1

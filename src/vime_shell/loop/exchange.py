@@ -43,6 +43,7 @@ from vime_pure.data.ragged import offsets_from_lengths
 from vime_pure.data.shares import (BatchMeta, RankShare, SharePlan, assemble_share, merge_meta,
                                    share_piece)
 from vime_pure.errors import VimeError, relayed
+from vime_shell.engines.health import PG_BACKSTOP_S
 from vime_shell.megatron.collectives import RankFailure
 
 
@@ -114,7 +115,7 @@ def unpack_piece(buf: np.ndarray, plan: SharePlan) -> RankShare:
 class ShareExchange:
     """One run's exchange on one rank (build on every rank: ``new_group`` is collective)."""
 
-    def __init__(self, dp_rank: int, *, timeout_s: float = 3 * 3600.0):
+    def __init__(self, dp_rank: int, *, timeout_s: float = PG_BACKSTOP_S):
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.dp_rank = dp_rank

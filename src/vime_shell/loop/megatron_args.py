@@ -268,8 +268,9 @@ def check_architecture(cfg: Any, hf: dict[str, Any], hf_dir: str) -> None:
                 if isinstance(given, float) else given == actual)
         if not same:
             raise field_error(ModelArgsError, _flag(name), given,
-                              f"does not match {hf_dir}/config.json (\"{_hf_key(name)}\": "
-                              f"{actual!r})", f"{_fix(name, actual)} (the checkpoint's "
+                              f"does not match {hf_dir}/config.json "
+                              f"({_config_says(name, actual, hf)})",
+                              f"{_fix(name, actual)} (the checkpoint's "
                               "value), or the --hf-checkpoint the script was written for")
     hf_moe = moe_hf_values(hf)
     for name, given in given_values(cfg, hf.get("num_hidden_layers")).items():
@@ -297,6 +298,18 @@ def _moe_hf_text(name: str) -> str:
             "moe_shared_expert_gate": "model_type's shared-expert gate",
             "rope_type": "rope_scaling.rope_type", "rotary_scaling_factor": "rope_scaling.factor",
             }.get(name, f"rope_scaling.{name}")
+
+
+def _config_says(name: str, actual: Any, hf: dict[str, Any]) -> str:
+    """What config.json holds for flag ``name``: its key and value as written, and what that
+    means for the flag when the flag's value is derived (``"hidden_act": 'gelu'`` means no
+    ``--swiglu``), never the derived value alone (``"hidden_act": False`` misled)."""
+    key = _hf_key(name)
+    if key not in hf or hf[key] == actual:
+        return f'"{key}": {actual!r}'
+    means = (("" if actual else "no ") + _flag(name)) if isinstance(actual, bool) \
+        else f"{_flag(name)} {actual!r}"
+    return f'"{key}": {hf[key]!r}, which means {means}'
 
 
 def _hf_key(name: str) -> str:

@@ -97,7 +97,7 @@ class GenerationStats:
     prompts_filtered: int
     partial: PartialStats | None = None
     prompts_filled: int = 0  # filtered prompts put back by --dynamic-sampling-fill-filtered
-    filtered_reward_mean: float = float("nan")  # over the filtered prompts' rollout groups
+    filtered_reward_mean: float | None = None  # over the filtered prompts' rollout groups
     # Per sample of the batch, in its order: label and metadata (the dump's annotations).
     annotations: tuple = attrs.field(default=(), eq=False, repr=False)
 
@@ -490,10 +490,14 @@ def empty_rollout_message(rid: int, stats: GenerationStats) -> str:
     """The log line of a rollout whose every prompt group the filter removed (skipped)."""
     return (f"rollout {rid}: all {stats.prompts_generated} prompts of {stats.rounds} "
             f"generation rounds were filtered out by --dynamic-sampling-filter-path (their "
-            f"mean reward {stats.filtered_reward_mean:.3f}): skipped, no optimizer step, the "
+            f"mean reward {_shown(stats.filtered_reward_mean)}): skipped, no optimizer step, the "
             "LR does not move. If this repeats, raise --dynamic-sampling-max-rounds or "
             "--over-sampling-batch-size, pass --dynamic-sampling-fill-filtered, or check the "
             "reward (groups scoring alike cannot be told apart)")
+
+
+def _shown(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def output_source(cfg: TrainConfig) -> str:
@@ -558,15 +562,16 @@ def sample_annotations(output: list[Any]) -> tuple[dict, ...]:
                  for s in flatten_rollout_output(output).samples)
 
 
-def _group_reward_mean(outputs: list[Any]) -> float:
-    """Mean reward over the rollout groups of ``outputs`` (NaN when there are none)."""
+def _group_reward_mean(outputs: list[Any]) -> float | None:
+    """Mean reward over the rollout groups of ``outputs`` (None when there are none: a mean
+    over nothing, never NaN)."""
     firsts = {}
     for prompt_output in outputs:
         for s in prompt_samples(prompt_output):
             firsts.setdefault(id(prompt_output), {}).setdefault(s.group_id, s.reward)
     rewards = [r for groups in firsts.values() for r in groups.values()
                if isinstance(r, (int, float))]
-    return float(np.mean(rewards)) if rewards else float("nan")
+    return float(np.mean(rewards)) if rewards else None
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

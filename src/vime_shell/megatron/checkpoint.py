@@ -180,8 +180,12 @@ def _load_sharded(trainer, path: Path, state: dict) -> dict:
         raise field_error(CheckpointError, "use_distributed_optimizer", distributed,
                           f"differs from the checkpoint's {state['distributed_optimizer']} "
                           f"({path}): optimizer state does not convert between the plain and "
-                          "the distributed optimizer", "resume with the optimizer it was saved "
-                          "with (TP, PP and DP sizes may change)")
+                          "the distributed optimizer",
+                          ("pass --use-distributed-optimizer" if state["distributed_optimizer"]
+                           else "drop --use-distributed-optimizer, --use-precision-aware-"
+                           "optimizer and --overlap-param-gather (each turns it on)")
+                          + " to resume with the optimizer it was saved with (TP, PP and DP "
+                          "sizes may change)")
     _allocate_adam_state(trainer)
     request, _ = split_objects(_sharded_state_dict(trainer, is_loading=True))
     try:
