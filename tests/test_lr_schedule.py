@@ -67,6 +67,16 @@ def test_lr_budgets_follow_each_steps_real_group_count():
     assert lrs[1] > 0.0 and lrs[2] == 0.0  # the third step ends the decay
 
 
+def test_lr_warmup_fraction_counts_partial_steps():
+    """slime's --lr-warmup-fraction is a share of the run's optimizer steps, a partial step
+    counted as one: 2 rollouts of steps 4, 1 are 4 steps, so 0.5 warms up over 2 steps (the
+    first rollout's 4 + 1 groups); counting full steps only gave 1 step (4 groups)."""
+    cfg = TrainConfig(rollout_batch_size=5, n_samples_per_prompt=1, global_batch_size=4,
+                      allow_partial_train_step=True, num_rollout=2, lr_warmup_fraction=0.5)
+    assert cfg.warmup_iters == 2
+    assert trainer_config(cfg).optim.lr_warmup_groups == 5
+
+
 def test_launch_warns_when_nothing_decays():
     quiet = TrainConfig(lr_decay_style="cosine")
     assert launch_warnings(quiet, 300) == []

@@ -6,9 +6,7 @@ the trainer's LR up over 1280 groups; ``engine_options(cfg, cuda=False)`` picks 
 in float32.
 """
 
-import attrs
 
-from vime_pure.lr_schedule import LrGroups, lr_groups
 from vime_shell.engines import resolve_engine_name
 from vime_shell.engines.group import EngineOptions
 from vime_shell.engines.layout import default_rollout_dtype
@@ -18,30 +16,17 @@ from vime_shell.megatron.config import TrainerConfig
 from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
 
 
-def lr_schedule(cfg: TrainConfig, num_rollout: int | None = None) -> LrGroups:
-    """The run's LR lengths in groups; ``num_rollout``: the plan's (default: the config's)."""
-    return lr_groups(groups_per_rollout=cfg.groups_per_rollout,
-                     global_batch_size=cfg.effective_global_batch_size,
-                     allow_partial=cfg.partial_steps,
-                     num_rollout=cfg.resolved_num_rollout(None) if num_rollout is None
-                     else num_rollout,
-                     warmup_iters=cfg.warmup_iters, decay_iters=cfg.lr_decay_iters)
-
-
 def trainer_config(cfg: TrainConfig, num_rollout: int | None = None) -> TrainerConfig:
     """The trainer's settings from the run's: the one place flags map onto the trainer.
 
     LR warmup/decay lengths are optimizer steps in the flags (as in slime) and groups in the
-    trainer (its schedule advances by each step's real group count): ``vime_pure.lr_groups``
-    converts them (``N`` steps are the groups of the run's first ``N`` steps, each at its
-    real size), and without ``--lr-decay-iters`` decays over the whole run. Example:
+    trainer (its schedule advances by each step's real group count):
+    ``TrainConfig.lr_schedule`` converts them (``N`` steps are the groups of the run's first
+    ``N`` steps, each at its real size), and without ``--lr-decay-iters`` decays over the
+    whole run. Example:
     ``--lr-warmup-iters 10`` with 128 groups per step warms up over 1280 groups.
     """
-    lr = lr_schedule(cfg, num_rollout)
-    # the records TrainConfig validated at launch (one check per knob), with the run's LR lengths
-    optim = attrs.evolve(cfg.optim_config(), lr_warmup_groups=lr.warmup_groups,
-                         lr_decay_groups=lr.decay_groups)
-    return TrainerConfig(optim=optim, loss=cfg.loss_config(), model=cfg.model_options(),
+    return TrainerConfig(optim=cfg.optim_config(num_rollout), loss=cfg.loss_config(), model=cfg.model_options(),
                          recompute_loss_function=cfg.recompute_loss_function, seed=cfg.seed,
                          sequence_parallel=bool(cfg.sequence_parallel))
 

@@ -50,6 +50,7 @@ import attrs
 
 from vime_pure.config import BatchingPolicy
 from vime_pure.errors import VimeError, field_error
+from vime_pure.lr_schedule import LrGroups, lr_groups, steps_per_rollout
 from vime_pure.policy_config import LossConfig
 from vime_shell.loop.megatron_args import (MegatronSwitchArgs, ModelArchArgs, ModelArgsError,
                                            PlacementArgs)
@@ -186,12 +187,14 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
 
     @property
     def warmup_iters(self) -> int:
-        """``--lr-warmup-iters``, or slime's ``--lr-warmup-fraction`` of the run's steps:
-        0.1 of 300 rollouts x 1 step is 30 steps."""
+        """``--lr-warmup-iters``, or slime's ``--lr-warmup-fraction`` of the run's optimizer
+        steps, a partial step counted as one (``--allow-partial-train-step``): 0.1 of 300
+        rollouts x 1 step is 30 steps; 0.5 of 2 rollouts of 5 groups at
+        ``--global-batch-size 4`` (steps of 4 and 1) is 2 steps."""
         if self.lr_warmup_fraction is None:
             return self.lr_warmup_iters
-        steps = self.resolved_num_rollout(None) * (self.groups_per_rollout
-                                                   // self.effective_global_batch_size)
+        steps = self.resolved_num_rollout(None) * steps_per_rollout(
+            self.groups_per_rollout, self.effective_global_batch_size, self.partial_steps)
         return round(self.lr_warmup_fraction * steps)
 
     def loss_config(self) -> LossConfig:
@@ -213,16 +216,25 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
         reward KL."""
         return self.use_kl_loss or self.reward_kl
 
-    def optim_config(self) -> OptimConfig:
+    def lr_schedule(self, num_rollout: int | None = None) -> LrGroups:
+        """The run's LR lengths in groups (the core's ``lr_groups``: ``N`` steps are the groups
+        of the run's first ``N`` steps, each at its real size; without ``--lr-decay-iters`` the
+        decay is the whole run); ``num_rollout``: the plan's (default: the config's)."""
+        return lr_groups(groups_per_rollout=self.groups_per_rollout,
+                         global_batch_size=self.effective_global_batch_size,
+                         allow_partial=self.partial_steps,
+                         num_rollout=self.resolved_num_rollout(None) if num_rollout is None
+                         else num_rollout,
+                         warmup_iters=self.warmup_iters, decay_iters=self.lr_decay_iters)
+
+    def optim_config(self, num_rollout: int | None = None) -> OptimConfig:
         """Adam and the LR schedule (``OptimConfig``). Warmup and decay lengths are optimizer
         steps in the flags (as in slime) and groups in the trainer (its schedule advances by
-        each step's real group count), so they are multiplied by the groups per full step:
+        each step's real group count): :meth:`lr_schedule` converts them. Example:
         ``--lr-warmup-iters 10`` with 128 groups per step warms up over 1280 groups."""
-        per_step = self.effective_global_batch_size
-        return self.optim_config_for(
-            warmup_groups=self.warmup_iters * per_step,
-            decay_groups=None if self.lr_decay_iters is None else self.lr_decay_iters * per_step,
-            **self.offload_options())
+        lr = self.lr_schedule(num_rollout)
+        return self.optim_config_for(warmup_groups=lr.warmup_groups,
+                                     decay_groups=lr.decay_groups, **self.offload_options())
 
     def model_options(self) -> ModelOptions:
         """The trainer's recompute and MoE settings (``vime_shell.megatron.model_options``)."""

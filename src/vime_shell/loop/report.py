@@ -6,7 +6,6 @@ Example: ``rollout_line({"rollout": 12, "reward_mean": 0.312, ...})`` gives
 """
 
 from vime_pure.lr_schedule import lr_schedule_warnings
-from vime_shell.loop.components import lr_schedule
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.run_log import fmt
 
@@ -51,7 +50,7 @@ def skipped_record(rid: int, stats: dict, *, lr: float, rollout_s: float,
 def launch_warnings(cfg: TrainConfig, num_rollout: int) -> list[str]:
     """Settings that run but likely not as meant (logged once at launch)."""
     out = lr_schedule_warnings(style=cfg.lr_decay_style, lr=cfg.lr, min_lr=cfg.min_lr,
-                               schedule=lr_schedule(cfg, num_rollout), num_rollout=num_rollout)
+                               schedule=cfg.lr_schedule(num_rollout), num_rollout=num_rollout)
     if cfg.partial_steps and not cfg.allow_partial_train_step:
         out.append("dynamic sampling may keep fewer than --rollout-batch-size "
                    f"{cfg.rollout_batch_size} prompts per rollout: the last optimizer step of "
