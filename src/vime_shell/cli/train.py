@@ -46,7 +46,7 @@ from vime_shell.engines import vllm_available
 from vime_shell.loop.checkpoint_index import resume_checkpoint
 from vime_shell.loop.config_flags import (absorb_engine_flags, add_train_arguments,
                                           config_from_args)
-from vime_shell.loop.interrupts import is_interrupt
+from vime_shell.loop.interrupts import catch_interrupts, is_interrupt
 from vime_shell.loop.megatron_args import notes
 from vime_shell.loop.slime_flags import unsupported_line
 from vime_shell.loop.launch_checks import launch_checks, model_dir
@@ -141,8 +141,9 @@ def run(args: argparse.Namespace) -> int:
     from vime_shell.loop.rollout_only import run_rollouts_only
 
     try:
-        result = (run_rollouts_only(cfg, plan) if cfg.debug_rollout_only
-                  else run_training(cfg, plan=plan))
+        with catch_interrupts():
+            result = (run_rollouts_only(cfg, plan) if cfg.debug_rollout_only
+                      else run_training(cfg, plan=plan))
     except REPORTED_ERRORS as exc:
         # another rank of the job printed its account of it (a Ctrl-C is rank 0's to report)
         if not is_interrupt(exc) and not first_to_report():

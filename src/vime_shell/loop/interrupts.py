@@ -6,6 +6,15 @@ exits with status 130 (128 + SIGINT, the shell's convention). A Ctrl-C that some
 into an error on its way up (a plugin's error naming ``KeyboardInterrupt`` as its cause) counts
 as the interrupt it was: :func:`is_interrupt` reads the chain.
 
+A Ctrl-C must stop the run even when its ``KeyboardInterrupt`` is lost: Python raises it at
+whatever bytecode runs next, which may be a ``__del__``, a weakref callback or a library's
+``except BaseException`` (torch's distributed checkpoint wraps it), where it is printed or
+wrapped and dropped; a run was seen to go on for 4,600 rollouts after one. So the loops install
+:func:`catch_interrupts`, whose handler also records the signal, and call
+:func:`raise_if_interrupted` between rollouts: a lost interrupt stops the run at the next
+rollout boundary. A second Ctrl-C while the first is pending ends the process at once (status
+130), for a run stuck where no boundary comes.
+
 SIGTERM keeps Python's default: the process ends at once. torchrun sends it to every rank when
 one rank failed, and a scheduler when a job is cancelled; a resume then starts from the newest
 checkpoint in ``--save``, as after Ctrl-C.
@@ -14,6 +23,12 @@ Example: ``interrupt_line(RunInterrupted(7, "ck", 5))`` with ``ck/`` holding the
 6 rollouts is ``"interrupted at rollout 7; resume with --load ck (it continues at rollout 6)"``.
 """
 
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from vime_pure.errors import VimeError
@@ -32,6 +47,41 @@ class RunInterrupted(KeyboardInterrupt):
         super().__init__(f"interrupted at rollout {rollout_id}")
         self.rollout_id, self.save, self.save_interval = rollout_id, save, save_interval
         self.unsaved = unsaved
+
+
+_PENDING = threading.Event()  # a Ctrl-C arrived and no rollout boundary has seen it yet
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    if _PENDING.is_set():  # the second Ctrl-C: the first one was lost or is stuck
+        print("vime train: interrupted again; exiting now", file=sys.stderr, flush=True)
+        os._exit(INTERRUPTED)
+    _PENDING.set()
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def catch_interrupts() -> Iterator[None]:
+    """Record every Ctrl-C (module docstring) while the body runs; Python's handler again
+    after. Outside the main thread (an in-process test's worker) signals cannot be handled:
+    nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    _PENDING.clear()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _PENDING.clear()
+
+
+def raise_if_interrupted() -> None:
+    """A rollout boundary: raise the Ctrl-C that arrived since, even if its own
+    ``KeyboardInterrupt`` was lost on the way."""
+    if _PENDING.is_set():
+        raise KeyboardInterrupt
 
 
 def is_interrupt(exc: BaseException) -> bool:

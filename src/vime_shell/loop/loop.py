@@ -87,7 +87,7 @@ from vime_shell.loop.components import engine_options, trainer_config
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.exchange import ExchangeStats, ShareExchange
 from vime_shell.loop.hf_save import save_hf, saves_hf
-from vime_shell.loop.interrupts import RunInterrupted, is_interrupt
+from vime_shell.loop.interrupts import RunInterrupted, is_interrupt, raise_if_interrupted
 from vime_shell.loop.launch_checks import LaunchPlan, launch_checks, model_dir
 from vime_shell.loop.logs import configure_logging
 from vime_shell.loop.ownership import claim_run
@@ -573,6 +573,7 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
     records, began, rid = [], time.perf_counter(), start
     try:
         for rid in range(start, total):
+            raise_if_interrupted()
             record = loop.rollout(rid)
             records.append(record)
             logger.log(record)

@@ -21,7 +21,7 @@ from vime_pure.data.batch import schedule_for
 from vime_shell.engines.group import EngineGroup
 from vime_shell.loop.components import engine_options
 from vime_shell.loop.config import TrainConfig
-from vime_shell.loop.interrupts import RunInterrupted, is_interrupt
+from vime_shell.loop.interrupts import RunInterrupted, is_interrupt, raise_if_interrupted
 from vime_shell.loop.launch_checks import LaunchPlan
 from vime_shell.loop.logs import configure_logging
 from vime_shell.loop.loop import TrainResult, claimed_run
@@ -54,6 +54,7 @@ def _rollouts(cfg: TrainConfig, plan: LaunchPlan, progress: bool | None) -> Trai
     try:
         producer = RolloutProducer(cfg, plan, engines)
         for rid in range(plan.num_rollout):
+            raise_if_interrupted()
             start = time.perf_counter()
             produced = producer.produce(rid)  # collective; the batch on rank 0
             if produced is None:
