@@ -72,7 +72,7 @@ test-deep: $(STAMP)
 test-compiled-kernels: $(STAMP)
 	VIME_KERNELS=compiled $(BIN)/python -m pytest -q -n 2 tests/property/test_schedule_properties.py \
 	  tests/property/test_balance.py tests/test_schedule_examples.py tests/test_reports.py \
-	  tests/test_readme_schedule.py
+	  tests/test_docs_schedule.py
 
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)

@@ -1,4 +1,4 @@
-"""The memory estimator on the README's two runs (a 7B dense and a 30B-A3B MoE)."""
+"""The memory estimator on docs/large-models.md's two runs (a 7B dense and a 30B-A3B MoE)."""
 
 import attrs
 import pytest

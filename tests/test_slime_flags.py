@@ -191,10 +191,12 @@ def test_dry_run_imports_neither_cuda_nor_megatron_models(model):
 
 
 def _readme_train_example() -> list[str]:
-    """The README's full `vime train` example (its first line starts with the command)."""
-    text = (REPO / "README.md").read_text()
-    block = text.split("```bash\nvime train --hf-checkpoint", 1)[1].split("\nvime train", 1)[0]
-    return shlex.split(("--hf-checkpoint" + block).replace("\\\n", " "))
+    """The README's full `vime train` example (its first line starts with the command), which
+    docs/train.md shows too."""
+    blocks = [(REPO / page).read_text().split("```bash\nvime train --hf-checkpoint", 1)[1]
+              .split("\nvime train", 1)[0] for page in ("README.md", "docs/train.md")]
+    assert blocks[0] == blocks[1], "README.md and docs/train.md show two own-data examples"
+    return shlex.split(("--hf-checkpoint" + blocks[0]).replace("\\\n", " "))
 
 
 def test_dry_run_on_the_readme_example(tmp_path, capsys):

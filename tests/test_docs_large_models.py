@@ -1,6 +1,6 @@
-"""The README's "Large and MoE models" commands, re-derived: each full command parses as
+"""``docs/large-models.md``'s "Memory per GPU" commands, re-derived: each full command parses as
 ``vime train`` flags, and the estimator on its flags and its model's shape gives the numbers
-the paragraph after it states (so the README cannot drift from ``vime_pure.memory``)."""
+the paragraph after it states (so the page cannot drift from ``vime_pure.memory``)."""
 
 import json
 import re
@@ -15,15 +15,15 @@ from vime_shell.loop.config_flags import parse_train_config
 from vime_shell.loop.memory_report import estimate_run
 from vime_shell.megatron.layout import resolve_layout
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+LARGE_MODELS_MD = Path(__file__).resolve().parents[1] / "docs" / "large-models.md"
 SHAPES = {"Qwen2.5-7B-Instruct": QWEN25_7B, "Qwen3-30B-A3B": QWEN3_30B_A3B}
 # Memory per GPU as CUDA reports it: H100 80 GB is about 80 GiB, H200 141 GB about 140 GiB.
 GPUS = {"Qwen2.5-7B-Instruct": 80 * GIB, "Qwen3-30B-A3B": 140 * GIB}
 
 
 def _section() -> str:
-    text = README.read_text()
-    start = text.index("## Large and MoE models")
+    text = LARGE_MODELS_MD.read_text()
+    start = text.index("## Memory per GPU")
     return text[start:text.index("\n## ", start + 1)]
 
 
@@ -35,7 +35,7 @@ def _runs() -> list[tuple[list[str], str]]:
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["7b-dense", "30b-a3b-moe"])
-def test_the_readme_command_has_the_estimators_numbers(index, tmp_path):
+def test_the_documented_command_has_the_estimators_numbers(index, tmp_path):
     words, estimate = _runs()[index]
     assert words[:4] == ["torchrun", "--nproc-per-node", words[2], "-m"]
     flags = words[words.index("train") + 1:]
