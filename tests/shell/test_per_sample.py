@@ -13,6 +13,7 @@ the signature.
 
 import asyncio
 import concurrent.futures as futures
+import inspect
 import json
 import logging
 import re
@@ -34,7 +35,7 @@ from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.functions import RolloutContext, generate, single_turn_rollout
 from vime_shell.rollout.generate import (GenerateError, GenerateRuntime, engine_params,
                                          sampling_params_dict)
-from vime_shell.loop.fully_async import FrontEngine, GroupsFront
+from vime_shell.loop.fully_async import FrontEngine, GroupsFront, LockedEngine
 from vime_shell.rollout.per_sample import (GenerateTimeoutError, PartialBuffer, PerSample,
                                            check_loop, generate_rollout)
 from vime_shell.rollout.plugins import PluginError, load_generate_function
@@ -375,3 +376,24 @@ def test_a_weight_load_waiting_on_a_blocked_loop_names_the_blocker(parts):
         assert "blocks the event loop" in str(info.value)
         with pytest.raises(GenerateTimeoutError):
             round_.result(timeout=60)
+
+
+def test_the_pools_two_engine_kinds_take_the_same_weight_load_call():
+    """The pool holds a ``FrontEngine`` (engines with a per-request front) or a ``LockedEngine``
+    (vLLM's offline ``LLM``) and loads weights through ``between_calls(fn, check=...)`` on
+    either: the locked one waits for a running generate call, checking as it waits, and a check
+    that raises ends the wait (a CI run on real vLLM once failed on a missing ``check``)."""
+    assert (list(inspect.signature(LockedEngine.between_calls).parameters)
+            == list(inspect.signature(FrontEngine.between_calls).parameters))
+    locked = LockedEngine(object())
+    assert locked.between_calls(lambda: 7, check=lambda: None) == 7
+    checks = []
+    with locked.lock:  # a generate call holds the engine
+        def give_up() -> None:
+            checks.append(1)
+            raise GenerateTimeoutError("the engine stays busy")
+
+        with pytest.raises(GenerateTimeoutError):
+            locked.between_calls(lambda: 7, check=give_up)
+    assert checks == [1]
+    assert locked.between_calls(lambda: 8) == 8  # the lock was not left held

@@ -112,10 +112,18 @@ class LockedEngine:
         with self.lock:
             return self.engine.generate(*args, **kwargs)
 
-    def between_calls(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` while no generation runs (weight loads)."""
-        with self.lock:
+    def between_calls(self, fn: Callable[[], Any],
+                      check: Callable[[], None] | None = None) -> Any:
+        """``fn()`` while no generation runs (weight loads); while it waits for the engine,
+        ``check()`` every ``_CHECK_S`` may raise. The same call as ``FrontEngine``'s: the pool
+        does not know which of the two it holds."""
+        while not self.lock.acquire(timeout=_CHECK_S):
+            if check is not None:
+                check()
+        try:
             return fn()
+        finally:
+            self.lock.release()
 
     def close(self, wait: bool = True) -> None:
         pass
@@ -326,7 +334,7 @@ class GroupPool:
     def _check_loop(self) -> None:
         """While a weight load waits for the front's loop: a generate function blocking the
         loop past ``--generate-timeout`` fails the pool (``per_sample.check_loop``)."""
-        if self.per_sample:
+        if self.per_sample and isinstance(self.engine, FrontEngine):
             check_loop(self.producer.per_sample, self.engine.loop)
 
     # -- resuming -----------------------------------------------------------------------------
