@@ -14,16 +14,16 @@ of the group after the trainer has created the process group. With the layout of
 - **prompts, by work queue** (:mod:`vime_shell.engines.work_queue`): engines claim chunks of
   ``queue_chunk_size(P, E, per_engine=k)`` whole prompts (``k = chunks_per_engine``: 4 for
   the HF engine on CPU, 1 for a tail-bound engine (its traits' ``tail_bound``: vLLM) and on
-  CUDA, where every extra call adds a response-length tail), one atomic add on the job's store per claim, until the round's ``P`` prompts are
-  exhausted; engine ``e`` calls ``produce(chunk)`` for each chunk it claims (a prompt's ``n``
-  samples stay on one engine), so with ``k > 1`` a slow engine generates fewer prompts and a
-  fast one more (with ``k = 1`` only an engine that starts late loses its block). Its TP
-  peers generate the
-  leader's chunks (the leader publishes each claim in the store). Request seeds and group ids
-  derive from global prompt indices (``RolloutContext.prompt_offset``), and chunks are merged
-  at their first prompt, so the batch depends neither on the engine count nor on who claimed
-  what. ``queue=False`` (``--partial-rollout``: each engine's buffer resumes its own groups
-  once per round) gives each engine its contiguous block instead (``prompt_shares``);
+  CUDA, where every extra call adds a response-length tail), one atomic add on the job's
+  store per claim, until the round's ``P`` prompts are exhausted; engine ``e`` calls
+  ``produce(chunk)`` for each chunk it claims (a prompt's ``n`` samples stay on one engine),
+  so with ``k > 1`` a slow engine generates fewer prompts and a fast one more (with ``k = 1``
+  only an engine that starts late loses its block). Its TP peers generate the leader's chunks
+  (the leader publishes each claim in the store). Request seeds and group ids derive from
+  global prompt indices (``RolloutContext.prompt_offset``), and chunks are merged at their
+  first prompt, so the batch depends neither on the engine count nor on who claimed what.
+  ``queue=False`` (``--partial-rollout``: each engine's buffer resumes its own groups once per
+  round) gives each engine its contiguous block instead (``prompt_shares``);
 - **run_local(produce, P)**: the leader keeps its chunks (the sharded path: they become its
   part, ``vime_pure.data.held_parts.claimed_part``); **run_shares(produce, P)**: the leaders gather
   their chunks on rank 0 over a gloo group of leaders only (non-leaders hold copies and send
@@ -101,16 +101,18 @@ class EngineOptions:
 
     ``engine``: a resolved name (``--rollout-engine``; its class's ``from_options`` reads the
     rest); ``dtype`` (``--rollout-dtype``): the trainer's by default; ``colocate``
-    (``--colocate``): sleep mode around training, CUDA vLLM only; ``gpu_memory_utilization`` (``--rollout-gpu-memory-utilization``);
-    ``update_weight_buffer_size`` (``--update-weight-buffer-size``, bytes); ``health``
+    (``--colocate``): sleep mode around training, CUDA vLLM only; ``gpu_memory_utilization``
+    (``--rollout-gpu-memory-utilization``); ``update_weight_buffer_size``
+    (``--update-weight-buffer-size``, bytes); ``health``
     (``--rollout-health-check-*``): the health checks, and the bounds of the waits for the
     slowest engine of a round (module docstring); ``per_request``: the run generates per sample
     (``--custom-generate-function-path``), so the engine is its traits' ``per_request_target``
     where it has one (vLLM's ``VllmAsyncEngine``, ``AsyncLLM``, running at most
     ``max_concurrency`` requests, ``--sglang-server-concurrency``); a batched engine gets its
-    per-request front from :func:`vime_shell.engines.async_engine.async_front`. ``routed_experts``
-    (``--use-rollout-routing-replay``): every generation carries the experts its tokens were
-    routed to (the HF engine, and vLLM's ``enable_return_routed_experts`` on CUDA).
+    per-request front from :func:`vime_shell.engines.async_engine.async_front`.
+    ``routed_experts`` (``--use-rollout-routing-replay``): every generation carries the
+    experts its tokens were routed to (the HF engine, and vLLM's
+    ``enable_return_routed_experts`` on CUDA).
     """
 
     engine: str = FALLBACK_ENGINE

@@ -26,6 +26,7 @@ registered in ``vime_shell.engines.ENGINES``, ``--rollout-engine echo`` runs it.
 
 import importlib
 import importlib.util
+from typing import Any
 
 import attrs
 
@@ -33,7 +34,7 @@ from vime_pure.errors import field_error
 from vime_shell.engines.base import EngineError
 
 
-def load_target(target: str) -> type:
+def load_target(target: str) -> type[Any]:
     """The class ``"module:Class"`` names (imports the module)."""
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)
@@ -72,7 +73,7 @@ class EngineTraits:
         """True when its package can be imported (without importing it)."""
         return self.package is None or importlib.util.find_spec(self.package) is not None
 
-    def engine_class(self, *, per_request: bool = False) -> type:
+    def engine_class(self, *, per_request: bool = False) -> type[Any]:
         """The class to build (``per_request``: for a run that generates per sample); imports
         its module."""
         if not self.available():

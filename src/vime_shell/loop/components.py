@@ -33,8 +33,8 @@ def trainer_config(cfg: TrainConfig, num_rollout: int | None = None) -> TrainerC
 
 def engine_options(cfg: TrainConfig, cuda: bool, num_experts: int | None = None) -> EngineOptions:
     """The engines' settings from the run's: the engine by capability unless named, the
-    trainer's dtype unless ``--rollout-dtype``, sleep mode where the engine's traits say so
-    (CUDA vLLM) unless ``--colocate`` says otherwise. Example: on CPU, defaults give ``EngineOptions(engine="hf",
+    trainer's dtype unless ``--rollout-dtype``, sleep mode on CUDA vLLM unless ``--colocate``
+    says otherwise. Example: on CPU, defaults give ``EngineOptions(engine="hf",
     dtype="float32", colocate=False)``."""
     engine = engine_traits(cfg.rollout_engine)
     return EngineOptions(
