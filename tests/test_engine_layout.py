@@ -45,6 +45,7 @@ def test_defaults_put_one_engine_on_every_rank_and_rank_0_alone_keeps_todays_loo
     (dict(world_size=4, rollout_num_gpus_per_engine=4, engine="vllm", num_attention_heads=2),
      "rollout_num_gpus_per_engine"),
     (dict(world_size=0), "world_size"),
+    (dict(world_size=2, engine="vllm", per_request=True), "--rollout-engine"),
 ])
 def test_bad_combinations_are_launch_errors_naming_the_flag(kwargs, field):
     with pytest.raises(EngineLayoutError, match=rf"^{field}=.*Fix: "):
@@ -54,6 +55,16 @@ def test_bad_combinations_are_launch_errors_naming_the_flag(kwargs, field):
 def test_the_hf_engine_may_leave_ranks_without_engine_and_replicate_over_two():
     assert resolve_engine_layout(world_size=4, rollout_num_gpus=2).num_engines == 2
     assert resolve_engine_layout(world_size=2, rollout_num_gpus_per_engine=2).num_engines == 1
+
+
+def test_per_sample_generation_on_vllm_is_a_launch_error_beyond_one_rank_only():
+    """vLLM's per-request engine (AsyncLLM) starts in a world of one rank; the HF engine's
+    front runs in any world."""
+    with pytest.raises(EngineLayoutError, match=r"AsyncLLM.*this job has 2\. Fix: run the "
+                       r"engines on at most 1 rank\(s\), use --rollout-engine hf"):
+        resolve_engine_layout(world_size=2, engine="vllm", per_request=True)
+    assert resolve_engine_layout(world_size=1, engine="vllm", per_request=True).engine == "vllm"
+    assert resolve_engine_layout(world_size=2, per_request=True).num_engines == 2
 
 
 @given(st.integers(1, 6), st.integers(1, 8), st.data())

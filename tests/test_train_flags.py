@@ -405,12 +405,12 @@ def test_check_flags_reach_what_they_configure(capsys):
 
 
 def test_a_temperature_vllm_refuses_fails_at_launch_for_the_vllm_engine():
-    from vime_shell.loop.launch_checks import check_vllm_sampling
+    from vime_shell.loop.launch_checks import check_engine_sampling
 
     with pytest.raises(ConfigError, match=r"rollout_temperature=3.0: is above vLLM's limit of "
                                           r"2. Fix: use at most 2, or --rollout-engine hf"):
-        check_vllm_sampling(TrainConfig(rollout_engine="vllm", rollout_temperature=3.0))
+        check_engine_sampling(TrainConfig(rollout_engine="vllm", rollout_temperature=3.0))
     with pytest.raises(ConfigError, match="eval_temperature=2.5"):
-        check_vllm_sampling(TrainConfig(rollout_engine="vllm", eval_temperature=2.5))
-    check_vllm_sampling(TrainConfig(rollout_engine="vllm", rollout_temperature=2.0))
-    check_vllm_sampling(TrainConfig(rollout_engine="hf", rollout_temperature=3.0))
+        check_engine_sampling(TrainConfig(rollout_engine="vllm", eval_temperature=2.5))
+    check_engine_sampling(TrainConfig(rollout_engine="vllm", rollout_temperature=2.0))
+    check_engine_sampling(TrainConfig(rollout_engine="hf", rollout_temperature=3.0))

@@ -59,7 +59,8 @@ def layout_lines(plan: LaunchPlan) -> list[str]:
            f"{lay.cp} x dp {lay.dp}" + (f", {lay.vpp} virtual stages" if lay.vpp > 1 else "")]
     eng = plan.engine_layout
     out.append("engine layout: none (train-only replay)" if eng is None else
-               f"engine layout: {eng.num_engines} engine(s) x {eng.gpus_per_engine} rank(s) "
+               f"engine layout: {eng.num_engines} {eng.engine} engine(s) x "
+               f"{eng.gpus_per_engine} rank(s) "
                f"on ranks 0..{eng.rollout_num_gpus - 1} of {eng.world_size}")
     return out
 

@@ -42,7 +42,7 @@ from vime_shell.cli.dry_run import dry_run_report
 from vime_shell.cli.launch_verdict import (ReportedElsewhere, first_to_report, settle,
                                           speaks_for_job)
 from vime_shell.cli.parser import REPORTED_ERRORS
-from vime_shell.engines import vllm_available
+from vime_shell.engines import engine_traits
 from vime_shell.loop.checkpoint_index import resume_checkpoint
 from vime_shell.loop.config_flags import (absorb_engine_flags, add_train_arguments,
                                           config_from_args)
@@ -91,10 +91,11 @@ def launch_notes(cfg, args: argparse.Namespace, plan) -> list[str]:
     if cfg.kl_coef and not cfg.reward_kl:
         out.append(f"--kl-coef {cfg.kl_coef}: no effect with --advantage-estimator "
                    f"{cfg.advantage_estimator} (as in slime)")
-    engine = cfg.rollout_engine or ("vllm" if vllm_available() else "hf")
-    if cfg.vllm_engine_args and plan.engine_layout is not None and engine == "hf":
-        out.append(f"--vllm-engine-args {' '.join(cfg.vllm_engine_args)}: the HF engine "
-                   "takes no vLLM arguments; ignored")
+    if cfg.vllm_engine_args and plan.engine_layout is not None:
+        engine = engine_traits(plan.engine_layout.engine)
+        if not engine.takes_engine_args:
+            out.append(f"--vllm-engine-args {' '.join(cfg.vllm_engine_args)}: {engine.label} "
+                       "takes no vLLM arguments; ignored")
     return out
 
 

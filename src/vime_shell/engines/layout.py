@@ -11,9 +11,13 @@ Rules (each a :class:`EngineLayoutError` naming the flag and the fix):
 - ``1 <= rollout_num_gpus <= world_size`` and ``g`` divides it;
 - ``g`` divides the GPUs per node when that is known (an engine never spans nodes: its
   per-token all-reduces would cross the network);
-- vLLM in a multi-process job joins the world's process group (external launcher), so every rank
-  is in some engine: ``rollout_num_gpus == world_size``; and ``g`` must divide the model's
-  attention heads (vLLM shards heads over its TP ranks).
+- an engine that joins the world's process group in a multi-process job (its traits'
+  ``joins_world``: vLLM's external launcher) needs every rank in some engine:
+  ``rollout_num_gpus == world_size``; an engine that shards the attention heads over its ranks
+  (``tensor_parallel``: vLLM) needs ``g`` to divide them;
+- per-sample generation (``per_request``: ``--custom-generate-function-path``,
+  ``--partial-rollout``) needs an engine with a per-request API, in a world no larger than its
+  ``per_request_max_world`` (vLLM's ``AsyncLLM``: one rank), :func:`check_per_request`.
 The HF engine has no tensor parallelism: with ``g > 1`` every rank of an engine generates the
 same share (replicated), which is only useful for testing the group logic on CPU.
 
@@ -30,6 +34,8 @@ import attrs
 
 from vime_pure.data.shards import prompt_shares
 from vime_pure.errors import VimeError, field_error
+from vime_shell.engines import FALLBACK_ENGINE, engine_traits, engines_with
+from vime_shell.engines.traits import EngineTraits
 
 ROLLOUT_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 # Mean |engine - trainer| log-prob over a rollout's response tokens, right after a sync.
@@ -57,11 +63,13 @@ class EngineLayoutError(VimeError):
 
 @attrs.frozen(kw_only=True)
 class EngineLayout:
-    """``num_engines`` engines of ``gpus_per_engine`` consecutive ranks from rank 0."""
+    """``num_engines`` engines of ``gpus_per_engine`` consecutive ranks from rank 0, each an
+    ``engine`` (a ``--rollout-engine`` name)."""
 
     world_size: int
     num_engines: int
     gpus_per_engine: int = 1
+    engine: str = FALLBACK_ENGINE
 
     @property
     def rollout_num_gpus(self) -> int:
@@ -97,10 +105,12 @@ def _positive(field: str, value: object, fix: str) -> int:
 
 
 def resolve_engine_layout(*, world_size: int, rollout_num_gpus: int | None = None,
-                          rollout_num_gpus_per_engine: int = 1, engine: str = "hf",
+                          rollout_num_gpus_per_engine: int = 1, engine: str = FALLBACK_ENGINE,
                           gpus_per_node: int | None = None,
-                          num_attention_heads: int | None = None) -> EngineLayout:
-    """Check the flags against the world and the model (module docstring); the layout."""
+                          num_attention_heads: int | None = None,
+                          per_request: bool = False) -> EngineLayout:
+    """Check the flags against the world, the model and the engine's traits (module
+    docstring); the layout. ``per_request``: the run generates per sample."""
     world = _positive("world_size", world_size, "launch at least one process")
     g = _positive("rollout_num_gpus_per_engine", rollout_num_gpus_per_engine,
                   "pass --rollout-num-gpus-per-engine 1 or more")
@@ -118,17 +128,43 @@ def resolve_engine_layout(*, world_size: int, rollout_num_gpus: int | None = Non
         raise field_error(EngineLayoutError, "rollout_num_gpus_per_engine", g,
                           f"does not divide the {gpus_per_node} GPUs per node: an engine would "
                           "span two nodes", f"use a divisor of {gpus_per_node}")
-    if engine == "vllm" and world > 1 and total != world:
+    traits = engine_traits(engine)
+    if traits.joins_world and world > 1 and total != world:
         raise field_error(EngineLayoutError, "rollout_num_gpus", total,
-                          f"is below the world size {world}; vLLM's external launcher makes "
-                          "every rank of the job part of an engine",
+                          f"is below the world size {world}; {traits.joins_world}",
                           "omit --rollout-num-gpus (every rank hosts an engine)")
-    if engine == "vllm" and num_attention_heads is not None and num_attention_heads % g:
+    if traits.tensor_parallel and num_attention_heads is not None and num_attention_heads % g:
         raise field_error(EngineLayoutError, "rollout_num_gpus_per_engine", g,
                           f"does not divide the model's {num_attention_heads} attention heads "
-                          "(vLLM shards heads over an engine's GPUs)",
+                          f"({traits.label} shards heads over an engine's GPUs)",
                           f"use a divisor of {num_attention_heads}")
-    return EngineLayout(world_size=world, num_engines=total // g, gpus_per_engine=g)
+    if per_request:
+        check_per_request(traits, world)
+    return EngineLayout(world_size=world, num_engines=total // g, gpus_per_engine=g,
+                        engine=traits.name)
+
+
+def check_per_request(traits: EngineTraits, world_size: int) -> None:
+    """Per-sample generation on ``traits``' engine in a world of ``world_size`` ranks: an
+    :class:`EngineLayoutError` naming ``--rollout-engine`` where the engine cannot serve it.
+    Example: vLLM in a world of 2 ranks raises (``AsyncLLM`` starts in a world of one)."""
+    needs = "per-sample generation (--custom-generate-function-path, --partial-rollout)"
+    batched = "or a batched --rollout-function-path"
+    if not traits.per_request:
+        raise field_error(EngineLayoutError, "--rollout-engine", traits.name,
+                          f"has no per-request (asynchronous) API, which {needs} runs on",
+                          f"use --rollout-engine {engines_with(lambda t: t.per_request)}, "
+                          + batched)
+    limit = traits.per_request_max_world
+    if limit is not None and world_size > limit:
+        others = engines_with(lambda t: t.per_request and (
+            t.per_request_max_world is None or t.per_request_max_world >= world_size))
+        raise field_error(EngineLayoutError, "--rollout-engine", traits.name,
+                          f"runs {needs} in a world of at most {limit} rank(s) "
+                          f"({traits.per_request_limit}), and this job has {world_size}",
+                          f"run the engines on at most {limit} rank(s)"
+                          + (f", use --rollout-engine {others}," if others else "")
+                          + f" {batched}")
 
 
 def default_rollout_dtype(cuda: bool) -> str:

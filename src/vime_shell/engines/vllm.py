@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 import vllm
 from vllm.inputs import TokensPrompt
 
@@ -43,6 +44,8 @@ from vime_pure.errors import field_error
 from vime_shell.engines.base import (
     EngineError, Generation, NamedTensors, SamplingParams, check_prompts,
 )
+from vime_shell.engines.group import EngineOptions
+from vime_shell.engines.layout import EngineLayout
 from vime_shell.engines.weights import save_safetensors_dir
 
 
@@ -123,6 +126,33 @@ class VllmEngine(StagedWeights):
                              **llm_kwargs)
         self.vocab_size = int(self._llm.llm_engine.model_config.get_vocab_size())
         self.weight_version = 0  # see RolloutEngine.weight_version
+
+    @classmethod
+    def from_options(cls, hf_dir: str | Path, options: EngineOptions, layout: EngineLayout,
+                     *, seed: int) -> "VllmEngine":
+        """The engine a run's settings ask for (``EngineGroup``'s build): ``tensor_parallel_size``
+        = the layout's ranks per engine, the external launcher in a multi-rank world, sleep
+        mode when colocated on CUDA, expert parallelism and routed experts when asked, then
+        the user's ``--vllm-engine-args`` (and mapped ``--sglang-X``) over all of them."""
+        # In-process workers: tensors reach the model without RPC, so syncs write no file. vLLM
+        # sets this itself for the external launcher; a single-process LLM needs it set here.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        cuda = torch.cuda.is_available()
+        kwargs: dict[str, Any] = dict(tensor_parallel_size=layout.gpus_per_engine,
+                                      max_model_len=options.max_model_len,
+                                      enforce_eager=options.enforce_eager)
+        if layout.world_size > 1:
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        if cuda:
+            kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+        if options.expert_parallel:
+            kwargs["enable_expert_parallel"] = True
+        if options.routed_experts:
+            kwargs["enable_return_routed_experts"] = True
+        kwargs.update(options.vllm_args)  # the user's (or slime's --sglang-X) engine arguments
+        return cls(hf_dir, seed=seed, dtype=options.dtype,
+                   enable_sleep_mode=options.colocate and cuda,
+                   sleep_level=options.sleep_level, **kwargs)
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams) -> list[Generation]:

@@ -43,6 +43,8 @@ from vime_pure.errors import field_error
 from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
 from vime_shell.engines.base import (EngineError, Generation, NamedTensors, SamplingParams,
                                      check_prompts)
+from vime_shell.engines.group import EngineOptions
+from vime_shell.engines.layout import EngineLayout
 from vime_shell.engines.vllm import StagedWeights, VllmEngine, weights_dir
 
 
@@ -72,6 +74,15 @@ class VllmAsyncEngine(StagedWeights):
                                **engine_kwargs)
         self._llm = self._call(self._build(args))
         self.vocab_size = int(self._llm.model_config.get_vocab_size())
+
+    @classmethod
+    def from_options(cls, hf_dir: str | Path, options: EngineOptions, layout: EngineLayout,
+                     *, seed: int) -> "VllmAsyncEngine":
+        """The per-request engine of a run that generates per sample (``EngineGroup``'s
+        build; ``vime_shell.engines.layout.check_per_request`` keeps it to a world of one
+        rank): at most ``--sglang-server-concurrency`` requests at once."""
+        return cls(hf_dir, seed=seed, dtype=options.dtype, max_model_len=options.max_model_len,
+                   max_concurrency=options.max_concurrency, enforce_eager=options.enforce_eager)
 
     @staticmethod
     async def _build(args: AsyncEngineArgs) -> AsyncLLM:

@@ -7,7 +7,7 @@ in float32.
 """
 
 
-from vime_shell.engines import resolve_engine_name
+from vime_shell.engines import engine_traits
 from vime_shell.engines.group import EngineOptions
 from vime_shell.engines.layout import default_rollout_dtype
 from vime_shell.loop.config import TrainConfig
@@ -36,10 +36,10 @@ def engine_options(cfg: TrainConfig, cuda: bool, num_experts: int | None = None)
     trainer's dtype unless ``--rollout-dtype``, sleep mode on CUDA vLLM unless ``--colocate``
     says otherwise. Example: on CPU, defaults give ``EngineOptions(engine="hf",
     dtype="float32", colocate=False)``."""
-    engine = resolve_engine_name(cfg.rollout_engine)
+    engine = engine_traits(cfg.rollout_engine)
     return EngineOptions(
-        engine=engine, dtype=cfg.rollout_dtype or default_rollout_dtype(cuda),
-        colocate=cfg.colocate if cfg.colocate is not None else cuda and engine == "vllm",
+        engine=engine.name, dtype=cfg.rollout_dtype or default_rollout_dtype(cuda),
+        colocate=cfg.colocate if cfg.colocate is not None else engine.default_colocate(cuda),
         gpu_memory_utilization=cfg.rollout_gpu_memory_utilization,
         update_weight_buffer_size=cfg.update_weight_buffer_size, seed=cfg.seed,
         enforce_eager=cfg.rollout_enforce_eager,

@@ -79,7 +79,7 @@ import attrs
 
 from vime_pure.async_pool import PoolCounts, admits, drain
 from vime_pure.pool_ranks import pool_share
-from vime_shell.engines.async_engine import FRONTS, async_front
+from vime_shell.engines.async_engine import async_front, has_per_request_api
 from vime_shell.engines.health import current
 from vime_shell.loop.config import TrainConfig
 from vime_shell.loop.probe import generate_probe
@@ -213,7 +213,7 @@ def shared_engine(engine: Any, max_concurrency: int,
                   ) -> "FrontEngine | LockedEngine":
     """The pool's engine: the per-request front when the engine has one (or is one, as
     vLLM's ``AsyncLLM`` engine is), else a lock."""
-    if engine.name in FRONTS or hasattr(engine, "abort_all"):
+    if has_per_request_api(engine):
         return FrontEngine(engine, max_concurrency, decode)
     return LockedEngine(engine)
 

