@@ -153,7 +153,10 @@ def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: Engine
                 "or a batched --rollout-function-path on vLLM.")
         from vime_shell.engines.vllm_async import VllmAsyncEngine  # noqa: PLC0415 - imports vllm
 
-        return VllmAsyncEngine(hf_dir, seed=seed, dtype=options.dtype,
+        # Not a RolloutEngine: its generate is per request (AsyncRolloutEngine), which only the
+        # per-sample functions call, through async_front; the group uses its weights and
+        # lifetime methods, which are RolloutEngine's.
+        return VllmAsyncEngine(hf_dir, seed=seed, dtype=options.dtype,  # type: ignore[return-value]
                                max_model_len=options.max_model_len,
                                max_concurrency=options.max_concurrency,
                                enforce_eager=options.enforce_eager)
@@ -311,7 +314,9 @@ class EngineGroup:
         round_, self._rounds = self._rounds, self._rounds + 1
         old = round_ - KEPT_ROUNDS
         if old in self._queued:
-            forget_round(job_store(), f"{self._prefix}/{old}", engine=self.engine_index,
+            engine = self.engine_index
+            assert engine is not None  # only a rank with an engine queues claims
+            forget_round(job_store(), f"{self._prefix}/{old}", engine=engine,
                          leader=self.is_leader and self.layout.gpus_per_engine > 1,
                          first_rank=self.rank == 0, published=self._queued.pop(old))
         if old in self._marked:
@@ -368,9 +373,11 @@ class EngineGroup:
         self.residency.wake_for_generation()
         claims: Any = [self.prompt_share(num_prompts)]
         if queue and self.layout.num_engines > 1:
-            leader = self.layout.leader(self.engine_index)
+            engine = self.engine_index
+            assert engine is not None  # only a rank with an engine generates
+            leader = self.layout.leader(engine)
             claims = PromptQueue(job_store(), f"{self._prefix}/{round_}",
-                                 engine=self.engine_index, leader=self.is_leader,
+                                 engine=engine, leader=self.is_leader,
                                  peers=self.layout.gpus_per_engine > 1, num_prompts=num_prompts,
                                  num_engines=self.layout.num_engines, bound=bound,
                                  per_engine=self.chunks_per_engine,
