@@ -30,7 +30,8 @@ TRL_VENV   := .venv-trl
 TRL_STAMP  := $(TRL_VENV)/.installed-$(subst =,,$(TRL_SPEC))
 PEER_ARGS  ?=
 
-.PHONY: demo demo-math test test-deep test-compiled-kernels test-vllm lint venv bench bench-peer clean
+.PHONY: demo demo-math test test-deep test-compiled-kernels test-vllm lint lint-shell venv bench \
+	bench-peer clean
 
 venv: $(STAMP)
 
@@ -50,10 +51,20 @@ demo-math: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -p no:cacheprovider $(PYTEST_ARGS)
 
-# ruff (the rules in pyproject.toml) over the tree, mypy over the functional core.
+# ruff (the rules in pyproject.toml) over the tree, mypy over the functional core and the shell.
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy src/vime_pure
+	$(MAKE) --no-print-directory lint-shell
+
+# mypy over the imperative shell, package by package: the packages listed are at 0 errors and
+# stay there. Not yet listed: loop/ (85 errors when it was split into settings/, sources/,
+# train/ and run/); once those are at 0 too, this list becomes src/vime_shell.
+MYPY_SHELL := src/vime_shell/__init__.py src/vime_shell/cli src/vime_shell/engines \
+	src/vime_shell/megatron src/vime_shell/models src/vime_shell/rollout src/vime_shell/storage
+
+lint-shell: $(STAMP)
+	$(BIN)/mypy $(MYPY_SHELL)
 
 test-deep: $(STAMP)
 	@seed="$(SEED)"; seed="$${seed:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}"; \
@@ -72,7 +83,7 @@ test-deep: $(STAMP)
 test-compiled-kernels: $(STAMP)
 	VIME_KERNELS=compiled $(BIN)/python -m pytest -q -n 2 tests/property/test_schedule_properties.py \
 	  tests/property/test_balance.py tests/test_schedule_examples.py tests/test_reports.py \
-	  tests/test_docs_schedule.py
+	  tests/test_readme_schedule.py
 
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)

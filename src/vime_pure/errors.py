@@ -5,6 +5,7 @@ message names the field, the offending value and the change that would fix it.
 """
 
 import re
+from typing import TypeVar
 
 
 class VimeError(ValueError):
@@ -22,7 +23,11 @@ class ScheduleError(VimeError):
     """A workload, layout or policy that cannot be scheduled, with the reason and the fix."""
 
 
-def field_error(cls: type[VimeError], field: str, value: object, problem: str, fix: str) -> VimeError:
+# field_error returns the class it was given, so a caller typed to return a subclass stays typed.
+_Error = TypeVar("_Error", bound=VimeError)
+
+
+def field_error(cls: type[_Error], field: str, value: object, problem: str, fix: str) -> _Error:
     """Build ``cls`` with the house format: ``field=value: problem. Fix: fix.``
 
     The value is shown on one line, at most 120 characters (an array's repr spans lines).

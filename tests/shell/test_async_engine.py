@@ -8,13 +8,19 @@ stop tokens end a request; the weight version is recorded.
 """
 
 import asyncio
+from types import SimpleNamespace
 
 import attrs
 import pytest
+import torch
+from transformers.cache_utils import (DynamicLayer, LinearAttentionAndFullAttentionLayer,
+                                      LinearAttentionLayer)
 
 from vime_shell.engines import SamplingParams
 from vime_shell.engines.async_engine import AsyncRolloutEngine, async_front
+from vime_shell.engines.base import EngineError
 from vime_shell.engines.hf import HfEngine
+from vime_shell.engines.hf_async import _layer_kv
 from vime_shell.models.tokenizer import load_tokenizer
 
 PROMPTS = ["12>", "3+4=", "aabab#", "07=", "9>", "4455>"]
@@ -125,3 +131,19 @@ def test_stop_controls_are_per_request(setup):
     assert gens[1].token_ids == full and gens[1].finish_reason == "length"
     if len(gens) > 2:
         assert gens[2].token_ids == full[:cut] and gens[2].finish_reason == "stop"
+
+
+def test_a_linear_attention_cache_layer_is_an_error_never_dropped():
+    """The front rebuilds its rows' cache from each layer's keys and values alone: a layer
+    with linear-attention state (a hybrid model's) is a typed error, not state lost."""
+    attention = DynamicLayer()
+    keys, values = torch.zeros(1, 2, 3, 4), torch.ones(1, 2, 3, 4)
+    attention.update(keys, values)
+    kept = _layer_kv(SimpleNamespace(layers=[attention]))
+    assert len(kept) == 1 and torch.equal(kept[0][0], keys) and torch.equal(kept[0][1], values)
+    hybrid = LinearAttentionAndFullAttentionLayer()
+    hybrid.update(keys, values)  # keys and values, and linear state besides
+    for layer in (LinearAttentionLayer(), hybrid):
+        with pytest.raises(EngineError, match=r"cache layer 1=.*Fix: generate with "
+                                              r"--rollout-engine vllm"):
+            _layer_kv(SimpleNamespace(layers=[attention, layer]))

@@ -24,6 +24,7 @@ from vime_shell.cli.schedule import format_table
 from vime_shell.loop.config import SECTIONS, TrainConfig
 from vime_shell.loop.launch_checks import LaunchPlan
 from vime_shell.loop.memory_report import estimate_run
+from vime_shell.rollout.tasks import get_task
 
 MEMORY_GPU_GIB = 80  # the GPU the memory estimate assumes (the printed line says so)
 SYNTHETIC_PROMPT_LEN = 128  # tokens; a dataset's own lengths need its tokenizer (seconds)
@@ -67,7 +68,8 @@ def layout_lines(plan: LaunchPlan) -> list[str]:
 
 def dry_run_report(cfg: TrainConfig, plan: LaunchPlan) -> str:
     """The whole report (module docstring)."""
-    max_response_len = cfg.rollout_max_response_len or plan.task.answer_length
+    # The response budget as launch_checks computes it (a dataset run always sets the flag).
+    max_response_len = cfg.rollout_max_response_len or get_task(cfg.task).answer_length
     lengths = synthetic_lengths(cfg, max_response_len)
     groups = np.arange(len(lengths))
     schedule = build_schedule(lengths, groups, plan.layout.scheduler_layout(), plan.policy)

@@ -74,11 +74,11 @@ def tokenizer_dir(dump: Path, record: Mapping | None, hf_checkpoint: Path | None
     if not (isinstance(record, Mapping) and isinstance(record.get("path"), str)):
         record = None  # an older dump's (or a foreign writer's): no usable record
     if hf_checkpoint is not None:
-        differs = record and tokenizer_fingerprint(hf_checkpoint) != record.get("sha256")
+        if record is None or tokenizer_fingerprint(hf_checkpoint) == record.get("sha256"):
+            return hf_checkpoint, None
         return hf_checkpoint, (f"note: --hf-checkpoint {hf_checkpoint}'s tokenizer is not the "
-                               f"one that wrote this dump ({record['path']})" if differs
-                               else None)
-    if not record:
+                               f"one that wrote this dump ({record['path']})")
+    if record is None:
         path = embedded()
         return path, (f"note: {dump} does not record its tokenizer (written by an older vime): "
                       f"decoding with the embedded model's ({path}); pass --hf-checkpoint "

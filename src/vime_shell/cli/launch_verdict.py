@@ -119,7 +119,8 @@ def agree(failed: bool, *, timeout_s: float = AGREEMENT_TIMEOUT_S) -> Verdict:
             f"{os.environ['MASTER_PORT']} ({exc}). Fix: check that every node's torchrun "
             "uses the same --rdzv-endpoint and can reach it.") from exc
     # The posted list first, then the count: when the count reaches the world, the list is whole.
-    store.append(prefix + "posted", f"{rank}{'!' if failed else ''},")
+    # Store.append is a torch binding its type stubs leave out (torch/_C/_distributed_c10d.pyi).
+    store.append(prefix + "posted", f"{rank}{'!' if failed else ''},")  # type: ignore[attr-defined]
     if int(store.add(prefix + "count", 1)) == world:
         store.set(prefix + "all", "1")
     try:

@@ -19,11 +19,13 @@ import difflib
 import re
 import sys
 import traceback
-from collections.abc import Callable, Mapping, Sequence
-from typing import NoReturn
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NoReturn, TypeVar, overload
 
 from vime_pure.errors import VimeError
 from vime_shell.cli.launch_verdict import LaunchAgreementError, agree, describe, where
+
+_N = TypeVar("_N")  # a caller's own namespace object, as argparse types it
 
 # What a command reports as one line and exit status 2 (bad input, a file system's refusal).
 REPORTED_ERRORS = (VimeError, OSError, UnicodeDecodeError)
@@ -48,8 +50,16 @@ class VimeArgumentParser(argparse.ArgumentParser):
             self.exit(2)
         self.exit(2, f"{self.prog}: error: {where(verdict)}{message}\n")
 
-    def parse_args(self, args: Sequence[str] | None = None,
-                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+    # argparse's own overloads: the namespace passed in is the one returned.
+    @overload
+    def parse_args(self, args: Iterable[str] | None = None,
+                   namespace: None = None) -> argparse.Namespace: ...
+    @overload
+    def parse_args(self, args: Iterable[str] | None, namespace: _N) -> _N: ...
+    @overload
+    def parse_args(self, *, namespace: _N) -> _N: ...
+
+    def parse_args(self, args: Iterable[str] | None = None, namespace: Any = None) -> Any:
         """Unknown flags are reported by the subcommand that was given, with a suggestion."""
         parsed, extras = self.parse_known_args(args, namespace)
         owner = self._subcommand(parsed) or self

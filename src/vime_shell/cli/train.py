@@ -41,7 +41,7 @@ import warnings
 from vime_shell.cli.dry_run import dry_run_report
 from vime_shell.cli.launch_verdict import (ReportedElsewhere, first_to_report, settle,
                                           speaks_for_job)
-from vime_shell.cli.parser import REPORTED_ERRORS
+from vime_shell.cli.parser import REPORTED_ERRORS, VimeArgumentParser
 from vime_shell.engines import engine_traits
 from vime_shell.loop.checkpoint_index import resume_checkpoint
 from vime_shell.loop.config_flags import (absorb_engine_flags, add_train_arguments,
@@ -56,7 +56,7 @@ from vime_shell.megatron.layout import sequence_parallel_on, transformer_engine_
 LINGER_S = 5.0  # how long the process waits for threads a plugin left running
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: VimeArgumentParser) -> None:
     """Every setting's flag; slime's engine flags absorbed and its unsupported flags explained
     (the hooks of ``VimeArgumentParser``)."""
     add_train_arguments(parser)

@@ -20,12 +20,15 @@ Invariants the tests assert, for every engine:
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import attrs
 import numpy as np
 
 from vime_pure.errors import VimeError, field_error
+
+if TYPE_CHECKING:  # torch is optional here: only the annotations name it
+    import torch
 
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
@@ -33,6 +36,20 @@ FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
 
 class EngineError(VimeError):
     """A rollout engine was misconfigured, is unavailable, or was fed bad input."""
+
+
+# Typed converters: attrs' mypy plugin reads a field's init type from its converter, and the
+# generic ``tuple`` leaves it unsolved.
+def _ints(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
+def _floats(values: Iterable[float]) -> tuple[float, ...]:
+    return tuple(values)
+
+
+def _strs(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
 
 
 def _check_number(field: str, value: object, lo: float, hi: float, fix: str) -> None:
@@ -60,9 +77,9 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_ints)
     seed: int | None = None
-    stop: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    stop: tuple[str, ...] = attrs.field(default=(), converter=_strs)
     max_context_len: int | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -125,8 +142,8 @@ class Generation:
     Example: ``Generation(token_ids=(7, 4), log_probs=(-0.1, -2.3), finish_reason="length")``.
     """
 
-    token_ids: tuple[int, ...] = attrs.field(converter=tuple)
-    log_probs: tuple[float, ...] = attrs.field(converter=tuple)
+    token_ids: tuple[int, ...] = attrs.field(converter=_ints)
+    log_probs: tuple[float, ...] = attrs.field(converter=_floats)
     finish_reason: FinishReason
     weight_version: int | None = None
     routed_experts: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
@@ -141,7 +158,7 @@ class Generation:
                               "is not a known finish reason", f"use one of {FINISH_REASONS}")
 
 
-NamedTensors = Iterable[tuple[str, "torch.Tensor"]]  # noqa: F821 - torch is optional here
+NamedTensors = Iterable[tuple[str, "torch.Tensor"]]
 
 
 @runtime_checkable

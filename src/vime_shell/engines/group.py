@@ -284,7 +284,9 @@ class EngineGroup:
         round_, self._rounds = self._rounds, self._rounds + 1
         old = round_ - KEPT_ROUNDS
         if old in self._queued:
-            forget_round(job_store(), f"{self._prefix}/{old}", engine=self.engine_index,
+            engine = self.engine_index
+            assert engine is not None  # only a rank with an engine queues claims
+            forget_round(job_store(), f"{self._prefix}/{old}", engine=engine,
                          leader=self.is_leader and self.layout.gpus_per_engine > 1,
                          first_rank=self.rank == 0, published=self._queued.pop(old))
         if old in self._marked:
@@ -341,9 +343,11 @@ class EngineGroup:
         self.residency.wake_for_generation()
         claims: Any = [self.prompt_share(num_prompts)]
         if queue and self.layout.num_engines > 1:
-            leader = self.layout.leader(self.engine_index)
+            engine = self.engine_index
+            assert engine is not None  # only a rank with an engine generates
+            leader = self.layout.leader(engine)
             claims = PromptQueue(job_store(), f"{self._prefix}/{round_}",
-                                 engine=self.engine_index, leader=self.is_leader,
+                                 engine=engine, leader=self.is_leader,
                                  peers=self.layout.gpus_per_engine > 1, num_prompts=num_prompts,
                                  num_engines=self.layout.num_engines, bound=bound,
                                  per_engine=self.chunks_per_engine,

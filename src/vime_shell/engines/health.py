@@ -164,7 +164,7 @@ class HealthMonitor:
 
     def _check(self, now: float) -> None:
         with self._lock:
-            if not self.watching:
+            if not self.watching or self.liveness is None:  # watch() sets both together
                 return
             self._next_check = now + self.policy.interval_s
             counts = {r: int(self.store.add(beat_key(r), 0)) for r in self.watched}
@@ -279,6 +279,9 @@ class _NoMonitor:
         pass
 
     def fail(self, error: HealthCheckError) -> None:
+        pass
+
+    def unwatch(self) -> None:
         pass
 
 

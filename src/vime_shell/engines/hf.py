@@ -20,7 +20,7 @@ How it meets the protocol's invariants (see :mod:`vime_shell.engines.base`):
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
@@ -35,6 +35,9 @@ from vime_shell.engines.base import (
 from vime_shell.engines.group import EngineOptions
 from vime_shell.engines.layout import EngineLayout
 from vime_shell.engines.weights import load_safetensors_dir
+
+if TYPE_CHECKING:  # what AutoModelForCausalLM builds: a PreTrainedModel with GenerationMixin
+    from transformers.models.auto.modeling_auto import _BaseModelWithGenerate as CausalLM
 
 
 class _SeededSampler:
@@ -134,7 +137,7 @@ class HfEngine:
                               "model from vime_shell.models.embedded.build_embedded()")
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         self._init(model, seed=seed, device=device, return_routed_experts=return_routed_experts)
-        self.model_path = path
+        self.model_path: Path | None = path
         self._tokenizer = tokenizer
 
     @classmethod
@@ -148,7 +151,7 @@ class HfEngine:
                    return_routed_experts=options.routed_experts)
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module, *, seed: int = 0, device: str = "cpu",
+    def from_model(cls, model: "CausalLM", *, seed: int = 0, device: str = "cpu",
                    tokenizer: Any = None, return_routed_experts: bool = False) -> "HfEngine":
         """Wrap an already-built ``PreTrainedModel`` (tests, in-process trainers); stop
         strings need ``tokenizer``."""
@@ -169,7 +172,7 @@ class HfEngine:
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         return self._tokenizer
 
-    def _init(self, model: torch.nn.Module, *, seed: int, device: str,
+    def _init(self, model: "CausalLM", *, seed: int, device: str,
               return_routed_experts: bool = False) -> None:
         self.topk = getattr(model.config, "num_experts_per_tok", None)
         if return_routed_experts and self.topk is None:
@@ -178,7 +181,8 @@ class HfEngine:
                               "drop --use-rollout-routing-replay for a dense model")
         self.return_routed_experts = return_routed_experts
         self.device = torch.device(device)
-        self.model = model.to(self.device).eval()
+        # transformers wraps PreTrainedModel.to in functools.wraps, which mypy binds without self
+        self.model: "CausalLM" = model.to(self.device).eval()  # type: ignore[arg-type]
         self.vocab_size = int(model.config.vocab_size)
         pad = model.config.pad_token_id
         if pad is None:
@@ -202,8 +206,8 @@ class HfEngine:
             return []
         if params.seed is None:
             seeds = self.draw_seeds(len(ids))
-        else:
-            seeds = [params.request_seed(i) for i in range(len(ids))]
+        else:  # params.request_seed(i), known to be an int here
+            seeds = [params.seed + i for i in range(len(ids))]
         budgets = [params.max_new_tokens_for(len(p)) for p in ids]
         input_ids, attention = self._left_pad(ids)
         config = GenerationConfig(
@@ -272,7 +276,7 @@ class HfEngine:
         """Copy HF-named tensors into the model in place; unknown names or shapes are errors.
         A checkpoint's per-expert name goes into its slice of the fused expert tensors
         (:func:`fused_expert_slice`)."""
-        params = dict(self.model.named_parameters())
+        params: dict[str, torch.Tensor] = dict(self.model.named_parameters())
         params.update(dict(self.model.named_buffers()))
         with torch.no_grad():
             for name, tensor in named_tensors:
@@ -309,4 +313,6 @@ class HfEngine:
         """No-op, see :meth:`sleep`."""
 
     def close(self) -> None:
-        self.model = None
+        # Frees the weights; a closed engine is never called again, so the attribute keeps
+        # the model's type for every other method.
+        self.model = None  # type: ignore[assignment]

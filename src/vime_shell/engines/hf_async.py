@@ -42,9 +42,11 @@ from collections.abc import Callable, Sequence
 import attrs
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
 
 from vime_pure.errors import field_error
-from vime_shell.engines.base import EngineError, Generation, SamplingParams, check_prompts
+from vime_shell.engines.base import (EngineError, FinishReason, Generation, SamplingParams,
+                                     check_prompts)
 from vime_shell.engines.hf import HfEngine, choose_tokens
 
 
@@ -93,6 +95,21 @@ def _merge(a: _Cache | None, b: _Cache) -> _Cache:
           for (ka, va), (kb, vb) in zip(a.kv, b.kv)]
     return _Cache(kv=kv, mask=torch.cat([_pad_left(a.mask, width), _pad_left(b.mask, width)]),
                   positions=torch.cat([a.positions, b.positions]))
+
+
+def _layer_kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's keys and values after a forward. The rows' cache is rebuilt from these
+    alone, so a layer that holds other state (linear attention) is an error, never dropped."""
+    kv = []
+    for i, layer in enumerate(cache.layers):
+        if isinstance(layer, LinearAttentionCacheLayerMixin) or not isinstance(
+                layer, CacheLayerMixin) or layer.keys is None or layer.values is None:
+            raise field_error(EngineError, f"cache layer {i}", type(layer).__name__,
+                              "holds more than attention keys and values (linear attention), "
+                              "which per-request HF generation cannot carry between steps",
+                              "generate with --rollout-engine vllm for this model")
+        kv.append((layer.keys, layer.values))
+    return kv
 
 
 def _select(c: _Cache, rows: list[int]) -> _Cache | None:
@@ -203,19 +220,18 @@ class HfAsyncFront:
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)
         cache = DynamicCache(config=self.engine.model.config)
         logits = self._forward(ids, mask, positions, cache)
-        new = _Cache(kv=[(layer.keys, layer.values) for layer in cache.layers], mask=mask,
-                     positions=mask.sum(-1))
+        new = _Cache(kv=_layer_kv(cache), mask=mask, positions=mask.sum(-1))
         self._active, self._cache = self._step_rows(self._active, self._cache, joining, new,
                                                     logits)
 
     def _decode_step(self) -> None:
         c = self._cache
+        assert c is not None  # the rows in flight (there are some) have a cache
         last = torch.tensor([[r.tokens[-1]] for r in self._active], dtype=torch.long)
         mask = torch.cat([c.mask, c.mask.new_ones((c.mask.shape[0], 1))], dim=1)
         cache = DynamicCache(ddp_cache_data=c.kv, config=self.engine.model.config)
         logits = self._forward(last, mask, c.positions[:, None], cache)
-        grown = _Cache(kv=[(layer.keys, layer.values) for layer in cache.layers], mask=mask,
-                       positions=c.positions + 1)
+        grown = _Cache(kv=_layer_kv(cache), mask=mask, positions=c.positions + 1)
         self._active, self._cache = self._step_rows([], None, self._active, grown, logits)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
@@ -236,8 +252,9 @@ class HfAsyncFront:
             by_params.setdefault(r.key(), []).append(i)
         for members in by_params.values():
             idx = torch.tensor(members, dtype=torch.long)
-            chosen[idx] = choose_tokens(logits.index_select(0, idx),
-                                        [rows[i].generator for i in members],
+            # greedy rows (temperature 0, one key) have no generator and draw nothing
+            generators = [g for i in members if (g := rows[i].generator) is not None]
+            chosen[idx] = choose_tokens(logits.index_select(0, idx), generators,
                                         rows[members[0]].params).cpu()
         logp = torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None].to(logits.device))
         staying: list[int] = []
@@ -256,16 +273,18 @@ class HfAsyncFront:
         return kept + [rows[i] for i in staying], (
             kept_cache if selected is None else _merge(kept_cache, selected))
 
-    def _finish_reason(self, r: _Request) -> str | None:
+    def _finish_reason(self, r: _Request) -> FinishReason | None:
         p = r.params
         if r.tokens[-1] in p.stop_token_ids:
             return "stop"
-        if p.stop and any(s in self.decode(r.tokens) for s in p.stop):
-            return "stop"
+        if p.stop:
+            assert self.decode is not None  # generate() set it for a request with stop strings
+            if any(s in self.decode(r.tokens) for s in p.stop):
+                return "stop"
         return "length" if len(r.tokens) >= p.max_new_tokens_for(len(r.prompt)) else None
 
     @staticmethod
-    def _finish(r: _Request, reason: str) -> None:
+    def _finish(r: _Request, reason: FinishReason) -> None:
         if not r.future.done():
             r.future.set_result(Generation(token_ids=r.tokens, log_probs=r.log_probs,
                                            finish_reason=reason, weight_version=r.version))

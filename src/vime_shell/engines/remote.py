@@ -240,11 +240,13 @@ def open_sides(roles: RankRoles, *, backend: str, timeout_s: float = PG_BACKSTOP
     if b is not None:
         control = dist.ProcessGroupGloo(dist.PrefixStore("vime/bridge", store), b,
                                         roles.bridge_size, timeout)
-        weights, device = control, torch.device("cpu")
+        weights: dist.ProcessGroupGloo | dist.ProcessGroupNCCL = control
+        device = torch.device("cpu")
         if backend == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
-            weights = dist.ProcessGroupNCCL(dist.PrefixStore("vime/bridge-nccl", store), b,
-                                            roles.bridge_size)
+            # torch's stubs make ``options`` required; the binding defaults it
+            weights = dist.ProcessGroupNCCL(  # type: ignore[call-arg]
+                dist.PrefixStore("vime/bridge-nccl", store), b, roles.bridge_size)
         bridge = Bridge(b, roles.bridge_size, control, weights, device,
                         first_engine_rank=roles.num_trainers)
     _OPEN[key] = Sides(roles=roles, rank=rank, bridge=bridge)

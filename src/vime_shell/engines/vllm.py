@@ -114,7 +114,6 @@ class VllmEngine(StagedWeights):
                               "is not a Hugging Face model directory (no config.json)",
                               "pass a directory saved with save_pretrained")
         self.model_path = path
-        self._vllm = vllm
         self._sleep_mode = enable_sleep_mode
         self._sleep_level = sleep_level
         self._staging: tempfile.TemporaryDirectory | None = None
@@ -164,10 +163,12 @@ class VllmEngine(StagedWeights):
         outputs = self._llm.generate(requests, sampling, use_tqdm=False)
         return [self._to_generation(out, self._routes) for out in outputs]
 
-    def _sampling_params(self, params: SamplingParams, i: int, prompt_len: int) -> Any:
-        """vLLM's per-request parameters; stop strings need detokenizing (vLLM matches them
-        on the text and keeps the tokens up to the one that completed the match)."""
-        return self._vllm.SamplingParams(
+    @staticmethod
+    def _sampling_params(params: SamplingParams, i: int, prompt_len: int) -> Any:
+        """vLLM's per-request parameters (both vLLM engines convert with this); stop strings
+        need detokenizing (vLLM matches them on the text and keeps the tokens up to the one
+        that completed the match)."""
+        return vllm.SamplingParams(
             n=1, max_tokens=params.max_new_tokens_for(prompt_len),
             temperature=params.temperature, top_p=params.top_p,
             top_k=params.top_k if params.top_k else -1,

@@ -34,7 +34,6 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-import vllm
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -63,7 +62,6 @@ class VllmAsyncEngine(StagedWeights):
                               "is not a Hugging Face model directory (no config.json)",
                               "pass a directory saved with save_pretrained")
         self.model_path, self.weight_version = path, 0
-        self._vllm = vllm  # VllmEngine._sampling_params reads it: one conversion for both
         self._inflight: set[str] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
@@ -109,8 +107,7 @@ class VllmAsyncEngine(StagedWeights):
         last = None
         try:
             async for out in self._llm.generate(TokensPrompt(prompt_token_ids=ids),
-                                                VllmEngine._sampling_params(self, params, i,
-                                                                             len(ids)),
+                                                VllmEngine._sampling_params(params, i, len(ids)),
                                                 request_id=rid):
                 last = out
         finally:

@@ -16,7 +16,7 @@ the rank otherwise), because mismatched keys would silently add unrelated number
 """
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, overload
 
 import torch.distributed as dist
 from megatron.core.distributed import param_and_grad_buffer as buffers
@@ -92,6 +92,14 @@ def gather_step_report(partials: Mapping[str, float], num_groups: int, mode: Los
     """
     return reduce_train_step(all_gather_dicts(partials, group), num_groups, mode, cp,
                              num_samples=num_samples, tokens=tokens)
+
+
+@overload
+def gather_metrics(metrics: Mapping[str, Metric], group: dist.ProcessGroup | None = None, *,
+                   group_dst: None) -> dict[str, Metric]: ...
+@overload
+def gather_metrics(metrics: Mapping[str, Metric], group: dist.ProcessGroup | None = None, *,
+                   group_dst: int = 0) -> dict[str, Metric] | None: ...
 
 
 def gather_metrics(metrics: Mapping[str, Metric], group: dist.ProcessGroup | None = None, *,
@@ -188,7 +196,9 @@ def _skipping(original, position: int, one_rank):
                               else False)
         return _Done() if async_op else None
 
-    collective.vime_original = original
+    # A function attribute (the mark of a wrapped collective, read back with getattr), which
+    # mypy does not model on a def.
+    collective.vime_original = original  # type: ignore[attr-defined]
     collective.__name__ = original.__name__
     collective.__doc__ = original.__doc__
     return collective

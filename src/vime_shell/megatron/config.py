@@ -85,7 +85,7 @@ class TrainerConfig:
 class StepResult:
     """Reduced metrics of one step (identical on every rank) and what this rank ran."""
 
-    metrics: dict[str, float]
+    metrics: dict[str, float | None]  # None: a mean over no token (reduce_train_step)
     num_groups: int
     num_microbatches: int
     lr: float

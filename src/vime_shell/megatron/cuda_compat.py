@@ -337,7 +337,8 @@ def native_torch(*, model: bool = False):
     index = torch.cuda.current_device
     with _pop_mode_temporarily():
         if model:
-            torch.cuda.current_device = _cpu_current_device
+            # On purpose a device, not torch's int index: the docstring says why.
+            torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
         try:
             yield
         finally:

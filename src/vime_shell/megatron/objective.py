@@ -139,16 +139,18 @@ def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossCo
     report["ratio"] = (terms.ratio * mask).sum().detach()
     report["log_prob"] = (logp.detach() * mask).sum()
     report["tokens"] = mask.sum().detach()
-    if tis is not None:  # the decoupled-PPO weight pi_old / pi_behaviour, as clamped
-        report.update(_tis_sums(tis, old, row, mask))
+    # the decoupled-PPO weight pi_old / pi_behaviour, as clamped (tis: only with the latter)
+    if tis is not None and row.rollout_log_probs is not None:
+        report.update(_tis_sums(tis, old, row.rollout_log_probs, mask))
     report.update(_gap_sums(logp, row))
     return numerator * factor, report
 
 
-def _tis_sums(tis: torch.Tensor, old: torch.Tensor, row: MicroBatchTensors,
+def _tis_sums(tis: torch.Tensor, old: torch.Tensor, behaviour: torch.Tensor,
               mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Masked sums of the TIS weight and of where the clamp changed it (``TIS_KEYS``)."""
-    raw = torch.exp((old - row.rollout_log_probs).clamp(max=20.0))
+    """Masked sums of the TIS weight and of where the clamp changed it (``TIS_KEYS``);
+    ``behaviour``: the engine's log-probs."""
+    raw = torch.exp((old - behaviour).clamp(max=20.0))
     clamped = (tis != raw).to(mask.dtype)
     return {"tis": (tis.to(mask.dtype) * mask).sum().detach(),
             "tis_clipfrac": (clamped * mask).sum().detach()}

@@ -110,7 +110,7 @@ class StorageOffload:
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
     """A flat uint8 tensor over all of ``storage``."""
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(
-        storage, 0, (storage.nbytes(),))
+        storage, 0, (storage.nbytes(),), (1,))
 
 
 @contextlib.contextmanager

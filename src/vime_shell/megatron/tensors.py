@@ -82,13 +82,14 @@ def to_tensors(record: TrainMicroBatch, layout: Layout,
         raise field_error(VimeError, "cp_size", record.cp_size, "needs THD packing",
                           "run context parallelism on CUDA with TransformerEngine")
 
-    def tensor(values: np.ndarray | None) -> torch.Tensor | None:
+    def tensor(values: np.ndarray) -> torch.Tensor:
         """On ``device``; the records' int32 ids and indices widen to int64 here, per
         micro-batch, as embedding lookups and gathers take them."""
-        if values is None:
-            return None
         out = torch.from_numpy(values)
         return (out if out.is_floating_point() else out.long()).to(device)
+
+    def optional(values: np.ndarray | None) -> torch.Tensor | None:
+        return None if values is None else tensor(values)
 
     seq = record.seq_lengths.tolist()
     tokens, positions, labels = record.tokens, record.positions, record.labels
@@ -112,9 +113,10 @@ def to_tensors(record: TrainMicroBatch, layout: Layout,
         logit_index=tensor(logit_index), token_sample=tensor(record.token_sample),
         loss_mask=tensor(record.loss_mask), advantages=tensor(record.advantages),
         denominators=tensor(record.denominators),
-        rollout_log_probs=tensor(record.rollout_log_probs),
-        old_log_probs=tensor(record.old_log_probs), ref_log_probs=tensor(record.ref_log_probs),
-        routed_experts=tensor(None if record.routed_experts is None else routes_in_model_order(
+        rollout_log_probs=optional(record.rollout_log_probs),
+        old_log_probs=optional(record.old_log_probs),
+        ref_log_probs=optional(record.ref_log_probs),
+        routed_experts=optional(None if record.routed_experts is None else routes_in_model_order(
             record.routed_experts, seq, flat)))
 
 

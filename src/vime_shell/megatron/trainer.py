@@ -103,7 +103,8 @@ class MegatronTrainer:
         self.optimizer, self.scheduler = self._optimizer()
         self.dp_rank = mpu.get_data_parallel_rank()
         self.cp_rank = mpu.get_context_parallel_rank()
-        self.device = torch.cuda.current_device() if platform.kind == "cuda" else "cpu"
+        self.device = torch.device("cuda", torch.cuda.current_device()) \
+            if platform.kind == "cuda" else torch.device("cpu")
         # Only the last pipeline stage computes losses; TP ranks hold identical copies.
         self.owns_loss = (mpu.is_pipeline_last_stage(ignore_virtual=True)
                           and mpu.get_tensor_model_parallel_rank() == 0)
@@ -152,7 +153,7 @@ class MegatronTrainer:
         return cls(hf_dir, platform, layout, config)
 
     # -- construction ---------------------------------------------------------------------
-    def _wrap(self, chunks: list[torch.nn.Module]) -> list[torch.nn.Module]:
+    def _wrap(self, chunks: list[torch.nn.Module]) -> list[DistributedDataParallel]:
         tconfig = self.bridge.config
         if self.platform.dtype is torch.bfloat16:
             chunks = [Float16Module(tconfig, c) for c in chunks]
@@ -229,6 +230,7 @@ class MegatronTrainer:
                 self.trace.append((record_step, tuple(row.record.sample_indices.tolist()),
                                    row.num_tokens))
             if self.replay is not None:
+                assert row.routed_experts is not None  # _tensors' replay.check refused none
                 self.replay.before_forward(model, row.routed_experts)
             # No labels: the last stage returns vocab-parallel logits [rows, T, V/tp], of which the
             # loss needs only the rows that predict response tokens.
@@ -240,7 +242,7 @@ class MegatronTrainer:
 
     def _run(self, rows: list[MicroBatchTensors], loss_fn, forward_only: bool, record_step=None,
              model: list[torch.nn.Module] | None = None):
-        group = self.layout.microbatch_group
+        group = self.layout.scheduler_layout().microbatch_multiple  # 1 without vpp
         if self.layout.vpp > 1 and len(rows) % group:
             raise field_error(VimeError, "num_microbatches", len(rows),
                               f"is not a multiple of microbatch_group={group}, which the "
@@ -259,7 +261,7 @@ class MegatronTrainer:
 
     # -- steps -------------------------------------------------------------------------------
     def train_step(self, step: StepBatch,
-                   before_update: Callable[[dict[str, float]], None] | None = None
+                   before_update: Callable[[dict[str, float | None]], None] | None = None
                    ) -> StepResult:
         """One optimizer step over the step's records (this rank's ``K`` micro-batches).
 
@@ -325,7 +327,12 @@ class MegatronTrainer:
             raise NonFiniteGradError(
                 f"step {self.steps_done}: the optimizer skipped the update (inf/nan gradients "
                 "under loss scaling). Fix: lower the learning rate or check the data.")
-        return float(grad_norm if grad_norm is not None else norm), False
+        if grad_norm is not None:
+            return float(grad_norm), False
+        # Megatron's fp32 optimizer measures no norm without clipping: the one measured above
+        # (a loss scaler's optimizer, which skips that, always returns one).
+        assert norm is not None
+        return norm, False
 
     @property
     def current_lr(self) -> float:
@@ -333,7 +340,7 @@ class MegatronTrainer:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def train(self, batch: RankBatch,
-              before_update: Callable[[int, dict[str, float]], None] | None = None
+              before_update: Callable[[int, dict[str, float | None]], None] | None = None
               ) -> list[StepResult]:
         """Every step of ``batch`` in order (several optimizer steps per rollout batch);
         ``before_update(step_index, metrics)`` runs before each step's update."""
@@ -341,7 +348,7 @@ class MegatronTrainer:
                                 else partial(before_update, s))
                 for s, step in enumerate(batch.steps)]
 
-    def _reduce(self, reports: list[dict], step: StepBatch) -> dict[str, float]:
+    def _reduce(self, reports: list[dict], step: StepBatch) -> dict[str, float | None]:
         """The step report, identical on every rank: loss-like partial numerators through
         ``reduce_train_step``, token means (and the weight-sync gap, on the batch's first
         step) as ``(sum, count)`` through ``reduce_metrics``."""

@@ -13,6 +13,7 @@ num_layers=2, vocab_size=20, max_position_embeddings=64, num_attention_heads=2)`
 
 import json
 from pathlib import Path
+from typing import TypeGuard
 
 import attrs
 
@@ -147,7 +148,7 @@ def _check_heads(config: dict, path: Path, flag: str) -> None:
                          f'"num_attention_heads" {heads}, and no "head_dim" is given')
 
 
-def _int(value: object) -> bool:
+def _int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -13,6 +13,7 @@ gives a Llama-3.x RoPE.
 """
 
 from pathlib import Path
+from typing import Any
 
 import attrs
 import torch
@@ -66,7 +67,8 @@ class TinyModelSpec:
 def hf_config(spec: TinyModelSpec, **extra):
     """The transformers config object of ``spec`` (fp32, no dropout); ``extra`` adds fields
     such as token ids."""
-    common = dict(
+    # Keyword arguments of several transformers config classes, each typed field by field.
+    common: dict[str, Any] = dict(
         vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
@@ -77,9 +79,10 @@ def hf_config(spec: TinyModelSpec, **extra):
         rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta,
                          **(spec.rope_scaling or {})}, **extra,
     )
-    moe = dict(num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
-               moe_intermediate_size=spec.moe_intermediate_size, decoder_sparse_step=1,
-               mlp_only_layers=[], router_aux_loss_coef=0.0)
+    moe: dict[str, Any] = dict(
+        num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
+        moe_intermediate_size=spec.moe_intermediate_size, decoder_sparse_step=1,
+        mlp_only_layers=[], router_aux_loss_coef=0.0)
     if spec.arch == "qwen2":
         return Qwen2Config(use_sliding_window=False, **common)
     if spec.arch == "qwen3_moe":

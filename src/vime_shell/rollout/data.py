@@ -137,7 +137,7 @@ def _example(row: Any, keys: DataKeys, where: str) -> TaskExample:
                         "--apply-chat-template, or store prompts as text.")
     label = (None if keys.label_key is None
              else _label(_field(row, keys.label_key, where, f"{keys.flag_prefix}label-key"),
-                         keys, where))
+                         keys.label_key, keys.any_label, where))
     # Metadata and tools may be absent from a row (no extra facts about that prompt).
     metadata = {} if keys.metadata_key is None else row.get(keys.metadata_key) or {}
     if not isinstance(metadata, dict):
@@ -160,10 +160,9 @@ def _text(value: Any, key: str, where: str) -> Any:
                         "store the column as UTF-8 strings.") from None
 
 
-def _label(value: Any, keys: DataKeys, where: str) -> Any:
-    """The label as the reward gets it: text, a finite number, or (custom rewards) any JSON
-    value; never null or NaN, never stringified."""
-    key = keys.label_key
+def _label(value: Any, key: str, any_label: bool, where: str) -> Any:
+    """The label as the reward gets it: text, a finite number, or (with ``any_label``: custom
+    rewards) any JSON value; never null or NaN, never stringified."""
     value = _text(value, key, where)
     if value is None:
         raise DataError(f"{where}: {key} is null. Fix: give every row a label, or pass "
@@ -172,7 +171,7 @@ def _label(value: Any, keys: DataKeys, where: str) -> Any:
         raise DataError(f"{where}: {key}={value} is not a finite number. Fix: correct the "
                         "row's label.")
     scalar = isinstance(value, (str, int, float)) and not isinstance(value, bool)
-    if not scalar and not keys.any_label:
+    if not scalar and not any_label:
         raise DataError(f"{where}: {key}={value!r:.60} is a {type(value).__name__}, but the "
                         "built-in rewards (--rm-type) compare text or a number. Fix: store one "
                         "answer per row, or pass --custom-rm-path with a reward that takes "
@@ -275,12 +274,13 @@ class PromptSource:
         start, self.offset = self.offset, self.offset + n
         draw, self.draws = self.draws, self.draws + 1
         if self.rows is None:
+            assert self.task is not None  # from_dataset and from_task set exactly one of the two
             return old + tuple(self.task.examples(n, seed=self.seed, rollout_id=draw))
         size = len(self.rows)
-        return old + tuple(self.rows[self._order(i // size)[i % size]]
+        return old + tuple(self.rows[self._order(i // size, size)[i % size]]
                            for i in range(start, start + n))
 
-    def _order(self, epoch: int) -> np.ndarray:
+    def _order(self, epoch: int, size: int) -> np.ndarray:
         if not self.shuffle:
-            return np.arange(len(self.rows))
-        return np.random.default_rng([self.seed, epoch, 0x5EED]).permutation(len(self.rows))
+            return np.arange(size)
+        return np.random.default_rng([self.seed, epoch, 0x5EED]).permutation(size)

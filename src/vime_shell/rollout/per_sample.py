@@ -430,6 +430,7 @@ async def _drive(ctx: RolloutContext, setup: PerSample, groups: list[PromptGroup
                 s.group_id = gid
             return
         if len(g.executions[k]) != 1:  # a fan-out cut off mid-way: start it again
+            assert setup.buffer is not None  # only a group from the buffer is cut off
             setup.buffer.restarted += len(g.executions[k])
             g.executions[k] = [_fresh_sample(g.example)]
         sample = g.executions[k][0]
@@ -491,8 +492,8 @@ async def _first_error(jobs: list[asyncio.Future], rt: GenerateRuntime) -> None:
     pending = set(jobs)
     while pending:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-        errors = [t.exception() for t in jobs if t in done and not t.cancelled()
-                  and t.exception()]  # the first in execution order
+        errors = [e for t in jobs if t in done and not t.cancelled()
+                  and (e := t.exception()) is not None]  # the first in execution order
         if not errors and any(t.cancelled() for t in done) and not rt.aborting:
             errors = [asyncio.CancelledError()]
         if errors:

@@ -183,7 +183,7 @@ class _Worker:
     _NUMBER = itertools.count()
 
     def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()  # None: stop serving
         self.abandoned = False
         self.thread = threading.Thread(target=self._serve, daemon=True,
                                        name=f"vime-deadline-{next(self._NUMBER)}")
@@ -206,8 +206,9 @@ class _Worker:
         """Never used again; a job still running Python code is interrupted where it is."""
         self.abandoned = True
         self.jobs.put(None)  # ends the serving loop once the job returns
-        if not job.done.is_set() and self.thread.is_alive():
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident),
+        ident = self.thread.ident  # set since start(): None never reaches the call
+        if not job.done.is_set() and self.thread.is_alive() and ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
                                                        ctypes.py_object(_Interrupt))
 
     def _serve(self) -> None:

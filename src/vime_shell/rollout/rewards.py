@@ -182,8 +182,9 @@ class Rewarder:
     def score(self, samples: Sequence[Any], *, where: str = "prompt") -> list[float]:
         """Rewards of one prompt's samples, in order (see the module docstring); a sample
         whose metadata names another built-in ``rm_type`` is scored by that one."""
-        if self._mixed(samples):
-            return [self.typed(self._kind(s)).score([s], where=f"{where}, sample {k}")[0]
+        typed = self.typed
+        if typed is not None and self._mixed(samples):
+            return [typed(self._kind(s)).score([s], where=f"{where}, sample {k}")[0]
                     for k, s in enumerate(samples)]
         if self.group:
             values = self._call(list(samples), f"{where} (group reward)")

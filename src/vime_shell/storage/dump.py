@@ -165,8 +165,9 @@ def load_rollout_batch(path: str | os.PathLike) -> RolloutBatch:
         raise DumpFormatError(f"{where}: columns {sorted(arrays)} do not match the version "
                               f"{header['version']} set {sorted(expected)}. Fix: write it "
                               "with save_rollout_batch.")
-    # A column an older version lacks takes the batch's default (versions: on policy).
-    columns = {name: arrays[name] for name in COLUMNS if name in arrays}
+    # A column an older version lacks takes the batch's default (versions: on policy). Any:
+    # keyword arguments of RolloutBatch, arrays and None for an optional column not recorded.
+    columns: dict[str, Any] = {name: arrays[name] for name in COLUMNS if name in arrays}
     for name in OPTIONAL_COLUMNS:
         columns.setdefault(name, None)
     try:
@@ -250,5 +251,5 @@ def _digest(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> str:
     for name in sorted(arrays):
         arr = arrays[name]
         h.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode())
-        h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
+        h.update(np.ascontiguousarray(arr).data.cast("B"))
     return h.hexdigest()

@@ -68,12 +68,12 @@ def check_export_target(target: str | Path, *, flag: str = "--save-hf",
             raise field_error(ExportError, flag, str(target), f"{relation} {what} ({where})",
                               "pass a new directory for the exported model, e.g. "
                               "runs/<name>/hf")
-    for what, where in protected.items():
-        if where is None:
+    for what, directory in protected.items():
+        if directory is None:
             continue
-        relation = _relation(resolved, Path(where).expanduser().resolve())
+        relation = _relation(resolved, Path(directory).expanduser().resolve())
         if relation is not None:
-            raise field_error(ExportError, flag, str(target), f"{relation} {what} ({where})",
+            raise field_error(ExportError, flag, str(target), f"{relation} {what} ({directory})",
                               "pass a separate directory for the exported model; the export "
                               "never writes among a model's or a run's own files")
     if resolved.exists() and not resolved.is_dir():

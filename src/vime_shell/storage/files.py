@@ -103,7 +103,7 @@ def fsync_path(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def fsync_tree(directory: str | os.PathLike) -> None:
+def fsync_tree(directory: str | os.PathLike[str]) -> None:
     """fsync every file directly in ``directory``, then the directory: for files written by
     a library that does not sync them (Megatron's ``common.pt`` and ``metadata.json``)."""
     for entry in os.scandir(directory):
