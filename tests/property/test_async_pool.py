@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vime_pure.async_pool import (AsyncPoolError, PoolCounts, admits, check_staleness_bound,
-                                  drain, enforce_staleness_bound, generation_lag,
-                                  weights_sync_due)
+from vime_pure.async_pool import (SYNC_MODES, AsyncPoolError, Asynchrony, PoolCounts, SyncMode,
+                                  admits, check_staleness_bound, drain, enforce_staleness_bound,
+                                  generation_lag, resolve_asynchrony, weights_sync_due)
 from vime_pure.errors import RolloutBatchError
 
 
@@ -44,6 +44,52 @@ def test_bad_inputs_are_typed_errors():
     enforce_staleness_bound(np.array([3, -1, 2]), 3, 1)  # on policy (-1) counts as fresh
     with pytest.raises(AsyncPoolError, match="mode"):
         generation_lag("async", 1)
+
+
+def assert_asynchrony_invariants(a: Asynchrony) -> None:
+    """What every holder of a resolved ``Asynchrony`` may rely on."""
+    assert a.lag in (0, 1) and a.lag <= a.max_staleness or a.mode is SyncMode.SYNC
+    assert (a.lag == 1) == (a.mode is SyncMode.ONE_STEP_OFF and a.max_staleness >= 1)
+    assert a.bounded == (a.mode is not SyncMode.SYNC)
+    assert a.pooled == (a.mode is SyncMode.FULLY_ASYNC)
+    if a.bounded:  # every batch can be fresh enough: K >= lag + I - 1
+        assert a.max_staleness >= a.lag + a.update_weights_interval - 1
+    assert a.mode.value in SYNC_MODES and (a.flag == "") == (a.mode is SyncMode.SYNC)
+
+
+def test_the_asynchrony_is_one_resolved_value():
+    """The two flags and K resolve once; K = 0 makes one step off synchronous (lag 0), the
+    default K is 1, and the flags that exclude each other or break the bound are refused."""
+    one_off = resolve_asynchrony(train_async=True, fully_async=False, max_weight_staleness=None)
+    assert (one_off.mode, one_off.lag, one_off.max_staleness) == (SyncMode.ONE_STEP_OFF, 1, 1)
+    assert resolve_asynchrony(train_async=True, fully_async=False,
+                              max_weight_staleness=0).lag == 0
+    pool = resolve_asynchrony(train_async=False, fully_async=True, max_weight_staleness=2,
+                              update_weights_interval=3)
+    assert pool.pooled and pool.lag == 0 and pool.flag == "--fully-async"
+    assert SyncMode("fully_async") is SyncMode.FULLY_ASYNC and SyncMode.SYNC == "sync"
+    with pytest.raises(AsyncPoolError, match="--fully-async=True: excludes --train-async"):
+        resolve_asynchrony(train_async=True, fully_async=True, max_weight_staleness=None)
+    with pytest.raises(AsyncPoolError, match="--max-weight-staleness"):
+        Asynchrony(mode=SyncMode.FULLY_ASYNC, max_staleness=0, update_weights_interval=2)
+    with pytest.raises(ValueError):
+        Asynchrony(mode="async")
+    for a in (one_off, pool):
+        assert_asynchrony_invariants(a)
+
+
+@given(st.booleans(), st.booleans(), st.one_of(st.none(), st.integers(0, 4)),
+       st.integers(1, 4))
+def test_every_accepted_flag_combination_resolves_to_a_consistent_asynchrony(
+        train_async, fully_async, staleness, interval):
+    try:
+        a = resolve_asynchrony(train_async=train_async, fully_async=fully_async,
+                               max_weight_staleness=staleness, update_weights_interval=interval)
+    except AsyncPoolError as exc:
+        assert str(exc).count("Fix:") == 1
+        return
+    assert_asynchrony_invariants(a)
+    assert a.lag == generation_lag(a.mode.value, staleness)
 
 
 @given(st.lists(st.integers(0, 20), max_size=40), st.integers(0, 20), st.integers(0, 5),
