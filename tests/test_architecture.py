@@ -12,7 +12,7 @@ import pytest
 
 from vime_pure import ParallelLayout, RolloutBatch, Sample, build_schedule, schedule_for
 from vime_shell.cli.schedule import add_arguments, load_workload, policy_from_args
-from vime_shell.loop.config_flags import parse_train_config
+from vime_shell.settings.flags import parse_train_config
 from vime_shell.storage.dump import save_rollout_batch
 
 ROOT = Path(__file__).resolve().parents[1]
