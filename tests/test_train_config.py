@@ -1,8 +1,9 @@
 """``TrainConfig``: defaults, file + flag layering, and typed errors naming field and fix.
 
-Asserts :mod:`vime_shell.settings.train_config`'s invariants: defaults are valid and give one optimizer
-step per rollout; YAML / JSON / TOML files load with either key spelling; flags override the
-file; unknown keys and flags fail with the closest name; each bad value names its field.
+Asserts :mod:`vime_shell.settings.train_config`'s invariants: defaults are valid and give one
+optimizer step per rollout; YAML / JSON / TOML files load with either key spelling; flags
+override the file; unknown keys and flags fail with the closest name; each bad value names its
+field.
 """
 
 import json

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from vime_shell.engines.weights import load_safetensors_dir
 from vime_shell.models.embedded import (
-                                        BUNDLED_TEXT, SPECIAL_TOKENS, EmbeddedError, EmbeddedSpec, build_embedded,
-                                        )
+    BUNDLED_TEXT, SPECIAL_TOKENS, EmbeddedError, EmbeddedSpec, build_embedded,
+)
 from vime_shell.models.tokenizer import load_tokenizer
 
 

@@ -42,8 +42,8 @@ from vllm.inputs import TokensPrompt
 
 from vime_pure.errors import field_error
 from vime_shell.engines.base import (
-                                     EngineError, Generation, NamedTensors, SamplingParams, check_prompts,
-                                     )
+    EngineError, Generation, NamedTensors, SamplingParams, check_prompts,
+)
 from vime_shell.engines.group import EngineOptions
 from vime_shell.engines.layout import EngineLayout
 from vime_shell.engines.weights import save_safetensors_dir
