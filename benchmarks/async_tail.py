@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--root", default="runs/bench-async")
     parser.add_argument("--out", default="benchmarks/results/async_tail.json")
     args = parser.parse_args(argv)
-    from vime_shell.loop.run_log import read_metrics
+    from vime_shell.run.run_log import read_metrics
 
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, ["src", ".", env.get("PYTHONPATH")]))

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     subprocess.run([sys.executable, "-m", "vime_shell.cli", "demo", "--run-dir", args.run_dir,
                     *(["--math"] if args.math else []), *extra], check=True, env=env)
     wall = time.perf_counter() - start
-    from vime_shell.loop.run_log import read_metrics
+    from vime_shell.run.run_log import read_metrics
 
     result = summarize(read_metrics(args.run_dir), wall, args.target)
     result.update(load_before=load_before, load_after=os.getloadavg(), cpus=os.cpu_count(),

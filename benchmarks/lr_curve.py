@@ -15,9 +15,9 @@ import argparse
 import attrs
 import torch
 
-from vime_shell.loop.config import TrainConfig
-from vime_shell.loop.components import trainer_config
 from vime_shell.megatron.trainer import lr_scheduler
+from vime_shell.run.components import trainer_config
+from vime_shell.settings.train_config import TrainConfig
 
 CASES = {
     "cosine, no --lr-decay-iters": dict(lr_decay_style="cosine"),

@@ -39,15 +39,14 @@ import tracemalloc
 import attrs
 import numpy as np
 
+from benchmarks.scale_batch import PROMPT_TOKENS, columnar_batch, response_lengths
 from vime_pure import RolloutBatch, Sample
 from vime_pure.data.microbatch import share_batch
 from vime_pure.data.held_parts import join_chunks
 from vime_pure.data.shares import (assemble_share, merge_meta, part_meta, plan_shares,
                                    share_piece)
 from vime_pure.data.work_queue import queue_chunk_size
-from vime_shell.loop.exchange import pack_piece, unpack_piece
-
-PROMPT_TOKENS = 500
+from vime_shell.train.exchange import pack_piece, unpack_piece
 
 
 def _cpu(fn):
@@ -195,10 +194,9 @@ def gloo_worker(rank: int, samples: int, dp: int) -> dict:
     ``ShareExchange`` (the loop's code), report the bytes moved and the ones predicted."""
     import torch.distributed as dist
 
-    from benchmarks.scale import columnar_batch, response_lengths
     from vime_pure import BatchingPolicy, ParallelLayout
     from vime_pure.scheduling.workloads import synthetic_workload
-    from vime_shell.loop.exchange import ShareExchange
+    from vime_shell.train.exchange import ShareExchange
 
     dist.init_process_group("gloo")
     work = synthetic_workload(num_groups=samples, fanout="grpo16", seed=0)

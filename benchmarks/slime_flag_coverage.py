@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 from vime_shell.cli.main import build_parser
-from vime_shell.loop.slime_flags import UNSUPPORTED, unsupported_line
+from vime_shell.settings.slime_flags import UNSUPPORTED, unsupported_line
 
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*[a-z0-9])")
 ARRAY = re.compile(r"([A-Z_][A-Z0-9_]*)\+?=\(([^)]*)\)", re.S)

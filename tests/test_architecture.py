@@ -1,9 +1,12 @@
-"""The design card, checked: the core is torch-free and never imports the shell, and one flag
-means one thing in both CLIs (the same ``Schedule`` from ``vime train`` and ``vime schedule``).
+"""The design card, checked: the core is torch-free and never imports the shell, the shell's
+packages import one way only (``cli -> run -> train -> sources -> settings -> engines, rollout,
+megatron, models, storage``), and one flag means one thing in both CLIs (the same ``Schedule``
+from ``vime train`` and ``vime schedule``).
 """
 
 import argparse
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +15,17 @@ import pytest
 
 from vime_pure import ParallelLayout, RolloutBatch, Sample, build_schedule, schedule_for
 from vime_shell.cli.schedule import add_arguments, load_workload, policy_from_args
-from vime_shell.loop.config_flags import parse_train_config
+from vime_shell.settings.flags import parse_train_config
 from vime_shell.storage.dump import save_rollout_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "src" / "vime_pure"
+SHELL = ROOT / "src" / "vime_shell"
+# The shell's packages, each above the ones after it: a module may import its own package and
+# those below it, never one above. The leaves (engines, rollout, megatron, models, storage) own
+# their choice lists and layouts, which the settings records read; they read no settings.
+LEVELS = {"cli": 5, "run": 4, "train": 3, "sources": 2, "settings": 1,
+          "engines": 0, "rollout": 0, "megatron": 0, "models": 0, "storage": 0}
 
 
 def _imports(path: Path) -> set[str]:
@@ -35,6 +44,41 @@ def test_no_core_module_imports_the_shell_and_only_torch_ops_imports_torch(path)
     assert not any(name.split(".")[0] == "vime_shell" for name in imported)
     if "torch_ops" not in path.parts:
         assert not any(name.split(".")[0] in ("torch", "megatron") for name in imported)
+
+
+def _shell_packages(path: Path) -> set[str]:
+    """The ``vime_shell`` packages ``path`` imports, inside functions too."""
+    packages = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module == "vime_shell":
+            names = [f"vime_shell.{a.name}" for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        else:
+            continue
+        packages |= {n.split(".")[1] for n in names
+                     if n.startswith("vime_shell.") and n.count(".") >= 1}
+    return packages
+
+
+def test_every_shell_module_sits_in_a_package_of_the_order():
+    packages = {p.relative_to(SHELL).parts[0] for p in SHELL.rglob("*.py")} - {"__init__.py"}
+    assert packages == set(LEVELS)
+
+
+@pytest.mark.parametrize("path", sorted(p for p in SHELL.rglob("*.py") if p.parent != SHELL),
+                         ids=lambda p: str(p.relative_to(SHELL)))
+def test_shell_packages_import_only_their_own_and_those_below(path):
+    own = path.relative_to(SHELL).parts[0]
+    above = {p for p in _shell_packages(path) if p in LEVELS and LEVELS[p] > LEVELS[own]}
+    assert not above, f"{path.relative_to(SHELL)} ({own}) imports {sorted(above)}, above it"
+
+
+def test_the_loop_package_is_gone():
+    assert not (SHELL / "loop").exists()
+    assert importlib.util.find_spec("vime_shell.loop") is None
 
 
 def test_importing_the_core_and_star_loads_no_torch():

@@ -4,8 +4,8 @@ bad combination of flags is one typed error naming the flag, before anything is 
 import pytest
 
 from vime_shell.engines.roles import RankRolesError, resolve_rank_roles
-from vime_shell.loop.config import ConfigError, TrainConfig
-from vime_shell.loop.launch_checks import rank_roles
+from vime_shell.run.launch_checks import rank_roles
+from vime_shell.settings.train_config import ConfigError, TrainConfig
 
 
 def test_roles_put_trainers_first_and_engines_on_the_bridge():

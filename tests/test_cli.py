@@ -57,8 +57,8 @@ def test_schedule_errors_are_one_line_with_fix(tmp_path, capsys):
 
 def test_demo_is_train_with_the_default_config(monkeypatch):
     # The loop itself runs in tests/shell/test_train_loop.py; here: what `vime demo` launches.
-    from vime_shell.loop import loop as train_loop
-    from vime_shell.loop.config import TrainConfig
+    from vime_shell.run import driver as train_loop
+    from vime_shell.settings.train_config import TrainConfig
 
     seen = []
     monkeypatch.setattr(train_loop, "run_training", lambda cfg, plan=None: seen.append(cfg) or

@@ -7,21 +7,21 @@ import argparse
 import attrs
 import pytest
 
-from vime_shell.loop.config import RECORDS, SECTIONS, ConfigError, TrainConfig
-from vime_shell.loop.config_flags import add_train_arguments, parse_train_config
-from vime_shell.loop.megatron_args import MegatronSwitchArgs, ModelArchArgs, PlacementArgs
-from vime_shell.loop.settings.batching import BatchingArgs
-from vime_shell.loop.settings.checkpoint import CheckpointArgs
-from vime_shell.loop.settings.data import DataArgs
-from vime_shell.loop.settings.engine import EngineArgs
-from vime_shell.loop.settings.evaluation import EvalArgs
-from vime_shell.loop.settings.loss import LossArgs
-from vime_shell.loop.settings.memory import MemoryArgs
-from vime_shell.loop.settings.optimizer import OptimizerArgs
-from vime_shell.loop.settings.parallelism import ParallelArgs
-from vime_shell.loop.settings.reward import RewardArgs
-from vime_shell.loop.settings.rollout import RolloutArgs
-from vime_shell.loop.settings.run_logging import LoggingArgs
+from vime_shell.settings.batching import BatchingArgs
+from vime_shell.settings.checkpoint import CheckpointArgs
+from vime_shell.settings.data import DataArgs
+from vime_shell.settings.engine import EngineArgs
+from vime_shell.settings.evaluation import EvalArgs
+from vime_shell.settings.flags import add_train_arguments, parse_train_config
+from vime_shell.settings.loss import LossArgs
+from vime_shell.settings.megatron_args import MegatronSwitchArgs, ModelArchArgs, PlacementArgs
+from vime_shell.settings.memory import MemoryArgs
+from vime_shell.settings.optimizer import OptimizerArgs
+from vime_shell.settings.parallelism import ParallelArgs
+from vime_shell.settings.reward import RewardArgs
+from vime_shell.settings.rollout import RolloutArgs
+from vime_shell.settings.run_logging import LoggingArgs
+from vime_shell.settings.train_config import RECORDS, SECTIONS, ConfigError, TrainConfig
 
 ALL = (*RECORDS, ModelArchArgs, MegatronSwitchArgs, PlacementArgs)
 

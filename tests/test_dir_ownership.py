@@ -1,4 +1,4 @@
-"""A run never takes over another run's directories (``vime_shell.loop.ownership``).
+"""A run never takes over another run's directories (``vime_shell.run.ownership``).
 
 Named examples, each reproducing a data-loss finding of issue 19 first: two concurrent runs on
 one run directory (two real processes: the second exits 2 at launch); a stale lock named; a
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from vime_shell.loop.checkpoint_index import LOOP_STATE, TRACKER
-from vime_shell.loop.config import TrainConfig
-from vime_shell.loop.launch_checks import check_run_paths
-from vime_shell.loop.ownership import OwnershipError, claim_run
-from vime_shell.loop.run_dir import RunDirError
-from vime_shell.loop.run_log import REQUIRED_KEYS
+from vime_shell.run.checkpoint_index import LOOP_STATE, TRACKER
+from vime_shell.run.launch_checks import check_run_paths
+from vime_shell.run.ownership import OwnershipError, claim_run
+from vime_shell.run.run_dir import RunDirError
+from vime_shell.run.run_log import REQUIRED_KEYS
+from vime_shell.settings.train_config import TrainConfig
 from vime_shell.storage.locks import LOCK, OWNER, DirClaim, DirectoryInUseError, read_owner
 from vime_shell.storage.manifest import write_manifest
 

@@ -11,9 +11,9 @@ import pytest
 
 from tests.test_memory_estimate import QWEN25_7B, QWEN3_30B_A3B
 from vime_pure.memory import GIB
-from vime_shell.loop.config_flags import parse_train_config
-from vime_shell.loop.memory_report import estimate_run
 from vime_shell.megatron.layout import resolve_layout
+from vime_shell.run.memory_report import estimate_run
+from vime_shell.settings.flags import parse_train_config
 
 LARGE_MODELS_MD = Path(__file__).resolve().parents[1] / "docs" / "large-models.md"
 SHAPES = {"Qwen2.5-7B-Instruct": QWEN25_7B, "Qwen3-30B-A3B": QWEN3_30B_A3B}

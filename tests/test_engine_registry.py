@@ -21,13 +21,13 @@ from vime_shell.engines.base import Generation, RolloutEngine, SamplingParams
 from vime_shell.engines.group import EngineGroup, build_local_engine
 from vime_shell.engines.layout import EngineLayoutError, resolve_engine_layout
 from vime_shell.engines.traits import EngineTraits
-from vime_shell.loop.components import engine_options
-from vime_shell.loop.config import ConfigError, TrainConfig
-from vime_shell.loop.launch_checks import check_engine_sampling
-from vime_shell.loop.model_checks import check_model_settings
 from vime_shell.megatron.layout import resolve_layout
 from vime_shell.models.embedded import build_embedded
 from vime_shell.models.hf_config import read_config_summary
+from vime_shell.run.components import engine_options
+from vime_shell.run.launch_checks import check_engine_sampling
+from vime_shell.run.model_checks import check_model_settings
+from vime_shell.settings.train_config import ConfigError, TrainConfig
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

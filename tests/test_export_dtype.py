@@ -6,8 +6,8 @@ def test_export_dtype_follows_the_config(tmp_path):
 
     import torch
 
-    from vime_shell.loop.hf_save import as_export_dtype, save_hf_path
     from vime_shell.models.hf_config import read_config_summary
+    from vime_shell.run.hf_save import as_export_dtype, save_hf_path
 
     (tmp_path / "config.json").write_text(json.dumps(
         {"model_type": "qwen2", "num_hidden_layers": 2, "vocab_size": 8,

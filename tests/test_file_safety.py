@@ -20,11 +20,11 @@ import pytest
 
 from vime_pure import DumpFormatError, RolloutBatch, Sample
 from vime_shell.cli.main import main
-from vime_shell.loop import run_log
-from vime_shell.loop.checkpoint_index import LOOP_STATE, TRACKER, CheckpointError
-from vime_shell.loop.config import TrainConfig
-from vime_shell.loop.launch_checks import check_run_paths, launch_checks
-from vime_shell.loop.run_log import RunLogger
+from vime_shell.run import run_log
+from vime_shell.run.checkpoint_index import LOOP_STATE, TRACKER, CheckpointError
+from vime_shell.run.launch_checks import check_run_paths, launch_checks
+from vime_shell.run.run_log import RunLogger
+from vime_shell.settings.train_config import TrainConfig
 from vime_shell.storage.dump import load_rollout_batch, save_rollout_batch
 from vime_shell.storage.files import FileKindError, write_atomic
 from vime_shell.storage.manifest import fingerprint, write_manifest

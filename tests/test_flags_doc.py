@@ -9,8 +9,8 @@ import attrs
 
 from vime_shell.cli.flags_doc import REGENERATE, render
 from vime_shell.cli.main import build_parser
-from vime_shell.loop.config import TrainConfig
-from vime_shell.loop.slime_flags import UNSUPPORTED
+from vime_shell.settings.slime_flags import UNSUPPORTED
+from vime_shell.settings.train_config import TrainConfig
 
 FLAGS_MD = Path(__file__).resolve().parents[1] / "docs" / "flags.md"
 

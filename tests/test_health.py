@@ -29,8 +29,8 @@ from vime_shell.engines.layout import EngineLayout
 from vime_shell.engines.remote import Bridge, Sides
 from vime_shell.engines.roles import RankRoles
 from vime_shell.engines.work_queue import PromptQueue
-from vime_shell.loop import megatron_args
-from vime_shell.loop.config import ConfigError, TrainConfig
+from vime_shell.settings import megatron_args
+from vime_shell.settings.train_config import ConfigError, TrainConfig
 
 POLICY = HealthPolicy(interval_s=1.0, timeout_s=5.0, first_wait_s=0.0)
 
@@ -270,7 +270,7 @@ class _Group:
 @pytest.fixture
 def remote(monkeypatch):
     """A synchronous trainer rank 0 whose engine rank answers rollout 0 only."""
-    from vime_shell.loop.async_loop import RemoteRollouts
+    from vime_shell.sources.remote import RemoteRollouts
 
     monkeypatch.setattr(health, "_MONITOR", None)
     group = _Group([("batch", 0, None, {"prompts_generated": 4}, None)])

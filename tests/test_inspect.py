@@ -6,10 +6,10 @@ import shutil
 
 from vime_pure import RolloutBatch, Sample
 from vime_shell.cli.main import main
-from vime_shell.loop.rollouts import sample_annotations
 from vime_shell.models.embedded import build_embedded
 from vime_shell.models.tokenizer import load_tokenizer
-from vime_shell.loop.replay import DumpWriter
+from vime_shell.sources.replay import DumpWriter
+from vime_shell.sources.rollouts import sample_annotations
 from vime_shell.storage.dump import (load_rollout_batch, read_dump_header, save_rollout_batch,
                                      tokenizer_record)
 

@@ -1,5 +1,5 @@
 """Ctrl-C ends ``vime train`` with ``interrupted at rollout k; resume with --load DIR`` (or why
-there is nothing to resume) and exit status 130 (``vime_shell.loop.interrupts``)."""
+there is nothing to resume) and exit status 130 (``vime_shell.run.interrupts``)."""
 
 import json
 import os
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from vime_shell.cli import main as cli_main
-from vime_shell.loop.checkpoint_index import LOOP_STATE, TRACKER
-from vime_shell.loop.interrupts import (RunInterrupted, catch_interrupts, interrupt_line,
-                                        is_interrupt, raise_if_interrupted)
 from vime_shell.rollout.plugins import PluginError
+from vime_shell.run.checkpoint_index import LOOP_STATE, TRACKER
+from vime_shell.run.interrupts import (RunInterrupted, catch_interrupts, interrupt_line,
+                                       is_interrupt, raise_if_interrupted)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from vime_pure.lr_schedule import lr_groups
-from vime_shell.loop.config import TrainConfig
-from vime_shell.loop.components import trainer_config
-from vime_shell.loop.report import launch_warnings
 from vime_shell.megatron.trainer import lr_scheduler
+from vime_shell.run.components import trainer_config
+from vime_shell.run.report import launch_warnings
+from vime_shell.settings.train_config import TrainConfig
 
 
 def _run_lrs(cfg: TrainConfig, num_rollout: int) -> list[float]:

@@ -55,9 +55,9 @@ def test_bad_sizes_are_typed_errors():
 def test_a_runs_flags_become_the_plan(tmp_path):
     import json
 
-    from vime_shell.loop.config_flags import parse_train_config
-    from vime_shell.loop.memory_report import estimate_run
     from vime_shell.megatron.layout import resolve_layout
+    from vime_shell.run.memory_report import estimate_run
+    from vime_shell.settings.flags import parse_train_config
 
     (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B))
     cfg = parse_train_config(["--max-tokens-per-gpu", "16384", "--use-distributed-optimizer",

@@ -3,13 +3,13 @@ at launch with the flag, the value and the fix, before anything heavy is built."
 
 import pytest
 
-from vime_shell.loop.config import ConfigError, TrainConfig
-from vime_shell.loop.config_flags import parse_train_config
-from vime_shell.loop.model_checks import check_model_settings
 from vime_shell.megatron.layout import UnsupportedLayoutError, resolve_layout
 from vime_shell.megatron.model_options import ModelOptions, ModelOptionsError
 from vime_shell.megatron.rope import RopeScaling, gpt_rope_args, rope_scaling_of
 from vime_shell.models.hf_config import HfConfigSummary, ModelLoadError
+from vime_shell.run.model_checks import check_model_settings
+from vime_shell.settings.flags import parse_train_config
+from vime_shell.settings.train_config import ConfigError, TrainConfig
 
 DENSE = HfConfigSummary(model_type="qwen2", num_layers=4, vocab_size=128,
                         max_position_embeddings=512)

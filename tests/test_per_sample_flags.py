@@ -8,12 +8,12 @@ model is built; ``--partial-rollout`` with two engines is refused at launch.
 
 import pytest
 
-from vime_shell.loop.config import ConfigError, TrainConfig
-from vime_shell.loop.config_flags import parse_train_config
-from vime_shell.loop.launch_checks import launch_checks
 from vime_shell.models.embedded import build_embedded
 from vime_shell.rollout.functions import DEFAULT_ROLLOUT_FUNCTION, PER_SAMPLE_ROLLOUT_FUNCTION
 from vime_shell.rollout.plugins import PluginError
+from vime_shell.run.launch_checks import launch_checks
+from vime_shell.settings.flags import parse_train_config
+from vime_shell.settings.train_config import ConfigError, TrainConfig
 
 
 def sync_generate(args, sample, sampling_params):

@@ -13,10 +13,10 @@ from vime_pure import RolloutValidationError, Sample
 from vime_pure.data.rewards import RewardNormalization
 from vime_pure.errors import relayed
 from vime_shell.cli.main import main
-from vime_shell.loop.config import TrainConfig
-from vime_shell.loop.rollouts import batch_of, output_source
 from vime_shell.rollout.plugins import PluginError, load_callable
 from vime_shell.rollout.rewards import Rewarder, RewardFunctionError
+from vime_shell.settings.train_config import TrainConfig
+from vime_shell.sources.rollouts import batch_of, output_source
 
 
 @pytest.fixture

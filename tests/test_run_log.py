@@ -14,11 +14,11 @@ from benchmarks.demo_curve import summarize
 from vime_pure.data.batch import RolloutBatch, schedule_for
 from vime_pure.config import BatchingPolicy, ParallelLayout
 from vime_pure.data.sample import Sample
-from vime_shell.loop import plots
-from vime_shell.loop.run_log import (LIGHT_LINES, REQUIRED_KEYS, RunLogger, curve_panels,
-                                     read_metrics)
-from vime_shell.loop.records import rollout_record
 from vime_shell.megatron.config import StepResult
+from vime_shell.run import plots
+from vime_shell.run.run_log import (LIGHT_LINES, REQUIRED_KEYS, RunLogger, curve_panels,
+                                    read_metrics)
+from vime_shell.train.records import rollout_record
 
 
 def _batch():
@@ -137,7 +137,7 @@ def test_warnings_and_log_lines_print_above_the_progress_bar(tmp_path, monkeypat
     import logging
     import warnings
 
-    from vime_shell.loop.logs import configure_logging
+    from vime_shell.run.logs import configure_logging
 
     before, last_resort = warnings.showwarning, logging.lastResort
     terminal = io.StringIO()

@@ -1,7 +1,7 @@
 """Run directories, ``--load``, replay dumps and config files are checked before anything is
 built (``launch_checks.check_run_paths``), and a run never silently loses or mixes metrics.
 
-Named examples for each rule of ``vime_shell.loop.run_dir`` and the launch checks: a new run
+Named examples for each rule of ``vime_shell.run.run_dir`` and the launch checks: a new run
 refuses a run directory with metrics unless ``--overwrite-run-dir`` (then the old files are
 moved to ``previous-<timestamp>/``); ``vime demo`` moves its old run aside by itself; a torn
 last ``metrics.jsonl`` line is dropped with a warning on resume; ``--load`` of a path without
@@ -15,14 +15,14 @@ import pytest
 
 from vime_pure import DumpFormatError, RolloutBatch, Sample
 from vime_shell.cli.main import main
-from vime_shell.loop import loop as train_loop
-from vime_shell.loop.checkpoint_index import CheckpointError, TRACKER, require_checkpoint
-from vime_shell.loop.config import ConfigError, TrainConfig
-from vime_shell.loop.config_flags import parse_train_config
-from vime_shell.loop.launch_checks import check_run_paths
-from vime_shell.loop.replay import ReplayError
-from vime_shell.loop.run_dir import RunDirError, move_aside
-from vime_shell.loop.run_log import REQUIRED_KEYS, RunLogger, read_metrics
+from vime_shell.run import driver as train_loop
+from vime_shell.run.checkpoint_index import CheckpointError, TRACKER, require_checkpoint
+from vime_shell.run.launch_checks import check_run_paths
+from vime_shell.run.run_dir import RunDirError, move_aside
+from vime_shell.run.run_log import REQUIRED_KEYS, RunLogger, read_metrics
+from vime_shell.settings.flags import parse_train_config
+from vime_shell.settings.train_config import ConfigError, TrainConfig
+from vime_shell.sources.replay import ReplayError
 from vime_shell.storage.dump import save_rollout_batch
 
 

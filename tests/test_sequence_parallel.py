@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from vime_shell.cli.train import sequence_parallel_note
-from vime_shell.loop.config_flags import parse_train_config
-from vime_shell.loop.components import trainer_config
 from vime_shell.megatron.layout import sequence_parallel_on, transformer_engine_available
 from vime_shell.megatron.platform import Platform
+from vime_shell.run.components import trainer_config
+from vime_shell.settings.flags import parse_train_config
 
 TE_GPU = Platform(kind="cuda", backend="nccl", dtype=torch.bfloat16, transformer_engine=True,
                   packing="thd")

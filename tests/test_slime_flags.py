@@ -20,17 +20,17 @@ import pytest
 
 from vime_shell.cli.main import build_parser, main
 from vime_shell.engines.layout import DEFAULT_GPU_MEMORY_UTILIZATION
-from vime_shell.loop.checkpoint_index import resume_checkpoint
-from vime_shell.loop.config import ConfigError, TrainConfig
-from vime_shell.loop.config_flags import config_from_args, parse_train_config
-from vime_shell.loop.launch_checks import launch_checks, model_dir
-from vime_shell.loop.components import engine_options, trainer_config
-from vime_shell.loop.megatron_args import ModelArchArgs
-from vime_shell.loop.run_log import wandb_names
-from vime_shell.loop.slime_flags import UNSUPPORTED, default_flags, engine_flags, redact
 from vime_shell.models.embedded import build_embedded
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
 from vime_shell.rollout.functions import DEFAULT_ROLLOUT_FUNCTION
+from vime_shell.run.checkpoint_index import resume_checkpoint
+from vime_shell.run.components import engine_options, trainer_config
+from vime_shell.run.launch_checks import launch_checks, model_dir
+from vime_shell.run.run_log import wandb_names
+from vime_shell.settings.flags import config_from_args, parse_train_config
+from vime_shell.settings.megatron_args import ModelArchArgs
+from vime_shell.settings.slime_flags import UNSUPPORTED, default_flags, engine_flags, redact
+from vime_shell.settings.train_config import ConfigError, TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 

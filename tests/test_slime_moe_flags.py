@@ -4,12 +4,12 @@ config, wired, or accepted with its one-line note; none is refused by string dis
 import pytest
 
 from vime_shell.cli.main import main
-from vime_shell.loop.config import ConfigError, TrainConfig
-from vime_shell.loop.config_flags import parse_train_config
-from vime_shell.loop.components import engine_options
-from vime_shell.loop.megatron_args import ModelArgsError, check_architecture, notes
-from vime_shell.loop.slime_flags import UNSUPPORTED_VALUES
-from vime_shell.loop.settings.moe_architecture import LayerPatternError, moe_layer_pattern
+from vime_shell.run.components import engine_options
+from vime_shell.settings.flags import parse_train_config
+from vime_shell.settings.megatron_args import ModelArgsError, check_architecture, notes
+from vime_shell.settings.moe_architecture import LayerPatternError, moe_layer_pattern
+from vime_shell.settings.slime_flags import UNSUPPORTED_VALUES
+from vime_shell.settings.train_config import ConfigError, TrainConfig
 
 # A Qwen3-MoE-style config.json (as slime's scripts/models/qwen3-30B-A3B.sh describes it)
 QWEN3_MOE = {"model_type": "qwen3_moe", "num_hidden_layers": 4, "num_experts": 8,

@@ -11,11 +11,11 @@ import threading
 import pytest
 
 from vime_pure import Sample
-from vime_shell.loop.config import TrainConfig
 from vime_shell.rollout import remote_reward
 from vime_shell.rollout.plugins import PluginError
-from vime_shell.rollout.rewards import Rewarder, RewardFunctionError
 from vime_shell.rollout.reward_plugins import last_boxed
+from vime_shell.rollout.rewards import Rewarder, RewardFunctionError
+from vime_shell.settings.train_config import TrainConfig
 
 
 def _s(response, label="8", **meta) -> Sample:

@@ -1,8 +1,9 @@
 """``TrainConfig``: defaults, file + flag layering, and typed errors naming field and fix.
 
-Asserts :mod:`vime_shell.loop.config`'s invariants: defaults are valid and give one optimizer
-step per rollout; YAML / JSON / TOML files load with either key spelling; flags override the
-file; unknown keys and flags fail with the closest name; each bad value names its field.
+Asserts :mod:`vime_shell.settings.train_config`'s invariants: defaults are valid and give one
+optimizer step per rollout; YAML / JSON / TOML files load with either key spelling; flags
+override the file; unknown keys and flags fail with the closest name; each bad value names its
+field.
 """
 
 import json
@@ -10,8 +11,8 @@ import json
 import pytest
 
 from vime_pure.config import BatchingPolicy
-from vime_shell.loop.config import ConfigError, TrainConfig
-from vime_shell.loop.config_flags import parse_train_config
+from vime_shell.settings.flags import parse_train_config
+from vime_shell.settings.train_config import ConfigError, TrainConfig
 
 
 def test_defaults_are_the_demo_and_valid():

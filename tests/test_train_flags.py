@@ -12,15 +12,15 @@ from vime_pure import LossMode
 from vime_shell.cli import train as train_cmd
 from vime_shell.cli.main import main
 from vime_shell.cli.parser import as_flags
-from vime_shell.loop.config import SECTIONS, ConfigError, TrainConfig
-from vime_shell.loop.config_flags import parse_train_config
-from vime_shell.loop.launch_checks import launch_checks
-from vime_shell.loop.logs import configure_logging
-from vime_shell.loop.components import trainer_config
 from vime_shell.models.embedded import build_embedded
 from vime_shell.rollout import functions
 from vime_shell.rollout.data import DataError
 from vime_shell.rollout.rewards import Rewarder
+from vime_shell.run.components import trainer_config
+from vime_shell.run.launch_checks import launch_checks
+from vime_shell.run.logs import configure_logging
+from vime_shell.settings.flags import parse_train_config
+from vime_shell.settings.train_config import SECTIONS, ConfigError, TrainConfig
 
 
 @pytest.fixture(autouse=True)
@@ -224,7 +224,7 @@ def test_eval_keys_and_sampling_overrides(model, data, tmp_path, capsys):
     _bad(argv, capsys, "Fix: pass --eval-input-key")
     from types import SimpleNamespace
 
-    from vime_shell.loop.rollouts import RolloutProducer
+    from vime_shell.sources.rollouts import RolloutProducer
 
     cfg = parse_train_config([*argv, "--rollout-stop", "</a>", "--rollout-top-p", "0.9",
                               "--eval-top-p", "0.5", "--eval-top-k", "4",
@@ -405,7 +405,7 @@ def test_check_flags_reach_what_they_configure(capsys):
 
 
 def test_a_temperature_vllm_refuses_fails_at_launch_for_the_vllm_engine():
-    from vime_shell.loop.launch_checks import check_engine_sampling
+    from vime_shell.run.launch_checks import check_engine_sampling
 
     with pytest.raises(ConfigError, match=r"rollout_temperature=3.0: is above vLLM's limit of "
                                           r"2. Fix: use at most 2, or --rollout-engine hf"):

@@ -6,10 +6,10 @@ import json
 import pytest
 
 from vime_pure import Sample
-from vime_shell.loop.config import ConfigError
-from vime_shell.loop.launch_checks import eval_config_sets
 from vime_shell.rollout.data import DataKeys, load_prompt_rows
 from vime_shell.rollout.rewards import Rewarder, RewardFunctionError
+from vime_shell.run.launch_checks import eval_config_sets
+from vime_shell.settings.train_config import ConfigError
 
 
 def _s(response, label, **meta) -> Sample:

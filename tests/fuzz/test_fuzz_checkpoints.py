@@ -25,12 +25,12 @@ from safetensors.numpy import load_file, save_file
 
 from tests.fuzz.harness import REJECTIONS, check_cli_line, outcome, tried
 from vime_shell.cli.main import main
-from vime_shell.loop.checkpoint_index import LOOP_STATE, TRACKER, require_checkpoint
-from vime_shell.loop.config import TrainConfig
-from vime_shell.loop.launch_checks import launch_checks
 from vime_shell.models.embedded import build_embedded
 from vime_shell.models.hf_config import (BOOLS, NON_NEGATIVE_INTS, OBJECTS, POSITIVE_INTS,
                                          POSITIVE_NUMBERS, REQUIRED, TOKEN_IDS)
+from vime_shell.run.checkpoint_index import LOOP_STATE, TRACKER, require_checkpoint
+from vime_shell.run.launch_checks import launch_checks
+from vime_shell.settings.train_config import TrainConfig
 from vime_shell.storage.manifest import MANIFEST, write_manifest
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -241,7 +241,7 @@ FULL_DISK = textwrap.dedent("""
     import torch, torch.distributed as dist
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
     from vime_pure.errors import VimeError
-    from vime_shell.loop import run_checkpoint
+    from vime_shell.run import run_checkpoint
     from vime_shell.storage.hf_export import save_hf_checkpoint
     model, out = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[3], rank=0,

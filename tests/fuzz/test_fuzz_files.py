@@ -21,8 +21,8 @@ from tests.fuzz.harness import REJECTED, REJECTIONS, outcome, tried
 from tests.fuzz.strategies import JUNK
 from vime_pure import RolloutBatch, Sample
 from vime_shell.cli.main import main
-from vime_shell.loop.config import TrainConfig
-from vime_shell.loop.config_flags import load_config_file
+from vime_shell.settings.flags import load_config_file
+from vime_shell.settings.train_config import TrainConfig
 from vime_shell.storage.dump import load_rollout_batch, save_rollout_batch
 
 

@@ -20,10 +20,10 @@ import pytest
 
 from vime_pure.errors import VimeError
 from vime_shell.cli.main import main
-from vime_shell.loop import run_checkpoint
-from vime_shell.loop.checkpoint_index import LOOP_STATE, TRACKER, require_checkpoint
-from vime_shell.loop.config import ConfigError
-from vime_shell.loop.config_flags import load_config_file
+from vime_shell.run import run_checkpoint
+from vime_shell.run.checkpoint_index import LOOP_STATE, TRACKER, require_checkpoint
+from vime_shell.settings.flags import load_config_file
+from vime_shell.settings.train_config import ConfigError
 from vime_shell.storage.dump import HEADER, load_rollout_batch
 
 

@@ -37,8 +37,8 @@ import torch
 
 from vime_shell.engines import vllm_available
 from vime_shell.engines.layout import default_rollout_dtype, logprob_gap_tolerance
-from vime_shell.loop.config import TrainConfig
-from vime_shell.loop.launch_checks import launch_checks, model_dir
+from vime_shell.run.launch_checks import launch_checks, model_dir
+from vime_shell.settings.train_config import TrainConfig
 
 TIME_LIMIT_S = 8 * 60  # the suite's budget on one H200-class GPU
 
@@ -126,7 +126,7 @@ def run_e2e(out_path: str | Path, *, num_rollout: int = 8, control_stale_sync: b
         cfg = attrs.evolve(cfg, logprob_gap_tolerance=1e9)  # measure, never stop
     start = time.perf_counter()
     plan = launch_checks(cfg, model_dir(cfg))
-    from vime_shell.loop.loop import run_training  # torch + Megatron, as the CLI does
+    from vime_shell.run.driver import run_training  # torch + Megatron, as the CLI does
 
     rows: list[dict] = []
     engine_dtype: list[str | None] = []

@@ -48,7 +48,7 @@ def _partial_seen(e, batch) -> dict:
 def agentic_worker(rank: int, root: str, cache: str) -> dict:
     os.environ["VIME_CACHE_DIR"] = cache
     from tests.shell.loop_workers import _cfg
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
 
     tool, partial = [], []
     run_training(_cfg(run_dir=f"{root}/tool", num_rollout=2, rollout_max_response_len=5,
@@ -70,10 +70,10 @@ def _put_back_runs(root: str) -> dict:
     with groups in its buffer, then resumed without --partial-rollout for rollout 2 (and, in
     between, the same resume under --fully-async, refused at launch)."""
     from tests.shell.loop_workers import _cfg
-    from vime_shell.loop.checkpoint_index import latest, waiting_groups
-    from vime_shell.loop.launch_checks import check_run_paths
-    from vime_shell.loop.loop import run_training
     from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
+    from vime_shell.run.checkpoint_index import latest, waiting_groups
+    from vime_shell.run.driver import run_training
+    from vime_shell.run.launch_checks import check_run_paths
 
     rows = write_jsonl(f"{root}/data/train.jsonl", arithmetic_rows()[0])
     common = dict(prompt_data=str(rows), apply_chat_template=True, rollout_max_response_len=4,

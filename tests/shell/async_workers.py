@@ -160,8 +160,8 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...],
     settings per run name."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.engines.group import EngineGroup
-    from vime_shell.loop.config import TrainConfig
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
+    from vime_shell.settings.train_config import TrainConfig
 
     out: dict = {"root": Path(root)}
     loads_weights = EngineGroup.sync_weights
@@ -221,8 +221,8 @@ def dying_engine_worker(rank: int, root: str, cache: str):
     """One step off with an engine rank that is killed while generating rollout 0; the
     trainer returns the error it raised."""
     os.environ["VIME_CACHE_DIR"] = cache
-    from vime_shell.loop.config import TrainConfig
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
+    from vime_shell.settings.train_config import TrainConfig
 
     cfg = TrainConfig(**{**TINY, **SEPARATE, "train_async": True, "run_dir": f"{root}/dying",
                          "rollout_function_path": "tests.shell.async_workers:dying_rollout"})

@@ -71,7 +71,7 @@ def bad_rollouts_worker(rank: int, root: str, cache: str) -> dict:
     """Each bad plugin in turn, through ``run_training`` (and the CLI for the exiting reward)."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.cli.main import main
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
 
     here = "tests.shell.bad_input_workers"
     out: dict = {}

@@ -24,7 +24,7 @@ def first_char_reward(sample) -> float:
 
 
 def _cfg(**kwargs):
-    from vime_shell.loop.config import TrainConfig
+    from vime_shell.settings.train_config import TrainConfig
 
     return TrainConfig(**{**TINY, **kwargs})
 
@@ -64,8 +64,8 @@ def loop_worker(rank: int, run_dir: str, cache: str, kwargs: dict) -> dict:
     """One run of ``kwargs`` (on top of ``TINY``); engine/trainer weights after each sync,
     and each rollout's optimizer steps' gradient norms (``step_grad_norms``)."""
     os.environ["VIME_CACHE_DIR"] = cache
-    from vime_shell.loop.loop import run_training
     from vime_shell.megatron.trainer import MegatronTrainer
+    from vime_shell.run.driver import run_training
 
     seen: list = []
     norms: list = []
@@ -91,7 +91,7 @@ def loop_worker(rank: int, run_dir: str, cache: str, kwargs: dict) -> dict:
 def replay_worker(rank: int, root: str, cache: str) -> dict:
     """Original run with dumps, then train-only replay, forge replay and a fallback replay."""
     os.environ["VIME_CACHE_DIR"] = cache
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
 
     template = f"{root}/dumps/r{{rollout_id}}.npz"
     runs = {}
@@ -134,7 +134,7 @@ def _single_process(cache: str, port: int) -> None:
 def killed_worker(root: str, cache: str, port: int, kill_after: int) -> None:
     """Run 4 rollouts with checkpoints every 2 and SIGKILL this process after ``kill_after``."""
     _single_process(cache, port)
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
 
     def hook(event):
         if event.rollout_id == kill_after:
@@ -148,8 +148,8 @@ def killed_in_save_worker(root: str, cache: str, port: int) -> None:
     """Run 4 rollouts with checkpoints every 2 and SIGKILL this process inside the second
     save, once its tensor shards are on disk and before the checkpoint is complete."""
     _single_process(cache, port)
-    from vime_shell.loop.loop import run_training
     from vime_shell.megatron import torch_dist
+    from vime_shell.run.driver import run_training
 
     write_shards, saves = torch_dist.SyncTorchDistSave.save, []
 
@@ -175,7 +175,7 @@ def resume_worker(rank: int, root: str, cache: str, names: tuple[str, ...]) -> d
     """Run (or resume, from its ``--save`` directory) each of ``names`` in turn: the
     uninterrupted run, then the killed ones; final weights of each."""
     os.environ["VIME_CACHE_DIR"] = cache
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
 
     out = {}
     for name in names:
@@ -198,7 +198,7 @@ def save_hf_worker(rank: int, root: str, cache: str, probe: np.ndarray) -> dict:
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_pure import (BatchingPolicy, ParallelLayout, RolloutBatch, Sample, rank_batch,
                            schedule_for)
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
 
     n, length = probe.shape
     batch = RolloutBatch.from_samples([[Sample(tokens=row.tolist(), response_length=length - 1,
@@ -225,8 +225,8 @@ def real_jobs_worker(rank: int, root: str, cache: str) -> dict:
     import json
     from pathlib import Path
 
-    from vime_shell.loop.loop import run_training
     from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
+    from vime_shell.run.driver import run_training
 
     out: dict = {}
     kl_seen: list = []
@@ -276,8 +276,8 @@ def broken_sync_worker(rank: int, root: str, cache: str) -> dict:
     sampled with stale weights, so its one step must fail the gap check before updating."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.engines.hf import HfEngine
-    from vime_shell.loop.loop import run_training
-    from vime_shell.loop.weight_check import WeightSyncError
+    from vime_shell.run.driver import run_training
+    from vime_shell.train.weight_check import WeightSyncError
 
     HfEngine.update_weights_from_tensors = lambda self, named: [None for _ in named]
     seen: dict = {}
@@ -335,8 +335,8 @@ def engine_layouts_worker(rank: int, root: str, cache: str) -> dict:
     os.environ["VIME_CACHE_DIR"] = cache
     from pathlib import Path
 
-    from vime_shell.loop.loop import run_training
     from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
+    from vime_shell.run.driver import run_training
 
     train, held_out = arithmetic_rows(seed=0)
     data = Path(root) / f"data-rank{rank}"  # each rank its own copy: no process group yet
@@ -394,7 +394,7 @@ def filtered_rollout_worker(rank: int, root: str, cache: str) -> dict:
     import io
 
     os.environ["VIME_CACHE_DIR"] = cache
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -437,7 +437,7 @@ def stale_engine_worker(rank: int, root: str, cache: str) -> dict:
     --use-tis; records per rollout."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.engines.hf import HfEngine
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
 
     runs = {}
     stale = dict(num_rollout=3, global_batch_size=16, use_tis=True)
@@ -467,7 +467,7 @@ def stale_engine_rs_worker(rank: int, root: str, cache: str) -> dict:
     whole-batch old log-probs summed over the ranks are this rank's own."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.engines.hf import HfEngine
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
 
     HfEngine.update_weights_from_tensors = lambda self, named: [None for _ in named]
     lo, hi = np.log(RS_BAND[0]), np.log(RS_BAND[1])

@@ -144,8 +144,8 @@ def streaming_export_run(hf_dir: str, limit: int = 40_000) -> dict:
 
     from safetensors.torch import load_file
 
-    from vime_shell.loop.hf_save import as_export_dtype
     from vime_shell.megatron.trainer import MegatronTrainer
+    from vime_shell.run.hf_save import as_export_dtype
     from vime_shell.storage.hf_export import save_hf_checkpoint
 
     trainer = MegatronTrainer.from_hf(hf_dir)

@@ -32,8 +32,8 @@ def build_moe_chat_model(path: str | Path) -> Path:
 
 def moe_train_worker(rank: int, root: str, hf_dir: str) -> dict:
     os.environ["VIME_CACHE_DIR"] = f"{root}/cache"
-    from vime_shell.loop.config import TrainConfig
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
+    from vime_shell.settings.train_config import TrainConfig
 
     runs = {}
     for name, extra in (("dp2", {}), ("ep2_r3", dict(expert_model_parallel_size=2,

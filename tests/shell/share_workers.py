@@ -67,8 +67,8 @@ def metric_values(path: Path) -> list[dict]:
 def train_worker(rank: int, run_dir: str, cache: str, layout: dict) -> dict:
     """One run; rank 0 returns the metrics, every rank the bytes its exchange moved."""
     os.environ["VIME_CACHE_DIR"] = cache
-    from vime_shell.loop.config import TrainConfig
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
+    from vime_shell.settings.train_config import TrainConfig
 
     moved: list = []
 

@@ -31,8 +31,8 @@ def slime_plugins_worker(rank: int, root: str, cache: str) -> dict:
     from pathlib import Path
 
     from tests.shell.loop_workers import _cfg
-    from vime_shell.loop.loop import run_training
     from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
+    from vime_shell.run.driver import run_training
 
     me = "tests.shell.slime_plugin_workers"
     _, held_out = arithmetic_rows(seed=0)
@@ -63,9 +63,9 @@ def _rollout_only(root: str) -> dict:
     from pathlib import Path
 
     from tests.shell.loop_workers import _cfg
-    from vime_shell.loop.launch_checks import launch_checks, model_dir
-    from vime_shell.loop.rollout_only import run_rollouts_only
     from vime_shell.megatron import trainer
+    from vime_shell.run.launch_checks import launch_checks, model_dir
+    from vime_shell.run.rollout_only import run_rollouts_only
     from vime_shell.storage.dump import load_rollout_batch
 
     def no_trainer(*args, **kwargs):

@@ -26,10 +26,10 @@ import torch.multiprocessing as mp
 
 from tests.shell.async_workers import (check_pool_counts_are_cumulative,
                                        check_resumed_pool_run, dying_engine_worker, modes_worker)
-from vime_shell.loop.checkpoint_index import waiting_groups
-from vime_shell.loop.report import rollout_line
 from vime_shell.megatron.spawn import _worker, free_port, spawn
 from vime_shell.models.embedded import build_embedded
+from vime_shell.run.checkpoint_index import waiting_groups
+from vime_shell.run.report import rollout_line
 
 pytestmark = pytest.mark.slow
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vime_shell.engines.weights import load_safetensors_dir
 from vime_shell.models.embedded import (
     BUNDLED_TEXT, SPECIAL_TOKENS, EmbeddedError, EmbeddedSpec, build_embedded,
 )
-from vime_shell.engines.weights import load_safetensors_dir
 from vime_shell.models.tokenizer import load_tokenizer
 
 
@@ -82,8 +82,8 @@ def test_padded_vocab_size_rounds_up_to_the_multiple(tokens, multiple, padded):
 
 
 def test_tp_launch_check_reads_the_padded_vocabulary(built, monkeypatch, tmp_path):
-    from vime_shell.loop.config import ConfigError, TrainConfig
-    from vime_shell.loop.launch_checks import launch_checks
+    from vime_shell.run.launch_checks import launch_checks
+    from vime_shell.settings.train_config import ConfigError, TrainConfig
 
     monkeypatch.chdir(tmp_path)  # the default run dir, away from a demo run in the checkout
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -35,12 +35,12 @@ from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.functions import RolloutContext, generate, single_turn_rollout
 from vime_shell.rollout.generate import (GenerateError, GenerateRuntime, engine_params,
                                          sampling_params_dict)
-from vime_shell.loop.fully_async import FrontEngine, GroupsFront, LockedEngine
 from vime_shell.rollout.per_sample import (GenerateTimeoutError, PartialBuffer, PerSample,
                                            check_loop, generate_rollout)
 from vime_shell.rollout.plugins import PluginError, load_generate_function
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import TASKS
+from vime_shell.sources.pool import FrontEngine, GroupsFront, LockedEngine
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from tests.shell.loop_workers import replay_worker
-from vime_shell.models.embedded import build_embedded
-from vime_shell.storage.dump import load_rollout_batch, read_dump_header, tokenizer_record
 from vime_shell.megatron.spawn import spawn
-from vime_shell.loop.replay import ReplayError, ReplaySource, dump_path
+from vime_shell.models.embedded import build_embedded
+from vime_shell.sources.replay import ReplayError, ReplaySource, dump_path
+from vime_shell.storage.dump import load_rollout_batch, read_dump_header, tokenizer_record
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_literal_path_replays_the_same_file_every_rollout(tmp_path):
 
 
 def test_save_template_must_name_the_rollout():
-    from vime_shell.loop.config import ConfigError, TrainConfig
+    from vime_shell.settings.train_config import ConfigError, TrainConfig
 
     with pytest.raises(ConfigError, match="rollout_id"):
         TrainConfig(save_rollout_data="dumps/batch.npz")

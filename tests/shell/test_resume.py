@@ -17,10 +17,10 @@ import pytest
 
 from tests.metric_keys import without_timing
 from tests.shell.loop_workers import killed_in_save_worker, killed_worker, resume_worker
-from vime_shell.loop import run_checkpoint as checkpoint
 from vime_shell.megatron.checkpoint import TRAINER_STATE
-from vime_shell.storage.dump import load_rollout_batch
 from vime_shell.megatron.spawn import free_port, spawn
+from vime_shell.run import run_checkpoint as checkpoint
+from vime_shell.storage.dump import load_rollout_batch
 
 pytestmark = pytest.mark.slow
 # Each killed run and the rollouts it had logged when it died: the hook kill comes before
@@ -100,8 +100,8 @@ def test_sigkill_mid_save_keeps_the_previous_checkpoint(killed_runs):
 def test_resume_refuses_a_different_data_setup(tmp_path):
     import json
 
-    from vime_shell.loop.run_checkpoint import (CheckpointError, LOOP_STATE, TRACKER, _loop_state,
-                                                load)
+    from vime_shell.run.run_checkpoint import (CheckpointError, LOOP_STATE, TRACKER, _loop_state,
+                                               load)
 
     ck = tmp_path / "rollout_000002"
     ck.mkdir()

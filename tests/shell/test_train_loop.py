@@ -1,7 +1,7 @@
 """The ``vime train`` loop end to end: 3 rollouts on the embedded model at world size 1, 2 at
 DP=2 and 2 at TP=2 (gloo), plus the multi-turn (compact) rollout.
 
-Asserts the loop's invariants (:mod:`vime_shell.loop.loop`): each rank's trainer ran exactly
+Asserts the loop's invariants (:mod:`vime_shell.run.driver`): each rank's trainer ran exactly
 its micro-batches of the schedule, step by step; the engine-trainer log-prob gap is < 1e-4 on
 every rollout (each one sampled right after the previous sync) and the engine holds exactly the
 trainer's weights after the last sync; the parameters changed; ``metrics.jsonl`` holds one
@@ -17,7 +17,7 @@ import pytest
 
 from tests.shell.loop_workers import loop_worker, world_size_1_worker
 from vime_shell.megatron.spawn import spawn
-from vime_shell.loop.run_log import REQUIRED_KEYS
+from vime_shell.run.run_log import REQUIRED_KEYS
 
 pytestmark = pytest.mark.slow
 

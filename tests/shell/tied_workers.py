@@ -134,7 +134,7 @@ def train_layouts_worker(rank: int, root: str, hf_dir: str, data: str) -> dict:
     import functools
 
     from vime_shell.cli.main import main
-    from vime_shell.loop import loop as loop_module
+    from vime_shell.run import driver as loop_module
 
     original = loop_module.run_training
     out = {}

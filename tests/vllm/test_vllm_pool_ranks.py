@@ -30,8 +30,8 @@ KEYS = ("rollout", "probe_gap", "staleness_max", "pool_part_engine_rank_0",
 def pools_worker(rank: int, root: str, cache: str) -> list:
     """Fully async, ``K = 1``, over 2 vLLM engine ranks; the trainer returns its records."""
     os.environ["VIME_CACHE_DIR"] = cache
-    from vime_shell.loop.config import TrainConfig
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
+    from vime_shell.settings.train_config import TrainConfig
 
     result = run_training(TrainConfig(**{
         **TINY, "rollout_engine": "vllm", "rollout_enforce_eager": True,

@@ -20,8 +20,8 @@ from vime_shell.megatron.spawn import spawn  # noqa: E402
 
 def train_worker(rank: int, run_dir: str, cache: str) -> list[dict]:
     os.environ["VIME_CACHE_DIR"] = cache
-    from vime_shell.loop.config import TrainConfig
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
+    from vime_shell.settings.train_config import TrainConfig
 
     result = run_training(TrainConfig(
         rollout_engine="vllm", num_rollout=3, max_tokens_per_gpu=96, lr=1e-3, run_dir=run_dir,
@@ -39,8 +39,8 @@ def test_vime_train_on_vllm_syncs_in_memory_and_checks_every_sync(tmp_path):
 
 def per_sample_worker(rank: int, run_dir: str, cache: str) -> list[dict]:
     os.environ["VIME_CACHE_DIR"] = cache
-    from vime_shell.loop.config import TrainConfig
-    from vime_shell.loop.loop import run_training
+    from vime_shell.run.driver import run_training
+    from vime_shell.settings.train_config import TrainConfig
 
     result = run_training(TrainConfig(
         rollout_engine="vllm", rollout_enforce_eager=True, num_rollout=3, lr=1e-3,

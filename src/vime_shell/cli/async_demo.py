@@ -16,9 +16,9 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from vime_shell.loop.config_flags import config_from_args
-from vime_shell.loop.interrupts import INTERRUPTED
-from vime_shell.loop.launch_checks import launch_checks, model_dir
+from vime_shell.run.interrupts import INTERRUPTED
+from vime_shell.run.launch_checks import launch_checks, model_dir
+from vime_shell.settings.flags import config_from_args
 
 RANKS = 2  # 1 trainer + 1 engine
 

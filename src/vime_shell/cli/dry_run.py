@@ -8,7 +8,7 @@ synthetic rollout of the configured shape (``--rollout-batch-size`` x
 ``--n-samples-per-prompt`` one-sample groups of ``SYNTHETIC_PROMPT_LEN`` prompt tokens (6 for a
 built-in task) and
 responses spread over ``[1, --rollout-max-response-len]``, seeded) as ``vime schedule`` prints
-it, and the memory estimate of ``vime_shell.loop.memory_report``.
+it, and the memory estimate of ``vime_shell.run.memory_report``.
 
 Example: ``vime train --dry-run --num-rollout 5`` prints ``parallel layout: world 1 = tp 1 x pp
 1 x cp 1 x dp 1`` and a one-step table, and exits 0.
@@ -21,10 +21,10 @@ from vime_pure.memory import GIB
 from vime_pure.scheduling.planner import build_schedule
 from vime_pure.scheduling.report import step_stats
 from vime_shell.cli.schedule import format_table
-from vime_shell.loop.config import SECTIONS, TrainConfig
-from vime_shell.loop.launch_checks import LaunchPlan
-from vime_shell.loop.memory_report import estimate_run
 from vime_shell.rollout.tasks import get_task
+from vime_shell.run.memory_report import estimate_run
+from vime_shell.settings.launch_plan import LaunchPlan
+from vime_shell.settings.train_config import SECTIONS, TrainConfig
 
 MEMORY_GPU_GIB = 80  # the GPU the memory estimate assumes (the printed line says so)
 SYNTHETIC_PROMPT_LEN = 128  # tokens; a dataset's own lengths need its tokenizer (seconds)
@@ -89,7 +89,7 @@ def dry_run_report(cfg: TrainConfig, plan: LaunchPlan) -> str:
 
 
 def memory_line(cfg: TrainConfig, plan: LaunchPlan) -> str:
-    """``vime_shell.loop.memory_report``'s per-GPU estimate (bf16, an 80 GiB GPU assumed)."""
+    """``vime_shell.run.memory_report``'s per-GPU estimate (bf16, an 80 GiB GPU assumed)."""
     gib = estimate_run(cfg, plan.hf_dir, plan.layout, gpu_bytes=MEMORY_GPU_GIB * GIB).as_gib()
     return (f"memory estimate per GPU (bf16, {MEMORY_GPU_GIB} GiB GPU): weights "
             f"{gib['weights']}, grads {gib['grads']}, optimizer {gib['optimizer']}, "

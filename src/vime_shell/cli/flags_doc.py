@@ -20,9 +20,9 @@ from typing import Any
 import attrs
 
 from vime_shell.cli.main import build_parser
-from vime_shell.loop.config import SECTIONS, TrainConfig
-from vime_shell.loop.slime_flags import (ALIASES, SGLANG_ONLY, SGLANG_TO_VLLM, SLIME_VALUES,
-                                         UNSUPPORTED, UNSUPPORTED_OFF, UNSUPPORTED_VALUES)
+from vime_shell.settings.slime_flags import (ALIASES, SGLANG_ONLY, SGLANG_TO_VLLM, SLIME_VALUES,
+                                             UNSUPPORTED, UNSUPPORTED_OFF, UNSUPPORTED_VALUES)
+from vime_shell.settings.train_config import SECTIONS, TrainConfig
 
 REGENERATE = "python -m vime_shell.cli.flags_doc > docs/flags.md"
 HEADER = f"""# `vime train` flags

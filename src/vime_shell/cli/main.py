@@ -10,7 +10,7 @@ status 2; its chained cause, when it adds something, is one more line (``caused 
 the full traceback follows under ``--log-level debug``. Under torchrun one rank prints it
 (:mod:`vime_shell.cli.launch_verdict`). Ctrl-C ends ``vime train`` with one line, ``interrupted
 at rollout k; resume with --load DIR`` (or why there is nothing to resume), and status 130;
-SIGTERM ends the process at once (:mod:`vime_shell.loop.interrupts`). Messages name flags as typed
+SIGTERM ends the process at once (:mod:`vime_shell.run.interrupts`). Messages name flags as typed
 (``--allow-partial-train-step``), never the Python names the core uses
 (:func:`vime_shell.cli.parser.as_flags`).
 """
@@ -31,9 +31,9 @@ from vime_shell.cli import schedule as schedule_cmd
 from vime_shell.cli import train as train_cmd
 from vime_shell.cli.launch_verdict import ReportedElsewhere, speaks_for_job
 from vime_shell.cli.parser import REPORTED_ERRORS, VimeArgumentParser, report_failure
-from vime_shell.loop.config import TrainConfig, field_type
-from vime_shell.loop.interrupts import INTERRUPTED, interrupt_line, is_interrupt
 from vime_shell.rollout.tasks import arithmetic_rows, write_jsonl
+from vime_shell.run.interrupts import INTERRUPTED, interrupt_line, is_interrupt
+from vime_shell.settings.train_config import TrainConfig, field_type
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def report_interrupt(args: argparse.Namespace, exc: BaseException) -> int:
     """Ctrl-C: one line from rank 0 (every rank of a job gets the signal), where the run
-    stopped and how to resume (``loop.interrupts``); status 130."""
+    stopped and how to resume (``run.interrupts``); status 130."""
     if speaks_for_job():
         line = interrupt_line(exc) if args.command in ("train", "demo") else "interrupted"
         print(f"vime {args.command}: {line}", file=sys.stderr)

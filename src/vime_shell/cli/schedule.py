@@ -333,7 +333,7 @@ def run(args: argparse.Namespace) -> int:
         if not 0 <= args.plot_step < schedule.num_steps:
             raise InputError(f"--plot-step {args.plot_step} is out of range. Fix: pass a step "
                              f"in 0..{schedule.num_steps - 1}.")
-        from vime_shell.loop.plots import plot_step_loads  # matplotlib: only for --plot
+        from vime_shell.run.plots import plot_step_loads  # matplotlib: only for --plot
 
         _written(args.plot, lambda: plot_step_loads(schedule, args.plot, args.plot_step))
         print(f"plot: {args.plot}")

@@ -1,4 +1,4 @@
-"""``vime train``: the RL loop of :mod:`vime_shell.loop.loop` from the command line.
+"""``vime train``: the RL loop of :mod:`vime_shell.run.driver` from the command line.
 
 Every ``TrainConfig`` setting is a flag (slime / Megatron names: ``--global-batch-size`` in
 groups, ``--rollout-batch-size``, ``--n-samples-per-prompt``, ``--max-tokens-per-gpu``,
@@ -9,7 +9,7 @@ bad value exits with status 2 and one line naming the setting and the fix.
 A slime or miles launch script runs with its flags unchanged (README "Coming from slime"):
 Megatron's architecture flags are checked against the HF config, its switches and slime's
 engine flags (``--sglang-X``, ``--vllm-X``) are accepted with a one-line note where vime differs,
-and a flag vime does not support prints its line from ``vime_shell.loop.slime_flags``.
+and a flag vime does not support prints its line from ``vime_shell.settings.slime_flags``.
 ``--dry-run`` runs every launch check and prints the resolved run without building anything.
 
 Multi-process: ``torchrun --nproc-per-node 2 -m vime_shell.cli train
@@ -40,17 +40,17 @@ import warnings
 
 from vime_shell.cli.dry_run import dry_run_report
 from vime_shell.cli.launch_verdict import (ReportedElsewhere, first_to_report, settle,
-                                          speaks_for_job)
+                                           speaks_for_job)
 from vime_shell.cli.parser import REPORTED_ERRORS, VimeArgumentParser
 from vime_shell.engines import engine_traits
-from vime_shell.loop.checkpoint_index import resume_checkpoint
-from vime_shell.loop.config_flags import (absorb_engine_flags, add_train_arguments,
-                                          config_from_args)
-from vime_shell.loop.interrupts import catch_interrupts, is_interrupt
-from vime_shell.loop.megatron_args import notes
-from vime_shell.loop.slime_flags import unsupported_line
-from vime_shell.loop.launch_checks import launch_checks, model_dir
 from vime_shell.megatron.layout import sequence_parallel_on, transformer_engine_available
+from vime_shell.run.checkpoint_index import resume_checkpoint
+from vime_shell.run.interrupts import catch_interrupts, is_interrupt
+from vime_shell.run.launch_checks import launch_checks, model_dir
+from vime_shell.settings.flags import (absorb_engine_flags, add_train_arguments,
+                                       config_from_args)
+from vime_shell.settings.megatron_args import notes
+from vime_shell.settings.slime_flags import unsupported_line
 
 
 LINGER_S = 5.0  # how long the process waits for threads a plugin left running
@@ -138,8 +138,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     # Megatron and mbridge announce every missing optional kernel (TE, Apex) on CPU at import.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"(megatron|mbridge)\.")
-    from vime_shell.loop.loop import run_training  # torch, Megatron: only for a valid run
-    from vime_shell.loop.rollout_only import run_rollouts_only
+    from vime_shell.run.driver import run_training  # torch, Megatron: only for a valid run
+    from vime_shell.run.rollout_only import run_rollouts_only
 
     try:
         with catch_interrupts():

@@ -88,7 +88,7 @@ from vime_shell.engines.work_queue import (KEPT_ROUNDS, PromptQueue, forget_roun
                                            new_group_prefix)
 
 
-log = logging.getLogger("vime.train")  # the run's log (loop.logs formats it)
+log = logging.getLogger("vime.train")  # the run's log (run.logs formats it)
 
 
 class EngineGroupError(VimeError):

@@ -27,7 +27,7 @@ Invariants (the protocol's, see :mod:`vime_shell.engines.base`), plus:
   vLLM captures them only in Model Runner V2, so the adapter sets
   ``VLLM_USE_V2_MODEL_RUNNER=1`` (unless the user set it) before building the engine; MRV2
   needs Triton, which has no CPU backend on PyPI, so on CPU the launch refuses
-  ``--use-rollout-routing-replay`` with vLLM (``loop.model_checks``).
+  ``--use-rollout-routing-replay`` with vLLM (``run.model_checks``).
 """
 
 import os

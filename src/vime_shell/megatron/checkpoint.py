@@ -129,7 +129,7 @@ def _rng_state() -> dict:
 
 def save_checkpoint(trainer, path: str | Path) -> None:
     """Write the trainer's state under ``path`` (collective; ``path`` is created, and must be
-    empty or absent: the caller stages it, see ``vime_shell.loop.run_checkpoint``)."""
+    empty or absent: the caller stages it, see ``vime_shell.run.run_checkpoint``)."""
     out = Path(path)
     rank = dist.get_rank()
     if out.is_dir() and any(out.iterdir()):  # on every rank, before anything is written

@@ -80,7 +80,7 @@ _SLIME_NAMES = {"seed": "sampling_seed"}
 # by k golden-ratio steps mod 2**62: an independent draw, far from the rollout's structured
 # seeds (base + round * 2**20 + turn * 2**18 + request); segment 0 keeps the seed itself.
 _SEGMENT_STEP = 0x9E3779B97F4A7C15
-log = logging.getLogger("vime.train")  # the run's log (loop.logs formats it)
+log = logging.getLogger("vime.train")  # the run's log (run.logs formats it)
 
 
 def segment_seed(seed: int, k: int) -> int:

@@ -160,7 +160,7 @@ class PerSample:
     config given to it as ``args``, the partial-rollout buffer (None: no partial rollouts),
     ``runner``, which starts a round's executions and returns the future of their end: a fresh
     event loop per round (:func:`fresh_loop`), or a long-lived loop that several rounds share,
-    as the fully-async pool's groups share its engine front (``vime_shell.loop.fully_async``);
+    as the fully-async pool's groups share its engine front (``vime_shell.sources.pool``);
     ``timeout``: seconds one execution may take (``--generate-timeout``); ``report_every``:
     seconds between two "still waiting" lines."""
 

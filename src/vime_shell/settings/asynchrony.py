@@ -1,0 +1,50 @@
+"""Asynchronous training on separate rollout ranks (section ``rollout``; slime's and miles'
+names): one step off, the fully asynchronous pool, the staleness bound, the sync interval.
+
+Example: ``AsyncArgs(max_weight_staleness=2)`` raises ``max_weight_staleness=2: bounds
+asynchronous training only. Fix: add --train-async or --fully-async, or drop it.``
+"""
+
+import attrs
+
+from vime_pure.errors import field_error
+from vime_shell.settings.common import ConfigError, Record, at_least, setting
+
+SECTION = "rollout"
+
+
+def _f(default, help):
+    return setting(default, help, SECTION)
+
+
+@attrs.frozen(kw_only=True, slots=False)  # a base of TrainConfig
+class AsyncArgs(Record):
+    """How far generation may run ahead of training."""
+
+    train_async: bool = _f(False, "one step off (slime's train_async.py): engines on "
+                           "--rollout-num-gpus ranks of their own generate rollout k+1 while "
+                           "the trainer trains rollout k")
+    fully_async: bool = _f(False, "a persistent pool on every engine rank "
+                           "(--rollout-num-gpus N, one engine per rank) keeps its slice of "
+                           "--rollout-batch-size groups in flight; each step trains the "
+                           "first completed groups within --max-weight-staleness, joined "
+                           "in draw order (batches do not depend on N)")
+    max_weight_staleness: int | None = _f(None, "max versions between a group's weights and "
+                                          "the trainer's (staler groups are regenerated, "
+                                          "counted); default 1")
+    update_weights_interval: int = _f(1, "rollouts between weight syncs to the engines")
+
+    @property
+    def effective_max_weight_staleness(self) -> int:
+        """``--max-weight-staleness``, default 1 (one step off's own staleness)."""
+        return 1 if self.max_weight_staleness is None else self.max_weight_staleness
+
+    def _check(self) -> None:
+        at_least("update_weights_interval", self.update_weights_interval, 1)
+        if self.max_weight_staleness is None:
+            return
+        at_least("max_weight_staleness", self.max_weight_staleness, 0)
+        if not (self.train_async or self.fully_async):
+            raise field_error(ConfigError, "max_weight_staleness", self.max_weight_staleness,
+                              "bounds asynchronous training only",
+                              "add --train-async or --fully-async, or drop it")

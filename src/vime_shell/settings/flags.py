@@ -1,0 +1,201 @@
+"""``vime train``'s settings from the command line and config files: one ``--dash-name`` flag
+per ``TrainConfig`` field (grouped by section, slime's aliases as extra spellings), a
+``--config`` file (YAML, JSON or TOML; flat keys or by section), and the parser hook that turns
+slime's ``--vllm-X`` / ``--sglang-X`` engine flags into vLLM engine arguments and takes slime's
+unsupported flags at their default (off) value with a note. slime's spellings of values
+(``slime_flags.slime_values``) become vime's, with a note, and ``--wandb-key`` (flag or
+config key) goes into ``WANDB_API_KEY``, never into the configuration.
+
+Sources, later wins: the defaults, the ``--config`` file, then the flags given. Example:
+``parse_train_config(["--lr", "1e-3", "--sglang-mem-fraction-static", "0.7"])``.
+"""
+
+import argparse
+import json
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from vime_pure.errors import field_error
+from vime_shell.settings.common import element_type, field_type
+from vime_shell.settings.slime_flags import (ALIASES, SLIME_VALUES, default_flags, engine_flags,
+                                             slime_values)
+from vime_shell.settings.train_config import SECTIONS, ConfigError, TrainConfig
+
+WANDB_KEY_ENV = "WANDB_API_KEY"  # where W&B reads its key; the key is kept nowhere else
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a ``.yaml`` / ``.yml`` / ``.json`` / ``.toml`` file into a mapping."""
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise field_error(ConfigError, "--config", str(p), f"cannot be read ({exc})",
+                          "pass an existing YAML, JSON or TOML file (UTF-8 text)") from None
+    try:
+        if p.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        elif p.suffix == ".json":
+            data = json.loads(text)
+        elif p.suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            raise field_error(ConfigError, "--config", str(p), "has an unknown extension",
+                              "name it .yaml, .yml, .json or .toml")
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        # yaml.safe_load builds plain data only: a !!python/object tag fails here, unrun.
+        raise field_error(ConfigError, "--config", str(p), f"does not parse ({exc})",
+                          "fix the file's syntax") from None
+    if not isinstance(data, dict):
+        raise field_error(ConfigError, "--config", str(p), "does not hold a mapping",
+                          "write one key: value per setting")
+    odd = next((k for k in data if not isinstance(k, str)), None)
+    if odd is not None or None in data:
+        raise field_error(ConfigError, f"--config {p} key", odd, "is not a setting name",
+                          "write setting names as keys, e.g. global_batch_size: 64")
+    return data
+
+
+def flatten_sections(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """A config file's keys, flat (``lr: 1e-6``) or by section (``optimizer: {lr: 1e-6}``, the
+    sections of ``vime train --help``); a key under the wrong section is an error naming it."""
+    owner = {f.name: f.metadata["section"] for f in attrs.fields(TrainConfig)}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in SECTIONS or not isinstance(value, Mapping):
+            out[key] = value
+            continue
+        for inner, v in value.items():
+            name = str(inner).replace("-", "_")
+            if owner.get(name, key) != key:
+                raise field_error(ConfigError, f"--config {source} key", f"{key}.{inner}",
+                                  f"belongs to section {owner[name]!r}",
+                                  f"move it under {owner[name]}: (or write it flat)")
+            out[inner] = v
+    return out
+
+
+def _optional(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        return None if text.lower() == "none" else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+class _OrUnset(tuple):
+    """A choice list that also takes None: ``--moe-router-dtype none`` (unset) passes
+    argparse's choice check, which runs after the type turned "none" into None; ``--help``
+    lists the choices only."""
+
+    def __contains__(self, value: object) -> bool:
+        return value is None or tuple.__contains__(self, value)
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--config`` and one ``--dash-name`` flag per field, grouped by section, choices
+    shown as choices; unset flags stay absent (defaults and the config file fill them).
+
+    Build the parser with ``allow_abbrev=False``: a typo such as ``--global-batch`` must fail,
+    not silently mean ``--global-batch-size``.
+    """
+    parser.add_argument("--config", default=None, help="YAML / JSON / TOML file of settings")
+    groups = {name: parser.add_argument_group(name) for name in SECTIONS}
+    # section order (the Megatron records are base classes, so their fields come first)
+    order = {name: i for i, name in enumerate(SECTIONS)}
+    for f in sorted(attrs.fields(TrainConfig), key=lambda f: order[f.metadata["section"]]):
+        group = groups[f.metadata["section"]]
+        flags = ["--" + f.name.replace("_", "-"),
+                 *(alias for alias, name in ALIASES.items() if name == f.name)]
+        help_text = f"{f.metadata['help']} (default: {f.default})"
+        base, optional = field_type(f)
+        if base is bool:
+            group.add_argument(*flags, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_text)
+            continue
+        kind = element_type(f) if base is tuple else base
+        choices = f.metadata["choices"]
+        if choices is not None:  # slime's spellings of a choice (SLIME_VALUES) are choices
+            choices = (*choices, *(v for n, v in SLIME_VALUES if n == f.name))
+        # "none" means unset, unless it is one of the choices (--moe-router-load-balancing-type)
+        unset = optional and "none" not in (choices or ())
+        if unset and choices is not None:
+            choices = _OrUnset(choices)
+        group.add_argument(*flags, type=_optional(kind) if unset else kind,
+                           choices=choices, nargs=f.metadata["nargs"],
+                           default=argparse.SUPPRESS, help=help_text)
+    groups["checkpoint"].add_argument(
+        "--load-forge-rollout-data", action=_ForgeReplay, metavar="PATH",
+        default=argparse.SUPPRESS, help="slime's alias: --load-rollout-data PATH "
+        "--load-rollout-data-mode forge")
+    groups["logging"].add_argument(
+        "--wandb-key", action=_WandbKey, metavar="KEY", default=argparse.SUPPRESS,
+        help=f"W&B API key: set as {WANDB_KEY_ENV} for W&B, never written to the run's "
+        "configuration, checkpoints or logs")
+    parser.set_defaults(engine_warnings=(), flag_notes=())
+
+
+class _ForgeReplay(argparse.Action):
+    """``--load-forge-rollout-data PATH``: two settings, as slime's one flag means."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.load_rollout_data = values
+        namespace.load_rollout_data_mode = "forge"
+
+
+class _WandbKey(argparse.Action):
+    """``--wandb-key KEY``: into W&B's environment at once, kept in no setting (so no dump,
+    checkpoint, report or W&B config can hold it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        os.environ[WANDB_KEY_ENV] = values
+
+
+def absorb_engine_flags(extras: list[str], namespace: argparse.Namespace) -> list[str]:
+    """The parser's hook for ``--vllm-X`` / ``--sglang-X`` (``slime_flags.engine_flags``):
+    mapped ones extend ``--vllm-engine-args``, the rest become launch warnings; slime's
+    unsupported flags at their default value (``slime_flags.default_flags``) become notes."""
+    engine, warnings, rest = engine_flags(extras)
+    if engine:
+        given = getattr(namespace, "vllm_engine_args", None) or ()
+        namespace.vllm_engine_args = [*given, *engine]
+    namespace.engine_warnings = (*namespace.engine_warnings, *warnings)
+    notes, rest = default_flags(rest)
+    namespace.flag_notes = (*getattr(namespace, "flag_notes", ()), *notes)
+    return rest
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Defaults, then the ``--config`` file, then the flags that were given; slime's spellings
+    of values are vime's (their notes join ``args.flag_notes`` for the launch log)."""
+    values = dict(vars(args))
+    path = values.pop("config", None)
+    merged = flatten_sections(load_config_file(path), str(path)) if path else {}
+    merged = {ALIASES.get("--" + str(k).replace("_", "-"), str(k).replace("-", "_")): v
+              for k, v in merged.items()}  # slime's spellings of vime settings too
+    key = merged.pop("wandb_key", None)
+    if key is not None:  # a config file's W&B key: the environment, as the flag's
+        os.environ[WANDB_KEY_ENV] = str(key)
+    fields = {f.name for f in attrs.fields(TrainConfig)}
+    merged.update({k: v for k, v in values.items() if k in fields})
+    merged, notes = slime_values(merged)
+    args.flag_notes = (*getattr(args, "flag_notes", ()), *notes)
+    return TrainConfig.from_mapping(merged, source=f"--config {path}" if path else "flags")
+
+
+def parse_train_config(argv: Sequence[str] | None = None) -> TrainConfig:
+    """Parse ``vime train`` arguments. Example: ``parse_train_config(["--lr", "1e-3"]).lr``."""
+    parser = argparse.ArgumentParser(prog="vime train", allow_abbrev=False)
+    add_train_arguments(parser)
+    args, extras = parser.parse_known_args(argv)
+    extras = absorb_engine_flags(extras, args)  # --vllm-X / --sglang-X, as `vime train` does
+    if extras:
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    return config_from_args(args)

@@ -1,0 +1,139 @@
+"""The objective (section ``loss``): denominators, PPO clips, KL, entropy, TIS and rejection.
+The ranges live in the core's records (``LossConfig``, ``RejectionConfig`` in
+``vime_pure.policy_config``); this record spells them as slime's flags.
+
+Example: ``LossArgs(eps_clip=0)`` raises ``--eps-clip=0: must lie in (0, 1). Fix: use e.g.
+0.2.`` (the core's ``LOSS_BOUNDS``, the one home of that bound).
+"""
+
+import attrs
+
+from vime_pure.denominators import LOSS_MODES, REJECTION_DENOMINATORS
+from vime_pure.errors import LossConfigError, field_error
+from vime_pure.policy_config import KL_KINDS, RS_LEVELS, LossConfig, RejectionConfig
+from vime_shell.settings.common import ConfigError, Record, in_range, setting
+
+SECTION = "loss"
+DEFAULT_LOSS_MODE = "group_token_mean"
+# LossConfig's field -> the flag a user writes (the error names the flag).
+LOSS_FLAGS = {"eps_clip": "--eps-clip", "eps_clip_high": "--eps-clip-high",
+              "dual_clip": "--eps-clip-c", "kl_coef": "--kl-loss-coef",
+              "kl_kind": "--kl-loss-type", "entropy_coef": "--entropy-coef",
+              "use_tis": "--use-tis", "tis_clip": "--tis-clip", "tis_clip_low": "--tis-clip-low",
+              "sequence_ratio": "--advantage-estimator", "reward_kl_coef": "--kl-coef"}
+_RS_FIELDS = ("rs_level", "rs_lower_bound", "rs_upper_bound", "rs_denominator")
+
+
+def _f(default, help, choices=None):
+    return setting(default, help, SECTION, choices)
+
+
+@attrs.frozen(kw_only=True, slots=False)  # a base of TrainConfig
+class LossArgs(Record):
+    """The flags of the core's ``LossConfig`` and ``RejectionConfig``."""
+
+    loss_mode: str | None = _f(None, f"loss denominators; default {DEFAULT_LOSS_MODE} "
+                               "(token_mean under --calculate-per-token-loss)", LOSS_MODES)
+    calculate_per_token_loss: bool = _f(False, "slime's name for --loss-mode token_mean")
+    eps_clip: float = _f(0.2, "PPO ratio clip")
+    eps_clip_high: float | None = _f(None, "upper ratio clip (DAPO clip-higher); default "
+                                     "--eps-clip")
+    eps_clip_c: float | None = _f(None, "dual-clip bound c > 1: a negative-advantage token's "
+                                  "loss is capped at -A * c")
+    kl_coef: float = _f(0.0, "slime's reward-shaping KL: with reinforce_plus_plus_baseline "
+                        "each token's advantage minus kl_coef * KL(pi_old || reference) "
+                        "(--kl-loss-type's estimator, reference --ref-load or "
+                        "--hf-checkpoint); no effect with grpo/gspo, as in slime")
+    use_kl_loss: bool = _f(False, "add a KL penalty against a frozen reference model")
+    kl_loss_coef: float = _f(0.0, "weight of the KL penalty")
+    kl_loss_type: str = _f("low_var_kl", "KL estimator", KL_KINDS)
+    ref_load: str | None = _f(None, "HF dir of the initial weights and the KL reference "
+                              "(slime: where training starts); default --hf-checkpoint")
+    entropy_coef: float = _f(0.0, "entropy bonus weight")
+    use_tis: bool = _f(False, "truncated importance sampling (decoupled PPO): weight the "
+                       "surrogate by clamp(pi_old / pi_behaviour, --tis-clip-low, --tis-clip)")
+    tis_clip: float = _f(2.0, "TIS weight cap")
+    tis_clip_low: float = _f(0.0, "TIS weight floor")
+    use_rs: bool = _f(False, "reject tokens (or samples, --rs-level) whose pi_old / "
+                      "pi_behaviour leaves [--rs-lower-bound, --rs-upper-bound] (MIS / IcePop; "
+                      "the keys of slime's mis.py as flags)")
+    rs_level: str = _f("token", "what --use-rs tests: each token, the sample's ratio "
+                       "product (sequence) or its geometric mean", RS_LEVELS)
+    rs_lower_bound: float | None = _f(None, "--use-rs band floor; default --tis-clip-low")
+    rs_upper_bound: float | None = _f(None, "--use-rs band cap; default --tis-clip")
+    rs_denominator: str = _f("original", "denominator after --use-rs: the masks before "
+                             "rejection (slime) or the surviving tokens", REJECTION_DENOMINATORS)
+    logprob_gap_tolerance: float | None = _f(None, "max mean engine-trainer log-prob gap "
+                                             "after a sync; default: by --rollout-dtype (fp32 "
+                                             "1e-4)")
+    logprob_check: bool = _f(True, "--no-logprob-check: run with a rollout function that "
+                             "returns no engine log-probs; the weight-sync check is then off "
+                             "(metrics: logprob_check 0)")
+
+    @property
+    def effective_loss_mode(self) -> str:
+        """``--loss-mode``, or ``token_mean`` under ``--calculate-per-token-loss``."""
+        if self.loss_mode is not None:
+            return self.loss_mode
+        return "token_mean" if self.calculate_per_token_loss else DEFAULT_LOSS_MODE
+
+    def loss_config_for(self, *, sequence_ratio: bool, reward_kl: bool = False) -> LossConfig:
+        """The objective's knobs, validated once by their record (``LossConfig``); its error is
+        re-raised naming the flag. ``sequence_ratio`` is GSPO's and ``reward_kl`` whether
+        ``--kl-coef`` shapes the advantages (both: the reward record's estimator)."""
+        try:
+            return LossConfig(eps_clip=self.eps_clip, eps_clip_high=self.eps_clip_high,
+                              dual_clip=self.eps_clip_c,
+                              kl_coef=self.kl_loss_coef if self.use_kl_loss else 0.0,
+                              kl_kind=self.kl_loss_type, entropy_coef=self.entropy_coef,
+                              use_tis=self.use_tis, tis_clip=self.tis_clip,
+                              tis_clip_low=self.tis_clip_low, sequence_ratio=sequence_ratio,
+                              reward_kl_coef=self.kl_coef if reward_kl else 0.0)
+        except LossConfigError as exc:
+            field, _, rest = str(exc).partition("=")
+            raise ConfigError(f"{LOSS_FLAGS[field]}={rest}") from None
+
+    def rejection_config(self) -> RejectionConfig | None:
+        """The ``--use-rs`` settings as the core's record (None without ``--use-rs``); unset
+        bounds default to the TIS clamp, as in slime's mis.py. Example: ``--use-tis
+        --tis-clip 5 --tis-clip-low 0.5 --use-rs`` rejects tokens outside [0.5, 5] (IcePop)."""
+        if not self.use_rs:
+            return None
+        return RejectionConfig(level=self.rs_level, lower=self._rs_band()[0],
+                               upper=self._rs_band()[1], denominator=self.rs_denominator)
+
+    def _rs_band(self) -> tuple[float, float]:
+        lower = self.tis_clip_low if self.rs_lower_bound is None else self.rs_lower_bound
+        upper = self.tis_clip if self.rs_upper_bound is None else self.rs_upper_bound
+        return lower, upper
+
+    def _check(self) -> None:
+        self.loss_config_for(sequence_ratio=False, reward_kl=True)  # --kl-coef's range too
+        for name in ("rs_lower_bound", "rs_upper_bound"):
+            in_range(name, getattr(self, name), 0.0, 1e6, "use e.g. 0.5 / 2.0")
+        in_range("logprob_gap_tolerance", self.logprob_gap_tolerance, 0.0, 1e9,
+                 "use 1e-4 (fp32), or omit it for the rollout dtype's default")
+        if self.calculate_per_token_loss and self.loss_mode not in (None, "token_mean"):
+            raise ConfigError(
+                f"--calculate-per-token-loss contradicts --loss-mode {self.loss_mode}: slime's "
+                "--calculate-per-token-loss means --loss-mode token_mean. Fix: drop one of "
+                "the two flags.")
+        if self.kl_loss_coef > 0 and not self.use_kl_loss:
+            raise field_error(ConfigError, "kl_loss_coef", self.kl_loss_coef,
+                              "has no effect without --use-kl-loss",
+                              "pass --use-kl-loss, or --kl-loss-coef 0")
+        self._check_rejection()
+
+    def _check_rejection(self) -> None:
+        if not self.use_rs:
+            defaults = attrs.fields_dict(LossArgs)
+            changed = [k for k in _RS_FIELDS if getattr(self, k) != defaults[k].default]
+            if changed:
+                raise field_error(ConfigError, changed[0], getattr(self, changed[0]),
+                                  "has no effect without --use-rs", "pass --use-rs, or drop it")
+            return
+        lower, upper = self._rs_band()
+        if lower > upper:
+            raise field_error(ConfigError, "rs_lower_bound", lower,
+                              f"exceeds the band's cap {upper} (--rs-upper-bound, default "
+                              "--tis-clip)", "pass a lower bound below the upper one")

@@ -1,0 +1,447 @@
+"""``--fully-async``: a persistent generation pool on every engine rank (one engine each).
+
+Several engine ranks (``--rollout-num-gpus N``): one pool per rank, each over a static,
+contiguous slice of every prompt block (``vime_pure.pool_ranks.pool_share``; ``B = 4, N = 2``:
+prompts 0-1 and 2-3). Static because a group's seeds and ids come from its place in the block
+and the prompt source is the same on every rank: no rank asks another for work, the batches
+do not depend on ``N``, and a resume point is exact without any exchange between the pools
+(a shared queue would need a coordinator on the trainer's side of the bridge, and the
+pools would race for prompts). The cost: a slow rank's slice is not taken over by a fast
+one. Below, ``B`` is this pool's part (``len(share)``); every trainer command reaches every
+pool, each answers its part and trainer rank 0 joins them (:mod:`vime_shell.sources.pool_parts`).
+
+The pool keeps ``B`` prompt groups of its slice in flight, each one a task on a
+thread that runs the rollout function on its prompt alone. The engine is shared through its
+per-request front (:class:`FrontEngine`: the requests of all groups in flight are batched at
+each forward, while rewards, tool calls or sleeps of other groups overlap), or under a lock
+for an engine without one. A
+completed group waits, tagged with the engine version its generation started with. For the
+trainer's ``("batch", k)`` the pool hands over the first ``B`` completed groups whose staleness
+at trainer version ``k`` is within ``K = --max-weight-staleness``, and sends staler ones back
+to the queue, to be generated again with their original seeds; both are the core's
+:func:`vime_pure.async_pool.drain`. A group starts only when :func:`~vime_pure.async_pool.admits`
+says it can still be fresh enough, so with ``K = 0`` nothing runs ahead of the weights and the
+batches are the synchronous loop's. Weights arrive as a ``("weights", v)`` command, taken
+between two engine calls (in-flight groups continue on the new weights; their version stays
+the one they started with, so staleness is never under-counted). An ``("evaluate", k)``
+command (``--eval-interval``) runs the eval sets the same way, between two engine calls, on
+the weights synced last; it is collective over the engine ranks (each engine takes its share
+of the eval prompts) and engine rank 0 answers. After a sync every pool generates the probe on
+its own weights (group ids apart), so the trainer checks every engine rank's sync.
+
+Per-sample rollouts (``--custom-generate-function-path``): a group's executions run on the
+front's event loop (``FrontEngine.submit`` as the round's ``PerSample.runner``), beside every
+other group's, through one shared front (:class:`GroupsFront`), so their requests join the
+same forwards; the group's rewards are computed on its own thread. The probe and evaluation
+run the same function the same way.
+
+Deadlines: every plugin call of a group is bounded on the pool's threads as in the synchronous
+loop: a reward by ``--reward-timeout`` (on a worker thread, ``rollout.plugins.run_within``), a
+per-sample execution by ``--generate-timeout`` (the pool thread waiting for its round watches
+its executions on the front's loop, ``rollout.per_sample``; a weight load waiting for that
+loop fails the same way when a generate function blocks it); a plugin given up on fails the
+pool, which answers the trainer's next request with the error. At the stop the in-flight groups
+end first; after a failure the front's loop thread is not waited for (a generate function
+given up on may still block it; it is a daemon thread).
+
+Prompts and seeds: the pool draws prompts in whole blocks of ``--rollout-batch-size``
+exactly as the synchronous loop draws rollout ``r``'s (``PromptSource.take``), and the
+``i``-th prompt of block ``r`` is generated as prompt ``i`` of rollout ``r`` there (its seeds
+and group ids), so a group's samples do not depend on the mode; a batch lists its groups in
+draw order (trainer rank 0 sorts the parts, ``vime_pure.pool_ranks.merge_order``). Every
+group is counted (:class:`~vime_pure.async_pool.PoolCounts`, summed over the pools):
+``started = trained + recycled + filtered + pending``. Dynamic sampling filters per group
+(over several engine ranks a pool that filters more draws blocks faster: the blocks are the
+same on every rank, the other slices of a block wait for their own pools).
+
+Resuming (``--load``): every part carries the pool's resume point (:meth:`GroupPool.
+resume_state`: the oldest block with an unfinished group of its slice, the prompt source's
+position before it, and which of its and later groups are done); trainer rank 0 merges the
+pools' points into one exact point (``vime_pure.pool_ranks.merge_resume_states``), saved in
+the checkpoint's data state; every resumed pool redraws from there and skips the done groups,
+so in-flight groups are generated again (same seeds) and no group trains twice.
+
+Health (:mod:`vime_shell.engines.health`): the pool's loop raises the job's health verdict
+between two looks at the trainer's commands, so a pool whose trainer or sibling engine rank
+stopped answering ends with the error naming that rank; trainer rank 0 bounds its wait for
+each rollout's parts by the slowest parts so far (a group stuck in a call that never returns
+ends the job, naming its engine rank).
+"""
+
+import asyncio
+import collections
+import concurrent.futures as futures
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import attrs
+
+from vime_pure.async_pool import PoolCounts, admits, drain
+from vime_pure.pool_ranks import pool_share
+from vime_shell.engines.async_engine import async_front, has_per_request_api
+from vime_shell.engines.health import current
+from vime_shell.settings.train_config import TrainConfig
+from vime_shell.sources.probe import generate_probe
+from vime_shell.sources.rollouts import RolloutProducer, prompt_samples
+from vime_shell.rollout.functions import rollout_sampling_seed, share_context
+from vime_shell.rollout.per_sample import GenerateTimeoutError, check_loop
+from vime_shell.rollout.plugins import call_plugin
+
+_POLL_S = 0.002  # between two looks at the trainer's commands and the finished groups
+_CHECK_S = 1.0  # between two checks of the front's loop while a weight load waits for it
+
+
+@attrs.frozen
+class Draw:
+    """Prompt ``index`` of block ``block`` (the synchronous loop's rollout ``block``)."""
+
+    block: int
+    index: int
+    prompts: tuple  # the whole block (seeds and ids come from the prompt's place in it)
+
+
+class LockedEngine:
+    """One engine shared by the pool's threads: one call at a time (engines without a
+    per-request front)."""
+
+    def __init__(self, engine: Any):
+        self.engine, self.lock = engine, threading.Lock()
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return self.engine.generate(*args, **kwargs)
+
+    def between_calls(self, fn: Callable[[], Any],
+                      check: Callable[[], None] | None = None) -> Any:
+        """``fn()`` while no generation runs (weight loads); while it waits for the engine,
+        ``check()`` every ``_CHECK_S`` may raise. The same call as ``FrontEngine``'s: the pool
+        does not know which of the two it holds."""
+        while not self.lock.acquire(timeout=_CHECK_S):
+            if check is not None:
+                check()
+        try:
+            return fn()
+        finally:
+            self.lock.release()
+
+    def close(self, wait: bool = True) -> None:
+        pass
+
+
+class FrontEngine:
+    """The batched ``generate(prompts, params)`` of rollout functions, served by the engine's
+    per-request front (``vime_shell.engines.async_engine``) on an event-loop thread of its
+    own: the requests of every group in flight join the same forwards (continuous batching),
+    instead of one engine call per group. Request ``i`` of a call keeps seed ``seed + i``,
+    so a group samples as in a batched call."""
+
+    def __init__(self, engine: Any, max_concurrency: int,
+                 decode: Callable[[list[int]], str] | None = None):
+        self.engine = engine
+        self.front = async_front(engine, max_concurrency=max_concurrency, decode=decode)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                       name="vime-pool-front")
+        self.thread.start()
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def generate(self, prompts: Any, params: Any) -> list:
+        async def requests() -> list:
+            return list(await asyncio.gather(*(
+                self.front.generate(p, attrs.evolve(params, seed=params.request_seed(i)))
+                for i, p in enumerate(prompts))))
+
+        return asyncio.run_coroutine_threadsafe(requests(), self.loop).result()
+
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> futures.Future:
+        """Start ``coro`` on the front's loop; a pool thread waits for the returned future
+        (with the executions' deadline, ``per_sample``): how a per-sample round's executions
+        run (``PerSample.runner``), beside every other group's."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def between_calls(self, fn: Callable[[], Any],
+                      check: Callable[[], None] | None = None) -> Any:
+        """``fn()`` on the front's loop, between two forwards (weight loads); while it waits,
+        ``check()`` every ``_CHECK_S`` may raise (a generate function blocks the loop)."""
+        async def call() -> Any:
+            return fn()
+
+        future = asyncio.run_coroutine_threadsafe(call(), self.loop)
+        while not futures.wait([future], timeout=_CHECK_S)[0]:
+            if check is not None:
+                check()
+        return future.result()
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the front's loop; ``wait``: for its thread to end (a daemon: without the wait,
+        a loop a generate function blocks never holds the process)."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if wait:
+            self.thread.join(timeout=60)
+
+
+class GroupsFront:
+    """The per-request front as per-sample rounds see it in the pool: every round shares it,
+    so one round's end must not abort the others' requests (``abort_all`` ends nothing: the
+    pool never cuts a group, ``--partial-rollout`` is refused with ``--fully-async``)."""
+
+    def __init__(self, front: Any):
+        self.front = front
+        self.name = front.name
+
+    @property
+    def weight_version(self) -> int:
+        return self.front.weight_version
+
+    @property
+    def in_flight(self) -> int:
+        return self.front.in_flight
+
+    async def generate(self, prompt_ids: Any, params: Any) -> Any:
+        return await self.front.generate(prompt_ids, params)
+
+    def abort_all(self) -> int:
+        return 0
+
+
+def shared_engine(engine: Any, max_concurrency: int,
+                  decode: Callable[[list[int]], str] | None = None
+                  ) -> "FrontEngine | LockedEngine":
+    """The pool's engine: the per-request front when the engine has one (or is one, as
+    vLLM's ``AsyncLLM`` engine is), else a lock."""
+    if has_per_request_api(engine):
+        return FrontEngine(engine, max_concurrency, decode)
+    return LockedEngine(engine)
+
+
+class GroupPool:
+    """The engine rank's pool and command loop (module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, producer: RolloutProducer, bridge: Any,
+                 num_pools: int = 1):
+        self.cfg, self.producer, self.bridge = cfg, producer, bridge
+        self.pool = bridge.rank - 1  # this engine rank's pool among ``num_pools``
+        self.lead = self.pool == 0  # answers evaluations (collective over the engine ranks)
+        self.block = cfg.rollout_batch_size  # prompts per block (one synchronous rollout)
+        self.share = pool_share(self.block, num_pools, self.pool)  # this pool's indices
+        self.size = len(self.share)  # this pool's part of every batch (0 when B < N)
+        self.bound = cfg.effective_max_weight_staleness
+        self.engine = shared_engine(producer.engines.engine, cfg.sglang_server_concurrency,
+                                    decode=producer.tokenizer.decode)
+        # Per-sample rounds (--custom-generate-function-path): every group's executions run
+        # on the front's loop, beside the other groups', so their requests batch together.
+        self.per_sample = producer.per_sample is not None
+        if self.per_sample:
+            producer.run_per_sample_on(GroupsFront(self.engine.front), self.engine.submit)
+        self.version = 0
+        self.start: int | None = None  # the trainer's version at its first request
+        self.sent = 0  # batches handed to the trainer
+        self.demand: int | None = None
+        self.queue: collections.deque[Draw] = collections.deque()
+        self.blocks = 0
+        self.running: dict[futures.Future, tuple[Draw, int]] = {}
+        self.ready: list[tuple[Draw, list, int]] = []
+        self.counts = PoolCounts()
+        self.failure: Exception | None = None  # answered to the next request, raised at stop
+        self.done: set[tuple[int, int]] = set()  # (block, index) trained or filtered
+        self.block_starts: dict[int, tuple[int, int]] = {}  # source (offset, draws) per block
+        self.first_open = 0  # every block before it is done
+        self.threads = futures.ThreadPoolExecutor(max_workers=max(self.size, 1),
+                                                  thread_name_prefix="vime-pool")
+
+    def run(self) -> None:
+        posted = self.bridge.post_command()
+        monitor = current()
+        try:
+            while True:
+                monitor.check()  # the job's health verdict ends the pool (engines.health)
+                if posted[1].is_completed():
+                    command = self.bridge.finish_command(posted)
+                    if command[0] == "stop":
+                        break
+                    self._handle(command)
+                    posted = self.bridge.post_command()
+                try:
+                    self._harvest()
+                except Exception as exc:  # noqa: BLE001 - sent to the trainer, raised at stop
+                    self.failure = self.failure or exc
+                if self.failure is not None:
+                    if self.demand is not None:
+                        self.bridge.send(("error", f"{type(self.failure).__name__}: "
+                                                   f"{self.failure}"))
+                        self.demand = None
+                elif self.demand is not None:
+                    self._serve()
+                if self.failure is None:
+                    self._admit()
+                if self.running:
+                    futures.wait(self.running, timeout=_POLL_S,
+                                 return_when=futures.FIRST_COMPLETED)
+                else:
+                    threading.Event().wait(_POLL_S)
+        finally:  # in-flight groups end first (their plugin calls are bounded); after a
+            # failure the front's loop is not waited for: a generate function given up on may
+            # still block it
+            self.threads.shutdown(wait=True, cancel_futures=True)
+            self.engine.close(wait=self.failure is None)
+        if self.failure is not None:
+            raise self.failure
+
+    def _handle(self, command: tuple) -> None:
+        if command[0] == "weights":
+            try:
+                self.engine.between_calls(  # in-flight groups continue on the new weights
+                    lambda: self.producer.engines.sync_weights(self.bridge.receive_weights(),
+                                                               version=command[1]),
+                    check=self._check_loop)
+            except GenerateTimeoutError as exc:  # the loop is blocked: nothing more runs
+                self.failure = exc  # on it; ending this rank ends the trainer's send
+                raise
+            self.version = command[1]
+            if command[2]:  # the trainer checks the sync on a probe of these weights
+                try:  # every engine rank's sync is checked: probe ids apart per pool
+                    self.bridge.send(("probe", generate_probe(
+                        self.producer, self.engine,
+                        first_group_id=self.pool * self.cfg.n_samples_per_prompt)))
+                except Exception as exc:  # noqa: BLE001 - the trainer waits for this reply
+                    self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
+                    self.failure = self.failure or exc
+        elif command[0] == "evaluate":  # on the weights just synced, no group generating
+            try:
+                # Per-sample rounds run on the front's loop: evaluate from here (no weights
+                # arrive meanwhile, this thread takes them); batched ones between two calls.
+                # Collective over the engine ranks (each engine takes its share of the
+                # eval prompts); engine rank 0 answers, as the synchronous server does.
+                metrics = (self.producer.evaluate(command[1]) if self.per_sample else
+                           self.engine.between_calls(lambda: self.producer.evaluate(command[1])))
+                if self.lead:
+                    self.bridge.send(("eval", metrics))
+            except Exception as exc:  # noqa: BLE001 - the trainer waits for this reply
+                if self.lead:
+                    self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
+                self.failure = self.failure or exc
+        elif command[0] == "batch":
+            self.demand = command[1]
+            if self.start is None:
+                self.start = command[1]
+                if command[2] is not None:
+                    self._resume(command[2])
+
+    def _check_loop(self) -> None:
+        """While a weight load waits for the front's loop: a generate function blocking the
+        loop past ``--generate-timeout`` fails the pool (``per_sample.check_loop``)."""
+        if self.per_sample and isinstance(self.engine, FrontEngine):
+            check_loop(self.producer.per_sample, self.engine.loop)
+
+    # -- resuming -----------------------------------------------------------------------------
+    def resume_state(self) -> dict:
+        """Plain JSON for the checkpoint: the oldest block with a group not yet trained (or
+        filtered), where the prompt source stood before it, and the groups of it and later
+        blocks that are done. A resumed pool regenerates the rest, never a done group.
+        Example: ``{"block": 3, "offset": 48, "draws": 3, "done": [[3, 0], [4, 2]]}``."""
+        while self.first_open < self.blocks and all(
+                (self.first_open, i) in self.done for i in self.share):
+            self.block_starts.pop(self.first_open, None)
+            self.done = {d for d in self.done if d[0] > self.first_open}
+            self.first_open += 1
+        first = self.first_open
+        offset, draws = self.block_starts.get(first, (self.producer.source.offset,
+                                                      self.producer.source.draws))
+        return {"block": first, "offset": offset, "draws": draws,
+                "done": sorted([b, i] for b, i in self.done if b >= first)}
+
+    def _resume(self, state: dict) -> None:
+        source = self.producer.source
+        source.offset, source.draws = state["offset"], state["draws"]
+        pool = state.get("pool")
+        if pool is not None:
+            self.blocks = self.first_open = pool["block"]
+            self.done = {(b, i) for b, i in pool["done"]}
+
+    # -- groups -------------------------------------------------------------------------------
+    def _next_draw(self) -> Draw:
+        while not self.queue:
+            source = self.producer.source
+            self.block_starts[self.blocks] = (source.offset, source.draws)
+            prompts = source.take(self.block)  # the whole block, as every engine rank does
+            self.queue.extend(Draw(block=self.blocks, index=i, prompts=prompts)
+                              for i in self.share if (self.blocks, i) not in self.done)
+            self.blocks += 1
+        return self.queue.popleft()
+
+    def _admit(self) -> None:
+        while self.start is not None and self.size and admits(
+                batches_sent=self.sent, start_version=self.start, engine_version=self.version,
+                queued=len(self.running) + len(self.ready), batch_size=self.size,
+                max_staleness=self.bound):
+            draw = self._next_draw()
+            self.running[self.threads.submit(self._generate, draw)] = (draw, self.version)
+            self.counts = self.counts.add(started=1)
+
+    def _generate(self, draw: Draw) -> list:
+        """One prompt group, generated as prompt ``index`` of rollout ``block`` would be."""
+        p = self.producer
+        cfg = self.cfg
+        sampling = p.sampling(cfg.rollout_max_response_len or p.task.answer_length,
+                              rollout_sampling_seed(p.seed, draw.block, 0))
+        ctx = p.context(draw.block, draw.prompts, sampling, engine=self.engine,
+                        first_group_id=draw.block * len(draw.prompts) * cfg.n_samples_per_prompt)
+        return call_plugin(lambda c: list(p.rollout_fn(c)),
+                           share_context(ctx, range(draw.index, draw.index + 1)),
+                           what=f"rollout function {cfg.rollout_function_path}",
+                           flag="--rollout-function-path",
+                           where=f"rollout {draw.block}, prompt {draw.index}")
+
+    def _harvest(self) -> None:
+        for future in [f for f in self.running if f.done()]:
+            draw, version = self.running.pop(future)
+            output = future.result()  # a failing rollout function stops the pool here
+            # Stamped with the version it started under and, if a sync came in between, the
+            # one it ended under (oldest first, as Sample.weight_versions are).
+            for sample in prompt_samples(output[0]):
+                sample.weight_versions = sorted({version, self.version})
+            if self.producer.keep is not None and not call_plugin(
+                    self.producer.keep, prompt_samples(output[0]),
+                    what=f"filter {self.cfg.dynamic_sampling_filter_path}",
+                    flag="--dynamic-sampling-filter-path",
+                    where=f"rollout {draw.block}, prompt {draw.index}"):
+                self.counts = self.counts.add(filtered=1)
+                self.done.add((draw.block, draw.index))
+                continue
+            self.ready.append((draw, output[0], version))
+
+    def _serve(self) -> None:
+        """Hand this pool's part of batch ``demand`` over once its ``len(share)`` fresh-enough
+        groups are ready (at once when it owns none); trainer rank 0 joins the parts
+        (:func:`vime_shell.sources.pool_parts.join_pool_parts`)."""
+        k = self.demand
+        if not self.size:
+            return self._send_part(k, [])
+        split = drain(versions=tuple(v for _, _, v in self.ready), trainer_version=k,
+                      max_staleness=self.bound, batch_size=self.size)
+        for i in reversed(split.recycle):  # regenerated first, in draw order
+            self.queue.appendleft(self.ready[i][0])
+        self.counts = self.counts.add(recycled=len(split.recycle))
+        if not split.full:
+            self.ready = [self.ready[i] for i in (*split.take, *split.keep)]
+            return
+        taken = [self.ready[i] for i in split.take]
+        self.ready = [self.ready[i] for i in split.keep]
+        self.counts = self.counts.add(trained=len(taken))
+        self.done.update((d.block, d.index) for d, _, _ in taken)
+        self._send_part(k, taken)
+
+    def _send_part(self, k: int, taken: list[tuple[Draw, list, int]]) -> None:
+        """``("part", k, groups, record, resume point)``: each group as ``((block, index),
+        output, version)``; the record holds this pool's counts."""
+        c = self.counts
+        record = {"pool_started": c.started, "pool_trained": c.trained,
+                  "pool_recycled": c.recycled, "pool_filtered": c.filtered}
+        groups = [((d.block, d.index), out, v) for d, out, v in taken]
+        self.bridge.send(("part", k, groups, record, self.resume_state()))
+        self.sent += 1
+        self.demand = None
