@@ -38,7 +38,7 @@ def setting_list(help: str, section: str) -> Any:
                                  "nargs": "+"})
 
 
-def field_type(f: attrs.Attribute) -> tuple[type, bool]:
+def field_type(f: attrs.Attribute) -> tuple[Any, bool]:
     """The field's base type (``tuple`` for ``tuple[str, ...]``) and whether None is allowed."""
     args = get_args(f.type)
     optional = type(None) in args

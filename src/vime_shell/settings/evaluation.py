@@ -69,7 +69,7 @@ class EvalArgs(Record):
         names = list((self.eval_prompt_data or ())[::2])
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
-            raise field_error(ConfigError, "eval_prompt_data", list(self.eval_prompt_data),
+            raise field_error(ConfigError, "eval_prompt_data", list(self.eval_prompt_data or ()),
                               f"names the eval set(s) {twice} more than once, and each name "
                               "keys its metrics (eval/<name>/...)",
                               "give every eval set its own name")

@@ -110,7 +110,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     groups = {name: parser.add_argument_group(name) for name in SECTIONS}
     # section order (the Megatron records are base classes, so their fields come first)
     order = {name: i for i, name in enumerate(SECTIONS)}
-    for f in sorted(attrs.fields(TrainConfig), key=lambda f: order[f.metadata["section"]]):
+    fields: tuple[attrs.Attribute, ...] = attrs.fields(TrainConfig)
+    for f in sorted(fields, key=lambda f: order[f.metadata["section"]]):
         group = groups[f.metadata["section"]]
         flags = ["--" + f.name.replace("_", "-"),
                  *(alias for alias, name in ALIASES.items() if name == f.name)]

@@ -171,11 +171,10 @@ class MegatronSwitchArgs:
                                   "is not supported: vime trains without dropout (the PPO "
                                   "ratio compares two forwards of the same weights)",
                                   f"pass {_flag(name)} 0.0 or drop it")
-        if self.moe_enable_deepep and getattr(self, "moe_token_dispatcher_type", None) \
-                not in (None, "flex"):
+        dispatcher = getattr(self, "moe_token_dispatcher_type", None)  # a MoE record's field
+        if self.moe_enable_deepep and dispatcher not in (None, "flex"):
             raise field_error(ModelArgsError, "--moe-enable-deepep", True,
-                              f"needs --moe-token-dispatcher-type flex, not "
-                              f"{self.moe_token_dispatcher_type}", "pass both, as Megatron "
+                              f"needs --moe-token-dispatcher-type flex, not {dispatcher}", "pass both, as Megatron "
                               "requires, or drop --moe-enable-deepep")
         if self.log_probs_chunk_size is not None and self.log_probs_chunk_size < 1:
             raise field_error(ModelArgsError, "--log-probs-chunk-size",

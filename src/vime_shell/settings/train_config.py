@@ -80,11 +80,11 @@ SECTIONS: tuple[str, ...] = ("model", "data", "rollout", "reward", "eval", "batc
                              "optimizer", "parallelism", "memory", "moe", "checkpoint", "logging",
                              "architecture", "megatron", "slime", "placement")
 # The component records, each checked by its own ``_check`` (the Megatron ones: below).
-RECORDS: tuple[type, ...] = (EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs,
-                             RewardArgs, EvalArgs, BatchingArgs, LossArgs, OptimizerArgs,
-                             ParallelArgs, MemoryArgs, MoEArgs, CheckpointArgs, LoggingArgs,
-                             MoEArchArgs)
-R = TypeVar("R")
+RECORDS: tuple[Any, ...] = (EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs,  # classes
+                            RewardArgs, EvalArgs, BatchingArgs, LossArgs, OptimizerArgs,
+                            ParallelArgs, MemoryArgs, MoEArgs, CheckpointArgs, LoggingArgs,
+                            MoEArchArgs)
+R = TypeVar("R", bound=attrs.AttrsInstance)
 
 # _element_type: the name settings.flags and older callers import
 _element_type = element_type
