@@ -75,6 +75,7 @@ from vime_pure.health import HealthPolicy, WaitHistory
 from vime_shell.engines import FALLBACK_ENGINE, engine_traits
 from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
 from vime_shell.engines.base import RolloutEngine
+from vime_shell.engines.byte_counts import ByteCounts, pickled_size
 from vime_shell.engines.health import (PG_BACKSTOP_S, HealthCheckError, WaitBound,
                                        begin_watch, end_watch, ensure_monitor, keys_done,
                                        wait_bound, wait_until)
@@ -170,6 +171,7 @@ class EngineGroup:
         self._marked: set[int] = set()  # rounds this rank marked done in the store
         self._round_times: dict[int, WaitHistory] = {}  # prompts per round -> slowest round
         self._watching = False  # whether this group started the run's health checks
+        self.bytes = ByteCounts()  # the leaders' gathers through this rank (byte_counts)
 
     @classmethod
     def build(cls, hf_dir: str | Path, layout: EngineLayout, options: EngineOptions, *,
@@ -382,7 +384,15 @@ class EngineGroup:
             return None
         out: list | None = [None] * self.layout.num_engines if self.rank == 0 else None
         dist.gather_object(payload, out, dst=0, group=self._leaders)
+        if out is None:
+            self.bytes.add_sent("batch", pickled_size(payload))
+        else:  # rank 0 leads engine 0: its own payload never crossed the wire
+            self.bytes.add_received("batch", sum(pickled_size(p) for p in out[1:]))
         return out
+
+    def take_bytes(self) -> ByteCounts:
+        """What this rank's gathers moved since the last call (``byte_counts``)."""
+        return self.bytes.take()
 
     # -- weights and memory --------------------------------------------------------------------
     def sync_weights(self, named: Iterable[tuple[str, torch.Tensor]], *,

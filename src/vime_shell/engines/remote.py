@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from vime_pure.errors import VimeError
+from vime_shell.engines.byte_counts import LENGTH_BYTES, ByteCounts, message_kind
 from vime_shell.engines.health import (PG_BACKSTOP_S, WaitBound, collective_done, current,
                                        ensure_monitor, polled_done, thread_done, wait_until)
 from vime_shell.engines.roles import RankRoles
@@ -64,6 +65,7 @@ class Bridge:
         self.control, self.weights, self.device = control, weights, device
         self.first_engine_rank = first_engine_rank  # the global rank of bridge rank 1
         self.engines = 1 if size == 2 else None  # who a failed broadcast names (peer)
+        self.bytes = ByteCounts()  # what this rank sent and received, per kind (byte_counts)
 
     def peer(self, rank: int | None) -> str:
         """How messages name bridge rank ``rank``. Example: ``peer(2)`` with one trainer rank:
@@ -89,10 +91,11 @@ class Bridge:
                               "on every rank.") from exc
 
     # -- commands: bridge rank 0 to every other bridge rank ------------------------------------
-    def command(self, obj: Any = None, *, bound: WaitBound | None = None) -> Any:
+    def command(self, obj: Any = None, *, bound: WaitBound | None = None,
+                kind: str = "control") -> Any:
         """Collective over the bridge: rank 0's ``obj`` on every bridge rank (``bound``: rank
-        0's limit on every engine rank taking it)."""
-        return self.finish_command(self.post_command(), obj, bound=bound)
+        0's limit on every engine rank taking it; ``kind``: what its bytes count as)."""
+        return self.finish_command(self.post_command(), obj, bound=bound, kind=kind)
 
     def post_command(self) -> Any:
         """Start receiving the next command's length (engine side: poll ``is_completed``)."""
@@ -100,12 +103,13 @@ class Bridge:
         size = torch.zeros(1, dtype=torch.int64)
         return size, (None if self.rank == 0 else self.control.broadcast(size, 0))
 
-    def finish_command(self, posted: Any, obj: Any = None, *, bound: WaitBound | None = None
-                       ) -> Any:
+    def finish_command(self, posted: Any, obj: Any = None, *, bound: WaitBound | None = None,
+                       kind: str = "control") -> Any:
         size, work = posted
         if self.rank == 0:
             data = pickle.dumps(obj)
             size[0] = len(data)
+            self.bytes.add_sent(kind, (len(data) + LENGTH_BYTES) * (self.size - 1))
             what = "{peer} to take a command"
             self._wait(self.control.broadcast(size, 0), what, self.engines, bound=bound)
             payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -114,12 +118,14 @@ class Bridge:
         self._wait(work, "the next command from {peer}", 0)  # it trains in between: no bound
         payload = torch.empty(int(size[0]), dtype=torch.uint8)
         self._wait(self.control.broadcast(payload, 0), "the rest of a command from {peer}", 0)
+        self.bytes.add_received(kind, int(size[0]) + LENGTH_BYTES)
         return pickle.loads(payload.numpy().tobytes())
 
     # -- results: an engine rank to trainer rank 0 ---------------------------------------------
     def send(self, obj: Any, dst: int = 0) -> None:
         data = pickle.dumps(obj)
         current().check()
+        self.bytes.add_sent(message_kind(obj), len(data) + LENGTH_BYTES)
         self._wait(self.control.send([torch.tensor([len(data)], dtype=torch.int64)], dst, 0),
                    "{peer} to take a result", dst, collective=False)
         self._wait(self.control.send([torch.frombuffer(bytearray(data), dtype=torch.uint8)],
@@ -135,7 +141,9 @@ class Bridge:
         payload = torch.empty(int(size[0]), dtype=torch.uint8)
         self._wait(self.control.recv([payload], src, 1), what, src, bound=bound,
                    collective=False)
-        return pickle.loads(payload.numpy().tobytes())
+        obj = pickle.loads(payload.numpy().tobytes())
+        self.bytes.add_received(message_kind(obj), int(size[0]) + LENGTH_BYTES)
+        return obj
 
     # -- weights ---------------------------------------------------------------------------------
     def send_weights(self, named: Iterable[tuple[str, torch.Tensor]], cap_bytes: int, *,
@@ -144,7 +152,7 @@ class Bridge:
         ``("weights", version)`` command), within ``bound``."""
         def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
             meta = [(n, str(t.dtype), tuple(t.shape)) for n, t in bucket]
-            self.command(meta, bound=bound)
+            self.command(meta, bound=bound, kind="weights")
             offsets, total = _layout(meta)
             flat = torch.zeros(total, dtype=torch.uint8, device=self.device)
             for (_, t), offset in zip(bucket, offsets):
@@ -152,19 +160,21 @@ class Bridge:
                 flat[offset:offset + raw.numel()].copy_(raw)
             self._wait(self.weights.broadcast(flat, 0), "{peer} to take weights",
                        self.engines, bound=bound, nccl=self.weights is not self.control)
+            self.bytes.add_sent("weights", total * (self.size - 1))
 
         report = stream_weights(named, cap_bytes, load)
-        self.command(None, bound=bound)  # end of the weights
+        self.command(None, bound=bound, kind="weights")  # end of the weights
         return report
 
     def receive_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Engine rank: the ``(name, tensor)`` pairs of one :meth:`send_weights`, bucket by
         bucket (drain it fully, even after a failed load, to stay in step)."""
-        while (meta := self.command()) is not None:
+        while (meta := self.command(kind="weights")) is not None:
             offsets, total = _layout(meta)
             flat = torch.empty(total, dtype=torch.uint8, device=self.device)
             self._wait(self.weights.broadcast(flat, 0), "the weights from {peer}", 0,
                        nccl=self.weights is not self.control)
+            self.bytes.add_received("weights", total)
             for (name, dtype, shape), offset in zip(meta, offsets):
                 size = torch.Size(shape).numel() * _DTYPES[dtype].itemsize
                 yield name, flat[offset:offset + size].view(_DTYPES[dtype]).reshape(shape)

@@ -77,6 +77,7 @@ from vime_pure.data.vocab import check_token_ids
 from vime_pure.metrics import metric_values
 from vime_pure.scheduling.schedule import Schedule
 from vime_pure.staleness import fresh_samples, staleness_metrics
+from vime_shell.engines.byte_counts import ByteCounts
 from vime_shell.engines.group import EngineGroup, EngineGroupError
 from vime_shell.engines.layout import logprob_gap_tolerance
 from vime_shell.engines.remote import Sides, open_sides
@@ -124,7 +125,10 @@ class RolloutEvent:
     this rank's trainer ran, ``(step, sample indices, tokens)`` per micro-batch; ``engine``:
     this rank's rollout engine (after this rollout's weight sync) or None; ``share``: the
     samples this rank received (``vime_pure.data.shares.RankShare``), ``plan`` what every rank
-    received, ``exchange`` the bytes this rank moved. No rank holds the whole batch:
+    received, ``exchange`` the bytes this rank moved in the share exchange, ``transfers`` the
+    bytes it moved outside it since the previous rollout, per kind (the bridge to engine ranks
+    of their own, the leaders' gather: ``vime_shell.engines.byte_counts``). No rank holds the
+    whole batch:
     :meth:`gather_batch` assembles it, collectively (call it on every rank or on none).
     """
 
@@ -138,6 +142,7 @@ class RolloutEvent:
     share: RankShare | None = None
     plan: SharePlan | None = None
     exchange: ExchangeStats | None = None
+    transfers: ByteCounts | None = None
     gather: Callable[[], RolloutBatch] | None = attrs.field(default=None, repr=False)
 
     def gather_batch(self) -> RolloutBatch:
@@ -386,6 +391,8 @@ class _Loop:
                                          records=mine, trace=tuple(self.trainer.trace),
                                          trainer=self.trainer, engine=self.engine, share=share,
                                          plan=plan, exchange=self.exchange.stats,
+                                         transfers=None if self.engines is None
+                                         else self.engines.take_bytes(),
                                          gather=self.gather_batch))
         self._part = self._meta = None  # the part lives until the hook ran, not beyond
         self.last_schedule = schedule

@@ -65,6 +65,7 @@ from vime_pure.staleness import stamp_versions
 from vime_shell.engines.group import EngineGroup, EngineGroupError, EngineOptions
 from vime_shell.engines.health import (HealthCheckError, WaitBound, begin_watch, current,
                                        end_watch, wait_bound, watching)
+from vime_shell.engines.byte_counts import ByteCounts
 from vime_shell.engines.remote import BridgeError, Sides
 from vime_shell.engines.sync import stream_weights
 from vime_shell.megatron.collectives import rank0_result
@@ -259,6 +260,11 @@ class RemoteRollouts:
         named = {"async_pool": self.source.pool, "partial_buffer": self.source.partial,
                  "carried": self.source.carried, "pool_counts": self.source.pool_counts}
         return {key: value for key, value in named.items() if value is not None}
+
+    def take_bytes(self) -> ByteCounts:
+        """What the bridge moved through this rank since the last call (trainer rank 0; the
+        other trainer ranks hold no bridge: zeros)."""
+        return ByteCounts() if self.bridge is None else self.bridge.bytes.take()
 
     def sleep(self) -> None:
         """Engines on ranks of their own never give memory back to the trainer."""
