@@ -9,14 +9,18 @@ batch; a rank's bound is the metadata plus its share, below the metadata plus th
 
 import pickle
 
+import attrs
+import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.property.test_shares import _pieces, _plan, _schedulable, split_outputs
-from vime_pure import RolloutBatch
+from vime_pure import BatchingPolicy, ParallelLayout, RolloutBatch, Sample
 from vime_pure.data.shards import merge_rollout_shares
 from vime_pure.data.share_bytes import batch_bytes, metadata_bytes, rank_bound, share_bytes
-from vime_pure.data.shares import output_part
+from vime_pure.data.shares import output_part, part_meta, plan_shares
+from vime_pure.errors import RolloutBatchError
 from vime_shell.train.exchange import pack_piece
 
 
@@ -45,3 +49,30 @@ def test_share_bytes_are_the_packed_pieces_and_the_bound_covers_the_metadata(cas
     assert sum(shares) == batch_bytes(meta, plan)
     assert all(rank_bound(meta, plan, dp, holders=1) <= metadata_bytes(meta, plan)
                + batch_bytes(meta, plan) for dp in range(layout.dp))
+
+
+@settings(max_examples=20, suppress_health_check=[HealthCheck.too_slow])
+@given(split_outputs(), st.data())
+def test_the_bound_reads_the_same_from_the_whole_batch_as_from_the_merged_parts(case, data):
+    """A rank that sees the whole batch (``gather_batch``) but not the merged metadata gets
+    the same bound from ``part_meta`` of it: the parts are the plan's."""
+    _, parts = case
+    whole = RolloutBatch.from_samples(merge_rollout_shares([p for _, p in parts]))
+    layout, policy, _ = _schedulable(data, whole)
+    _, meta, plan = _plan(parts, layout, policy)
+    one = part_meta(whole)
+    for dp in range(layout.dp):
+        assert rank_bound(one, plan, dp) == rank_bound(meta, plan, dp)
+
+
+def test_a_batch_with_routed_experts_needs_their_width():
+    """Routing replay's int16 rows are part of a share: the bound refuses to guess them."""
+    output = [[Sample(tokens=[1, 2, 3], response_length=2, reward=1.0,
+                      rollout_routed_experts=np.tile(np.arange(2, dtype=np.int16), (3, 1, 1)))]]
+    part, meta = output_part(output)
+    meta, plan = plan_shares(meta, ParallelLayout(dp=1), BatchingPolicy(
+        global_batch_size=1, max_tokens_per_gpu=8))
+    with pytest.raises(RolloutBatchError, match=r"^route_width=0: is needed"):
+        share_bytes(meta, plan, 0)
+    assert share_bytes(meta, plan, 0, route_width=2) == share_bytes(
+        attrs.evolve(meta, has_routes=False), plan, 0) + 3 * 2 * 2

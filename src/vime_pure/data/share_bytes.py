@@ -4,11 +4,13 @@ The yardstick of "one batch shape: parts everywhere" (issue 32): no trainer rank
 receive more of a rollout than the batch's metadata and the samples it trains itself. From
 the merged ``BatchMeta`` and the ``SharePlan`` (``vime_pure.data.shares``), without a token:
 
-1. **metadata** (``metadata_bytes``): the ``BatchMeta`` columns of every part (``nbytes``, 46
-   bytes per sample plus 32 per part), an envelope per part for the record around them
+1. **metadata** (``metadata_bytes``): the ``BatchMeta`` columns (46 bytes per sample, 8 more
+   for the advantages a whole batch carries, a bool per id, ``PART_BYTES`` per part), an envelope per part for the record around them
    (``META_ENVELOPE_BYTES``: class and field names, one array header per column, the reply
    tuple), ``ID_BYTES`` per original group and prompt id, and the plan's arrays
-   (``SharePlan.nbytes``) that every rank receives;
+   (``SharePlan.nbytes``) that every rank receives. The parts are the plan's (its
+   ``part_starts``), so a ``BatchMeta`` of the whole batch as one part (``part_meta``, e.g.
+   of a gathered batch) gives the same count as the merged one;
 2. **share** (``share_bytes``): what the all-to-all delivers to DP rank ``d``, as
    ``vime_shell.train.exchange.pack_piece`` lays it out: a ``PIECE_HEADER_BYTES`` header per
    holder's piece, ``SAMPLE_BYTES`` per sample (id and response start int64, lengths int32),
@@ -31,9 +33,11 @@ TOKEN_BYTES = 4  # int32
 MASK_BYTES = 1  # uint8
 LOG_PROB_BYTES = 4  # float32
 ROUTE_BYTES = 2  # int16 per routed expert
-# A pickled BatchMeta around its columns (measured ~2.3 KB: ~20 numpy headers of ~100 bytes,
-# the record's class and field names, the holder's ("ok", (...)) reply), rounded up.
-META_ENVELOPE_BYTES = 4096
+ADVANTAGE_BYTES = 8  # float64, in a whole batch's metadata (a replay's, a filtered batch's)
+PART_BYTES = 32  # a part's size, response tokens, outputs and first prompt (int64 each)
+# A pickled BatchMeta around its columns (measured ~1 KB: ~20 numpy headers, the record's
+# class and field names, the holder's ("ok", (...)) reply), doubled.
+META_ENVELOPE_BYTES = 2048
 ID_BYTES = 32  # one original group or prompt id pickled (an int, or a short string)
 
 
@@ -41,14 +45,19 @@ def metadata_bytes(meta: BatchMeta, plan: SharePlan) -> int:
     """The bytes of the batch's metadata: its columns, one envelope per part, its original
     ids, and the plan (module docstring)."""
     ids = len(meta.group_id_values) + len(meta.prompt_group_values)
-    return (meta.nbytes + META_ENVELOPE_BYTES * len(meta.part_sizes) + ID_BYTES * ids
-            + plan.nbytes)
+    # per sample and per id; advantages always counted (a whole batch's travel with it)
+    columns = (meta.nbytes - PART_BYTES * len(meta.part_sizes)
+               - (0 if meta.advantages is None else meta.advantages.nbytes)
+               + ADVANTAGE_BYTES * meta.num_samples)
+    parts = len(plan.part_starts)
+    return columns + (PART_BYTES + META_ENVELOPE_BYTES) * parts + ID_BYTES * ids + plan.nbytes
 
 
 def share_bytes(meta: BatchMeta, plan: SharePlan, dp_rank: int, *, holders: int | None = None,
                 route_width: int = 0) -> int:
     """The bytes DP rank ``dp_rank``'s share occupies on the wire (module docstring);
-    ``holders``: how many holders send it a piece (default: one per part, the most);
+    ``holders``: how many holders send it a piece (default: one per part of the plan, the
+    most);
     ``route_width``: routed experts per token (layers x top-k) under routing replay."""
     if meta.has_routes and route_width <= 0:
         raise field_error(RolloutBatchError, "route_width", route_width,
@@ -59,7 +68,7 @@ def share_bytes(meta: BatchMeta, plan: SharePlan, dp_rank: int, *, holders: int 
     response = int(meta.response_lengths[ids].astype(np.int64).sum())
     per_response = MASK_BYTES + (LOG_PROB_BYTES if meta.has_log_probs else 0)
     per_token = TOKEN_BYTES + (ROUTE_BYTES * route_width if meta.has_routes else 0)
-    pieces = len(meta.part_sizes) if holders is None else holders
+    pieces = len(plan.part_starts) if holders is None else holders
     return (PIECE_HEADER_BYTES * pieces + SAMPLE_BYTES * len(ids) + per_token * tokens
             + per_response * response)
 
