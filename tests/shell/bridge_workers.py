@@ -35,11 +35,13 @@ def bridge_worker(rank: int, backend: str) -> dict:
         report = bridge.send_weights(((n, t.to(bridge.device)) for n, t in sent_weights()),
                                      CAP)
         out = {"buckets": report.buckets, "tensors": report.tensors,
-               "reply": bridge.recv(src=1)}
+               "reply": bridge.recv(src=1), "batch": bridge.recv(src=1)[1], "weight_bytes": report.bytes}
     else:
         command = bridge.command()
         got = [(n, t.device.type, t.cpu().clone()) for n, t in bridge.receive_weights()]
         bridge.send(("loaded", len(got)), dst=0)
+        bridge.send(("batch", bytes(1000)), dst=0)
         out = {"command": command, "received": got}
+    out["bytes"] = bridge.bytes.take().as_dict()
     dist.destroy_process_group()
     return out

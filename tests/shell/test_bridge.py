@@ -32,3 +32,15 @@ def test_layout_aligns_every_tensor():
 def test_weights_cross_the_gloo_bridge_bit_exact():
     trainer, engine = spawn(bridge_worker, 2, "gloo", timeout=300)  # a hang's bound
     check_roundtrip(trainer, engine, "cpu")
+    check_byte_counts(trainer, engine)
+
+
+def check_byte_counts(trainer: dict, engine: dict) -> None:
+    """Both sides count the same bytes per kind: commands and the reply as control, the
+    buckets (their names and bytes, padded) as weights, a batch reply as batch."""
+    sent, received = trainer["bytes"], engine["bytes"]
+    assert sent["sent"] == received["received"] and sent["received"] == received["sent"]
+    assert sent["sent"]["weights"] >= trainer["weight_bytes"] > 0
+    assert sent["received"]["batch"] > len(trainer["batch"]) == 1000
+    assert sent["sent"]["control"] > 0 and sent["received"]["control"] > 0
+    assert sent["sent"]["probe"] == sent["received"]["probe"] == 0

@@ -19,6 +19,10 @@ pairs into its own bucketed load. A peer that died makes the next bridge call ra
 answering (SIGSTOP, a hang) is found by the health checks, which end every wait here
 (:mod:`vime_shell.engines.health`), so no rank waits forever.
 
+Every message is counted where its bytes are built (``Bridge.bytes``, per kind: batch replies
+and parts, weights, probes, control; :mod:`vime_shell.engines.byte_counts`): the trainer's
+loop takes the counts after each rollout (``RolloutEvent.transfers``).
+
 Example (W=2, 1 trainer, 1 engine)::
 
     sides = open_sides(roles, backend="gloo")      # rank 0: trainer; rank 1: engine
