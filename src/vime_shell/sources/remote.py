@@ -62,10 +62,10 @@ from vime_pure.data.batch import RolloutBatch
 from vime_pure.errors import relayed
 from vime_pure.health import WaitHistory
 from vime_pure.staleness import stamp_versions
+from vime_shell.engines.byte_counts import ByteCounts
 from vime_shell.engines.group import EngineGroup, EngineGroupError, EngineOptions
 from vime_shell.engines.health import (HealthCheckError, WaitBound, begin_watch, current,
                                        end_watch, wait_bound, watching)
-from vime_shell.engines.byte_counts import ByteCounts
 from vime_shell.engines.remote import BridgeError, Sides
 from vime_shell.engines.sync import stream_weights
 from vime_shell.megatron.collectives import rank0_result
