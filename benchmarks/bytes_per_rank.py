@@ -54,9 +54,9 @@ from vime_shell.models.embedded import build_embedded
 # batch below the metadata's fixed costs).
 JOB = {**TINY, "rollout_batch_size": 16, "global_batch_size": 32, "rollout_max_response_len": 24,
        "rollout_max_context_len": 64, "max_tokens_per_gpu": 128}
-SEPARATE = dict(colocate=False, rollout_num_gpus=2)
+SEPARATE: dict[str, object] = dict(colocate=False, rollout_num_gpus=2)
 # name -> (world size, settings); every mode trains on 2 ranks (DP 2)
-MODES = {
+MODES: dict[str, tuple[int, dict[str, object]]] = {
     "colocated": (2, {}),
     "colocated_dumps": (2, {"save_rollout_data": "{root}/dumps/r{{rollout_id}}.npz",
                             "rollout_function_path":
