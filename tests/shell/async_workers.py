@@ -35,6 +35,11 @@ RUNS = {
     # (it looks for work only once engine rank 0 generated every prompt of the block).
     "stealing_k0": dict(fully_async=True, max_weight_staleness=0,
                         rollout_function_path="tests.shell.async_workers:marking_rollout"),
+    # One engine of 2 ranks (each holding a replica: the HF engine), synchronous and with the
+    # pool on its leader, the other rank following it.
+    "tp2_sync": dict(rollout_num_gpus_per_engine=2, num_rollout=2),
+    "tp2_k0": dict(fully_async=True, max_weight_staleness=0, rollout_num_gpus_per_engine=2,
+                   num_rollout=2),
     # The same with the old static slices (GroupPool.static_slices: the benchmarks' baseline).
     "static_k0": dict(fully_async=True, max_weight_staleness=0),
     # A fully-async run checkpointed after every rollout (groups still in flight there) that

@@ -305,7 +305,7 @@ def serve_rollouts(cfg: TrainConfig, plan: LaunchPlan, options: EngineOptions,
         try:
             producer = RolloutProducer(cfg, plan, engines)
             if sides.roles.mode == "fully_async":
-                GroupPool(cfg, producer, sides.bridge, sides.roles.num_engine_ranks).run()
+                GroupPool(cfg, producer, sides.bridge).run()
             else:
                 _Server(producer, sides.bridge).run()
         finally:

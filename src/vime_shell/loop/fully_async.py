@@ -1,4 +1,4 @@
-"""``--fully-async``: a persistent generation pool on every engine rank (one engine each).
+"""``--fully-async``: a persistent generation pool on every engine.
 
 Several engine ranks (``--rollout-num-gpus N``) share **one queue of draws** (work stealing):
 every pool takes the next prompt nobody has taken, so a fast rank takes prompts a slow one
@@ -19,7 +19,12 @@ job's torch.distributed store (no coordinator process, no message to the trainer
 - ``recycled``: groups too stale to train go back to the shared queue (their draw, not their
   tokens), and the first pool with room regenerates them with their original seeds.
 
-Each pool keeps at most ``ceil(B / N)`` groups in flight (``pool_capacity``: as many as a
+An engine over several ranks (``--rollout-num-gpus-per-engine g``) runs its pool on its
+leader; its other ranks, each holding a replica (the HF engine; an engine whose ranks shard
+the model, vLLM with tensor parallelism, is a launch error), follow it: they claim nothing and
+answer empty parts, but load every sync, generate their probe on their own replica and join
+the evaluations, so ``N`` below counts engines. Each pool keeps at most ``ceil(B / N)`` groups
+in flight (``pool_capacity``: as many as a
 static slice holds, so a healthy job batches as before). With ``K >= 1`` a pool that finished
 its groups runs ahead into the next draws while a slow one still generates; with ``K = 0`` a
 rank takes over the draws of a block that another has not claimed when it was late (a slow
@@ -197,18 +202,22 @@ class Claims:
         return int(self.store.add(f"batch/{k}", 0)) >= self.batch_size
 
 
-def pool_claims(bridge: Any, batch_size: int, num_pools: int, pool: int,
+def pool_claims(bridge: Any, batch_size: int, layout: Any, rank: int,
                 static: bool) -> tuple[Claims, int]:
-    """This pool's claims and how many groups it keeps in flight: the job's store shared by
-    every pool, its keys under this run's name (the bridge's command count, the same on every
-    engine rank); or, one pool alone or ``static``, its own slice on a store of its own."""
+    """Engine rank ``rank``'s claims and how many groups it keeps in flight: an engine's
+    leader runs its pool, on the job's store shared by every engine's pool, its keys under
+    this run's name (the bridge's command count, the same on every engine rank); or, one
+    engine alone or ``static``, over its own slice on a store of its own. An engine's other
+    ranks (each holding a replica: the HF engine) follow its leader and claim nothing."""
+    if not layout.is_leader(rank):
+        return Claims(LocalStore(), range(0), 0, str(rank)), 0
+    engine, num_pools = layout.engine_of(rank), layout.num_engines
     if static or num_pools == 1:
-        share = pool_share(batch_size, num_pools, pool)
-        return Claims(LocalStore(), share, len(share), str(pool)), len(share)
+        share = pool_share(batch_size, num_pools, engine)
+        return Claims(LocalStore(), share, len(share), str(engine)), len(share)
     store = dist.PrefixStore(f"vime/pool/{bridge.commands}", monitor_store(bridge.store))
-    return (Claims(store, range(batch_size), batch_size, str(pool)),
+    return (Claims(store, range(batch_size), batch_size, str(engine)),
             pool_capacity(batch_size, num_pools))
-
 
 class LockedEngine:
     """One engine shared by the pool's threads: one call at a time (engines without a
@@ -332,14 +341,13 @@ class GroupPool:
 
     static_slices = False  # True: the old static slices (the benchmarks' baseline)
 
-    def __init__(self, cfg: TrainConfig, producer: RolloutProducer, bridge: Any,
-                 num_pools: int = 1):
+    def __init__(self, cfg: TrainConfig, producer: RolloutProducer, bridge: Any):
         self.cfg, self.producer, self.bridge = cfg, producer, bridge
-        self.pool = bridge.rank - 1  # this engine rank's pool among ``num_pools``
-        self.lead = self.pool == 0  # answers evaluations (collective over the engine ranks)
+        self.rank = bridge.rank - 1  # this engine rank
+        self.lead = self.rank == 0  # answers evaluations (collective over the engine ranks)
         self.block = cfg.rollout_batch_size  # prompts per block (one synchronous rollout)
-        self.claims, self.capacity = pool_claims(bridge, self.block, num_pools, self.pool,
-                                                 self.static_slices)
+        self.claims, self.capacity = pool_claims(bridge, self.block, producer.engines.layout,
+                                                 self.rank, self.static_slices)
         self.bound = cfg.effective_max_weight_staleness
         self.engine = shared_engine(producer.engines.engine, cfg.sglang_server_concurrency,
                                     decode=producer.tokenizer.decode)
@@ -420,7 +428,7 @@ class GroupPool:
                 try:  # every engine rank's sync is checked: probe ids apart per pool
                     self.bridge.send(("probe", generate_probe(
                         self.producer, self.engine,
-                        first_group_id=self.pool * self.cfg.n_samples_per_prompt)))
+                        first_group_id=self.rank * self.cfg.n_samples_per_prompt)))
                 except Exception as exc:  # noqa: BLE001 - the trainer waits for this reply
                     self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
                     self.failure = self.failure or exc
