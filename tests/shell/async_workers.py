@@ -53,7 +53,10 @@ RUNS = {
     # The pool of the job's last engine rank fails (the others' rollout function works), or
     # drops its weights (the others load theirs).
     "pool_failure": dict(fully_async=True, max_weight_staleness=2),
-    "pool_broken_sync": dict(fully_async=True, max_weight_staleness=2),
+    # Its reward varies within every group, so the first step moves the weights whichever
+    # groups the shared queue put in the batch (else a dropped sync could go unseen).
+    "pool_broken_sync": dict(fully_async=True, max_weight_staleness=2,
+                             custom_rm_path="tests.shell.async_workers:alternating_reward"),
     # One prompt per block: with 2 engine ranks, the second one's pool owns none.
     "pool_one_prompt": dict(fully_async=True, max_weight_staleness=1, rollout_batch_size=1,
                             global_batch_size=4, num_rollout=1),
@@ -76,6 +79,11 @@ RUNS = {
                                   custom_generate_function_path="tests.shell.async_workers:"
                                                                 "loop_blocking_generate"),
 }
+
+
+def alternating_reward(sample) -> float:
+    """1 for every other sample of a group: every group has a non-zero advantage."""
+    return float(sample.index % 2)
 
 
 def sleeping_reward(sample) -> float:
