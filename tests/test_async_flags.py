@@ -79,7 +79,7 @@ def test_the_pool_takes_a_custom_generate_function(monkeypatch):
 
 
 def test_the_pool_runs_over_several_engine_ranks(monkeypatch):
-    """--fully-async with --rollout-num-gpus 2 of 4 ranks: one pool per engine rank
+    """--fully-async with --rollout-num-gpus 2 of 4 ranks: one pool per engine
     (tests/shell/test_fully_async_ranks.py trains with two)."""
     roles = resolve_rank_roles(world_size=4, rollout_num_gpus=2, colocate=None,
                                fully_async=True)
@@ -87,7 +87,11 @@ def test_the_pool_runs_over_several_engine_ranks(monkeypatch):
     assert [roles.bridge_rank(r) for r in range(4)] == [0, None, 1, 2]
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert rank_roles(TrainConfig(fully_async=True, rollout_num_gpus=2)).num_engine_ranks == 2
-    # Still refused: an engine over several ranks in the pool (one pool per engine rank).
-    with pytest.raises(ConfigError, match="--rollout-num-gpus-per-engine"):
-        rank_roles(TrainConfig(fully_async=True, rollout_num_gpus=2,
+    # An engine over several ranks runs its pool on its leader when each rank holds a
+    # replica (HF; tests/shell/test_fully_async_tp.py trains it); a tensor-parallel engine,
+    # whose ranks run every call together, is still refused, with the reason.
+    assert rank_roles(TrainConfig(fully_async=True, rollout_num_gpus=2,
+                                  rollout_num_gpus_per_engine=2)).num_engine_ranks == 2
+    with pytest.raises(ConfigError, match="--rollout-num-gpus-per-engine.*tensor-parallel"):
+        rank_roles(TrainConfig(fully_async=True, rollout_num_gpus=2, rollout_engine="vllm",
                                rollout_num_gpus_per_engine=2))

@@ -10,7 +10,8 @@ from tests.fuzz.harness import REJECTED, outcome
 from tests.fuzz.strategies import JUNK, mostly
 from vime_pure.async_pool import (admits, check_staleness_bound, drain, enforce_staleness_bound,
                                   generation_lag, weights_sync_due)
-from vime_pure.pool_ranks import merge_order, merge_resume_states, pool_share
+from vime_pure.pool_ranks import (admits_live, draw_of, merge_order, merge_resume_states,
+                                  pool_share)
 
 INTS = mostly(st.integers(0, 9), st.one_of(st.integers(-3, -1), st.booleans(), JUNK))
 
@@ -68,13 +69,23 @@ def test_pool_shares_and_merge_order(size, pools, pool, keys):
         assert [keys[i] for i in order] == sorted(keys)
 
 
-STATE = st.fixed_dictionaries({"block": INTS, "offset": INTS, "draws": INTS, "done": KEYS})
-
-
-@given(mostly(st.lists(STATE, min_size=1, max_size=3), JUNK),
-       mostly(st.lists(st.lists(st.integers(0, 5), max_size=3), min_size=1, max_size=3),
-              JUNK))
-def test_merge_resume_states(states, shares):
-    out = outcome("merge_resume_states", merge_resume_states, states, shares)
+@given(INTS, INTS, mostly(st.lists(st.integers(0, 5), min_size=1, max_size=4), JUNK),
+       INTS, INTS, INTS)
+def test_draw_of_and_admits_live(ticket, base, indices, live, sent, size):
+    out = outcome("draw_of", draw_of, ticket, base, indices)
     if out is not REJECTED:
-        assert out["block"] == min(s["block"] for s, sh in zip(states, shares) if sh)
+        assert out[0] >= int(base) and out[1] in indices
+    outcome("admits_live", admits_live, live_before=live, batches_sent=sent, start_version=0,
+            engine_version=0, batch_size=size, max_staleness=0)
+
+
+TRIPLES = mostly(st.lists(st.lists(st.integers(0, 5), min_size=3, max_size=3), max_size=4),
+                 JUNK)
+STATE = st.fixed_dictionaries({"block": INTS, "starts": TRIPLES, "done": KEYS})
+
+
+@given(mostly(st.lists(STATE, min_size=1, max_size=3), JUNK), INTS)
+def test_merge_resume_states(states, size):
+    out = outcome("merge_resume_states", merge_resume_states, states, size)
+    if out is not REJECTED:
+        assert out["block"] >= max(s["block"] for s in states)

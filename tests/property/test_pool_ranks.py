@@ -1,9 +1,12 @@
-"""Properties of the fully-async pool over several engine ranks (``vime_pure.pool_ranks``).
+"""Properties of the fully-async pools over several engine ranks (``vime_pure.pool_ranks``).
 
-The pools' shares partition every prompt block; the parts of a batch, in any order, join in
-draw order; the summed counts keep ``started = trained + recycled + filtered + pending``; and
-the merged resume point of ``N`` pools is the one a single pool over all groups would save,
-so a checkpoint resumes exactly whatever ``N``.
+Claim tickets name every draw once, in draw order (a whole block, or a static slice); the
+static shares partition every prompt block; the parts of a batch, in any order, join in draw
+order; the summed counts keep ``started = trained + recycled + filtered + pending``; at
+``K = 0`` the shared live count admits exactly one block beyond the trained ones; and the
+merged resume point of ``N`` pools that claimed, finished and recycled groups in any
+interleaving is the one a single pool over all groups would save, so a checkpoint resumes
+exactly (no group twice, none lost) whatever ``N`` and whoever held what.
 """
 
 import random
@@ -13,7 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vime_pure.async_pool import AsyncPoolError, PoolCounts
-from vime_pure.pool_ranks import merge_order, merge_resume_states, pool_share, sum_counts
+from vime_pure.pool_ranks import (admits_live, draw_of, merge_order, merge_resume_states,
+                                  pool_capacity, pool_share, sum_counts)
 
 
 def test_docstring_examples():
@@ -21,10 +25,14 @@ def test_docstring_examples():
     assert len(pool_share(1, 2, 1)) == 0
     assert merge_order([(7, 3), (7, 4), (7, 0), (7, 1), (7, 2)]) == (2, 3, 4, 0, 1)
     assert merge_order([(1, 2), (0, 3), (1, 0)]) == (1, 2, 0)
+    assert draw_of(7, 2, range(5)) == (3, 2) and draw_of(3, 0, range(3, 5)) == (1, 4)
+    assert pool_capacity(5, 2) == 3 and pool_capacity(1, 2) == 1
     merged = merge_resume_states(
-        [{"block": 3, "offset": 12, "draws": 3, "done": [[4, 0]]},
-         {"block": 2, "offset": 8, "draws": 2, "done": []}], [range(0, 2), range(2, 4)])
-    assert merged == {"block": 2, "offset": 8, "draws": 2, "done": [[2, 0], [2, 1], [4, 0]]}
+        [{"block": 3, "starts": [[3, 6, 3], [4, 8, 4], [5, 10, 5]], "done": [[3, 0], [4, 0]]},
+         {"block": 3, "starts": [[3, 6, 3], [4, 8, 4]], "done": [[3, 1]]}], 2)
+    assert merged == {"block": 4, "offset": 8, "draws": 4, "done": [[4, 0]]}
+    assert not admits_live(live_before=4, batches_sent=0, start_version=0, engine_version=0,
+                           batch_size=4, max_staleness=0)
 
 
 def test_bad_inputs_are_typed_errors():
@@ -34,8 +42,12 @@ def test_bad_inputs_are_typed_errors():
         pool_share(0, 2, 0)
     with pytest.raises(AsyncPoolError, match="more than one pool"):
         merge_order([(0, 1), (0, 1)])
-    with pytest.raises(AsyncPoolError, match="all empty"):
-        merge_resume_states([{"block": 0, "offset": 0, "draws": 0, "done": []}], [range(0)])
+    with pytest.raises(AsyncPoolError, match="indices"):
+        draw_of(0, 0, range(0))
+    with pytest.raises(AsyncPoolError, match="no prompt source position"):
+        merge_resume_states([{"block": 0, "starts": [[1, 4, 1]], "done": []}], 2)
+    with pytest.raises(AsyncPoolError, match="resume states"):
+        merge_resume_states([{"block": 0, "offset": 0, "draws": 0, "done": []}], 2)
 
 
 @given(st.integers(1, 40), st.integers(1, 12))
@@ -80,32 +92,64 @@ def test_summed_counts_add_up(rows):
     assert total.pending == sum(c.pending for c in counts)
 
 
-def pool_point(done: set, share: range, blocks: int, block_size: int) -> dict:
-    """A pool's resume point as ``GroupPool.resume_state`` computes it (a task source: block
-    ``b`` starts at offset ``b * B``, draw ``b``)."""
-    first = next((b for b in range(blocks) if any((b, i) not in done for i in share)), blocks)
-    return {"block": first, "offset": first * block_size, "draws": first,
-            "done": sorted([b, i] for b, i in done if b >= first and i in share)}
+@given(st.integers(1, 8), st.integers(0, 5), st.integers(1, 4))
+def test_tickets_name_every_draw_once_in_draw_order(batch_size, base, num_pools):
+    """A whole block's tickets walk the draws in order; the static slices' tickets together
+    cover every draw of every block once."""
+    tickets = [draw_of(t, base, range(batch_size)) for t in range(3 * batch_size)]
+    assert tickets == [(base + b, i) for b in range(3) for i in range(batch_size)]
+    sliced = [draw_of(t, base, share) for j in range(num_pools)
+              if len(share := pool_share(batch_size, num_pools, j))
+              for t in range(3 * len(share))]
+    assert sorted(sliced) == tickets
+
+
+@given(st.integers(1, 8), st.integers(0, 5), st.integers(0, 5), st.integers(0, 20))
+def test_at_staleness_0_exactly_one_block_is_live_beyond_the_trained(batch_size, start, sent,
+                                                                     extra):
+    """At ``K = 0``, with ``sent`` batches trained (engine on version ``start + sent``), a
+    group starts while fewer than ``B`` are live beyond them, never past that: one block."""
+    live = batch_size * sent + extra
+    ok = admits_live(live_before=live, batches_sent=sent, start_version=start,
+                     engine_version=start + sent, batch_size=batch_size, max_staleness=0)
+    assert ok == (extra < batch_size)
 
 
 @st.composite
-def pool_runs(draw):
-    """``N`` pools that drew different numbers of blocks and finished random groups of them."""
-    block_size = draw(st.integers(1, 8))
+def shared_runs(draw):
+    """``N`` pools over one shared queue: tickets claimed in a random interleaving, groups
+    finished (trained or filtered) or not, some recycled into the shared queue and taken by
+    another pool; each pool's resume point as ``GroupPool.resume_state`` computes it (a task
+    source: block ``b`` starts at offset ``b * B``, draw ``b``), ``low`` the trainer's last
+    merged block, below which every group is done."""
+    block_size = draw(st.integers(1, 6))
     num_pools = draw(st.integers(1, 4))
-    shares = [pool_share(block_size, num_pools, j) for j in range(num_pools)]
-    blocks = [draw(st.integers(0, 4)) for _ in shares]
-    done = {(b, i) for j, share in enumerate(shares) for b in range(blocks[j]) for i in share
-            if draw(st.booleans())}
-    return block_size, shares, blocks, done
+    low = draw(st.integers(0, 3))
+    claimed = draw(st.integers(0, 4 * block_size))
+    tickets = [draw_of(t, low, range(block_size)) for t in range(claimed)]
+    owner = {key: draw(st.integers(0, num_pools - 1)) for key in tickets}
+    done = {key for key in tickets if draw(st.booleans())}
+    for key in sorted(set(tickets) - done):  # recycled: another pool holds it now
+        if draw(st.booleans()):
+            owner[key] = draw(st.integers(0, num_pools - 1))
+    states = []
+    for j in range(num_pools):
+        mine = [key for key in tickets if owner[key] == j]
+        blocks = max([low, *(b + 1 for b, _ in mine)])  # drawn up to its newest claim
+        if draw(st.booleans()):
+            blocks += 1  # drew a block ahead (a recycled draw, taken and given back)
+        states.append({"block": low, "done": sorted([b, i] for b, i in done & set(mine)),
+                       "starts": [[b, b * block_size, b] for b in range(low, blocks + 1)]})
+    return block_size, low, done, states
 
 
-@given(pool_runs())
+@given(shared_runs())
 def test_the_merged_resume_point_is_a_single_pools(run):
     """Resuming from the merged point regenerates exactly the unfinished groups (none done
-    twice, none lost), whatever the number of pools now or then."""
-    block_size, shares, blocks, done = run
-    states = [pool_point(done, share, n, block_size) for share, n in zip(shares, blocks)]
-    merged = merge_resume_states(states, shares)
-    assert merged == pool_point(done, range(block_size), max(blocks), block_size)
-    assert merged["block"] == min(s["block"] for s, share in zip(states, shares) if len(share))
+    twice, none lost) whoever claimed, finished or recycled them, whatever ``N``."""
+    block_size, low, done, states = run
+    first = next(b for b in range(low, low + 6)
+                 if any((b, i) not in done for i in range(block_size)))
+    merged = merge_resume_states(states, block_size)
+    assert merged == {"block": first, "offset": first * block_size, "draws": first,
+                      "done": sorted([b, i] for b, i in done if b >= first)}

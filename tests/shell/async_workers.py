@@ -31,6 +31,17 @@ RUNS = {
     "fully_async_k0": dict(fully_async=True, max_weight_staleness=0),
     "one_step_off": dict(train_async=True),
     "fully_async_k2": dict(fully_async=True, max_weight_staleness=2),
+    # Work stealing at K = 0 with a straggler: engine rank 1's pool is late after every sync
+    # (it looks for work only once engine rank 0 generated every prompt of the block).
+    "stealing_k0": dict(fully_async=True, max_weight_staleness=0,
+                        rollout_function_path="tests.shell.async_workers:marking_rollout"),
+    # One engine of 2 ranks (each holding a replica: the HF engine), synchronous and with the
+    # pool on its leader, the other rank following it.
+    "tp2_sync": dict(rollout_num_gpus_per_engine=2, num_rollout=2),
+    "tp2_k0": dict(fully_async=True, max_weight_staleness=0, rollout_num_gpus_per_engine=2,
+                   num_rollout=2),
+    # The same with the old static slices (GroupPool.static_slices: the benchmarks' baseline).
+    "static_k0": dict(fully_async=True, max_weight_staleness=0),
     # A fully-async run checkpointed after every rollout (groups still in flight there) that
     # dies while rollout 2 trains (its hook raises before that rollout's checkpoint), resumed
     # from rollout 2 and dying the same way in rollout 3, then resumed again up to rollout 4.
@@ -42,7 +53,10 @@ RUNS = {
     # The pool of the job's last engine rank fails (the others' rollout function works), or
     # drops its weights (the others load theirs).
     "pool_failure": dict(fully_async=True, max_weight_staleness=2),
-    "pool_broken_sync": dict(fully_async=True, max_weight_staleness=2),
+    # Its reward varies within every group, so the first step moves the weights whichever
+    # groups the shared queue put in the batch (else a dropped sync could go unseen).
+    "pool_broken_sync": dict(fully_async=True, max_weight_staleness=2,
+                             custom_rm_path="tests.shell.async_workers:alternating_reward"),
     # One prompt per block: with 2 engine ranks, the second one's pool owns none.
     "pool_one_prompt": dict(fully_async=True, max_weight_staleness=1, rollout_batch_size=1,
                             global_batch_size=4, num_rollout=1),
@@ -65,6 +79,11 @@ RUNS = {
                                   custom_generate_function_path="tests.shell.async_workers:"
                                                                 "loop_blocking_generate"),
 }
+
+
+def alternating_reward(sample) -> float:
+    """1 for every other sample of a group: every group has a non-zero advantage."""
+    return float(sample.index % 2)
 
 
 def sleeping_reward(sample) -> float:
@@ -143,6 +162,34 @@ def last_rank_failing_rollout(ctx):
     return single_turn_rollout(ctx)
 
 
+MARKS = "VIME_TEST_MARKS"  # where engine rank 0 marks the prompts it generated
+
+
+def marking_rollout(ctx):
+    """The default rollout function; engine rank 0 of 2 also marks each prompt it generated
+    (``rollout-prompt`` files under ``$VIME_TEST_MARKS``) for the straggler below."""
+    from vime_shell.rollout.functions import single_turn_rollout
+
+    out = single_turn_rollout(ctx)
+    if int(os.environ["RANK"]) == int(os.environ["WORLD_SIZE"]) - 2:
+        Path(os.environ[MARKS], f"{ctx.rollout_id}-{ctx.prompt_offset}").touch()
+    return out
+
+
+def _late_admit(admit, block_size: int):
+    """Engine rank 1's pool as a straggler that is late after every sync: it looks for work
+    only once engine rank 0 has generated every prompt of the block the new weights serve
+    (``K = 0``: block ``version``), so it finds nothing of it left to claim. Its loop still
+    takes every command (a rank late inside a bridge collective would hold every rank).
+    Deterministic: no timing decides who takes what."""
+    def late(self):
+        marks = [Path(os.environ[MARKS], f"{self.version}-{i}") for i in range(block_size)]
+        if self.version == 0 or all(m.exists() for m in marks):
+            admit(self)
+
+    return late
+
+
 def _ignore_weights(self, named, version=None):
     """A broken engine-side sync: the buckets arrive and are thrown away."""
     for _ in named:
@@ -160,11 +207,13 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...],
     settings per run name."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.engines.group import EngineGroup
-    from vime_shell.run.driver import run_training
     from vime_shell.settings.train_config import TrainConfig
+    from vime_shell.sources.pool import GroupPool
+    from vime_shell.run.driver import run_training
 
     out: dict = {"root": Path(root)}
     loads_weights = EngineGroup.sync_weights
+    admit = GroupPool._admit
     for name in runs:
         seen: list = []
         extra = RUNS.get(name, dict(train_async=True))
@@ -178,6 +227,13 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...],
         last = rank == int(os.environ["WORLD_SIZE"]) - 1  # the last engine rank
         EngineGroup.sync_weights = (_ignore_weights if last and name.endswith("broken_sync")
                                     else loads_weights)
+        GroupPool.static_slices = name == "static_k0"
+        GroupPool._admit = admit
+        if name == "stealing_k0":
+            os.environ[MARKS] = str(Path(root, f"{name}-marks"))
+            Path(os.environ[MARKS]).mkdir(exist_ok=True)
+            if last:
+                GroupPool._admit = _late_admit(admit, {**TINY, **extra}["rollout_batch_size"])
         if name in ("one_step_off_k0", "fully_async_k0"):  # dumps carry the engines' annotations
             extra = {**extra, "save_rollout_data": f"{root}/{name}-dumps/r{{rollout_id}}.npz"}
         if name in ("fully_async_k2", "agentic_k2"):  # evaluation runs in the pool too

@@ -1,10 +1,13 @@
 """``--fully-async`` over two engine ranks in one 3-process gloo job (rank 0 trains, ranks 1
-and 2 each run an HF engine and a pool over their slice of every prompt block).
+and 2 each run an HF engine and a pool; the pools share one queue of draws).
 
 Asserts: with ``--max-weight-staleness 0`` the pools give the synchronous run's batches (same
-job, synchronous mode over the same two engine ranks); with ``K = 2`` (blocks of 3 prompts,
-split 2 + 1) the bound holds, the summed counts add up, both engine ranks' groups are in
-every batch and every sync is checked on a probe from both engine ranks' weights (engine
+job, synchronous mode over the same two engine ranks), also with the old static slices and
+with a straggler engine rank 1 (late after every sync), whose prompts engine rank 0 takes:
+every group trained once, the batches (tokens, rewards, group ids in draw order) the
+synchronous ones, engine rank 1 with fewer groups; with ``K = 2`` (blocks of 3 prompts) the
+bound holds, the summed counts add up, every batch holds 3 groups from the two parts, and
+every sync is checked on a probe from both engine ranks' weights (engine
 rank 1 alone dropping its weights is caught, also one step off), and the pools evaluate
 together; a run resumed twice never trains a group twice, regenerates what was in
 flight and keeps its pool counters cumulative; a failing engine rank 1 stops the trainer with an error naming it (no hang: the job
@@ -26,16 +29,17 @@ def runs(tmp_path_factory):
     cache = tmp_path_factory.mktemp("embedded")
     build_embedded(cache)
     root = tmp_path_factory.mktemp("pool-ranks")
-    names = ("sync", "fully_async_k0", "fully_async_k2", "resume_first", "resume_middle", "resume_rest",
+    names = ("sync", "fully_async_k0", "static_k0", "stealing_k0", "fully_async_k2", "resume_first", "resume_middle", "resume_rest",
              "pool_one_prompt", "pool_broken_sync", "broken_sync", "pool_failure")
     overrides = {"sync": {"num_rollout": 2}, "fully_async_k0": {"num_rollout": 2},
-                 # blocks of 3 prompts: engine rank 0 owns prompts 0-1, engine rank 1 prompt 2
+                 "static_k0": {"num_rollout": 2}, "stealing_k0": {"num_rollout": 2},
+                 # blocks of 3 prompts over two pools
                  "fully_async_k2": {"rollout_batch_size": 3, "global_batch_size": 12,
                                     "num_rollout": 2},
                  "pool_broken_sync": {"num_rollout": 1},
                  "broken_sync": {"num_rollout": 1},
                  "pool_failure": {"num_rollout": 1}}
-    # 10 short runs in one job: the deadline catches a hang, sized for a loaded machine
+    # 12 short runs in one job: the deadline catches a hang, sized for a loaded machine
     return spawn(modes_worker, 3, str(root), str(cache), names, 2, overrides, timeout=900)
 
 
@@ -47,8 +51,44 @@ def test_two_pools_at_staleness_0_give_the_synchronous_batches(runs):
     for r in trainer["fully_async_k0"]["rollouts"]:
         m = r["metrics"]
         assert m["staleness_max"] == 0
-        assert m["pool_part_engine_rank_0"] == m["pool_part_engine_rank_1"] == 2
+        assert m["pool_part_engine_rank_0"] + m["pool_part_engine_rank_1"] == 4
     assert all("error" not in e["fully_async_k0"] for e in engines)
+
+
+def test_static_slices_at_staleness_0_give_the_synchronous_batches(runs):
+    """The benchmarks' baseline (``GroupPool.static_slices``): each pool its half of a block."""
+    trainer, *engines = runs
+    sync = [r["contents"] for r in trainer["sync"]["rollouts"]]
+    assert [r["contents"] for r in trainer["static_k0"]["rollouts"]] == sync
+    for r in trainer["static_k0"]["rollouts"]:
+        m = r["metrics"]
+        assert m["pool_part_engine_rank_0"] == m["pool_part_engine_rank_1"] == 2
+    assert all("error" not in e["static_k0"] for e in engines)
+
+
+def test_a_straggler_engine_ranks_prompts_are_taken_and_the_batches_stay_the_same(runs):
+    """Work stealing: engine rank 1 is late after every sync, so engine rank 0 takes the
+    whole block; every group trains once and the batches are the synchronous ones, in draw
+    order, whoever generated them (the counts the run records, never its times)."""
+    trainer, *engines = runs
+    sync, stolen = trainer["sync"]["rollouts"], trainer["stealing_k0"]["rollouts"]
+    assert [r["contents"] for r in stolen] == [r["contents"] for r in sync]
+    # Group ids number the pools' draws over the run (the synchronous loop's restart per
+    # rollout): the same, in draw order, as the static slices' and the healthy run's.
+    for name in ("static_k0", "fully_async_k0"):
+        assert [r["group_ids"] for r in stolen] == [r["group_ids"] for r in
+                                                    trainer[name]["rollouts"]]
+    ids = [g for r in stolen for g in set(r["group_ids"])]
+    assert len(ids) == len(set(ids)) == 2 * 4 * 4
+    parts = [(r["metrics"]["pool_part_engine_rank_0"], r["metrics"]["pool_part_engine_rank_1"])
+             for r in stolen]
+    assert all(sum(p) == 4 for p in parts) and parts[1] == (4, 0)
+    assert sum(p[1] for p in parts) < sum(p[0] for p in parts)
+    for r in stolen:
+        m = r["metrics"]
+        assert m["staleness_max"] == 0 and m["pool_recycled"] == 0
+        assert m["pool_started"] == m["pool_trained"] + m["pool_pending"]
+    assert all("error" not in e["stealing_k0"] for e in engines)
 
 
 def test_two_pools_keep_the_bound_count_every_group_and_probe_both_engines(runs):
@@ -61,8 +101,8 @@ def test_two_pools_keep_the_bound_count_every_group_and_probe_both_engines(runs)
         assert m["probe_gap"] < 1e-4  # the probe batch holds both engine ranks' groups
         assert m["pool_started"] == (m["pool_trained"] + m["pool_recycled"]
                                      + m["pool_filtered"] + m["pool_pending"])
-        # Blocks of 3 prompts: engine rank 0 owns prompts 0-1, engine rank 1 prompt 2.
-        assert (m["pool_part_engine_rank_0"], m["pool_part_engine_rank_1"]) == (2, 1)
+        # Blocks of 3 prompts: the two parts hold 3 groups, however they are split.
+        assert m["pool_part_engine_rank_0"] + m["pool_part_engine_rank_1"] == 3
         assert r["num_samples"] == 3 * 4
     ids = [g for r in rollouts for g in set(r["group_ids"])]  # one per sample: never twice
     assert len(ids) == len(set(ids)) == 2 * 3 * 4
@@ -71,15 +111,15 @@ def test_two_pools_keep_the_bound_count_every_group_and_probe_both_engines(runs)
     assert all("error" not in e["fully_async_k2"] for e in engines)
 
 
-def test_one_prompt_per_block_leaves_engine_rank_1_without_groups(runs):
-    """``B = 1 < N = 2``: engine rank 1's pool owns no prompt and answers empty parts; it
-    still loads every sync and answers its probe."""
+def test_one_prompt_per_block_goes_to_one_engine_rank(runs):
+    """``B = 1 < N = 2``: one pool takes the prompt, the other answers an empty part; both
+    load every sync and answer their probes."""
     trainer, *engines = runs
     rollouts = trainer["pool_one_prompt"]["rollouts"]
     assert [r["metrics"]["rollout"] for r in rollouts] == [0]
     for r in rollouts:
         m = r["metrics"]
-        assert (m["pool_part_engine_rank_0"], m["pool_part_engine_rank_1"]) == (1, 0)
+        assert sorted((m["pool_part_engine_rank_0"], m["pool_part_engine_rank_1"])) == [0, 1]
         assert r["num_samples"] == 4 and m["staleness_max"] <= 1 and m["probe_gap"] < 1e-4
         assert m["pool_started"] == (m["pool_trained"] + m["pool_recycled"]
                                      + m["pool_filtered"] + m["pool_pending"])

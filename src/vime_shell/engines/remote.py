@@ -64,12 +64,16 @@ class Bridge:
     :class:`~vime_shell.engines.health.HealthCheckError` naming the rank waited on."""
 
     def __init__(self, rank: int, size: int, control: Any, weights: Any, device: torch.device,
-                 first_engine_rank: int = 1):
+                 first_engine_rank: int = 1, store: Any = None):
         self.rank, self.size = rank, size
         self.control, self.weights, self.device = control, weights, device
         self.first_engine_rank = first_engine_rank  # the global rank of bridge rank 1
         self.engines = 1 if size == 2 else None  # who a failed broadcast names (peer)
         self.bytes = ByteCounts()  # what this rank sent and received, per kind (byte_counts)
+        # The job's store (the fully-async pools claim draws in it) and the commands taken
+        # so far: the same count on every engine rank at any command, so a run's store keys
+        # can be named by it without asking another rank.
+        self.store, self.commands = store, 0
 
     def peer(self, rank: int | None) -> str:
         """How messages name bridge rank ``rank``. Example: ``peer(2)`` with one trainer rank:
@@ -110,6 +114,7 @@ class Bridge:
     def finish_command(self, posted: Any, obj: Any = None, *, bound: WaitBound | None = None,
                        kind: str = "control") -> Any:
         size, work = posted
+        self.commands += 1
         if self.rank == 0:
             data = pickle.dumps(obj)
             size[0] = len(data)
@@ -262,6 +267,6 @@ def open_sides(roles: RankRoles, *, backend: str, timeout_s: float = PG_BACKSTOP
             weights = dist.ProcessGroupNCCL(  # type: ignore[call-arg]
                 dist.PrefixStore("vime/bridge-nccl", store), b, roles.bridge_size)
         bridge = Bridge(b, roles.bridge_size, control, weights, device,
-                        first_engine_rank=roles.num_trainers)
+                        first_engine_rank=roles.num_trainers, store=store)
     _OPEN[key] = Sides(roles=roles, rank=rank, bridge=bridge)
     return _OPEN[key]

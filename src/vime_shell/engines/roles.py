@@ -13,9 +13,10 @@ separate *bridge* group: ``bridge rank 0`` = trainer rank 0, ``bridge rank 1 + i
 
 Rules (each a :class:`RankRolesError` naming the flag and the fix): ``1 <= N < W``;
 ``--colocate`` is not on with an asynchronous mode; ``--train-async`` and ``--fully-async``
-exclude each other. With ``--fully-async`` every engine rank runs a pool of its own over its
-slice of each prompt block (:mod:`vime_pure.pool_ranks`, :mod:`vime_shell.sources.pool`),
-so an engine must fit on one rank (``--rollout-num-gpus-per-engine 1``, a launch check).
+exclude each other. With ``--fully-async`` every engine runs a pool of its own on its leader,
+the pools sharing one queue of draws (:mod:`vime_pure.pool_ranks`,
+:mod:`vime_shell.sources.pool`); an engine over several ranks needs a replica on each
+(the HF engine; a tensor-parallel one is a launch check).
 
 Example: ``resolve_rank_roles(world_size=4, rollout_num_gpus=1, colocate=False,
 mode="sync")`` gives 3 trainer ranks (0-2) and engine rank 3 (bridge rank 1).

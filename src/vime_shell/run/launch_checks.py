@@ -230,12 +230,16 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
         raise field_error(ConfigError, "--load-rollout-data", cfg.load_rollout_data,
                           "replays into the colocated loop only", "drop --rollout-num-gpus "
                           "/ --train-async / --fully-async for a replay")
-    if roles is not None and roles.mode == "fully_async" and cfg.rollout_num_gpus_per_engine > 1:
+    if roles is not None and roles.mode == "fully_async" and cfg.rollout_num_gpus_per_engine > 1 \
+            and engine_traits(cfg.rollout_engine).tensor_parallel:
         raise field_error(ConfigError, "--rollout-num-gpus-per-engine",
-                          cfg.rollout_num_gpus_per_engine, "must be 1 with --fully-async (each "
-                          "engine rank runs a pool of its own; an engine over several ranks in "
-                          "the pool is not built yet)", "pass --rollout-num-gpus-per-engine 1 "
-                          "(--rollout-num-gpus N gives N pools), or use --train-async")
+                          cfg.rollout_num_gpus_per_engine, f"must be 1 with --fully-async and "
+                          f"{engine_traits(cfg.rollout_engine).label} (its tensor-parallel "
+                          "ranks run every generate call together, and the pool on an "
+                          "engine's leader does not drive its peers' calls yet; an engine "
+                          "holding a replica per rank, --rollout-engine hf, runs)",
+                          "pass --rollout-num-gpus-per-engine 1 (--rollout-num-gpus N gives N "
+                          "pools), or use --train-async")
     if roles is not None and roles.mode != "sync" and cfg.partial_rollout:
         flag = "--fully-async" if roles.mode == "fully_async" else "--train-async"
         why = ("its pool already keeps unfinished groups in flight across steps"

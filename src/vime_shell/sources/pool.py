@@ -1,27 +1,54 @@
-"""``--fully-async``: a persistent generation pool on every engine rank (one engine each).
+"""``--fully-async``: a persistent generation pool on every engine.
 
-Several engine ranks (``--rollout-num-gpus N``): one pool per rank, each over a static,
-contiguous slice of every prompt block (``vime_pure.pool_ranks.pool_share``; ``B = 4, N = 2``:
-prompts 0-1 and 2-3). Static because a group's seeds and ids come from its place in the block
-and the prompt source is the same on every rank: no rank asks another for work, the batches
-do not depend on ``N``, and a resume point is exact without any exchange between the pools
-(a shared queue would need a coordinator on the trainer's side of the bridge, and the
-pools would race for prompts). The cost: a slow rank's slice is not taken over by a fast
-one. Below, ``B`` is this pool's part (``len(share)``); every trainer command reaches every
-pool, each answers its part and trainer rank 0 joins them (:mod:`vime_shell.sources.pool_parts`).
+Several engine ranks (``--rollout-num-gpus N``) share **one queue of draws** (work stealing):
+every pool takes the next prompt nobody has taken, so a fast rank takes prompts a slow one
+has not started, and a slow rank holds no batch back. The prompt source is deterministic and
+identical on every rank, so the only shared state is *which draws are taken*, kept in the
+job's torch.distributed store (no coordinator process, no message to the trainer):
 
-The pool keeps ``B`` prompt groups of its slice in flight, each one a task on a
-thread that runs the rollout function on its prompt alone. The engine is shared through its
+- ``tickets``: ``store.add`` returns each claim a unique ticket, read as ``(block, index)`` in
+  draw order (``vime_pure.pool_ranks.draw_of``); a group's seeds and ids come from that
+  place, never from who claimed it;
+- ``live``: the groups started over all pools, minus those recycled or filtered; a pool
+  starts one more only if ``admits_live`` says it can still be fresh enough, so with
+  ``K = 0`` exactly one block's ``B`` groups run beyond the trained ones: the synchronous
+  batches, whoever generated them;
+- ``batch/<k>``: the slots of batch ``k``; a pool with a fresh group claims one (a number up
+  to ``B`` wins it) and sends its part once all ``B`` are claimed: the parts of a batch hold
+  exactly ``B`` groups, however many each pool gave;
+- ``recycled``: groups too stale to train go back to the shared queue (their draw, not their
+  tokens), and the first pool with room regenerates them with their original seeds.
+
+An engine over several ranks (``--rollout-num-gpus-per-engine g``) runs its pool on its
+leader; its other ranks, each holding a replica (the HF engine; an engine whose ranks shard
+the model, vLLM with tensor parallelism, is a launch error), follow it: they claim nothing and
+answer empty parts, but load every sync, generate their probe on their own replica and join
+the evaluations, so ``N`` below counts engines. Each pool keeps at most ``ceil(B / N)`` groups
+in flight (``pool_capacity``: as many as a
+static slice holds, so a healthy job batches as before). With ``K >= 1`` a pool that finished
+its groups runs ahead into the next draws while a slow one still generates; with ``K = 0`` a
+rank takes over the draws of a block that another has not claimed when it was late (a slow
+weight load, a busy loop). The store's keys are named per run by the bridge's command count
+(the same on every engine rank), on a store connection of the pool's own whose every call is
+bounded (``engines.health.monitor_store``). ``GroupPool.static_slices`` switches back to the
+old static contiguous slices (``vime_pure.pool_ranks.pool_share``: the same code over a store
+of the pool's own and its slice's indices), kept as the benchmarks' baseline
+(``benchmarks/work_stealing.py``). Below, ``B`` is the batch the claims fill (a static
+slice's ``len(share)``); every trainer command reaches every pool, each answers its part and
+trainer rank 0 joins them (:mod:`vime_shell.sources.pool_parts`).
+
+Each group in flight is a task on a thread that runs the rollout function on its prompt
+alone. The engine is shared through its
 per-request front (:class:`FrontEngine`: the requests of all groups in flight are batched at
 each forward, while rewards, tool calls or sleeps of other groups overlap), or under a lock
 for an engine without one. A
 completed group waits, tagged with the engine version its generation started with. For the
-trainer's ``("batch", k)`` the pool hands over the first ``B`` completed groups whose staleness
-at trainer version ``k`` is within ``K = --max-weight-staleness``, and sends staler ones back
-to the queue, to be generated again with their original seeds; both are the core's
-:func:`vime_pure.async_pool.drain`. A group starts only when :func:`~vime_pure.async_pool.admits`
-says it can still be fresh enough, so with ``K = 0`` nothing runs ahead of the weights and the
-batches are the synchronous loop's. Weights arrive as a ``("weights", v)`` command, taken
+trainer's ``("batch", k)`` the pool offers its completed groups whose staleness at trainer
+version ``k`` is within ``K = --max-weight-staleness`` to batch ``k``'s slots, in completion
+order, and sends staler ones back to the queue, to be generated again with their original
+seeds (the split is the core's :func:`vime_pure.async_pool.drain`). A group starts only when
+``admits_live`` says it can still be fresh enough, so with ``K = 0`` nothing runs ahead of the
+weights and the batches are the synchronous loop's. Weights arrive as a ``("weights", v)`` command, taken
 between two engine calls (in-flight groups continue on the new weights; their version stays
 the one they started with, so staleness is never under-counted). An ``("evaluate", k)``
 command (``--eval-interval``) runs the eval sets the same way, between two engine calls, on
@@ -49,17 +76,19 @@ exactly as the synchronous loop draws rollout ``r``'s (``PromptSource.take``), a
 ``i``-th prompt of block ``r`` is generated as prompt ``i`` of rollout ``r`` there (its seeds
 and group ids), so a group's samples do not depend on the mode; a batch lists its groups in
 draw order (trainer rank 0 sorts the parts, ``vime_pure.pool_ranks.merge_order``). Every
-group is counted (:class:`~vime_pure.async_pool.PoolCounts`, summed over the pools):
-``started = trained + recycled + filtered + pending``. Dynamic sampling filters per group
-(over several engine ranks a pool that filters more draws blocks faster: the blocks are the
-same on every rank, the other slices of a block wait for their own pools).
+group is counted (:class:`~vime_pure.async_pool.PoolCounts`, per pool, summed over the pools):
+``started = trained + recycled + filtered + pending`` (a group one pool recycles and another
+regenerates is started twice, recycled once). Dynamic sampling filters per group; a filtered
+group leaves ``live``, so another is drawn in its place.
 
 Resuming (``--load``): every part carries the pool's resume point (:meth:`GroupPool.
-resume_state`: the oldest block with an unfinished group of its slice, the prompt source's
-position before it, and which of its and later groups are done); trainer rank 0 merges the
-pools' points into one exact point (``vime_pure.pool_ranks.merge_resume_states``), saved in
-the checkpoint's data state; every resumed pool redraws from there and skips the done groups,
-so in-flight groups are generated again (same seeds) and no group trains twice.
+resume_state`: the groups it trained or filtered from the block the trainer names in each
+request, below which all are done, and where the prompt source stood at each block it drew);
+trainer rank 0 merges the pools' points into one exact point, the first block with a group
+no pool reports done (``vime_pure.pool_ranks.merge_resume_states``), saved in the
+checkpoint's data state; every resumed pool redraws from there and skips the done groups, so
+groups in flight or queued are generated again (same seeds) and no group trains twice, with
+any ``N`` and whoever held them.
 
 Health (:mod:`vime_shell.engines.health`): the pool's loop raises the job's health verdict
 between two looks at the trainer's commands, so a pool whose trainer or sibling engine rank
@@ -69,18 +98,20 @@ ends the job, naming its engine rank).
 """
 
 import asyncio
-import collections
 import concurrent.futures as futures
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import attrs
 
-from vime_pure.async_pool import PoolCounts, admits, drain
-from vime_pure.pool_ranks import pool_share
+import torch.distributed as dist
+
+from vime_pure.async_pool import PoolCounts, drain
+from vime_pure.pool_ranks import admits_live, draw_of, pool_capacity, pool_share
 from vime_shell.engines.async_engine import async_front, has_per_request_api
-from vime_shell.engines.health import current
+from vime_shell.engines.health import current, monitor_store
 from vime_shell.settings.train_config import TrainConfig
 from vime_shell.sources.probe import generate_probe
 from vime_shell.sources.rollouts import RolloutProducer, prompt_samples
@@ -90,6 +121,7 @@ from vime_shell.rollout.plugins import call_plugin
 
 _POLL_S = 0.002  # between two looks at the trainer's commands and the finished groups
 _CHECK_S = 1.0  # between two checks of the front's loop while a weight load waits for it
+_STORE_POLL_S = 0.01  # between two looks at a batch's claimed slots in the job's store
 
 
 @attrs.frozen
@@ -100,6 +132,92 @@ class Draw:
     index: int
     prompts: tuple  # the whole block (seeds and ids come from the prompt's place in it)
 
+
+class LocalStore:
+    """The store calls of :class:`Claims` on a dict: a pool alone over its static slice (or
+    the only pool), no other rank asking."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
+    def add(self, key: str, amount: int) -> int:
+        value = int(self.values.get(key, b"0")) + amount
+        self.values[key] = str(value).encode()
+        return value
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        return self.values[key]
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        current = self.values.get(key)
+        if current is None and expected == "" or current == expected.encode():
+            self.values[key] = desired.encode()
+        return self.values.get(key, b"")
+
+
+class Claims:
+    """Which draws are taken, in a ``store`` shared by the pools (or a pool's own): the keys of
+    the module docstring. ``indices``: the prompt indices the tickets number (a whole block,
+    or a static slice); ``batch_size``: the slots of a batch; ``me``: this pool's name in the
+    store (who took a recycled draw)."""
+
+    def __init__(self, store: Any, indices: range, batch_size: int, me: str):
+        self.store, self.indices, self.batch_size, self.me = store, indices, batch_size, me
+        self.seen = 0  # recycled draws looked at: all up to it are taken by some pool
+
+    def live(self, amount: int) -> int:
+        """Add ``amount`` to the live groups over all pools; the new count."""
+        return int(self.store.add("live", amount))
+
+    def ticket(self, base_block: int) -> tuple[int, int]:
+        """The next draw nobody has claimed, from ``base_block`` on."""
+        return draw_of(int(self.store.add("tickets", 1)) - 1, base_block, self.indices)
+
+    def give_back(self, draw: tuple[int, int]) -> None:
+        """A recycled draw, for the first pool with room to regenerate."""
+        n = int(self.store.add("recycled", 1))
+        self.store.set(f"recycled/{n}", f"{draw[0]},{draw[1]}")
+
+    def take_back(self) -> tuple[int, int] | None:
+        """A recycled draw no pool has taken yet, now this pool's (the first taker of its
+        owner key wins it), or None."""
+        posted = int(self.store.add("recycled", 0))
+        while self.seen < posted:
+            self.seen += 1
+            owner = self.store.compare_set(f"recycled/{self.seen}/owner", "", self.me)
+            if owner == self.me.encode():
+                block, index = self.store.get(f"recycled/{self.seen}").decode().split(",")
+                return int(block), int(index)
+        return None
+
+    def slot(self, k: int) -> bool:
+        """Claim one of batch ``k``'s slots; False: the batch is full."""
+        return int(self.store.add(f"batch/{k}", 1)) <= self.batch_size
+
+    def full(self, k: int) -> bool:
+        """Whether all of batch ``k``'s slots are claimed."""
+        return int(self.store.add(f"batch/{k}", 0)) >= self.batch_size
+
+
+def pool_claims(bridge: Any, batch_size: int, layout: Any, rank: int,
+                static: bool) -> tuple[Claims, int]:
+    """Engine rank ``rank``'s claims and how many groups it keeps in flight: an engine's
+    leader runs its pool, on the job's store shared by every engine's pool, its keys under
+    this run's name (the bridge's command count, the same on every engine rank); or, one
+    engine alone or ``static``, over its own slice on a store of its own. An engine's other
+    ranks (each holding a replica: the HF engine) follow its leader and claim nothing."""
+    if not layout.is_leader(rank):
+        return Claims(LocalStore(), range(0), 0, str(rank)), 0
+    engine, num_pools = layout.engine_of(rank), layout.num_engines
+    if static or num_pools == 1:
+        share = pool_share(batch_size, num_pools, engine)
+        return Claims(LocalStore(), share, len(share), str(engine)), len(share)
+    store = dist.PrefixStore(f"vime/pool/{bridge.commands}", monitor_store(bridge.store))
+    return (Claims(store, range(batch_size), batch_size, str(engine)),
+            pool_capacity(batch_size, num_pools))
 
 class LockedEngine:
     """One engine shared by the pool's threads: one call at a time (engines without a
@@ -221,14 +339,15 @@ def shared_engine(engine: Any, max_concurrency: int,
 class GroupPool:
     """The engine rank's pool and command loop (module docstring)."""
 
-    def __init__(self, cfg: TrainConfig, producer: RolloutProducer, bridge: Any,
-                 num_pools: int = 1):
+    static_slices = False  # True: the old static slices (the benchmarks' baseline)
+
+    def __init__(self, cfg: TrainConfig, producer: RolloutProducer, bridge: Any):
         self.cfg, self.producer, self.bridge = cfg, producer, bridge
-        self.pool = bridge.rank - 1  # this engine rank's pool among ``num_pools``
-        self.lead = self.pool == 0  # answers evaluations (collective over the engine ranks)
+        self.rank = bridge.rank - 1  # this engine rank
+        self.lead = self.rank == 0  # answers evaluations (collective over the engine ranks)
         self.block = cfg.rollout_batch_size  # prompts per block (one synchronous rollout)
-        self.share = pool_share(self.block, num_pools, self.pool)  # this pool's indices
-        self.size = len(self.share)  # this pool's part of every batch (0 when B < N)
+        self.claims, self.capacity = pool_claims(bridge, self.block, producer.engines.layout,
+                                                 self.rank, self.static_slices)
         self.bound = cfg.effective_max_weight_staleness
         self.engine = shared_engine(producer.engines.engine, cfg.sglang_server_concurrency,
                                     decode=producer.tokenizer.decode)
@@ -241,16 +360,19 @@ class GroupPool:
         self.start: int | None = None  # the trainer's version at its first request
         self.sent = 0  # batches handed to the trainer
         self.demand: int | None = None
-        self.queue: collections.deque[Draw] = collections.deque()
-        self.blocks = 0
+        self.part: list[tuple[Draw, list, int]] = []  # groups holding a slot of ``demand``
+        self.looked = 0.0  # when the pool last looked whether ``demand`` is full
+        self.base = 0  # the block the first ticket names (a resumed run's first open block)
+        self.low = 0  # every group before this block is done (the trainer says, per request)
+        self.blocks = 0  # blocks drawn from the prompt source
+        self.prompts: dict[int, tuple] = {}  # the drawn blocks from ``low`` on
+        self.block_starts: dict[int, tuple[int, int]] = {}  # source (offset, draws) per block
         self.running: dict[futures.Future, tuple[Draw, int]] = {}
         self.ready: list[tuple[Draw, list, int]] = []
         self.counts = PoolCounts()
         self.failure: Exception | None = None  # answered to the next request, raised at stop
         self.done: set[tuple[int, int]] = set()  # (block, index) trained or filtered
-        self.block_starts: dict[int, tuple[int, int]] = {}  # source (offset, draws) per block
-        self.first_open = 0  # every block before it is done
-        self.threads = futures.ThreadPoolExecutor(max_workers=max(self.size, 1),
+        self.threads = futures.ThreadPoolExecutor(max_workers=max(self.capacity, 1),
                                                   thread_name_prefix="vime-pool")
 
     def run(self) -> None:
@@ -275,7 +397,7 @@ class GroupPool:
                                                    f"{self.failure}"))
                         self.demand = None
                 elif self.demand is not None:
-                    self._serve()
+                    self._serve(self.demand)
                 if self.failure is None:
                     self._admit()
                 if self.running:
@@ -306,7 +428,7 @@ class GroupPool:
                 try:  # every engine rank's sync is checked: probe ids apart per pool
                     self.bridge.send(("probe", generate_probe(
                         self.producer, self.engine,
-                        first_group_id=self.pool * self.cfg.n_samples_per_prompt)))
+                        first_group_id=self.rank * self.cfg.n_samples_per_prompt)))
                 except Exception as exc:  # noqa: BLE001 - the trainer waits for this reply
                     self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
                     self.failure = self.failure or exc
@@ -324,12 +446,13 @@ class GroupPool:
                 if self.lead:
                     self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
                 self.failure = self.failure or exc
-        elif command[0] == "batch":
+        elif command[0] == "batch":  # ("batch", k, restore, low)
             self.demand = command[1]
             if self.start is None:
                 self.start = command[1]
                 if command[2] is not None:
                     self._resume(command[2])
+            self._forget_before(command[3])
 
     def _check_loop(self) -> None:
         """While a weight load waits for the front's loop: a generate function blocking the
@@ -339,45 +462,57 @@ class GroupPool:
 
     # -- resuming -----------------------------------------------------------------------------
     def resume_state(self) -> dict:
-        """Plain JSON for the checkpoint: the oldest block with a group not yet trained (or
-        filtered), where the prompt source stood before it, and the groups of it and later
-        blocks that are done. A resumed pool regenerates the rest, never a done group.
-        Example: ``{"block": 3, "offset": 48, "draws": 3, "done": [[3, 0], [4, 2]]}``."""
-        while self.first_open < self.blocks and all(
-                (self.first_open, i) in self.done for i in self.share):
-            self.block_starts.pop(self.first_open, None)
-            self.done = {d for d in self.done if d[0] > self.first_open}
-            self.first_open += 1
-        first = self.first_open
-        offset, draws = self.block_starts.get(first, (self.producer.source.offset,
-                                                      self.producer.source.draws))
-        return {"block": first, "offset": offset, "draws": draws,
-                "done": sorted([b, i] for b, i in self.done if b >= first)}
+        """Plain JSON for the checkpoint, merged over the pools by trainer rank 0
+        (``merge_resume_states``): the block ``low`` before which every group is done, where
+        the prompt source stood before each block drawn since (and the next one), and the
+        groups this pool trained or filtered from ``low`` on. Example: ``{"block": 3,
+        "starts": [[3, 48, 3], [4, 64, 4]], "done": [[3, 0], [3, 2]]}``."""
+        source = self.producer.source
+        starts = [[b, *self.block_starts[b]] for b in sorted(self.block_starts)]
+        return {"block": self.low, "starts": [*starts, [self.blocks, source.offset,
+                                                        source.draws]],
+                "done": sorted([b, i] for b, i in self.done)}
 
     def _resume(self, state: dict) -> None:
         source = self.producer.source
         source.offset, source.draws = state["offset"], state["draws"]
         pool = state.get("pool")
         if pool is not None:
-            self.blocks = self.first_open = pool["block"]
+            self.blocks = self.base = self.low = pool["block"]
             self.done = {(b, i) for b, i in pool["done"]}
+
+    def _forget_before(self, low: int) -> None:
+        """Every group before block ``low`` is done (the trainer's last merged resume point):
+        what this pool keeps about them goes."""
+        self.low = max(self.low, low)
+        self.done = {d for d in self.done if d[0] >= self.low}
+        for kept in (self.prompts, self.block_starts):
+            for b in [b for b in kept if b < self.low]:
+                del kept[b]
 
     # -- groups -------------------------------------------------------------------------------
     def _next_draw(self) -> Draw:
-        while not self.queue:
+        """A recycled draw nobody has taken, else the next unclaimed one not done yet."""
+        key = self.claims.take_back()
+        while key is None:
+            key = self.claims.ticket(self.base)
+            if key in self.done:  # trained before the resume
+                key = None
+        block, index = key
+        while self.blocks <= block:  # every block before it too, as every engine rank does
             source = self.producer.source
             self.block_starts[self.blocks] = (source.offset, source.draws)
-            prompts = source.take(self.block)  # the whole block, as every engine rank does
-            self.queue.extend(Draw(block=self.blocks, index=i, prompts=prompts)
-                              for i in self.share if (self.blocks, i) not in self.done)
+            self.prompts[self.blocks] = source.take(self.block)
             self.blocks += 1
-        return self.queue.popleft()
+        return Draw(block=block, index=index, prompts=self.prompts[block])
 
     def _admit(self) -> None:
-        while self.start is not None and self.size and admits(
-                batches_sent=self.sent, start_version=self.start, engine_version=self.version,
-                queued=len(self.running) + len(self.ready), batch_size=self.size,
-                max_staleness=self.bound):
+        while self.start is not None and len(self.running) < self.capacity:
+            if not admits_live(live_before=self.claims.live(1) - 1, batches_sent=self.sent,
+                               start_version=self.start, engine_version=self.version,
+                               batch_size=self.claims.batch_size, max_staleness=self.bound):
+                self.claims.live(-1)
+                return
             draw = self._next_draw()
             self.running[self.threads.submit(self._generate, draw)] = (draw, self.version)
             self.counts = self.counts.add(started=1)
@@ -410,34 +545,43 @@ class GroupPool:
                     flag="--dynamic-sampling-filter-path",
                     where=f"rollout {draw.block}, prompt {draw.index}"):
                 self.counts = self.counts.add(filtered=1)
+                self.claims.live(-1)  # another group is drawn in its place
                 self.done.add((draw.block, draw.index))
                 continue
             self.ready.append((draw, output[0], version))
 
-    def _serve(self) -> None:
-        """Hand this pool's part of batch ``demand`` over once its ``len(share)`` fresh-enough
-        groups are ready (at once when it owns none); trainer rank 0 joins the parts
-        (:func:`vime_shell.sources.pool_parts.join_pool_parts`)."""
-        k = self.demand
-        if not self.size:
-            return self._send_part(k, [])
+    def _serve(self, k: int) -> None:
+        """Offer the fresh-enough ready groups to batch ``k``'s slots; hand this pool's part
+        over once every slot is claimed (at once when it owns none); trainer rank 0 joins the
+        parts (:func:`vime_shell.sources.pool_parts.join_pool_parts`)."""
         split = drain(versions=tuple(v for _, _, v in self.ready), trainer_version=k,
-                      max_staleness=self.bound, batch_size=self.size)
-        for i in reversed(split.recycle):  # regenerated first, in draw order
-            self.queue.appendleft(self.ready[i][0])
+                      max_staleness=self.bound, batch_size=max(self.claims.batch_size, 1))
+        for i in sorted(split.recycle, key=lambda i: (self.ready[i][0].block,
+                                                       self.ready[i][0].index)):
+            draw = self.ready[i][0]  # regenerated by the first pool with room, in draw order
+            self.claims.give_back((draw.block, draw.index))
+            self.claims.live(-1)
         self.counts = self.counts.add(recycled=len(split.recycle))
-        if not split.full:
-            self.ready = [self.ready[i] for i in (*split.take, *split.keep)]
+        offered: list[int] = []
+        for i in split.take:
+            if not self.claims.slot(k):
+                break  # batch k is full: the rest wait for the next one
+            offered.append(i)
+        self.part += [self.ready[i] for i in offered]
+        self.ready = [self.ready[i] for i in (*split.take, *split.keep) if i not in offered]
+        now = time.monotonic()
+        if not offered and now - self.looked < _STORE_POLL_S:
             return
-        taken = [self.ready[i] for i in split.take]
-        self.ready = [self.ready[i] for i in split.keep]
-        self.counts = self.counts.add(trained=len(taken))
-        self.done.update((d.block, d.index) for d, _, _ in taken)
-        self._send_part(k, taken)
+        self.looked = now
+        if self.claims.full(k):
+            self._send_part(k)
 
-    def _send_part(self, k: int, taken: list[tuple[Draw, list, int]]) -> None:
+    def _send_part(self, k: int) -> None:
         """``("part", k, groups, record, resume point)``: each group as ``((block, index),
         output, version)``; the record holds this pool's counts."""
+        taken, self.part = self.part, []
+        self.counts = self.counts.add(trained=len(taken))
+        self.done.update((d.block, d.index) for d, _, _ in taken)
         c = self.counts
         record = {"pool_started": c.started, "pool_trained": c.trained,
                   "pool_recycled": c.recycled, "pool_filtered": c.filtered}

@@ -2,24 +2,28 @@
 pool joined into the rollout's one batch, record and resume point.
 
 Each pool (:class:`vime_shell.sources.pool.GroupPool`, one per engine rank) answers the
-trainer's ``("batch", k)`` with its part: ``("part", k, groups, counts, resume point)``, each
-group as ``((block, index), output, version)``. The parts are joined in draw order
+trainer's ``("batch", k, restore, low)`` with its part: ``("part", k, groups, counts, resume
+point)``, each group as ``((block, index), output, version)``. The pools share one queue of
+draws, so how many groups each part holds varies from batch to batch (the claimed slots of
+batch ``k`` add up to ``B``); the ``(block, index)`` of each group is all the trainer needs to
+assemble the batch. The parts are joined in draw order
 (:func:`vime_pure.pool_ranks.merge_order`) and the batch is built here from the samples, as
 one pool builds it (``RolloutBatch.from_samples``), so a batch does not depend on how many
 engine ranks generated it (built here, not per part: ``--normalize-advantages`` whitens over
 the whole batch's groups); the counts are added up (``sum_counts``) onto those the run resumed
 from (``PoolCounts.resumed``: cumulative across resumes, kept in the checkpoint's data state
 as ``pool_counts``), the weight version is the oldest group's, and the resume points merge
-into one exact point (``merge_resume_states``).
+into one exact point (``merge_resume_states``; its block is the ``low`` of the next request).
 
-Example: ``B = 4`` over 2 engine ranks: parts with groups ``(3, 0), (3, 1)`` and ``(3, 2),
-(3, 3)`` give one batch of 4 groups; ``pool_part_engine_rank_0 = pool_part_engine_rank_1 = 2``.
+Example: ``B = 4`` over 2 engine ranks: parts with groups ``(3, 0), (3, 1), (3, 3)`` and
+``(3, 2)`` give one batch of 4 groups, ``(3, 0)`` to ``(3, 3)``; ``pool_part_engine_rank_0 =
+3``, ``pool_part_engine_rank_1 = 1``.
 """
 
 from typing import Any
 
 from vime_pure.async_pool import PoolCounts
-from vime_pure.pool_ranks import merge_order, merge_resume_states, pool_share, sum_counts
+from vime_pure.pool_ranks import merge_order, merge_resume_states, sum_counts
 from vime_shell.settings.train_config import TrainConfig
 from vime_shell.sources.rollouts import batch_of, output_source, sample_annotations
 
@@ -39,8 +43,7 @@ def join_pool_parts(cfg: TrainConfig, parts: list[tuple[Any, ...]],
     record = {"prompts_generated": len(outputs), "prompts_kept": len(outputs),
               "weight_version": min(groups[i][2] for i in order), **c.as_record(),
               **{f"pool_part_engine_rank_{j}": len(p[2]) for j, p in enumerate(parts)}}
-    shares = [pool_share(cfg.rollout_batch_size, len(parts), j) for j in range(len(parts))]
-    state = merge_resume_states([p[4] for p in parts], shares)
+    state = merge_resume_states([p[4] for p in parts], cfg.rollout_batch_size)
     source = {"offset": state.pop("offset"), "draws": state.pop("draws"), "pool": state,
               "pool_counts": c.to_state()}
     return ("batch", parts[0][1], batch, record, source, sample_annotations(outputs))

@@ -151,8 +151,9 @@ class RemoteRollouts:
         """Rollout ``rid``'s batch and statistics on trainer rank 0, None elsewhere."""
         if self.bridge is None:
             return None
-        if self.mode == "fully_async":
-            self._ask(("batch", rid, self._take_restore()), rid)
+        if self.mode == "fully_async":  # with the block before which every group is done
+            low = self.source.pool["block"] if self.source.pool else 0
+            self._ask(("batch", rid, self._take_restore(), low), rid)
         elif rid not in self._requested and rid not in self._received:
             self._ask(("generate", rid, self._take_restore()), rid)
         reply = self._reply(rid)
@@ -310,7 +311,7 @@ def serve_rollouts(cfg: TrainConfig, plan: LaunchPlan, options: EngineOptions,
         try:
             producer = RolloutProducer(cfg, plan, engines)
             if sides.roles.mode == "fully_async":
-                GroupPool(cfg, producer, sides.bridge, sides.roles.num_engine_ranks).run()
+                GroupPool(cfg, producer, sides.bridge).run()
             else:
                 _Server(producer, sides.bridge).run()
         finally:
