@@ -1,6 +1,16 @@
-"""Training on separate rollout ranks: the trainer's client (:class:`RemoteRollouts`) and the
-engine ranks' server (:func:`serve_rollouts`), in the synchronous and one-step-off modes; the
-fully-async pool is :mod:`vime_shell.sources.pool`.
+"""Training on separate rollout ranks: the trainer's client (:class:`RemoteRollouts`, a
+:class:`~vime_shell.sources.base.RolloutSource` for every mode: the job's one
+``Asynchrony`` decides the lag, or the pools' ``K``) and the engine ranks' server
+(:func:`serve_rollouts`: :class:`_Server` one step at a time, or the fully-async pool of
+:mod:`vime_shell.sources.pool`).
+
+Data flow, trainer rank 0 <-> engine ranks over the bridge::
+
+    next(k):  lag 0: ("generate", k) ─▶ engine rank 0 ─▶ ("batch", k, ...) ─▶ Produced
+              lag 1: receive k (asked during k - 1), ask ("generate", k + 1), Produced(k)
+              pooled: ("batch", k) ─▶ every pool ─▶ one part each ─▶ joined in draw order
+    sync(w, v): ("weights", v, probe?) + buckets ─▶ every engine rank loads; with a probe,
+              each engine rank answers one probe group on v ─▶ SyncReport(probe=...)
 
 The trainer drives, over the bridge (:mod:`vime_shell.engines.remote`), with commands the
 engine ranks execute in order:
@@ -31,7 +41,7 @@ checked by the loop as in the colocated loop. When the next batch will be older 
 off, fully async with ``K > 0``, ``--update-weights-interval > 1``), the sync itself is
 checked instead: every engine rank generates a *probe* (one fixed prompt, ``n`` samples)
 right after loading the new weights and the trainer, still on those weights, scores all of
-them as one probe batch (``needs_probe``; ``_Loop.check_probe``), so one engine rank's
+them as one probe batch (``needs_probe``; ``Step.check_probe``), so one engine rank's
 broken sync is caught too. Off-policy batches then never trip the check.
 
 A failure on an engine rank comes back as ``("error", text)`` and is raised on trainer rank 0
@@ -51,14 +61,13 @@ bounds it.
 
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
-import torch
 
-from vime_pure.async_pool import PoolCounts, generation_lag
-from vime_pure.data.batch import RolloutBatch
+from vime_pure.async_pool import Asynchrony, PoolCounts
+from vime_pure.data.rewards import RewardNormalization
 from vime_pure.errors import relayed
 from vime_pure.health import WaitHistory
 from vime_pure.staleness import stamp_versions
@@ -70,6 +79,7 @@ from vime_shell.engines.sync import stream_weights
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.settings.launch_plan import LaunchPlan
 from vime_shell.settings.train_config import TrainConfig
+from vime_shell.sources.base import Produced, SyncReport, Weights, rank_name
 from vime_shell.sources.pool import GroupPool
 from vime_shell.sources.pool_parts import join_pool_parts
 from vime_shell.sources.probe import generate_probe
@@ -107,29 +117,31 @@ class RemoteGeneration:
 
 
 class RemoteRollouts:
-    """The trainer ranks' view of separate engine ranks: ``produce``, ``evaluate``,
-    ``sync_weights``, ``close``, as the colocated producer and engine group offer them.
-    Collective over the trainer ranks; only trainer rank 0 holds the bridge."""
+    """The trainer ranks' view of separate engine ranks, as a ``RolloutSource``. Collective
+    over the trainer ranks; only trainer rank 0 holds the bridge."""
 
     engine = None  # no engine on a trainer rank
+    generates = True
+    normalization = RewardNormalization()  # the engine ranks' batches carry their advantages
+    holder_name = staticmethod(rank_name)  # the batch sits on trainer rank 0
 
     def __init__(self, cfg: TrainConfig, sides: Sides, total: int):
         self.cfg, self.bridge, self.total = cfg, sides.bridge, total
-        self.mode = sides.roles.mode
+        self.asynchrony = sides.roles.asynchrony
         self.first_engine_rank = sides.roles.num_trainers
         # Who answers a batch request: every engine rank's pool (fully async), else engine
         # rank 0 for all (the engine ranks' producer gathers there). A probe: every engine
         # rank, on its own weights (each rank's sync is checked).
         self.engine_ranks = sides.roles.num_engine_ranks
-        self.answering = self.engine_ranks if self.mode == "fully_async" else 1
-        self.lag = generation_lag(self.mode, cfg.max_weight_staleness)
+        self.answering = self.engine_ranks if self.asynchrony.pooled else 1
+        self.lag = self.asynchrony.lag
         self.source = SourceState()
         self.resumed_counts = PoolCounts()  # the pools' counts at the --load checkpoint
         self._restore: dict | None = None
         self._requested: list[int] = []  # asked for, reply not yet received
         self._received: dict[int, tuple] = {}
         self._closed = False
-        self.needs_probe = needs_probe(cfg, self.mode, self.lag)
+        self.needs_probe = needs_probe(self.asynchrony)
         self._probe: list | None = None
         self.policy = cfg.health_policy()
         self.waits: dict[str, WaitHistory] = {}  # per kind of wait: the slowest so far
@@ -146,21 +158,24 @@ class RemoteRollouts:
         self.waits[kind] = history.seen(bound.elapsed())
 
     # -- generation ----------------------------------------------------------------------------
-    def produce(self, rid: int) -> tuple[RolloutBatch, RemoteGeneration] | None:
-        """Rollout ``rid``'s batch and statistics on trainer rank 0, None elsewhere."""
+    def next(self, rollout_id: int, trainer_version: int) -> Produced:
+        """Rollout ``rollout_id``'s whole batch and statistics on trainer rank 0, nothing
+        elsewhere (the module docstring's order)."""
         if self.bridge is None:
-            return None
-        if self.mode == "fully_async":
+            return Produced()
+        rid = rollout_id
+        if self.asynchrony.pooled:
             self._ask(("batch", rid, self._take_restore()), rid)
         elif rid not in self._requested and rid not in self._received:
             self._ask(("generate", rid, self._take_restore()), rid)
         reply = self._reply(rid)
-        if self.lag and rid + 1 < self.total and self.mode != "fully_async":
+        if self.lag and rid + 1 < self.total and not self.asynchrony.pooled:
             self._ask(("generate", rid + 1, None), rid + 1)
         _, _, batch, record, source = reply[:5]
         if source is not None:
             self.source = SourceState(**source)
-        return batch, RemoteGeneration(record, tuple(reply[5]) if len(reply) > 5 else ())
+        return Produced.whole(batch, RemoteGeneration(
+            record, tuple(reply[5]) if len(reply) > 5 else ()))
 
     def _take_restore(self) -> dict | None:
         restore, self._restore = self._restore, None
@@ -181,7 +196,7 @@ class RemoteRollouts:
         expected = self._requested.pop(0)
         with self._bounded("rollout") as bound:
             replies = self._recv_all(f"rollout {expected}", bound)
-        fully_async = self.mode == "fully_async"  # one part per pool, joined here
+        fully_async = self.asynchrony.pooled  # one part per pool, joined here
         self._received[expected] = join_pool_parts(self.cfg, replies, self.resumed_counts) \
             if fully_async else replies[0]
 
@@ -220,30 +235,29 @@ class RemoteRollouts:
         return rank0_result(f"evaluation at rollout {rid}", ask)
 
     # -- weights ---------------------------------------------------------------------------------
-    def sync_weights(self, named: Iterable[tuple[str, torch.Tensor]], version: int | None = None):
+    def sync(self, weights: Weights, version: int) -> SyncReport:
         """Collective over the trainer ranks (the export is): rank 0 sends every bucket to the
-        engine ranks, the others drain the export."""
+        engine ranks, the others drain the export; with ``needs_probe``, rank 0's report holds
+        every engine rank's probe, in one probe batch."""
         cap = self.cfg.update_weight_buffer_size
         if self.bridge is None:
-            return stream_weights(named, cap, None)
+            return SyncReport(moved=stream_weights(weights(), cap, None), probed=self.needs_probe)
         self._drain()
+        probe = None
         with self._bounded("weight sync") as bound:
             self.bridge.command(("weights", version, self.needs_probe), bound=bound)
-            report = self.bridge.send_weights(named, cap, bound=bound)
-            if self.needs_probe:  # every engine rank's probe, in one probe batch
+            moved = self.bridge.send_weights(weights(), cap, bound=bound)
+            if self.needs_probe:
                 replies = self._recv_all(f"weight sync to version {version}", bound,
                                          self.engine_ranks)
-                self._probe = [group for reply in replies for group in reply[1]]
-        return report
+                probe = [group for reply in replies for group in reply[1]]
+        return SyncReport(moved=moved, probed=self.needs_probe, probe=probe)
 
-    def take_probe(self) -> list | None:
-        """Trainer rank 0: the probe generated by the weights just synced (once)."""
-        probe, self._probe = self._probe, None
-        return probe
-
-    def restore(self, state: dict) -> None:
+    def restore(self, state: dict | None) -> None:
         """Resume from a checkpoint's data state: the engines' prompt source (and the pool's
         resume point) continue from there, sent with the next request."""
+        if not state:
+            return
         self.source = SourceState(offset=int(state["offset"]), draws=int(state["draws"]),
                                   pool=state.get("async_pool"),
                                   partial=state.get("partial_buffer"),
@@ -253,15 +267,17 @@ class RemoteRollouts:
             self.resumed_counts = PoolCounts.from_state(self.source.pool_counts).resumed()
         self._restore = attrs.asdict(self.source)
 
-    def partial_state(self) -> dict:
-        """The fully-async pool's resume point and counts, the partial-rollout buffer and the
-        prompts put back, for the checkpoint (plain JSON)."""
-        named = {"async_pool": self.source.pool, "partial_buffer": self.source.partial,
-                 "carried": self.source.carried, "pool_counts": self.source.pool_counts}
-        return {key: value for key, value in named.items() if value is not None}
+    def state(self) -> dict | None:
+        """Where the engines' prompt source stands (rank 0's, shared so every rank saves the
+        same): offset and draws, the fully-async pool's resume point and counts, the
+        partial-rollout buffer and the prompts put back (plain JSON)."""
+        def mine() -> dict:
+            named = {"async_pool": self.source.pool, "partial_buffer": self.source.partial,
+                     "carried": self.source.carried, "pool_counts": self.source.pool_counts}
+            return {"offset": self.source.offset, "draws": self.source.draws,
+                    **{key: value for key, value in named.items() if value is not None}}
 
-    def sleep(self) -> None:
-        """Engines on ranks of their own never give memory back to the trainer."""
+        return rank0_result("data state", mine)
 
     def close(self) -> None:
         """Tell the engine ranks to stop (once; a gone engine rank is not waited for, and
@@ -287,11 +303,12 @@ class RemoteRollouts:
             pass
 
 
-def needs_probe(cfg: TrainConfig, mode: str, lag: int) -> bool:
+def needs_probe(asynchrony: Asynchrony) -> bool:
     """Whether a sync is checked by a probe: the next batch will not be generated by the
-    weights just synced. Example: ``--train-async`` -> True; synchronous -> False."""
-    fresh_next = lag == 0 and cfg.update_weights_interval == 1 and (
-        mode != "fully_async" or cfg.effective_max_weight_staleness == 0)
+    weights just synced (a lag, a pool that may train groups older than the sync, or syncs
+    every ``I > 1`` rollouts). Example: one step off -> True; synchronous -> False."""
+    fresh_next = asynchrony.lag == 0 and asynchrony.update_weights_interval == 1 and (
+        not asynchrony.pooled or asynchrony.max_staleness == 0)
     return not fresh_next
 
 
@@ -303,7 +320,7 @@ def serve_rollouts(cfg: TrainConfig, plan: LaunchPlan, options: EngineOptions,
         engines = EngineGroup.build(plan.hf_dir, plan.engine_layout, options)
         try:
             producer = RolloutProducer(cfg, plan, engines)
-            if sides.roles.mode == "fully_async":
+            if sides.roles.asynchrony.pooled:
                 GroupPool(cfg, producer, sides.bridge, sides.roles.num_engine_ranks).run()
             else:
                 _Server(producer, sides.bridge).run()
