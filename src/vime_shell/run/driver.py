@@ -215,7 +215,7 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
     if loop.plan.prompts_dropped and loop.rank == 0:
         log.warning("--rollout-max-prompt-len %d dropped %d of the %d prompts of %s",
                     cfg.rollout_max_prompt_len, loop.plan.prompts_dropped,
-                    loop.plan.prompts_dropped + len(loop.plan.prompts), cfg.prompt_data)
+                    loop.plan.prompts_dropped + len(loop.plan.prompts or ()), cfg.prompt_data)
     total = loop.plan.num_rollout  # --num-rollout, or derived from --num-epoch
     logger = RunLogger(cfg.run_dir, start=start, total=total, enabled=loop.rank == 0,
                        progress=progress, wandb=cfg.to_dict() if cfg.use_wandb else None)

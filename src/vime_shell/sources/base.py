@@ -90,9 +90,14 @@ class RolloutSource(Protocol):
     (so the staleness bound, the log-prob check and freshness apply; False for a replay).
     """
 
-    engine: Any
-    normalization: RewardNormalization
-    generates: bool
+    @property
+    def engine(self) -> Any: ...
+
+    @property
+    def normalization(self) -> RewardNormalization: ...
+
+    @property
+    def generates(self) -> bool: ...
 
     def next(self, rollout_id: int, trainer_version: int) -> Produced:
         """This rank's part of rollout ``rollout_id`` (empty on ranks that hold none); raises

@@ -219,20 +219,20 @@ class RemoteRollouts:
         while self._requested:
             self._collect_one()
 
-    def evaluate(self, rid: int) -> dict[str, float]:
+    def evaluate(self, rollout_id: int) -> dict[str, float]:
         """Collective over the trainer ranks: the eval metrics on the engines' weights."""
         def ask() -> dict[str, float]:
             self._drain()
             with self._bounded("evaluation") as bound:
-                self.bridge.command(("evaluate", rid), bound=bound)
-                reply = self.bridge.recv(src=1, what=f"{{peer}}'s evaluation at rollout {rid}",
-                                         bound=bound)
+                self.bridge.command(("evaluate", rollout_id), bound=bound)
+                reply = self.bridge.recv(src=1, bound=bound,
+                                         what=f"{{peer}}'s evaluation at rollout {rollout_id}")
             if reply[0] == "error":
                 raise EngineGroupError(f"evaluation failed on engine rank 0 (global rank "
                                        f"{self.first_engine_rank}): {reply[1]}")
             return reply[1]
 
-        return rank0_result(f"evaluation at rollout {rid}", ask)
+        return rank0_result(f"evaluation at rollout {rollout_id}", ask)
 
     # -- weights ---------------------------------------------------------------------------------
     def sync(self, weights: Weights, version: int) -> SyncReport:

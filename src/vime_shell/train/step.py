@@ -92,7 +92,9 @@ class Step:
                  dumps: DumpWriter | None = None,
                  on_rollout: Callable[[RolloutEvent], None] | None = None):
         self.cfg, self.plan, self.trainer, self.source = cfg, plan, trainer, source
-        self.gap_tolerance, self.dumps, self.on_rollout = gap_tolerance, dumps, on_rollout
+        self.dumps, self.on_rollout = dumps, on_rollout
+        # None: a train-only replay, which generates nothing and so checks no gap
+        self.gap_tolerance = float("inf") if gap_tolerance is None else gap_tolerance
         self.layout = trainer.layout
         asynchrony = cfg.asynchrony  # the bound is a number here, never a mode
         self.max_staleness = asynchrony.max_staleness if asynchrony.bounded else None
@@ -174,7 +176,7 @@ class Step:
 
     def _dump(self, rid: int, produced: Produced) -> None:
         """``--save-rollout-data`` (rank 0, which holds the whole batch then)."""
-        if self.dumps is not None:
+        if self.dumps is not None and produced.part is not None:
             annotations = produced.stats.annotations if self.source.generates else None
             self.dumps.submit(rid, produced.part, None if annotations is None
                               else list(annotations))
@@ -185,7 +187,7 @@ class Step:
         update; ``(results, records, gap, corrections, time the old log-probs were ready)``."""
         del self.trainer.trace[:]
         results: list = []
-        gap, corrections = GapMeter(), {}
+        gap, corrections = GapMeter(), dict[str, Any]()
         if mine.steps:
             mine, corrections = self._attach_log_probs(rid, plan, whole, mine, gap)
         t_old = time.perf_counter()
@@ -300,7 +302,10 @@ class Step:
     def _loss_norm(self) -> float:
         """Dr. GRPO's constant (``sample_token_sum_norm``): the generation cap."""
         cap = self.cfg.rollout_max_response_len
-        return float(cap if cap else self.plan.task.answer_length)
+        if cap:
+            return float(cap)
+        assert self.plan.task is not None  # launch: prompts without a cap come from a task
+        return float(self.plan.task.answer_length)
 
     def gather_batch(self) -> RolloutBatch:
         """Collective: the last rollout's whole batch on every rank (the parts joined with
