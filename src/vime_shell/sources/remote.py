@@ -7,7 +7,8 @@
 Data flow, trainer rank 0 <-> engine ranks over the bridge::
 
     next(k):  lag 0: ("generate", k) ─▶ engine rank 0 ─▶ ("batch", k, ...) ─▶ Produced
-              lag 1: receive k (asked during k - 1), ask ("generate", k + 1), Produced(k)
+              lag L: receive k (asked L rollouts ago), ask ("generate", k + 1 .. k + L),
+                     Produced(k) (one step off: L = 1)
               pooled: ("batch", k) ─▶ every pool ─▶ one part each ─▶ joined in draw order
     sync(w, v): ("weights", v, probe?) + buckets ─▶ every engine rank loads; with a probe,
               each engine rank answers one probe group on v ─▶ SyncReport(probe=...)
@@ -169,8 +170,10 @@ class RemoteRollouts:
         elif rid not in self._requested and rid not in self._received:
             self._ask(("generate", rid, self._take_restore()), rid)
         reply = self._reply(rid)
-        if self.lag and rid + 1 < self.total and not self.asynchrony.pooled:
-            self._ask(("generate", rid + 1, None), rid + 1)
+        if not self.asynchrony.pooled:  # the lag: rollouts k + 1 .. k + L asked for now
+            for ahead in range(rid + 1, min(rid + 1 + self.lag, self.total)):
+                if ahead not in self._requested and ahead not in self._received:
+                    self._ask(("generate", ahead, None), ahead)
         _, _, batch, record, source = reply[:5]
         if source is not None:
             self.source = SourceState(**source)
