@@ -16,9 +16,11 @@ Data flow, trainer rank 0 <-> engine ranks over the bridge::
 The trainer drives, over the bridge (:mod:`vime_shell.engines.remote`), with commands the
 engine ranks execute in order:
 
-- ``("generate", rid, source)``: the engine ranks' own :class:`RolloutProducer` (prompts,
-  dynamic-sampling rounds, rewards, the ``RolloutBatch``, on the engines' default group) makes
-  rollout ``rid``; engine rank 0 sends ``("batch", rid, batch, record, source)`` back;
+- ``("generate", rid, source[, count])``: the engine ranks' own :class:`RolloutProducer`
+  (prompts, dynamic-sampling rounds, rewards, the ``RolloutBatch``, on the engines' default
+  group) makes rollout ``rid`` (and the ``count - 1`` after it, for a lag above 1: one command,
+  so no command is sent while a reply is owed); engine rank 0 sends
+  ``("batch", rid, batch, record, source)`` back for each;
 - ``("weights", version)`` then the buckets: every engine rank loads them;
 - ``("evaluate", rid)``: the eval sets on the current weights; ``("stop",)``.
 
@@ -170,10 +172,11 @@ class RemoteRollouts:
         elif rid not in self._requested and rid not in self._received:
             self._ask(("generate", rid, self._take_restore()), rid)
         reply = self._reply(rid)
-        if not self.asynchrony.pooled:  # the lag: rollouts k + 1 .. k + L asked for now
-            for ahead in range(rid + 1, min(rid + 1 + self.lag, self.total)):
-                if ahead not in self._requested and ahead not in self._received:
-                    self._ask(("generate", ahead, None), ahead)
+        if not self.asynchrony.pooled:  # the lag: rollouts k + 1 .. k + L, in one command
+            ahead = [r for r in range(rid + 1, min(rid + 1 + self.lag, self.total))
+                     if r not in self._requested and r not in self._received]
+            if ahead:  # one command: the engine sends each reply before it reads the next
+                self._ask(("generate", ahead[0], None, len(ahead)), *ahead)
         _, _, batch, record, source = reply[:5]
         if source is not None:
             self.source = SourceState(**source)
@@ -184,10 +187,10 @@ class RemoteRollouts:
         restore, self._restore = self._restore, None
         return restore
 
-    def _ask(self, command: tuple, rid: int) -> None:
+    def _ask(self, command: tuple, *rids: int) -> None:
         with self._bounded("command") as bound:
             self.bridge.command(command, bound=bound)
-        self._requested.append(rid)
+        self._requested.extend(rids)
 
     def _reply(self, rid: int) -> tuple:
         while rid not in self._received:
@@ -352,8 +355,11 @@ class _Server:
                     self._reply(lambda: ("probe", generate_probe(
                         self.producer, first_group_id=(self.bridge.rank - 1)
                         * self.producer.cfg.n_samples_per_prompt)), everyone=True)
-            elif kind == "generate":
-                self._reply(lambda: self._generate(command[1], command[2]))
+            elif kind == "generate":  # rollouts command[1] .. + count - 1, a reply each
+                count = command[3] if len(command) > 3 else 1
+                for rid in range(command[1], command[1] + count):
+                    restore = command[2] if rid == command[1] else None
+                    self._reply(lambda rid=rid, restore=restore: self._generate(rid, restore))
             elif kind == "evaluate":
                 self._reply(lambda: ("eval", self.producer.evaluate(command[1])))
 
