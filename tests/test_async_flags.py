@@ -3,9 +3,13 @@ bad combination of flags is one typed error naming the flag, before anything is 
 
 import pytest
 
+from vime_pure.async_pool import Asynchrony, SyncMode
 from vime_shell.engines.roles import RankRolesError, resolve_rank_roles
 from vime_shell.run.launch_checks import rank_roles
 from vime_shell.settings.train_config import ConfigError, TrainConfig
+
+ONE_STEP_OFF = Asynchrony(mode=SyncMode.ONE_STEP_OFF)
+FULLY_ASYNC = Asynchrony(mode=SyncMode.FULLY_ASYNC)
 
 
 def test_roles_put_trainers_first_and_engines_on_the_bridge():
@@ -17,21 +21,36 @@ def test_roles_put_trainers_first_and_engines_on_the_bridge():
     # Colocation not switched off, no async mode: engines stay inside the trainer ranks.
     assert resolve_rank_roles(world_size=4, rollout_num_gpus=1, colocate=None) is None
     assert resolve_rank_roles(world_size=2, rollout_num_gpus=1, colocate=None,
-                              train_async=True).mode == "one_step_off"
+                              asynchrony=ONE_STEP_OFF).mode == "one_step_off"
 
 
 @pytest.mark.parametrize("kwargs, flag", [
-    (dict(world_size=2, rollout_num_gpus=None, colocate=None, train_async=True),
+    (dict(world_size=2, rollout_num_gpus=None, colocate=None, asynchrony=ONE_STEP_OFF),
      "--rollout-num-gpus"),
-    (dict(world_size=2, rollout_num_gpus=2, colocate=None, fully_async=True),
+    (dict(world_size=2, rollout_num_gpus=2, colocate=None, asynchrony=FULLY_ASYNC),
      "--rollout-num-gpus"),
-    (dict(world_size=2, rollout_num_gpus=1, colocate=True, train_async=True), "--colocate"),
-    (dict(world_size=2, rollout_num_gpus=1, colocate=None, train_async=True,
-          fully_async=True), "--fully-async"),
+    (dict(world_size=2, rollout_num_gpus=1, colocate=True, asynchrony=ONE_STEP_OFF),
+     "--colocate"),
 ])
 def test_bad_role_flags_name_the_flag(kwargs, flag):
     with pytest.raises(RankRolesError, match=flag):
         resolve_rank_roles(**kwargs)
+
+
+def test_train_async_with_fully_async_is_one_config_error_at_launch(monkeypatch):
+    """The mode is one resolved value (``cfg.asynchrony``): both flags cannot resolve."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"--fully-async=True: excludes --train-async\. Fix:"):
+        rank_roles(TrainConfig(train_async=True, fully_async=True, rollout_num_gpus=1))
+
+
+def test_roles_carry_the_jobs_one_resolved_asynchrony(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = TrainConfig(train_async=True, rollout_num_gpus=1, max_weight_staleness=2,
+                      update_weights_interval=2)
+    roles = rank_roles(cfg)
+    assert roles.asynchrony == cfg.asynchrony
+    assert (roles.asynchrony.lag, roles.asynchrony.flag) == (1, "--train-async")
 
 
 @pytest.mark.parametrize("kwargs, field", [
@@ -82,7 +101,7 @@ def test_the_pool_runs_over_several_engine_ranks(monkeypatch):
     """--fully-async with --rollout-num-gpus 2 of 4 ranks: one pool per engine
     (tests/shell/test_fully_async_ranks.py trains with two)."""
     roles = resolve_rank_roles(world_size=4, rollout_num_gpus=2, colocate=None,
-                               fully_async=True)
+                               asynchrony=FULLY_ASYNC)
     assert (roles.mode, roles.num_trainers, roles.num_engine_ranks) == ("fully_async", 2, 2)
     assert [roles.bridge_rank(r) for r in range(4)] == [0, None, 1, 2]
     monkeypatch.setenv("WORLD_SIZE", "3")

@@ -283,11 +283,11 @@ def remote(monkeypatch):
 
 
 def test_trainer_rank_0s_wait_for_a_rollout_is_bounded_by_the_slowest_seen(remote):
-    remote.produce(0)
+    remote.next(0, 0)
     assert remote.waits["rollout"].slowest_s is not None  # rollout 0's reply was timed
     remote.waits["rollout"] = WaitHistory(slowest_s=0.2)  # as if it had taken 0.2 s
     with pytest.raises(HealthCheckError) as raised:
-        remote.produce(1)
+        remote.next(1, 0)
     message = str(raised.value)
     assert "for engine rank 0 (global rank 1)'s reply to rollout 1, longer than the slowest " \
            "such wait so far (0.2 s) plus 10 x --rollout-health-check-timeout=0.01 (0.3 s)" \
@@ -300,7 +300,7 @@ def test_trainer_rank_0s_first_wait_of_a_kind_is_bounded_by_the_first_wait(remot
     with pytest.raises(HealthCheckError, match=r"the first wait of its kind: "
                        r"--rollout-health-check-first-wait=0.1 plus 120 x "
                        r"--rollout-health-check-timeout=0.01 \(1.3 s\)"):
-        remote.produce(0)
+        remote.next(0, 0)
 
 
 # -- the flags ----------------------------------------------------------------------------

@@ -12,19 +12,23 @@ separate *bridge* group: ``bridge rank 0`` = trainer rank 0, ``bridge rank 1 + i
 ``i`` (:mod:`vime_shell.engines.remote`).
 
 Rules (each a :class:`RankRolesError` naming the flag and the fix): ``1 <= N < W``;
-``--colocate`` is not on with an asynchronous mode; ``--train-async`` and ``--fully-async``
-exclude each other. With ``--fully-async`` every engine runs a pool of its own on its leader,
+``--colocate`` is not on with an asynchronous mode (the mode arrives resolved, as one
+``vime_pure.async_pool.Asynchrony``: ``--train-async`` and ``--fully-async`` already exclude
+each other there). With ``--fully-async`` every engine runs a pool of its own on its leader,
 the pools sharing one queue of draws (:mod:`vime_pure.pool_ranks`,
 :mod:`vime_shell.sources.pool`); an engine over several ranks needs a replica on each
 (the HF engine; a tensor-parallel one is a launch check).
 
-Example: ``resolve_rank_roles(world_size=4, rollout_num_gpus=1, colocate=False,
-mode="sync")`` gives 3 trainer ranks (0-2) and engine rank 3 (bridge rank 1).
+Example: ``resolve_rank_roles(world_size=4, rollout_num_gpus=1, colocate=False)``
+(synchronous) gives 3 trainer ranks (0-2) and engine rank 3 (bridge rank 1).
 """
 
 import attrs
 
+from vime_pure.async_pool import Asynchrony, SyncMode
 from vime_pure.errors import VimeError, field_error
+
+_SYNC = Asynchrony(mode=SyncMode.SYNC)
 
 
 class RankRolesError(VimeError):
@@ -33,11 +37,16 @@ class RankRolesError(VimeError):
 
 @attrs.frozen(kw_only=True)
 class RankRoles:
-    """``num_trainers`` trainer ranks first, then the engine ranks."""
+    """``num_trainers`` trainer ranks first, then the engine ranks; ``asynchrony``: how far
+    the engine ranks run ahead (the job's one resolved mode)."""
 
     world_size: int
     num_trainers: int
-    mode: str = "sync"
+    asynchrony: Asynchrony = _SYNC
+
+    @property
+    def mode(self) -> SyncMode:
+        return self.asynchrony.mode
 
     @property
     def num_engine_ranks(self) -> int:
@@ -62,28 +71,24 @@ class RankRoles:
 
 
 def resolve_rank_roles(*, world_size: int, rollout_num_gpus: int | None,
-                       colocate: bool | None, train_async: bool = False,
-                       fully_async: bool = False) -> RankRoles | None:
-    """The split of the module docstring, or None when engines live inside trainer ranks."""
-    if train_async and fully_async:
-        raise field_error(RankRolesError, "--fully-async", True, "excludes --train-async",
-                          "pass one of them (--fully-async also overlaps generation)")
-    mode = "fully_async" if fully_async else "one_step_off" if train_async else "sync"
-    separate = mode != "sync" or (colocate is False and rollout_num_gpus is not None
-                                  and rollout_num_gpus < world_size)
+                       colocate: bool | None, asynchrony: Asynchrony = _SYNC
+                       ) -> RankRoles | None:
+    """The split of the module docstring, or None when engines live inside the trainer ranks."""
+    separate = asynchrony.bounded or (colocate is False and rollout_num_gpus is not None
+                                      and rollout_num_gpus < world_size)
     if not separate:
         return None
-    flag = "--fully-async" if fully_async else "--train-async"
-    if mode != "sync" and colocate:
-        raise field_error(RankRolesError, "--colocate", True, f"excludes {flag}: engines must "
-                          "generate while the trainer trains", "drop --colocate")
+    if asynchrony.bounded and colocate:
+        raise field_error(RankRolesError, "--colocate", True, f"excludes {asynchrony.flag}: "
+                          "engines must generate while the trainer trains", "drop --colocate")
     if rollout_num_gpus is None or not 1 <= rollout_num_gpus < world_size:
         raise field_error(RankRolesError, "--rollout-num-gpus", rollout_num_gpus,
-                          f"must leave trainer ranks among the {world_size} launched ({flag} "
-                          "and --no-colocate run engines on ranks of their own)",
+                          f"must leave trainer ranks among the {world_size} launched "
+                          f"({asynchrony.flag or '--no-colocate'} runs engines on ranks of "
+                          "their own)",
                           (f"pass --rollout-num-gpus between 1 and {world_size - 1}"
                            if world_size > 1 else "launch 2 processes or more (torchrun "
                            "--nproc-per-node 2 -m vime_shell.cli train ...) with "
                            "--rollout-num-gpus 1"))
     return RankRoles(world_size=world_size, num_trainers=world_size - rollout_num_gpus,
-                     mode=mode)
+                     asynchrony=asynchrony)

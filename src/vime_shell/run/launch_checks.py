@@ -29,7 +29,7 @@ import attrs
 from vime_pure.config import check_feasible
 from vime_pure.errors import field_error
 from vime_shell.engines import engine_traits, engines_with, resolve_engine_name, vllm_available
-from vime_pure.async_pool import AsyncPoolError, check_staleness_bound, generation_lag
+from vime_pure.async_pool import AsyncPoolError
 from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_engine_layout
 from vime_shell.engines.roles import RankRoles, RankRolesError, resolve_rank_roles
 from vime_shell.megatron.layout import (context_parallel_available,
@@ -204,19 +204,15 @@ def _prompt_sets(cfg: TrainConfig, hf_dir: Path, context_len: int | None):
 def rank_roles(cfg: TrainConfig) -> RankRoles | None:
     """Separate trainer and engine ranks (``engines/roles.py``) and the asynchronous modes'
     own rules; None when engines live inside the trainer ranks."""
-    try:
+    try:  # the mode as one value; its construction checks K >= lag + I - 1
+        asynchrony = cfg.asynchrony
         roles = resolve_rank_roles(world_size=world_size_from_env(),
                                    rollout_num_gpus=cfg.rollout_num_gpus, colocate=cfg.colocate,
-                                   train_async=cfg.train_async, fully_async=cfg.fully_async)
-        if roles is not None and roles.mode != "sync":
-            check_staleness_bound(max_staleness=cfg.effective_max_weight_staleness,
-                                  update_weights_interval=cfg.update_weights_interval,
-                                  lag=generation_lag(roles.mode, cfg.max_weight_staleness))
+                                   asynchrony=asynchrony)
     except (RankRolesError, AsyncPoolError) as exc:
         raise ConfigError(str(exc)) from exc
     if roles is not None and cfg.debug_rollout_only:  # its loop lays engines over every rank
-        mode = ("--fully-async" if cfg.fully_async else "--train-async" if cfg.train_async
-                else "--no-colocate")
+        mode = asynchrony.flag or "--no-colocate"
         raise field_error(ConfigError, "debug_rollout_only", True, f"runs no trainer, and "
                           f"{mode} puts the engines on ranks of their own beside a trainer",
                           f"drop {mode} (a rollout-only run with --rollout-num-gpus N runs N "
@@ -230,7 +226,7 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
         raise field_error(ConfigError, "--load-rollout-data", cfg.load_rollout_data,
                           "replays into the colocated loop only", "drop --rollout-num-gpus "
                           "/ --train-async / --fully-async for a replay")
-    if roles is not None and roles.mode == "fully_async" and cfg.rollout_num_gpus_per_engine > 1 \
+    if asynchrony.pooled and cfg.rollout_num_gpus_per_engine > 1 \
             and engine_traits(cfg.rollout_engine).tensor_parallel:
         raise field_error(ConfigError, "--rollout-num-gpus-per-engine",
                           cfg.rollout_num_gpus_per_engine, f"must be 1 with --fully-async and "
@@ -240,10 +236,10 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
                           "holding a replica per rank, --rollout-engine hf, runs)",
                           "pass --rollout-num-gpus-per-engine 1 (--rollout-num-gpus N gives N "
                           "pools), or use --train-async")
-    if roles is not None and roles.mode != "sync" and cfg.partial_rollout:
-        flag = "--fully-async" if roles.mode == "fully_async" else "--train-async"
+    if asynchrony.bounded and cfg.partial_rollout:
+        flag = asynchrony.flag
         why = ("its pool already keeps unfinished groups in flight across steps"
-               if roles.mode == "fully_async" else "a carried-over group's first tokens "
+               if asynchrony.pooled else "a carried-over group's first tokens "
                "would be two versions old, past the one-step-off bound")
         raise field_error(ConfigError, "--partial-rollout", True, f"is not supported with "
                           f"{flag} ({why})", "drop one of them; --partial-rollout works with "

@@ -1,5 +1,6 @@
-"""What a run prints: the per-rollout line, the end-of-run summary, the record of a skipped
-rollout and the launch warnings. Pure formatting of the records ``metrics.jsonl`` holds.
+"""What a run prints: the per-rollout line, the end-of-run summary and the launch warnings
+(a skipped rollout's record is ``vime_shell.train.records.skipped_record``). Pure formatting
+of the records ``metrics.jsonl`` holds.
 
 Example: ``rollout_line({"rollout": 12, "reward_mean": 0.312, ...})`` gives
 ``rollout   12  reward 0.312  loss -0.0004  entropy 2.310  gap 1.2e-07 ...``.
@@ -33,18 +34,6 @@ def run_summary(records: list[dict], seconds: float) -> str:
             f"{trained[0]['reward_mean']:.3f} -> {trained[-1]['reward_mean']:.3f} (last "
             f"{len(tail)}: {last10:.3f}), {sum(r['num_steps'] for r in trained)} optimizer "
             f"steps" + (f", {skipped} skipped" if skipped else ""))
-
-
-def skipped_record(rid: int, stats: dict, *, lr: float, rollout_s: float,
-                   evaluated: dict) -> dict:
-    """The metrics line of a skipped rollout (``skipped: 1``, nothing trained): the
-    generation's counts, the filtered prompts' mean reward as ``reward_mean``, no loss or gap
-    (None: nothing was measured)."""
-    return {"rollout": rid, "skipped": 1, "reward_mean": stats.get("filtered_reward_mean"),
-            "loss": None, "num_groups": 0, "num_samples": 0, "num_steps": 0,
-            "num_microbatches": 0, "logprob_gap": None, "tokens": 0, "tokens_per_s": 0.0,
-            "lr": lr, "rollout_s": rollout_s, "train_s": 0.0, "sync_s": 0.0,
-            **stats, **evaluated}
 
 
 def launch_warnings(cfg: TrainConfig, num_rollout: int) -> list[str]:

@@ -7,6 +7,7 @@ asynchronous training only. Fix: add --train-async or --fully-async, or drop it.
 
 import attrs
 
+from vime_pure.async_pool import Asynchrony, resolve_asynchrony
 from vime_pure.errors import field_error
 from vime_shell.settings.common import ConfigError, Record, at_least, setting
 
@@ -38,6 +39,17 @@ class AsyncArgs(Record):
     def effective_max_weight_staleness(self) -> int:
         """``--max-weight-staleness``, default 1 (one step off's own staleness)."""
         return 1 if self.max_weight_staleness is None else self.max_weight_staleness
+
+    @property
+    def asynchrony(self) -> Asynchrony:
+        """The mode, ``K`` and ``I`` as one resolved value (``vime_pure.async_pool``): what
+        every reader of the mode asks, instead of the two flags. Raises ``AsyncPoolError``
+        for ``--train-async`` with ``--fully-async`` and for a ``K`` below ``lag + I - 1``
+        (launch checks turn it into a ``ConfigError``). Example: ``AsyncArgs(train_async=True)
+        .asynchrony.lag == 1``."""
+        return resolve_asynchrony(train_async=self.train_async, fully_async=self.fully_async,
+                                  max_weight_staleness=self.max_weight_staleness,
+                                  update_weights_interval=self.update_weights_interval)
 
     def _check(self) -> None:
         at_least("update_weights_interval", self.update_weights_interval, 1)

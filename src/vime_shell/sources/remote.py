@@ -1,13 +1,26 @@
-"""Training on separate rollout ranks: the trainer's client (:class:`RemoteRollouts`) and the
-engine ranks' server (:func:`serve_rollouts`), in the synchronous and one-step-off modes; the
-fully-async pool is :mod:`vime_shell.sources.pool`.
+"""Training on separate rollout ranks: the trainer's client (:class:`RemoteRollouts`, a
+:class:`~vime_shell.sources.base.RolloutSource` for every mode: the job's one
+``Asynchrony`` decides the lag, or the pools' ``K``) and the engine ranks' server
+(:func:`serve_rollouts`: :class:`_Server` one step at a time, or the fully-async pool of
+:mod:`vime_shell.sources.pool`).
+
+Data flow, trainer rank 0 <-> engine ranks over the bridge::
+
+    next(k):  lag 0: ("generate", k) ─▶ engine rank 0 ─▶ ("batch", k, ...) ─▶ Produced
+              lag L: receive k (asked L rollouts ago), ask ("generate", k + 1 .. k + L),
+                     Produced(k) (one step off: L = 1)
+              pooled: ("batch", k) ─▶ every pool ─▶ one part each ─▶ joined in draw order
+    sync(w, v): ("weights", v, probe?) + buckets ─▶ every engine rank loads; with a probe,
+              each engine rank answers one probe group on v ─▶ SyncReport(probe=...)
 
 The trainer drives, over the bridge (:mod:`vime_shell.engines.remote`), with commands the
 engine ranks execute in order:
 
-- ``("generate", rid, source)``: the engine ranks' own :class:`RolloutProducer` (prompts,
-  dynamic-sampling rounds, rewards, the ``RolloutBatch``, on the engines' default group) makes
-  rollout ``rid``; engine rank 0 sends ``("batch", rid, batch, record, source)`` back;
+- ``("generate", rid, source[, count])``: the engine ranks' own :class:`RolloutProducer`
+  (prompts, dynamic-sampling rounds, rewards, the ``RolloutBatch``, on the engines' default
+  group) makes rollout ``rid`` (and the ``count - 1`` after it, for a lag above 1: one command,
+  so no command is sent while a reply is owed); engine rank 0 sends
+  ``("batch", rid, batch, record, source)`` back for each;
 - ``("weights", version)`` then the buckets: every engine rank loads them;
 - ``("evaluate", rid)``: the eval sets on the current weights; ``("stop",)``.
 
@@ -31,7 +44,7 @@ checked by the loop as in the colocated loop. When the next batch will be older 
 off, fully async with ``K > 0``, ``--update-weights-interval > 1``), the sync itself is
 checked instead: every engine rank generates a *probe* (one fixed prompt, ``n`` samples)
 right after loading the new weights and the trainer, still on those weights, scores all of
-them as one probe batch (``needs_probe``; ``_Loop.check_probe``), so one engine rank's
+them as one probe batch (``needs_probe``; ``Step.check_probe``), so one engine rank's
 broken sync is caught too. Off-policy batches then never trip the check.
 
 A failure on an engine rank comes back as ``("error", text)`` and is raised on trainer rank 0
@@ -51,14 +64,13 @@ bounds it.
 
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
-import torch
 
-from vime_pure.async_pool import PoolCounts, generation_lag
-from vime_pure.data.batch import RolloutBatch
+from vime_pure.async_pool import Asynchrony, PoolCounts
+from vime_pure.data.rewards import RewardNormalization
 from vime_pure.errors import relayed
 from vime_pure.health import WaitHistory
 from vime_pure.staleness import stamp_versions
@@ -71,6 +83,7 @@ from vime_shell.engines.sync import stream_weights
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.settings.launch_plan import LaunchPlan
 from vime_shell.settings.train_config import TrainConfig
+from vime_shell.sources.base import Produced, SyncReport, Weights, rank_name
 from vime_shell.sources.pool import GroupPool
 from vime_shell.sources.pool_parts import join_pool_parts
 from vime_shell.sources.probe import generate_probe
@@ -108,29 +121,31 @@ class RemoteGeneration:
 
 
 class RemoteRollouts:
-    """The trainer ranks' view of separate engine ranks: ``produce``, ``evaluate``,
-    ``sync_weights``, ``close``, as the colocated producer and engine group offer them.
-    Collective over the trainer ranks; only trainer rank 0 holds the bridge."""
+    """The trainer ranks' view of separate engine ranks, as a ``RolloutSource``. Collective
+    over the trainer ranks; only trainer rank 0 holds the bridge."""
 
     engine = None  # no engine on a trainer rank
+    generates = True
+    normalization = RewardNormalization()  # the engine ranks' batches carry their advantages
+    holder_name = staticmethod(rank_name)  # the batch sits on trainer rank 0
 
     def __init__(self, cfg: TrainConfig, sides: Sides, total: int):
         self.cfg, self.bridge, self.total = cfg, sides.bridge, total
-        self.mode = sides.roles.mode
+        self.asynchrony = sides.roles.asynchrony
         self.first_engine_rank = sides.roles.num_trainers
         # Who answers a batch request: every engine rank's pool (fully async), else engine
         # rank 0 for all (the engine ranks' producer gathers there). A probe: every engine
         # rank, on its own weights (each rank's sync is checked).
         self.engine_ranks = sides.roles.num_engine_ranks
-        self.answering = self.engine_ranks if self.mode == "fully_async" else 1
-        self.lag = generation_lag(self.mode, cfg.max_weight_staleness)
+        self.answering = self.engine_ranks if self.asynchrony.pooled else 1
+        self.lag = self.asynchrony.lag
         self.source = SourceState()
         self.resumed_counts = PoolCounts()  # the pools' counts at the --load checkpoint
         self._restore: dict | None = None
         self._requested: list[int] = []  # asked for, reply not yet received
         self._received: dict[int, tuple] = {}
         self._closed = False
-        self.needs_probe = needs_probe(cfg, self.mode, self.lag)
+        self.needs_probe = needs_probe(self.asynchrony)
         self._probe: list | None = None
         self.policy = cfg.health_policy()
         self.waits: dict[str, WaitHistory] = {}  # per kind of wait: the slowest so far
@@ -147,31 +162,37 @@ class RemoteRollouts:
         self.waits[kind] = history.seen(bound.elapsed())
 
     # -- generation ----------------------------------------------------------------------------
-    def produce(self, rid: int) -> tuple[RolloutBatch, RemoteGeneration] | None:
-        """Rollout ``rid``'s batch and statistics on trainer rank 0, None elsewhere."""
+    def next(self, rollout_id: int, trainer_version: int) -> Produced:
+        """Rollout ``rollout_id``'s whole batch and statistics on trainer rank 0, nothing
+        elsewhere (the module docstring's order)."""
         if self.bridge is None:
-            return None
-        if self.mode == "fully_async":  # with the block before which every group is done
+            return Produced()
+        rid = rollout_id
+        if self.asynchrony.pooled:  # with the block before which every group is done
             low = self.source.pool["block"] if self.source.pool else 0
             self._ask(("batch", rid, self._take_restore(), low), rid)
         elif rid not in self._requested and rid not in self._received:
             self._ask(("generate", rid, self._take_restore()), rid)
         reply = self._reply(rid)
-        if self.lag and rid + 1 < self.total and self.mode != "fully_async":
-            self._ask(("generate", rid + 1, None), rid + 1)
+        if not self.asynchrony.pooled:  # the lag: rollouts k + 1 .. k + L, in one command
+            ahead = [r for r in range(rid + 1, min(rid + 1 + self.lag, self.total))
+                     if r not in self._requested and r not in self._received]
+            if ahead:  # one command: the engine sends each reply before it reads the next
+                self._ask(("generate", ahead[0], None, len(ahead)), *ahead)
         _, _, batch, record, source = reply[:5]
         if source is not None:
             self.source = SourceState(**source)
-        return batch, RemoteGeneration(record, tuple(reply[5]) if len(reply) > 5 else ())
+        return Produced.whole(batch, RemoteGeneration(
+            record, tuple(reply[5]) if len(reply) > 5 else ()))
 
     def _take_restore(self) -> dict | None:
         restore, self._restore = self._restore, None
         return restore
 
-    def _ask(self, command: tuple, rid: int) -> None:
+    def _ask(self, command: tuple, *rids: int) -> None:
         with self._bounded("command") as bound:
             self.bridge.command(command, bound=bound)
-        self._requested.append(rid)
+        self._requested.extend(rids)
 
     def _reply(self, rid: int) -> tuple:
         while rid not in self._received:
@@ -183,7 +204,7 @@ class RemoteRollouts:
         expected = self._requested.pop(0)
         with self._bounded("rollout") as bound:
             replies = self._recv_all(f"rollout {expected}", bound)
-        fully_async = self.mode == "fully_async"  # one part per pool, joined here
+        fully_async = self.asynchrony.pooled  # one part per pool, joined here
         self._received[expected] = join_pool_parts(self.cfg, replies, self.resumed_counts) \
             if fully_async else replies[0]
 
@@ -206,46 +227,45 @@ class RemoteRollouts:
         while self._requested:
             self._collect_one()
 
-    def evaluate(self, rid: int) -> dict[str, float]:
+    def evaluate(self, rollout_id: int) -> dict[str, float]:
         """Collective over the trainer ranks: the eval metrics on the engines' weights."""
         def ask() -> dict[str, float]:
             self._drain()
             with self._bounded("evaluation") as bound:
-                self.bridge.command(("evaluate", rid), bound=bound)
-                reply = self.bridge.recv(src=1, what=f"{{peer}}'s evaluation at rollout {rid}",
-                                         bound=bound)
+                self.bridge.command(("evaluate", rollout_id), bound=bound)
+                reply = self.bridge.recv(src=1, bound=bound,
+                                         what=f"{{peer}}'s evaluation at rollout {rollout_id}")
             if reply[0] == "error":
                 raise EngineGroupError(f"evaluation failed on engine rank 0 (global rank "
                                        f"{self.first_engine_rank}): {reply[1]}")
             return reply[1]
 
-        return rank0_result(f"evaluation at rollout {rid}", ask)
+        return rank0_result(f"evaluation at rollout {rollout_id}", ask)
 
     # -- weights ---------------------------------------------------------------------------------
-    def sync_weights(self, named: Iterable[tuple[str, torch.Tensor]], version: int | None = None):
+    def sync(self, weights: Weights, version: int) -> SyncReport:
         """Collective over the trainer ranks (the export is): rank 0 sends every bucket to the
-        engine ranks, the others drain the export."""
+        engine ranks, the others drain the export; with ``needs_probe``, rank 0's report holds
+        every engine rank's probe, in one probe batch."""
         cap = self.cfg.update_weight_buffer_size
         if self.bridge is None:
-            return stream_weights(named, cap, None)
+            return SyncReport(moved=stream_weights(weights(), cap, None), probed=self.needs_probe)
         self._drain()
+        probe = None
         with self._bounded("weight sync") as bound:
             self.bridge.command(("weights", version, self.needs_probe), bound=bound)
-            report = self.bridge.send_weights(named, cap, bound=bound)
-            if self.needs_probe:  # every engine rank's probe, in one probe batch
+            moved = self.bridge.send_weights(weights(), cap, bound=bound)
+            if self.needs_probe:
                 replies = self._recv_all(f"weight sync to version {version}", bound,
                                          self.engine_ranks)
-                self._probe = [group for reply in replies for group in reply[1]]
-        return report
+                probe = [group for reply in replies for group in reply[1]]
+        return SyncReport(moved=moved, probed=self.needs_probe, probe=probe)
 
-    def take_probe(self) -> list | None:
-        """Trainer rank 0: the probe generated by the weights just synced (once)."""
-        probe, self._probe = self._probe, None
-        return probe
-
-    def restore(self, state: dict) -> None:
+    def restore(self, state: dict | None) -> None:
         """Resume from a checkpoint's data state: the engines' prompt source (and the pool's
         resume point) continue from there, sent with the next request."""
+        if not state:
+            return
         self.source = SourceState(offset=int(state["offset"]), draws=int(state["draws"]),
                                   pool=state.get("async_pool"),
                                   partial=state.get("partial_buffer"),
@@ -255,20 +275,22 @@ class RemoteRollouts:
             self.resumed_counts = PoolCounts.from_state(self.source.pool_counts).resumed()
         self._restore = attrs.asdict(self.source)
 
-    def partial_state(self) -> dict:
-        """The fully-async pool's resume point and counts, the partial-rollout buffer and the
-        prompts put back, for the checkpoint (plain JSON)."""
-        named = {"async_pool": self.source.pool, "partial_buffer": self.source.partial,
-                 "carried": self.source.carried, "pool_counts": self.source.pool_counts}
-        return {key: value for key, value in named.items() if value is not None}
+    def state(self) -> dict | None:
+        """Where the engines' prompt source stands (rank 0's, shared so every rank saves the
+        same): offset and draws, the fully-async pool's resume point and counts, the
+        partial-rollout buffer and the prompts put back (plain JSON)."""
+        def mine() -> dict:
+            named = {"async_pool": self.source.pool, "partial_buffer": self.source.partial,
+                     "carried": self.source.carried, "pool_counts": self.source.pool_counts}
+            return {"offset": self.source.offset, "draws": self.source.draws,
+                    **{key: value for key, value in named.items() if value is not None}}
+
+        return rank0_result("data state", mine)
 
     def take_bytes(self) -> ByteCounts:
         """What the bridge moved through this rank since the last call (trainer rank 0; the
         other trainer ranks hold no bridge: zeros)."""
         return ByteCounts() if self.bridge is None else self.bridge.bytes.take()
-
-    def sleep(self) -> None:
-        """Engines on ranks of their own never give memory back to the trainer."""
 
     def close(self) -> None:
         """Tell the engine ranks to stop (once; a gone engine rank is not waited for, and
@@ -294,11 +316,12 @@ class RemoteRollouts:
             pass
 
 
-def needs_probe(cfg: TrainConfig, mode: str, lag: int) -> bool:
+def needs_probe(asynchrony: Asynchrony) -> bool:
     """Whether a sync is checked by a probe: the next batch will not be generated by the
-    weights just synced. Example: ``--train-async`` -> True; synchronous -> False."""
-    fresh_next = lag == 0 and cfg.update_weights_interval == 1 and (
-        mode != "fully_async" or cfg.effective_max_weight_staleness == 0)
+    weights just synced (a lag, a pool that may train groups older than the sync, or syncs
+    every ``I > 1`` rollouts). Example: one step off -> True; synchronous -> False."""
+    fresh_next = asynchrony.lag == 0 and asynchrony.update_weights_interval == 1 and (
+        not asynchrony.pooled or asynchrony.max_staleness == 0)
     return not fresh_next
 
 
@@ -310,7 +333,7 @@ def serve_rollouts(cfg: TrainConfig, plan: LaunchPlan, options: EngineOptions,
         engines = EngineGroup.build(plan.hf_dir, plan.engine_layout, options)
         try:
             producer = RolloutProducer(cfg, plan, engines)
-            if sides.roles.mode == "fully_async":
+            if sides.roles.asynchrony.pooled:
                 GroupPool(cfg, producer, sides.bridge).run()
             else:
                 _Server(producer, sides.bridge).run()
@@ -339,8 +362,11 @@ class _Server:
                     self._reply(lambda: ("probe", generate_probe(
                         self.producer, first_group_id=(self.bridge.rank - 1)
                         * self.producer.cfg.n_samples_per_prompt)), everyone=True)
-            elif kind == "generate":
-                self._reply(lambda: self._generate(command[1], command[2]))
+            elif kind == "generate":  # rollouts command[1] .. + count - 1, a reply each
+                count = command[3] if len(command) > 3 else 1
+                for rid in range(command[1], command[1] + count):
+                    restore = command[2] if rid == command[1] else None
+                    self._reply(lambda rid=rid, restore=restore: self._generate(rid, restore))
             elif kind == "evaluate":
                 self._reply(lambda: ("eval", self.producer.evaluate(command[1])))
 

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.rollout_output import flatten_rollout_output
 from vime_pure.data.held_parts import claimed_part
-from vime_pure.data.shares import BatchMeta, part_meta
+from vime_pure.data.shares import BatchMeta
 from vime_pure.errors import RolloutValidationError, VimeError, one_line
 from vime_shell.engines import SamplingParams
 from vime_shell.engines.async_engine import async_front
@@ -61,6 +61,7 @@ from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import TaskExample
 from vime_shell.settings.launch_plan import LaunchPlan
 from vime_shell.settings.train_config import TrainConfig
+from vime_shell.sources.base import Produced
 
 # Evaluation draws its own seeds (the same prompts score the same way at every evaluation):
 # the base of a rollout id no training run reaches.
@@ -108,23 +109,6 @@ class GenerationStats:
                 "prompts_filled": self.prompts_filled,
                 "filtered_frac": self.prompts_filtered / generated,
                 **(self.partial.as_record() if self.partial is not None else {})}
-
-
-@attrs.frozen(kw_only=True)
-class Produced:
-    """One rank's result of producing a rollout batch: its part and the part's metadata (a
-    holder: an engine leader on the sharded path, rank 0 when it holds the whole batch), the
-    generation's statistics (rank 0) and the dump annotations (rank 0, whole batch only)."""
-
-    part: RolloutBatch | None = None
-    meta: tuple[BatchMeta, ...] = ()  # one per work-queue chunk the part holds, its order
-    stats: GenerationStats | None = None
-
-    @classmethod
-    def whole(cls, batch: RolloutBatch | None, stats: GenerationStats | None) -> "Produced":
-        """Rank 0 holds the whole batch (filtered rounds, a replay, a remote engine's)."""
-        return cls(part=batch, meta=() if batch is None else (part_meta(batch, whole=True),),
-                   stats=stats)
 
 
 def _per_sample(cfg: TrainConfig, engines: EngineGroup, tokenizer: Any,
@@ -237,7 +221,7 @@ class RolloutProducer:
                     resumed_groups=buffered, buffered_groups=self.buffered_groups,
                     restarted_samples=buffer.restarted, tokens=buffer.tokens - counted[0],
                     offpolicy_tokens=buffer.offpolicy_tokens - counted[1]))
-        return Produced(part=part, meta=meta, stats=stats)
+        return Produced(part=part, meta=meta, stats=stats, sharded=True)
 
     def produce(self, rid: int) -> tuple[RolloutBatch | None, GenerationStats] | None:
         """Collective over the world: this rollout's batch and statistics on rank 0, None on
