@@ -85,3 +85,14 @@ def megatron_runs(tmp_path_factory) -> dict:
         print(f"\n[megatron_runs] 2-process spawn over {len(LAYOUTS)} layouts + DP1: "
               f"{result['wall_s']:.1f} s wall ({per_layout}; model features {features:.1f}s)")
         return result
+
+
+@pytest.fixture(scope="session")
+def embedded_cache(tmp_path_factory) -> str:
+    """The embedded model's cache directory (``VIME_CACHE_DIR`` of the jobs), built once per
+    test session (per xdist worker) for every job that trains the embedded default."""
+    from vime_shell.models.embedded import build_embedded
+
+    path = tmp_path_factory.mktemp("embedded")
+    build_embedded(path)
+    return str(path)

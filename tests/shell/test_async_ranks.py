@@ -27,7 +27,6 @@ import torch.multiprocessing as mp
 from tests.shell.async_workers import (check_pool_counts_are_cumulative,
                                        check_resumed_pool_run, dying_engine_worker, modes_worker)
 from vime_shell.megatron.spawn import _worker, free_port, spawn
-from vime_shell.models.embedded import build_embedded
 from vime_shell.run.checkpoint_index import waiting_groups
 from vime_shell.run.report import rollout_line
 
@@ -35,22 +34,15 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """The embedded model's cache, built once here for the module's jobs."""
-    path = tmp_path_factory.mktemp("embedded")
-    build_embedded(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, cache):
+def runs(tmp_path_factory, embedded_cache):
     root = tmp_path_factory.mktemp("async")
-    names = ("sync", "agentic_sync", "agentic_k0", "agentic_k2", "one_step_off_k0", "fully_async_k0", "one_step_off", "fully_async_k2",
-             "resume_first", "resume_middle", "resume_rest", "partial_first", "partial_rest", "partial_plain",
-             "failure", "broken_sync", "hook_failure", "math_pool", "reward_timeout_pool",
+    names = ("sync", "agentic_sync", "agentic_k0", "agentic_k2", "one_step_off_k0",
+             "fully_async_k0", "one_step_off", "fully_async_k2", "resume_first", "resume_middle",
+             "resume_rest", "partial_first", "partial_rest", "partial_plain", "failure",
+             "broken_sync", "hook_failure", "math_pool", "reward_timeout_pool",
              "generate_timeout_pool")
     # 20 short runs in one job: the deadline catches a hang, sized for a loaded machine
-    trainer, engine = spawn(modes_worker, 2, str(root), cache, names, timeout=900)
+    trainer, engine = spawn(modes_worker, 2, str(root), embedded_cache, names, timeout=900)
     return trainer, engine
 
 
@@ -186,12 +178,12 @@ def test_a_plugin_that_never_returns_stops_the_fully_async_pool_at_its_deadline(
     assert message.count("Fix:") == 1 and ".." not in message
 
 
-def test_a_killed_engine_rank_stops_the_trainer_with_a_named_error(tmp_path, cache):
+def test_a_killed_engine_rank_stops_the_trainer_with_a_named_error(tmp_path, embedded_cache):
     """The engine rank's process dies (SIGKILL, no error reply): the trainer's bridge call
     sees the closed connection and raises ``BridgeError`` naming the engine rank; it exits
     on its own well before the deadline (no hang)."""
     ctx = mp.start_processes(_worker, args=(2, free_port(), str(tmp_path), dying_engine_worker,
-                                            (str(tmp_path), cache)),
+                                            (str(tmp_path), embedded_cache)),
                              nprocs=2, join=False, start_method="spawn")
     trainer, engine = ctx.processes
     trainer.join(timeout=600)  # a hang is the bridge's 3 hours; 600 s covers a loaded start

@@ -17,7 +17,6 @@ pickled payloads per kind, ``ExchangeStats``), so weights and probes are checked
 import pytest
 
 from benchmarks.bytes_per_rank import measure, rank_bytes
-from vime_shell.models.embedded import build_embedded
 
 pytestmark = pytest.mark.slow
 
@@ -28,21 +27,15 @@ PARTS_EVERYWHERE = ("issue 32, 'one batch shape: parts everywhere': rank 0 recei
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    path = tmp_path_factory.mktemp("embedded")
-    build_embedded(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def colocated(tmp_path_factory, cache):
-    return measure(("colocated", "colocated_dumps"), str(tmp_path_factory.mktemp("co")), cache,
+def colocated(tmp_path_factory, embedded_cache):
+    return measure(("colocated", "colocated_dumps"), str(tmp_path_factory.mktemp("co")),
+                   embedded_cache,
                    ROLLOUTS)
 
 
 @pytest.fixture(scope="module")
-def separate(tmp_path_factory, cache):
-    return measure(SEPARATE, str(tmp_path_factory.mktemp("sep")), cache, ROLLOUTS)
+def separate(tmp_path_factory, embedded_cache):
+    return measure(SEPARATE, str(tmp_path_factory.mktemp("sep")), embedded_cache, ROLLOUTS)
 
 
 def _bytes(ranks) -> list[list[dict]]:

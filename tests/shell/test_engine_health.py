@@ -16,7 +16,6 @@ checks these jobs waited 3 hours.
 import pytest
 
 from tests.shell.health_workers import run_cli_job
-from vime_shell.models.embedded import build_embedded
 
 pytestmark = pytest.mark.slow
 
@@ -32,22 +31,16 @@ MODES = {"fully_async": ["--fully-async", "--max-weight-staleness", "0"],  # rol
 STOPPED = "engine rank 1 (global rank 2)"
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    path = tmp_path_factory.mktemp("embedded")
-    build_embedded(path)
-    return str(path)
-
-
-def _job(tmp_path, cache, function: str, waited: tuple[int, ...], mode: str = "fully_async"):
+def _job(tmp_path, embedded_cache, function: str, waited: tuple[int, ...],
+         mode: str = "fully_async"):
     flags = [*FLAGS, *MODES[mode], "--run-dir", str(tmp_path / "run"),
              "--rollout-function-path", f"tests.shell.health_workers:{function}"]
-    return run_cli_job(tmp_path, cache, 3, flags, waited=waited, deadline_s=DEADLINE_S)
+    return run_cli_job(tmp_path, embedded_cache, 3, flags, waited=waited, deadline_s=DEADLINE_S)
 
 
 @pytest.mark.parametrize("mode", ["fully_async", "one_step_off"])
-def test_a_stopped_engine_rank_ends_the_job_naming_it_on_every_rank(tmp_path, cache, mode):
-    trainer, healthy, stopped = _job(tmp_path, cache, "freezing_rollout", (0, 1), mode)
+def test_a_stopped_engine_rank_ends_the_job_naming_it_on_every_rank(tmp_path, embedded_cache, mode):
+    trainer, healthy, stopped = _job(tmp_path, embedded_cache, "freezing_rollout", (0, 1), mode)
     for status, err in (trainer, healthy):
         assert status == 2, err[-3000:]
         assert f"{STOPPED} stopped answering: no heartbeat for" in err, err[-3000:]
@@ -57,8 +50,8 @@ def test_a_stopped_engine_rank_ends_the_job_naming_it_on_every_rank(tmp_path, ca
     assert stopped[0] is None  # still stopped when the test killed it
 
 
-def test_an_engine_rank_stuck_in_a_call_ends_the_job_past_its_wait_bound(tmp_path, cache):
-    ranks = _job(tmp_path, cache, "blocking_rollout", (0, 1, 2))
+def test_an_engine_rank_stuck_in_a_call_ends_the_job_past_its_wait_bound(tmp_path, embedded_cache):
+    ranks = _job(tmp_path, embedded_cache, "blocking_rollout", (0, 1, 2))
     for status, err in ranks:
         assert status == 2, err[-3000:]
         assert "waited" in err and f"{STOPPED}'s reply to rollout 1" in err, err[-3000:]

@@ -19,15 +19,12 @@ import pytest
 from tests.shell.async_workers import (check_pool_counts_are_cumulative,
                                        check_resumed_pool_run, modes_worker)
 from vime_shell.megatron.spawn import spawn
-from vime_shell.models.embedded import build_embedded
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("embedded")
-    build_embedded(cache)
+def runs(tmp_path_factory, embedded_cache):
     root = tmp_path_factory.mktemp("pool-ranks")
     names = ("sync", "fully_async_k0", "static_k0", "stealing_k0", "fully_async_k2", "resume_first", "resume_middle", "resume_rest",
              "pool_one_prompt", "pool_broken_sync", "broken_sync", "pool_failure")
@@ -40,7 +37,7 @@ def runs(tmp_path_factory):
                  "broken_sync": {"num_rollout": 1},
                  "pool_failure": {"num_rollout": 1}}
     # 12 short runs in one job: the deadline catches a hang, sized for a loaded machine
-    return spawn(modes_worker, 3, str(root), str(cache), names, 2, overrides, timeout=900)
+    return spawn(modes_worker, 3, str(root), embedded_cache, names, 2, overrides, timeout=900)
 
 
 def test_two_pools_at_staleness_0_give_the_synchronous_batches(runs):

@@ -12,18 +12,15 @@ import pytest
 
 from tests.shell.async_workers import modes_worker
 from vime_shell.megatron.spawn import spawn
-from vime_shell.models.embedded import build_embedded
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("embedded")
-    build_embedded(cache)
+def runs(tmp_path_factory, embedded_cache):
     root = tmp_path_factory.mktemp("pool-tp")
     # 4 ranks: an engine of 2 ranks must divide the ranks per node
-    return spawn(modes_worker, 4, str(root), str(cache), ("tp2_sync", "tp2_k0"), 2, {},
+    return spawn(modes_worker, 4, str(root), embedded_cache, ("tp2_sync", "tp2_k0"), 2, {},
                  timeout=900)
 
 
