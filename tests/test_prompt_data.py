@@ -105,6 +105,18 @@ def test_a_task_source_draws_what_the_task_draws_per_rollout():
     assert source.take(16) == get_task("reverse2").examples(16, seed=3, rollout_id=1)
 
 
+@pytest.mark.parametrize("source", [
+    PromptSource.from_dataset(tuple(TaskExample(prompt=str(k)) for k in range(4)), shuffle=True,
+                              seed=0),
+    PromptSource.from_task(get_task("reverse2"), seed=3)], ids=["dataset", "task"])
+def test_the_probes_fixed_prompt_is_the_same_every_time_and_never_advances_the_source(source):
+    first = source.fixed_prompt(7)
+    assert source.fixed_prompt(7) == first and (source.offset, source.draws) == (0, 0)
+    expected = (source.rows[0] if source.rows is not None
+                else get_task("reverse2").examples(1, seed=3, rollout_id=7)[0])
+    assert first == expected
+
+
 def _keys(**kw):
     return DataKeys(input_key="question", label_key="answer", **kw)
 

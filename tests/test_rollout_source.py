@@ -11,6 +11,7 @@ and ``tests/shell/test_fully_async_ranks.py`` (and ``tests/test_health.py``'s re
 import ast
 import inspect
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,8 +19,11 @@ from vime_pure.async_pool import Asynchrony, SyncMode
 from vime_pure.data.rewards import RewardNormalization
 from vime_shell.sources.base import Produced, RolloutSource, SyncReport
 from vime_shell.sources.colocated import ColocatedSource
-from vime_shell.sources.remote import RemoteRollouts, needs_probe
+from vime_shell.settings.launch_plan import LaunchPlan
+from vime_shell.settings.train_config import ConfigError
+from vime_shell.sources.remote import RemoteRollouts, _Server, needs_probe
 from vime_shell.sources.replay import ReplayedRollouts, ReplaySource
+from vime_shell.sources.rollouts import GenerationStats
 from vime_shell.train.planning import PlanInputs, plan_rollout
 
 SHELL = Path(__file__).resolve().parents[1] / "src" / "vime_shell"
@@ -80,6 +84,33 @@ def test_planning_a_rollout_with_nothing_left_skips_it():
                         normalization=RewardNormalization(), layout=None, policy=None,
                         flops=lambda lengths: None, rollout_function="f")
     assert plan_rollout(inputs, None) == (None, {"stats": {}})
+
+
+class _Filtered:
+    """A producer whose filter removed every prompt group of the rollout (no batch)."""
+
+    source = SimpleNamespace(offset=16, draws=1)  # where the prompt source stands
+
+    def produce(self, rid):
+        return None, GenerationStats(rounds=8, prompts_generated=128, prompts_kept=0,
+                                     prompts_filtered=128)
+
+    def partial_state(self):
+        return {}
+
+
+def test_an_engine_rank_replies_no_batch_when_the_filter_removed_every_group():
+    reply = _Server(_Filtered(), SimpleNamespace(rank=1))._generate(3, None)
+    assert reply[:3] == ("batch", 3, None)  # the trainer skips the rollout (Produced.whole)
+    assert reply[3]["prompts_filtered"] == 128 and reply[3]["weight_version"] == 0
+
+
+def test_a_train_only_replay_plan_names_its_flag_when_asked_for_engines():
+    plan = LaunchPlan(hf_dir=Path("m"), layout=None, policy=None, prompts=None, task=None,
+                      eval_sets=(), num_rollout=1, engine_layout=None, run_id="r")
+    with pytest.raises(ConfigError, match=r"^--load-rollout-data-mode='train-only': builds no "
+                       r"rollout engine, which --debug-rollout-only needs\. Fix: "):
+        plan.built_engine_layout("--debug-rollout-only")
 
 
 # -- the step is mode-free --------------------------------------------------------------------

@@ -11,11 +11,13 @@ a checkpoint is an error; missing replay dumps fail at launch.
 import json
 import logging
 
+import numpy as np
 import pytest
 
 from vime_pure import DumpFormatError, RolloutBatch, Sample
 from vime_shell.cli.main import main
 from vime_shell.run import driver as train_loop
+from vime_shell.run import run_checkpoint
 from vime_shell.run.checkpoint_index import CheckpointError, TRACKER, require_checkpoint
 from vime_shell.run.launch_checks import check_run_paths
 from vime_shell.run.run_dir import RunDirError, move_aside
@@ -172,3 +174,15 @@ def test_flags_one_line_no_abbreviations(argv, message, capsys):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and message in err
     assert len(err.strip().splitlines()) == 1 and "usage:" not in err
+
+
+def test_a_checkpoint_names_a_replaced_numpy_generator_whose_state_it_cannot_save():
+    original = np.random.get_bit_generator()
+    np.random.set_bit_generator(np.random.PCG64(0))  # e.g. a plugin replaced it
+    try:
+        with pytest.raises(CheckpointError, match=r"^numpy.random='PCG64': is not MT19937, "
+                           r"whose state a checkpoint saves\. Fix: "):
+            run_checkpoint._loop_state(3, {})
+    finally:
+        np.random.set_bit_generator(original)
+    assert run_checkpoint._loop_state(3, {})["numpy_random"][0] == "MT19937"

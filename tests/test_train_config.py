@@ -68,6 +68,11 @@ def test_partial_steps_relax_the_divisibility_check():
     assert cfg.batching_policy().allow_partial_step
 
 
+def test_the_response_length_is_the_flag_else_the_built_in_tasks_answer_length():
+    assert TrainConfig(task="reverse2").max_response_len == 2
+    assert TrainConfig(task="reverse2", rollout_max_response_len=64).max_response_len == 64
+
+
 def test_unknown_keys_and_bad_files_are_errors(tmp_path):
     with pytest.raises(ConfigError, match="did you mean 'global_batch_size'"):
         TrainConfig.from_mapping({"global_batchsize": 64})

@@ -19,6 +19,11 @@ def keep_all(args, samples):
     return True
 
 
+def drop_all(args, samples):
+    """A filter that removes every group: a rollout-only rollout with nothing to dump."""
+    return False
+
+
 def log_rollout(rollout_id, args, samples, metrics, seconds):
     CALLS["log"].append((rollout_id, len(samples), all(s.response is not None for s in samples),
                          "prompts_kept" in metrics, seconds >= 0))
@@ -76,5 +81,14 @@ def _rollout_only(root: str) -> dict:
                save_rollout_data=f"{root}/ro/d/r_{{rollout_id}}.npz")
     result = run_rollouts_only(cfg, launch_checks(cfg, model_dir(cfg)), progress=False)
     dumps = sorted(Path(root, "ro", "d").glob("*.npz"))
+    # A rollout whose every group the filter removed is logged as skipped, and not dumped.
+    dropped = _cfg(run_dir=f"{root}/rf", num_rollout=1, debug_rollout_only=True,
+                   dynamic_sampling_filter_path="tests.shell.slime_plugin_workers:drop_all",
+                   dynamic_sampling_max_rounds=1,
+                   save_rollout_data=f"{root}/rf/d/r_{{rollout_id}}.npz")
+    skipped = run_rollouts_only(dropped, launch_checks(dropped, model_dir(dropped)),
+                                progress=False)
     return {"records": [r["num_groups"] for r in result.records],
-            "dumps": [load_rollout_batch(p).num_groups for p in dumps]}
+            "dumps": [load_rollout_batch(p).num_groups for p in dumps],
+            "skipped": [(r["skipped"], r["num_groups"]) for r in skipped.records],
+            "skipped_dumps": len(list(Path(root, "rf", "d").glob("*.npz")))}

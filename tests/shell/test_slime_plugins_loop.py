@@ -2,7 +2,8 @@
 rm(args, sample)`` reward, a ``filter(args, samples)`` dynamic-sampling filter and a rollout log
 function; ``--load X --save X`` starts fresh on a missing ``X`` and resumes from it next time;
 ``--eval-prompt-data`` without ``--eval-interval`` evaluates before the first rollout and after
-the last of each run; ``--debug-rollout-only`` generates and dumps without a trainer."""
+the last of each run; ``--debug-rollout-only`` generates and dumps without a trainer, and logs
+a rollout the filter emptied as skipped."""
 
 import pytest
 
@@ -22,7 +23,9 @@ def test_slime_plugins_fresh_start_resume_and_eval(tmp_path):
     assert all(all(c[1:]) for c in calls["log"])  # samples with responses, metrics, time
     assert len(out["rewards"]) == 3
     # --debug-rollout-only: every rollout generated, rewarded, dumped and logged, no trainer
-    assert out["rollout_only"] == {"records": [16, 16], "dumps": [16, 16]}
+    # and a rollout whose every group the filter removed is logged as skipped, not dumped
+    assert out["rollout_only"] == {"records": [16, 16], "dumps": [16, 16],
+                                   "skipped": [(1, 0)], "skipped_dumps": 0}
     first, resumed = out["evals"]
     assert first == [0, 2]  # before rollout 0 and after the last one
     assert resumed[-1] == 3  # the resumed run evaluates after its last rollout

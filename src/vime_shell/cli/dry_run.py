@@ -21,7 +21,6 @@ from vime_pure.memory import GIB
 from vime_pure.scheduling.planner import build_schedule
 from vime_pure.scheduling.report import step_stats
 from vime_shell.cli.schedule import format_table
-from vime_shell.rollout.tasks import get_task
 from vime_shell.run.memory_report import estimate_run
 from vime_shell.settings.launch_plan import LaunchPlan
 from vime_shell.settings.train_config import SECTIONS, TrainConfig
@@ -68,9 +67,7 @@ def layout_lines(plan: LaunchPlan) -> list[str]:
 
 def dry_run_report(cfg: TrainConfig, plan: LaunchPlan) -> str:
     """The whole report (module docstring)."""
-    # The response budget as launch_checks computes it (a dataset run always sets the flag).
-    max_response_len = cfg.rollout_max_response_len or get_task(cfg.task).answer_length
-    lengths = synthetic_lengths(cfg, max_response_len)
+    lengths = synthetic_lengths(cfg, cfg.max_response_len)
     groups = np.arange(len(lengths))
     schedule = build_schedule(lengths, groups, plan.layout.scheduler_layout(), plan.policy)
     stats = step_stats(schedule)
@@ -81,7 +78,7 @@ def dry_run_report(cfg: TrainConfig, plan: LaunchPlan) -> str:
                 else f"built-in task {cfg.task}")
              + "".join(f"; eval {name}: {len(rows)} rows" for name, rows in plan.eval_sets),
              "", f"schedule of one synthetic rollout: {len(lengths)} samples of "
-             f"{prompt_len(cfg)} + 1..{max_response_len} tokens",
+             f"{prompt_len(cfg)} + 1..{cfg.max_response_len} tokens",
              format_table(stats),
              f"trained: {sum(s.num_groups for s in stats)} groups in {len(stats)} steps; "
              f"dropped: {len(schedule.dropped_groups)} groups", "", memory_line(cfg, plan)]

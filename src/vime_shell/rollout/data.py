@@ -274,11 +274,25 @@ class PromptSource:
         start, self.offset = self.offset, self.offset + n
         draw, self.draws = self.draws, self.draws + 1
         if self.rows is None:
-            assert self.task is not None  # from_dataset and from_task set exactly one of the two
-            return old + tuple(self.task.examples(n, seed=self.seed, rollout_id=draw))
+            return old + tuple(self._task().examples(n, seed=self.seed, rollout_id=draw))
         size = len(self.rows)
         return old + tuple(self.rows[self._order(i // size, size)[i % size]]
                            for i in range(start, start + n))
+
+    def fixed_prompt(self, draw: int) -> TaskExample:
+        """The same prompt every time, the source not advanced: the dataset's first row, or
+        the task's first example of ``draw`` (seeded by the source's seed)."""
+        if self.rows is not None:
+            return self.rows[0]
+        return self._task().examples(1, seed=self.seed, rollout_id=draw)[0]
+
+    def _task(self) -> DigitTask:
+        """The task of a source without rows (``from_task``; ``from_dataset`` sets rows)."""
+        if self.task is None:
+            raise field_error(DataError, "--prompt-data", None,
+                              "and no built-in task: this prompt source has nothing to draw",
+                              "build it with PromptSource.from_dataset or from_task")
+        return self.task
 
     def _order(self, epoch: int, size: int) -> np.ndarray:
         if not self.shuffle:

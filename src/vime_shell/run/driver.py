@@ -134,9 +134,10 @@ class _Loop:
     def _evaluates_at_end(self) -> bool:
         return self.source.generates and self.cfg.eval_prompt_data is not None
 
-    def save_hf(self, rollouts_done: int) -> Path:
-        """Collective: ``--save-hf`` after ``rollouts_done`` rollouts (``hf_save.save_hf``)."""
-        return save_hf(self.cfg, self.trainer, self.hf_dir, rollouts_done)
+    def save_hf(self, template: str, rollouts_done: int) -> Path:
+        """Collective: ``--save-hf`` (``template``) after ``rollouts_done`` rollouts
+        (``hf_save.save_hf``)."""
+        return save_hf(self.cfg, self.trainer, self.hf_dir, template, rollouts_done)
 
 
 def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None] | None = None,
@@ -248,7 +249,7 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
         if loop.dumps is not None:
             loop.dumps.close()
     if cfg.save_hf is not None and (not records or not saves_hf(cfg, total, total)):
-        log.info("wrote HF checkpoint %s", loop.save_hf(total))
+        log.info("wrote HF checkpoint %s", loop.save_hf(cfg.save_hf, total))
     if records:
         log.info(run_summary(records, time.perf_counter() - began))
     return TrainResult(records=records, plots=plots, hf_checkpoint=loop.hf_dir,
@@ -268,7 +269,7 @@ def _after_rollout(loop: _Loop, cfg: TrainConfig, done: int, total: int) -> None
                  time.perf_counter() - t0)
     if cfg.save_hf is not None and saves_hf(cfg, done, total):
         t0 = time.perf_counter()
-        path = loop.save_hf(done)
+        path = loop.save_hf(cfg.save_hf, done)
         log.info("HF checkpoint after %d rollouts written to %s in %.1f s", done, path,
                  time.perf_counter() - t0)
 

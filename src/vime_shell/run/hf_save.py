@@ -27,16 +27,17 @@ def saves_hf(cfg: TrainConfig, done: int, total: int) -> bool:
     return done % interval == 0 or done == total
 
 
-def save_hf(cfg: TrainConfig, trainer: MegatronTrainer, hf_dir: Path, rollouts_done: int
-            ) -> Path:
-    """Collective: write the weights after ``rollouts_done`` rollouts to ``--save-hf`` (its
-    ``{rollout_id}`` filled in) with one writer per node; rank 0 finalises the index.
+def save_hf(cfg: TrainConfig, trainer: MegatronTrainer, hf_dir: Path, template: str,
+            rollouts_done: int) -> Path:
+    """Collective: write the weights after ``rollouts_done`` rollouts to ``template``
+    (``--save-hf``, its ``{rollout_id}`` filled in) with one writer per node; rank 0
+    finalises the index.
 
     Streamed: the export comes in buckets of one shard's size (``trainer.hf_buckets``),
     each cast to the export dtype, and each writer keeps only its own shards, so a rank
     holds about one shard and one bucket of host memory, never the model; ranks without a
     writer drain the export."""
-    target = save_hf_path(cfg.save_hf, rollouts_done)
+    target = save_hf_path(template, rollouts_done)
     dtype = cfg.save_hf_dtype or read_config_summary(hf_dir).dtype
     limit = parse_size(cfg.save_hf_max_shard_size)
     pairs = (pair for bucket in trainer.hf_buckets(limit)

@@ -69,7 +69,7 @@ def model_dir(cfg: TrainConfig) -> Path:
 def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     """Check ``cfg`` against the model in ``hf_dir`` and the launched world (module docstring)."""
     if cfg.ref_load is not None:  # the initial weights (model_dir): an HF directory
-        _check_ref_load(cfg)
+        _check_ref_load(cfg, cfg.ref_load)
     flag = "--ref-load" if cfg.ref_load else "--hf-checkpoint"  # where the weights come from
     if not (hf_dir / "config.json").is_file():
         raise field_error(ConfigError, flag, str(hf_dir), "has no config.json",
@@ -182,7 +182,7 @@ def _prompt_sets(cfg: TrainConfig, hf_dir: Path, context_len: int | None):
     def encode(row: TaskExample) -> list[int]:
         return encode_prompt(tokenizer, row, cfg.apply_chat_template)
 
-    response = cfg.rollout_max_response_len or get_task(cfg.task).answer_length
+    response = cfg.max_response_len
     prompts, dropped = None, 0
     if train is not None:
         prompts, dropped = fit_prompts(*train, encode=encode, context_len=context_len,
@@ -353,12 +353,12 @@ def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:
                           "pip install 'vime[wandb]', or drop --use-wandb")
 
 
-def _check_ref_load(cfg: TrainConfig) -> None:
+def _check_ref_load(cfg: TrainConfig, ref_load: str) -> None:
     """``--ref-load`` is an HF directory of the same architecture as ``--hf-checkpoint``."""
-    ref = Path(cfg.ref_load).expanduser()
+    ref = Path(ref_load).expanduser()
     if not (ref / "config.json").is_file():
         megatron = (ref / TRACKER).is_file() or any(ref.glob("iter_*"))
-        raise field_error(ConfigError, "--ref-load", cfg.ref_load,
+        raise field_error(ConfigError, "--ref-load", ref_load,
                           "is a Megatron checkpoint; vime reads HF weights" if megatron else
                           "is not an HF model directory",
                           "drop --ref-load to start from --hf-checkpoint, or pass an HF "
@@ -368,7 +368,7 @@ def _check_ref_load(cfg: TrainConfig) -> None:
         b = read_config_summary(ref, "--ref-load")
         for name in ("model_type", "num_layers", "vocab_size"):
             if getattr(a, name) != getattr(b, name):
-                raise field_error(ConfigError, "--ref-load", cfg.ref_load,
+                raise field_error(ConfigError, "--ref-load", ref_load,
                                   f"has {name}={getattr(b, name)!r}, --hf-checkpoint "
                                   f"{getattr(a, name)!r}", "pass the same model's weights")
 

@@ -98,6 +98,8 @@ def _held_data(flag: str, cfg: TrainConfig, where: Path) -> str | None:
         names = [e.name for e in os.scandir(where)] if where.is_dir() else []
         ck = [n for n in names if n == TRACKER or n.startswith(("rollout_", ".tmp-rollout_"))]
         return f"checkpoints ({', '.join(sorted(ck)[:3])})" if ck else None
+    if flag != "--save-rollout-data" or cfg.save_rollout_data is None:
+        return None
     pattern = _dump_entry(cfg.save_rollout_data)
     dumps = [e.name for e in os.scandir(where) if pattern.fullmatch(e.name)
              and e.name not in BOOKKEEPING] if where.is_dir() else []
@@ -115,8 +117,9 @@ def check_unlocked(cfg: TrainConfig) -> None:
 
 def check_ownership(cfg: TrainConfig, run_id: str) -> None:
     """Refuse a directory this run would take over from another run (module docstring)."""
-    resumed = resumes(cfg)
-    legacy = resumed and checkpoint_run_id(cfg.load) is None  # written before run ids
+    load = cfg.load if resumes(cfg) else None  # the checkpoint this run continues
+    resumed = load is not None
+    legacy = load is not None and checkpoint_run_id(load) is None  # written before run ids
     run_dir = Path(cfg.run_dir).expanduser().resolve()
     for flag, where in claimed_dirs(cfg):
         owner = owner_id(where)
@@ -124,10 +127,10 @@ def check_ownership(cfg: TrainConfig, run_id: str) -> None:
             continue
         if resumed and owner is not None:
             raise field_error(OwnershipError, flag, str(where),
-                              f"belongs to run {owner}, but --load {cfg.load} continues run "
+                              f"belongs to run {owner}, but --load {load} continues run "
                               f"{run_id}", f"resume with the {flag} that run used, or pass a "
                               f"new {flag}")
-        if resumed and (legacy or where.resolve() == Path(cfg.load).expanduser().resolve()):
+        if load is not None and (legacy or where.resolve() == Path(load).expanduser().resolve()):
             continue  # a checkpoint without a run id continues as before
         if not resumed and (flag == "--run-dir" or flag == "--save-rollout-data"
                             and cfg.overwrite_run_dir and run_dir in where.resolve().parents):

@@ -29,7 +29,7 @@ from vime_shell.settings.launch_plan import LaunchPlan
 from vime_shell.settings.train_config import TrainConfig
 from vime_shell.sources.replay import DumpWriter
 from vime_shell.sources.rollouts import RolloutProducer
-from vime_shell.train.records import rollout_record
+from vime_shell.train.records import rollout_record, skipped_record
 
 
 def run_rollouts_only(cfg: TrainConfig, plan: LaunchPlan, *,
@@ -44,7 +44,7 @@ def _rollouts(cfg: TrainConfig, plan: LaunchPlan, progress: bool | None) -> Trai
     ensure_process_group(platform)
     rank = dist.get_rank()
     configure_logging(cfg.log_level, rank)
-    engines = EngineGroup.build(plan.hf_dir, plan.engine_layout,
+    engines = EngineGroup.build(plan.hf_dir, plan.built_engine_layout("--debug-rollout-only"),
                                 engine_options(cfg, torch.cuda.is_available()))
     dumps = (DumpWriter(cfg.save_rollout_data, plan.hf_dir)
              if cfg.save_rollout_data is not None and rank == 0 else None)
@@ -60,6 +60,12 @@ def _rollouts(cfg: TrainConfig, plan: LaunchPlan, progress: bool | None) -> Trai
             if produced is None:
                 continue
             batch, stats = produced
+            if batch is None:  # the filter removed every prompt group: nothing to dump
+                record = skipped_record(rid, stats.as_record(), lr=None, evaluated={},
+                                        rollout_s=time.perf_counter() - start)
+                records.append(record)
+                logger.log(record)
+                continue
             if dumps is not None:
                 dumps.submit(rid, batch)
             schedule = schedule_for(batch, plan.layout.scheduler_layout(), plan.policy)

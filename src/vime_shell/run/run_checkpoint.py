@@ -116,7 +116,13 @@ def _dataset(prompt_data: str | None) -> dict | None:
 
 def _loop_state(rollouts_done: int, config: dict, data: dict | None = None) -> dict:
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = np.random.get_state(legacy=True)
+    if isinstance(numpy_state, dict):  # the legacy tuple exists for MT19937 only
+        raise field_error(CheckpointError, "numpy.random", numpy_state.get("bit_generator"),
+                          "is not MT19937, whose state a checkpoint saves",
+                          "leave numpy's global generator as it is (np.random.seed reseeds "
+                          "it; np.random.set_bit_generator replaces it)")
+    kind, keys, pos, has_gauss, cached = numpy_state
     return {"rollouts_done": rollouts_done, "config": config, "data": data,
             "python_random": [version, list(internal), gauss],
             "numpy_random": [kind, keys.tolist(), pos, has_gauss, cached]}

@@ -21,6 +21,7 @@ records end up in ``runs/r1/previous-20250101-120000/metrics.jsonl``.
 import os
 import time
 from pathlib import Path
+from typing import overload
 
 from vime_pure.errors import field_error
 from vime_shell.run.checkpoint_index import starts_fresh
@@ -58,6 +59,14 @@ def run_outputs(cfg: TrainConfig) -> list[Path]:
         if inside is not None and inside not in outputs:
             outputs.append(inside)
     return outputs
+
+
+@overload
+def dump_dir(template: str) -> str: ...
+
+
+@overload
+def dump_dir(template: None) -> None: ...
 
 
 def dump_dir(template: str | None) -> str | None:

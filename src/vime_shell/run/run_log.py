@@ -34,13 +34,15 @@ from vime_pure.errors import field_error
 from vime_shell.run.plots import plot_curves, plot_step_loads
 from vime_shell.run.run_dir import (CURVES, METRICS, SCHEDULE_PLOT, TENSORBOARD,  # noqa: F401
                                     RunDirError)
+from vime_shell.settings.common import ConfigError
 from vime_shell.settings.slime_flags import redact
 from vime_shell.storage.files import write_atomic
 
 try:  # TensorBoard is optional: scalars are written only when it is installed
     from torch.utils.tensorboard import SummaryWriter
+    HAS_TENSORBOARD = True
 except ImportError:
-    SummaryWriter = None
+    HAS_TENSORBOARD = False
 
 REQUIRED_KEYS = ("rollout", "reward_mean", "loss", "num_groups", "num_microbatches",
                  "logprob_gap")
@@ -292,8 +294,8 @@ def _json_value(value: object) -> object:
     return value
 
 
-def _tensorboard(path: Path):
-    return None if SummaryWriter is None else SummaryWriter(str(path))
+def _tensorboard(path: Path) -> "SummaryWriter | None":
+    return SummaryWriter(str(path)) if HAS_TENSORBOARD else None
 
 
 def _wandb_run(run_dir: Path, config: Mapping[str, object]):
@@ -307,14 +309,23 @@ def _wandb_run(run_dir: Path, config: Mapping[str, object]):
     where = Path(str(config.get("wandb_dir") or run_dir)).expanduser()
     where.mkdir(parents=True, exist_ok=True)
     host = config.get("wandb_host")
+    mode = config["wandb_mode"]
+    if mode not in ("online", "offline", "disabled"):  # the settings' choices
+        raise field_error(ConfigError, "--wandb-mode", mode, "is not a W&B mode",
+                          "pass online, offline or disabled")
+    run_id = _text(config.get("wandb_run_id"))
     with _redacted_argv():  # W&B records the command line; --wandb-key's value stays out
         return wandb.init(project=str(config["wandb_project"]),
-                          entity=config.get("wandb_team"), group=group, name=name,
-                          id=config.get("wandb_run_id"),
-                          resume="allow" if config.get("wandb_run_id") else None,
-                          mode=str(config["wandb_mode"]), dir=str(where), config=dict(config),
+                          entity=_text(config.get("wandb_team")), group=group, name=name,
+                          id=run_id, resume="allow" if run_id else None,
+                          mode=mode, dir=str(where), config=dict(config),
                           settings=wandb.Settings(base_url=str(host)) if host else None,
                           reinit=True)
+
+
+def _text(value: object) -> str | None:
+    """An optional setting's text (None stays None)."""
+    return None if value is None else str(value)
 
 
 @contextlib.contextmanager

@@ -8,10 +8,12 @@ from pathlib import Path
 import attrs
 
 from vime_pure.config import BatchingPolicy
+from vime_pure.errors import field_error
 from vime_shell.engines.layout import EngineLayout
 from vime_shell.engines.roles import RankRoles
 from vime_shell.megatron.layout import TrainLayout
 from vime_shell.rollout.tasks import DigitTask, TaskExample
+from vime_shell.settings.common import ConfigError
 
 
 @attrs.frozen(kw_only=True)
@@ -31,3 +33,12 @@ class LaunchPlan:
     prompts_dropped: int = 0  # dataset rows longer than --rollout-max-prompt-len
     vocab_size: int | None = None  # the model's embedding rows: every token id is below it
     roles: RankRoles | None = None  # separate trainer and engine ranks (engines/roles.py)
+
+    def built_engine_layout(self, what: str) -> EngineLayout:
+        """The engine layout, for ``what``, which builds the engines (a train-only replay has
+        none). Example: ``plan.built_engine_layout("--debug-rollout-only")``."""
+        if self.engine_layout is None:
+            raise field_error(ConfigError, "--load-rollout-data-mode", "train-only",
+                              f"builds no rollout engine, which {what} needs",
+                              "pass --load-rollout-data-mode forge, or drop --load-rollout-data")
+        return self.engine_layout

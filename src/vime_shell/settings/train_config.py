@@ -54,6 +54,7 @@ from vime_pure.lr_schedule import LrGroups, lr_groups, steps_per_rollout
 from vime_pure.policy_config import LossConfig
 from vime_shell.megatron.config import OptimConfig
 from vime_shell.megatron.model_options import ModelOptions
+from vime_shell.rollout.tasks import get_task
 from vime_shell.settings.asynchrony import AsyncArgs
 from vime_shell.settings.batching import DEFAULT_GLOBAL_BATCH_SIZE, BatchingArgs
 from vime_shell.settings.checkpoint import CheckpointArgs
@@ -162,6 +163,13 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
             return self.groups_per_rollout // self.num_steps_per_rollout
         return (DEFAULT_GLOBAL_BATCH_SIZE if self.global_batch_size is None
                 else self.global_batch_size)
+
+    @property
+    def max_response_len(self) -> int:
+        """New tokens per response: ``--rollout-max-response-len``, else the built-in task's
+        answer length (``--prompt-data`` requires the flag: a dataset has no task to ask).
+        Example: reverse2 without the flag -> 2."""
+        return self.rollout_max_response_len or get_task(self.task).answer_length
 
     def resolved_num_rollout(self, dataset_rows: int | None) -> int:
         """Rollouts the run makes: ``--num-rollout``, else the rollouts ``--num-epoch``

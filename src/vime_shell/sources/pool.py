@@ -349,13 +349,18 @@ class GroupPool:
         self.claims, self.capacity = pool_claims(bridge, self.block, producer.engines.layout,
                                                  self.rank, self.static_slices)
         self.bound = cfg.effective_max_weight_staleness
-        self.engine = shared_engine(producer.engines.engine, cfg.sglang_server_concurrency,
-                                    decode=producer.tokenizer.decode)
+        engine = producer.engines.engine
+        concurrency, decode = cfg.sglang_server_concurrency, producer.tokenizer.decode
         # Per-sample rounds (--custom-generate-function-path): every group's executions run
         # on the front's loop, beside the other groups', so their requests batch together.
+        # Such a producer found the engine's per-request front already (``async_front``).
         self.per_sample = producer.per_sample is not None
+        self.engine: FrontEngine | LockedEngine
         if self.per_sample:
-            producer.run_per_sample_on(GroupsFront(self.engine.front), self.engine.submit)
+            self.engine = front = FrontEngine(engine, concurrency, decode)
+            producer.run_per_sample_on(GroupsFront(front.front), front.submit)
+        else:
+            self.engine = shared_engine(engine, concurrency, decode=decode)
         self.version = 0
         self.start: int | None = None  # the trainer's version at its first request
         self.sent = 0  # batches handed to the trainer
@@ -457,8 +462,9 @@ class GroupPool:
     def _check_loop(self) -> None:
         """While a weight load waits for the front's loop: a generate function blocking the
         loop past ``--generate-timeout`` fails the pool (``per_sample.check_loop``)."""
-        if self.per_sample and isinstance(self.engine, FrontEngine):
-            check_loop(self.producer.per_sample, self.engine.loop)
+        setup = self.producer.per_sample
+        if setup is not None and isinstance(self.engine, FrontEngine):
+            check_loop(setup, self.engine.loop)
 
     # -- resuming -----------------------------------------------------------------------------
     def resume_state(self) -> dict:
@@ -521,8 +527,7 @@ class GroupPool:
         """One prompt group, generated as prompt ``index`` of rollout ``block`` would be."""
         p = self.producer
         cfg = self.cfg
-        sampling = p.sampling(cfg.rollout_max_response_len or p.task.answer_length,
-                              rollout_sampling_seed(p.seed, draw.block, 0))
+        sampling = p.sampling(cfg.max_response_len, rollout_sampling_seed(p.seed, draw.block, 0))
         ctx = p.context(draw.block, draw.prompts, sampling, engine=self.engine,
                         first_group_id=draw.block * len(draw.prompts) * cfg.n_samples_per_prompt)
         return call_plugin(lambda c: list(p.rollout_fn(c)),

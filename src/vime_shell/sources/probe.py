@@ -10,18 +10,10 @@ log-prob of those tokens against ``--logprob-gap-tolerance``.
 
 from typing import Any
 
-from vime_shell.rollout.data import PromptSource
 from vime_shell.rollout.functions import rollout_sampling_seed
 from vime_shell.sources.rollouts import RolloutProducer
 
 _PROBE_ROLLOUT = 0x9B0BE  # the probe's own seed base: a rollout id no run reaches
-
-
-def probe_prompt(source: PromptSource):
-    """The fixed prompt of every probe: the dataset's first row, or a task's fixed draw."""
-    if source.rows is not None:
-        return source.rows[0]
-    return source.task.examples(1, seed=source.seed, rollout_id=_PROBE_ROLLOUT)[0]
 
 
 def generate_probe(producer: RolloutProducer, engine: Any = None, *,
@@ -29,8 +21,10 @@ def generate_probe(producer: RolloutProducer, engine: Any = None, *,
     """One probe group on ``engine`` (this rank's by default), seeded the same every time;
     ``first_group_id`` keeps the groups of several engine ranks' probes apart."""
     cfg = producer.cfg
-    sampling = producer.sampling(cfg.rollout_max_response_len or producer.task.answer_length,
+    sampling = producer.sampling(cfg.max_response_len,
                                  rollout_sampling_seed(producer.seed, _PROBE_ROLLOUT))
-    ctx = producer.context(_PROBE_ROLLOUT, (probe_prompt(producer.source),), sampling,
+    # The fixed prompt of every probe: the dataset's first row, or a task's fixed draw.
+    prompt = producer.source.fixed_prompt(_PROBE_ROLLOUT)
+    ctx = producer.context(_PROBE_ROLLOUT, (prompt,), sampling,
                            first_group_id=first_group_id, engine=engine)
     return list(producer.rollout_fn(ctx))

@@ -38,15 +38,15 @@ from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.rollout_output import flatten_rollout_output
 from vime_pure.data.held_parts import claimed_part
 from vime_pure.data.shares import BatchMeta
-from vime_pure.errors import RolloutValidationError, VimeError, one_line
+from vime_pure.errors import RolloutValidationError, VimeError, field_error, one_line
 from vime_shell.engines import SamplingParams
 from vime_shell.engines.async_engine import async_front
-from vime_shell.engines.group import EngineGroup
+from vime_shell.engines.group import EngineGroup, EngineGroupError
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.models.hf_config import read_config_summary
 from vime_shell.models.tokenizer import default_stop_token_ids, load_tokenizer
-from vime_shell.rollout.data import PromptSource
+from vime_shell.rollout.data import DataError, PromptSource
 from vime_shell.rollout.filters import load_filter
 from vime_shell.rollout.functions import (DEFAULT_GENERATE_FUNCTION,
                                           PER_SAMPLE_ROLLOUT_FUNCTION, RolloutContext,
@@ -111,6 +111,18 @@ class GenerationStats:
                 **(self.partial.as_record() if self.partial is not None else {})}
 
 
+def _prompt_source(plan: LaunchPlan, *, shuffle: bool, seed: int) -> PromptSource:
+    """The run's prompts: the dataset's rows, else the built-in task's generator (the launch
+    checks set exactly one of the two)."""
+    if plan.prompts is not None:
+        return PromptSource.from_dataset(plan.prompts, shuffle=shuffle, seed=seed)
+    if plan.task is None:
+        raise field_error(DataError, "--prompt-data", None,
+                          "and the launch plan names no built-in task: nothing supplies prompts",
+                          "pass --prompt-data PATH, or --task NAME")
+    return PromptSource.from_task(plan.task, seed=seed)
+
+
 def _per_sample(cfg: TrainConfig, engines: EngineGroup, tokenizer: Any,
                 context_len: int | None) -> PerSample | None:
     """How this rank runs per-sample ``generate`` functions (None when the rollout function
@@ -147,9 +159,7 @@ class RolloutProducer:
         self.is_rank0 = dist.get_rank() == 0
         self.tokenizer = load_tokenizer(plan.hf_dir)
         seed = cfg.rollout_seed if cfg.rollout_seed is not None else cfg.seed
-        self.source = (PromptSource.from_dataset(plan.prompts, shuffle=cfg.rollout_shuffle,
-                                                 seed=seed) if plan.prompts is not None
-                       else PromptSource.from_task(plan.task, seed=seed))
+        self.source = _prompt_source(plan, shuffle=cfg.rollout_shuffle, seed=seed)
         self.seed = seed
         self.task = plan.task
         self.eval_sets = plan.eval_sets
@@ -202,13 +212,11 @@ class RolloutProducer:
         counted = (0, 0) if buffer is None else (buffer.tokens, buffer.offpolicy_tokens)
         per_round = cfg.over_sampling_batch_size or cfg.rollout_batch_size
         prompts = self.source.take(max(per_round - buffered, 0))
-        sampling = self.sampling(cfg.rollout_max_response_len or self.task.answer_length,
-                                 rollout_sampling_seed(self.seed, rid, 0))
-        ctx = self.context(rid, prompts, sampling, first_group_id=0,
-                           target_groups=cfg.rollout_batch_size)
+        sampling = self.sampling(cfg.max_response_len, rollout_sampling_seed(self.seed, rid, 0))
+        runner = self._share_runner(rid, prompts, sampling, first_group_id=0,
+                                    target_groups=cfg.rollout_batch_size)
         with native_torch():  # generation names no CUDA device: skip the CPU device mode
-            chunks = self.engines.run_local(self._share_runner(rid, ctx), len(prompts),
-                                            queue=self.queue)
+            chunks = self.engines.run_local(runner, len(prompts), queue=self.queue)
         try:
             part, meta = claimed_part(chunks or (), normalization=self.normalization)
         except RolloutValidationError as exc:
@@ -240,8 +248,8 @@ class RolloutProducer:
         while rounds < cfg.dynamic_sampling_max_rounds:
             # Partial rollouts: the buffered groups come back first, within the round's size.
             prompts = self.source.take(max(per_round - self.buffered_groups, 0))
-            sampling = self.sampling(cfg.rollout_max_response_len or self.task.answer_length,
-                                      rollout_sampling_seed(self.seed, rid, rounds))
+            sampling = self.sampling(cfg.max_response_len,
+                                     rollout_sampling_seed(self.seed, rid, rounds))
             output, error = self._generate(rid, prompts, sampling, first_group_id=next_group,
                                            target_groups=need - len(kept))
             rounds += 1
@@ -395,10 +403,17 @@ class RolloutProducer:
                 engine: Any = None) -> RolloutContext:
         """The rollout function's context for one generation round (``engine``: this rank's
         engine unless given, e.g. the fully-async pool's shared one; ``target_groups=None``
-        is an evaluation round)."""
+        is an evaluation round). Built only where an engine generates: a rank without one
+        raises :class:`EngineGroupError`."""
         cfg = self.cfg
+        engine = engine or self.engines.engine
+        if engine is None:
+            raise field_error(EngineGroupError, "engine", None,
+                              f"rollout {rid} asked a rank without a rollout engine to generate",
+                              "run rollout functions where EngineGroup.run_local / run_shares "
+                              "call them (the ranks with an engine)")
         return RolloutContext(
-            rollout_id=rid, engine=engine or self.engines.engine, tokenizer=self.tokenizer,
+            rollout_id=rid, engine=engine, tokenizer=self.tokenizer,
             prompts=prompts, n_samples_per_prompt=n or cfg.n_samples_per_prompt,
             sampling=sampling, rewarder=self.rewarder,
             apply_chat_template=cfg.apply_chat_template, first_group_id=first_group_id,
@@ -413,22 +428,30 @@ class RolloutProducer:
         ``(merged output on rank 0 else None, this rank's error or None)``. The error is
         returned, not raised, so the caller still meets the other ranks in the next
         broadcast (``rank0_result``) and all leave together."""
-        ctx = self.context(rid, prompts, sampling, first_group_id=first_group_id, n=n,
-                           target_groups=target_groups)
+        runner = self._share_runner(rid, prompts, sampling, first_group_id=first_group_id,
+                                    n=n, target_groups=target_groups)
         try:
             with native_torch():  # generation names no CUDA device: skip the CPU device mode
-                output = self.engines.run_shares(self._share_runner(rid, ctx), len(prompts),
+                output = self.engines.run_shares(runner, len(prompts),
                                                  queue=self.queue or target_groups is None)
         except Exception as exc:  # noqa: BLE001 - handed to rank0_result by the caller
             return None, exc
         return output, None
 
-    def _share_runner(self, rid: int, ctx: RolloutContext):
-        """``share -> output``: the rollout function on one engine's share of ``ctx``."""
-        return lambda share: call_plugin(
-            lambda c: list(self.rollout_fn(c)), share_context(ctx, share),
-            what=f"rollout function {self.cfg.effective_rollout_function_path}",
-            flag="--rollout-function-path", where=f"rollout {rid}")
+    def _share_runner(self, rid: int, prompts: tuple[TaskExample, ...],
+                      sampling: SamplingParams, *, first_group_id: int, n: int | None = None,
+                      target_groups: int | None = None) -> Callable[[range], list]:
+        """``share -> output``: the rollout function on one engine's share of the round's
+        ``prompts`` (the context is built there: only a rank with an engine runs a share)."""
+        def run(share: range) -> list:
+            ctx = self.context(rid, prompts, sampling, first_group_id=first_group_id, n=n,
+                               target_groups=target_groups)
+            return call_plugin(
+                lambda c: list(self.rollout_fn(c)), share_context(ctx, share),
+                what=f"rollout function {self.cfg.effective_rollout_function_path}",
+                flag="--rollout-function-path", where=f"rollout {rid}")
+
+        return run
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self, rid: int) -> dict[str, float]:
@@ -436,13 +459,14 @@ class RolloutProducer:
         current weights, on every rank."""
         cfg = self.cfg
         n = cfg.n_samples_per_eval_prompt
-        max_new = (cfg.eval_max_response_len or cfg.rollout_max_response_len
-                   or self.task.answer_length)
-        outputs: dict[str, list[Any] | None] = {}
+        max_new = cfg.eval_max_response_len or cfg.max_response_len
+        outputs: dict[str, list[Any]] = {}  # rank 0's (the other ranks' outputs are None)
         for name, rows in self.eval_sets:
             sampling = self.sampling(max_new, seed=rollout_sampling_seed(0, _EVAL_ROLLOUT_ID),
                                      for_eval=True)
-            outputs[name], error = self._generate(rid, rows, sampling, first_group_id=0, n=n)
+            output, error = self._generate(rid, rows, sampling, first_group_id=0, n=n)
+            if output is not None:
+                outputs[name] = output
             # Every rank learns of a failed engine before the next set's collective generation.
             rank0_result(f"evaluation of {name} at rollout {rid}", lambda: None, pending=error)
         return rank0_result(f"evaluation at rollout {rid}",
@@ -525,8 +549,8 @@ def output_error(exc: RolloutValidationError, output: Any, rid: int, source: str
                                   f"{found.group(2)}")
 
 
-def chunk_output_error(exc: RolloutValidationError, chunks: Sequence[tuple[int, Any]], rid: int,
-                       source: str) -> RolloutValidationError:
+def chunk_output_error(exc: RolloutValidationError, chunks: Sequence[tuple[int, Any]] | None,
+                       rid: int, source: str) -> RolloutValidationError:
     """:func:`output_error` for a holder's work-queue chunks (``claimed_part``): the chunk at
     fault is found again by converting each alone."""
     for _, out in chunks or ():
@@ -549,7 +573,7 @@ def sample_annotations(output: list[Any]) -> tuple[dict, ...]:
 def _group_reward_mean(outputs: list[Any]) -> float | None:
     """Mean reward over the rollout groups of ``outputs`` (None when there are none: a mean
     over nothing, never NaN)."""
-    firsts = {}
+    firsts: dict[int, dict[Any, Any]] = {}  # prompt output -> group id -> its first reward
     for prompt_output in outputs:
         for s in prompt_samples(prompt_output):
             firsts.setdefault(id(prompt_output), {}).setdefault(s.group_id, s.reward)

@@ -146,12 +146,11 @@ class ShareExchange:
         metas = tuple(meta)
         mine = (("error", f"{type(error).__name__}: {error}") if error is not None
                 else ("ok", metas) if metas else None)
-        gathered = self._gather(mine)
-        box = [None]
-        if self.rank == 0:
+        gathered = self._gather(mine)  # rank 0's list, None elsewhere
+        box: list[tuple[str, Any] | None] = [None]
+        if gathered is not None:
             box = [self._plan(gathered, plan_fn, error, failure, name_of)]
-        box = self._broadcast(box)
-        kind, payload = box[0]
+        kind, payload = self._broadcast(box)
         if error is not None:
             raise error
         if kind != "ok":
@@ -159,7 +158,8 @@ class ShareExchange:
         plan, extra = payload
         if plan is None:
             return None, None, extra
-        starts = np.concatenate([m.part_starts for m in metas]) if metas else None
+        starts = (np.concatenate([m.part_starts for m in metas]) if metas
+                  else np.zeros(0, dtype=np.int64))  # a rank that holds no part
         share = self._all_to_all(part, starts, plan)
         return plan, share, extra
 
@@ -175,7 +175,7 @@ class ShareExchange:
                                            if o is not None) - self.stats.meta_sent
         return out
 
-    def _plan(self, gathered: list, plan_fn, own_error, failure, name_of) -> tuple:
+    def _plan(self, gathered: list, plan_fn, own_error, failure, name_of) -> tuple[str, Any]:
         """Rank 0: ``("ok", (plan, extra))`` or ``("error", exception)``."""
         failed = [(name_of(r), g[1]) for r, g in enumerate(gathered)
                   if g is not None and g[0] != "ok"]
@@ -192,8 +192,9 @@ class ShareExchange:
             return "error", exc
         return "ok", (plan, extra)
 
-    def _broadcast(self, box: list) -> list:
-        """Rank 0's verdict to every rank; rank 0 raises its own failure after sending it."""
+    def _broadcast(self, box: list) -> tuple[str, Any]:
+        """Rank 0's verdict to every rank, ``(kind, payload)``; rank 0 raises its own failure
+        after sending it."""
         kind, payload = box[0] if self.rank == 0 else (None, None)
         error = payload if kind == "error" else None
         if error is not None:
@@ -204,9 +205,9 @@ class ShareExchange:
             raise error
         if box[0][0] == "ok":
             self.stats.plan_bytes = 0 if box[0][1][0] is None else box[0][1][0].nbytes
-        return box
+        return box[0]
 
-    def _all_to_all(self, part: RolloutBatch | None, starts: np.ndarray | None,
+    def _all_to_all(self, part: RolloutBatch | None, starts: np.ndarray,
                     plan: SharePlan) -> RankShare:
         """Every holder's pieces to every rank; this rank's share."""
         pieces_out: list[np.ndarray] = []

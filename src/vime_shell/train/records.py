@@ -99,11 +99,11 @@ def rollout_record(rid: int, batch, schedule, results, *, gap: float | None,
 _HEAD = ("reward_mean", "reward_std", "num_groups", "num_samples", "tokens")
 
 
-def skipped_record(rid: int, stats: dict, *, lr: float, rollout_s: float,
+def skipped_record(rid: int, stats: dict, *, lr: float | None, rollout_s: float,
                    evaluated: dict) -> dict:
     """The metrics line of a skipped rollout (``skipped: 1``, nothing trained): the
     generation's counts, the filtered prompts' mean reward as ``reward_mean``, no loss or gap
-    (None: nothing was measured)."""
+    (None: nothing was measured; ``lr`` None: no optimizer, ``--debug-rollout-only``)."""
     return {"rollout": rid, "skipped": 1, "reward_mean": stats.get("filtered_reward_mean"),
             "loss": None, "num_groups": 0, "num_samples": 0, "num_steps": 0,
             "num_microbatches": 0, "logprob_gap": None, "tokens": 0, "tokens_per_s": 0.0,

@@ -307,11 +307,7 @@ class Step:
 
     def _loss_norm(self) -> float:
         """Dr. GRPO's constant (``sample_token_sum_norm``): the generation cap."""
-        cap = self.cfg.rollout_max_response_len
-        if cap:
-            return float(cap)
-        assert self.plan.task is not None  # launch: prompts without a cap come from a task
-        return float(self.plan.task.answer_length)
+        return float(self.cfg.max_response_len)
 
     def gather_batch(self) -> RolloutBatch:
         """Collective: the last rollout's whole batch on every rank (the parts joined with
