@@ -22,7 +22,8 @@ from vime_shell.sources.colocated import ColocatedSource
 from vime_shell.settings.launch_plan import LaunchPlan
 from vime_shell.settings.train_config import ConfigError
 from vime_shell.sources.remote import RemoteRollouts, _Server, needs_probe
-from vime_shell.sources.replay import ReplayedRollouts, ReplaySource
+from vime_shell.sources.replay import ReplaySource
+from vime_shell.sources.replayed import ReplayedRollouts
 from vime_shell.sources.rollouts import GenerationStats
 from vime_shell.train.planning import PlanInputs, plan_rollout
 

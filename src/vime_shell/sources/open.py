@@ -20,7 +20,8 @@ from vime_shell.settings.train_config import TrainConfig
 from vime_shell.sources.base import RolloutSource
 from vime_shell.sources.colocated import ColocatedSource
 from vime_shell.sources.remote import RemoteRollouts
-from vime_shell.sources.replay import ReplayedRollouts, ReplaySource
+from vime_shell.sources.replay import ReplaySource
+from vime_shell.sources.replayed import ReplayedRollouts
 
 log = logging.getLogger("vime.train")
 
