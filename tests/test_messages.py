@@ -73,7 +73,7 @@ def test_no_message_in_the_source_has_two_fix_clauses():
 
 def test_no_shell_message_calls_a_vime_function_by_name():
     calls = [(f, n, name) for f, n, t in _messages(SRC / "vime_shell")
-             for name in re.findall(r"\b([A-Za-z_]\w*)\(", t)
+             for name in re.findall(r"\b([A-Za-z_]\w*)\((?!s\))", t)  # not "set(s)"
              if name in VIME_NAMES and (f, name) not in PYTHON_API_NAMES]
     assert not calls, calls
 
