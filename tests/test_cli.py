@@ -6,12 +6,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
+from vime_shell.cli import train as train_cmd
 from vime_shell.cli.launch_verdict import Verdict, agree, settle, where
 from vime_shell.cli.main import main
+from vime_shell.engines.health import REAPER_NAME
 from vime_shell.storage.locks import lock_holder, read_owner
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -158,3 +161,21 @@ def test_vime_train_exits_although_a_plugin_left_a_thread_running(tmp_path, fn, 
     assert len(warnings) == 1 and "'my-plugin-poller'" in warnings[0]
     assert f"exiting with status {status}" in warnings[0]
     assert lock_holder(run) is None and read_owner(run) is not None
+
+
+def test_the_health_reaper_is_not_reported_as_a_plugins_thread():
+    """After a health verdict vime's own reaper (not a daemon: it ends the rank after the main
+    thread) is running; the exit's warning names plugin threads only (it named the reaper, and
+    the rank exited before its reaper let every rank read the verdict)."""
+    stop = threading.Event()
+    reaper = threading.Thread(target=stop.wait, name=REAPER_NAME)
+    plugin = threading.Thread(target=stop.wait, name="my-plugin-poller")
+    reaper.start()
+    plugin.start()
+    try:
+        names = [t.name for t in train_cmd._lingering()]
+        assert "my-plugin-poller" in names and REAPER_NAME not in names
+    finally:
+        stop.set()
+        reaper.join()
+        plugin.join()

@@ -50,10 +50,17 @@ def test_a_stopped_engine_rank_ends_the_job_naming_it_on_every_rank(tmp_path, em
     assert stopped[0] is None  # still stopped when the test killed it
 
 
-def test_an_engine_rank_stuck_in_a_call_ends_the_job_past_its_wait_bound(tmp_path, embedded_cache):
+def test_an_engine_rank_stuck_in_a_call_ends_the_job_past_its_wait_bound(tmp_path,
+                                                                         embedded_cache):
+    """Engine rank 1's rollout function never returns (its heartbeat goes on). The pools share
+    one queue, so every pool's part of rollout 1 waits for that group: trainer rank 0's wait
+    for the first part it asks passes its bound, and the error names the pools, the stuck
+    rank among them, on every rank."""
     ranks = _job(tmp_path, embedded_cache, "blocking_rollout", (0, 1, 2))
     for status, err in ranks:
         assert status == 2, err[-3000:]
-        assert "waited" in err and f"{STOPPED}'s reply to rollout 1" in err, err[-3000:]
+        assert "waited" in err and "'s reply to rollout 1" in err, err[-3000:]
+        assert f"the rank making no progress is one of engine rank 0 (global rank 1), {STOPPED}" \
+            in err, err[-3000:]
         assert "the slowest such wait so far" in err  # rollout 0's reply set the bound
         assert "--rollout-health-check-timeout=5" in err

@@ -75,6 +75,10 @@ _KEYS = "vime/health"
 VERDICT_KEY = f"{_KEYS}/verdict"
 
 
+# The thread that ends a rank after a verdict (``_reap``): not a daemon, so it outlives the main
+# thread it waits for; ``vime train``'s exit leaves it to end the process.
+REAPER_NAME = "vime-health-exit"
+
 class HealthCheckError(VimeError):
     """A rank of the job stopped answering, or a wait on one passed its bound (named by role
     and global rank, with the flag that raises the bound)."""
@@ -229,7 +233,7 @@ class HealthMonitor:
                 return
             grace = max(self.policy.interval_s + self.policy.timeout_s, MIN_GRACE_S)
             self._reaper = threading.Thread(target=self._reap, args=(grace,), daemon=False,
-                                            name="vime-health-exit")
+                                            name=REAPER_NAME)
             self._reaper.start()
 
     def _reap(self, grace_s: float) -> None:

@@ -222,8 +222,15 @@ class RemoteRollouts:
         """One reply to ``what`` from each of the first ``ranks`` engine ranks (default:
         those that answer batches), all received so every rank stays in step even when one
         failed, within ``bound``; a failure raises, naming every failing engine rank."""
-        replies = [self._link.recv(src=1 + j, what=f"{{peer}}'s reply to {what}", bound=bound)
-                   for j in range(ranks or self.answering)]
+        count = ranks or self.answering
+        awaited = f"{{peer}}'s reply to {what}"
+        if self.asynchrony.pooled and count > 1:  # a part waits for groups any pool claimed
+            pools = ", ".join(f"engine rank {j} (global rank {self.first_engine_rank + j})"
+                              for j in range(count))
+            awaited += (f" (the pools share one queue: a part waits until every group of the "
+                        f"batch is ready, on whichever pool claimed it, so the rank making no "
+                        f"progress is one of {pools})")
+        replies = [self._link.recv(src=1 + j, what=awaited, bound=bound) for j in range(count)]
         failed = [(f"engine rank {j} (global rank {self.first_engine_rank + j})", r[1])
                   for j, r in enumerate(replies) if r[0] == "error"]
         if failed:
