@@ -48,8 +48,10 @@ demo: $(STAMP)
 demo-math: $(STAMP)
 	$(BIN)/vime demo --math
 
+# Every test but the compiled kernels' equalities (numba compiles for minutes on 2 cores):
+# make test-compiled-kernels runs those, and CI runs both.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 -p no:cacheprovider -m "not compiled" $(PYTEST_ARGS)
 
 # ruff (the rules in pyproject.toml) over the tree, mypy over the functional core and the shell.
 lint: $(STAMP)
@@ -79,9 +81,10 @@ test-deep: $(STAMP)
 # for its small batches, what runs without vime[fast]. The first run here compiles the kernels
 # (about 70 s of CPU), later runs load numba's cache.
 test-compiled-kernels: $(STAMP)
-	VIME_KERNELS=compiled $(BIN)/python -m pytest -q -n 2 tests/property/test_schedule_properties.py \
+	VIME_KERNELS=compiled $(BIN)/python -m pytest -q -n 2 tests/property/test_compiled_kernels.py \
+	  tests/property/test_schedule_properties.py \
 	  tests/property/test_balance.py tests/test_schedule_examples.py tests/test_reports.py \
-	  tests/test_readme_schedule.py
+	  tests/test_docs_schedule.py
 
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)

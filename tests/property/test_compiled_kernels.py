@@ -21,7 +21,8 @@ from vime_pure.config import BALANCES, PACKINGS
 from vime_pure.scheduling import planner
 from vime_pure.scheduling.registry import PURE, kernel_set, numba_available, to_flat
 
-pytestmark = pytest.mark.skipif(not numba_available(), reason="numba (vime[fast]) not installed")
+pytestmark = [pytest.mark.compiled,  # make test-compiled-kernels runs them, not make test
+              pytest.mark.skipif(not numba_available(), reason="numba (vime[fast]) not installed")]
 
 
 def _same(a, b) -> bool:
