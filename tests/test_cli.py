@@ -14,7 +14,7 @@ import pytest
 from vime_shell.cli import train as train_cmd
 from vime_shell.cli.launch_verdict import Verdict, agree, settle, where
 from vime_shell.cli.main import main
-from vime_shell.engines.health import REAPER_NAME
+from vime_shell.engines.health import ENDS_PROCESS, REAPER_NAME
 from vime_shell.storage.locks import lock_holder, read_owner
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -169,6 +169,7 @@ def test_the_health_reaper_is_not_reported_as_a_plugins_thread():
     the rank exited before its reaper let every rank read the verdict)."""
     stop = threading.Event()
     reaper = threading.Thread(target=stop.wait, name=REAPER_NAME)
+    setattr(reaper, ENDS_PROCESS, True)
     plugin = threading.Thread(target=stop.wait, name="my-plugin-poller")
     reaper.start()
     plugin.start()

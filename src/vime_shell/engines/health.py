@@ -76,8 +76,9 @@ VERDICT_KEY = f"{_KEYS}/verdict"
 
 
 # The thread that ends a rank after a verdict (``_reap``): not a daemon, so it outlives the main
-# thread it waits for; ``vime train``'s exit leaves it to end the process.
+# thread it waits for; ``vime train``'s exit leaves a thread marked ``ENDS_PROCESS`` to end it.
 REAPER_NAME = "vime-health-exit"
+ENDS_PROCESS = "vime_ends_process"  # the attribute that marks it (read without importing torch)
 
 class HealthCheckError(VimeError):
     """A rank of the job stopped answering, or a wait on one passed its bound (named by role
@@ -234,6 +235,7 @@ class HealthMonitor:
             grace = max(self.policy.interval_s + self.policy.timeout_s, MIN_GRACE_S)
             self._reaper = threading.Thread(target=self._reap, args=(grace,), daemon=False,
                                             name=REAPER_NAME)
+            setattr(self._reaper, ENDS_PROCESS, True)
             self._reaper.start()
 
     def _reap(self, grace_s: float) -> None:
