@@ -62,6 +62,8 @@ def test_a_vllm_engine_rank_trains_one_step_off_and_fully_async(tmp_path):
     for name, _ in RUNS:
         records = trainer[name]
         assert [r["rollout"] for r in records] == [0, 1, 2]
-        assert all(0 < r["probe_gap"] < 1e-4 for r in records)  # after every sync
+        # measured after every sync (not None); 0.0 is a valid gap: the probe's few tokens can
+        # score bit for bit alike on engine and trainer
+        assert all(r["probe_gap"] is not None and 0 <= r["probe_gap"] < 1e-4 for r in records)
         assert [r["staleness_max"] for r in records] == [0, 1, 1]  # off policy after rollout 0
         assert records[0]["logprob_gap"] < 1e-4  # the first batch: the initial weights'
