@@ -212,3 +212,43 @@ def test_a_policy_compiles_only_its_own_kernels(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True, env=env)
     assert out.stdout.strip() == "[0, 0, 0, 0, 0, 0]"
+
+
+def test_each_step_loop_has_its_own_cache_file_under_the_import_hook():
+    """The tests' jaxtyping hook wraps the closure ``plan``; numba caches the unwrapped one
+    under its qualified name. Were that name shared, the loops of two policies compiled by two
+    processes at once would share one cache index and one could load the other's machine code
+    (CI: "NRT_adapt_ndarray_to_python: 'descr' is NULL" for first_fit)."""
+    from vime_pure.scheduling.compiled_steps import BALANCE_CODES, PACKING_CODES, _loop
+
+    pairs = {(p, k) for p in PACKING_CODES.values() for k, _ in BALANCE_CODES.values()}
+    names = {_loop(p, k).py_func.__qualname__ for p, k in pairs}
+    assert len(names) == len(pairs)
+
+
+def test_a_compile_waits_for_another_processs_compile_and_names_the_lock(tmp_path,
+                                                                          monkeypatch):
+    """Every compile of a vime kernel holds one file lock across processes (numba's cache index
+    is not safe for two processes compiling one function's signatures at once). While another
+    process holds it, a compile waits, then fails with the file's name, not silently."""
+    import numpy as np
+
+    from vime_pure.scheduling import compiled_kernels as ck
+
+    lock = tmp_path / "compile.lock"
+    monkeypatch.setattr(ck, "COMPILE_LOCK", str(lock))
+    monkeypatch.setattr(ck, "COMPILE_LOCK_WAIT_S", 0.3)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time\n"
+         f"f = open({str(lock)!r}, 'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True)"
+         "\nsys.stdin.readline()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        add = ck._compiled(lambda a: a + 1)
+        with pytest.raises(TimeoutError, match="compile.lock"):
+            add(np.int64(1))
+    finally:
+        holder.communicate("\n", timeout=30)
+    assert add(np.int64(1)) == 2  # released: the same compile now goes through
+    with ck.compile_lock(), ck.compile_lock():  # re-entrant: a compile types its callees
+        assert add(np.int64(2)) == 3

@@ -15,17 +15,84 @@ Example: ``ffd_flat(np.array([300, 800, 200, 700]), 1000)`` gives items ``[1, 2,
 offsets ``[0, 2, 4]``, the flat form of FFD's ``[[1, 2], [3, 0]]``.
 """
 
+import contextlib
+import fcntl
 import heapq
 import inspect
+import os
+import tempfile
+import threading
+import time
 
 import numpy as np
 from numba import njit
 
+# numba's disk cache is not safe for two processes that compile different signatures of one
+# function at once: each reads the function's index, both name their machine code data file 1,
+# and a later load maps one signature to the other's code ("NRT_adapt_ndarray_to_python:
+# 'descr' is NULL", or a wrong result). DP ranks building schedules on a fresh cache, or two
+# pytest-xdist workers, do exactly that. So every compile or cache load of a vime kernel holds
+# one file lock per user and machine: the second process waits, then loads what the first one
+# wrote. The lock is the only I/O of the core besides numba's own cache.
+COMPILE_LOCK = os.path.join(tempfile.gettempdir(), f"vime-numba-compile-{os.getuid()}.lock")
+COMPILE_LOCK_WAIT_S = 900.0  # the slowest first compile measured is ~50 s (module docstring)
+_lock_owner = threading.RLock()
+_lock_depth = 0
 
-def _compiled(fn):
-    """``njit`` with numba's disk cache. Under the tests' jaxtyping import hook ``fn`` arrives
-    wrapped in a runtime type checker that numba can neither compile nor cache: unwrap it."""
-    return njit(cache=True)(inspect.unwrap(fn))
+
+@contextlib.contextmanager
+def compile_lock():
+    """Hold the kernels' cross-process compile lock (``COMPILE_LOCK``); re-entrant within a
+    process (a compile types its callees, which compile under the same lock). Raises
+    TimeoutError after ``COMPILE_LOCK_WAIT_S`` seconds, naming the file."""
+    global _lock_depth
+    path, wait_s = COMPILE_LOCK, COMPILE_LOCK_WAIT_S  # read now: a test points them elsewhere
+    with _lock_owner:
+        if _lock_depth:
+            _lock_depth += 1
+            try:
+                yield
+            finally:
+                _lock_depth -= 1
+            return
+        with open(path, "a") as handle:
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"waited {wait_s:.0f} s for {path}, the lock another process holds "
+                            "while numba compiles vime's scheduler kernels. Fix: find that "
+                            "process (`fuser` on the file) and let it finish or stop it; or set "
+                            "VIME_KERNELS=pure.") from None
+                    time.sleep(0.05)
+            _lock_depth = 1
+            try:
+                yield
+            finally:
+                _lock_depth = 0  # closing the file releases the flock
+
+
+def _compiled(fn, name: str | None = None):
+    """``njit`` with numba's disk cache, every compile under ``compile_lock``. Under the tests'
+    jaxtyping import hook ``fn`` arrives wrapped in a runtime type checker that numba can
+    neither compile nor cache: unwrap it. ``name`` renames the function numba sees, so two
+    closures of one ``def`` get their own cache files (numba names them by qualified name)."""
+    py = inspect.unwrap(fn)
+    if name is not None:
+        py.__name__ = py.__qualname__ = name
+    dispatcher = njit(cache=True)(py)
+    plain = dispatcher.compile
+
+    def compile_locked(sig):  # numba calls .compile for every new signature, Python or nopython
+        with compile_lock():
+            return plain(sig)
+
+    dispatcher.compile = compile_locked
+    return dispatcher
 
 
 @_compiled

@@ -108,8 +108,9 @@ def _loop(packing: int, kind: int):
     """The step loop for one packing code and balance kind. Every test of ``packing`` and
     ``kind`` below compares a closure constant with a literal, so numba prunes the branches of
     the other policies and never compiles their kernels. Each pair is its own function (own
-    name, own numba cache file). Under static packing the straggler kind falls back to
-    Karmarkar-Karp on FLOPs, as ``planner._step_bins`` does."""
+    name, own numba cache file, also under the tests' import hook, which wraps ``plan``).
+    Under static packing the straggler kind falls back to Karmarkar-Karp on FLOPs, as
+    ``planner._step_bins`` does."""
 
     def plan(kept, bounds, sizes, work, cap, dp, multiple, mbs, by_tokens):
         steps = len(bounds) - 1
@@ -158,8 +159,7 @@ def _loop(packing: int, kind: int):
             pos, nmb = _gather(parts, items, offsets, samples, ids, mb_sizes, pos, nmb)
         return -1, 0, ids[:pos], mb_sizes[:nmb], per_rank
 
-    plan.__name__ = plan.__qualname__ = f"_plan_{packing}_{kind}"
-    return _compiled(plan)
+    return _compiled(plan, name=f"_plan_{packing}_{kind}")
 
 
 def plan_steps(kept: np.ndarray, bounds: np.ndarray, sizes: np.ndarray, work: np.ndarray, *,
