@@ -66,8 +66,6 @@ def test_bad_async_settings_are_config_errors(kwargs, field):
     (dict(update_weights_interval=2), "--update-weights-interval"),  # colocated loop
     (dict(fully_async=True, rollout_num_gpus=1, max_weight_staleness=0,
           update_weights_interval=2), "--max-weight-staleness"),
-    (dict(fully_async=True, rollout_num_gpus=1, partial_rollout=True,
-          over_sampling_batch_size=24), "--partial-rollout"),
     (dict(train_async=True, rollout_num_gpus=1, partial_rollout=True,
           over_sampling_batch_size=24), "--partial-rollout"),
 ])
@@ -75,6 +73,17 @@ def test_launch_checks_refuse_what_cannot_run(monkeypatch, kwargs, field):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match=field):
         rank_roles(TrainConfig(**kwargs))
+
+
+def test_partial_rollouts_run_in_the_fully_async_pool_without_over_sampling(monkeypatch):
+    """The pool cuts the requests in flight at every sync, so it needs no over-sampled round
+    (one step off still refuses --partial-rollout; synchronously it needs over-sampling)."""
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    cfg = TrainConfig(fully_async=True, rollout_num_gpus=2, partial_rollout=True,
+                      mask_offpolicy_in_partial_rollout=True)
+    assert rank_roles(cfg).asynchrony.pooled
+    with pytest.raises(ConfigError, match="over-sampling-batch-size"):
+        TrainConfig(rollout_num_gpus=1, partial_rollout=True)
 
 
 @pytest.mark.parametrize("mode", [dict(fully_async=True), dict(train_async=True),

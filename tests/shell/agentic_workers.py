@@ -2,12 +2,15 @@
 and a partial rollout, each a short run in one spawned process (imports dominate)."""
 
 import asyncio
+import contextvars
 import os
 
+import attrs
 import numpy as np
 
 from vime_pure.data.sample import Status
-from vime_shell.rollout.generate import generate
+from vime_shell.engines.hf_async import HfAsyncFront
+from vime_shell.rollout.generate import current_runtime, generate
 
 
 async def slow_generate(args, sample, sampling_params):
@@ -24,6 +27,62 @@ async def slow_generate(args, sample, sampling_params):
         if sample.status is not Status.TRUNCATED:  # stopped (EOS) or aborted
             return sample
     return sample
+
+
+# --fully-async --partial-rollout: a request made while _HOLD is set generates one token, then
+# stays in flight in the engine until the next abort_all (the pool's cut at a weight sync)
+# ends it, as a response longer than a training step does. So a run is sure to cut one.
+_HOLD = contextvars.ContextVar("vime_test_hold", default=False)
+_HELD: list = []  # this process: [True] once its one held request was made
+
+
+def _hold_requests_in_the_front() -> None:
+    """Patch this process's HF front once (inert unless ``_HOLD`` is set)."""
+    if getattr(HfAsyncFront, "_vime_test_holds", False):
+        return
+    plain_generate, plain_abort = HfAsyncFront.generate, HfAsyncFront.abort_all
+    waiting: list[asyncio.Future] = []
+
+    async def held_generate(self, prompt_ids, params):
+        if not _HOLD.get():
+            return await plain_generate(self, prompt_ids, params)
+        first = await plain_generate(self, prompt_ids, attrs.evolve(params, max_new_tokens=1))
+        cut = asyncio.get_running_loop().create_future()
+        waiting.append(cut)
+        await cut
+        return attrs.evolve(first, finish_reason="abort")  # its one token, its start version
+
+    def abort_all(self):
+        ended = plain_abort(self)
+        for cut in waiting:
+            if not cut.done():
+                cut.set_result(None)
+                ended += 1
+        waiting.clear()
+        return ended
+
+    HfAsyncFront.generate, HfAsyncFront.abort_all = held_generate, abort_all
+    HfAsyncFront._vime_test_holds = True
+
+
+async def holding_generate(args, sample, sampling_params):
+    """``slow_generate``, except that this engine rank's first request of a training group
+    (block 1 on: never the probe, whose group ids are below one block's) under weights 1 to
+    ``num_rollout - 2`` (a later sync is certain) stays in the engine until a sync cuts it;
+    the pool then calls this function again with the sample as it was left."""
+    _hold_requests_in_the_front()
+    version = current_runtime().engine.weight_version
+    training = sample.group_id >= args.rollout_batch_size * args.n_samples_per_prompt
+    if not _HELD and training and 1 <= version <= args.num_rollout - 2 \
+            and sample.response_length < sampling_params["max_new_tokens"]:
+        _HELD.append(True)
+        token = _HOLD.set(True)
+        try:
+            return await generate(args, sample, {**sampling_params,
+                                                 "max_new_tokens": sample.response_length + 1})
+        finally:
+            _HOLD.reset(token)
+    return await slow_generate(args, sample, sampling_params)
 
 
 def _responses(batch):

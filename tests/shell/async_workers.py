@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.shell.agentic_workers import _responses
 from tests.shell.loop_workers import TINY
 
 SEPARATE = dict(rollout_num_gpus=1, colocate=False, num_rollout=3)
@@ -68,6 +69,13 @@ RUNS = {
     # generated again from scratch in rollout 3.
     "partial_plain": dict(custom_generate_function_path=PARTIAL["custom_generate_function_path"],
                           rollout_max_response_len=4, num_rollout=4),
+    # --partial-rollout in the pools: every sync cuts the requests in flight (one per engine
+    # rank is held in the engine until a sync cuts it), continued at once on the new weights.
+    "pool_partial": dict(fully_async=True, max_weight_staleness=2, partial_rollout=True,
+                         mask_offpolicy_in_partial_rollout=True, rollout_max_response_len=4,
+                         num_rollout=4, custom_generate_function_path="tests.shell."
+                                                                      "agentic_workers:"
+                                                                      "holding_generate"),
     # slime's first asynchronous job: math GRPO, the math-verify reward on the pool's threads.
     "math_pool": dict(fully_async=True, max_weight_staleness=1, rm_type="math",
                       custom_rm_path=None),
@@ -115,8 +123,9 @@ def _contents(batch) -> list:
 
 def check_resumed_pool_run(trainer: dict) -> None:
     """``resume_first``, ``resume_middle`` then ``resume_rest`` (see ``RUNS``): 4 rollouts in
-    all, no group trained twice, and groups were in flight at both checkpoints (regenerated
-    after them)."""
+    all, no group trained twice, and the groups pending at each checkpoint (in flight or
+    waiting; how many depends on timing, so possibly none) are counted as recycled by the run
+    resumed from it: they are generated again, never lost."""
     for name in ("resume_first", "resume_middle"):
         assert trainer[name]["error"] == ("RuntimeError", "killed after the checkpoint")
     first, middle, rest = (trainer[f"resume_{n}"]["rollouts"]
@@ -125,7 +134,10 @@ def check_resumed_pool_run(trainer: dict) -> None:
     # Group ids number the pool's draws (block, prompt, sample): each trains at most once.
     ids = [g for r in first + middle + rest for g in set(r["group_ids"])]
     assert len(ids) == len(set(ids)) == 4 * 16
-    assert first[-1]["metrics"]["pool_pending"] > 0 and middle[-1]["metrics"]["pool_pending"] > 0
+    for before, after in ((first, middle), (middle, rest)):
+        at_checkpoint, resumed = before[-1]["metrics"], after[0]["metrics"]
+        assert resumed["pool_recycled"] >= (at_checkpoint["pool_recycled"]
+                                            + at_checkpoint["pool_pending"])
 
 
 def check_pool_counts_are_cumulative(trainer: dict) -> None:
@@ -259,6 +271,10 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...],
                          "group_ids": list(batch.original_group_ids()),
                          "trace": [(s, tuple(ix), n) for s, ix, n in e.trace],
                          "num_samples": len(batch.lengths)})
+            if name == "pool_partial":  # per sample: response, loss mask, weight versions
+                seen[-1] |= {"samples": _responses(batch), "versions": np.stack(
+                    [batch.weight_version_min, batch.weight_version_max]).T.tolist(),
+                    "prompt_groups": batch.prompt_groups.tolist()}
 
         try:
             run_training(cfg, progress=False, on_rollout=observe)

@@ -14,6 +14,8 @@ flight and keeps its pool counters cumulative; a failing engine rank 1 stops the
 has a deadline).
 """
 
+from collections import defaultdict
+
 import pytest
 
 from tests.shell.async_workers import (check_pool_counts_are_cumulative,
@@ -27,7 +29,8 @@ pytestmark = pytest.mark.slow
 def runs(tmp_path_factory, embedded_cache):
     root = tmp_path_factory.mktemp("pool-ranks")
     names = ("sync", "fully_async_k0", "static_k0", "stealing_k0", "fully_async_k2", "resume_first", "resume_middle", "resume_rest",
-             "pool_one_prompt", "pool_broken_sync", "broken_sync", "pool_failure")
+             "pool_one_prompt", "pool_broken_sync", "broken_sync", "pool_failure",
+             "pool_partial")
     overrides = {"sync": {"num_rollout": 2}, "fully_async_k0": {"num_rollout": 2},
                  "static_k0": {"num_rollout": 2}, "stealing_k0": {"num_rollout": 2},
                  # blocks of 3 prompts over two pools
@@ -153,3 +156,34 @@ def test_a_broken_sync_on_engine_rank_1_alone_is_caught_by_the_probe(runs, name)
     kind, message = trainer[name]["error"]
     assert kind == "WeightSyncError" and "on the probe" in message
     assert all("error" not in e[name] for e in engines)
+
+
+def test_partial_rollouts_in_two_pools_are_cut_at_syncs_and_mask_their_older_segments(runs):
+    """``--fully-async --partial-rollout`` over two engine ranks, ``K = 2``: each sync cuts the
+    requests in flight, continued at once on the new weights (one training request per engine
+    rank stays in the engine until a sync cuts it, so the run is sure to cut). Every group
+    trains once, within the bound; every trained sample's loss mask is 0 exactly on the tokens
+    generated under weights older than its group's newest segment (``--mask-offpolicy-in-
+    partial-rollout``), and the logged share of such tokens is those zeros."""
+    trainer, *engines = runs
+    run = trainer["pool_partial"]
+    assert "error" not in run and all("error" not in e["pool_partial"] for e in engines)
+    rollouts = run["rollouts"]
+    assert [r["metrics"]["rollout"] for r in rollouts] == [0, 1, 2, 3]
+    ids = [g for r in rollouts for g in set(r["group_ids"])]
+    assert len(ids) == len(set(ids))
+    assert all(r["metrics"]["staleness_max"] <= 2 for r in rollouts)
+    assert rollouts[-1]["metrics"]["partial/cut_requests"] >= 1
+    for r in rollouts:
+        newest: dict = defaultdict(int)  # per prompt group (all executions of one prompt)
+        for group, (_, high) in zip(r["prompt_groups"], r["versions"]):
+            newest[group] = max(newest[group], high)
+        zeros = tokens = 0
+        for group, (_, response, mask), (low, high) in zip(r["prompt_groups"], r["samples"],
+                                                            r["versions"]):
+            old = (len(mask) if high < newest[group] else
+                   0 if low == high else mask.index(1))  # resumed: its older prefix
+            assert mask == [0] * old + [1] * (len(mask) - old), (low, high, mask)
+            assert low == high or 0 < old < len(mask)
+            zeros, tokens = zeros + old, tokens + len(response)
+        assert r["metrics"]["partial/offpolicy_token_frac"] == pytest.approx(zeros / tokens)

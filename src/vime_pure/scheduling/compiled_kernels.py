@@ -91,7 +91,7 @@ def _compiled(fn, name: str | None = None):
         with compile_lock():
             return plain(sig)
 
-    dispatcher.compile = compile_locked
+    dispatcher.compile = compile_locked  # type: ignore[method-assign]  # one dispatcher only
     return dispatcher
 
 

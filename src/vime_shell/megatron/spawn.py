@@ -1,5 +1,13 @@
 """Start ``fn(rank, ...)`` in fresh processes with a torchrun-like environment (tests, tools).
 
+The processes fork from a forkserver that imported torch, Megatron-core, transformers and the
+trainer once (``PRELOAD``): importing them costs ~12 s of CPU per process here, which was most
+of the multi-process tests' time. The forkserver is this process's, started at the first call;
+each child gets this process's environment as it is at the call (a forkserver child would
+otherwise see the environment of the forkserver's start) and imports nothing else before
+``fn``'s module. The forkserver only imports modules (no thread, no CUDA), so forking it is
+safe.
+
 Each rank's return value comes back through a file in a private temporary directory that only
 this helper writes and reads (pickle is its transport between our own processes; it never
 reads a file it did not just write).
@@ -10,6 +18,7 @@ Example: ``spawn(worker, 2, hf_dir)`` runs ``worker(0, hf_dir)`` and ``worker(1,
 
 import os
 import pickle
+import random
 import socket
 import tempfile
 import time
@@ -21,12 +30,42 @@ import torch.multiprocessing as mp
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+    """A port free now, below the kernel's ephemeral range: a port ``bind(0)`` hands out is
+    from that range, which every outgoing connection (another job's store client, say) may
+    take before the rank-0 store binds it (seen: EADDRINUSE with two test jobs at once)."""
+    low = _ephemeral_low()
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 16000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # that whole span busy: any free port
+        s.bind(("", 0))
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple):
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (Linux's default is 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# What every child imports anyway; the forkserver imports them once (a missing one is skipped).
+PRELOAD = ["torch", "torch.distributed", "transformers", "megatron.core",
+           "vime_shell.megatron.trainer", "vime_shell.run.driver"]
+
+
+def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple,
+            env: dict[str, str] | None = None):
+    if env is not None:  # the caller's environment at the call, not the forkserver's
+        os.environ.clear()
+        os.environ.update(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
@@ -43,9 +82,11 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float = 600.0) -> list:
     A failing rank raises ``RuntimeError`` carrying its traceback; ranks still running after
     ``timeout`` seconds are killed and raise ``TimeoutError`` (a hang fails, never blocks).
     """
+    mp.get_context("forkserver").set_forkserver_preload(PRELOAD)  # before its first start
     with tempfile.TemporaryDirectory(prefix="vime-spawn-") as out_dir:
-        ctx = mp.start_processes(_worker, args=(world_size, free_port(), out_dir, fn, args),
-                                 nprocs=world_size, join=False, start_method="spawn")
+        ctx = mp.start_processes(_worker, args=(world_size, free_port(), out_dir, fn, args,
+                                                dict(os.environ)),
+                                 nprocs=world_size, join=False, start_method="forkserver")
         deadline = time.monotonic() + timeout
         while not ctx.join(timeout=max(deadline - time.monotonic(), 0.0)):
             if time.monotonic() >= deadline:  # a hung rank fails the caller, never blocks it

@@ -112,6 +112,11 @@ class GenerateRuntime:
     context_len: int | None = None
     warned: set = attrs.Factory(set)
     aborting: bool = False
+    # The fully-async pool under --partial-rollout: weight syncs that aborted this runtime's
+    # engine requests (an execution that saw it move is continued, per_sample.PerSample), and
+    # the samples of cut-off fan-outs started again there (never trained).
+    cuts: int = 0
+    restarted: int = 0
     executions: set = attrs.Factory(set)  # the execution tasks a driver registered
     _in_engine: set = attrs.Factory(set)  # tasks awaiting an engine request now
 

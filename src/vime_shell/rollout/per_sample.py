@@ -30,6 +30,13 @@ execution that was cut off is restarted (its partial samples are counted in
 every token generated under older weights gets loss mask 0 (the batch's denominators follow
 the masks, :mod:`vime_pure.denominators`).
 
+In the fully-async pool (``--fully-async --partial-rollout``) nothing waits for a next
+rollout: each weight sync cuts the engine requests in flight (``abort_all`` just before the
+load, on the front's loop, so no request starts in between), and every execution that was cut
+is called again at once under the new weights (``PerSample.continue_after_cut``). Its tokens
+keep one weight version per segment, ``resumed_at`` marks the latest boundary, and the mask
+above applies to them as to a buffered group's.
+
 Deadlines (``--generate-timeout``, default ``functions.GENERATE_TIMEOUT_S``): each execution
 (one call of the function) must return within that many seconds. The round's executions run on
 an event loop of their own thread (:func:`fresh_loop`; in the fully-async pool, the engine
@@ -162,7 +169,10 @@ class PerSample:
     event loop per round (:func:`fresh_loop`), or a long-lived loop that several rounds share,
     as the fully-async pool's groups share its engine front (``vime_shell.sources.pool``);
     ``timeout``: seconds one execution may take (``--generate-timeout``); ``report_every``:
-    seconds between two "still waiting" lines."""
+    seconds between two "still waiting" lines; ``continue_after_cut``: an execution whose
+    engine request a weight sync aborted (``GenerateRuntime.cuts`` moved while it ran: the
+    fully-async pool under ``--partial-rollout``) is called again at once, in the same round,
+    with the sample as it was left, so its next segment runs under the new weights."""
 
     runtime: GenerateRuntime
     generate_fn: GenerateFn
@@ -172,6 +182,7 @@ class PerSample:
     name: str | None = None
     timeout: float = GENERATE_TIMEOUT_S
     report_every: float = STILL_WAITING_S
+    continue_after_cut: bool = False
 
     @property
     def label(self) -> str:
@@ -326,8 +337,12 @@ def generate_rollout(ctx: RolloutContext) -> list[list[list[Sample]]]:
     for i in complete:
         g = groups[i]
         _reward(ctx, g, where=f"rollout {ctx.rollout_id}, {names[i]}")
-        for s in (s for e in g.executions for s in e):
-            old = offpolicy_prefix(s, version)
+        samples = [s for e in g.executions for s in e]
+        # The pool's rounds may end after a sync the group never saw: measure against its
+        # newest segment there (the engine's version is that one in a synchronous round).
+        reference = newest_version(samples) if setup.continue_after_cut else version
+        for s in samples:
+            old = offpolicy_prefix(s, reference)
             if setup.buffer is not None:
                 setup.buffer.tokens += s.response_length
                 setup.buffer.offpolicy_tokens += old
@@ -335,6 +350,12 @@ def generate_rollout(ctx: RolloutContext) -> list[list[list[Sample]]]:
                 mask = [1] * s.response_length if s.loss_mask is None else list(s.loss_mask)
                 s.loss_mask = [0] * old + mask[old:]
     return [groups[i].executions for i in complete]
+
+
+def newest_version(samples: list[Sample]) -> int:
+    """The newest weight version any segment of ``samples`` (one group) was generated under
+    (0 when none was generated)."""
+    return max((int(v) for s in samples for v in s.weight_versions), default=0)
 
 
 def offpolicy_prefix(sample: Sample, version: int) -> int:
@@ -425,13 +446,30 @@ async def _drive(ctx: RolloutContext, setup: PerSample, groups: list[PromptGroup
 
     async def run(i: int, g: PromptGroup, k: int, r: int) -> None:
         gid = ctx.first_group_id + r
-        if g.finished[k]:
-            for s in g.executions[k]:
-                s.group_id = gid
-            return
+        while not g.finished[k]:
+            cuts = rt.cuts
+            if not await call(i, g, k, r, gid):
+                return  # cut by the partial rollout's end: resumed from its state next time
+            if not (setup.continue_after_cut and rt.cuts != cuts):
+                break  # done, or aborted by no cut of ours: it stays as returned
+            # a weight sync cut its request (the fully-async pool): continue it now, under
+            # the new weights, as a buffered group is continued in the next rollout
+        for s in g.executions[k]:
+            s.group_id = gid
+        if g.done and i not in finished:  # a sibling's task may have seen it first
+            finished.add(i)
+            order.append(i)
+            if target is not None and len(order) >= target and not rt.aborting:
+                rt.abort()
+
+    async def call(i: int, g: PromptGroup, k: int, r: int, gid: int) -> bool:
+        """One call of the function for execution ``k`` of group ``i``; False when the
+        partial rollout's end cancelled it."""
         if len(g.executions[k]) != 1:  # a fan-out cut off mid-way: start it again
-            assert setup.buffer is not None  # only a group from the buffer is cut off
-            setup.buffer.restarted += len(g.executions[k])
+            if setup.buffer is not None:  # counted where the run's checkpoint keeps it
+                setup.buffer.restarted += len(g.executions[k])
+            else:
+                rt.restarted += len(g.executions[k])
             g.executions[k] = [_fresh_sample(g.example)]
         sample = g.executions[k][0]
         sample.group_id, sample.index = gid, r
@@ -445,23 +483,16 @@ async def _drive(ctx: RolloutContext, setup: PerSample, groups: list[PromptGroup
             if not rt.aborting:
                 raise  # not the partial rollout's cut: the driver itself is cancelled
             sample.status = Status.ABORTED  # cut mid-way: resumed from its state next time
-            return
+            return False
         except VimeError:
             raise
         except BaseException as exc:  # noqa: BLE001 - the user's code; SystemExit(0) too
             raise PluginError(plugin_failure(execution.where, setup.label, FLAG, exc)) from exc
         finally:
             flight.stop(execution)
-        leaf = _as_leaf(out, execution.where, setup.label)
-        for s in leaf:
-            s.group_id = gid
-        g.executions[k] = leaf
-        g.finished[k] = _execution_done(leaf)
-        if g.done and i not in finished:  # a sibling's task may have seen it first
-            finished.add(i)
-            order.append(i)
-            if target is not None and len(order) >= target and not rt.aborting:
-                rt.abort()
+        g.executions[k] = _as_leaf(out, execution.where, setup.label)
+        g.finished[k] = _execution_done(g.executions[k])
+        return True
 
     # the function may lower the max_new_tokens it is given, never raise it (generate caps it)
     limit = ResponseLimit(ctx.sampling.max_new_tokens, function_name(setup.generate_fn))

@@ -127,11 +127,13 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
             load_callable(path, flag=flag)
     if cfg.custom_generate_function_path is not None:
         load_generate_function(cfg.custom_generate_function_path)
-    if cfg.partial_rollout and engine_layout is not None and engine_layout.num_engines > 1:
+    if cfg.partial_rollout and engine_layout is not None and engine_layout.num_engines > 1 \
+            and not cfg.asynchrony.pooled:  # each pool cuts its own requests
         raise field_error(ConfigError, "--partial-rollout", True,
                           f"keeps one buffer of unfinished groups, but this run has "
                           f"{engine_layout.num_engines} engines",
-                          "pass --rollout-num-gpus 1 (one engine) with --partial-rollout")
+                          "pass --rollout-num-gpus 1 (one engine) with --partial-rollout, "
+                          "or --fully-async (every engine's pool cuts at each sync)")
     Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
                    group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout, args=cfg,
                    reward_key=cfg.reward_key, rm_url=cfg.rm_url)
@@ -236,15 +238,12 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
                           "holding a replica per rank, --rollout-engine hf, runs)",
                           "pass --rollout-num-gpus-per-engine 1 (--rollout-num-gpus N gives N "
                           "pools), or use --train-async")
-    if asynchrony.bounded and cfg.partial_rollout:
-        flag = asynchrony.flag
-        why = ("its pool already keeps unfinished groups in flight across steps"
-               if asynchrony.pooled else "a carried-over group's first tokens "
-               "would be two versions old, past the one-step-off bound")
+    if asynchrony.bounded and not asynchrony.pooled and cfg.partial_rollout:
         raise field_error(ConfigError, "--partial-rollout", True, f"is not supported with "
-                          f"{flag} ({why})", "drop one of them; --partial-rollout works with "
-                          "engines on ranks of their own synchronously (--no-colocate "
-                          "--rollout-num-gpus N)")
+                          f"{asynchrony.flag} (a carried-over group's first tokens would be "
+                          "two versions old, past the one-step-off bound)", "use "
+                          "--fully-async (its pools cut the requests in flight at every "
+                          "sync and continue them on the new weights), or drop one of them")
     return roles
 
 

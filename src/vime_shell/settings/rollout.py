@@ -57,12 +57,15 @@ class RolloutArgs(Record):
                                "rollout (per-sample generation). vime: the unfinished groups "
                                "are in the checkpoint; resumed without this flag they are "
                                "generated again from scratch as the next rollout's first "
-                               "prompts (never lost, never trained twice; refused with "
-                               "--fully-async)")
+                               "prompts (never lost, never trained twice). With "
+                               "--fully-async: every weight sync cuts the requests in "
+                               "flight and continues them on the new weights at once, one "
+                               "weight version per segment; one step off: refused")
     mask_offpolicy_in_partial_rollout: bool = _f(False, "loss mask 0 for every token of a "
                                                  "partial rollout generated under older "
                                                  "weights (vime: also of samples that finished "
-                                                 "before the last sync)")
+                                                 "before the last sync; --fully-async: older "
+                                                 "than the group's newest segment)")
     sglang_server_concurrency: int = _f(512, "requests in flight per engine in per-sample "
                                         "generation (vime: on the HF or vLLM engine)")
     rollout_num_turns: int = _f(2, "turns per execution of the compact rollout (2-3)")
@@ -172,13 +175,6 @@ class RolloutArgs(Record):
             raise field_error(ConfigError, "mask_offpolicy_in_partial_rollout", True,
                               "has no effect without --partial-rollout",
                               "pass --partial-rollout, or drop the flag")
-        if self.partial_rollout and (self.over_sampling_batch_size or 0) \
-                <= self.rollout_batch_size:
-            raise field_error(ConfigError, "partial_rollout", True,
-                              "cuts nothing unless more groups are in flight than a rollout "
-                              f"trains (--rollout-batch-size {self.rollout_batch_size})",
-                              "pass --over-sampling-batch-size, e.g. "
-                              f"{self.rollout_batch_size * 3 // 2}")
         per_sample = self.rollout_function_path in (DEFAULT_ROLLOUT_FUNCTION,
                                                     PER_SAMPLE_ROLLOUT_FUNCTION)
         if self.partial_rollout and not per_sample:

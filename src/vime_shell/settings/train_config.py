@@ -131,6 +131,14 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
                 f"{self.context_parallel_size}: GSPO's sequence ratio averages a whole "
                 "response, which context parallelism splits over ranks. Fix: use "
                 "--context-parallel-size 1 with gspo.")
+        if self.partial_rollout and not self.fully_async and (
+                self.over_sampling_batch_size or 0) <= self.rollout_batch_size:
+            raise field_error(ConfigError, "partial_rollout", True,
+                              "cuts nothing unless more groups are in flight than a rollout "
+                              f"trains (--rollout-batch-size {self.rollout_batch_size})",
+                              "pass --over-sampling-batch-size, e.g. "
+                              f"{self.rollout_batch_size * 3 // 2} (with --fully-async the "
+                              "pool cuts at every weight sync and needs none)")
         self.model_options()  # recompute / MoE consistency (ModelOptions' own checks)
         self._check_steps()
 

@@ -60,7 +60,10 @@ Per-sample rollouts (``--custom-generate-function-path``): a group's executions 
 front's event loop (``FrontEngine.submit`` as the round's ``PerSample.runner``), beside every
 other group's, through one shared front (:class:`GroupsFront`), so their requests join the
 same forwards; the group's rewards are computed on its own thread. The probe and evaluation
-run the same function the same way.
+run the same function the same way. Under ``--partial-rollout`` each weight sync first cuts
+every request in flight (:meth:`GroupPool._load`); the cut executions continue at once on the
+new weights, one weight version per segment (``rollout.per_sample``), and their samples keep
+those versions (not the start/end stamp below).
 
 Deadlines: every plugin call of a group is bounded on the pool's threads as in the synchronous
 loop: a reward by ``--reward-timeout`` (on a worker thread, ``rollout.plugins.run_within``), a
@@ -116,6 +119,7 @@ from vime_shell.settings.train_config import TrainConfig
 from vime_shell.sources.probe import generate_probe
 from vime_shell.sources.rollouts import RolloutProducer, prompt_samples
 from vime_shell.rollout.functions import rollout_sampling_seed, share_context
+from vime_shell.rollout.generate import GenerateRuntime
 from vime_shell.rollout.per_sample import GenerateTimeoutError, check_loop
 from vime_shell.rollout.plugins import call_plugin
 
@@ -304,8 +308,9 @@ class FrontEngine:
 
 class GroupsFront:
     """The per-request front as per-sample rounds see it in the pool: every round shares it,
-    so one round's end must not abort the others' requests (``abort_all`` ends nothing: the
-    pool never cuts a group, ``--partial-rollout`` is refused with ``--fully-async``)."""
+    so one round's end must not abort the others' requests (``abort_all`` ends nothing here;
+    under ``--partial-rollout`` the pool itself cuts every request at a sync,
+    :meth:`GroupPool._load`)."""
 
     def __init__(self, front: Any):
         self.front = front
@@ -355,10 +360,18 @@ class GroupPool:
         # on the front's loop, beside the other groups', so their requests batch together.
         # Such a producer found the engine's per-request front already (``async_front``).
         self.per_sample = producer.per_sample is not None
+        # --partial-rollout: each sync cuts the requests in flight, continued on the new
+        # weights (per-sample only: the settings refuse it without a generate function).
+        self.cut_at_sync = self.per_sample and cfg.partial_rollout
+        self.cut_requests = 0  # engine requests the syncs cut
+        self.cuts: tuple[Any, GenerateRuntime] | None = None  # (front, runtime) when cutting
         self.engine: FrontEngine | LockedEngine
-        if self.per_sample:
+        if producer.per_sample is not None:
             self.engine = front = FrontEngine(engine, concurrency, decode)
-            producer.run_per_sample_on(GroupsFront(front.front), front.submit)
+            producer.run_per_sample_on(GroupsFront(front.front), front.submit,
+                                       continue_after_cut=self.cut_at_sync)
+            if self.cut_at_sync and producer.per_sample is not None:
+                self.cuts = (front.front, producer.per_sample.runtime)
         else:
             self.engine = shared_engine(engine, concurrency, decode=decode)
         self.version = 0
@@ -421,10 +434,7 @@ class GroupPool:
     def _handle(self, command: tuple) -> None:
         if command[0] == "weights":
             try:
-                self.engine.between_calls(  # in-flight groups continue on the new weights
-                    lambda: self.producer.engines.sync_weights(self.bridge.receive_weights(),
-                                                               version=command[1]),
-                    check=self._check_loop)
+                self.engine.between_calls(lambda: self._load(command[1]), check=self._check_loop)
             except GenerateTimeoutError as exc:  # the loop is blocked: nothing more runs
                 self.failure = exc  # on it; ending this rank ends the trainer's send
                 raise
@@ -458,6 +468,18 @@ class GroupPool:
                 if command[2] is not None:
                     self._resume(command[2])
             self._forget_before(command[3])
+
+    def _load(self, version: int) -> None:
+        """Receive and load the trainer's weights, between two engine calls. In-flight groups
+        continue on the new weights; under ``--partial-rollout`` their requests are cut first
+        (on the front's loop, so none starts before the load) and continued as new segments
+        (``per_sample.PerSample.continue_after_cut``): one weight version per segment."""
+        weights = self.bridge.receive_weights()
+        if self.cuts is not None:
+            front, runtime = self.cuts
+            self.cut_requests += front.abort_all()
+            runtime.cuts += 1
+        self.producer.engines.sync_weights(weights, version=version)
 
     def _check_loop(self) -> None:
         """While a weight load waits for the front's loop: a generate function blocking the
@@ -541,9 +563,11 @@ class GroupPool:
             draw, version = self.running.pop(future)
             output = future.result()  # a failing rollout function stops the pool here
             # Stamped with the version it started under and, if a sync came in between, the
-            # one it ended under (oldest first, as Sample.weight_versions are).
-            for sample in prompt_samples(output[0]):
-                sample.weight_versions = sorted({version, self.version})
+            # one it ended under (oldest first, as Sample.weight_versions are); cut at every
+            # sync, its segments carry their own versions already.
+            if not self.cut_at_sync:
+                for sample in prompt_samples(output[0]):
+                    sample.weight_versions = sorted({version, self.version})
             if self.producer.keep is not None and not call_plugin(
                     self.producer.keep, prompt_samples(output[0]),
                     what=f"filter {self.cfg.dynamic_sampling_filter_path}",
@@ -590,6 +614,9 @@ class GroupPool:
         c = self.counts
         record = {"pool_started": c.started, "pool_trained": c.trained,
                   "pool_recycled": c.recycled, "pool_filtered": c.filtered}
+        if self.cuts is not None:
+            record |= {"pool_cut_requests": self.cut_requests,
+                       "pool_restarted_samples": self.cuts[1].restarted}
         groups = [((d.block, d.index), out, v) for d, out, v in taken]
         self.bridge.send(("part", k, groups, record, self.resume_state()))
         self.sent += 1

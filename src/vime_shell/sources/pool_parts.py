@@ -24,8 +24,10 @@ from typing import Any
 
 from vime_pure.async_pool import PoolCounts
 from vime_pure.pool_ranks import merge_order, merge_resume_states, sum_counts
+from vime_shell.rollout.per_sample import newest_version, offpolicy_prefix
 from vime_shell.settings.train_config import TrainConfig
-from vime_shell.sources.rollouts import batch_of, output_source, sample_annotations
+from vime_shell.sources.rollouts import (batch_of, output_source, prompt_samples,
+                                         sample_annotations)
 
 
 def join_pool_parts(cfg: TrainConfig, parts: list[tuple[Any, ...]],
@@ -43,7 +45,24 @@ def join_pool_parts(cfg: TrainConfig, parts: list[tuple[Any, ...]],
     record = {"prompts_generated": len(outputs), "prompts_kept": len(outputs),
               "weight_version": min(groups[i][2] for i in order), **c.as_record(),
               **{f"pool_part_engine_rank_{j}": len(p[2]) for j, p in enumerate(parts)}}
+    if "pool_cut_requests" in parts[0][3]:  # --partial-rollout: the syncs cut requests
+        record |= _partial_record(parts, outputs)
     state = merge_resume_states([p[4] for p in parts], cfg.rollout_batch_size)
     source = {"offset": state.pop("offset"), "draws": state.pop("draws"), "pool": state,
               "pool_counts": c.to_state()}
     return ("batch", parts[0][1], batch, record, source, sample_annotations(outputs))
+
+
+def _partial_record(parts: list[tuple[Any, ...]], outputs: list[Any]) -> dict[str, float]:
+    """``--partial-rollout`` in the pools: requests the syncs cut and fan-out samples started
+    again (over the run, all pools), and of this batch the samples continued over a sync and
+    the share of response tokens generated under weights older than their group's newest
+    segment (what ``--mask-offpolicy-in-partial-rollout`` masks)."""
+    samples = [prompt_samples(out) for out in outputs]
+    tokens = sum(s.response_length for group in samples for s in group)
+    old = sum(offpolicy_prefix(s, newest_version(group)) for group in samples for s in group)
+    return {"partial/cut_requests": sum(p[3]["pool_cut_requests"] for p in parts),
+            "partial/restarted_samples": sum(p[3]["pool_restarted_samples"] for p in parts),
+            "partial/resumed_samples": sum(len(set(s.weight_versions)) > 1
+                                           for group in samples for s in group),
+            "partial/offpolicy_token_frac": old / max(tokens, 1)}

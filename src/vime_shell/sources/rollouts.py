@@ -373,17 +373,20 @@ class RolloutProducer:
         self.source.carried = carried
 
     def run_per_sample_on(self, front: Any,
-                          runner: Callable[[Coroutine[Any, Any, Any]], futures.Future]) -> None:
+                          runner: Callable[[Coroutine[Any, Any, Any]], futures.Future], *,
+                          continue_after_cut: bool = False) -> None:
         """Per-sample generation (``--custom-generate-function-path``) through ``front``, its
         rounds run by ``runner`` (``PerSample``): the fully-async pool's groups, probes and
-        evaluations then share one engine front and one event loop."""
+        evaluations then share one engine front and one event loop; ``continue_after_cut``:
+        executions a weight sync cuts continue at once (``--partial-rollout`` there)."""
         if self.per_sample is None:
             return
         old = self.per_sample.runtime  # a fresh runtime: none of the old one's task sets
         runtime = GenerateRuntime(engine=front, tokenizer=old.tokenizer, encode=old.encode,
                                   mask_offpolicy=old.mask_offpolicy,
                                   context_len=old.context_len, warned=old.warned)
-        self.per_sample = attrs.evolve(self.per_sample, runtime=runtime, runner=runner)
+        self.per_sample = attrs.evolve(self.per_sample, runtime=runtime, runner=runner,
+                                       continue_after_cut=continue_after_cut)
 
     @property
     def _eval_per_sample(self) -> PerSample | None:
