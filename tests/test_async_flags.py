@@ -67,7 +67,7 @@ def test_bad_async_settings_are_config_errors(kwargs, field):
     (dict(fully_async=True, rollout_num_gpus=1, max_weight_staleness=0,
           update_weights_interval=2), "--max-weight-staleness"),
     (dict(train_async=True, rollout_num_gpus=1, partial_rollout=True,
-          over_sampling_batch_size=24), "--partial-rollout"),
+          over_sampling_batch_size=24), "--max-weight-staleness"),
 ])
 def test_launch_checks_refuse_what_cannot_run(monkeypatch, kwargs, field):
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -84,6 +84,18 @@ def test_partial_rollouts_run_in_the_fully_async_pool_without_over_sampling(monk
     assert rank_roles(cfg).asynchrony.pooled
     with pytest.raises(ConfigError, match="over-sampling-batch-size"):
         TrainConfig(rollout_num_gpus=1, partial_rollout=True)
+
+
+def test_partial_rollouts_one_step_off_need_one_more_version_of_staleness(monkeypatch):
+    """A group carried into the next rollout trains one version later than its batch: one
+    step off with --partial-rollout needs K >= 2 (the default 1 is a launch error naming the
+    value to pass)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    flags = dict(train_async=True, rollout_num_gpus=1, partial_rollout=True,
+                 over_sampling_batch_size=24)
+    with pytest.raises(ConfigError, match="pass --max-weight-staleness 2"):
+        rank_roles(TrainConfig(**flags))
+    assert rank_roles(TrainConfig(**flags, max_weight_staleness=2)).asynchrony.lag == 1
 
 
 @pytest.mark.parametrize("mode", [dict(fully_async=True), dict(train_async=True),

@@ -143,6 +143,15 @@ class Asynchrony:
         by a pool on every engine rank, each answering its part of every batch."""
         return self.mode is SyncMode.FULLY_ASYNC
 
+    def staleness_needed(self, *, carries_groups: bool) -> int:
+        """The least ``K`` whose bound every batch meets: ``lag + I - 1``, plus one rollout
+        when unfinished groups are carried into the next rollout (``--partial-rollout`` one
+        step off: a carried group's first segment is one rollout older than the batch). The
+        pool carries nothing across batches (its cuts continue at once): never more.
+        Example: one step off with ``I = 1`` needs ``K >= 1``, and ``K >= 2`` when it carries."""
+        extra = int(carries_groups and not self.pooled)
+        return self.lag + self.update_weights_interval - 1 + extra
+
     @property
     def flag(self) -> str:
         """The flag that chose the mode, for messages (``""`` when synchronous)."""

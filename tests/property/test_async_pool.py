@@ -54,6 +54,10 @@ def assert_asynchrony_invariants(a: Asynchrony) -> None:
     assert a.pooled == (a.mode is SyncMode.FULLY_ASYNC)
     if a.bounded:  # every batch can be fresh enough: K >= lag + I - 1
         assert a.max_staleness >= a.lag + a.update_weights_interval - 1
+    plain = a.staleness_needed(carries_groups=False)
+    assert plain == a.lag + a.update_weights_interval - 1
+    # carrying unfinished groups into the next rollout costs one version, except in the pool
+    assert a.staleness_needed(carries_groups=True) == plain + (not a.pooled)
     assert a.mode.value in SYNC_MODES and (a.flag == "") == (a.mode is SyncMode.SYNC)
 
 

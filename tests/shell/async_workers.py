@@ -65,6 +65,9 @@ RUNS = {
     # end of a rollout resume in the next one, also across a checkpoint.
     "partial_first": dict(PARTIAL, num_rollout=2, save_interval=2),
     "partial_rest": dict(PARTIAL, num_rollout=3),
+    # ... one step off (a carried group trains one version later than its batch: K = 2).
+    "one_step_off_partial": dict(PARTIAL, train_async=True, max_weight_staleness=2,
+                                 num_rollout=3),
     # ... and resumed once more without --partial-rollout: the buffered groups' prompts are
     # generated again from scratch in rollout 3.
     "partial_plain": dict(custom_generate_function_path=PARTIAL["custom_generate_function_path"],

@@ -38,7 +38,8 @@ def runs(tmp_path_factory, embedded_cache):
     root = tmp_path_factory.mktemp("async")
     names = ("sync", "agentic_sync", "agentic_k0", "agentic_k2", "one_step_off_k0",
              "fully_async_k0", "one_step_off", "fully_async_k2", "resume_first", "resume_middle",
-             "resume_rest", "partial_first", "partial_rest", "partial_plain", "failure",
+             "resume_rest", "partial_first", "partial_rest", "partial_plain",
+             "one_step_off_partial", "failure",
              "broken_sync", "hook_failure", "math_pool", "reward_timeout_pool",
              "generate_timeout_pool")
     # 20 short runs in one job: the deadline catches a hang, sized for a loaded machine
@@ -208,6 +209,22 @@ def test_partial_rollouts_on_an_engine_rank_resume_groups_across_a_checkpoint(ru
     # Carried-over tokens keep their own (older) version: staleness and masking see them.
     assert max(r["metrics"]["staleness_max"] for r in first[1:] + rest) >= 1
     assert max(r["metrics"]["partial/offpolicy_token_frac"] for r in first[1:] + rest) > 0
+
+
+def test_partial_rollouts_one_step_off_carry_groups_two_versions_within_the_bound(runs):
+    """``--train-async --partial-rollout --max-weight-staleness 2``: rollout 2 is generated
+    on version 1 while rollout 1 trains, and resumes groups cut in rollout 1's generation (on
+    version 0): trained at version 2, they are the batch's oldest, 2 versions old, within the
+    bound; their older tokens are masked."""
+    trainer, engine = runs
+    run = trainer["one_step_off_partial"]
+    assert "error" not in run and "error" not in engine["one_step_off_partial"]
+    metrics = [r["metrics"] for r in run["rollouts"]]
+    assert [m["rollout"] for m in metrics] == [0, 1, 2]
+    resumed = [m["partial/resumed_groups"] for m in metrics]
+    assert resumed[0] == 0 and resumed[1] > 0 and resumed[2] > 0
+    assert [m["staleness_max"] for m in metrics] == [0, 1, 2]
+    assert max(m["partial/offpolicy_token_frac"] for m in metrics[1:]) > 0
 
 
 def test_resume_without_partial_rollout_on_an_engine_rank_draws_the_buffered_groups_first(runs):

@@ -238,12 +238,13 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
                           "holding a replica per rank, --rollout-engine hf, runs)",
                           "pass --rollout-num-gpus-per-engine 1 (--rollout-num-gpus N gives N "
                           "pools), or use --train-async")
-    if asynchrony.bounded and not asynchrony.pooled and cfg.partial_rollout:
-        raise field_error(ConfigError, "--partial-rollout", True, f"is not supported with "
-                          f"{asynchrony.flag} (a carried-over group's first tokens would be "
-                          "two versions old, past the one-step-off bound)", "use "
-                          "--fully-async (its pools cut the requests in flight at every "
-                          "sync and continue them on the new weights), or drop one of them")
+    need = asynchrony.staleness_needed(carries_groups=cfg.partial_rollout)
+    if asynchrony.bounded and asynchrony.max_staleness < need:  # one step off, carrying
+        raise field_error(ConfigError, "--max-weight-staleness", asynchrony.max_staleness,
+                          f"is below {need}: with --partial-rollout and {asynchrony.flag} a "
+                          "group carried into the next rollout trains one version later "
+                          "than the batch it started in", f"pass --max-weight-staleness "
+                          f"{need}, or use --fully-async (its pools carry nothing)")
     return roles
 
 

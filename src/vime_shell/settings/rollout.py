@@ -60,7 +60,8 @@ class RolloutArgs(Record):
                                "prompts (never lost, never trained twice). With "
                                "--fully-async: every weight sync cuts the requests in "
                                "flight and continues them on the new weights at once, one "
-                               "weight version per segment; one step off: refused")
+                               "weight version per segment; one step off: needs "
+                               "--max-weight-staleness 2)")
     mask_offpolicy_in_partial_rollout: bool = _f(False, "loss mask 0 for every token of a "
                                                  "partial rollout generated under older "
                                                  "weights (vime: also of samples that finished "

@@ -24,8 +24,9 @@ engine ranks execute in order:
 - ``("weights", version)`` then the buckets: every engine rank loads them;
 - ``("evaluate", rid)``: the eval sets on the current weights; ``("stop",)``.
 
-``--partial-rollout`` (synchronous mode only: launch checks refuse it with either
-asynchronous mode) keeps its buffer in the engine ranks' producer; each batch's reply carries
+``--partial-rollout`` (synchronous or one step off, where a carried group is one version
+older than its batch: the launch checks ask ``K >= 2``) keeps its buffer in the engine ranks'
+producer; each batch's reply carries
 the buffer's state, the checkpoint saves it and a resumed run sends it back with its first
 request (resumed without ``--partial-rollout``, the producer puts the groups' prompts back
 first in line, ``carried``, and the replies carry those until they are drawn).
