@@ -14,7 +14,7 @@ import pytest
 from vime_shell.cli import train as train_cmd
 from vime_shell.cli.launch_verdict import Verdict, agree, settle, where
 from vime_shell.cli.main import main
-from vime_shell.engines.health import ENDS_PROCESS, REAPER_NAME
+from vime_shell.engines.reaper_mark import ENDS_PROCESS, REAPER_NAME
 from vime_shell.storage.locks import lock_holder, read_owner
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

@@ -43,6 +43,7 @@ from vime_shell.cli.launch_verdict import (ReportedElsewhere, first_to_report, s
                                            speaks_for_job)
 from vime_shell.cli.parser import REPORTED_ERRORS, VimeArgumentParser
 from vime_shell.engines import engine_traits
+from vime_shell.engines.reaper_mark import ENDS_PROCESS
 from vime_shell.megatron.layout import sequence_parallel_on, transformer_engine_available
 from vime_shell.run.checkpoint_index import resume_checkpoint
 from vime_shell.run.interrupts import catch_interrupts, is_interrupt
@@ -180,9 +181,9 @@ def leave(status: int) -> int:
 
 
 def _lingering() -> list[threading.Thread]:
-    """Non-daemon threads still running, but vime's health reaper (marked
-    ``vime_ends_process``: it ends the process itself, after the main thread, lingering so every
-    rank reads the job's verdict; ``engines.health`` imports torch, so it is not imported)."""
+    """Non-daemon threads still running, but vime's health reaper (marked ``ENDS_PROCESS``,
+    ``engines.reaper_mark``: it ends the process itself, after the main thread, lingering so
+    every rank reads the job's verdict)."""
     main = threading.main_thread()
     return [t for t in threading.enumerate() if t is not main and not t.daemon
-            and t.is_alive() and not getattr(t, "vime_ends_process", False)]
+            and t.is_alive() and not getattr(t, ENDS_PROCESS, False)]

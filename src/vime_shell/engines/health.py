@@ -63,6 +63,7 @@ import torch.distributed as dist
 from vime_pure.errors import VimeError
 from vime_pure.health import (HealthPolicy, Liveness, WaitHistory, liveness_from, observe,
                               stopped_ranks)
+from vime_shell.engines.reaper_mark import ENDS_PROCESS, REAPER_NAME
 
 log = logging.getLogger("vime.train")
 
@@ -75,10 +76,6 @@ _KEYS = "vime/health"
 VERDICT_KEY = f"{_KEYS}/verdict"
 
 
-# The thread that ends a rank after a verdict (``_reap``): not a daemon, so it outlives the main
-# thread it waits for; ``vime train``'s exit leaves a thread marked ``ENDS_PROCESS`` to end it.
-REAPER_NAME = "vime-health-exit"
-ENDS_PROCESS = "vime_ends_process"  # the attribute that marks it (read without importing torch)
 
 class HealthCheckError(VimeError):
     """A rank of the job stopped answering, or a wait on one passed its bound (named by role
