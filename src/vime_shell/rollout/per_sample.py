@@ -326,7 +326,9 @@ def generate_rollout(ctx: RolloutContext) -> list[list[list[Sample]]]:
     first = first_request(ctx, sum(len(g.executions) for g in groups))
     target = ctx.target_groups if setup.buffer is not None else None
     flight = _Round()
-    order = _wait_round(setup.runner(_drive(ctx, setup, groups, names, first, target, flight)),
+    driver = _Driver(ctx=ctx, setup=setup, groups=groups, names=names, target=target,
+                     flight=flight)
+    order = _wait_round(setup.runner(driver.drive(first)),
                         setup, flight, ctx.rollout_id)
     if setup.buffer is None:
         complete = list(range(len(groups)))  # nothing is aborted from outside: train it all
@@ -434,37 +436,75 @@ def _still_waiting(execution: _Execution, waited: float, in_flight: int,
                 setup.timeout, extra={"any_rank": True})
 
 
-async def _drive(ctx: RolloutContext, setup: PerSample, groups: list[PromptGroup],
-                 names: list[str], first: int, target: int | None, flight: _Round
-                 ) -> list[int]:
-    """Run every execution (each one in ``flight`` while it runs); returns the indices of the
-    groups in the order they finished (buffered groups that were already finished first). A
-    failing execution fails the round at once, the others cancelled."""
-    rt = setup.runtime
-    order = [i for i, g in enumerate(groups) if g.done]
-    finished = set(order)
+@attrs.define(eq=False)
+class _Driver:
+    """One round's executions on its event loop (:meth:`drive`): ``order`` collects the
+    indices of the groups in the order they finished (buffered groups that were already
+    finished first); a round under ``target`` aborts the rest once that many finished."""
 
-    async def run(i: int, g: PromptGroup, k: int, r: int) -> None:
-        gid = ctx.first_group_id + r
+    ctx: RolloutContext
+    setup: PerSample
+    groups: list[PromptGroup]
+    names: list[str]
+    target: int | None
+    flight: _Round
+    order: list[int] = attrs.Factory(list)
+    finished: set[int] = attrs.Factory(set)
+
+    async def drive(self, first: int) -> list[int]:
+        """Run every execution (each one in ``flight`` while it runs), request numbers from
+        ``first`` on. A failing execution fails the round at once, the others cancelled."""
+        rt, setup, target = self.setup.runtime, self.setup, self.target
+        self.order = [i for i, g in enumerate(self.groups) if g.done]
+        self.finished = set(self.order)
+        # the function may lower the max_new_tokens it is given, never raise it (generate
+        # caps it)
+        limit = ResponseLimit(self.ctx.sampling.max_new_tokens, function_name(setup.generate_fn))
+        with use_runtime(rt), use_limit(limit):
+            rt.resume()
+            jobs: list[asyncio.Future] = []
+            try:
+                r = first
+                for i, g in enumerate(self.groups):
+                    for k in range(len(g.executions)):
+                        jobs.append(asyncio.ensure_future(self.run(i, g, k, r)))
+                        r += 1
+                rt.executions.update(jobs)
+                if target is not None and len(self.order) >= target:
+                    rt.abort()
+                await _first_error(jobs, rt)
+            finally:
+                rt.engine.abort_all()  # nothing outlives this event loop
+                rt.executions.difference_update(jobs)
+                rt.resume()
+        return self.order
+
+    async def run(self, i: int, g: PromptGroup, k: int, r: int) -> None:
+        """Execution ``k`` of group ``i`` (request ``r``) until it is done, cut by the
+        partial rollout's end, or aborted by no cut of ours."""
+        rt = self.setup.runtime
+        gid = self.ctx.first_group_id + r
         while not g.finished[k]:
             cuts = rt.cuts
-            if not await call(i, g, k, r, gid):
+            if not await self.call(i, g, k, r, gid):
                 return  # cut by the partial rollout's end: resumed from its state next time
-            if not (setup.continue_after_cut and rt.cuts != cuts):
+            if not (self.setup.continue_after_cut and rt.cuts != cuts):
                 break  # done, or aborted by no cut of ours: it stays as returned
             # a weight sync cut its request (the fully-async pool): continue it now, under
             # the new weights, as a buffered group is continued in the next rollout
         for s in g.executions[k]:
             s.group_id = gid
-        if g.done and i not in finished:  # a sibling's task may have seen it first
-            finished.add(i)
-            order.append(i)
-            if target is not None and len(order) >= target and not rt.aborting:
+        if g.done and i not in self.finished:  # a sibling's task may have seen it first
+            self.finished.add(i)
+            self.order.append(i)
+            if self.target is not None and len(self.order) >= self.target \
+                    and not rt.aborting:
                 rt.abort()
 
-    async def call(i: int, g: PromptGroup, k: int, r: int, gid: int) -> bool:
+    async def call(self, i: int, g: PromptGroup, k: int, r: int, gid: int) -> bool:
         """One call of the function for execution ``k`` of group ``i``; False when the
         partial rollout's end cancelled it."""
+        setup, rt, ctx = self.setup, self.setup.runtime, self.ctx
         if len(g.executions[k]) != 1:  # a fan-out cut off mid-way: start it again
             if setup.buffer is not None:  # counted where the run's checkpoint keeps it
                 setup.buffer.restarted += len(g.executions[k])
@@ -475,8 +515,8 @@ async def _drive(ctx: RolloutContext, setup: PerSample, groups: list[PromptGroup
         sample.group_id, sample.index = gid, r
         params = sampling_params_dict(attrs.evolve(ctx.sampling,
                                                    seed=ctx.sampling.request_seed(r)))
-        execution = flight.start(_Execution(ctx.rollout_id, names[i], k,
-                                            asyncio.get_running_loop()))
+        execution = self.flight.start(_Execution(ctx.rollout_id, self.names[i], k,
+                                                 asyncio.get_running_loop()))
         try:
             out = await _timed(setup.generate_fn(setup.args, sample, params), execution)
         except asyncio.CancelledError:
@@ -489,31 +529,10 @@ async def _drive(ctx: RolloutContext, setup: PerSample, groups: list[PromptGroup
         except BaseException as exc:  # noqa: BLE001 - the user's code; SystemExit(0) too
             raise PluginError(plugin_failure(execution.where, setup.label, FLAG, exc)) from exc
         finally:
-            flight.stop(execution)
+            self.flight.stop(execution)
         g.executions[k] = _as_leaf(out, execution.where, setup.label)
         g.finished[k] = _execution_done(g.executions[k])
         return True
-
-    # the function may lower the max_new_tokens it is given, never raise it (generate caps it)
-    limit = ResponseLimit(ctx.sampling.max_new_tokens, function_name(setup.generate_fn))
-    with use_runtime(rt), use_limit(limit):
-        rt.resume()
-        jobs: list[asyncio.Future] = []
-        try:
-            r = first
-            for i, g in enumerate(groups):
-                for k in range(len(g.executions)):
-                    jobs.append(asyncio.ensure_future(run(i, g, k, r)))
-                    r += 1
-            rt.executions.update(jobs)
-            if target is not None and len(order) >= target:
-                rt.abort()
-            await _first_error(jobs, rt)
-        finally:
-            rt.engine.abort_all()  # nothing outlives this event loop
-            rt.executions.difference_update(jobs)
-            rt.resume()
-    return order
 
 
 async def _first_error(jobs: list[asyncio.Future], rt: GenerateRuntime) -> None:
