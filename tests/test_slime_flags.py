@@ -20,7 +20,7 @@ import pytest
 
 from vime_shell.cli.main import build_parser, main
 from vime_shell.engines.layout import DEFAULT_GPU_MEMORY_UTILIZATION
-from vime_shell.models.embedded import build_embedded
+from vime_shell.models.embedded import build_embedded, default_cache_dir
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
 from vime_shell.rollout.functions import DEFAULT_ROLLOUT_FUNCTION
 from vime_shell.run.checkpoint_index import resume_checkpoint
@@ -494,8 +494,10 @@ def test_wandb_key_reaches_wandb_only_through_its_environment(tmp_path):
     common = ["--use-wandb", "--wandb-mode", "offline", "--wandb-key", key, "--wandb-group",
               "g", "--num-rollout", "1", "--rollout-batch-size", "4", "--n-samples-per-prompt",
               "2", "--global-batch-size", "8"]
+    # HOME is the test's (W&B writes there); the embedded model comes from the usual cache
     env = {"PYTHONPATH": str(REPO / "src"), "PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1",
-           "HOME": str(tmp_path), "WANDB_SILENT": "true"}
+           "HOME": str(tmp_path), "WANDB_SILENT": "true",
+           "VIME_CACHE_DIR": str(default_cache_dir())}
     outputs = []
     for extra in (["--dry-run", "--run-dir", "dry"],
                   ["--run-dir", "run", "--save", "ck", "--save-interval", "1"]):

@@ -22,11 +22,10 @@ import pickle
 import signal
 
 import pytest
-import torch.multiprocessing as mp
 
 from tests.shell.async_workers import (check_pool_counts_are_cumulative,
                                        check_resumed_pool_run, dying_engine_worker, modes_worker)
-from vime_shell.megatron.spawn import _worker, free_port, spawn
+from vime_shell.megatron.spawn import spawn, start
 from vime_shell.run.checkpoint_index import waiting_groups
 from vime_shell.run.report import rollout_line
 
@@ -183,9 +182,7 @@ def test_a_killed_engine_rank_stops_the_trainer_with_a_named_error(tmp_path, emb
     """The engine rank's process dies (SIGKILL, no error reply): the trainer's bridge call
     sees the closed connection and raises ``BridgeError`` naming the engine rank; it exits
     on its own well before the deadline (no hang)."""
-    ctx = mp.start_processes(_worker, args=(2, free_port(), str(tmp_path), dying_engine_worker,
-                                            (str(tmp_path), embedded_cache)),
-                             nprocs=2, join=False, start_method="spawn")
+    ctx = start(dying_engine_worker, 2, str(tmp_path), str(tmp_path), embedded_cache)
     trainer, engine = ctx.processes
     trainer.join(timeout=600)  # a hang is the bridge's 3 hours; 600 s covers a loaded start
     alive = trainer.is_alive()

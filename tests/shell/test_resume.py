@@ -10,7 +10,6 @@ uninterrupted run, and end with identical weights.
 """
 
 import json
-import multiprocessing as mp
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from tests.metric_keys import without_timing
 from tests.shell.loop_workers import killed_in_save_worker, killed_worker, resume_worker
 from vime_shell.megatron.checkpoint import TRAINER_STATE
-from vime_shell.megatron.spawn import free_port, spawn
+from vime_shell.megatron.spawn import free_port, process, spawn
 from vime_shell.run import run_checkpoint as checkpoint
 from vime_shell.storage.dump import load_rollout_batch
 
@@ -33,7 +32,7 @@ def _metrics(path) -> list[dict]:
 
 
 def _run_to_death(target, *args) -> int:
-    proc = mp.get_context("spawn").Process(target=target, args=args)
+    proc = process(target, *args)
     proc.start()
     proc.join(timeout=600)
     return proc.exitcode

@@ -23,6 +23,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -61,11 +62,15 @@ PRELOAD = ["torch", "torch.distributed", "transformers", "megatron.core",
            "vime_shell.megatron.trainer", "vime_shell.run.driver"]
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple,
-            env: dict[str, str] | None = None):
+def _use_env(env: dict[str, str] | None) -> None:
     if env is not None:  # the caller's environment at the call, not the forkserver's
         os.environ.clear()
         os.environ.update(env)
+
+
+def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple,
+            env: dict[str, str] | None = None):
+    _use_env(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
@@ -82,11 +87,8 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float = 600.0) -> list:
     A failing rank raises ``RuntimeError`` carrying its traceback; ranks still running after
     ``timeout`` seconds are killed and raise ``TimeoutError`` (a hang fails, never blocks).
     """
-    mp.get_context("forkserver").set_forkserver_preload(PRELOAD)  # before its first start
     with tempfile.TemporaryDirectory(prefix="vime-spawn-") as out_dir:
-        ctx = mp.start_processes(_worker, args=(world_size, free_port(), out_dir, fn, args,
-                                                dict(os.environ)),
-                                 nprocs=world_size, join=False, start_method="forkserver")
+        ctx = start(fn, world_size, out_dir, *args)
         deadline = time.monotonic() + timeout
         while not ctx.join(timeout=max(deadline - time.monotonic(), 0.0)):
             if time.monotonic() >= deadline:  # a hung rank fails the caller, never blocks it
@@ -101,3 +103,30 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float = 600.0) -> list:
             with open(Path(out_dir) / f"{rank}.pkl", "rb") as f:
                 results.append(pickle.load(f))
         return results
+
+
+def start(fn: Callable, world_size: int, out_dir: str, *args, port: int | None = None
+          ) -> Any:
+    """The ranks of :func:`spawn` started, not waited for (a test that kills one); each
+    writes its return value to ``out_dir/<rank>.pkl``. Returns torch's process context."""
+    _forkserver()
+    return mp.start_processes(_worker, args=(world_size, port or free_port(), out_dir, fn,
+                                             args, dict(os.environ)),
+                              nprocs=world_size, join=False, start_method="forkserver")
+
+
+def process(target: Callable, *args) -> Any:
+    """One process (not started) that runs ``target(*args)``, forked from the forkserver with
+    this process's environment (a test that kills it)."""
+    return _forkserver().Process(target=_run_with_env, args=(dict(os.environ), target, args))
+
+
+def _run_with_env(env: dict[str, str], target: Callable, args: tuple) -> None:
+    _use_env(env)
+    target(*args)
+
+
+def _forkserver() -> Any:
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)  # read when the forkserver starts (the first use)
+    return context
