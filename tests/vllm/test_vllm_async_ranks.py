@@ -56,7 +56,7 @@ def ranks_worker(rank: int, root: str, cache: str) -> dict:
 
 def test_a_vllm_engine_rank_trains_one_step_off_and_fully_async(tmp_path):
     trainer, engine = spawn(ranks_worker, 2, str(tmp_path), str(tmp_path / "cache"),
-                            timeout=900)
+                            timeout=900, fresh=True)
     print("\nvLLM on a separate engine rank:", trainer)
     assert engine == {name: [] for name, _ in RUNS}  # served, then stopped cleanly
     for name, _ in RUNS:

@@ -53,7 +53,7 @@ def _rescore(hf_dir, after) -> float:
 def test_expert_parallel_engine_is_sent_exactly_the_experts_vllm_placed_on_it(tmp_path):
     old = build_tiny_hf_model(tmp_path / "old", TinyModelSpec(**SPEC, seed=5))
     new = build_tiny_hf_model(tmp_path / "new", TinyModelSpec(**SPEC, seed=6))
-    ranks = spawn(ep_sync_worker, 2, str(old), str(new), 2, 4, "float32", False)
+    ranks = spawn(ep_sync_worker, 2, str(old), str(new), 2, 4, "float32", False, fresh=True)
     assert [r["served"] for r in ranks] == [[0, 1], [2, 3]]
     for r in ranks:
         # vLLM's own placement, in every module of both MoE layers that maps experts

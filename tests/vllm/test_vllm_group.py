@@ -130,14 +130,14 @@ def test_prefix_cache_is_reset_by_every_sync(group, dirs, monkeypatch):
 
 @pytest.fixture(scope="module")
 def reference_run(dirs):
-    (out,) = spawn(vllm_group_worker, 1, str(dirs[0]), str(dirs[1]), 1, 1)
+    (out,) = spawn(vllm_group_worker, 1, str(dirs[0]), str(dirs[1]), 1, 1, fresh=True)
     return out
 
 
 @pytest.mark.parametrize("per_engine", [1, 2], ids=["2x1gpu", "1x2gpu-tp2"])
 def test_external_launcher_engines_gather_the_single_engine_batch(reference_run, dirs,
                                                                   per_engine):
-    ranks = spawn(vllm_group_worker, 2, str(dirs[0]), str(dirs[1]), 2, per_engine)
+    ranks = spawn(vllm_group_worker, 2, str(dirs[0]), str(dirs[1]), 2, per_engine, fresh=True)
     got, ref = ranks[0]["merged"], reference_run["merged"]
     assert ranks[1]["merged"] is None
     tol = 1e-5 if per_engine == 1 else 1e-4  # TP splits the matmuls: float order changes

