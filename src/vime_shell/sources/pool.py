@@ -1,5 +1,17 @@
 """``--fully-async``: a persistent generation pool on every engine.
 
+Data flow (one engine rank's pool; trainer rank 0 joins the pools' parts)::
+
+    admit      admits_live? ─▶ a ticket from the shared queue (or a recycled draw) ─▶ a thread
+    generate   the rollout function on the group's prompt, through the engine's front (the
+               requests of every group in flight join the same forwards)
+    harvest    filter (dynamic sampling) ─▶ stamp versions ─▶ ready
+    ("batch", k)  drain: fresh enough ─▶ a slot of batch k; too stale ─▶ recycled to the queue
+               ─▶ ("part", k, groups, counts, resume point) once all B slots are claimed
+               ─▶ trainer rank 0: join_pool_parts, in draw order (pool_parts.py)
+    ("weights", v) between two engine calls: [--partial-rollout: cut the requests in flight]
+               load ─▶ [probe on the new weights]
+
 Several engine ranks (``--rollout-num-gpus N``) share **one queue of draws** (work stealing):
 every pool takes the next prompt nobody has taken, so a fast rank takes prompts a slow one
 has not started, and a slow rank holds no batch back. The prompt source is deterministic and
