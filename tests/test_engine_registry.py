@@ -144,11 +144,11 @@ FRONTED = dict(front="pkg:Front")  # a per-request front (never loaded by a laun
     ({}, FRONTED, dict(world_size=1, per_request=True),
      r"^--rollout-engine='echo': has no per-request \(asynchronous\) API, .*Fix: use "
      r"--rollout-engine hf or vllm, or a batched --rollout-function-path\.$"),
-    (dict(FRONTED, per_request_max_world=1, per_request_limit="one rank only"), FRONTED,
-     dict(world_size=2, per_request=True),
-     r"^--rollout-engine='echo': runs per-sample generation .* in a world of at most 1 "
-     r"rank\(s\) \(one rank only\), and this job has 2\. Fix: run the engines on at most 1 "
-     r"rank\(s\), use --rollout-engine hf, or a batched"),
+    (dict(FRONTED, per_request_max_gpus=1, per_request_limit="one rank only"), FRONTED,
+     dict(world_size=2, rollout_num_gpus_per_engine=2, per_request=True),
+     r"^--rollout-num-gpus-per-engine=2: exceeds the 1 rank\(s\) per engine that the echo "
+     r"engine runs per-sample generation .* on \(one rank only\)\. Fix: pass "
+     r"--rollout-num-gpus-per-engine 1, use --rollout-engine hf, or a batched"),
 ])
 def test_an_engines_layout_rules_come_from_its_traits(monkeypatch, traits, runs_with, kwargs,
                                                       message):

@@ -51,11 +51,15 @@ def per_sample_worker(rank: int, run_dir: str, cache: str) -> list[dict]:
     return [{k: r[k] for k in ("rollout", "logprob_gap", "sync_s")} for r in result.records]
 
 
-def test_vime_train_generates_per_sample_on_async_vllm(tmp_path):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_vime_train_generates_per_sample_on_async_vllm(tmp_path, ranks):
     """The multi-turn tool example on ``AsyncLLM``: per-request stop tokens, tool output
     appended between turns, weights synced through a staged directory, and the gap check
-    passing after every sync."""
-    records = spawn(per_sample_worker, 1, str(tmp_path / "run"), str(tmp_path / "cache"), fresh=True)[0]
-    print("\nvime train, per sample, on AsyncLLM:", records)
-    assert [r["rollout"] for r in records] == [0, 1, 2]
-    assert all(0 < r["logprob_gap"] < 1e-4 for r in records)
+    passing after every sync; with 2 ranks, one ``AsyncLLM`` per rank (colocated, DP 2)."""
+    out = spawn(per_sample_worker, ranks, str(tmp_path / "run"), str(tmp_path / "cache"),
+                fresh=True)
+    print(f"\nvime train, per sample, on AsyncLLM ({ranks} rank(s)):", out[0])
+    seen = [[(r["rollout"], r["logprob_gap"]) for r in o] for o in out]
+    assert all(o == seen[0] for o in seen)  # every rank records the run (sync_s is its own)
+    assert [r["rollout"] for r in out[0]] == [0, 1, 2]
+    assert all(0 < r["logprob_gap"] < 1e-4 for r in out[0])

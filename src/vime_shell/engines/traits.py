@@ -57,8 +57,8 @@ class EngineTraits:
     joins_world: str | None = None  # why every rank of a multi-rank world must host an engine
     front: str | None = None  # "module:Class" of the per-request front of a batched engine
     per_request_target: str | None = None  # "module:Class" built for per-sample generation
-    per_request_max_world: int | None = None  # per-sample generation only in worlds this big
-    per_request_limit: str = ""  # why per-sample generation needs so small a world
+    per_request_max_gpus: int | None = None  # per-sample generation: engines this big at most
+    per_request_limit: str = ""  # why per-sample generation needs so small an engine
     expert_parallel: bool = False  # splits a MoE model's experts over an engine's ranks
     routes_need_cuda: str | None = None  # what returns routed experts only on CUDA
     max_temperature: float | None = None  # the largest sampling temperature it accepts

