@@ -162,7 +162,7 @@ def leaf_samples(session: Session, *, group_id: int | str | None = None) -> list
     gives no sample; :func:`untrained_paths` counts them."""
     out = []
     for path in session.paths:
-        owned = [p for p in range(path.owned_from, len(path.tokens)) if path.origin[p] != CONTEXT]
+        owned = _owned_generated(path)
         if not owned:
             continue
         start = owned[0]  # past owned_from: every generated token of the response is owned
@@ -180,7 +180,12 @@ def leaf_samples(session: Session, *, group_id: int | str | None = None) -> list
 
 def untrained_paths(session: Session) -> int:
     """Paths that own no generated token (no sample from :func:`leaf_samples`)."""
-    return sum(all(o == CONTEXT for o in p.origin[p.owned_from:]) for p in session.paths)
+    return sum(not _owned_generated(p) for p in session.paths)
+
+
+def _owned_generated(path: Path) -> list[int]:
+    """The positions of the generated tokens ``path`` owns (module docstring: ownership)."""
+    return [p for p in range(path.owned_from, len(path.tokens)) if path.origin[p] != CONTEXT]
 
 
 def _log_prob(session: Session, path: Path, position: int) -> float:

@@ -25,8 +25,8 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -64,14 +64,14 @@ PRELOAD = ["torch", "torch.distributed", "transformers", "megatron.core",
            "vime_shell.megatron.trainer", "vime_shell.run.driver"]
 
 
-def _use_env(env: dict[str, str] | None) -> None:
-    if env is not None:  # the caller's environment at the call, not the forkserver's
-        os.environ.clear()
-        os.environ.update(env)
+def _use_env(env: dict[str, str]) -> None:
+    """The caller's environment at the call, not the forkserver's."""
+    os.environ.clear()
+    os.environ.update(env)
 
 
 def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple,
-            env: dict[str, str] | None = None):
+            env: dict[str, str]):
     _use_env(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
@@ -119,7 +119,8 @@ def start(fn: Callable, world_size: int, out_dir: str, *args, port: int | None =
           fresh: bool = False) -> Any:
     """The ranks of :func:`spawn` started, not waited for (a test that kills one); each
     writes its return value to ``out_dir/<rank>.pkl``. Returns torch's process context."""
-    _forkserver()
+    if not fresh:
+        _forkserver()
     return mp.start_processes(_worker, args=(world_size, port or free_port(), out_dir, fn,
                                              args, dict(os.environ)),
                               nprocs=world_size, join=False,

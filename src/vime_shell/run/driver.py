@@ -88,25 +88,23 @@ class _Loop:
         self.trainer = self._build_trainer()
         self.rank = dist.get_rank()
         options, gap_tolerance = None, cfg.logprob_gap_tolerance
+        source = None
         try:  # a failure from here on: what is built goes down, as run_training's finally does
             if plan.engine_layout is not None:  # not a train-only replay
                 options = engine_options(cfg, self.trainer.platform.kind == "cuda",
                                          num_experts_of(self.trainer.bridge.hf_config))
                 if gap_tolerance is None:
                     gap_tolerance = logprob_gap_tolerance(options.dtype)
-            self.source = open_source(cfg, plan, options, sides)
-        except BaseException:
-            self.trainer.shutdown()
-            raise
-        try:
+            self.source = source = open_source(cfg, plan, options, sides)
             self.dumps = (DumpWriter(cfg.save_rollout_data, plan.hf_dir)
                           if cfg.save_rollout_data is not None and self.rank == 0 else None)
-            self.step = Step(cfg=cfg, plan=plan, trainer=self.trainer, source=self.source,
+            self.step = Step(cfg=cfg, plan=plan, trainer=self.trainer, source=source,
                              gap_tolerance=gap_tolerance, dumps=self.dumps,
                              on_rollout=on_rollout)
         except BaseException:
             self.trainer.shutdown()
-            self.source.close()  # last, as in run_training
+            if source is not None:
+                source.close()  # last, as in run_training
             raise
 
     def _build_trainer(self) -> MegatronTrainer:

@@ -235,6 +235,7 @@ def pool_claims(bridge: Any, batch_size: int, layout: Any, rank: int,
     return (Claims(store, range(batch_size), batch_size, str(engine)),
             pool_capacity(batch_size, num_pools))
 
+
 class LockedEngine:
     """One engine shared by the pool's threads: one call at a time (engines without a
     per-request front)."""
@@ -373,16 +374,16 @@ class GroupPool:
         # Such a producer found the engine's per-request front already (``async_front``).
         self.per_sample = producer.per_sample is not None
         # --partial-rollout: each sync cuts the requests in flight, continued on the new
-        # weights (per-sample only: the settings refuse it without a generate function).
-        self.cut_at_sync = self.per_sample and cfg.partial_rollout
+        # weights (per-sample only: the settings refuse it without a generate function);
+        # ``cuts`` is (front, runtime) then, None otherwise.
         self.cut_requests = 0  # engine requests the syncs cut
-        self.cuts: tuple[Any, GenerateRuntime] | None = None  # (front, runtime) when cutting
+        self.cuts: tuple[Any, GenerateRuntime] | None = None
         self.engine: FrontEngine | LockedEngine
         if producer.per_sample is not None:
             self.engine = front = FrontEngine(engine, concurrency, decode)
             producer.run_per_sample_on(GroupsFront(front.front), front.submit,
-                                       continue_after_cut=self.cut_at_sync)
-            if self.cut_at_sync and producer.per_sample is not None:
+                                       continue_after_cut=cfg.partial_rollout)
+            if cfg.partial_rollout:
                 self.cuts = (front.front, producer.per_sample.runtime)
         else:
             self.engine = shared_engine(engine, concurrency, decode=decode)
@@ -577,7 +578,7 @@ class GroupPool:
             # Stamped with the version it started under and, if a sync came in between, the
             # one it ended under (oldest first, as Sample.weight_versions are); cut at every
             # sync, its segments carry their own versions already.
-            if not self.cut_at_sync:
+            if self.cuts is None:
                 for sample in prompt_samples(output[0]):
                     sample.weight_versions = sorted({version, self.version})
             if self.producer.keep is not None and not call_plugin(
