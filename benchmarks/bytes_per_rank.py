@@ -41,7 +41,6 @@ import torch.distributed as dist
 
 from tests.shell.loop_workers import TINY
 from vime_pure.data.share_bytes import batch_bytes, metadata_bytes, rank_bound, share_bytes
-from vime_pure.data.shares import part_meta
 from vime_shell.engines.work_queue import job_store
 from vime_shell.megatron.spawn import spawn
 from vime_shell.rollout.functions import single_turn_rollout
@@ -107,7 +106,7 @@ def bytes_worker(rank: int, root: str, cache: str, names: tuple[str, ...],
         seen: list = []
 
         def observe(e, seen=seen) -> None:
-            meta = part_meta(e.gather_batch())  # collective over the trainer ranks
+            meta = e.meta  # the planned metadata: no part is gathered for this hook
             dp = e.trainer.dp_rank
             seen.append({"rollout": e.rollout_id, "dp_rank": dp,
                          "exchange": e.exchange.as_dict(),
@@ -122,7 +121,7 @@ def bytes_worker(rank: int, root: str, cache: str, names: tuple[str, ...],
         data = long_prompts(f"{root}/{name}-rank{rank}/prompts.jsonl")
         cfg = TrainConfig(**{**JOB, "num_rollout": rollouts, "run_dir": f"{root}/{name}",
                              "prompt_data": data, **settings})
-        run_training(cfg, progress=False, on_rollout=observe)
+        run_training(cfg, progress=False, on_rollout=observe, gather_batches=False)
         out[name] = seen
     return out
 

@@ -46,7 +46,7 @@ from vime_pure.data.held_parts import join_chunks
 from vime_pure.data.shares import (assemble_share, merge_meta, part_meta, plan_shares,
                                    share_piece)
 from vime_pure.data.work_queue import queue_chunk_size
-from vime_shell.train.exchange import pack_piece, unpack_piece
+from vime_shell.sources.exchange import pack_piece, unpack_piece
 
 
 def _cpu(fn):
@@ -196,7 +196,7 @@ def gloo_worker(rank: int, samples: int, dp: int) -> dict:
 
     from vime_pure import BatchingPolicy, ParallelLayout
     from vime_pure.scheduling.workloads import synthetic_workload
-    from vime_shell.train.exchange import ShareExchange
+    from vime_shell.sources.exchange import ShareExchange
 
     dist.init_process_group("gloo")
     work = synthetic_workload(num_groups=samples, fanout="grpo16", seed=0)

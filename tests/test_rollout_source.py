@@ -43,12 +43,13 @@ def test_every_source_kind_has_the_protocols_methods_with_its_parameters(kind):
 
 
 @pytest.mark.parametrize("kind", SOURCES, ids=lambda k: k.__name__)
-def test_every_source_kind_says_its_engine_normalization_and_whether_it_generates(kind):
+def test_every_source_kind_says_its_engine_normalization_exchange_and_whether_it_generates(
+        kind):
     """Class attributes, properties or ``__init__`` assignments (what the step reads)."""
     init = ast.parse(inspect.getsource(kind))
     assigned = {t.attr for node in ast.walk(init) if isinstance(node, ast.Assign)
                 for t in node.targets if isinstance(t, ast.Attribute)}
-    for name in ("engine", "normalization", "generates"):
+    for name in ("engine", "normalization", "generates", "exchange_group"):
         assert hasattr(kind, name) or name in assigned, (kind.__name__, name)
 
 
@@ -91,6 +92,7 @@ class _Filtered:
     """A producer whose filter removed every prompt group of the rollout (no batch)."""
 
     source = SimpleNamespace(offset=16, draws=1)  # where the prompt source stands
+    sharded = False  # a filter judges whole batches on engine rank 0
 
     def produce(self, rid):
         return None, GenerationStats(rounds=8, prompts_generated=128, prompts_kept=0,
@@ -101,7 +103,7 @@ class _Filtered:
 
 
 def test_an_engine_rank_replies_no_batch_when_the_filter_removed_every_group():
-    reply = _Server(_Filtered(), SimpleNamespace(rank=1))._generate(3, None)
+    reply = _Server(_Filtered(), SimpleNamespace(bridge=SimpleNamespace(rank=1)))._generate(3, None)
     assert reply[:3] == ("batch", 3, None)  # the trainer skips the rollout (Produced.whole)
     assert reply[3]["prompts_filtered"] == 128 and reply[3]["weight_version"] == 0
 

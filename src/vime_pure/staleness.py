@@ -24,7 +24,7 @@ Example: trainer version 5, groups ``[0, 0, 1]``, ``weight_version_min = [3, -1,
 staleness ``[2, 0, 0]``, group staleness ``[2, 2, 0]``, fresh ``[False, True, True]``.
 """
 
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -36,6 +36,8 @@ from vime_pure.data.shares import BatchMeta
 from vime_pure.data.sample import ON_POLICY_VERSION
 from vime_pure.errors import RolloutBatchError, field_error, type_tag
 from vime_pure.metrics import Metric
+
+T = TypeVar("T", RolloutBatch, BatchMeta)  # what carries weight-version columns
 
 _FIX = "pass the trainer's weight version (the count of weight syncs so far, >= 0)"
 
@@ -92,11 +94,12 @@ def group_staleness(group_ids: Any, weight_version_min: Any, trainer_version: An
     return worst[groups]
 
 
-def stamp_versions(batch: RolloutBatch, version: Any) -> RolloutBatch:
-    """``batch`` with ``version`` (the generating engine's) in place of ``ON_POLICY_VERSION``:
-    an engine on a rank of its own knows which version generated a sample that names none,
-    while a sample that names its versions (a partial rollout's carried-over tokens) keeps
-    them. Example: ``weight_version_min = [-1, 2]`` stamped with 3 -> ``[3, 2]``."""
+def stamp_versions(batch: T, version: Any) -> T:
+    """``batch`` (a ``RolloutBatch``, or a part's ``BatchMeta``) with ``version`` (the
+    generating engine's) in place of ``ON_POLICY_VERSION``: an engine on a rank of its own
+    knows which version generated a sample that names none, while a sample that names its
+    versions (a partial rollout's carried-over tokens) keeps them. Example:
+    ``weight_version_min = [-1, 2]`` stamped with 3 -> ``[3, 2]``."""
     version = trainer_version_of(version)
 
     def stamp(column: np.ndarray) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Properties, for any per-prompt rollout output cut into engine parts and any schedulable
 layout: a DP rank's ``share_bytes`` is exactly the bytes of the pieces the exchange packs for
-it (``vime_shell.train.exchange.pack_piece``, one per holder); the metadata bytes cover every
+it (``vime_shell.sources.exchange.pack_piece``, one per holder); the metadata bytes cover every
 holder's pickled metadata reply (what rank 0 gathers) plus the plan; the shares add up to the
 batch; a rank's bound is the metadata plus its share, below the metadata plus the batch.
 """
@@ -21,7 +21,7 @@ from vime_pure.data.shards import merge_rollout_shares
 from vime_pure.data.share_bytes import batch_bytes, metadata_bytes, rank_bound, share_bytes
 from vime_pure.data.shares import output_part, part_meta, plan_shares
 from vime_pure.errors import RolloutBatchError
-from vime_shell.train.exchange import pack_piece
+from vime_shell.sources.exchange import pack_piece
 
 
 @settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])

@@ -1,6 +1,6 @@
 """Bytes a rank sent and received outside the share exchange, per kind of message.
 
-Two channels move a rollout's data besides the exchange (:mod:`vime_shell.train.exchange`,
+Two channels move a rollout's data besides the exchange (:mod:`vime_shell.sources.exchange`,
 which keeps its own ``ExchangeStats``): the **bridge** between trainer rank 0 and engine ranks
 of their own (:class:`vime_shell.engines.remote.Bridge`: batch replies and fully-async parts,
 weights, probes, commands) and, colocated, the engine leaders' **gather** of their outputs on

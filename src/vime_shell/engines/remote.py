@@ -8,7 +8,10 @@
   unchanged);
 - the **bridge**: trainer rank 0 plus every engine rank (``RankRoles.bridge_rank``), one gloo
   group for commands and results (pickled between vime's own processes, as
-  ``gather_object`` does) and one group for weights (NCCL on CUDA, the gloo one on CPU).
+  ``gather_object`` does) and one group for weights (NCCL on CUDA, the gloo one on CPU);
+- the **span**: every rank of the job (member = global rank: the trainer ranks first), one gloo
+  group on which the engine ranks that keep their parts send each trainer rank its share
+  (``vime_shell.sources.exchange``): a rollout's samples never pass through trainer rank 0.
 
 Weights (:meth:`Bridge.send_weights` / :meth:`Bridge.receive_weights`) go from trainer rank 0
 to every engine rank in the layer-aligned buckets of :func:`vime_shell.engines.sync.buckets`
@@ -207,11 +210,13 @@ def _layout(meta: list[tuple[str, str, tuple]]) -> tuple[list[int], int]:
 
 @attrs.frozen
 class Sides:
-    """This rank's role, its side's rank, and the bridge (None on trainer ranks other than 0)."""
+    """This rank's role, its global rank, the bridge (None on trainer ranks other than 0) and
+    the span (every rank: the share exchange's group where engine ranks hold parts)."""
 
     roles: RankRoles
     rank: int
     bridge: Bridge | None
+    span: Any = None
 
     @property
     def is_trainer(self) -> bool:
@@ -268,5 +273,6 @@ def open_sides(roles: RankRoles, *, backend: str, timeout_s: float = PG_BACKSTOP
                 dist.PrefixStore("vime/bridge-nccl", store), b, roles.bridge_size)
         bridge = Bridge(b, roles.bridge_size, control, weights, device,
                         first_engine_rank=roles.num_trainers, store=store)
-    _OPEN[key] = Sides(roles=roles, rank=rank, bridge=bridge)
+    span = dist.ProcessGroupGloo(dist.PrefixStore("vime/span", store), rank, world, timeout)
+    _OPEN[key] = Sides(roles=roles, rank=rank, bridge=bridge, span=span)
     return _OPEN[key]

@@ -82,7 +82,7 @@ class _Loop:
     them; ``run_training`` is the public entry."""
 
     def __init__(self, cfg: TrainConfig, on_rollout: Callable[[RolloutEvent], None] | None,
-                 plan: LaunchPlan, sides: Sides | None = None):
+                 plan: LaunchPlan, sides: Sides | None = None, gather_batches: bool = True):
         self.cfg, self.plan = cfg, plan
         self.hf_dir = plan.hf_dir
         self.trainer = self._build_trainer()
@@ -100,7 +100,7 @@ class _Loop:
                           if cfg.save_rollout_data is not None and self.rank == 0 else None)
             self.step = Step(cfg=cfg, plan=plan, trainer=self.trainer, source=source,
                              gap_tolerance=gap_tolerance, dumps=self.dumps,
-                             on_rollout=on_rollout)
+                             on_rollout=on_rollout, gather_batches=gather_batches)
         except BaseException:
             self.trainer.shutdown()
             if source is not None:
@@ -149,7 +149,8 @@ class _Loop:
 
 
 def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None] | None = None,
-                 progress: bool | None = None, plan: LaunchPlan | None = None) -> TrainResult:
+                 progress: bool | None = None, plan: LaunchPlan | None = None,
+                 gather_batches: bool = True) -> TrainResult:
     """Run ``cfg.num_rollout`` rollouts, or ``--num-epoch`` passes over the dataset (from the
     ``--load`` checkpoint's counter, if any).
 
@@ -157,7 +158,9 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
     on rank 0, the PNG plots written. The trainer is shut down at the end, also after a
     failure, so one process may run several trainings in turn (with the same world).
     ``plan``: the ``launch_checks`` result when the caller already ran them (the CLI does,
-    before importing this module).
+    before importing this module). ``gather_batches``: an ``on_rollout`` hook may call
+    ``RolloutEvent.gather_batch`` (every trainer rank then receives every part of each
+    rollout); False for a hook that reads only metrics, shares and bytes.
     """
     _quiet_libraries()
     configure_logging(cfg.log_level, dist.get_rank() if dist.is_initialized()
@@ -172,7 +175,7 @@ def run_training(cfg: TrainConfig, *, on_rollout: Callable[[RolloutEvent], None]
             serve_rollouts(cfg, plan, engine_options(cfg, platform.kind == "cuda"), sides)
             return TrainResult(records=[], plots=[], hf_checkpoint=plan.hf_dir, start_rollout=0)
     with claimed_run(cfg, plan.run_id):  # before the model is built: a second run fails now
-        loop = _Loop(cfg, on_rollout, plan, sides)
+        loop = _Loop(cfg, on_rollout, plan, sides, gather_batches)
         try:
             return _run(loop, cfg, progress)
         finally:  # also after a failure: a caller that catches it may start another run

@@ -30,6 +30,7 @@ class ColocatedSource:
     """Engines inside the trainer ranks (the module docstring)."""
 
     generates = True
+    exchange_group = None  # every part sits on a trainer rank
 
     def __init__(self, cfg: TrainConfig, plan: LaunchPlan, engines: EngineGroup):
         self.engines = engines

@@ -6,10 +6,13 @@
 
 Data flow, trainer rank 0 <-> engine ranks over the bridge::
 
-    next(k):  lag 0: ("generate", k) ─▶ engine rank 0 ─▶ ("batch", k, ...) ─▶ Produced
-              lag L: receive k (asked L rollouts ago), ask ("generate", k + 1 .. k + L),
-                     Produced(k) (one step off: L = 1)
+    next(k):  lag 0: ("generate", k) ─▶ engine rank 0 ─▶ ("held", k, stats) ─▶ Produced
+              lag L: receive k (asked L rollouts ago), then ("exchange", k, k + 1, L): the
+                     engine ranks join the step's exchange of k (each leader sends every
+                     trainer rank its share over the span), then generate k + 1 .. k + L
+                     (one step off: L = 1)
               pooled: ("batch", k) ─▶ every pool ─▶ one part each ─▶ joined in draw order
+                      on trainer rank 0 (the whole batch: the pools' parts are not yet kept)
     sync(w, v): ("weights", v, probe?) + buckets ─▶ every engine rank loads; with a probe,
               each engine rank answers one probe group on v ─▶ SyncReport(probe=...)
 
@@ -17,10 +20,16 @@ The trainer drives, over the bridge (:mod:`vime_shell.engines.remote`), with com
 engine ranks execute in order:
 
 - ``("generate", rid, source[, count])``: the engine ranks' own :class:`RolloutProducer`
-  (prompts, dynamic-sampling rounds, rewards, the ``RolloutBatch``, on the engines' default
-  group) makes rollout ``rid`` (and the ``count - 1`` after it, for a lag above 1: one command,
-  so no command is sent while a reply is owed); engine rank 0 sends
-  ``("batch", rid, batch, record, source)`` back for each;
+  (prompts, dynamic-sampling rounds, rewards, on the engines' default group) makes rollout
+  ``rid`` (and the ``count - 1`` after it, for a lag above 1: one command, so no command is
+  sent while a reply is owed). With parts (``keeps_parts``: nothing judges whole batches on
+  rank 0), each engine leader keeps its part (``produce_part``) and engine rank 0 sends
+  ``("held", rid, None, stats, source)``: statistics, no sample. Otherwise engine rank 0
+  gathers the ``RolloutBatch`` and sends ``("batch", rid, batch, record, source)``;
+- ``("exchange", rid, first, count)`` (with parts, right after the reply of ``rid`` is
+  received): every engine rank joins the step's exchange of ``rid`` on the span
+  (:mod:`vime_shell.sources.exchange`; a leader's failure is reported there, as a colocated
+  leader's is), then generates ``first`` .. ``first + count - 1`` as ``generate`` does;
 - ``("weights", version)`` then the buckets: every engine rank loads them;
 - ``("evaluate", rid)``: the eval sets on the current weights; ``("stop",)``.
 
@@ -85,10 +94,11 @@ from vime_shell.megatron.collectives import rank0_result
 from vime_shell.settings.launch_plan import LaunchPlan
 from vime_shell.settings.train_config import TrainConfig
 from vime_shell.sources.base import Produced, SyncReport, Weights, rank_name
+from vime_shell.sources.exchange import ShareExchange
 from vime_shell.sources.pool import GroupPool
 from vime_shell.sources.pool_parts import join_pool_parts
 from vime_shell.sources.probe import generate_probe
-from vime_shell.sources.rollouts import RolloutProducer
+from vime_shell.sources.rollouts import RolloutProducer, keeps_parts
 
 log = logging.getLogger("vime.train")
 
@@ -127,12 +137,18 @@ class RemoteRollouts:
 
     engine = None  # no engine on a trainer rank
     generates = True
-    normalization = RewardNormalization()  # the engine ranks' batches carry their advantages
-    holder_name = staticmethod(rank_name)  # the batch sits on trainer rank 0
 
     def __init__(self, cfg: TrainConfig, sides: Sides, total: int):
         self.cfg, self.bridge, self.total = cfg, sides.bridge, total
         self.asynchrony = sides.roles.asynchrony
+        # Parts stay on the engine leaders (the step's exchange runs on the span, and rank 0
+        # plans the advantages: the parts carry none), unless something judges whole batches
+        # on rank 0 (keeps_parts) or the pools assemble theirs there (fully async).
+        self.sharded = keeps_parts(cfg) and not self.asynchrony.pooled
+        self.exchange_group = sides.span if self.sharded else None
+        self.normalization = (cfg.reward_normalization() if self.sharded
+                              else RewardNormalization())  # whole batches carry advantages
+        self._holder = sides.name_of if self.sharded else rank_name  # member = global rank
         self.first_engine_rank = sides.roles.num_trainers
         # Who answers a batch request: every engine rank's pool (fully async), else engine
         # rank 0 for all (the engine ranks' producer gathers there). A probe: every engine
@@ -164,10 +180,11 @@ class RemoteRollouts:
 
     # -- generation ----------------------------------------------------------------------------
     def next(self, rollout_id: int, trainer_version: int) -> Produced:
-        """Rollout ``rollout_id``'s whole batch and statistics on trainer rank 0, nothing
-        elsewhere (the module docstring's order)."""
+        """Trainer rank 0: rollout ``rollout_id``'s statistics and, unless the engine leaders
+        keep their parts (``sharded``), its whole batch; nothing elsewhere (the module
+        docstring's order)."""
         if self.bridge is None:
-            return Produced()
+            return Produced(sharded=self.sharded)
         rid = rollout_id
         if self.asynchrony.pooled:  # with the block before which every group is done
             low = self.source.pool["block"] if self.source.pool else 0
@@ -175,16 +192,28 @@ class RemoteRollouts:
         elif rid not in self._requested and rid not in self._received:
             self._ask(("generate", rid, self._take_restore()), rid)
         reply = self._reply(rid)
-        if not self.asynchrony.pooled:  # the lag: rollouts k + 1 .. k + L, in one command
-            ahead = [r for r in range(rid + 1, min(rid + 1 + self.lag, self.total))
-                     if r not in self._requested and r not in self._received]
-            if ahead:  # one command: the engine sends each reply before it reads the next
-                self._ask(("generate", ahead[0], None, len(ahead)), *ahead)
+        ahead = [] if self.asynchrony.pooled else [  # the lag: rollouts k + 1 .. k + L
+            r for r in range(rid + 1, min(rid + 1 + self.lag, self.total))
+            if r not in self._requested and r not in self._received]
+        # One command: the engine sends each reply before it reads the next; with parts on
+        # the engine leaders, they first join the step's exchange of rollout k (every trainer
+        # rank enters it when this returns), then generate ahead.
+        if self.sharded:
+            self._ask(("exchange", rid, ahead[0] if ahead else None, len(ahead)), *ahead)
+        elif ahead:
+            self._ask(("generate", ahead[0], None, len(ahead)), *ahead)
         _, _, batch, record, source = reply[:5]
         if source is not None:
             self.source = SourceState(**source)
+        if self.sharded:  # the engine's GenerationStats, completed from the merged metadata
+            return Produced(stats=record, sharded=True)
         return Produced.whole(batch, RemoteGeneration(
             record, tuple(reply[5]) if len(reply) > 5 else ()))
+
+    def holder_name(self, rank: int) -> str:
+        """Who holds exchange member ``rank``'s part: an engine rank with parts, else the
+        batch sits on trainer rank 0."""
+        return self._holder(rank)
 
     def _take_restore(self) -> dict | None:
         restore, self._restore = self._restore, None
@@ -355,19 +384,25 @@ def serve_rollouts(cfg: TrainConfig, plan: LaunchPlan, options: EngineOptions,
             if sides.roles.asynchrony.pooled:
                 GroupPool(cfg, producer, sides.bridge).run()
             else:
-                _Server(producer, sides.bridge).run()
+                _Server(producer, sides).run()
         finally:
             engines.close()
 
 
 class _Server:
-    """One engine rank's command loop (synchronous and one-step-off modes)."""
+    """One engine rank's command loop (synchronous and one-step-off modes). With
+    ``keeps_parts``, each engine leader keeps its part of a rollout (``held``) until the
+    trainer's ``("exchange", k, ...)``, where every engine rank joins the step's exchange on the
+    span: the leaders send each trainer rank its share directly."""
 
-    def __init__(self, producer: RolloutProducer, bridge: Any):
-        self.producer, self.bridge = producer, bridge
-        self.lead = bridge.rank == 1
+    def __init__(self, producer: RolloutProducer, sides: Sides):
+        assert sides.bridge is not None  # every engine rank is on the bridge
+        self.producer, self.bridge = producer, sides.bridge
+        self.lead = self.bridge.rank == 1
         self.version = 0
         self.failure: str | None = None  # a failed weight load, reported with the next reply
+        self.exchange = (ShareExchange(None, group=sides.span) if producer.sharded else None)
+        self.held: dict[int, tuple[Produced, BaseException | None]] = {}
 
     def run(self) -> None:
         while True:
@@ -382,10 +417,12 @@ class _Server:
                         self.producer, first_group_id=(self.bridge.rank - 1)
                         * self.producer.cfg.n_samples_per_prompt)), everyone=True)
             elif kind == "generate":  # rollouts command[1] .. + count - 1, a reply each
-                count = command[3] if len(command) > 3 else 1
-                for rid in range(command[1], command[1] + count):
-                    restore = command[2] if rid == command[1] else None
-                    self._reply(lambda rid=rid, restore=restore: self._generate(rid, restore))
+                self._generate_all(command[1], command[2],
+                                   command[3] if len(command) > 3 else 1)
+            elif kind == "exchange":  # ("exchange", k, first ahead, count ahead)
+                self._exchange(command[1], command[3])
+                if command[3]:
+                    self._generate_all(command[2], None, command[3])
             elif kind == "evaluate":
                 self._reply(lambda: ("eval", self.producer.evaluate(command[1])))
 
@@ -404,13 +441,69 @@ class _Server:
         if send:
             self.bridge.send(reply)
 
+    def _generate_all(self, first: int, restore: dict | None, count: int) -> None:
+        """Rollouts ``first`` .. ``first + count - 1``, a reply each (``restore``: the
+        checkpoint's source state, before the first)."""
+        for rid in range(first, first + count):
+            if self.exchange is not None:
+                self._generate_part(rid, restore if rid == first else None)
+            else:
+                self._reply(lambda rid=rid, restore=(restore if rid == first else None):
+                            self._generate(rid, restore))
+
+    def _restore(self, restore: dict | None) -> None:
+        if restore is not None:
+            self.producer.source.offset = restore["offset"]
+            self.producer.source.draws = restore["draws"]
+            self.producer.restore_partial_state({"partial_buffer": restore.get("partial"),
+                                                 "carried": restore.get("carried")})
+
+    def _source_state(self) -> dict:
+        source, kept = self.producer.source, self.producer.partial_state()
+        return {"offset": source.offset, "draws": source.draws,
+                "partial": kept.get("partial_buffer"), "carried": kept.get("carried")}
+
+    def _generate_part(self, rid: int, restore: dict | None) -> None:
+        """Rollout ``rid`` with parts: each leader keeps its part, stamped with this rank's
+        weight version, until the exchange; engine rank 0 replies with the statistics and the
+        source's state. A failure here is this rank's, reported in the exchange (as colocated
+        leaders report theirs)."""
+        produced, error = Produced(), None
+        try:
+            if self.failure is not None:
+                raise EngineGroupError(self.failure)
+            self._restore(restore)
+            produced = self.producer.produce_part(rid)  # collective over the engine ranks
+        except Exception as exc:  # noqa: BLE001 - reported to every rank by the exchange
+            error = exc
+        part = None if produced.part is None else stamp_versions(produced.part, self.version)
+        stats = None if produced.stats is None else attrs.evolve(
+            produced.stats, weight_version=self.version)
+        self.held[rid] = (attrs.evolve(produced, part=part, stats=stats, meta=tuple(
+            stamp_versions(m, self.version) for m in produced.meta)), error)
+        if self.lead:
+            # "held": statistics and state only (a control message: no sample crosses)
+            self.bridge.send(("held", rid, None, stats, self._source_state()))
+
+    def _exchange(self, rid: int, ahead: int) -> None:
+        """Join the step's exchange of rollout ``rid`` with this rank's part (or failure);
+        on a failure, answer the ``ahead`` rollouts the trainer asked for with it (so its
+        wait for them ends), then wait for its stop."""
+        assert self.exchange is not None  # the trainer sends "exchange" only with parts
+        produced, error = self.held.pop(rid, (Produced(), None))
+        try:
+            self.exchange.distribute(produced.part, produced.meta, None,
+                                     what=f"rollout {rid}", error=error)
+        except Exception as exc:
+            if self.lead:
+                for _ in range(ahead):
+                    self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
+            wait_for_stop(self.bridge)
+            raise
+
     def _generate(self, rid: int, restore: dict | None) -> tuple:
         producer = self.producer
-        source = producer.source
-        if restore is not None:
-            source.offset, source.draws = restore["offset"], restore["draws"]
-            producer.restore_partial_state({"partial_buffer": restore.get("partial"),
-                                            "carried": restore.get("carried")})
+        self._restore(restore)
         out = producer.produce(rid)  # collective over the engine ranks
         if out is None:
             return ("batch", rid, None, None, None)
@@ -421,10 +514,7 @@ class _Server:
         # batch: the filter removed every prompt group (the trainer skips the rollout).
         batch = None if batch is None else stamp_versions(batch, self.version)
         record = {**stats.as_record(), "weight_version": self.version}
-        kept = producer.partial_state()
-        state = {"offset": source.offset, "draws": source.draws,
-                 "partial": kept.get("partial_buffer"), "carried": kept.get("carried")}
-        return ("batch", rid, batch, record, state, stats.annotations)
+        return ("batch", rid, batch, record, self._source_state(), stats.annotations)
 
     def _load(self, version: int) -> None:
         received = self.bridge.receive_weights()

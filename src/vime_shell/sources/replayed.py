@@ -24,6 +24,7 @@ class ReplayedRollouts:
     mode's engine, kept for syncs only (its KV cache is freed now), or None."""
 
     generates = False
+    exchange_group = None  # rank 0 holds every batch
     normalization = RewardNormalization()  # a dump's own advantages are kept
 
     def __init__(self, replay: ReplaySource, engines: EngineGroup | None = None):

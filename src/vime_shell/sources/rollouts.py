@@ -99,6 +99,7 @@ class GenerationStats:
     partial: PartialStats | None = None
     prompts_filled: int = 0  # filtered prompts put back by --dynamic-sampling-fill-filtered
     filtered_reward_mean: float | None = None  # over the filtered prompts' rollout groups
+    weight_version: int | None = None  # the engine's, where it runs on ranks of its own
     # Per sample of the batch, in its order: label and metadata (the dump's annotations).
     annotations: tuple = attrs.field(default=(), eq=False, repr=False)
 
@@ -108,7 +109,9 @@ class GenerationStats:
                 "prompts_kept": self.prompts_kept, "prompts_filtered": self.prompts_filtered,
                 "prompts_filled": self.prompts_filled,
                 "filtered_frac": self.prompts_filtered / generated,
-                **(self.partial.as_record() if self.partial is not None else {})}
+                **(self.partial.as_record() if self.partial is not None else {}),
+                **({} if self.weight_version is None else
+                   {"weight_version": self.weight_version})}
 
 
 def _prompt_source(plan: LaunchPlan, *, shuffle: bool, seed: int) -> PromptSource:
@@ -190,16 +193,8 @@ class RolloutProducer:
 
     @property
     def sharded(self) -> bool:
-        """Whether each engine leader keeps its output as its part (no sample reaches rank
-        0). Rank 0 needs the samples themselves only for what judges or records whole prompt
-        groups across engines: ``--dynamic-sampling-filter-path`` (rounds, the kept count),
-        over-sampling (the surplus is cut in prompt order), ``--custom-rollout-log-function-
-        path`` (slime's hook receives the samples), ``--save-rollout-data`` (one dump file) and
-        ``--use-rs`` (rejection judges whole samples on every rank)."""
-        cfg = self.cfg
-        per_round = cfg.over_sampling_batch_size or cfg.rollout_batch_size
-        return (self.keep is None and self.log_fn is None and cfg.save_rollout_data is None
-                and not cfg.use_rs and per_round <= cfg.rollout_batch_size)
+        """Whether each engine leader keeps its output as its part (:func:`keeps_parts`)."""
+        return keeps_parts(self.cfg)
 
     def produce_part(self, rid: int) -> Produced:
         """Collective over the engines, nothing gathered: each leader's output of one round
@@ -475,6 +470,19 @@ class RolloutProducer:
         return rank0_result(f"evaluation at rollout {rid}",
                             lambda: {k: v for name, output in outputs.items()
                                      for k, v in eval_metrics(name, output, n).items()})
+
+
+def keeps_parts(cfg: TrainConfig) -> bool:
+    """Whether each engine leader keeps its output as its part (no sample reaches trainer
+    rank 0). Rank 0 needs the samples themselves only for what judges or records whole prompt
+    groups across engines: ``--dynamic-sampling-filter-path`` (rounds, the kept count),
+    over-sampling (the surplus is cut in prompt order), ``--custom-rollout-log-function-path``
+    (slime's hook receives the samples), ``--save-rollout-data`` (one dump file) and
+    ``--use-rs`` (rejection judges whole samples on every rank)."""
+    per_round = cfg.over_sampling_batch_size or cfg.rollout_batch_size
+    return (cfg.dynamic_sampling_filter_path is None
+            and cfg.custom_rollout_log_function_path is None and cfg.save_rollout_data is None
+            and not cfg.use_rs and per_round <= cfg.rollout_batch_size)
 
 
 def complete_stats(stats: GenerationStats, merged: BatchMeta | None) -> GenerationStats:

@@ -6,7 +6,7 @@ Data flow of ``Step.rollout(k)`` on every trainer rank, top to bottom::
     source.next(k, v)            this rank's part, its chunks' metadata, rank 0's statistics
       ─▶ exchange               metadata to rank 0; plan_rollout (a plain function: checks,
                                 advantages, Schedule) broadcast; one all-to-all: each rank
-                                receives its DP share (train/exchange.py, train/planning.py)
+                                receives its DP share (sources/exchange.py, train/planning.py)
       ─▶ records                share_batch: this rank's micro-batches (the core's)
       ─▶ old log-probs          the training forward's own where step 0 is fresh, else a
                                 forward-only pass before any update; the weight-sync gap
@@ -30,7 +30,6 @@ from typing import Any
 
 import attrs
 import numpy as np
-import torch.distributed as dist
 
 from vime_pure.async_pool import weights_sync_due
 from vime_pure.data.batch import RolloutBatch, schedule_for
@@ -38,6 +37,7 @@ from vime_pure.data.held_parts import held_rows, join_parts
 from vime_pure.data.microbatch import RankBatch, rank_batch, share_batch, with_log_probs
 from vime_pure.data.shares import BatchMeta, RankShare, SharePlan
 from vime_pure.data.vocab import check_token_ids
+from vime_pure.errors import VimeError, field_error
 from vime_pure.scheduling.schedule import Schedule
 from vime_shell.engines.byte_counts import ByteCounts
 from vime_shell.engines.group import EngineGroupError
@@ -49,7 +49,7 @@ from vime_shell.settings.train_config import TrainConfig
 from vime_shell.sources.base import Produced, RolloutSource, SyncReport
 from vime_shell.sources.replay import DumpWriter
 from vime_shell.train import offpolicy
-from vime_shell.train.exchange import ExchangeStats, ShareExchange
+from vime_shell.sources.exchange import ExchangeStats, ShareExchange
 from vime_shell.train.planning import PlanInputs, plan_rollout
 from vime_shell.train.records import rollout_record, skipped_record
 from vime_shell.train.weight_check import GapMeter, check_gap, check_probe_gap, measure_gap
@@ -65,9 +65,10 @@ class RolloutEvent:
     samples this rank received (``vime_pure.data.shares.RankShare``), ``plan`` what every rank
     received, ``exchange`` the bytes this rank moved in the share exchange, ``transfers`` the
     bytes it moved outside it since the previous rollout, per kind (the bridge to engine ranks
-    of their own, the leaders' gather: ``vime_shell.engines.byte_counts``). No rank holds the
-    whole batch: :meth:`gather_batch` assembles it, collectively (call it on every rank or on
-    none).
+    of their own, the leaders' gather: ``vime_shell.engines.byte_counts``), ``meta`` the
+    rollout's planned metadata. No rank holds the whole batch: :meth:`gather_batch` assembles
+    it from the parts the exchange shipped for inspection (a run started with
+    ``gather_batches=False`` ships none, and moves only what training needs).
     """
 
     rollout_id: int
@@ -81,10 +82,11 @@ class RolloutEvent:
     plan: SharePlan | None = None
     exchange: ExchangeStats | None = None
     transfers: ByteCounts | None = None
+    meta: BatchMeta | None = None
     gather: Callable[[], RolloutBatch] | None = attrs.field(default=None, repr=False)
 
     def gather_batch(self) -> RolloutBatch:
-        """Collective over the trainer ranks: the rollout's whole ``RolloutBatch``."""
+        """The rollout's whole ``RolloutBatch`` (on any trainer rank; nothing collective)."""
         assert self.gather is not None  # set by Step for every event it sends
         return self.gather()
 
@@ -95,9 +97,12 @@ class Step:
     def __init__(self, *, cfg: TrainConfig, plan: LaunchPlan, trainer: MegatronTrainer,
                  source: RolloutSource, gap_tolerance: float | None,
                  dumps: DumpWriter | None = None,
-                 on_rollout: Callable[[RolloutEvent], None] | None = None):
+                 on_rollout: Callable[[RolloutEvent], None] | None = None,
+                 gather_batches: bool = True):
         self.cfg, self.plan, self.trainer, self.source = cfg, plan, trainer, source
         self.dumps, self.on_rollout = dumps, on_rollout
+        # A hook may gather the batch: the exchange ships it the parts (inspection only).
+        self.keep_parts = on_rollout is not None and gather_batches
         # None: a train-only replay, which generates nothing and so checks no gap
         self.gap_tolerance = float("inf") if gap_tolerance is None else gap_tolerance
         self.layout = trainer.layout
@@ -110,10 +115,9 @@ class Step:
         self.logprob_check = source.generates and cfg.logprob_check
         self.rejection = cfg.rejection_config()
         self.last_schedule: Schedule | None = None
-        # Parts stay on their holders; rank 0 plans, each rank receives its share (gloo).
-        self.exchange = ShareExchange(trainer.dp_rank)
-        self._part: RolloutBatch | None = None  # this rank's part of the last rollout
-        self._held: tuple[BatchMeta, ...] = ()  # its chunks' metadata (the part's order)
+        # Parts stay on their holders (trainer or engine ranks: the source's group); rank 0
+        # plans, each rank receives its share (gloo).
+        self.exchange = ShareExchange(trainer.dp_rank, group=source.exchange_group)
         self._meta: BatchMeta | None = None  # the last rollout's planned metadata (hooks)
 
     # -- the rollout, top to bottom ------------------------------------------------------------
@@ -127,7 +131,7 @@ class Step:
                 produced.part, produced.meta,
                 functools.partial(plan_rollout, self._plan_inputs(rid, produced)),
                 what=f"rollout {rid}", error=error, failure=EngineGroupError,
-                name_of=self.source.holder_name)
+                name_of=self.source.holder_name, keep_parts=self.keep_parts)
         t1 = time.perf_counter()
         if plan is None:  # every prompt filtered out: no step, no sync, the LR stays
             return skipped_record(rid, extra["stats"], lr=self.trainer.current_lr,
@@ -166,7 +170,6 @@ class Step:
                                 source=f"rollout {rid}{origin}")
         except Exception as exc:  # noqa: BLE001 - reported to every rank by distribute
             error = exc
-        self._part, self._held = produced.part, produced.meta
         return produced, error
 
     def _plan_inputs(self, rid: int, produced: Produced) -> PlanInputs:
@@ -214,8 +217,9 @@ class Step:
                 trace=tuple(self.trainer.trace), trainer=self.trainer,
                 engine=self.source.engine, share=share, plan=plan,
                 exchange=self.exchange.stats, transfers=self.source.take_bytes(),
-                gather=self.gather_batch))
-        self._part = self._meta = None  # the part lives until the hook ran, not beyond
+                meta=self._meta, gather=self.gather_batch))
+        self._meta = None  # the parts live until the hook ran, not beyond
+        self.exchange.parts = []
 
     def _attach_log_probs(self, rid: int, plan: SharePlan, whole: RolloutBatch | None,
                           mine: RankBatch, gap: GapMeter) -> tuple[RankBatch, dict]:
@@ -310,12 +314,14 @@ class Step:
         return float(self.cfg.max_response_len)
 
     def gather_batch(self) -> RolloutBatch:
-        """Collective: the last rollout's whole batch on every rank (the parts joined with
-        the planned ids and advantages, which planning shipped for the hook). For inspection
+        """The last rollout's whole batch: every holder's part, which the exchange shipped to
+        this rank (``keep_parts``), joined with the planned ids and advantages. For inspection
         and tests only; training never needs it."""
-        parts: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, (self._part, self._held), group=self.exchange.group)
-        held = [(p, m) for p, m in parts if p is not None]
+        if not self.keep_parts:
+            raise field_error(VimeError, "gather_batches", False,
+                              "kept the exchange from shipping the parts",
+                              "start the run with gather_batches=True to gather batches")
+        held = self.exchange.parts
         assert self._meta is not None  # shipped with the plan while a hook is set
         return join_parts([p for p, _ in held], self._meta,
                           rows=held_rows([m for _, m in held]))
