@@ -5,14 +5,13 @@ issue 32, "one batch shape: parts everywhere").
 Two gloo jobs of ``benchmarks.bytes_per_rank`` (2 trainer ranks, DP 2, 2 rollouts per mode):
 world 2 colocated (the sharded exchange; then ``--save-rollout-data``, where rank 0 holds the
 whole batch) and world 4 with engines on 2 ranks of their own (synchronous, one step off,
-fully async). Asserts: colocated, and synchronous or one step off with separate engine ranks
-(the engine leaders keep their parts and send each trainer rank its share over the span),
+fully async). Asserts: colocated, and in every mode with separate engine ranks (the engine
+leaders, or the pools, keep their parts and send each trainer rank its share over the span),
 every rank receives at most its bound, and rank 0 only metadata from the holders; with a
-whole-batch feature and with the fully-async pools, the other trainer ranks still receive
-only the plan and their share, while rank 0 receives the batch itself (the leaders' gather,
-the bridge) - at least every share's bytes, more than its bound. That last bound is
-``xfail(strict=True)`` until "parts everywhere" covers those too: the day it does, these
-tests flip. The counters are the ones production runs keep (the bridge's pickled payloads per
+whole-batch feature (``--save-rollout-data``) the other trainer ranks still receive only the
+plan and their share, while rank 0 receives the batch itself (the leaders' gather) - at least
+every share's bytes, more than its bound. That last bound is ``xfail(strict=True)`` until
+"parts everywhere" covers those features too: the day it does, the test flips. The counters are the ones production runs keep (the bridge's pickled payloads per
 kind, ``ExchangeStats``), so weights and probes are checked apart."""
 
 import pytest
@@ -22,10 +21,9 @@ from benchmarks.bytes_per_rank import measure, rank_bytes
 pytestmark = pytest.mark.slow
 
 SEPARATE = ("sync", "one_step_off", "fully_async")
-PARTS_ON_ENGINES = ("sync", "one_step_off")
 ROLLOUTS = 2  # one step off receives batch 1 while rollout 0 trains: 2 show it
-PARTS_EVERYWHERE = ("issue 32, 'one batch shape: parts everywhere': the fully-async pools and "
-                    "the whole-batch features still funnel the batch through rank 0")
+PARTS_EVERYWHERE = ("issue 32, 'one batch shape: parts everywhere': the whole-batch features "
+                    "still funnel the batch through rank 0")
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +74,12 @@ def test_rank_0_receives_at_most_metadata_and_its_share_with_a_whole_batch_featu
         assert b["received"] <= b["bound"], b
 
 
-@pytest.mark.parametrize("mode", PARTS_ON_ENGINES)
+@pytest.mark.parametrize("mode", SEPARATE)
 def test_engine_leaders_send_every_trainer_rank_only_its_share(separate, mode):
-    """Synchronous and one step off with engines on ranks of their own: the engine leaders
-    keep their parts and send each trainer rank its share over the span; trainer rank 0
-    receives the metadata and its share, the bridge carries statistics and weights only."""
+    """Engines on ranks of their own, in every mode: the engine leaders (the pools, fully
+    async) keep their parts and send each trainer rank its share over the span; trainer
+    rank 0 receives the metadata and its share, the bridge carries statistics, group keys
+    and weights only."""
     ranks = separate[mode]
     for rank, records in enumerate(_bytes(ranks)):
         for b in records:
@@ -90,23 +89,3 @@ def test_engine_leaders_send_every_trainer_rank_only_its_share(separate, mode):
         assert raw["exchange"]["meta_received"] > 0  # the engine leaders' metadata
     for raw in ranks[0][:-1]:
         assert raw["transfers"]["sent"]["weights"] > 0
-
-
-def test_fully_async_pools_send_trainer_rank_0_the_whole_batch(separate):
-    """The pools' parts are joined on trainer rank 0 (pool_parts.py), which then shares them
-    out: rank 0 receives every batch over the bridge; rank 1 holds no bridge and receives the
-    plan and its share only."""
-    ranks = separate["fully_async"]
-    first, second = _bytes(ranks)
-    bridge = sum(r["transfers"]["received"]["batch"] for r in ranks[0])
-    assert bridge >= sum(r["batch"] for r in ranks[0])
-    for raw, b in zip(ranks[1], second):
-        assert b["received"] <= b["bound"], b
-        moved = raw["transfers"]
-        assert sum(moved["received"].values()) == sum(moved["sent"].values()) == 0
-
-
-@pytest.mark.xfail(strict=True, reason=PARTS_EVERYWHERE)
-def test_trainer_rank_0_receives_at_most_metadata_and_its_share_fully_async(separate):
-    first = _bytes(separate["fully_async"])[0]
-    assert sum(b["received"] for b in first) <= sum(b["bound"] for b in first)

@@ -9,6 +9,9 @@ Data flow (one engine rank's pool; trainer rank 0 joins the pools' parts)::
     ("batch", k)  drain: fresh enough ─▶ a slot of batch k; too stale ─▶ recycled to the queue
                ─▶ ("part", k, groups, counts, resume point) once all B slots are claimed
                ─▶ trainer rank 0: join_pool_parts, in draw order (pool_parts.py)
+               with parts kept here (keeps_parts): ("held", k, keys, ...) ─▶ rank 0 places
+               the groups in draw order ─▶ ("exchange", k, places) ─▶ this pool's groups,
+               a chunk each at its place, join the step's exchange (sources/exchange.py)
     ("weights", v) between two engine calls: [--partial-rollout: cut the requests in flight]
                load ─▶ [probe on the new weights]
 
@@ -124,12 +127,16 @@ import attrs
 import torch.distributed as dist
 
 from vime_pure.async_pool import PoolCounts, drain
+from vime_pure.data.held_parts import claimed_part
+from vime_pure.data.shares import BatchMeta
 from vime_pure.pool_ranks import admits_live, draw_of, pool_capacity, pool_share
 from vime_shell.engines.async_engine import async_front, has_per_request_api
 from vime_shell.engines.health import current, monitor_store
 from vime_shell.settings.train_config import TrainConfig
+from vime_shell.sources.exchange import ShareExchange
+from vime_shell.sources.pool_parts import partial_sums
 from vime_shell.sources.probe import generate_probe
-from vime_shell.sources.rollouts import RolloutProducer, prompt_samples
+from vime_shell.sources.rollouts import RolloutProducer, keeps_parts, prompt_samples
 from vime_shell.rollout.functions import rollout_sampling_seed, share_context
 from vime_shell.rollout.generate import GenerateRuntime
 from vime_shell.rollout.per_sample import GenerateTimeoutError, check_loop
@@ -359,8 +366,12 @@ class GroupPool:
 
     static_slices = False  # True: the old static slices (the benchmarks' baseline)
 
-    def __init__(self, cfg: TrainConfig, producer: RolloutProducer, bridge: Any):
+    def __init__(self, cfg: TrainConfig, producer: RolloutProducer, sides: Any):
+        bridge = sides.bridge
         self.cfg, self.producer, self.bridge = cfg, producer, bridge
+        # The groups of a batch stay here until the step's exchange (``keeps_parts``).
+        self.exchange = (ShareExchange(None, group=sides.span) if keeps_parts(cfg) else None)
+        self.held: dict[int, list] = {}  # batch -> the outputs of this pool's part
         self.rank = bridge.rank - 1  # this engine rank
         self.lead = self.rank == 0  # answers evaluations (collective over the engine ranks)
         self.block = cfg.rollout_batch_size  # prompts per block (one synchronous rollout)
@@ -474,6 +485,9 @@ class GroupPool:
                 if self.lead:
                     self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
                 self.failure = self.failure or exc
+        elif command[0] == "exchange":  # ("exchange", k, places): parts kept here (places
+            self._exchange(command[1], None if command[2] is None  # None: the batch failed)
+                           else command[2][self.rank])
         elif command[0] == "batch":  # ("batch", k, restore, low)
             self.demand = command[1]
             if self.start is None:
@@ -481,6 +495,27 @@ class GroupPool:
                 if command[2] is not None:
                     self._resume(command[2])
             self._forget_before(command[3])
+
+    def _exchange(self, k: int, places: list[int] | None) -> None:
+        """Join the step's exchange of batch ``k`` with this pool's groups as one part, a
+        chunk per group at its place in the batch (``pool_parts.place_pool_parts``; None:
+        the batch failed, this pool joins with its failure or nothing); a failure is reported
+        there and ends the pool at the trainer's stop."""
+        assert self.exchange is not None  # the trainer sends "exchange" only with parts
+        outputs = self.held.pop(k, [])
+        part, error = None, self.failure
+        metas: tuple[BatchMeta, ...] = ()
+        try:
+            if places is not None and error is None:
+                part, metas = claimed_part(sorted(zip(places, ([out] for out in outputs))),
+                                           normalization=self.producer.normalization)
+        except Exception as exc:  # noqa: BLE001 - reported to every rank by the exchange
+            error = exc
+        try:
+            self.exchange.distribute(part, metas, None, what=f"rollout {k}", error=error)
+        except Exception as exc:  # noqa: BLE001 - this pool's own failure is raised at the
+            if error is not None:  # stop; another member's ends the run: the trainer's stop
+                self.failure = self.failure or exc  # comes next, and this pool leaves cleanly
 
     def _load(self, version: int) -> None:
         """Receive and load the trainer's weights, between two engine calls. In-flight groups
@@ -620,7 +655,8 @@ class GroupPool:
 
     def _send_part(self, k: int) -> None:
         """``("part", k, groups, record, resume point)``: each group as ``((block, index),
-        output, version)``; the record holds this pool's counts."""
+        output, version)``; the record holds this pool's counts. With parts kept here
+        (``keeps_parts``): ``("held", ...)``, each group's output None until the exchange."""
         taken, self.part = self.part, []
         self.counts = self.counts.add(trained=len(taken))
         self.done.update((d.block, d.index) for d, _, _ in taken)
@@ -629,8 +665,14 @@ class GroupPool:
                   "pool_recycled": c.recycled, "pool_filtered": c.filtered}
         if self.cuts is not None:
             record |= {"pool_cut_requests": self.cut_requests,
-                       "pool_restarted_samples": self.cuts[1].restarted}
-        groups = [((d.block, d.index), out, v) for d, out, v in taken]
-        self.bridge.send(("part", k, groups, record, self.resume_state()))
+                       "pool_restarted_samples": self.cuts[1].restarted,
+                       **partial_sums([out for _, out, _ in taken])}
+        groups: list[tuple[tuple[int, int], list | None, int]] = [
+            ((d.block, d.index), out, v) for d, out, v in taken]
+        tag = "part"
+        if self.exchange is not None:  # the outputs stay here until the exchange: "held"
+            self.held[k] = [out for _, out, _ in taken]  # sends keys and versions only
+            groups, tag = [(key, None, v) for key, _, v in groups], "held"
+        self.bridge.send((tag, k, groups, record, self.resume_state()))
         self.sent += 1
         self.demand = None

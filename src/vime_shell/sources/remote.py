@@ -96,7 +96,7 @@ from vime_shell.settings.train_config import TrainConfig
 from vime_shell.sources.base import Produced, SyncReport, Weights, rank_name
 from vime_shell.sources.exchange import ShareExchange
 from vime_shell.sources.pool import GroupPool
-from vime_shell.sources.pool_parts import join_pool_parts
+from vime_shell.sources.pool_parts import join_pool_parts, place_pool_parts
 from vime_shell.sources.probe import generate_probe
 from vime_shell.sources.rollouts import RolloutProducer, keeps_parts
 
@@ -141,10 +141,10 @@ class RemoteRollouts:
     def __init__(self, cfg: TrainConfig, sides: Sides, total: int):
         self.cfg, self.bridge, self.total = cfg, sides.bridge, total
         self.asynchrony = sides.roles.asynchrony
-        # Parts stay on the engine leaders (the step's exchange runs on the span, and rank 0
+        # Parts stay on the engine ranks (the step's exchange runs on the span, and rank 0
         # plans the advantages: the parts carry none), unless something judges whole batches
-        # on rank 0 (keeps_parts) or the pools assemble theirs there (fully async).
-        self.sharded = keeps_parts(cfg) and not self.asynchrony.pooled
+        # on rank 0 (keeps_parts).
+        self.sharded = keeps_parts(cfg)
         self.exchange_group = sides.span if self.sharded else None
         self.normalization = (cfg.reward_normalization() if self.sharded
                               else RewardNormalization())  # whole batches carry advantages
@@ -184,29 +184,38 @@ class RemoteRollouts:
         keep their parts (``sharded``), its whole batch; nothing elsewhere (the module
         docstring's order)."""
         if self.bridge is None:
-            return Produced(sharded=self.sharded)
+            return Produced()
         rid = rollout_id
         if self.asynchrony.pooled:  # with the block before which every group is done
             low = self.source.pool["block"] if self.source.pool else 0
             self._ask(("batch", rid, self._take_restore(), low), rid)
         elif rid not in self._requested and rid not in self._received:
             self._ask(("generate", rid, self._take_restore()), rid)
-        reply = self._reply(rid)
+        try:
+            reply = self._reply(rid)
+        except EngineGroupError:  # an engine rank failed and said so: with parts, every
+            if self.sharded:  # engine rank still joins the exchange that reports it
+                self._ask(("exchange", rid, None, 0))
+            raise
         ahead = [] if self.asynchrony.pooled else [  # the lag: rollouts k + 1 .. k + L
             r for r in range(rid + 1, min(rid + 1 + self.lag, self.total))
             if r not in self._requested and r not in self._received]
         # One command: the engine sends each reply before it reads the next; with parts on
         # the engine leaders, they first join the step's exchange of rollout k (every trainer
         # rank enters it when this returns), then generate ahead.
-        if self.sharded:
+        if self.sharded and self.asynchrony.pooled:  # each group's place, to every pool
+            self._ask(("exchange", rid, reply[6]))
+        elif self.sharded:
             self._ask(("exchange", rid, ahead[0] if ahead else None, len(ahead)), *ahead)
         elif ahead:
             self._ask(("generate", ahead[0], None, len(ahead)), *ahead)
         _, _, batch, record, source = reply[:5]
         if source is not None:
             self.source = SourceState(**source)
-        if self.sharded:  # the engine's GenerationStats, completed from the merged metadata
-            return Produced(stats=record, sharded=True)
+        if self.sharded and not self.asynchrony.pooled:  # the engine's GenerationStats,
+            return Produced(stats=record, sharded=True)  # completed from the merged metadata
+        if self.sharded:
+            return Produced(stats=RemoteGeneration(record))
         return Produced.whole(batch, RemoteGeneration(
             record, tuple(reply[5]) if len(reply) > 5 else ()))
 
@@ -244,9 +253,11 @@ class RemoteRollouts:
         expected = self._requested.pop(0)
         with self._bounded("rollout") as bound:
             replies = self._recv_all(f"rollout {expected}", bound)
-        fully_async = self.asynchrony.pooled  # one part per pool, joined here
-        self._received[expected] = join_pool_parts(self.cfg, replies, self.resumed_counts) \
-            if fully_async else replies[0]
+        if not self.asynchrony.pooled:
+            self._received[expected] = replies[0]
+        else:  # one part per pool: joined here, or placed (the pools keep their groups)
+            join = place_pool_parts if self.sharded else join_pool_parts
+            self._received[expected] = join(self.cfg, replies, self.resumed_counts)
 
     def _recv_all(self, what: str, bound: WaitBound, ranks: int | None = None) -> list[tuple]:
         """One reply to ``what`` from each of the first ``ranks`` engine ranks (default:
@@ -382,7 +393,7 @@ def serve_rollouts(cfg: TrainConfig, plan: LaunchPlan, options: EngineOptions,
         try:
             producer = RolloutProducer(cfg, plan, engines)
             if sides.roles.asynchrony.pooled:
-                GroupPool(cfg, producer, sides.bridge).run()
+                GroupPool(cfg, producer, sides).run()
             else:
                 _Server(producer, sides).run()
         finally:
@@ -405,6 +416,10 @@ class _Server:
         self.held: dict[int, tuple[Produced, BaseException | None]] = {}
 
     def run(self) -> None:
+        with contextlib.suppress(_Stopped):
+            self._serve()
+
+    def _serve(self) -> None:
         while True:
             command = self.bridge.command()
             kind = command[0]
@@ -499,7 +514,9 @@ class _Server:
                 for _ in range(ahead):
                     self.bridge.send(("error", f"{type(exc).__name__}: {exc}"))
             wait_for_stop(self.bridge)
-            raise
+            if error is not None:  # this rank's own failure; another's ends the run cleanly
+                raise
+            raise _Stopped() from exc
 
     def _generate(self, rid: int, restore: dict | None) -> tuple:
         producer = self.producer
@@ -524,6 +541,10 @@ class _Server:
         except Exception as exc:  # noqa: BLE001 - reported with the next reply
             self.failure = f"weight load of version {version} failed: {type(exc).__name__}: {exc}"
             _exhaust(received)
+
+
+class _Stopped(Exception):
+    """Another rank's failure ended the run; this engine rank took the trainer's stop."""
 
 
 def wait_for_stop(bridge: Any) -> None:
