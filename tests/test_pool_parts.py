@@ -1,7 +1,7 @@
 """Trainer rank 0's side of the fully-async pools (``vime_shell.sources.pool_parts``): the
 pools' groups joined into the batch on rank 0 (``join_pool_parts``) and the same groups kept in
 the pools, placed in draw order (``place_pool_parts``) and merged by the exchange from one
-chunk per group, give the same batch bit for bit, the same advantages and the same record,
+chunk per run of consecutive places (``place_runs``), give the same batch bit for bit, the same advantages and the same record,
 whichever pool claimed which group and in whatever order it completed them."""
 
 import numpy as np
@@ -13,6 +13,7 @@ from tests.property.test_shards import assert_same_batch
 from vime_pure import BatchingPolicy, ParallelLayout
 from vime_pure.data.held_parts import claimed_part, held_rows, join_parts
 from vime_pure.data.shares import merge_meta, plan_shares
+from vime_pure.pool_ranks import place_runs
 from vime_shell.settings.train_config import TrainConfig
 from vime_shell.sources.pool_parts import join_pool_parts, place_pool_parts
 
@@ -46,7 +47,8 @@ def test_groups_kept_in_the_pools_give_the_batch_joined_on_rank_0(case):
             for tag, k, groups, counts, state in parts]
     placed = place_pool_parts(cfg, held)
     assert placed[3] == joined[3] and placed[4] == joined[4]  # record, resume point
-    chunks = [claimed_part(sorted(zip(places, ([g[1]] for g in part[2]))),
+    chunks = [claimed_part([(first, [part[2][i][1] for i in run])
+                            for first, run in place_runs(places)],
                            normalization=cfg.reward_normalization())
               for places, part in zip(placed[6], parts)]
     kept = [(p, m) for p, m in chunks if p is not None]

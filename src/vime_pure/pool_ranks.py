@@ -9,7 +9,8 @@ counter in the job's store, :mod:`vime_shell.sources.pool`): ticket ``t`` is pro
 ``t % B`` of block ``base + t // B`` (:func:`draw_of`; ``base`` is the block a resumed run
 starts from). A group's seeds and ids come from its ``(block, index)``, never from who
 claimed it, so the batches depend neither on ``N`` nor on who took what: :func:`merge_order`
-puts the parts of a batch back in draw order. With static slices (the benchmarks' baseline)
+puts the parts of a batch back in draw order (and gives each group its place; a pool sends its
+groups as chunks of consecutive places, :func:`place_runs`). With static slices (the benchmarks' baseline)
 pool ``j`` numbers only its own slice ``pool_share(B, N, j)`` the same way.
 
 A pool keeps at most :func:`pool_capacity` groups in flight (``ceil(B / N)``, its share of a
@@ -112,6 +113,26 @@ def merge_order(keys: Any) -> tuple[int, ...]:
         raise field_error(AsyncPoolError, "groups (block, index)", twice, "came from more than "
                           "one pool part", "report this: each group belongs to one pool")
     return tuple(sorted(range(len(keys)), key=keys.__getitem__))
+
+
+def place_runs(places: Any) -> list[tuple[int, list[int]]]:
+    """A pool's groups at their ``places`` in the batch (draw order; ``places[i]`` is the
+    pool's group ``i``'s) as chunks of consecutive places: ``(first place, the groups' indices
+    in place order)`` per chunk, so a pool that claimed a run of draws sends one chunk's
+    metadata for it, not one per group. A place given twice is an error.
+    Example: ``place_runs([4, 0, 1, 5, 7]) == [(0, [1, 2]), (4, [0, 3]), (7, [4])]``."""
+    places = [as_int("place", p, 0, AsyncPoolError, "pass the places place_pool_parts gave")
+              for p in places]
+    if len(set(places)) != len(places):
+        raise field_error(AsyncPoolError, "places", places, "name one place twice",
+                          "report this: each group has its own place in the batch")
+    runs: list[tuple[int, list[int]]] = []
+    for i in sorted(range(len(places)), key=places.__getitem__):
+        if runs and places[runs[-1][1][-1]] + 1 == places[i]:
+            runs[-1][1].append(i)
+        else:
+            runs.append((places[i], [i]))
+    return runs
 
 
 def sum_counts(counts: Any) -> PoolCounts:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from vime_pure.async_pool import AsyncPoolError, PoolCounts
 from vime_pure.pool_ranks import (admits_live, draw_of, merge_order, merge_resume_states,
+                                  place_runs,
                                   pool_capacity, pool_share, sum_counts)
 
 
@@ -153,3 +154,24 @@ def test_the_merged_resume_point_is_a_single_pools(run):
     merged = merge_resume_states(states, block_size)
     assert merged == {"block": first, "offset": first * block_size, "draws": first,
                       "done": sorted([b, i] for b, i in done if b >= first)}
+
+
+def test_place_runs_example_and_a_place_given_twice():
+    assert place_runs([4, 0, 1, 5, 7]) == [(0, [1, 2]), (4, [0, 3]), (7, [4])]
+    assert place_runs([]) == []
+    with pytest.raises(AsyncPoolError, match="name one place twice"):
+        place_runs([3, 3])
+
+
+@given(st.sets(st.integers(0, 40), max_size=20), st.randoms())
+def test_place_runs_cover_every_group_once_in_runs_of_consecutive_places(places, rnd):
+    """Theorem: every group is in exactly one chunk; a chunk's places are consecutive and
+    start at its first place; chunks are in place order and no two could be one."""
+    places = list(places)
+    rnd.shuffle(places)
+    runs = place_runs(places)
+    assert sorted(i for _, run in runs for i in run) == list(range(len(places)))
+    for first, run in runs:
+        assert [places[i] for i in run] == list(range(first, first + len(run)))
+    for (a, ra), (b, _) in zip(runs, runs[1:]):
+        assert a + len(ra) < b

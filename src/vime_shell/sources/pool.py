@@ -11,7 +11,7 @@ Data flow (one engine rank's pool; trainer rank 0 joins the pools' parts)::
                ─▶ trainer rank 0: join_pool_parts, in draw order (pool_parts.py)
                with parts kept here (keeps_parts): ("held", k, keys, ...) ─▶ rank 0 places
                the groups in draw order ─▶ ("exchange", k, places) ─▶ this pool's groups,
-               a chunk each at its place, join the step's exchange (sources/exchange.py)
+               a chunk per run of consecutive places, join the step's exchange
     ("weights", v) between two engine calls: [--partial-rollout: cut the requests in flight]
                load ─▶ [probe on the new weights]
 
@@ -129,7 +129,8 @@ import torch.distributed as dist
 from vime_pure.async_pool import PoolCounts, drain
 from vime_pure.data.held_parts import claimed_part
 from vime_pure.data.shares import BatchMeta
-from vime_pure.pool_ranks import admits_live, draw_of, pool_capacity, pool_share
+from vime_pure.pool_ranks import (admits_live, draw_of, place_runs, pool_capacity,
+                                  pool_share)
 from vime_shell.engines.async_engine import async_front, has_per_request_api
 from vime_shell.engines.health import current, monitor_store
 from vime_shell.settings.train_config import TrainConfig
@@ -498,7 +499,8 @@ class GroupPool:
 
     def _exchange(self, k: int, places: list[int] | None) -> None:
         """Join the step's exchange of batch ``k`` with this pool's groups as one part, a
-        chunk per group at its place in the batch (``pool_parts.place_pool_parts``; None:
+        chunk per run of consecutive places in the batch (``pool_parts.place_pool_parts``,
+        ``vime_pure.pool_ranks.place_runs``; None:
         the batch failed, this pool joins with its failure or nothing); a failure is reported
         there and ends the pool at the trainer's stop."""
         assert self.exchange is not None  # the trainer sends "exchange" only with parts
@@ -506,9 +508,10 @@ class GroupPool:
         part, error = None, self.failure
         metas: tuple[BatchMeta, ...] = ()
         try:
-            if places is not None and error is None:
-                part, metas = claimed_part(sorted(zip(places, ([out] for out in outputs))),
-                                           normalization=self.producer.normalization)
+            if places is not None and error is None:  # a chunk per run of places
+                part, metas = claimed_part(
+                    [(first, [outputs[i] for i in run]) for first, run in place_runs(places)],
+                    normalization=self.producer.normalization)
         except Exception as exc:  # noqa: BLE001 - reported to every rank by the exchange
             error = exc
         try:
