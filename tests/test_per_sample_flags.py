@@ -60,17 +60,20 @@ def test_generate_timeout_bounds_per_sample_executions_only():
         TrainConfig(generate_timeout=0, partial_rollout=True, over_sampling_batch_size=20)
 
 
-def test_launch_checks_the_generate_signature_and_the_engine_count(tmp_path, monkeypatch):
+def test_launch_checks_the_generate_signature_and_the_engine_width(tmp_path, monkeypatch):
     model = build_embedded(tmp_path / "cache")
     bad = TrainConfig(run_dir=str(tmp_path / "a"),
                       custom_generate_function_path="tests.test_per_sample_flags:sync_generate")
     with pytest.raises(PluginError, match="not an async function"):
         launch_checks(bad, model)
     monkeypatch.setenv("WORLD_SIZE", "2")  # two ranks, one engine each by default
-    two = TrainConfig(run_dir=str(tmp_path / "b"), partial_rollout=True, rollout_engine="hf",
-                      over_sampling_batch_size=20)
-    with pytest.raises(ConfigError, match="one engine"):
-        launch_checks(two, model)
-    launch_checks(TrainConfig(run_dir=str(tmp_path / "c"), partial_rollout=True,
-                              over_sampling_batch_size=20, rollout_engine="hf",
-                              rollout_num_gpus=1), model)
+    for name, kwargs in (("b", {}), ("c", dict(rollout_num_gpus=1))):  # a buffer per engine
+        launch_checks(TrainConfig(run_dir=str(tmp_path / name), partial_rollout=True,
+                                  over_sampling_batch_size=20, rollout_engine="hf", **kwargs),
+                      model)
+    monkeypatch.setenv("WORLD_SIZE", "4")  # two engines of two ranks: a buffer has one rank
+    wide = TrainConfig(run_dir=str(tmp_path / "d"), partial_rollout=True, rollout_engine="hf",
+                       over_sampling_batch_size=20, rollout_num_gpus_per_engine=2)
+    with pytest.raises(ConfigError, match="2 engines of 2 ranks.*"
+                                          "--rollout-num-gpus-per-engine 1"):
+        launch_checks(wide, model)

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from tests.property.data_strategies import rollout_outputs
 from vime_pure import RolloutBatch, Sample
-from vime_pure.data.shards import merge_rollout_shares, prompt_shares
+from vime_pure.data.shards import (PartialShare, deal_groups, merge_rollout_shares,
+                                   partial_shares, prompt_shares)
 from vime_pure.errors import RolloutValidationError
 
 
@@ -82,3 +83,55 @@ def test_a_part_that_is_not_a_list_is_an_error(bad):
 def test_bad_counts_are_errors(args):
     with pytest.raises(RolloutValidationError):
         prompt_shares(*args)
+
+
+def test_partial_shares_docstring_example():
+    assert partial_shares([2, 0], 8, 6) == (PartialShare(new=range(0, 2), target=3, slot=0),
+                                             PartialShare(new=range(2, 6), target=3, slot=4))
+    assert partial_shares([1], 6, 4) == (PartialShare(new=range(0, 5), target=4, slot=0),)
+    assert deal_groups([["a", "b", "c"]], 2) == [["a", "c"], ["b"]]
+    with pytest.raises(RolloutValidationError, match="need=7"):
+        partial_shares([0, 0], 6, 7)
+
+
+@st.composite
+def partial_rounds(draw):
+    engines = draw(st.integers(1, 5))
+    per_round = draw(st.integers(0, 40))
+    need = draw(st.integers(0, per_round))
+    return draw(st.lists(st.integers(0, 12), min_size=engines, max_size=engines)), per_round, need
+
+
+@given(partial_rounds())
+def test_partial_shares_reach_the_round_from_any_buffers(case):
+    """Theorem: every engine can complete its target (its buffered groups and new prompts
+    hold enough), the targets add up to the round's need, the new prompts are one contiguous
+    draw in engine order, an engine never starts more than its places allow, and the slots
+    are distinct and in engine order (the merge's order). One engine is the single buffer's
+    rule: ``per_round - buffered`` new prompts, target ``need``."""
+    buffered, per_round, need = case
+    shares = partial_shares(buffered, per_round, need)
+    places = prompt_shares(per_round, len(buffered))
+    assert sum(s.target for s in shares) == need
+    assert [s.slot for s in shares] == [p.start for p in places]
+    first = 0
+    for share, held, place in zip(shares, buffered, places):
+        assert share.new.start == first and share.new.step == 1
+        first = share.new.stop
+        assert held + len(share.new) >= share.target
+        assert len(share.new) == max(len(place) - held, 0)
+    if len(buffered) == 1:
+        assert (len(shares[0].new), shares[0].target) == (max(per_round - buffered[0], 0), need)
+
+
+@given(st.lists(st.lists(st.integers(), max_size=5), min_size=1, max_size=4),
+       st.integers(1, 5))
+def test_dealt_groups_keep_every_group_once(held, engines):
+    """Theorem: a checkpoint's groups reach the engines of the resumed run exactly once each;
+    with the engine count saved, each engine gets its own, in order."""
+    tagged = [[(e, i, g) for i, g in enumerate(h)] for e, h in enumerate(held)]
+    dealt = deal_groups(tagged, engines)
+    assert len(dealt) == engines
+    assert sorted(g for d in dealt for g in d) == sorted(g for h in tagged for g in h)
+    if engines == len(held):
+        assert dealt == tagged

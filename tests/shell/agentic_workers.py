@@ -140,7 +140,7 @@ def _put_back_runs(root: str) -> dict:
     seen: dict = {"put_back_first": [], "put_back_rest": []}
 
     def run(name: str, **kwargs) -> None:
-        run_training(_cfg(**common, **kwargs), progress=False, on_rollout=lambda e: seen[
+        run_training(_cfg(**{**common, **kwargs}), progress=False, on_rollout=lambda e: seen[
             name].append({"metrics": dict(e.metrics),
                           "prompts": [p for p, _, _ in _responses(e.gather_batch())]}))
 
@@ -153,4 +153,45 @@ def _put_back_runs(root: str) -> dict:
     except Exception as exc:  # noqa: BLE001 - the test reads the launch error
         seen["put_back_async"] = (type(exc).__name__, str(exc))
     run("put_back_rest", num_rollout=3, load=common["save"])
+    return seen
+
+
+def partial_engines_worker(rank: int, root: str, cache: str, rows: str,
+                           phases: tuple[str, ...] = ("first", "rest")) -> dict:
+    """``--partial-rollout`` on 2 colocated engines (one per rank) over ``rows``, a dataset of
+    unique prompts: rollouts 0-1 checkpointed with groups left in both engines' buffers
+    (``first``), then resumed on the same 2 engines for rollout 2 (``rest``), or on one engine
+    for rollout 3 (``one_engine``, a world of 1); or the same on 2 engine ranks of their own
+    (``separate``, a world of 3). Returns per rollout the metrics and the trained prompts and
+    masks (trainer ranks)."""
+    os.environ["VIME_CACHE_DIR"] = cache
+    from tests.shell.loop_workers import _cfg
+    from vime_shell.run.checkpoint_index import latest, waiting_groups
+    from vime_shell.run.driver import run_training
+
+    common = dict(prompt_data=rows, apply_chat_template=True, rollout_max_response_len=4,
+                  run_dir=f"{root}/engines", save=f"{root}/engines-ck", partial_rollout=True,
+                  mask_offpolicy_in_partial_rollout=True, over_sampling_batch_size=6,
+                  custom_generate_function_path="tests.shell.agentic_workers:slow_generate")
+    seen: dict = {name: [] for name in phases}
+
+    def run(name: str, **kwargs) -> None:
+        run_training(_cfg(**{**common, **kwargs}), progress=False, on_rollout=lambda e: seen[
+            name].append({"metrics": dict(e.metrics),
+                          "prompts": [p for p, _, _ in _responses(e.gather_batch())],
+                          "masks": [m for _, _, m in _responses(e.gather_batch())]}))
+
+    if "first" in phases:
+        run("first", num_rollout=2)
+        seen["waiting"] = waiting_groups(latest(common["save"]))
+    if "rest" in phases:
+        run("rest", num_rollout=3, load=common["save"])
+    if "one_engine" in phases:  # the same checkpoint on a world of 1: one engine takes all
+        run("one_engine", num_rollout=4, load=common["save"])
+    if "separate" in phases:  # 2 engine ranks of their own, synchronous, then resumed
+        separate = dict(colocate=False, rollout_num_gpus=2, run_dir=f"{root}/separate",
+                        save=f"{root}/separate-ck")
+        run("separate", num_rollout=2, **separate)
+        seen["separate_waiting"] = waiting_groups(latest(separate["save"]))
+        run("separate", num_rollout=3, load=separate["save"], **separate)
     return seen

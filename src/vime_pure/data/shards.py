@@ -1,9 +1,11 @@
 """Prompt shares of several rollout engines, and the merge of their outputs in prompt order.
 
 Engines claim a round's prompts in chunks from a work queue (``vime_pure.data.work_queue``);
-under ``--partial-rollout`` each one generates a contiguous block of the rollout's ``P``
-prompts instead: ``prompt_shares(P, E)`` gives the blocks (sizes differ by at most one, earlier
-engines get the extra prompt). A prompt's ``n`` samples are requests of the same engine, so a rollout group
+under ``--partial-rollout`` each one generates a contiguous block instead, after the groups
+its own buffer carried over: ``partial_shares`` gives each engine its new prompts, its target
+and its place, from ``prompt_shares(P, E)`` (sizes differ by at most one, earlier engines get
+the extra prompt), and ``deal_groups`` hands a checkpoint's buffered groups to the engines of
+the resumed run. A prompt's ``n`` samples are requests of the same engine, so a rollout group
 (all samples of one execution) and a prompt group never straddle two engines.
 
 ``merge_rollout_shares(parts)`` concatenates the engines' blocks (or their chunks, put in prompt
@@ -21,9 +23,14 @@ Example: ``prompt_shares(10, 4) == (range(0, 3), range(3, 6), range(6, 8), range
 """
 
 from collections.abc import Hashable, Sequence
+from typing import TypeVar
+
+import attrs
 
 from vime_pure.data.sample import Sample
 from vime_pure.errors import RolloutValidationError, field_error
+
+G = TypeVar("G")  # a buffered group, whatever the shell keeps in it
 
 
 def prompt_shares(num_prompts: int, num_engines: int) -> tuple[range, ...]:
@@ -35,6 +42,64 @@ def prompt_shares(num_prompts: int, num_engines: int) -> tuple[range, ...]:
     base, extra = divmod(num_prompts, num_engines)
     bounds = [e * base + min(e, extra) for e in range(num_engines + 1)]
     return tuple(range(bounds[e], bounds[e + 1]) for e in range(num_engines))
+
+
+@attrs.frozen
+class PartialShare:
+    """One engine's part of a ``--partial-rollout`` round: the round's new prompts it starts
+    (``new``, global indices of the prompts drawn for the round), the prompt groups it completes
+    (``target``; the rest wait in its buffer) and where its output sits in the round's order
+    (``slot``: its first place, distinct per engine even when it starts no new prompt)."""
+
+    new: range
+    target: int
+    slot: int
+
+
+def partial_shares(buffered: Sequence[int], per_round: int, need: int
+                   ) -> tuple[PartialShare, ...]:
+    """Each engine's ``PartialShare`` of a round that needs ``need`` prompt groups from
+    ``per_round`` generated (``--over-sampling-batch-size``), engine ``e`` holding
+    ``buffered[e]`` unfinished groups from earlier rounds (they come back first, on the engine
+    that holds them). Engine ``e`` has ``prompt_shares(per_round, E)[e]`` places: its buffered
+    groups, then new prompts up to that size; it completes ``prompt_shares(need, E)[e]`` groups.
+    Every engine can reach its target (its places hold at least as many groups), the targets
+    add up to ``need``, and the new prompts are one contiguous draw, so the batch depends only
+    on the buffered counts. With one engine: ``per_round - buffered`` new prompts, target
+    ``need`` (the single buffer's rule).
+
+    Example: ``partial_shares([2, 0], 8, 6)``: engine 0 starts 2 new prompts (``range(0, 2)``)
+    and completes 3, engine 1 starts 4 (``range(2, 6)``) and completes 3; slots 0 and 4."""
+    if isinstance(need, bool) or not isinstance(need, int) or not 0 <= need <= per_round:
+        raise field_error(RolloutValidationError, "need", need,
+                          f"must be an integer in [0, per_round={per_round}]",
+                          "pass the groups the round still needs, at most the round's size")
+    if not buffered or any(isinstance(b, bool) or not isinstance(b, int) or b < 0
+                           for b in buffered):
+        raise field_error(RolloutValidationError, "buffered", list(buffered),
+                          "must be one count >= 0 per engine",
+                          "pass each engine's buffered group count")
+    places = prompt_shares(per_round, len(buffered))
+    targets = prompt_shares(need, len(buffered))
+    out, first = [], 0
+    for place, target, held in zip(places, targets, buffered):
+        new = max(len(place) - held, 0)
+        out.append(PartialShare(new=range(first, first + new), target=len(target),
+                                slot=place.start))
+        first += new
+    return tuple(out)
+
+
+def deal_groups(held: Sequence[Sequence[G]], num_engines: int) -> list[list[G]]:
+    """Buffered groups of a checkpoint (``held[e]``: engine ``e``'s, in its order) for a run
+    of ``num_engines`` engines: each engine its own when the count is the same, else every
+    group in turn, dealt round robin (each continues on whichever engine takes it: a group's
+    samples carry their tokens and versions). Example: ``deal_groups([[a, b, c]], 2) == [[a,
+    c], [b]]``."""
+    if len(held) == num_engines:
+        return [list(h) for h in held]
+    flat = [g for h in held for g in h]
+    return [flat[e::num_engines] for e in range(num_engines)]
 
 
 def _explicit_ids(node: object, found: dict[str, set]) -> None:

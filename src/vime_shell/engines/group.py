@@ -59,7 +59,7 @@ Example (2 ranks, HF engine, 16 prompts)::
 
 import logging
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from vime_pure.data.shards import merge_rollout_shares
+from vime_pure.data.shards import PartialShare, merge_rollout_shares
 from vime_pure.data.work_queue import chunks_per_engine, in_prompt_order
 from vime_pure.errors import VimeError, relayed
 from vime_pure.health import HealthPolicy, WaitHistory
@@ -231,16 +231,18 @@ class EngineGroup:
 
     # -- generation ----------------------------------------------------------------------------
     def run_shares(self, produce: Callable[[range], list], num_prompts: int, *,
-                   queue: bool = True) -> list | None:
+                   queue: bool = True, shares: Sequence[PartialShare] | None = None
+                   ) -> list | None:
         """Collective: every engine generates the chunks it claims (``produce(chunk)``, module
-        docstring; ``queue=False``: its contiguous block), the leaders' chunks merged in
+        docstring; ``queue=False``: its contiguous block; ``shares``: each engine's block
+        and place, ``--partial-rollout`` over several engines), the leaders' chunks merged in
         prompt order on rank 0. Returns the merged output on rank 0, None elsewhere."""
         payload: tuple[str, Any] | None = None
         error: BaseException | None = None
         round_, bound = self._next_round(num_prompts)
         if self.engine is not None:
             try:
-                chunks = self._generate(produce, num_prompts, queue, round_, bound)
+                chunks = self._generate(produce, num_prompts, queue, round_, bound, shares)
                 payload = ("ok", chunks if self.is_leader else None)
             except HealthCheckError:
                 raise  # the job is ending: no collective
@@ -264,7 +266,8 @@ class EngineGroup:
         return merge_rollout_shares(in_prompt_order([c for p in parts for c in p[1]]))
 
     def run_local(self, produce: Callable[[range], list], num_prompts: int, *,
-                  queue: bool = True) -> list[tuple[int, list]] | None:
+                  queue: bool = True, shares: Sequence[PartialShare] | None = None
+                  ) -> list[tuple[int, list]] | None:
         """``produce(chunk)`` for every chunk this rank's engine claims (``queue=False``: its
         contiguous block), kept here: ``[(first prompt, output), ...]`` in claim order on a
         leader, None on its TP peers and on ranks without an engine (the sharded path: the
@@ -275,7 +278,7 @@ class EngineGroup:
         round_, bound = self._next_round(num_prompts)
         chunks = None
         if self.engine is not None:
-            chunks = self._generate(produce, num_prompts, queue, round_, bound)
+            chunks = self._generate(produce, num_prompts, queue, round_, bound, shares)
         self._await_engines(round_, num_prompts, bound)
         self._round_done(num_prompts, bound)
         return chunks if self.is_leader else None
@@ -321,10 +324,14 @@ class EngineGroup:
         wait_until(keys_done(store, keys, max_pause_s=0.1), what, bound)
 
     def _generate(self, produce: Callable[[range], list], num_prompts: int, queue: bool,
-                  round_: int, bound: WaitBound) -> list[tuple[int, list]]:
+                  round_: int, bound: WaitBound, shares: Sequence[PartialShare] | None
+                  ) -> list[tuple[int, list]]:
         """This rank's chunks ``(first prompt, output)``; a failure stops the queue first.
         The round is marked done for this rank either way (module docstring)."""
         try:
+            if shares is not None:  # one block, labelled by the engine's place
+                share = shares[self._engine()]
+                return [(share.slot, self._produce_block(produce, share.new))]
             return self._claim_and_produce(produce, num_prompts, queue, round_, bound)
         finally:
             if self.layout.world_size > 1:
@@ -340,13 +347,23 @@ class EngineGroup:
             log.warning("%s: could not mark generation round %d done (%s)",
                         self.engine_name(self.rank), round_, exc)
 
+    def _engine(self) -> int:
+        engine = self.engine_index
+        assert engine is not None  # only a rank with an engine generates
+        return engine
+
+    def _produce_block(self, produce: Callable[[range], list], block: range) -> list:
+        self.residency.wake_for_generation()
+        out = produce(block)
+        self.residency.sleep()  # the trainer runs next: hand it the memory
+        return out
+
     def _claim_and_produce(self, produce: Callable[[range], list], num_prompts: int,
                            queue: bool, round_: int, bound: WaitBound) -> list[tuple[int, list]]:
         self.residency.wake_for_generation()
         claims: Any = [self.prompt_share(num_prompts)]
         if queue and self.layout.num_engines > 1:
-            engine = self.engine_index
-            assert engine is not None  # only a rank with an engine generates
+            engine = self._engine()
             leader = self.layout.leader(engine)
             claims = PromptQueue(job_store(), f"{self._prefix}/{round_}",
                                  engine=engine, leader=self.is_leader,

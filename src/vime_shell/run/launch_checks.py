@@ -128,11 +128,13 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     if cfg.custom_generate_function_path is not None:
         load_generate_function(cfg.custom_generate_function_path)
     if cfg.partial_rollout and engine_layout is not None and engine_layout.num_engines > 1 \
-            and not cfg.asynchrony.pooled:  # each pool cuts its own requests
+            and engine_layout.gpus_per_engine > 1 and not cfg.asynchrony.pooled:
         raise field_error(ConfigError, "--partial-rollout", True,
-                          f"keeps one buffer of unfinished groups, but this run has "
-                          f"{engine_layout.num_engines} engines",
-                          "pass --rollout-num-gpus 1 (one engine) with --partial-rollout, "
+                          f"keeps one buffer of unfinished groups per engine, on engines of one "
+                          f"rank each, but this run has {engine_layout.num_engines} engines of "
+                          f"{engine_layout.gpus_per_engine} ranks",
+                          "pass --rollout-num-gpus-per-engine 1 with several engines, or one "
+                          "engine (--rollout-num-gpus equal to --rollout-num-gpus-per-engine), "
                           "or --fully-async (every engine's pool cuts at each sync)")
     Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
                    group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout, args=cfg,

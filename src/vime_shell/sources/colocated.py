@@ -58,9 +58,9 @@ class ColocatedSource:
 
     def state(self) -> dict | None:
         producer = self.producer
+        held = producer.partial_state()  # collective: every engine's buffered groups
         return rank0_result("data state", lambda: {
-            "offset": producer.source.offset, "draws": producer.source.draws,
-            **producer.partial_state()})
+            "offset": producer.source.offset, "draws": producer.source.draws, **held})
 
     def restore(self, state: dict | None) -> None:
         if state:

@@ -496,9 +496,10 @@ class _Server:
             produced.stats, weight_version=self.version)
         self.held[rid] = (attrs.evolve(produced, part=part, stats=stats, meta=tuple(
             stamp_versions(m, self.version) for m in produced.meta)), error)
+        state = self._source_state()  # every engine rank: the buffers' state is collective
         if self.lead:
             # "held": statistics and state only (a control message: no sample crosses)
-            self.bridge.send(("held", rid, None, stats, self._source_state()))
+            self.bridge.send(("held", rid, None, stats, state))
 
     def _exchange(self, rid: int, ahead: int) -> None:
         """Join the step's exchange of rollout ``rid`` with this rank's part (or failure);
@@ -522,6 +523,7 @@ class _Server:
         producer = self.producer
         self._restore(restore)
         out = producer.produce(rid)  # collective over the engine ranks
+        state = self._source_state()  # every engine rank: the buffers' state is collective
         if out is None:
             return ("batch", rid, None, None, None)
         batch, stats = out
@@ -531,7 +533,7 @@ class _Server:
         # batch: the filter removed every prompt group (the trainer skips the rollout).
         batch = None if batch is None else stamp_versions(batch, self.version)
         record = {**stats.as_record(), "weight_version": self.version}
-        return ("batch", rid, batch, record, self._source_state(), stats.annotations)
+        return ("batch", rid, batch, record, state, stats.annotations)
 
     def _load(self, version: int) -> None:
         received = self.bridge.receive_weights()

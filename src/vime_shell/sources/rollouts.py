@@ -37,6 +37,7 @@ import torch.distributed as dist
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.rollout_output import flatten_rollout_output
 from vime_pure.data.held_parts import claimed_part
+from vime_pure.data.shards import PartialShare, deal_groups, partial_shares
 from vime_pure.data.shares import BatchMeta
 from vime_pure.errors import RolloutValidationError, VimeError, field_error, one_line
 from vime_shell.engines import SamplingParams
@@ -202,28 +203,24 @@ class RolloutProducer:
         counts are completed from the merged metadata, ``complete_stats``). Raises this rank's
         own failure (the caller reports it to every rank)."""
         cfg = self.cfg
-        buffered = self.buffered_groups
-        buffer = None if self.per_sample is None else self.per_sample.buffer
-        counted = (0, 0) if buffer is None else (buffer.tokens, buffer.offpolicy_tokens)
+        before = self._buffer_totals()
         per_round = cfg.over_sampling_batch_size or cfg.rollout_batch_size
-        prompts = self.source.take(max(per_round - buffered, 0))
+        prompts, shares, target = self._round_prompts(per_round, cfg.rollout_batch_size)
         sampling = self.sampling(cfg.max_response_len, rollout_sampling_seed(self.seed, rid, 0))
         runner = self._share_runner(rid, prompts, sampling, first_group_id=0,
-                                    target_groups=cfg.rollout_batch_size)
+                                    target_groups=target)
         with native_torch():  # generation names no CUDA device: skip the CPU device mode
-            chunks = self.engines.run_local(runner, len(prompts), queue=self.queue)
+            chunks = self.engines.run_local(runner, len(prompts), queue=self.queue,
+                                            shares=shares)
         try:
             part, meta = claimed_part(chunks or (), normalization=self.normalization)
         except RolloutValidationError as exc:
             raise chunk_output_error(exc, chunks, rid, output_source(cfg)) from None
+        partial = _partial_stats(before, self._buffer_totals())
         stats = None
         if self.is_rank0:
-            stats = GenerationStats(
-                rounds=1, prompts_generated=0, prompts_kept=0, prompts_filtered=0,
-                partial=None if buffer is None else PartialStats(
-                    resumed_groups=buffered, buffered_groups=self.buffered_groups,
-                    restarted_samples=buffer.restarted, tokens=buffer.tokens - counted[0],
-                    offpolicy_tokens=buffer.offpolicy_tokens - counted[1]))
+            stats = GenerationStats(rounds=1, prompts_generated=0, prompts_kept=0,
+                                    prompts_filtered=0, partial=partial)
         return Produced(part=part, meta=meta, stats=stats, sharded=True)
 
     def produce(self, rid: int) -> tuple[RolloutBatch | None, GenerationStats] | None:
@@ -237,16 +234,14 @@ class RolloutProducer:
         kept: list[Any] = []
         dropped: list[Any] = []
         generated = filtered = rounds = next_group = 0
-        buffered = self.buffered_groups
-        buffer = None if self.per_sample is None else self.per_sample.buffer
-        counted = (0, 0) if buffer is None else (buffer.tokens, buffer.offpolicy_tokens)
+        before = self._buffer_totals()
         while rounds < cfg.dynamic_sampling_max_rounds:
             # Partial rollouts: the buffered groups come back first, within the round's size.
-            prompts = self.source.take(max(per_round - self.buffered_groups, 0))
+            prompts, shares, target = self._round_prompts(per_round, need - len(kept))
             sampling = self.sampling(cfg.max_response_len,
                                      rollout_sampling_seed(self.seed, rid, rounds))
             output, error = self._generate(rid, prompts, sampling, first_group_id=next_group,
-                                           target_groups=need - len(kept))
+                                           target_groups=target, shares=shares)
             rounds += 1
             if output is not None:  # rank 0: judge the round
                 next_group = _next_group_id(output, next_group)
@@ -269,6 +264,7 @@ class RolloutProducer:
                 log.info("dynamic sampling: rollout %d has %d of the %d prompt groups it "
                          "needs after round %d (%.1f s); generating another round", rid,
                          len(kept), need, rounds - 1, time.perf_counter() - started)
+        partial = _partial_stats(before, self._buffer_totals())
         if not self.is_rank0:
             return None
         filled = dropped[:need - len(kept)] if cfg.dynamic_sampling_fill_filtered else []
@@ -276,12 +272,7 @@ class RolloutProducer:
                                 prompts_kept=len(kept) + len(filled), prompts_filtered=filtered,
                                 prompts_filled=len(filled),
                                 filtered_reward_mean=_group_reward_mean(dropped),
-                                partial=None if buffer is None else PartialStats(
-                                    resumed_groups=buffered,
-                                    buffered_groups=self.buffered_groups,
-                                    restarted_samples=buffer.restarted,
-                                    tokens=buffer.tokens - counted[0],
-                                    offpolicy_tokens=buffer.offpolicy_tokens - counted[1]))
+                                partial=partial)
         kept += filled
         if not kept:
             return None, stats
@@ -334,11 +325,15 @@ class RolloutProducer:
 
     def partial_state(self) -> dict[str, Any]:
         """For the checkpoint's data state: ``{"partial_buffer": ...}`` under
-        ``--partial-rollout`` (the groups waiting for the next rollout) and ``{"carried":
-        [...]}`` while the prompt source still holds prompts put back (see
-        :meth:`restore_partial_state`); ``{}`` when neither."""
+        ``--partial-rollout`` (the groups waiting for the next rollout: every engine's, in
+        engine order, with ``engine_groups`` counting each one's; collective over the engines'
+        world then) and ``{"carried": [...]}`` while the prompt source still holds prompts
+        put back (see :meth:`restore_partial_state`); ``{}`` when neither. Call it on every
+        rank."""
         out: dict[str, Any] = {}
-        if self.per_sample is not None and self.per_sample.buffer is not None:
+        if self._engine_buffers:  # collective: every engine's buffer, in engine order
+            out["partial_buffer"] = _merged_buffers(self._from_engines(PartialBuffer.to_state))
+        elif self.per_sample is not None and self.per_sample.buffer is not None:
             out["partial_buffer"] = self.per_sample.buffer.to_state()
         if self.source.carried:
             out["carried"] = [attrs.asdict(e) for e in self.source.carried]
@@ -358,7 +353,7 @@ class RolloutProducer:
             return
         buffer = PartialBuffer.from_state(saved)
         if self.per_sample is not None and self.per_sample.buffer is not None:
-            self.per_sample.buffer = buffer
+            self.per_sample.buffer = self._own_share(saved, buffer)
         else:
             carried += tuple(g.example for g in buffer.groups)
             if buffer.groups and self.is_rank0:
@@ -366,6 +361,21 @@ class RolloutProducer:
                          "--partial-rollout are generated again from scratch in the next "
                          "rollout (this run has no --partial-rollout)", len(buffer.groups))
         self.source.carried = carried
+
+    def _own_share(self, saved: dict[str, Any], buffer: PartialBuffer) -> PartialBuffer:
+        """This engine's part of a checkpoint's buffered groups: its own when the engine
+        count is the one saved, else dealt round robin (``deal_groups``); the run's counters
+        continue on engine 0 (their sums are what the log reports)."""
+        engines, mine = self.engines.layout.num_engines, self.engines.engine_index or 0
+        if engines == 1:
+            return buffer
+        counts = saved.get("engine_groups") or [len(buffer.groups)]
+        held = [buffer.groups[a:b] for a, b in zip(np.cumsum([0, *counts[:-1]]).tolist(),
+                                                  np.cumsum(counts).tolist())]
+        groups = deal_groups(held, engines)[mine]
+        if mine:
+            return PartialBuffer(groups=groups)
+        return attrs.evolve(buffer, groups=groups)
 
     def run_per_sample_on(self, front: Any,
                           runner: Callable[[Coroutine[Any, Any, Any]], futures.Future], *,
@@ -391,10 +401,54 @@ class RolloutProducer:
 
     @property
     def buffered_groups(self) -> int:
-        """Unfinished prompt groups waiting for the next rollout (``--partial-rollout``)."""
+        """Unfinished prompt groups waiting in this engine's buffer (``--partial-rollout``)."""
         if self.per_sample is None or self.per_sample.buffer is None:
             return 0
         return len(self.per_sample.buffer)
+
+    @property
+    def _engine_buffers(self) -> bool:
+        """``--partial-rollout`` over several engines: each keeps a buffer of its own."""
+        return (self.cfg.partial_rollout and self.per_sample is not None
+                and self.engines.layout.num_engines > 1)
+
+    def _own_buffer(self) -> PartialBuffer | None:
+        if self.engines.engine_index is None or self.per_sample is None:
+            return None
+        return self.per_sample.buffer
+
+    def _from_engines(self, value: Callable[[PartialBuffer], Any]) -> list[Any]:
+        """Collective over the engines' world: ``value(buffer)`` of every engine's buffer, in
+        engine order (engines of one rank each, the launch checks say)."""
+        buffer = self._own_buffer()
+        mine = None if buffer is None else (self.engines.engine_index, value(buffer))
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, mine)
+        return [v for _, v in sorted((o for o in out if o is not None), key=lambda o: o[0])]
+
+    def _buffer_totals(self) -> tuple[int, int, int, int] | None:
+        """``(groups, restarted samples, tokens, off-policy tokens)`` over every engine's
+        buffer (collective with several engines); None without ``--partial-rollout``."""
+        if self.per_sample is None or self.per_sample.buffer is None:
+            return None
+        counts = (self._from_engines(_buffer_counts) if self._engine_buffers
+                  else [_buffer_counts(self.per_sample.buffer)])
+        groups, restarted, tokens, offpolicy = (sum(c[i] for c in counts) for i in range(4))
+        return groups, restarted, tokens, offpolicy
+
+    def _round_prompts(self, per_round: int, need: int
+                       ) -> tuple[tuple[TaskExample, ...], tuple[PartialShare, ...] | None, int]:
+        """A round's new prompts, each engine's share of them (``--partial-rollout`` over
+        several engines, ``partial_shares``: from every engine's buffered count, collective;
+        else None) and the prompt groups this rank's engine completes (``need``, or its share's
+        target)."""
+        if not self._engine_buffers:
+            return self.source.take(max(per_round - self.buffered_groups, 0)), None, need
+        counts = [c[0] for c in self._from_engines(_buffer_counts)]
+        shares = partial_shares(counts, per_round, need)
+        engine = self.engines.engine_index
+        target = need if engine is None else shares[engine].target
+        return self.source.take(shares[-1].new.stop), shares, target
 
     def context(self, rid: int, prompts: tuple[TaskExample, ...], sampling: SamplingParams, *,
                 first_group_id: int, n: int | None = None, target_groups: int | None = None,
@@ -421,6 +475,7 @@ class RolloutProducer:
 
     def _generate(self, rid: int, prompts: tuple[TaskExample, ...], sampling: SamplingParams, *,
                   first_group_id: int, n: int | None = None, target_groups: int | None = None,
+                  shares: Sequence[PartialShare] | None = None
                   ) -> tuple[list[Any] | None, Exception | None]:
         """Collective: every engine runs the rollout function on its share of ``prompts``;
         ``(merged output on rank 0 else None, this rank's error or None)``. The error is
@@ -431,7 +486,8 @@ class RolloutProducer:
         try:
             with native_torch():  # generation names no CUDA device: skip the CPU device mode
                 output = self.engines.run_shares(runner, len(prompts),
-                                                 queue=self.queue or target_groups is None)
+                                                 queue=self.queue or target_groups is None,
+                                                 shares=shares)
         except Exception as exc:  # noqa: BLE001 - handed to rank0_result by the caller
             return None, exc
         return output, None
@@ -470,6 +526,29 @@ class RolloutProducer:
         return rank0_result(f"evaluation at rollout {rid}",
                             lambda: {k: v for name, output in outputs.items()
                                      for k, v in eval_metrics(name, output, n).items()})
+
+
+def _merged_buffers(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every engine's ``PartialBuffer.to_state`` as one, its groups in engine order and
+    ``engine_groups`` counting each engine's (what ``deal_groups`` splits on resume)."""
+    return {"groups": [g for st in states for g in st["groups"]],
+            **{k: sum(int(st[k]) for st in states)
+               for k in ("restarted", "tokens", "offpolicy_tokens")},
+            "engine_groups": [len(st["groups"]) for st in states]}
+
+
+def _buffer_counts(buffer: PartialBuffer) -> tuple[int, int, int, int]:
+    return len(buffer), buffer.restarted, buffer.tokens, buffer.offpolicy_tokens
+
+
+def _partial_stats(before: tuple[int, int, int, int] | None,
+                   after: tuple[int, int, int, int] | None) -> PartialStats | None:
+    """One rollout's ``PartialStats`` from the buffers' totals before and after it."""
+    if before is None or after is None:
+        return None
+    return PartialStats(resumed_groups=before[0], buffered_groups=after[0],
+                        restarted_samples=after[1], tokens=after[2] - before[2],
+                        offpolicy_tokens=after[3] - before[3])
 
 
 def keeps_parts(cfg: TrainConfig) -> bool:
