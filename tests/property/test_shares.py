@@ -20,8 +20,9 @@ from vime_pure import (BatchingPolicy, ParallelLayout, RolloutBatch, Sample, Sch
 from vime_pure.data.microbatch import share_batch
 from vime_pure.data.shards import merge_rollout_shares, prompt_shares
 from vime_pure.data.held_parts import claimed_part, held_rows, join_parts
-from vime_pure.data.shares import (assemble_share, merge_meta, output_part, plan_shares,
-                                   share_piece)
+from vime_pure.data.batch import COLUMNS
+from vime_pure.data.shares import (META_COLUMNS, assemble_share, merge_meta, output_part,
+                                   part_meta, plan_shares, share_piece)
 from vime_pure.data.work_queue import (chunk_range, chunks_per_engine, in_prompt_order,
                                        queue_chunk_size)
 from vime_pure.denominators import LossMode
@@ -219,3 +220,27 @@ def test_chunks_and_claims():
     assert in_prompt_order([(4, "b"), (0, "a")]) == ["a", "b"]
     with pytest.raises(RolloutValidationError, match="^num_engines=0: must be an integer"):
         queue_chunk_size(4, 0)
+
+
+def test_metadata_columns_are_the_batchs_own_declared_once():
+    """``META_COLUMNS`` is the one declaration: every entry is a ``RolloutBatch`` column (or
+    its derived ``mask_sums``) and a ``BatchMeta`` field, and a part's metadata holds exactly
+    those arrays in those dtypes, the batch's values."""
+    batch = RolloutBatch.from_samples([[Sample(tokens=[1, 2, 3], response_length=2,
+                                               reward=1.0)]])
+    meta = part_meta(batch)
+    fields = {f.name for f in attrs.fields(type(meta))}
+    for name, dtype in META_COLUMNS.items():
+        assert name in fields and hasattr(batch, name)
+        assert name in COLUMNS or name == "mask_sums"
+        assert getattr(meta, name).dtype == dtype
+        np.testing.assert_array_equal(getattr(meta, name), getattr(batch, name))
+
+
+def test_metadata_with_a_column_in_another_dtype_or_length_is_a_typed_error():
+    meta = part_meta(RolloutBatch.from_samples([[Sample(tokens=[1, 2], response_length=1,
+                                                        reward=0.0)]]))
+    with pytest.raises(RolloutBatchError, match=r"BatchMeta.rewards is float32"):
+        attrs.evolve(meta, rewards=meta.rewards.astype(np.float32))
+    with pytest.raises(RolloutBatchError, match=r"BatchMeta.statuses"):
+        attrs.evolve(meta, statuses=np.zeros(2, np.uint8))

@@ -37,7 +37,8 @@ import attrs
 import numpy as np
 from jaxtyping import Int64
 
-from vime_pure.data.batch import RolloutBatch
+from vime_pure.data.batch import COLUMNS, RolloutBatch
+from vime_pure.data.columns import check_dtypes
 from vime_pure.data.ragged import offsets_from_lengths, row_positions
 from vime_pure.data.rewards import RewardNormalization, normalize_rewards
 from vime_pure.data.rollout_output import fallback_ids
@@ -49,13 +50,28 @@ from vime_pure.scheduling.schedule import Schedule
 
 _INT32_MAX = np.iinfo(np.int32).max
 
+# The per-sample columns a part's metadata carries: the RolloutBatch columns that need no
+# token (``vime_pure.data.batch.COLUMNS``, by the same names), in the dtype they travel in
+# (lengths, loss-mask totals and dense ids fit int32; ``mask_sums`` is the batch's derived
+# ``RolloutBatch.mask_sums``). The one declaration: ``part_meta`` fills these, ``merge_meta``
+# concatenates them, ``BatchMeta`` checks them at construction. A new per-sample number that
+# planning needs is one entry here and one field of ``BatchMeta``.
+META_COLUMNS: dict[str, np.dtype] = {
+    **dict.fromkeys(("lengths", "response_lengths", "mask_sums", "group_ids", "prompt_groups"),
+                    np.dtype(np.int32)),
+    **{name: COLUMNS[name] for name in ("rewards", "statuses", "weight_version_min",
+                                        "weight_version_max")}}
+_DENSE_IDS = ("group_ids", "prompt_groups")  # renumbered at the merge, not concatenated
 
-def _int32(name: str, values: np.ndarray) -> np.ndarray:
-    """``values`` as int32: lengths and mask totals of one sample stay below 2**31."""
-    if values.size and int(values.max()) > _INT32_MAX:
+
+def _on_the_wire(name: str, values: np.ndarray) -> np.ndarray:
+    """A batch column in its ``META_COLUMNS`` dtype: lengths and mask totals of one sample
+    stay below 2**31 (a typed error otherwise)."""
+    dtype = META_COLUMNS[name]
+    if dtype == np.int32 and values.size and int(values.max()) > _INT32_MAX:
         raise field_error(RolloutBatchError, name, int(values.max()), "exceeds int32",
                           "keep every sample under 2**31 tokens")
-    return values.astype(np.int32)
+    return values.astype(dtype, copy=False)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -63,9 +79,10 @@ class BatchMeta:
     """Per-sample metadata of one part, or of the merged batch (``merge_meta``).
 
     Reads like a ``RolloutBatch`` for everything that needs no token (``rollout_record``,
-    ``staleness_metrics``, ``fresh_samples``): ``lengths``, ``response_lengths``,
-    ``mask_sums``, dense ``group_ids`` / ``prompt_groups`` with their original values,
-    ``rewards``, ``statuses``, the weight versions, ``advantages`` once planned.
+    ``staleness_metrics``, ``fresh_samples``): the batch's ``META_COLUMNS`` under their batch
+    names (``lengths``, ``response_lengths``, ``mask_sums``, dense ``group_ids`` /
+    ``prompt_groups``, ``rewards``, ``statuses``, the weight versions), the original id values,
+    ``advantages`` once planned.
     ``group_fallback[g]``: group ``g``'s id was ``None`` in the rollout output (renumbered
     when parts merge); ``prompt_fallback`` alike. ``part_sizes[p]`` / ``part_response_tokens``
     [p]: samples and response tokens of part ``p``; ``has_log_probs``: the engine recorded
@@ -92,6 +109,17 @@ class BatchMeta:
     has_log_probs: bool
     advantages: np.ndarray | None = None  # float64: a whole batch's, or set by plan_shares
     has_routes: bool = False  # the engine recorded routed experts (MoE routing replay)
+
+    def __attrs_post_init__(self) -> None:
+        """The ``META_COLUMNS`` in their dtypes, one entry per sample each (a typed error
+        names the column otherwise)."""
+        check_dtypes(self, META_COLUMNS, "BatchMeta", optional=())
+        for name in META_COLUMNS:
+            if len(getattr(self, name)) != len(self.lengths):
+                raise field_error(RolloutBatchError, f"BatchMeta.{name}",
+                                  len(getattr(self, name)),
+                                  f"entries, not one per sample ({len(self.lengths)})",
+                                  "build metadata with part_meta and merge_meta")
 
     @property
     def num_samples(self) -> int:
@@ -129,14 +157,8 @@ def part_meta(part: RolloutBatch, *, group_fallback: np.ndarray | None = None,
                               "pass what output_part returned")
         resolved[name] = arr
     return BatchMeta(
-        lengths=_int32("lengths", part.lengths),
-        response_lengths=_int32("response_lengths", part.response_lengths),
-        mask_sums=_int32("mask_sums", part.mask_sums),
-        group_ids=part.group_ids.astype(np.int32), group_id_values=part.group_id_values,
-        prompt_groups=part.prompt_groups.astype(np.int32),
-        prompt_group_values=part.prompt_group_values,
-        rewards=part.rewards, statuses=part.statuses,
-        weight_version_min=part.weight_version_min, weight_version_max=part.weight_version_max,
+        **{name: _on_the_wire(name, getattr(part, name)) for name in META_COLUMNS},
+        group_id_values=part.group_id_values, prompt_group_values=part.prompt_group_values,
         part_sizes=np.array([part.num_samples], dtype=np.int64),
         part_response_tokens=np.array([int(part.response_offsets[-1])], dtype=np.int64),
         part_outputs=np.array([len(part.prompt_group_values) if outputs is None else outputs],
@@ -227,16 +249,12 @@ def merge_meta(parts: Sequence[BatchMeta]) -> BatchMeta:
         return np.concatenate([getattr(m, name) for m in parts])
 
     return BatchMeta(
-        lengths=cat("lengths"), response_lengths=cat("response_lengths"),
-        mask_sums=cat("mask_sums"),
+        **{name: cat(name) for name in META_COLUMNS if name not in _DENSE_IDS},
         group_ids=np.concatenate([m.group_ids + np.int32(o) for m, o in zip(parts, g_off)]),
         group_id_values=groups, group_fallback=np.zeros(len(groups), dtype=bool),
         prompt_groups=np.concatenate([m.prompt_groups + np.int32(o)
                                       for m, o in zip(parts, p_off)]),
         prompt_group_values=prompts, prompt_fallback=np.zeros(len(prompts), dtype=bool),
-        rewards=cat("rewards"), statuses=cat("statuses"),
-        weight_version_min=cat("weight_version_min"),
-        weight_version_max=cat("weight_version_max"),
         part_sizes=cat("part_sizes"), part_response_tokens=cat("part_response_tokens"),
         part_outputs=cat("part_outputs"), part_starts=cat("part_starts"),
         has_log_probs=parts[0].has_log_probs,
