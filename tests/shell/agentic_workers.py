@@ -162,7 +162,7 @@ def partial_engines_worker(rank: int, root: str, cache: str, rows: str,
     unique prompts: rollouts 0-1 checkpointed with groups left in both engines' buffers
     (``first``), then resumed on the same 2 engines for rollout 2 (``rest``), or on one engine
     for rollout 3 (``one_engine``, a world of 1); or the same on 2 engine ranks of their own
-    (``separate``, a world of 3). Returns per rollout the metrics and the trained prompts and
+    (``separate``, a world of 3), or 3 rollouts there one step off (``one_step_off``). Returns per rollout the metrics and the trained prompts and
     masks (trainer ranks)."""
     os.environ["VIME_CACHE_DIR"] = cache
     from tests.shell.loop_workers import _cfg
@@ -194,4 +194,8 @@ def partial_engines_worker(rank: int, root: str, cache: str, rows: str,
         run("separate", num_rollout=2, **separate)
         seen["separate_waiting"] = waiting_groups(latest(separate["save"]))
         run("separate", num_rollout=3, load=separate["save"], **separate)
+    if "one_step_off" in phases:  # the same one step off (a carried group: K >= 2)
+        run("one_step_off", num_rollout=3, colocate=False, rollout_num_gpus=2,
+            train_async=True, max_weight_staleness=2, run_dir=f"{root}/one-step-off",
+            save=f"{root}/one-step-off-ck")
     return seen

@@ -6,7 +6,8 @@ batch; the checkpoint holds every engine's buffer and a resume hands each engine
 One gloo job, 2 colocated ranks with an engine each, 4 prompt groups per rollout from 6
 places, a deterministic long-tailed ``generate``: rollouts 0-1, a checkpoint, rollout 2
 resumed; the same checkpoint resumed on one engine (a world of 1) for rollout 3; and the same
-first two phases on 2 engine ranks of their own (a world of 3, synchronous). Asserts: every rollout trains 4 groups (2 per engine), the buffers carry groups into
+first two phases on 2 engine ranks of their own (a world of 3, synchronous), and 3 rollouts
+there one step off (``K = 2``). Asserts: every rollout trains 4 groups (2 per engine), the buffers carry groups into
 every later rollout (the resumed one too), masks are 0 exactly on tokens from older weights,
 and across the checkpoint every drawn prompt trains exactly once, or waits in a buffer.
 """
@@ -34,7 +35,7 @@ def runs(tmp_path_factory, embedded_cache):
     one = spawn(partial_engines_worker, 1, str(root), embedded_cache, str(rows),
                 ("one_engine",))[0]
     separate = spawn(partial_engines_worker, 3, str(root), embedded_cache, str(rows),
-                     ("separate",))[0]
+                     ("separate", "one_step_off"))[0]
     return ranks[0] | one | separate | {"cache": embedded_cache}
 
 
@@ -51,7 +52,8 @@ def test_two_engines_carry_their_groups_and_complete_their_share(runs):
 
 @pytest.mark.parametrize("names, drawn, trained", [(("first", "rest"), 14, 12),
                                                     (("first", "rest", "one_engine"), 18, 16),
-                                                    (("separate",), 14, 12)])
+                                                    (("separate",), 14, 12),
+                                                    (("one_step_off",), 14, 12)])
 def test_every_drawn_prompt_trains_once_across_the_checkpoints(runs, names, drawn, trained):
     """6 + 4 + 4 prompts drawn on 2 engines, 12 trained (4 samples each), 2 still buffered:
     of the first 14 rows of the dataset, none twice, none lost. Resumed on one engine, which
@@ -91,3 +93,13 @@ def test_engine_ranks_of_their_own_carry_and_resume_their_buffers(runs):
     assert all(m["prompts_kept"] == 4 and m["partial/buffered_groups"] == 2 for m in records)
     assert [m["partial/resumed_groups"] for m in records] == [0, 2, 2]
     assert runs["separate_waiting"] == 2
+
+
+def test_engine_ranks_one_step_off_carry_groups_within_the_bound(runs):
+    """One step off, each engine rank's buffered groups train one version later than the
+    batch they started in: staleness 2 at most (``K = 2``), older tokens masked."""
+    records = [r["metrics"] for r in runs["one_step_off"]]
+    assert [m["rollout"] for m in records] == [0, 1, 2]
+    assert [m["partial/resumed_groups"] for m in records] == [0, 2, 2]
+    assert max(m["staleness_max"] for m in records) <= 2
+    assert any(m["staleness_max"] == 2 for m in records)
