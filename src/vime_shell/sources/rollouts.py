@@ -329,10 +329,11 @@ class RolloutProducer:
         engine order, with ``engine_groups`` counting each one's; collective over the engines'
         world then) and ``{"carried": [...]}`` while the prompt source still holds prompts
         put back (see :meth:`restore_partial_state`); ``{}`` when neither. Call it on every
-        rank."""
+        rank: rank 0's holds every engine's groups (gathered there only)."""
         out: dict[str, Any] = {}
         if self._engine_buffers:  # collective: every engine's buffer, in engine order
-            out["partial_buffer"] = _merged_buffers(self._from_engines(PartialBuffer.to_state))
+            out["partial_buffer"] = _merged_buffers(self._from_engines(PartialBuffer.to_state,
+                                                                       rank0=True))
         elif self.per_sample is not None and self.per_sample.buffer is not None:
             out["partial_buffer"] = self.per_sample.buffer.to_state()
         if self.source.carried:
@@ -417,14 +418,21 @@ class RolloutProducer:
             return None
         return self.per_sample.buffer
 
-    def _from_engines(self, value: Callable[[PartialBuffer], Any]) -> list[Any]:
+    def _from_engines(self, value: Callable[[PartialBuffer], Any], *,
+                      rank0: bool = False) -> list[Any]:
         """Collective over the engines' world: ``value(buffer)`` of every engine's buffer, in
-        engine order (engines of one rank each, the launch checks say)."""
+        engine order (engines of one rank each, the launch checks say), on every rank (or,
+        ``rank0``, on rank 0 only: ``[]`` elsewhere)."""
         buffer = self._own_buffer()
         mine = None if buffer is None else (self.engines.engine_index, value(buffer))
-        out: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(out, mine)
-        return [v for _, v in sorted((o for o in out if o is not None), key=lambda o: o[0])]
+        out: list[Any] | None = [None] * dist.get_world_size()
+        if not rank0:
+            dist.all_gather_object(out, mine)
+        else:
+            out = out if self.is_rank0 else None
+            dist.gather_object(mine, out, dst=0)
+        return [v for _, v in sorted((o for o in out or () if o is not None),
+                                     key=lambda o: o[0])]
 
     def _buffer_totals(self) -> tuple[int, int, int, int] | None:
         """``(groups, restarted samples, tokens, off-policy tokens)`` over every engine's
