@@ -331,7 +331,8 @@ def failing_eval_rollout(ctx):
 
 def engine_layouts_worker(rank: int, root: str, cache: str) -> dict:
     """The same dataset job (dynamic sampling rounds and an eval set) with two engines (one per
-    rank, the default) and with one engine on rank 0; then a run whose second engine fails."""
+    rank, the default), with one engine on rank 0, and with two engines and the whole batch on
+    rank 0; then a run whose second engine fails."""
     os.environ["VIME_CACHE_DIR"] = cache
     from pathlib import Path
 
@@ -349,7 +350,10 @@ def engine_layouts_worker(rank: int, root: str, cache: str) -> dict:
                dynamic_sampling_filter_path="vime_shell.rollout.filters:nonzero_reward_std",
                eval_prompt_data=("held_out", str(data / "eval.jsonl")), eval_interval=1)
     out: dict = {}
-    for name, extra in (("two_engines", {}), ("one_engine", {"rollout_num_gpus": 1})):
+    # "whole": --save-rollout-data keeps the whole batch on rank 0, where rank 0 judges every
+    # group (the other two judge on the engines that hold them: only verdicts travel).
+    for name, extra in (("two_engines", {}), ("one_engine", {"rollout_num_gpus": 1}),
+                        ("whole", {"save_rollout_data": f"{root}/dumps/r{{rollout_id}}.npz"})):
         seen: list = []
         result = run_training(_cfg(run_dir=f"{root}/{name}", **job, **extra),
                               on_rollout=lambda e, seen=seen: seen.append({

@@ -216,7 +216,9 @@ def test_a_broken_sync_is_caught_before_any_update(tmp_path, cache):
 
 def test_engines_on_every_rank_give_the_one_engine_batch_and_fail_together(tmp_path, cache):
     """Two engines (one per rank) and one engine on rank 0 generate the same batches, filter
-    verdicts and eval metrics (request seeds and group ids come from global prompt indices);
+    verdicts and eval metrics (request seeds and group ids come from global prompt indices),
+    and the filter judging each group on the engine that holds it (only verdicts travel)
+    gives the batches and counts of rank 0 judging the whole batch (``--save-rollout-data``);
     when the second engine fails, in generation or in evaluation, every rank stops with an
     error naming it (none hangs)."""
     from tests.shell.loop_workers import engine_layouts_worker
@@ -226,16 +228,18 @@ def test_engines_on_every_rank_give_the_one_engine_batch_and_fail_together(tmp_p
         assert all(r["has_engine"] for r in o["two_engines"]["rollouts"])
         assert [r["has_engine"] for r in o["one_engine"]["rollouts"]] == [rank == 0] * 2
     two, one = out[0]["two_engines"]["rollouts"], out[0]["one_engine"]["rollouts"]
-    for a, b in zip(two, one, strict=True):
+    whole = out[0]["whole"]["rollouts"]
+    for a, b in [*zip(two, one, strict=True), *zip(two, whole, strict=True)]:
         # Exact although the engines batched other prompts together (chunks of a 2-engine
         # queue): tokens and rewards do not follow batch composition (tests.metric_keys), and
         # the loss is the trainer's, same layout and machine, from its own log-probs (no TIS).
         # The engine-log-prob keys (logprob_gap, mismatch_*) would differ: not compared.
         assert np.array_equal(a["tokens"], b["tokens"])
         assert np.array_equal(a["rewards"], b["rewards"])
-        keys = ("prompts_generated", "prompts_kept", "generation_rounds",
-                "eval/held_out/reward_mean", "eval/held_out/pass@1", "loss")
-        assert [a["metrics"][k] for k in keys] == [b["metrics"][k] for k in keys]
+        keys = ("prompts_generated", "prompts_kept", "prompts_filtered", "generation_rounds",
+                "filtered_reward_mean", "eval/held_out/reward_mean", "eval/held_out/pass@1",
+                "loss")
+        assert [a["metrics"].get(k) for k in keys] == [b["metrics"].get(k) for k in keys]
     assert all(r["metrics"]["prompts_generated"] >= 6 for r in two)  # over-sampled rounds ran
     for failure in ("failure", "eval_failure"):  # generation, then evaluation
         # Rank 1's rollout function raised: a PluginError naming it (the RuntimeError chained).

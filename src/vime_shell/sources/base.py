@@ -53,14 +53,12 @@ Weights = Callable[[], Iterable[tuple[str, torch.Tensor]]]  # the trainer's expo
 class Produced:
     """One rank's result of producing a rollout batch: its part and the part's metadata (a
     holder: an engine leader on the sharded path, rank 0 when it holds the whole batch), the
-    generation's statistics (rank 0; ``as_record()`` and ``annotations``, the dump's), whether
-    those statistics' prompt counts still come from the merged metadata (``sharded``:
-    ``complete_stats``) and where the part came from, for messages (``origin``)."""
+    generation's statistics (rank 0; ``as_record()`` and ``annotations``, the dump's) and where
+    the part came from, for messages (``origin``)."""
 
     part: RolloutBatch | None = None
     meta: tuple[BatchMeta, ...] = ()  # one per work-queue chunk the part holds, its order
     stats: Any = None  # GenerationStats (colocated) or RemoteGeneration (engine ranks)
-    sharded: bool = False
     origin: str | None = None
 
     @classmethod

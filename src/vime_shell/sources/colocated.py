@@ -4,8 +4,9 @@ prompts, rounds and rewards of :class:`RolloutProducer`, behind :class:`RolloutS
 Data flow of ``next(k, v)``::
 
     every engine ─ claims chunks of the round's prompts ─▶ rollout function ─▶ rewards
-      sharded (no filter, hook, dump, --use-rs, over-sampling): each leader keeps its part
-      otherwise: rank 0 merges, judges (dynamic sampling) and holds the whole batch
+      parts (no rollout-log hook, dump or --use-rs): each leader judges its groups (dynamic
+        sampling: verdicts only travel) and keeps its part
+      otherwise: rank 0 merges, judges and holds the whole batch
     ─▶ Produced(part, meta, stats) on every rank (empty where nothing is held)
 
 Synchronous by construction: rollout ``k`` is generated right after the sync that ended

@@ -212,8 +212,8 @@ class RemoteRollouts:
         _, _, batch, record, source = reply[:5]
         if source is not None:
             self.source = SourceState(**source)
-        if self.sharded and not self.asynchrony.pooled:  # the engine's GenerationStats,
-            return Produced(stats=record, sharded=True)  # completed from the merged metadata
+        if self.sharded and not self.asynchrony.pooled:  # the engine's GenerationStats
+            return Produced(stats=record)
         if self.sharded:
             return Produced(stats=RemoteGeneration(record))
         return Produced.whole(batch, RemoteGeneration(

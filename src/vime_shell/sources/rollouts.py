@@ -1,8 +1,18 @@
 """The rollout side of the loop: prompts, generation rounds with dynamic sampling, rewards, the
 ``RolloutBatch``, and evaluation, over the run's engines (:class:`EngineGroup`: engines claim a
-round's prompts in chunks from a work queue; rank 0 merges, judges and builds the batch).
+round's prompts in chunks from a work queue).
 
-One rollout batch (``produce``): draw ``--over-sampling-batch-size`` prompts (default
+Data flow of one rollout::
+
+    every rank ─ draw the round's prompts (the same everywhere) ─▶ engines claim chunks ─▶
+      rollout function ─▶ rewards
+    parts (produce_part, keeps_parts): each leader judges its groups (the filter) ─▶
+      verdicts to every rank ─▶ rounds, cut, counts decided alike everywhere ─▶ each leader
+      keeps its groups of the cut as its part
+    whole (produce: the rollout-log hook, dumps, --use-rs): rank 0 merges the round's
+      output, judges it, builds the RolloutBatch
+
+One rollout batch (``produce`` or ``produce_part``): draw ``--over-sampling-batch-size`` prompts (default
 ``--rollout-batch-size``), generate ``--n-samples-per-prompt`` responses each through the
 rollout function, reward them, and keep a prompt's group when ``--dynamic-sampling-filter-path``
 accepts it; repeat until ``--rollout-batch-size`` groups are kept or
@@ -38,7 +48,7 @@ from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.rollout_output import flatten_rollout_output
 from vime_pure.data.held_parts import claimed_part
 from vime_pure.data.shards import PartialShare, deal_groups, partial_shares
-from vime_pure.data.shares import BatchMeta
+from vime_pure.pool_ranks import place_runs
 from vime_pure.errors import RolloutValidationError, VimeError, field_error, one_line
 from vime_shell.engines import SamplingParams
 from vime_shell.engines.async_engine import async_front
@@ -198,30 +208,97 @@ class RolloutProducer:
         return keeps_parts(self.cfg)
 
     def produce_part(self, rid: int) -> Produced:
-        """Collective over the engines, nothing gathered: each leader's output of one round
-        as its part (``output_part``: validated columns); the statistics on rank 0 (its prompt
-        counts are completed from the merged metadata, ``complete_stats``). Raises this rank's
-        own failure (the caller reports it to every rank)."""
+        """Collective over the engines, no sample gathered: each leader keeps its prompt
+        groups of every round as its part (``output_part``: validated columns). With a
+        dynamic-sampling filter each leader judges its own groups and the leaders exchange
+        only verdicts (``_Verdict``: a group's place in the rollout, kept or not, its id and
+        rewards): the rounds, the cut to the batch's ``need`` groups in round and prompt order,
+        ``--dynamic-sampling-fill-filtered`` and every count are decided from them, as rank 0
+        decides them over the whole batch (``produce``), and each leader keeps the groups it
+        holds of the cut, a chunk per run of places. Over-sampling is the same cut, every
+        group kept. Raises this rank's own failure (the caller reports it to every rank);
+        the statistics on rank 0."""
         cfg = self.cfg
+        need = cfg.rollout_batch_size
+        per_round = cfg.over_sampling_batch_size or need
         before = self._buffer_totals()
-        per_round = cfg.over_sampling_batch_size or cfg.rollout_batch_size
-        prompts, shares, target = self._round_prompts(per_round, cfg.rollout_batch_size)
-        sampling = self.sampling(cfg.max_response_len, rollout_sampling_seed(self.seed, rid, 0))
-        runner = self._share_runner(rid, prompts, sampling, first_group_id=0,
-                                    target_groups=target)
-        with native_torch():  # generation names no CUDA device: skip the CPU device mode
-            chunks = self.engines.run_local(runner, len(prompts), queue=self.queue,
-                                            shares=shares)
+        mine: dict[tuple[int, int], Any] = {}  # (round, prompt) -> this leader's group output
+        verdicts: list[_Verdict] = []  # every leader's, every round
+        rounds = next_group = 0
+        error: BaseException | None = None
+        while rounds < cfg.dynamic_sampling_max_rounds:
+            kept = sum(v.kept for v in verdicts)
+            prompts, shares, target = self._round_prompts(per_round, need - kept)
+            sampling = self.sampling(cfg.max_response_len,
+                                     rollout_sampling_seed(self.seed, rid, rounds))
+            runner = self._share_runner(rid, prompts, sampling, first_group_id=next_group,
+                                        target_groups=target)
+            round_verdicts: list[_Verdict] = []
+            if error is None:
+                try:
+                    with native_torch():  # generation names no CUDA device
+                        chunks = self.engines.run_local(runner, len(prompts), queue=self.queue,
+                                                        shares=shares)
+                    round_verdicts = self._judge_chunks(rid, rounds, chunks or (), mine)
+                except Exception as exc:  # noqa: BLE001 - every rank leaves this round below
+                    error = exc
+            seen = _all_ranks((None if error is None else type(error).__name__,
+                               round_verdicts))
+            rounds += 1
+            verdicts += [v for _, vs in seen for v in vs]
+            if error is not None or any(failed for failed, _ in seen):
+                break  # the failing rank raises below; the exchange tells every rank
+            next_group = max([next_group, *(v.next_group for v in verdicts)])
+            if self.keep is None or sum(v.kept for v in verdicts) >= need:
+                break
+            if self.is_rank0 and rounds < cfg.dynamic_sampling_max_rounds:
+                log.info("dynamic sampling: rollout %d has %d of the %d prompt groups it "
+                         "needs after round %d; generating another round", rid,
+                         sum(v.kept for v in verdicts), need, rounds - 1)
+        partial = _partial_stats(before, self._buffer_totals())
+        if error is not None:
+            raise error
+        cut = _cut(verdicts, need, fill=cfg.dynamic_sampling_fill_filtered)
+        places = {key: place for place, key in enumerate(cut.keys)}
+        held = [(places[key], out) for key, out in mine.items() if key in places]
+        chunks = [(first, [held[i][1] for i in run])
+                  for first, run in place_runs([p for p, _ in held])]
         try:
-            part, meta = claimed_part(chunks or (), normalization=self.normalization)
+            part, meta = claimed_part(chunks, normalization=self.normalization)
         except RolloutValidationError as exc:
             raise chunk_output_error(exc, chunks, rid, output_source(cfg)) from None
-        partial = _partial_stats(before, self._buffer_totals())
         stats = None
         if self.is_rank0:
-            stats = GenerationStats(rounds=1, prompts_generated=0, prompts_kept=0,
-                                    prompts_filtered=0, partial=partial)
-        return Produced(part=part, meta=meta, stats=stats, sharded=True)
+            stats = GenerationStats(
+                rounds=rounds, prompts_generated=len(verdicts),
+                prompts_kept=len(cut.keys), prompts_filtered=cut.filtered,
+                prompts_filled=cut.filled, partial=partial,
+                filtered_reward_mean=float(np.mean(cut.filtered_rewards))
+                if cut.filtered_rewards else None)
+        return Produced(part=part, meta=meta, stats=stats)
+
+    def _judge_chunks(self, rid: int, round_: int, chunks: Sequence[tuple[int, list]],
+                      mine: dict[tuple[int, int], Any]) -> list["_Verdict"]:
+        """This leader's verdict on each prompt group of its chunks (the filter, or keep
+        all), its outputs kept in ``mine`` by ``(round, prompt)``."""
+        out = []
+        for start, output in chunks:
+            for i, prompt_output in enumerate(output):
+                key = (round_, start + i)
+                mine[key] = prompt_output
+                kept = self._keeps(prompt_output, f"rollout {rid}, round {round_}, "
+                                                  f"prompt {start + i}")
+                out.append(_Verdict(key=key, kept=kept,
+                                    next_group=_next_group_id([prompt_output], 0),
+                                    rewards=() if kept else _group_rewards([prompt_output])))
+        return out
+
+    def _keeps(self, prompt_output: Any, where: str) -> bool:
+        """The dynamic-sampling filter's verdict on one prompt group (kept without one)."""
+        return self.keep is None or bool(call_plugin(
+            self.keep, prompt_samples(prompt_output),
+            what=f"filter {self.cfg.dynamic_sampling_filter_path}",
+            flag="--dynamic-sampling-filter-path", where=where))
 
     def produce(self, rid: int) -> tuple[RolloutBatch | None, GenerationStats] | None:
         """Collective over the world: this rollout's batch and statistics on rank 0, None on
@@ -293,10 +370,7 @@ class RolloutProducer:
         for p, prompt_output in enumerate(output):
             if len(kept) == need:
                 break
-            if self.keep is None or call_plugin(
-                    self.keep, prompt_samples(prompt_output),
-                    what=f"filter {self.cfg.dynamic_sampling_filter_path}",
-                    flag="--dynamic-sampling-filter-path", where=f"{where}, prompt {p}"):
+            if self._keeps(prompt_output, f"{where}, prompt {p}"):
                 kept.append(prompt_output)
             else:
                 dropped += 1
@@ -561,21 +635,14 @@ def _partial_stats(before: tuple[int, int, int, int] | None,
 
 def keeps_parts(cfg: TrainConfig) -> bool:
     """Whether each engine leader keeps its output as its part (no sample reaches trainer
-    rank 0). Rank 0 needs the samples themselves only for what judges or records whole prompt
-    groups across engines: ``--dynamic-sampling-filter-path`` (rounds, the kept count),
-    over-sampling (the surplus is cut in prompt order), ``--custom-rollout-log-function-path``
-    (slime's hook receives the samples), ``--save-rollout-data`` (one dump file) and
-    ``--use-rs`` (rejection judges whole samples on every rank)."""
-    per_round = cfg.over_sampling_batch_size or cfg.rollout_batch_size
-    return (cfg.dynamic_sampling_filter_path is None
-            and cfg.custom_rollout_log_function_path is None and cfg.save_rollout_data is None
-            and not cfg.use_rs and per_round <= cfg.rollout_batch_size)
-
-
-def complete_stats(stats: GenerationStats, merged: BatchMeta | None) -> GenerationStats:
-    """Rank 0: a sharded round's prompt counts, from the parts' output entries."""
-    n = 0 if merged is None else int(merged.part_outputs.sum())
-    return attrs.evolve(stats, prompts_generated=n, prompts_kept=n)
+    rank 0). The dynamic-sampling filter and over-sampling judge each prompt group on the
+    leader that holds it (``RolloutProducer.produce_part``: only verdicts travel). Rank 0
+    needs the samples themselves only for what records or judges them together:
+    ``--custom-rollout-log-function-path`` (slime's hook receives the samples),
+    ``--save-rollout-data`` (one dump file) and ``--use-rs`` (rejection judges whole samples
+    on every rank)."""
+    return (cfg.custom_rollout_log_function_path is None and cfg.save_rollout_data is None
+            and not cfg.use_rs)
 
 
 def eval_metrics(name: str, output: list[Any], n: int) -> dict[str, float]:
@@ -671,13 +738,69 @@ def sample_annotations(output: list[Any]) -> tuple[dict, ...]:
 def _group_reward_mean(outputs: list[Any]) -> float | None:
     """Mean reward over the rollout groups of ``outputs`` (None when there are none: a mean
     over nothing, never NaN)."""
+    rewards = _group_rewards(outputs)
+    return float(np.mean(rewards)) if rewards else None
+
+
+def _group_rewards(outputs: list[Any]) -> tuple[float, ...]:
+    """The first reward of every rollout group of ``outputs``, in order."""
     firsts: dict[int, dict[Any, Any]] = {}  # prompt output -> group id -> its first reward
     for prompt_output in outputs:
         for s in prompt_samples(prompt_output):
             firsts.setdefault(id(prompt_output), {}).setdefault(s.group_id, s.reward)
-    rewards = [r for groups in firsts.values() for r in groups.values()
-               if isinstance(r, (int, float))]
-    return float(np.mean(rewards)) if rewards else None
+    return tuple(float(r) for groups in firsts.values() for r in groups.values()
+                 if isinstance(r, (int, float)))
+
+
+@attrs.frozen
+class _Verdict:
+    """A leader's word on one prompt group of a round: its place ``(round, prompt)``,
+    whether the filter kept it, one past its largest int group id (the next round's ids
+    start after it), and, dropped, its rollout groups' rewards (``filtered_reward_mean``)."""
+
+    key: tuple[int, int]
+    kept: bool
+    next_group: int
+    rewards: tuple[float, ...] = ()
+
+
+@attrs.frozen
+class _Cut:
+    """The rollout's groups in batch order (``keys``: the first ``need`` kept, in round and
+    prompt order, then the filled ones), and what the whole-batch path counts: groups the
+    filter dropped before the cut, those filled back, their rewards."""
+
+    keys: tuple[tuple[int, int], ...]
+    filtered: int
+    filled: int
+    filtered_rewards: tuple[float, ...]
+
+
+def _cut(verdicts: Sequence[_Verdict], need: int, *, fill: bool) -> _Cut:
+    """The batch of ``need`` groups from every leader's verdicts, decided as ``produce``
+    decides it over the whole output: groups are judged in round and prompt order until
+    ``need`` are kept (the rest of that round is discarded unjudged), and with ``fill`` the
+    first dropped ones fill what is missing. Example: verdicts kept, dropped, kept, kept
+    with ``need = 2``: keys 0 and 2, 1 filtered, the last one discarded."""
+    kept: list[_Verdict] = []
+    dropped: list[_Verdict] = []
+    for v in sorted(verdicts, key=lambda v: v.key):
+        if len(kept) == need:
+            break
+        (kept if v.kept else dropped).append(v)
+    filled = dropped[:need - len(kept)] if fill else []
+    return _Cut(keys=tuple(v.key for v in (*kept, *filled)), filtered=len(dropped),
+                filled=len(filled),
+                filtered_rewards=tuple(r for v in dropped for r in v.rewards))
+
+
+def _all_ranks(value: Any) -> list[Any]:
+    """Collective over the engines' world: every rank's ``value``, in rank order."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -26,7 +26,7 @@ from vime_pure.data.shares import BatchMeta, SharePlan, plan_shares
 from vime_pure.metrics import metric_values
 from vime_pure.staleness import fresh_samples, staleness_metrics
 from vime_shell.sources.base import Produced
-from vime_shell.sources.rollouts import complete_stats, empty_rollout_message
+from vime_shell.sources.rollouts import empty_rollout_message
 from vime_shell.train.records import batch_fields
 from vime_shell.train.weight_check import LogprobCheckError
 
@@ -64,8 +64,6 @@ def plan_rollout(inputs: PlanInputs, merged: BatchMeta | None
     left to train (every prompt filtered: the rollout is skipped)."""
     rid, produced = inputs.rollout_id, inputs.produced
     generation = produced.stats
-    if generation is not None and produced.sharded:
-        generation = complete_stats(generation, merged)
     stats = {} if generation is None else generation.as_record()
     if merged is None:
         if generation is not None:
