@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from tests.property.data_strategies import rollout_outputs
 from vime_pure import RolloutBatch, Sample
-from vime_pure.data.shards import (PartialShare, deal_groups, merge_rollout_shares,
-                                   partial_shares, prompt_shares)
+from vime_pure.data.shards import (PartialShare, Verdict, cut_rounds, deal_groups,
+                                   merge_rollout_shares, partial_shares, prompt_shares)
 from vime_pure.errors import RolloutValidationError
 
 
@@ -135,3 +135,41 @@ def test_dealt_groups_keep_every_group_once(held, engines):
     assert sorted(g for d in dealt for g in d) == sorted(g for h in tagged for g in h)
     if engines == len(held):
         assert dealt == tagged
+
+
+def test_cut_rounds_docstring_example():
+    verdicts = [Verdict(key=(0, p), kept=k, next_group=0, rewards=() if k else (0.5,))
+                for p, k in enumerate([True, False, True, True])]
+    cut = cut_rounds(verdicts[::-1], 2, fill=False)
+    assert (cut.keys, cut.filtered, cut.filled, cut.filtered_rewards) == (
+        ((0, 0), (0, 2)), 1, 0, (0.5,))
+
+
+@st.composite
+def round_verdicts(draw):
+    rounds = draw(st.integers(1, 3))
+    verdicts = [Verdict(key=(r, p), kept=draw(st.booleans()), next_group=0,
+                        rewards=(float(r), float(p)))
+                for r in range(rounds) for p in range(draw(st.integers(0, 6)))]
+    return verdicts, draw(st.integers(0, 8)), draw(st.booleans()), draw(st.randoms())
+
+
+@given(round_verdicts())
+def test_cut_rounds_judges_in_round_and_prompt_order_whoever_sent_what(case):
+    """Theorem: the cut is the one a single judge makes walking the groups in round and
+    prompt order (kept until ``need``, the rest discarded unjudged; with ``fill`` the first
+    dropped ones fill the rest), whatever order the leaders' verdicts arrive in."""
+    verdicts, need, fill, rnd = case
+    shuffled = list(verdicts)
+    rnd.shuffle(shuffled)
+    cut = cut_rounds(shuffled, need, fill=fill)
+    kept, dropped = [], []
+    for v in verdicts:  # the single judge, in order
+        if len(kept) == need:
+            break
+        (kept if v.kept else dropped).append(v)
+    filled = dropped[:need - len(kept)] if fill else []
+    assert cut.keys == tuple(v.key for v in kept + filled)
+    assert (cut.filtered, cut.filled) == (len(dropped), len(filled))
+    assert cut.filtered_rewards == tuple(r for v in dropped for r in v.rewards)
+    assert len(cut.keys) <= need and len(set(cut.keys)) == len(cut.keys)

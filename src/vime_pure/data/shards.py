@@ -5,7 +5,9 @@ under ``--partial-rollout`` each one generates a contiguous block instead, after
 its own buffer carried over: ``partial_shares`` gives each engine its new prompts, its target
 and its place, from ``prompt_shares(P, E)`` (sizes differ by at most one, earlier engines get
 the extra prompt), and ``deal_groups`` hands a checkpoint's buffered groups to the engines of
-the resumed run. A prompt's ``n`` samples are requests of the same engine, so a rollout group
+the resumed run. With a dynamic-sampling filter each engine judges the groups it holds and
+only their ``Verdict`` travels; ``cut_rounds`` decides the batch from them as a judge over the
+whole output would. A prompt's ``n`` samples are requests of the same engine, so a rollout group
 (all samples of one execution) and a prompt group never straddle two engines.
 
 ``merge_rollout_shares(parts)`` concatenates the engines' blocks (or their chunks, put in prompt
@@ -100,6 +102,51 @@ def deal_groups(held: Sequence[Sequence[G]], num_engines: int) -> list[list[G]]:
         return [list(h) for h in held]
     flat = [g for h in held for g in h]
     return [flat[e::num_engines] for e in range(num_engines)]
+
+
+@attrs.frozen
+class Verdict:
+    """A leader's word on one prompt group of a dynamic-sampling round: its place ``key`` =
+    ``(round, prompt)``, whether the filter kept it, one past its largest int group id (the
+    next round's ids start after it), and, dropped, its rollout groups' rewards (for
+    ``filtered_reward_mean``)."""
+
+    key: tuple[int, int]
+    kept: bool
+    next_group: int
+    rewards: tuple[float, ...] = ()
+
+
+@attrs.frozen
+class RoundsCut:
+    """A rollout's groups in batch order (``keys``: the first ``need`` kept, in round and
+    prompt order, then the filled ones), and what the whole batch's judge counts: groups the
+    filter dropped before the cut (``filtered``), those filled back (``filled``), the dropped
+    ones' rewards."""
+
+    keys: tuple[tuple[int, int], ...]
+    filtered: int
+    filled: int
+    filtered_rewards: tuple[float, ...]
+
+
+def cut_rounds(verdicts: Sequence[Verdict], need: int, *, fill: bool) -> RoundsCut:
+    """The batch of ``need`` prompt groups from every leader's verdicts (any order), decided as
+    a judge over the whole output decides it: groups are judged in round and prompt order
+    until ``need`` are kept (the rest of that round is discarded unjudged), and with ``fill``
+    (``--dynamic-sampling-fill-filtered``) the first dropped ones fill what is missing.
+    Example: verdicts at prompts 0-3 kept, dropped, kept, kept with ``need = 2``: keys of
+    prompts 0 and 2, 1 filtered, prompt 3 discarded."""
+    kept: list[Verdict] = []
+    dropped: list[Verdict] = []
+    for v in sorted(verdicts, key=lambda v: v.key):
+        if len(kept) == need:
+            break
+        (kept if v.kept else dropped).append(v)
+    filled = dropped[:need - len(kept)] if fill else []
+    return RoundsCut(keys=tuple(v.key for v in (*kept, *filled)), filtered=len(dropped),
+                     filled=len(filled),
+                     filtered_rewards=tuple(r for v in dropped for r in v.rewards))
 
 
 def _explicit_ids(node: object, found: dict[str, set]) -> None:

@@ -47,7 +47,8 @@ import torch.distributed as dist
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.rollout_output import flatten_rollout_output
 from vime_pure.data.held_parts import claimed_part
-from vime_pure.data.shards import PartialShare, deal_groups, partial_shares
+from vime_pure.data.shards import (PartialShare, Verdict, cut_rounds, deal_groups,
+                                   partial_shares)
 from vime_pure.pool_ranks import place_runs
 from vime_pure.errors import RolloutValidationError, VimeError, field_error, one_line
 from vime_shell.engines import SamplingParams
@@ -211,7 +212,7 @@ class RolloutProducer:
         """Collective over the engines, no sample gathered: each leader keeps its prompt
         groups of every round as its part (``output_part``: validated columns). With a
         dynamic-sampling filter each leader judges its own groups and the leaders exchange
-        only verdicts (``_Verdict``: a group's place in the rollout, kept or not, its id and
+        only verdicts (``Verdict``: a group's place in the rollout, kept or not, its id and
         rewards): the rounds, the cut to the batch's ``need`` groups in round and prompt order,
         ``--dynamic-sampling-fill-filtered`` and every count are decided from them, as rank 0
         decides them over the whole batch (``produce``), and each leader keeps the groups it
@@ -223,7 +224,7 @@ class RolloutProducer:
         per_round = cfg.over_sampling_batch_size or need
         before = self._buffer_totals()
         mine: dict[tuple[int, int], Any] = {}  # (round, prompt) -> this leader's group output
-        verdicts: list[_Verdict] = []  # every leader's, every round
+        verdicts: list[Verdict] = []  # every leader's, every round
         rounds = next_group = 0
         error: BaseException | None = None
         while rounds < cfg.dynamic_sampling_max_rounds:
@@ -233,7 +234,7 @@ class RolloutProducer:
                                      rollout_sampling_seed(self.seed, rid, rounds))
             runner = self._share_runner(rid, prompts, sampling, first_group_id=next_group,
                                         target_groups=target)
-            round_verdicts: list[_Verdict] = []
+            round_verdicts: list[Verdict] = []
             if error is None:
                 try:
                     with native_torch():  # generation names no CUDA device
@@ -258,7 +259,7 @@ class RolloutProducer:
         partial = _partial_stats(before, self._buffer_totals())
         if error is not None:
             raise error
-        cut = _cut(verdicts, need, fill=cfg.dynamic_sampling_fill_filtered)
+        cut = cut_rounds(verdicts, need, fill=cfg.dynamic_sampling_fill_filtered)
         places = {key: place for place, key in enumerate(cut.keys)}
         held = [(places[key], out) for key, out in mine.items() if key in places]
         chunks = [(first, [held[i][1] for i in run])
@@ -278,7 +279,7 @@ class RolloutProducer:
         return Produced(part=part, meta=meta, stats=stats)
 
     def _judge_chunks(self, rid: int, round_: int, chunks: Sequence[tuple[int, list]],
-                      mine: dict[tuple[int, int], Any]) -> list["_Verdict"]:
+                      mine: dict[tuple[int, int], Any]) -> list[Verdict]:
         """This leader's verdict on each prompt group of its chunks (the filter, or keep
         all), its outputs kept in ``mine`` by ``(round, prompt)``."""
         out = []
@@ -288,7 +289,7 @@ class RolloutProducer:
                 mine[key] = prompt_output
                 kept = self._keeps(prompt_output, f"rollout {rid}, round {round_}, "
                                                   f"prompt {start + i}")
-                out.append(_Verdict(key=key, kept=kept,
+                out.append(Verdict(key=key, kept=kept,
                                     next_group=_next_group_id([prompt_output], 0),
                                     rewards=() if kept else _group_rewards([prompt_output])))
         return out
@@ -750,48 +751,6 @@ def _group_rewards(outputs: list[Any]) -> tuple[float, ...]:
             firsts.setdefault(id(prompt_output), {}).setdefault(s.group_id, s.reward)
     return tuple(float(r) for groups in firsts.values() for r in groups.values()
                  if isinstance(r, (int, float)))
-
-
-@attrs.frozen
-class _Verdict:
-    """A leader's word on one prompt group of a round: its place ``(round, prompt)``,
-    whether the filter kept it, one past its largest int group id (the next round's ids
-    start after it), and, dropped, its rollout groups' rewards (``filtered_reward_mean``)."""
-
-    key: tuple[int, int]
-    kept: bool
-    next_group: int
-    rewards: tuple[float, ...] = ()
-
-
-@attrs.frozen
-class _Cut:
-    """The rollout's groups in batch order (``keys``: the first ``need`` kept, in round and
-    prompt order, then the filled ones), and what the whole-batch path counts: groups the
-    filter dropped before the cut, those filled back, their rewards."""
-
-    keys: tuple[tuple[int, int], ...]
-    filtered: int
-    filled: int
-    filtered_rewards: tuple[float, ...]
-
-
-def _cut(verdicts: Sequence[_Verdict], need: int, *, fill: bool) -> _Cut:
-    """The batch of ``need`` groups from every leader's verdicts, decided as ``produce``
-    decides it over the whole output: groups are judged in round and prompt order until
-    ``need`` are kept (the rest of that round is discarded unjudged), and with ``fill`` the
-    first dropped ones fill what is missing. Example: verdicts kept, dropped, kept, kept
-    with ``need = 2``: keys 0 and 2, 1 filtered, the last one discarded."""
-    kept: list[_Verdict] = []
-    dropped: list[_Verdict] = []
-    for v in sorted(verdicts, key=lambda v: v.key):
-        if len(kept) == need:
-            break
-        (kept if v.kept else dropped).append(v)
-    filled = dropped[:need - len(kept)] if fill else []
-    return _Cut(keys=tuple(v.key for v in (*kept, *filled)), filtered=len(dropped),
-                filled=len(filled),
-                filtered_rewards=tuple(r for v in dropped for r in v.rewards))
 
 
 def _all_ranks(value: Any) -> list[Any]:
