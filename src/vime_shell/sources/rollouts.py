@@ -213,53 +213,21 @@ class RolloutProducer:
         groups of every round as its part (``output_part``: validated columns). With a
         dynamic-sampling filter each leader judges its own groups and the leaders exchange
         only verdicts (``Verdict``: a group's place in the rollout, kept or not, its id and
-        rewards): the rounds, the cut to the batch's ``need`` groups in round and prompt order,
-        ``--dynamic-sampling-fill-filtered`` and every count are decided from them, as rank 0
-        decides them over the whole batch (``produce``), and each leader keeps the groups it
-        holds of the cut, a chunk per run of places. Over-sampling is the same cut, every
-        group kept. Raises this rank's own failure (the caller reports it to every rank);
-        the statistics on rank 0."""
+        rewards): the rounds, the cut to the batch's groups in round and prompt order,
+        ``--dynamic-sampling-fill-filtered`` and every count are decided from them
+        (``cut_rounds``), as rank 0 decides them over the whole batch (``produce``), and each
+        leader keeps the groups it holds of the cut, a chunk per run of places. Over-sampling
+        is the same cut, every group kept. Raises this rank's own failure (the caller reports
+        it to every rank); the statistics on rank 0."""
         cfg = self.cfg
-        need = cfg.rollout_batch_size
-        per_round = cfg.over_sampling_batch_size or need
         before = self._buffer_totals()
         mine: dict[tuple[int, int], Any] = {}  # (round, prompt) -> this leader's group output
-        verdicts: list[Verdict] = []  # every leader's, every round
-        rounds = next_group = 0
-        error: BaseException | None = None
-        while rounds < cfg.dynamic_sampling_max_rounds:
-            kept = sum(v.kept for v in verdicts)
-            prompts, shares, target = self._round_prompts(per_round, need - kept)
-            sampling = self.sampling(cfg.max_response_len,
-                                     rollout_sampling_seed(self.seed, rid, rounds))
-            runner = self._share_runner(rid, prompts, sampling, first_group_id=next_group,
-                                        target_groups=target)
-            round_verdicts: list[Verdict] = []
-            if error is None:
-                try:
-                    with native_torch():  # generation names no CUDA device
-                        chunks = self.engines.run_local(runner, len(prompts), queue=self.queue,
-                                                        shares=shares)
-                    round_verdicts = self._judge_chunks(rid, rounds, chunks or (), mine)
-                except Exception as exc:  # noqa: BLE001 - every rank leaves this round below
-                    error = exc
-            seen = _all_ranks((None if error is None else type(error).__name__,
-                               round_verdicts))
-            rounds += 1
-            verdicts += [v for _, vs in seen for v in vs]
-            if error is not None or any(failed for failed, _ in seen):
-                break  # the failing rank raises below; the exchange tells every rank
-            next_group = max([next_group, *(v.next_group for v in verdicts)])
-            if self.keep is None or sum(v.kept for v in verdicts) >= need:
-                break
-            if self.is_rank0 and rounds < cfg.dynamic_sampling_max_rounds:
-                log.info("dynamic sampling: rollout %d has %d of the %d prompt groups it "
-                         "needs after round %d; generating another round", rid,
-                         sum(v.kept for v in verdicts), need, rounds - 1)
+        verdicts, rounds, error = self._judged_rounds(rid, mine)
         partial = _partial_stats(before, self._buffer_totals())
         if error is not None:
             raise error
-        cut = cut_rounds(verdicts, need, fill=cfg.dynamic_sampling_fill_filtered)
+        cut = cut_rounds(verdicts, cfg.rollout_batch_size,
+                         fill=cfg.dynamic_sampling_fill_filtered)
         places = {key: place for place, key in enumerate(cut.keys)}
         held = [(places[key], out) for key, out in mine.items() if key in places]
         chunks = [(first, [held[i][1] for i in run])
@@ -277,6 +245,47 @@ class RolloutProducer:
                 filtered_reward_mean=float(np.mean(cut.filtered_rewards))
                 if cut.filtered_rewards else None)
         return Produced(part=part, meta=meta, stats=stats)
+
+    def _judged_rounds(self, rid: int, mine: dict[tuple[int, int], Any]
+                       ) -> tuple[list[Verdict], int, BaseException | None]:
+        """Rounds until the verdicts keep ``--rollout-batch-size`` groups (one round without
+        a filter), each leader's outputs in ``mine``: ``(every leader's verdicts, rounds,
+        this rank's failure)``. A failure ends the rounds on every rank together."""
+        cfg = self.cfg
+        need = cfg.rollout_batch_size
+        per_round = cfg.over_sampling_batch_size or need
+        verdicts: list[Verdict] = []  # every leader's, every round
+        rounds = next_group = 0
+        while rounds < cfg.dynamic_sampling_max_rounds:
+            prompts, shares, target = self._round_prompts(
+                per_round, need - sum(v.kept for v in verdicts))
+            sampling = self.sampling(cfg.max_response_len,
+                                     rollout_sampling_seed(self.seed, rid, rounds))
+            runner = self._share_runner(rid, prompts, sampling, first_group_id=next_group,
+                                        target_groups=target)
+            mine_now: list[Verdict] = []
+            error: BaseException | None = None
+            try:
+                with native_torch():  # generation names no CUDA device
+                    chunks = self.engines.run_local(runner, len(prompts), queue=self.queue,
+                                                    shares=shares)
+                mine_now = self._judge_chunks(rid, rounds, chunks or (), mine)
+            except Exception as exc:  # noqa: BLE001 - every rank leaves the rounds below
+                error = exc
+            seen = _all_ranks((error is not None, mine_now))
+            rounds += 1
+            verdicts += [v for _, vs in seen for v in vs]
+            if any(failed for failed, _ in seen):
+                return verdicts, rounds, error  # the exchange tells every rank
+            next_group = max([next_group, *(v.next_group for v in verdicts)])
+            kept = sum(v.kept for v in verdicts)
+            if self.keep is None or kept >= need:
+                break
+            if self.is_rank0 and rounds < cfg.dynamic_sampling_max_rounds:
+                log.info("dynamic sampling: rollout %d has %d of the %d prompt groups it "
+                         "needs after round %d; generating another round", rid, kept, need,
+                         rounds - 1)
+        return verdicts, rounds, None
 
     def _judge_chunks(self, rid: int, round_: int, chunks: Sequence[tuple[int, list]],
                       mine: dict[tuple[int, int], Any]) -> list[Verdict]:
