@@ -12,7 +12,7 @@ the merged ``BatchMeta`` and the ``SharePlan`` (``vime_pure.data.shares``), with
    ``part_starts``), so a ``BatchMeta`` of the whole batch as one part (``part_meta``, e.g.
    of a gathered batch) gives the same count as the merged one;
 2. **share** (``share_bytes``): what the all-to-all delivers to DP rank ``d``, as
-   ``vime_shell.train.exchange.pack_piece`` lays it out: a ``PIECE_HEADER_BYTES`` header per
+   ``vime_shell.sources.exchange.pack_piece`` lays it out: a ``PIECE_HEADER_BYTES`` header per
    holder's piece, ``SAMPLE_BYTES`` per sample (id and response start int64, lengths int32),
    int32 tokens, uint8 loss masks, float32 rollout log-probs when recorded, int16 routed
    experts (``route_width`` per token) under routing replay;
