@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.property.data_strategies import rollout_outputs
 from vime_pure import RolloutBatch, Sample
-from vime_pure.data.shards import (PartialShare, Verdict, cut_rounds, deal_groups,
+from vime_pure.data.shards import (GroupVerdict, PartialShare, cut_rounds, deal_groups,
                                    merge_rollout_shares, partial_shares, prompt_shares)
 from vime_pure.errors import RolloutValidationError
 
@@ -138,7 +138,7 @@ def test_dealt_groups_keep_every_group_once(held, engines):
 
 
 def test_cut_rounds_docstring_example():
-    verdicts = [Verdict(key=(0, p), kept=k, next_group=0, rewards=() if k else (0.5,))
+    verdicts = [GroupVerdict(key=(0, p), kept=k, next_group=0, rewards=() if k else (0.5,))
                 for p, k in enumerate([True, False, True, True])]
     cut = cut_rounds(verdicts[::-1], 2, fill=False)
     assert (cut.keys, cut.filtered, cut.filled, cut.filtered_rewards) == (
@@ -148,7 +148,7 @@ def test_cut_rounds_docstring_example():
 @st.composite
 def round_verdicts(draw):
     rounds = draw(st.integers(1, 3))
-    verdicts = [Verdict(key=(r, p), kept=draw(st.booleans()), next_group=0,
+    verdicts = [GroupVerdict(key=(r, p), kept=draw(st.booleans()), next_group=0,
                         rewards=(float(r), float(p)))
                 for r in range(rounds) for p in range(draw(st.integers(0, 6)))]
     return verdicts, draw(st.integers(0, 8)), draw(st.booleans()), draw(st.randoms())

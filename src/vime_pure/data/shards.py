@@ -6,8 +6,8 @@ its own buffer carried over: ``partial_shares`` gives each engine its new prompt
 and its place, from ``prompt_shares(P, E)`` (sizes differ by at most one, earlier engines get
 the extra prompt), and ``deal_groups`` hands a checkpoint's buffered groups to the engines of
 the resumed run. With a dynamic-sampling filter each engine judges the groups it holds and
-only their ``Verdict`` travels; ``cut_rounds`` decides the batch from them as a judge over the
-whole output would. A prompt's ``n`` samples are requests of the same engine, so a rollout group
+only their ``GroupVerdict`` travels; ``cut_rounds`` decides the batch from them as a judge
+over the whole output would. A prompt's ``n`` samples are requests of the same engine, so a rollout group
 (all samples of one execution) and a prompt group never straddle two engines.
 
 ``merge_rollout_shares(parts)`` concatenates the engines' blocks (or their chunks, put in prompt
@@ -105,7 +105,7 @@ def deal_groups(held: Sequence[Sequence[G]], num_engines: int) -> list[list[G]]:
 
 
 @attrs.frozen
-class Verdict:
+class GroupVerdict:
     """A leader's word on one prompt group of a dynamic-sampling round: its place ``key`` =
     ``(round, prompt)``, whether the filter kept it, one past its largest int group id (the
     next round's ids start after it), and, dropped, its rollout groups' rewards (for
@@ -130,15 +130,15 @@ class RoundsCut:
     filtered_rewards: tuple[float, ...]
 
 
-def cut_rounds(verdicts: Sequence[Verdict], need: int, *, fill: bool) -> RoundsCut:
+def cut_rounds(verdicts: Sequence[GroupVerdict], need: int, *, fill: bool) -> RoundsCut:
     """The batch of ``need`` prompt groups from every leader's verdicts (any order), decided as
     a judge over the whole output decides it: groups are judged in round and prompt order
     until ``need`` are kept (the rest of that round is discarded unjudged), and with ``fill``
     (``--dynamic-sampling-fill-filtered``) the first dropped ones fill what is missing.
     Example: verdicts at prompts 0-3 kept, dropped, kept, kept with ``need = 2``: keys of
     prompts 0 and 2, 1 filtered, prompt 3 discarded."""
-    kept: list[Verdict] = []
-    dropped: list[Verdict] = []
+    kept: list[GroupVerdict] = []
+    dropped: list[GroupVerdict] = []
     for v in sorted(verdicts, key=lambda v: v.key):
         if len(kept) == need:
             break

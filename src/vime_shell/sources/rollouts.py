@@ -47,7 +47,7 @@ import torch.distributed as dist
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.rollout_output import flatten_rollout_output
 from vime_pure.data.held_parts import claimed_part
-from vime_pure.data.shards import (PartialShare, Verdict, cut_rounds, deal_groups,
+from vime_pure.data.shards import (GroupVerdict, PartialShare, cut_rounds, deal_groups,
                                    partial_shares)
 from vime_pure.pool_ranks import place_runs
 from vime_pure.errors import RolloutValidationError, VimeError, field_error, one_line
@@ -212,7 +212,7 @@ class RolloutProducer:
         """Collective over the engines, no sample gathered: each leader keeps its prompt
         groups of every round as its part (``output_part``: validated columns). With a
         dynamic-sampling filter each leader judges its own groups and the leaders exchange
-        only verdicts (``Verdict``: a group's place in the rollout, kept or not, its id and
+        only verdicts (``GroupVerdict``: a group's place in the rollout, kept or not, its id and
         rewards): the rounds, the cut to the batch's groups in round and prompt order,
         ``--dynamic-sampling-fill-filtered`` and every count are decided from them
         (``cut_rounds``), as rank 0 decides them over the whole batch (``produce``), and each
@@ -247,14 +247,14 @@ class RolloutProducer:
         return Produced(part=part, meta=meta, stats=stats)
 
     def _judged_rounds(self, rid: int, mine: dict[tuple[int, int], Any]
-                       ) -> tuple[list[Verdict], int, BaseException | None]:
+                       ) -> tuple[list[GroupVerdict], int, BaseException | None]:
         """Rounds until the verdicts keep ``--rollout-batch-size`` groups (one round without
         a filter), each leader's outputs in ``mine``: ``(every leader's verdicts, rounds,
         this rank's failure)``. A failure ends the rounds on every rank together."""
         cfg = self.cfg
         need = cfg.rollout_batch_size
         per_round = cfg.over_sampling_batch_size or need
-        verdicts: list[Verdict] = []  # every leader's, every round
+        verdicts: list[GroupVerdict] = []  # every leader's, every round
         rounds = next_group = 0
         while rounds < cfg.dynamic_sampling_max_rounds:
             prompts, shares, target = self._round_prompts(
@@ -263,7 +263,7 @@ class RolloutProducer:
                                      rollout_sampling_seed(self.seed, rid, rounds))
             runner = self._share_runner(rid, prompts, sampling, first_group_id=next_group,
                                         target_groups=target)
-            mine_now: list[Verdict] = []
+            mine_now: list[GroupVerdict] = []
             error: BaseException | None = None
             try:
                 with native_torch():  # generation names no CUDA device
@@ -288,7 +288,7 @@ class RolloutProducer:
         return verdicts, rounds, None
 
     def _judge_chunks(self, rid: int, round_: int, chunks: Sequence[tuple[int, list]],
-                      mine: dict[tuple[int, int], Any]) -> list[Verdict]:
+                      mine: dict[tuple[int, int], Any]) -> list[GroupVerdict]:
         """This leader's verdict on each prompt group of its chunks (the filter, or keep
         all), its outputs kept in ``mine`` by ``(round, prompt)``."""
         out = []
@@ -298,9 +298,9 @@ class RolloutProducer:
                 mine[key] = prompt_output
                 kept = self._keeps(prompt_output, f"rollout {rid}, round {round_}, "
                                                   f"prompt {start + i}")
-                out.append(Verdict(key=key, kept=kept,
-                                    next_group=_next_group_id([prompt_output], 0),
-                                    rewards=() if kept else _group_rewards([prompt_output])))
+                out.append(GroupVerdict(
+                    key=key, kept=kept, next_group=_next_group_id([prompt_output], 0),
+                    rewards=() if kept else _first_rewards([prompt_output])))
         return out
 
     def _keeps(self, prompt_output: Any, where: str) -> bool:
@@ -748,11 +748,11 @@ def sample_annotations(output: list[Any]) -> tuple[dict, ...]:
 def _group_reward_mean(outputs: list[Any]) -> float | None:
     """Mean reward over the rollout groups of ``outputs`` (None when there are none: a mean
     over nothing, never NaN)."""
-    rewards = _group_rewards(outputs)
+    rewards = _first_rewards(outputs)
     return float(np.mean(rewards)) if rewards else None
 
 
-def _group_rewards(outputs: list[Any]) -> tuple[float, ...]:
+def _first_rewards(outputs: list[Any]) -> tuple[float, ...]:
     """The first reward of every rollout group of ``outputs``, in order."""
     firsts: dict[int, dict[Any, Any]] = {}  # prompt output -> group id -> its first reward
     for prompt_output in outputs:
