@@ -10,10 +10,13 @@ tokens, 2 optimizer steps per rollout) on gloo, 2 trainer ranks (DP 2) in all:
 - ``colocated_dumps``: the same with ``--save-rollout-data``: rank 0 holds the whole batch
   (the engine leaders gather their outputs there; engine 1 generates all but one chunk,
   ``straggling_rank0_rollout``, so the funnel's width does not depend on the load);
+- ``colocated_filter``: a dynamic-sampling filter over 24 prompts per round: each leader
+  judges the groups it holds, the leaders exchange verdicts (counted as batch bytes) and cut
+  the batch's 16 groups where they are;
 - ``sync`` / ``one_step_off`` / ``fully_async``: world 4, ranks 0-1 train, ranks 2-3 run one
   engine each (``--no-colocate --rollout-num-gpus 2``; ``--train-async``; ``--fully-async
-  --max-weight-staleness 1``): the batch reaches trainer rank 0 over the bridge (in fully
-  async one part per engine rank's pool), then the same exchange among the trainer ranks.
+  --max-weight-staleness 1``): the engine leaders (the pools) keep their parts and send
+  rank 0 metadata and each trainer rank its share over the span.
 
 Per trainer rank and rollout (``rank_bytes``): **received** = the exchange's metadata (rank
 0), plan (other ranks) and share bytes (``ExchangeStats``; a rank's share counts its own
@@ -60,6 +63,8 @@ MODES: dict[str, tuple[int, dict[str, object]]] = {
     "colocated_dumps": (2, {"save_rollout_data": "{root}/dumps/r{{rollout_id}}.npz",
                             "rollout_function_path":
                             "benchmarks.bytes_per_rank:straggling_rank0_rollout"}),
+    "colocated_filter": (2, {"dynamic_sampling_filter_path": "benchmarks.bytes_per_rank:keep_all",
+                             "over_sampling_batch_size": 24}),
     "sync": (4, SEPARATE),
     "one_step_off": (4, {**SEPARATE, "train_async": True}),
     "fully_async": (4, {**SEPARATE, "fully_async": True, "max_weight_staleness": 1}),
@@ -67,6 +72,12 @@ MODES: dict[str, tuple[int, dict[str, object]]] = {
 STRAGGLER_WAIT_S = 300
 PROMPT_REPEATS = 10  # "3+5 3+5 ...": ~30 tokens of the embedded tokenizer
 RESULT = Path(__file__).with_name("results") / "bytes_per_rank.json"
+
+
+def keep_all(samples) -> bool:
+    """A dynamic-sampling filter that keeps every group: with ``--over-sampling-batch-size 24``
+    each rollout judges 24 groups on their holders and cuts 8 there (``colocated_filter``)."""
+    return True
 
 
 def straggling_rank0_rollout(ctx):

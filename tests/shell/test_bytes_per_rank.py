@@ -28,7 +28,8 @@ PARTS_EVERYWHERE = ("issue 32, 'one batch shape: parts everywhere': the whole-ba
 
 @pytest.fixture(scope="module")
 def colocated(tmp_path_factory, embedded_cache):
-    return measure(("colocated", "colocated_dumps"), str(tmp_path_factory.mktemp("co")),
+    return measure(("colocated", "colocated_dumps", "colocated_filter"),
+                   str(tmp_path_factory.mktemp("co")),
                    embedded_cache,
                    ROLLOUTS)
 
@@ -50,8 +51,21 @@ def test_colocated_ranks_receive_at_most_metadata_and_their_own_share(colocated)
             assert 0 < b["received"] <= b["bound"], (rank, b)
     for raw in ranks[1]:
         assert raw["exchange"]["meta_received"] == 0  # only rank 0 gathers metadata
+    for raw in ranks[0] + ranks[1]:  # no sample is gathered: the leaders' verdicts only
+        assert 0 < raw["transfers"]["received"]["batch"] < raw["batch"] / 20
+
+
+def test_a_dynamic_sampling_filter_judges_where_the_groups_are(colocated):
+    """24 groups judged per rollout, 16 kept: the leaders exchange verdicts (batch bytes of
+    the transfers) and cut where the groups are; every rank stays within its bound, and
+    rank 0 receives no sample in a gather."""
+    ranks = colocated["colocated_filter"]
+    for rank, records in enumerate(_bytes(ranks)):
+        for b in records:
+            assert 0 < b["received"] <= b["bound"], (rank, b)
     for raw in ranks[0] + ranks[1]:
-        assert raw["transfers"]["received"]["batch"] == 0  # the sharded path gathers nothing
+        verdicts = raw["transfers"]["received"]["batch"]
+        assert 0 < verdicts < raw["batch"] / 4  # verdicts, not samples
 
 
 def test_a_whole_batch_feature_funnels_the_batch_through_rank_0(colocated):

@@ -11,7 +11,7 @@ run_shares`). Each keeps one :class:`ByteCounts`; the loop takes it after every 
 reached the rank.
 
 Kinds (``KINDS``): ``batch`` (a rollout's samples: batch replies, fully-async parts, gathered
-rollout outputs), ``weights`` (buckets and their names), ``probe`` (weight-sync probes),
+rollout outputs; and the dynamic-sampling verdicts the holders exchange instead of samples), ``weights`` (buckets and their names), ``probe`` (weight-sync probes),
 ``control`` (commands, evaluation results, errors). The bridge counts the pickled payload it
 builds anyway (plus its 8-byte length), so counting costs no copy; a gather of Python objects
 is counted by pickling into a sink that keeps no byte (:func:`pickled_size`).

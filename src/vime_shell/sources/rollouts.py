@@ -53,6 +53,7 @@ from vime_pure.pool_ranks import place_runs
 from vime_pure.errors import RolloutValidationError, VimeError, field_error, one_line
 from vime_shell.engines import SamplingParams
 from vime_shell.engines.async_engine import async_front
+from vime_shell.engines.byte_counts import pickled_size
 from vime_shell.engines.group import EngineGroup, EngineGroupError
 from vime_shell.megatron.collectives import rank0_result
 from vime_shell.megatron.cuda_compat import native_torch
@@ -272,7 +273,7 @@ class RolloutProducer:
                 mine_now = self._judge_chunks(rid, rounds, chunks or (), mine)
             except Exception as exc:  # noqa: BLE001 - every rank leaves the rounds below
                 error = exc
-            seen = _all_ranks((error is not None, mine_now))
+            seen = self._verdicts_of_all((error is not None, mine_now))
             rounds += 1
             verdicts += [v for _, vs in seen for v in vs]
             if any(failed for failed, _ in seen):
@@ -286,6 +287,19 @@ class RolloutProducer:
                          "needs after round %d; generating another round", rid, kept, need,
                          rounds - 1)
         return verdicts, rounds, None
+
+    def _verdicts_of_all(self, mine: Any) -> list[Any]:
+        """Collective over the engines' world: every rank's round verdicts, in rank order,
+        counted as batch bytes (``engines.byte_counts``: what a filter at the holders costs
+        instead of the samples)."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return [mine]
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, mine)
+        self.engines.bytes.add_sent("batch", pickled_size(mine) * (len(out) - 1))
+        self.engines.bytes.add_received("batch", sum(pickled_size(o) for o in out) -
+                                        pickled_size(mine))
+        return out
 
     def _judge_chunks(self, rid: int, round_: int, chunks: Sequence[tuple[int, list]],
                       mine: dict[tuple[int, int], Any]) -> list[GroupVerdict]:
@@ -762,13 +776,6 @@ def _first_rewards(outputs: list[Any]) -> tuple[float, ...]:
                  if isinstance(r, (int, float)))
 
 
-def _all_ranks(value: Any) -> list[Any]:
-    """Collective over the engines' world: every rank's ``value``, in rank order."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return [value]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
