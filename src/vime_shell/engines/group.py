@@ -329,10 +329,7 @@ class EngineGroup:
         """This rank's chunks ``(first prompt, output)``; a failure stops the queue first.
         The round is marked done for this rank either way (module docstring)."""
         try:
-            if shares is not None:  # one block, labelled by the engine's place
-                share = shares[self._engine()]
-                return [(share.slot, self._produce_block(produce, share.new))]
-            return self._claim_and_produce(produce, num_prompts, queue, round_, bound)
+            return self._claim_and_produce(produce, num_prompts, queue, round_, bound, shares)
         finally:
             if self.layout.world_size > 1:
                 self._mark_done(round_)
@@ -352,17 +349,16 @@ class EngineGroup:
         assert engine is not None  # only a rank with an engine generates
         return engine
 
-    def _produce_block(self, produce: Callable[[range], list], block: range) -> list:
-        self.residency.wake_for_generation()
-        out = produce(block)
-        self.residency.sleep()  # the trainer runs next: hand it the memory
-        return out
-
     def _claim_and_produce(self, produce: Callable[[range], list], num_prompts: int,
-                           queue: bool, round_: int, bound: WaitBound) -> list[tuple[int, list]]:
+                           queue: bool, round_: int, bound: WaitBound,
+                           shares: Sequence[PartialShare] | None) -> list[tuple[int, list]]:
         self.residency.wake_for_generation()
         claims: Any = [self.prompt_share(num_prompts)]
-        if queue and self.layout.num_engines > 1:
+        label = None  # a chunk is labelled by its first prompt, or by the engine's place
+        if shares is not None:  # one block each (--partial-rollout over several engines)
+            mine = shares[self._engine()]
+            claims, label = [mine.new], mine.slot
+        elif queue and self.layout.num_engines > 1:
             engine = self._engine()
             leader = self.layout.leader(engine)
             claims = PromptQueue(job_store(), f"{self._prefix}/{round_}",
@@ -374,7 +370,7 @@ class EngineGroup:
         out: list[tuple[int, list]] = []
         try:
             for share in claims:
-                out.append((share.start, produce(share)))
+                out.append((share.start if label is None else label, produce(share)))
         except BaseException as exc:
             if isinstance(claims, PromptQueue):
                 try:

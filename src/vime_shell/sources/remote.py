@@ -11,8 +11,10 @@ Data flow, trainer rank 0 <-> engine ranks over the bridge::
                      engine ranks join the step's exchange of k (each leader sends every
                      trainer rank its share over the span), then generate k + 1 .. k + L
                      (one step off: L = 1)
-              pooled: ("batch", k) ─▶ every pool ─▶ one part each ─▶ joined in draw order
-                      on trainer rank 0 (the whole batch: the pools' parts are not yet kept)
+              pooled: ("batch", k) ─▶ every pool ─▶ its groups' keys ("held") ─▶ placed in
+                      draw order ─▶ ("exchange", k, places): each pool's groups join the
+                      exchange (or, with a whole-batch feature, one part each ─▶ joined on
+                      trainer rank 0)
     sync(w, v): ("weights", v, probe?) + buckets ─▶ every engine rank loads; with a probe,
               each engine rank answers one probe group on v ─▶ SyncReport(probe=...)
 
@@ -532,7 +534,7 @@ class _Server:
         # the trainer's staleness report and fresh-sample gap check read these columns. No
         # batch: the filter removed every prompt group (the trainer skips the rollout).
         batch = None if batch is None else stamp_versions(batch, self.version)
-        record = {**stats.as_record(), "weight_version": self.version}
+        record = attrs.evolve(stats, weight_version=self.version).as_record()
         return ("batch", rid, batch, record, state, stats.annotations)
 
     def _load(self, version: int) -> None:

@@ -292,13 +292,10 @@ class RolloutProducer:
         """Collective over the engines' world: every rank's round verdicts, in rank order,
         counted as batch bytes (``engines.byte_counts``: what a filter at the holders costs
         instead of the samples)."""
-        if not dist.is_initialized() or dist.get_world_size() == 1:
-            return [mine]
-        out: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(out, mine)
-        self.engines.bytes.add_sent("batch", pickled_size(mine) * (len(out) - 1))
-        self.engines.bytes.add_received("batch", sum(pickled_size(o) for o in out) -
-                                        pickled_size(mine))
+        out = _gathered(mine)
+        size = pickled_size(mine)
+        self.engines.bytes.add_sent("batch", size * (len(out) - 1))
+        self.engines.bytes.add_received("batch", sum(pickled_size(o) for o in out) - size)
         return out
 
     def _judge_chunks(self, rid: int, round_: int, chunks: Sequence[tuple[int, list]],
@@ -466,8 +463,6 @@ class RolloutProducer:
         count is the one saved, else dealt round robin (``deal_groups``); the run's counters
         continue on engine 0 (their sums are what the log reports)."""
         engines, mine = self.engines.layout.num_engines, self.engines.engine_index or 0
-        if engines == 1:
-            return buffer
         counts = saved.get("engine_groups") or [len(buffer.groups)]
         held = [buffer.groups[a:b] for a, b in zip(np.cumsum([0, *counts[:-1]]).tolist(),
                                                   np.cumsum(counts).tolist())]
@@ -523,14 +518,8 @@ class RolloutProducer:
         ``rank0``, on rank 0 only: ``[]`` elsewhere)."""
         buffer = self._own_buffer()
         mine = None if buffer is None else (self.engines.engine_index, value(buffer))
-        out: list[Any] | None = [None] * dist.get_world_size()
-        if not rank0:
-            dist.all_gather_object(out, mine)
-        else:
-            out = out if self.is_rank0 else None
-            dist.gather_object(mine, out, dst=0)
-        return [v for _, v in sorted((o for o in out or () if o is not None),
-                                     key=lambda o: o[0])]
+        out = _gathered(mine, rank0=rank0)
+        return [v for _, v in sorted((o for o in out if o is not None), key=lambda o: o[0])]
 
     def _buffer_totals(self) -> tuple[int, int, int, int] | None:
         """``(groups, restarted samples, tokens, off-policy tokens)`` over every engine's
@@ -641,6 +630,19 @@ def _merged_buffers(states: list[dict[str, Any]]) -> dict[str, Any]:
             **{k: sum(int(st[k]) for st in states)
                for k in ("restarted", "tokens", "offpolicy_tokens")},
             "engine_groups": [len(st["groups"]) for st in states]}
+
+
+def _gathered(value: Any, *, rank0: bool = False) -> list[Any]:
+    """Collective over the engines' world (the default group): every rank's ``value`` in
+    rank order, on every rank (or, ``rank0``, on rank 0 only: ``[]`` elsewhere)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    if not rank0:
+        dist.all_gather_object(out, value)
+        return out
+    dist.gather_object(value, out if dist.get_rank() == 0 else None, dst=0)
+    return out if dist.get_rank() == 0 else []
 
 
 def _buffer_counts(buffer: PartialBuffer) -> tuple[int, int, int, int]:
