@@ -243,8 +243,7 @@ class RolloutProducer:
                 rounds=rounds, prompts_generated=len(verdicts),
                 prompts_kept=len(cut.keys), prompts_filtered=cut.filtered,
                 prompts_filled=cut.filled, partial=partial,
-                filtered_reward_mean=float(np.mean(cut.filtered_rewards))
-                if cut.filtered_rewards else None)
+                filtered_reward_mean=_mean(cut.filtered_rewards))
         return Produced(part=part, meta=meta, stats=stats)
 
     def _judged_rounds(self, rid: int, mine: dict[tuple[int, int], Any]
@@ -369,7 +368,7 @@ class RolloutProducer:
         stats = GenerationStats(rounds=rounds, prompts_generated=generated,
                                 prompts_kept=len(kept) + len(filled), prompts_filtered=filtered,
                                 prompts_filled=len(filled),
-                                filtered_reward_mean=_group_reward_mean(dropped),
+                                filtered_reward_mean=_mean(_first_rewards(dropped)),
                                 partial=partial)
         kept += filled
         if not kept:
@@ -761,10 +760,9 @@ def sample_annotations(output: list[Any]) -> tuple[dict, ...]:
                  for s in flatten_rollout_output(output).samples)
 
 
-def _group_reward_mean(outputs: list[Any]) -> float | None:
-    """Mean reward over the rollout groups of ``outputs`` (None when there are none: a mean
-    over nothing, never NaN)."""
-    rewards = _first_rewards(outputs)
+def _mean(rewards: Sequence[float]) -> float | None:
+    """The mean of the filtered rollout groups' rewards (None when there are none: a mean
+    over nothing, never NaN), the same whether rank 0 or the holders judged them."""
     return float(np.mean(rewards)) if rewards else None
 
 
