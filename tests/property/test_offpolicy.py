@@ -10,8 +10,16 @@ from hypothesis import strategies as st
 from tests.loss_helpers import Step, emulate_megatron, oracle_loss
 from tests.property.data_strategies import scheduled_batches
 from tests.property.test_loss_invariance import splits, steps
-from vime_pure import LossMode, rank_batch, sample_denominators
-from vime_pure.data.rejection import rejection_metrics, with_rejection
+from vime_pure import BatchingPolicy, LossMode, ParallelLayout, sample_denominators
+from vime_pure.data.batch import RolloutBatch, schedule_for
+from vime_pure.data.microbatch import share_batch, step_of_sample
+from vime_pure.data.ragged import row_positions
+from vime_pure.data.rejection import (batch_sums, rejection_metrics, surviving_sums,
+                                      with_rejection)
+from vime_pure.data.sample import Sample
+from vime_pure.data.shares import share_of_batch
+from vime_pure.errors import RolloutBatchError
+from vime_pure.metrics import merge_metrics
 from vime_pure.policy_config import RS_LEVELS, RejectionConfig
 from vime_pure.torch_ops.loss import sample_index_from_lengths
 from vime_pure.torch_ops.offpolicy import rejection_keep
@@ -123,18 +131,25 @@ def test_rejection_keep_levels_worked_example():
        denominator=st.sampled_from(["original", "surviving"]), seed=st.integers(0, 2**16))
 def test_with_rejection_gives_each_step_the_cores_rejection_denominators(case, mode,
                                                                           denominator, seed):
-    """The records' masks are the loss masks times the verdict, and their denominators are
-    ``sample_denominators`` of the whole step with those rejection masks."""
+    """Each DP rank judges only its share: the records' masks are the loss masks times the
+    verdict, their denominators ``sample_denominators`` of the whole step with those
+    rejection masks (the shares' surviving totals summed over the DP ranks), and the ranks'
+    ``rejected_token_frac`` merges to the whole batch's."""
     batch, schedule = case
+    n = batch.num_samples
     keep = np.random.default_rng(seed).integers(0, 2, int(batch.response_offsets[-1])
                                                 ).astype(np.float64)
-    masks = [batch.sample_loss_mask(i).astype(np.float64) for i in range(batch.num_samples)]
-    rows = [keep[batch.response_offsets[i]:batch.response_offsets[i + 1]]
-            for i in range(batch.num_samples)]
-    for dp_rank in range(schedule.layout.dp):
-        mine = with_rejection(rank_batch(batch, schedule, dp_rank=dp_rank, loss_mode=mode,
-                                         norm=NORM), batch, schedule, keep,
-                              denominator=denominator, norm=NORM)
+    masks = [batch.sample_loss_mask(i).astype(np.float64) for i in range(n)]
+    rows = [keep[batch.response_offsets[i]:batch.response_offsets[i + 1]] for i in range(n)]
+    shares = [share_of_batch(batch, schedule.rank_sample_ids(d))
+              for d in range(schedule.layout.dp)]
+    kept = [keep[row_positions(batch.response_offsets, s.sample_ids)] for s in shares]
+    surviving = sum(batch_sums(s, surviving_sums(s, k), n) for s, k in zip(shares, kept))
+    for dp_rank, (share, share_keep) in enumerate(zip(shares, kept)):
+        mine = with_rejection(
+            share_batch(share, schedule, batch.mask_sums, dp_rank=dp_rank, loss_mode=mode,
+                        norm=NORM), share, schedule, share_keep, denominator=denominator,
+            surviving=surviving, norm=NORM)
         for s, step in enumerate(mine.steps):
             ids = [i for rank in schedule.steps[s].microbatches for mb in rank for i in mb]
             dens = dict(zip(ids, sample_denominators(
@@ -145,5 +160,43 @@ def test_with_rejection_gives_each_step_the_cores_rejection_denominators(case, m
                     mb.loss_mask, (batch.loss_masks[mb.response_index] *
                                    keep[mb.response_index]).astype(np.float32))
                 assert mb.denominators.tolist() == [dens[i] for i in mb.sample_indices.tolist()]
-    frac = rejection_metrics(batch, schedule, keep)["rejected_token_frac"]
-    assert frac.value is None if frac.count == 0 else 0.0 <= frac.value <= 1.0
+    frac = merge_metrics([rejection_metrics(s, k)["rejected_token_frac"]
+                          for s, k in zip(shares, kept)], "rejected_token_frac")
+    trained = np.repeat(step_of_sample(schedule) >= 0, batch.response_lengths)
+    counted = batch.loss_masks.astype(np.float64) * trained
+    assert (frac.sum, frac.count) == pytest.approx(((counted * (1 - keep)).sum(),
+                                                    counted.sum()))
+
+
+def test_with_rejection_names_a_missing_surviving_total():
+    batch, schedule = _one_group_batch()
+    share = share_of_batch(batch, schedule.rank_sample_ids(0))
+    rank = share_batch(share, schedule, batch.mask_sums, dp_rank=0)
+    keep = np.ones(share.num_response_tokens)
+    with pytest.raises(RolloutBatchError, match="surviving"):
+        with_rejection(rank, share, schedule, keep, denominator="surviving")
+    with pytest.raises(RolloutBatchError, match="keep"):
+        with_rejection(rank, share, schedule, keep[:-1])
+
+
+def test_the_docstring_example_keeps_four_of_five_tokens():
+    """One group, masks [1, 1, 1] and [1, 1], keep [1, 0, 1] and [1, 1]: D 5 (original) or
+    4 (surviving), rejected_token_frac 1/5."""
+    batch, schedule = _one_group_batch()
+    share = share_of_batch(batch, schedule.rank_sample_ids(0))
+    rank = share_batch(share, schedule, batch.mask_sums, dp_rank=0)
+    keep = np.array([1.0, 0.0, 1.0, 1.0, 1.0])
+    surviving = batch_sums(share, surviving_sums(share, keep), batch.num_samples)
+    for denominator, d in (("original", 5.0), ("surviving", 4.0)):
+        mine = with_rejection(rank, share, schedule, keep, denominator=denominator,
+                              surviving=surviving)
+        assert {float(x) for mb in mine.microbatches for x in mb.denominators} == {d}
+    assert rejection_metrics(share, keep)["rejected_token_frac"].value == pytest.approx(0.2)
+
+
+def _one_group_batch():
+    batch = RolloutBatch.from_samples([[
+        Sample(tokens=[1, 2, 3, 4], response_length=3, reward=1.0, group_id="g"),
+        Sample(tokens=[1, 5, 6], response_length=2, reward=1.0, group_id="g")]])
+    return batch, schedule_for(batch, ParallelLayout(dp=1), BatchingPolicy(
+        global_batch_size=1, max_tokens_per_gpu=64))

@@ -468,7 +468,7 @@ def stale_engine_rs_worker(rank: int, root: str, cache: str) -> dict:
     """The stuck engine of ``stale_engine_worker`` at DP=2 with --use-tis --use-rs (token
     level, band ``RS_BAND``, surviving denominator). Each rank checks its records: a token's
     mask is its loss mask times "its own old / behaviour ratio lies in the band", i.e. the
-    whole-batch old log-probs summed over the ranks are this rank's own."""
+    old log-probs this rank judges its share with are its own."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.engines.hf import HfEngine
     from vime_shell.run.driver import run_training

@@ -53,7 +53,7 @@ def test_stale_engine_data_trains_with_tis_and_never_trips_the_gap_check(tmp_pat
 
 
 def test_token_rejection_at_dp2_matches_each_ranks_own_ratios(tmp_path, cache):
-    """--use-rs decides on whole-batch old log-probs gathered over the ranks; every rank's
+    """--use-rs: each DP rank judges its own share's samples; every rank's
     masks agree with its own tokens' ratios, and the surviving share follows the lag."""
     out = spawn(stale_engine_rs_worker, 2, str(tmp_path), cache)
     for rank_out in out:

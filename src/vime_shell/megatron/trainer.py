@@ -103,6 +103,8 @@ class MegatronTrainer:
         self.optimizer, self.scheduler = self._optimizer()
         self.dp_rank = mpu.get_data_parallel_rank()
         self.cp_rank = mpu.get_context_parallel_rank()
+        # The ranks that score one share's tokens between them (None: no CP to complete).
+        self.cp_group = mpu.get_context_parallel_group() if layout.cp > 1 else None
         self.device = torch.device("cuda", torch.cuda.current_device()) \
             if platform.kind == "cuda" else torch.device("cpu")
         # Only the last pipeline stage computes losses; TP ranks hold identical copies.

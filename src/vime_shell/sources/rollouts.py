@@ -661,13 +661,11 @@ def _partial_stats(before: tuple[int, int, int, int] | None,
 def keeps_parts(cfg: TrainConfig) -> bool:
     """Whether each engine leader keeps its output as its part (no sample reaches trainer
     rank 0). The dynamic-sampling filter and over-sampling judge each prompt group on the
-    leader that holds it (``RolloutProducer.produce_part``: only verdicts travel). Rank 0
-    needs the samples themselves only for what records or judges them together:
-    ``--custom-rollout-log-function-path`` (slime's hook receives the samples),
-    ``--save-rollout-data`` (one dump file) and ``--use-rs`` (rejection judges whole samples
-    on every rank)."""
-    return (cfg.custom_rollout_log_function_path is None and cfg.save_rollout_data is None
-            and not cfg.use_rs)
+    leader that holds it (``RolloutProducer.produce_part``: only verdicts travel), and
+    ``--use-rs`` judges each sample on the DP rank that trains it. Rank 0 needs the samples
+    themselves only for what records them together: ``--custom-rollout-log-function-path``
+    (slime's hook receives the samples) and ``--save-rollout-data`` (one dump file)."""
+    return cfg.custom_rollout_log_function_path is None and cfg.save_rollout_data is None
 
 
 def eval_metrics(name: str, output: list[Any], n: int) -> dict[str, float]:

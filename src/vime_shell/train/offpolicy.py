@@ -12,8 +12,10 @@ Per rollout, with the trainer at weight version ``v`` (the syncs so far):
 * **mismatch** (``mismatch_abs`` / ``mismatch_kl``): behaviour vs old log-probs over the
   loss-masked tokens whose old log-probs were recomputed, each token counted once (by its
   last-stage, TP-rank-0 owner) and reduced with ``vime_pure.reduce_metrics``;
-* **rejection** (``--use-rs``): the recomputed old log-probs are summed over the world into
-  batch coordinates (each token has one owner), so ``rejection_keep`` sees whole samples.
+* **rejection** (``--use-rs``): each DP rank judges the samples of its own share, whose old
+  log-probs it completes over its CP ranks (``share_log_probs``); the ``"surviving"``
+  denominator and ``rejected_token_frac`` sum one number per sample over the DP ranks. No
+  rank sees another rank's tokens.
 
 Example: trainer version 4, a batch stamped ``[3]`` and ``[4]``: only the second is fresh;
 step 0 recomputes its old log-probs; ``mismatch_*`` cover both samples' tokens.
@@ -23,9 +25,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.microbatch import RankBatch, TrainMicroBatch
-from vime_pure.data.rejection import rejection_metrics, with_rejection
+from vime_pure.data.rejection import (batch_sums, rejection_metrics, surviving_sums,
+                                      with_rejection)
+from vime_pure.data.shares import RankShare
 from vime_pure.errors import LossConfigError, field_error
 from vime_pure.metrics import Metric, merge_metrics
 from vime_pure.policy_config import RejectionConfig
@@ -79,39 +82,50 @@ def tis_means(results: list, use_tis: bool) -> dict[str, float | None]:
     return {k: m.value for k, m in means.items()}
 
 
-def whole_batch(records: list[TrainMicroBatch], old: np.ndarray, num_tokens: int, owns: bool,
-                device, group: dist.ProcessGroup | None = None) -> np.ndarray:
-    """Collective over ``group`` (default the world; the training ranks): this rank's
-    recomputed log-probs (share coordinates, NaN where another rank scores the token) placed
-    at the records' batch positions (``response_index``) and summed into every token's one
-    owner value over ``num_tokens`` batch response tokens; NaN for unscored tokens. (Only
-    ``--use-rs`` pays for this batch-sized array: rejection judges whole samples.)"""
-    full = np.full(num_tokens, np.nan)
-    for mb in records:
-        full[mb.response_index] = old[mb.share_index]
-    mine = np.isfinite(full) & owns
-    buf = torch.from_numpy(np.stack([np.where(mine, full, 0.0), mine]).astype(np.float64))
+def share_log_probs(old: np.ndarray, cp_group: dist.ProcessGroup | None, device
+                    ) -> np.ndarray:
+    """Collective over ``cp_group`` (None: no context parallelism, nothing to do): every token
+    of this rank's share with its old log-prob. Each CP rank scores its zigzag chunks of every
+    sample (NaN elsewhere) and every stage and TP rank holds the last stage's values, so one
+    sum over the CP ranks gives whole samples; NaN stays where no rank scored a token.
+    (Share-sized: ``--use-rs`` judges each sample on the DP rank that trains it.)"""
+    if cp_group is None:
+        return old
+    scored = np.isfinite(old)
+    buf = torch.from_numpy(np.stack([np.where(scored, old, 0.0), scored]).astype(np.float64))
     buf = buf.to(device)
-    dist.all_reduce(buf, group=group)
+    dist.all_reduce(buf, group=cp_group)
     values, count = buf.cpu().numpy()
     return np.where(count > 0, values, np.nan)
 
 
-def reject(rank: RankBatch, batch: RolloutBatch, schedule: Schedule, old_full: np.ndarray,
-           config: RejectionConfig, norm: float | None
+def reject(rank: RankBatch, share: RankShare, schedule: Schedule, old: np.ndarray,
+           config: RejectionConfig, norm: float | None, *, counts: bool, device
            ) -> tuple[RankBatch, dict[str, float | None]]:
-    """``rank`` with ``--use-rs`` applied, and ``rejected_token_frac`` (same on every rank)."""
-    if batch.rollout_log_probs is None:
+    """Collective over the world (the training ranks): ``rank`` with ``--use-rs`` applied and
+    ``rejected_token_frac`` (the same on every rank). ``old``: the share's whole-sample old
+    log-probs (:func:`share_log_probs`); ``counts``: this rank speaks for its DP replica in
+    the sums (one rank per replica), which carry one number per batch sample at most."""
+    if share.rollout_log_probs is None:
         raise field_error(LossConfigError, "use_rs", True,
                           "needs the engine's rollout log-probs, which this batch lacks",
                           "record rollout_log_probs in the rollout function, or drop --use-rs")
-    behaviour = batch.rollout_log_probs.astype(np.float64)
-    old = np.where(np.isfinite(old_full), old_full, behaviour)  # unscheduled: ratio 1
-    sample_index = np.repeat(np.arange(batch.num_samples), batch.response_lengths)
+    behaviour = share.rollout_log_probs.astype(np.float64)
+    old = np.where(np.isfinite(old), old, behaviour)  # unscored: ratio 1
+    sample_index = np.repeat(np.arange(share.num_samples), share.response_lengths)
     keep = rejection_keep(torch.from_numpy(old), torch.from_numpy(behaviour),
-                          torch.from_numpy(batch.loss_masks.astype(np.float64)),
+                          torch.from_numpy(share.loss_masks.astype(np.float64)),
                           torch.from_numpy(sample_index), config).numpy()
-    out = with_rejection(rank, batch, schedule, keep, denominator=config.denominator,
-                         norm=norm)
-    frac = rejection_metrics(batch, schedule, keep)["rejected_token_frac"]
+    surviving = None
+    if config.denominator == "surviving":
+        n = len(schedule.lengths_array)
+        mine = batch_sums(share, surviving_sums(share, keep), n) if counts else np.zeros(n)
+        buf = torch.from_numpy(mine).to(device)
+        dist.all_reduce(buf)
+        surviving = buf.cpu().numpy()
+    out = with_rejection(rank, share, schedule, keep, denominator=config.denominator,
+                         surviving=surviving, norm=norm)
+    local = (rejection_metrics(share, keep) if counts
+             else {"rejected_token_frac": Metric(0.0, 0.0)})
+    frac = gather_metrics(local, None, group_dst=None)["rejected_token_frac"]
     return out, {"rejected_token_frac": frac.value}

@@ -5,9 +5,9 @@ metadata (:func:`plan_rollout`, on the fixed inputs of :class:`PlanInputs`).
     (advantages, Schedule: the core's) ─▶ fresh samples ─▶ (SharePlan, extra) ─▶ every rank
 
 ``extra`` holds what every rank's record needs (the generation statistics, the batch fields)
-and, only where something reads it, the whole batch (``--use-rs``) or the planned metadata
-(an ``on_rollout`` hook may gather the batch). Nothing here reads the mode: a bound ``K``
-arrives as a number, or None when batches are never stale by construction.
+and, only where something reads it, the planned metadata (an ``on_rollout`` hook may gather
+the batch). Nothing here reads the mode: a bound ``K`` arrives as a number, or None when
+batches are never stale by construction.
 
 Example: ``plan_rollout(inputs, None)`` (every prompt filtered) returns
 ``(None, {"stats": ...})``, and every rank skips the rollout.
@@ -53,7 +53,6 @@ class PlanInputs:
     policy: Any
     flops: Callable[[np.ndarray], Any]
     rollout_function: str
-    keep_whole: bool = False  # --use-rs: rejection judges whole samples on every rank
     keep_meta: bool = False  # a hook may gather the whole batch
 
 
@@ -80,7 +79,6 @@ def plan_rollout(inputs: PlanInputs, merged: BatchMeta | None
     if inputs.generates:
         plan = attrs.evolve(plan, fresh=fresh_samples(meta, inputs.weight_version))
     return plan, {"stats": stats, "fields": batch_fields(meta, plan.schedule),
-                  "whole": produced.part if inputs.keep_whole else None,
                   "meta": meta if inputs.keep_meta else None}
 
 

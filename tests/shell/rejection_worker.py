@@ -1,0 +1,118 @@
+"""Worker of the share rejection test: one 4-process gloo world runs ``--use-rs`` as the step
+does (``vime_shell.train.offpolicy``) on each (dp, cp) layout of 4 ranks, and checks every
+rank's records against the core applied in one process to the whole batch's verdict.
+
+Each rank builds its records from its DP share (``share_batch`` with its CP rank), fills the
+old log-probs of the tokens it scores (a fixed function of the batch position; NaN
+elsewhere, as the trainer's CP ranks do), completes them over its CP group
+(``share_log_probs``) and applies the rejection (``reject``: the surviving totals and
+``rejected_token_frac`` summed over the world, one rank per DP replica counting).
+"""
+
+import json
+import os
+import traceback
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from vime_pure import BatchingPolicy, ParallelLayout, RolloutBatch
+from vime_pure.data.batch import schedule_for
+from vime_pure.data.microbatch import share_batch, step_of_sample
+from vime_pure.data.sample import Sample
+from vime_pure.data.shares import share_of_batch
+from vime_pure.denominators import step_denominators
+from vime_pure.policy_config import RejectionConfig
+from vime_pure.torch_ops.offpolicy import rejection_keep
+from vime_shell.train import offpolicy
+
+LAYOUTS = [(4, 1), (2, 2), (1, 4)]
+LEVELS = ("token", "sequence", "geometric")
+NORM = 16.0
+
+
+def make_batch() -> RolloutBatch:
+    """12 prompts' groups of 1-3 samples, responses of 3-12 tokens, some masked tokens."""
+    rng = np.random.default_rng(7)
+    prompts = []
+    for p in range(12):
+        group = []
+        for _ in range(int(rng.integers(1, 4))):
+            prompt, resp = int(rng.integers(2, 6)), int(rng.integers(3, 13))
+            group.append(Sample(
+                tokens=rng.integers(0, 50, prompt + resp).tolist(), response_length=resp,
+                loss_mask=(rng.random(resp) < 0.8).astype(int).tolist(), reward=float(p % 2),
+                group_id=f"g{p}", rollout_log_probs=(-rng.random(resp) * 2).tolist()))
+        prompts.append(group)
+    return RolloutBatch.from_samples(prompts)
+
+
+def old_of(batch: RolloutBatch) -> np.ndarray:
+    """The old log-probs of every batch response token: behaviour plus a drift that puts some
+    ratios outside the band."""
+    drift = np.random.default_rng(11).normal(0.0, 0.2, int(batch.response_offsets[-1]))
+    return batch.rollout_log_probs.astype(np.float64) + drift
+
+
+def run_layout(rank: int, dp: int, cp: int, cp_group, level: str, denominator: str) -> dict:
+    batch = make_batch()
+    schedule = schedule_for(batch, ParallelLayout(dp=dp), BatchingPolicy(
+        global_batch_size=batch.num_groups, max_tokens_per_gpu=64))
+    d, c = divmod(rank, cp)
+    config = RejectionConfig(level=level, lower=0.8, upper=1.25, denominator=denominator)
+    share = share_of_batch(batch, schedule.rank_sample_ids(d))
+    rank_records = share_batch(share, schedule, batch.mask_sums, dp_rank=d, cp_rank=c,
+                               cp_size=cp, loss_mode="group_token_mean", norm=NORM)
+    whole_old = old_of(batch)
+    old = np.full(share.num_response_tokens, np.nan)
+    for mb in rank_records.microbatches:  # this CP rank scores these tokens only
+        old[mb.share_index] = whole_old[mb.response_index]
+    full = offpolicy.share_log_probs(old, cp_group, torch.device("cpu"))
+    mine, metrics = offpolicy.reject(rank_records, share, schedule, full, config, NORM,
+                                     counts=c == 0, device=torch.device("cpu"))
+    # The reference: the core's verdict on the whole batch, in one process.
+    keep = rejection_keep(torch.from_numpy(whole_old),
+                          torch.from_numpy(batch.rollout_log_probs.astype(np.float64)),
+                          torch.from_numpy(batch.loss_masks.astype(np.float64)),
+                          torch.from_numpy(np.repeat(np.arange(batch.num_samples),
+                                                     batch.response_lengths)), config).numpy()
+    masks = batch.loss_masks.astype(np.float64)
+    sums = np.add.reduceat(masks * keep if denominator == "surviving" else masks,
+                           batch.response_offsets[:-1])
+    dens = step_denominators("group_token_mean", schedule.group_array, sums,
+                             step_of_sample(schedule), norm=NORM)
+    wrong_masks = wrong_dens = 0
+    for mb in mine.microbatches:
+        want = (batch.loss_masks[mb.response_index] * keep[mb.response_index]).astype(np.float32)
+        wrong_masks += int((mb.loss_mask != want).sum())
+        wrong_dens += int((mb.denominators != dens[mb.sample_indices]).sum())
+    rejected = float((masks * (1 - keep)).sum() / masks.sum())
+    return {"wrong_masks": wrong_masks, "wrong_dens": wrong_dens,
+            "frac": metrics["rejected_token_frac"], "want_frac": rejected,
+            "unfilled": int(np.isnan(full).sum()), "rejected_tokens": int((keep == 0).sum())}
+
+
+def worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    result: dict = {}
+    try:
+        for dp, cp in LAYOUTS:
+            # every rank joins every new_group; a rank uses its DP replica's
+            groups = [dist.new_group(list(range(i * cp, (i + 1) * cp))) for i in range(dp)]
+            cp_group = groups[rank // cp] if cp > 1 else None
+            for level in LEVELS:
+                for denominator in ("original", "surviving"):
+                    result[f"{dp}x{cp}:{level}:{denominator}"] = run_layout(
+                        rank, dp, cp, cp_group, level, denominator)
+    except Exception:  # noqa: BLE001 - reported to the parent test, then re-raised
+        result["error"] = traceback.format_exc()
+        raise
+    finally:
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()

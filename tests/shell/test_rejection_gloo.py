@@ -1,0 +1,47 @@
+"""``--use-rs`` on shares, over a real 4-process gloo world: each DP rank judges the samples
+it trains, its CP ranks complete their old log-probs between them, and the records equal the
+core's rejection of the whole batch (masks and denominators exactly, ``rejected_token_frac``
+to float rounding), for every level and denominator at DP x CP = 4x1, 2x2 and 1x4. CP does
+not run in the CPU trainer (``docs/large-models.md``), so this is where the CP path of
+``share_log_probs`` runs."""
+
+import json
+import os
+import time
+
+import pytest
+import torch.multiprocessing as mp
+
+from tests.shell.rejection_worker import LAYOUTS, LEVELS, worker
+
+pytestmark = pytest.mark.slow
+WORLD = 4
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    out = tmp_path_factory.mktemp("rejection")
+    ctx = mp.start_processes(worker, args=(WORLD, str(out / "init"), str(out)), nprocs=WORLD,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + 240
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.terminate()
+            pytest.fail("rejection workers did not finish within 240 s (deadlock?)")
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("dp, cp", LAYOUTS)
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("denominator", ["original", "surviving"])
+def test_share_rejection_equals_the_whole_batch_rejection(results, dp, cp, level, denominator):
+    key = f"{dp}x{cp}:{level}:{denominator}"
+    for rank, res in enumerate(results):
+        assert "error" not in res, res.get("error")
+        got = res[key]
+        assert got["unfilled"] == 0, (rank, got)  # every share token completed over CP
+        assert got["wrong_masks"] == 0 and got["wrong_dens"] == 0, (rank, got)
+        assert got["frac"] == pytest.approx(got["want_frac"], rel=1e-12), (rank, got)
+        assert got["rejected_tokens"] > 0  # the band rejects something: the test bites
