@@ -7,9 +7,12 @@ tokens, 2 optimizer steps per rollout) on gloo, 2 trainer ranks (DP 2) in all:
 
 - ``colocated``: world 2, an engine on each rank; each leader keeps its part (the sharded
   exchange);
-- ``colocated_dumps``: the same with ``--save-rollout-data``: rank 0 holds the whole batch
-  (the engine leaders gather their outputs there; engine 1 generates all but one chunk,
-  ``straggling_rank0_rollout``, so the funnel's width does not depend on the load);
+- ``colocated_dumps``: the same with ``--save-rollout-data``: each leader writes its part
+  beside rank 0's index (metadata), so the dumps move no sample;
+- ``colocated_log``: the same with slime's rollout-log hook
+  (``--custom-rollout-log-function-path``), whose contract hands it the samples: rank 0 holds
+  the whole batch (the leaders gather their outputs there; engine 1 generates all but one
+  chunk, ``straggling_rank0_rollout``, so the funnel's width does not depend on the load);
 - ``colocated_filter``: a dynamic-sampling filter over 24 prompts per round: each leader
   judges the groups it holds, the leaders exchange verdicts (counted as batch bytes) and cut
   the batch's 16 groups where they are;
@@ -60,9 +63,11 @@ SEPARATE: dict[str, object] = dict(colocate=False, rollout_num_gpus=2)
 # name -> (world size, settings); every mode trains on 2 ranks (DP 2)
 MODES: dict[str, tuple[int, dict[str, object]]] = {
     "colocated": (2, {}),
-    "colocated_dumps": (2, {"save_rollout_data": "{root}/dumps/r{{rollout_id}}.npz",
-                            "rollout_function_path":
-                            "benchmarks.bytes_per_rank:straggling_rank0_rollout"}),
+    "colocated_dumps": (2, {"save_rollout_data": "{root}/dumps/r{{rollout_id}}.npz"}),
+    "colocated_log": (2, {"custom_rollout_log_function_path":
+                          "benchmarks.bytes_per_rank:quiet_rollout_log",
+                          "rollout_function_path":
+                          "benchmarks.bytes_per_rank:straggling_rank0_rollout"}),
     "colocated_filter": (2, {"dynamic_sampling_filter_path": "benchmarks.bytes_per_rank:keep_all",
                              "over_sampling_batch_size": 24}),
     "sync": (4, SEPARATE),
@@ -72,6 +77,11 @@ MODES: dict[str, tuple[int, dict[str, object]]] = {
 STRAGGLER_WAIT_S = 300
 PROMPT_REPEATS = 10  # "3+5 3+5 ...": ~30 tokens of the embedded tokenizer
 RESULT = Path(__file__).with_name("results") / "bytes_per_rank.json"
+
+
+def quiet_rollout_log(rollout_id, args, samples, extra_metrics, rollout_time) -> bool:
+    """slime's rollout-log hook, logging nothing: it receives every sample (``colocated_log``)."""
+    return False
 
 
 def keep_all(samples) -> bool:

@@ -113,7 +113,7 @@ async def loop_blocking_generate(args, sample, sampling_params):
     return await generate(args, sample, sampling_params)
 
 
-def _contents(batch) -> list:
+def batch_contents(batch) -> list:
     """The batch as a multiset of (tokens, reward) per sample, order-free. Compared exactly
     across modes: tokens and rewards do not depend on how the pool batched the requests
     (``tests.metric_keys``), the engine's log-probs do (float noise), so they are left out."""
@@ -270,7 +270,7 @@ def modes_worker(rank: int, root: str, cache: str, runs: tuple[str, ...],
             if (name, e.rollout_id) in (("resume_first", 2), ("resume_middle", 3)):
                 raise RuntimeError("killed after the checkpoint")  # trained, not checkpointed
             batch = e.gather_batch()  # collective: every trainer rank observes
-            seen.append({"contents": _contents(batch), "metrics": dict(e.metrics),
+            seen.append({"contents": batch_contents(batch), "metrics": dict(e.metrics),
                          "group_ids": list(batch.original_group_ids()),
                          "trace": [(s, tuple(ix), n) for s, ix, n in e.trace],
                          "num_samples": len(batch.lengths)})

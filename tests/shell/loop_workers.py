@@ -329,10 +329,15 @@ def failing_eval_rollout(ctx):
     return single_turn_rollout(ctx)
 
 
+def quiet_rollout_log(rollout_id, args, samples, extra_metrics, rollout_time) -> bool:
+    """A slime rollout-log hook that logs nothing (vime's own log still runs)."""
+    return False
+
+
 def engine_layouts_worker(rank: int, root: str, cache: str) -> dict:
     """The same dataset job (dynamic sampling rounds and an eval set) with two engines (one per
-    rank, the default), with one engine on rank 0, and with two engines and the whole batch on
-    rank 0; then a run whose second engine fails."""
+    rank, the default; its rollouts dumped), with one engine on rank 0, and with two engines and
+    the whole batch on rank 0 (a rollout-log hook); then a run whose second engine fails."""
     os.environ["VIME_CACHE_DIR"] = cache
     from pathlib import Path
 
@@ -350,20 +355,27 @@ def engine_layouts_worker(rank: int, root: str, cache: str) -> dict:
                dynamic_sampling_filter_path="vime_shell.rollout.filters:nonzero_reward_std",
                eval_prompt_data=("held_out", str(data / "eval.jsonl")), eval_interval=1)
     out: dict = {}
-    # "whole": --save-rollout-data keeps the whole batch on rank 0, where rank 0 judges every
-    # group (the other two judge on the engines that hold them: only verdicts travel).
-    for name, extra in (("two_engines", {}), ("one_engine", {"rollout_num_gpus": 1}),
-                        ("whole", {"save_rollout_data": f"{root}/dumps/r{{rollout_id}}.npz"})):
+    # "whole": a rollout-log hook (slime's, which receives the samples) keeps the whole batch
+    # on rank 0, where rank 0 judges every group (the other two judge on the engines that
+    # hold them: only verdicts travel). "two_engines" dumps its parts (--save-rollout-data).
+    dumps = f"{root}/dumps/r{{rollout_id}}.npz"
+    for name, extra in (("two_engines", {"save_rollout_data": dumps}),
+                        ("one_engine", {"rollout_num_gpus": 1}),
+                        ("whole", {"custom_rollout_log_function_path":
+                                   "tests.shell.loop_workers:quiet_rollout_log"})):
         seen: list = []
         result = run_training(_cfg(run_dir=f"{root}/{name}", **job, **extra),
                               on_rollout=lambda e, seen=seen: seen.append({
                                   **(lambda b: {"tokens": np.asarray(b.tokens).copy(),
-                                                "rewards": np.asarray(b.rewards).copy()})(
+                                                "rewards": np.asarray(b.rewards).copy(),
+                                                "advantages": np.asarray(b.advantages).copy(),
+                                                "group_ids": b.original_group_ids()})(
                                       e.gather_batch()),
                                   "metrics": dict(e.metrics),
                                   "has_engine": e.engine is not None}),
                               progress=False)
         out[name] = {"rollouts": seen, "hf_dir": str(result.hf_checkpoint)}
+    out["dumps"] = dumps
     failing = {"failure": dict(rollout_function_path="tests.shell.loop_workers:"
                                "failing_share_rollout"),
                # Two eval sets: the failure must reach every rank before the second set's

@@ -23,11 +23,13 @@ import signal
 
 import pytest
 
-from tests.shell.async_workers import (check_pool_counts_are_cumulative,
-                                       check_resumed_pool_run, dying_engine_worker, modes_worker)
+from tests.shell.async_workers import (batch_contents, check_pool_counts_are_cumulative,
+                                       check_resumed_pool_run, dying_engine_worker,
+                                       modes_worker)
 from vime_shell.megatron.spawn import spawn, start
 from vime_shell.run.checkpoint_index import waiting_groups
 from vime_shell.run.report import rollout_line
+from vime_shell.storage.dump import load_dump
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +71,14 @@ def test_async_modes_at_staleness_0_give_the_synchronous_batches(runs, mode):
     other = [r["contents"] for r in trainer[mode]["rollouts"]]
     assert other == sync
     assert all(r["metrics"]["staleness_max"] == 0 for r in trainer[mode]["rollouts"])
-    assert len(list((runs_root(trainer) / f"{mode}-dumps").glob("r*.npz"))) == 3
+    # The engine leaders dump their parts beside rank 0's index (metadata): each index joins
+    # into the batch the trainer trained, with the engines' annotations.
+    dumps = runs_root(trainer) / f"{mode}-dumps"
+    for rid, trained in enumerate(other):
+        batch, header = load_dump(dumps / f"r{rid}.npz")
+        assert batch_contents(batch) == trained
+        assert len(header["annotations"]) == batch.num_samples
+    assert len(list(dumps.glob("r?.rank*.npz"))) >= 3  # every rollout's parts
 
 
 def test_one_step_off_trains_on_weights_one_version_old(runs):

@@ -3,16 +3,17 @@ core's bound: the batch's metadata plus the rank's own share (``vime_pure.data.s
 issue 32, "one batch shape: parts everywhere").
 
 Two gloo jobs of ``benchmarks.bytes_per_rank`` (2 trainer ranks, DP 2, 2 rollouts per mode):
-world 2 colocated (the sharded exchange; then ``--save-rollout-data``, where rank 0 holds the
-whole batch) and world 4 with engines on 2 ranks of their own (synchronous, one step off,
-fully async). Asserts: colocated, and in every mode with separate engine ranks (the engine
-leaders, or the pools, keep their parts and send each trainer rank its share over the span),
-every rank receives at most its bound, and rank 0 only metadata from the holders; with a
-whole-batch feature (``--save-rollout-data``) the other trainer ranks still receive only the
-plan and their share, while rank 0 receives the batch itself (the leaders' gather) - at least
-every share's bytes, more than its bound. That last bound is ``xfail(strict=True)`` until
-"parts everywhere" covers those features too: the day it does, the test flips. The counters are the ones production runs keep (the bridge's pickled payloads per
-kind, ``ExchangeStats``), so weights and probes are checked apart."""
+world 2 colocated (the sharded exchange; with ``--save-rollout-data``, dumped where the parts
+are; with a dynamic-sampling filter; with slime's rollout-log hook, which is handed the
+samples) and world 4 with engines on 2 ranks of their own (synchronous, one step off, fully
+async). Asserts: colocated, with dumps and with the filter, and in every mode with separate
+engine ranks (the engine leaders, or the pools, keep their parts and send each trainer rank
+its share over the span), every rank receives at most its bound, and rank 0 only metadata
+from the holders; with the rollout-log hook, whose contract gives it every sample on rank
+0, rank 0 receives the batch itself (the leaders' gather) while the other trainer ranks
+still receive only the plan and their share. The counters are the ones production runs keep
+(the bridge's pickled payloads per kind, ``ExchangeStats``), so weights and probes are
+checked apart."""
 
 import pytest
 
@@ -22,13 +23,11 @@ pytestmark = pytest.mark.slow
 
 SEPARATE = ("sync", "one_step_off", "fully_async")
 ROLLOUTS = 2  # one step off receives batch 1 while rollout 0 trains: 2 show it
-PARTS_EVERYWHERE = ("issue 32, 'one batch shape: parts everywhere': the whole-batch features "
-                    "still funnel the batch through rank 0")
 
 
 @pytest.fixture(scope="module")
 def colocated(tmp_path_factory, embedded_cache):
-    return measure(("colocated", "colocated_dumps", "colocated_filter"),
+    return measure(("colocated", "colocated_dumps", "colocated_filter", "colocated_log"),
                    str(tmp_path_factory.mktemp("co")),
                    embedded_cache,
                    ROLLOUTS)
@@ -68,10 +67,23 @@ def test_a_dynamic_sampling_filter_judges_where_the_groups_are(colocated):
         assert 0 < verdicts < raw["batch"] / 4  # verdicts, not samples
 
 
-def test_a_whole_batch_feature_funnels_the_batch_through_rank_0(colocated):
-    """``--save-rollout-data``: engine 1's outputs reach rank 0 in the leaders' gather (engine 1
-    generates all but one chunk); rank 1 still receives only the plan and its share."""
+def test_dumps_are_written_where_the_parts_are(colocated):
+    """``--save-rollout-data``: each leader writes its part, rank 0 the index; no rank
+    receives more than its bound, and no sample is gathered (only the leaders' verdicts,
+    as without dumps)."""
     ranks = colocated["colocated_dumps"]
+    for rank, records in enumerate(_bytes(ranks)):
+        for b in records:
+            assert 0 < b["received"] <= b["bound"], (rank, b)
+    for raw in ranks[0] + ranks[1]:  # no sample is gathered: the leaders' verdicts only
+        assert 0 < raw["transfers"]["received"]["batch"] < raw["batch"] / 20
+
+
+def test_slimes_rollout_log_hook_is_handed_the_batch_on_rank_0(colocated):
+    """``--custom-rollout-log-function-path``: the hook receives the samples, so engine 1's
+    outputs reach rank 0 in the leaders' gather (engine 1 generates all but one chunk); rank 1
+    still receives only the plan and its share."""
+    ranks = colocated["colocated_log"]
     first, second = _bytes(ranks)
     for raw, mine, b in zip(ranks[0], first, second):
         gathered = raw["transfers"]["received"]["batch"]
@@ -80,12 +92,6 @@ def test_a_whole_batch_feature_funnels_the_batch_through_rank_0(colocated):
         assert b["received"] <= b["bound"]
     for raw in ranks[1]:
         assert raw["transfers"]["sent"]["batch"] > 0 and raw["exchange"]["meta_received"] == 0
-
-
-@pytest.mark.xfail(strict=True, reason=PARTS_EVERYWHERE)
-def test_rank_0_receives_at_most_metadata_and_its_share_with_a_whole_batch_feature(colocated):
-    for b in _bytes(colocated["colocated_dumps"])[0]:
-        assert b["received"] <= b["bound"], b
 
 
 @pytest.mark.parametrize("mode", SEPARATE)

@@ -18,6 +18,8 @@ import pytest
 from tests.shell.loop_workers import loop_worker, world_size_1_worker
 from vime_shell.megatron.spawn import spawn
 from vime_shell.run.run_log import REQUIRED_KEYS
+from vime_shell.sources.replay import dump_path
+from vime_shell.storage.dump import load_rollout_batch
 
 pytestmark = pytest.mark.slow
 
@@ -241,6 +243,19 @@ def test_engines_on_every_rank_give_the_one_engine_batch_and_fail_together(tmp_p
                 "loss")
         assert [a["metrics"].get(k) for k in keys] == [b["metrics"].get(k) for k in keys]
     assert all(r["metrics"]["prompts_generated"] >= 6 for r in two)  # over-sampled rounds ran
+    # Each engine leader dumped its part beside rank 0's index; joined, each is the batch.
+    for rid, trained in enumerate(two):
+        index = dump_path(out[0]["dumps"], rid)
+        batch = load_rollout_batch(index)
+        assert np.array_equal(batch.tokens, trained["tokens"])
+        assert np.array_equal(batch.rewards, trained["rewards"])
+        assert np.array_equal(batch.advantages, trained["advantages"])
+        assert batch.original_group_ids() == trained["group_ids"]
+        # which engine claimed which chunks is the queue's business: rank 0 alone writes
+        # the batch, otherwise each holder its part beside the index
+        parts = {p.name for p in index.parent.glob(f"r{rid}.rank*.npz")}
+        assert parts <= {f"r{rid}.rank0.npz", f"r{rid}.rank1.npz"}
+        assert parts != {f"r{rid}.rank0.npz"}
     for failure in ("failure", "eval_failure"):  # generation, then evaluation
         # Rank 1's rollout function raised: a PluginError naming it (the RuntimeError chained).
         assert {o[failure][0] for o in out} == {"EngineGroupError", "PluginError"}, out

@@ -30,12 +30,14 @@ from vime_pure.errors import RolloutBatchError, field_error
 def claimed_part(chunks: Sequence[tuple[int, Any]], *,
                  normalization: Any = RewardNormalization()
                  ) -> tuple[RolloutBatch | None, tuple[BatchMeta, ...]]:
-    """A holder's work-queue chunks ``(first prompt, rollout output)`` (claim order) as its
-    part, the chunks' columns back to back, and one metadata per chunk (``output_part``: what
-    rank 0 merges in prompt order). An explicit id in two of its chunks is the merge's error,
-    raised here. Example: chunks at prompts 0 and 8 -> a part of both, two metadata."""
+    """A holder's work-queue chunks ``(first prompt, rollout output)`` as its part, the
+    chunks' columns back to back in prompt order, and one metadata per chunk (``output_part``:
+    what rank 0 merges in prompt order). An explicit id in two of its chunks is the merge's
+    error, raised here. Example: chunks at prompts 0 and 8 -> a part of both, two metadata."""
+    # In prompt order (a queue's claims are; sorting keeps a caller's other order safe):
+    # the part's rows and its metadata then follow one order, which share_piece relies on.
     converted = [output_part(out, normalization=normalization, start=start)
-                 for start, out in chunks if out]
+                 for start, out in sorted(chunks, key=lambda c: c[0]) if out]
     if not converted:
         return None, ()
     metas = tuple(m for _, m in converted)
@@ -58,15 +60,36 @@ def held_rows(held: Sequence[Sequence[BatchMeta]]) -> Int64[np.ndarray, " n"]:
     are holder ``h``'s chunk metadata in its part's order. Example: holder 0 holds the chunks
     at prompts 0 and 8 (2 and 1 samples), holder 1 the one at 4 (2 samples): ``[0, 1, 3, 4,
     2]``."""
-    chunks = [(int(s), n) for metas in held for m in metas
-              for s, n in zip(m.part_starts, m.part_sizes.tolist())]
+    return chunk_rows([[(int(s), n) for m in metas
+                        for s, n in zip(m.part_starts, m.part_sizes.tolist())]
+                       for metas in held])
+
+
+def chunk_rows(held: Sequence[Sequence[tuple[int, int]]]) -> Int64[np.ndarray, " n"]:
+    """:func:`held_rows` from each holder's chunks as ``(first prompt, samples)`` pairs (what
+    a dump of parts records). Example: ``[[(0, 2), (8, 1)], [(4, 2)]]`` gives ``[0, 1, 3, 4,
+    2]``."""
+    chunks = [(int(s), int(n)) for pairs in held for s, n in pairs]
     first = offsets_from_lengths(np.array([n for _, n in chunks], dtype=np.int64))
     order = prompt_order(np.array([s for s, _ in chunks], dtype=np.int64))
     pieces = [np.arange(first[i], first[i + 1]) for i in order.tolist()]
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
 
-def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta, *,
+@attrs.frozen(kw_only=True, eq=False)
+class PlannedIds:
+    """What :func:`join_parts` takes from the planned metadata: the merged batch's dense
+    group and prompt ids with their original values, and its advantages (a dump of parts
+    records these in its index; ``BatchMeta`` has them too)."""
+
+    group_ids: np.ndarray
+    group_id_values: tuple
+    prompt_groups: np.ndarray
+    prompt_group_values: tuple
+    advantages: np.ndarray | None
+
+
+def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta | PlannedIds, *,
                rows: Int64[np.ndarray, " n"] | None = None) -> RolloutBatch:
     """The whole ``RolloutBatch`` of the parts (concatenated, then ``rows`` of that in order:
     ``held_rows`` puts work-queue chunks in prompt order) with the merged, planned ``meta``'s

@@ -96,8 +96,9 @@ class _Loop:
                 if gap_tolerance is None:
                     gap_tolerance = logprob_gap_tolerance(options.dtype)
             self.source = source = open_source(cfg, plan, options, sides)
+            # every trainer rank: a leader writes its part, rank 0 the index or the batch
             self.dumps = (DumpWriter(cfg.save_rollout_data, plan.hf_dir)
-                          if cfg.save_rollout_data is not None and self.rank == 0 else None)
+                          if cfg.save_rollout_data is not None else None)
             self.step = Step(cfg=cfg, plan=plan, trainer=self.trainer, source=source,
                              gap_tolerance=gap_tolerance, dumps=self.dumps,
                              on_rollout=on_rollout, gather_batches=gather_batches)

@@ -82,11 +82,20 @@ def run_id_for(cfg: TrainConfig) -> str:
 
 
 def _dump_entry(template: str) -> re.Pattern:
-    """What the template writes directly in its dump directory, any rollout id. Example:
-    ``"d/r{rollout_id}.npz"`` -> ``r\\d+\\.npz``; ``"d/{rollout_id}/b.npz"`` -> ``\\d+``."""
+    """What the template writes directly in its dump directory, any rollout id, the part
+    files of a dump of parts included (``storage.dump.part_path``). Example:
+    ``"d/r{rollout_id}.npz"`` -> ``r\\d+(\\.rank\\d+)?\\.npz``; ``"d/{rollout_id}/b.npz"`` ->
+    ``\\d+``."""
     prefix = template.split("{", 1)[0]
-    first = template[len(os.path.dirname(prefix)):].lstrip("/").split("/")[0]
-    return re.compile(re.escape(first).replace(re.escape("{rollout_id}"), r"\d+"))
+    rest = template[len(os.path.dirname(prefix)):].lstrip("/")
+    first = rest.split("/")[0]
+    stem, dot, suffix = first.rpartition(".")
+    if "/" in rest or not dot:  # a directory per rollout: its files are inside
+        stem, suffix = first, ""
+    pattern = re.escape(stem).replace(re.escape("{rollout_id}"), r"\d+")
+    if suffix:
+        pattern += r"(\.rank\d+)?" + re.escape("." + suffix)
+    return re.compile(pattern)
 
 
 def _held_data(flag: str, cfg: TrainConfig, where: Path) -> str | None:

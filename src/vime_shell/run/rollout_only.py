@@ -67,7 +67,7 @@ def _rollouts(cfg: TrainConfig, plan: LaunchPlan, progress: bool | None) -> Trai
                 logger.log(record)
                 continue
             if dumps is not None:
-                dumps.submit(rid, batch)
+                dumps.submit(rid, batch, list(stats.annotations) or None)
             schedule = schedule_for(batch, plan.layout.scheduler_layout(), plan.policy)
             record = {**rollout_record(rid, batch, schedule, [], gap=None, gap_max=None,
                                        times=(time.perf_counter() - start, 0.0, 0.0)),

@@ -60,13 +60,16 @@ class Produced:
     meta: tuple[BatchMeta, ...] = ()  # one per work-queue chunk the part holds, its order
     stats: Any = None  # GenerationStats (colocated) or RemoteGeneration (engine ranks)
     origin: str | None = None
+    # Per sample of the part, in its order: label and metadata (--save-rollout-data's).
+    annotations: tuple = attrs.field(default=(), repr=False)
 
     @classmethod
     def whole(cls, batch: RolloutBatch | None, stats: Any, *,
               origin: str | None = None) -> "Produced":
         """Rank 0 holds the whole batch (filtered rounds, a replay, a remote engine's)."""
         return cls(part=batch, meta=() if batch is None else (part_meta(batch, whole=True),),
-                   stats=stats, origin=origin)
+                   stats=stats, origin=origin,
+                   annotations=tuple(getattr(stats, "annotations", None) or ()))
 
 
 @attrs.frozen(kw_only=True)

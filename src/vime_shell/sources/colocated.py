@@ -4,7 +4,7 @@ prompts, rounds and rewards of :class:`RolloutProducer`, behind :class:`RolloutS
 Data flow of ``next(k, v)``::
 
     every engine ─ claims chunks of the round's prompts ─▶ rollout function ─▶ rewards
-      parts (no rollout-log hook, dump or --use-rs): each leader judges its groups (dynamic
+      parts (no rollout-log hook): each leader judges its groups (dynamic
         sampling: verdicts only travel) and keeps its part
       otherwise: rank 0 merges, judges and holds the whole batch
     ─▶ Produced(part, meta, stats) on every rank (empty where nothing is held)

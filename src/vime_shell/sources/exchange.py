@@ -141,6 +141,9 @@ class ShareExchange:
         self._dp_of: list[int | None] | None = None  # every member's DP index (first use)
         self.stats = ExchangeStats()
         self.parts: list[tuple[RolloutBatch, tuple[BatchMeta, ...]]] = []  # keep_parts only
+        # Member 0, after a rollout: (member, its chunks' first prompts, their samples) per
+        # holder, in each part's order; None elsewhere.
+        self.holders: list[tuple[int, list[int], list[int]]] | None = None
 
     @property
     def dp_of(self) -> list[int | None]:
@@ -173,6 +176,7 @@ class ShareExchange:
         never on the training path)."""
         self.stats = ExchangeStats()
         self.parts = []
+        self.holders = None
         try:
             return self._distribute(part, tuple(meta), plan_fn, what, error, failure, name_of,
                                     keep_parts)
@@ -228,6 +232,10 @@ class ShareExchange:
                 "rollout generation", failed, "see that rank's own error line (its traceback "
                 "with --log-level debug)"))
         holders = [r for r, g in enumerate(gathered) if g is not None]
+        # Who holds which chunks, in each part's order (a dump of parts records it).
+        self.holders = [(r, [int(s) for m in gathered[r][1] for s in m.part_starts],
+                         [int(n) for m in gathered[r][1] for n in m.part_sizes])
+                        for r in holders]
         try:
             merged = (merge_meta([m for r in holders for m in gathered[r][1]]) if holders
                       else None)

@@ -135,9 +135,11 @@ from vime_shell.engines.async_engine import async_front, has_per_request_api
 from vime_shell.engines.health import current, monitor_store
 from vime_shell.settings.train_config import TrainConfig
 from vime_shell.sources.exchange import ShareExchange
+from vime_shell.sources.replay import holder_dumps
 from vime_shell.sources.pool_parts import partial_sums
 from vime_shell.sources.probe import generate_probe
-from vime_shell.sources.rollouts import RolloutProducer, keeps_parts, prompt_samples
+from vime_shell.sources.rollouts import (RolloutProducer, keeps_parts, prompt_samples,
+                                         sample_annotations)
 from vime_shell.rollout.functions import rollout_sampling_seed, share_context
 from vime_shell.rollout.generate import GenerateRuntime
 from vime_shell.rollout.per_sample import GenerateTimeoutError, check_loop
@@ -372,6 +374,7 @@ class GroupPool:
         self.cfg, self.producer, self.bridge = cfg, producer, bridge
         # The groups of a batch stay here until the step's exchange (``keeps_parts``).
         self.exchange = (ShareExchange(None, group=sides.span) if keeps_parts(cfg) else None)
+        self.dumps = holder_dumps(producer, self.exchange)
         self.held: dict[int, list] = {}  # batch -> the outputs of this pool's part
         self.rank = bridge.rank - 1  # this engine rank
         self.lead = self.rank == 0  # answers evaluations (collective over the engine ranks)
@@ -507,18 +510,27 @@ class GroupPool:
         outputs = self.held.pop(k, [])
         part, error = None, self.failure
         metas: tuple[BatchMeta, ...] = ()
+        chunks: list = []
         try:
             if places is not None and error is None:  # a chunk per run of places
-                part, metas = claimed_part(
-                    [(first, [outputs[i] for i in run]) for first, run in place_runs(places)],
-                    normalization=self.producer.normalization)
+                chunks = [(first, [outputs[i] for i in run])
+                          for first, run in place_runs(places)]
+                part, metas = claimed_part(chunks, normalization=self.producer.normalization)
         except Exception as exc:  # noqa: BLE001 - reported to every rank by the exchange
             error = exc
         try:
-            self.exchange.distribute(part, metas, None, what=f"rollout {k}", error=error)
+            plan, _, _ = self.exchange.distribute(part, metas, None, what=f"rollout {k}",
+                                                  error=error)
         except Exception as exc:  # noqa: BLE001 - this pool's own failure is raised at the
             if error is not None:  # stop; another member's ends the run: the trainer's stop
                 self.failure = self.failure or exc  # comes next, and this pool leaves cleanly
+            return
+        if plan is not None and part is not None and self.dumps is not None:
+            try:
+                self.dumps.write_part(k, self.exchange.rank, part, list(sample_annotations(
+                    [o for _, outs in chunks for o in outs])))
+            except Exception as exc:  # noqa: BLE001 - reported with the next batch
+                self.failure = self.failure or exc
 
     def _load(self, version: int) -> None:
         """Receive and load the trainer's weights, between two engine calls. In-flight groups

@@ -24,8 +24,8 @@ engine ranks execute in order:
 - ``("generate", rid, source[, count])``: the engine ranks' own :class:`RolloutProducer`
   (prompts, dynamic-sampling rounds, rewards, on the engines' default group) makes rollout
   ``rid`` (and the ``count - 1`` after it, for a lag above 1: one command, so no command is
-  sent while a reply is owed). With parts (``keeps_parts``: nothing judges whole batches on
-  rank 0), each engine leader keeps its part (``produce_part``) and engine rank 0 sends
+  sent while a reply is owed). With parts (``keeps_parts``: no rollout-log hook needs
+  the samples on rank 0), each engine leader keeps its part (``produce_part``) and engine rank 0 sends
   ``("held", rid, None, stats, source)``: statistics, no sample. Otherwise engine rank 0
   gathers the ``RolloutBatch`` and sends ``("batch", rid, batch, record, source)``;
 - ``("exchange", rid, first, count)`` (with parts, right after the reply of ``rid`` is
@@ -97,6 +97,7 @@ from vime_shell.settings.launch_plan import LaunchPlan
 from vime_shell.settings.train_config import TrainConfig
 from vime_shell.sources.base import Produced, SyncReport, Weights, rank_name
 from vime_shell.sources.exchange import ShareExchange
+from vime_shell.sources.replay import holder_dumps
 from vime_shell.sources.pool import GroupPool
 from vime_shell.sources.pool_parts import join_pool_parts, place_pool_parts
 from vime_shell.sources.probe import generate_probe
@@ -144,8 +145,8 @@ class RemoteRollouts:
         self.cfg, self.bridge, self.total = cfg, sides.bridge, total
         self.asynchrony = sides.roles.asynchrony
         # Parts stay on the engine ranks (the step's exchange runs on the span, and rank 0
-        # plans the advantages: the parts carry none), unless something judges whole batches
-        # on rank 0 (keeps_parts).
+        # plans the advantages: the parts carry none), unless a rollout-log hook needs the
+        # samples on rank 0 (keeps_parts).
         self.sharded = keeps_parts(cfg)
         self.exchange_group = sides.span if self.sharded else None
         self.normalization = (cfg.reward_normalization() if self.sharded
@@ -415,6 +416,7 @@ class _Server:
         self.version = 0
         self.failure: str | None = None  # a failed weight load, reported with the next reply
         self.exchange = (ShareExchange(None, group=sides.span) if producer.sharded else None)
+        self.dumps = holder_dumps(producer, self.exchange)
         self.held: dict[int, tuple[Produced, BaseException | None]] = {}
 
     def run(self) -> None:
@@ -510,8 +512,8 @@ class _Server:
         assert self.exchange is not None  # the trainer sends "exchange" only with parts
         produced, error = self.held.pop(rid, (Produced(), None))
         try:
-            self.exchange.distribute(produced.part, produced.meta, None,
-                                     what=f"rollout {rid}", error=error)
+            plan, _, _ = self.exchange.distribute(produced.part, produced.meta, None,
+                                                  what=f"rollout {rid}", error=error)
         except Exception as exc:
             if self.lead:
                 for _ in range(ahead):
@@ -520,6 +522,14 @@ class _Server:
             if error is not None:  # this rank's own failure; another's ends the run cleanly
                 raise
             raise _Stopped() from exc
+        if plan is not None and produced.part is not None and self.dumps is not None:
+            try:
+                self.dumps.write_part(rid, self.exchange.rank, produced.part,
+                                      list(produced.annotations) or None)
+            except Exception as exc:  # noqa: BLE001 - reported with the next reply
+                self.failure = self.failure or (
+                    f"--save-rollout-data: writing rollout {rid}'s part failed "
+                    f"({type(exc).__name__}: {exc})")
 
     def _generate(self, rid: int, restore: dict | None) -> tuple:
         producer = self.producer

@@ -1,7 +1,10 @@
 """Rollout dumps and replay: ``--save-rollout-data`` / ``--load-rollout-data``.
 
-A dump is one ``RolloutBatch`` per rollout, written with :mod:`vime_shell.storage.dump` (rank 0 only,
-atomic). Replay reads them back instead of generating:
+A dump is one ``RolloutBatch`` per rollout, written with :mod:`vime_shell.storage.dump`
+(atomic). Where one holder, trainer rank 0, holds the batch it is one batch file; where engine
+leaders keep their parts, each writes its part beside the rollout's index, which rank 0
+writes from the planned metadata (no sample reaches it), and readers join them in prompt
+order. Replay reads them back instead of generating:
 
 - a template with ``{rollout_id}`` (``dumps/r{rollout_id}.npz``) gives one file per rollout;
   a literal path replays the same batch every rollout;
@@ -19,12 +22,15 @@ that exists, else ``d/r0.npz``.
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import attrs
 
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.errors import VimeError, field_error
-from vime_shell.storage.dump import load_rollout_batch, save_rollout_batch, tokenizer_record
+from vime_pure.data.shares import BatchMeta
+from vime_shell.storage.dump import (load_rollout_batch, part_path, save_parts_index,
+                                     save_rollout_batch, tokenizer_record)
 
 TEMPLATE_KEY = "{rollout_id}"
 
@@ -74,6 +80,31 @@ class DumpWriter:
         self._pending.append(self._pool.submit(save_dump, self.template, rollout_id, batch,
                                                annotations, self.tokenizer))
 
+    def submit_part(self, rollout_id: int, member: int, part: RolloutBatch,
+                    annotations: list | None = None) -> None:
+        """A holder's part of a dump of parts: exchange member ``member``'s file beside the
+        index (``storage.dump.part_path``)."""
+        self._raise_failures(wait=False)
+        self._pending.append(self._pool.submit(
+            save_rollout_batch, part_path(dump_path(self.template, rollout_id), member), part,
+            annotations, self.tokenizer))
+
+    def submit_index(self, rollout_id: int, meta: BatchMeta,
+                     holders: list[tuple[int, list[int], list[int]]]) -> None:
+        """Trainer rank 0: the index of a dump of parts, from the planned ``meta`` and the
+        exchange's ``holders`` (metadata only)."""
+        self._raise_failures(wait=False)
+        self._pending.append(self._pool.submit(
+            save_parts_index, dump_path(self.template, rollout_id), meta, holders,
+            self.tokenizer))
+
+    def write_part(self, rollout_id: int, member: int, part: RolloutBatch,
+                   annotations: list | None = None) -> None:
+        """:meth:`submit_part`, done when it returns (an engine rank of its own: nothing
+        flushes it at a checkpoint, so it writes before it takes the next command)."""
+        self.submit_part(rollout_id, member, part, annotations)
+        self.flush()
+
     def flush(self) -> None:
         """Wait for every dump written so far (checkpoints and the run's end call it)."""
         self._raise_failures(wait=True)
@@ -89,6 +120,15 @@ class DumpWriter:
         self._pending = [f for f in self._pending if f not in done]
         for future in done:
             future.result()  # re-raises the write's exception here, in the loop
+
+
+def holder_dumps(producer: Any, exchange: Any) -> DumpWriter | None:
+    """The part writer of an engine rank of its own that holds parts (``exchange`` set),
+    under ``--save-rollout-data``; else None."""
+    template = producer.cfg.save_rollout_data
+    if exchange is None or template is None:
+        return None
+    return DumpWriter(template, producer.hf_dir)
 
 
 @attrs.frozen(kw_only=True)

@@ -9,8 +9,8 @@ Data flow of one rollout::
     parts (produce_part, keeps_parts): each leader judges its groups (the filter) ─▶
       verdicts to every rank ─▶ rounds, cut, counts decided alike everywhere ─▶ each leader
       keeps its groups of the cut as its part
-    whole (produce: the rollout-log hook, dumps, --use-rs): rank 0 merges the round's
-      output, judges it, builds the RolloutBatch
+    whole (produce: slime's rollout-log hook): rank 0 merges the round's output, judges it,
+      builds the RolloutBatch
 
 One rollout batch (``produce`` or ``produce_part``): draw ``--over-sampling-batch-size`` prompts (default
 ``--rollout-batch-size``), generate ``--n-samples-per-prompt`` responses each through the
@@ -174,6 +174,7 @@ class RolloutProducer:
         self.cfg, self.engines = cfg, engines
         self.is_rank0 = dist.get_rank() == 0
         self.tokenizer = load_tokenizer(plan.hf_dir)
+        self.hf_dir = plan.hf_dir  # the tokenizer a dump records
         seed = cfg.rollout_seed if cfg.rollout_seed is not None else cfg.seed
         self.source = _prompt_source(plan, shuffle=cfg.rollout_shuffle, seed=seed)
         self.seed = seed
@@ -244,7 +245,9 @@ class RolloutProducer:
                 prompts_kept=len(cut.keys), prompts_filtered=cut.filtered,
                 prompts_filled=cut.filled, partial=partial,
                 filtered_reward_mean=_mean(cut.filtered_rewards))
-        return Produced(part=part, meta=meta, stats=stats)
+        notes = (sample_annotations([o for _, outs in chunks for o in outs])
+                 if cfg.save_rollout_data is not None else ())
+        return Produced(part=part, meta=meta, stats=stats, annotations=notes)
 
     def _judged_rounds(self, rid: int, mine: dict[tuple[int, int], Any]
                        ) -> tuple[list[GroupVerdict], int, BaseException | None]:
@@ -661,11 +664,12 @@ def _partial_stats(before: tuple[int, int, int, int] | None,
 def keeps_parts(cfg: TrainConfig) -> bool:
     """Whether each engine leader keeps its output as its part (no sample reaches trainer
     rank 0). The dynamic-sampling filter and over-sampling judge each prompt group on the
-    leader that holds it (``RolloutProducer.produce_part``: only verdicts travel), and
-    ``--use-rs`` judges each sample on the DP rank that trains it. Rank 0 needs the samples
-    themselves only for what records them together: ``--custom-rollout-log-function-path``
-    (slime's hook receives the samples) and ``--save-rollout-data`` (one dump file)."""
-    return cfg.custom_rollout_log_function_path is None and cfg.save_rollout_data is None
+    leader that holds it (``RolloutProducer.produce_part``: only verdicts travel),
+    ``--use-rs`` judges each sample on the DP rank that trains it and ``--save-rollout-data``
+    writes each part where it is (``storage.dump``: a dump of parts). Rank 0 needs the samples
+    themselves only for slime's ``--custom-rollout-log-function-path``, whose hook receives
+    them."""
+    return cfg.custom_rollout_log_function_path is None
 
 
 def eval_metrics(name: str, output: list[Any], n: int) -> dict[str, float]:

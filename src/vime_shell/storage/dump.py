@@ -18,6 +18,17 @@ none. An optional ``"annotations"`` list holds one JSON object per sample
 the tokenizer whose ids the dump holds (``vime train`` records its model's, so ``vime inspect``
 decodes with it). Readers that do not know these keys ignore them, so they need no new version.
 
+A dump of parts (``--save-rollout-data`` where engine leaders keep their parts): each holder
+writes its part as a batch file of its own, ``<stem>.rank<member><suffix>`` (``part_path``;
+its ids numbered over its own chunks, its annotations and tokenizer as above), and trainer
+rank 0 writes ``<stem><suffix>``, an index of format ``vime.rollout_parts`` version 1: the
+same zip layout, columns ``INDEX_COLUMNS`` (the planned dense group and prompt ids,
+advantages, lengths, rewards: metadata only) and in the header the id values and ``parts``,
+``[{"file": name, "starts": [first prompt per chunk], "sizes": [samples per chunk]}]``.
+``load_rollout_batch`` of the index joins the parts in global prompt order with the index's
+ids and advantages: the batch the run trained; a missing part, or one whose samples differ
+from the index's (another run's file), raises ``DumpFormatError`` naming it.
+
 Versions: 2 added the per-sample ``weight_version_min`` / ``weight_version_max`` columns
 (``vime_pure.data.batch``). A version-1 dump (without them) still loads, every sample on
 policy (``ON_POLICY_VERSION``); dumps are always written as version 2.
@@ -46,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from vime_pure.data.batch import COLUMNS, OPTIONAL_COLUMNS, RolloutBatch
+from vime_pure.data.held_parts import PlannedIds, chunk_rows, join_parts
 from vime_pure.errors import DumpFormatError, VimeError
 from vime_shell.storage.files import FileKindError, atomic_file, require_regular_file
 from vime_shell.storage.manifest import tokenizer_fingerprint
@@ -57,6 +69,15 @@ VERSION_COLUMNS = ("weight_version_min", "weight_version_max")  # added in versi
 COLUMNS_OF: dict[int, tuple[str, ...]] = {
     1: tuple(c for c in COLUMNS if c not in (*VERSION_COLUMNS, "rollout_routed_experts")),
     2: tuple(COLUMNS)}
+# A dump of parts (``--save-rollout-data`` where engine leaders keep their parts): every
+# holder writes its part as a batch file beside the index, which trainer rank 0 writes.
+PARTS_FORMAT = "vime.rollout_parts"
+PARTS_VERSIONS = (1,)
+# What the index holds per sample: the planned ids and advantages, which the parts' own
+# (numbered over one holder) are not, and the lengths and rewards each part must match.
+INDEX_COLUMNS: dict[str, np.dtype] = {"group_ids": np.dtype(np.int32), "prompt_groups": np.dtype(np.int32),
+                 "advantages": np.dtype(np.float64), "lengths": np.dtype(np.int32),
+                 "rewards": np.dtype(np.float64)}
 HEADER = "header.json"
 MAX_HEADER_BYTES = 64 << 20  # header.json: column specs and group ids, far below this
 MAX_NPY_HEADER_BYTES = 1 << 16  # numpy's .npy header is under 4 KiB in practice
@@ -89,10 +110,9 @@ def tokenizer_record(model_dir: str | os.PathLike) -> dict[str, str | None]:
 
 def read_dump_header(path: str | os.PathLike) -> dict[str, Any]:
     """A dump's ``header.json`` (its optional ``annotations`` and ``tokenizer`` included),
-    after ``load_rollout_batch`` validated the dump."""
-    load_rollout_batch(path)
-    with zipfile.ZipFile(Path(path)) as zf:
-        return json.loads(zf.read(HEADER).decode())
+    after the dump is validated; a dump of parts gives its index's header with the parts'
+    annotations in the batch's order."""
+    return load_dump(path)[1]
 
 
 def read_dump_annotations(path: str | os.PathLike) -> list[dict[str, Any]] | None:
@@ -133,9 +153,25 @@ def write_dump_columns(path: str | os.PathLike, columns: Mapping[str, np.ndarray
 
 
 def load_rollout_batch(path: str | os.PathLike) -> RolloutBatch:
-    """Read a dump written by ``save_rollout_batch``; ``DumpFormatError`` for anything wrong
-    (missing, truncated, bit-flipped, foreign, pickled: ``allow_pickle=False`` everywhere)."""
+    """Read a dump written by ``save_rollout_batch`` (or a dump of parts, joined); a
+    ``DumpFormatError`` for anything wrong (missing, truncated, bit-flipped, foreign, pickled:
+    ``allow_pickle=False`` everywhere)."""
+    return load_dump(path)[0]
+
+
+def load_dump(path: str | os.PathLike) -> tuple[RolloutBatch, dict[str, Any]]:
+    """``(batch, header)`` of a dump: one batch file, or the index of a dump of parts with its
+    part files joined in prompt order (``storage.dump_parts``)."""
     where = Path(path)
+    header, arrays = read_archive(where, (FORMAT, PARTS_FORMAT))
+    if header["format"] == PARTS_FORMAT:
+        return join_dump_parts(where, header, arrays)
+    return batch_of_archive(where, header, arrays), header
+
+
+def read_archive(where: Path, formats: tuple[str, ...] = (FORMAT,)
+                 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The validated header and columns of a dump archive of one of ``formats``."""
     if not where.exists():
         raise DumpFormatError(f"{where}: no such rollout dump. Fix: check the path, or write "
                               "it with --save-rollout-data / save_rollout_batch.")
@@ -145,11 +181,10 @@ def load_rollout_batch(path: str | os.PathLike) -> RolloutBatch:
         raise DumpFormatError(str(exc)) from None
     try:
         with zipfile.ZipFile(where) as zf:
-            header = _read_header(zf, where)
+            header = _read_header(zf, where, formats)
             arrays = {name: _read_column(zf, name, spec, where)
                       for name, spec in header["columns"].items()}
         digest = _digest(header, arrays)
-        ids = tuple(header["group_id_values"]), tuple(header["prompt_group_values"])
     except DumpFormatError:
         raise
     except Exception as exc:  # zip, npy and JSON parsers fail in many ways on corrupt bytes
@@ -160,6 +195,12 @@ def load_rollout_batch(path: str | os.PathLike) -> RolloutBatch:
     if digest != header.get("sha256"):
         raise DumpFormatError(f"{where}: checksum mismatch: the file's contents changed after "
                               "it was written. Fix: restore the dump from a copy.")
+    return header, arrays
+
+
+def batch_of_archive(where: Path, header: dict[str, Any], arrays: dict[str, np.ndarray]
+                     ) -> RolloutBatch:
+    """The ``RolloutBatch`` of a validated batch archive (``read_archive``)."""
     expected = set(COLUMNS_OF[header["version"]])
     if not set(arrays) <= expected or not expected - set(OPTIONAL_COLUMNS) <= set(arrays):
         raise DumpFormatError(f"{where}: columns {sorted(arrays)} do not match the version "
@@ -170,11 +211,105 @@ def load_rollout_batch(path: str | os.PathLike) -> RolloutBatch:
     columns: dict[str, Any] = {name: arrays[name] for name in COLUMNS if name in arrays}
     for name in OPTIONAL_COLUMNS:
         columns.setdefault(name, None)
+    ids = tuple(header["group_id_values"]), tuple(header["prompt_group_values"])
     try:
         return RolloutBatch(**columns, group_id_values=ids[0], prompt_group_values=ids[1])
     except VimeError as exc:
         raise DumpFormatError(f"{where}: the file is intact but holds an invalid batch: {exc}"
                               ) from exc
+
+
+def part_path(index: str | os.PathLike, member: int) -> Path:
+    """The part file exchange member ``member`` writes beside the ``index`` of a dump of
+    parts. Example: ``part_path("d/rollout_3.npz", 1) == Path("d/rollout_3.rank1.npz")``."""
+    where = Path(index)
+    return where.with_name(f"{where.stem}.rank{member}{where.suffix}")
+
+
+def save_parts_index(path: str | os.PathLike, meta: Any,
+                     holders: Sequence[tuple[int, Sequence[int], Sequence[int]]],
+                     tokenizer: Mapping[str, Any] | None = None) -> Path:
+    """Write the index of a dump of parts atomically: the planned ``meta`` (a ``BatchMeta``
+    after ``plan_shares``: ids, advantages, lengths, rewards) and, per holder ``(exchange
+    member, its chunks' first prompts, their samples)`` in its part's order, the part file it
+    writes (:func:`part_path`). Metadata only: no token passes through the writer."""
+    target = Path(path)
+    arrays = {name: np.ascontiguousarray(np.asarray(getattr(meta, name)).astype(dtype))
+              for name, dtype in INDEX_COLUMNS.items()}
+    header: dict[str, Any] = {
+        "format": PARTS_FORMAT, "version": PARTS_VERSIONS[-1],
+        "num_samples": int(len(arrays["lengths"])),
+        "columns": {k: {"dtype": a.dtype.str, "shape": list(a.shape)} for k, a in arrays.items()},
+        "group_id_values": list(meta.group_id_values),
+        "prompt_group_values": list(meta.prompt_group_values),
+        "parts": [{"file": part_path(target, member).name, "starts": [int(x) for x in starts],
+                   "sizes": [int(x) for x in sizes]} for member, starts, sizes in holders]}
+    if tokenizer is not None:
+        header["tokenizer"] = {"path": str(tokenizer["path"]), "sha256": tokenizer["sha256"]}
+    header["sha256"] = _digest(header, arrays)
+    with atomic_file(target) as fh:
+        with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED) as zf:
+            zf.writestr(HEADER, json.dumps(header, indent=1).encode())
+            for name, arr in arrays.items():
+                with zf.open(f"{name}.npy", "w") as member:
+                    np.lib.format.write_array(member, arr, allow_pickle=False)
+    return target
+
+
+def join_dump_parts(where: Path, header: dict[str, Any], arrays: dict[str, np.ndarray]
+                    ) -> tuple[RolloutBatch, dict[str, Any]]:
+    """The batch of a dump of parts: every part file the index names, joined in global
+    prompt order with the index's ids and advantages, and checked against its lengths and
+    rewards (a part left by another run, or not yet written, is named); the header carries
+    the parts' annotations in the batch's order when every part has them."""
+    if set(arrays) != set(INDEX_COLUMNS) or not isinstance(header.get("parts"), list):
+        raise DumpFormatError(f"{where}: an index of parts needs the columns "
+                              f"{sorted(INDEX_COLUMNS)} and a parts list. Fix: restore it "
+                              "from a copy.")
+    parts, notes, chunks = [], [], []
+    for entry in header["parts"]:
+        name = entry.get("file") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or Path(name).name != name:
+            raise DumpFormatError(f"{where}: part entry {entry!r} does not name a file beside "
+                                  "the index. Fix: restore the index from a copy.")
+        file = where.with_name(name)
+        if not file.exists():
+            raise DumpFormatError(f"{where}: its part {file} is missing (the holder that writes "
+                                  "it failed or has not finished). Fix: copy the index with "
+                                  f"every {where.stem}.rank*{where.suffix} beside it.")
+        part_header, part_arrays = read_archive(file)
+        part = batch_of_archive(file, part_header, part_arrays)
+        pairs = list(zip(entry["starts"], entry["sizes"]))
+        if part.num_samples != sum(n for _, n in pairs):
+            raise _stale(where, file, f"{part.num_samples} samples, the index "
+                                      f"{sum(n for _, n in pairs)}")
+        parts.append(part)
+        notes.append(part_header.get("annotations"))
+        chunks.append(pairs)
+    rows = chunk_rows(chunks)
+    ids = PlannedIds(group_ids=arrays["group_ids"], group_id_values=tuple(
+        header["group_id_values"]), prompt_groups=arrays["prompt_groups"],
+        prompt_group_values=tuple(header["prompt_group_values"]),
+        advantages=arrays["advantages"])
+    try:
+        batch = join_parts(parts, ids, rows=rows)
+    except VimeError as exc:
+        raise DumpFormatError(f"{where}: its parts do not join into a batch: {exc}") from exc
+    for name in ("lengths", "rewards"):
+        if not np.array_equal(getattr(batch, name), arrays[name]):
+            raise _stale(where, None, f"different {name} from the index's")
+    joined = dict(header)
+    if notes and all(n is not None for n in notes):
+        flat = [a for n in notes for a in (n or ())]
+        joined["annotations"] = [flat[i] for i in rows.tolist()]
+    return batch, joined
+
+
+def _stale(where: Path, file: Path | None, what: str) -> DumpFormatError:
+    return DumpFormatError(f"{where}: {'a part' if file is None else file} has {what}: a part "
+                           "written by another run (or another layout) sits beside this "
+                           "index. Fix: dump into a fresh directory, or restore the parts "
+                           "that belong to this index.")
 
 
 def workload_from_dump(path: str | os.PathLike) -> tuple[np.ndarray, list[Hashable]]:
@@ -187,19 +322,22 @@ def workload_from_dump(path: str | os.PathLike) -> tuple[np.ndarray, list[Hashab
     return batch.lengths, batch.original_group_ids()
 
 
-def _read_header(zf: zipfile.ZipFile, where: Path) -> dict[str, Any]:
+def _read_header(zf: zipfile.ZipFile, where: Path, formats: tuple[str, ...]
+                 ) -> dict[str, Any]:
     names = zf.namelist()
     if HEADER not in names:
         raise DumpFormatError(f"{where}: no {HEADER}; this zip is not a vime rollout dump. "
                               "Fix: pass a file written by save_rollout_batch.")
     header = json.loads(_read_member(zf, HEADER, MAX_HEADER_BYTES, where).decode())
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
+    if not isinstance(header, dict) or header.get("format") not in formats:
         got = header.get("format") if isinstance(header, dict) else type(header).__name__
-        raise DumpFormatError(f"{where}: format={got!r}, expected {FORMAT!r}. Fix: pass a "
+        want = " or ".join(repr(f) for f in formats)
+        raise DumpFormatError(f"{where}: format={got!r}, expected {want}. Fix: pass a "
                               "file written by save_rollout_batch.")
-    if type(header.get("version")) is not int or header["version"] not in COLUMNS_OF:
+    versions = COLUMNS_OF if header["format"] == FORMAT else PARTS_VERSIONS
+    if type(header.get("version")) is not int or header["version"] not in versions:
         raise DumpFormatError(f"{where}: format version {header.get('version')!r}, but this "
-                              f"vime reads versions {sorted(COLUMNS_OF)}. Fix: load it "
+                              f"vime reads versions {sorted(versions)}. Fix: load it "
                               "with the vime release that wrote it, or re-save it with this one.")
     if not isinstance(header.get("columns"), dict) or set(names) != {HEADER} | {
             f"{k}.npy" for k in header["columns"]}:

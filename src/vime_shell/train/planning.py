@@ -5,8 +5,8 @@ metadata (:func:`plan_rollout`, on the fixed inputs of :class:`PlanInputs`).
     (advantages, Schedule: the core's) ─▶ fresh samples ─▶ (SharePlan, extra) ─▶ every rank
 
 ``extra`` holds what every rank's record needs (the generation statistics, the batch fields)
-and, only where something reads it, the planned metadata (an ``on_rollout`` hook may gather
-the batch). Nothing here reads the mode: a bound ``K`` arrives as a number, or None when
+and the planned metadata, which the step keeps on rank 0 (a dump's index) and ships to every
+rank only where a hook may gather the batch. Nothing here reads the mode: a bound ``K`` arrives as a number, or None when
 batches are never stale by construction.
 
 Example: ``plan_rollout(inputs, None)`` (every prompt filtered) returns
@@ -40,7 +40,7 @@ class PlanInputs:
     ``weight_version``, whether the source ``generates``, whether the ``logprob_check`` runs,
     the staleness bound ``max_staleness`` (None: unbounded by construction), the reward
     ``normalization``, the scheduler's ``layout`` and ``policy``, ``flops`` per sample, the
-    rollout function's path (for a message), and which extras to ship."""
+    rollout function's path (for a message)."""
 
     rollout_id: int
     produced: Produced
@@ -53,7 +53,6 @@ class PlanInputs:
     policy: Any
     flops: Callable[[np.ndarray], Any]
     rollout_function: str
-    keep_meta: bool = False  # a hook may gather the whole batch
 
 
 def plan_rollout(inputs: PlanInputs, merged: BatchMeta | None
@@ -79,7 +78,7 @@ def plan_rollout(inputs: PlanInputs, merged: BatchMeta | None
     if inputs.generates:
         plan = attrs.evolve(plan, fresh=fresh_samples(meta, inputs.weight_version))
     return plan, {"stats": stats, "fields": batch_fields(meta, plan.schedule),
-                  "meta": meta if inputs.keep_meta else None}
+                  "meta": meta}
 
 
 def _check_generated(inputs: PlanInputs, merged: BatchMeta) -> None:

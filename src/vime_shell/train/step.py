@@ -119,6 +119,7 @@ class Step:
         # plans, each rank receives its share (gloo).
         self.exchange = ShareExchange(trainer.dp_rank, group=source.exchange_group)
         self._meta: BatchMeta | None = None  # the last rollout's planned metadata (hooks)
+        self._planned: BatchMeta | None = None  # rank 0's, until the rollout is dumped
 
     # -- the rollout, top to bottom ------------------------------------------------------------
     def rollout(self, rid: int, *, evaluate: bool = False) -> dict:
@@ -129,7 +130,7 @@ class Step:
             produced, error = self._next(rid)
             plan, share, extra = self.exchange.distribute(
                 produced.part, produced.meta,
-                functools.partial(plan_rollout, self._plan_inputs(rid, produced)),
+                functools.partial(self._plan, self._plan_inputs(rid, produced)),
                 what=f"rollout {rid}", error=error, failure=EngineGroupError,
                 name_of=self.source.holder_name, keep_parts=self.keep_parts)
         t1 = time.perf_counter()
@@ -139,6 +140,7 @@ class Step:
         assert share is not None  # a trainer rank has a DP index, so a share
         self._meta = extra.get("meta")
         self._dump(rid, produced)
+        self._planned = None
         mine = share_batch(share, plan.schedule, plan.mask_sums, dp_rank=self.trainer.dp_rank,
                            cp_rank=self.trainer.cp_rank, cp_size=self.layout.cp,
                            loss_mode=self.cfg.effective_loss_mode, norm=self._loss_norm(),
@@ -180,15 +182,35 @@ class Step:
             max_staleness=self.max_staleness, normalization=self.source.normalization,
             layout=self.layout.scheduler_layout(), policy=self.plan.policy,
             flops=self.trainer.flops.per_sample,
-            rollout_function=self.cfg.effective_rollout_function_path,
-            keep_meta=self.on_rollout is not None)
+            rollout_function=self.cfg.effective_rollout_function_path)
+
+    def _plan(self, inputs: PlanInputs, merged: BatchMeta | None
+              ) -> tuple[SharePlan | None, dict]:
+        """Rank 0's planning (``plan_rollout``). The planned metadata stays here (a dump's
+        index) and travels with the plan only where a hook may gather the batch."""
+        plan, extra = plan_rollout(inputs, merged)
+        self._planned = extra.pop("meta", None)
+        if self.on_rollout is not None:
+            extra["meta"] = self._planned
+        return plan, extra
 
     def _dump(self, rid: int, produced: Produced) -> None:
-        """``--save-rollout-data`` (rank 0, which holds the whole batch then)."""
-        if self.dumps is not None and produced.part is not None:
-            annotations = produced.stats.annotations if self.source.generates else None
-            self.dumps.submit(rid, produced.part, None if annotations is None
-                              else list(annotations))
+        """``--save-rollout-data``, where the parts are: each holder writes its part, rank 0
+        the index (metadata); a batch rank 0 holds alone is written whole, as one file."""
+        if self.dumps is None:
+            return
+        notes = (list(produced.annotations) if self.source.generates and produced.annotations
+                 else None)
+        holders, planned = self.exchange.holders, self._planned  # rank 0's
+        if holders is not None and planned is not None and len(holders) == 1 \
+                and produced.part is not None:  # rank 0 is the one holder
+            whole = join_parts([produced.part], planned, rows=held_rows([produced.meta]))
+            self.dumps.submit(rid, whole, notes)
+            return
+        if produced.part is not None:
+            self.dumps.submit_part(rid, self.exchange.rank, produced.part, notes)
+        if holders is not None and planned is not None:
+            self.dumps.submit_index(rid, planned, holders)
 
     def _train(self, rid: int, plan: SharePlan, share: RankShare, mine: RankBatch
                ) -> tuple[list, RankBatch, GapMeter, dict, float]:
