@@ -92,7 +92,7 @@ class _Filtered:
     """A producer whose filter removed every prompt group of the rollout (no batch)."""
 
     source = SimpleNamespace(offset=16, draws=1)  # where the prompt source stands
-    sharded = False  # a filter judges whole batches on engine rank 0
+    sharded = False  # the whole batch on engine rank 0 (a rollout-log hook)
 
     def produce(self, rid):
         return None, GenerationStats(rounds=8, prompts_generated=128, prompts_kept=0,

@@ -125,10 +125,9 @@ class DumpWriter:
 def holder_dumps(producer: Any, exchange: Any) -> DumpWriter | None:
     """The part writer of an engine rank of its own that holds parts (``exchange`` set),
     under ``--save-rollout-data``; else None."""
-    template = producer.cfg.save_rollout_data
-    if exchange is None or template is None:
+    if exchange is None or producer.cfg.save_rollout_data is None:
         return None
-    return DumpWriter(template, producer.hf_dir)
+    return DumpWriter(producer.cfg.save_rollout_data, producer.hf_dir)
 
 
 @attrs.frozen(kw_only=True)
