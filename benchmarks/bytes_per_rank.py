@@ -32,7 +32,7 @@ metadata); ``batch`` is every share together (``batch_bytes``). One step off rec
 medians.
 
 Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src:. python -m benchmarks.bytes_per_rank [--rollouts 3]``
-(about 2 minutes on 2 cores); JSON: ``benchmarks/results/bytes_per_rank.json``.
+(about 30 s on 2 cores); JSON: ``benchmarks/results/bytes_per_rank.json``.
 """
 
 import argparse
