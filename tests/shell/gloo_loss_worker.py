@@ -8,15 +8,12 @@ by a real ``all_reduce`` over the DP x CP group and averaged like DDP. Group ran
 with the single-process reference (the oracle on the unsplit step) and writes the deviations.
 """
 
-import json
-import os
-import traceback
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from tests.loss_helpers import Step, oracle_loss, step_denominators
+from tests.shell.gloo_world import worker_body
 from vime_pure import (LossMode, Metric, MetricError, merge_metrics, metric_values)
 from vime_pure.cp import zigzag_offsets
 from vime_pure.denominators import megatron_loss_scale
@@ -152,24 +149,16 @@ def gather_semantics(rank: int) -> dict:
 
 
 def worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=60))
-    result: dict = {"layouts": {}}
-    try:
-        for dp, cp in LAYOUTS:
-            group = dist.new_group(list(range(dp * cp)))  # every rank joins every new_group
-            for mode in LossMode:
-                if rank < dp * cp:
-                    res = run_layout(rank, dp, cp, group, mode)
-                    if res:
-                        result["layouts"][f"{dp}x{cp}:{mode.value}"] = res
-        result["gather"] = gather_semantics(rank)
-    except Exception:  # noqa: BLE001 - reported to the parent test, then re-raised
-        result["error"] = traceback.format_exc()
-        raise
-    finally:
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    worker_body(rank, world, init_file, out_dir, _layouts)
+
+
+def _layouts(rank: int, result: dict) -> None:
+    result["layouts"] = {}
+    for dp, cp in LAYOUTS:
+        group = dist.new_group(list(range(dp * cp)))  # every rank joins every new_group
+        for mode in LossMode:
+            if rank < dp * cp:
+                res = run_layout(rank, dp, cp, group, mode)
+                if res:
+                    result["layouts"][f"{dp}x{cp}:{mode.value}"] = res
+    result["gather"] = gather_semantics(rank)

@@ -9,15 +9,12 @@ elsewhere, as the trainer's CP ranks do), completes them over its CP group
 ``rejected_token_frac`` summed over the world, one rank per DP replica counting).
 """
 
-import json
-import os
-import traceback
-from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from tests.shell.gloo_world import worker_body
 from vime_pure import BatchingPolicy, ParallelLayout, RolloutBatch
 from vime_pure.data.batch import schedule_for
 from vime_pure.data.microbatch import share_batch, step_of_sample
@@ -95,24 +92,15 @@ def run_layout(rank: int, dp: int, cp: int, cp_group, level: str, denominator: s
 
 
 def worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=60))
-    result: dict = {}
-    try:
-        for dp, cp in LAYOUTS:
-            # every rank joins every new_group; a rank uses its DP replica's
-            groups = [dist.new_group(list(range(i * cp, (i + 1) * cp))) for i in range(dp)]
-            cp_group = groups[rank // cp] if cp > 1 else None
-            for level in LEVELS:
-                for denominator in ("original", "surviving"):
-                    result[f"{dp}x{cp}:{level}:{denominator}"] = run_layout(
-                        rank, dp, cp, cp_group, level, denominator)
-    except Exception:  # noqa: BLE001 - reported to the parent test, then re-raised
-        result["error"] = traceback.format_exc()
-        raise
-    finally:
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    worker_body(rank, world, init_file, out_dir, _layouts)
+
+
+def _layouts(rank: int, result: dict) -> None:
+    for dp, cp in LAYOUTS:
+        # every rank joins every new_group; a rank uses its DP replica's
+        groups = [dist.new_group(list(range(i * cp, (i + 1) * cp))) for i in range(dp)]
+        cp_group = groups[rank // cp] if cp > 1 else None
+        for level in LEVELS:
+            for denominator in ("original", "surviving"):
+                result[f"{dp}x{cp}:{level}:{denominator}"] = run_layout(
+                    rank, dp, cp, cp_group, level, denominator)

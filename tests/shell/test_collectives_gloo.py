@@ -7,14 +7,11 @@ reference to 1e-6; all-reduced step sums and gathered metrics must equal single-
 values; and gather destinations must follow the group, with groups {0,1} and {2,3}.
 """
 
-import json
-import os
-import time
 
 import pytest
-import torch.multiprocessing as mp
 
 from tests.shell.gloo_loss_worker import LAYOUTS, worker
+from tests.shell.gloo_world import spawn_world
 from vime_pure import LossMode
 
 pytestmark = pytest.mark.slow
@@ -23,17 +20,7 @@ WORLD = 4
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    os.environ["OMP_NUM_THREADS"] = "1"
-    out = tmp_path_factory.mktemp("gloo")
-    ctx = mp.start_processes(worker, args=(WORLD, str(out / "init"), str(out)), nprocs=WORLD,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + 240
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.terminate()
-            pytest.fail("gloo workers did not finish within 240 s (deadlock?)")
-    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    results = spawn_world(worker, WORLD, tmp_path_factory.mktemp("gloo"), "gloo")
     layouts = results[0]["layouts"].values()
     print("\n[gloo] max deviations vs single process: " + ", ".join(
         f"{k}={max(r[k] for r in layouts):.2e}" for k in ("grad_dev", "report_dev", "metric_dev")))

@@ -5,13 +5,9 @@ to float rounding), for every level and denominator at DP x CP = 4x1, 2x2 and 1x
 not run in the CPU trainer (``docs/large-models.md``), so this is where the CP path of
 ``share_log_probs`` runs."""
 
-import json
-import os
-import time
-
 import pytest
-import torch.multiprocessing as mp
 
+from tests.shell.gloo_world import spawn_world
 from tests.shell.rejection_worker import LAYOUTS, LEVELS, worker
 
 pytestmark = pytest.mark.slow
@@ -20,17 +16,7 @@ WORLD = 4
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    os.environ["OMP_NUM_THREADS"] = "1"
-    out = tmp_path_factory.mktemp("rejection")
-    ctx = mp.start_processes(worker, args=(WORLD, str(out / "init"), str(out)), nprocs=WORLD,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + 240
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.terminate()
-            pytest.fail("rejection workers did not finish within 240 s (deadlock?)")
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return spawn_world(worker, WORLD, tmp_path_factory.mktemp("rejection"), "rejection")
 
 
 @pytest.mark.parametrize("dp, cp", LAYOUTS)

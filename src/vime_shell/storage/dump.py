@@ -129,17 +129,25 @@ def write_dump_columns(path: str | os.PathLike, columns: Mapping[str, np.ndarray
 
     For tools that produce dumps from other sources; ``save_rollout_batch`` is the usual entry.
     """
-    target = Path(path)
+    extra: dict[str, Any] = {}
+    if annotations is not None:  # plain JSON (a round trip turns tuples and numpy into lists)
+        extra["annotations"] = json.loads(json.dumps(list(annotations), default=repr))
+    return _write_archive(Path(path), FORMAT, VERSION, columns, group_id_values,
+                          prompt_group_values, extra, tokenizer)
+
+
+def _write_archive(target: Path, fmt: str, version: int, columns: Mapping[str, np.ndarray],
+                   group_id_values: Sequence[Hashable], prompt_group_values: Sequence[Hashable],
+                   extra: Mapping[str, Any], tokenizer: Mapping[str, Any] | None) -> Path:
+    """One dump archive (a batch or an index of parts): the header, checksummed, then one
+    ``.npy`` per column, written atomically."""
     arrays = {name: np.ascontiguousarray(col) for name, col in columns.items()}
     header: dict[str, Any] = {
-        "format": FORMAT, "version": VERSION,
+        "format": fmt, "version": version,
         "num_samples": int(len(arrays["lengths"])) if "lengths" in arrays else 0,
         "columns": {k: {"dtype": a.dtype.str, "shape": list(a.shape)} for k, a in arrays.items()},
         "group_id_values": list(group_id_values),
-        "prompt_group_values": list(prompt_group_values),
-    }
-    if annotations is not None:  # plain JSON (a round trip turns tuples and numpy into lists)
-        header["annotations"] = json.loads(json.dumps(list(annotations), default=repr))
+        "prompt_group_values": list(prompt_group_values), **extra}
     if tokenizer is not None:
         header["tokenizer"] = {"path": str(tokenizer["path"]), "sha256": tokenizer["sha256"]}
     header["sha256"] = _digest(header, arrays)
@@ -234,26 +242,13 @@ def save_parts_index(path: str | os.PathLike, meta: Any,
     member, its chunks' first prompts, their samples)`` in its part's order, the part file it
     writes (:func:`part_path`). Metadata only: no token passes through the writer."""
     target = Path(path)
-    arrays = {name: np.ascontiguousarray(np.asarray(getattr(meta, name)).astype(dtype))
-              for name, dtype in INDEX_COLUMNS.items()}
-    header: dict[str, Any] = {
-        "format": PARTS_FORMAT, "version": PARTS_VERSIONS[-1],
-        "num_samples": int(len(arrays["lengths"])),
-        "columns": {k: {"dtype": a.dtype.str, "shape": list(a.shape)} for k, a in arrays.items()},
-        "group_id_values": list(meta.group_id_values),
-        "prompt_group_values": list(meta.prompt_group_values),
-        "parts": [{"file": part_path(target, member).name, "starts": [int(x) for x in starts],
-                   "sizes": [int(x) for x in sizes]} for member, starts, sizes in holders]}
-    if tokenizer is not None:
-        header["tokenizer"] = {"path": str(tokenizer["path"]), "sha256": tokenizer["sha256"]}
-    header["sha256"] = _digest(header, arrays)
-    with atomic_file(target) as fh:
-        with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED) as zf:
-            zf.writestr(HEADER, json.dumps(header, indent=1).encode())
-            for name, arr in arrays.items():
-                with zf.open(f"{name}.npy", "w") as member:
-                    np.lib.format.write_array(member, arr, allow_pickle=False)
-    return target
+    columns = {name: np.asarray(getattr(meta, name)).astype(dtype)
+               for name, dtype in INDEX_COLUMNS.items()}
+    parts = [{"file": part_path(target, member).name, "starts": [int(x) for x in starts],
+              "sizes": [int(x) for x in sizes]} for member, starts, sizes in holders]
+    return _write_archive(target, PARTS_FORMAT, PARTS_VERSIONS[-1], columns,
+                          meta.group_id_values, meta.prompt_group_values, {"parts": parts},
+                          tokenizer)
 
 
 def join_dump_parts(where: Path, header: dict[str, Any], arrays: dict[str, np.ndarray]
