@@ -38,7 +38,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@echo "make: creating $(VENV) and installing CPU torch, Megatron-core and vime (~1 GB, a few minutes on first run)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --progress-bar on "$(TORCH_SPEC)" -e '.[train,test,fast,lint]'
+	$(BIN)/python -m pip install --progress-bar on "$(TORCH_SPEC)" -e '.[train,agents,test,fast,lint]'
 	touch $(STAMP)
 
 demo: $(STAMP)

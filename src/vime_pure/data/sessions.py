@@ -36,7 +36,8 @@ Example: turns ``prompt [1, 2] -> [7, 8]`` and ``prompt [1, 2, 7, 8, 3] -> [9]``
 response ``[6]`` (its context, the shared ``[1, 2]`` included, is its prompt).
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -57,15 +58,19 @@ def _token_ids(field: str):
     return check
 
 
+def _tuple(values: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(values)
+
+
 @attrs.frozen(kw_only=True)
 class Turn:
     """One request of a session: ``prompt``, every token the engine read; ``output``, the
     tokens the model generated, with their ``log_probs`` (one each) under weight version
     ``weight_version``; ``status``, how the generation ended. Checked at construction."""
 
-    prompt: tuple[int, ...] = attrs.field(converter=tuple, validator=_token_ids("prompt"))
-    output: tuple[int, ...] = attrs.field(converter=tuple, validator=_token_ids("output"))
-    log_probs: tuple[float, ...] = attrs.field(converter=tuple)
+    prompt: tuple[int, ...] = attrs.field(converter=_tuple, validator=_token_ids("prompt"))
+    output: tuple[int, ...] = attrs.field(converter=_tuple, validator=_token_ids("output"))
+    log_probs: tuple[float, ...] = attrs.field(converter=_tuple)
     weight_version: int = 0
     status: Status = Status.COMPLETED
 

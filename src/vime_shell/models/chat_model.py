@@ -23,6 +23,24 @@ QWEN_TEMPLATE = (
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+# Qwen2.5's way with tools, in short: an assistant turn writes its calls as <tool_call> JSON
+# blocks, a tool result comes back as a user turn in <tool_response> (agent sessions).
+QWEN_TOOL_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' }}{%- if message['content'] %}{{- message['content'] }}"
+    "{%- endif %}"
+    "{%- for call in message.get('tool_calls') or [] %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' "
+    "+ call['function']['arguments'] + '}\\n</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + "
+    "'\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 CORPUS = [f"What is {a} + {b}? Put the final answer in \\boxed{{}}. The answer is "
           f"\\boxed{{{a + b}}}." for a in range(12) for b in range(12)]
 

@@ -56,6 +56,8 @@ RolloutFn = Callable[["RolloutContext"], Sequence[Any]]
 DEFAULT_ROLLOUT_FUNCTION = "vime_shell.rollout.functions:single_turn_rollout"
 PER_SAMPLE_ROLLOUT_FUNCTION = "vime_shell.rollout.per_sample:generate_rollout"
 DEFAULT_GENERATE_FUNCTION = "vime_shell.rollout.functions:generate"
+# --custom-agent-function-path's executions (vime_shell.agents.agent)
+AGENT_GENERATE_FUNCTION = "vime_shell.agents.agent:generate"
 # --generate-timeout's default, seconds per execution of a per-sample generate function: an
 # hour is longer than any single execution of a real run we know of (a 32k-token response at 30
 # tokens/s takes 18 min), and still ends a stuck job.

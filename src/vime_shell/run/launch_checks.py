@@ -28,6 +28,7 @@ import attrs
 
 from vime_pure.config import check_feasible
 from vime_pure.errors import field_error
+from vime_shell.agents.agent import load_agent
 from vime_shell.engines import engine_traits, engines_with, resolve_engine_name, vllm_available
 from vime_pure.async_pool import AsyncPoolError
 from vime_shell.engines.layout import EngineLayout, EngineLayoutError, resolve_engine_layout
@@ -127,6 +128,8 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
             load_callable(path, flag=flag)
     if cfg.custom_generate_function_path is not None:
         load_generate_function(cfg.custom_generate_function_path)
+    if cfg.custom_agent_function_path is not None:
+        load_agent(cfg.custom_agent_function_path)
     if cfg.partial_rollout and engine_layout is not None and engine_layout.num_engines > 1 \
             and engine_layout.gpus_per_engine > 1 and not cfg.asynchrony.pooled:
         raise field_error(ConfigError, "--partial-rollout", True,

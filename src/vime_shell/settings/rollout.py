@@ -8,8 +8,11 @@ Example: ``RolloutArgs(rollout_batch_size=16, n_samples_per_prompt=8).groups_per
 import attrs
 
 from vime_pure.errors import field_error
-from vime_shell.rollout.functions import (DEFAULT_ROLLOUT_FUNCTION, GENERATE_TIMEOUT_S,
-                                          MAX_GENERATION_ROUNDS, PER_SAMPLE_ROLLOUT_FUNCTION)
+from vime_pure.data.tool_calls import FORMATS
+from vime_shell.agents.sessions import MATCHERS
+from vime_shell.rollout.functions import (AGENT_GENERATE_FUNCTION, DEFAULT_ROLLOUT_FUNCTION,
+                                          GENERATE_TIMEOUT_S, MAX_GENERATION_ROUNDS,
+                                          PER_SAMPLE_ROLLOUT_FUNCTION)
 from vime_shell.settings.common import (ConfigError, Record, at_least, in_range, setting,
                                         setting_list)
 
@@ -44,6 +47,19 @@ class RolloutArgs(Record):
         None, "per-sample 'pkg.mod:fn', slime's async generate(args, sample, sampling_params) "
         "-> Sample | list[Sample]; it may await vime_shell.rollout.functions.generate for each "
         "turn")
+    custom_agent_function_path: str | None = _f(
+        None, "an agent, miles' async run_agent(base_url, prompt, request_kwargs, metadata) -> "
+        "dict | None: it talks to the run's engine through base_url, an OpenAI-compatible "
+        "session of vime's session server, and every leaf of its session trees (compaction, "
+        "sub-agents) becomes one sample of the execution's group; the dict may carry reward, "
+        "response and metadata")
+    session_message_matcher: str = _f(
+        "strict", "when a request's message equals a stored one, so the request continues "
+        "that token path: strict (role, content, tool calls as sent back) or tool_args "
+        "(tool-call arguments compared as parsed JSON)", MATCHERS)
+    tito_model: str = _f("qwen", "the model family's turn format for agent sessions: "
+                         "tool-call markers and what the template writes after a turn",
+                         tuple(FORMATS))
     generate_timeout: float = _f(
         GENERATE_TIMEOUT_S, "seconds one execution of the per-sample generate function "
         "(--custom-generate-function-path, or the built-in one) may take; over it the run stops "
@@ -120,9 +136,17 @@ class RolloutArgs(Record):
         driver ``generate_rollout`` when the default is left and ``--custom-generate-function-
         path`` or ``--partial-rollout`` asks for per-sample generation."""
         if self.rollout_function_path == DEFAULT_ROLLOUT_FUNCTION and (
-                self.custom_generate_function_path is not None or self.partial_rollout):
+                self.generate_function_path is not None or self.partial_rollout):
             return PER_SAMPLE_ROLLOUT_FUNCTION
         return self.rollout_function_path
+
+    @property
+    def generate_function_path(self) -> str | None:
+        """The per-sample function the user asked for: ``--custom-generate-function-path``,
+        or vime's agent driver for ``--custom-agent-function-path``; None: the built-in."""
+        if self.custom_agent_function_path is not None:
+            return AGENT_GENERATE_FUNCTION
+        return self.custom_generate_function_path
 
     def _check(self) -> None:
         for name in ("rollout_num_turns", "rollout_batch_size", "n_samples_per_prompt",
@@ -141,8 +165,31 @@ class RolloutArgs(Record):
             raise field_error(ConfigError, "rollout_num_turns", self.rollout_num_turns,
                               "must be 2 or 3", "use 2 (or the single-turn rollout)")
         self._check_partial()
+        self._check_agent()
         self._check_over_sampling()
         self._check_generate_timeout()
+
+    def _check_agent(self) -> None:
+        if self.custom_agent_function_path is None:
+            return
+        if self.custom_generate_function_path is not None:
+            raise field_error(ConfigError, "custom_agent_function_path",
+                              self.custom_agent_function_path,
+                              "runs through vime's own per-sample function, so it excludes "
+                              f"--custom-generate-function-path "
+                              f"{self.custom_generate_function_path}", "pass one of them")
+        if self.partial_rollout:
+            raise field_error(ConfigError, "custom_agent_function_path",
+                              self.custom_agent_function_path,
+                              "does not run with --partial-rollout yet (a session cut at a "
+                              "sync cannot be continued by the agent)",
+                              "drop --partial-rollout")
+        if self.rollout_function_path != DEFAULT_ROLLOUT_FUNCTION:
+            raise field_error(ConfigError, "custom_agent_function_path",
+                              self.custom_agent_function_path,
+                              "runs in the per-sample driver, which --rollout-function-path "
+                              f"{self.rollout_function_path} replaces",
+                              "drop --rollout-function-path")
 
     def _check_over_sampling(self) -> None:
         filtered = self.dynamic_sampling_filter_path is not None

@@ -156,7 +156,7 @@ def _per_sample(cfg: TrainConfig, engines: EngineGroup, tokenizer: Any,
         engine=front, tokenizer=tokenizer,
         encode=lambda example: encode_prompt(tokenizer, example, cfg.apply_chat_template),
         mask_offpolicy=cfg.mask_offpolicy_in_partial_rollout, context_len=context_len)
-    path = cfg.custom_generate_function_path or DEFAULT_GENERATE_FUNCTION
+    path = cfg.generate_function_path or DEFAULT_GENERATE_FUNCTION
     return PerSample(runtime=runtime, generate_fn=load_generate_function(path), args=cfg,
                      buffer=PartialBuffer() if cfg.partial_rollout else None, name=path,
                      timeout=cfg.generate_timeout)
@@ -703,6 +703,8 @@ def _shown(value: float | None) -> str:
 def output_source(cfg: TrainConfig) -> str:
     """The plugin that writes a rollout's samples, as the user named it: ``--custom-generate-
     function-path my.mod:fn`` under per-sample generation, else ``--rollout-function-path``."""
+    if cfg.custom_agent_function_path is not None:
+        return f"--custom-agent-function-path {cfg.custom_agent_function_path}"
     if cfg.effective_rollout_function_path == PER_SAMPLE_ROLLOUT_FUNCTION:
         return ("--custom-generate-function-path "
                 f"{cfg.custom_generate_function_path or DEFAULT_GENERATE_FUNCTION}")

@@ -1,0 +1,222 @@
+"""The agent session server (``vime_shell.agents``), driven by the official ``openai`` client and
+by plain HTTP, in front of a scripted engine: turns that extend a conversation continue its
+token path (nothing the model generated is re-tokenised), a rewritten history and a sub-agent
+add leaves to the same group, the leaves count every generated token once, tool calls come back
+in OpenAI's shape, and every bad request gets an OpenAI-style error body."""
+
+import asyncio
+import json
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from vime_pure.data.batch import RolloutBatch
+from vime_pure.data.tool_calls import FORMATS
+from vime_shell.agents.server import shared_server, subagent_url
+from vime_shell.agents.sessions import Execution
+from vime_shell.engines.base import Generation, SamplingParams
+from vime_shell.models.chat_model import QWEN_TOOL_TEMPLATE, build_chat_model
+from vime_shell.models.tokenizer import load_tokenizer
+from vime_shell.rollout.generate import GenerateRuntime
+
+CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"key": {"type": "string"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    tok = load_tokenizer(build_chat_model(tmp_path_factory.mktemp("chat")))
+    tok.chat_template = QWEN_TOOL_TEMPLATE
+    return tok
+
+
+class ScriptedEngine:
+    """Answers each request with the next scripted text (its tokens, then ``<|im_end|>``),
+    and keeps every prompt it was given."""
+
+    name = "scripted"
+    weight_version = 3
+    in_flight = 0
+
+    def __init__(self, tokenizer, replies: list[str], *, end: bool = True):
+        self.tok, self.replies, self.end = tokenizer, list(replies), end
+        self.prompts: list[list[int]] = []
+
+    async def generate(self, prompt_ids, params: SamplingParams) -> Generation:
+        self.prompts.append(list(prompt_ids))
+        ids = self.tok(self.replies.pop(0), add_special_tokens=False)["input_ids"]
+        ids = ids[:params.max_new_tokens - 1]
+        if self.end:
+            ids.append(self.tok.convert_tokens_to_ids("<|im_end|>"))
+        return Generation(token_ids=ids, log_probs=[-0.25] * len(ids),
+                          finish_reason="stop" if self.end else "length",
+                          weight_version=self.weight_version)
+
+    def abort_all(self) -> int:
+        return 0
+
+
+def run_session(tokenizer, replies, agent, *, context_len=None, end=True):
+    """``agent(base_url)`` against a fresh execution on its own loop, as the per-sample driver
+    runs one; returns (what the agent returned, the execution, the engine)."""
+    engine = ScriptedEngine(tokenizer, replies, end=end)
+
+    async def main():
+        execution = Execution(
+            key=f"t{id(engine):x}", runtime=GenerateRuntime(engine=engine, tokenizer=tokenizer),
+            loop=asyncio.get_running_loop(), tokenizer=tokenizer, fmt=FORMATS["qwen"],
+            base=SamplingParams(max_new_tokens=256, seed=7), where="test prompt",
+            context_len=context_len)
+        server = shared_server()
+        url = server.open(execution)
+        try:
+            return await agent(url), execution
+        finally:
+            server.close(execution.key)
+
+    out, execution = asyncio.run(main())
+    return out, execution, engine
+
+
+def _client(url):
+    return openai.AsyncOpenAI(base_url=url, api_key="vime", max_retries=0)
+
+
+def test_the_openai_client_drives_a_tool_call_and_its_answer_on_one_token_path(tokenizer):
+    async def agent(url):
+        client = _client(url)
+        messages = [{"role": "user", "content": "What is a?"}]
+        first = await client.chat.completions.create(model="vime", messages=messages,
+                                                     tools=TOOLS)
+        call = first.choices[0].message
+        messages += [call.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": "42"}]
+        second = await client.chat.completions.create(model="vime", messages=messages)
+        return first, second
+
+    (first, second), execution, engine = run_session(tokenizer, [CALL, "42"], agent)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.message.tool_calls[0].function.name == "lookup"
+    assert json.loads(choice.message.tool_calls[0].function.arguments) == {"key": "a"}
+    assert second.choices[0].message.content == "42"
+    assert second.usage.prompt_tokens == len(engine.prompts[1])
+    # turn 2 continues turn 1's tokens exactly: its prompt and the model's output, then "\n"
+    # and the tool turn rendered alone
+    turn1 = engine.prompts[0] + tokenizer(CALL, add_special_tokens=False)["input_ids"] + [
+        tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    assert engine.prompts[1][:len(turn1)] == turn1
+    leaves = execution.samples(group_id=5)
+    assert len(leaves) == 1  # one path: one sample
+    leaf = leaves[0]
+    generated = sum(len(r) + 1 for r in (tokenizer(CALL, add_special_tokens=False)["input_ids"],
+                                         tokenizer("42", add_special_tokens=False)["input_ids"]))
+    assert sum(leaf.loss_mask) == generated
+    assert leaf.weight_versions == [3, 3] and leaf.group_id == 5
+
+
+def test_compaction_and_a_sub_agent_add_leaves_to_the_group_counting_each_token_once(
+        tokenizer):
+    async def agent(url):
+        client = _client(url)
+        history = [{"role": "user", "content": "task"}]
+        r = await client.chat.completions.create(model="vime", messages=history)
+        history.append(r.choices[0].message.model_dump(exclude_none=True))
+        history.append({"role": "user", "content": "go on"})
+        await client.chat.completions.create(model="vime", messages=history)
+        summary = [{"role": "user", "content": "summary: step 1 done"}]  # compaction
+        await client.chat.completions.create(model="vime", messages=summary)
+        sub = _client(subagent_url(url, "helper"))
+        await sub.chat.completions.create(model="vime",
+                                          messages=[{"role": "user", "content": "sub task"}])
+
+    replies = ["step 1", "step 2", "step 3", "sub answer"]
+    _, execution, _ = run_session(tokenizer, replies, agent)
+    leaves = execution.samples(group_id=0)
+    assert len(leaves) == 3  # the extended path, the compacted branch, the sub-agent
+    generated = sum(len(tokenizer(r, add_special_tokens=False)["input_ids"]) + 1
+                    for r in replies)
+    assert sum(sum(s.loss_mask) for s in leaves) == generated
+    for leaf in leaves:
+        leaf.reward = 1.0  # the execution's one reward (the driver's rewarder sets it)
+    batch = RolloutBatch.from_samples([leaves])
+    assert batch.num_groups == 1  # one execution: one group, its denominator every token
+    np.testing.assert_array_equal(batch.group_mask_sums, [generated] * 3)
+
+
+def test_a_reply_cut_by_the_length_limit_is_closed_before_the_next_turn(tokenizer):
+    async def agent(url):
+        client = _client(url)
+        messages = [{"role": "user", "content": "q"}]
+        r = await client.chat.completions.create(model="vime", messages=messages)
+        assert r.choices[0].finish_reason == "length"
+        messages += [r.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "user", "content": "more"}]
+        await client.chat.completions.create(model="vime", messages=messages)
+
+    _, execution, engine = run_session(tokenizer, ["abc", "d"], agent, end=False)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    first = engine.prompts[0] + tokenizer("abc", add_special_tokens=False)["input_ids"]
+    assert engine.prompts[1][:len(first) + 1] == first + [end]  # the turn end the model lacked
+    assert len(execution.samples(group_id=0)) == 1
+
+
+def test_a_tool_call_that_does_not_parse_comes_back_as_text_with_a_flag(tokenizer):
+    broken = '<tool_call>\n{"name": lookup}\n</tool_call>'
+
+    async def agent(url):
+        async with httpx.AsyncClient() as http:
+            r = await http.post(f"{url}/chat/completions", json={
+                "model": "vime", "messages": [{"role": "user", "content": "q"}]})
+            return r.status_code, r.json()
+
+    (status, body), _, _ = run_session(tokenizer, [broken], agent)
+    choice = body["choices"][0]
+    assert status == 200 and choice["message"]["content"] == broken
+    assert "tool_calls" not in choice["message"] and choice["finish_reason"] == "stop"
+    assert "does not parse" in choice["tool_call_parse_error"]
+
+
+@pytest.mark.parametrize("payload, status, code, param", [
+    (b"{not json", 400, "invalid_json", None),
+    ({"messages": []}, 400, "invalid_request", "messages"),
+    ({"messages": [{"role": "robot", "content": "q"}]}, 400, "invalid_request", "messages[0]"),
+    ({"messages": [{"role": "user", "content": "q"}], "n": 2}, 400, "invalid_request", "n"),
+    ({"messages": [{"role": "user", "content": "q"}], "stream": True}, 400, "invalid_request",
+     "stream"),
+    ({"messages": [{"role": "user", "content": "q"}], "max_tokens": 0}, 400,
+     "invalid_request", "max_tokens"),
+    ({"messages": [{"role": "user", "content": "q " * 40}]}, 400, "context_length_exceeded",
+     "messages"),
+])
+def test_a_bad_request_gets_an_openai_error_body_never_a_traceback(tokenizer, payload, status,
+                                                                    code, param):
+    async def agent(url):
+        async with httpx.AsyncClient() as http:
+            r = await http.post(f"{url}/chat/completions",
+                                **({"content": payload} if isinstance(payload, bytes)
+                                   else {"json": payload}))
+            return r.status_code, r.json()
+
+    (got, body), execution, engine = run_session(tokenizer, ["x"], agent, context_len=32)
+    assert got == status and body["error"]["code"] == code and body["error"]["param"] == param
+    assert "Traceback" not in body["error"]["message"]
+    assert engine.prompts == [] and execution.samples(group_id=0) == []
+
+
+def test_an_unknown_or_ended_session_is_404_and_sessions_do_not_leak(tokenizer):
+    async def agent(url):
+        async with httpx.AsyncClient() as http:
+            other = url.replace("/sessions/", "/sessions/nosuch")
+            r = await http.post(f"{other}/chat/completions",
+                                json={"messages": [{"role": "user", "content": "q"}]})
+            return url, r.status_code, r.json()
+
+    (url, status, body), _, _ = run_session(tokenizer, ["x"], agent)
+    assert status == 404 and body["error"]["code"] == "not_found"
+    ended = httpx.post(f"{url}/chat/completions",
+                       json={"messages": [{"role": "user", "content": "q"}]})
+    assert ended.status_code == 404  # the execution ended: its session is gone
