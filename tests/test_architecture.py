@@ -1,6 +1,6 @@
 """The design card, checked: the core is torch-free and never imports the shell, the shell's
-packages import one way only (``cli -> run -> train -> sources -> settings -> engines, rollout,
-megatron, models, storage``), and one flag means one thing in both CLIs (the same ``Schedule``
+packages import one way only (``cli -> run -> train -> sources -> settings -> agents, engines,
+rollout, megatron, models, storage``), and one flag means one thing in both CLIs (the same ``Schedule``
 from ``vime train`` and ``vime schedule``).
 """
 
@@ -25,7 +25,7 @@ SHELL = ROOT / "src" / "vime_shell"
 # those below it, never one above. The leaves (engines, rollout, megatron, models, storage) own
 # their choice lists and layouts, which the settings records read; they read no settings.
 LEVELS = {"cli": 5, "run": 4, "train": 3, "sources": 2, "settings": 1,
-          "engines": 0, "rollout": 0, "megatron": 0, "models": 0, "storage": 0}
+          "agents": 0, "engines": 0, "rollout": 0, "megatron": 0, "models": 0, "storage": 0}
 
 
 def _imports(path: Path) -> set[str]:
