@@ -164,6 +164,29 @@ def test_a_reply_cut_by_the_length_limit_is_closed_before_the_next_turn(tokenize
     assert len(execution.samples(group_id=0)) == 1
 
 
+def test_a_template_that_is_not_append_only_renders_the_conversation_whole(tokenizer):
+    """A template that joins turns with '#' and prompts with '=' renders a finished turn
+    unlike the prompt the model answered: the next request is rendered whole (a branch, its
+    own leaf), never the old tokens with a misaligned suffix."""
+    joined = ("{% for m in messages %}{{ m['content'] }}{% if not loop.last %}#{% endif %}"
+              "{% endfor %}{% if add_generation_prompt %}={% endif %}")
+    original, tokenizer.chat_template = tokenizer.chat_template, joined
+    try:
+        async def agent(url):
+            client = _client(url)
+            messages = [{"role": "user", "content": "1"}]
+            r = await client.chat.completions.create(model="vime", messages=messages)
+            messages += [r.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "user", "content": "2"}]
+            await client.chat.completions.create(model="vime", messages=messages)
+
+        _, execution, engine = run_session(tokenizer, ["3", "4"], agent)
+    finally:
+        tokenizer.chat_template = original
+    assert engine.prompts[1] == tokenizer("1#3#2=", add_special_tokens=False)["input_ids"]
+    assert len(execution.samples(group_id=0)) == 2
+
+
 def test_a_tool_call_that_does_not_parse_comes_back_as_text_with_a_flag(tokenizer):
     broken = '<tool_call>\n{"name": lookup}\n</tool_call>'
 

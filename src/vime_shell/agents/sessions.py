@@ -15,7 +15,10 @@ session, the loop where the engine's per-request front lives)::
              ─▶ an OpenAI chat.completion
 
 So no token the model produced is ever re-tokenised on a path that extends it: an agent that
-sends back the conversation it was given continues the same token path. At the end,
+sends back the conversation it was given continues the same token path. That needs the
+template to be append-only there (miles' ``verify_chat_template``): the prompt the model
+answered must begin the rendered finished turn, and the finished conversation must begin the
+next request's rendering; where either fails, the request is rendered whole (a branch). At the end,
 ``Execution.samples`` turns every leaf of every session of the execution (the root and its
 sub-agents) into one ``Sample``, all in the execution's group: loss mask 1 exactly on the
 generated tokens a leaf owns, so the group's loss denominator counts each generated token once.
@@ -190,8 +193,11 @@ class Execution:
                     for a, b in zip(context.messages, messages[:k])):
                 continue
             before = self._render(context.messages, tools, generation=False)
-            if not full.startswith(before):
-                break  # the template rewrites earlier turns: render the whole conversation
+            opener = self._render(context.messages[:-1], tools, generation=True)
+            if not (before.startswith(opener) and full.startswith(before)):
+                # the template is not append-only here (it rewrites earlier turns, or renders
+                # a finished reply unlike the prompt the model answered): render it all
+                break
             bridge = ("" if context.ended else self.fmt.turn_end) + self.fmt.after_turn
             return context.tokens + self._ids(bridge + full[len(before):])
         return self._ids(full)
