@@ -129,3 +129,14 @@ def test_work_queue_model_says_when_claims_pay(capsys):
     assert out["tokens/straggler"]["ratio"][4] < 0.8
     assert out["tokens/straggler"]["engine0_share_of_even_k4"] < 0.8
     assert "[model]" in capsys.readouterr().out
+
+
+def test_agent_sessions_quick(capsys):
+    """The session server benchmark: every concurrent session answered, the example agent's
+    executions served (timings printed, never asserted)."""
+    from benchmarks import agent_sessions
+
+    rows = {r["measure"]: r for r in agent_sessions.main(["--quick"])}
+    assert rows["sessions"]["ok"] == rows["sessions"]["sessions"] == 16
+    assert rows["rollout"]["executions"] == 64 and rows["rollout"]["turns"] >= 64
+    assert rows["turn"]["served_ms"] > 0 and rows["turn"]["direct_ms"] > 0

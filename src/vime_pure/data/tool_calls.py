@@ -3,7 +3,7 @@ writes around an assistant turn, so an agent session can append turns without re
 
 Each family is one small :class:`ChatFormat` record in ``FORMATS`` (Qwen first: Qwen2.5 and
 Qwen3 write ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks and end a
-turn with ``<|im_end|>`` followed by a newline). :func:`parse_reply` splits a reply's text into
+turn with ``<|im_end|>``). :func:`parse_reply` splits a reply's text into
 the content and the tool calls; a block that does not parse leaves the whole reply as text with
 ``parse_error`` set (the anchors' behaviour: the agent sees what the model wrote, the turn
 still trains). Pure: no tokenizer here (the shell checks a template against its format).
@@ -28,14 +28,13 @@ class ChatFormatError(VimeError):
 class ChatFormat:
     """One model family's turn format. ``tool_open`` / ``tool_close`` delimit a tool call's
     JSON object (``{"name": ..., "arguments": ...}``); ``turn_end``: the text that ends an
-    assistant turn (the model's stop token); ``after_turn``: what the template writes after
-    it before the next turn (the model never generates it)."""
+    assistant turn (the model's stop token; what the template writes after it, such as
+    Qwen's newline, is read from the template itself)."""
 
     name: str
     tool_open: str = "<tool_call>"
     tool_close: str = "</tool_call>"
     turn_end: str = "<|im_end|>"
-    after_turn: str = "\n"
 
     def __attrs_post_init__(self) -> None:
         for field in ("name", "tool_open", "tool_close", "turn_end"):

@@ -12,7 +12,9 @@ open sub-agent sessions in the same group with :func:`vime_shell.agents.server.s
 
 - ``prompt``: the dataset row's prompt (a string, or the messages list of a chat dataset);
   ``request_kwargs``: the run's sampling as OpenAI arguments (``max_tokens``, ``temperature``,
-  ``top_p``); ``metadata``: the row's metadata and ``label``.
+  ``top_p``); ``metadata``: the row's metadata and ``label``, and ``execution_seed`` (the
+  execution's sampling seed: an agent that draws anything, a task's hidden value, draws it from
+  this, so a run is reproducible).
 - The returned dict may carry ``reward`` (a number: every leaf gets it) and ``metadata`` (merged
   into each leaf's); without a reward, ``--rm-type`` / ``--custom-rm-path`` grade the leaves
   on the agent's final answer (``response`` in the dict, else the root session's last reply).
@@ -21,10 +23,13 @@ open sub-agent sessions in the same group with :func:`vime_shell.agents.server.s
   (no generated token) is an :class:`AgentError` too. A session ends with its execution: a
   later request gets a 404.
 
+Any client works; :func:`openai_client` shares the HTTP connections of every agent on the
+loop (an ``openai.AsyncOpenAI`` of its own builds an SSL context, ~26 ms, per execution).
+
 Example::
 
     async def run_agent(base_url, prompt, request_kwargs, metadata, **kw):
-        client = openai.AsyncOpenAI(base_url=base_url, api_key="vime")
+        client = openai_client(base_url)  # or openai.AsyncOpenAI(base_url=base_url, ...)
         reply = await client.chat.completions.create(
             model="vime", messages=[{"role": "user", "content": prompt}], **request_kwargs)
         return {"response": reply.choices[0].message.content}
@@ -33,8 +38,12 @@ Example::
 import asyncio
 import inspect
 import secrets
+import weakref
 from collections.abc import Callable
 from typing import Any
+
+import httpx
+import openai
 
 from vime_pure.data.sample import Sample
 from vime_pure.data.tool_calls import chat_format
@@ -46,10 +55,27 @@ from vime_shell.rollout.plugins import PluginError, load_callable
 
 FLAG = "--custom-agent-function-path"
 _AGENTS: dict[str, Callable[..., Any]] = {}
+# one HTTP client per event loop, so the agents' openai clients share connections
+_HTTP: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]" = (
+    weakref.WeakKeyDictionary())
 
 
 class AgentError(VimeError):
     """An agent execution that failed or produced nothing to train."""
+
+
+def openai_client(base_url: str) -> openai.AsyncOpenAI:
+    """An ``openai.AsyncOpenAI`` for ``base_url`` whose connections are shared by every client
+    made on the running event loop: building one with its own HTTP client costs ~26 ms (an
+    SSL context), more than a turn of a small model. Example: ``await openai_client(base_url)
+    .chat.completions.create(model="vime", messages=...)``."""
+    loop = asyncio.get_running_loop()
+    http = _HTTP.get(loop)
+    if http is None:
+        http = _HTTP[loop] = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30.0),
+                                               limits=httpx.Limits(max_connections=None))
+    return openai.AsyncOpenAI(base_url=base_url, api_key="vime", max_retries=0,
+                              http_client=http)
 
 
 def load_agent(path: str) -> Callable[..., Any]:
@@ -87,7 +113,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict) -> Sample |
     base_url = server.open(execution)
     kwargs = {"max_tokens": base.max_new_tokens, "temperature": base.temperature,
               "top_p": base.top_p}
-    metadata = dict(sample.metadata)
+    metadata = {**sample.metadata, "execution_seed": sampling_params.get("sampling_seed")}
     try:
         result = await run_agent(base_url=base_url, prompt=metadata.get("prompt"),
                                  request_kwargs=kwargs, metadata=metadata)

@@ -50,6 +50,7 @@ class SessionServer:
         self.app.get("/sessions/{sid}/v1/models")(self._models)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((HOST, 0))
         self.port = sock.getsockname()[1]
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning",

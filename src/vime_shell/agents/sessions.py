@@ -194,11 +194,14 @@ class Execution:
                 continue
             before = self._render(context.messages, tools, generation=False)
             opener = self._render(context.messages[:-1], tools, generation=True)
-            if not (before.startswith(opener) and full.startswith(before)):
+            end = before.rfind(self.fmt.turn_end)
+            if not (before.startswith(opener) and full.startswith(before)) or end < len(opener):
                 # the template is not append-only here (it rewrites earlier turns, or renders
                 # a finished reply unlike the prompt the model answered): render it all
                 break
-            bridge = ("" if context.ended else self.fmt.turn_end) + self.fmt.after_turn
+            # what the template writes after the turn's end (Qwen: a newline), never generated
+            after = before[end + len(self.fmt.turn_end):]
+            bridge = ("" if context.ended else self.fmt.turn_end) + after
             return context.tokens + self._ids(bridge + full[len(before):])
         return self._ids(full)
 

@@ -12,7 +12,9 @@ vocabulary.
 
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+import string
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 from vime_shell.models.tiny_model import TinyModelSpec, random_hf_model
@@ -75,5 +77,41 @@ def build_chat_model(path: Path, vocab_size: int = 400, *, eos_token: str = "<|i
     model.generation_config = GenerationConfig(
         pad_token_id=fast.pad_token_id,
         eos_token_id=fast.eos_token_id if generation_eos else None)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+# The agent example's template: QWEN_TOOL_TEMPLATE without its newlines (a Qwen2 tokenizer
+# class rebuilds its byte-level pre-tokenizer, which a char-level vocabulary of whitespace would
+# not survive); its alphabet: what that template writes around turns, and digits.
+AGENT_TEMPLATE = QWEN_TOOL_TEMPLATE.replace("\\n", "")
+AGENT_ALPHABET = string.ascii_lowercase + string.digits + "<>/_?=#"
+
+
+def build_agent_chat_model(path: Path, *, hidden_size: int = 128, num_layers: int = 2) -> Path:
+    """A char-level instruct model for the agent example (``vime_shell.agents.lookup_example``):
+    ``<|im_start|>`` / ``<|im_end|>`` turns rendered by :data:`AGENT_TEMPLATE` over a
+    ~46-token vocabulary, so a random policy hits any one reply token about once in 50
+    samples (an RL run on CPU can discover a tool call). Example: ``build_agent_chat_model(tmp /
+    "agent")`` -> a ~0.4M-parameter Qwen2 and its tokenizer."""
+    alphabet = sorted(set(AGENT_ALPHABET))
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    trainer = trainers.BpeTrainer(vocab_size=len(SPECIALS) + len(alphabet),
+                                  special_tokens=list(SPECIALS), initial_alphabet=alphabet,
+                                  show_progress=False)
+    tok.train_from_iterator(["".join(alphabet)], trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", padding_side="left")
+    fast.chat_template = AGENT_TEMPLATE
+    fast.save_pretrained(path)
+    spec = TinyModelSpec(vocab_size=len(fast), hidden_size=hidden_size, num_layers=num_layers,
+                         num_heads=2, num_kv_heads=1, head_dim=64,
+                         intermediate_size=2 * hidden_size, max_position_embeddings=512, seed=7)
+    model = random_hf_model(spec, pad_token_id=fast.pad_token_id, eos_token_id=fast.eos_token_id,
+                            bos_token_id=None)
+    model.generation_config = GenerationConfig(pad_token_id=fast.pad_token_id,
+                                               eos_token_id=fast.eos_token_id)
     model.save_pretrained(path, safe_serialization=True)
     return path
