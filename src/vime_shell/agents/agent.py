@@ -42,7 +42,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import openai
 
 from vime_pure.data.sample import Sample
@@ -56,8 +55,7 @@ from vime_shell.rollout.plugins import PluginError, load_callable
 FLAG = "--custom-agent-function-path"
 _AGENTS: dict[str, Callable[..., Any]] = {}
 # one HTTP client per event loop, so the agents' openai clients share connections
-_HTTP: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]" = (
-    weakref.WeakKeyDictionary())
+_HTTP: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]" = weakref.WeakKeyDictionary()
 
 
 class AgentError(VimeError):
@@ -71,9 +69,8 @@ def openai_client(base_url: str) -> openai.AsyncOpenAI:
     .chat.completions.create(model="vime", messages=...)``."""
     loop = asyncio.get_running_loop()
     http = _HTTP.get(loop)
-    if http is None:
-        http = _HTTP[loop] = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30.0),
-                                               limits=httpx.Limits(max_connections=None))
+    if http is None:  # openai's own HTTP client class (httpx, or its fork in openai 3)
+        http = _HTTP[loop] = openai.DefaultAsyncHttpxClient()
     return openai.AsyncOpenAI(base_url=base_url, api_key="vime", max_retries=0,
                               http_client=http)
 

@@ -34,7 +34,7 @@ CALL = "?"
 PROMPT = "find"
 
 
-async def _ask(client: AsyncOpenAI, messages: list[dict], kwargs: dict) -> str:
+async def _ask(client: AsyncOpenAI, messages: list[Any], kwargs: dict) -> str:
     reply = await client.chat.completions.create(model="vime", messages=messages, **kwargs)
     return reply.choices[0].message.content or ""
 
