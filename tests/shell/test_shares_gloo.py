@@ -2,7 +2,8 @@
 
 ``share_fixture.json`` holds ``metrics.jsonl`` of the same runs made by the funnel the sharded
 path replaced (engine leaders pickled their samples to rank 0, which built the batch and
-broadcast it), recorded on main's sources before the merge (``share_workers.py``). The sharded
+broadcast it), recorded on main's sources before the merge (``share_workers.py``; the fan-out
+keys ``samples_per_group_*`` came later and were derived from its own counts). The sharded
 runs must give those values (``tests.metric_keys``): token, sample, group and prompt counts,
 lengths, rewards and fractions exactly; the trainer's floats (loss, entropy, grad norm, ...)
 to rounding, as the fixture was recorded on another machine; and the keys computed from the

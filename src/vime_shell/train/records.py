@@ -41,7 +41,7 @@ def batch_fields(batch, schedule) -> dict:
     """The record's values that read the batch: rewards per rollout group, counts, response
     lengths, trained tokens, DP imbalance. ``batch``: a ``RolloutBatch`` or the merged
     ``BatchMeta`` (rank 0 computes these once and broadcasts them with the plan)."""
-    _, first = np.unique(batch.group_ids, return_index=True)
+    _, first, fan_out = np.unique(batch.group_ids, return_index=True, return_counts=True)
     rewards, advantages = batch.rewards[first], batch.advantages[first]
     trained = schedule.sample_ids
     stats = step_stats(schedule) if schedule.num_steps else ()
@@ -50,6 +50,9 @@ def batch_fields(batch, schedule) -> dict:
         "reward_std": float(rewards.std()),
         "num_groups": int(batch.num_groups),
         "num_samples": int(batch.num_samples),
+        # samples per rollout group: the fan-out of multi-sample executions (agents)
+        "samples_per_group_mean": float(fan_out.mean()),
+        "samples_per_group_max": int(fan_out.max()),
         "nonzero_adv_frac": float(np.mean(np.abs(advantages) > 1e-8)),
         "response_len_mean": float(np.asarray(batch.response_lengths, dtype=np.int64).mean()),
         **response_length_stats(np.asarray(batch.response_lengths, dtype=np.int64),
