@@ -243,3 +243,31 @@ def test_an_unknown_or_ended_session_is_404_and_sessions_do_not_leak(tokenizer):
     ended = httpx.post(f"{url}/chat/completions",
                        json={"messages": [{"role": "user", "content": "q"}]})
     assert ended.status_code == 404  # the execution ended: its session is gone
+
+
+@pytest.fixture(scope="module")
+def agent_tokenizer(tmp_path_factory):
+    from vime_shell.models.chat_model import build_agent_chat_model
+
+    return load_tokenizer(build_agent_chat_model(tmp_path_factory.mktemp("agent") / "m"))
+
+
+@pytest.mark.parametrize("replies, leaves, reward", [
+    (["?", "{v}", "{v}"], 3, 1.0),   # looks up, the reader and the answer copy the value
+    (["?", "9", "{v}"], 3, 0.7),     # the reader writes another digit: 0.2 + 0.1 + 0.4
+    (["3"], 1, 0.0),                 # answers without the lookup: it cannot know the value
+])
+def test_the_example_agent_needs_its_tool_and_fans_out(agent_tokenizer, replies, leaves,
+                                                       reward):
+    from vime_shell.agents.lookup_example import VALUES, run_agent
+
+    seed = 11
+    value = str(__import__("random").Random(seed).randrange(VALUES))
+
+    async def agent(url):
+        return await run_agent(url, "find", {"max_tokens": 2}, {"execution_seed": seed})
+
+    script = [r.format(v=value) for r in replies]
+    out, execution, _ = run_session(agent_tokenizer, script, agent)
+    assert out["reward"] == pytest.approx(reward)
+    assert len(execution.samples(group_id=0)) == leaves

@@ -81,10 +81,14 @@ def build_chat_model(path: Path, vocab_size: int = 400, *, eos_token: str = "<|i
     return path
 
 
-# The agent example's template: QWEN_TOOL_TEMPLATE without its newlines (a Qwen2 tokenizer
-# class rebuilds its byte-level pre-tokenizer, which a char-level vocabulary of whitespace would
-# not survive); its alphabet: what that template writes around turns, and digits.
-AGENT_TEMPLATE = QWEN_TOOL_TEMPLATE.replace("\\n", "")
+# The agent example's template: ChatML turns with the role as its first letter and no
+# whitespace (a Qwen2 tokenizer class rebuilds its byte-level pre-tokenizer, which a char-level
+# vocabulary of whitespace would not survive), so a turn's content sits a few tokens before the
+# reply it asks for; its alphabet: the letters, digits and marks the example writes.
+AGENT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'][0] + (message['content'] or '') + '<|im_end|>' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>a' }}{%- endif %}")
 AGENT_ALPHABET = string.ascii_lowercase + string.digits + "<>/_?=#"
 
 
