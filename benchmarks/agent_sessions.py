@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from vime_pure.data.tool_calls import FORMATS
-from vime_shell.agents.agent import openai_client
+from vime_shell.agents.agent import closing_clients, openai_client
 from vime_shell.agents.lookup_example import run_agent
 from vime_shell.agents.server import shared_server
 from vime_shell.agents.sessions import Execution
@@ -53,19 +53,19 @@ async def turns(front, tok, n: int) -> dict:
     """Sequential turns of one session, and the same prompts straight to the engine."""
     server = shared_server()
     url = server.open(_execution("turns", front, tok))
-    client = openai_client(url)
     messages = [{"role": "user", "content": "find"}]
     ids = tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
               add_special_tokens=False)["input_ids"]
     served, direct = [], []
-    for i in range(n):
-        t = time.perf_counter()
-        await client.chat.completions.create(model="vime", messages=[
-            {"role": "user", "content": f"find{i % 10}"}], max_tokens=2)
-        served.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        await front.generate(ids, PARAMS)
-        direct.append(time.perf_counter() - t)
+    async with openai_client(url) as client:
+        for i in range(n):
+            t = time.perf_counter()
+            await client.chat.completions.create(model="vime", messages=[
+                {"role": "user", "content": f"find{i % 10}"}], max_tokens=2)
+            served.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            await front.generate(ids, PARAMS)
+            direct.append(time.perf_counter() - t)
     server.close("turns")
     s, d = statistics.median(served), statistics.median(direct)
     return {"served_ms": 1e3 * s, "direct_ms": 1e3 * d, "overhead_ms": 1e3 * (s - d)}
@@ -94,7 +94,8 @@ async def rollout(front, tok, executions: int = 64) -> dict:
         execution = _execution(f"r{i}", front, tok)
         url = server.open(execution)
         try:
-            await run_agent(url, "find", {"max_tokens": 2}, {"execution_seed": i})
+            async with closing_clients():
+                await run_agent(url, "find", {"max_tokens": 2}, {"execution_seed": i})
         finally:
             server.close(execution.key)
         return execution.turns

@@ -271,3 +271,34 @@ def test_the_example_agent_needs_its_tool_and_fans_out(agent_tokenizer, replies,
     out, execution, _ = run_session(agent_tokenizer, script, agent)
     assert out["reward"] == pytest.approx(reward)
     assert len(execution.samples(group_id=0)) == leaves
+
+
+def test_an_execution_closes_the_clients_it_made(agent_tokenizer):
+    """``openai_client`` clients close with their execution, so a long run keeps no socket of
+    a finished one (a run of 300 rollouts ran out of file descriptors before)."""
+    from types import SimpleNamespace
+
+    from vime_pure.data.sample import Sample
+    from vime_shell.agents import agent as agents
+    from vime_shell.rollout.generate import sampling_params_dict, use_runtime
+
+    made = []
+
+    async def run(base_url, prompt, request_kwargs, metadata, **kwargs):
+        made.append(agents.openai_client(base_url))
+        await made[-1].chat.completions.create(model="vime", messages=[
+            {"role": "user", "content": prompt}], **request_kwargs)
+        return {"reward": 1.0}
+
+    agents._AGENTS["tests:closing"] = run
+    args = SimpleNamespace(custom_agent_function_path="tests:closing", tito_model="qwen",
+                           session_message_matcher="strict")
+    engine = ScriptedEngine(agent_tokenizer, ["3"])
+
+    async def main():
+        with use_runtime(GenerateRuntime(engine=engine, tokenizer=agent_tokenizer)):
+            return await agents.generate(args, Sample(metadata={"prompt": "find"}),
+                                         sampling_params_dict(SamplingParams(max_new_tokens=2)))
+
+    out = asyncio.run(main())
+    assert made[0].is_closed() and out.reward == 1.0 and out.metadata["prompt"] == "find"
