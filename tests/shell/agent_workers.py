@@ -34,7 +34,7 @@ async def fan_out_agent(base_url, prompt, request_kwargs, metadata, **kwargs):
             "metadata": {"agent": "fan_out"}}
 
 
-MODES = {"colocated": {},
+MODES = {"colocated": {"eval_interval": 1, "n_samples_per_eval_prompt": 2},
          "one_step_off": dict(colocate=False, rollout_num_gpus=1, train_async=True),
          "fully_async": dict(colocate=False, rollout_num_gpus=1, fully_async=True,
                              max_weight_staleness=1)}
@@ -49,12 +49,15 @@ def agent_worker(rank: int, root: str, model: str, mode: str) -> dict:
 
     data = write_jsonl(Path(root) / f"rows-{mode}-{rank}.jsonl",
                        [{"prompt": f"What is {a} + 1?", "label": str(a + 1)} for a in range(8)])
+    extra = dict(MODES[mode])
+    if "eval_interval" in extra:  # evaluation runs the agent through the server too
+        extra["eval_prompt_data"] = ("held", str(data))
     cfg = TrainConfig(**{**TINY, "hf_checkpoint": model, "prompt_data": str(data),
                          "custom_agent_function_path":
                          "tests.shell.agent_workers:fan_out_agent",
                          "rollout_max_response_len": 4, "global_batch_size": 16,
                          "max_tokens_per_gpu": 512, "num_rollout": 2,
-                         "run_dir": f"{root}/{mode}", **MODES[mode]})
+                         "run_dir": f"{root}/{mode}", **extra})
     seen: list = []
 
     def observe(e):
@@ -65,7 +68,9 @@ def agent_worker(rank: int, root: str, model: str, mode: str) -> dict:
         totals = np.bincount(groups, weights=masks)
         seen.append({"sizes": sizes.tolist(), "mask_totals": totals[groups].tolist(),
                      "group_mask_sums": batch.group_mask_sums.tolist(),
-                     "loss": e.metrics["loss"], "staleness_max": e.metrics["staleness_max"]})
+                     "loss": e.metrics["loss"], "staleness_max": e.metrics["staleness_max"],
+                     "eval": e.metrics.get("eval/held/reward_mean"),
+                     "fan_out": e.metrics["samples_per_group_max"]})
 
     run_training(cfg, on_rollout=observe, progress=False)
     return {"rollouts": seen}

@@ -1,7 +1,8 @@
 """``vime train --custom-agent-function-path`` end to end on 2 ranks, in each mode: an agent that
 talks to the session server with the ``openai`` client and fans out (a second turn on its path,
 a compacted history, a sub-agent) trains as one group of 3 samples per execution, whose loss
-denominator is the group's whole mask total (every generated token once)."""
+denominator is the group's whole mask total (every generated token once); colocated, the
+evaluation runs the agent through the server too."""
 
 import pytest
 
@@ -32,3 +33,6 @@ def test_an_agent_trains_its_fan_out_as_one_group_in_every_mode(tmp_path, model,
         assert r["sizes"] == [3] * 16  # 4 prompts x 4 executions, 3 leaves each
         assert r["group_mask_sums"] == r["mask_totals"]  # the group's whole total, each leaf
         assert r["loss"] == r["loss"]  # trained (finite)
+        assert r["fan_out"] == 3  # the record's fan-out
+    if mode == "colocated":  # evaluated through the session server as well
+        assert all(r["eval"] is not None for r in rollouts)
