@@ -34,6 +34,7 @@ PYTHON_API_NAMES = {
     ("vime_shell/rollout/per_sample.py", "RolloutContext"): "generate_rollout outside vime",
     ("vime_shell/rollout/per_sample.py", "PerSample"): "generate_rollout outside vime",
     ("vime_shell/rollout/plugins.py", "generate"): "the signature a generate plugin must have",
+    ("vime_shell/agents/agent.py", "run_agent"): "the signature an agent function must have",
 }
 
 

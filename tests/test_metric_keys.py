@@ -75,4 +75,5 @@ def test_every_fixture_key_has_one_rule(recorded):
         "aborted_frac", "dp_imbalance", "filtered_frac", "lr", "nonzero_adv_frac",
         "off_policy_token_frac", "response_len_max", "response_len_mean", "response_len_min",
         "response_len_p10", "response_len_p50", "response_len_p90", "reward_mean", "reward_std",
-        "staleness/0", "staleness_max", "staleness_mean", "truncated_frac"}
+        "samples_per_group_mean", "staleness/0", "staleness_max", "staleness_mean",
+        "truncated_frac"}
