@@ -32,7 +32,8 @@ token where it differs (compaction, a retry, an edited history), which is never 
 
 Example: turn 1 ``[user: "q"]`` -> ``"<tool_call>...</tool_call>"``; turn 2 sends ``[user,
 assistant (the tool call, as returned), tool: "42"]``: its prompt is turn 1's tokens, then
-``<|im_end|>`` if the reply was cut, ``"\\n"`` and the tool message's rendered suffix.
+``<|im_end|>`` if the reply was cut, what the template writes after a turn's end (Qwen's
+newline) and the tool message's rendered suffix.
 """
 
 import asyncio
