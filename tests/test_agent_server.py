@@ -302,3 +302,25 @@ def test_an_execution_closes_the_clients_it_made(agent_tokenizer):
 
     out = asyncio.run(main())
     assert made[0].is_closed() and out.reward == 1.0 and out.metadata["prompt"] == "find"
+
+
+@pytest.mark.filterwarnings("ignore:coroutine 'Execution.complete' was never awaited")
+def test_a_turn_whose_execution_never_answers_is_a_504_within_its_bound(tokenizer):
+    """The server's wait for a turn is bounded (the execution's loop has ended, or is stuck):
+    an OpenAI-style 504, never a request left hanging."""
+    stuck = asyncio.new_event_loop()  # never run: nothing it is handed ever finishes
+    engine = ScriptedEngine(tokenizer, ["x"])
+    execution = Execution(key="stuck", runtime=GenerateRuntime(engine=engine,
+                                                               tokenizer=tokenizer),
+                          loop=stuck, tokenizer=tokenizer, fmt=FORMATS["qwen"],
+                          base=SamplingParams(max_new_tokens=4), where="test",
+                          turn_timeout=0.3)
+    server = shared_server()
+    url = server.open(execution)
+    try:
+        r = httpx.post(f"{url}/chat/completions",
+                       json={"messages": [{"role": "user", "content": "q"}]}, timeout=30)
+    finally:
+        server.close("stuck")
+        stuck.close()
+    assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"

@@ -123,7 +123,8 @@ async def generate(args: Any, sample: Sample, sampling_params: dict) -> Sample |
     execution = Execution(
         key=secrets.token_hex(8), runtime=rt, loop=asyncio.get_running_loop(),
         tokenizer=rt.tokenizer, fmt=chat_format(args.tito_model), base=base, where=where,
-        matcher=args.session_message_matcher, context_len=rt.context_len)
+        matcher=args.session_message_matcher, context_len=rt.context_len,
+        turn_timeout=float(getattr(args, "generate_timeout", 3600.0)))
     server = shared_server()
     base_url = server.open(execution)
     kwargs = {"max_tokens": base.max_new_tokens, "temperature": base.temperature,

@@ -99,10 +99,15 @@ class SessionServer:
                                        "'_' or '-'", code="invalid_session"))
         future = asyncio.run_coroutine_threadsafe(execution.complete(name, body),
                                                   execution.loop)
-        try:
-            return await asyncio.wrap_future(future)
+        try:  # bounded: an execution whose loop ended never answers
+            return await asyncio.wait_for(asyncio.wrap_future(future), execution.turn_timeout)
         except RequestError as exc:
             return _error(exc)
+        except TimeoutError:
+            future.cancel()
+            return _error(RequestError(
+                f"the turn did not finish within {execution.turn_timeout:g} s (its execution "
+                "may have ended)", status=504, code="timeout"))
         except Exception as exc:  # noqa: BLE001 - the agent gets a message, the log the rest
             log.warning("agent session %s (%s): %s: %s", sid, execution.where,
                         type(exc).__name__, exc)

@@ -117,7 +117,8 @@ class Execution:
     """One agent execution (one rollout group): its sessions by name (``""`` the root), the
     engine runtime and loop its turns run on, the tokenizer and chat format, the run's
     sampling (``base``: the request's temperature, top-p and stop strings may override it,
-    its ``max_tokens`` only lower the budget) and ``where`` (rollout and prompt, for errors)."""
+    its ``max_tokens`` only lower the budget), ``where`` (rollout and prompt, for errors) and
+    ``turn_timeout``, the bound on one turn's wait in the server."""
 
     key: str
     runtime: GenerateRuntime
@@ -128,6 +129,7 @@ class Execution:
     where: str
     matcher: str = "strict"
     context_len: int | None = None
+    turn_timeout: float = 3600.0  # seconds the server waits for one turn (--generate-timeout)
     sessions: dict[str, AgentSession] = attrs.Factory(dict)
     turns: int = 0
 
