@@ -51,6 +51,7 @@ from vime_pure.data.tool_calls import chat_format
 from vime_pure.errors import VimeError, field_error
 from vime_shell.agents.server import shared_server
 from vime_shell.agents.sessions import Execution
+from vime_shell.rollout.functions import GENERATE_TIMEOUT_S
 from vime_shell.rollout.generate import current_runtime, engine_params
 from vime_shell.rollout.plugins import PluginError, load_callable
 
@@ -124,7 +125,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict) -> Sample |
         key=secrets.token_hex(8), runtime=rt, loop=asyncio.get_running_loop(),
         tokenizer=rt.tokenizer, fmt=chat_format(args.tito_model), base=base, where=where,
         matcher=args.session_message_matcher, context_len=rt.context_len,
-        turn_timeout=float(getattr(args, "generate_timeout", 3600.0)))
+        turn_timeout=float(getattr(args, "generate_timeout", GENERATE_TIMEOUT_S)))
     server = shared_server()
     base_url = server.open(execution)
     kwargs = {"max_tokens": base.max_new_tokens, "temperature": base.temperature,
@@ -134,8 +135,6 @@ async def generate(args: Any, sample: Sample, sampling_params: dict) -> Sample |
         async with closing_clients():
             result = await run_agent(base_url=base_url, prompt=metadata.get("prompt"),
                                      request_kwargs=kwargs, metadata=metadata)
-    except asyncio.CancelledError:
-        raise
     except VimeError:
         raise
     except Exception as exc:  # noqa: BLE001 - the agent's own code

@@ -12,9 +12,8 @@ One execution, every turn through the session server with the ``openai`` client:
                                                    -> "<v>" the answer
 
 ``<v>`` is a digit below ``VALUES`` drawn per execution from its ``execution_seed``, never in
-the prompt. The
-model answers each turn with one token and the turn end (a text action: the agent treats a
-reply that starts with ``?`` as the call, as a ReAct loop does). Reward: 0 without the lookup,
+the prompt. The model answers each turn with one token and the turn end (a text action: the
+agent treats a reply that starts with ``?`` as the call, as a ReAct loop does). Reward: 0 without the lookup,
 else 0.2 + 0.4 x score(the reader's note) + 0.4 x score(answer), where a reply scores 1 for
 the value and 0.25 for another digit: 1 only when both copy the value, 0.4 for a run that
 calls the tool and guesses digits. Warm-up rows ``"=<d>"`` (no tool) score their answer the

@@ -76,10 +76,6 @@ class SessionServer:
     def close(self, key: str) -> None:
         self.executions.pop(key, None)
 
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=5)
-
     async def _models(self, sid: str) -> dict:
         return {"object": "list", "data": [{"id": "vime", "object": "model", "created": 0,
                                             "owned_by": "vime"}]}

@@ -43,12 +43,13 @@ from typing import Any
 
 import attrs
 
-from vime_pure.data.sample import Sample, Status
+from vime_pure.data.sample import Sample
 from vime_pure.data.sessions import Session, Turn, add_turn, leaf_samples
 from vime_pure.data.tool_calls import ChatFormat, ParsedReply, parse_reply
-from vime_pure.errors import VimeError, field_error
+from vime_pure.errors import VimeError
 from vime_shell.engines.base import SamplingParams
-from vime_shell.rollout.generate import GenerateRuntime, segment_seed
+from vime_shell.rollout.functions import GENERATE_TIMEOUT_S
+from vime_shell.rollout.generate import FINISH_STATUS, GenerateRuntime, segment_seed
 
 MATCHERS = ("strict", "tool_args")
 ROLES = ("system", "user", "assistant", "tool")
@@ -108,7 +109,6 @@ class AgentSession:
     tree: Session = attrs.Factory(Session)
     contexts: list[Context] = attrs.Factory(list)
     tool_calls: int = 0
-    parse_errors: int = 0
     last: str | None = None  # the content of its latest reply
 
 
@@ -129,7 +129,7 @@ class Execution:
     where: str
     matcher: str = "strict"
     context_len: int | None = None
-    turn_timeout: float = 3600.0  # seconds the server waits for one turn (--generate-timeout)
+    turn_timeout: float = GENERATE_TIMEOUT_S  # the server's wait for a turn (--generate-timeout)
     sessions: dict[str, AgentSession] = attrs.Factory(dict)
     turns: int = 0
 
@@ -153,12 +153,10 @@ class Execution:
         session.tree = add_turn(session.tree, Turn(
             prompt=prompt, output=out, log_probs=gen.log_probs,
             weight_version=int(gen.weight_version or 0),
-            status={"stop": Status.COMPLETED, "length": Status.TRUNCATED,
-                    "abort": Status.ABORTED}[gen.finish_reason]))
+            status=FINISH_STATUS[gen.finish_reason]))
         text = self.tokenizer.decode(list(out), skip_special_tokens=True)
         reply = parse_reply(text, self.fmt, first_id=session.tool_calls)
         session.tool_calls += len(reply.tool_calls)
-        session.parse_errors += reply.parse_error is not None
         session.last = reply.content
         message = _message(reply)
         session.contexts.append(Context(messages=[*messages, message], tokens=prompt + out,
@@ -312,9 +310,3 @@ def _completion(key: str, name: str, turn: int, message: dict, reply: ParsedRepl
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens}}
 
-
-def check_matcher(rule: str) -> str:
-    if rule not in MATCHERS:
-        raise field_error(VimeError, "--session-message-matcher", rule, "is not a rule",
-                          f"use one of {MATCHERS}")
-    return rule

@@ -57,9 +57,9 @@ class RolloutArgs(Record):
         "strict", "when a request's message equals a stored one, so the request continues "
         "that token path: strict (role, content, tool calls as sent back) or tool_args "
         "(tool-call arguments compared as parsed JSON)", MATCHERS)
-    tito_model: str = _f("qwen", "the model family's turn format for agent sessions: "
-                         "tool-call markers and what the template writes after a turn",
-                         tuple(FORMATS))
+    tito_model: str = _f("qwen", "the model family's turn format for agent sessions: its "
+                         "tool-call markers and turn-end token (what the template writes "
+                         "after a turn's end is read from the template)", tuple(FORMATS))
     generate_timeout: float = _f(
         GENERATE_TIMEOUT_S, "seconds one execution of the per-sample generate function "
         "(--custom-generate-function-path, or the built-in one) may take; over it the run stops "

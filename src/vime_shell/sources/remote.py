@@ -24,9 +24,9 @@ engine ranks execute in order:
 - ``("generate", rid, source[, count])``: the engine ranks' own :class:`RolloutProducer`
   (prompts, dynamic-sampling rounds, rewards, on the engines' default group) makes rollout
   ``rid`` (and the ``count - 1`` after it, for a lag above 1: one command, so no command is
-  sent while a reply is owed). With parts (``keeps_parts``: no rollout-log hook needs
-  the samples on rank 0), each engine leader keeps its part (``produce_part``) and engine rank 0 sends
-  ``("held", rid, None, stats, source)``: statistics, no sample. Otherwise engine rank 0
+  sent while a reply is owed). With parts (``keeps_parts``: no rollout-log hook needs the
+  samples on rank 0), each engine leader keeps its part (``produce_part``) and engine rank 0
+  sends ``("held", rid, None, stats, source)``: statistics, no sample. Otherwise engine rank 0
   gathers the ``RolloutBatch`` and sends ``("batch", rid, batch, record, source)``;
 - ``("exchange", rid, first, count)`` (with parts, right after the reply of ``rid`` is
   received): every engine rank joins the step's exchange of ``rid`` on the span

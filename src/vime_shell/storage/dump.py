@@ -75,9 +75,10 @@ PARTS_FORMAT = "vime.rollout_parts"
 PARTS_VERSIONS = (1,)
 # What the index holds per sample: the planned ids and advantages, which the parts' own
 # (numbered over one holder) are not, and the lengths and rewards each part must match.
-INDEX_COLUMNS: dict[str, np.dtype] = {"group_ids": np.dtype(np.int32), "prompt_groups": np.dtype(np.int32),
-                 "advantages": np.dtype(np.float64), "lengths": np.dtype(np.int32),
-                 "rewards": np.dtype(np.float64)}
+INDEX_COLUMNS: dict[str, np.dtype] = {
+    "group_ids": np.dtype(np.int32), "prompt_groups": np.dtype(np.int32),
+    "advantages": np.dtype(np.float64), "lengths": np.dtype(np.int32),
+    "rewards": np.dtype(np.float64)}
 HEADER = "header.json"
 MAX_HEADER_BYTES = 64 << 20  # header.json: column specs and group ids, far below this
 MAX_NPY_HEADER_BYTES = 1 << 16  # numpy's .npy header is under 4 KiB in practice
@@ -169,7 +170,7 @@ def load_rollout_batch(path: str | os.PathLike) -> RolloutBatch:
 
 def load_dump(path: str | os.PathLike) -> tuple[RolloutBatch, dict[str, Any]]:
     """``(batch, header)`` of a dump: one batch file, or the index of a dump of parts with its
-    part files joined in prompt order (``storage.dump_parts``)."""
+    part files joined in prompt order (:func:`join_dump_parts`)."""
     where = Path(path)
     header, arrays = read_archive(where, (FORMAT, PARTS_FORMAT))
     if header["format"] == PARTS_FORMAT:

@@ -6,8 +6,8 @@ metadata (:func:`plan_rollout`, on the fixed inputs of :class:`PlanInputs`).
 
 ``extra`` holds what every rank's record needs (the generation statistics, the batch fields)
 and the planned metadata, which the step keeps on rank 0 (a dump's index) and ships to every
-rank only where a hook may gather the batch. Nothing here reads the mode: a bound ``K`` arrives as a number, or None when
-batches are never stale by construction.
+rank only where a hook may gather the batch. Nothing here reads the mode: a bound ``K``
+arrives as a number, or None when batches are never stale by construction.
 
 Example: ``plan_rollout(inputs, None)`` (every prompt filtered) returns
 ``(None, {"stats": ...})``, and every rank skips the rollout.
