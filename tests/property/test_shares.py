@@ -126,6 +126,25 @@ def test_none_ids_are_numbered_after_the_merge():
     assert meta.prompt_group_values == whole.prompt_group_values
 
 
+def test_each_execution_counts_its_tool_calls_once_over_its_leaves_and_parts():
+    """Every leaf of an agent execution carries the execution's ``tool_calls``: a part counts
+    each group once; the merge keeps the count per part; a part where no sample counts them
+    makes the batch's count unknown (None), never 0."""
+    def leaf(group: int, calls: int | None) -> Sample:
+        meta = {} if calls is None else {"tool_calls": calls}
+        return Sample(tokens=[1, 2], response_length=1, reward=1.0, group_id=group,
+                      metadata=meta)
+
+    agent = [[leaf(0, 2), leaf(0, 2), leaf(0, 2)], [leaf(1, 0)]]  # one prompt, 2 executions
+    other = [[leaf(2, 1)]]
+    metas = [output_part(agent, start=0)[1], output_part(other, start=1)[1]]
+    assert [int(m.part_tool_calls[0]) for m in metas] == [2, 1]
+    assert merge_meta(metas).part_tool_calls.tolist() == [2, 1]
+    blind = output_part([[leaf(3, None)]], start=2)[1]
+    assert blind.part_tool_calls is None
+    assert merge_meta([*metas, blind]).part_tool_calls is None
+
+
 def test_an_explicit_id_in_two_parts_is_an_error():
     parts = [[[Sample(tokens=[1, 2], response_length=1, reward=1.0, group_id=7)]],
              [[Sample(tokens=[3, 2], response_length=1, reward=1.0, group_id=7)]]]

@@ -34,7 +34,10 @@ MASK_BYTES = 1  # uint8
 LOG_PROB_BYTES = 4  # float32
 ROUTE_BYTES = 2  # int16 per routed expert
 ADVANTAGE_BYTES = 8  # float64, in a whole batch's metadata (a replay's, a filtered batch's)
-PART_BYTES = 32  # a part's size, response tokens, outputs and first prompt (int64 each)
+# a part's size, response tokens, outputs, first prompt and tool calls (int64 each)
+PART_BYTES = 40
+_PART_ARRAYS = ("part_sizes", "part_response_tokens", "part_outputs", "part_starts",
+                "part_tool_calls")
 # A pickled BatchMeta around its columns (measured ~1 KB: ~20 numpy headers, the record's
 # class and field names, the holder's ("ok", (...)) reply), doubled.
 META_ENVELOPE_BYTES = 2048
@@ -46,7 +49,8 @@ def metadata_bytes(meta: BatchMeta, plan: SharePlan) -> int:
     ids, and the plan (module docstring)."""
     ids = len(meta.group_id_values) + len(meta.prompt_group_values)
     # per sample and per id; advantages always counted (a whole batch's travel with it)
-    columns = (meta.nbytes - PART_BYTES * len(meta.part_sizes)
+    columns = (meta.nbytes - sum(getattr(meta, name).nbytes for name in _PART_ARRAYS
+                                 if getattr(meta, name) is not None)
                - (0 if meta.advantages is None else meta.advantages.nbytes)
                + ADVANTAGE_BYTES * meta.num_samples)
     parts = len(plan.part_starts)

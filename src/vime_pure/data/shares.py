@@ -86,7 +86,9 @@ class BatchMeta:
     ``group_fallback[g]``: group ``g``'s id was ``None`` in the rollout output (renumbered
     when parts merge); ``prompt_fallback`` alike. ``part_sizes[p]`` / ``part_response_tokens``
     [p]: samples and response tokens of part ``p``; ``has_log_probs``: the engine recorded
-    rollout log-probs (in every part).
+    rollout log-probs (in every part). ``part_tool_calls[p]``: the tool calls of part ``p``'s
+    executions (:func:`execution_tool_calls`); None where a part was not built from samples
+    (a replay, a remote engine's batch) or none of its samples counts them: not known, never 0.
     """
 
     lengths: np.ndarray  # int32
@@ -109,6 +111,7 @@ class BatchMeta:
     has_log_probs: bool
     advantages: np.ndarray | None = None  # float64: a whole batch's, or set by plan_shares
     has_routes: bool = False  # the engine recorded routed experts (MoE routing replay)
+    part_tool_calls: np.ndarray | None = None  # int64, per part (None: not known)
 
     def __attrs_post_init__(self) -> None:
         """The ``META_COLUMNS`` in their dtypes, one entry per sample each (a typed error
@@ -138,13 +141,15 @@ class BatchMeta:
 
 def part_meta(part: RolloutBatch, *, group_fallback: np.ndarray | None = None,
               prompt_fallback: np.ndarray | None = None, outputs: int | None = None,
-              whole: bool = False, start: int = 0) -> BatchMeta:
+              whole: bool = False, start: int = 0, tool_calls: int | None = None
+              ) -> BatchMeta:
     """The metadata of one holder's part. ``group_fallback`` / ``prompt_fallback`` flag the
     dense groups / prompt groups whose id the rollout output left ``None`` (``output_part``
     finds them); default none. ``outputs``: top-level entries of its rollout output (default
     its prompt groups). ``whole``: the part is the whole batch (a replay, a filtered batch):
     its advantages are the batch's and travel along. ``start``: the part's first global prompt
-    index (a work-queue chunk's; what orders parts at the merge). Example: a part of 2 samples
+    index (a work-queue chunk's; what orders parts at the merge). ``tool_calls``: its
+    executions' tool calls, when known (:func:`execution_tool_calls`). Example: a part of 2 samples
     in one group with masks summing to 2 and 1: ``mask_sums [2, 1]``, ``part_sizes [2]``."""
     flags = {"group_fallback": (group_fallback, part.num_groups),
              "prompt_fallback": (prompt_fallback, len(part.prompt_group_values))}
@@ -166,7 +171,23 @@ def part_meta(part: RolloutBatch, *, group_fallback: np.ndarray | None = None,
         part_starts=np.array([start], dtype=np.int64),
         has_log_probs=part.rollout_log_probs is not None,
         has_routes=part.rollout_routed_experts is not None,
-        advantages=part.advantages if whole else None, **resolved)
+        advantages=part.advantages if whole else None,
+        part_tool_calls=None if tool_calls is None else np.array([tool_calls], dtype=np.int64),
+        **resolved)
+
+
+def execution_tool_calls(samples: Sequence[Any], group_ids: np.ndarray) -> int | None:
+    """The tool calls of the executions (rollout groups) these samples come from: each
+    group's count once, read from the ``tool_calls`` metadata of its first sample that has it
+    (an agent execution stamps its total on every leaf, ``vime_shell.agents.agent``); None
+    when no sample carries the key. Example: a group of 3 leaves each saying 2 and a group
+    of 1 saying 0: 2."""
+    counted: dict[int, int] = {}
+    for sample, group in zip(samples, group_ids.tolist()):
+        calls = (getattr(sample, "metadata", None) or {}).get("tool_calls")
+        if isinstance(calls, int) and not isinstance(calls, bool) and group not in counted:
+            counted[group] = calls
+    return sum(counted.values()) if counted else None
 
 
 def output_part(output: Any, *, normalization: Any = RewardNormalization(), start: int = 0
@@ -186,7 +207,8 @@ def output_part(output: Any, *, normalization: Any = RewardNormalization(), star
     prompt_flags = np.zeros(len(part.prompt_group_values), dtype=bool)
     prompt_flags[part.prompt_groups[none_prompt]] = True
     return part, part_meta(part, group_fallback=group_flags, prompt_fallback=prompt_flags,
-                           outputs=len(output), start=start)
+                           outputs=len(output), start=start,
+                           tool_calls=execution_tool_calls(samples, part.group_ids))
 
 
 def _flat_samples(output: Any) -> list:
@@ -259,7 +281,9 @@ def merge_meta(parts: Sequence[BatchMeta]) -> BatchMeta:
         part_outputs=cat("part_outputs"), part_starts=cat("part_starts"),
         has_log_probs=parts[0].has_log_probs,
         has_routes=parts[0].has_routes,
-        advantages=cat("advantages") if all(m.advantages is not None for m in parts) else None)
+        advantages=cat("advantages") if all(m.advantages is not None for m in parts) else None,
+        part_tool_calls=(cat("part_tool_calls")
+                         if all(m.part_tool_calls is not None for m in parts) else None))
 
 
 def _in_prompt_order(parts: Sequence[BatchMeta]) -> list[BatchMeta]:

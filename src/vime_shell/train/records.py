@@ -53,6 +53,7 @@ def batch_fields(batch, schedule) -> dict:
         # samples per rollout group: the fan-out of multi-sample executions (agents)
         "samples_per_group_mean": float(fan_out.mean()),
         "samples_per_group_max": int(fan_out.max()),
+        "tool_calls_per_group_mean": tool_calls_per_group(batch),
         "nonzero_adv_frac": float(np.mean(np.abs(advantages) > 1e-8)),
         "response_len_mean": float(np.asarray(batch.response_lengths, dtype=np.int64).mean()),
         **response_length_stats(np.asarray(batch.response_lengths, dtype=np.int64),
@@ -60,6 +61,14 @@ def batch_fields(batch, schedule) -> dict:
         "dp_imbalance": max((s.token_imbalance for s in stats), default=1.0),
         "tokens": int(batch.lengths[trained].astype(np.int64).sum()) if trained.size else 0,
     }
+
+
+def tool_calls_per_group(batch) -> float | None:
+    """Tool calls per rollout group (per agent execution), from the parts' counts
+    (``BatchMeta.part_tool_calls``); None where not known (no sample counts them, or a batch
+    rebuilt from columns: a replay)."""
+    calls = getattr(batch, "part_tool_calls", None)
+    return None if calls is None else float(calls.sum()) / max(int(batch.num_groups), 1)
 
 
 def rollout_record(rid: int, batch, schedule, results, *, gap: float | None,
