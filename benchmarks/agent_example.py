@@ -3,7 +3,8 @@ char-level agent model, through the session server, colocated on one rank.
 
 64 rows (half lookups, half ``=<d>`` warm-up copies), 8 prompts x 8 executions per rollout, one
 optimizer step per rollout (``--global-batch-size 64``), ``--lr 5e-4``. Prints, every 25
-rollouts, the mean reward per group over those rollouts and the fan-out: samples per
+rollouts, the mean reward per group over those rollouts, tool calls per execution (the
+record's ``tool_calls_per_group_mean``) and the fan-out: samples per
 execution, 3 for a lookup that called the tool, 1 otherwise (a warm-up row, or a lookup that
 answered blind), so the share of 3-sample executions over the lookup rows' share of the data
 is the tool-call rate; then the last 25 rollouts' mean reward and the distribution of samples
@@ -51,6 +52,8 @@ def _worker(rank: int, root: str, rollouts: int) -> list[dict]:
         _, first, sizes = np.unique(batch.group_ids, return_index=True, return_counts=True)
         seen.append({"rollout": e.rollout_id, "reward": float(batch.rewards[first].mean()),
                      "fan_out": [int(s) for s in sizes],
+                     # the run's own record (metrics.jsonl): the agent reports its lookups
+                     "tool_calls": e.metrics["tool_calls_per_group_mean"],
                      "seconds": time.perf_counter() - start})
 
     run_training(cfg, on_rollout=observe, progress=False)
@@ -70,13 +73,16 @@ def main(argv: list[str] | None = None) -> dict:
         curve.append({"rollouts": f"{part[0]['rollout']}-{part[-1]['rollout']}",
                       "reward": float(np.mean([r["reward"] for r in part])),
                       "samples_per_execution": float(np.mean(fan)),
-                      "three_sample_executions": float(np.mean([s == 3 for s in fan]))})
+                      "three_sample_executions": float(np.mean([s == 3 for s in fan])),
+                      "tool_calls_per_execution": float(np.mean([r["tool_calls"]
+                                                                 for r in part]))})
         print(json.dumps(curve[-1]))
     last = seen[-window:]
     lookup_share = float(np.mean([r["prompt"] == PROMPT for r in rows(64)]))
     out = {"rollouts": len(seen), "seconds": seen[-1]["seconds"], "lookup_rows": lookup_share,
            "first_reward": seen[0]["reward"],
            "last_25_reward": float(np.mean([r["reward"] for r in last])),
+           "last_25_tool_calls_per_execution": float(np.mean([r["tool_calls"] for r in last])),
            "fan_out_last_25": dict(sorted(Counter(s for r in last
                                                   for s in r["fan_out"]).items())),
            "curve": curve, "load": os.getloadavg()[0]}

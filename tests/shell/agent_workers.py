@@ -31,7 +31,7 @@ async def fan_out_agent(base_url, prompt, request_kwargs, metadata, **kwargs):
     await sub.chat.completions.create(model="vime", messages=[{"role": "user", "content": "1+1"}],
                                       **request_kwargs)
     return {"reward": float(len(last.choices[0].message.content or "") % 2),
-            "metadata": {"agent": "fan_out"}}
+            "metadata": {"agent": "fan_out", "tool_calls": 2}}  # its own count (2 helpers)
 
 
 MODES = {"colocated": {"eval_interval": 1, "n_samples_per_eval_prompt": 2},
@@ -70,7 +70,8 @@ def agent_worker(rank: int, root: str, model: str, mode: str) -> dict:
                      "group_mask_sums": batch.group_mask_sums.tolist(),
                      "loss": e.metrics["loss"], "staleness_max": e.metrics["staleness_max"],
                      "eval": e.metrics.get("eval/held/reward_mean"),
-                     "fan_out": e.metrics["samples_per_group_max"]})
+                     "fan_out": e.metrics["samples_per_group_max"],
+                     "tool_calls": e.metrics["tool_calls_per_group_mean"]})
 
     run_training(cfg, on_rollout=observe, progress=False)
     return {"rollouts": seen}

@@ -34,5 +34,6 @@ def test_an_agent_trains_its_fan_out_as_one_group_in_every_mode(tmp_path, model,
         assert r["group_mask_sums"] == r["mask_totals"]  # the group's whole total, each leaf
         assert r["loss"] == r["loss"]  # trained (finite)
         assert r["fan_out"] == 3  # the record's fan-out
+        assert r["tool_calls"] == 2.0  # per execution, counted once over its 3 leaves
     if mode == "colocated":  # evaluated through the session server as well
         assert all(r["eval"] is not None for r in rollouts)

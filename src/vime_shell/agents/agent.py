@@ -16,7 +16,9 @@ open sub-agent sessions in the same group with :func:`vime_shell.agents.server.s
   execution's sampling seed: an agent that draws anything, a task's hidden value, draws it from
   this, so a run is reproducible).
 - The returned dict may carry ``reward`` (a number: every leaf gets it) and ``metadata`` (merged
-  into each leaf's); without a reward, ``--rm-type`` / ``--custom-rm-path`` grade the leaves
+  into each leaf's; its ``tool_calls``, an agent's own count of the tools it ran, replaces the
+  count of tool calls the server parsed, which every leaf carries and the run's record averages
+  per execution as ``tool_calls_per_group_mean``); without a reward, ``--rm-type`` / ``--custom-rm-path`` grade the leaves
   on the agent's final answer (``response`` in the dict, else the root session's last reply).
 - An agent that raises fails its execution with :class:`AgentError` naming the session and
   the prompt; one that never returns meets ``--generate-timeout``; one that made no request
@@ -165,9 +167,11 @@ def _leaves(execution: Execution, sample: Sample, result: Any, where: str
     response = result.get("response")
     if response is None:
         response = execution.last_reply("")
+    # the tool calls the server parsed, unless the agent counts its own (text actions)
+    calls = extra.get("tool_calls", execution.tool_calls)
     for leaf in leaves:
         leaf.metadata = {**sample.metadata, **extra, "response": response,
-                         "agent_session": execution.key, "tool_calls": execution.tool_calls,
+                         "agent_session": execution.key, "tool_calls": calls,
                          "samples_in_execution": len(leaves)}
         leaf.index = sample.index
         if reward is not None:

@@ -13,7 +13,8 @@ One execution, every turn through the session server with the ``openai`` client:
 
 ``<v>`` is a digit below ``VALUES`` drawn per execution from its ``execution_seed``, never in
 the prompt. The model answers each turn with one token and the turn end (a text action: the
-agent treats a reply that starts with ``?`` as the call, as a ReAct loop does). Reward: 0 without the lookup,
+agent treats a reply that starts with ``?`` as the call, as a ReAct loop does, and reports
+its own ``tool_calls``). Reward: 0 without the lookup,
 else 0.2 + 0.4 x score(the reader's note) + 0.4 x score(answer), where a reply scores 1 for
 the value and 0.25 for another digit: 1 only when both copy the value, 0.4 for a run that
 calls the tool and guesses digits. Warm-up rows ``"=<d>"`` (no tool) score their answer the
@@ -65,14 +66,14 @@ async def run_agent(base_url: str, prompt: Any, request_kwargs: dict, metadata: 
     if prompt != PROMPT:  # a warm-up row, "=<d>": answer the digit (no tool needed)
         answer = await _ask(root, [{"role": "user", "content": str(prompt)}], turn)
         return {"reward": score(answer, str(prompt)[-1:]), "response": answer,
-                "metadata": {"looked_up": 0}}
+                "metadata": {"tool_calls": 0}}
     value = str(random.Random(metadata["execution_seed"]).randrange(VALUES))
     first = await _ask(root, [{"role": "user", "content": str(prompt)}], turn)
     if not first.startswith(CALL):
-        return {"reward": 0.0, "response": first, "metadata": {"looked_up": 0}}
+        return {"reward": 0.0, "response": first, "metadata": {"tool_calls": 0}}
     reader = openai_client(subagent_url(base_url, "reader"))
     note = await _ask(reader, [{"role": "tool", "content": value}], turn)
     summary = [{"role": "user", "content": f"{prompt}={note[:1]}"}]  # the compacted history
     answer = await _ask(root, summary, turn)
     reward = 0.2 + 0.4 * score(note, value) + 0.4 * score(answer, value)
-    return {"reward": reward, "response": answer, "metadata": {"looked_up": 1}}
+    return {"reward": reward, "response": answer, "metadata": {"tool_calls": 1}}
