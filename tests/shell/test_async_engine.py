@@ -4,7 +4,10 @@ Asserts: concurrent requests return what the batched ``HfEngine.generate`` retur
 seeds (tokens exactly, raw log-probs to float noise), also when requests join while others are
 in flight and with a concurrency limit below the request count; an aborted request returns its
 partial tokens and, resubmitted with the rest of its budget, continues them exactly (greedy);
-stop tokens end a request; the weight version is recorded.
+stop tokens end a request; the weight version is recorded; a weight sync inside a request
+(--pause-generation-mode in_place, retract) continues it exactly with the same weights, each
+token carrying the version that sampled it, and retract continues on the new weights after a
+recomputed prefill; abort ends the requests.
 """
 
 import asyncio
@@ -111,6 +114,84 @@ def test_requests_in_a_later_event_loop_and_after_a_weight_version(setup):
     engine.weight_version -= 1
     assert first.token_ids == second.token_ids
     assert (first.weight_version, second.weight_version) == (0, 1)
+
+
+async def _synced_after(front, engine, prompts, params, steps: int, mode: str, load=None):
+    """``prompts`` on ``front``, with a weight sync under ``mode`` after ``steps`` loop turns
+    (``load()`` changes the weights, else only the version moves)."""
+    tasks = [asyncio.create_task(front.generate(p, SamplingParams(
+        **{**_fields(params), "seed": params.request_seed(i)}))) for i, p in enumerate(prompts)]
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    front.pause(mode)
+    if load is not None:
+        load()
+    engine.weight_version += 1
+    return await asyncio.gather(*tasks)
+
+
+@pytest.mark.parametrize("mode", ["in_place", "retract"])
+def test_a_sync_inside_a_request_continues_it_and_its_tokens_carry_both_versions(setup, mode):
+    """--pause-generation-mode in_place / retract with the same weights: every request ends
+    exactly as an uninterrupted one (tokens, and log-probs to float noise), and each token
+    records the version that sampled it: the old one before the sync, the new one after."""
+    engine, prompts = setup
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=5)
+    plain = asyncio.run(_concurrent(async_front(engine, max_concurrency=8), prompts, params))
+    before = engine.weight_version
+    try:
+        gens = asyncio.run(_synced_after(async_front(engine, max_concurrency=8), engine,
+                                         prompts, params, 3, mode))
+    finally:
+        engine.weight_version = before
+    assert [g.token_ids for g in gens] == [g.token_ids for g in plain]
+    for g, p in zip(gens, plain):
+        assert max(abs(a - b) for a, b in zip(g.log_probs, p.log_probs)) < 1e-5
+        assert g.weight_version == before
+        versions = list(g.token_versions)
+        assert versions == sorted(versions) and set(versions) <= {before, before + 1}
+    spanning = [g for g in gens if len(set(g.token_versions)) == 2]
+    assert spanning  # the sync landed inside requests: two versions in one request
+
+
+def test_a_retracted_request_continues_on_the_new_weights_after_a_recomputed_prefill(setup):
+    """retract with new weights (greedy): the tokens before the sync are the old weights',
+    those after are what the new weights generate from prompt + those tokens."""
+    engine, prompts = setup
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    saved = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+    moved = [(n, p * 1.3) for n, p in saved.items()]
+    before = engine.weight_version
+    try:
+        gens = asyncio.run(_synced_after(
+            async_front(engine, max_concurrency=8), engine, prompts, params, 3, "retract",
+            load=lambda: engine.update_weights_from_tensors(moved)))
+        for g, p in zip(gens, prompts):
+            old = g.token_versions.count(before)
+            if old == len(g.token_ids):
+                continue  # ended before the sync
+            rest = engine.generate([list(p) + list(g.token_ids[:old])], attrs.evolve(
+                params, max_new_tokens=8 - old))[0]
+            assert g.token_ids[old:] == rest.token_ids
+            assert max(abs(a - b) for a, b in zip(g.log_probs[old:], rest.log_probs)) < 1e-5
+    finally:
+        engine.update_weights_from_tensors(saved.items())
+        engine.weight_version = before
+
+
+def test_an_abort_policy_ends_the_requests_in_flight(setup):
+    engine, prompts = setup
+    front = async_front(engine, max_concurrency=8)
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    before = engine.weight_version
+    try:
+        gens = asyncio.run(_synced_after(front, engine, prompts, params, 3, "abort"))
+    finally:
+        engine.weight_version = before
+    assert {g.finish_reason for g in gens} == {"abort"}
+    assert all(set(g.token_versions) <= {before} for g in gens)
+    with pytest.raises(EngineError, match="--pause-generation-mode='drain': is not a sync policy"):
+        front.pause("drain")
 
 
 def test_stop_controls_are_per_request(setup):

@@ -135,6 +135,9 @@ class Generation:
 
     ``weight_version``: the engine's ``weight_version`` the request started under (set by the
     per-request engines, :mod:`vime_shell.engines.async_engine`; None from batched calls).
+    ``token_versions``: the weight version that sampled each token, where a sync can land
+    inside a request (the per-request fronts, ``--pause-generation-mode``); None where one
+    version made them all.
     ``routed_experts``: MoE engines asked for them (``--use-rollout-routing-replay``), the
     experts routed for each prompt and response token, an int array ``[tokens, layers, topk]``
     (``tokens`` may omit the last response token, which the engine never fed back;
@@ -147,18 +150,29 @@ class Generation:
     finish_reason: FinishReason
     weight_version: int | None = None
     routed_experts: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
+    token_versions: tuple[int, ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(_ints))
 
     def __attrs_post_init__(self) -> None:
         if len(self.token_ids) != len(self.log_probs):
             raise field_error(EngineError, "log_probs", f"<{len(self.log_probs)} values>",
                               f"must have one entry per token ({len(self.token_ids)} tokens)",
                               "return one log-prob per sampled token")
+        if self.token_versions is not None and len(self.token_versions) != len(self.token_ids):
+            raise field_error(EngineError, "token_versions",
+                              f"<{len(self.token_versions)} values>",
+                              f"must have one entry per token ({len(self.token_ids)} tokens)",
+                              "record the engine's weight version at each sampled token")
         if self.finish_reason not in FINISH_REASONS:
             raise field_error(EngineError, "finish_reason", self.finish_reason,
                               "is not a known finish reason", f"use one of {FINISH_REASONS}")
 
 
 NamedTensors = Iterable[tuple[str, "torch.Tensor"]]
+
+# What a weight sync does to the requests in flight (--pause-generation-mode, miles' names and
+# meanings; each front's ``pause(mode)`` says how it does it)
+PAUSE_MODES = ("retract", "in_place", "abort")
 
 
 @runtime_checkable

@@ -26,7 +26,21 @@ padding differs). Log-probs are raw (``log_softmax`` of the unprocessed logits).
 with ``finish_reason="abort"`` (vLLM's behaviour on abort); resubmitting prompt + partial
 tokens with the remaining budget continues it (exactly, for greedy sampling).
 ``weight_version`` is the engine's; each :class:`Generation` records the version it started
-under (callers abort before a weight update when they need one version per segment).
+under and, per token, the version that sampled it (``token_versions``).
+
+Weight syncs (``--pause-generation-mode``, miles' names): the caller loads weights between two
+forwards (on the front's loop), after :meth:`HfAsyncFront.pause`:
+
+- ``in_place``: nothing stops; the rows in flight keep their KV cache, built by the old
+  weights, and their next tokens are sampled by the new ones;
+- ``retract``: the rows in flight go back to the queue with their tokens; at their next
+  admission prompt + tokens are prefilled under the new weights (the KV recomputed), and they
+  continue: the tokens already sampled stay the old version's, their context is new;
+- ``abort``: every request ends now with its tokens so far (``abort_all``); the caller drops
+  or regenerates them.
+
+With unchanged weights ``in_place`` and ``retract`` continue a request token for token as if
+nothing happened (``retract`` up to the float noise of a recomputed cache).
 
 Example::
 
@@ -45,8 +59,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
 
 from vime_pure.errors import field_error
-from vime_shell.engines.base import (EngineError, FinishReason, Generation, SamplingParams,
-                                     check_prompts)
+from vime_shell.engines.base import (PAUSE_MODES, EngineError, FinishReason, Generation,
+                                     SamplingParams, check_prompts)
 from vime_shell.engines.hf import HfEngine, choose_tokens
 
 
@@ -59,6 +73,7 @@ class _Request:
     version: int
     tokens: list[int] = attrs.Factory(list)
     log_probs: list[float] = attrs.Factory(list)
+    versions: list[int] = attrs.Factory(list)  # the weight version that sampled each token
 
     def key(self) -> tuple[float, float, int]:
         p = self.params
@@ -178,6 +193,20 @@ class HfAsyncFront:
             self._stepper = loop.create_task(self._run())
         return await request.future
 
+    def pause(self, mode: str) -> int:
+        """Ready the requests in flight for a weight load that follows on this loop (the module
+        docstring's sync policies); returns how many requests it touched."""
+        if mode == "in_place":
+            return 0
+        if mode == "retract":
+            retracted, self._active, self._cache = self._active, [], None
+            self._waiting = retracted + self._waiting  # first in line, prefilled again
+            return len(retracted)
+        if mode == "abort":
+            return self.abort_all()
+        raise field_error(EngineError, "--pause-generation-mode", mode, "is not a sync policy",
+                          f"use one of {PAUSE_MODES}")
+
     def abort_all(self) -> int:
         """End every request now with ``finish_reason="abort"`` and its tokens so far; returns
         how many were ended. Call it from the thread running the requests' event loop (from
@@ -211,12 +240,14 @@ class HfAsyncFront:
         if room <= 0 or not self._waiting:
             return
         joining, self._waiting = self._waiting[:room], self._waiting[room:]
-        width = max(len(r.prompt) for r in joining)
+        # a retracted row prefills its tokens so far as well (its cache was dropped)
+        contexts = [r.prompt + r.tokens for r in joining]
+        width = max(len(c) for c in contexts)
         ids = torch.full((len(joining), width), self.engine.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(joining), width), dtype=torch.long)
-        for i, r in enumerate(joining):
-            ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
-            mask[i, width - len(r.prompt):] = 1
+        for i, c in enumerate(contexts):
+            ids[i, width - len(c):] = torch.tensor(c)
+            mask[i, width - len(c):] = 1
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)
         cache = DynamicCache(config=self.engine.model.config)
         logits = self._forward(ids, mask, positions, cache)
@@ -261,6 +292,7 @@ class HfAsyncFront:
         for i, r in enumerate(rows):
             r.tokens.append(int(chosen[i]))
             r.log_probs.append(float(logp[i, 0]))
+            r.versions.append(self.weight_version)
             reason = self._finish_reason(r)
             if reason is None:
                 staying.append(i)
@@ -287,4 +319,5 @@ class HfAsyncFront:
     def _finish(r: _Request, reason: FinishReason) -> None:
         if not r.future.done():
             r.future.set_result(Generation(token_ids=r.tokens, log_probs=r.log_probs,
-                                           finish_reason=reason, weight_version=r.version))
+                                           finish_reason=reason, weight_version=r.version,
+                                           token_versions=r.versions))
