@@ -79,6 +79,16 @@ RUNS = {
                          num_rollout=4, custom_generate_function_path="tests.shell."
                                                                       "agentic_workers:"
                                                                       "holding_generate"),
+    # --pause-generation-mode in the pools: in place and retracted requests continue across a
+    # sync with per-token versions; abort ends the request held in the engine at a sync, and
+    # its group is generated again.
+    "pause_in_place": dict(fully_async=True, max_weight_staleness=1),
+    "pause_retract": dict(fully_async=True, max_weight_staleness=1,
+                          pause_generation_mode="retract"),
+    "pause_abort": dict(AGENTIC, fully_async=True, max_weight_staleness=2, num_rollout=4,
+                        pause_generation_mode="abort",
+                        custom_generate_function_path="tests.shell.agentic_workers:"
+                                                      "holding_generate"),
     # slime's first asynchronous job: math GRPO, the math-verify reward on the pool's threads.
     "math_pool": dict(fully_async=True, max_weight_staleness=1, rm_type="math",
                       custom_rm_path=None),

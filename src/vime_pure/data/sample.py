@@ -96,6 +96,9 @@ class Sample:
     per response token from the engine (the behaviour policy). ``remove_sample``: keep the
     sample but zero its mask. ``weight_versions``: the engine's weight version of each
     generated segment, oldest first; empty means on policy (module docstring).
+    ``token_versions``: the weight version that sampled each response token (-1 where no
+    sampling did), when a weight sync can land inside a request; None: not recorded
+    (``vime_pure.token_versions``).
     ``rollout_routed_experts``: MoE models, the experts the engine's router chose for every
     token in every MoE layer, ``[len(tokens) or len(tokens) - 1, layers, topk]`` integers
     (``vime_pure.data.routes``); ``--use-rollout-routing-replay`` replays them in training.
@@ -115,6 +118,7 @@ class Sample:
     weight_versions: list[int] = attrs.field(factory=list, eq=_ARRAY_EQ)
     metadata: dict[str, Any] = attrs.field(factory=dict)
     rollout_routed_experts: list | np.ndarray | None = attrs.field(default=None, eq=_ARRAY_EQ)
+    token_versions: list[int] | np.ndarray | None = attrs.field(default=None, eq=_ARRAY_EQ)
 
     def _read_rollout_id(self) -> Any:
         raise AttributeError("Sample.rollout_id is a deprecated write-only alias of group_id. "

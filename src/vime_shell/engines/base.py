@@ -170,10 +170,6 @@ class Generation:
 
 NamedTensors = Iterable[tuple[str, "torch.Tensor"]]
 
-# What a weight sync does to the requests in flight (--pause-generation-mode, miles' names and
-# meanings; each front's ``pause(mode)`` says how it does it)
-PAUSE_MODES = ("retract", "in_place", "abort")
-
 
 @runtime_checkable
 class RolloutEngine(Protocol):

@@ -59,8 +59,9 @@ from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
 
 from vime_pure.errors import field_error
-from vime_shell.engines.base import (PAUSE_MODES, EngineError, FinishReason, Generation,
-                                     SamplingParams, check_prompts)
+from vime_pure.token_versions import PAUSE_MODES
+from vime_shell.engines.base import (EngineError, FinishReason, Generation, SamplingParams,
+                                     check_prompts)
 from vime_shell.engines.hf import HfEngine, choose_tokens
 
 

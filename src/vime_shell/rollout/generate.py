@@ -62,6 +62,7 @@ import attrs
 
 from vime_pure.data.sample import Sample, Status
 from vime_pure.errors import VimeError, field_error
+from vime_pure.token_versions import NO_VERSION, version_runs
 from vime_shell.engines.async_engine import AsyncRolloutEngine
 from vime_shell.engines.base import SamplingParams
 from vime_shell.rollout.tasks import TaskExample
@@ -264,9 +265,13 @@ def engine_params(sampling_params: Mapping[str, Any] | SamplingParams) -> Sampli
 
 
 def append_tokens(sample: Sample, token_ids: Sequence[int], *, loss_mask: int = 0,
-                  log_probs: Sequence[float] | None = None) -> Sample:
+                  log_probs: Sequence[float] | None = None,
+                  versions: Sequence[int] | None = None) -> Sample:
     """Append ``token_ids`` to the response: tool output (``loss_mask=0``, log-probs 0, not
-    trained) or generated tokens (``loss_mask=1`` with their log-probs).
+    trained) or generated tokens (``loss_mask=1`` with their log-probs and, where the engine
+    records them, the weight version of each, ``Generation.token_versions``). The sample's
+    ``token_versions`` are kept while every generated piece records them (tool output gets
+    ``NO_VERSION``), else None.
 
     Example: a 3-token response plus ``append_tokens(s, [7, 8])`` has ``response_length`` 5
     and ``loss_mask`` ``[1, 1, 1, 0, 0]``.
@@ -278,6 +283,11 @@ def append_tokens(sample: Sample, token_ids: Sequence[int], *, loss_mask: int = 
     sample.loss_mask = mask + [int(loss_mask)] * n
     logps = [0.0] * old if sample.rollout_log_probs is None else list(sample.rollout_log_probs)
     sample.rollout_log_probs = logps + (list(log_probs) if log_probs is not None else [0.0] * n)
+    prev = sample.token_versions
+    if prev is None and old == 0:
+        prev = []
+    added = [NO_VERSION] * n if not loss_mask else None if versions is None else list(versions)
+    sample.token_versions = None if prev is None or added is None else list(prev) + added
     sample.response_length = old + n
     return sample
 
@@ -314,8 +324,12 @@ async def generate(args: Any, sample: Sample, sampling_params: Mapping[str, Any]
         if rt.aborting and task in rt.executions:
             task.cancel()  # as abort() did to the others: at the function's next wait
     if gen.token_ids:
-        append_tokens(sample, gen.token_ids, loss_mask=1, log_probs=gen.log_probs)
-        sample.weight_versions = versions + [int(gen.weight_version or 0)]
+        append_tokens(sample, gen.token_ids, loss_mask=1, log_probs=gen.log_probs,
+                      versions=gen.token_versions)
+        # one entry per segment, or per run of versions where a sync landed inside it
+        ran = ([int(gen.weight_version or 0)] if gen.token_versions is None
+               else version_runs(gen.token_versions)[0])
+        sample.weight_versions = versions + ran
     sample.status = FINISH_STATUS[gen.finish_reason]
     response = list(sample.tokens[len(sample.tokens) - sample.response_length:])
     sample.metadata["response"] = rt.tokenizer.decode(response, skip_special_tokens=True)

@@ -9,6 +9,7 @@ import attrs
 
 from vime_pure.async_pool import Asynchrony, resolve_asynchrony
 from vime_pure.errors import field_error
+from vime_pure.token_versions import PAUSE_MODES
 from vime_shell.settings.common import ConfigError, Record, at_least, setting
 
 SECTION = "rollout"
@@ -34,11 +35,27 @@ class AsyncArgs(Record):
                                           "the trainer's (staler groups are regenerated, "
                                           "counted); default 1")
     update_weights_interval: int = _f(1, "rollouts between weight syncs to the engines")
+    pause_generation_mode: str | None = setting(
+        None, "what a weight sync does to the requests in flight under --fully-async (the "
+        "only mode where a sync meets them): in_place (they continue on the new weights with "
+        "their KV), retract (requeued with their tokens, their KV recomputed on the new "
+        "weights) or abort (ended; their groups are generated again). Each token records the "
+        "version that sampled it and --max-weight-staleness masks the tokens staler than it. "
+        "Default in_place, retract under --partial-rollout (its cut continues each sample as a "
+        "new segment); miles' default is retract", SECTION, PAUSE_MODES)
 
     @property
     def effective_max_weight_staleness(self) -> int:
         """``--max-weight-staleness``, default 1 (one step off's own staleness)."""
         return 1 if self.max_weight_staleness is None else self.max_weight_staleness
+
+    @property
+    def effective_pause_generation_mode(self) -> str:
+        """``--pause-generation-mode``, default ``in_place`` (``retract`` under
+        ``--partial-rollout``: its cut continues every sample as a new segment)."""
+        if self.pause_generation_mode is not None:
+            return self.pause_generation_mode
+        return "retract" if getattr(self, "partial_rollout", False) else "in_place"
 
     @property
     def asynchrony(self) -> Asynchrony:
@@ -53,6 +70,13 @@ class AsyncArgs(Record):
 
     def _check(self) -> None:
         at_least("update_weights_interval", self.update_weights_interval, 1)
+        mode = self.pause_generation_mode
+        if mode not in (None, "retract") and getattr(self, "partial_rollout", False) \
+                and self.fully_async:
+            raise field_error(ConfigError, "pause_generation_mode", mode,
+                              "conflicts with --partial-rollout, which cuts the requests in "
+                              "flight at every sync and continues them on the new weights "
+                              "(retract)", "drop --pause-generation-mode, or pass retract")
         if self.max_weight_staleness is None:
             return
         at_least("max_weight_staleness", self.max_weight_staleness, 0)

@@ -129,9 +129,13 @@ import torch.distributed as dist
 from vime_pure.async_pool import PoolCounts, drain
 from vime_pure.data.held_parts import claimed_part
 from vime_pure.data.shares import BatchMeta
+from vime_pure.errors import field_error
 from vime_pure.pool_ranks import (admits_live, draw_of, place_runs, pool_capacity,
                                   pool_share)
+from vime_pure.token_versions import (NO_VERSION, mask_stale_tokens, token_staleness_counts,
+                                      version_runs)
 from vime_shell.engines.async_engine import async_front, has_per_request_api
+from vime_shell.engines.base import EngineError
 from vime_shell.engines.health import current, monitor_store
 from vime_shell.settings.train_config import TrainConfig
 from vime_shell.sources.exchange import ShareExchange
@@ -228,6 +232,15 @@ class Claims:
         return int(self.store.add(f"batch/{k}", 0)) >= self.batch_size
 
 
+def _newest(output: list, default: int) -> int:
+    """The newest version that sampled a token of the group (``default`` when none is
+    recorded): under in-flight updates a group is recycled for staleness only when even its
+    newest token is too stale (then nothing of it would train)."""
+    return max((int(v) for sample in prompt_samples(output)
+                if sample.token_versions is not None
+                for v in sample.token_versions if int(v) != NO_VERSION), default=default)
+
+
 def pool_claims(bridge: Any, batch_size: int, layout: Any, rank: int,
                 static: bool) -> tuple[Claims, int]:
     """Engine rank ``rank``'s claims and how many groups it keeps in flight: an engine's
@@ -301,6 +314,22 @@ class FrontEngine:
                 for i, p in enumerate(prompts))))
 
         return asyncio.run_coroutine_threadsafe(requests(), self.loop).result()
+
+    def pause(self, mode: str) -> int:
+        """Ready the requests in flight for a weight load on this loop (``--pause-generation-
+        mode``; call it from ``between_calls``): the front's own policy, and for a front
+        without one (vLLM's, which records no per-token versions) ``in_place`` as it loads
+        between two engine steps, ``abort`` through ``abort_all``."""
+        pause = getattr(self.front, "pause", None)
+        if pause is not None:
+            return int(pause(mode))
+        if mode == "abort":
+            return int(self.front.abort_all())
+        if mode == "retract":
+            raise field_error(EngineError, "--pause-generation-mode", mode,
+                              f"is not built for the {self.engine.name} engine's front",
+                              "use in_place or abort, or --rollout-engine hf")
+        return 0
 
     def submit(self, coro: Coroutine[Any, Any, Any]) -> futures.Future:
         """Start ``coro`` on the front's loop; a pool thread waits for the returned future
@@ -382,6 +411,9 @@ class GroupPool:
         self.claims, self.capacity = pool_claims(bridge, self.block, producer.engines.layout,
                                                  self.rank, self.static_slices)
         self.bound = cfg.effective_max_weight_staleness
+        # in-flight updates: a group's staleness is its tokens' (the bound masks per token)
+        self.per_token = (cfg.effective_pause_generation_mode != "abort"
+                          and not cfg.partial_rollout)
         engine = producer.engines.engine
         concurrency, decode = cfg.sglang_server_concurrency, producer.tokenizer.decode
         # Per-sample rounds (--custom-generate-function-path): every group's executions run
@@ -392,6 +424,12 @@ class GroupPool:
         # weights (per-sample only: the settings refuse it without a generate function);
         # ``cuts`` is (front, runtime) then, None otherwise.
         self.cut_requests = 0  # engine requests the syncs cut
+        self.pause_mode = cfg.effective_pause_generation_mode
+        self.paused_requests = 0  # requests in flight at a sync (retracted or aborted)
+        self.aborted: set[futures.Future] = set()  # groups whose requests a sync aborted
+        # this batch's: tokens --max-weight-staleness masked, trained tokens per staleness
+        self.stale_tokens = 0
+        self.token_staleness: dict[int, int] = {}
         self.cuts: tuple[Any, GenerateRuntime] | None = None
         self.engine: FrontEngine | LockedEngine
         if producer.per_sample is not None:
@@ -533,16 +571,41 @@ class GroupPool:
                 self.failure = self.failure or exc
 
     def _load(self, version: int) -> None:
-        """Receive and load the trainer's weights, between two engine calls. In-flight groups
-        continue on the new weights; under ``--partial-rollout`` their requests are cut first
-        (on the front's loop, so none starts before the load) and continued as new segments
-        (``per_sample.PerSample.continue_after_cut``): one weight version per segment."""
+        """Receive and load the trainer's weights, between two engine calls (on the front's
+        loop, so no request runs during the load), the requests in flight readied by the sync
+        policy first (``--pause-generation-mode``): ``in_place`` and ``retract`` continue them
+        on the new weights, each token stamped with its version; ``abort`` ends them and their
+        groups are generated again (recycled at harvest). Under ``--partial-rollout`` the
+        requests are cut and continued as new segments (``per_sample.PerSample.
+        continue_after_cut``): one weight version per segment."""
         weights = self.bridge.receive_weights()
         if self.cuts is not None:
             front, runtime = self.cuts
             self.cut_requests += front.abort_all()
             runtime.cuts += 1
+        elif isinstance(self.engine, FrontEngine):
+            self.paused_requests += self.engine.pause(self.pause_mode)
+            if self.pause_mode == "abort":
+                self.aborted.update(self.running)
         self.producer.engines.sync_weights(weights, version=version)
+
+    def _bound_tokens(self, output: list, k: int) -> None:
+        """The staleness bound per token for batch ``k``: each sample's generated tokens
+        staler than ``K`` get loss mask 0 (``vime_pure.token_versions``; the core's
+        denominators then count what is left), its versions become those of the tokens it
+        trains, and the trained tokens are counted per staleness for the record."""
+        for sample in prompt_samples(output):
+            if sample.token_versions is None:
+                continue
+            n = sample.response_length
+            mask = [1] * n if sample.loss_mask is None else list(sample.loss_mask)
+            mask, removed = mask_stale_tokens(mask, sample.token_versions, k, self.bound)
+            sample.loss_mask = mask
+            self.stale_tokens += removed
+            kept = [v if m else NO_VERSION for v, m in zip(sample.token_versions, mask)]
+            sample.weight_versions = version_runs(kept)[0] or sample.weight_versions[-1:]
+            for s, count in token_staleness_counts(sample.token_versions, mask, k).items():
+                self.token_staleness[s] = self.token_staleness.get(s, 0) + count
 
     def _check_loop(self) -> None:
         """While a weight load waits for the front's loop: a generate function blocking the
@@ -625,12 +688,22 @@ class GroupPool:
         for future in [f for f in self.running if f.done()]:
             draw, version = self.running.pop(future)
             output = future.result()  # a failing rollout function stops the pool here
-            # Stamped with the version it started under and, if a sync came in between, the
-            # one it ended under (oldest first, as Sample.weight_versions are); cut at every
-            # sync, its segments carry their own versions already.
+            if future in self.aborted:  # a sync aborted its requests: generated again
+                self.aborted.discard(future)
+                self.claims.give_back((draw.block, draw.index))
+                self.claims.live(-1)
+                self.counts = self.counts.add(recycled=1)
+                continue
+            # Stamped with the versions that sampled its tokens where the engine records them,
+            # else the version it started under and, if a sync came in between, the one it
+            # ended under (oldest first, as Sample.weight_versions are); cut at every sync,
+            # its segments carry their own versions already.
             if self.cuts is None:
                 for sample in prompt_samples(output[0]):
-                    sample.weight_versions = sorted({version, self.version})
+                    runs = (None if sample.token_versions is None
+                            else version_runs(sample.token_versions)[0])
+                    sample.weight_versions = runs or sorted({version, self.version})
+            version = _newest(output[0], version) if self.per_token else version
             if self.producer.keep is not None and not call_plugin(
                     self.producer.keep, prompt_samples(output[0]),
                     what=f"filter {self.cfg.dynamic_sampling_filter_path}",
@@ -673,11 +746,20 @@ class GroupPool:
         output, version)``; the record holds this pool's counts. With parts kept here
         (``keeps_parts``): ``("held", ...)``, each group's output None until the exchange."""
         taken, self.part = self.part, []
+        if self.per_token:
+            for _, out, _ in taken:
+                self._bound_tokens(out, k)
         self.counts = self.counts.add(trained=len(taken))
         self.done.update((d.block, d.index) for d, _, _ in taken)
         c = self.counts
-        record = {"pool_started": c.started, "pool_trained": c.trained,
-                  "pool_recycled": c.recycled, "pool_filtered": c.filtered}
+        record: dict[str, Any] = {"pool_started": c.started, "pool_trained": c.trained,
+                                  "pool_recycled": c.recycled, "pool_filtered": c.filtered}
+        if self.cuts is None:
+            record["pool_paused_requests"] = self.paused_requests
+        if self.per_token:
+            record |= {"pool_stale_tokens_masked": self.stale_tokens,
+                       "pool_token_staleness": dict(self.token_staleness)}
+            self.token_staleness, self.stale_tokens = {}, 0
         if self.cuts is not None:
             record |= {"pool_cut_requests": self.cut_requests,
                        "pool_restarted_samples": self.cuts[1].restarted,

@@ -71,6 +71,10 @@ def _joined(cfg: TrainConfig, parts: list[tuple[Any, ...]], resumed: PoolCounts
               **{f"pool_part_engine_rank_{j}": len(p[2]) for j, p in enumerate(parts)}}
     if "pool_cut_requests" in parts[0][3]:  # --partial-rollout: the syncs cut requests
         record |= _partial_record(parts)
+    if "pool_paused_requests" in parts[0][3]:  # --pause-generation-mode met requests
+        record["paused_requests"] = sum(p[3]["pool_paused_requests"] for p in parts)
+    if "pool_token_staleness" in parts[0][3]:  # in-flight updates: staleness per token
+        record |= _token_record(parts)
     state = merge_resume_states([p[4] for p in parts], cfg.rollout_batch_size)
     source = {"offset": state.pop("offset"), "draws": state.pop("draws"), "pool": state,
               "pool_counts": c.to_state()}
@@ -101,3 +105,18 @@ def _partial_record(parts: list[tuple[Any, ...]]) -> dict[str, float]:
             "partial/resumed_samples": total("pool_resumed_samples"),
             "partial/offpolicy_token_frac": total("pool_offpolicy_tokens")
             / max(total("pool_tokens"), 1)}
+
+
+def _token_record(parts: list[tuple[Any, ...]]) -> dict[str, float]:
+    """In-flight weight updates (``--pause-generation-mode`` in_place, retract): the batch's
+    trained tokens per staleness (``token_staleness/<s>``, fractions), its largest, and the
+    tokens the bound masked in this batch (all pools). ``paused_requests`` beside it: the
+    requests a sync met over the run (retracted or aborted; 0 in place)."""
+    counts: dict[int, int] = {}
+    for p in parts:
+        for s, n in p[3]["pool_token_staleness"].items():
+            counts[int(s)] = counts.get(int(s), 0) + int(n)
+    total = max(sum(counts.values()), 1)
+    return {**{f"token_staleness/{s}": n / total for s, n in sorted(counts.items())},
+            "token_staleness_max": max(counts, default=0),
+            "stale_tokens_masked": sum(p[3]["pool_stale_tokens_masked"] for p in parts)}
