@@ -10,15 +10,23 @@ the fully-async pool runs each prompt group on its own thread, so only the engin
 Job: the embedded model on reverse2 from scratch, 16 prompts x 8 samples per rollout, seed 0,
 ``vime train`` under ``torchrun --standalone --nproc-per-node 2``.
 
+Modes: synchronous, one step off, and fully async under each sync policy
+(``--pause-generation-mode`` in_place, vime's default; retract; abort). ``--scale-ms`` sets the
+latency scale, so the job's trainer-to-generation time ratio (reported) can be moved into the
+regime of a GPU job, where generation dominates and has a long tail.
+
 Reported per mode: median wall seconds per rollout (batch wait + train + sync on the trainer)
-and its ratio to the synchronous run; the idle fraction of each rank (trainer: time not
+and its ratio to the synchronous run; trained tokens per second; the idle fraction of each rank (trainer: time not
 training; engine: time with no request in flight, from intervals the rollout function logs);
 the reward at equal rollouts (10-rollout means ending at the middle and at the end of the
 run, and the first rollout whose 10-rollout mean reaches 0.8; the whole curve in the JSON);
-the staleness distribution of the trained groups (fraction per staleness, median). JSON:
+the staleness distribution of the trained groups (fraction per staleness, median) and of the
+trained tokens (in-flight updates); the groups recycled; the machine's load as each mode
+ended. JSON:
 ``benchmarks/results/async_tail.json``.
 
-Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python -m benchmarks.async_tail [--rollouts 60]``
+Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python -m benchmarks.async_tail [--rollouts 60]
+[--scale-ms 20] [--modes sync,fully_async]``
 """
 
 import argparse
@@ -37,8 +45,16 @@ from vime_shell.rollout.functions import single_turn_rollout
 MODES = {
     "sync": ["--no-colocate"],
     "one_step_off": ["--train-async"],
+    # fully async under each sync policy (--pause-generation-mode): in_place is vime's default
     "fully_async": ["--fully-async", "--max-weight-staleness", "2"],
+    "fully_async_retract": ["--fully-async", "--max-weight-staleness", "2",
+                            "--pause-generation-mode", "retract"],
+    "fully_async_abort": ["--fully-async", "--max-weight-staleness", "2",
+                          "--pause-generation-mode", "abort"],
 }
+# The latency scale sets the job's trainer-to-generation time ratio (a larger scale: a
+# generation-dominant job with a long tail, the regime of a GPU job); the engine rank reads it
+# from the environment, the runner sets it from --scale-ms.
 SCALE_MS = float(os.environ.get("VIME_TAIL_SCALE_MS", "20"))
 ALPHA = float(os.environ.get("VIME_TAIL_ALPHA", "1.5"))
 MAX_SLEEP_S = 1.0
@@ -106,7 +122,19 @@ def summarize(records: list[dict], intervals: list[list[float]]) -> dict:
         if cumulative >= groups / 2:
             median = k
             break
+    tokens: dict[int, float] = {}  # trained tokens per token staleness (in-flight updates)
+    for r in records:
+        for key, value in r.items():
+            if key.startswith("token_staleness/"):
+                k = int(key.split("/")[1])
+                tokens[k] = tokens.get(k, 0.0) + value * r["tokens"]
+    weight = sum(tokens.values()) or 1.0
     return {"rollouts": len(records), "wall_per_rollout_s_median": statistics.median(walls),
+            "tokens_per_s": sum(r["tokens"] for r in records) / wall,
+            "train_to_generation": statistics.median(r["train_s"] for r in records)
+            / max(busy_seconds(intervals) / len(records), 1e-9) if intervals else None,
+            "token_staleness_frac": {k: v / weight for k, v in sorted(tokens.items())},
+            "recycled_groups": records[-1].get("pool_recycled", 0),
             "trainer_idle_frac": 1 - sum(r["train_s"] for r in records) / wall,
             "engine_idle_frac": 1 - busy_seconds(intervals) / wall if intervals else None,
             "reward_first10": statistics.mean(rewards[:10]),
@@ -123,12 +151,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.async_tail")
     parser.add_argument("--rollouts", type=int, default=60)
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset")
+    parser.add_argument("--scale-ms", type=float, default=SCALE_MS,
+                        help="the latency scale: the trainer-to-generation time ratio's knob")
+    parser.add_argument("--alpha", type=float, default=ALPHA, help="the Pareto tail index")
     parser.add_argument("--root", default="runs/bench-async")
     parser.add_argument("--out", default="benchmarks/results/async_tail.json")
     args = parser.parse_args(argv)
     from vime_shell.run.run_log import read_metrics
 
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               VIME_TAIL_SCALE_MS=str(args.scale_ms), VIME_TAIL_ALPHA=str(args.alpha))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, ["src", ".", env.get("PYTHONPATH")]))
     results = {}
     for name in args.modes.split(","):
@@ -144,22 +176,24 @@ def main(argv: list[str] | None = None) -> dict:
                         *MODES[name]], check=True, env={**env, LOG: str(log)})
         intervals = [json.loads(line) for line in log.read_text().splitlines()]
         results[name] = summarize(read_metrics(run_dir), intervals)
+        results[name]["load"] = os.getloadavg()[0]  # the machine's, as the mode ended
     base = results.get("sync", {}).get("wall_per_rollout_s_median")
     half = args.rollouts // 2
-    print(f"{'mode':13s} {'s/rollout':>9s} {'x sync':>6s} {'trainer idle':>12s} "
+    print(f"{'mode':19s} {'s/rollout':>9s} {'x sync':>6s} {'tok/s':>6s} {'trainer idle':>12s} "
           f"{'engine idle':>11s} {f'reward@{half}':>10s} {f'reward@{args.rollouts}':>10s} "
-          f"{'0.8 at':>6s}  staleness (share of groups)")
+          f"{'0.8 at':>6s} {'recycled':>8s} {'load':>5s}  staleness (groups | tokens)")
     for name, r in results.items():
         ratio = r["wall_per_rollout_s_median"] / base if base else float("nan")
         dist = " ".join(f"{k}:{v:.2f}" for k, v in r["staleness_frac"].items())
+        tokens = " ".join(f"{k}:{v:.2f}" for k, v in r["token_staleness_frac"].items()) or "-"
         reached = r["reaches_0.8_at"]
-        print(f"{name:13s} {r['wall_per_rollout_s_median']:9.3f} {ratio:6.2f} "
-              f"{r['trainer_idle_frac']:12.2f} {r['engine_idle_frac'] or 0:11.2f} "
-              f"{r['reward_half10']:10.3f} {r['reward_last10']:10.3f} "
-              f"{'-' if reached is None else reached:>6} "
-              f" {dist} (median {r['staleness_median']})")
+        print(f"{name:19s} {r['wall_per_rollout_s_median']:9.3f} {ratio:6.2f} "
+              f"{r['tokens_per_s']:6.0f} {r['trainer_idle_frac']:12.2f} "
+              f"{r['engine_idle_frac'] or 0:11.2f} {r['reward_half10']:10.3f} "
+              f"{r['reward_last10']:10.3f} {'-' if reached is None else reached:>6} "
+              f"{r['recycled_groups']:8d} {r['load']:5.1f}  {dist} | {tokens}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"scale_ms": SCALE_MS, "alpha": ALPHA,
+    Path(args.out).write_text(json.dumps({"scale_ms": args.scale_ms, "alpha": args.alpha,
                                           "rollouts": args.rollouts, "load": os.getloadavg(),
                                           "modes": results}, indent=1))
     return results

@@ -370,6 +370,9 @@ def test_a_session_that_outlives_a_weight_sync_continues_on_the_new_weights(tmp_
         turns[0].prompt + turns[0].output)  # the same token path, continued
     (leaf,) = execution.samples(group_id=0)
     assert leaf.weight_versions == [0, 1]
+    generated = [v for v, m in zip(leaf.token_versions, leaf.loss_mask) if m]
+    assert generated == [0] * len(turns[0].output) + [1] * len(turns[1].output)
+    assert {v for v, m in zip(leaf.token_versions, leaf.loss_mask) if not m} == {-1}
     leaf.reward = 1.0
     batch = RolloutBatch.from_samples([[leaf]])
     assert (batch.weight_version_min[0], batch.weight_version_max[0]) == (0, 1)

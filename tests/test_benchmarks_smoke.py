@@ -88,12 +88,16 @@ def test_async_tail_summary_of_a_synthetic_run():
     assert latency(0, 3, 5) == latency(0, 3, 5) != latency(0, 3, 6)
     assert busy_seconds([[0, 2], [1, 3], [5, 6]]) == 4
     records = [{"rollout_s": 1.0, "train_s": 1.0, "sync_s": 0.0, "reward_mean": 0.5,
-                "num_groups": 4, "staleness/0": 0.25, "staleness/1": 0.75, "probe_gap": None}
+                "num_groups": 4, "staleness/0": 0.25, "staleness/1": 0.75, "probe_gap": None,
+                "tokens": 100, "token_staleness/0": 0.5, "token_staleness/1": 0.5,
+                "pool_recycled": 2}
                for _ in range(3)]
     out = summarize(records, [[0.0, 3.0]])
     assert out["wall_per_rollout_s_median"] == 2.0
     assert out["trainer_idle_frac"] == 0.5 and out["engine_idle_frac"] == 0.5
     assert out["staleness_frac"] == {0: 0.25, 1: 0.75} and out["staleness_median"] == 1
+    assert out["tokens_per_s"] == 50.0 and out["train_to_generation"] == 1.0
+    assert out["token_staleness_frac"] == {0: 0.5, 1: 0.5} and out["recycled_groups"] == 2
     assert out["reward_half10"] == 0.5 and out["reaches_0.8_at"] is None
     assert first_reaching([0.0] * 5 + [1.0] * 10, 0.8) == 12  # rollouts 5-12 of 3-12 at 1
 

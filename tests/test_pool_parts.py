@@ -4,6 +4,8 @@ the pools, placed in draw order (``place_pool_parts``) and merged by the exchang
 chunk per run of consecutive places (``place_runs``), give the same batch bit for bit, the same advantages and the same record,
 whichever pool claimed which group and in whatever order it completed them."""
 
+from types import SimpleNamespace
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,10 +14,12 @@ from tests.property.data_strategies import rollout_outputs
 from tests.property.test_shards import assert_same_batch
 from vime_pure import BatchingPolicy, ParallelLayout
 from vime_pure.data.held_parts import claimed_part, held_rows, join_parts
+from vime_pure.data.sample import Sample
 from vime_pure.data.shares import merge_meta, plan_shares
 from vime_pure.pool_ranks import place_runs
 from vime_shell.settings.train_config import TrainConfig
-from vime_shell.sources.pool_parts import join_pool_parts, place_pool_parts
+from vime_shell.sources.pool import GroupPool
+from vime_shell.sources.pool_parts import _token_record, join_pool_parts, place_pool_parts
 
 COUNTS = {"pool_started": 0, "pool_trained": 0, "pool_recycled": 0, "pool_filtered": 0}
 
@@ -73,3 +77,23 @@ def test_places_are_each_groups_position_in_draw_order():
     assert reply[:3] == ("held", 5, None) and reply[6] == [[0, 3, 1], [2]]
     assert reply[3]["weight_version"] == 0
     assert (reply[3]["pool_part_engine_rank_0"], reply[3]["pool_part_engine_rank_1"]) == (3, 1)
+
+
+def test_a_pool_masks_the_tokens_staler_than_its_bound_and_records_the_rest():
+    """In-flight updates: the pool takes a group for batch k with its stale tokens masked
+    (``GroupPool._bound_tokens``), its versions those of the tokens it trains, and the
+    trained tokens counted per staleness for the record (``token_staleness/<s>``)."""
+    pool = SimpleNamespace(bound=1, stale_tokens=0, token_staleness={})
+    spans = Sample(tokens=[7, 1, 2, 3, 4], response_length=4, loss_mask=[1, 1, 0, 1],
+                   token_versions=[2, 2, -1, 3], weight_versions=[2, 3])
+    old = Sample(tokens=[7, 5], response_length=1, token_versions=[1], weight_versions=[1])
+    plain = Sample(tokens=[7, 6], response_length=1, weight_versions=[3])  # not recorded
+    GroupPool._bound_tokens(pool, [[spans, old, plain]], 4)
+    assert spans.loss_mask == [0, 0, 0, 1] and spans.weight_versions == [3]
+    assert old.loss_mask == [0] and old.weight_versions == [1]  # nothing left: its last
+    assert plain.loss_mask is None and plain.weight_versions == [3]
+    assert pool.stale_tokens == 3 and pool.token_staleness == {1: 1}
+    parts = [("held", 4, [], {"pool_paused_requests": 2, "pool_stale_tokens_masked": 3,
+                              "pool_token_staleness": {1: 1, 0: 3}}, {})]
+    assert _token_record(parts) == {"token_staleness/0": 0.75, "token_staleness/1": 0.25,
+                                    "token_staleness_max": 1, "stale_tokens_masked": 3}

@@ -44,6 +44,7 @@ import numpy as np
 
 from vime_pure.data.sample import Sample, Status
 from vime_pure.errors import RolloutValidationError, field_error
+from vime_pure.token_versions import NO_VERSION, version_runs
 
 CONTEXT = -1  # a token's origin when no turn of the session generated it
 
@@ -73,6 +74,10 @@ class Turn:
     log_probs: tuple[float, ...] = attrs.field(converter=_tuple)
     weight_version: int = 0
     status: Status = Status.COMPLETED
+    # the version that sampled each output token, where a sync landed inside the request
+    # (``Generation.token_versions``); None: all ``weight_version``
+    token_versions: tuple[int, ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(_tuple))
 
     def __attrs_post_init__(self) -> None:
         if len(self.log_probs) != len(self.output):
@@ -83,6 +88,10 @@ class Turn:
             raise field_error(RolloutValidationError, "prompt", self.prompt,
                               "is empty: the engine reads at least one token",
                               "pass the rendered context's token ids")
+        if self.token_versions is not None and len(self.token_versions) != len(self.output):
+            raise field_error(RolloutValidationError, "token_versions", len(self.token_versions),
+                              f"must hold one version per output token ({len(self.output)})",
+                              "pass the engine's token_versions, or None")
         if isinstance(self.weight_version, bool) or not isinstance(
                 self.weight_version, (int, np.integer)) or self.weight_version < 0:
             raise field_error(RolloutValidationError, "weight_version", self.weight_version,
@@ -176,10 +185,14 @@ def leaf_samples(session: Session, *, group_id: int | str | None = None) -> list
                      for p, m in zip(range(start, len(path.tokens)), mask)]
         turns = sorted({path.origin[p] for p in owned})
         versions = sorted(session.turns[t].weight_version for t in turns)  # non-decreasing
+        token_versions = [_version(session, path, p) if m else NO_VERSION
+                          for p, m in zip(range(start, len(path.tokens)), mask)]
+        if any(session.turns[t].token_versions is not None for t in turns):
+            versions = version_runs(token_versions)[0]  # a sync landed inside a turn
         out.append(Sample(tokens=list(path.tokens), response_length=len(path.tokens) - start,
                           loss_mask=mask, rollout_log_probs=log_probs, group_id=group_id,
                           status=session.turns[path.last_turn].status,
-                          weight_versions=versions))
+                          weight_versions=versions, token_versions=token_versions))
     return out
 
 
@@ -199,3 +212,12 @@ def _log_prob(session: Session, path: Path, position: int) -> float:
     turn = session.turns[path.origin[position]]
     start = len(turn.prompt)  # a turn's answer follows its prompt on every path holding it
     return float(turn.log_probs[position - start])
+
+
+def _version(session: Session, path: Path, position: int) -> int:
+    """The weight version that sampled the generated token at ``position`` (its turn's, or
+    the turn's per-token record)."""
+    turn = session.turns[path.origin[position]]
+    if turn.token_versions is None:
+        return int(turn.weight_version)
+    return int(turn.token_versions[position - len(turn.prompt)])

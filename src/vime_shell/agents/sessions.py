@@ -153,7 +153,7 @@ class Execution:
         session.tree = add_turn(session.tree, Turn(
             prompt=prompt, output=out, log_probs=gen.log_probs,
             weight_version=int(gen.weight_version or 0),
-            status=FINISH_STATUS[gen.finish_reason]))
+            status=FINISH_STATUS[gen.finish_reason], token_versions=gen.token_versions))
         text = self.tokenizer.decode(list(out), skip_special_tokens=True)
         reply = parse_reply(text, self.fmt, first_id=session.tool_calls)
         session.tool_calls += len(reply.tool_calls)
