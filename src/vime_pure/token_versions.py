@@ -81,7 +81,7 @@ def version_runs(token_versions: Ints) -> tuple[list[int], list[int]]:
     return versions, starts
 
 
-def offpolicy_prefix(token_versions: Ints, version: int) -> int:
+def tokens_before(token_versions: Ints, version: int) -> int:
     """How many leading response tokens come before the first token sampled by ``version`` or
     newer (all of them when none was): what ``--mask-offpolicy-in-partial-rollout`` masks.
     Example: ``[3, 3, -1, 4]`` at version 4: 3."""

@@ -18,7 +18,7 @@ from tests.property.test_loss_invariance import per_token_loss, splits
 from vime_pure import LossMode
 from vime_pure.errors import RolloutValidationError
 from vime_pure.token_versions import (NO_VERSION, checked_versions, mask_stale_tokens,
-                                      offpolicy_prefix, token_staleness_counts, version_runs)
+                                      token_staleness_counts, tokens_before, version_runs)
 
 
 @st.composite
@@ -50,7 +50,7 @@ def test_the_docstring_example():
     mask, removed = mask_stale_tokens([1, 1, 0, 1, 1], [3, 3, -1, 4, 5], 6, 2)
     assert mask == [0, 0, 0, 1, 1] and removed == 2
     assert version_runs([3, 3, -1, 4, 5]) == ([3, 4, 5], [0, 3, 4])
-    assert offpolicy_prefix([3, 3, -1, 4], 4) == 3
+    assert tokens_before([3, 3, -1, 4], 4) == 3
     assert token_staleness_counts([3, 3, 4], [1, 0, 1], 5) == {2: 1, 1: 1}
 
 

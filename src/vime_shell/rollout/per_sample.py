@@ -68,7 +68,7 @@ import attrs
 
 from vime_pure.data.sample import Sample, Status
 from vime_pure.errors import VimeError, field_error, one_line
-from vime_pure.token_versions import offpolicy_prefix as token_offpolicy_prefix
+from vime_pure.token_versions import tokens_before
 from vime_shell.rollout.functions import GENERATE_TIMEOUT_S, RolloutContext, first_request
 from vime_shell.rollout.generate import (RESUMED_AT, GenerateFn, GenerateRuntime, ResponseLimit,
                                          function_name, sampling_params_dict, use_limit,
@@ -365,10 +365,10 @@ def offpolicy_prefix(sample: Sample, version: int) -> int:
     """How many leading response tokens of ``sample`` were generated under weights older than
     ``version``: all of them when its last segment is older, those before
     ``metadata["resumed_at"]`` when it was resumed under ``version``, else none (with
-    ``token_versions`` recorded: exactly, ``vime_pure.token_versions.offpolicy_prefix``).
+    ``token_versions`` recorded: exactly, ``vime_pure.token_versions.tokens_before``).
     Example: versions ``[3, 4]``, resumed at 5 of 9 tokens: 5 at version 4, 9 at version 5."""
     if sample.token_versions is not None:  # recorded per token: exact
-        return token_offpolicy_prefix(sample.token_versions, version)
+        return tokens_before(sample.token_versions, version)
     versions = sample.weight_versions
     if not len(versions) or versions[0] >= version:
         return 0
