@@ -105,35 +105,37 @@ def first_reaching(rewards: list[float], level: float = 0.8, width: int = 10) ->
     return None
 
 
+def distribution(records: list[dict], prefix: str, count: str) -> dict[int, float]:
+    """The run's shares per staleness from each record's ``<prefix><s>`` shares, weighted by
+    the record's ``count`` (groups or tokens). Example: shares 0.5/0.5 of 2 groups and 1.0 at
+    0 of 2 groups give ``{0: 0.75, 1: 0.25}``."""
+    totals: dict[int, float] = {}
+    for r in records:
+        for key, value in r.items():
+            if key.startswith(prefix):
+                k = int(key[len(prefix):])
+                totals[k] = totals.get(k, 0.0) + value * r[count]
+    weight = sum(totals.values()) or 1.0
+    return {k: v / weight for k, v in sorted(totals.items())}
+
+
 def summarize(records: list[dict], intervals: list[list[float]]) -> dict:
     walls = [r["rollout_s"] + r["train_s"] + r["sync_s"] for r in records]
     wall = sum(walls)
     rewards = [r["reward_mean"] for r in records]
-    stale: dict[int, float] = {}
-    for r in records:
-        for key, value in r.items():
-            if key.startswith("staleness/"):
-                k = int(key.split("/")[1])
-                stale[k] = stale.get(k, 0.0) + value * r["num_groups"]
-    groups = sum(stale.values()) or 1.0
+    stale = distribution(records, "staleness/", "num_groups")
     cumulative, median = 0.0, 0
-    for k in sorted(stale):
-        cumulative += stale[k]
-        if cumulative >= groups / 2:
+    for k, share in stale.items():
+        cumulative += share
+        if cumulative >= 0.5:
             median = k
             break
-    tokens: dict[int, float] = {}  # trained tokens per token staleness (in-flight updates)
-    for r in records:
-        for key, value in r.items():
-            if key.startswith("token_staleness/"):
-                k = int(key.split("/")[1])
-                tokens[k] = tokens.get(k, 0.0) + value * r["tokens"]
-    weight = sum(tokens.values()) or 1.0
     return {"rollouts": len(records), "wall_per_rollout_s_median": statistics.median(walls),
             "tokens_per_s": sum(r["tokens"] for r in records) / wall,
             "train_to_generation": statistics.median(r["train_s"] for r in records)
             / max(busy_seconds(intervals) / len(records), 1e-9) if intervals else None,
-            "token_staleness_frac": {k: v / weight for k, v in sorted(tokens.items())},
+            # trained tokens per token staleness (in-flight updates)
+            "token_staleness_frac": distribution(records, "token_staleness/", "tokens"),
             "recycled_groups": records[-1].get("pool_recycled", 0),
             "trainer_idle_frac": 1 - sum(r["train_s"] for r in records) / wall,
             "engine_idle_frac": 1 - busy_seconds(intervals) / wall if intervals else None,
@@ -141,7 +143,7 @@ def summarize(records: list[dict], intervals: list[list[float]]) -> dict:
             "reward_last10": statistics.mean(rewards[-10:]),
             "reward_half10": window_mean(rewards, len(rewards) // 2),
             "reaches_0.8_at": first_reaching(rewards),
-            "staleness_frac": {k: v / groups for k, v in sorted(stale.items())},
+            "staleness_frac": stale,
             "staleness_median": median, "reward_curve": rewards,
             "probe_gap_max": max((r["probe_gap"] for r in records  # NaN is null in JSON
                                   if r.get("probe_gap") is not None), default=None)}

@@ -83,10 +83,14 @@ def test_async_tail_summary_of_a_synthetic_run():
     """``benchmarks.async_tail`` (its runs take minutes): the latencies are the same in every
     mode for a prompt, busy time is the union of intervals, and the summary's idle fractions
     and staleness distribution follow the records."""
-    from benchmarks.async_tail import busy_seconds, first_reaching, latency, summarize
+    from benchmarks.async_tail import (busy_seconds, distribution, first_reaching, latency,
+                                       summarize)
 
     assert latency(0, 3, 5) == latency(0, 3, 5) != latency(0, 3, 6)
     assert busy_seconds([[0, 2], [1, 3], [5, 6]]) == 4
+    assert distribution([{"staleness/0": 0.5, "staleness/1": 0.5, "num_groups": 2},
+                         {"staleness/0": 1.0, "num_groups": 2}], "staleness/",
+                        "num_groups") == {0: 0.75, 1: 0.25}
     records = [{"rollout_s": 1.0, "train_s": 1.0, "sync_s": 0.0, "reward_mean": 0.5,
                 "num_groups": 4, "staleness/0": 0.25, "staleness/1": 0.75, "probe_gap": None,
                 "tokens": 100, "token_staleness/0": 0.5, "token_staleness/1": 0.5,
