@@ -16,10 +16,11 @@ latency scale, so the job's trainer-to-generation time ratio (reported) can be m
 regime of a GPU job, where generation dominates and has a long tail.
 
 Reported per mode: median wall seconds per rollout (batch wait + train + sync on the trainer)
-and its ratio to the synchronous run; trained tokens per second; the idle fraction of each rank (trainer: time not
-training; engine: time with no request in flight, from intervals the rollout function logs);
-the reward at equal rollouts (10-rollout means ending at the middle and at the end of the
-run, and the first rollout whose 10-rollout mean reaches 0.8; the whole curve in the JSON);
+and its ratio to the synchronous run; trained tokens per second; the idle fraction of each
+rank (trainer: time not training; engine: time with no request in flight, from intervals the
+rollout function logs, over the engine's own span, first request to last, since in the
+asynchronous modes it runs ahead of the trainer's clock); the reward at equal rollouts
+(10-rollout means ending at the middle and at the end of the run, and the first rollout whose 10-rollout mean reaches 0.8; the whole curve in the JSON);
 the staleness distribution of the trained groups (fraction per staleness, median) and of the
 trained tokens (in-flight updates); the groups recycled; the machine's load as each mode
 ended. JSON:
@@ -90,6 +91,12 @@ def busy_seconds(intervals: list[list[float]]) -> float:
     return total
 
 
+def engine_span(intervals: list[list[float]]) -> float:
+    """From the engine's first busy interval's start to its last one's end. Example:
+    [[1, 2], [4, 6]] -> 5."""
+    return max(b for _, b in intervals) - min(a for a, _ in intervals) or 1e-9
+
+
 def window_mean(rewards: list[float], end: int, width: int = 10) -> float:
     """Mean reward of the ``width`` rollouts ending at rollout ``end`` (exclusive): the modes'
     reward at equal rollouts. Example: ``window_mean([0, 1, 1], 3, width=2) == 1.0``."""
@@ -138,7 +145,9 @@ def summarize(records: list[dict], intervals: list[list[float]]) -> dict:
             "token_staleness_frac": distribution(records, "token_staleness/", "tokens"),
             "recycled_groups": records[-1].get("pool_recycled", 0),
             "trainer_idle_frac": 1 - sum(r["train_s"] for r in records) / wall,
-            "engine_idle_frac": 1 - busy_seconds(intervals) / wall if intervals else None,
+            # over the engine's own span (it runs ahead of the trainer's clock in async modes)
+            "engine_idle_frac": 1 - busy_seconds(intervals) / engine_span(intervals)
+            if intervals else None,
             "reward_first10": statistics.mean(rewards[:10]),
             "reward_last10": statistics.mean(rewards[-10:]),
             "reward_half10": window_mean(rewards, len(rewards) // 2),

@@ -83,11 +83,12 @@ def test_async_tail_summary_of_a_synthetic_run():
     """``benchmarks.async_tail`` (its runs take minutes): the latencies are the same in every
     mode for a prompt, busy time is the union of intervals, and the summary's idle fractions
     and staleness distribution follow the records."""
-    from benchmarks.async_tail import (busy_seconds, distribution, first_reaching, latency,
-                                       summarize)
+    from benchmarks.async_tail import (busy_seconds, distribution, engine_span,
+                                       first_reaching, latency, summarize)
 
     assert latency(0, 3, 5) == latency(0, 3, 5) != latency(0, 3, 6)
     assert busy_seconds([[0, 2], [1, 3], [5, 6]]) == 4
+    assert engine_span([[1, 2], [4, 6]]) == 5
     assert distribution([{"staleness/0": 0.5, "staleness/1": 0.5, "num_groups": 2},
                          {"staleness/0": 1.0, "num_groups": 2}], "staleness/",
                         "num_groups") == {0: 0.75, 1: 0.25}
@@ -96,11 +97,11 @@ def test_async_tail_summary_of_a_synthetic_run():
                 "tokens": 100, "token_staleness/0": 0.5, "token_staleness/1": 0.5,
                 "pool_recycled": 2}
                for _ in range(3)]
-    out = summarize(records, [[0.0, 3.0]])
+    out = summarize(records, [[0.0, 1.0], [2.0, 3.0]])  # busy 2 s of its 3 s span
     assert out["wall_per_rollout_s_median"] == 2.0
-    assert out["trainer_idle_frac"] == 0.5 and out["engine_idle_frac"] == 0.5
+    assert out["trainer_idle_frac"] == 0.5 and abs(out["engine_idle_frac"] - 1 / 3) < 1e-12
     assert out["staleness_frac"] == {0: 0.25, 1: 0.75} and out["staleness_median"] == 1
-    assert out["tokens_per_s"] == 50.0 and out["train_to_generation"] == 1.0
+    assert out["tokens_per_s"] == 50.0 and out["train_to_generation"] == 1.5
     assert out["token_staleness_frac"] == {0: 0.5, 1: 0.5} and out["recycled_groups"] == 2
     assert out["reward_half10"] == 0.5 and out["reaches_0.8_at"] is None
     assert first_reaching([0.0] * 5 + [1.0] * 10, 0.8) == 12  # rollouts 5-12 of 3-12 at 1
