@@ -11,7 +11,8 @@ Job: the embedded model on reverse2 from scratch, 16 prompts x 8 samples per rol
 ``vime train`` under ``torchrun --standalone --nproc-per-node 2``.
 
 Modes: synchronous, one step off, and fully async under each sync policy
-(``--pause-generation-mode`` in_place, vime's default; retract; abort). ``--scale-ms`` sets the
+(``--pause-generation-mode`` in_place, vime's default; retract; abort), and in place with two
+batches of samples in flight (``--async-max-concurrent-samples``). ``--scale-ms`` sets the
 latency scale, so the job's trainer-to-generation time ratio (reported) can be moved into the
 regime of a GPU job, where generation dominates and has a long tail.
 
@@ -52,6 +53,9 @@ MODES = {
                             "--pause-generation-mode", "retract"],
     "fully_async_abort": ["--fully-async", "--max-weight-staleness", "2",
                           "--pause-generation-mode", "abort"],
+    # two batches in flight (miles' --async-max-concurrent-samples; the job's batch is 16 x 8)
+    "fully_async_2x": ["--fully-async", "--max-weight-staleness", "2",
+                       "--async-max-concurrent-samples", "256"],
 }
 # The latency scale sets the job's trainer-to-generation time ratio (a larger scale: a
 # generation-dominant job with a long tail, the regime of a GPU job); the engine rank reads it

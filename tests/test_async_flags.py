@@ -135,3 +135,38 @@ def test_the_pool_runs_over_several_engine_ranks(monkeypatch):
     with pytest.raises(ConfigError, match="--rollout-num-gpus-per-engine.*tensor-parallel"):
         rank_roles(TrainConfig(fully_async=True, rollout_num_gpus=2, rollout_engine="vllm",
                                rollout_num_gpus_per_engine=2))
+
+
+def test_pause_generation_mode_defaults_and_conflicts(monkeypatch):
+    """--pause-generation-mode (miles' values): default in_place, retract under
+    --partial-rollout (its cut); in_place or abort beside --partial-rollout in the pools is an
+    error naming the flag; retract needs a front that can requeue (vLLM's cannot yet)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert TrainConfig().effective_pause_generation_mode == "in_place"
+    pool = dict(fully_async=True, rollout_num_gpus=1)
+    partial = dict(pool, partial_rollout=True)
+    assert TrainConfig(**partial).effective_pause_generation_mode == "retract"
+    assert TrainConfig(**partial, pause_generation_mode="retract").pause_generation_mode
+    with pytest.raises(ConfigError, match=r"^pause_generation_mode='abort': conflicts with "
+                                          r"--partial-rollout"):
+        TrainConfig(**partial, pause_generation_mode="abort")
+    with pytest.raises(ConfigError, match=r"^pause_generation_mode='drain': is not a valid"):
+        TrainConfig(pause_generation_mode="drain")
+    with pytest.raises(ConfigError, match=r"^--pause-generation-mode='retract': is not built "
+                                          r"for vLLM's front yet"):
+        rank_roles(TrainConfig(**pool, rollout_engine="vllm", pause_generation_mode="retract"))
+    assert rank_roles(TrainConfig(**pool, pause_generation_mode="retract")).asynchrony.pooled
+
+
+def test_async_max_concurrent_samples_sets_the_groups_in_flight():
+    """miles' --async-max-concurrent-samples: samples in flight over the pools, a group's
+    samples together (default: one batch's groups); it bounds the pools only."""
+    pool = dict(fully_async=True, rollout_num_gpus=1, rollout_batch_size=16,
+                n_samples_per_prompt=8)
+    assert TrainConfig(**pool).groups_in_flight == 16
+    assert TrainConfig(**pool, async_max_concurrent_samples=300).groups_in_flight == 38
+    with pytest.raises(ConfigError, match=r"^async_max_concurrent_samples=64: bounds the "
+                                          r"fully-async pools only"):
+        TrainConfig(async_max_concurrent_samples=64)
+    with pytest.raises(ConfigError, match="async_max_concurrent_samples"):
+        TrainConfig(**pool, async_max_concurrent_samples=0)

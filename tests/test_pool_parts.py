@@ -18,7 +18,7 @@ from vime_pure.data.sample import Sample
 from vime_pure.data.shares import merge_meta, plan_shares
 from vime_pure.pool_ranks import place_runs
 from vime_shell.settings.train_config import TrainConfig
-from vime_shell.sources.pool import GroupPool
+from vime_shell.sources.pool import GroupPool, pool_claims
 from vime_shell.sources.pool_parts import _token_record, join_pool_parts, place_pool_parts
 
 COUNTS = {"pool_started": 0, "pool_trained": 0, "pool_recycled": 0, "pool_filtered": 0}
@@ -97,3 +97,12 @@ def test_a_pool_masks_the_tokens_staler_than_its_bound_and_records_the_rest():
                               "pool_token_staleness": {1: 1, 0: 3}}, {})]
     assert _token_record(parts) == {"token_staleness/0": 0.75, "token_staleness/1": 0.25,
                                     "token_staleness_max": 1, "stale_tokens_masked": 3}
+
+
+def test_a_pool_keeps_its_share_of_async_max_concurrent_samples_in_flight():
+    one = SimpleNamespace(is_leader=lambda r: True, engine_of=lambda r: r, num_engines=1)
+    assert pool_claims(None, 16, one, 0, False)[1] == 16  # one batch's groups, as before
+    assert pool_claims(None, 16, one, 0, False, 16)[1] == 16
+    assert pool_claims(None, 16, one, 0, False, 38)[1] == 38
+    two = SimpleNamespace(is_leader=lambda r: True, engine_of=lambda r: r, num_engines=2)
+    assert pool_claims(None, 16, two, 1, True, 38)[1] == 19  # static slices: its share

@@ -14,7 +14,8 @@ groups as chunks of consecutive places, :func:`place_runs`). With static slices 
 pool ``j`` numbers only its own slice ``pool_share(B, N, j)`` the same way.
 
 A pool keeps at most :func:`pool_capacity` groups in flight (``ceil(B / N)``, its share of a
-batch: as many as a static slice), and may start one more only while the groups counted
+batch: as many as a static slice; or its share of ``--async-max-concurrent-samples``), and may
+start one more only while the groups counted
 *live* over all pools (started, minus recycled and filtered: trained or still pending) leave
 it fresh enough for the batch it would land in (:func:`admits_live`, the core's
 ``async_pool.admits`` over the shared count); with ``K = 0`` exactly the ``B`` groups of one

@@ -35,6 +35,10 @@ class AsyncArgs(Record):
                                           "the trainer's (staler groups are regenerated, "
                                           "counted); default 1")
     update_weights_interval: int = _f(1, "rollouts between weight syncs to the engines")
+    async_max_concurrent_samples: int | None = _f(
+        None, "samples in flight over the fully-async pools (miles' flag; a group's samples "
+        "count together): default one batch, --rollout-batch-size x --n-samples-per-prompt. "
+        "More lets a long tail overlap, still within --max-weight-staleness")
     pause_generation_mode: str | None = setting(
         None, "what a weight sync does to the requests in flight under --fully-async (the "
         "only mode where a sync meets them): in_place (they continue on the new weights with "
@@ -48,6 +52,15 @@ class AsyncArgs(Record):
     def effective_max_weight_staleness(self) -> int:
         """``--max-weight-staleness``, default 1 (one step off's own staleness)."""
         return 1 if self.max_weight_staleness is None else self.max_weight_staleness
+
+    @property
+    def groups_in_flight(self) -> int:
+        """Prompt groups the fully-async pools keep in flight together: ``ceil(S / n)`` for
+        ``--async-max-concurrent-samples S`` (at least 1), else one batch's groups."""
+        n = getattr(self, "n_samples_per_prompt", 1)
+        if self.async_max_concurrent_samples is None:
+            return getattr(self, "rollout_batch_size", 1)
+        return max(-(-self.async_max_concurrent_samples // n), 1)
 
     @property
     def effective_pause_generation_mode(self) -> str:
@@ -70,6 +83,13 @@ class AsyncArgs(Record):
 
     def _check(self) -> None:
         at_least("update_weights_interval", self.update_weights_interval, 1)
+        if self.async_max_concurrent_samples is not None:
+            at_least("async_max_concurrent_samples", self.async_max_concurrent_samples, 1)
+            if not self.fully_async:
+                raise field_error(ConfigError, "async_max_concurrent_samples",
+                                  self.async_max_concurrent_samples,
+                                  "bounds the fully-async pools only",
+                                  "add --fully-async, or drop it")
         mode = self.pause_generation_mode
         if mode not in (None, "retract") and getattr(self, "partial_rollout", False) \
                 and self.fully_async:

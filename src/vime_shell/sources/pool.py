@@ -40,7 +40,9 @@ the model, vLLM with tensor parallelism, is a launch error), follow it: they cla
 answer empty parts, but load every sync, generate their probe on their own replica and join
 the evaluations, so ``N`` below counts engines. Each pool keeps at most ``ceil(B / N)`` groups
 in flight (``pool_capacity``: as many as a
-static slice holds, so a healthy job batches as before). With ``K >= 1`` a pool that finished
+static slice holds, so a healthy job batches as before), or its share of
+``--async-max-concurrent-samples`` (miles' flag: more in flight lets a long tail overlap, and
+``admits_live`` still keeps every group fresh enough). With ``K >= 1`` a pool that finished
 its groups runs ahead into the next draws while a slow one still generates; with ``K = 0`` a
 rank takes over the draws of a block that another has not claimed when it was late (a slow
 weight load, a busy loop). The store's keys are named per run by the bridge's command count
@@ -242,21 +244,25 @@ def _newest(output: list, default: int) -> int:
 
 
 def pool_claims(bridge: Any, batch_size: int, layout: Any, rank: int,
-                static: bool) -> tuple[Claims, int]:
-    """Engine rank ``rank``'s claims and how many groups it keeps in flight: an engine's
-    leader runs its pool, on the job's store shared by every engine's pool, its keys under
-    this run's name (the bridge's command count, the same on every engine rank); or, one
-    engine alone or ``static``, over its own slice on a store of its own. An engine's other
-    ranks (each holding a replica: the HF engine) follow its leader and claim nothing."""
+                static: bool, in_flight: int | None = None) -> tuple[Claims, int]:
+    """Engine rank ``rank``'s claims and how many groups it keeps in flight (its share of
+    ``in_flight`` over the pools, ``--async-max-concurrent-samples``; default one batch: its
+    slice's size): an engine's leader runs its pool, on the job's store shared by every
+    engine's pool, its keys under this run's name (the bridge's command count, the same on
+    every engine rank); or, one engine alone or ``static``, over its own slice on a store of
+    its own. An engine's other ranks (each holding a replica: the HF engine) follow its leader
+    and claim nothing."""
     if not layout.is_leader(rank):
         return Claims(LocalStore(), range(0), 0, str(rank)), 0
     engine, num_pools = layout.engine_of(rank), layout.num_engines
+    wide = in_flight is not None and in_flight != batch_size
     if static or num_pools == 1:
         share = pool_share(batch_size, num_pools, engine)
-        return Claims(LocalStore(), share, len(share), str(engine)), len(share)
+        capacity = pool_capacity(in_flight, num_pools) if wide else len(share)
+        return Claims(LocalStore(), share, len(share), str(engine)), capacity
     store = dist.PrefixStore(f"vime/pool/{bridge.commands}", monitor_store(bridge.store))
     return (Claims(store, range(batch_size), batch_size, str(engine)),
-            pool_capacity(batch_size, num_pools))
+            pool_capacity(in_flight if wide else batch_size, num_pools))
 
 
 class LockedEngine:
@@ -409,7 +415,8 @@ class GroupPool:
         self.lead = self.rank == 0  # answers evaluations (collective over the engine ranks)
         self.block = cfg.rollout_batch_size  # prompts per block (one synchronous rollout)
         self.claims, self.capacity = pool_claims(bridge, self.block, producer.engines.layout,
-                                                 self.rank, self.static_slices)
+                                                 self.rank, self.static_slices,
+                                                 cfg.groups_in_flight)
         self.bound = cfg.effective_max_weight_staleness
         # in-flight updates: a group's staleness is its tokens' (the bound masks per token)
         self.per_token = (cfg.effective_pause_generation_mode != "abort"
