@@ -11,8 +11,8 @@ Job: the embedded model on reverse2 from scratch, 16 prompts x 8 samples per rol
 ``vime train`` under ``torchrun --standalone --nproc-per-node 2``.
 
 Modes: synchronous, one step off, and fully async under each sync policy
-(``--pause-generation-mode`` in_place, vime's default; retract; abort), and in place with two
-batches of samples in flight (``--async-max-concurrent-samples``). ``--scale-ms`` sets the
+(``--pause-generation-mode`` in_place, vime's default; retract; abort), and in place with two and
+four batches of samples in flight (``--async-max-concurrent-samples``). ``--scale-ms`` sets the
 latency scale, so the job's trainer-to-generation time ratio (reported) can be moved into the
 regime of a GPU job, where generation dominates and has a long tail.
 
@@ -28,7 +28,9 @@ ended. JSON:
 ``benchmarks/results/async_tail.json``.
 
 Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python -m benchmarks.async_tail [--rollouts 60]
-[--scale-ms 20] [--modes sync,fully_async]``
+[--scale-ms 20] [--modes sync,fully_async] [--repeat 3]`` (``--repeat``: rounds of every mode,
+then the medians: seconds per rollout, each round's throughput against its synchronous run,
+the rollout reaching 0.8, and each round's load).
 """
 
 import argparse
@@ -56,6 +58,8 @@ MODES = {
     # two batches in flight (miles' --async-max-concurrent-samples; the job's batch is 16 x 8)
     "fully_async_2x": ["--fully-async", "--max-weight-staleness", "2",
                        "--async-max-concurrent-samples", "256"],
+    "fully_async_4x": ["--fully-async", "--max-weight-staleness", "2",
+                       "--async-max-concurrent-samples", "512"],
 }
 # The latency scale sets the job's trainer-to-generation time ratio (a larger scale: a
 # generation-dominant job with a long tail, the regime of a GPU job); the engine rank reads it
@@ -169,34 +173,76 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--scale-ms", type=float, default=SCALE_MS,
                         help="the latency scale: the trainer-to-generation time ratio's knob")
     parser.add_argument("--alpha", type=float, default=ALPHA, help="the Pareto tail index")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds of every mode; with more than one, medians over them")
     parser.add_argument("--root", default="runs/bench-async")
     parser.add_argument("--out", default="benchmarks/results/async_tail.json")
     args = parser.parse_args(argv)
-    from vime_shell.run.run_log import read_metrics
-
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                VIME_TAIL_SCALE_MS=str(args.scale_ms), VIME_TAIL_ALPHA=str(args.alpha))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, ["src", ".", env.get("PYTHONPATH")]))
-    results = {}
-    for name in args.modes.split(","):
-        run_dir = Path(f"{args.root}/{name}")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        log = run_dir / "engine_busy.jsonl"
-        log.unlink(missing_ok=True)  # ours: written by the previous run of this benchmark
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc-per-node=2", "-m", "vime_shell.cli", "train",
-                        "--run-dir", str(run_dir), "--overwrite-run-dir",
-                        "--num-rollout", str(args.rollouts), "--rollout-num-gpus", "1",
-                        "--rollout-function-path", "benchmarks.async_tail:tail_rollout",
-                        *MODES[name]], check=True, env={**env, LOG: str(log)})
-        intervals = [json.loads(line) for line in log.read_text().splitlines()]
-        results[name] = summarize(read_metrics(run_dir), intervals)
-        results[name]["load"] = os.getloadavg()[0]  # the machine's, as the mode ended
+    rounds = []
+    for k in range(args.repeat):  # every mode once per round: the load hits them alike
+        results = {name: run_mode(name, args, env, Path(args.root) / f"round{k}" / name)
+                   for name in args.modes.split(",")}
+        print_table(results, args.rollouts, f"round {k + 1} of {args.repeat}")
+        rounds.append(results)
+    medians = median_rows(rounds)
+    if args.repeat > 1:
+        print_medians(medians)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"scale_ms": args.scale_ms, "alpha": args.alpha,
+                                          "rollouts": args.rollouts, "load": os.getloadavg(),
+                                          "modes": rounds[-1], "rounds": rounds,
+                                          "medians": medians}, indent=1))
+    return rounds[-1]
+
+
+def run_mode(name: str, args: argparse.Namespace, env: dict, run_dir: Path) -> dict:
+    """One ``vime train`` of mode ``name`` on 2 ranks, summarized."""
+    from vime_shell.run.run_log import read_metrics
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / "engine_busy.jsonl"
+    log.unlink(missing_ok=True)  # ours: written by the previous run of this benchmark
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node=2", "-m", "vime_shell.cli", "train",
+                    "--run-dir", str(run_dir), "--overwrite-run-dir",
+                    "--num-rollout", str(args.rollouts), "--rollout-num-gpus", "1",
+                    "--rollout-function-path", "benchmarks.async_tail:tail_rollout",
+                    *MODES[name]], check=True, env={**env, LOG: str(log)})
+    intervals = [json.loads(line) for line in log.read_text().splitlines()]
+    out = summarize(read_metrics(run_dir), intervals)
+    out["load"] = os.getloadavg()[0]  # the machine's, as the mode ended
+    return out
+
+
+def median_rows(rounds: list[dict]) -> dict:
+    """Per mode over the rounds: the median seconds per rollout, the median of each round's
+    throughput against that round's synchronous run, the median rollout reaching 0.8 (None
+    where a round never reached it) and every round's load. Example: one round with sync at
+    0.2 s and a mode at 0.1 s gives that mode ``throughput_x_sync 2.0``."""
+    out = {}
+    for name in rounds[0]:
+        walls = [r[name]["wall_per_rollout_s_median"] for r in rounds]
+        ratios = [r["sync"]["wall_per_rollout_s_median"] / r[name]["wall_per_rollout_s_median"]
+                  for r in rounds if "sync" in r]
+        reached = [r[name]["reaches_0.8_at"] for r in rounds]
+        out[name] = {"wall_per_rollout_s": statistics.median(walls),
+                     "throughput_x_sync": statistics.median(ratios) if ratios else None,
+                     "reaches_0.8_at": (statistics.median(reached)
+                                        if None not in reached else None),
+                     "loads": [round(r[name]["load"], 2) for r in rounds]}
+    return out
+
+
+def print_table(results: dict, rollouts: int, title: str) -> None:
     base = results.get("sync", {}).get("wall_per_rollout_s_median")
-    half = args.rollouts // 2
-    print(f"{'mode':19s} {'s/rollout':>9s} {'x sync':>6s} {'tok/s':>6s} {'trainer idle':>12s} "
-          f"{'engine idle':>11s} {f'reward@{half}':>10s} {f'reward@{args.rollouts}':>10s} "
-          f"{'0.8 at':>6s} {'recycled':>8s} {'load':>5s}  staleness (groups | tokens)")
+    half = rollouts // 2
+    print(f"{title}\n{'mode':19s} {'s/rollout':>9s} {'x sync':>6s} {'tok/s':>6s} "
+          f"{'trainer idle':>12s} {'engine idle':>11s} {f'reward@{half}':>10s} "
+          f"{f'reward@{rollouts}':>10s} {'0.8 at':>6s} {'recycled':>8s} {'load':>5s}  "
+          "staleness (groups | tokens)")
     for name, r in results.items():
         ratio = r["wall_per_rollout_s_median"] / base if base else float("nan")
         dist = " ".join(f"{k}:{v:.2f}" for k, v in r["staleness_frac"].items())
@@ -207,11 +253,17 @@ def main(argv: list[str] | None = None) -> dict:
               f"{r['engine_idle_frac'] or 0:11.2f} {r['reward_half10']:10.3f} "
               f"{r['reward_last10']:10.3f} {'-' if reached is None else reached:>6} "
               f"{r['recycled_groups']:8d} {r['load']:5.1f}  {dist} | {tokens}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"scale_ms": args.scale_ms, "alpha": args.alpha,
-                                          "rollouts": args.rollouts, "load": os.getloadavg(),
-                                          "modes": results}, indent=1))
-    return results
+
+
+def print_medians(medians: dict) -> None:
+    print(f"medians over the rounds\n{'mode':19s} {'s/rollout':>9s} {'throughput x sync':>17s} "
+          f"{'0.8 at':>6s}  loads")
+    for name, m in medians.items():
+        ratio = m["throughput_x_sync"]
+        reached = m["reaches_0.8_at"]
+        print(f"{name:19s} {m['wall_per_rollout_s']:9.3f} "
+              f"{'-' if ratio is None else f'{ratio:.2f}':>17s} "
+              f"{'-' if reached is None else reached:>6} {m['loads']}")
 
 
 if __name__ == "__main__":

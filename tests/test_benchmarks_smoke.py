@@ -84,7 +84,7 @@ def test_async_tail_summary_of_a_synthetic_run():
     mode for a prompt, busy time is the union of intervals, and the summary's idle fractions
     and staleness distribution follow the records."""
     from benchmarks.async_tail import (busy_seconds, distribution, engine_span,
-                                       first_reaching, latency, summarize)
+                                       first_reaching, latency, median_rows, summarize)
 
     assert latency(0, 3, 5) == latency(0, 3, 5) != latency(0, 3, 6)
     assert busy_seconds([[0, 2], [1, 3], [5, 6]]) == 4
@@ -105,6 +105,13 @@ def test_async_tail_summary_of_a_synthetic_run():
     assert out["token_staleness_frac"] == {0: 0.5, 1: 0.5} and out["recycled_groups"] == 2
     assert out["reward_half10"] == 0.5 and out["reaches_0.8_at"] is None
     assert first_reaching([0.0] * 5 + [1.0] * 10, 0.8) == 12  # rollouts 5-12 of 3-12 at 1
+    row = {"wall_per_rollout_s_median": 0.2, "reaches_0.8_at": 150, "load": 1.0}
+    rounds = [{"sync": row, "fast": dict(row, wall_per_rollout_s_median=w, **{
+        "reaches_0.8_at": at})} for w, at in ((0.1, 150), (0.08, 160), (0.05, None))]
+    medians = median_rows(rounds)
+    assert medians["fast"]["throughput_x_sync"] == 2.5 and medians["fast"]["loads"] == [1.0] * 3
+    assert medians["fast"]["reaches_0.8_at"] is None  # a round never reached it
+    assert medians["sync"]["throughput_x_sync"] == 1.0
 
 
 def test_lr_curve_quick(capsys):
