@@ -140,7 +140,7 @@ def test_the_pool_runs_over_several_engine_ranks(monkeypatch):
 def test_pause_generation_mode_defaults_and_conflicts(monkeypatch):
     """--pause-generation-mode (miles' values): default in_place, retract under
     --partial-rollout (its cut); in_place or abort beside --partial-rollout in the pools is an
-    error naming the flag; retract needs a front that can requeue (vLLM's cannot yet)."""
+    error naming the flag."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert TrainConfig().effective_pause_generation_mode == "in_place"
     pool = dict(fully_async=True, rollout_num_gpus=1)
@@ -152,9 +152,6 @@ def test_pause_generation_mode_defaults_and_conflicts(monkeypatch):
         TrainConfig(**partial, pause_generation_mode="abort")
     with pytest.raises(ConfigError, match=r"^pause_generation_mode='drain': is not a valid"):
         TrainConfig(pause_generation_mode="drain")
-    with pytest.raises(ConfigError, match=r"^--pause-generation-mode='retract': is not built "
-                                          r"for vLLM's front yet"):
-        rank_roles(TrainConfig(**pool, rollout_engine="vllm", pause_generation_mode="retract"))
     assert rank_roles(TrainConfig(**pool, pause_generation_mode="retract")).asynchrony.pooled
 
 

@@ -6,7 +6,9 @@ the in-process ``vllm.LLM`` engine and the HF engine on the same weights as refe
 Asserts: concurrent requests return what the batched ``LLM`` call returns for the same seeds
 (tokens exactly, log-probs to 1e-5), also when called from two event loops in turn; an aborted
 greedy request returns its partial tokens and, resubmitted, continues them exactly; a weight
-update from a directory bumps ``weight_version`` and greedy output follows the new weights.
+update from a directory bumps ``weight_version`` and greedy output follows the new weights; a
+sync that meets a request (``--pause-generation-mode`` in_place, retract) continues it exactly
+with the same weights, its tokens carrying both versions, and abort ends it.
 """
 
 import asyncio
@@ -123,3 +125,54 @@ def test_a_weight_update_bumps_the_version(engine, embedded_pair, prompt_ids):
                                                                     params)[0].token_ids
     finally:
         engine.update_weights_from_path(embedded_pair[0])
+
+
+@pytest.mark.parametrize("mode", ["in_place", "retract"])
+def test_a_sync_inside_a_request_continues_it_and_its_tokens_carry_both_versions(
+        engine, embedded_pair, prompt_ids, mode):
+    """--pause-generation-mode through vLLM's pause_generation: a greedy request that a sync
+    meets after its second streamed token (the same weights reloaded) ends as an uninterrupted
+    one, and each token records the version that sampled it: 0 before the sync, 1 after."""
+    params = SamplingParams(max_new_tokens=40, temperature=0.0)
+    prompt = prompt_ids[1]
+    full = asyncio.run(engine.generate(prompt, params))
+    reached = _streamed(engine, 2)
+    before = engine.weight_version
+
+    async def synced():
+        task = asyncio.create_task(engine.generate(prompt, params))
+        assert await asyncio.to_thread(reached.wait, 120), "no token streamed in 120 s"
+        await asyncio.to_thread(engine.pause, mode)
+        await asyncio.to_thread(engine.update_weights_from_path, embedded_pair[0])
+        await asyncio.to_thread(engine.resume)
+        return await task
+
+    try:
+        gen = asyncio.run(synced())
+    finally:
+        del engine._llm.generate
+        engine.weight_version = before
+    assert gen.token_ids == full.token_ids and gen.finish_reason == full.finish_reason
+    assert max(abs(a - b) for a, b in zip(gen.log_probs, full.log_probs)) < 1e-5
+    versions = list(gen.token_versions)
+    assert versions == sorted(versions) and set(versions) == {before, before + 1}
+    assert versions.count(before) >= 2  # the tokens streamed before the sync
+
+
+def test_an_abort_policy_ends_the_request_a_sync_meets(engine, prompt_ids):
+    params = SamplingParams(max_new_tokens=40, temperature=0.0)
+    reached = _streamed(engine, 2)
+
+    async def aborted():
+        task = asyncio.create_task(engine.generate(prompt_ids[3], params))
+        assert await asyncio.to_thread(reached.wait, 120), "no token streamed in 120 s"
+        assert await asyncio.to_thread(engine.pause, "abort") == 1
+        await asyncio.to_thread(engine.resume)
+        return await task
+
+    try:
+        gen = asyncio.run(aborted())
+    finally:
+        del engine._llm.generate
+    assert gen.finish_reason == "abort" and len(gen.token_ids) < 40
+    assert engine.in_flight == 0

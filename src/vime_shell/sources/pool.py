@@ -323,9 +323,9 @@ class FrontEngine:
 
     def pause(self, mode: str) -> int:
         """Ready the requests in flight for a weight load on this loop (``--pause-generation-
-        mode``; call it from ``between_calls``): the front's own policy, and for a front
-        without one (vLLM's, which records no per-token versions) ``in_place`` as it loads
-        between two engine steps, ``abort`` through ``abort_all``."""
+        mode``; call it from ``between_calls``, then :meth:`resume` after the load): the
+        front's own policy; a front without one loads between two engine steps (``in_place``)
+        or aborts (``abort``)."""
         pause = getattr(self.front, "pause", None)
         if pause is not None:
             return int(pause(mode))
@@ -336,6 +336,13 @@ class FrontEngine:
                               f"is not built for the {self.engine.name} engine's front",
                               "use in_place or abort, or --rollout-engine hf")
         return 0
+
+    def resume(self) -> None:
+        """After the load: a front paused for it generates again (the HF front never stops:
+        its load runs between two of its forwards)."""
+        resume = getattr(self.front, "resume", None)
+        if resume is not None:
+            resume()
 
     def submit(self, coro: Coroutine[Any, Any, Any]) -> futures.Future:
         """Start ``coro`` on the front's loop; a pool thread waits for the returned future
@@ -595,6 +602,8 @@ class GroupPool:
             if self.pause_mode == "abort":
                 self.aborted.update(self.running)
         self.producer.engines.sync_weights(weights, version=version)
+        if self.cuts is None and isinstance(self.engine, FrontEngine):
+            self.engine.resume()
 
     def _bound_tokens(self, output: list, k: int) -> None:
         """The staleness bound per token for batch ``k``: each sample's generated tokens
