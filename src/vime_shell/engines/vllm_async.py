@@ -139,7 +139,8 @@ class VllmAsyncEngine(StagedWeights):
         rid = uuid.uuid4().hex
         version = self.weight_version
         self._inflight.add(rid)
-        last, versions = None, []  # the version that sampled each streamed token
+        last = None
+        versions: list[int] = []  # the version that sampled each streamed token
         try:
             # salted by version: a request never reuses prefix KV of older weights (in place,
             # only the requests a sync met keep theirs)
