@@ -127,6 +127,23 @@ def test_a_weight_update_bumps_the_version(engine, embedded_pair, prompt_ids):
         engine.update_weights_from_path(embedded_pair[0])
 
 
+def _met_by_a_sync(engine, prompt, params, sync):
+    """``prompt`` on ``engine``, with ``sync()`` run on a thread once the request streamed 2
+    tokens (an Event, not a sleep: at any load the request is mid-generation)."""
+    reached = _streamed(engine, 2)
+
+    async def run():
+        task = asyncio.create_task(engine.generate(prompt, params))
+        assert await asyncio.to_thread(reached.wait, 120), "no token streamed in 120 s"
+        await asyncio.to_thread(sync)
+        return await task
+
+    try:
+        return asyncio.run(run())
+    finally:
+        del engine._llm.generate
+
+
 @pytest.mark.parametrize("mode", ["in_place", "retract"])
 def test_a_sync_inside_a_request_continues_it_and_its_tokens_carry_both_versions(
         engine, embedded_pair, prompt_ids, mode):
@@ -134,23 +151,17 @@ def test_a_sync_inside_a_request_continues_it_and_its_tokens_carry_both_versions
     meets after its second streamed token (the same weights reloaded) ends as an uninterrupted
     one, and each token records the version that sampled it: 0 before the sync, 1 after."""
     params = SamplingParams(max_new_tokens=40, temperature=0.0)
-    prompt = prompt_ids[1]
-    full = asyncio.run(engine.generate(prompt, params))
-    reached = _streamed(engine, 2)
+    full = asyncio.run(engine.generate(prompt_ids[1], params))
     before = engine.weight_version
 
-    async def synced():
-        task = asyncio.create_task(engine.generate(prompt, params))
-        assert await asyncio.to_thread(reached.wait, 120), "no token streamed in 120 s"
-        await asyncio.to_thread(engine.pause, mode)
-        await asyncio.to_thread(engine.update_weights_from_path, embedded_pair[0])
-        await asyncio.to_thread(engine.resume)
-        return await task
+    def sync():
+        engine.pause(mode)
+        engine.update_weights_from_path(embedded_pair[0])
+        engine.resume()
 
     try:
-        gen = asyncio.run(synced())
+        gen = _met_by_a_sync(engine, prompt_ids[1], params, sync)
     finally:
-        del engine._llm.generate
         engine.weight_version = before
     assert gen.token_ids == full.token_ids and gen.finish_reason == full.finish_reason
     assert max(abs(a - b) for a, b in zip(gen.log_probs, full.log_probs)) < 1e-5
@@ -161,18 +172,13 @@ def test_a_sync_inside_a_request_continues_it_and_its_tokens_carry_both_versions
 
 def test_an_abort_policy_ends_the_request_a_sync_meets(engine, prompt_ids):
     params = SamplingParams(max_new_tokens=40, temperature=0.0)
-    reached = _streamed(engine, 2)
+    touched = []
 
-    async def aborted():
-        task = asyncio.create_task(engine.generate(prompt_ids[3], params))
-        assert await asyncio.to_thread(reached.wait, 120), "no token streamed in 120 s"
-        assert await asyncio.to_thread(engine.pause, "abort") == 1
-        await asyncio.to_thread(engine.resume)
-        return await task
+    def sync():
+        touched.append(engine.pause("abort"))
+        engine.resume()
 
-    try:
-        gen = asyncio.run(aborted())
-    finally:
-        del engine._llm.generate
+    gen = _met_by_a_sync(engine, prompt_ids[3], params, sync)
+    assert touched == [1]
     assert gen.finish_reason == "abort" and len(gen.token_ids) < 40
     assert engine.in_flight == 0
