@@ -130,6 +130,7 @@ import torch.distributed as dist
 
 from vime_pure.async_pool import PoolCounts, drain
 from vime_pure.data.held_parts import claimed_part
+from vime_pure.data.sample import Status, as_status
 from vime_pure.data.shares import BatchMeta
 from vime_pure.errors import field_error
 from vime_pure.pool_ranks import (admits_live, draw_of, place_runs, pool_capacity,
@@ -440,7 +441,6 @@ class GroupPool:
         self.cut_requests = 0  # engine requests the syncs cut
         self.pause_mode = cfg.effective_pause_generation_mode
         self.paused_requests = 0  # requests in flight at a sync (retracted or aborted)
-        self.aborted: set[futures.Future] = set()  # groups whose requests a sync aborted
         # this batch's: tokens --max-weight-staleness masked, trained tokens per staleness
         self.stale_tokens = 0
         self.token_staleness: dict[int, int] = {}
@@ -589,7 +589,7 @@ class GroupPool:
         loop, so no request runs during the load), the requests in flight readied by the sync
         policy first (``--pause-generation-mode``): ``in_place`` and ``retract`` continue them
         on the new weights, each token stamped with its version; ``abort`` ends them and their
-        groups are generated again (recycled at harvest). Under ``--partial-rollout`` the
+        groups are generated again (recycled at harvest: a group with an aborted sample). Under ``--partial-rollout`` the
         requests are cut and continued as new segments (``per_sample.PerSample.
         continue_after_cut``): one weight version per segment."""
         weights = self.bridge.receive_weights()
@@ -599,11 +599,11 @@ class GroupPool:
             runtime.cuts += 1
         elif isinstance(self.engine, FrontEngine):
             self.paused_requests += self.engine.pause(self.pause_mode)
-            if self.pause_mode == "abort":
-                self.aborted.update(self.running)
-        self.producer.engines.sync_weights(weights, version=version)
-        if self.cuts is None and isinstance(self.engine, FrontEngine):
-            self.engine.resume()
+        try:
+            self.producer.engines.sync_weights(weights, version=version)
+        finally:  # a front paused for the load generates again, whatever the load did
+            if self.cuts is None and isinstance(self.engine, FrontEngine):
+                self.engine.resume()
 
     def _bound_tokens(self, output: list, k: int) -> None:
         """The staleness bound per token for batch ``k``: each sample's generated tokens
@@ -704,8 +704,9 @@ class GroupPool:
         for future in [f for f in self.running if f.done()]:
             draw, version = self.running.pop(future)
             output = future.result()  # a failing rollout function stops the pool here
-            if future in self.aborted:  # a sync aborted its requests: generated again
-                self.aborted.discard(future)
+            if self.pause_mode == "abort" and self.cuts is None and any(
+                    as_status(s.status) is Status.ABORTED for s in prompt_samples(output[0])):
+                # a sync aborted its requests: the group is generated again with its seeds
                 self.claims.give_back((draw.block, draw.index))
                 self.claims.live(-1)
                 self.counts = self.counts.add(recycled=1)
