@@ -184,11 +184,11 @@ def leaf_samples(session: Session, *, group_id: int | str | None = None) -> list
         log_probs = [_log_prob(session, path, p) if m else 0.0
                      for p, m in zip(range(start, len(path.tokens)), mask)]
         turns = sorted({path.origin[p] for p in owned})
-        versions = sorted(session.turns[t].weight_version for t in turns)  # non-decreasing
         token_versions = [_version(session, path, p) if m else NO_VERSION
                           for p, m in zip(range(start, len(path.tokens)), mask)]
-        if any(session.turns[t].token_versions is not None for t in turns):
-            versions = version_runs(token_versions)[0]  # a sync landed inside a turn
+        versions = (version_runs(token_versions)[0]  # a sync may have landed inside a turn
+                    if any(session.turns[t].token_versions is not None for t in turns)
+                    else sorted(session.turns[t].weight_version for t in turns))
         out.append(Sample(tokens=list(path.tokens), response_length=len(path.tokens) - start,
                           loss_mask=mask, rollout_log_probs=log_probs, group_id=group_id,
                           status=session.turns[path.last_turn].status,

@@ -11,6 +11,10 @@ function (:mod:`vime_shell.rollout.generate`) and an asynchronous generation poo
   ``finish_reason="abort"`` and its tokens so far (partial rollouts, weight updates). The HF
   front runs in its callers' event loop (call it from that loop's thread); the vLLM engine
   runs its own loop on a thread (call it from anywhere but that thread);
+- ``pause(mode) -> int`` / ``resume()``: around a weight load that meets requests in flight
+  (``--pause-generation-mode``: ``in_place``, ``retract``, ``abort``; the fully-async pools);
+  ``pause`` returns the requests it retracted or ended, and every token keeps the version
+  that sampled it (``Generation.token_versions``);
 - ``weight_version``: the version of the engine's weights (0 as built, set at every sync);
 - ``in_flight``: requests admitted or queued.
 
@@ -31,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from vime_pure.errors import field_error
+from vime_pure.token_versions import PAUSE_MODES
 from vime_shell.engines import ENGINES, engines_with
 from vime_shell.engines.base import EngineError, Generation, RolloutEngine, SamplingParams
 from vime_shell.engines.traits import load_target
@@ -54,6 +59,18 @@ class AsyncRolloutEngine(Protocol):
                        ) -> Generation: ...
 
     def abort_all(self) -> int: ...
+
+    def pause(self, mode: str) -> int: ...
+
+    def resume(self) -> None: ...
+
+
+def checked_pause_mode(mode: str) -> str:
+    """``mode`` when it is a sync policy (``--pause-generation-mode``), else a typed error."""
+    if mode not in PAUSE_MODES:
+        raise field_error(EngineError, "--pause-generation-mode", mode, "is not a sync policy",
+                          f"use one of {PAUSE_MODES}")
+    return mode
 
 
 def async_front(engine: RolloutEngine | AsyncRolloutEngine, *,

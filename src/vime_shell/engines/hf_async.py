@@ -59,7 +59,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
 
 from vime_pure.errors import field_error
-from vime_pure.token_versions import PAUSE_MODES
+from vime_shell.engines.async_engine import checked_pause_mode
 from vime_shell.engines.base import (EngineError, FinishReason, Generation, SamplingParams,
                                      check_prompts)
 from vime_shell.engines.hf import HfEngine, choose_tokens
@@ -197,16 +197,17 @@ class HfAsyncFront:
     def pause(self, mode: str) -> int:
         """Ready the requests in flight for a weight load that follows on this loop (the module
         docstring's sync policies); returns how many requests it touched."""
-        if mode == "in_place":
-            return 0
+        if checked_pause_mode(mode) == "abort":
+            return self.abort_all()
         if mode == "retract":
             retracted, self._active, self._cache = self._active, [], None
             self._waiting = retracted + self._waiting  # first in line, prefilled again
             return len(retracted)
-        if mode == "abort":
-            return self.abort_all()
-        raise field_error(EngineError, "--pause-generation-mode", mode, "is not a sync policy",
-                          f"use one of {PAUSE_MODES}")
+        return 0  # in place: the rows keep their cache
+
+    def resume(self) -> None:
+        """Nothing to resume: the load ran between two forwards, and the next one samples
+        with the new weights."""
 
     def abort_all(self) -> int:
         """End every request now with ``finish_reason="abort"`` and its tokens so far; returns

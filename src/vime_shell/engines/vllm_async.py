@@ -45,8 +45,7 @@ from vllm.inputs import TokensPrompt
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from vime_pure.errors import field_error
-from vime_pure.token_versions import PAUSE_MODES
-from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY
+from vime_shell.engines.async_engine import DEFAULT_CONCURRENCY, checked_pause_mode
 from vime_shell.engines.base import (EngineError, Generation, NamedTensors, SamplingParams,
                                      check_prompts)
 from vime_shell.engines.group import EngineOptions
@@ -173,10 +172,7 @@ class VllmAsyncEngine(StagedWeights):
         then preempts them at the load, so their KV is recomputed on the new weights), ``abort``
         ends them. Every token streamed before the pause is taken by its request first, so the
         tokens after :meth:`resume` are the new version's. Returns the requests touched."""
-        if mode not in PAUSE_MODES:
-            raise field_error(EngineError, "--pause-generation-mode", mode,
-                              "is not a sync policy", f"use one of {PAUSE_MODES}")
-        touched = 0 if mode == "in_place" else len(self._inflight)
+        touched = 0 if checked_pause_mode(mode) == "in_place" else len(self._inflight)
 
         async def pause() -> None:
             await self._llm.pause_generation(mode="abort" if mode == "abort" else "keep",

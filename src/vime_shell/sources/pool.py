@@ -132,13 +132,11 @@ from vime_pure.async_pool import PoolCounts, drain
 from vime_pure.data.held_parts import claimed_part
 from vime_pure.data.sample import Status, as_status
 from vime_pure.data.shares import BatchMeta
-from vime_pure.errors import field_error
 from vime_pure.pool_ranks import (admits_live, draw_of, place_runs, pool_capacity,
                                   pool_share)
 from vime_pure.token_versions import (NO_VERSION, mask_stale_tokens, token_staleness_counts,
                                       version_runs)
 from vime_shell.engines.async_engine import async_front, has_per_request_api
-from vime_shell.engines.base import EngineError
 from vime_shell.engines.health import current, monitor_store
 from vime_shell.settings.train_config import TrainConfig
 from vime_shell.sources.exchange import ShareExchange
@@ -325,25 +323,12 @@ class FrontEngine:
     def pause(self, mode: str) -> int:
         """Ready the requests in flight for a weight load on this loop (``--pause-generation-
         mode``; call it from ``between_calls``, then :meth:`resume` after the load): the
-        front's own policy; a front without one loads between two engine steps (``in_place``)
-        or aborts (``abort``)."""
-        pause = getattr(self.front, "pause", None)
-        if pause is not None:
-            return int(pause(mode))
-        if mode == "abort":
-            return int(self.front.abort_all())
-        if mode == "retract":
-            raise field_error(EngineError, "--pause-generation-mode", mode,
-                              f"is not built for the {self.engine.name} engine's front",
-                              "use in_place or abort, or --rollout-engine hf")
-        return 0
+        front's own policy (``engines.async_engine``)."""
+        return int(self.front.pause(mode))
 
     def resume(self) -> None:
-        """After the load: a front paused for it generates again (the HF front never stops:
-        its load runs between two of its forwards)."""
-        resume = getattr(self.front, "resume", None)
-        if resume is not None:
-            resume()
+        """After the load: a front paused for it generates again."""
+        self.front.resume()
 
     def submit(self, coro: Coroutine[Any, Any, Any]) -> futures.Future:
         """Start ``coro`` on the front's loop; a pool thread waits for the returned future
@@ -593,17 +578,19 @@ class GroupPool:
         requests are cut and continued as new segments (``per_sample.PerSample.
         continue_after_cut``): one weight version per segment."""
         weights = self.bridge.receive_weights()
+        paused = self.engine if self.cuts is None and isinstance(self.engine, FrontEngine) \
+            else None  # a lock-held engine ends its call before the load: nothing to pause
         if self.cuts is not None:
             front, runtime = self.cuts
             self.cut_requests += front.abort_all()
             runtime.cuts += 1
-        elif isinstance(self.engine, FrontEngine):
-            self.paused_requests += self.engine.pause(self.pause_mode)
+        elif paused is not None:
+            self.paused_requests += paused.pause(self.pause_mode)
         try:
             self.producer.engines.sync_weights(weights, version=version)
         finally:  # a front paused for the load generates again, whatever the load did
-            if self.cuts is None and isinstance(self.engine, FrontEngine):
-                self.engine.resume()
+            if paused is not None:
+                paused.resume()
 
     def _bound_tokens(self, output: list, k: int) -> None:
         """The staleness bound per token for batch ``k``: each sample's generated tokens
