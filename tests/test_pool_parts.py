@@ -104,5 +104,9 @@ def test_a_pool_keeps_its_share_of_async_max_concurrent_samples_in_flight():
     assert pool_claims(None, 16, one, 0, False)[1] == 16  # one batch's groups, as before
     assert pool_claims(None, 16, one, 0, False, 16)[1] == 16
     assert pool_claims(None, 16, one, 0, False, 38)[1] == 38
+    # ... and admits against it (plus one batch ready), not a fixed two batches
+    assert pool_claims(None, 16, one, 0, False)[0].in_flight == 16
+    assert pool_claims(None, 16, one, 0, False, 38)[0].in_flight == 38
     two = SimpleNamespace(is_leader=lambda r: True, engine_of=lambda r: r, num_engines=2)
-    assert pool_claims(None, 16, two, 1, True, 38)[1] == 19  # static slices: its share
+    claims, capacity = pool_claims(None, 16, two, 1, True, 38)
+    assert capacity == claims.in_flight == 19  # static slices: its share

@@ -193,13 +193,16 @@ def enforce_staleness_bound(weight_version_min: Any, trainer_version: Any,
 
 
 def admits(*, batches_sent: Any, start_version: Any, engine_version: Any, queued: Any,
-           batch_size: Any, max_staleness: Any) -> bool:
+           batch_size: Any, max_staleness: Any, in_flight: Any = None) -> bool:
     """Whether the pool may start one more group now.
 
     ``queued`` groups (in flight or completed, not yet sent) are ahead of it, so it lands in
     batch ``batches_sent + queued // batch_size`` at the earliest, trained by version
     ``start_version + that``; it is started only if its staleness there is at most ``K``, and
-    while fewer than two batches' worth are queued (``B`` in flight plus ``B`` ready).
+    while fewer than ``in_flight + B`` are queued: the groups allowed in flight
+    (``--async-max-concurrent-samples``; default ``B``) plus one batch ready. A long tail
+    overlaps more with more in flight; the staleness bound still caps the queue at about
+    ``K + 1`` batches.
     Example: ``B=4, K=0``, nothing sent, 4 queued at version 0: the next group would land in
     batch 1 (version 1) with staleness 1, so ``admits(...) is False`` until the sync.
     """
@@ -208,7 +211,9 @@ def admits(*, batches_sent: Any, start_version: Any, engine_version: Any, queued
             ("batches_sent", batches_sent, 0), ("start_version", start_version, 0),
             ("engine_version", engine_version, 0), ("queued", queued, 0),
             ("batch_size", batch_size, 1), ("max_staleness", max_staleness, 0)))
-    if queued >= 2 * batch_size:
+    in_flight = batch_size if in_flight is None else as_int("in_flight", in_flight, 1,
+                                                            AsyncPoolError, _FIX)
+    if queued >= in_flight + batch_size:
         return False
     lands_in = start_version + batches_sent + queued // batch_size
     return lands_in - engine_version <= max_staleness

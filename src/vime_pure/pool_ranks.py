@@ -78,11 +78,13 @@ def draw_of(ticket: Any, base_block: Any, indices: Any) -> tuple[int, int]:
 
 
 def admits_live(*, live_before: Any, batches_sent: Any, start_version: Any,
-                engine_version: Any, batch_size: Any, max_staleness: Any) -> bool:
+                engine_version: Any, batch_size: Any, max_staleness: Any,
+                in_flight: Any = None) -> bool:
     """Whether one more group may start, ``live_before`` groups being live over all pools
     (started minus recycled and filtered; this pool has sent ``batches_sent`` parts, so at
     least ``B * batches_sent`` of them are trained): ``async_pool.admits`` with the pending
-    ones as its queue. It lands in batch ``start_version + live_before // B`` at the earliest.
+    ones as its queue, ``in_flight`` groups allowed in flight over the pools (default ``B``).
+    It lands in batch ``start_version + live_before // B`` at the earliest.
     Example: ``B=4, K=0``, nothing sent, 4 live at version 0: False until the sync."""
     live_before, batches_sent, batch_size = (
         as_int(name, value, lo, AsyncPoolError, _FIX) for name, value, lo in (
@@ -91,7 +93,7 @@ def admits_live(*, live_before: Any, batches_sent: Any, start_version: Any,
     return admits(batches_sent=batches_sent, start_version=start_version,
                   engine_version=engine_version,
                   queued=max(live_before - batch_size * batches_sent, 0),
-                  batch_size=batch_size, max_staleness=max_staleness)
+                  batch_size=batch_size, max_staleness=max_staleness, in_flight=in_flight)
 
 
 def _group_keys(name: str, value: Any) -> list[tuple[int, int]]:

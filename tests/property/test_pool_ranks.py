@@ -116,6 +116,21 @@ def test_at_staleness_0_exactly_one_block_is_live_beyond_the_trained(batch_size,
     assert ok == (extra < batch_size)
 
 
+@given(st.integers(1, 8), st.integers(1, 40), st.integers(0, 5), st.integers(0, 3),
+       st.integers(0, 60))
+def test_the_queue_holds_the_groups_in_flight_plus_one_batch_within_the_bound(
+        batch_size, in_flight, sent, bound, extra):
+    """``--async-max-concurrent-samples``: beyond the trained groups, a group starts while
+    fewer than ``in_flight + B`` are live (one batch ready besides those in flight) and it
+    can still be fresh enough; the default ``in_flight`` is one batch (two batches queued)."""
+    live = batch_size * sent + extra
+    kw = dict(live_before=live, batches_sent=sent, start_version=0, engine_version=sent,
+              batch_size=batch_size, max_staleness=bound)
+    ok = admits_live(**kw, in_flight=in_flight)
+    assert ok == (extra < in_flight + batch_size and extra // batch_size <= bound)
+    assert admits_live(**kw) == admits_live(**kw, in_flight=batch_size)
+
+
 @st.composite
 def shared_runs(draw):
     """``N`` pools over one shared queue: tickets claimed in a random interleaving, groups

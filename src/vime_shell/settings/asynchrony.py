@@ -38,7 +38,8 @@ class AsyncArgs(Record):
     async_max_concurrent_samples: int | None = _f(
         None, "samples in flight over the fully-async pools (miles' flag; a group's samples "
         "count together): default one batch, --rollout-batch-size x --n-samples-per-prompt. "
-        "More lets a long tail overlap, still within --max-weight-staleness")
+        "More lets a long tail overlap, still within --max-weight-staleness; the pools also "
+        "keep one batch of finished groups ready beside them")
     pause_generation_mode: str | None = setting(
         None, "what a weight sync does to the requests in flight under --fully-async (the "
         "only mode where a sync meets them): in_place (they continue on the new weights with "

@@ -41,8 +41,9 @@ answer empty parts, but load every sync, generate their probe on their own repli
 the evaluations, so ``N`` below counts engines. Each pool keeps at most ``ceil(B / N)`` groups
 in flight (``pool_capacity``: as many as a
 static slice holds, so a healthy job batches as before), or its share of
-``--async-max-concurrent-samples`` (miles' flag: more in flight lets a long tail overlap, and
-``admits_live`` still keeps every group fresh enough). With ``K >= 1`` a pool that finished
+``--async-max-concurrent-samples`` (miles' flag: more in flight lets a long tail overlap);
+``admits_live`` keeps every group fresh enough and the groups queued over the pools (in
+flight or done, not yet sent) under those in flight plus one batch ready. With ``K >= 1`` a pool that finished
 its groups runs ahead into the next draws while a slow one still generates; with ``K = 0`` a
 rank takes over the draws of a block that another has not claimed when it was late (a slow
 weight load, a busy loop). The store's keys are named per run by the bridge's command count
@@ -193,10 +194,13 @@ class Claims:
     """Which draws are taken, in a ``store`` shared by the pools (or a pool's own): the keys of
     the module docstring. ``indices``: the prompt indices the tickets number (a whole block,
     or a static slice); ``batch_size``: the slots of a batch; ``me``: this pool's name in the
-    store (who took a recycled draw)."""
+    store (who took a recycled draw); ``in_flight``: the groups the pools sharing the store
+    keep in flight together (default ``batch_size``)."""
 
-    def __init__(self, store: Any, indices: range, batch_size: int, me: str):
+    def __init__(self, store: Any, indices: range, batch_size: int, me: str,
+                 in_flight: int | None = None):
         self.store, self.indices, self.batch_size, self.me = store, indices, batch_size, me
+        self.in_flight = batch_size if in_flight is None else in_flight
         self.seen = 0  # recycled draws looked at: all up to it are taken by some pool
 
     def live(self, amount: int) -> int:
@@ -258,10 +262,11 @@ def pool_claims(bridge: Any, batch_size: int, layout: Any, rank: int,
     if static or num_pools == 1:
         share = pool_share(batch_size, num_pools, engine)
         capacity = pool_capacity(in_flight, num_pools) if wide else len(share)
-        return Claims(LocalStore(), share, len(share), str(engine)), capacity
+        return Claims(LocalStore(), share, len(share), str(engine), capacity), capacity
     store = dist.PrefixStore(f"vime/pool/{bridge.commands}", monitor_store(bridge.store))
-    return (Claims(store, range(batch_size), batch_size, str(engine)),
-            pool_capacity(in_flight if wide else batch_size, num_pools))
+    together = in_flight if wide else batch_size
+    return (Claims(store, range(batch_size), batch_size, str(engine), together),
+            pool_capacity(together, num_pools))
 
 
 class LockedEngine:
@@ -667,7 +672,8 @@ class GroupPool:
         while self.start is not None and len(self.running) < self.capacity:
             if not admits_live(live_before=self.claims.live(1) - 1, batches_sent=self.sent,
                                start_version=self.start, engine_version=self.version,
-                               batch_size=self.claims.batch_size, max_staleness=self.bound):
+                               batch_size=self.claims.batch_size, max_staleness=self.bound,
+                               in_flight=self.claims.in_flight):
                 self.claims.live(-1)
                 return
             draw = self._next_draw()
