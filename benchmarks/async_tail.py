@@ -16,8 +16,11 @@ four batches of samples in flight (``--async-max-concurrent-samples``). ``--scal
 latency scale, so the job's trainer-to-generation time ratio (reported) can be moved into the
 regime of a GPU job, where generation dominates and has a long tail.
 
-Reported per mode: median wall seconds per rollout (batch wait + train + sync on the trainer)
-and its ratio to the synchronous run; trained tokens per second; the idle fraction of each
+Reported per mode: throughput, rollouts per second over the whole run (rollouts over the
+summed trainer wall: batch wait + train + sync), and its ratio to the synchronous run's; the
+mean and the median wall seconds per rollout (a heavy tail moves the mean, and the mean is
+what the throughput pays: the median alone hides the synchronous loop's slow rollouts);
+trained tokens per second; the idle fraction of each
 rank (trainer: time not training; engine: time with no request in flight, from intervals the
 rollout function logs, over the engine's own span, first request to last, since in the
 asynchronous modes it runs ahead of the trainer's clock); the reward at equal rollouts
@@ -145,7 +148,9 @@ def summarize(records: list[dict], intervals: list[list[float]]) -> dict:
         if cumulative >= 0.5:
             median = k
             break
-    return {"rollouts": len(records), "wall_per_rollout_s_median": statistics.median(walls),
+    return {"rollouts": len(records), "rollouts_per_s": len(records) / wall,
+            "wall_per_rollout_s_mean": wall / len(records),
+            "wall_per_rollout_s_median": statistics.median(walls),
             "tokens_per_s": sum(r["tokens"] for r in records) / wall,
             "train_to_generation": statistics.median(r["train_s"] for r in records)
             / max(busy_seconds(intervals) / len(records), 1e-9) if intervals else None,
@@ -218,18 +223,24 @@ def run_mode(name: str, args: argparse.Namespace, env: dict, run_dir: Path) -> d
 
 
 def median_rows(rounds: list[dict]) -> dict:
-    """Per mode over the rounds: the median seconds per rollout, the median of each round's
-    throughput against that round's synchronous run, the median rollout reaching 0.8 (None
-    where a round never reached it) and every round's load. Example: one round with sync at
-    0.2 s and a mode at 0.1 s gives that mode ``throughput_x_sync 2.0``."""
+    """Per mode over the rounds: the median throughput (rollouts per second), the median of
+    each round's throughput against that round's synchronous run, the median of the mean and
+    the median seconds per rollout, the median rollout reaching 0.8 (None where a round never
+    reached it) and every round's load. Example: one round with sync at 5 rollouts/s and a
+    mode at 10 gives that mode ``throughput_x_sync 2.0``."""
     out = {}
     for name in rounds[0]:
-        walls = [r[name]["wall_per_rollout_s_median"] for r in rounds]
-        ratios = [r["sync"]["wall_per_rollout_s_median"] / r[name]["wall_per_rollout_s_median"]
+        ratios = [r[name]["rollouts_per_s"] / r["sync"]["rollouts_per_s"]
                   for r in rounds if "sync" in r]
         reached = [r[name]["reaches_0.8_at"] for r in rounds]
-        out[name] = {"wall_per_rollout_s": statistics.median(walls),
+        out[name] = {"rollouts_per_s": statistics.median(r[name]["rollouts_per_s"]
+                                                         for r in rounds),
                      "throughput_x_sync": statistics.median(ratios) if ratios else None,
+                     "throughput_x_sync_rounds": [round(x, 3) for x in ratios],
+                     "wall_per_rollout_s_mean": statistics.median(
+                         r[name]["wall_per_rollout_s_mean"] for r in rounds),
+                     "wall_per_rollout_s_median": statistics.median(
+                         r[name]["wall_per_rollout_s_median"] for r in rounds),
                      "reaches_0.8_at": (statistics.median(reached)
                                         if None not in reached else None),
                      "loads": [round(r[name]["load"], 2) for r in rounds]}
@@ -237,18 +248,19 @@ def median_rows(rounds: list[dict]) -> dict:
 
 
 def print_table(results: dict, rollouts: int, title: str) -> None:
-    base = results.get("sync", {}).get("wall_per_rollout_s_median")
+    base = results.get("sync", {}).get("rollouts_per_s")
     half = rollouts // 2
-    print(f"{title}\n{'mode':19s} {'s/rollout':>9s} {'x sync':>6s} {'tok/s':>6s} "
-          f"{'trainer idle':>12s} {'engine idle':>11s} {f'reward@{half}':>10s} "
-          f"{f'reward@{rollouts}':>10s} {'0.8 at':>6s} {'recycled':>8s} {'load':>5s}  "
-          "staleness (groups | tokens)")
+    print(f"{title}\n{'mode':19s} {'rollout/s':>9s} {'x sync':>6s} {'s/r mean':>8s} "
+          f"{'s/r med':>7s} {'tok/s':>6s} {'trainer idle':>12s} {'engine idle':>11s} "
+          f"{f'reward@{half}':>10s} {f'reward@{rollouts}':>10s} {'0.8 at':>6s} "
+          f"{'recycled':>8s} {'load':>5s}  staleness (groups | tokens)")
     for name, r in results.items():
-        ratio = r["wall_per_rollout_s_median"] / base if base else float("nan")
+        ratio = r["rollouts_per_s"] / base if base else float("nan")
         dist = " ".join(f"{k}:{v:.2f}" for k, v in r["staleness_frac"].items())
         tokens = " ".join(f"{k}:{v:.2f}" for k, v in r["token_staleness_frac"].items()) or "-"
         reached = r["reaches_0.8_at"]
-        print(f"{name:19s} {r['wall_per_rollout_s_median']:9.3f} {ratio:6.2f} "
+        print(f"{name:19s} {r['rollouts_per_s']:9.2f} {ratio:6.2f} "
+              f"{r['wall_per_rollout_s_mean']:8.3f} {r['wall_per_rollout_s_median']:7.3f} "
               f"{r['tokens_per_s']:6.0f} {r['trainer_idle_frac']:12.2f} "
               f"{r['engine_idle_frac'] or 0:11.2f} {r['reward_half10']:10.3f} "
               f"{r['reward_last10']:10.3f} {'-' if reached is None else reached:>6} "
@@ -256,14 +268,17 @@ def print_table(results: dict, rollouts: int, title: str) -> None:
 
 
 def print_medians(medians: dict) -> None:
-    print(f"medians over the rounds\n{'mode':19s} {'s/rollout':>9s} {'throughput x sync':>17s} "
-          f"{'0.8 at':>6s}  loads")
+    print(f"medians over the rounds\n{'mode':19s} {'rollout/s':>9s} "
+          f"{'throughput x sync':>17s} {'s/r mean':>8s} {'s/r med':>7s} {'0.8 at':>6s}  "
+          "x sync per round | loads")
     for name, m in medians.items():
         ratio = m["throughput_x_sync"]
         reached = m["reaches_0.8_at"]
-        print(f"{name:19s} {m['wall_per_rollout_s']:9.3f} "
+        print(f"{name:19s} {m['rollouts_per_s']:9.2f} "
               f"{'-' if ratio is None else f'{ratio:.2f}':>17s} "
-              f"{'-' if reached is None else reached:>6} {m['loads']}")
+              f"{m['wall_per_rollout_s_mean']:8.3f} {m['wall_per_rollout_s_median']:7.3f} "
+              f"{'-' if reached is None else reached:>6}  {m['throughput_x_sync_rounds']} | "
+              f"{m['loads']}")
 
 
 if __name__ == "__main__":

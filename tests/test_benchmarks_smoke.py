@@ -97,19 +97,24 @@ def test_async_tail_summary_of_a_synthetic_run():
                 "tokens": 100, "token_staleness/0": 0.5, "token_staleness/1": 0.5,
                 "pool_recycled": 2}
                for _ in range(3)]
+    records[2]["rollout_s"] = 4.0  # a slow rollout moves the mean, not the median
     out = summarize(records, [[0.0, 1.0], [2.0, 3.0]])  # busy 2 s of its 3 s span
-    assert out["wall_per_rollout_s_median"] == 2.0
-    assert out["trainer_idle_frac"] == 0.5 and abs(out["engine_idle_frac"] - 1 / 3) < 1e-12
+    assert out["wall_per_rollout_s_median"] == 2.0 and out["wall_per_rollout_s_mean"] == 3.0
+    assert out["rollouts_per_s"] == 1 / 3
+    assert abs(out["trainer_idle_frac"] - 2 / 3) < 1e-12
+    assert abs(out["engine_idle_frac"] - 1 / 3) < 1e-12
     assert out["staleness_frac"] == {0: 0.25, 1: 0.75} and out["staleness_median"] == 1
-    assert out["tokens_per_s"] == 50.0 and out["train_to_generation"] == 1.5
+    assert abs(out["tokens_per_s"] - 300 / 9) < 1e-12 and out["train_to_generation"] == 1.5
     assert out["token_staleness_frac"] == {0: 0.5, 1: 0.5} and out["recycled_groups"] == 2
     assert out["reward_half10"] == 0.5 and out["reaches_0.8_at"] is None
     assert first_reaching([0.0] * 5 + [1.0] * 10, 0.8) == 12  # rollouts 5-12 of 3-12 at 1
-    row = {"wall_per_rollout_s_median": 0.2, "reaches_0.8_at": 150, "load": 1.0}
-    rounds = [{"sync": row, "fast": dict(row, wall_per_rollout_s_median=w, **{
-        "reaches_0.8_at": at})} for w, at in ((0.1, 150), (0.08, 160), (0.05, None))]
+    row = {"rollouts_per_s": 5.0, "wall_per_rollout_s_mean": 0.2,
+           "wall_per_rollout_s_median": 0.2, "reaches_0.8_at": 150, "load": 1.0}
+    rounds = [{"sync": row, "fast": dict(row, rollouts_per_s=x, **{"reaches_0.8_at": at})}
+              for x, at in ((10.0, 150), (12.5, 160), (20.0, None))]
     medians = median_rows(rounds)
     assert medians["fast"]["throughput_x_sync"] == 2.5 and medians["fast"]["loads"] == [1.0] * 3
+    assert medians["fast"]["throughput_x_sync_rounds"] == [2.0, 2.5, 4.0]
     assert medians["fast"]["reaches_0.8_at"] is None  # a round never reached it
     assert medians["sync"]["throughput_x_sync"] == 1.0
 
