@@ -8,7 +8,8 @@ Asserts: concurrent requests return what the batched ``LLM`` call returns for th
 greedy request returns its partial tokens and, resubmitted, continues them exactly; a weight
 update from a directory bumps ``weight_version`` and greedy output follows the new weights; a
 sync that meets a request (``--pause-generation-mode`` in_place, retract) continues it exactly
-with the same weights, its tokens carrying both versions, and abort ends it.
+with the same weights, its tokens carrying both versions, and abort ends it; a call on the
+engine's loop past its bound is an error naming it.
 """
 
 import asyncio
@@ -23,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from vime_shell.engines import SamplingParams, select_engine  # noqa: E402
 from vime_shell.engines.async_engine import AsyncRolloutEngine, async_front  # noqa: E402
+from vime_shell.engines.base import EngineError  # noqa: E402
 from vime_shell.engines.hf import HfEngine  # noqa: E402
 from vime_shell.models.tokenizer import load_tokenizer  # noqa: E402
 
@@ -182,3 +184,12 @@ def test_an_abort_policy_ends_the_request_a_sync_meets(engine, prompt_ids):
     assert touched == [1]
     assert gen.finish_reason == "abort" and len(gen.token_ids) < 40
     assert engine.in_flight == 0
+
+
+def test_an_engine_call_that_never_ends_is_an_error_naming_it(engine):
+    """Every wait on the engine's loop is bounded: a call past its bound is cancelled and the
+    error names it (a stuck engine process never holds the job)."""
+    never = asyncio.Event()
+    with pytest.raises(EngineError, match=r"did not finish its weight reload within 0\.2 s"):
+        engine._call(never.wait(), "weight reload", 0.2)
+    assert engine._call(asyncio.sleep(0, result=7), "check", 5) == 7  # the loop still serves

