@@ -53,7 +53,7 @@ def test_flags_come_from_the_records_fields():
     (RewardArgs, {"advantage_estimator": "ppo"}, "advantage_estimator='ppo'"),
     (EvalArgs, {"eval_prompt_data": ["gsm8k"]}, "is not NAME PATH pairs"),
     (BatchingArgs, {"max_tokens_per_gpu": 0}, "max_tokens_per_gpu=0"),
-    (LossArgs, {"eps_clip": 0.0}, "--eps-clip=0.0: must lie in (0, 1)"),
+    (LossArgs, {"eps_clip": 0.0}, "--eps-clip=0.0: must lie in (0, 1]"),
     (OptimizerArgs, {"lr": 2.0}, "--lr=2.0"),
     (ParallelArgs, {"tensor_model_parallel_size": 0}, "tensor_model_parallel_size=0"),
     (MemoryArgs, {"overlap_cpu_optimizer_d2h_h2d": True}, "needs --optimizer-cpu-offload"),
@@ -70,11 +70,15 @@ def test_each_record_checks_its_own_fields_alone_and_inside_train_config(record,
 
 
 def test_a_rule_across_two_records_lives_in_train_config():
-    """GSPO's sequence ratio against context parallelism: each record alone is valid."""
-    RewardArgs(advantage_estimator="gspo")
-    ParallelArgs(context_parallel_size=2)
-    with pytest.raises(ConfigError, match="--advantage-estimator gspo with --context-parallel"):
-        TrainConfig(advantage_estimator="gspo", context_parallel_size=2)
+    """A group reward against the per-turn rewards of compact_rollout: each record alone is
+    valid. (GSPO with context parallelism, the rule here before, now trains: its sequence
+    ratio is reduced over the CP group.)"""
+    RewardArgs(group_rm=True)
+    path = "vime_shell.rollout.functions:compact_rollout"
+    RolloutArgs(rollout_function_path=path)
+    with pytest.raises(ConfigError, match="group_rm=True: does not apply to compact_rollout"):
+        TrainConfig(group_rm=True, rollout_function_path=path)
+    TrainConfig(advantage_estimator="gspo", context_parallel_size=2)
 
 
 def test_record_views_carry_the_config_values_and_cfg_names_stay_flat():
@@ -83,7 +87,7 @@ def test_record_views_carry_the_config_values_and_cfg_names_stay_flat():
     assert cfg.record(EvalArgs) == EvalArgs(eval_prompt_data=("sums", "s.jsonl"),
                                             eval_top_p=0.9)
     assert cfg.eps_clip == 0.1 and cfg.record(LossArgs).loss_config_for(
-        sequence_ratio=False) == cfg.loss_config()
+        surrogate="ppo") == cfg.loss_config()
 
 
 def test_warmup_fraction_without_num_rollout_uses_the_default_run_length():

@@ -61,8 +61,8 @@ def test_eps_clip_0_fails_at_launch_in_one_line_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"PYTHONPATH": str(REPO / "src"), "PATH": ""}, timeout=60)
     assert out.stdout.split() == ["2", "False"], out.stderr
-    assert out.stderr.strip() == ("vime train: error: --eps-clip=0.0: must lie in (0, 1). "
-                                  "Fix: use e.g. 0.2.")
+    assert out.stderr.strip() == ("vime train: error: --eps-clip=0.0: must lie in (0, 1]. "
+                                  "Fix: use e.g. 0.2 (1: no lower clip).")
 
 
 @pytest.mark.parametrize("argv, flag", [

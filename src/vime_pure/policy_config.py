@@ -26,6 +26,10 @@ from vime_pure.errors import LossConfigError, field_error
 
 KLKind = Literal["k1", "k2", "k3", "low_var_kl"]
 KL_KINDS: tuple[str, ...] = get_args(KLKind)  # the choice list of --kl-loss-type
+# The policy-gradient surrogate (``vime_pure.torch_ops.policy_loss``): PPO's clipped token
+# ratio, GSPO's clipped sequence ratio, CISPO's clipped and detached token ratio on log-probs.
+Surrogate = Literal["ppo", "gspo", "cispo"]
+SURROGATES: tuple[str, ...] = get_args(Surrogate)
 RejectionLevel = Literal["token", "sequence", "geometric"]
 RS_LEVELS: tuple[str, ...] = get_args(RejectionLevel)  # the choice list of --rs-level
 
@@ -35,8 +39,9 @@ class LossConfig:
     """Clip ``eps_clip`` / ``eps_clip_high`` (DAPO clip-higher) / ``dual_clip``; KL penalty
     ``kl_coef * kl_kind`` against the reference; entropy bonus ``entropy_coef``; truncated
     importance sampling weights ``clamp(exp(old - rollout), tis_clip_low, tis_clip)`` when
-    ``use_tis`` (slime's defaults: 0 and 2); ``sequence_ratio``: GSPO's sequence-level
-    importance ratio instead of per-token ratios; ``reward_kl_coef``: slime's reward-shaping
+    ``use_tis`` (slime's defaults: 0 and 2); ``surrogate``: ``ppo`` (per-token ratios),
+    ``gspo`` (GSPO's sequence-level ratio) or ``cispo`` (MiniMax-M1's clipped, detached ratio
+    weighting the log-prob, so clipped tokens keep their gradient); ``reward_kl_coef``: slime's reward-shaping
     KL (``--kl-coef``), each token's advantage minus ``reward_kl_coef * kl_kind(pi_old || ref)``
     (``vime_pure.torch_ops.policy_loss.kl_shaped_advantages``)."""
 
@@ -49,7 +54,7 @@ class LossConfig:
     use_tis: bool = False
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
-    sequence_ratio: bool = False
+    surrogate: str = "ppo"
     reward_kl_coef: float = 0.0
 
     def __attrs_post_init__(self) -> None:
@@ -57,10 +62,16 @@ class LossConfig:
             value = getattr(self, name)
             if value is not None or name not in ("eps_clip_high", "dual_clip"):
                 check_loss_knob(name, value)
-        for name in ("use_tis", "sequence_ratio"):
-            if not isinstance(getattr(self, name), bool):
-                raise field_error(LossConfigError, name, getattr(self, name), "must be a bool",
-                                  "pass True or False")
+        if not isinstance(self.use_tis, bool):
+            raise field_error(LossConfigError, "use_tis", self.use_tis, "must be a bool",
+                              "pass True or False")
+        if not isinstance(self.surrogate, str) or self.surrogate not in SURROGATES:
+            raise field_error(LossConfigError, "surrogate", self.surrogate,
+                              "is not a policy-gradient surrogate", f"use one of {SURROGATES}")
+        if self.surrogate == "cispo" and self.dual_clip is not None:
+            raise field_error(LossConfigError, "dual_clip", self.dual_clip,
+                              "applies to PPO's clipped surrogate, not CISPO's",
+                              "drop the dual clip with cispo")
         if not isinstance(self.kl_kind, str) or self.kl_kind not in KL_KINDS:
             raise field_error(LossConfigError, "kl_kind", self.kl_kind, "is not a KL estimator",
                               f"use one of {KL_KINDS}")
@@ -132,7 +143,8 @@ class Bound:
 # building a LossConfig, the torch functions' scalar arguments check against it too.
 # eps_clip 0 would freeze the ratio band at [1, 1] (every gradient clipped away): open at 0.
 LOSS_BOUNDS: dict[str, Bound] = {
-    "eps_clip": Bound(0.0, 1.0, True, True, "use e.g. 0.2"),
+    # eps_clip 1 puts the lower clip at 0, where no ratio reaches: CISPO's one-sided band
+    "eps_clip": Bound(0.0, 1.0, True, False, "use e.g. 0.2 (1: no lower clip)"),
     "eps_clip_high": Bound(0.0, 10.0, True, True, "use e.g. 0.28, or None for eps_clip"),
     "dual_clip": Bound(1.0, math.inf, True, True, "use e.g. 3.0, or None to disable it"),
     "kl_coef": Bound(0.0, math.inf, False, True, "use 0 to disable it"),
@@ -146,7 +158,7 @@ LOSS_BOUNDS: dict[str, Bound] = {
 def check_loss_knob(name: str, value: object, *, field: str | None = None) -> float:
     """``value`` as a float inside ``LOSS_BOUNDS[name]``, else a ``LossConfigError`` naming
     ``field`` (default ``name``). Example: ``check_loss_knob("eps_clip", 0.2) == 0.2``;
-    ``check_loss_knob("eps_clip", 0)`` raises ``eps_clip=0: must lie in (0, 1)``."""
+    ``check_loss_knob("eps_clip", 0)`` raises ``eps_clip=0: must lie in (0, 1]``."""
     field = field or name
     _real(field, value, optional=False)
     bound = LOSS_BOUNDS[name]

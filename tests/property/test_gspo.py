@@ -1,5 +1,7 @@
 """GSPO: a sequence-level ratio (geometric mean of token ratios), clipped per sequence, as
-split-invariant as every loss mode, and equal to GRPO exactly until the policy moves."""
+split-invariant as every loss mode (also over context-parallel ranks, each holding a slice of
+every sample, with the per-sample sums reduced over them), and equal to GRPO exactly until the
+policy moves."""
 
 import math
 
@@ -81,7 +83,7 @@ def test_gspo_equals_grpo_on_policy(case, mode):
     for sequence in (False, True):
         theta = torch.linspace(-0.4, 0.4, step.num_tokens, dtype=torch.float64,
                                requires_grad=True)
-        terms = policy_loss(theta, theta.detach(), adv, sequence_ratio=sequence,
+        terms = policy_loss(theta, theta.detach(), adv, surrogate="gspo" if sequence else "ppo",
                             loss_mask=mask, sample_index=index)
         loss = microbatch_loss(terms.total, mask, index, dens)
         loss.backward()
@@ -89,6 +91,43 @@ def test_gspo_equals_grpo_on_policy(case, mode):
         grads.append(theta.grad)
     assert values[0] == pytest.approx(values[1], rel=1e-12, abs=1e-12)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
+
+
+@given(gspo_steps(), st.sampled_from(list(LossMode)), st.integers(2, 4), st.data())
+def test_gspo_over_cp_ranks_with_reduced_sums_gives_the_whole_step(case, mode, cp, data):
+    """Context parallelism: every CP rank holds any slice of every sample's tokens (zigzag in
+    the shell; here any assignment, some ranks holding none of a sample). With the per-sample
+    ``(sums, counts)`` reduced over the ranks (``reduce``, the shell's differentiable
+    all-reduce; here the other ranks' sums added in one autograd graph), the ranks' partials
+    add up to the whole step's loss and gradient. Without the reduce they do not."""
+    step, old, adv, _ = case
+    n = len(step.group_ids)
+    owner = torch.tensor(data.draw(st.lists(st.integers(0, cp - 1), min_size=step.num_tokens,
+                                            max_size=step.num_tokens)))
+    dens = torch.as_tensor(step_denominators(step, mode, "original"), dtype=torch.float64)
+    index = _sample_index(step, list(range(n)))
+    mask = torch.tensor([m for ms in step.loss_masks for m in ms], dtype=torch.float64)
+    theta = torch.linspace(-0.4, 0.4, step.num_tokens, dtype=torch.float64, requires_grad=True)
+
+    def rank_sums(r):  # rank r's per-sample (sums, counts), as gspo_clip_loss forms them
+        held = (owner == r).to(theta.dtype)
+        parts = torch.stack([(theta - old) * mask * held, mask * held])
+        return torch.zeros((2, n), dtype=theta.dtype).index_add(1, index, parts)
+
+    total = theta.sum() * 0.0
+    for r in range(cp):
+        sel = (owner == r).nonzero().flatten()
+        others = sum((rank_sums(q) for q in range(cp) if q != r), torch.zeros((2, n)))
+        loss, _, _ = gspo_clip_loss(theta[sel], old[sel], adv[sel], mask[sel], index[sel],
+                                    eps_clip=0.2, num_samples=n, reduce=lambda x: x + others)
+        total = total + microbatch_loss(loss, mask[sel], index[sel], dens)
+    whole_theta = theta.detach().clone().requires_grad_(True)
+    _, _, whole = _gspo(whole_theta, old, adv, step, list(range(n)))
+    expected = microbatch_loss(whole, mask, index, dens)
+    total.backward()
+    expected.backward()
+    assert float(total) == pytest.approx(float(expected), rel=1e-12, abs=1e-12)
+    torch.testing.assert_close(theta.grad, whole_theta.grad, rtol=1e-12, atol=1e-12)
 
 
 def test_sequence_ratio_is_the_geometric_mean_clipped_per_sequence():
@@ -124,7 +163,7 @@ def test_gspo_differs_from_grpo_exactly_from_the_second_step():
         history = []
         for _ in range(2):
             opt.zero_grad()
-            terms = policy_loss(features @ w, old, adv, eps_clip=0.2, sequence_ratio=sequence,
+            terms = policy_loss(features @ w, old, adv, eps_clip=0.2, surrogate="gspo" if sequence else "ppo",
                                 loss_mask=mask, sample_index=index)
             microbatch_loss(terms.total, mask, index, dens).backward()
             opt.step()

@@ -6,6 +6,8 @@ per-token policy loss goes through ``microbatch_loss`` over step-level denominat
 ``megatron_loss_scale`` and Megatron's own ``cp / num_microbatches``; gradients are then summed
 by a real ``all_reduce`` over the DP x CP group and averaged like DDP. Group rank 0 compares
 with the single-process reference (the oracle on the unsplit step) and writes the deviations.
+Each layout also trains the GSPO and CISPO surrogates in one loss mode; GSPO's per-sample sums
+go through the shell's own CP reduce (``objective.cp_sum``) over the layout's CP groups.
 """
 
 
@@ -20,8 +22,11 @@ from vime_pure.denominators import megatron_loss_scale
 from vime_pure.torch_ops.loss import microbatch_loss, sample_index_from_lengths
 from vime_pure.torch_ops.policy_loss import entropy_from_logits, policy_loss, token_log_probs
 from vime_shell.megatron.collectives import gather_metrics, gather_step_report, source_rank
+from vime_shell.megatron.objective import cp_sum
 
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4)]
+SURROGATES = ("gspo", "cispo")  # beside ppo (every loss mode), in SURROGATE_MODE
+SURROGATE_MODE = LossMode.GROUP_TOKEN_MEAN
 VOCAB, HIDDEN, K = 13, 8, 2
 
 
@@ -56,7 +61,8 @@ def per_token_inputs(step: Step):
     return -2.5 + 0.3 * torch.randn(n, generator=g), torch.randn(n, generator=g)
 
 
-def run_layout(rank: int, dp: int, cp: int, group, mode: LossMode) -> dict:
+def run_layout(rank: int, dp: int, cp: int, group, mode: LossMode, surrogate: str = "ppo",
+               cp_group=None) -> dict:
     step, tokens = make_step()
     old, adv = per_token_inputs(step)
     dens = step_denominators(step, mode, "original")
@@ -78,7 +84,10 @@ def run_layout(rank: int, dp: int, cp: int, group, mode: LossMode) -> dict:
         mask = torch.cat([torch.tensor(step.loss_masks[i])[a:b] for i, o in zip(ids, offs)
                           for a, b in o.response])
         idx = sample_index_from_lengths(torch.tensor([o.num_response_tokens for o in offs]))
-        terms = policy_loss(logp, old[sel], adv[sel], ref_log_probs=old[sel] - 0.1, kl_coef=0.05)
+        terms = policy_loss(logp, old[sel], adv[sel], ref_log_probs=old[sel] - 0.1, kl_coef=0.05,
+                            surrogate=surrogate, loss_mask=mask, sample_index=idx,
+                            num_samples=len(ids),
+                            reduce=None if cp_group is None else cp_sum(cp_group))
         den = torch.as_tensor(dens[ids], dtype=torch.float32)
         partial = microbatch_loss(terms.total, mask, idx, den)
         (partial * scale * cp / K).backward()  # Megatron: x cp / num_microbatches
@@ -100,15 +109,21 @@ def run_layout(rank: int, dp: int, cp: int, group, mode: LossMode) -> dict:
     gathered = gather_metrics(metrics, group)
     if dist.get_rank() != source_rank(group):
         return {}
-    return compare_with_reference(step, tokens, old, adv, mode, net, report, gathered)
+    return compare_with_reference(step, tokens, old, adv, mode, net, report, gathered,
+                                  surrogate)
 
 
-def compare_with_reference(step, tokens, old, adv, mode, net, report, gathered) -> dict:
+def compare_with_reference(step, tokens, old, adv, mode, net, report, gathered,
+                           surrogate: str = "ppo") -> dict:
     ref_net = model()
     pieces = [score(ref_net, t, [(step.prompt_lengths[i] - 1, step.total_length(i) - 1)])
               for i, t in enumerate(tokens)]
     logp, ent = torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
-    terms = policy_loss(logp, old, adv, ref_log_probs=old - 0.1, kl_coef=0.05)
+    lengths = torch.tensor([len(m) for m in step.loss_masks])
+    terms = policy_loss(logp, old, adv, ref_log_probs=old - 0.1, kl_coef=0.05,
+                        surrogate=surrogate,
+                        loss_mask=torch.tensor([v for m in step.loss_masks for v in m]),
+                        sample_index=sample_index_from_lengths(lengths))
     loss = oracle_loss(step, terms.total, mode, "original")
     loss.backward()
     grad_dev = max(float((p.grad - q.grad).abs().max())
@@ -156,9 +171,17 @@ def _layouts(rank: int, result: dict) -> None:
     result["layouts"] = {}
     for dp, cp in LAYOUTS:
         group = dist.new_group(list(range(dp * cp)))  # every rank joins every new_group
+        # every rank joins every new_group: the layout's CP groups, one per DP index
+        cp_groups = [dist.new_group([d * cp + c for c in range(cp)]) for d in range(dp)]
         for mode in LossMode:
             if rank < dp * cp:
                 res = run_layout(rank, dp, cp, group, mode)
                 if res:
                     result["layouts"][f"{dp}x{cp}:{mode.value}"] = res
+        for surrogate in SURROGATES:
+            if rank < dp * cp:
+                res = run_layout(rank, dp, cp, group, SURROGATE_MODE, surrogate,
+                                 cp_group=cp_groups[rank // cp] if cp > 1 else None)
+                if res:
+                    result["layouts"][f"{dp}x{cp}:{surrogate}"] = res
     result["gather"] = gather_semantics(rank)

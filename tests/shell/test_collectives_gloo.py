@@ -2,7 +2,8 @@
 
 One spawned 4-process world (imports cost seconds per process on 2 cores) runs every
 (dp, cp) layout in {(1,1), (2,1), (1,2), (2,2), (4,1), (1,4)} on sub-groups, for every loss
-mode: a tiny model's backward through the real all-reduce must equal the single-process
+mode and for the GSPO and CISPO surrogates (GSPO's sequence ratio reduced over the real CP
+group): a tiny model's backward through the real all-reduce must equal the single-process
 reference to 1e-6; all-reduced step sums and gathered metrics must equal single-process
 values; and gather destinations must follow the group, with groups {0,1} and {2,3}.
 """
@@ -10,7 +11,7 @@ values; and gather destinations must follow the group, with groups {0,1} and {2,
 
 import pytest
 
-from tests.shell.gloo_loss_worker import LAYOUTS, worker
+from tests.shell.gloo_loss_worker import LAYOUTS, SURROGATES, worker
 from tests.shell.gloo_world import spawn_world
 from vime_pure import LossMode
 
@@ -41,6 +42,16 @@ def test_step_report_and_gathered_metrics_match_single_process(results, dp, cp):
         res = results[0]["layouts"][f"{dp}x{cp}:{mode.value}"]
         assert res["report_dev"] <= 1e-6, (mode, res)
         assert res["metric_dev"] <= 1e-6, (mode, res)
+
+
+@pytest.mark.parametrize("surrogate", SURROGATES)
+@pytest.mark.parametrize("dp, cp", LAYOUTS)
+def test_gspo_and_cispo_under_any_layout_match_single_process(results, dp, cp, surrogate):
+    """GSPO's whole-sample ratio under CP (each CP rank holds a zigzag slice of every
+    sample): the CP ranks' losses and gradients add up to the unsplit step's."""
+    res = results[0]["layouts"][f"{dp}x{cp}:{surrogate}"]
+    assert res["grad_norm"] > 1e-3
+    assert res["grad_dev"] <= 1e-6 and res["report_dev"] <= 1e-6, res
 
 
 def test_only_the_group_source_receives_the_reduction(results):

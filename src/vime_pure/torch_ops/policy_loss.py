@@ -8,19 +8,26 @@ surrogate fed with group-normalised advantages.
 Formulas (``r = exp(clamp(logp - old_logp, -20, 20))``, advantage ``A``):
   * surrogate ``pg = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))``; with dual clip
     ``c > 1`` and ``A < 0`` it is further capped at ``-A * c``;
-  * GSPO (``sequence_ratio=True``): every token of sample ``i`` uses the sequence ratio
+  * GSPO (``surrogate="gspo"``): every token of sample ``i`` uses the sequence ratio
     ``s_i = exp(mean_{t in i, m_t = 1}(logp_t - old_t))``, the geometric mean of its token
-    ratios, so the clip acts on whole sequences (:func:`gspo_clip_loss`);
+    ratios, so the clip acts on whole sequences (:func:`gspo_clip_loss`); under context
+    parallelism the mean's sums are reduced over the CP group first;
+  * CISPO (``surrogate="cispo"``, MiniMax-M1): ``pg = -sg(clip(r, 1 - eps_low, 1 + eps_high))
+    * A * logp``: the clipped ratio only weights the log-prob's gradient, so a clipped token
+    still learns (:func:`cispo_loss`);
   * ``k1 = logp - ref_logp``; ``k2 = k1**2 / 2``;
     ``k3 = exp(ref_logp - logp) - (ref_logp - logp) - 1 >= 0`` (``low_var_kl``: clamped to 10);
   * entropy ``H = -sum_v softmax(z)_v * log_softmax(z)_v``;
   * ``total = tis * pg + kl_coef * kl - entropy_coef * H``.
 
-Invariants the tests assert: at ``r = 1`` the surrogate is ``-A`` with zero clip fraction;
+Invariants the tests assert: at ``r = 1`` the surrogate is ``-A`` with zero clip fraction
+(CISPO's gradient is then the PPO surrogate's);
 ``k3 >= 0`` and ``k1 = k3 = 0`` when ``logp == ref_logp``; entropy of uniform logits over
 ``V`` is ``log V``.
 """
 
+
+from collections.abc import Callable
 
 import attrs
 import torch
@@ -28,7 +35,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from vime_pure.errors import LossConfigError, field_error
-from vime_pure.policy_config import KL_KINDS, KLKind, check_loss_knob
+from vime_pure.policy_config import KL_KINDS, SURROGATES, KLKind, check_loss_knob
 from vime_pure.torch_ops.boundary import tensor_boundary
 
 
@@ -84,15 +91,22 @@ def gspo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, 
                    advantages: Float[Tensor, " t"], loss_mask: Float[Tensor, " t"],
                    sample_index: Int[Tensor, " t"], *, eps_clip: float | int = 0.2,
                    eps_clip_high: float | int | None = None,
-                   dual_clip: float | int | None = None
+                   dual_clip: float | int | None = None, num_samples: int | None = None,
+                   reduce: Callable[[Tensor], Tensor] | None = None
                    ) -> tuple[Float[Tensor, " t"], Float[Tensor, " t"], Float[Tensor, " t"]]:
     """GSPO's sequence-level clipped surrogate, per token: ``(loss, clipped, ratio)``.
 
     Sample ``i``'s ratio is ``s_i = exp(sum_t m_t (logp_t - old_t) / sum_t m_t)`` over its
-    tokens in this row (``sample_index``), differentiable in ``logp``; each of its tokens then
-    carries the clipped surrogate of ``s_i`` (:func:`ppo_clip_loss` on the sequence log-ratio),
-    so a loss mode's per-sample token average is GSPO's per-sequence term. Needs whole
-    samples in the row: a CP-sliced sample would average only its shard.
+    tokens (``sample_index``), differentiable in ``logp``; each of its tokens then carries the
+    clipped surrogate of ``s_i`` (:func:`ppo_clip_loss` on the sequence log-ratio), so a loss
+    mode's per-sample token average is GSPO's per-sequence term.
+
+    A row holds whole samples, or under context parallelism each CP rank a slice of every
+    sample of the same row (``vime_pure.cp``): ``reduce`` then sums the per-sample
+    ``(sums, counts)``, a ``(2, num_samples)`` tensor, over the CP group (differentiably: the
+    shell's all-reduce), so every rank uses the whole sample's ratio and the CP ranks' losses
+    add up to the CP = 1 loss. ``num_samples``: the row's samples (default: from
+    ``sample_index``; give it under CP, where a rank's slice may miss a sample's tokens).
 
     At ``logp == old`` value and gradient equal the token-level surrogate's: ``ds_i/dlogp_t =
     m_t / n_i`` and the ``n_i`` tokens' weights ``m / D_i`` sum back to ``1 / D_i`` per token.
@@ -100,14 +114,38 @@ def gspo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, 
     1.2 at eps 0.2 for ``A = 1``: both tokens carry ``-1.2``; the token-level surrogate would
     clip the first token only.
     """
-    n = int(sample_index.max()) + 1 if sample_index.numel() else 0
+    if num_samples is None:
+        num_samples = int(sample_index.max()) + 1 if sample_index.numel() else 0
     mask = loss_mask.to(log_probs.dtype)
-    zeros = torch.zeros(n, dtype=log_probs.dtype, device=log_probs.device)
-    sums = zeros.index_add(0, sample_index, (log_probs - old_log_probs) * mask)
-    counts = zeros.index_add(0, sample_index, mask).clamp(min=1.0)
-    sequence_log_ratio = (sums / counts)[sample_index]
+    zeros = torch.zeros((2, num_samples), dtype=log_probs.dtype, device=log_probs.device)
+    parts = torch.stack([(log_probs - old_log_probs) * mask, mask])
+    sums = zeros.index_add(1, sample_index, parts)
+    if reduce is not None:
+        sums = reduce(sums)
+    sequence_log_ratio = (sums[0] / sums[1].clamp(min=1.0))[sample_index]
     return ppo_clip_loss(sequence_log_ratio, torch.zeros_like(sequence_log_ratio), advantages,
                          eps_clip=eps_clip, eps_clip_high=eps_clip_high, dual_clip=dual_clip)
+
+
+@tensor_boundary
+def cispo_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t"],
+               advantages: Float[Tensor, " t"], *, eps_clip: float | int = 0.2,
+               eps_clip_high: float | int | None = None
+               ) -> tuple[Float[Tensor, " t"], Float[Tensor, " t"], Float[Tensor, " t"]]:
+    """CISPO's surrogate per token (MiniMax-M1, arXiv 2506.13585, eq. 4-5):
+    ``(loss, clipped, ratio)`` with ``loss = -sg(clip(r, 1 - eps_clip, 1 + eps_clip_high)) *
+    A * logp``. The gradient is ``-clip(r) * A`` on ``logp`` alone, also where the clip acts
+    (PPO's is 0 there); ``eps_clip = 1`` disables the lower bound (the paper's setting).
+
+    Example: ``r = 1.5``, ``A = 1``, ``logp = -0.7``, eps 0.2: the weight is 1.2, the loss
+    ``0.84``, its gradient ``-1.2``, and ``clipped = 1``.
+    """
+    eps_clip = check_loss_knob("eps_clip", eps_clip)
+    high = eps_clip if eps_clip_high is None else check_loss_knob("eps_clip_high", eps_clip_high)
+    ratio = torch.exp((log_probs - old_log_probs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    weight = ratio.clamp(1.0 - eps_clip, 1.0 + high).detach()
+    clipped = (weight != ratio.detach()).to(log_probs.dtype)
+    return -weight * advantages * log_probs, clipped, ratio.detach()
 
 
 @tensor_boundary
@@ -204,29 +242,24 @@ def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t
                 kl_kind: KLKind | str = "k3", entropy_coef: float | int = 0.0,
                 eps_clip: float | int = 0.2,
                 eps_clip_high: float | int | None = None, dual_clip: float | int | None = None,
-                tis: Float[Tensor, " t"] | None = None, sequence_ratio: bool = False,
+                tis: Float[Tensor, " t"] | None = None, surrogate: str = "ppo",
                 loss_mask: Float[Tensor, " t"] | None = None,
-                sample_index: Int[Tensor, " t"] | None = None) -> PolicyTerms:
+                sample_index: Int[Tensor, " t"] | None = None, num_samples: int | None = None,
+                reduce: Callable[[Tensor], Tensor] | None = None) -> PolicyTerms:
     """All per-token pieces and their weighted total (see the module formulas).
 
-    ``sequence_ratio``: GSPO's per-sequence ratio (:func:`gspo_clip_loss`), which needs the
-    row's ``loss_mask`` and ``sample_index``.
+    ``surrogate``: ``ppo``, ``gspo`` (:func:`gspo_clip_loss`, which needs the row's
+    ``loss_mask`` and ``sample_index``, and under CP ``num_samples`` and the CP ``reduce``) or
+    ``cispo`` (:func:`cispo_loss`; no dual clip: its loss is not PPO's).
     Example: ``r = 1``, ``A = 2``, no KL/entropy terms: ``total = pg = -2`` per token.
     """
     kl_coef = check_loss_knob("kl_coef", kl_coef)
     entropy_coef = check_loss_knob("entropy_coef", entropy_coef)
-    if sequence_ratio:
-        if loss_mask is None or sample_index is None:
-            raise field_error(LossConfigError, "sequence_ratio", True,
-                              "needs the row's loss_mask and sample_index",
-                              "pass loss_mask= and sample_index= (the record's token_sample)")
-        pg, clipped, ratio = gspo_clip_loss(log_probs, old_log_probs, advantages, loss_mask,
-                                            sample_index, eps_clip=eps_clip,
-                                            eps_clip_high=eps_clip_high, dual_clip=dual_clip)
-    else:
-        pg, clipped, ratio = ppo_clip_loss(log_probs, old_log_probs, advantages,
-                                           eps_clip=eps_clip, eps_clip_high=eps_clip_high,
-                                           dual_clip=dual_clip)
+    pg, clipped, ratio = _surrogate(log_probs, old_log_probs, advantages, surrogate,
+                                    eps_clip=eps_clip, eps_clip_high=eps_clip_high,
+                                    dual_clip=dual_clip, loss_mask=loss_mask,
+                                    sample_index=sample_index, num_samples=num_samples,
+                                    reduce=reduce)
     if tis is not None:
         pg = pg * tis
     zeros = torch.zeros_like(log_probs)
@@ -243,3 +276,31 @@ def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t
     total = pg + kl_coef * kl - entropy_coef * ent
     return PolicyTerms(total=total, pg=pg.detach(), kl=kl.detach(), entropy=ent.detach(),
                        clipped=clipped, ratio=ratio)
+
+
+def _surrogate(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, surrogate: str,
+               *, eps_clip: float | int, eps_clip_high: float | int | None,
+               dual_clip: float | int | None, loss_mask: Tensor | None,
+               sample_index: Tensor | None, num_samples: int | None,
+               reduce: Callable[[Tensor], Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The policy-gradient term ``(pg, clipped, ratio)`` of ``surrogate``."""
+    if surrogate == "gspo":
+        if loss_mask is None or sample_index is None:
+            raise field_error(LossConfigError, "surrogate", surrogate,
+                              "needs the row's loss_mask and sample_index",
+                              "pass loss_mask= and sample_index= (the record's token_sample)")
+        return gspo_clip_loss(log_probs, old_log_probs, advantages, loss_mask, sample_index,
+                              eps_clip=eps_clip, eps_clip_high=eps_clip_high,
+                              dual_clip=dual_clip, num_samples=num_samples, reduce=reduce)
+    if surrogate == "cispo":
+        if dual_clip is not None:
+            raise field_error(LossConfigError, "dual_clip", dual_clip,
+                              "applies to PPO's clipped surrogate, not CISPO's",
+                              "drop the dual clip (--eps-clip-c) with cispo")
+        return cispo_loss(log_probs, old_log_probs, advantages, eps_clip=eps_clip,
+                          eps_clip_high=eps_clip_high)
+    if surrogate != "ppo":
+        raise field_error(LossConfigError, "surrogate", surrogate,
+                          "is not a policy-gradient surrogate", f"use one of {SURROGATES}")
+    return ppo_clip_loss(log_probs, old_log_probs, advantages, eps_clip=eps_clip,
+                         eps_clip_high=eps_clip_high, dual_clip=dual_clip)

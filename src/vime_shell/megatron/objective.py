@@ -6,8 +6,10 @@ The shell only wires tensors; every formula lives in the core:
 1. per-token log-probs and entropies of the row's scored response tokens from the
    vocab-parallel logits (Megatron's vocab-parallel cross entropy; entropy with the same
    max/sum all-reduces), so TP needs no logits gather;
-2. per-token pieces from ``vime_pure.torch_ops.policy_loss.policy_loss`` (PPO/GRPO clipped
-   surrogate, dual clip, KL, entropy bonus); without old log-probs the ratio is 1 and carries
+2. per-token pieces from ``vime_pure.torch_ops.policy_loss.policy_loss`` (the PPO/GRPO, GSPO
+   or CISPO surrogate, dual clip, KL, entropy bonus; under context parallelism GSPO's
+   per-sample sums go through :func:`cp_sum`, so each CP rank clips the whole sample's
+   sequence ratio); without old log-probs the ratio is 1 and carries
    the gradient; with ``--use-tis`` the surrogate is decoupled PPO's, weighted by
    ``tis_weights(old, behaviour)`` (``vime_pure.torch_ops.offpolicy``), reported as
    ``TIS_KEYS``; rejection (MIS / IcePop) already zeroed the record's mask;
@@ -31,8 +33,12 @@ losses ``[1, 2]`` and ``[3, 9]``: ``P = (1 + 2 + 3) / 3 = 2.0``; with ``G_s = 1`
 is 2.0.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
 from megatron.core import parallel_state as mpu
 from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
@@ -101,10 +107,18 @@ def _response_log_probs(output: torch.Tensor, row: MicroBatchTensors, with_entro
     return logp, entropy
 
 
+def cp_sum(group: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The sum over the CP ``group``, differentiable (its backward sums the gradients over the
+    group too), as ``policy_loss``'s ``reduce``: every CP rank's loss then depends on every
+    rank's slice of a sample, and the gradients reach each slice's own rank."""
+    return lambda t: dist_nn.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+
+
 def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossConfig,
-                         factor: float, entropy: torch.Tensor | None = None
-                         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Scaled loss to backpropagate, and the row's report sums (see the module docstring)."""
+                         factor: float, entropy: torch.Tensor | None = None,
+                         cp_group: Any = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Scaled loss to backpropagate, and the row's report sums (see the module docstring).
+    ``cp_group``: the CP group under context parallelism (GSPO reduces over it)."""
     old = row.old_log_probs if row.old_log_probs is not None else logp.detach()
     tis = None
     if cfg.use_tis:
@@ -125,8 +139,9 @@ def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossCo
                         kl_coef=cfg.kl_coef, kl_kind=cfg.kl_kind, eps_clip=cfg.eps_clip,
                         eps_clip_high=cfg.eps_clip_high, dual_clip=cfg.dual_clip,
                         entropy=entropy, entropy_coef=cfg.entropy_coef, tis=tis,
-                        sequence_ratio=cfg.sequence_ratio, loss_mask=row.loss_mask.to(logp.dtype),
-                        sample_index=row.token_sample)
+                        surrogate=cfg.surrogate, loss_mask=row.loss_mask.to(logp.dtype),
+                        sample_index=row.token_sample, num_samples=len(row.denominators),
+                        reduce=None if cp_group is None else cp_sum(cp_group))
     mask = row.loss_mask.to(logp.dtype)
     # The loss (with its gradient) and the reported terms, reduced together: one check of the
     # row's mask, indices and denominators, one weight per token.

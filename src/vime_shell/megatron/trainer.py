@@ -281,7 +281,8 @@ class MegatronTrainer:
         def loss_fn(row: MicroBatchTensors, output: torch.Tensor):
             logp, entropy = response_log_probs(output, row, with_entropy=True,
                                                recompute=self.config.recompute_loss_function)
-            return microbatch_objective(logp, row, cfg, factor, entropy=entropy)
+            return microbatch_objective(logp, row, cfg, factor, entropy=entropy,
+                                        cp_group=self.cp_group)
 
         for chunk in self.model:
             chunk.zero_grad_buffer()

@@ -2,8 +2,8 @@
 The ranges live in the core's records (``LossConfig``, ``RejectionConfig`` in
 ``vime_pure.policy_config``); this record spells them as slime's flags.
 
-Example: ``LossArgs(eps_clip=0)`` raises ``--eps-clip=0: must lie in (0, 1). Fix: use e.g.
-0.2.`` (the core's ``LOSS_BOUNDS``, the one home of that bound).
+Example: ``LossArgs(eps_clip=0)`` raises ``--eps-clip=0: must lie in (0, 1]. Fix: use e.g.
+0.2 (1: no lower clip).`` (the core's ``LOSS_BOUNDS``, the one home of that bound).
 """
 
 import attrs
@@ -20,7 +20,7 @@ LOSS_FLAGS = {"eps_clip": "--eps-clip", "eps_clip_high": "--eps-clip-high",
               "dual_clip": "--eps-clip-c", "kl_coef": "--kl-loss-coef",
               "kl_kind": "--kl-loss-type", "entropy_coef": "--entropy-coef",
               "use_tis": "--use-tis", "tis_clip": "--tis-clip", "tis_clip_low": "--tis-clip-low",
-              "sequence_ratio": "--advantage-estimator", "reward_kl_coef": "--kl-coef"}
+              "surrogate": "--advantage-estimator", "reward_kl_coef": "--kl-coef"}
 _RS_FIELDS = ("rs_level", "rs_lower_bound", "rs_upper_bound", "rs_denominator")
 
 
@@ -77,17 +77,17 @@ class LossArgs(Record):
             return self.loss_mode
         return "token_mean" if self.calculate_per_token_loss else DEFAULT_LOSS_MODE
 
-    def loss_config_for(self, *, sequence_ratio: bool, reward_kl: bool = False) -> LossConfig:
+    def loss_config_for(self, *, surrogate: str, reward_kl: bool = False) -> LossConfig:
         """The objective's knobs, validated once by their record (``LossConfig``); its error is
-        re-raised naming the flag. ``sequence_ratio`` is GSPO's and ``reward_kl`` whether
-        ``--kl-coef`` shapes the advantages (both: the reward record's estimator)."""
+        re-raised naming the flag. ``surrogate`` and ``reward_kl`` (whether ``--kl-coef``
+        shapes the advantages) come from the reward record's estimator."""
         try:
             return LossConfig(eps_clip=self.eps_clip, eps_clip_high=self.eps_clip_high,
                               dual_clip=self.eps_clip_c,
                               kl_coef=self.kl_loss_coef if self.use_kl_loss else 0.0,
                               kl_kind=self.kl_loss_type, entropy_coef=self.entropy_coef,
                               use_tis=self.use_tis, tis_clip=self.tis_clip,
-                              tis_clip_low=self.tis_clip_low, sequence_ratio=sequence_ratio,
+                              tis_clip_low=self.tis_clip_low, surrogate=surrogate,
                               reward_kl_coef=self.kl_coef if reward_kl else 0.0)
         except LossConfigError as exc:
             field, _, rest = str(exc).partition("=")
@@ -108,7 +108,7 @@ class LossArgs(Record):
         return lower, upper
 
     def _check(self) -> None:
-        self.loss_config_for(sequence_ratio=False, reward_kl=True)  # --kl-coef's range too
+        self.loss_config_for(surrogate="ppo", reward_kl=True)  # --kl-coef's range too
         for name in ("rs_lower_bound", "rs_upper_bound"):
             in_range(name, getattr(self, name), 0.0, 1e6, "use e.g. 0.5 / 2.0")
         in_range("logprob_gap_tolerance", self.logprob_gap_tolerance, 0.0, 1e9,

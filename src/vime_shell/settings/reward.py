@@ -13,8 +13,13 @@ from vime_shell.rollout.rewards import RM_CHOICES
 from vime_shell.settings.common import Record, in_range, setting
 
 SECTION = "reward"
-ESTIMATOR_METHOD = {"grpo": "grpo", "gspo": "gspo",
+# What each --advantage-estimator means, in one place: how rewards become advantages (the
+# core's RewardNormalization method) and which surrogate trains on them (LossConfig's).
+# CISPO (MiniMax-M1) takes GRPO's group-normalised advantages, as slime's does.
+ESTIMATOR_METHOD = {"grpo": "grpo", "gspo": "gspo", "cispo": "grpo",
                     "reinforce_plus_plus_baseline": "reinforce_pp_baseline"}
+ESTIMATOR_SURROGATE = {"grpo": "ppo", "gspo": "gspo", "cispo": "cispo",
+                       "reinforce_plus_plus_baseline": "ppo"}
 ESTIMATORS: tuple[str, ...] = tuple(ESTIMATOR_METHOD)
 
 
@@ -41,7 +46,10 @@ class RewardArgs(Record):
                                       "run stops naming the sample, in every mode (the call "
                                       "runs on a worker thread; vime only)")
     advantage_estimator: str = _f("grpo", "rewards to advantages; gspo also trains with "
-                                  "GSPO's sequence-level importance ratio", ESTIMATORS)
+                                  "GSPO's sequence-level importance ratio, cispo (MiniMax-M1) "
+                                  "with GRPO's advantages and the clipped ratio, detached, "
+                                  "weighting each token's log-prob (canonical band: --eps-clip "
+                                  "1 --eps-clip-high 4)", ESTIMATORS)
     disable_grpo_std_normalization: bool = _f(False, "GRPO/GSPO advantages without the "
                                               "division by the group's std (Dr. GRPO)")
     disable_rewards_normalization: bool = _f(False, "advantages are the raw rewards (no "

@@ -113,9 +113,8 @@ UNSUPPORTED: dict[str, str] = {
 
 # slime's choices that vime's choice lists lack: "--flag value" -> the reason or equivalent
 UNSUPPORTED_VALUES: dict[str, str] = {
-    "--advantage-estimator ppo": "PPO needs a critic (value model); use grpo, gspo or "
-    "reinforce_plus_plus_baseline",
-    "--advantage-estimator cispo": "use gspo or grpo with --eps-clip-high",
+    "--advantage-estimator ppo": "PPO needs a critic (value model); use grpo, gspo, cispo "
+    "or reinforce_plus_plus_baseline",
     "--advantage-estimator reinforce_plus_plus": "per-token discounted returns; use "
     "reinforce_plus_plus_baseline (with --kl-coef for its KL in the reward)",
     "--rm-type ifbench": "IFBench's instruction checkers (and their language packages) are "

@@ -70,7 +70,7 @@ from vime_shell.settings.memory import MemoryArgs, MoEArgs
 from vime_shell.settings.moe_architecture import MoEArchArgs
 from vime_shell.settings.optimizer import OptimizerArgs
 from vime_shell.settings.parallelism import ParallelArgs
-from vime_shell.settings.reward import RewardArgs
+from vime_shell.settings.reward import ESTIMATOR_SURROGATE, RewardArgs
 from vime_shell.settings.rollout import RolloutArgs
 from vime_shell.settings.run_logging import LoggingArgs
 
@@ -125,12 +125,6 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
             raise field_error(ConfigError, "--lr-warmup-fraction", self.lr_warmup_fraction,
                               "needs --num-rollout (not --num-epoch) and no "
                               "--lr-warmup-iters", "pass one warmup length")
-        if self.advantage_estimator == "gspo" and self.context_parallel_size > 1:
-            raise ConfigError(
-                f"--advantage-estimator gspo with --context-parallel-size "
-                f"{self.context_parallel_size}: GSPO's sequence ratio averages a whole "
-                "response, which context parallelism splits over ranks. Fix: use "
-                "--context-parallel-size 1 with gspo.")
         if self.partial_rollout and not self.fully_async and (
                 self.over_sampling_batch_size or 0) <= self.rollout_batch_size:
             raise field_error(ConfigError, "partial_rollout", True,
@@ -214,10 +208,10 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
         return round(self.lr_warmup_fraction * steps)
 
     def loss_config(self) -> LossConfig:
-        """The objective's knobs as the core's ``LossConfig`` (GSPO's sequence ratio from
+        """The objective's knobs as the core's ``LossConfig`` (the surrogate from
         ``--advantage-estimator``). Example: ``--eps-clip 0`` -> ``--eps-clip=0: must lie in
-        (0, 1). Fix: use e.g. 0.2.``"""
-        return self.loss_config_for(sequence_ratio=self.advantage_estimator == "gspo",
+        (0, 1]. Fix: use e.g. 0.2 (1: no lower clip).``"""
+        return self.loss_config_for(surrogate=ESTIMATOR_SURROGATE[self.advantage_estimator],
                                     reward_kl=self.reward_kl)
 
     @property
