@@ -193,8 +193,10 @@ def resume_worker(rank: int, root: str, cache: str, names: tuple[str, ...]) -> d
     return out
 
 
-def save_hf_worker(rank: int, root: str, cache: str, probe: np.ndarray) -> dict:
-    """Train 2 rollouts with ``--save-hf``; Megatron log-probs of ``probe`` after the last one."""
+def save_hf_worker(rank: int, root: str, cache: str, probe: np.ndarray,
+                   options: dict | None = None) -> dict:
+    """Train 2 rollouts with ``--save-hf`` (and ``options``, more settings); Megatron log-probs
+    of ``probe`` after the last one, and each rollout's metrics."""
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_pure import (BatchingPolicy, ParallelLayout, RolloutBatch, Sample, rank_batch,
                            schedule_for)
@@ -205,15 +207,16 @@ def save_hf_worker(rank: int, root: str, cache: str, probe: np.ndarray) -> dict:
                                                reward=0.0)] for row in probe])
     records = rank_batch(batch, schedule_for(batch, ParallelLayout(dp=1), BatchingPolicy(
         global_batch_size=n, micro_batch_size=1)), dp_rank=0)
-    seen: dict = {}
+    seen: dict = {"metrics": []}
 
     def hook(event):
+        seen["metrics"].append(dict(event.metrics))
         logps = event.trainer.compute_log_probs(records.microbatches, records.num_response_tokens)
         seen["log_probs"] = logps.reshape(n, length - 1)
         seen["state"] = {k: t.numpy().copy() for k, t in event.trainer.hf_state_dict().items()}
 
     result = run_training(_cfg(run_dir=f"{root}/run", num_rollout=2, save_hf=f"{root}/hf",
-                               save_hf_max_shard_size="300KB"),
+                               save_hf_max_shard_size="300KB", **(options or {})),
                           on_rollout=hook, progress=False)
     return {**seen, "hf_dir": str(result.hf_checkpoint)}
 

@@ -25,13 +25,18 @@ def cache(tmp_path_factory):
 
 @pytest.mark.slow
 def test_exported_checkpoint_reloads_with_the_megatron_logits(tmp_path, cache):
+    probe = np.random.default_rng(0).integers(3, 19, size=(3, 6))
+    out = spawn(save_hf_worker, 1, str(tmp_path), str(cache), probe)[0]
+    check_export(tmp_path / "hf", out, probe)
+
+
+def check_export(hf, out: dict, probe: np.ndarray) -> None:
+    """The export in ``hf`` holds the trainer's weights, moved by training, in shards its
+    index covers, and reloads in transformers with the Megatron model's log-probs."""
     import torch
     from safetensors.numpy import load_file
     from transformers import AutoModelForCausalLM
 
-    probe = np.random.default_rng(0).integers(3, 19, size=(3, 6))
-    out = spawn(save_hf_worker, 1, str(tmp_path), str(cache), probe)[0]
-    hf = tmp_path / "hf"
     index = json.loads((hf / "model.safetensors.index.json").read_text())
     shards = sorted(p.name for p in hf.glob("model-*.safetensors"))
     assert len(shards) >= 2 and set(index["weight_map"].values()) == set(shards)
