@@ -287,13 +287,14 @@ SLIME_DEFAULTS: dict[str, str] = {
 }
 # Refused flags with no value to type at their default (a store_true, or None): nothing to try.
 NO_TYPED_DEFAULT = {
-    "--disable-compute-advantages-and-returns", "--use-opd", "--opd-type", "--opd-teacher-load",
+    "--use-opd", "--opd-type", "--opd-teacher-load",
     "--opd-teacher-urls", "--target-modules", "--lora-base-cpu-backup",
     "--experts-shared-outer-loras", "--enable-mtp-training", "--spec", "--custom-config-path",
     "--custom-tis-function-path", "--use-fault-tolerance", "--multi-latent-attention",
     "--q-lora-rank", "--attention-output-gate", "--use-gated-attention", "--apply-layernorm-1p",
     "--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved",
     "--window-size", "--window-attn-skip-freq", "--allgather-cp", "--fp8-format",
+    "--fp8-param-gather",
     "--attn-implementation", "--gradient-checkpointing", "--eval-function-path",
     "--multimodal-keys", "--custom-reward-post-process-path", "--filter-zero-reward-samples",
     "--use-dynamic-global-batch-size", "--prefill-num-servers", "--dump-details",
@@ -386,7 +387,8 @@ def test_unsupported_flag_at_slimes_default_is_a_note_and_at_another_value_its_l
                          "--loss-type=policy_loss", "--mtp-num-layers", "0"], capsys)
     assert status == 0, err
     assert "note: --lora-rank 0: slime's default, a no-op (not supported in vime: LoRA)" in err
-    assert "note: --loss-type policy_loss: slime's default" in err
+    assert "note: --mtp-num-layers 0: slime's default" in err
+    assert "--loss-type" not in err  # a flag of vime's own now (policy_loss, sft_loss)
     status, err = _exit(["--lora-rank", "8"], capsys)
     assert (status, err) == (2, "vime train: error: --lora-rank: not supported in vime (LoRA)")
     assert default_flags(["--lora-rank", "0.0", "--lr", "1"]) == (

@@ -10,8 +10,8 @@ table of flags vime does not support.
 * ``UNSUPPORTED``: every other flag the anchors' example scripts pass, with the reason or the
   vime equivalent: ``vime train --use-opd`` prints ``--use-opd: not supported in vime
   (on-policy distillation)`` and exits 2. The line comes from this table, never from spelling
-  distance. At slime's default (``UNSUPPORTED_OFF``: ``--lora-rank 0``, ``--loss-type
-  policy_loss``) such a flag leaves its feature off, so it is accepted with a note
+  distance. At slime's default (``UNSUPPORTED_OFF``: ``--lora-rank 0``, ``--mtp-num-layers
+  0``) such a flag leaves its feature off, so it is accepted with a note
   (:func:`default_flags`): a flag at its default no-op value is never an error.
 * ``SLIME_VALUES``: slime's spelling of a value vime spells otherwise (slime's default rollout
   function is vime's; Megatron's default ``allgather`` dispatcher is vime's ``alltoall``;
@@ -57,10 +57,13 @@ SGLANG_TO_VLLM: dict[str, str] = {
 # kernel and disaggregation settings): the warning
 SGLANG_ONLY = "no vLLM equivalent in vime"
 
+# FP8 (and slime's int4 QAT rollouts) run on GPU kernels only: Transformer Engine's FP8 GEMMs
+# need Hopper-class GPUs, and no CPU run could check them
+FP8 = ("FP8 training: Transformer Engine's FP8 kernels need Hopper-class GPUs, which vime's "
+       "CPU-checked path cannot exercise; vime trains in bf16 or fp32")
+
 UNSUPPORTED: dict[str, str] = {
     # training backends and modes
-    "--loss-type": "vime trains the policy loss (sft_loss / custom_loss: not supported)",
-    "--disable-compute-advantages-and-returns": "vime always computes advantages",
     "--use-opd": "on-policy distillation", "--opd-type": "on-policy distillation",
     "--opd-kl-coef": "on-policy distillation", "--opd-teacher-load": "on-policy distillation",
     "--opd-teacher-key": "on-policy distillation",
@@ -92,12 +95,14 @@ UNSUPPORTED: dict[str, str] = {
     "--window-size": "sliding-window attention", "--window-attn-skip-freq": "sliding-window "
     "attention", "--softmax-type": "attention sinks (gpt-oss)",
     "--allgather-cp": "vime's context parallelism is Megatron's ring (--context-parallel-size)",
-    "--fp8-format": "FP8 training", "--fp8-recipe": "FP8 training",
+    "--fp8-format": FP8, "--fp8-recipe": FP8, "--fp8-param-gather": FP8,
     "--attn-implementation": "the FSDP backend", "--gradient-checkpointing": "the FSDP "
     "backend; use Megatron's recompute flags",
     # data, rollout and evaluation
     "--eval-function-path": "evaluation runs the training rollout on --eval-prompt-data",
-    "--multimodal-keys": "multimodal prompts",
+    "--multimodal-keys": "multimodal prompts: vime's samples are token ids of text, and "
+    "its engines and bridge load text-only models (images, audio and video need a "
+    "processor path and vision towers end to end)",
     "--custom-reward-post-process-path": "use --custom-rm-path with --group-rm",
     "--filter-zero-reward-samples": "use --dynamic-sampling-filter-path "
     "vime_shell.rollout.filters:nonzero_reward_std",
@@ -113,6 +118,8 @@ UNSUPPORTED: dict[str, str] = {
 
 # slime's choices that vime's choice lists lack: "--flag value" -> the reason or equivalent
 UNSUPPORTED_VALUES: dict[str, str] = {
+    "--loss-type custom_loss": "a loss plugin; vime's objectives are policy_loss (with "
+    "--advantage-estimator grpo, gspo, cispo or reinforce_plus_plus_baseline) and sft_loss",
     "--advantage-estimator ppo": "PPO needs a critic (value model); use grpo, gspo, cispo "
     "or reinforce_plus_plus_baseline",
     "--advantage-estimator reinforce_plus_plus": "per-token discounted returns; use "
@@ -132,7 +139,7 @@ UNSUPPORTED_VALUES: dict[str, str] = {
 # --mtp-loss-scaling-factor 0.1; slime resets it to 0.2). --mtp-num-layers defaults to None,
 # and Megatron builds no MTP layer for 0.
 UNSUPPORTED_OFF: dict[str, tuple[str, ...]] = {
-    "--loss-type": ("policy_loss",), "--opd-kl-coef": ("1.0",),
+    "--opd-kl-coef": ("1.0",),
     "--opd-teacher-key": ("opd_teacher",), "--opd-log-prob-top-k": ("0",),
     "--opd-reward-weight-mode": ("student_p",), "--opd-top-k-strategy": ("only-student",),
     "--lora-rank": ("0",), "--lora-alpha": ("16",), "--lora-dropout": ("0.0",),
