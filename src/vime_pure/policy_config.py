@@ -30,6 +30,10 @@ KL_KINDS: tuple[str, ...] = get_args(KLKind)  # the choice list of --kl-loss-typ
 # ratio, GSPO's clipped sequence ratio, CISPO's clipped and detached token ratio on log-probs.
 Surrogate = Literal["ppo", "gspo", "cispo"]
 SURROGATES: tuple[str, ...] = get_args(Surrogate)
+# slime's --loss-type: the policy objective above, or supervised fine-tuning's negative
+# log-likelihood of the loss-masked tokens (no ratio, no advantages)
+LossType = Literal["policy_loss", "sft_loss"]
+LOSS_TYPES: tuple[str, ...] = get_args(LossType)
 RejectionLevel = Literal["token", "sequence", "geometric"]
 RS_LEVELS: tuple[str, ...] = get_args(RejectionLevel)  # the choice list of --rs-level
 
@@ -41,7 +45,10 @@ class LossConfig:
     importance sampling weights ``clamp(exp(old - rollout), tis_clip_low, tis_clip)`` when
     ``use_tis`` (slime's defaults: 0 and 2); ``surrogate``: ``ppo`` (per-token ratios),
     ``gspo`` (GSPO's sequence-level ratio) or ``cispo`` (MiniMax-M1's clipped, detached ratio
-    weighting the log-prob, so clipped tokens keep their gradient); ``reward_kl_coef``: slime's reward-shaping
+    weighting the log-prob, so clipped tokens keep their gradient); ``loss_type``:
+    ``policy_loss``, or ``sft_loss`` (supervised fine-tuning: every loss-masked token's
+    negative log-likelihood, through the same denominators; the policy knobs do not act);
+    ``reward_kl_coef``: slime's reward-shaping
     KL (``--kl-coef``), each token's advantage minus ``reward_kl_coef * kl_kind(pi_old || ref)``
     (``vime_pure.torch_ops.policy_loss.kl_shaped_advantages``)."""
 
@@ -56,6 +63,7 @@ class LossConfig:
     tis_clip_low: float = 0.0
     surrogate: str = "ppo"
     reward_kl_coef: float = 0.0
+    loss_type: str = "policy_loss"
 
     def __attrs_post_init__(self) -> None:
         for name in LOSS_BOUNDS:
@@ -68,6 +76,9 @@ class LossConfig:
         if not isinstance(self.surrogate, str) or self.surrogate not in SURROGATES:
             raise field_error(LossConfigError, "surrogate", self.surrogate,
                               "is not a policy-gradient surrogate", f"use one of {SURROGATES}")
+        if not isinstance(self.loss_type, str) or self.loss_type not in LOSS_TYPES:
+            raise field_error(LossConfigError, "loss_type", self.loss_type,
+                              "is not a loss type", f"use one of {LOSS_TYPES}")
         if self.surrogate == "cispo" and self.dual_clip is not None:
             raise field_error(LossConfigError, "dual_clip", self.dual_clip,
                               "applies to PPO's clipped surrogate, not CISPO's",

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.loss_helpers import Step, step_denominators
+from tests.loss_helpers import step_denominators
 from tests.property.test_gspo import gspo_steps
 from vime_pure import LossMode
 from vime_pure.errors import LossConfigError

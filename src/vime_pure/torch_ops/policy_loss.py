@@ -18,7 +18,8 @@ Formulas (``r = exp(clamp(logp - old_logp, -20, 20))``, advantage ``A``):
   * ``k1 = logp - ref_logp``; ``k2 = k1**2 / 2``;
     ``k3 = exp(ref_logp - logp) - (ref_logp - logp) - 1 >= 0`` (``low_var_kl``: clamped to 10);
   * entropy ``H = -sum_v softmax(z)_v * log_softmax(z)_v``;
-  * ``total = tis * pg + kl_coef * kl - entropy_coef * H``.
+  * ``total = tis * pg + kl_coef * kl - entropy_coef * H``;
+  * supervised fine-tuning (``--loss-type sft_loss``): ``total = -logp`` (:func:`sft_terms`).
 
 Invariants the tests assert: at ``r = 1`` the surrogate is ``-A`` with zero clip fraction
 (CISPO's gradient is then the PPO surrogate's);
@@ -276,6 +277,19 @@ def policy_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t
     total = pg + kl_coef * kl - entropy_coef * ent
     return PolicyTerms(total=total, pg=pg.detach(), kl=kl.detach(), entropy=ent.detach(),
                        clipped=clipped, ratio=ratio)
+
+
+@tensor_boundary
+def sft_terms(log_probs: Float[Tensor, " t"], *, entropy: Float[Tensor, " t"] | None = None
+              ) -> PolicyTerms:
+    """Supervised fine-tuning's per-token pieces: ``total = pg = -logp`` (the negative
+    log-likelihood; a loss mode's reduction over the loss-masked tokens makes it slime's
+    ``sft_loss``), no ratio (reported as 1), no clip, no KL; the entropy is reported.
+    Example: ``logp = log 0.5`` gives ``total = 0.693`` per token."""
+    zeros = torch.zeros_like(log_probs)
+    return PolicyTerms(total=-log_probs, pg=-log_probs.detach(), kl=zeros,
+                       entropy=zeros if entropy is None else entropy.detach(), clipped=zeros,
+                       ratio=torch.ones_like(log_probs).detach())
 
 
 def _surrogate(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, surrogate: str,

@@ -6,7 +6,8 @@ The shell only wires tensors; every formula lives in the core:
 1. per-token log-probs and entropies of the row's scored response tokens from the
    vocab-parallel logits (Megatron's vocab-parallel cross entropy; entropy with the same
    max/sum all-reduces), so TP needs no logits gather;
-2. per-token pieces from ``vime_pure.torch_ops.policy_loss.policy_loss`` (the PPO/GRPO, GSPO
+2. per-token pieces from ``vime_pure.torch_ops.policy_loss.policy_loss`` (``sft_terms``
+   under ``--loss-type sft_loss``: each token's negative log-likelihood) (the PPO/GRPO, GSPO
    or CISPO surrogate, dual clip, KL, entropy bonus; under context parallelism GSPO's
    per-sample sums go through :func:`cp_sum`, so each CP rank clips the whole sample's
    sequence ratio); without old log-probs the ratio is 1 and carries
@@ -49,7 +50,8 @@ from vime_pure.denominators import megatron_loss_scale
 from vime_pure.errors import LossConfigError, field_error
 from vime_pure.policy_config import LossConfig
 from vime_pure.torch_ops.loss import microbatch_losses
-from vime_pure.torch_ops.policy_loss import kl_shaped_advantages, policy_loss, tis_weights
+from vime_pure.torch_ops.policy_loss import (kl_shaped_advantages, policy_loss, sft_terms,
+                                              tis_weights)
 from vime_shell.megatron.tensors import MicroBatchTensors
 
 STEP_KEYS: tuple[str, ...] = ("loss", "pg_loss", "kl", "entropy", "clipfrac")  # divided by C
@@ -120,6 +122,34 @@ def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossCo
     """Scaled loss to backpropagate, and the row's report sums (see the module docstring).
     ``cp_group``: the CP group under context parallelism (GSPO reduces over it)."""
     old = row.old_log_probs if row.old_log_probs is not None else logp.detach()
+    tis: torch.Tensor | None = None
+    if cfg.loss_type == "sft_loss":  # the policy knobs are refused beside it (settings)
+        terms = sft_terms(logp, entropy=entropy)
+    else:
+        terms, tis = _policy_terms(logp, old, row, cfg, entropy, cp_group)
+    mask = row.loss_mask.to(logp.dtype)
+    # The loss (with its gradient) and the reported terms, reduced together: one check of the
+    # row's mask, indices and denominators, one weight per token.
+    series = torch.stack([terms.total.to(logp.dtype)]
+                         + [t.detach().to(logp.dtype) for t in (terms.pg, terms.kl,
+                                                                 terms.entropy, terms.clipped)])
+    sums = microbatch_losses(series, mask, row.token_sample, row.denominators)
+    numerator = sums[0]
+    report = {key: value.detach() for key, value in zip(STEP_KEYS, sums)}
+    report["ratio"] = (terms.ratio * mask).sum().detach()
+    report["log_prob"] = (logp.detach() * mask).sum()
+    report["tokens"] = mask.sum().detach()
+    # the decoupled-PPO weight pi_old / pi_behaviour, as clamped (tis: only with the latter)
+    if tis is not None and row.rollout_log_probs is not None:
+        report.update(_tis_sums(tis, old, row.rollout_log_probs, mask))
+    report.update(_gap_sums(logp, row))
+    return numerator * factor, report
+
+
+def _policy_terms(logp: torch.Tensor, old: torch.Tensor, row: MicroBatchTensors,
+                  cfg: LossConfig, entropy: torch.Tensor | None, cp_group: Any
+                  ) -> tuple[Any, torch.Tensor | None]:
+    """The policy loss's per-token pieces and the TIS weights (None without ``--use-tis``)."""
     tis = None
     if cfg.use_tis:
         if row.rollout_log_probs is None:
@@ -142,23 +172,7 @@ def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossCo
                         surrogate=cfg.surrogate, loss_mask=row.loss_mask.to(logp.dtype),
                         sample_index=row.token_sample, num_samples=len(row.denominators),
                         reduce=None if cp_group is None else cp_sum(cp_group))
-    mask = row.loss_mask.to(logp.dtype)
-    # The loss (with its gradient) and the reported terms, reduced together: one check of the
-    # row's mask, indices and denominators, one weight per token.
-    series = torch.stack([terms.total.to(logp.dtype)]
-                         + [t.detach().to(logp.dtype) for t in (terms.pg, terms.kl,
-                                                                 terms.entropy, terms.clipped)])
-    sums = microbatch_losses(series, mask, row.token_sample, row.denominators)
-    numerator = sums[0]
-    report = {key: value.detach() for key, value in zip(STEP_KEYS, sums)}
-    report["ratio"] = (terms.ratio * mask).sum().detach()
-    report["log_prob"] = (logp.detach() * mask).sum()
-    report["tokens"] = mask.sum().detach()
-    # the decoupled-PPO weight pi_old / pi_behaviour, as clamped (tis: only with the latter)
-    if tis is not None and row.rollout_log_probs is not None:
-        report.update(_tis_sums(tis, old, row.rollout_log_probs, mask))
-    report.update(_gap_sums(logp, row))
-    return numerator * factor, report
+    return terms, tis
 
 
 def _tis_sums(tis: torch.Tensor, old: torch.Tensor, behaviour: torch.Tensor,

@@ -55,6 +55,7 @@ from vime_shell.rollout.tasks import DigitTask, TaskError, TaskExample
 RolloutFn = Callable[["RolloutContext"], Sequence[Any]]
 DEFAULT_ROLLOUT_FUNCTION = "vime_shell.rollout.functions:single_turn_rollout"
 PER_SAMPLE_ROLLOUT_FUNCTION = "vime_shell.rollout.per_sample:generate_rollout"
+SFT_ROLLOUT_FUNCTION = "vime_shell.rollout.sft:sft_rollout"  # conversations, no generation
 DEFAULT_GENERATE_FUNCTION = "vime_shell.rollout.functions:generate"
 # --custom-agent-function-path's executions (vime_shell.agents.agent)
 AGENT_GENERATE_FUNCTION = "vime_shell.agents.agent:generate"

@@ -42,6 +42,7 @@ from vime_shell.models.hf_config import (check_config, has_chat_template, read_c
                                          read_config_summary)
 from vime_shell.rollout.data import DataKeys, fit_prompts, read_prompt_file
 from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION, encode_prompt
+from vime_shell.rollout.sft import conversation_tokens
 from vime_shell.rollout.plugins import load_callable, load_generate_function
 from vime_shell.rollout.rewards import RM_CHOICES, Rewarder
 from vime_shell.rollout.tasks import TaskExample, get_task
@@ -50,6 +51,7 @@ from vime_shell.run.checkpoint_index import (TRACKER, check_dataset, check_waiti
 from vime_shell.run.model_checks import check_model_settings
 from vime_shell.run.ownership import check_ownership, check_unlocked, run_id_for
 from vime_shell.run.run_dir import check_run_dir, dump_dir
+from vime_shell.settings.data import DEFAULT_LABEL_KEY
 from vime_shell.settings.flags import load_config_file
 from vime_shell.settings.launch_plan import LaunchPlan
 from vime_shell.settings.megatron_args import ModelArgsError, check_architecture
@@ -161,9 +163,12 @@ def _prompt_sets(cfg: TrainConfig, hf_dir: Path, context_len: int | None):
     """``(train rows or None, rows --rollout-max-prompt-len dropped, eval sets)``: every row
     read and checked (labels, chat messages without a template: before any tokenizer loads),
     then rendered and tokenized against the model's context (``fit_prompts``)."""
-    keys = DataKeys(input_key=cfg.input_key, label_key=cfg.label_key,
+    sft = not cfg.generates  # sft_rollout: every row a conversation, rendered whole
+    # a conversation carries its own answers: sft_rollout reads a label only if one is named
+    label_key = None if sft and cfg.label_key == DEFAULT_LABEL_KEY else cfg.label_key
+    keys = DataKeys(input_key=cfg.input_key, label_key=label_key,
                     metadata_key=cfg.metadata_key, tool_key=cfg.tool_key,
-                    apply_chat_template=cfg.apply_chat_template,
+                    apply_chat_template=cfg.apply_chat_template or sft,
                     any_label=cfg.custom_rm_path is not None)
     train = None if cfg.prompt_data is None else read_prompt_file(cfg.prompt_data, keys)
     pairs = cfg.eval_prompt_data or ()
@@ -189,17 +194,21 @@ def _prompt_sets(cfg: TrainConfig, hf_dir: Path, context_len: int | None):
     def encode(row: TaskExample) -> list[int]:
         return encode_prompt(tokenizer, row, cfg.apply_chat_template)
 
-    response = cfg.max_response_len
+    def conversation(row: TaskExample) -> list[int]:
+        return conversation_tokens(tokenizer, row.prompt, row.tools)[0]
+
+    # sft_rollout's sample is the whole conversation: it must fit, with nothing generated
+    train_encode, response = (conversation, 0) if sft else (encode, cfg.max_response_len)
     prompts, dropped = None, 0
     if train is not None:
-        prompts, dropped = fit_prompts(*train, encode=encode, context_len=context_len,
+        prompts, dropped = fit_prompts(*train, encode=train_encode, context_len=context_len,
                                        response_len=response,
                                        max_prompt_len=cfg.rollout_max_prompt_len)
         if not prompts:
             raise field_error(ConfigError, "rollout_max_prompt_len", cfg.rollout_max_prompt_len,
                               f"drops every prompt of {cfg.prompt_data}",
                               "raise it, or shorten the prompts")
-    eval_response = cfg.eval_max_response_len or response
+    eval_response = cfg.eval_max_response_len or cfg.max_response_len
     eval_sets = tuple((name, fit_prompts(*rows, encode=encode, context_len=context_len,
                                          response_len=eval_response, max_prompt_len=None,
                                          response_flag="--eval-max-response-len",

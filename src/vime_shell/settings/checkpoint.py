@@ -33,8 +33,9 @@ class CheckpointArgs(Record):
                                      "engine and its weight syncs", ("train-only", "forge"))
     debug_rollout_only: bool = _f(False, "generate, reward, dump (--save-rollout-data) and "
                                   "log, with no trainer and no optimizer")
-    debug_train_only: bool = _f(False, "slime's train-only debugging: what --load-rollout-data "
-                                "in train-only mode does (no engine); requires it")
+    debug_train_only: bool = _f(False, "slime's train-only debugging: no engine; requires "
+                                "--load-rollout-data in train-only mode, or the SFT rollout "
+                                "function (which generates nothing)")
     load_rollout_data_fallback: bool = _f(False, "replay rollout 0's dump when a rollout's "
                                           "dump is missing")
     save_hf: str | None = _f(None, "write the trained weights as an HF checkpoint here, at the "
@@ -74,8 +75,3 @@ class CheckpointArgs(Record):
                     raise field_error(ConfigError, "--debug-rollout-only", True,
                                       f"builds no trainer, so --{name.replace('_', '-')} has "
                                       "nothing to act on", f"drop --{name.replace('_', '-')}")
-        if self.debug_train_only and (self.load_rollout_data is None
-                                      or self.load_rollout_data_mode != "train-only"):
-            raise field_error(ConfigError, "--debug-train-only", True,
-                              "trains on dumped rollouts without an engine",
-                              "pass --load-debug-rollout-data PATH (train-only mode)")

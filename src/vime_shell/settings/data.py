@@ -12,6 +12,7 @@ from vime_shell.rollout.tasks import TASKS
 from vime_shell.settings.common import ConfigError, Record, at_least, setting
 
 SECTION = "data"
+DEFAULT_LABEL_KEY = "label"  # a dataset row's reference answer (SFT rows need none)
 MAX_SEED = 2**63  # torch and numpy seeds are 64-bit
 
 
@@ -34,7 +35,7 @@ class DataArgs(Record):
     prompt_data: str | None = _f(None, "prompt dataset, .jsonl or .parquet; default: the "
                                  "built-in --task")
     input_key: str = _f("prompt", "row field holding the prompt (text or chat messages)")
-    label_key: str | None = _f("label", "row field holding the reference answer")
+    label_key: str | None = _f(DEFAULT_LABEL_KEY, "row field holding the reference answer")
     metadata_key: str | None = _f(None, "row field holding a metadata dict")
     tool_key: str | None = _f(None, "row field holding tools for the chat template")
     apply_chat_template: bool = _f(False, "render prompts with the tokenizer's chat template")

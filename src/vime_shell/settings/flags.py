@@ -22,6 +22,7 @@ import attrs
 import yaml
 
 from vime_pure.errors import field_error
+from vime_shell.rollout.functions import SFT_ROLLOUT_FUNCTION
 from vime_shell.settings.common import element_type, field_type
 from vime_shell.settings.slime_flags import (ALIASES, SLIME_VALUES, default_flags, engine_flags,
                                              slime_values)
@@ -187,6 +188,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     fields = {f.name for f in attrs.fields(TrainConfig)}
     merged.update({k: v for k, v in values.items() if k in fields})
     merged, notes = slime_values(merged)
+    if merged.get("rollout_function_path") == SFT_ROLLOUT_FUNCTION:
+        # one sample per conversation: slime's default n (vime's 8 is for RL groups)
+        merged.setdefault("n_samples_per_prompt", 1)
     args.flag_notes = (*getattr(args, "flag_notes", ()), *notes)
     return TrainConfig.from_mapping(merged, source=f"--config {path}" if path else "flags")
 

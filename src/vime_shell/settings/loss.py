@@ -10,7 +10,8 @@ import attrs
 
 from vime_pure.denominators import LOSS_MODES, REJECTION_DENOMINATORS
 from vime_pure.errors import LossConfigError, field_error
-from vime_pure.policy_config import KL_KINDS, RS_LEVELS, LossConfig, RejectionConfig
+from vime_pure.policy_config import (KL_KINDS, LOSS_TYPES, RS_LEVELS, LossConfig,
+                                     RejectionConfig)
 from vime_shell.settings.common import ConfigError, Record, in_range, setting
 
 SECTION = "loss"
@@ -20,7 +21,11 @@ LOSS_FLAGS = {"eps_clip": "--eps-clip", "eps_clip_high": "--eps-clip-high",
               "dual_clip": "--eps-clip-c", "kl_coef": "--kl-loss-coef",
               "kl_kind": "--kl-loss-type", "entropy_coef": "--entropy-coef",
               "use_tis": "--use-tis", "tis_clip": "--tis-clip", "tis_clip_low": "--tis-clip-low",
-              "surrogate": "--advantage-estimator", "reward_kl_coef": "--kl-coef"}
+              "surrogate": "--advantage-estimator", "reward_kl_coef": "--kl-coef",
+              "loss_type": "--loss-type"}
+# the policy flags supervised fine-tuning has no use for (it has no ratio, reference or
+# advantages): set beside --loss-type sft_loss they are an error, not ignored
+_POLICY_ONLY = ("use_tis", "use_rs", "use_kl_loss")
 _RS_FIELDS = ("rs_level", "rs_lower_bound", "rs_upper_bound", "rs_denominator")
 
 
@@ -32,6 +37,14 @@ def _f(default, help, choices=None):
 class LossArgs(Record):
     """The flags of the core's ``LossConfig`` and ``RejectionConfig``."""
 
+    loss_type: str = _f("policy_loss", "the objective: policy_loss (the policy gradient of "
+                        "--advantage-estimator) or sft_loss (supervised fine-tuning: each "
+                        "loss-masked token's negative log-likelihood, e.g. with the rollout "
+                        "function vime_shell.rollout.sft:sft_rollout; slime's custom_loss: "
+                        "not supported)", LOSS_TYPES)
+    disable_compute_advantages_and_returns: bool = _f(
+        False, "slime's flag for SFT: no advantages are used (with --loss-type sft_loss only; "
+        "vime computes them anyway, from the zero rewards, and the SFT loss never reads them)")
     loss_mode: str | None = _f(None, f"loss denominators; default {DEFAULT_LOSS_MODE} "
                                "(token_mean under --calculate-per-token-loss)", LOSS_MODES)
     calculate_per_token_loss: bool = _f(False, "slime's name for --loss-mode token_mean")
@@ -88,6 +101,7 @@ class LossArgs(Record):
                               kl_kind=self.kl_loss_type, entropy_coef=self.entropy_coef,
                               use_tis=self.use_tis, tis_clip=self.tis_clip,
                               tis_clip_low=self.tis_clip_low, surrogate=surrogate,
+                              loss_type=self.loss_type,
                               reward_kl_coef=self.kl_coef if reward_kl else 0.0)
         except LossConfigError as exc:
             field, _, rest = str(exc).partition("=")
@@ -109,6 +123,18 @@ class LossArgs(Record):
 
     def _check(self) -> None:
         self.loss_config_for(surrogate="ppo", reward_kl=True)  # --kl-coef's range too
+        if self.loss_type == "sft_loss":
+            for name in _POLICY_ONLY:
+                if getattr(self, name):
+                    flag = "--" + name.replace("_", "-")
+                    raise field_error(ConfigError, flag, True, "acts on the policy loss, and "
+                                      "--loss-type sft_loss trains no policy loss",
+                                      f"drop {flag}, or train --loss-type policy_loss")
+        elif self.disable_compute_advantages_and_returns:
+            raise field_error(ConfigError, "--disable-compute-advantages-and-returns", True,
+                              "leaves the policy loss (--loss-type policy_loss) no "
+                              "advantages to train on",
+                              "drop it, or pass --loss-type sft_loss")
         for name in ("rs_lower_bound", "rs_upper_bound"):
             in_range(name, getattr(self, name), 0.0, 1e6, "use e.g. 0.5 / 2.0")
         in_range("logprob_gap_tolerance", self.logprob_gap_tolerance, 0.0, 1e9,

@@ -12,7 +12,7 @@ from vime_pure.data.tool_calls import FORMATS
 from vime_shell.agents.sessions import MATCHERS
 from vime_shell.rollout.functions import (AGENT_GENERATE_FUNCTION, DEFAULT_ROLLOUT_FUNCTION,
                                           GENERATE_TIMEOUT_S, MAX_GENERATION_ROUNDS,
-                                          PER_SAMPLE_ROLLOUT_FUNCTION)
+                                          PER_SAMPLE_ROLLOUT_FUNCTION, SFT_ROLLOUT_FUNCTION)
 from vime_shell.settings.common import (ConfigError, Record, at_least, in_range, setting,
                                         setting_list)
 
@@ -153,6 +153,10 @@ class RolloutArgs(Record):
                      "dynamic_sampling_max_rounds", "sglang_server_concurrency",
                      "rollout_max_response_len", "over_sampling_batch_size", "num_rollout"):
             at_least(name, getattr(self, name), 1)
+        if self.rollout_function_path == SFT_ROLLOUT_FUNCTION and self.n_samples_per_prompt != 1:
+            raise field_error(ConfigError, "n_samples_per_prompt", self.n_samples_per_prompt,
+                              f"would repeat each conversation of {SFT_ROLLOUT_FUNCTION}",
+                              "pass --n-samples-per-prompt 1 (its default with that function)")
         check_sampling("rollout", self.rollout_temperature, self.rollout_top_p,
                        self.rollout_top_k, self.rollout_max_context_len, self.rollout_stop,
                        self.rollout_stop_token_ids)

@@ -28,7 +28,7 @@ gives the warning ``--sglang-ep-size 8: no vLLM equivalent in vime; ignored``.
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vime_shell.rollout.functions import DEFAULT_ROLLOUT_FUNCTION
+from vime_shell.rollout.functions import DEFAULT_ROLLOUT_FUNCTION, SFT_ROLLOUT_FUNCTION
 
 # alias flag -> the TrainConfig field it sets (same type, same meaning)
 ALIASES: dict[str, str] = {
@@ -156,6 +156,9 @@ SLIME_VALUES: dict[tuple[str, Any], tuple[Any, str | None]] = {
     ("rollout_function_path", "slime.rollout.sglang_rollout.generate_rollout"): (
         DEFAULT_ROLLOUT_FUNCTION, "slime's default rollout function; vime's default "
         f"({DEFAULT_ROLLOUT_FUNCTION}) is its counterpart"),
+    ("rollout_function_path", "slime.rollout.sft_rollout.generate_rollout"): (
+        SFT_ROLLOUT_FUNCTION, "slime's SFT rollout function; vime's counterpart is "
+        f"{SFT_ROLLOUT_FUNCTION} (conversations with assistant-turn loss masks)"),
     ("moe_token_dispatcher_type", "allgather"): (
         "alltoall", "Megatron's default dispatcher; vime's MoE uses alltoall (allgather "
         "refuses the variable sequence lengths vime packs; the routing is the same)"),

@@ -54,6 +54,7 @@ from vime_pure.lr_schedule import LrGroups, lr_groups, steps_per_rollout
 from vime_pure.policy_config import LossConfig
 from vime_shell.megatron.config import OptimConfig
 from vime_shell.megatron.model_options import ModelOptions
+from vime_shell.rollout.functions import SFT_ROLLOUT_FUNCTION
 from vime_shell.rollout.tasks import get_task
 from vime_shell.settings.asynchrony import AsyncArgs
 from vime_shell.settings.batching import DEFAULT_GLOBAL_BATCH_SIZE, BatchingArgs
@@ -113,10 +114,24 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
 
     def _check_across(self) -> None:
         """The rules that read two records' fields (the one place for them)."""
-        if self.prompt_data is not None and self.rollout_max_response_len is None:
+        sft = not self.generates
+        if self.prompt_data is not None and self.rollout_max_response_len is None and not sft:
             raise field_error(ConfigError, "rollout_max_response_len", None,
                               "has no default with --prompt-data (the built-in tasks set it)",
                               "pass --rollout-max-response-len, e.g. 1024")
+        replay = self.load_rollout_data is not None and \
+            self.load_rollout_data_mode == "train-only"
+        if self.debug_train_only and not (replay or sft):  # slime's SFT scripts pass it
+            raise field_error(ConfigError, "--debug-train-only", True,
+                              "trains without an engine: on dumped rollouts, or on "
+                              f"conversations ({SFT_ROLLOUT_FUNCTION})",
+                              "pass --load-debug-rollout-data PATH (train-only mode), or "
+                              f"--rollout-function-path {SFT_ROLLOUT_FUNCTION}")
+        if sft and self.loss_type != "sft_loss":
+            raise field_error(ConfigError, "--loss-type", self.loss_type,
+                              f"trains the policy gradient, and {SFT_ROLLOUT_FUNCTION} gives "
+                              "conversations with reward 0 (no advantage to follow)",
+                              "pass --loss-type sft_loss")
         if self.rollout_function_path.endswith("compact_rollout") and self.group_rm:
             raise field_error(ConfigError, "group_rm", True,
                               "does not apply to compact_rollout (its reward is per turn)",
@@ -169,8 +184,11 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
     @property
     def max_response_len(self) -> int:
         """New tokens per response: ``--rollout-max-response-len``, else the built-in task's
-        answer length (``--prompt-data`` requires the flag: a dataset has no task to ask).
+        answer length (``--prompt-data`` requires the flag: a dataset has no task to ask), or
+        1 under the SFT rollout function, which generates nothing.
         Example: reverse2 without the flag -> 2."""
+        if self.rollout_max_response_len is None and self.prompt_data is not None:
+            return 1  # sft_rollout (the only dataset run allowed without the flag)
         return self.rollout_max_response_len or get_task(self.task).answer_length
 
     def resolved_num_rollout(self, dataset_rows: int | None) -> int:
@@ -213,6 +231,18 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
         (0, 1]. Fix: use e.g. 0.2 (1: no lower clip).``"""
         return self.loss_config_for(surrogate=ESTIMATOR_SURROGATE[self.advantage_estimator],
                                     reward_kl=self.reward_kl)
+
+    @property
+    def generates(self) -> bool:
+        """Whether the rollout function generates: not the SFT rollout, which reads whole
+        conversations (its run builds no engine and syncs no weights)."""
+        return self.rollout_function_path != SFT_ROLLOUT_FUNCTION
+
+    @property
+    def effective_logprob_check(self) -> bool:
+        """``--logprob-check``, off when nothing generates: no engine log-prob exists to
+        compare with the trainer's."""
+        return self.logprob_check and self.generates
 
     @property
     def reward_kl(self) -> bool:

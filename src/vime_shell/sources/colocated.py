@@ -35,6 +35,8 @@ class ColocatedSource:
 
     def __init__(self, cfg: TrainConfig, plan: LaunchPlan, engines: EngineGroup):
         self.engines = engines
+        # the SFT rollout generates nothing: its engines are NoEngines and take no weights
+        self.takes_weights = cfg.generates
         self.producer = RolloutProducer(cfg, plan, engines)
         self.normalization = self.producer.normalization
 
@@ -49,6 +51,8 @@ class ColocatedSource:
         return Produced() if generated is None else Produced.whole(*generated)
 
     def sync(self, weights: Weights, version: int) -> SyncReport:
+        if not self.takes_weights:  # every rank alike: none exports
+            return SyncReport()
         return SyncReport(moved=self.engines.sync_weights(weights(), version=version))
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:

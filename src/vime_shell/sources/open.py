@@ -1,6 +1,7 @@
 """Which rollout source a run trains from (:func:`open_source`), decided once, at build time.
 
     --load-rollout-data            ─▶ ReplayedRollouts (its engine, if any, only takes syncs)
+    sft_rollout (generates nothing) ─▶ ColocatedSource over NoEngines (no model, no syncs)
     engine ranks of their own      ─▶ RemoteRollouts (sync, one step off or fully async: the
                                       job's Asynchrony, on ``plan.roles``)
     otherwise                      ─▶ ColocatedSource (the trainer ranks' own engines)
@@ -14,7 +15,9 @@ import logging
 import time
 
 from vime_shell.engines.group import EngineGroup, EngineOptions
+from vime_shell.engines.none import no_engine
 from vime_shell.engines.remote import Sides
+from vime_shell.rollout.functions import SFT_ROLLOUT_FUNCTION
 from vime_shell.settings.launch_plan import LaunchPlan
 from vime_shell.settings.train_config import TrainConfig
 from vime_shell.sources.base import RolloutSource
@@ -34,7 +37,10 @@ def open_source(cfg: TrainConfig, plan: LaunchPlan, options: EngineOptions | Non
     if sides is not None:
         return RemoteRollouts(cfg, sides, plan.num_rollout)
     engines = None
-    if plan.engine_layout is not None and options is not None:
+    if plan.engine_layout is not None and options is not None and not cfg.generates:
+        engines = EngineGroup.build(plan.hf_dir, plan.engine_layout, options, factory=no_engine)
+        log.info("startup: no engine: %s generates nothing", SFT_ROLLOUT_FUNCTION)
+    elif plan.engine_layout is not None and options is not None:
         started = time.perf_counter()
         engines = EngineGroup.build(plan.hf_dir, plan.engine_layout, options)
         log.info("startup: %s engine(s) started in %.1f s", options.engine,

@@ -112,7 +112,7 @@ class Step:
         self.syncs_done = 0  # weight syncs so far (with --load, the resume's counts)
         self.probe_gap: float | None = None  # the last sync's probe gap (None: no probe)
         # The engine-trainer gap is checked on generated batches, unless --no-logprob-check.
-        self.logprob_check = source.generates and cfg.logprob_check
+        self.logprob_check = source.generates and cfg.effective_logprob_check
         self.rejection = cfg.rejection_config()
         self.last_schedule: Schedule | None = None
         # Parts stay on their holders (trainer or engine ranks: the source's group); rank 0
