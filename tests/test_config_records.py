@@ -92,4 +92,7 @@ def test_record_views_carry_the_config_values_and_cfg_names_stay_flat():
 
 def test_warmup_fraction_without_num_rollout_uses_the_default_run_length():
     """0.1 of the default 300 rollouts x 1 step per rollout is 30 warmup steps."""
-    assert TrainConfig(lr_warmup_fraction=0.1).warmup_iters == 30
+    assert TrainConfig(lr_warmup_fraction=0.1).warmup_iters() == 30
+    # under --num-epoch the dataset sets the rollouts: the fraction is of the plan's steps
+    assert TrainConfig(lr_warmup_fraction=0.1, num_epoch=3, prompt_data="d.jsonl",
+                       rollout_max_response_len=8).warmup_iters(40) == 4

@@ -73,7 +73,7 @@ def test_lr_warmup_fraction_counts_partial_steps():
     first rollout's 4 + 1 groups); counting full steps only gave 1 step (4 groups)."""
     cfg = TrainConfig(rollout_batch_size=5, n_samples_per_prompt=1, global_batch_size=4,
                       allow_partial_train_step=True, num_rollout=2, lr_warmup_fraction=0.5)
-    assert cfg.warmup_iters == 2
+    assert cfg.warmup_iters() == 2
     assert trainer_config(cfg).optim.lr_warmup_groups == 5
 
 

@@ -43,6 +43,10 @@ def env(tmp_path_factory):
     data = root / "data"
     write_jsonl(data / "train.jsonl", train)
     write_jsonl(data / "eval.jsonl", held_out)
+    write_jsonl(data / "conversations.jsonl", [  # the SFT script's set
+        {"messages": [{"role": "user", "content": f"{a}{b}>"},
+                      {"role": "assistant", "content": f"{b}{a}"}]}
+        for a in range(4) for b in range(4)])
     embedded = build_embedded()
     moe = build_tiny_hf_model(root / "moe", TinyModelSpec(arch="qwen3_moe"))
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
@@ -95,6 +99,8 @@ WANDB_KEY = "slime-script-test-key-7c1e"
         "--use-precision-aware-optimizer: turns on the distributed optimizer",
         "--sglang-cuda-graph-bs 1 2 4 8 16"]),
     ("run-retool-qwen3-4B.sh", []),
+    ("run-qwen3-4B-base-sft.sh", [
+        "slime's SFT rollout function; vime's counterpart is vime_shell.rollout.sft:sft_rollout"]),
 ])
 def test_slimes_own_scripts_pass_the_dry_run(script, notes, env, tmp_path):
     """The issue's three: --expert-tensor-parallel-size 1 on a dense model at TP 2, the

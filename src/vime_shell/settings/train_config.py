@@ -136,10 +136,6 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
             raise field_error(ConfigError, "group_rm", True,
                               "does not apply to compact_rollout (its reward is per turn)",
                               "use a per-sample --custom-rm-path")
-        if self.lr_warmup_fraction is not None and self.num_epoch is not None:
-            raise field_error(ConfigError, "--lr-warmup-fraction", self.lr_warmup_fraction,
-                              "needs --num-rollout (not --num-epoch) and no "
-                              "--lr-warmup-iters", "pass one warmup length")
         if self.partial_rollout and not self.fully_async and (
                 self.over_sampling_batch_size or 0) <= self.rollout_batch_size:
             raise field_error(ConfigError, "partial_rollout", True,
@@ -213,15 +209,16 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
         return self.allow_partial_train_step or (self.dynamic_sampling_filter_path is not None
                                                  and not self.dynamic_sampling_fill_filtered)
 
-    @property
-    def warmup_iters(self) -> int:
+    def warmup_iters(self, num_rollout: int | None = None) -> int:
         """``--lr-warmup-iters``, or slime's ``--lr-warmup-fraction`` of the run's optimizer
-        steps, a partial step counted as one (``--allow-partial-train-step``): 0.1 of 300
-        rollouts x 1 step is 30 steps; 0.5 of 2 rollouts of 5 groups at
-        ``--global-batch-size 4`` (steps of 4 and 1) is 2 steps."""
+        steps over ``num_rollout`` rollouts (the plan's: under ``--num-epoch`` the dataset
+        sets it; default the config's), a partial step counted as one
+        (``--allow-partial-train-step``): 0.1 of 300 rollouts x 1 step is 30 steps; 0.5 of 2
+        rollouts of 5 groups at ``--global-batch-size 4`` (steps of 4 and 1) is 2 steps."""
         if self.lr_warmup_fraction is None:
             return self.lr_warmup_iters
-        steps = self.resolved_num_rollout(None) * steps_per_rollout(
+        rollouts = self.resolved_num_rollout(None) if num_rollout is None else num_rollout
+        steps = rollouts * steps_per_rollout(
             self.groups_per_rollout, self.effective_global_batch_size, self.partial_steps)
         return round(self.lr_warmup_fraction * steps)
 
@@ -260,12 +257,12 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
         """The run's LR lengths in groups (the core's ``lr_groups``: ``N`` steps are the groups
         of the run's first ``N`` steps, each at its real size; without ``--lr-decay-iters`` the
         decay is the whole run); ``num_rollout``: the plan's (default: the config's)."""
+        rollouts = self.resolved_num_rollout(None) if num_rollout is None else num_rollout
         return lr_groups(groups_per_rollout=self.groups_per_rollout,
                          global_batch_size=self.effective_global_batch_size,
-                         allow_partial=self.partial_steps,
-                         num_rollout=self.resolved_num_rollout(None) if num_rollout is None
-                         else num_rollout,
-                         warmup_iters=self.warmup_iters, decay_iters=self.lr_decay_iters)
+                         allow_partial=self.partial_steps, num_rollout=rollouts,
+                         warmup_iters=self.warmup_iters(rollouts),
+                         decay_iters=self.lr_decay_iters)
 
     def optim_config(self, num_rollout: int | None = None) -> OptimConfig:
         """Adam and the LR schedule (``OptimConfig``). Warmup and decay lengths are optimizer
