@@ -28,7 +28,7 @@ PYTHON_API_NAMES = {
     ("vime_shell/engines/hf.py", "from_model"): "HfEngine built from a model object",
     ("vime_shell/megatron/trainer.py", "scheduler_layout"): "MegatronTrainer.train's records",
     ("vime_shell/megatron/trainer.py", "rank_batch"): "MegatronTrainer.train's records",
-    ("vime_shell/megatron/trainer.py", "load_reference"): "MegatronTrainer's reference model",
+    ("vime_shell/megatron/trainer.py", "load_frozen"): "MegatronTrainer's frozen models",
     ("vime_shell/rollout/generate.py", "use_runtime"): "generate() outside a rollout",
     ("vime_shell/rollout/generate.py", "GenerateRuntime"): "generate() outside a rollout",
     ("vime_shell/rollout/per_sample.py", "RolloutContext"): "generate_rollout outside vime",

@@ -123,7 +123,7 @@ def test_static_micro_batches_without_dynamic_batch_size():
     assert packed.batching_policy().max_tokens_per_gpu == 512
 
 
-@pytest.mark.parametrize("flag", ["--use-opd", "--lora-rank", "--multi-latent-attention",
+@pytest.mark.parametrize("flag", ["--opd-teacher-urls", "--lora-rank", "--multi-latent-attention",
                                   "--lora-alpha", "--spec"])
 def test_unsupported_flag_prints_its_table_line(flag, capsys):
     status, err = _exit([flag, "1"], capsys)
@@ -287,7 +287,6 @@ SLIME_DEFAULTS: dict[str, str] = {
 }
 # Refused flags with no value to type at their default (a store_true, or None): nothing to try.
 NO_TYPED_DEFAULT = {
-    "--use-opd", "--opd-type", "--opd-teacher-load",
     "--opd-teacher-urls", "--target-modules", "--lora-base-cpu-backup",
     "--experts-shared-outer-loras", "--enable-mtp-training", "--spec", "--custom-config-path",
     "--custom-tis-function-path", "--use-fault-tolerance", "--multi-latent-attention",

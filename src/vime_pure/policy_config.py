@@ -48,6 +48,9 @@ class LossConfig:
     weighting the log-prob, so clipped tokens keep their gradient); ``loss_type``:
     ``policy_loss``, or ``sft_loss`` (supervised fine-tuning: every loss-masked token's
     negative log-likelihood, through the same denominators; the policy knobs do not act);
+    ``opd_kl_coef``: on-policy distillation (slime's ``--opd-kl-coef`` under ``--use-opd``; 0
+    off), each token's advantage minus ``opd_kl_coef * (logp_old - logp_teacher)``, the
+    student's reverse-KL estimate against the teacher, on top of any estimator;
     ``reward_kl_coef``: slime's reward-shaping
     KL (``--kl-coef``), each token's advantage minus ``reward_kl_coef * kl_kind(pi_old || ref)``
     (``vime_pure.torch_ops.policy_loss.kl_shaped_advantages``)."""
@@ -64,6 +67,7 @@ class LossConfig:
     surrogate: str = "ppo"
     reward_kl_coef: float = 0.0
     loss_type: str = "policy_loss"
+    opd_kl_coef: float = 0.0
 
     def __attrs_post_init__(self) -> None:
         for name in LOSS_BOUNDS:
@@ -163,6 +167,7 @@ LOSS_BOUNDS: dict[str, Bound] = {
     "tis_clip": Bound(0.0, math.inf, True, False, "use e.g. 2.0 (inf: no truncation)"),
     "tis_clip_low": Bound(0.0, math.inf, False, True, "use e.g. 0 or 0.5"),
     "reward_kl_coef": Bound(0.0, math.inf, False, True, "use 0 to disable it"),
+    "opd_kl_coef": Bound(0.0, math.inf, False, True, "use e.g. 1.0 (slime's default)"),
 }
 
 

@@ -15,7 +15,8 @@ One record is one packed row (the micro-batch's samples back to back):
   ``RankShare``'s flat response columns: log-prob arrays are share-sized and indexed by it),
   ``token_sample`` (its sample's position in
   the row), ``loss_mask``, ``advantages`` and the engine's ``rollout_log_probs``; ``old_log_probs``
-  and ``ref_log_probs`` once attached with :func:`with_log_probs`;
+  ``ref_log_probs`` and ``teacher_log_probs`` (on-policy distillation's teacher) once attached
+  with :func:`with_log_probs`;
 - ``routed_experts`` (MoE routing replay, when the batch has ``rollout_routed_experts``): one
   row of ``layers * topk`` expert ids per local position, gathered with the tokens (a padding
   position repeats its sample's last token's row: it scores nothing, any valid route is exact);
@@ -85,6 +86,7 @@ class TrainMicroBatch:
     rollout_log_probs: Float32[np.ndarray, " R"] | None = None
     old_log_probs: Float32[np.ndarray, " R"] | None = None
     ref_log_probs: Float32[np.ndarray, " R"] | None = None
+    teacher_log_probs: Float32[np.ndarray, " R"] | None = None
     routed_experts: Int16[np.ndarray, "T e"] | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -97,7 +99,7 @@ class TrainMicroBatch:
                 self.positions, self.labels, self.logit_index, self.response_index,
                 self.share_index, self.token_sample, self.loss_mask, self.advantages,
                 self.rollout_log_probs, self.old_log_probs, self.ref_log_probs,
-                self.routed_experts)
+                self.teacher_log_probs, self.routed_experts)
         except TypeCheckError as exc:
             raise shape_error("TrainMicroBatch", self, exc) from None
         _check_values(self)
@@ -223,8 +225,9 @@ def share_batch(share: Any, schedule: Any, mask_sums: Any, *, dp_rank: Any,
 
 
 def with_log_probs(rank: Any, *, old_log_probs: Any = None, ref_log_probs: Any = None,
-                   old_from_step: Any = 0) -> RankBatch:
-    """``rank`` with ``old_log_probs`` / ``ref_log_probs`` attached to every record.
+                   teacher_log_probs: Any = None, old_from_step: Any = 0) -> RankBatch:
+    """``rank`` with ``old_log_probs`` / ``ref_log_probs`` / ``teacher_log_probs`` attached to
+    every record.
 
     Both are flat float arrays in share coordinates (``num_response_tokens`` long, e.g. from
     the trainer's log-prob pass); each record gathers its tokens by ``share_index``.
@@ -238,7 +241,8 @@ def with_log_probs(rank: Any, *, old_log_probs: Any = None, ref_log_probs: Any =
         raise field_error(RolloutBatchError, "rank", type_tag(rank), "is not a RankBatch",
                           "pass what rank_batch returned")
     columns = {}
-    for name, values in (("old_log_probs", old_log_probs), ("ref_log_probs", ref_log_probs)):
+    for name, values in (("old_log_probs", old_log_probs), ("ref_log_probs", ref_log_probs),
+                         ("teacher_log_probs", teacher_log_probs)):
         if values is None:
             continue
         arr = values if isinstance(values, np.ndarray) else None
@@ -349,7 +353,7 @@ def step_of_sample(schedule: Schedule) -> np.ndarray:
     return out
 
 
-LOG_PROB_COLUMNS = ("rollout_log_probs", "old_log_probs", "ref_log_probs")
+LOG_PROB_COLUMNS = ("rollout_log_probs", "old_log_probs", "ref_log_probs", "teacher_log_probs")
 # int32 where a row or a share bounds the value (ids, row positions, share positions: half the
 # bytes per token); int64 for per-sample columns and response_index (batch coordinates, which
 # pass 2**31 at ~1M samples of a few thousand tokens).
@@ -452,5 +456,6 @@ def _shapes(sample_indices: Int64[np.ndarray, " k"], seq_lengths: Int64[np.ndarr
             rollout_log_probs: Float32[np.ndarray, " R"] | None,
             old_log_probs: Float32[np.ndarray, " R"] | None,
             ref_log_probs: Float32[np.ndarray, " R"] | None,
+            teacher_log_probs: Float32[np.ndarray, " R"] | None,
             routed_experts: Int16[np.ndarray, "T e"] | None) -> None:
     """Cross-field shapes of a packed row: ``k`` samples, ``T`` local positions, ``R`` tokens."""

@@ -13,7 +13,8 @@ The shell only wires tensors; every formula lives in the core:
    sequence ratio); without old log-probs the ratio is 1 and carries
    the gradient; with ``--use-tis`` the surrogate is decoupled PPO's, weighted by
    ``tis_weights(old, behaviour)`` (``vime_pure.torch_ops.offpolicy``), reported as
-   ``TIS_KEYS``; rejection (MIS / IcePop) already zeroed the record's mask;
+   ``TIS_KEYS``; rejection (MIS / IcePop) already zeroed the record's mask; ``--kl-coef``
+   (REINFORCE++-baseline) and ``--use-opd`` (the teacher) shape the advantages first;
 3. partial numerators ``P = sum_t m[t] * x[t] / D[sample(t)]`` of the loss and every reported
    term at once, from ``vime_pure.torch_ops.loss.microbatch_losses`` over the record's
    **step-level** denominators
@@ -57,6 +58,7 @@ from vime_shell.megatron.tensors import MicroBatchTensors
 STEP_KEYS: tuple[str, ...] = ("loss", "pg_loss", "kl", "entropy", "clipfrac")  # divided by C
 TOKEN_KEYS: tuple[str, ...] = ("ratio", "log_prob")  # token means: Metric(sum, tokens)
 TIS_KEYS: tuple[str, ...] = ("tis", "tis_clipfrac")  # token means too, with --use-tis
+OPD_KEYS: tuple[str, ...] = ("opd_reverse_kl",)  # a token mean too, with --use-opd
 
 
 def loss_factor(record: TrainMicroBatch, dp: int, cp: int) -> float:
@@ -142,6 +144,8 @@ def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossCo
     # the decoupled-PPO weight pi_old / pi_behaviour, as clamped (tis: only with the latter)
     if tis is not None and row.rollout_log_probs is not None:
         report.update(_tis_sums(tis, old, row.rollout_log_probs, mask))
+    if cfg.opd_kl_coef and row.teacher_log_probs is not None:  # the student's reverse KL
+        report["opd_reverse_kl"] = ((old - row.teacher_log_probs) * mask).sum().detach()
     report.update(_gap_sums(logp, row))
     return numerator * factor, report
 
@@ -165,6 +169,13 @@ def _policy_terms(logp: torch.Tensor, old: torch.Tensor, row: MicroBatchTensors,
                               "load the reference model (the loop does for --kl-coef)")
         advantages = kl_shaped_advantages(advantages, old, row.ref_log_probs,
                                           coef=cfg.reward_kl_coef, kind=cfg.kl_kind)
+    if cfg.opd_kl_coef:  # --use-opd: the reverse KL to the teacher, on any estimator (slime)
+        if row.teacher_log_probs is None:
+            raise field_error(LossConfigError, "opd_kl_coef", cfg.opd_kl_coef,
+                              "needs the teacher's log-probs, which this batch lacks",
+                              "load the teacher (the loop does for --use-opd)")
+        advantages = kl_shaped_advantages(advantages, old, row.teacher_log_probs,
+                                          coef=cfg.opd_kl_coef, kind="k1")
     terms = policy_loss(logp, old, advantages, ref_log_probs=row.ref_log_probs,
                         kl_coef=cfg.kl_coef, kl_kind=cfg.kl_kind, eps_clip=cfg.eps_clip,
                         eps_clip_high=cfg.eps_clip_high, dual_clip=cfg.dual_clip,

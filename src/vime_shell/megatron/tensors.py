@@ -58,6 +58,7 @@ class MicroBatchTensors:
     rollout_log_probs: torch.Tensor | None
     old_log_probs: torch.Tensor | None
     ref_log_probs: torch.Tensor | None
+    teacher_log_probs: torch.Tensor | None = None
     routed_experts: torch.Tensor | None = None  # [tokens, e] int16, the router's token order
 
     @property
@@ -116,6 +117,7 @@ def to_tensors(record: TrainMicroBatch, layout: Layout,
         rollout_log_probs=optional(record.rollout_log_probs),
         old_log_probs=optional(record.old_log_probs),
         ref_log_probs=optional(record.ref_log_probs),
+        teacher_log_probs=optional(record.teacher_log_probs),
         routed_experts=optional(None if record.routed_experts is None else routes_in_model_order(
             record.routed_experts, seq, flat)))
 

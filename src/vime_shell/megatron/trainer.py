@@ -66,7 +66,7 @@ from vime_shell.megatron.layout import (TrainLayout, UnsupportedLayoutError, res
 from vime_shell.megatron.moe_bridge import num_experts_of
 from vime_shell.megatron.offload import OffloadReport, StorageOffload, trainer_tensors
 from vime_shell.engines.sync import buckets
-from vime_shell.megatron.objective import (STEP_KEYS, TIS_KEYS, TOKEN_KEYS, loss_factor,
+from vime_shell.megatron.objective import (OPD_KEYS, STEP_KEYS, TIS_KEYS, TOKEN_KEYS, loss_factor,
                                            microbatch_objective, response_log_probs)
 from vime_shell.megatron.platform import Platform, detect_platform, initialize_parallel
 from vime_shell.megatron.routing_replay import RouteReplayer
@@ -112,7 +112,8 @@ class MegatronTrainer:
                           and mpu.get_tensor_model_parallel_rank() == 0)
         self.trace: list[tuple[int, tuple[int, ...], int]] = []  # (step, samples, tokens) run
         self.steps_done = 0
-        self.reference: list[torch.nn.Module] | None = None  # frozen chunks, for the KL penalty
+        # frozen models by role: "reference" (the KL penalty), "teacher" (on-policy distillation)
+        self.frozen: dict[str, list[torch.nn.Module]] = {}
         self._offload = StorageOffload()
         self.offload_report: OffloadReport | None = None
         # --use-rollout-routing-replay: the routers take the engine's experts (routing_replay)
@@ -358,7 +359,8 @@ class MegatronTrainer:
         owned = reports if self.owns_loss else []
         partials = {k: sum(float(r[k]) for r in owned) for k in STEP_KEYS}
         tokens = sum(float(r["tokens"]) for r in owned)
-        keys = TOKEN_KEYS + (TIS_KEYS if self.config.loss.use_tis else ())
+        keys = (TOKEN_KEYS + (TIS_KEYS if self.config.loss.use_tis else ())
+                + (OPD_KEYS if self.config.loss.opd_kl_coef else ()))
         metrics = {k: Metric(sum(float(r[k]) for r in owned), tokens) for k in keys}
         gaps = [r for r in owned if "gap_sum" in r]
         gap_tokens = sum(float(r["gap_tokens"]) for r in gaps)
@@ -379,9 +381,9 @@ class MegatronTrainer:
 
     @torch.no_grad()
     def compute_log_probs(self, records: Sequence[TrainMicroBatch], num_response_tokens: int,
-                          *, reference: bool = False) -> np.ndarray:
+                          *, frozen: str | None = None) -> np.ndarray:
         """Per-token log-probs of the records' scored response tokens, forward only, under the
-        trained model or (``reference=True``) the frozen reference model.
+        trained model or the frozen model of role ``frozen`` (``"reference"``, ``"teacher"``).
 
         Returns a float32 array in share coordinates (``num_response_tokens`` long, a
         ``RankBatch``'s ``num_response_tokens``: the rank's share, never the whole batch):
@@ -389,9 +391,10 @@ class MegatronTrainer:
         not score are NaN. The last pipeline
         stage's values are broadcast so every stage returns them.
         """
-        if reference and self.reference is None:
-            raise field_error(VimeError, "reference", None, "has not been loaded",
-                              "call load_reference(hf_dir) first (--use-kl-loss does)")
+        if frozen is not None and frozen not in self.frozen:
+            raise field_error(VimeError, "frozen", frozen, "has not been loaded",
+                              "call load_frozen(role, hf_dir) first (--use-kl-loss loads the "
+                              "reference, --use-opd the teacher)")
         rows = self._tensors(records)
 
         def loss_fn(row: MicroBatchTensors, output: torch.Tensor):
@@ -399,7 +402,7 @@ class MegatronTrainer:
             return logp.sum() * 0.0, {"log_probs": logp}
 
         reports = self._run(rows, loss_fn, forward_only=True,
-                            model=self.reference if reference else None)
+                            model=None if frozen is None else self.frozen[frozen])
         flat = torch.full((num_response_tokens,), float("nan"), dtype=torch.float32)
         if mpu.is_pipeline_last_stage(ignore_virtual=True):
             for row, report in zip(rows, reports):
@@ -442,7 +445,8 @@ class MegatronTrainer:
         collective."""
         self._finish_param_sync()
         self.offload_report = self._offload.offload(
-            trainer_tensors(self.model, self.optimizer, self.reference))
+            trainer_tensors(self.model, self.optimizer,
+                            [c for chunks in self.frozen.values() for c in chunks]))
         return self.offload_report
 
     def reload(self) -> None:
@@ -455,10 +459,21 @@ class MegatronTrainer:
         mpu.destroy_model_parallel()
 
     # -- weights -----------------------------------------------------------------------------
-    @torch.no_grad()
+    @property
+    def reference(self) -> list[torch.nn.Module] | None:
+        """The frozen reference model's chunks (KL penalty), or None."""
+        return self.frozen.get("reference")
+
     def load_reference(self, hf_dir: str | Path) -> None:
-        """Build the frozen reference model (KL penalty) from an HF directory: its own model
-        chunks on this rank's layout, never updated (no DDP, no optimizer, no gradients)."""
+        """The frozen reference model (KL penalty), from an HF directory."""
+        self.load_frozen("reference", hf_dir)
+
+    @torch.no_grad()
+    def load_frozen(self, role: str, hf_dir: str | Path) -> None:
+        """Build a frozen model of ``role`` (``"reference"``: the KL penalty; ``"teacher"``:
+        on-policy distillation) from an HF directory of the trained model's architecture: its
+        own model chunks on this rank's layout, never updated (no DDP, no optimizer, no
+        gradients)."""
         chunks = build_model_chunks(self.bridge, self.platform, self.layout, load_weights=False)
         if self.platform.dtype is torch.bfloat16:
             chunks = [Float16Module(self.bridge.config, c) for c in chunks]
@@ -466,7 +481,7 @@ class MegatronTrainer:
         for chunk in chunks:
             chunk.eval()
             chunk.requires_grad_(False)
-        self.reference = chunks
+        self.frozen[role] = chunks
 
     @torch.no_grad()
     def load_hf_weights(self, hf_dir: str | Path) -> None:

@@ -120,7 +120,9 @@ class _Loop:
             first_stage_layers=cfg.decoder_first_pipeline_num_layers,
             last_stage_layers=cfg.decoder_last_pipeline_num_layers, platform=detect_platform())
         if cfg.needs_reference:  # the initial weights (--ref-load when given, as in slime)
-            trainer.load_reference(self.hf_dir)
+            trainer.load_frozen("reference", self.hf_dir)
+        if cfg.use_opd and cfg.opd_teacher_load is not None:  # required with it (settings)
+            trainer.load_frozen("teacher", cfg.opd_teacher_load)  # an HF dir, as --ref-load
         layout = trainer.layout
         log.info("startup: trainer built in %.1f s (%s, dp %d tp %d pp %d cp %d)",
                  time.perf_counter() - t0, self.hf_dir, layout.dp, layout.tp, layout.pp,

@@ -72,7 +72,9 @@ def model_dir(cfg: TrainConfig) -> Path:
 def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     """Check ``cfg`` against the model in ``hf_dir`` and the launched world (module docstring)."""
     if cfg.ref_load is not None:  # the initial weights (model_dir): an HF directory
-        _check_ref_load(cfg, cfg.ref_load)
+        _check_same_model(cfg.ref_load, "--ref-load", cfg.hf_checkpoint)
+    if cfg.opd_teacher_load is not None:  # on-policy distillation's teacher: the trained model's
+        _check_same_model(cfg.opd_teacher_load, "--opd-teacher-load", hf_dir)
     flag = "--ref-load" if cfg.ref_load else "--hf-checkpoint"  # where the weights come from
     if not (hf_dir / "config.json").is_file():
         raise field_error(ConfigError, flag, str(hf_dir), "has no config.json",
@@ -81,6 +83,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
         check_export_target(cfg.save_hf, overwrite=cfg.save_hf_overwrite, protected={
             "the source model (--hf-checkpoint)": hf_dir,
             "the reference model (--ref-load)": cfg.ref_load,
+            "the teacher model (--opd-teacher-load)": cfg.opd_teacher_load,
             "the run directory (--run-dir)": cfg.run_dir,
             "the checkpoint directory (--save)": cfg.save,
             "the checkpoint directory (--load)": cfg.load,
@@ -367,23 +370,25 @@ def _check_side_inputs(cfg: TrainConfig, hf_dir: Path) -> None:
                           "pip install 'vime[wandb]', or drop --use-wandb")
 
 
-def _check_ref_load(cfg: TrainConfig, ref_load: str) -> None:
-    """``--ref-load`` is an HF directory of the same architecture as ``--hf-checkpoint``."""
-    ref = Path(ref_load).expanduser()
-    if not (ref / "config.json").is_file():
-        megatron = (ref / TRACKER).is_file() or any(ref.glob("iter_*"))
-        raise field_error(ConfigError, "--ref-load", ref_load,
+def _check_same_model(path: str, flag: str, model: str | Path | None) -> None:
+    """``path`` (``--ref-load``, ``--opd-teacher-load``) is an HF directory of the same
+    architecture as ``model`` (``--hf-checkpoint``; for the teacher, the trained model)."""
+    other = Path(path).expanduser()
+    if not (other / "config.json").is_file():
+        megatron = (other / TRACKER).is_file() or any(other.glob("iter_*"))
+        raise field_error(ConfigError, flag, path,
                           "is a Megatron checkpoint; vime reads HF weights" if megatron else
                           "is not an HF model directory",
-                          "drop --ref-load to start from --hf-checkpoint, or pass an HF "
-                          "directory (save_pretrained, or vime's --save-hf)")
-    if cfg.hf_checkpoint is not None:
-        a = read_config_summary(Path(cfg.hf_checkpoint).expanduser(), "--hf-checkpoint")
-        b = read_config_summary(ref, "--ref-load")
+                          "pass an HF directory (save_pretrained, or vime's --save-hf)"
+                          + (", or drop --ref-load to start from --hf-checkpoint"
+                             if flag == "--ref-load" else ""))
+    if model is not None:
+        a = read_config_summary(Path(model).expanduser(), "--hf-checkpoint")
+        b = read_config_summary(other, flag)
         for name in ("model_type", "num_layers", "vocab_size"):
             if getattr(a, name) != getattr(b, name):
-                raise field_error(ConfigError, "--ref-load", ref_load,
-                                  f"has {name}={getattr(b, name)!r}, --hf-checkpoint "
+                raise field_error(ConfigError, flag, path,
+                                  f"has {name}={getattr(b, name)!r}, the trained model "
                                   f"{getattr(a, name)!r}", "pass the same model's weights")
 
 

@@ -22,10 +22,11 @@ LOSS_FLAGS = {"eps_clip": "--eps-clip", "eps_clip_high": "--eps-clip-high",
               "kl_kind": "--kl-loss-type", "entropy_coef": "--entropy-coef",
               "use_tis": "--use-tis", "tis_clip": "--tis-clip", "tis_clip_low": "--tis-clip-low",
               "surrogate": "--advantage-estimator", "reward_kl_coef": "--kl-coef",
-              "loss_type": "--loss-type"}
+              "loss_type": "--loss-type", "opd_kl_coef": "--opd-kl-coef"}
 # the policy flags supervised fine-tuning has no use for (it has no ratio, reference or
 # advantages): set beside --loss-type sft_loss they are an error, not ignored
-_POLICY_ONLY = ("use_tis", "use_rs", "use_kl_loss")
+_POLICY_ONLY = ("use_tis", "use_rs", "use_kl_loss", "use_opd")
+OPD_TYPES = ("megatron",)  # slime's sglang (a teacher server) is refused with its table line
 _RS_FIELDS = ("rs_level", "rs_lower_bound", "rs_upper_bound", "rs_denominator")
 
 
@@ -45,6 +46,16 @@ class LossArgs(Record):
     disable_compute_advantages_and_returns: bool = _f(
         False, "slime's flag for SFT: no advantages are used (with --loss-type sft_loss only; "
         "vime computes them anyway, from the zero rewards, and the SFT loss never reads them)")
+    use_opd: bool = _f(False, "on-policy distillation: each token's advantage minus "
+                       "--opd-kl-coef x (student log-prob - teacher log-prob), on top of any "
+                       "--advantage-estimator (slime's); needs --opd-type megatron and "
+                       "--opd-teacher-load")
+    opd_type: str | None = _f(None, "where the teacher's log-probs come from: megatron (a "
+                              "frozen teacher in the trainer, from --opd-teacher-load; "
+                              "slime's sglang, a teacher server: not supported)", OPD_TYPES)
+    opd_kl_coef: float = _f(1.0, "weight of the teacher's reverse KL in the advantages")
+    opd_teacher_load: str | None = _f(None, "the teacher: an HF directory of the trained "
+                                      "model's architecture (slime: a Megatron checkpoint)")
     loss_mode: str | None = _f(None, f"loss denominators; default {DEFAULT_LOSS_MODE} "
                                "(token_mean under --calculate-per-token-loss)", LOSS_MODES)
     calculate_per_token_loss: bool = _f(False, "slime's name for --loss-mode token_mean")
@@ -102,10 +113,25 @@ class LossArgs(Record):
                               use_tis=self.use_tis, tis_clip=self.tis_clip,
                               tis_clip_low=self.tis_clip_low, surrogate=surrogate,
                               loss_type=self.loss_type,
+                              opd_kl_coef=self.opd_kl_coef if self.use_opd else 0.0,
                               reward_kl_coef=self.kl_coef if reward_kl else 0.0)
         except LossConfigError as exc:
             field, _, rest = str(exc).partition("=")
             raise ConfigError(f"{LOSS_FLAGS[field]}={rest}") from None
+
+    def _check_opd(self) -> None:
+        """slime's rules: --use-opd needs its type (megatron here) and its teacher; a teacher
+        without --use-opd is an error, not ignored."""
+        if self.use_opd and self.opd_type is None:
+            raise field_error(ConfigError, "--opd-type", None, "is required with --use-opd",
+                              "pass --opd-type megatron")
+        if self.use_opd and self.opd_teacher_load is None:
+            raise field_error(ConfigError, "--opd-teacher-load", None,
+                              "is required with --opd-type megatron",
+                              "pass the teacher's HF directory")
+        if self.opd_teacher_load is not None and not self.use_opd:
+            raise field_error(ConfigError, "--opd-teacher-load", self.opd_teacher_load,
+                              "is set but --use-opd is not", "add --use-opd, or drop it")
 
     def rejection_config(self) -> RejectionConfig | None:
         """The ``--use-rs`` settings as the core's record (None without ``--use-rs``); unset
@@ -123,6 +149,7 @@ class LossArgs(Record):
 
     def _check(self) -> None:
         self.loss_config_for(surrogate="ppo", reward_kl=True)  # --kl-coef's range too
+        self._check_opd()
         if self.loss_type == "sft_loss":
             for name in _POLICY_ONLY:
                 if getattr(self, name):

@@ -8,8 +8,8 @@ table of flags vime does not support.
   ``--sglang-X V`` is the vLLM argument ``SGLANG_TO_VLLM`` names, and where there is none it is
   accepted with a one-line warning saying so (:func:`engine_flags`).
 * ``UNSUPPORTED``: every other flag the anchors' example scripts pass, with the reason or the
-  vime equivalent: ``vime train --use-opd`` prints ``--use-opd: not supported in vime
-  (on-policy distillation)`` and exits 2. The line comes from this table, never from spelling
+  vime equivalent: ``vime train --lora-rank 8`` prints ``--lora-rank: not supported in vime
+  (LoRA)`` and exits 2. The line comes from this table, never from spelling
   distance. At slime's default (``UNSUPPORTED_OFF``: ``--lora-rank 0``, ``--mtp-num-layers
   0``) such a flag leaves its feature off, so it is accepted with a note
   (:func:`default_flags`): a flag at its default no-op value is never an error.
@@ -64,10 +64,8 @@ FP8 = ("FP8 training: Transformer Engine's FP8 kernels need Hopper-class GPUs, w
 
 UNSUPPORTED: dict[str, str] = {
     # training backends and modes
-    "--use-opd": "on-policy distillation", "--opd-type": "on-policy distillation",
-    "--opd-kl-coef": "on-policy distillation", "--opd-teacher-load": "on-policy distillation",
-    "--opd-teacher-key": "on-policy distillation",
-    "--opd-teacher-urls": "on-policy distillation",
+    "--opd-teacher-key": "on-policy distillation from teacher servers (--opd-type sglang)",
+    "--opd-teacher-urls": "on-policy distillation from teacher servers (--opd-type sglang)",
     "--opd-log-prob-top-k": "on-policy distillation",
     "--opd-reward-weight-mode": "on-policy distillation",
     "--opd-top-k-strategy": "on-policy distillation",
@@ -118,6 +116,8 @@ UNSUPPORTED: dict[str, str] = {
 
 # slime's choices that vime's choice lists lack: "--flag value" -> the reason or equivalent
 UNSUPPORTED_VALUES: dict[str, str] = {
+    "--opd-type sglang": "teacher log-probs from an SGLang server during rollout; use "
+    "--opd-type megatron with --opd-teacher-load (the teacher in the trainer)",
     "--loss-type custom_loss": "a loss plugin; vime's objectives are policy_loss (with "
     "--advantage-estimator grpo, gspo, cispo or reinforce_plus_plus_baseline) and sft_loss",
     "--advantage-estimator ppo": "PPO needs a critic (value model); use grpo, gspo, cispo "
@@ -139,7 +139,6 @@ UNSUPPORTED_VALUES: dict[str, str] = {
 # --mtp-loss-scaling-factor 0.1; slime resets it to 0.2). --mtp-num-layers defaults to None,
 # and Megatron builds no MTP layer for 0.
 UNSUPPORTED_OFF: dict[str, tuple[str, ...]] = {
-    "--opd-kl-coef": ("1.0",),
     "--opd-teacher-key": ("opd_teacher",), "--opd-log-prob-top-k": ("0",),
     "--opd-reward-weight-mode": ("student_p",), "--opd-top-k-strategy": ("only-student",),
     "--lora-rank": ("0",), "--lora-alpha": ("16",), "--lora-dropout": ("0.0",),

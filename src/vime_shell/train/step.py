@@ -157,7 +157,9 @@ class Step:
                                    fields=extra["fields"]),
                   "old_logprob_s": t_old - t1, "logprob_check": int(self.logprob_check),
                   "probe_gap": self.probe_gap, **extra["stats"], **corrections,
-                  **offpolicy.tis_means(results, self.cfg.use_tis), **evaluated}
+                  **offpolicy.token_means(results, offpolicy.token_keys(self.cfg.use_tis,
+                                                                         self.cfg.use_opd)),
+                  **evaluated}
         self._notify(rid, record, plan, share, mine)
         self.last_schedule = plan.schedule
         return record
@@ -271,11 +273,14 @@ class Step:
             gap.add(*self._gap(records, old, gap_samples))
             self._check_gap(rid, gap)
             metrics = offpolicy.mismatch(records, old, self.trainer.owns_loss)
-        ref = (self.trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens,
-                                              reference=True)
-               if self.cfg.needs_reference else None)
+        def frozen(role: str) -> np.ndarray:  # a frozen model's log-probs of this share
+            return self.trainer.compute_log_probs(mine.microbatches, mine.num_response_tokens,
+                                                  frozen=role)
+
+        ref = frozen("reference") if self.cfg.needs_reference else None
+        teacher = frozen("teacher") if self.cfg.use_opd else None
         mine = with_log_probs(mine, old_log_probs=old, ref_log_probs=ref,
-                              old_from_step=1 if shortcut else 0)
+                              teacher_log_probs=teacher, old_from_step=1 if shortcut else 0)
         if self.rejection is not None:
             assert old is not None  # rejection turns the step-0 shortcut off
             trainer = self.trainer
