@@ -204,3 +204,19 @@ def test_routing_replay_turns_off_the_fused_router_and_refuses_sinkhorn():
     assert fields == {"moe_enable_routing_replay": True, "moe_router_fusion": False}
     with pytest.raises(ModelOptionsError, match="sinkhorn"):
         ModelOptions(moe_enable_routing_replay=True, moe_router_load_balancing_type="sinkhorn")
+
+
+@pytest.mark.parametrize("model_type, reason", [
+    ("deepseek_v3", "MLA models"), ("kimi_k2", "MLA models"), ("mimo", "MiMo"),
+    ("qwen3_next", "Qwen3-Next"), ("qwen2_5_vl", "multimodal")])
+def test_a_family_the_bridge_cannot_build_is_refused_at_launch(model_type, reason, tmp_path):
+    """Before anything heavy is built (the DeepSeek-V3 bridge failed inside Megatron's config
+    with a TypeError): one line naming the family and the reason."""
+    from vime_shell.models.hf_config import check_config
+
+    config = {"model_type": model_type, "num_hidden_layers": 2, "vocab_size": 32,
+              "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
+    with pytest.raises(ModelLoadError, match=rf"has \"model_type\" '{model_type}': not "
+                                             rf"supported in vime \({reason}"):
+        check_config(config, tmp_path / "config.json")
+    check_config({**config, "model_type": "qwen3"}, tmp_path / "config.json")
