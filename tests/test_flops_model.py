@@ -67,7 +67,7 @@ def test_flops_grow_with_length_and_proxy_is_relative():
     ({k: v for k, v in DENSE_8B.items() if k != "vocab_size"}, "vocab_size"),
     ({**DENSE_8B, "hidden_size": 0}, "hidden_size"),
     ({**DENSE_8B, "num_attention_heads": "32"}, "num_attention_heads"),
-    ({**DENSE_8B, "kv_lora_rank": 512}, "kv_lora_rank"),
+    ({**DENSE_8B, "kv_lora_rank": 512}, "qk_rope_head_dim"),  # MLA needs its head dims
     ({**DENSE_8B, "num_experts": 8}, "num_experts_per_tok"),
 ])
 def test_bad_configs_name_the_field_and_the_fix(cfg, field):
@@ -78,3 +78,27 @@ def test_bad_configs_name_the_field_and_the_fix(cfg, field):
 def test_negative_coefficients_are_rejected():
     with pytest.raises(VimeError, match="linear=-1.0"):
         FlopsModel(linear=-1, quadratic=1)
+
+
+MLA = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+       "intermediate_size": 128, "vocab_size": 20, "kv_lora_rank": 16, "q_lora_rank": 24,
+       "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}
+
+
+def test_multi_latent_attention_counts_its_low_rank_projections():
+    """DeepSeek-V3's attention (the docstring example of ``_mla_attention``): per layer
+    23040 linear FLOPs per token and QK + AV pair terms of 4 x 24 + 4 x 16."""
+    model = FlopsModel.from_hf_config(MLA)
+    assert model.linear == 2 * (23040 + 6 * 64 * 128) + 2 * 64 * 20
+    assert model.quadratic == 2 * 160
+    without_q_lora = FlopsModel.from_hf_config({**MLA, "q_lora_rank": None})
+    assert without_q_lora.linear - model.linear == 2 * (2 * 64 * 4 * 24 - 7680)
+
+
+def test_mla_with_equal_head_dims_has_the_dense_pair_term():
+    """With QK and V heads of one width d, the pair term is the dense ``2 * heads * d``."""
+    equal = {**MLA, "qk_nope_head_dim": 12, "qk_rope_head_dim": 4, "v_head_dim": 16}
+    dense = {k: MLA[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                  "intermediate_size", "vocab_size")}
+    assert FlopsModel.from_hf_config(equal).quadratic == FlopsModel.from_hf_config(
+        {**dense, "head_dim": 16}).quadratic

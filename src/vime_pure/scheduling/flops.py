@@ -78,23 +78,41 @@ class FlopsModel:
         cfg = ConfigFields(config)
         if cfg.get("text_config") is not None:
             cfg = ConfigFields(cfg.get("text_config"))
-        if cfg.get("kv_lora_rank") is not None:
-            raise field_error(FlopsModelError, "kv_lora_rank", cfg.get("kv_lora_rank"),
-                              "multi-head latent attention is not modelled",
-                              "pass FlopsModel(linear=..., quadratic=...) computed for MLA")
         hidden, layers = cfg.int("hidden_size"), cfg.int("num_hidden_layers")
         heads = cfg.int("num_attention_heads")
-        kv_heads = cfg.int("num_key_value_heads", heads)
-        head_dim = cfg.int("head_dim", hidden // heads)
-        q, kv = heads * head_dim, kv_heads * head_dim
-        attention = 2 * hidden * (q + 2 * kv) + 2 * q * hidden
+        if cfg.get("kv_lora_rank") is not None:
+            attention, pair = _mla_attention(cfg, hidden, heads)
+        else:
+            kv_heads = cfg.int("num_key_value_heads", heads)
+            head_dim = cfg.int("head_dim", hidden // heads)
+            q, kv = heads * head_dim, kv_heads * head_dim
+            attention, pair = 2 * hidden * (q + 2 * kv) + 2 * q * hidden, 2 * q
         dense_mlp = 6 * hidden * cfg.int("intermediate_size")
         sparse = sparse_layers(cfg, layers)
         moe_mlp = _moe_mlp(cfg, hidden, experts_per_token) if sparse else 0
         per_layer = [attention + (moe_mlp if i in sparse else dense_mlp)
                      for i in range(layers)]
         linear = sum(per_layer) + 2 * hidden * cfg.int("vocab_size")
-        return cls(linear=linear, quadratic=2 * q * layers)
+        return cls(linear=linear, quadratic=pair * layers)
+
+
+def _mla_attention(cfg: "ConfigFields", hidden: int, heads: int) -> tuple[int, int]:
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): ``(linear FLOPs per token, pair
+    coefficient)`` of one layer, in the dense formula's convention (2 per multiply-add; the
+    pair term counts QK and AV once each). Queries go through a ``q_lora_rank`` bottleneck when
+    the config has one; keys and values through ``kv_lora_rank`` plus a shared RoPE key of
+    ``qk_rope_head_dim``; each head scores with ``qk_nope_head_dim + qk_rope_head_dim`` and
+    returns ``v_head_dim``. With ``qk = v = d`` the pair term is the dense ``2 * heads * d``.
+    Example: hidden 64, 4 heads, q_lora 24, kv_lora 16, nope 16, rope 8, v 16: linear
+    2*(64*24 + 24*96) + 2*64*24 + 2*16*128 + 2*64*64 = 23040, pair 4*24 + 4*16 = 160."""
+    kv_lora, rope = cfg.int("kv_lora_rank"), cfg.int("qk_rope_head_dim")
+    nope, v = cfg.int("qk_nope_head_dim"), cfg.int("v_head_dim")
+    qk = nope + rope
+    q_lora = cfg.get("q_lora_rank")
+    query = (2 * hidden * heads * qk if q_lora is None
+             else 2 * (hidden * cfg.int("q_lora_rank") + cfg.int("q_lora_rank") * heads * qk))
+    key_value = 2 * hidden * (kv_lora + rope) + 2 * kv_lora * heads * (nope + v)
+    return query + key_value + 2 * heads * v * hidden, heads * qk + heads * v
 
 
 class ConfigFields:
