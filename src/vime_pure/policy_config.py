@@ -77,16 +77,10 @@ class LossConfig:
         if not isinstance(self.use_tis, bool):
             raise field_error(LossConfigError, "use_tis", self.use_tis, "must be a bool",
                               "pass True or False")
-        if not isinstance(self.surrogate, str) or self.surrogate not in SURROGATES:
-            raise field_error(LossConfigError, "surrogate", self.surrogate,
-                              "is not a policy-gradient surrogate", f"use one of {SURROGATES}")
+        check_surrogate(self.surrogate, self.dual_clip)
         if not isinstance(self.loss_type, str) or self.loss_type not in LOSS_TYPES:
             raise field_error(LossConfigError, "loss_type", self.loss_type,
                               "is not a loss type", f"use one of {LOSS_TYPES}")
-        if self.surrogate == "cispo" and self.dual_clip is not None:
-            raise field_error(LossConfigError, "dual_clip", self.dual_clip,
-                              "applies to PPO's clipped surrogate, not CISPO's",
-                              "drop the dual clip with cispo")
         if not isinstance(self.kl_kind, str) or self.kl_kind not in KL_KINDS:
             raise field_error(LossConfigError, "kl_kind", self.kl_kind, "is not a KL estimator",
                               f"use one of {KL_KINDS}")
@@ -169,6 +163,20 @@ LOSS_BOUNDS: dict[str, Bound] = {
     "reward_kl_coef": Bound(0.0, math.inf, False, True, "use 0 to disable it"),
     "opd_kl_coef": Bound(0.0, math.inf, False, True, "use e.g. 1.0 (slime's default)"),
 }
+
+
+def check_surrogate(surrogate: object, dual_clip: object = None) -> None:
+    """``surrogate`` is one of ``SURROGATES``, and a dual clip goes with PPO's clipped
+    surrogates only (LossConfig's check, and ``policy_loss``'s for a direct caller).
+    Example: ``check_surrogate("cispo", 3.0)`` raises ``dual_clip=3.0: applies to PPO's
+    clipped surrogate, not CISPO's``."""
+    if not isinstance(surrogate, str) or surrogate not in SURROGATES:
+        raise field_error(LossConfigError, "surrogate", surrogate,
+                          "is not a policy-gradient surrogate", f"use one of {SURROGATES}")
+    if surrogate == "cispo" and dual_clip is not None:
+        raise field_error(LossConfigError, "dual_clip", dual_clip,
+                          "applies to PPO's clipped surrogate, not CISPO's",
+                          "drop the dual clip with cispo")
 
 
 def check_loss_knob(name: str, value: object, *, field: str | None = None) -> float:

@@ -108,9 +108,11 @@ def _mla_attention(cfg: "ConfigFields", hidden: int, heads: int) -> tuple[int, i
     kv_lora, rope = cfg.int("kv_lora_rank"), cfg.int("qk_rope_head_dim")
     nope, v = cfg.int("qk_nope_head_dim"), cfg.int("v_head_dim")
     qk = nope + rope
-    q_lora = cfg.get("q_lora_rank")
-    query = (2 * hidden * heads * qk if q_lora is None
-             else 2 * (hidden * cfg.int("q_lora_rank") + cfg.int("q_lora_rank") * heads * qk))
+    if cfg.get("q_lora_rank") is None:
+        query = 2 * hidden * heads * qk
+    else:
+        q_lora = cfg.int("q_lora_rank")
+        query = 2 * (hidden * q_lora + q_lora * heads * qk)
     key_value = 2 * hidden * (kv_lora + rope) + 2 * kv_lora * heads * (nope + v)
     return query + key_value + 2 * heads * v * hidden, heads * qk + heads * v
 

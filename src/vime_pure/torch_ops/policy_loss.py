@@ -36,7 +36,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from vime_pure.errors import LossConfigError, field_error
-from vime_pure.policy_config import KL_KINDS, SURROGATES, KLKind, check_loss_knob
+from vime_pure.policy_config import KL_KINDS, KLKind, check_loss_knob, check_surrogate
 from vime_pure.torch_ops.boundary import tensor_boundary
 
 
@@ -60,6 +60,18 @@ class PolicyTerms:
     ratio: Float[Tensor, " t"]
 
 
+def _ratio_and_band(log_probs: Tensor, old_log_probs: Tensor, eps_clip: float | int,
+                    eps_clip_high: float | int | None) -> tuple[Tensor, float, float]:
+    """The importance ratio ``r`` and its clip band ``[1 - eps_clip, 1 + eps_clip_high]``, the
+    knobs checked against ``LOSS_BOUNDS`` (their one home: a direct caller gets LossConfig's
+    check). The log-ratio is clamped to [-20, 20] (as verl does): exp(89) overflows float32
+    to inf, and inf * (A = 0) is a NaN; a ratio past e**20 is far outside any band anyway."""
+    eps_clip = check_loss_knob("eps_clip", eps_clip)
+    high = eps_clip if eps_clip_high is None else check_loss_knob("eps_clip_high", eps_clip_high)
+    ratio = torch.exp((log_probs - old_log_probs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    return ratio, 1.0 - eps_clip, 1.0 + high
+
+
 @tensor_boundary
 def ppo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t"],
                   advantages: Float[Tensor, " t"], *, eps_clip: float | int = 0.2,
@@ -70,14 +82,9 @@ def ppo_clip_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, "
     Example: ``logp - old = log(1.5)``, ``A = 1``, eps 0.2: ratio 1.5 is clipped to 1.2, so the
     loss is ``-1.2`` and ``clipped = 1``.
     """
-    # LossConfig's bounds (LOSS_BOUNDS, their one home): a direct caller gets the same check.
-    eps_clip = check_loss_knob("eps_clip", eps_clip)
-    high = eps_clip if eps_clip_high is None else check_loss_knob("eps_clip_high", eps_clip_high)
-    # The log-ratio is clamped to [-20, 20] (as verl does): exp(89) overflows float32 to inf,
-    # and inf * (A = 0) is a NaN. A ratio past e**20 is far outside any clip band anyway.
-    ratio = torch.exp((log_probs - old_log_probs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    ratio, low, high = _ratio_and_band(log_probs, old_log_probs, eps_clip, eps_clip_high)
     unclipped = -advantages * ratio
-    clipped_loss = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + high)
+    clipped_loss = -advantages * ratio.clamp(low, high)
     loss = torch.maximum(unclipped, clipped_loss)
     clipped = (clipped_loss > unclipped).to(log_probs.dtype)
     if dual_clip is not None:
@@ -141,10 +148,8 @@ def cispo_loss(log_probs: Float[Tensor, " t"], old_log_probs: Float[Tensor, " t"
     Example: ``r = 1.5``, ``A = 1``, ``logp = -0.7``, eps 0.2: the weight is 1.2, the loss
     ``0.84``, its gradient ``-1.2``, and ``clipped = 1``.
     """
-    eps_clip = check_loss_knob("eps_clip", eps_clip)
-    high = eps_clip if eps_clip_high is None else check_loss_knob("eps_clip_high", eps_clip_high)
-    ratio = torch.exp((log_probs - old_log_probs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-    weight = ratio.clamp(1.0 - eps_clip, 1.0 + high).detach()
+    ratio, low, high = _ratio_and_band(log_probs, old_log_probs, eps_clip, eps_clip_high)
+    weight = ratio.clamp(low, high).detach()
     clipped = (weight != ratio.detach()).to(log_probs.dtype)
     return -weight * advantages * log_probs, clipped, ratio.detach()
 
@@ -298,6 +303,7 @@ def _surrogate(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, sur
                sample_index: Tensor | None, num_samples: int | None,
                reduce: Callable[[Tensor], Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
     """The policy-gradient term ``(pg, clipped, ratio)`` of ``surrogate``."""
+    check_surrogate(surrogate, dual_clip)
     if surrogate == "gspo":
         if loss_mask is None or sample_index is None:
             raise field_error(LossConfigError, "surrogate", surrogate,
@@ -307,14 +313,7 @@ def _surrogate(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, sur
                               eps_clip=eps_clip, eps_clip_high=eps_clip_high,
                               dual_clip=dual_clip, num_samples=num_samples, reduce=reduce)
     if surrogate == "cispo":
-        if dual_clip is not None:
-            raise field_error(LossConfigError, "dual_clip", dual_clip,
-                              "applies to PPO's clipped surrogate, not CISPO's",
-                              "drop the dual clip (--eps-clip-c) with cispo")
         return cispo_loss(log_probs, old_log_probs, advantages, eps_clip=eps_clip,
                           eps_clip_high=eps_clip_high)
-    if surrogate != "ppo":
-        raise field_error(LossConfigError, "surrogate", surrogate,
-                          "is not a policy-gradient surrogate", f"use one of {SURROGATES}")
     return ppo_clip_loss(log_probs, old_log_probs, advantages, eps_clip=eps_clip,
                          eps_clip_high=eps_clip_high, dual_clip=dual_clip)
