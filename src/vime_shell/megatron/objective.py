@@ -61,6 +61,12 @@ TIS_KEYS: tuple[str, ...] = ("tis", "tis_clipfrac")  # token means too, with --u
 OPD_KEYS: tuple[str, ...] = ("opd_reverse_kl",)  # a token mean too, with --use-opd
 
 
+def extra_token_keys(cfg: LossConfig) -> tuple[str, ...]:
+    """The token means a row reports beside ``TOKEN_KEYS`` (the step's and the rollout
+    record's): ``TIS_KEYS`` with ``--use-tis``, ``OPD_KEYS`` with ``--use-opd``."""
+    return (TIS_KEYS if cfg.use_tis else ()) + (OPD_KEYS if cfg.opd_kl_coef else ())
+
+
 def loss_factor(record: TrainMicroBatch, dp: int, cp: int) -> float:
     """``megatron_loss_scale`` of the record's step on Megatron's ``(loss, metrics)`` path.
 

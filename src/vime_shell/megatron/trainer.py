@@ -66,8 +66,9 @@ from vime_shell.megatron.layout import (TrainLayout, UnsupportedLayoutError, res
 from vime_shell.megatron.moe_bridge import num_experts_of
 from vime_shell.megatron.offload import OffloadReport, StorageOffload, trainer_tensors
 from vime_shell.engines.sync import buckets
-from vime_shell.megatron.objective import (OPD_KEYS, STEP_KEYS, TIS_KEYS, TOKEN_KEYS, loss_factor,
-                                           microbatch_objective, response_log_probs)
+from vime_shell.megatron.objective import (STEP_KEYS, TOKEN_KEYS, extra_token_keys,
+                                           loss_factor, microbatch_objective,
+                                           response_log_probs)
 from vime_shell.megatron.platform import Platform, detect_platform, initialize_parallel
 from vime_shell.megatron.routing_replay import RouteReplayer
 from vime_shell.megatron.tensors import Layout, MicroBatchTensors, cpu_layout, to_tensors
@@ -359,8 +360,7 @@ class MegatronTrainer:
         owned = reports if self.owns_loss else []
         partials = {k: sum(float(r[k]) for r in owned) for k in STEP_KEYS}
         tokens = sum(float(r["tokens"]) for r in owned)
-        keys = (TOKEN_KEYS + (TIS_KEYS if self.config.loss.use_tis else ())
-                + (OPD_KEYS if self.config.loss.opd_kl_coef else ()))
+        keys = TOKEN_KEYS + extra_token_keys(self.config.loss)
         metrics = {k: Metric(sum(float(r[k]) for r in owned), tokens) for k in keys}
         gaps = [r for r in owned if "gap_sum" in r]
         gap_tokens = sum(float(r["gap_tokens"]) for r in gaps)

@@ -85,11 +85,11 @@ def conversation_tokens(tokenizer: Any, messages: Any, tools: Any = None
 def sft_sample(tokenizer: Any, example: TaskExample, *, group_id: int, index: int) -> Sample:
     """One conversation as a training sample: its response from the first trained token."""
     tokens, mask = conversation_tokens(tokenizer, example.prompt, example.tools)
-    first = mask.index(1) if 1 in mask else len(mask)
-    if first == len(mask):
+    if 1 not in mask:
         raise field_error(TaskError, "prompt", one_line(repr(example.prompt))[:120],
                           "has assistant turns the template renders as headers only",
                           "give each assistant turn content")
+    first = mask.index(1)
     return Sample(tokens=tokens, response_length=len(tokens) - first, loss_mask=mask[first:],
                   reward=0.0, group_id=group_id, index=index,
                   metadata={**example.metadata, "prompt": example.prompt,

@@ -36,7 +36,7 @@ from vime_pure.scheduling.schedule import Schedule
 from vime_pure.staleness import mismatch_metrics
 from vime_pure.torch_ops.offpolicy import rejection_keep
 from vime_shell.megatron.collectives import gather_metrics
-from vime_shell.megatron.objective import OPD_KEYS, TIS_KEYS
+
 
 MISMATCH_KEYS = ("mismatch_abs", "mismatch_kl")
 
@@ -70,15 +70,9 @@ def mismatch(records: list[TrainMicroBatch], old: np.ndarray, owns: bool,
     return {k: m.value for k, m in reduced.items()}
 
 
-def token_keys(use_tis: bool, use_opd: bool) -> tuple[str, ...]:
-    """The rollout record's extra token means: ``TIS_KEYS`` (``--use-tis``), ``OPD_KEYS``
-    (``--use-opd``)."""
-    return (TIS_KEYS if use_tis else ()) + (OPD_KEYS if use_opd else ())
-
-
 def token_means(results: list, keys: tuple[str, ...]) -> dict[str, float | None]:
-    """Token-mean ``keys`` (``TIS_KEYS`` with ``--use-tis``, ``OPD_KEYS`` with ``--use-opd``)
-    over the whole rollout: each step's token mean weighted by its loss-masked tokens, through
+    """Token-mean ``keys`` (``objective.extra_token_keys``: TIS's, OPD's) over the whole
+    rollout: each step's token mean weighted by its loss-masked tokens, through
     ``merge_metrics``; None when no token trained (every token rejected). Example: steps of 10
     and 30 tokens with ``tis`` 1.0 and 2.0 give 1.75."""
     if not keys or not results:

@@ -42,6 +42,7 @@ from vime_pure.scheduling.schedule import Schedule
 from vime_shell.engines.byte_counts import ByteCounts
 from vime_shell.engines.group import EngineGroupError
 from vime_shell.megatron.collectives import rank0_result
+from vime_shell.megatron.objective import extra_token_keys
 from vime_shell.megatron.offload import offloaded
 from vime_shell.megatron.trainer import MegatronTrainer
 from vime_shell.settings.launch_plan import LaunchPlan
@@ -157,8 +158,7 @@ class Step:
                                    fields=extra["fields"]),
                   "old_logprob_s": t_old - t1, "logprob_check": int(self.logprob_check),
                   "probe_gap": self.probe_gap, **extra["stats"], **corrections,
-                  **offpolicy.token_means(results, offpolicy.token_keys(self.cfg.use_tis,
-                                                                         self.cfg.use_opd)),
+                  **offpolicy.token_means(results, extra_token_keys(self.trainer.config.loss)),
                   **evaluated}
         self._notify(rid, record, plan, share, mine)
         self.last_schedule = plan.schedule
