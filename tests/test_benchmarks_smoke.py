@@ -69,14 +69,14 @@ def test_slime_flag_coverage_on_our_corpus(tmp_path):
     corpus = Path(__file__).parent / "slime_scripts"
     shutil.copytree(corpus, tmp_path / "scripts")
     ours = len(list(corpus.glob("run-*.sh")))
-    (tmp_path / "scripts" / "run-lora.sh").write_text(
-        "ARGS=(--lora-rank 8)\npython3 train.py ${ARGS[@]} --lr 1e-6\n")
+    (tmp_path / "scripts" / "run-mtp.sh").write_text(
+        "ARGS=(--mtp-num-layers 1)\npython3 train.py ${ARGS[@]} --lr 1e-6\n")
     (tmp_path / "scripts" / "run-fsdp.sh").write_text(  # a value outside vime's choices
         "python3 train.py --train-backend fsdp --optimizer $OPT --lr 1e-6\n")
     result = slime_flag_coverage.coverage(slime_flag_coverage.Repo(tmp_path),
                                           slime_flag_coverage.accepted_flags())
     assert (result["scripts"], result["accepted"]) == (ours + 2, ours)
-    assert result["refused"] == {"--lora-rank": 1, "--train-backend fsdp": 1}
+    assert result["refused"] == {"--mtp-num-layers": 1, "--train-backend fsdp": 1}
 
 
 def test_async_tail_summary_of_a_synthetic_run():

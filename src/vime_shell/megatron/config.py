@@ -13,6 +13,7 @@ import attrs
 
 from vime_pure.errors import VimeError, field_error
 from vime_pure.policy_config import LossConfig
+from vime_shell.megatron.lora_options import LoraOptions
 from vime_shell.megatron.model_options import ModelOptions
 
 
@@ -76,6 +77,7 @@ class TrainerConfig:
     optim: OptimConfig = attrs.field(factory=OptimConfig)
     loss: LossConfig = attrs.field(factory=LossConfig)
     model: ModelOptions = attrs.field(factory=ModelOptions)  # recompute, MoE router
+    lora: LoraOptions | None = None  # --lora-rank > 0: frozen base, trained adapters
     recompute_loss_function: bool = False  # --recompute-loss-function (objective.py)
     sequence_parallel: bool = False  # --sequence-parallel, as requested (the trainer decides)
     seed: int = 1234

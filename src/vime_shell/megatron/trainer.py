@@ -61,6 +61,7 @@ from vime_shell.megatron.collectives import gather_metrics, gather_step_report
 from vime_pure.scheduling.flops import FlopsModel
 from vime_shell.megatron.config import OptimConfig, StepResult, TrainerConfig  # noqa: F401
 from vime_shell.megatron.cuda_compat import native_torch
+from vime_shell.megatron.lora import attach_lora, merged
 from vime_shell.megatron.layout import (TrainLayout, UnsupportedLayoutError, resolve_layout,
                                         sequence_parallel_on, world_size_from_env)
 from vime_shell.megatron.moe_bridge import num_experts_of
@@ -92,15 +93,20 @@ class MegatronTrainer:
         self.platform, self.layout, self.config = platform, layout, config
         self.sequence_parallel = sequence_parallel_on(
             config.sequence_parallel, tp=layout.tp, cp=layout.cp,
-            transformer_engine=platform.transformer_engine)
+            # LoRA builds the local spec (lora.py), whose norms cannot run sequence-parallel
+            transformer_engine=platform.transformer_engine and config.lora is None)
         # Sequence parallelism splits each packed row over the TP ranks: rows are padded to it.
         self.row_multiple = layout.tp if self.sequence_parallel else 1
         self.bridge = make_bridge(hf_dir, platform, config.model, layout,
-                                  sequence_parallel=self.sequence_parallel)
+                                  sequence_parallel=self.sequence_parallel,
+                                  local_spec=config.lora is not None)
         # The forward FLOPs model picks each record's cheaper CPU attention layout (tensors.py).
         self.flops = FlopsModel.from_hf_config(self.bridge.hf_config,
                                                config.model.moe_router_topk)
-        self.model = self._wrap(build_model_chunks(self.bridge, platform, layout))
+        chunks = build_model_chunks(self.bridge, platform, layout)
+        if config.lora is not None:  # frozen base, trainable adapters (lora.py)
+            attach_lora(chunks, config.lora, self.bridge.config, seed=config.seed)
+        self.model = self._wrap(chunks)
         self.optimizer, self.scheduler = self._optimizer()
         self.dp_rank = mpu.get_data_parallel_rank()
         self.cp_rank = mpu.get_context_parallel_rank()
@@ -488,13 +494,16 @@ class MegatronTrainer:
         """Overwrite the model's weights with an HF directory's (collective), and refresh the
         optimizer's main parameters from them; optimizer moments and the LR schedule stay."""
         self._finish_param_sync()
-        self.bridge.load_weights([unwrap_model(c) for c in self.model], str(hf_dir))
+        with merged(self.model, merge=False):  # the base weights, under mbridge's names
+            self.bridge.load_weights([unwrap_model(c) for c in self.model], str(hf_dir))
         self.optimizer.reload_model_params()
 
     def export_hf(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(hf_name, full tensor)`` for every weight; collective, drain on every rank."""
+        """``(hf_name, full tensor)`` for every weight (LoRA merged in); collective, drain
+        on every rank."""
         self._finish_param_sync()
-        return export_hf_weights(self.bridge, self.model)
+        with merged(self.model):
+            yield from export_hf_weights(self.bridge, self.model)
 
     def hf_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """The export (:meth:`export_hf`) as host copies in consecutive buckets of at most
@@ -507,7 +516,8 @@ class MegatronTrainer:
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """All weights under HF names, as CPU tensors, on every rank."""
         self._finish_param_sync()
-        return hf_state_dict(self.bridge, self.model)
+        with merged(self.model):
+            return hf_state_dict(self.bridge, self.model)
 
 
 class NonFiniteGradError(VimeError):

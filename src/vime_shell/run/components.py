@@ -26,7 +26,8 @@ def trainer_config(cfg: TrainConfig, num_rollout: int | None = None) -> TrainerC
     whole run. Example:
     ``--lr-warmup-iters 10`` with 128 groups per step warms up over 1280 groups.
     """
-    return TrainerConfig(optim=cfg.optim_config(num_rollout), loss=cfg.loss_config(), model=cfg.model_options(),
+    return TrainerConfig(optim=cfg.optim_config(num_rollout), loss=cfg.loss_config(),
+                         model=cfg.model_options(), lora=cfg.lora_options(),
                          recompute_loss_function=cfg.recompute_loss_function, seed=cfg.seed,
                          sequence_parallel=bool(cfg.sequence_parallel))
 

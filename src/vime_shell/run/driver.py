@@ -127,6 +127,14 @@ class _Loop:
         log.info("startup: trainer built in %.1f s (%s, dp %d tp %d pp %d cp %d)",
                  time.perf_counter() - t0, self.hf_dir, layout.dp, layout.tp, layout.pp,
                  layout.cp)
+        if trainer.config.lora is not None:
+            lora = trainer.config.lora
+            params = [p for chunk in trainer.model for p in chunk.parameters()]
+            log.info("startup: LoRA rank %d (alpha %g) on %s: %d of %d parameters train on "
+                     "this rank; the engine and --save-hf get the merged weights", lora.rank,
+                     lora.alpha, ",".join(lora.megatron_modules),
+                     sum(p.numel() for p in params if p.requires_grad),
+                     sum(p.numel() for p in params))
         return trainer
 
     def rollout(self, rid: int) -> dict:

@@ -80,6 +80,12 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                           f"exceeds the model's {summary.num_experts} experts",
                           "use at most the expert count")
     check_tp_heads(cfg.tensor_model_parallel_size, summary)
+    if cfg.lora_rank > 0 and summary.num_experts is not None:
+        raise field_error(ConfigError, "--lora-rank", cfg.lora_rank,
+                          f"adapts dense layers, and {summary.model_type} has "
+                          f"{summary.num_experts} experts (LoRA on experts needs expert-"
+                          "parallel adapters vime does not build)",
+                          "train the MoE model without --lora-rank, or use a dense model")
     if cfg.recompute_num_layers is not None:
         smallest = min(layout.stage_layers(summary.num_layers))
         if cfg.recompute_num_layers > smallest:

@@ -8,10 +8,9 @@ table of flags vime does not support.
   ``--sglang-X V`` is the vLLM argument ``SGLANG_TO_VLLM`` names, and where there is none it is
   accepted with a one-line warning saying so (:func:`engine_flags`).
 * ``UNSUPPORTED``: every other flag the anchors' example scripts pass, with the reason or the
-  vime equivalent: ``vime train --lora-rank 8`` prints ``--lora-rank: not supported in vime
-  (LoRA)`` and exits 2. The line comes from this table, never from spelling
-  distance. At slime's default (``UNSUPPORTED_OFF``: ``--lora-rank 0``, ``--mtp-num-layers
-  0``) such a flag leaves its feature off, so it is accepted with a note
+  vime equivalent: ``vime train --mtp-num-layers 1`` prints ``--mtp-num-layers: not supported
+  in vime (multi-token prediction)`` and exits 2. The line comes from this table, never from spelling
+  distance. At slime's default (``UNSUPPORTED_OFF``: ``--mtp-num-layers 0``) such a flag leaves its feature off, so it is accepted with a note
   (:func:`default_flags`): a flag at its default no-op value is never an error.
 * ``SLIME_VALUES``: slime's spelling of a value vime spells otherwise (slime's default rollout
   function is vime's; Megatron's default ``allgather`` dispatcher is vime's ``alltoall``;
@@ -69,9 +68,9 @@ UNSUPPORTED: dict[str, str] = {
     "--opd-log-prob-top-k": "on-policy distillation",
     "--opd-reward-weight-mode": "on-policy distillation",
     "--opd-top-k-strategy": "on-policy distillation",
-    "--lora-rank": "LoRA", "--lora-alpha": "LoRA", "--lora-dropout": "LoRA",
-    "--target-modules": "LoRA", "--lora-base-cpu-backup": "LoRA",
-    "--experts-shared-outer-loras": "LoRA",
+    "--lora-base-cpu-backup": "an engine-side copy of the base weights (vime syncs the "
+    "merged weights)",
+    "--experts-shared-outer-loras": "LoRA on MoE experts",
     "--muon-momentum": "the Muon optimizer; vime trains with Adam",
     "--enable-mtp-training": "multi-token prediction", "--mtp-num-layers": "multi-token "
     "prediction", "--mtp-loss-scaling-factor": "multi-token prediction",
@@ -141,7 +140,6 @@ UNSUPPORTED_VALUES: dict[str, str] = {
 UNSUPPORTED_OFF: dict[str, tuple[str, ...]] = {
     "--opd-teacher-key": ("opd_teacher",), "--opd-log-prob-top-k": ("0",),
     "--opd-reward-weight-mode": ("student_p",), "--opd-top-k-strategy": ("only-student",),
-    "--lora-rank": ("0",), "--lora-alpha": ("16",), "--lora-dropout": ("0.0",),
     "--muon-momentum": ("0.9",), "--mtp-num-layers": ("0",),
     "--mtp-loss-scaling-factor": ("0.2", "0.1"), "--train-env-vars": ("{}",),
     "--kv-lora-rank": ("32",), "--qk-head-dim": ("128",), "--qk-pos-emb-head-dim": ("64",),
@@ -231,8 +229,9 @@ def _matches(text: str, default: str) -> bool:
 def default_flags(tokens: Sequence[str]) -> tuple[list[str], list[str]]:
     """Split ``tokens`` into ``(notes, rest)``: every ``FLAG VALUE`` / ``FLAG=VALUE`` of
     ``UNSUPPORTED_OFF`` at slime's default becomes a note; everything else stays in ``rest``
-    (a flag at another value keeps its table line). Example: ``["--lora-rank", "0"]`` gives
-    the note ``--lora-rank 0: slime's default, a no-op (not supported in vime: LoRA)``."""
+    (a flag at another value keeps its table line). Example: ``["--mtp-num-layers", "0"]`` gives
+    the note ``--mtp-num-layers 0: slime's default, a no-op (not supported in vime:
+    multi-token prediction)``."""
     notes, rest = [], []
     i = 0
     while i < len(tokens):

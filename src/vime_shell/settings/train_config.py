@@ -10,7 +10,8 @@ files):
 * ``BatchingArgs`` [batching] (the core's ``BatchingPolicy``), ``LossArgs`` [loss] (the core's
   ``LossConfig`` / ``RejectionConfig``), ``OptimizerArgs`` [optimizer] (``OptimConfig``),
   ``ParallelArgs`` [parallelism], ``MemoryArgs`` [memory] and ``MoEArgs`` [moe]
-  (``ModelOptions``), ``CheckpointArgs`` [checkpoint], ``LoggingArgs`` [logging];
+  (``ModelOptions``), ``LoraArgs`` [lora] (``LoraOptions``), ``CheckpointArgs`` [checkpoint],
+  ``LoggingArgs`` [logging];
 * Megatron's and slime's pass-through flags: ``ModelArchArgs`` and ``MoEArchArgs``
   [architecture],
   ``MegatronSwitchArgs`` [megatron, slime], ``PlacementArgs`` [placement]
@@ -64,6 +65,7 @@ from vime_shell.settings.data import DataArgs
 from vime_shell.settings.engine import EngineArgs
 from vime_shell.settings.evaluation import EvalArgs
 from vime_shell.settings.health import HealthArgs
+from vime_shell.settings.lora import LoraArgs
 from vime_shell.settings.loss import LossArgs
 from vime_shell.settings.megatron_args import (MegatronSwitchArgs, ModelArchArgs, ModelArgsError,
                                                PlacementArgs)
@@ -79,13 +81,14 @@ __all__ = ["ConfigError", "TrainConfig", "SECTIONS", "RECORDS", "field_type"]
 
 DEFAULT_NUM_ROLLOUT = 300
 SECTIONS: tuple[str, ...] = ("model", "data", "rollout", "reward", "eval", "batching", "loss",
-                             "optimizer", "parallelism", "memory", "moe", "checkpoint", "logging",
+                             "optimizer", "parallelism", "memory", "moe", "lora", "checkpoint",
+                             "logging",
                              "architecture", "megatron", "slime", "placement")
 # The component records, each checked by its own ``_check`` (the Megatron ones: below).
 RECORDS: tuple[Any, ...] = (EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs,  # classes
                             RewardArgs, EvalArgs, BatchingArgs, LossArgs, OptimizerArgs,
-                            ParallelArgs, MemoryArgs, MoEArgs, CheckpointArgs, LoggingArgs,
-                            MoEArchArgs)
+                            ParallelArgs, MemoryArgs, MoEArgs, LoraArgs, CheckpointArgs,
+                            LoggingArgs, MoEArchArgs)
 R = TypeVar("R", bound=attrs.AttrsInstance)
 
 # _element_type: the name settings.flags and older callers import
@@ -95,8 +98,8 @@ _element_type = element_type
 @attrs.frozen(kw_only=True)
 class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, RewardArgs, EvalArgs,
                   BatchingArgs, LossArgs, OptimizerArgs, ParallelArgs, MemoryArgs, MoEArgs,
-                  CheckpointArgs, LoggingArgs, ModelArchArgs, MoEArchArgs, MegatronSwitchArgs,
-                  PlacementArgs):
+                  LoraArgs, CheckpointArgs, LoggingArgs, ModelArchArgs, MoEArchArgs,
+                  MegatronSwitchArgs, PlacementArgs):
     """All ``vime train`` settings, named as slime's flags. Example:
     ``TrainConfig(prompt_data="train.jsonl", apply_chat_template=True, rm_type="math")``.
     The fields live in the component records (module docstring); this class adds only the

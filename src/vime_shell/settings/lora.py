@@ -1,0 +1,60 @@
+"""LoRA (section ``lora``): miles' flags, checked into a ``LoraOptions``
+(``vime_shell.megatron.lora_options``, the one place for their rules and name table).
+
+``--lora-rank 0`` (the default) trains every weight, as before. With a rank, the base
+weights are frozen, the adapters train, and the engine and ``--save-hf`` get the merged
+weights (``vime_shell.megatron.lora``).
+
+Example: ``LoraArgs(lora_rank=8)`` raises ``--target-modules=None: is required with
+--lora-rank ...``, as miles does.
+"""
+
+import attrs
+
+from vime_pure.errors import VimeError, field_error
+from vime_shell.megatron.lora_options import ALL_LINEAR, LORA_TYPES, LoraOptions, split_names
+from vime_shell.settings.common import ConfigError, Record, setting
+
+
+def _lora(default, help, choices=None):
+    return setting(default, help, "lora", choices)
+
+
+@attrs.frozen(kw_only=True, slots=False)  # a base of TrainConfig
+class LoraArgs(Record):
+    """LoRA adapters on the policy (miles' flags)."""
+
+    lora_rank: int = _lora(0, "LoRA rank; 0: off (every weight trains)")
+    lora_alpha: float = _lora(16.0, "LoRA alpha: the update is scaled by alpha/rank")
+    lora_dropout: float = _lora(0.0, "dropout on the adapters' input; must be 0 (the RL "
+                                "ratio needs a deterministic forward)")
+    lora_type: str = _lora("lora", "adapters on Megatron's fused layers (q/k/v_proj share "
+                           "linear_qkv's, gate/up_proj linear_fc1's); miles' canonical_lora "
+                           "(split q/k/v) is not offered", LORA_TYPES)
+    target_modules: str | None = _lora(None, f"{ALL_LINEAR!r} or comma-separated HF "
+                                       "(q_proj, ..., down_proj) or Megatron (linear_qkv, "
+                                       "linear_proj, linear_fc1, linear_fc2) names")
+    exclude_modules: str | None = _lora(None, "comma-separated names left out of "
+                                        "--target-modules")
+
+    def lora_options(self) -> LoraOptions | None:
+        """The adapters, or None when ``--lora-rank`` is 0."""
+        if self.lora_rank == 0:
+            return None
+        try:
+            return LoraOptions(rank=self.lora_rank, alpha=self.lora_alpha,
+                               dropout=self.lora_dropout,
+                               target_modules=split_names(self.target_modules),
+                               exclude_modules=split_names(self.exclude_modules))
+        except VimeError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def _check(self) -> None:
+        if self.lora_rank < 0:
+            raise field_error(ConfigError, "--lora-rank", self.lora_rank, "must be >= 0",
+                              "pass 0 (off) or a rank such as 16")
+        if self.lora_rank > 0 and not split_names(self.target_modules):
+            raise field_error(ConfigError, "--target-modules", self.target_modules,
+                              "is required with --lora-rank", f"pass {ALL_LINEAR!r} or "
+                              "names such as q_proj,v_proj")
+        self.lora_options()  # the rules on the names, rank, alpha and dropout
