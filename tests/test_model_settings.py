@@ -207,11 +207,11 @@ def test_routing_replay_turns_off_the_fused_router_and_refuses_sinkhorn():
 
 
 @pytest.mark.parametrize("model_type, reason", [
-    ("deepseek_v3", "MLA models"), ("kimi_k2", "MLA models"), ("mimo", "MiMo"),
+    ("deepseek_v2", "DeepSeek-V2"), ("kimi_k2", "Kimi-K2's model_type"), ("mimo", "MiMo"),
     ("qwen3_next", "Qwen3-Next"), ("qwen2_5_vl", "multimodal")])
 def test_a_family_the_bridge_cannot_build_is_refused_at_launch(model_type, reason, tmp_path):
-    """Before anything heavy is built (the DeepSeek-V3 bridge failed inside Megatron's config
-    with a TypeError): one line naming the family and the reason."""
+    """Before anything heavy is built (such a bridge fails inside Megatron's config, or
+    mbridge has none): one line naming the family and the reason."""
     from vime_shell.models.hf_config import check_config
 
     config = {"model_type": model_type, "num_hidden_layers": 2, "vocab_size": 32,

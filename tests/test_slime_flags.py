@@ -124,7 +124,7 @@ def test_static_micro_batches_without_dynamic_batch_size():
 
 
 @pytest.mark.parametrize("flag", ["--opd-teacher-urls", "--lora-base-cpu-backup",
-                                  "--multi-latent-attention", "--mtp-num-layers", "--spec"])
+                                  "--use-gated-attention", "--mtp-num-layers", "--spec"])
 def test_unsupported_flag_prints_its_table_line(flag, capsys, tmp_path):
     # a dry run in a scratch run directory: a flag that stops being refused never trains here
     status, err = _exit([flag, "1", "--dry-run", "--run-dir", str(tmp_path)], capsys)
@@ -282,16 +282,16 @@ SLIME_DEFAULTS: dict[str, str] = {
     "--opd-teacher-key": "opd_teacher", "--opd-log-prob-top-k": "0",  # mi
     "--opd-reward-weight-mode": "student_p", "--opd-top-k-strategy": "only-student",  # mi
     "--lora-rank": "0", "--lora-alpha": "16", "--lora-dropout": "0.0",  # mi (vime's own now)
-    "--muon-momentum": "0.9", "--kv-lora-rank": "32", "--qk-head-dim": "128",  # m
-    "--qk-pos-emb-head-dim": "64", "--v-head-dim": "128",  # m
+    "--muon-momentum": "0.9",  # m
+    "--kv-lora-rank": "32", "--qk-head-dim": "128",  # m: MLA's, vime's own now (checked
+    "--qk-pos-emb-head-dim": "64", "--v-head-dim": "128",  # against an MLA config only)
     "--softmax-type": "vanilla", "--fp8-recipe": "delayed",  # mc
 }
 # Refused flags with no value to type at their default (a store_true, or None): nothing to try.
 NO_TYPED_DEFAULT = {
     "--opd-teacher-urls", "--lora-base-cpu-backup",
     "--experts-shared-outer-loras", "--enable-mtp-training", "--spec", "--custom-config-path",
-    "--custom-tis-function-path", "--use-fault-tolerance", "--multi-latent-attention",
-    "--q-lora-rank", "--attention-output-gate", "--use-gated-attention", "--apply-layernorm-1p",
+    "--custom-tis-function-path", "--use-fault-tolerance", "--attention-output-gate", "--use-gated-attention", "--apply-layernorm-1p",
     "--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved",
     "--window-size", "--window-attn-skip-freq", "--allgather-cp", "--fp8-format",
     "--fp8-param-gather",
@@ -383,11 +383,11 @@ def test_expert_tensor_parallel_size_1_is_a_no_op_on_a_dense_model(model, monkey
 
 def test_unsupported_flag_at_slimes_default_is_a_note_and_at_another_value_its_line(capsys,
                                                                                    tmp_path):
-    status, err = _exit(["--dry-run", "--run-dir", str(tmp_path), "--kv-lora-rank", "32",
+    status, err = _exit(["--dry-run", "--run-dir", str(tmp_path), "--muon-momentum", "0.9",
                          "--loss-type=policy_loss", "--mtp-num-layers", "0"], capsys)
     assert status == 0, err
-    assert "note: --kv-lora-rank 32: slime's default, a no-op (not supported in vime: MLA " \
-        "models)" in err
+    assert "note: --muon-momentum 0.9: slime's default, a no-op (not supported in vime: the " \
+        "Muon optimizer" in err
     assert "note: --mtp-num-layers 0: slime's default" in err
     assert "--loss-type" not in err  # a flag of vime's own now (policy_loss, sft_loss)
     status, err = _exit(["--mtp-num-layers", "1", "--dry-run", "--run-dir", str(tmp_path)],

@@ -49,10 +49,14 @@ def env(tmp_path_factory):
         for a in range(4) for b in range(4)])
     embedded = build_embedded()
     moe = build_tiny_hf_model(root / "moe", TinyModelSpec(arch="qwen3_moe"))
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(embedded / name, moe / name)  # the dataset's digits and a chat template
+    # Moonlight: DeepSeek-V3's architecture without a query low-rank projection
+    moonlight = build_tiny_hf_model(root / "moonlight", TinyModelSpec(arch="deepseek_v3",
+                                                                      q_lora_rank=None))
+    for model in (moe, moonlight):
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            shutil.copy(embedded / name, model / name)  # the dataset's digits, a template
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
-            "VIME_PYTHON": sys.executable, "MODEL_DIR": str(embedded), "MOE_DIR": str(moe),
+            "VIME_PYTHON": sys.executable, "MODEL_DIR": str(embedded), "MOE_DIR": str(moe), "MOONLIGHT_DIR": str(moonlight),
             "DATA_DIR": str(data), "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(SCRIPTS)])}
 
@@ -103,6 +107,9 @@ WANDB_KEY = "slime-script-test-key-7c1e"
         "slime's SFT rollout function; vime's counterpart is vime_shell.rollout.sft:sft_rollout"]),
     ("run-qwen3-4B-megatron-lora.sh", [  # miles' (examples/lora)
         "--sequence-parallel: off with LoRA"]),
+    ("run-moonlight-16B-A3B.sh", [  # multi-latent attention
+        "--moe-router-bias-update-rate: accepted; vime keeps a DeepSeek-V3 router's expert bias",
+        "--sglang-cuda-graph-bs 1 2 4 8 16"]),
 ])
 def test_slimes_own_scripts_pass_the_dry_run(script, notes, env, tmp_path):
     """The issue's three: --expert-tensor-parallel-size 1 on a dense model at TP 2, the

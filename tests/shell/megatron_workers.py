@@ -212,11 +212,12 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False, firs
 
 
 def _main_grads(trainer) -> np.ndarray:
-    """The gradient DDP reduced into the main-grad buffers, as one flat vector."""
+    """The gradient DDP reduced into the main-grad buffers, as one flat vector (trained
+    parameters: a frozen one, such as DeepSeek-V3's expert bias, has none)."""
     import torch
 
     return torch.cat([p.main_grad.reshape(-1) for chunk in trainer.model
-                      for p in chunk.module.parameters()]).numpy().copy()
+                      for p in chunk.module.parameters() if p.requires_grad]).numpy().copy()
 
 
 def loss_modes(hf_dir: str) -> dict:

@@ -37,8 +37,11 @@ from transformers import AutoConfig
 from vime_pure.errors import one_line
 from vime_shell.models.hf_config import ModelLoadError
 from vime_shell.megatron.layout import TrainLayout
+from vime_shell.megatron.mla_bridge import (MLA_LOCAL_NORM_NAMES, MLACoreAttention, bridge_class,
+                                            is_mla)
 from vime_shell.megatron.model_options import ModelOptions
-from vime_shell.megatron.moe_bridge import map_sequential_experts, num_experts_of, router_fields
+from vime_shell.megatron.moe_bridge import (expert_bias_in_layer_order, map_sequential_experts,
+                                            num_experts_of, router_fields)
 from vime_shell.megatron.platform import Platform
 from vime_shell.megatron.rope import apply_rope_scaling, gpt_rope_args, rope_scaling_of
 
@@ -72,7 +75,8 @@ def read_hf_config(hf_dir: str | Path):
             raise ModelLoadError(f"{str(path / 'config.json')!r}: has no \"rope_theta\". Fix: "
                                  "use a RoPE model (Qwen2/Qwen3/Llama) with it set.")
         config.rope_theta = rope["rope_theta"]
-    rope_scaling_of(rope or getattr(config, "rope_scaling", None))  # refuses what it cannot map
+    if not is_mla(config):  # MLA applies its own RoPE and YaRN (mla_bridge.py)
+        rope_scaling_of(rope or getattr(config, "rope_scaling", None))  # refuses the rest
     return config
 
 
@@ -88,8 +92,10 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     Needs Megatron's parallel state to be initialised (it reads TP/PP/VPP/EP sizes from it).
     """
     config = read_hf_config(hf_dir)
+    mla = bridge_class(config)  # MLA models: mbridge's bridge, adjusted (mla_bridge.py)
     try:
-        bridge = AutoBridge.from_config(config, dtype=platform.dtype)  # adjustment 4
+        bridge = mla(config, dtype=platform.dtype) if mla is not None else \
+            AutoBridge.from_config(config, dtype=platform.dtype)  # adjustment 4
     except ValueError as exc:
         raise ModelLoadError(f"{str(Path(hf_dir) / 'config.json')!r}: \"model_type\" "
                              f"{config.model_type!r}: {one_line(str(exc))}. Fix: use a Qwen2/"
@@ -102,17 +108,25 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     bridge.hf_dir = Path(hf_dir)
     _adjust_rope(bridge, config)
 
+    use_te = platform.transformer_engine and not local_spec
+
     def layer_spec(vp_stage=None):  # adjustment 1
-        return get_gpt_decoder_block_spec(
-            bridge.config, use_transformer_engine=platform.transformer_engine and not local_spec,
-            normalization="RMSNorm", vp_stage=vp_stage)
+        spec = get_gpt_decoder_block_spec(bridge.config, use_transformer_engine=use_te,
+                                          normalization="RMSNorm", vp_stage=vp_stage)
+        if mla is not None and not use_te:
+            for layer in spec.layer_specs:
+                layer.submodules.self_attention.submodules.core_attention = MLACoreAttention
+        return spec
 
     bridge.has_vp_stage = True
     bridge._get_transformer_layer_spec = layer_spec
     to_hf = bridge._weight_name_mapping_mcore_to_hf
 
+    # Qwen3's local q/k norms share the MLA norms' names: these are MLA's only for MLA models
+    norm_names = {**_LOCAL_NORM_NAMES, **(MLA_LOCAL_NORM_NAMES if mla is not None else {})}
+
     def name_to_hf(name: str) -> list[str]:  # adjustment 2
-        for suffix, template in _LOCAL_NORM_NAMES.items():
+        for suffix, template in norm_names.items():
             if name.startswith("decoder.layers.") and name.endswith(suffix):
                 return [template.format(n=name.split(".")[2])]
         return to_hf(name)
@@ -133,8 +147,8 @@ def _stage_fields(layout: TrainLayout | None) -> dict[str, object]:
 
 def _adjust_rope(bridge, config) -> None:
     """The checkpoint's RoPE scaling, in place of mbridge's (``vime_shell.megatron.rope``)."""
-    scaling = rope_scaling_of(getattr(config, "rope_parameters", None)
-                              or getattr(config, "rope_scaling", None))
+    scaling = rope_scaling_of(None) if is_mla(config) else rope_scaling_of(
+        getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None))
     gpt_args = bridge._get_gptmodel_args
 
     def gptmodel_args() -> dict:
@@ -175,6 +189,7 @@ def build_model_chunks(bridge, platform: Platform, layout: TrainLayout,
         chunk.model_type = ModelType.encoder_or_decoder
         chunk.vp_stage = vp
         apply_rope_scaling(chunk, bridge.rope_scaling)
+        expert_bias_in_layer_order(chunk)
         for param in chunk.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
         if platform.kind == "cuda":

@@ -28,7 +28,14 @@ What it does (and nothing else):
    (a reduce-scatter) allocate on ``current_device()`` (without A3: "Cannot access accelerator
    device" at TP2 over 1 KV head; ``tests/shell/test_tied_embeddings.py``); A4
    ``CheckpointWithoutOutput`` (selective ``layernorm`` recompute) turns its fp8 flag off, which
-   0.16.1 sets True for ``fp8=False``.
+   0.16.1 sets True for ``fp8=False``; A5 multi-latent attention's ``HAVE_TE`` is False when
+   its ``TELinear`` is not a class (megatron's TransformerEngine extension imports without TE,
+   with mock names, so 0.16.1 sets ``HAVE_TE`` and then fails on ``isinstance(...,
+   TELinear)`` when it builds an MLA layer); A6 the router's expert-bias token count
+   (DeepSeek-V3's aux-free balancing) runs eagerly: megatron wraps it in ``torch.compile`` at
+   import (``jit_fuser``), which on CPU needs a C++ compiler and compiles for seconds; A7
+   ``torch.device(<CUDA index>)`` and ``Tensor.new_empty(*sizes)`` (YaRN's rotary tables,
+   transformers' DeepSeek-V3 attention) reach the CPU.
 
 ``torch.cuda.is_available()`` stays False, so code that branches on it keeps its CPU path.
 
@@ -50,7 +57,9 @@ import torch
 from megatron.core.pipeline_parallel import schedules
 from megatron.core.tensor_parallel import random as mrandom
 from megatron.core.tensor_parallel.random import CheckpointWithoutOutput
+from megatron.core.transformer import multi_latent_attention
 from megatron.core.transformer.moe import moe_utils, token_dispatcher
+from megatron.core.transformer.moe.router import TopKRouter
 from torch.overrides import TorchFunctionMode, _get_current_function_mode, _pop_mode_temporarily
 
 _STATE: dict[str, object] = {"installed": False, "mode": None}
@@ -115,8 +124,28 @@ def _moved(func, args, kwargs):
     return func(*args, **(kwargs or {}))
 
 
+def _new_empty(func, args, kwargs):
+    # the size as one tuple: the function form rejects ``new_empty(2, 3)``'s varargs, which
+    # transformers' DeepSeek-V3 attention passes
+    if kwargs and "device" in kwargs:
+        kwargs = {**kwargs, "device": _map_device(kwargs["device"])}
+    size = args[1:]
+    if not size:  # new_empty(size=...)
+        return func(args[0], **(kwargs or {}))
+    size = tuple(size[0]) if len(size) == 1 and not isinstance(size[0], int) else tuple(size)
+    return func(args[0], size, **(kwargs or {}))
+
+
+def _device(func, args, kwargs):
+    # torch.device(torch.cuda.current_device()) (YaRN's rotary embedding builds its tables
+    # under it): a CUDA type or index names the CPU here
+    if args and _is_cuda_device(args[0]):
+        return torch.device("cpu")
+    return func(*args, **(kwargs or {}))
+
+
 _SPECIAL = {torch.Tensor.cuda: _cuda, torch.Tensor.type: _type, torch.Tensor.to: _moved,
-            torch.Tensor.new_empty: _moved}
+            torch.Tensor.new_empty: _new_empty, torch.device: _device}
 
 
 class _Stream:
@@ -297,6 +326,10 @@ def _patch_moe_and_recompute() -> None:
         self.fp8 = False
 
     CheckpointWithoutOutput.__init__ = checkpoint_init
+    if not isinstance(multi_latent_attention.TELinear, type):  # A5
+        multi_latent_attention.HAVE_TE = False
+    bias = TopKRouter._apply_expert_bias  # A6
+    TopKRouter._apply_expert_bias = getattr(bias, "_torchdynamo_orig_callable", bias)
 
 
 def install() -> bool:

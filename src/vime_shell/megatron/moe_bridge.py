@@ -1,4 +1,4 @@
-"""The three mbridge adjustments MoE models (Qwen2-MoE, Qwen3-MoE) need, measured on CPU.
+"""The mbridge adjustments MoE models (Qwen2-MoE, Qwen3-MoE, DeepSeek-V3) need, measured on CPU.
 
 1. Local spec experts: ``moe_grouped_gemm=False`` and ``moe_shared_expert_overlap=False``
    (``Platform.transformer_overrides``): Megatron's ``SequentialMLP``, as the grouped GEMM needs
@@ -12,6 +12,12 @@
    ``moe_shared_expert_gate=True`` for Qwen2-MoE (mbridge omits the sigmoid gate: logits 0.72
    off, export misses 2 tensors).
 
+4. Export order (:func:`expert_bias_in_layer_order`): Megatron keeps DeepSeek-V3's router
+   ``expert_bias`` as a buffer, which mbridge exports after every parameter of the chunk, so a
+   weight sync would send it after its layer was already reloaded (vime's sync refuses that
+   order: vLLM rebuilds a layer from one call). As a frozen parameter it is exported inside
+   its layer; nothing trains it (no gradient, no optimizer state, and the update rate is 0).
+
 Result measured with these: logits within 9.5e-7 of transformers at EP1, EP2 and TP2, export
 bit-exact.
 
@@ -22,7 +28,9 @@ maps the name to ``decoder.layers.0.mlp.experts.linear_fc2.weight3``.
 
 import re
 
-from vime_shell.models.hf_config import EXPERT_KEYS, ModelLoadError
+import torch
+
+from vime_shell.models.hf_config import EXPERT_KEYS, MLA_MODEL_TYPES, ModelLoadError
 
 _LOCAL_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
 
@@ -49,6 +57,13 @@ def router_fields(hf_config) -> dict[str, object]:
             f"mlp_only_layers={dense}, decoder_sparse_step={step}: dense layers among the MoE "
             "layers are not mapped by the bridge. Fix: use a checkpoint whose every layer is "
             "MoE (mlp_only_layers=[], decoder_sparse_step=1).")
+    if getattr(hf_config, "model_type", None) in MLA_MODEL_TYPES and \
+            not getattr(hf_config, "norm_topk_prob", True):
+        raise ModelLoadError(
+            "norm_topk_prob=false: a DeepSeek-V3 router that keeps its sigmoid top-k scores "
+            "unnormalised; Megatron's sigmoid router always renormalises them (its pre-softmax "
+            "switch applies to softmax routers only). Fix: use a checkpoint with "
+            "norm_topk_prob true, as DeepSeek-V3, R1 and Moonlight have it.")
     fields: dict[str, object] = {}
     if hasattr(hf_config, "norm_topk_prob"):
         fields["moe_router_pre_softmax"] = not bool(hf_config.norm_topk_prob)
@@ -69,3 +84,11 @@ def map_sequential_experts(names: dict[str, str], *, ep_rank: int,
             name = f"{prefix}.{fc}.weight{int(index) + ep_rank * experts_per_rank}"
         out[local] = name
     return out
+
+
+def expert_bias_in_layer_order(chunk: torch.nn.Module) -> None:
+    """Each router's ``expert_bias`` buffer as a frozen parameter (adjustment 4), in place."""
+    for module in chunk.modules():
+        bias = module._buffers.pop("expert_bias", None)
+        if bias is not None:
+            module.expert_bias = torch.nn.Parameter(bias, requires_grad=False)

@@ -62,7 +62,9 @@ from vime_pure.scheduling.flops import FlopsModel
 from vime_shell.megatron.config import OptimConfig, StepResult, TrainerConfig  # noqa: F401
 from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.megatron.lora import attach_lora, merged
-from vime_shell.megatron.layout import (TrainLayout, UnsupportedLayoutError, resolve_layout,
+from vime_shell.megatron.mla_bridge import is_mla
+from vime_shell.megatron.layout import (TrainLayout, UnsupportedLayoutError,
+                                        check_mla_tensor_parallel, resolve_layout,
                                         sequence_parallel_on, world_size_from_env)
 from vime_shell.megatron.moe_bridge import num_experts_of
 from vime_shell.megatron.offload import OffloadReport, StorageOffload, trainer_tensors
@@ -159,6 +161,10 @@ class MegatronTrainer:
                                 first_stage_layers=first_stage_layers,
                                 last_stage_layers=last_stage_layers,
                                 num_virtual_stages=num_virtual_stages)
+        check_mla_tensor_parallel(layout.tp, mla=is_mla(hf_config), sequence_parallel=(
+            sequence_parallel_on(config.sequence_parallel, tp=layout.tp, cp=layout.cp,
+                                 transformer_engine=platform.transformer_engine
+                                 and config.lora is None)))
         initialize_parallel(layout, platform, seed=config.seed)
         return cls(hf_dir, platform, layout, config)
 

@@ -9,7 +9,11 @@ with hidden 64, 4 heads of 16 and vocabulary 128: about 0.1M parameters, fp32.
 ``TinyModelSpec(arch="qwen3_moe", num_experts=4)`` gives a Qwen3-MoE with 4 experts of width
 ``moe_intermediate_size`` (top-2, normalised top-k probabilities); ``arch="qwen2_moe"`` adds
 Qwen2-MoE's gated shared expert. ``rope_scaling={"rope_type": "llama3", ...}`` on a Llama
-gives a Llama-3.x RoPE.
+gives a Llama-3.x RoPE. ``arch="deepseek_v3"`` is a DeepSeek-V3 (multi-latent attention with
+``q_lora_rank`` / ``kv_lora_rank``, its first ``first_k_dense_replace`` layers dense, the rest
+MoE with a shared expert, sigmoid routing with an expert bias, drawn non-zero here, and
+``n_group`` expert groups), with the router keys DeepSeek's own config.json has
+(``topk_method: noaux_tc``, ``scoring_func: sigmoid``).
 """
 
 from pathlib import Path
@@ -17,13 +21,13 @@ from typing import Any
 
 import attrs
 import torch
-from transformers import (AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen2MoeConfig,
-                          Qwen3MoeConfig)
+from transformers import (AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, Qwen2Config,
+                          Qwen2MoeConfig, Qwen3MoeConfig)
 
 from vime_pure.errors import VimeError, field_error
 
-ARCHITECTURES: tuple[str, ...] = ("qwen2", "llama", "qwen2_moe", "qwen3_moe")
-MOE_ARCHITECTURES: tuple[str, ...] = ("qwen2_moe", "qwen3_moe")
+ARCHITECTURES: tuple[str, ...] = ("qwen2", "llama", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+MOE_ARCHITECTURES: tuple[str, ...] = ("qwen2_moe", "qwen3_moe", "deepseek_v3")
 
 
 @attrs.frozen(kw_only=True)
@@ -46,6 +50,15 @@ class TinyModelSpec:
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 32
     shared_expert_intermediate_size: int = 48  # qwen2_moe
+    # deepseek_v3 (multi-latent attention); its heads are these, not head_dim / num_kv_heads
+    q_lora_rank: int | None = 24
+    kv_lora_rank: int = 16
+    qk_nope_head_dim: int = 16
+    qk_rope_head_dim: int = 8
+    v_head_dim: int = 16
+    first_k_dense_replace: int = 1
+    n_group: int = 1
+    topk_group: int = 1
     seed: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -85,6 +98,8 @@ def hf_config(spec: TinyModelSpec, **extra):
         mlp_only_layers=[], router_aux_loss_coef=0.0)
     if spec.arch == "qwen2":
         return Qwen2Config(use_sliding_window=False, **common)
+    if spec.arch == "deepseek_v3":
+        return _deepseek_v3(spec, common)
     if spec.arch == "qwen3_moe":
         return Qwen3MoeConfig(norm_topk_prob=True, attention_bias=False, **moe, **common)
     if spec.arch == "qwen2_moe":
@@ -94,13 +109,37 @@ def hf_config(spec: TinyModelSpec, **extra):
     return LlamaConfig(attention_bias=False, mlp_bias=False, **common)
 
 
+# DeepSeek-V3's config.json keys for its router, which transformers' config class does not
+# declare (it routes this way always) but keeps, and vLLM reads
+_DEEPSEEK_ROUTER_KEYS: dict[str, Any] = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+
+
+def _deepseek_v3(spec: TinyModelSpec, common: dict[str, Any]):
+    common = {k: v for k, v in common.items() if k not in ("head_dim", "num_key_value_heads")}
+    return DeepseekV3Config(
+        q_lora_rank=spec.q_lora_rank, kv_lora_rank=spec.kv_lora_rank,
+        qk_nope_head_dim=spec.qk_nope_head_dim, qk_rope_head_dim=spec.qk_rope_head_dim,
+        v_head_dim=spec.v_head_dim, num_key_value_heads=spec.num_heads,
+        n_routed_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
+        moe_intermediate_size=spec.moe_intermediate_size, n_shared_experts=1,
+        first_k_dense_replace=spec.first_k_dense_replace, n_group=spec.n_group,
+        topk_group=spec.topk_group, norm_topk_prob=True, routed_scaling_factor=2.5,
+        num_mtp_layers=0, **common, **_DEEPSEEK_ROUTER_KEYS)
+
+
 def random_hf_model(spec: TinyModelSpec, **config_extra):
     """A randomly initialised fp32 model of ``spec``, seeded by ``spec.seed`` without touching
-    the global RNG."""
+    the global RNG. A DeepSeek-V3's expert bias is drawn too (transformers starts it at 0,
+    which would leave the bias's path untested)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        return AutoModelForCausalLM.from_config(hf_config(spec, **config_extra),
-                                                dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(hf_config(spec, **config_extra),
+                                                 dtype=torch.float32)
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buffer.normal_(0.0, 0.1)
+        return model
 
 
 def build_tiny_hf_model(path: str | Path, spec: TinyModelSpec | None = None) -> Path:

@@ -34,8 +34,10 @@ on a CPU machine raises ``ConfigError: optimizer_cpu_offload=True: is CUDA-only 
 
 from vime_pure.errors import field_error
 from vime_shell.engines import engine_traits, engines_with
-from vime_shell.megatron.layout import TrainLayout, cuda_available, transformer_engine_available
-from vime_shell.models.hf_config import HfConfigSummary
+from vime_shell.megatron.layout import (TrainLayout, UnsupportedLayoutError,
+                                        check_mla_tensor_parallel, cuda_available,
+                                        sequence_parallel_on, transformer_engine_available)
+from vime_shell.models.hf_config import MLA_MODEL_TYPES, HfConfigSummary
 from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
 from vime_shell.settings.train_config import ConfigError, TrainConfig
 
@@ -80,6 +82,15 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                           f"exceeds the model's {summary.num_experts} experts",
                           "use at most the expert count")
     check_tp_heads(cfg.tensor_model_parallel_size, summary)
+    tp = cfg.tensor_model_parallel_size
+    try:
+        check_mla_tensor_parallel(tp, mla=summary.model_type in MLA_MODEL_TYPES,
+                                  sequence_parallel=sequence_parallel_on(
+                                      bool(cfg.sequence_parallel), tp=tp,
+                                      cp=cfg.context_parallel_size,
+                                      transformer_engine=transformer_engine_available()))
+    except UnsupportedLayoutError as exc:
+        raise ConfigError(str(exc)) from None
     if cfg.lora_rank > 0 and summary.num_experts is not None:
         raise field_error(ConfigError, "--lora-rank", cfg.lora_rank,
                           f"adapts dense layers, and {summary.model_type} has "

@@ -63,6 +63,13 @@ class ModelArchArgs:
     add_qkv_bias: bool | None = _arch("bias on the QKV projection")
     qk_layernorm: bool | None = _arch("norm of queries and keys")
     untie_embeddings_and_output_weights: bool | None = _arch("separate LM head")
+    multi_latent_attention: bool | None = _arch("multi-latent attention (DeepSeek-V3, Kimi-K2, "
+                                                "Moonlight: kv_lora_rank in config.json)")
+    q_lora_rank: int | None = _arch("MLA query low-rank size (none: a full query projection)")
+    kv_lora_rank: int | None = _arch("MLA key-value low-rank size")
+    qk_head_dim: int | None = _arch("MLA query/key head size without RoPE (qk_nope_head_dim)")
+    qk_pos_emb_head_dim: int | None = _arch("MLA query/key RoPE head size (qk_rope_head_dim)")
+    v_head_dim: int | None = _arch("MLA value head size")
     num_experts: int | None = _arch("MoE experts")
     moe_ffn_hidden_size: int | None = _arch("MoE expert intermediate size")
     moe_shared_expert_intermediate_size: int | None = _arch("MoE shared-expert size")
@@ -116,9 +123,12 @@ class MegatronSwitchArgs:
                                            ("probs", "position"))
     moe_enable_deepep: bool | None = _f("accepted; DeepEP is vime's --moe-token-dispatcher-"
                                         "type flex (CUDA only; checked to agree)", "megatron")
-    moe_router_bias_update_rate: float | None = _f("accepted; vime's bridge builds routers "
-                                                   "without an expert bias (Qwen-style MoE), "
-                                                   "so there is none to update", "megatron")
+    moe_router_bias_update_rate: float | None = _f("accepted; vime keeps a DeepSeek-V3 "
+                                                   "router's expert bias as the checkpoint has "
+                                                   "it (rate 0, as slime's scripts pass: an "
+                                                   "RL step must not move the routing the "
+                                                   "engine used); Qwen-style routers have "
+                                                   "none", "megatron")
 
     # slime's own switches that change nothing in vime
     use_tensorboard: bool | None = _f("accepted; vime always writes TensorBoard events when "
@@ -231,11 +241,18 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
     qkv_bias = hf.get("attention_bias", hf.get("model_type") == "qwen2")
     act = hf.get("hidden_act")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    mla = hf.get("kv_lora_rank") is not None
     out = {
+        "multi_latent_attention": mla, "q_lora_rank": hf.get("q_lora_rank"),
+        "kv_lora_rank": hf.get("kv_lora_rank"), "qk_head_dim": hf.get("qk_nope_head_dim"),
+        "qk_pos_emb_head_dim": hf.get("qk_rope_head_dim"), "v_head_dim": hf.get("v_head_dim"),
         "num_layers": hf.get("num_hidden_layers"), "hidden_size": hidden,
         "ffn_hidden_size": hf.get("intermediate_size"), "num_attention_heads": heads,
         "num_query_groups": hf.get("num_key_value_heads", heads),
-        "kv_channels": hf.get("head_dim") or (hidden // heads if hidden and heads else None),
+        # MLA's heads are the five sizes below; Megatron reads no kv_channels for them, and
+        # slime's MLA scripts pass unrelated values (DeepSeek 128, Kimi-K2 64): not checked
+        "kv_channels": None if mla else hf.get("head_dim") or (
+            hidden // heads if hidden and heads else None),
         "vocab_size": hf.get("vocab_size"),
         "max_position_embeddings": hf.get("max_position_embeddings"),
         # transformers 5 writes RoPE settings under rope_parameters
@@ -252,7 +269,7 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
     }
     qk_norm = {"qwen3": True, "qwen3_moe": True, "qwen2": False, "qwen2_moe": False,
                "llama": False, "mistral": False}
-    out["qk_layernorm"] = qk_norm.get(str(hf.get("model_type")))
+    out["qk_layernorm"] = True if mla else qk_norm.get(str(hf.get("model_type")))
     return out
 
 
@@ -319,7 +336,8 @@ def _hf_key(name: str) -> str:
             "swiglu": "hidden_act", "add_qkv_bias": "attention_bias",
             "untie_embeddings_and_output_weights": "not tie_word_embeddings",
             "num_experts": "num_experts", "moe_ffn_hidden_size": "moe_intermediate_size",
-            "qk_layernorm": "model_type's q/k norm",
+            "qk_layernorm": "model_type's q/k norm", "multi_latent_attention": "kv_lora_rank",
+            "qk_head_dim": "qk_nope_head_dim", "qk_pos_emb_head_dim": "qk_rope_head_dim",
             "moe_shared_expert_intermediate_size": "shared_expert_intermediate_size",
             }.get(name, name)
 

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from vime_pure.errors import VimeError, field_error
-from vime_shell.models.hf_config import EXPERT_KEYS
+from vime_shell.models.hf_config import EXPERT_KEYS, MLA_MODEL_TYPES
 from vime_shell.settings.common import ConfigError, Record, setting
 
 SECTION = "architecture"
@@ -125,14 +125,17 @@ def moe_hf_values(hf: dict[str, Any]) -> dict[str, Any]:
     """What each flag of :class:`MoEArchArgs` means in this HF config (None: not checked)."""
     kind = str(hf.get("model_type"))
     rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
-    score = hf.get("scoring_func") or ("softmax" if kind in _SOFTMAX_ROUTERS else None)
+    score = hf.get("scoring_func") or ("softmax" if kind in _SOFTMAX_ROUTERS else
+                                       "sigmoid" if kind in MLA_MODEL_TYPES else None)
     bias = hf.get("topk_method") == "noaux_tc" if "topk_method" in hf else (
         False if kind in _SOFTMAX_ROUTERS else None)
     return {
         "moe_layer_freq": _hf_layer_pattern(hf),
         "moe_router_score_function": score,
-        "moe_router_pre_softmax": (not bool(hf["norm_topk_prob"]) if "norm_topk_prob" in hf
-                                   else None),
+        # Megatron reads it for softmax routers only (sigmoid top-k is always renormalised),
+        # and slime's DeepSeek / Moonlight scripts pass it beside norm_topk_prob true
+        "moe_router_pre_softmax": (not bool(hf["norm_topk_prob"])
+                                   if "norm_topk_prob" in hf and score != "sigmoid" else None),
         "moe_router_topk_scaling_factor": hf.get("routed_scaling_factor"),
         "moe_router_num_groups": hf.get("n_group"),
         "moe_router_group_topk": hf.get("topk_group"),

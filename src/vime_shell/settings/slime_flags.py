@@ -81,9 +81,6 @@ UNSUPPORTED: dict[str, str] = {
     "in, with slime's mis.py keys as flags)",
     "--train-env-vars": "set the environment of the torchrun command",
     # architectures vime's bridge does not build
-    "--multi-latent-attention": "MLA models (DeepSeek-V3, Kimi-K2)",
-    "--q-lora-rank": "MLA models", "--kv-lora-rank": "MLA models", "--qk-head-dim": "MLA "
-    "models", "--qk-pos-emb-head-dim": "MLA models", "--v-head-dim": "MLA models",
     "--attention-output-gate": "gated attention (Qwen3-Next)",
     "--use-gated-attention": "gated attention (Qwen3-Next)",
     "--apply-layernorm-1p": "LayerNorm-1p models", "--post-self-attn-layernorm": "GLM-4 "
@@ -132,9 +129,9 @@ UNSUPPORTED_VALUES: dict[str, str] = {
 
 # slime's defaults of flags in UNSUPPORTED, at which their feature is off (a no-op; accepted
 # with a note). Sources, as typed on a command line: THUDM/slime slime/utils/arguments.py
-# (624b824), radixark/miles miles/utils/arguments.py (31f1ca9; the LoRA and OPD-top-k flags),
-# NVIDIA/Megatron-LM megatron/training/arguments.py (d98e8a64: --muon-momentum, the MLA
-# dimensions) and megatron-core's TransformerConfig defaults (--softmax-type, --fp8-recipe,
+# (624b824), radixark/miles miles/utils/arguments.py (31f1ca9; the OPD-top-k flags),
+# NVIDIA/Megatron-LM megatron/training/arguments.py (d98e8a64: --muon-momentum) and
+# megatron-core's TransformerConfig defaults (--softmax-type, --fp8-recipe,
 # --mtp-loss-scaling-factor 0.1; slime resets it to 0.2). --mtp-num-layers defaults to None,
 # and Megatron builds no MTP layer for 0.
 UNSUPPORTED_OFF: dict[str, tuple[str, ...]] = {
@@ -142,8 +139,7 @@ UNSUPPORTED_OFF: dict[str, tuple[str, ...]] = {
     "--opd-reward-weight-mode": ("student_p",), "--opd-top-k-strategy": ("only-student",),
     "--muon-momentum": ("0.9",), "--mtp-num-layers": ("0",),
     "--mtp-loss-scaling-factor": ("0.2", "0.1"), "--train-env-vars": ("{}",),
-    "--kv-lora-rank": ("32",), "--qk-head-dim": ("128",), "--qk-pos-emb-head-dim": ("64",),
-    "--v-head-dim": ("128",), "--softmax-type": ("vanilla",), "--fp8-recipe": ("delayed",),
+    "--softmax-type": ("vanilla",), "--fp8-recipe": ("delayed",),
     "--loss-mask-type": ("qwen",),
 }
 
