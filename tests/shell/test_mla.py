@@ -5,7 +5,8 @@ no query low-rank with 2 expert groups, YaRN RoPE, and every layer dense.
 
 Asserted: the HF -> Megatron -> HF round trip is exact and Megatron's logits and log-probs
 equal transformers' (1e-5, fp32), for all four; DP2, EP2 and PP2 train the two rollouts to
-the same losses (1e-6) and weights (1e-5); TP2 without sequence parallelism (the local spec
+the same losses (1e-6) and weights (1e-5); an EP2 checkpoint resumes to the same weights
+(the fixed expert bias included); TP2 without sequence parallelism (the local spec
 has none) is refused with the reason, as megatron-core 0.16 then trains on a partial RoPE-key
 gradient (measured before the refusal: TP2 weights 6.7e-4 off DP2, logits exact); ``vime train`` on the model (HF engine) syncs
 the trained weights each rollout within the gap check, and its ``--save-hf`` export loads in
@@ -43,7 +44,7 @@ SPECS = {"dsv3": TinyModelSpec(arch="deepseek_v3", num_layers=4),
 def mla_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("mla")
     dirs = {name: str(build_tiny_hf_model(root / name, spec)) for name, spec in SPECS.items()}
-    return spawn(mla_worker, 2, dirs)
+    return spawn(mla_worker, 2, dirs, str(root / "ckpt"))
 
 
 def _delta(a: dict, b: dict) -> float:
@@ -70,6 +71,11 @@ def test_layouts_train_to_the_same_weights(mla_runs, name):
     assert run["export_keys"] == ref["export_keys"]
     assert max(abs(a - b) for a, b in zip(run["losses"], ref["losses"])) <= 1e-6
     assert _delta(run["final"], ref["final"]) <= 1e-5
+
+
+def test_a_checkpoint_resumes_to_the_same_weights(mla_runs):
+    run = mla_runs[0]["resume_ep2"]
+    assert _delta(run["resumed"], run["straight"]) == 0.0
 
 
 def test_tensor_parallelism_without_sequence_parallelism_is_refused(mla_runs):

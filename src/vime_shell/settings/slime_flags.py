@@ -74,15 +74,18 @@ UNSUPPORTED: dict[str, str] = {
     "--muon-momentum": "the Muon optimizer; vime trains with Adam",
     "--enable-mtp-training": "multi-token prediction", "--mtp-num-layers": "multi-token "
     "prediction", "--mtp-loss-scaling-factor": "multi-token prediction",
-    "--spec": "custom Megatron layer specs (vime builds the model from the HF config with "
-    "mbridge: Qwen2/Qwen3, their MoE variants, Llama)",
+    "--spec": "slime's layer-spec plugins (vime builds the model from the HF config with "
+    "mbridge: Qwen2/Qwen3, their MoE variants, Llama, DeepSeek-V3; the specs slime's "
+    "scripts name are Qwen3-Next / Qwen3.5, whose gated delta net runs on fla's Triton "
+    "kernels (GPU), GLM-4's post-norms, MiniMax-M2 and GLM-5)",
     "--custom-config-path": "use --config FILE (flat flag names or sections)",
     "--custom-tis-function-path": "use --use-tis / --use-rs (TIS, MIS and IcePop are built "
     "in, with slime's mis.py keys as flags)",
     "--train-env-vars": "set the environment of the torchrun command",
     # architectures vime's bridge does not build
     "--attention-output-gate": "gated attention (Qwen3-Next)",
-    "--use-gated-attention": "gated attention (Qwen3-Next)",
+    "--use-gated-attention": "gated attention and the gated delta net (Qwen3-Next, "
+    "Qwen3.5; the delta net's kernels are fla's Triton ones, GPU-only)",
     "--apply-layernorm-1p": "LayerNorm-1p models", "--post-self-attn-layernorm": "GLM-4 "
     "post-norms", "--post-mlp-layernorm": "GLM-4 post-norms",
     "--rotary-interleaved": "interleaved RoPE (GLM)",
