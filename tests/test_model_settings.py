@@ -207,7 +207,7 @@ def test_routing_replay_turns_off_the_fused_router_and_refuses_sinkhorn():
 
 
 @pytest.mark.parametrize("model_type, reason", [
-    ("deepseek_v2", "DeepSeek-V2"), ("kimi_k2", "Kimi-K2's model_type"), ("mimo", "MiMo"),
+    ("deepseek_v2", "DeepSeek-V2"), ("glm4_moe", "GLM-4 MoE"), ("mimo", "MiMo"),
     ("qwen3_next", "Qwen3-Next"), ("qwen2_5_vl", "multimodal")])
 def test_a_family_the_bridge_cannot_build_is_refused_at_launch(model_type, reason, tmp_path):
     """Before anything heavy is built (such a bridge fails inside Megatron's config, or

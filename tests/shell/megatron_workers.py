@@ -141,12 +141,14 @@ def run_layout(hf_dir: str, name: str, tp=1, pp=1, vpl=None, distopt=False, firs
 
     from vime_pure import BatchingPolicy, VimeError, rank_batch, schedule_for, with_log_probs
     from vime_shell.megatron.trainer import MegatronTrainer, TrainerConfig
+    from vime_shell.models.auto_config import auto_config
 
     t0 = time.perf_counter()
     trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=_optim(distopt)), tp=tp,
                                       pp=pp, num_layers_per_virtual_stage=vpl,
                                       first_stage_layers=first)
-    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, config=auto_config(hf_dir),
+                                                     dtype=torch.float32)
     vocab = hf_model.config.vocab_size
     stage_layers = len(trainer.model[0].module.decoder.layers)
     original = load_file(f"{hf_dir}/model.safetensors")
@@ -260,9 +262,11 @@ def conversion_only(hf_dir: str) -> dict:
     from transformers import AutoModelForCausalLM
 
     from vime_shell.megatron.trainer import MegatronTrainer
+    from vime_shell.models.auto_config import auto_config
 
     trainer = MegatronTrainer.from_hf(hf_dir)
-    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, config=auto_config(hf_dir),
+                                                     dtype=torch.float32)
     original = load_file(f"{hf_dir}/model.safetensors")
     exported = trainer.hf_state_dict()
     out = {"roundtrip_keys_equal": set(exported) == set(original),

@@ -73,6 +73,7 @@ def train_run(hf_dir: str, options: dict | None = None, with_parity: bool = Fals
     from vime_pure import with_log_probs
     from vime_shell.megatron.model_options import ModelOptions
     from vime_shell.megatron.trainer import MegatronTrainer, TrainerConfig
+    from vime_shell.models.auto_config import auto_config
 
     t0 = time.perf_counter()
     config = TrainerConfig(optim=_optim(False), model=ModelOptions(**(options or {})),
@@ -81,7 +82,8 @@ def train_run(hf_dir: str, options: dict | None = None, with_parity: bool = Fals
     vocab = trainer.bridge.hf_config.vocab_size
     out: dict = {"losses": [], "forwards": []}
     if with_parity:
-        hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+        hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, config=auto_config(hf_dir),
+                                                         dtype=torch.float32)
         out["logit_max"] = _logit_diff(trainer, hf_model, vocab)
         out["export_keys"] = sorted(trainer.hf_state_dict())
     counts = _count_forwards(trainer)
@@ -116,9 +118,11 @@ def llama3_run(hf_dir: str) -> dict:
     from transformers import AutoModelForCausalLM
 
     from vime_shell.megatron.trainer import MegatronTrainer
+    from vime_shell.models.auto_config import auto_config
 
     trainer = MegatronTrainer.from_hf(hf_dir)
-    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, config=auto_config(hf_dir),
+                                                     dtype=torch.float32)
     ours = trainer.model[0].module.rotary_pos_emb.inv_freq
     toks = torch.as_tensor(np.random.default_rng(7).integers(0, 128, (1, 48)))
     with torch.no_grad():

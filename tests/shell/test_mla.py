@@ -1,10 +1,11 @@
 """Multi-latent attention models (DeepSeek-V3 / R1, Moonlight; ``vime_shell.megatron.mla_bridge``)
 on CPU: tiny random DeepSeek-V3s with a query low-rank projection, a dense first layer, MoE
 layers with a shared expert, sigmoid routing with a non-zero expert bias, and, in variants,
-no query low-rank with 2 expert groups, YaRN RoPE, and every layer dense.
+no query low-rank with 2 expert groups, YaRN RoPE, every layer dense, and one whose
+config.json says ``kimi_k2`` as Kimi-K2's does (DeepSeek-V3's classes under its own name).
 
 Asserted: the HF -> Megatron -> HF round trip is exact and Megatron's logits and log-probs
-equal transformers' (1e-5, fp32), for all four; DP2, EP2 and PP2 train the two rollouts to
+equal transformers' (1e-5, fp32), for all five; DP2, EP2 and PP2 train the two rollouts to
 the same losses (1e-6) and weights (1e-5); an EP2 checkpoint resumes to the same weights
 (the fixed expert bias included); TP2 without sequence parallelism (the local spec
 has none) is refused with the reason, as megatron-core 0.16 then trains on a partial RoPE-key
@@ -27,6 +28,7 @@ from transformers import AutoModelForCausalLM
 
 from tests.shell.mla_workers import mla_worker
 from vime_shell.megatron.spawn import spawn
+from vime_shell.models.auto_config import auto_config
 from vime_shell.models.embedded import build_embedded
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
 
@@ -40,10 +42,25 @@ SPECS = {"dsv3": TinyModelSpec(arch="deepseek_v3", num_layers=4),
          "dense": TinyModelSpec(arch="deepseek_v3", first_k_dense_replace=2, seed=3)}
 
 
+# Kimi-K2's config.json names its own model_type and remote code for DeepSeek-V3's classes
+KIMI_K2 = {"model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"],
+           "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                        "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"}}
+
+
+def as_kimi_k2(model: Path) -> Path:
+    """A DeepSeek-V3 directory whose config.json says what Kimi-K2's says."""
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, **KIMI_K2}, indent=1))
+    return model
+
+
 @pytest.fixture(scope="module")
 def mla_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("mla")
     dirs = {name: str(build_tiny_hf_model(root / name, spec)) for name, spec in SPECS.items()}
+    dirs["kimi_k2"] = str(as_kimi_k2(build_tiny_hf_model(root / "kimi_k2", TinyModelSpec(
+        arch="deepseek_v3", rope_scaling=YARN, seed=4))))
     return spawn(mla_worker, 2, dirs, str(root / "ckpt"))
 
 
@@ -51,7 +68,7 @@ def _delta(a: dict, b: dict) -> float:
     return max(float(np.abs(a[k] - b[k]).max()) for k in b)
 
 
-@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("name", [*SPECS, "kimi_k2"])
 def test_the_round_trip_is_exact_and_logits_match_transformers(mla_runs, name):
     run = mla_runs[0]["conversion"][name]
     assert run["roundtrip_keys_equal"] and run["roundtrip_max"] == 0.0
@@ -91,11 +108,15 @@ def _vime(*argv: str, home: Path) -> subprocess.CompletedProcess:
                                "VIME_CACHE_DIR": str(home / "cache")})
 
 
-def test_vime_train_syncs_and_exports_a_deepseek_v3(tmp_path):
-    """The reverse task on a tiny DeepSeek-V3 with the embedded model's tokenizer: 3 rollouts,
-    the HF engine following each sync (the loop's gap check), and the export reloaded."""
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "kimi_k2"])
+def test_vime_train_syncs_and_exports_an_mla_model(tmp_path, model_type):
+    """The reverse task on a tiny DeepSeek-V3 (or Kimi-K2's config of it) with the embedded
+    model's tokenizer: 3 rollouts, the HF engine following each sync (the loop's gap check),
+    and the export reloaded."""
     model = build_tiny_hf_model(tmp_path / "dsv3", TinyModelSpec(arch="deepseek_v3",
                                                                  vocab_size=20))
+    if model_type == "kimi_k2":
+        as_kimi_k2(model)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(build_embedded() / name, model / name)
     done = _vime("train", "--hf-checkpoint", str(model), "--run-dir", str(tmp_path / "run"),
@@ -114,4 +135,5 @@ def test_vime_train_syncs_and_exports_a_deepseek_v3(tmp_path):
     moved = [k for k in base if not torch.equal(trained[k], base[k])]
     assert any("kv_b_proj" in k for k in moved) and any("experts" in k for k in moved)
     assert not any("e_score_correction_bias" in k for k in moved)  # a fixed bias
-    AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)  # loads
+    AutoModelForCausalLM.from_pretrained(tmp_path / "hf", config=auto_config(tmp_path / "hf"),
+                                         dtype=torch.float32)  # loads

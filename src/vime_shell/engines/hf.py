@@ -35,6 +35,7 @@ from vime_shell.engines.base import (
 from vime_shell.engines.group import EngineOptions
 from vime_shell.engines.layout import EngineLayout
 from vime_shell.engines.weights import load_safetensors_dir
+from vime_shell.models.auto_config import auto_config
 
 if TYPE_CHECKING:  # what AutoModelForCausalLM builds: a PreTrainedModel with GenerationMixin
     from transformers.models.auto.modeling_auto import _BaseModelWithGenerate as CausalLM
@@ -135,7 +136,7 @@ class HfEngine:
                               "is not a Hugging Face model directory (no config.json)",
                               "pass a directory saved with save_pretrained, e.g. the embedded "
                               "model from vime_shell.models.embedded.build_embedded()")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, config=auto_config(path), dtype=dtype)
         self._init(model, seed=seed, device=device, return_routed_experts=return_routed_experts)
         self.model_path: Path | None = path
         self._tokenizer = tokenizer

@@ -32,9 +32,9 @@ from megatron.core import parallel_state as mpu
 from megatron.core import tensor_parallel
 from megatron.core.enums import ModelType
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-from transformers import AutoConfig
 
 from vime_pure.errors import one_line
+from vime_shell.models.auto_config import auto_config
 from vime_shell.models.hf_config import ModelLoadError
 from vime_shell.megatron.layout import TrainLayout
 from vime_shell.megatron.mla_bridge import (MLA_LOCAL_NORM_NAMES, MLACoreAttention, bridge_class,
@@ -64,7 +64,7 @@ def read_hf_config(hf_dir: str | Path):
         raise ModelLoadError(f"{str(path)!r}: has no config.json. Fix: pass a directory "
                              "written by save_pretrained (config.json + *.safetensors).")
     try:
-        config = AutoConfig.from_pretrained(path)
+        config = auto_config(path)
     except (KeyError, ValueError, TypeError) as exc:  # transformers validates rope_parameters
         raise ModelLoadError(f"{str(path / 'config.json')!r}: transformers rejects it "
                              f"({type(exc).__name__}: {one_line(str(exc))}). Fix: correct the "

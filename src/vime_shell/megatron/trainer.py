@@ -77,6 +77,14 @@ from vime_shell.megatron.routing_replay import RouteReplayer
 from vime_shell.megatron.tensors import Layout, MicroBatchTensors, cpu_layout, to_tensors
 
 
+def _sequence_parallel(config: TrainerConfig, layout: TrainLayout, platform: Platform) -> bool:
+    """Whether Megatron's sequence parallelism runs (``layout.sequence_parallel_on``); LoRA
+    builds the local spec (lora.py), whose norms cannot run sequence-parallel."""
+    return sequence_parallel_on(config.sequence_parallel, tp=layout.tp, cp=layout.cp,
+                                transformer_engine=platform.transformer_engine
+                                and config.lora is None)
+
+
 def _natively(loss_fn, row, output):
     """``loss_fn(row, output)`` outside the CPU device mode (see ``cuda_compat.native_torch``)."""
     with native_torch(model=True):
@@ -93,10 +101,7 @@ class MegatronTrainer:
     def __init__(self, hf_dir: str | Path, platform: Platform, layout: TrainLayout,
                  config: TrainerConfig = TrainerConfig()):
         self.platform, self.layout, self.config = platform, layout, config
-        self.sequence_parallel = sequence_parallel_on(
-            config.sequence_parallel, tp=layout.tp, cp=layout.cp,
-            # LoRA builds the local spec (lora.py), whose norms cannot run sequence-parallel
-            transformer_engine=platform.transformer_engine and config.lora is None)
+        self.sequence_parallel = _sequence_parallel(config, layout, platform)
         # Sequence parallelism splits each packed row over the TP ranks: rows are padded to it.
         self.row_multiple = layout.tp if self.sequence_parallel else 1
         self.bridge = make_bridge(hf_dir, platform, config.model, layout,
@@ -161,10 +166,8 @@ class MegatronTrainer:
                                 first_stage_layers=first_stage_layers,
                                 last_stage_layers=last_stage_layers,
                                 num_virtual_stages=num_virtual_stages)
-        check_mla_tensor_parallel(layout.tp, mla=is_mla(hf_config), sequence_parallel=(
-            sequence_parallel_on(config.sequence_parallel, tp=layout.tp, cp=layout.cp,
-                                 transformer_engine=platform.transformer_engine
-                                 and config.lora is None)))
+        check_mla_tensor_parallel(layout.tp, mla=is_mla(hf_config),
+                                  sequence_parallel=_sequence_parallel(config, layout, platform))
         initialize_parallel(layout, platform, seed=config.seed)
         return cls(hf_dir, platform, layout, config)
 

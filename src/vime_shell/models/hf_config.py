@@ -99,13 +99,14 @@ REQUIRED = (*SUMMARY_REQUIRED, "hidden_size", "num_attention_heads", "intermedia
 # Model families the trainer's bridge cannot build yet, by config.json's model_type: each
 # failed deep inside model construction or needs a part vime lacks; refused at launch with
 # the reason instead. The families vime builds: Qwen2, Qwen3, their MoE variants, Llama, and
-# DeepSeek-V3 (multi-latent attention; vime_shell.megatron.mla_bridge).
-MLA_MODEL_TYPES: tuple[str, ...] = ("deepseek_v3",)  # multi-latent attention (mla_bridge)
+# DeepSeek-V3 and Kimi-K2 (multi-latent attention; vime_shell.megatron.mla_bridge).
+# model_type -> the transformers model_type of the same architecture (models/auto_config.py)
+MODEL_TYPE_ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3"}
+# multi-latent attention (megatron/mla_bridge.py)
+MLA_MODEL_TYPES: tuple[str, ...] = ("deepseek_v3", "kimi_k2")
 MODEL_TYPE_REFUSALS: dict[str, str] = {
     "deepseek_v2": "DeepSeek-V2 (mbridge has no bridge for it; DeepSeek-V3, R1 and Moonlight "
     "train as deepseek_v3)",
-    "kimi_k2": "Kimi-K2's model_type (its config needs remote code; a DeepSeek-V3 config of "
-    "the same sizes trains as deepseek_v3)",
     "mimo": "MiMo (its multi-token prediction layers)",
     "qwen3_next": "Qwen3-Next (gated and linear attention: slime's --spec)",
     "glm4_moe": "GLM-4 MoE (its layer spec: slime's --spec)",
