@@ -5,8 +5,9 @@ For each launch script (``scripts/**.sh`` and ``examples/**.sh`` that start ``tr
 expands (``${PERF_ARGS[@]}``), the flags on the command line itself, and ``MODEL_ARGS`` from
 the ``scripts/models/*.sh`` file it sources (or miles' ``tests/snapshots/model_args/*.txt``),
 slime's Weights & Biases flags included (vime takes them). A flag is
-*refused* when ``vime train`` has no such option or its table of unsupported flags names it, or
-when the script gives it a literal value outside the flag's choices (``--train-backend fsdp``);
+*refused* when ``vime train`` has no such option or its table of unsupported flags names it,
+when the script gives it a literal value outside the flag's choices (``--train-backend fsdp``),
+or when ``--spec`` names a layer spec vime does not build (the script's or its model file's);
 ``--sglang-*`` / ``--vllm-*`` are accepted (mapped or warned about). A script is *accepted*
 when it has no refused flag.
 
@@ -25,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 from vime_shell.cli.main import build_parser
+from vime_shell.settings.megatron_args import SPEC_MODEL_TYPES, spec_refusal
 from vime_shell.settings.slime_flags import UNSUPPORTED, unsupported_line
 
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*[a-z0-9])")
@@ -73,6 +75,13 @@ def _command(text: str) -> tuple[list[str], list[str]] | None:
     return FLAG.findall(cmd), re.findall(r"\$\{?([A-Z_][A-Z0-9_]*)\[@\]\}?", cmd)
 
 
+def _model_files(repo: Repo, names: set[str], text: str) -> list[str]:
+    """The ``scripts/models/*.sh`` files a script sources, as code."""
+    return [_code(repo.read(f"scripts/models/{model}.sh"))
+            for model in re.findall(r"models/([\w.\-]+)\.sh", text)
+            if f"scripts/models/{model}.sh" in names]
+
+
 def script_flags(repo: Repo, names: set[str], name: str) -> list[str] | None:
     text = _code(repo.read(name))
     command = _command(text)
@@ -85,11 +94,9 @@ def script_flags(repo: Repo, names: set[str], name: str) -> list[str] | None:
     for used_name in used:
         flags += arrays.get(used_name, [])
     if "MODEL_ARGS" in used and "MODEL_ARGS" not in arrays:
-        for model in re.findall(r"models/([\w.\-]+)\.sh", text):
-            if f"scripts/models/{model}.sh" in names:
-                body = _code(repo.read(f"scripts/models/{model}.sh"))
-                flags += [f for a, b in ARRAY.findall(body) if a == "MODEL_ARGS"
-                          for f in FLAG.findall(b)]
+        for body in _model_files(repo, names, text):
+            flags += [f for a, b in ARRAY.findall(body) if a == "MODEL_ARGS"
+                      for f in FLAG.findall(b)]
         for model in re.findall(r"model_args_utils\.py\"?\s+\"?([\w.\-]+)", text):
             snapshot = f"tests/snapshots/model_args/{model}.txt"
             if snapshot in names:
@@ -123,6 +130,16 @@ def refused_values(repo: Repo, name: str, choices: dict[str, tuple]) -> set[str]
             if flag in choices and value not in choices[flag] and not value.startswith("-")}
 
 
+def refused_specs(repo: Repo, names: set[str], name: str) -> set[str]:
+    """``--spec MODULE FUNCTION`` values (in the script or the model file it sources) that
+    vime does not build (``SPEC_MODEL_TYPES``), as ``--spec MODULE``."""
+    text = _code(repo.read(name))
+    found = re.findall(r'--spec\s+"?([\w.]+)"?\s+"?(\w+)"?',
+                       "\n".join([text, *_model_files(repo, names, text)]))
+    return {f"--spec {module}" for module, function in found
+            if f"{module} {function}" not in SPEC_MODEL_TYPES}
+
+
 def coverage(repo: Repo, accepted: set[str]) -> dict:
     choices = flag_choices()
     names = repo.names()
@@ -137,7 +154,7 @@ def coverage(repo: Repo, accepted: set[str]) -> dict:
             continue
         bad = {f for f in set(flags) if f in UNSUPPORTED or (
             f not in accepted and not f.startswith(("--sglang-", "--vllm-")))}
-        bad |= refused_values(repo, name, choices)
+        bad |= refused_values(repo, name, choices) | refused_specs(repo, known, name)
         refused_per_script.append(len(bad))
         refused.update(bad)
     return {"scripts": len(refused_per_script),
@@ -160,8 +177,10 @@ def main() -> None:
               f" refused flags per script: median {result['median']}, range "
               f"{result['range'][0]}-{result['range'][1]}")
         for flag, count in result["refused"].most_common(args.top):
-            line = unsupported_line(flag) or (f"{flag}: not one of vime's choices" if " " in flag
-                                              else f"{flag}: no vime option")
+            line = unsupported_line(flag) or (
+                f"{flag}: {spec_refusal(flag.removeprefix('--spec '))}"
+                if flag.startswith("--spec ") else f"{flag}: not one of vime's choices"
+                if " " in flag else f"{flag}: no vime option")
             print(f"  {count:3d}  {line}")
 
 

@@ -124,7 +124,8 @@ def test_static_micro_batches_without_dynamic_batch_size():
 
 
 @pytest.mark.parametrize("flag", ["--opd-teacher-urls", "--lora-base-cpu-backup",
-                                  "--use-gated-attention", "--mtp-num-layers", "--spec"])
+                                  "--use-gated-attention", "--mtp-num-layers",
+                                  "--apply-layernorm-1p"])
 def test_unsupported_flag_prints_its_table_line(flag, capsys, tmp_path):
     # a dry run in a scratch run directory: a flag that stops being refused never trains here
     status, err = _exit([flag, "1", "--dry-run", "--run-dir", str(tmp_path)], capsys)
@@ -290,10 +291,9 @@ SLIME_DEFAULTS: dict[str, str] = {
 # Refused flags with no value to type at their default (a store_true, or None): nothing to try.
 NO_TYPED_DEFAULT = {
     "--opd-teacher-urls", "--lora-base-cpu-backup",
-    "--experts-shared-outer-loras", "--enable-mtp-training", "--spec", "--custom-config-path",
-    "--custom-tis-function-path", "--use-fault-tolerance", "--attention-output-gate", "--use-gated-attention", "--apply-layernorm-1p",
-    "--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved",
-    "--window-size", "--window-attn-skip-freq", "--allgather-cp", "--fp8-format",
+    "--experts-shared-outer-loras", "--enable-mtp-training", "--custom-config-path",
+    "--custom-tis-function-path", "--use-fault-tolerance", "--attention-output-gate",
+    "--use-gated-attention", "--apply-layernorm-1p", "--window-size", "--window-attn-skip-freq", "--allgather-cp", "--fp8-format",
     "--fp8-param-gather",
     "--attn-implementation", "--gradient-checkpointing", "--eval-function-path",
     "--multimodal-keys", "--custom-reward-post-process-path", "--filter-zero-reward-samples",

@@ -52,11 +52,13 @@ def env(tmp_path_factory):
     # Moonlight: DeepSeek-V3's architecture without a query low-rank projection
     moonlight = build_tiny_hf_model(root / "moonlight", TinyModelSpec(arch="deepseek_v3",
                                                                       q_lora_rank=None))
-    for model in (moe, moonlight):
+    glm4 = build_tiny_hf_model(root / "glm4", TinyModelSpec(arch="glm4"))
+    for model in (moe, moonlight, glm4):
         for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
             shutil.copy(embedded / name, model / name)  # the dataset's digits, a template
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
             "VIME_PYTHON": sys.executable, "MODEL_DIR": str(embedded), "MOE_DIR": str(moe), "MOONLIGHT_DIR": str(moonlight),
+            "GLM4_DIR": str(glm4),
             "DATA_DIR": str(data), "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(SCRIPTS)])}
 
@@ -107,6 +109,8 @@ WANDB_KEY = "slime-script-test-key-7c1e"
         "slime's SFT rollout function; vime's counterpart is vime_shell.rollout.sft:sft_rollout"]),
     ("run-qwen3-4B-megatron-lora.sh", [  # miles' (examples/lora)
         "--sequence-parallel: off with LoRA"]),
+    ("run-glm4-9B.sh", [  # slime's GLM-4 layer spec
+        "--sequence-parallel: off on the local layer spec"]),
     ("run-moonlight-16B-A3B.sh", [  # multi-latent attention
         "--moe-router-bias-update-rate: accepted; vime keeps a DeepSeek-V3 router's expert bias",
         "--sglang-cuda-graph-bs 1 2 4 8 16"]),

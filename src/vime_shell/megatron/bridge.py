@@ -1,8 +1,10 @@
 """Megatron ``GPTModel`` from a Hugging Face model directory, and export back to HF tensors.
 
-Purpose: load a Qwen2/Llama-family HF checkpoint into Megatron-core model chunks (one per
-virtual pipeline stage on this rank) with ``mbridge``, and stream the trained weights back out
-under their HF names (weight sync to the rollout engine, checkpoint export).
+Purpose: load an HF checkpoint (Qwen2/Qwen3 and their MoE, Llama; DeepSeek-V3 and Kimi-K2,
+:mod:`vime_shell.megatron.mla_bridge`; GLM-4, :mod:`vime_shell.megatron.glm4_bridge`) into
+Megatron-core model chunks (one per virtual pipeline stage on this rank) with ``mbridge``, and
+stream the trained weights back out under their HF names (weight sync to the rollout engine,
+checkpoint export).
 
 mbridge 0.15 assumes TransformerEngine and an older transformers. :func:`make_bridge` applies
 the five adjustments it needs, all here and nowhere else (plus RoPE scaling,
@@ -25,6 +27,7 @@ platform, layout)`` gives ``layout.vpp`` ``GPTModel`` chunks holding the checkpo
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from mbridge import AutoBridge
@@ -37,13 +40,19 @@ from vime_pure.errors import one_line
 from vime_shell.models.auto_config import auto_config
 from vime_shell.models.hf_config import ModelLoadError
 from vime_shell.megatron.layout import TrainLayout
-from vime_shell.megatron.mla_bridge import (MLA_LOCAL_NORM_NAMES, MLACoreAttention, bridge_class,
+from vime_shell.megatron.glm4_bridge import GLM4_NORM_NAMES, Glm4, with_post_norms
+from vime_shell.megatron.mla_bridge import (MLA_LOCAL_NORM_NAMES, DeepseekV3, MLACoreAttention,
                                             is_mla)
 from vime_shell.megatron.model_options import ModelOptions
 from vime_shell.megatron.moe_bridge import (expert_bias_in_layer_order, map_sequential_experts,
                                             num_experts_of, router_fields)
 from vime_shell.megatron.platform import Platform
 from vime_shell.megatron.rope import apply_rope_scaling, gpt_rope_args, rope_scaling_of
+
+# model_type -> the bridge vime builds it with (mbridge's adjusted, or vime's own mapping)
+_OWN_BRIDGES: dict[str, Any] = {"deepseek_v3": DeepseekV3, "glm4": Glm4}
+_OWN_NORM_NAMES: dict[Any, dict[str, str]] = {DeepseekV3: MLA_LOCAL_NORM_NAMES,
+                                              Glm4: GLM4_NORM_NAMES}
 
 _LOCAL_NORM_NAMES = {
     "input_layernorm.weight": "model.layers.{n}.input_layernorm.weight",
@@ -92,14 +101,15 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     Needs Megatron's parallel state to be initialised (it reads TP/PP/VPP/EP sizes from it).
     """
     config = read_hf_config(hf_dir)
-    mla = bridge_class(config)  # MLA models: mbridge's bridge, adjusted (mla_bridge.py)
+    own = _OWN_BRIDGES.get(config.model_type)  # mbridge's, adjusted, or vime's mapping
     try:
-        bridge = mla(config, dtype=platform.dtype) if mla is not None else \
+        bridge = own(config, dtype=platform.dtype) if own is not None else \
             AutoBridge.from_config(config, dtype=platform.dtype)  # adjustment 4
     except ValueError as exc:
         raise ModelLoadError(f"{str(Path(hf_dir) / 'config.json')!r}: \"model_type\" "
                              f"{config.model_type!r}: {one_line(str(exc))}. Fix: use a Qwen2/"
-                             "Qwen3/Llama-family checkpoint.") from None
+                             "Qwen3 (dense or MoE), Llama, DeepSeek-V3, Kimi-K2 or GLM-4 "
+                             "checkpoint.") from None
     # Adjustment 5 is the platform's overrides; they come last, so a field the run's options
     # also set (moe_router_fusion=False under routing replay) takes the platform's value.
     bridge.set_extra_args(**{**options.transformer_fields(), **router_fields(config),
@@ -113,17 +123,17 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     def layer_spec(vp_stage=None):  # adjustment 1
         spec = get_gpt_decoder_block_spec(bridge.config, use_transformer_engine=use_te,
                                           normalization="RMSNorm", vp_stage=vp_stage)
-        if mla is not None and not use_te:
+        if own is DeepseekV3 and not use_te:
             for layer in spec.layer_specs:
                 layer.submodules.self_attention.submodules.core_attention = MLACoreAttention
-        return spec
+        return with_post_norms(spec) if own is Glm4 else spec
 
     bridge.has_vp_stage = True
     bridge._get_transformer_layer_spec = layer_spec
     to_hf = bridge._weight_name_mapping_mcore_to_hf
 
     # Qwen3's local q/k norms share the MLA norms' names: these are MLA's only for MLA models
-    norm_names = {**_LOCAL_NORM_NAMES, **(MLA_LOCAL_NORM_NAMES if mla is not None else {})}
+    norm_names = {**_LOCAL_NORM_NAMES, **_OWN_NORM_NAMES.get(own, {})}
 
     def name_to_hf(name: str) -> list[str]:  # adjustment 2
         for suffix, template in norm_names.items():

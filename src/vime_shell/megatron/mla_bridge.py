@@ -16,8 +16,8 @@
    hold; :class:`MLACoreAttention` is the local spec's core attention for it (scaled dot
    product over the record's mask), and the local norm names map to HF's.
 
-Example: ``bridge_class(hf_config)`` is :class:`DeepseekV3` for ``model_type ==
-"deepseek_v3"`` and None for other models (mbridge's own class).
+Example: ``DeepseekV3(hf_config, dtype=torch.float32)`` is the bridge of a ``deepseek_v3``
+checkpoint (``bridge.make_bridge`` picks it by ``model_type``).
 """
 
 import math
@@ -75,10 +75,6 @@ def _yarn_fields(rope: dict) -> dict:
             "original_max_position_embeddings": int(rope["original_max_position_embeddings"]),
             "beta_fast": float(rope.get("beta_fast", 32)),
             "beta_slow": float(rope.get("beta_slow", 1))}
-
-
-def bridge_class(hf_config):
-    return DeepseekV3 if is_mla(hf_config) else None
 
 
 class MLACoreAttention(MegatronModule):

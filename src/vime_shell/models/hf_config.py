@@ -143,7 +143,7 @@ def check_config(config: dict, path: Path, flag: str = "--hf-checkpoint",
     if refused is not None:
         raise _malformed(flag, path, f'has "model_type" {config["model_type"]!r}: not '
                          f"supported in vime ({refused})", "train a Qwen2, Qwen3 (dense or "
-                         "MoE) or Llama checkpoint")
+                         "MoE), Llama, DeepSeek-V3, Kimi-K2 or GLM-4 checkpoint")
     _check_special_token_ids(config, path, flag)
     _check_heads(config, path, flag)
 

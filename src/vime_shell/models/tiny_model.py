@@ -13,7 +13,8 @@ gives a Llama-3.x RoPE. ``arch="deepseek_v3"`` is a DeepSeek-V3 (multi-latent at
 ``q_lora_rank`` / ``kv_lora_rank``, its first ``first_k_dense_replace`` layers dense, the rest
 MoE with a shared expert, sigmoid routing with an expert bias, drawn non-zero here, and
 ``n_group`` expert groups), with the router keys DeepSeek's own config.json has
-(``topk_method: noaux_tc``, ``scoring_func: sigmoid``).
+(``topk_method: noaux_tc``, ``scoring_func: sigmoid``). ``arch="glm4"`` is a dense GLM-4
+(post-norms, QKV bias, half of each head rotated in interleaved pairs).
 """
 
 from pathlib import Path
@@ -21,12 +22,13 @@ from typing import Any
 
 import attrs
 import torch
-from transformers import (AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, Qwen2Config,
-                          Qwen2MoeConfig, Qwen3MoeConfig)
+from transformers import (AutoModelForCausalLM, DeepseekV3Config, Glm4Config, LlamaConfig,
+                          Qwen2Config, Qwen2MoeConfig, Qwen3MoeConfig)
 
 from vime_pure.errors import VimeError, field_error
 
-ARCHITECTURES: tuple[str, ...] = ("qwen2", "llama", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+ARCHITECTURES: tuple[str, ...] = ("qwen2", "llama", "qwen2_moe", "qwen3_moe", "deepseek_v3",
+                                  "glm4")
 MOE_ARCHITECTURES: tuple[str, ...] = ("qwen2_moe", "qwen3_moe", "deepseek_v3")
 
 
@@ -100,6 +102,12 @@ def hf_config(spec: TinyModelSpec, **extra):
         return Qwen2Config(use_sliding_window=False, **common)
     if spec.arch == "deepseek_v3":
         return _deepseek_v3(spec, common)
+    if spec.arch == "glm4":  # half of each head rotated, in interleaved pairs (GLM-4-9B's)
+        common["rope_parameters"] = {"partial_rotary_factor": 0.5, **common["rope_parameters"]}
+        # GLM-4's default token ids lie beyond a tiny vocabulary (None means them here): id 1
+        # is the embedded tokenizer's <eos>
+        return Glm4Config(**{"attention_bias": True, "pad_token_id": None, "eos_token_id": 1,
+                             **common})
     if spec.arch == "qwen3_moe":
         return Qwen3MoeConfig(norm_topk_prob=True, attention_bias=False, **moe, **common)
     if spec.arch == "qwen2_moe":

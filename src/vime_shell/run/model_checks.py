@@ -97,6 +97,14 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                           f"{summary.num_experts} experts (LoRA on experts needs expert-"
                           "parallel adapters vime does not build)",
                           "train the MoE model without --lora-rank, or use a dense model")
+    lora = cfg.lora_options()
+    post_normed = {"linear_proj", "linear_fc2"} & set(lora.megatron_modules if lora else ())
+    if summary.model_type == "glm4" and post_normed:
+        raise field_error(ConfigError, "--target-modules", cfg.target_modules,
+                          f"adapts {sorted(post_normed)}, whose output GLM-4 normalises "
+                          "inside the projection vime builds (glm4_bridge), so an adapter "
+                          "there would add after the norm",
+                          "adapt q_proj,k_proj,v_proj,gate_proj,up_proj on GLM-4")
     if cfg.recompute_num_layers is not None:
         smallest = min(layout.stage_layers(summary.num_layers))
         if cfg.recompute_num_layers > smallest:

@@ -24,6 +24,21 @@ from vime_pure.errors import VimeError, field_error
 from vime_shell.settings.moe_architecture import given_values, hf_num_experts, moe_hf_values
 
 
+# slime's --spec values -> the model_type whose layers vime builds for it
+SPEC_MODEL_TYPES: dict[str, str] = {"slime_plugins.models.glm4 get_glm_spec": "glm4"}
+# slime's other layer-spec plugins (by module) -> why vime does not build them
+SPEC_REFUSALS: dict[str, str] = {
+    "slime_plugins.models.qwen3_next": "Qwen3-Next: its gated delta net runs on fla's Triton "
+    "kernels in Megatron (GPU-only), and mbridge maps no Qwen3-Next",
+    **dict.fromkeys(("slime_plugins.models.qwen3_5", "miles_plugins.models.qwen3_5"),
+                    "Qwen3.5: its gated delta net runs on fla's Triton kernels in Megatron "
+                    "(GPU-only), and mbridge maps no Qwen3.5"),
+    "slime_plugins.models.minimax_m2": "MiniMax-M2: no HF mapping in mbridge or vime",
+    "slime_plugins.models.glm5": "GLM-5: DeepSeek sparse attention, no HF mapping in mbridge "
+    "or vime",
+}
+
+
 class ModelArgsError(VimeError):
     """A Megatron flag that contradicts the HF config or the launched world."""
 
@@ -63,6 +78,15 @@ class ModelArchArgs:
     add_qkv_bias: bool | None = _arch("bias on the QKV projection")
     qk_layernorm: bool | None = _arch("norm of queries and keys")
     untie_embeddings_and_output_weights: bool | None = _arch("separate LM head")
+    spec: tuple[str, ...] | None = attrs.field(
+        default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
+        metadata={"help": "slime's layer-spec plugin (MODULE FUNCTION); vime builds the layers "
+                  "from config.json, so it is checked to name that model's spec: "
+                  + "; ".join(f"{k} ({t})" for k, t in SPEC_MODEL_TYPES.items()),
+                  "section": "architecture", "choices": None, "nargs": "+"})
+    post_self_attn_layernorm: bool | None = _arch("GLM-4's norm after attention")
+    post_mlp_layernorm: bool | None = _arch("GLM-4's norm after the MLP")
+    rotary_interleaved: bool | None = _arch("RoPE on interleaved pairs (GLM-4)")
     multi_latent_attention: bool | None = _arch("multi-latent attention (DeepSeek-V3, Kimi-K2, "
                                                 "Moonlight: kv_lora_rank in config.json)")
     q_lora_rank: int | None = _arch("MLA query low-rank size (none: a full query projection)")
@@ -242,7 +266,11 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
     act = hf.get("hidden_act")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     mla = hf.get("kv_lora_rank") is not None
+    glm4 = hf.get("model_type") == "glm4"
     out = {
+        "post_self_attn_layernorm": glm4, "post_mlp_layernorm": glm4,
+        # MLA de-interleaves its RoPE dims itself (slime's MLA scripts pass no such flag)
+        "rotary_interleaved": None if mla else glm4,
         "multi_latent_attention": mla, "q_lora_rank": hf.get("q_lora_rank"),
         "kv_lora_rank": hf.get("kv_lora_rank"), "qk_head_dim": hf.get("qk_nope_head_dim"),
         "qk_pos_emb_head_dim": hf.get("qk_rope_head_dim"), "v_head_dim": hf.get("v_head_dim"),
@@ -273,8 +301,33 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def spec_refusal(spec: str) -> str:
+    """Why vime does not build the layer spec ``spec`` (``MODULE FUNCTION`` or ``MODULE``)."""
+    return next((why for module, why in SPEC_REFUSALS.items() if spec.startswith(module)),
+                "a layer spec vime does not build")
+
+
+def check_spec(spec: tuple[str, ...] | None, model_type: Any, hf_dir: str) -> None:
+    """``--spec MODULE FUNCTION`` names the layer spec of ``model_type`` that vime builds;
+    the specs vime does not build are refused with their reason."""
+    if spec is None:
+        return
+    key = " ".join(spec)
+    if key not in SPEC_MODEL_TYPES:
+        raise field_error(ModelArgsError, "--spec", key,
+                          f"not supported in vime ({spec_refusal(key)})",
+                          f"vime builds the layers from config.json; the specs it knows: "
+                          f"{list(SPEC_MODEL_TYPES)}")
+    if SPEC_MODEL_TYPES[key] != model_type:
+        raise field_error(ModelArgsError, "--spec", key,
+                          f"is {SPEC_MODEL_TYPES[key]}'s spec, and {hf_dir}/config.json has "
+                          f'"model_type": {model_type!r}', "drop --spec, or pass the "
+                          "--hf-checkpoint the script was written for")
+
+
 def check_architecture(cfg: Any, hf: dict[str, Any], hf_dir: str) -> None:
     """Every architecture flag given equals what the HF config says (module docstring)."""
+    check_spec(cfg.spec, hf.get("model_type"), hf_dir)
     want = _hf_values(hf)
     for name, actual in want.items():
         given = getattr(cfg, name)
@@ -338,6 +391,8 @@ def _hf_key(name: str) -> str:
             "num_experts": "num_experts", "moe_ffn_hidden_size": "moe_intermediate_size",
             "qk_layernorm": "model_type's q/k norm", "multi_latent_attention": "kv_lora_rank",
             "qk_head_dim": "qk_nope_head_dim", "qk_pos_emb_head_dim": "qk_rope_head_dim",
+            "post_self_attn_layernorm": "model_type", "post_mlp_layernorm": "model_type",
+            "rotary_interleaved": "model_type",
             "moe_shared_expert_intermediate_size": "shared_expert_intermediate_size",
             }.get(name, name)
 

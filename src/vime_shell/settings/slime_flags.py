@@ -74,10 +74,6 @@ UNSUPPORTED: dict[str, str] = {
     "--muon-momentum": "the Muon optimizer; vime trains with Adam",
     "--enable-mtp-training": "multi-token prediction", "--mtp-num-layers": "multi-token "
     "prediction", "--mtp-loss-scaling-factor": "multi-token prediction",
-    "--spec": "slime's layer-spec plugins (vime builds the model from the HF config with "
-    "mbridge: Qwen2/Qwen3, their MoE variants, Llama, DeepSeek-V3; the specs slime's "
-    "scripts name are Qwen3-Next / Qwen3.5, whose gated delta net runs on fla's Triton "
-    "kernels (GPU), GLM-4's post-norms, MiniMax-M2 and GLM-5)",
     "--custom-config-path": "use --config FILE (flat flag names or sections)",
     "--custom-tis-function-path": "use --use-tis / --use-rs (TIS, MIS and IcePop are built "
     "in, with slime's mis.py keys as flags)",
@@ -86,9 +82,7 @@ UNSUPPORTED: dict[str, str] = {
     "--attention-output-gate": "gated attention (Qwen3-Next)",
     "--use-gated-attention": "gated attention and the gated delta net (Qwen3-Next, "
     "Qwen3.5; the delta net's kernels are fla's Triton ones, GPU-only)",
-    "--apply-layernorm-1p": "LayerNorm-1p models", "--post-self-attn-layernorm": "GLM-4 "
-    "post-norms", "--post-mlp-layernorm": "GLM-4 post-norms",
-    "--rotary-interleaved": "interleaved RoPE (GLM)",
+    "--apply-layernorm-1p": "LayerNorm-1p models (Qwen3-Next, Qwen3.5)",
     "--window-size": "sliding-window attention", "--window-attn-skip-freq": "sliding-window "
     "attention", "--softmax-type": "attention sinks (gpt-oss)",
     "--allgather-cp": "vime's context parallelism is Megatron's ring (--context-parallel-size)",
