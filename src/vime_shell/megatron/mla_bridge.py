@@ -27,7 +27,7 @@ from mbridge.core.bridge import Bridge
 from mbridge.models.deepseek_v3 import DeepseekV3Bridge
 from megatron.core.transformer.module import MegatronModule
 
-from vime_shell.models.hf_config import MLA_MODEL_TYPES
+from vime_shell.models.hf_config import MLA_MODEL_TYPES, ModelLoadError
 
 
 # the local spec's MLA norms -> HF names (TransformerEngine fuses them into the projections)
@@ -66,9 +66,15 @@ class DeepseekV3(DeepseekV3Bridge):
 
 
 def _yarn_fields(rope: dict) -> dict:
-    """Megatron's YaRN fields from transformers 5's ``rope_parameters`` (empty for plain RoPE)."""
-    if rope.get("rope_type", "default") == "default":
+    """Megatron's YaRN fields from transformers 5's ``rope_parameters`` (empty for plain RoPE);
+    MLA in Megatron has no other scaling."""
+    kind = rope.get("rope_type", "default")
+    if kind == "default":
         return {}
+    if kind != "yarn":
+        raise ModelLoadError(f"rope_parameters.rope_type={kind!r}: Megatron's multi-latent "
+                             "attention applies plain RoPE or YaRN only. Fix: use a checkpoint "
+                             "with one of those, as DeepSeek-V3, Kimi-K2 and Moonlight have.")
     return {"rope_type": "yarn", "rotary_scaling_factor": float(rope["factor"]),
             "mscale": float(rope.get("mscale", 1.0)),
             "mscale_all_dim": float(rope.get("mscale_all_dim", 0.0)),
