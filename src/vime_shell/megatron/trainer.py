@@ -501,7 +501,8 @@ class MegatronTrainer:
     @torch.no_grad()
     def load_hf_weights(self, hf_dir: str | Path) -> None:
         """Overwrite the model's weights with an HF directory's (collective), and refresh the
-        optimizer's main parameters from them; optimizer moments and the LR schedule stay."""
+        optimizer's main parameters from them; optimizer moments and the LR schedule stay.
+        With LoRA the directory's weights become the frozen base, and the adapters stay."""
         self._finish_param_sync()
         with merged(self.model, merge=False):  # the base weights, under mbridge's names
             self.bridge.load_weights([unwrap_model(c) for c in self.model], str(hf_dir))
