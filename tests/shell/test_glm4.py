@@ -2,7 +2,8 @@
 ``vime_shell.megatron.glm4_bridge``): post-norms after attention and MLP, QKV bias, half of
 each head rotated in interleaved pairs, the fused gate/up projection.
 
-Asserted on a tiny random GLM-4: the HF -> Megatron -> HF round trip is exact and the logits
+Asserted on a tiny random GLM-4 (and, for TransformerEngine's spec, on the spec: its input
+norm is fused into the QKV projection, so the post-norms take ``TENorm``): the HF -> Megatron -> HF round trip is exact and the logits
 equal transformers' (1e-5, fp32); log-probs match transformers' at DP2, TP2 and PP2, which
 train to the same losses (1e-6) and weights (1e-5); ``vime train`` on it (HF engine) passes
 the gap check after each sync and its ``--save-hf`` export loads in transformers with every
@@ -21,7 +22,18 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from megatron.core.extensions.transformer_engine import TENorm
+from megatron.core.tensor_parallel import RowParallelLinear
+from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+from megatron.core.transformer.transformer_layer import (TransformerLayer,
+                                                         TransformerLayerSubmodules)
+
 from tests.shell.glm4_workers import glm4_worker
+from vime_shell.megatron.glm4_bridge import with_post_norms
 from vime_shell.megatron.spawn import spawn
 from vime_shell.models.embedded import build_embedded
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
@@ -102,3 +114,18 @@ def test_vime_train_syncs_and_exports_a_glm4(tmp_path):
     moved = {k for k in base if not torch.equal(trained[k], base[k])}
     assert any("post_self_attn_layernorm" in k for k in moved)
     assert any("gate_up_proj" in k for k in moved)
+
+
+def test_the_te_spec_gets_real_post_norms():
+    """TransformerEngine's spec fuses the input norm into the QKV projection (its
+    ``input_layernorm`` is an identity): the post-norms must still be norms there."""
+    layer = ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
+        input_layernorm=IdentityOp,
+        self_attention=ModuleSpec(module=SelfAttention, submodules=SelfAttentionSubmodules(
+            linear_qkv=IdentityOp, core_attention=IdentityOp, linear_proj=RowParallelLinear)),
+        mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc2=RowParallelLinear))))
+    spec = with_post_norms(TransformerBlockSubmodules(layer_specs=[layer, layer]))
+    for layer in spec.layer_specs:
+        for owner, name in ((layer.submodules.self_attention, "linear_proj"),
+                            (layer.submodules.mlp, "linear_fc2")):
+            assert getattr(owner.submodules, name).post_norm_class is TENorm

@@ -22,6 +22,8 @@ block spec passed through :func:`with_post_norms` builds these layers.
 import copy
 
 from mbridge.models.qwen2 import Qwen2Bridge
+from megatron.core.extensions.transformer_engine import TENorm
+from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import build_module
 
 # the post-norms' Megatron names -> HF names
@@ -52,10 +54,14 @@ class _PostNormed:
 def with_post_norms(spec):
     """``spec`` (a decoder block spec) with GLM-4's post-norms on the attention's and the MLP's
     output projections (``linear_proj``, ``linear_fc2``, whatever their class: TE's or
-    Megatron's); the norm class is the layer's own input norm."""
+    Megatron's). The norm class is the layer's own input norm, or TransformerEngine's
+    ``TENorm`` where the TE spec fuses that norm into the QKV projection (its input norm is
+    then an identity, which would silently drop the post-norms)."""
     spec = copy.deepcopy(spec)
     for layer in spec.layer_specs:
         norm = layer.submodules.input_layernorm
+        if norm is IdentityOp:
+            norm = TENorm
         for owner, name in ((layer.submodules.self_attention, "linear_proj"),
                             (layer.submodules.mlp, "linear_fc2")):
             linear = getattr(owner.submodules, name)
