@@ -29,6 +29,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from vime_shell.megatron.lora_options import LoraOptions, LoraOptionsError
+from vime_shell.megatron.platform import Platform
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
 from vime_shell.settings.common import ConfigError
 from vime_shell.settings.train_config import TrainConfig
@@ -153,3 +154,14 @@ def test_vime_train_syncs_and_exports_the_merged_weights(tmp_path):
     trained = model.state_dict()
     moved = {k for k in base if not torch.equal(trained[k], base[k])}
     assert moved and {k.split(".")[-2] for k in moved} == {"q_proj", "k_proj", "v_proj"}
+
+
+def test_a_lora_run_builds_the_local_spec_even_with_transformer_engine():
+    """On a TE GPU the trainer would pack THD and fuse kernels around TE layers; LoRA wraps
+    Megatron's own layers, so its model platform is the local spec's."""
+    gpu = Platform(kind="cuda", backend="nccl", dtype=torch.bfloat16, transformer_engine=True,
+                   packing="thd")
+    local = gpu.local_spec()
+    assert (local.transformer_engine, local.packing, local.supports_context_parallel) == (
+        False, "mask", False)
+    assert (local.kind, local.dtype) == ("cuda", torch.bfloat16)

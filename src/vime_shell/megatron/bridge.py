@@ -90,13 +90,10 @@ def read_hf_config(hf_dir: str | Path):
 
 
 def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = ModelOptions(),
-                layout: TrainLayout | None = None, sequence_parallel: bool = False,
-                local_spec: bool = False):
+                layout: TrainLayout | None = None, sequence_parallel: bool = False):
     """An mbridge ``Bridge`` for ``hf_dir`` with the platform's adjustments (module docstring),
     the run's recompute / MoE ``options``, ``layout``'s uneven pipeline stages and Megatron's
-    sequence parallelism (as ``layout.sequence_parallel_on`` decided it). ``local_spec``:
-    Megatron's own layers even where TransformerEngine is there (LoRA wraps them,
-    ``vime_shell.megatron.lora``).
+    sequence parallelism (as ``layout.sequence_parallel_on`` decided it).
 
     Needs Megatron's parallel state to be initialised (it reads TP/PP/VPP/EP sizes from it).
     """
@@ -118,7 +115,7 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     bridge.hf_dir = Path(hf_dir)
     _adjust_rope(bridge, config)
 
-    use_te = platform.transformer_engine and not local_spec
+    use_te = platform.transformer_engine
 
     def layer_spec(vp_stage=None):  # adjustment 1
         spec = get_gpt_decoder_block_spec(bridge.config, use_transformer_engine=use_te,

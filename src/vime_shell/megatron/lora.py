@@ -31,8 +31,9 @@ What matters around it, each silently wrong when missing:
   mbridge exports, then the original ``W`` tensor is put back (never ``W + d - d``, which drifts
   by rounding). This costs one transient copy of the adapted weights.
 - **The local layer spec**: the wrapped layers are Megatron's own, not TransformerEngine's
-  fused ones, so a LoRA run builds the local spec (``bridge.make_bridge``), and refuses
-  sequence parallelism (the adapters take the whole sequence).
+  fused ones, so a LoRA run builds the local spec even where TE is installed
+  (``Platform.local_spec``: no fusions, block-mask packing instead of THD, no sequence or
+  context parallelism, which the adapters, taking the whole sequence, could not run).
 
 Invariants (``tests/shell/test_lora.py``): the base weights never change; a fresh adapter
 exports the base model bit for bit; the merged export reloads in transformers with the

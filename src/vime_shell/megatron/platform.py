@@ -46,6 +46,12 @@ class Platform:
     def supports_context_parallel(self) -> bool:
         return self.transformer_engine
 
+    def local_spec(self) -> "Platform":
+        """This machine as Megatron's local (torch) layer spec sees it: no TransformerEngine,
+        so no fused kernels, no sequence or context parallelism, and packed rows with a block
+        mask instead of THD (what a LoRA run builds, ``vime_shell.megatron.lora``)."""
+        return attrs.evolve(self, transformer_engine=False, packing="mask")
+
     def transformer_overrides(self, sequence_parallel: bool = False) -> dict[str, object]:
         """TransformerConfig fields this platform forces (local spec: no fusions, no SP);
         ``sequence_parallel`` is what ``layout.sequence_parallel_on`` decided."""

@@ -77,12 +77,17 @@ from vime_shell.megatron.routing_replay import RouteReplayer
 from vime_shell.megatron.tensors import Layout, MicroBatchTensors, cpu_layout, to_tensors
 
 
+def _model_platform(platform: Platform, config: TrainerConfig) -> Platform:
+    """The platform the model is built for: LoRA wraps Megatron's own linear layers
+    (lora.py), so a LoRA run builds the local spec, with its fusions, packing and parallelism,
+    even where TransformerEngine is installed."""
+    return platform.local_spec() if config.lora is not None else platform
+
+
 def _sequence_parallel(config: TrainerConfig, layout: TrainLayout, platform: Platform) -> bool:
-    """Whether Megatron's sequence parallelism runs (``layout.sequence_parallel_on``); LoRA
-    builds the local spec (lora.py), whose norms cannot run sequence-parallel."""
+    """Whether Megatron's sequence parallelism runs (``layout.sequence_parallel_on``)."""
     return sequence_parallel_on(config.sequence_parallel, tp=layout.tp, cp=layout.cp,
-                                transformer_engine=platform.transformer_engine
-                                and config.lora is None)
+                                transformer_engine=platform.transformer_engine)
 
 
 def _natively(loss_fn, row, output):
@@ -100,13 +105,13 @@ class MegatronTrainer:
 
     def __init__(self, hf_dir: str | Path, platform: Platform, layout: TrainLayout,
                  config: TrainerConfig = TrainerConfig()):
+        platform = _model_platform(platform, config)
         self.platform, self.layout, self.config = platform, layout, config
         self.sequence_parallel = _sequence_parallel(config, layout, platform)
         # Sequence parallelism splits each packed row over the TP ranks: rows are padded to it.
         self.row_multiple = layout.tp if self.sequence_parallel else 1
         self.bridge = make_bridge(hf_dir, platform, config.model, layout,
-                                  sequence_parallel=self.sequence_parallel,
-                                  local_spec=config.lora is not None)
+                                  sequence_parallel=self.sequence_parallel)
         # The forward FLOPs model picks each record's cheaper CPU attention layout (tensors.py).
         self.flops = FlopsModel.from_hf_config(self.bridge.hf_config,
                                                config.model.moe_router_topk)
@@ -148,7 +153,7 @@ class MegatronTrainer:
         ``first_stage_layers``: ``--decoder-first-pipeline-num-layers``,
         ``num_virtual_stages``: ``--num-virtual-stages-per-pipeline-rank``); a layout the
         platform cannot run raises ``UnsupportedLayoutError`` before anything is built."""
-        platform = platform or detect_platform()
+        platform = _model_platform(platform or detect_platform(), config)
         world = dist.get_world_size() if dist.is_initialized() else world_size_from_env()
         hf_config = read_hf_config(hf_dir)
         if etp not in (None, tp) and not platform.transformer_engine \

@@ -97,6 +97,11 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                           f"{summary.num_experts} experts (LoRA on experts needs expert-"
                           "parallel adapters vime does not build)",
                           "train the MoE model without --lora-rank, or use a dense model")
+    if cfg.lora_rank > 0 and cfg.context_parallel_size > 1:
+        raise field_error(ConfigError, "--context-parallel-size", cfg.context_parallel_size,
+                          "needs TransformerEngine's attention, and a LoRA run builds "
+                          "Megatron's local layers (its adapters wrap them)",
+                          "train LoRA with --context-parallel-size 1")
     lora = cfg.lora_options()
     post_normed = {"linear_proj", "linear_fc2"} & set(lora.megatron_modules if lora else ())
     if summary.model_type == "glm4" and post_normed:
