@@ -7,7 +7,9 @@ the ``scripts/models/*.sh`` file it sources (or miles' ``tests/snapshots/model_a
 slime's Weights & Biases flags included (vime takes them). A flag is
 *refused* when ``vime train`` has no such option or its table of unsupported flags names it,
 when the script gives it a literal value outside the flag's choices (``--train-backend fsdp``),
-or when ``--spec`` names a layer spec vime does not build (the script's or its model file's);
+when ``--spec`` names a layer spec vime does not build (the script's or its model file's), or
+when the script turns on a switch slime reads from the job's environment that vime refuses
+(``UNSUPPORTED_ENV``: int4 QAT);
 ``--sglang-*`` / ``--vllm-*`` are accepted (mapped or warned about). A script is *accepted*
 when it has no refused flag.
 
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from vime_shell.cli.main import build_parser
 from vime_shell.settings.megatron_args import SPEC_MODEL_TYPES, spec_refusal
-from vime_shell.settings.slime_flags import UNSUPPORTED, unsupported_line
+from vime_shell.settings.slime_flags import UNSUPPORTED, UNSUPPORTED_ENV, unsupported_line
 
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*[a-z0-9])")
 ARRAY = re.compile(r"([A-Z_][A-Z0-9_]*)\+?=\(([^)]*)\)", re.S)
@@ -140,6 +142,14 @@ def refused_specs(repo: Repo, names: set[str], name: str) -> set[str]:
             if f"{module} {function}" not in SPEC_MODEL_TYPES}
 
 
+def refused_env(repo: Repo, name: str) -> set[str]:
+    """slime switches the script turns on in its job's environment (``UNSUPPORTED_ENV``: the
+    int4 QAT flag in the Ray runtime env), as ``env NAME``."""
+    text = _code(repo.read(name))
+    return {f"env {var}" for var in UNSUPPORTED_ENV
+            if re.search(rf'{var}\\?"?\s*[:=]\s*\\?"?1', text)}
+
+
 def coverage(repo: Repo, accepted: set[str]) -> dict:
     choices = flag_choices()
     names = repo.names()
@@ -155,6 +165,7 @@ def coverage(repo: Repo, accepted: set[str]) -> dict:
         bad = {f for f in set(flags) if f in UNSUPPORTED or (
             f not in accepted and not f.startswith(("--sglang-", "--vllm-")))}
         bad |= refused_values(repo, name, choices) | refused_specs(repo, known, name)
+        bad |= refused_env(repo, name)
         refused_per_script.append(len(bad))
         refused.update(bad)
     return {"scripts": len(refused_per_script),
@@ -177,7 +188,9 @@ def main() -> None:
               f" refused flags per script: median {result['median']}, range "
               f"{result['range'][0]}-{result['range'][1]}")
         for flag, count in result["refused"].most_common(args.top):
-            line = unsupported_line(flag) or (
+            env = UNSUPPORTED_ENV.get(flag.removeprefix("env "))
+            line = (f"{flag}: not supported in vime ({env})" if env else None) or \
+                unsupported_line(flag) or (
                 f"{flag}: {spec_refusal(flag.removeprefix('--spec '))}"
                 if flag.startswith("--spec ") else f"{flag}: not one of vime's choices"
                 if " " in flag else f"{flag}: no vime option")

@@ -65,8 +65,8 @@ def test_scale_quick(tmp_path, capsys):
 def test_slime_flag_coverage_on_our_corpus(tmp_path):
     """The coverage tool on our own slime-style scripts laid out as a slime checkout: every
     script is found, its MODEL_ARGS read from the sourced models file, and all accepted; a
-    script passing a table flag, a literal value outside a flag's choices, or a layer spec
-    vime does not build, is refused."""
+    script passing a table flag, a literal value outside a flag's choices, a layer spec vime
+    does not build, or slime's int4 QAT switch in its job's environment, is refused."""
     corpus = Path(__file__).parent / "slime_scripts"
     shutil.copytree(corpus, tmp_path / "scripts")
     ours = len(list(corpus.glob("run-*.sh")))
@@ -77,12 +77,16 @@ def test_slime_flag_coverage_on_our_corpus(tmp_path):
     (tmp_path / "scripts" / "run-next.sh").write_text(  # a layer spec vime does not build
         'ARGS=(--spec "slime_plugins.models.qwen3_next" "get_qwen3_next_spec")\n'
         "python3 train.py ${ARGS[@]}\n")
+    (tmp_path / "scripts" / "run-int4.sh").write_text(  # slime's int4 QAT, in the Ray env
+        'RUNTIME_ENV_JSON="{ \\"env_vars\\": { \\"OPEN_TRAINING_INT4_FAKE_QAT_FLAG\\": '
+        '\\"1\\" } }"\npython3 train.py --lr 1e-6\n')
     result = slime_flag_coverage.coverage(slime_flag_coverage.Repo(tmp_path),
                                           slime_flag_coverage.accepted_flags())
     # (our run-glm4-9B.sh passes GLM-4's spec, from its model file: accepted)
-    assert (result["scripts"], result["accepted"]) == (ours + 3, ours)
+    assert (result["scripts"], result["accepted"]) == (ours + 4, ours)
     assert result["refused"] == {"--mtp-num-layers": 1, "--train-backend fsdp": 1,
-                                 "--spec slime_plugins.models.qwen3_next": 1}
+                                 "--spec slime_plugins.models.qwen3_next": 1,
+                                 "env OPEN_TRAINING_INT4_FAKE_QAT_FLAG": 1}
 
 
 def test_async_tail_summary_of_a_synthetic_run():

@@ -521,3 +521,13 @@ def test_wandb_key_reaches_wandb_only_through_its_environment(tmp_path):
     assert not leaks, leaks
     assert redact(["train", "--wandb-key", key, "--wandb-key=" + key, "--lr", "1"]) == [
         "train", "--wandb-key", "***", "--wandb-key=***", "--lr", "1"]
+
+
+def test_slimes_int4_qat_switch_in_the_environment_is_refused(capsys, tmp_path, monkeypatch):
+    """slime turns int4 QAT on through its job's environment, not a flag: vime refuses it at
+    launch rather than train in bf16 as if it were not there."""
+    monkeypatch.setenv("OPEN_TRAINING_INT4_FAKE_QAT_FLAG", "1")
+    status, err = _exit(["--dry-run", "--run-dir", str(tmp_path)], capsys)
+    assert status == 2
+    assert "OPEN_TRAINING_INT4_FAKE_QAT_FLAG='1': is set in the environment: not supported " \
+        "in vime (int4 quantisation-aware training" in err

@@ -55,6 +55,7 @@ from vime_shell.settings.data import DEFAULT_LABEL_KEY
 from vime_shell.settings.flags import load_config_file
 from vime_shell.settings.launch_plan import LaunchPlan
 from vime_shell.settings.megatron_args import ModelArgsError, check_architecture
+from vime_shell.settings.slime_flags import UNSUPPORTED_ENV
 from vime_shell.settings.train_config import ConfigError, TrainConfig
 from vime_shell.sources.replay import ReplaySource
 from vime_shell.storage.export_target import check_export_target
@@ -71,6 +72,10 @@ def model_dir(cfg: TrainConfig) -> Path:
 
 def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     """Check ``cfg`` against the model in ``hf_dir`` and the launched world (module docstring)."""
+    for name, why in UNSUPPORTED_ENV.items():  # slime's switches set in the job's environment
+        if os.environ.get(name, "0") not in ("", "0"):
+            raise field_error(ConfigError, name, os.environ[name], f"is set in the environment: "
+                              f"not supported in vime ({why})", f"unset {name}")
     if cfg.ref_load is not None:  # the initial weights (model_dir): an HF directory
         _check_same_model(cfg.ref_load, "--ref-load", cfg.hf_checkpoint)
     if cfg.opd_teacher_load is not None:  # on-policy distillation's teacher: the trained model's

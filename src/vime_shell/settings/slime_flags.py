@@ -61,6 +61,13 @@ SGLANG_ONLY = "no vLLM equivalent in vime"
 FP8 = ("FP8 training: Transformer Engine's FP8 kernels need Hopper-class GPUs, which vime's "
        "CPU-checked path cannot exercise; vime trains in bf16 or fp32")
 
+# slime's switches that live in the job's environment (its Ray runtime env) -> the reason
+UNSUPPORTED_ENV: dict[str, str] = {
+    "OPEN_TRAINING_INT4_FAKE_QAT_FLAG": "int4 quantisation-aware training (slime's fake-"
+    "quantised int4 weights, for int4 checkpoints served in SGLang): a GPU-only precision "
+    "format; vime trains in bf16 or fp32",
+}
+
 UNSUPPORTED: dict[str, str] = {
     # training backends and modes
     "--opd-teacher-key": "on-policy distillation from teacher servers (--opd-type sglang)",
