@@ -40,19 +40,18 @@ from vime_pure.errors import one_line
 from vime_shell.models.auto_config import auto_config
 from vime_shell.models.hf_config import ModelLoadError
 from vime_shell.megatron.layout import TrainLayout
-from vime_shell.megatron.glm4_bridge import GLM4_NORM_NAMES, Glm4, with_post_norms
-from vime_shell.megatron.mla_bridge import (MLA_LOCAL_NORM_NAMES, DeepseekV3, MLACoreAttention,
-                                            is_mla)
+from vime_shell.megatron.glm4_bridge import Glm4
+from vime_shell.megatron.mla_bridge import DeepseekV3, is_mla
 from vime_shell.megatron.model_options import ModelOptions
 from vime_shell.megatron.moe_bridge import (expert_bias_in_layer_order, map_sequential_experts,
                                             num_experts_of, router_fields)
 from vime_shell.megatron.platform import Platform
 from vime_shell.megatron.rope import apply_rope_scaling, gpt_rope_args, rope_scaling_of
 
-# model_type -> the bridge vime builds it with (mbridge's adjusted, or vime's own mapping)
+# model_type -> the bridge vime builds it with (mbridge's adjusted, or vime's own mapping);
+# each adds its layers to the block spec (adapt_layer_spec) and its norms' names
+# (EXTRA_NORM_NAMES) to adjustments 1 and 2
 _OWN_BRIDGES: dict[str, Any] = {"deepseek_v3": DeepseekV3, "glm4": Glm4}
-_OWN_NORM_NAMES: dict[Any, dict[str, str]] = {DeepseekV3: MLA_LOCAL_NORM_NAMES,
-                                              Glm4: GLM4_NORM_NAMES}
 
 _LOCAL_NORM_NAMES = {
     "input_layernorm.weight": "model.layers.{n}.input_layernorm.weight",
@@ -120,17 +119,14 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     def layer_spec(vp_stage=None):  # adjustment 1
         spec = get_gpt_decoder_block_spec(bridge.config, use_transformer_engine=use_te,
                                           normalization="RMSNorm", vp_stage=vp_stage)
-        if own is DeepseekV3 and not use_te:
-            for layer in spec.layer_specs:
-                layer.submodules.self_attention.submodules.core_attention = MLACoreAttention
-        return with_post_norms(spec) if own is Glm4 else spec
+        return own.adapt_layer_spec(spec, transformer_engine=use_te) if own else spec
 
     bridge.has_vp_stage = True
     bridge._get_transformer_layer_spec = layer_spec
     to_hf = bridge._weight_name_mapping_mcore_to_hf
 
     # Qwen3's local q/k norms share the MLA norms' names: these are MLA's only for MLA models
-    norm_names = {**_LOCAL_NORM_NAMES, **_OWN_NORM_NAMES.get(own, {})}
+    norm_names = {**_LOCAL_NORM_NAMES, **getattr(own, "EXTRA_NORM_NAMES", {})}
 
     def name_to_hf(name: str) -> list[str]:  # adjustment 2
         for suffix, template in norm_names.items():
@@ -154,8 +150,9 @@ def _stage_fields(layout: TrainLayout | None) -> dict[str, object]:
 
 def _adjust_rope(bridge, config) -> None:
     """The checkpoint's RoPE scaling, in place of mbridge's (``vime_shell.megatron.rope``)."""
-    scaling = rope_scaling_of(None) if is_mla(config) else rope_scaling_of(
-        getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None))
+    scaling = rope_scaling_of(None if is_mla(config) else  # MLA applies its own (mla_bridge)
+                              getattr(config, "rope_parameters", None)
+                              or getattr(config, "rope_scaling", None))
     gpt_args = bridge._get_gptmodel_args
 
     def gptmodel_args() -> dict:

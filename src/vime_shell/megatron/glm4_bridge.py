@@ -77,6 +77,12 @@ class Glm4(Qwen2Bridge):
     """mbridge's Qwen2 bridge with GLM-4's RoPE, fused gate/up and no q/k norms."""
 
     _MLP_MAPPING = {**Qwen2Bridge._MLP_MAPPING, "mlp.linear_fc1.weight": [_GATE_UP]}
+    EXTRA_NORM_NAMES = GLM4_NORM_NAMES  # the post-norms (bridge.make_bridge)
+
+    @staticmethod
+    def adapt_layer_spec(spec, *, transformer_engine: bool):
+        """The block spec with GLM-4's post-norms (:func:`with_post_norms`, either spec)."""
+        return with_post_norms(spec)
 
     def _build_config(self):
         hf = self.hf_config

@@ -81,10 +81,11 @@ class LoraLinear(MegatronModule):
         self.lora_A = torch.nn.Parameter(a.to(weight.device, weight.dtype))
         self.lora_B = torch.nn.Parameter(torch.zeros(out_size, rank, device=weight.device,
                                                      dtype=weight.dtype))
-        split, dim = (self.lora_B, 0) if self.column else (self.lora_A, 1)
+        # the factor split like the base weight, and the one every TP rank holds whole
+        split, dim, whole = ((self.lora_B, 0, self.lora_A) if self.column
+                             else (self.lora_A, 1, self.lora_B))
         tensor_parallel.set_tensor_model_parallel_attributes(split, True, dim, 1)
-        tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(
-            self.lora_B if not self.column else self.lora_A)
+        tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(whole)
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
         output, bias = self.base_layer(x, *args, **kwargs)

@@ -42,7 +42,17 @@ def is_mla(hf_config) -> bool:
 
 
 class DeepseekV3(DeepseekV3Bridge):
-    """mbridge's DeepSeek-V3 bridge with adjustments 1-3 (module docstring)."""
+    """mbridge's DeepSeek-V3 bridge with adjustments 1-4 (module docstring)."""
+
+    EXTRA_NORM_NAMES = MLA_LOCAL_NORM_NAMES  # the local spec's norms (bridge.make_bridge)
+
+    @staticmethod
+    def adapt_layer_spec(spec, *, transformer_engine: bool):
+        """The block spec with :class:`MLACoreAttention` on the local spec (adjustment 4)."""
+        if not transformer_engine:
+            for layer in spec.layer_specs:
+                layer.submodules.self_attention.submodules.core_attention = MLACoreAttention
+        return spec
 
     def _build_base_config(self, text_config_key=None, **kwargs):
         hf = self.hf_config

@@ -96,14 +96,14 @@ REQUIRED = (*SUMMARY_REQUIRED, "hidden_size", "num_attention_heads", "intermedia
             "model_type")
 
 
-# Model families the trainer's bridge cannot build yet, by config.json's model_type: each
-# failed deep inside model construction or needs a part vime lacks; refused at launch with
-# the reason instead. The families vime builds: Qwen2, Qwen3, their MoE variants, Llama, and
-# DeepSeek-V3 and Kimi-K2 (multi-latent attention; vime_shell.megatron.mla_bridge).
 # model_type -> the transformers model_type of the same architecture (models/auto_config.py)
 MODEL_TYPE_ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3"}
 # multi-latent attention (megatron/mla_bridge.py)
 MLA_MODEL_TYPES: tuple[str, ...] = ("deepseek_v3", "kimi_k2")
+# Model families the trainer's bridge cannot build yet, by config.json's model_type: each
+# failed deep inside model construction or needs a part vime lacks; refused at launch with
+# the reason instead. The families vime builds: Qwen2, Qwen3, their MoE variants, Llama,
+# DeepSeek-V3 and Kimi-K2 (multi-latent attention), GLM-4 (megatron/glm4_bridge.py).
 MODEL_TYPE_REFUSALS: dict[str, str] = {
     "deepseek_v2": "DeepSeek-V2 (mbridge has no bridge for it; DeepSeek-V3, R1 and Moonlight "
     "train as deepseek_v3)",

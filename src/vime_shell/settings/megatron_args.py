@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from vime_pure.errors import VimeError, field_error
+from vime_shell.settings.common import setting_list
 from vime_shell.settings.moe_architecture import given_values, hf_num_experts, moe_hf_values
 
 
@@ -78,12 +79,10 @@ class ModelArchArgs:
     add_qkv_bias: bool | None = _arch("bias on the QKV projection")
     qk_layernorm: bool | None = _arch("norm of queries and keys")
     untie_embeddings_and_output_weights: bool | None = _arch("separate LM head")
-    spec: tuple[str, ...] | None = attrs.field(
-        default=None, converter=lambda v: tuple(v) if isinstance(v, list) else v,
-        metadata={"help": "slime's layer-spec plugin (MODULE FUNCTION); vime builds the layers "
-                  "from config.json, so it is checked to name that model's spec: "
-                  + "; ".join(f"{k} ({t})" for k, t in SPEC_MODEL_TYPES.items()),
-                  "section": "architecture", "choices": None, "nargs": "+"})
+    spec: tuple[str, ...] | None = setting_list(
+        "slime's layer-spec plugin (MODULE FUNCTION); vime builds the layers from config.json, "
+        "so it is checked to name that model's spec: "
+        + "; ".join(f"{k} ({t})" for k, t in SPEC_MODEL_TYPES.items()), "architecture")
     post_self_attn_layernorm: bool | None = _arch("GLM-4's norm after attention")
     post_mlp_layernorm: bool | None = _arch("GLM-4's norm after the MLP")
     rotary_interleaved: bool | None = _arch("RoPE on interleaved pairs (GLM-4)")
