@@ -4,7 +4,6 @@ submit -- python3 train.py ...``) runs unchanged through ``vime train --dry-run`
 launch check, and its notes say where vime differs."""
 
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.shell.train_cli import with_embedded_tokenizer
 from vime_shell.engines import vllm_available
 from vime_shell.models.embedded import build_embedded
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
@@ -54,11 +54,10 @@ def env(tmp_path_factory):
                                                                       q_lora_rank=None))
     glm4 = build_tiny_hf_model(root / "glm4", TinyModelSpec(arch="glm4"))
     for model in (moe, moonlight, glm4):
-        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-            shutil.copy(embedded / name, model / name)  # the dataset's digits, a template
+        with_embedded_tokenizer(model)  # the dataset's digits and a chat template
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
-            "VIME_PYTHON": sys.executable, "MODEL_DIR": str(embedded), "MOE_DIR": str(moe), "MOONLIGHT_DIR": str(moonlight),
-            "GLM4_DIR": str(glm4),
+            "VIME_PYTHON": sys.executable, "MODEL_DIR": str(embedded), "MOE_DIR": str(moe),
+            "MOONLIGHT_DIR": str(moonlight), "GLM4_DIR": str(glm4),
             "DATA_DIR": str(data), "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(SCRIPTS)])}
 

@@ -10,18 +10,10 @@ the gap check after each sync and its ``--save-hf`` export loads in transformers
 trained weight moved and the post-norms among them.
 """
 
-import json
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
-
 from megatron.core.extensions.transformer_engine import TENorm
 from megatron.core.tensor_parallel import RowParallelLinear
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
@@ -31,14 +23,14 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_layer import (TransformerLayer,
                                                          TransformerLayerSubmodules)
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from tests.shell.glm4_workers import glm4_worker
+from tests.shell.train_cli import logprob_gaps, vime, with_embedded_tokenizer
 from vime_shell.megatron.glm4_bridge import with_post_norms
 from vime_shell.megatron.spawn import spawn
-from vime_shell.models.embedded import build_embedded
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
-
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 @pytest.fixture(scope="module")
@@ -81,32 +73,23 @@ def test_layouts_train_to_the_same_weights(glm4_runs, name, tol):
 
 def test_lora_on_its_post_normed_projections_is_refused(tmp_path):
     model = build_tiny_hf_model(tmp_path / "glm4", TinyModelSpec(arch="glm4"))
-    done = subprocess.run(
-        [sys.executable, "-m", "vime_shell.cli", "train", "--hf-checkpoint", str(model),
-         "--lora-rank", "4", "--target-modules", "all-linear", "--dry-run",
-         "--run-dir", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=300, cwd=str(Path(SRC).parent),
-        env={"PYTHONPATH": SRC, "PATH": "", "HOME": str(tmp_path)})
+    done = vime("train", "--hf-checkpoint", str(model), "--lora-rank", "4",
+                "--target-modules", "all-linear", "--dry-run", "--run-dir",
+                str(tmp_path / "run"), home=tmp_path, timeout=300)
     assert done.returncode == 2
     assert "adapts ['linear_fc2', 'linear_proj'], whose output GLM-4 normalises" in done.stderr
 
 
 def test_vime_train_syncs_and_exports_a_glm4(tmp_path):
-    model = build_tiny_hf_model(tmp_path / "glm4", TinyModelSpec(arch="glm4", vocab_size=20))
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(build_embedded() / name, model / name)
-    done = subprocess.run(
-        [sys.executable, "-m", "vime_shell.cli", "train", "--hf-checkpoint", str(model),
-         "--run-dir", str(tmp_path / "run"), "--num-rollout", "3", "--rollout-batch-size", "8",
-         "--n-samples-per-prompt", "4", "--global-batch-size", "32", "--lr", "1e-3",
-         "--custom-rm-path", "tests.shell.tied_workers:parity_reward",
-         "--save-hf", str(tmp_path / "hf")],
-        capture_output=True, text=True, timeout=600, cwd=str(Path(SRC).parent),
-        env={"PYTHONPATH": f"{SRC}:{Path(SRC).parent}", "PATH": "", "OMP_NUM_THREADS": "1",
-             "HOME": str(tmp_path), "VIME_CACHE_DIR": str(tmp_path / "cache")})
+    model = with_embedded_tokenizer(build_tiny_hf_model(
+        tmp_path / "glm4", TinyModelSpec(arch="glm4", vocab_size=20)))
+    done = vime("train", "--hf-checkpoint", str(model), "--run-dir", str(tmp_path / "run"),
+                "--num-rollout", "3", "--rollout-batch-size", "8", "--n-samples-per-prompt",
+                "4", "--global-batch-size", "32", "--lr", "1e-3", "--custom-rm-path",
+                "tests.shell.tied_workers:parity_reward", "--save-hf", str(tmp_path / "hf"),
+                home=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
-    gaps = [r["logprob_gap"] for r in rows if r.get("logprob_gap") is not None]
+    gaps = logprob_gaps(tmp_path / "run")
     assert len(gaps) == 3 and max(gaps) < 1e-4
     base = load_file(model / "model.safetensors")
     trained = AutoModelForCausalLM.from_pretrained(tmp_path / "hf",

@@ -17,10 +17,6 @@ layer, in one 2-process gloo spawn (DP2, TP2, PP2):
 - the flags follow miles' rules, and a MoE model is refused at launch with the reason.
 """
 
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,16 +24,15 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from tests.shell.lora_workers import lora_worker
+from tests.shell.train_cli import logprob_gaps, vime
 from vime_shell.megatron.lora_options import LoraOptions, LoraOptionsError
 from vime_shell.megatron.platform import Platform
+from vime_shell.megatron.spawn import spawn
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
 from vime_shell.settings.common import ConfigError
 from vime_shell.settings.train_config import TrainConfig
 
-from tests.shell.lora_workers import lora_worker
-from vime_shell.megatron.spawn import spawn
-
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -119,17 +114,9 @@ def test_flags_follow_miles_rules():
         TrainConfig(lora_type="canonical_lora")
 
 
-def _vime(*argv: str, home: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vime_shell.cli", *argv], capture_output=True,
-                          text=True, timeout=timeout, cwd=str(Path(SRC).parent),
-                          env={"PYTHONPATH": f"{SRC}:{Path(SRC).parent}", "PATH": "",
-                               "OMP_NUM_THREADS": "1", "HOME": str(home),
-                               "VIME_CACHE_DIR": str(home / "cache")})
-
-
 def test_a_moe_model_is_refused_at_launch(tmp_path):
     moe = build_tiny_hf_model(tmp_path / "moe", TinyModelSpec(arch="qwen2_moe", num_layers=2))
-    done = _vime("train", "--hf-checkpoint", str(moe), "--lora-rank", "8", "--target-modules",
+    done = vime("train", "--hf-checkpoint", str(moe), "--lora-rank", "8", "--target-modules",
                  "all-linear", "--dry-run", home=tmp_path, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "--lora-rank=8: adapts dense layers, and qwen2_moe has 4 experts" in done.stderr
@@ -138,7 +125,7 @@ def test_a_moe_model_is_refused_at_launch(tmp_path):
 def test_vime_train_syncs_and_exports_the_merged_weights(tmp_path):
     """Three rollouts with adapters on q/k/v only: the engine runs the merged weights (the
     log-prob gap after each sync is round-off), and --save-hf writes them."""
-    done = _vime("train", "--run-dir", str(tmp_path / "run"), "--num-rollout", "3",
+    done = vime("train", "--run-dir", str(tmp_path / "run"), "--num-rollout", "3",
                  "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
                  "--global-batch-size", "32", "--lr", "1e-2", "--lora-rank", "4",
                  "--lora-alpha", "8", "--target-modules", "q_proj,k_proj,v_proj",
@@ -146,8 +133,7 @@ def test_vime_train_syncs_and_exports_the_merged_weights(tmp_path):
                  "--save-hf", str(tmp_path / "hf"), home=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "LoRA rank 4 (alpha 8) on linear_qkv:" in done.stderr
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
-    gaps = [r["logprob_gap"] for r in rows if r.get("logprob_gap") is not None]
+    gaps = logprob_gaps(tmp_path / "run")
     assert len(gaps) == 3 and max(gaps) < 1e-5
     base = load_file(next((tmp_path / "cache").rglob("model.safetensors")))
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)

@@ -15,9 +15,6 @@ transformers with the trainer's weights.
 """
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +24,11 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from tests.shell.mla_workers import mla_worker
+from tests.shell.train_cli import logprob_gaps, vime, with_embedded_tokenizer
 from vime_shell.megatron.spawn import spawn
 from vime_shell.models.auto_config import auto_config
-from vime_shell.models.embedded import build_embedded
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
 SPECS = {"dsv3": TinyModelSpec(arch="deepseek_v3", num_layers=4),
@@ -100,14 +96,6 @@ def test_tensor_parallelism_without_sequence_parallelism_is_refused(mla_runs):
         "parallelism trains on a partial RoPE-key gradient" in mla_runs[0]["tp2_error"]
 
 
-def _vime(*argv: str, home: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vime_shell.cli", *argv], capture_output=True,
-                          text=True, timeout=600, cwd=str(Path(SRC).parent),
-                          env={"PYTHONPATH": f"{SRC}:{Path(SRC).parent}", "PATH": "",
-                               "OMP_NUM_THREADS": "1", "HOME": str(home),
-                               "VIME_CACHE_DIR": str(home / "cache")})
-
-
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "kimi_k2"])
 def test_vime_train_syncs_and_exports_an_mla_model(tmp_path, model_type):
     """The reverse task on a tiny DeepSeek-V3 (or Kimi-K2's config of it) with the embedded
@@ -117,16 +105,14 @@ def test_vime_train_syncs_and_exports_an_mla_model(tmp_path, model_type):
                                                                  vocab_size=20))
     if model_type == "kimi_k2":
         as_kimi_k2(model)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(build_embedded() / name, model / name)
-    done = _vime("train", "--hf-checkpoint", str(model), "--run-dir", str(tmp_path / "run"),
+    with_embedded_tokenizer(model)
+    done = vime("train", "--hf-checkpoint", str(model), "--run-dir", str(tmp_path / "run"),
                  "--num-rollout", "3", "--rollout-batch-size", "8",
                  "--n-samples-per-prompt", "4", "--global-batch-size", "32", "--lr", "1e-3",
                  "--custom-rm-path", "tests.shell.tied_workers:parity_reward",
                  "--save-hf", str(tmp_path / "hf"), home=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
-    gaps = [r["logprob_gap"] for r in rows if r.get("logprob_gap") is not None]
+    gaps = logprob_gaps(tmp_path / "run")
     assert len(gaps) == 3 and max(gaps) < 1e-4
     base = load_file(model / "model.safetensors")
     # transformers 5 fuses the experts in its state dict: the files keep the checkpoint's names

@@ -7,7 +7,6 @@ sync ~13 ms.
 """
 
 import os
-import shutil
 
 import pytest
 
@@ -17,7 +16,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from vime_shell.megatron.spawn import spawn  # noqa: E402
-from vime_shell.models.embedded import build_embedded  # noqa: E402
+from tests.shell.train_cli import with_embedded_tokenizer  # noqa: E402
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model  # noqa: E402
 
 
@@ -51,10 +50,8 @@ def test_vime_train_on_vllm_syncs_in_memory_and_checks_every_sync(tmp_path, lora
 def test_vime_train_on_vllm_syncs_a_glm4(tmp_path):
     """GLM-4 (post-norms, interleaved partial RoPE; vime_shell.megatron.glm4_bridge) on
     vllm-cpu, whose CPU attention takes head sizes from 32 up: the gap check after each sync."""
-    model = build_tiny_hf_model(tmp_path / "glm4", TinyModelSpec(arch="glm4", vocab_size=20,
-                                                                 head_dim=32))
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(build_embedded(tmp_path / "cache") / name, model / name)
+    model = with_embedded_tokenizer(build_tiny_hf_model(
+        tmp_path / "glm4", TinyModelSpec(arch="glm4", vocab_size=20, head_dim=32)))
     records = spawn(train_worker, 1, str(tmp_path / "run"), str(tmp_path / "cache"), False,
                     str(model), fresh=True)[0]
     print("\nvime train of a GLM-4 on vllm-cpu:", records)

@@ -1,0 +1,40 @@
+"""``vime train`` as a user runs it, for the model-family tests (``test_lora``, ``test_mla``,
+``test_glm4``): a subprocess of its own in a scratch home and cache, a tiny model given the
+embedded model's tokenizer (the task's digits and a chat template), and the log-prob gaps the
+loop checked after each weight sync.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from vime_shell.models.embedded import build_embedded
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def vime(*argv: str, home: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python -m vime_shell.cli *argv`` with ``home`` as its HOME and ``home/cache`` as its
+    ``VIME_CACHE_DIR``; the tests' modules (reward functions) importable."""
+    return subprocess.run([sys.executable, "-m", "vime_shell.cli", *argv], capture_output=True,
+                          text=True, timeout=timeout, cwd=str(Path(SRC).parent),
+                          env={"PYTHONPATH": f"{SRC}:{Path(SRC).parent}", "PATH": "",
+                               "OMP_NUM_THREADS": "1", "HOME": str(home),
+                               "VIME_CACHE_DIR": str(home / "cache")})
+
+
+def with_embedded_tokenizer(model: Path) -> Path:
+    """``model`` with the embedded model's tokenizer files copied in."""
+    for name in TOKENIZER_FILES:
+        shutil.copy(build_embedded() / name, model / name)
+    return model
+
+
+def logprob_gaps(run_dir: Path) -> list[float]:
+    """The engine-trainer log-prob gap of every rollout in ``run_dir/metrics.jsonl`` that has
+    one (the loop's check after each weight sync)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    return [r["logprob_gap"] for r in rows if r.get("logprob_gap") is not None]
