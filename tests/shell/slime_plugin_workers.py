@@ -4,7 +4,7 @@ plugin signatures (async reward, ``filter(args, samples)``, a rollout log functi
 
 import os
 
-CALLS: dict = {"rm": 0, "filter": [], "log": []}
+CALLS: dict = {"rm": 0, "filter": [], "log": [], "eval_fn": []}
 
 
 async def async_rm(args, sample):
@@ -22,6 +22,15 @@ def keep_all(args, samples):
 def drop_all(args, samples):
     """A filter that removes every group: a rollout-only rollout with nothing to dump."""
     return False
+
+
+def eval_rollout(ctx):
+    """miles' ``--eval-function-path``: evaluation's own rollout function (here the default
+    one, recording the rollout it evaluates at)."""
+    from vime_shell.rollout.functions import single_turn_rollout
+
+    CALLS["eval_fn"].append((ctx.rollout_id, len(ctx.prompts)))
+    return single_turn_rollout(ctx)
 
 
 def log_rollout(rollout_id, args, samples, metrics, seconds):
@@ -55,7 +64,9 @@ def slime_plugins_worker(rank: int, root: str, cache: str) -> dict:
 
     first = run_training(_cfg(num_rollout=2, **common), progress=False)
     first_evals = evals()
-    second = run_training(_cfg(num_rollout=3, **common), progress=False)
+    # The resumed run evaluates through its own --eval-function-path; training does not.
+    second = run_training(_cfg(num_rollout=3, eval_function_path=f"{me}:eval_rollout",
+                               **common), progress=False)
     rollout_only = _rollout_only(root)
     return {"rollout_only": rollout_only, "calls": CALLS,
             "starts": (first.start_rollout, second.start_rollout),

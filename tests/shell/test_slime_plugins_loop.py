@@ -2,7 +2,8 @@
 rm(args, sample)`` reward, a ``filter(args, samples)`` dynamic-sampling filter and a rollout log
 function; ``--load X --save X`` starts fresh on a missing ``X`` and resumes from it next time;
 ``--eval-prompt-data`` without ``--eval-interval`` evaluates before the first rollout and after
-the last of each run; ``--debug-rollout-only`` generates and dumps without a trainer, and logs
+the last of each run, through ``--eval-function-path`` where one is given;
+``--debug-rollout-only`` generates and dumps without a trainer, and logs
 a rollout the filter emptied as skipped."""
 
 import pytest
@@ -29,3 +30,6 @@ def test_slime_plugins_fresh_start_resume_and_eval(tmp_path):
     first, resumed = out["evals"]
     assert first == [0, 2]  # before rollout 0 and after the last one
     assert resumed[-1] == 3  # the resumed run evaluates after its last rollout
+    # ... through its --eval-function-path, and only there (training keeps its own function)
+    assert [rid for rid, _ in calls["eval_fn"]] == [3]
+    assert calls["eval_fn"][0][1] > 0

@@ -273,6 +273,8 @@ def compact_rollout(ctx: RolloutContext) -> list[list[list[Sample]]]:
     return out
 
 
-def load_rollout_function(path: str | None) -> RolloutFn:
-    """``--rollout-function-path``: the user's ``fn(ctx)``, or :func:`single_turn_rollout`."""
-    return load_callable(path or DEFAULT_ROLLOUT_FUNCTION, flag="--rollout-function-path")
+def load_rollout_function(path: str | None, *, flag: str = "--rollout-function-path"
+                          ) -> RolloutFn:
+    """``--rollout-function-path`` (or ``--eval-function-path``): the user's ``fn(ctx)``, or
+    :func:`single_turn_rollout`."""
+    return load_callable(path or DEFAULT_ROLLOUT_FUNCTION, flag=flag)

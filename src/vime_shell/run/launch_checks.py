@@ -130,6 +130,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
     check_feasible(layout.scheduler_layout(), policy)
     engine_layout = _engine_layout(cfg, summary.num_attention_heads, roles)
     for flag, path in (("--rollout-function-path", cfg.rollout_function_path),
+                       ("--eval-function-path", cfg.eval_function_path),
                        ("--custom-rm-path", cfg.custom_rm_path),
                        ("--dynamic-sampling-filter-path", cfg.dynamic_sampling_filter_path),
                        ("--custom-rollout-log-function-path",

@@ -31,6 +31,9 @@ class EvalArgs(Record):
     eval_interval: int | None = _f(None, "evaluate every N rollouts (and after the last); "
                                    "default with --eval-prompt-data: before the first and "
                                    "after the last")
+    eval_function_path: str | None = _f(None, "rollout function of evaluation, 'pkg.mod:fn' "
+                                        "(the --rollout-function-path signature); default "
+                                        "the training rollout function (miles')")
     n_samples_per_eval_prompt: int = _f(1, "samples per eval prompt (pass@k uses them)")
     eval_max_response_len: int | None = _f(None, "max new tokens in eval; default "
                                            "--rollout-max-response-len")

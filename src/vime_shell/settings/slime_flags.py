@@ -97,7 +97,6 @@ UNSUPPORTED: dict[str, str] = {
     "--attn-implementation": "the FSDP backend", "--gradient-checkpointing": "the FSDP "
     "backend; use Megatron's recompute flags",
     # data, rollout and evaluation
-    "--eval-function-path": "evaluation runs the training rollout on --eval-prompt-data",
     "--multimodal-keys": "multimodal prompts: vime's samples are token ids of text, and "
     "its engines and bridge load text-only models (images, audio and video need a "
     "processor path and vision towers end to end)",

@@ -181,6 +181,9 @@ class RolloutProducer:
         self.task = plan.task
         self.eval_sets = plan.eval_sets
         self.rollout_fn = load_rollout_function(cfg.effective_rollout_function_path)
+        # miles' --eval-function-path: evaluation's own rollout function, else the training one.
+        self.eval_fn = self.rollout_fn if cfg.eval_function_path is None else \
+            load_rollout_function(cfg.eval_function_path, flag="--eval-function-path")
         self.per_sample = _per_sample(cfg, engines, self.tokenizer, read_config_summary(
             plan.hf_dir).max_position_embeddings)
         self.rewarder = Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
@@ -594,13 +597,18 @@ class RolloutProducer:
                       target_groups: int | None = None) -> Callable[[range], list]:
         """``share -> output``: the rollout function on one engine's share of the round's
         ``prompts`` (the context is built there: only a rank with an engine runs a share)."""
+        evaluation = target_groups is None and self.cfg.eval_function_path is not None
+        fn = self.eval_fn if evaluation else self.rollout_fn
+        flag = "--eval-function-path" if evaluation else "--rollout-function-path"
+        path = self.cfg.eval_function_path if evaluation else \
+            self.cfg.effective_rollout_function_path
+
         def run(share: range) -> list:
             ctx = self.context(rid, prompts, sampling, first_group_id=first_group_id, n=n,
                                target_groups=target_groups)
-            return call_plugin(
-                lambda c: list(self.rollout_fn(c)), share_context(ctx, share),
-                what=f"rollout function {self.cfg.effective_rollout_function_path}",
-                flag="--rollout-function-path", where=f"rollout {rid}")
+            return call_plugin(lambda c: list(fn(c)), share_context(ctx, share),
+                               what=f"rollout function {path}", flag=flag,
+                               where=f"rollout {rid}")
 
         return run
 
