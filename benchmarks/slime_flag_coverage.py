@@ -32,7 +32,21 @@ from vime_shell.settings.megatron_args import SPEC_MODEL_TYPES, spec_refusal
 from vime_shell.settings.slime_flags import UNSUPPORTED, UNSUPPORTED_ENV, unsupported_line
 
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*[a-z0-9])")
-ARRAY = re.compile(r"([A-Z_][A-Z0-9_]*)\+?=\(([^)]*)\)", re.S)
+ARRAY_START = re.compile(r"([A-Z_][A-Z0-9_]*)\+?=\(")
+
+
+def arrays_of(text: str) -> list[tuple[str, str]]:
+    """``(name, body)`` of every bash array assignment ``NAME=( ... )`` / ``NAME+=( ... )``;
+    the body ends at the parenthesis that closes the array, so an arithmetic ``$((a + b))``
+    or a ``$(command)`` inside it does not end it early."""
+    out = []
+    for found in ARRAY_START.finditer(text):
+        depth, end = 1, found.end()
+        while end < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+        out.append((found.group(1), text[found.end():end - 1]))
+    return out
 
 
 class Repo:
@@ -91,13 +105,13 @@ def script_flags(repo: Repo, names: set[str], name: str) -> list[str] | None:
         return None
     flags, used = command
     arrays: dict[str, list[str]] = {}
-    for array, body in ARRAY.findall(text):
+    for array, body in arrays_of(text):
         arrays.setdefault(array, []).extend(FLAG.findall(body))
     for used_name in used:
         flags += arrays.get(used_name, [])
     if "MODEL_ARGS" in used and "MODEL_ARGS" not in arrays:
         for body in _model_files(repo, names, text):
-            flags += [f for a, b in ARRAY.findall(body) if a == "MODEL_ARGS"
+            flags += [f for a, b in arrays_of(body) if a == "MODEL_ARGS"
                       for f in FLAG.findall(b)]
         for model in re.findall(r"model_args_utils\.py\"?\s+\"?([\w.\-]+)", text):
             snapshot = f"tests/snapshots/model_args/{model}.txt"

@@ -110,6 +110,11 @@ MODEL_TYPE_REFUSALS: dict[str, str] = {
     "mimo": "MiMo (its multi-token prediction layers)",
     "qwen3_next": "Qwen3-Next (gated and linear attention: slime's --spec)",
     "glm4_moe": "GLM-4 MoE (its layer spec: slime's --spec)",
+    "glm4_moe_lite": "GLM-4.7-Flash (multi-latent attention under GLM's weight names, and its "
+    "multi-token prediction layers: no bridge maps it)",
+    **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
+                    "Qwen3.5 (gated and linear attention: slime's --spec)"),
+    "minimax_m2": "MiniMax-M2 (its layer spec: slime's --spec)",
     **dict.fromkeys(("qwen2_5_vl", "qwen2_vl", "glm4v", "internvl_chat"),
                     "multimodal models (vime trains on text token ids)"),
 }

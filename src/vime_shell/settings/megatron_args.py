@@ -69,6 +69,8 @@ class ModelArchArgs:
     position_embedding_type: str | None = _f("position embedding; checked against the HF "
                                              "config", "architecture", ("rope",))
     use_rotary_position_embeddings: bool | None = _arch("RoPE")
+    no_position_embedding: bool | None = _arch("no learned absolute position table (Megatron's "
+                                               "switch; every family vime builds uses RoPE)")
     rotary_base: float | None = _arch("RoPE theta")
     rotary_percent: float | None = _arch("share of the head dimension rotated")
     normalization: str | None = _f("norm kind; checked against the HF config",
@@ -282,6 +284,7 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
             hidden // heads if hidden and heads else None),
         "vocab_size": hf.get("vocab_size"),
         "max_position_embeddings": hf.get("max_position_embeddings"),
+        "no_position_embedding": True,  # RoPE everywhere: no family has a learned table
         # transformers 5 writes RoPE settings under rope_parameters
         "rotary_base": hf.get("rope_theta", rope.get("rope_theta")),
         "rotary_percent": hf.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0)),
