@@ -57,9 +57,10 @@ def assert_rolloutbatch_invariants(b: RolloutBatch, samples=None, group_ids=None
         versions = list(s.weight_versions)
         assert (b.weight_version_min[i], b.weight_version_max[i]) == (
             (versions[0], versions[-1]) if versions else (-1, -1))
-        if s.rollout_log_probs is not None:
-            np.testing.assert_array_equal(_rows(b.rollout_log_probs, b.response_offsets, i),
-                                          np.asarray(s.rollout_log_probs, dtype=np.float32))
+        for name in ("rollout_log_probs", "teacher_log_probs"):
+            if getattr(s, name) is not None:
+                np.testing.assert_array_equal(_rows(getattr(b, name), b.response_offsets, i),
+                                              np.asarray(getattr(s, name), dtype=np.float32))
     if group_ids is not None:
         assert ids == list(group_ids)
 
@@ -142,8 +143,9 @@ def _check_microbatch(records, samples, b: RolloutBatch, dens, step, s: int,
             assert rec.labels[logit] == b.tokens[b.token_offsets[g] + prompt + j]
             assert rec.loss_mask[t] == b.loss_masks[flat]
             assert rec.advantages[t] == np.float32(b.advantages[g])
-            if b.rollout_log_probs is not None:
-                assert rec.rollout_log_probs[t] == b.rollout_log_probs[flat]
+            for name in ("rollout_log_probs", "teacher_log_probs"):
+                if getattr(b, name) is not None:
+                    assert getattr(rec, name)[t] == getattr(b, name)[flat]
             scored.append(flat)
         assert rec.denominators.tolist() == [dens[g] for g in samples]
     expected = [int(b.response_offsets[g]) + j for g in samples

@@ -123,7 +123,7 @@ def test_static_micro_batches_without_dynamic_batch_size():
     assert packed.batching_policy().max_tokens_per_gpu == 512
 
 
-@pytest.mark.parametrize("flag", ["--opd-teacher-urls", "--lora-base-cpu-backup",
+@pytest.mark.parametrize("flag", ["--opd-log-prob-top-k", "--lora-base-cpu-backup",
                                   "--use-gated-attention", "--mtp-num-layers",
                                   "--apply-layernorm-1p"])
 def test_unsupported_flag_prints_its_table_line(flag, capsys, tmp_path):
@@ -290,13 +290,13 @@ SLIME_DEFAULTS: dict[str, str] = {
 }
 # Refused flags with no value to type at their default (a store_true, or None): nothing to try.
 NO_TYPED_DEFAULT = {
-    "--opd-teacher-urls", "--lora-base-cpu-backup",
+    "--lora-base-cpu-backup",
     "--experts-shared-outer-loras", "--enable-mtp-training", "--custom-config-path",
     "--custom-tis-function-path", "--use-fault-tolerance", "--attention-output-gate",
     "--use-gated-attention", "--apply-layernorm-1p", "--window-size", "--window-attn-skip-freq", "--allgather-cp", "--fp8-format",
     "--fp8-param-gather",
-    "--attn-implementation", "--gradient-checkpointing", "--eval-function-path",
-    "--multimodal-keys", "--custom-reward-post-process-path", "--filter-zero-reward-samples",
+    "--attn-implementation", "--gradient-checkpointing",
+    "--multimodal-keys", "--filter-zero-reward-samples",
     "--use-dynamic-global-batch-size", "--prefill-num-servers", "--dump-details",
     "--critic-num-nodes", "--critic-num-gpus-per-node",
 }

@@ -19,6 +19,10 @@ Routed experts (MoE, ``--use-rollout-routing-replay``): ``rollout_routed_experts
 one int16 row of ``layers * topk`` expert ids per token, aligned with ``tokens``
 (``vime_pure.data.routes``).
 
+Teacher log-probs (on-policy distillation from a teacher server, ``--opd-type sglang``):
+``teacher_log_probs`` is None, or the teacher's log-prob of every response token, aligned with
+``loss_masks``; the trainer's records carry them as they carry the reference's.
+
 Invariants (checked in ``__attrs_post_init__``, asserted by the tests): dtypes as documented;
 cross-field shapes (checked with jaxtyping); offsets start at 0 and step by the lengths;
 ``lengths >= 1``; ``0 <= response_lengths <= lengths``; ``weight_version_min <=
@@ -65,9 +69,10 @@ COLUMNS: dict[str, np.dtype] = {
     "statuses": np.dtype(np.uint8), "removed": np.dtype(np.bool_),
     "sample_indices": np.dtype(np.int64),
     "weight_version_min": np.dtype(np.int64), "weight_version_max": np.dtype(np.int64),
-    "rollout_routed_experts": ROUTE_DTYPE,
+    "rollout_routed_experts": ROUTE_DTYPE, "teacher_log_probs": np.dtype(np.float32),
 }
-OPTIONAL_COLUMNS = ("rollout_log_probs", "rollout_routed_experts")  # None when not recorded
+# None when not recorded
+OPTIONAL_COLUMNS = ("rollout_log_probs", "rollout_routed_experts", "teacher_log_probs")
 
 
 @attrs.frozen(eq=False)
@@ -96,6 +101,7 @@ class RolloutBatch:
     weight_version_max: Int64[np.ndarray, " n"] = attrs.field(
         default=attrs.Factory(lambda self: _on_policy(self.lengths), takes_self=True))
     rollout_routed_experts: Int16[np.ndarray, "t e"] | None = None
+    teacher_log_probs: Float32[np.ndarray, " r"] | None = None
     # Each sample's loss-mask total (int64), summed once when the batch is checked: what
     # denominators, staleness and the shard metadata read instead of rescanning the masks.
     mask_sums: Int64[np.ndarray, " n"] = attrs.field(init=False, repr=False)
@@ -180,7 +186,8 @@ def check_batch(b: RolloutBatch) -> None:
             b.lengths, b.token_offsets, b.response_lengths, b.response_offsets, b.tokens,
             b.rollout_log_probs, b.loss_masks, b.group_ids, b.prompt_groups,
             b.group_mask_sums, b.rewards, b.advantages, b.statuses, b.removed, b.sample_indices,
-            b.weight_version_min, b.weight_version_max, b.rollout_routed_experts)
+            b.weight_version_min, b.weight_version_max, b.rollout_routed_experts,
+            b.teacher_log_probs)
     except TypeCheckError as exc:
         raise shape_error("RolloutBatch", b, exc) from None
     first_bad(b.lengths < 1, "lengths", b.lengths, "every sample needs at least one token")
@@ -203,9 +210,10 @@ def check_batch(b: RolloutBatch) -> None:
     if routes is not None and routes.size and routes.min() < 0:
         first_bad(routes.min(axis=1) < 0, "rollout_routed_experts", routes.min(axis=1),
                   "expert ids are non-negative")
-    if b.rollout_log_probs is not None and not all_finite(b.rollout_log_probs):
-        first_bad(~np.isfinite(b.rollout_log_probs), "rollout_log_probs", b.rollout_log_probs,
-                   "log-probs are finite")
+    for name in ("rollout_log_probs", "teacher_log_probs"):
+        col = getattr(b, name)
+        if col is not None and not all_finite(col):
+            first_bad(~np.isfinite(col), name, col, "log-probs are finite")
     _check_dense("group_ids", b.group_ids, b.group_id_values)
     _check_dense("prompt_groups", b.prompt_groups, b.prompt_group_values)
     first = np.unique(b.group_ids, return_index=True)[1]
@@ -260,5 +268,6 @@ def _shapes(lengths: Int64[np.ndarray, " n"], token_offsets: Int64[np.ndarray, "
             removed: Bool[np.ndarray, " n"], sample_indices: Int64[np.ndarray, " n"],
             weight_version_min: Int64[np.ndarray, " n"],
             weight_version_max: Int64[np.ndarray, " n"],
-            rollout_routed_experts: Int16[np.ndarray, "t e"] | None) -> None:
+            rollout_routed_experts: Int16[np.ndarray, "t e"] | None,
+            teacher_log_probs: Float32[np.ndarray, " r"] | None) -> None:
     """Cross-field shapes: per-sample columns n, offsets n+1, masks and log-probs alike."""

@@ -53,6 +53,8 @@ def batch_columns(output: object, reward_key: str | None,
         token_offsets=offsets_from_lengths(lengths), lengths=lengths,
         response_lengths=response_lengths, loss_masks=masks, response_offsets=response_offsets,
         rollout_log_probs=_flat_log_probs(flat, rows["log_probs"], response_offsets),
+        teacher_log_probs=_flat_log_probs(flat, rows["teacher_log_probs"], response_offsets,
+                                          name="teacher_log_probs"),
         group_ids=groups, group_id_values=group_values,
         prompt_groups=prompts, prompt_group_values=prompt_values,
         group_mask_sums=group_totals(groups,
@@ -156,7 +158,9 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
                            dtype=np.int64, count=n)
     masks = [None if s.remove_sample else s.loss_mask for s in ss]
     log_probs = [s.rollout_log_probs for s in ss]
-    for name, col in (("loss_mask", [s.loss_mask for s in ss]), ("rollout_log_probs", log_probs)):
+    teacher = [s.teacher_log_probs for s in ss]
+    for name, col in (("loss_mask", [s.loss_mask for s in ss]), ("rollout_log_probs", log_probs),
+                      ("teacher_log_probs", teacher)):
         odd = next((i for i, m in enumerate(col) if m is not None and not _flat_sequence(m)),
                    None)
         if odd is not None:  # a str or an int would broadcast or fail inside numpy
@@ -189,8 +193,8 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
     indices = [-1 if (k := s.index) is None else k if type(k) is int and 0 <= k < _INT64_END
                else _check_index(k, flat.path(i)) for i, s in enumerate(ss)]
     return dict(tokens=tokens, lengths=lengths, response_lengths=resp, masks=masks,
-                log_probs=log_probs, rewards=rewards, statuses=statuses, removed=removed,
-                indices=indices)
+                log_probs=log_probs, teacher_log_probs=teacher, rewards=rewards,
+                statuses=statuses, removed=removed, indices=indices)
 
 
 _SEQUENCES = (list, tuple, np.ndarray)
@@ -271,20 +275,21 @@ def _ints_or_floats(parts: list) -> np.ndarray:
         return np.array([], dtype=object)
 
 
-def _flat_log_probs(flat: FlatRollout, parts: list, offsets: np.ndarray
-                    ) -> Float32[np.ndarray, " r"] | None:
-    if not all_or_none(parts, "rollout_log_probs", flat.path, "record rollout log-probs for "
-                       "every sample or for none (never silently train on a mix)"):
+def _flat_log_probs(flat: FlatRollout, parts: list, offsets: np.ndarray, *,
+                    name: str = "rollout_log_probs") -> Float32[np.ndarray, " r"] | None:
+    """One log-prob column (the engine's, or the teacher's) over every response token."""
+    if not all_or_none(parts, name, flat.path, f"record {name} for every sample or for none "
+                       "(never silently train on a mix)"):
         return None
     try:
         values = _concat(parts, np.float32)
     except (TypeError, ValueError) as exc:
-        raise RolloutValidationError(f"rollout_log_probs are not all numbers ({exc}). Fix: "
+        raise RolloutValidationError(f"{name} are not all numbers ({exc}). Fix: "
                                      "store one float per response token.") from None
     if not all_finite(values):
         bad = np.flatnonzero(~np.isfinite(values))
         i = int(np.searchsorted(offsets, bad[0], side="right")) - 1
-        raise RolloutValidationError(f"{flat.path(i)}: rollout_log_probs holds {values[bad[0]]}. "
+        raise RolloutValidationError(f"{flat.path(i)}: {name} holds {values[bad[0]]}. "
                                      "Fix: log-probs must be finite.")
     return values
 

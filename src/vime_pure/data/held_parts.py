@@ -106,6 +106,7 @@ def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta | PlannedIds, *,
     cols: dict[str, Any] = {n: np.concatenate([getattr(p, n) for p in parts]) for n in names}
     cols["rollout_log_probs"] = optional_cat([p.rollout_log_probs for p in parts])
     cols["rollout_routed_experts"] = routes_of(parts)
+    cols["teacher_log_probs"] = optional_cat([p.teacher_log_probs for p in parts])
     if rows is not None:
         cols = _take_rows(cols, np.asarray(rows, dtype=np.int64))
 
@@ -125,7 +126,8 @@ def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta | PlannedIds, *,
         removed=cat("removed"), sample_indices=cat("sample_indices"),
         weight_version_min=cat("weight_version_min"),
         weight_version_max=cat("weight_version_max"),
-        rollout_routed_experts=cols["rollout_routed_experts"])
+        rollout_routed_experts=cols["rollout_routed_experts"],
+        teacher_log_probs=cols["teacher_log_probs"])
 
 
 def _take_rows(cols: dict, rows: np.ndarray) -> dict:
@@ -133,5 +135,5 @@ def _take_rows(cols: dict, rows: np.ndarray) -> dict:
     tok = row_positions(offsets_from_lengths(cols["lengths"]), rows)
     resp = row_positions(offsets_from_lengths(cols["response_lengths"]), rows)
     flat = {"tokens": tok, "rollout_routed_experts": tok, "loss_masks": resp,
-            "rollout_log_probs": resp}
+            "rollout_log_probs": resp, "teacher_log_probs": resp}
     return {k: None if v is None else v[flat.get(k, rows)] for k, v in cols.items()}

@@ -16,7 +16,7 @@ One record is one packed row (the micro-batch's samples back to back):
   ``token_sample`` (its sample's position in
   the row), ``loss_mask``, ``advantages`` and the engine's ``rollout_log_probs``; ``old_log_probs``
   ``ref_log_probs`` and ``teacher_log_probs`` (on-policy distillation's teacher) once attached
-  with :func:`with_log_probs`;
+  with :func:`with_log_probs` (a teacher server's, ``--opd-type sglang``, come with the share);
 - ``routed_experts`` (MoE routing replay, when the batch has ``rollout_routed_experts``): one
   row of ``layers * topk`` expert ids per local position, gathered with the tokens (a padding
   position repeats its sample's last token's row: it scores nothing, any valid route is exact);
@@ -318,7 +318,7 @@ def _record(share: RankShare, a: int, b: int, dens: np.ndarray, cp_rank: int, cp
         logit_index = to_local[logit_index[keep]]
         source = None if source is None else source[local]
     share_index = share_index[keep]
-    log_probs = share.rollout_log_probs
+    log_probs, teacher = share.rollout_log_probs, share.teacher_log_probs
     idx = share.sample_ids[a:b]
     return TrainMicroBatch(
         **step_fields, cp_rank=cp_rank, cp_size=cp_size, sample_indices=idx,
@@ -329,6 +329,7 @@ def _record(share: RankShare, a: int, b: int, dens: np.ndarray, cp_rank: int, cp
         loss_mask=share.loss_masks[share_index].astype(np.float32),
         advantages=np.repeat(share.advantages[a:b], resp)[keep].astype(np.float32, copy=False),
         rollout_log_probs=None if log_probs is None else log_probs[share_index],
+        teacher_log_probs=None if teacher is None else teacher[share_index],
         routed_experts=None if routes is None else routes[source])
 
 

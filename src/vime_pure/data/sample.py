@@ -99,6 +99,9 @@ class Sample:
     ``token_versions``: the weight version that sampled each response token (-1 where no
     sampling did), when a weight sync can land inside a request; None: not recorded
     (``vime_pure.token_versions``).
+    ``teacher_log_probs``: on-policy distillation from a teacher server (``--opd-type
+    sglang``): the teacher's log-prob of every response token, set after generation
+    (``vime_shell.rollout.teacher``; slime's field name).
     ``rollout_routed_experts``: MoE models, the experts the engine's router chose for every
     token in every MoE layer, ``[len(tokens) or len(tokens) - 1, layers, topk]`` integers
     (``vime_pure.data.routes``); ``--use-rollout-routing-replay`` replays them in training.
@@ -119,6 +122,7 @@ class Sample:
     metadata: dict[str, Any] = attrs.field(factory=dict)
     rollout_routed_experts: list | np.ndarray | None = attrs.field(default=None, eq=_ARRAY_EQ)
     token_versions: list[int] | np.ndarray | None = attrs.field(default=None, eq=_ARRAY_EQ)
+    teacher_log_probs: list[float] | np.ndarray | None = attrs.field(default=None, eq=_ARRAY_EQ)
 
     def _read_rollout_id(self) -> Any:
         raise AttributeError("Sample.rollout_id is a deprecated write-only alias of group_id. "

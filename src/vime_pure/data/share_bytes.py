@@ -70,7 +70,8 @@ def share_bytes(meta: BatchMeta, plan: SharePlan, dp_rank: int, *, holders: int 
     ids = plan.schedule.rank_sample_ids(dp_rank)
     tokens = int(meta.lengths[ids].astype(np.int64).sum())
     response = int(meta.response_lengths[ids].astype(np.int64).sum())
-    per_response = MASK_BYTES + (LOG_PROB_BYTES if meta.has_log_probs else 0)
+    per_response = (MASK_BYTES + (LOG_PROB_BYTES if meta.has_log_probs else 0)
+                    + (LOG_PROB_BYTES if meta.has_teacher else 0))
     per_token = TOKEN_BYTES + (ROUTE_BYTES * route_width if meta.has_routes else 0)
     pieces = len(plan.part_starts) if holders is None else holders
     return (PIECE_HEADER_BYTES * pieces + SAMPLE_BYTES * len(ids) + per_token * tokens

@@ -86,7 +86,8 @@ class BatchMeta:
     ``group_fallback[g]``: group ``g``'s id was ``None`` in the rollout output (renumbered
     when parts merge); ``prompt_fallback`` alike. ``part_sizes[p]`` / ``part_response_tokens``
     [p]: samples and response tokens of part ``p``; ``has_log_probs``: the engine recorded
-    rollout log-probs (in every part). ``part_tool_calls[p]``: the tool calls of part ``p``'s
+    rollout log-probs (in every part); ``has_teacher``: the samples carry a teacher server's
+    log-probs (``--opd-type sglang``). ``part_tool_calls[p]``: the tool calls of part ``p``'s
     executions (:func:`execution_tool_calls`); None where a part was not built from samples
     (a replay, a remote engine's batch) or none of its samples counts them: not known, never 0.
     """
@@ -111,6 +112,7 @@ class BatchMeta:
     has_log_probs: bool
     advantages: np.ndarray | None = None  # float64: a whole batch's, or set by plan_shares
     has_routes: bool = False  # the engine recorded routed experts (MoE routing replay)
+    has_teacher: bool = False  # the samples carry teacher log-probs (--opd-type sglang)
     part_tool_calls: np.ndarray | None = None  # int64, per part (None: not known)
 
     def __attrs_post_init__(self) -> None:
@@ -171,6 +173,7 @@ def part_meta(part: RolloutBatch, *, group_fallback: np.ndarray | None = None,
         part_starts=np.array([start], dtype=np.int64),
         has_log_probs=part.rollout_log_probs is not None,
         has_routes=part.rollout_routed_experts is not None,
+        has_teacher=part.teacher_log_probs is not None,
         advantages=part.advantages if whole else None,
         part_tool_calls=None if tool_calls is None else np.array([tool_calls], dtype=np.int64),
         **resolved)
@@ -258,7 +261,8 @@ def merge_meta(parts: Sequence[BatchMeta]) -> BatchMeta:
         raise RolloutValidationError("no part holds a sample. Fix: generate at least one.")
     parts = _in_prompt_order(parts)
     for flag, name in (("has_log_probs", "rollout_log_probs"),
-                       ("has_routes", "rollout_routed_experts")):
+                       ("has_routes", "rollout_routed_experts"),
+                       ("has_teacher", "teacher_log_probs")):
         if len({getattr(m, flag) for m in parts}) > 1:
             raise RolloutValidationError(
                 f"{name} are recorded by some engines' rollout functions and not by others. "
@@ -281,6 +285,7 @@ def merge_meta(parts: Sequence[BatchMeta]) -> BatchMeta:
         part_outputs=cat("part_outputs"), part_starts=cat("part_starts"),
         has_log_probs=parts[0].has_log_probs,
         has_routes=parts[0].has_routes,
+        has_teacher=parts[0].has_teacher,
         advantages=cat("advantages") if all(m.advantages is not None for m in parts) else None,
         part_tool_calls=(cat("part_tool_calls")
                          if all(m.part_tool_calls is not None for m in parts) else None))
@@ -354,7 +359,8 @@ class RankShare:
 
     ``sample_ids``: global sample indices; ``response_starts``: each sample's first response
     token in the global batch (so records keep batch coordinates in ``response_index``);
-    ragged ``tokens`` / ``loss_masks`` / ``rollout_log_probs`` with local offsets;
+    ragged ``tokens`` / ``loss_masks`` / ``rollout_log_probs`` / ``teacher_log_probs`` with
+    local offsets;
     ``advantages`` (float32) per sample.
     """
 
@@ -369,6 +375,7 @@ class RankShare:
     rollout_log_probs: np.ndarray | None  # float32
     advantages: np.ndarray  # float32
     rollout_routed_experts: np.ndarray | None = None  # int16 [tokens, layers * topk]
+    teacher_log_probs: np.ndarray | None = None  # float32, per response token
 
     def __attrs_post_init__(self) -> None:
         n = len(self.sample_ids)
@@ -407,7 +414,7 @@ def take_samples(source: Any, rows: np.ndarray, *, sample_ids: np.ndarray,
     tok = row_positions(source.token_offsets, rows)
     resp = row_positions(source.response_offsets, rows)
     lengths, response_lengths = source.lengths[rows], source.response_lengths[rows]
-    log_probs = source.rollout_log_probs
+    log_probs, teacher = source.rollout_log_probs, source.teacher_log_probs
     return RankShare(
         sample_ids=np.asarray(sample_ids, dtype=np.int64),
         response_starts=np.asarray(response_starts, dtype=np.int64),
@@ -417,7 +424,8 @@ def take_samples(source: Any, rows: np.ndarray, *, sample_ids: np.ndarray,
         rollout_log_probs=None if log_probs is None else log_probs[resp],
         advantages=np.asarray(advantages, dtype=np.float32),
         rollout_routed_experts=None if source.rollout_routed_experts is None
-        else source.rollout_routed_experts[tok])
+        else source.rollout_routed_experts[tok],
+        teacher_log_probs=None if teacher is None else teacher[resp])
 
 
 def share_of_batch(batch: RolloutBatch, ids: np.ndarray) -> RankShare:
@@ -510,7 +518,8 @@ def _concat(pieces: Sequence[RankShare]) -> RankShare:
                      token_offsets=offsets_from_lengths(lengths), loss_masks=cat("loss_masks"),
                      response_offsets=offsets_from_lengths(response_lengths),
                      rollout_log_probs=optional_cat([p.rollout_log_probs for p in pieces]),
-                     advantages=cat("advantages"), rollout_routed_experts=routes_of(pieces))
+                     advantages=cat("advantages"), rollout_routed_experts=routes_of(pieces),
+                     teacher_log_probs=optional_cat([p.teacher_log_probs for p in pieces]))
 
 
 def optional_cat(columns: Sequence[np.ndarray | None]) -> np.ndarray | None:

@@ -68,9 +68,12 @@ def _slime_note(name: str, option_strings: list[str]) -> str:
     """slime's other spellings of the flag (aliases) and of its values."""
     notes = [f"also `{s}`" + (f" / `--no-{s[2:]}`" if f"--no-{s[2:]}" in option_strings else "")
              for s in option_strings if s in ALIASES]
-    notes += [f"slime's `{slime}` = `{vime}`" if vime is not None else
-              f"slime's `{slime}` = unset" for (field, slime), (vime, _) in SLIME_VALUES.items()
-              if field == name]
+    def whose(value: Any) -> str:  # a plugin path names its project; other values are slime's
+        return "miles'" if str(value).startswith("miles.") else "slime's"
+
+    notes += [f"{whose(slime)} `{slime}` = `{vime}`" if vime is not None else
+              f"{whose(slime)} `{slime}` = unset"
+              for (field, slime), (vime, _) in SLIME_VALUES.items() if field == name]
     return "; ".join(notes)
 
 

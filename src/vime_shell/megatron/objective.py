@@ -179,7 +179,8 @@ def _policy_terms(logp: torch.Tensor, old: torch.Tensor, row: MicroBatchTensors,
         if row.teacher_log_probs is None:
             raise field_error(LossConfigError, "opd_kl_coef", cfg.opd_kl_coef,
                               "needs the teacher's log-probs, which this batch lacks",
-                              "load the teacher (the loop does for --use-opd)")
+                              "load the teacher (the loop does for --opd-type megatron), or "
+                              "ask the teacher server for every sample (--opd-type sglang)")
         advantages = kl_shaped_advantages(advantages, old, row.teacher_log_probs,
                                           coef=cfg.opd_kl_coef, kind="k1")
     terms = policy_loss(logp, old, advantages, ref_log_probs=row.ref_log_probs,

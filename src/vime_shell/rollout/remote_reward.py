@@ -15,6 +15,7 @@ Example: a server answering ``{"score": 1.0}`` with ``--rm-url http://127.0.0.1:
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -30,7 +31,7 @@ class RemoteRewardError(RewardFunctionError):
     """The reward server did not give a usable answer after every retry."""
 
 
-def _post(url: str, payload: dict[str, Any], timeout: float) -> Any:
+def post_json(url: str, payload: dict[str, Any], timeout: float) -> Any:
     body = json.dumps(payload).encode()
     request = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
@@ -38,10 +39,28 @@ def _post(url: str, payload: dict[str, Any], timeout: float) -> Any:
         return json.loads(reply.read().decode())
 
 
-def _retryable(exc: Exception) -> bool:
+def retryable(exc: Exception) -> bool:
     if isinstance(exc, urllib.error.HTTPError):
         return exc.code >= 500 or exc.code == 429
     return isinstance(exc, (OSError, ValueError))  # URLError, timeouts, a non-JSON reply
+
+
+def post_with_retries(url: str, payload: dict[str, Any], timeout: float, *,
+                      error: type[Exception], what: str, fix: str) -> Any:
+    """``post_json``, retried ``RM_URL_RETRIES`` times with exponential backoff where the
+    failure may pass (module docstring); then ``error`` naming ``what``, the failure and
+    ``fix``. Blocking: call it on a worker thread."""
+    wait = RM_URL_BACKOFF_S
+    for attempt in range(RM_URL_RETRIES + 1):
+        try:
+            return post_json(url, payload, timeout)
+        except Exception as exc:  # noqa: BLE001 - classified just below
+            if attempt == RM_URL_RETRIES or not retryable(exc):
+                raise error(f"{what}: {type(exc).__name__}: {exc} (attempt {attempt + 1} of "
+                            f"{RM_URL_RETRIES + 1}). Fix: {fix}.") from exc
+            time.sleep(wait)
+            wait *= 2
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 async def remote_rm(args: Any, sample: Any) -> Any:
@@ -49,15 +68,6 @@ async def remote_rm(args: Any, sample: Any) -> Any:
     url = args.rm_url
     timeout = getattr(args, "reward_timeout", None) or RM_URL_TIMEOUT_S
     payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label}
-    wait = RM_URL_BACKOFF_S
-    for attempt in range(RM_URL_RETRIES + 1):
-        try:
-            return await asyncio.to_thread(_post, url, payload, timeout)
-        except Exception as exc:  # noqa: BLE001 - classified just below
-            if attempt == RM_URL_RETRIES or not _retryable(exc):
-                raise RemoteRewardError(
-                    f"--rm-url={url}: {type(exc).__name__}: {exc} (attempt {attempt + 1} of "
-                    f"{RM_URL_RETRIES + 1}). Fix: start the reward server or correct the "
-                    "URL.") from exc
-            await asyncio.sleep(wait)
-            wait *= 2
+    return await asyncio.to_thread(post_with_retries, url, payload, timeout,
+                                   error=RemoteRewardError, what=f"--rm-url={url}",
+                                   fix="start the reward server or correct the URL")

@@ -152,7 +152,7 @@ def launch_checks(cfg: TrainConfig, hf_dir: Path) -> LaunchPlan:
                           "or --fully-async (every engine's pool cuts at each sync)")
     Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
                    group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout, args=cfg,
-                   reward_key=cfg.reward_key, rm_url=cfg.rm_url)
+                   reward_key=cfg.reward_key, rm_url=cfg.reward_url)
     _check_side_inputs(cfg, hf_dir)
     if engine_layout is not None:
         _check_engine_args(cfg)

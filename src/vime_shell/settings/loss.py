@@ -12,7 +12,8 @@ from vime_pure.denominators import LOSS_MODES, REJECTION_DENOMINATORS
 from vime_pure.errors import LossConfigError, field_error
 from vime_pure.policy_config import (KL_KINDS, LOSS_TYPES, RS_LEVELS, LossConfig,
                                      RejectionConfig)
-from vime_shell.settings.common import ConfigError, Record, in_range, setting
+from vime_shell.rollout.teacher import TeacherError, teacher_urls
+from vime_shell.settings.common import ConfigError, Record, in_range, setting, setting_list
 
 SECTION = "loss"
 DEFAULT_LOSS_MODE = "group_token_mean"
@@ -26,7 +27,7 @@ LOSS_FLAGS = {"eps_clip": "--eps-clip", "eps_clip_high": "--eps-clip-high",
 # the policy flags supervised fine-tuning has no use for (it has no ratio, reference or
 # advantages): set beside --loss-type sft_loss they are an error, not ignored
 _POLICY_ONLY = ("use_tis", "use_rs", "use_kl_loss", "use_opd")
-OPD_TYPES = ("megatron",)  # slime's sglang (a teacher server) is refused with its table line
+OPD_TYPES = ("megatron", "sglang")  # a frozen teacher in the trainer; a teacher server
 _RS_FIELDS = ("rs_level", "rs_lower_bound", "rs_upper_bound", "rs_denominator")
 
 
@@ -48,14 +49,19 @@ class LossArgs(Record):
         "vime computes them anyway, from the zero rewards, and the SFT loss never reads them)")
     use_opd: bool = _f(False, "on-policy distillation: each token's advantage minus "
                        "--opd-kl-coef x (student log-prob - teacher log-prob), on top of any "
-                       "--advantage-estimator (slime's); needs --opd-type megatron and "
-                       "--opd-teacher-load")
+                       "--advantage-estimator (slime's); needs --opd-type")
     opd_type: str | None = _f(None, "where the teacher's log-probs come from: megatron (a "
-                              "frozen teacher in the trainer, from --opd-teacher-load; "
-                              "slime's sglang, a teacher server: not supported)", OPD_TYPES)
+                              "frozen teacher in the trainer, from --opd-teacher-load) or "
+                              "sglang (a teacher server's /generate, at --rm-url or "
+                              "--opd-teacher-urls, asked after each rollout)", OPD_TYPES)
     opd_kl_coef: float = _f(1.0, "weight of the teacher's reverse KL in the advantages")
     opd_teacher_load: str | None = _f(None, "the teacher: an HF directory of the trained "
                                       "model's architecture (slime: a Megatron checkpoint)")
+    opd_teacher_urls: tuple[str, ...] | None = setting_list(
+        "NAME=URL [NAME=URL ...] teacher servers (--opd-type sglang, miles'): a sample goes "
+        "to the one its metadata's --opd-teacher-key names, else to 'default'", SECTION)
+    opd_teacher_key: str = _f("opd_teacher", "the prompt rows' metadata entry naming their "
+                              "teacher in --opd-teacher-urls")
     loss_mode: str | None = _f(None, f"loss denominators; default {DEFAULT_LOSS_MODE} "
                                "(token_mean under --calculate-per-token-loss)", LOSS_MODES)
     calculate_per_token_loss: bool = _f(False, "slime's name for --loss-mode token_mean")
@@ -120,18 +126,35 @@ class LossArgs(Record):
             raise ConfigError(f"{LOSS_FLAGS[field]}={rest}") from None
 
     def _check_opd(self) -> None:
-        """slime's rules: --use-opd needs its type (megatron here) and its teacher; a teacher
-        without --use-opd is an error, not ignored."""
+        """slime's and miles' rules: --use-opd needs its type and its teacher (a directory for
+        megatron, a server for sglang); a teacher without --use-opd is an error, not
+        ignored."""
         if self.use_opd and self.opd_type is None:
             raise field_error(ConfigError, "--opd-type", None, "is required with --use-opd",
-                              "pass --opd-type megatron")
-        if self.use_opd and self.opd_teacher_load is None:
+                              "pass --opd-type megatron (with --opd-teacher-load) or sglang")
+        server = self.use_opd and self.opd_type == "sglang"
+        if self.use_opd and not server and self.opd_teacher_load is None:
             raise field_error(ConfigError, "--opd-teacher-load", None,
                               "is required with --opd-type megatron",
                               "pass the teacher's HF directory")
-        if self.opd_teacher_load is not None and not self.use_opd:
+        if server and self.opd_teacher_load is not None:
             raise field_error(ConfigError, "--opd-teacher-load", self.opd_teacher_load,
-                              "is set but --use-opd is not", "add --use-opd, or drop it")
+                              "is set with --opd-type sglang, whose teacher is a server",
+                              "drop it, or pass --opd-type megatron")
+        for flag, value in (("--opd-teacher-load", self.opd_teacher_load),
+                            ("--opd-teacher-urls", self.opd_teacher_urls)):
+            if value is not None and not self.use_opd:
+                raise field_error(ConfigError, flag, value if isinstance(value, str)
+                                  else list(value), "is set but --use-opd is not",
+                                  "add --use-opd, or drop it")
+        if self.opd_teacher_urls is not None and self.opd_type != "sglang":
+            raise field_error(ConfigError, "--opd-teacher-urls", list(self.opd_teacher_urls),
+                              f"names teacher servers, but --opd-type is {self.opd_type}",
+                              "pass --opd-type sglang")
+        try:
+            teacher_urls(self.opd_teacher_urls)
+        except TeacherError as exc:
+            raise ConfigError(str(exc)) from None
 
     def rejection_config(self) -> RejectionConfig | None:
         """The ``--use-rs`` settings as the core's record (None without ``--use-rs``); unset

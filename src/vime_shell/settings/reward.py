@@ -10,6 +10,7 @@ import attrs
 
 from vime_pure.data.rewards import RewardNormalization
 from vime_shell.rollout.rewards import RM_CHOICES
+from vime_shell.rollout.teacher import ANCHOR_OPD_POST_PROCESS
 from vime_shell.settings.common import Record, in_range, setting
 
 SECTION = "reward"
@@ -40,6 +41,11 @@ class RewardArgs(Record):
     custom_rm_path: str | None = _f(None, "reward function 'pkg.mod:fn': fn(sample), or "
                                     "slime's [async] fn(args, sample) / with --group-rm "
                                     "fn(args, samples)")
+    custom_reward_post_process_path: str | None = _f(
+        None, "slime's reward post-process; the one vime runs is on-policy distillation's "
+        "(slime's and miles' on_policy_distillation.post_process_rewards: the teacher's "
+        "log-probs onto the samples, rewards 0), which --use-opd --opd-type sglang does",
+        ANCHOR_OPD_POST_PROCESS)
     group_rm: bool = _f(False, "--custom-rm-path takes all samples of one prompt and returns "
                         "their rewards")
     reward_timeout: float | None = _f(None, "seconds one reward call may take; over it the "

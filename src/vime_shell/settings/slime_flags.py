@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vime_shell.rollout.functions import DEFAULT_ROLLOUT_FUNCTION, SFT_ROLLOUT_FUNCTION
+from vime_shell.rollout.teacher import ANCHOR_OPD_REWARDS, OPD_REWARD
 
 # alias flag -> the TrainConfig field it sets (same type, same meaning)
 ALIASES: dict[str, str] = {
@@ -70,11 +71,10 @@ UNSUPPORTED_ENV: dict[str, str] = {
 
 UNSUPPORTED: dict[str, str] = {
     # training backends and modes
-    "--opd-teacher-key": "on-policy distillation from teacher servers (--opd-type sglang)",
-    "--opd-teacher-urls": "on-policy distillation from teacher servers (--opd-type sglang)",
-    "--opd-log-prob-top-k": "on-policy distillation",
-    "--opd-reward-weight-mode": "on-policy distillation",
-    "--opd-top-k-strategy": "on-policy distillation",
+    "--opd-log-prob-top-k": "on-policy distillation over the top-k tokens of each position; "
+    "vime distils on the sampled token (top-k 0)",
+    "--opd-reward-weight-mode": "top-k on-policy distillation (--opd-log-prob-top-k)",
+    "--opd-top-k-strategy": "top-k on-policy distillation (--opd-log-prob-top-k)",
     "--lora-base-cpu-backup": "an engine-side copy of the base weights (vime syncs the "
     "merged weights)",
     "--experts-shared-outer-loras": "LoRA on MoE experts",
@@ -100,7 +100,6 @@ UNSUPPORTED: dict[str, str] = {
     "--multimodal-keys": "multimodal prompts: vime's samples are token ids of text, and "
     "its engines and bridge load text-only models (images, audio and video need a "
     "processor path and vision towers end to end)",
-    "--custom-reward-post-process-path": "use --custom-rm-path with --group-rm",
     "--filter-zero-reward-samples": "use --dynamic-sampling-filter-path "
     "vime_shell.rollout.filters:nonzero_reward_std",
     "--use-dynamic-global-batch-size": "use --allow-partial-train-step",
@@ -115,8 +114,6 @@ UNSUPPORTED: dict[str, str] = {
 
 # slime's choices that vime's choice lists lack: "--flag value" -> the reason or equivalent
 UNSUPPORTED_VALUES: dict[str, str] = {
-    "--opd-type sglang": "teacher log-probs from an SGLang server during rollout; use "
-    "--opd-type megatron with --opd-teacher-load (the teacher in the trainer)",
     "--loss-type custom_loss": "a loss plugin; vime's objectives are policy_loss (with "
     "--advantage-estimator grpo, gspo, cispo or reinforce_plus_plus_baseline) and sft_loss",
     "--advantage-estimator ppo": "PPO needs a critic (value model); use grpo, gspo, cispo "
@@ -138,7 +135,7 @@ UNSUPPORTED_VALUES: dict[str, str] = {
 # --mtp-loss-scaling-factor 0.1; slime resets it to 0.2). --mtp-num-layers defaults to None,
 # and Megatron builds no MTP layer for 0.
 UNSUPPORTED_OFF: dict[str, tuple[str, ...]] = {
-    "--opd-teacher-key": ("opd_teacher",), "--opd-log-prob-top-k": ("0",),
+    "--opd-log-prob-top-k": ("0",),
     "--opd-reward-weight-mode": ("student_p",), "--opd-top-k-strategy": ("only-student",),
     "--muon-momentum": ("0.9",), "--mtp-num-layers": ("0",),
     "--mtp-loss-scaling-factor": ("0.2", "0.1"), "--train-env-vars": ("{}",),
@@ -155,6 +152,10 @@ SLIME_VALUES: dict[tuple[str, Any], tuple[Any, str | None]] = {
     ("rollout_function_path", "slime.rollout.sft_rollout.generate_rollout"): (
         SFT_ROLLOUT_FUNCTION, "slime's SFT rollout function; vime's counterpart is "
         f"{SFT_ROLLOUT_FUNCTION} (conversations with assistant-turn loss masks)"),
+    **{("custom_rm_path", path): (
+        OPD_REWARD, "on-policy distillation's reward (0: the teacher alone teaches); vime asks "
+        "the teacher for its log-probs itself (--opd-type sglang)") for path in
+       ANCHOR_OPD_REWARDS},
     ("moe_token_dispatcher_type", "allgather"): (
         "alltoall", "Megatron's default dispatcher; vime's MoE uses alltoall (allgather "
         "refuses the variable sequence lengths vime packs; the routing is the same)"),

@@ -82,15 +82,20 @@ _COLUMNS = (("sample_ids", np.int64), ("response_starts", np.int64), ("lengths",
 
 def pack_piece(piece: RankShare) -> np.ndarray:
     """A piece as one byte array: a 4-int header, the per-sample columns, tokens (int32),
-    masks (uint8), log-probs (float32, when recorded), routed experts (int16 rows, MoE routing
-    replay). Advantages travel in the plan."""
+    masks (uint8), log-probs (float32, when recorded), teacher log-probs (float32, when
+    recorded), routed experts (int16 rows, MoE routing replay). Advantages travel in the
+    plan."""
     lp, routes = piece.rollout_log_probs, piece.rollout_routed_experts
-    # flags: bit 0 log-probs present; the rest (width + 1) of the routed-expert rows, if any
-    flags = int(lp is not None) + (0 if routes is None else 2 * (routes.shape[1] + 1))
+    teacher = piece.teacher_log_probs
+    # flags: bit 0 log-probs present, bit 1 teacher log-probs present; the rest (width + 1)
+    # of the routed-expert rows, if any
+    flags = (int(lp is not None) + 2 * int(teacher is not None)
+             + (0 if routes is None else 4 * (routes.shape[1] + 1)))
     header = np.array([piece.num_samples, len(piece.tokens), len(piece.loss_masks), flags],
                       dtype=np.int64)
     parts = [header, *(getattr(piece, n).astype(t, copy=False) for n, t in _COLUMNS),
              piece.tokens, piece.loss_masks, *(() if lp is None else (lp,)),
+             *(() if teacher is None else (teacher,)),
              *(() if routes is None else (np.ascontiguousarray(routes).reshape(-1),))]
     return np.concatenate([p.view(np.uint8) for p in parts])
 
@@ -98,7 +103,7 @@ def pack_piece(piece: RankShare) -> np.ndarray:
 def unpack_piece(buf: np.ndarray, plan: SharePlan) -> RankShare:
     """The inverse of :func:`pack_piece`; the advantages come from the plan."""
     n, t, r, flags = (int(x) for x in buf[:32].view(np.int64))
-    has_lp, width = flags & 1, flags // 2 - 1
+    has_lp, has_teacher, width = flags & 1, flags & 2, flags // 4 - 1
     pos, cols = 32, {}
 
     def take(count: int, dtype) -> np.ndarray:
@@ -112,6 +117,7 @@ def unpack_piece(buf: np.ndarray, plan: SharePlan) -> RankShare:
         cols[name] = take(n, dtype).astype(np.int64)
     tokens, masks = take(t, np.int32), take(r, np.uint8)
     log_probs = take(r, np.float32) if has_lp else None
+    teacher = take(r, np.float32) if has_teacher else None
     routes = take(t * width, np.int16).reshape(t, width) if width >= 0 else None
     lengths, response_lengths = cols["lengths"], cols["response_lengths"]
     return RankShare(sample_ids=cols["sample_ids"], response_starts=cols["response_starts"],
@@ -120,7 +126,7 @@ def unpack_piece(buf: np.ndarray, plan: SharePlan) -> RankShare:
                      response_offsets=offsets_from_lengths(response_lengths),
                      rollout_log_probs=log_probs,
                      advantages=plan.advantages[cols["sample_ids"]],
-                     rollout_routed_experts=routes)
+                     rollout_routed_experts=routes, teacher_log_probs=teacher)
 
 
 class ShareExchange:

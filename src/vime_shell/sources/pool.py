@@ -687,11 +687,11 @@ class GroupPool:
         sampling = p.sampling(cfg.max_response_len, rollout_sampling_seed(p.seed, draw.block, 0))
         ctx = p.context(draw.block, draw.prompts, sampling, engine=self.engine,
                         first_group_id=draw.block * len(draw.prompts) * cfg.n_samples_per_prompt)
-        return call_plugin(lambda c: list(p.rollout_fn(c)),
-                           share_context(ctx, range(draw.index, draw.index + 1)),
-                           what=f"rollout function {cfg.rollout_function_path}",
-                           flag="--rollout-function-path",
-                           where=f"rollout {draw.block}, prompt {draw.index}")
+        return p.with_teacher(call_plugin(
+            lambda c: list(p.rollout_fn(c)),
+            share_context(ctx, range(draw.index, draw.index + 1)),
+            what=f"rollout function {cfg.rollout_function_path}",
+            flag="--rollout-function-path", where=f"rollout {draw.block}, prompt {draw.index}"))
 
     def _harvest(self) -> None:
         for future in [f for f in self.running if f.done()]:

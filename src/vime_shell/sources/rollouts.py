@@ -72,6 +72,7 @@ from vime_shell.rollout.plugins import call_plugin, load_callable
 from vime_shell.rollout.plugins import load_generate_function
 from vime_shell.rollout.rewards import Rewarder
 from vime_shell.rollout.tasks import TaskExample
+from vime_shell.rollout.teacher import Teacher
 from vime_shell.settings.launch_plan import LaunchPlan
 from vime_shell.settings.train_config import TrainConfig
 from vime_shell.sources.base import Produced
@@ -188,7 +189,8 @@ class RolloutProducer:
             plan.hf_dir).max_position_embeddings)
         self.rewarder = Rewarder.build(rm_type=cfg.rm_type, custom_rm_path=cfg.custom_rm_path,
                                        group_rm=cfg.group_rm, reward_timeout=cfg.reward_timeout,
-                                       args=cfg, reward_key=cfg.reward_key, rm_url=cfg.rm_url)
+                                       args=cfg, reward_key=cfg.reward_key, rm_url=cfg.reward_url)
+        self.teacher = Teacher.build(cfg)  # --opd-type sglang: a teacher server, else None
         self.keep = load_filter(cfg.dynamic_sampling_filter_path, args=cfg)
         self.log_fn = (None if cfg.custom_rollout_log_function_path is None else load_callable(
             cfg.custom_rollout_log_function_path, flag="--custom-rollout-log-function-path"))
@@ -597,20 +599,30 @@ class RolloutProducer:
                       target_groups: int | None = None) -> Callable[[range], list]:
         """``share -> output``: the rollout function on one engine's share of the round's
         ``prompts`` (the context is built there: only a rank with an engine runs a share)."""
-        evaluation = target_groups is None and self.cfg.eval_function_path is not None
-        fn = self.eval_fn if evaluation else self.rollout_fn
-        flag = "--eval-function-path" if evaluation else "--rollout-function-path"
-        path = self.cfg.eval_function_path if evaluation else \
+        evaluation = target_groups is None
+        own_eval = evaluation and self.cfg.eval_function_path is not None
+        fn = self.eval_fn if own_eval else self.rollout_fn
+        flag = "--eval-function-path" if own_eval else "--rollout-function-path"
+        path = self.cfg.eval_function_path if own_eval else \
             self.cfg.effective_rollout_function_path
 
         def run(share: range) -> list:
             ctx = self.context(rid, prompts, sampling, first_group_id=first_group_id, n=n,
                                target_groups=target_groups)
-            return call_plugin(lambda c: list(fn(c)), share_context(ctx, share),
-                               what=f"rollout function {path}", flag=flag,
-                               where=f"rollout {rid}")
+            output = call_plugin(lambda c: list(fn(c)), share_context(ctx, share),
+                                 what=f"rollout function {path}", flag=flag,
+                                 where=f"rollout {rid}")
+            return output if evaluation else self.with_teacher(output)
 
         return run
+
+    def with_teacher(self, output: list) -> list:
+        """``output`` (a training round's rollout output) with the teacher server's log-probs
+        on every sample (``--opd-type sglang``, :mod:`vime_shell.rollout.teacher`); asked on
+        the engine rank that generated it, before the output travels."""
+        if self.teacher is not None:
+            self.teacher.score(output)
+        return output
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self, rid: int) -> dict[str, float]:

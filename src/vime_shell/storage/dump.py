@@ -67,7 +67,8 @@ VERSION = 2
 VERSION_COLUMNS = ("weight_version_min", "weight_version_max")  # added in version 2
 # The columns of each readable version; a dump omits the OPTIONAL_COLUMNS the batch lacks.
 COLUMNS_OF: dict[int, tuple[str, ...]] = {
-    1: tuple(c for c in COLUMNS if c not in (*VERSION_COLUMNS, "rollout_routed_experts")),
+    1: tuple(c for c in COLUMNS if c not in (*VERSION_COLUMNS, "rollout_routed_experts",
+                                             "teacher_log_probs")),
     2: tuple(COLUMNS)}
 # A dump of parts (``--save-rollout-data`` where engine leaders keep their parts): every
 # holder writes its part as a batch file beside the index, which trainer rank 0 writes.

@@ -278,7 +278,9 @@ class Step:
                                                   frozen=role)
 
         ref = frozen("reference") if self.cfg.needs_reference else None
-        teacher = frozen("teacher") if self.cfg.use_opd else None
+        # A teacher server's log-probs came with the samples (--opd-type sglang).
+        teacher = frozen("teacher") if self.cfg.use_opd and self.cfg.opd_type == "megatron" \
+            else None
         mine = with_log_probs(mine, old_log_probs=old, ref_log_probs=ref,
                               teacher_log_probs=teacher, old_from_step=1 if shortcut else 0)
         if self.rejection is not None:
