@@ -86,6 +86,8 @@ def test_flags_follow_slimes_rules(tmp_path):
     with pytest.raises(ConfigError, match="--opd-teacher-urls=.*but --opd-type is megatron"):
         TrainConfig(use_opd=True, opd_type="megatron", opd_teacher_load=teacher,
                     opd_teacher_urls=("default=http://x",))
+    # --rm-type remote_rm without --rm-url and without OPD is the reward's own launch error
+    assert TrainConfig(rm_type="remote_rm").reward_url is None
     # --rm-url is the teacher's in slime's form, the reward server's beside miles' teachers
     assert TrainConfig(**server, rm_url="http://t/generate").reward_url is None
     assert TrainConfig(**server, rm_url="http://r", opd_teacher_urls=(

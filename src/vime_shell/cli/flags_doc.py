@@ -64,15 +64,18 @@ def _record_of(name: str) -> type:
     return TrainConfig
 
 
+def _whose(value: Any) -> str:
+    """Whose spelling a ``SLIME_VALUES`` value is: a plugin path names its project (miles'),
+    every other value is slime's."""
+    return "miles'" if str(value).startswith("miles.") else "slime's"
+
+
 def _slime_note(name: str, option_strings: list[str]) -> str:
     """slime's other spellings of the flag (aliases) and of its values."""
     notes = [f"also `{s}`" + (f" / `--no-{s[2:]}`" if f"--no-{s[2:]}" in option_strings else "")
              for s in option_strings if s in ALIASES]
-    def whose(value: Any) -> str:  # a plugin path names its project; other values are slime's
-        return "miles'" if str(value).startswith("miles.") else "slime's"
-
-    notes += [f"{whose(slime)} `{slime}` = `{vime}`" if vime is not None else
-              f"{whose(slime)} `{slime}` = unset"
+    notes += [f"{_whose(slime)} `{slime}` = `{vime}`" if vime is not None else
+              f"{_whose(slime)} `{slime}` = unset"
               for (field, slime), (vime, _) in SLIME_VALUES.items() if field == name]
     return "; ".join(notes)
 

@@ -31,7 +31,7 @@ class RemoteRewardError(RewardFunctionError):
     """The reward server did not give a usable answer after every retry."""
 
 
-def post_json(url: str, payload: dict[str, Any], timeout: float) -> Any:
+def _post(url: str, payload: dict[str, Any], timeout: float) -> Any:
     body = json.dumps(payload).encode()
     request = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
@@ -39,7 +39,7 @@ def post_json(url: str, payload: dict[str, Any], timeout: float) -> Any:
         return json.loads(reply.read().decode())
 
 
-def retryable(exc: Exception) -> bool:
+def _retryable(exc: Exception) -> bool:
     if isinstance(exc, urllib.error.HTTPError):
         return exc.code >= 500 or exc.code == 429
     return isinstance(exc, (OSError, ValueError))  # URLError, timeouts, a non-JSON reply
@@ -47,15 +47,15 @@ def retryable(exc: Exception) -> bool:
 
 def post_with_retries(url: str, payload: dict[str, Any], timeout: float, *,
                       error: type[Exception], what: str, fix: str) -> Any:
-    """``post_json``, retried ``RM_URL_RETRIES`` times with exponential backoff where the
+    """One POST, retried ``RM_URL_RETRIES`` times with exponential backoff where the
     failure may pass (module docstring); then ``error`` naming ``what``, the failure and
     ``fix``. Blocking: call it on a worker thread."""
     wait = RM_URL_BACKOFF_S
     for attempt in range(RM_URL_RETRIES + 1):
         try:
-            return post_json(url, payload, timeout)
+            return _post(url, payload, timeout)
         except Exception as exc:  # noqa: BLE001 - classified just below
-            if attempt == RM_URL_RETRIES or not retryable(exc):
+            if attempt == RM_URL_RETRIES or not _retryable(exc):
                 raise error(f"{what}: {type(exc).__name__}: {exc} (attempt {attempt + 1} of "
                             f"{RM_URL_RETRIES + 1}). Fix: {fix}.") from exc
             time.sleep(wait)

@@ -19,8 +19,9 @@ predicts it), and the last ``response_length`` entries are the response's.
 Which server: ``--opd-teacher-urls NAME=URL ...`` (miles' multi-teacher form) sends a sample to
 the URL its ``metadata[--opd-teacher-key]`` names, else to ``default``; otherwise every sample
 goes to ``--rm-url``. A request that fails (refused, timed out, HTTP 5xx) is retried as
-``--rm-url``'s are (``remote_reward.post_with_retries``), then raises :class:`TeacherError` naming the URL; a
-reply without one finite log-prob per token is a :class:`TeacherError` naming the sample.
+``--rm-url``'s are (``remote_reward.post_with_retries``), then raises :class:`TeacherError`
+naming the URL; a reply without one finite log-prob per token is a :class:`TeacherError`
+naming the sample.
 
 Example: ``Teacher.build(cfg).score(samples)`` sets ``s.teacher_log_probs`` on each sample.
 """
@@ -87,7 +88,7 @@ class Teacher:
     @classmethod
     def build(cls, cfg: Any) -> "Teacher | None":
         """The run's teacher server(s), or None unless ``--use-opd --opd-type sglang``."""
-        if not (cfg.use_opd and cfg.opd_type == "sglang"):
+        if not cfg.opd_server:
             return None
         urls = teacher_urls(cfg.opd_teacher_urls) or {DEFAULT_TEACHER: cfg.rm_url}
         return cls(urls=urls, key=cfg.opd_teacher_key, temperature=cfg.rollout_temperature,

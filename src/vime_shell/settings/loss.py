@@ -125,6 +125,11 @@ class LossArgs(Record):
             field, _, rest = str(exc).partition("=")
             raise ConfigError(f"{LOSS_FLAGS[field]}={rest}") from None
 
+    @property
+    def opd_server(self) -> bool:
+        """On-policy distillation from a teacher server (``--use-opd --opd-type sglang``)."""
+        return self.use_opd and self.opd_type == "sglang"
+
     def _check_opd(self) -> None:
         """slime's and miles' rules: --use-opd needs its type and its teacher (a directory for
         megatron, a server for sglang); a teacher without --use-opd is an error, not
@@ -132,7 +137,7 @@ class LossArgs(Record):
         if self.use_opd and self.opd_type is None:
             raise field_error(ConfigError, "--opd-type", None, "is required with --use-opd",
                               "pass --opd-type megatron (with --opd-teacher-load) or sglang")
-        server = self.use_opd and self.opd_type == "sglang"
+        server = self.opd_server
         if self.use_opd and not server and self.opd_teacher_load is None:
             raise field_error(ConfigError, "--opd-teacher-load", None,
                               "is required with --opd-type megatron",

@@ -116,11 +116,15 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
         self._check_across()
 
     @property
+    def teacher_at_rm_url(self) -> bool:
+        """slime's form of ``--opd-type sglang``: no ``--opd-teacher-urls``, so ``--rm-url``
+        is the teacher's."""
+        return self.opd_server and not self.opd_teacher_urls
+
+    @property
     def reward_url(self) -> str | None:
-        """``--rm-url`` as the reward server's; None where it is the teacher's
-        (``--opd-type sglang`` without ``--opd-teacher-urls``, slime's form)."""
-        teacher = self.use_opd and self.opd_type == "sglang" and not self.opd_teacher_urls
-        return None if teacher else self.rm_url
+        """``--rm-url`` as the reward server's; None where it is the teacher's."""
+        return None if self.teacher_at_rm_url else self.rm_url
 
     def _check_across(self) -> None:
         """The rules that read two records' fields (the one place for them)."""
@@ -137,18 +141,16 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
                               f"conversations ({SFT_ROLLOUT_FUNCTION})",
                               "pass --load-debug-rollout-data PATH (train-only mode), or "
                               f"--rollout-function-path {SFT_ROLLOUT_FUNCTION}")
-        server_opd = self.use_opd and self.opd_type == "sglang"
-        if self.custom_reward_post_process_path is not None and not server_opd:
+        if self.custom_reward_post_process_path is not None and not self.opd_server:
             raise field_error(ConfigError, "--custom-reward-post-process-path",
                               self.custom_reward_post_process_path,
                               "is on-policy distillation's from a teacher server",
                               "add --use-opd --opd-type sglang, or drop it")
-        if server_opd and self.rm_url is None \
-                and not self.opd_teacher_urls:
+        if self.teacher_at_rm_url and self.rm_url is None:
             raise field_error(ConfigError, "--rm-url", None, "is required with --opd-type "
                               "sglang (the teacher server)",
                               "pass --rm-url http://host:port/generate, or --opd-teacher-urls")
-        if self.reward_url is None and self.rm_type == "remote_rm":
+        if self.teacher_at_rm_url and self.rm_type == "remote_rm":
             raise field_error(ConfigError, "--rm-type", "remote_rm",
                               "has no reward server: --rm-url is the teacher's (--opd-type "
                               "sglang)", "name the teachers with --opd-teacher-urls, and "
