@@ -2,7 +2,8 @@
 only within a stated tolerance: the one place tests take that split from.
 
 - ``TIMING_KEYS``: wall-clock seconds and rates. Never compared.
-- ``ENGINE_LOGPROB_KEYS``: computed from the engine's log-probs (``rollout_log_probs``). An
+- ``ENGINE_LOGPROB_KEYS`` (and every ``mis_*`` key of ``--tis-function mis``): computed from
+  the engine's log-probs (``rollout_log_probs``). An
   engine's forward rounds differently for every batch composition (which prompts share a
   ``generate`` call, how far they are left-padded, which requests a continuous batch holds at
   each step), and that composition follows the work queue's chunks, the pool's timing or the
@@ -19,7 +20,7 @@ only within a stated tolerance: the one place tests take that split from.
   1.2e-6 relative (``loss`` at rollout 1 of ``share_fixture.json``); ``TRAINER_FLOAT_RTOL``
   (1e-5) and ``TRAINER_FLOAT_ATOL`` (1e-7, for losses that are 0 up to rounding) cover that,
   while a sample trained twice or dropped moves them by 1e-3 and more.
-  With ``--use-tis`` or ``--use-rs`` the loss reads the engine's log-probs: compare such runs
+  With ``--use-tis`` or ``--use-rs`` (or the MIS weights) the loss reads the engine's log-probs: compare such runs
   with ``engine_logprobs_in_loss=True`` (the same rtol, and ``ENGINE_LOGPROB_ATOL`` near 0).
 - Every other key (token, sample, group and prompt counts, lengths, rewards and their
   statistics, fractions of counts, the LR, staleness, pool counters) is a function of the
@@ -46,6 +47,7 @@ TIMING_KEYS = frozenset({"rollout_s", "train_s", "sync_s", "old_logprob_s", "tok
 ENGINE_LOGPROB_KEYS = frozenset({"logprob_gap", "logprob_gap_max", "probe_gap", "mismatch_abs",
                                  "mismatch_kl", "tis", "tis_clipfrac", "rejected_token_frac"})
 ENGINE_LOGPROB_ATOL = 1e-5
+MIS_PREFIX = "mis_"  # slime's mis.py metrics (--tis-function mis): engine log-probs too
 TRAINER_FLOAT_KEYS = frozenset({"loss", "pg_loss", "kl", "entropy", "clipfrac", "ratio",
                                 "log_prob", "grad_norm", "grad_norm_max"})
 TRAINER_FLOAT_RTOL = 1e-5
@@ -87,12 +89,17 @@ def assert_metrics_match(got: Sequence[Mapping], want: Sequence[Mapping], *,
     assert not problems, "\n".join(problems)
 
 
+def is_engine_key(key: str) -> bool:
+    """``ENGINE_LOGPROB_KEYS``, and every ``mis_*`` key."""
+    return key in ENGINE_LOGPROB_KEYS or key.startswith(MIS_PREFIX)
+
+
 def _close(key: str, a, b, engine_logprobs_in_loss: bool) -> bool:
     if a is None or b is None or isinstance(a, (str, bool)) or isinstance(b, (str, bool)):
         return a == b
     if math.isnan(a) or math.isnan(b):
         return math.isnan(a) and math.isnan(b)
-    if key in ENGINE_LOGPROB_KEYS:
+    if is_engine_key(key):
         return abs(a - b) <= ENGINE_LOGPROB_ATOL
     if key in TRAINER_FLOAT_KEYS:  # engine noise in the loss is relative: rtol for both
         atol = ENGINE_LOGPROB_ATOL if engine_logprobs_in_loss else TRAINER_FLOAT_ATOL
@@ -101,7 +108,7 @@ def _close(key: str, a, b, engine_logprobs_in_loss: bool) -> bool:
 
 
 def _rule(key: str, engine_logprobs_in_loss: bool) -> str:
-    if key in ENGINE_LOGPROB_KEYS:
+    if is_engine_key(key):
         return f"engine log-prob noise, atol {ENGINE_LOGPROB_ATOL}"
     if key in TRAINER_FLOAT_KEYS:
         atol = ENGINE_LOGPROB_ATOL if engine_logprobs_in_loss else TRAINER_FLOAT_ATOL

@@ -73,7 +73,7 @@ def test_slime_flag_coverage_on_our_corpus(tmp_path):
     (tmp_path / "scripts" / "run-mtp.sh").write_text(
         "ARGS=(--mtp-num-layers 1)\npython3 train.py ${ARGS[@]} --lr 1e-6\n")
     (tmp_path / "scripts" / "run-fsdp.sh").write_text(  # a value outside vime's choices
-        "python3 train.py --train-backend fsdp --optimizer $OPT --lr 1e-6\n")
+        "python3 train.py --advantage-estimator ppo --optimizer $OPT --lr 1e-6\n")
     (tmp_path / "scripts" / "run-next.sh").write_text(  # a layer spec vime does not build
         'ARGS=(--spec "slime_plugins.models.qwen3_next" "get_qwen3_next_spec")\n'
         "python3 train.py ${ARGS[@]}\n")
@@ -84,7 +84,7 @@ def test_slime_flag_coverage_on_our_corpus(tmp_path):
                                           slime_flag_coverage.accepted_flags())
     # (our run-glm4-9B.sh passes GLM-4's spec, from its model file: accepted)
     assert (result["scripts"], result["accepted"]) == (ours + 4, ours)
-    assert result["refused"] == {"--mtp-num-layers": 1, "--train-backend fsdp": 1,
+    assert result["refused"] == {"--mtp-num-layers": 1, "--advantage-estimator ppo": 1,
                                  "--spec slime_plugins.models.qwen3_next": 1,
                                  "env OPEN_TRAINING_INT4_FAKE_QAT_FLAG": 1}
 

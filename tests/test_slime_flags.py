@@ -173,6 +173,20 @@ def test_load_equal_to_save_starts_fresh_only_when_empty(tmp_path):
         resume_checkpoint(str(ck), str(ck))
 
 
+def test_load_naming_the_hf_checkpoint_starts_from_its_weights(tmp_path):
+    """miles' FSDP scripts: ``--load`` = ``--hf-checkpoint`` (HF weights, no tracker) starts
+    from those weights; once the directory holds a tracker it is a checkpoint like any."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    assert resume_checkpoint(str(hf), str(tmp_path / "save"), weights=str(hf)) is None
+    with pytest.raises(Exception, match="holds no checkpoint"):  # without weights: a typo
+        resume_checkpoint(str(hf), str(tmp_path / "save"))
+    (hf / "latest_checkpointed_iteration.txt").write_text("3\n")
+    with pytest.raises(Exception, match="--load"):  # a tracker: must be a whole checkpoint
+        resume_checkpoint(str(hf), str(tmp_path / "save"), weights=str(hf))
+
+
 def test_eval_prompt_data_without_interval_is_valid():
     cfg = TrainConfig(eval_prompt_data=("a", "a.jsonl"), prompt_data="t.jsonl",
                       rollout_max_response_len=4)
@@ -291,13 +305,11 @@ SLIME_DEFAULTS: dict[str, str] = {
 # Refused flags with no value to type at their default (a store_true, or None): nothing to try.
 NO_TYPED_DEFAULT = {
     "--lora-base-cpu-backup",
-    "--experts-shared-outer-loras", "--enable-mtp-training", "--custom-config-path",
-    "--custom-tis-function-path", "--use-fault-tolerance", "--attention-output-gate",
+    "--experts-shared-outer-loras", "--enable-mtp-training", "--use-fault-tolerance", "--attention-output-gate",
     "--use-gated-attention", "--apply-layernorm-1p", "--window-size", "--window-attn-skip-freq", "--allgather-cp", "--fp8-format",
     "--fp8-param-gather",
-    "--attn-implementation", "--gradient-checkpointing",
     "--multimodal-keys", "--filter-zero-reward-samples",
-    "--use-dynamic-global-batch-size", "--prefill-num-servers", "--dump-details",
+    "--use-dynamic-global-batch-size", "--prefill-num-servers",
     "--critic-num-nodes", "--critic-num-gpus-per-node",
 }
 # Not no-ops, so outside the rule: Megatron's default is a statement about the model (the
@@ -311,7 +323,7 @@ NOT_NO_OPS = {*(f"--{f.name.replace('_', '-')}" for f in attrs.fields(ModelArchA
 WITH = {"--n-samples-per-prompt": ["--global-batch-size", "16"]}
 # Placement defaults describe the world they launch: slime's 8 GPUs is an 8-rank torchrun.
 WORLD = {"--actor-num-gpus-per-node": "8", "--num-gpus-per-node": "8"}
-NOT_FLAGS = {"--help", "--config", "--dry-run", "--wandb-key", "--load-forge-rollout-data"}
+NOT_FLAGS = {"--help", "--config", "--custom-config-path", "--dry-run", "--wandb-key", "--load-forge-rollout-data"}
 
 
 def _train_flags() -> dict[str, argparse.Action]:

@@ -88,8 +88,30 @@ def test_accepted_switches_say_what_vime_does_instead(capsys):
     lines = notes(cfg)
     assert len(lines) == 4 and any(line.startswith("--update-weight-transfer-mode: accepted; "
                                                    "vime syncs in-process") for line in lines)
-    status, err = _exit(["--train-backend", "fsdp"], capsys)
-    assert status == 2 and "--train-backend fsdp: not supported in vime" in err
+    status, err = _exit(["--advantage-estimator", "ppo"], capsys)
+    assert status == 2 and "--advantage-estimator ppo: not supported in vime" in err
+
+
+def test_miles_fsdp_switches_are_megatrons(tmp_path):
+    """miles' FSDP script: the backend is Megatron DP with the distributed optimizer, its
+    checkpointing Megatron's full recompute, its dumps vime's rollout dumps; each yields to
+    the Megatron flag given, and the environment is checked JSON."""
+    cfg = parse_train_config(["--train-backend", "fsdp", "--gradient-checkpointing",
+                              "--attn-implementation", "flash_attention_3", "--dump-details",
+                              str(tmp_path / "d"), "--train-env-vars", '{"A_B": "1"}'])
+    assert cfg.use_distributed_optimizer and cfg.recompute_granularity == "full"
+    assert (cfg.recompute_method, cfg.recompute_num_layers) == ("uniform", 1)
+    assert cfg.save_rollout_data == f"{tmp_path}/d/rollout_data/rollout_{{rollout_id}}.npz"
+    assert cfg.train_env() == {"A_B": "1"}
+    assert any(line.startswith("--attn-implementation: accepted") for line in notes(cfg))
+    given = parse_train_config(["--gradient-checkpointing", "--recompute-granularity",
+                                "selective", "--dump-details", "x", "--save-rollout-data",
+                                "y/{rollout_id}.npz"])
+    assert given.recompute_granularity == "selective"
+    assert given.save_rollout_data == "y/{rollout_id}.npz"
+    with pytest.raises(ConfigError, match="^--train-env-vars='\\[1\\]': is not a JSON "
+                                             "object of strings"):
+        parse_train_config(["--train-env-vars", "[1]"])
 
 
 def test_moe_layer_freq_error_is_a_config_error():

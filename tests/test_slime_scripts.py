@@ -110,6 +110,14 @@ WANDB_KEY = "slime-script-test-key-7c1e"
         "--sequence-parallel: off with LoRA"]),
     ("run-glm4-9B.sh", [  # slime's GLM-4 layer spec
         "--sequence-parallel: off on the local layer spec"]),
+    ("run-qwen3-4B-mis.sh", [  # slime's MIS: --custom-config-path over the flags
+        "--tis-function examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp: "
+        "vime's built-in mis TIS weights"]),
+    ("run-qwen3-4B-fsdp-mis.sh", [  # miles' MIS on its FSDP backend: Megatron DP here
+        "--train-backend fsdp: turns on the distributed optimizer",
+        "--gradient-checkpointing: --recompute-granularity full",
+        "--attn-implementation: accepted",
+        "the --hf-checkpoint directory, HF weights without a checkpoint: starting from them"]),
     ("run-moonlight-16B-A3B.sh", [  # multi-latent attention
         "--moe-router-bias-update-rate: accepted; vime keeps a DeepSeek-V3 router's expert bias",
         "--sglang-cuda-graph-bs 1 2 4 8 16"]),

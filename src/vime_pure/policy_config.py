@@ -36,6 +36,15 @@ LossType = Literal["policy_loss", "sft_loss"]
 LOSS_TYPES: tuple[str, ...] = get_args(LossType)
 RejectionLevel = Literal["token", "sequence", "geometric"]
 RS_LEVELS: tuple[str, ...] = get_args(RejectionLevel)  # the choice list of --rs-level
+# The TIS weight (--tis-function; slime's --custom-tis-function-path names them): vanilla
+# clamps the token ratio into [tis_clip_low, tis_clip], icepop zeroes a token ratio outside it,
+# mis is slime's mis.py (levels, modes, a veto, batch normalization: MisConfig)
+TisFunction = Literal["vanilla", "icepop", "mis"]
+TIS_FUNCTIONS: tuple[str, ...] = get_args(TisFunction)
+# mis.py's tis_mode: truncate clamps the weight at the upper bound, clip into [lower, upper],
+# mask keeps it and drops the tokens whose weight leaves [lower, upper] from the loss
+TisMode = Literal["truncate", "clip", "mask"]
+TIS_MODES: tuple[str, ...] = get_args(TisMode)
 
 
 @attrs.frozen(kw_only=True)
@@ -51,6 +60,9 @@ class LossConfig:
     ``opd_kl_coef``: on-policy distillation (slime's ``--opd-kl-coef`` under ``--use-opd``; 0
     off), each token's advantage minus ``opd_kl_coef * (logp_old - logp_teacher)``, the
     student's reverse-KL estimate against the teacher, on top of any estimator;
+    ``tis_function``: ``vanilla`` (the clamp above), ``icepop`` (the ratio where it lies in
+    ``[tis_clip_low, tis_clip]``, else 0) or ``mis`` (the weights come with the records,
+    computed on whole samples by ``vime_pure.torch_ops.mis`` from a ``MisConfig``);
     ``reward_kl_coef``: slime's reward-shaping
     KL (``--kl-coef``), each token's advantage minus ``reward_kl_coef * kl_kind(pi_old || ref)``
     (``vime_pure.torch_ops.policy_loss.kl_shaped_advantages``)."""
@@ -68,6 +80,7 @@ class LossConfig:
     reward_kl_coef: float = 0.0
     loss_type: str = "policy_loss"
     opd_kl_coef: float = 0.0
+    tis_function: str = "vanilla"
 
     def __attrs_post_init__(self) -> None:
         for name in LOSS_BOUNDS:
@@ -78,6 +91,9 @@ class LossConfig:
             raise field_error(LossConfigError, "use_tis", self.use_tis, "must be a bool",
                               "pass True or False")
         check_surrogate(self.surrogate, self.dual_clip)
+        if not isinstance(self.tis_function, str) or self.tis_function not in TIS_FUNCTIONS:
+            raise field_error(LossConfigError, "tis_function", self.tis_function,
+                              "is not a TIS function", f"use one of {TIS_FUNCTIONS}")
         if not isinstance(self.loss_type, str) or self.loss_type not in LOSS_TYPES:
             raise field_error(LossConfigError, "loss_type", self.loss_type,
                               "is not a loss type", f"use one of {LOSS_TYPES}")
@@ -99,6 +115,8 @@ class RejectionConfig:
     whole sample). ``lower`` / ``upper``: the band (slime's ``rs_lower_bound`` /
     ``rs_upper_bound``). ``denominator``: ``"original"`` (slime/miles: rejected tokens still
     count in their group's denominator) or ``"surviving"`` (``vime_pure.denominators``).
+    ``veto`` (mis.py's ``rs_veto_threshold``; None off): a sample any of whose loss-masked
+    tokens has a ratio below it is dropped whole, whatever the level.
     Example: ``RejectionConfig(level="geometric", lower=0.999, upper=1.001)`` drops samples
     whose mean per-token log-ratio leaves about +-1e-3.
     """
@@ -107,6 +125,7 @@ class RejectionConfig:
     lower: float = 0.5
     upper: float = 2.0
     denominator: str = "original"
+    veto: float | None = None
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.level, str) or self.level not in RS_LEVELS:
@@ -125,6 +144,52 @@ class RejectionConfig:
             raise field_error(LossConfigError, "upper", self.upper,
                               f"must satisfy lower={self.lower} <= upper < inf (and lower >= 0)",
                               "use e.g. lower=0.5, upper=2.0")
+        if self.veto is not None:
+            _real("veto", self.veto, optional=False)
+            object.__setattr__(self, "veto", float(self.veto))
+            if not 0.0 < self.veto < 1.0:
+                raise field_error(LossConfigError, "veto", self.veto, "must lie in (0, 1)",
+                                  "use e.g. 1e-4 (mis.py's), or None to disable it")
+
+
+@attrs.frozen(kw_only=True)
+class MisConfig:
+    """slime's mis.py importance weights (``tis_function="mis"``): the ratio
+    ``pi_old / pi_behaviour`` at ``level`` (``token``; ``sequence``: the product over the
+    sample's loss-masked tokens; ``geometric``: their geometric mean, spread over the sample),
+    bounded by ``mode`` (``TIS_MODES``) with ``[lower, upper]`` (mis.py's ``tis_lower_bound``,
+    default ``1 / upper``, and ``tis_upper_bound``), and with ``batch_normalize`` divided by
+    the step's mean weight. Batch normalization at ``geometric`` level is refused here, where
+    mis.py raises at the first step. Example: mis.yaml's
+    ``MisConfig(level="token", mode="truncate", lower=0.5, upper=2.0, batch_normalize=True)``.
+    """
+
+    level: str = "token"
+    mode: str = "truncate"
+    lower: float = 0.5
+    upper: float = 2.0
+    batch_normalize: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        for name, choices in (("level", RS_LEVELS), ("mode", TIS_MODES)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in choices:
+                raise field_error(LossConfigError, name, value, "is not a choice",
+                                  f"use one of {choices}")
+        for name in ("lower", "upper"):
+            _real(name, getattr(self, name), optional=False)
+            object.__setattr__(self, name, float(getattr(self, name)))
+        if not 0.0 <= self.lower <= self.upper < math.inf or self.upper == 0.0:
+            raise field_error(LossConfigError, "upper", self.upper,
+                              f"must satisfy 0 <= lower={self.lower} <= upper < inf, upper > 0",
+                              "use e.g. lower=0.5, upper=2.0")
+        if not isinstance(self.batch_normalize, bool):
+            raise field_error(LossConfigError, "batch_normalize", self.batch_normalize,
+                              "must be a bool", "pass True or False")
+        if self.batch_normalize and self.level == "geometric":
+            raise field_error(LossConfigError, "batch_normalize", True,
+                              "has no mean to divide by at level geometric (mis.py raises)",
+                              "use level token or sequence, or drop batch normalization")
 
 
 @attrs.frozen

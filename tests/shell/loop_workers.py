@@ -508,3 +508,41 @@ def stale_engine_rs_worker(rank: int, root: str, cache: str) -> dict:
                       rs_upper_bound=RS_BAND[1], rs_denominator="surviving"),
                  on_rollout=check, progress=False)
     return {"rs": seen}
+
+
+MIS_BAND = (0.5, 2.0)  # slime's mis.yaml: truncate at 2, reject outside [0.5, 2]
+
+
+def stale_engine_mis_worker(rank: int, root: str, cache: str) -> dict:
+    """The stuck engine of ``stale_engine_worker`` at DP=2 with slime's mis.yaml settings
+    (``--tis-function mis``: token weights truncated at 2, batch-normalized per step; token
+    rejection outside ``MIS_BAND``, the veto). Each rank checks its records: every weight is
+    ``min(old / behaviour, 2)`` over one factor (the step's mean, summed over both ranks),
+    and every mask its loss mask times "the ratio lies in the band"."""
+    os.environ["VIME_CACHE_DIR"] = cache
+    from vime_shell.engines.hf import HfEngine
+    from vime_shell.run.driver import run_training
+
+    HfEngine.update_weights_from_tensors = lambda self, named: [None for _ in named]
+    lo, hi = np.log(MIS_BAND[0]), np.log(MIS_BAND[1])
+    seen: list = []
+
+    def check(event):
+        batch = event.gather_batch()
+        factors, wrong = [], 0
+        for mb in event.records.microbatches:
+            d = mb.old_log_probs.astype(np.float64) - mb.rollout_log_probs.astype(np.float64)
+            mask = batch.loss_masks[mb.response_index]
+            truncated = np.minimum(np.exp(d), MIS_BAND[1])
+            factors.extend((truncated / mb.is_weights)[mask > 0].tolist())
+            wrong += int((mb.loss_mask != mask * ((d >= lo) & (d <= hi))).sum())
+        seen.append({**event.metrics, "factor_min": min(factors), "factor_max": max(factors),
+                     "wrong_masks": wrong})
+
+    run_training(_cfg(run_dir=f"{root}/mis", num_rollout=3, global_batch_size=16, use_tis=True,
+                      rollout_function_path="tests.shell.loop_workers:initial_weights_rollout",
+                      tis_function="mis", tis_level="token", tis_mode="truncate",
+                      tis_lower_bound=MIS_BAND[0], tis_upper_bound=MIS_BAND[1],
+                      tis_batch_normalize=True, use_rs=True, rs_level="token",
+                      rs_veto_threshold=1e-4), on_rollout=check, progress=False)
+    return {"mis": seen}

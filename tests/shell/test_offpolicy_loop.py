@@ -5,12 +5,14 @@ fully asynchronous training.
 Asserts: the weight-sync gap check ignores the stale samples (no ``WeightSyncError``, the gap
 is not measured on them); staleness and the off-policy token fraction follow the versions; old
 log-probs are recomputed for the first step of a stale batch (the mismatch is measured there
-and is the real engine-trainer difference); TIS and token rejection are reported.
+and is the real engine-trainer difference); TIS, slime's MIS weights and token rejection are
+reported.
 """
 
 import pytest
 
-from tests.shell.loop_workers import stale_engine_rs_worker, stale_engine_worker
+from tests.shell.loop_workers import (stale_engine_mis_worker, stale_engine_rs_worker,
+                                     stale_engine_worker)
 from vime_shell.megatron.spawn import spawn
 
 pytestmark = pytest.mark.slow
@@ -65,3 +67,24 @@ def test_token_rejection_at_dp2_matches_each_ranks_own_ratios(tmp_path, cache):
         assert all(0 < r["rejected_token_frac"] < 1 for r in rs[1:])
     assert [r["rejected_token_frac"] for r in out[0]["rs"]] == [
         r["rejected_token_frac"] for r in out[1]["rs"]]
+
+
+def test_slimes_mis_at_dp2_weighs_every_token_by_its_truncated_ratio(tmp_path, cache):
+    """slime's mis.yaml (--tis-function mis): each rank's weights are its tokens' truncated
+    ratios over one factor, the step's mean weight summed over both ranks, which is the
+    reported mis_batch_norm_factor; the masks reject outside the band."""
+    out = spawn(stale_engine_mis_worker, 2, str(tmp_path), cache)
+    for rank_out in out:
+        mis = rank_out["mis"]
+        assert [r["rollout"] for r in mis] == [0, 1, 2]
+        for r in mis:
+            assert r["wrong_masks"] == 0
+            assert r["factor_max"] == pytest.approx(r["factor_min"], rel=1e-4)
+            assert r["factor_min"] == pytest.approx(r["mis_batch_norm_factor"], rel=1e-4)
+            assert r["mis_tis_weight_after_bound"] <= 2.0 + 1e-6
+        # on policy the ratio is 1 to fp32 noise; the stuck engine's lag moves it
+        assert mis[0]["mis_tis_weight_before_bound"] == pytest.approx(1.0, abs=1e-4)
+        assert abs(mis[2]["mis_tis_weight_before_bound"] - 1.0) > 1e-3
+        assert all(0 < r["rejected_token_frac"] < 1 for r in mis[1:])
+    assert [r["mis_batch_norm_factor"] for r in out[0]["mis"]] == [
+        r["mis_batch_norm_factor"] for r in out[1]["mis"]]

@@ -17,6 +17,8 @@ One record is one packed row (the micro-batch's samples back to back):
   the row), ``loss_mask``, ``advantages`` and the engine's ``rollout_log_probs``; ``old_log_probs``
   ``ref_log_probs`` and ``teacher_log_probs`` (on-policy distillation's teacher) once attached
   with :func:`with_log_probs` (a teacher server's, ``--opd-type sglang``, come with the share);
+  ``is_weights`` (``--tis-function mis``: each token's importance weight, computed on whole
+  samples, ``vime_pure.data.rejection.with_is_weights``);
 - ``routed_experts`` (MoE routing replay, when the batch has ``rollout_routed_experts``): one
   row of ``layers * topk`` expert ids per local position, gathered with the tokens (a padding
   position repeats its sample's last token's row: it scores nothing, any valid route is exact);
@@ -88,18 +90,19 @@ class TrainMicroBatch:
     ref_log_probs: Float32[np.ndarray, " R"] | None = None
     teacher_log_probs: Float32[np.ndarray, " R"] | None = None
     routed_experts: Int16[np.ndarray, "T e"] | None = None
+    is_weights: Float32[np.ndarray, " R"] | None = None
 
     def __attrs_post_init__(self) -> None:
         _check_counts(self)
         check_dtypes(self, MICROBATCH_COLUMNS, "TrainMicroBatch",
-                     optional=(*LOG_PROB_COLUMNS, "routed_experts"))
+                     optional=(*LOG_PROB_COLUMNS, "routed_experts", "is_weights"))
         try:
             shape_checker(_shapes)(
                 self.sample_indices, self.seq_lengths, self.denominators, self.tokens,
                 self.positions, self.labels, self.logit_index, self.response_index,
                 self.share_index, self.token_sample, self.loss_mask, self.advantages,
                 self.rollout_log_probs, self.old_log_probs, self.ref_log_probs,
-                self.teacher_log_probs, self.routed_experts)
+                self.teacher_log_probs, self.routed_experts, self.is_weights)
         except TypeCheckError as exc:
             raise shape_error("TrainMicroBatch", self, exc) from None
         _check_values(self)
@@ -363,7 +366,8 @@ MICROBATCH_COLUMNS: dict[str, np.dtype] = {
     **dict.fromkeys(("tokens", "positions", "labels", "logit_index", "share_index",
                      "token_sample"), np.dtype(np.int32)),
     "denominators": np.dtype(np.float64),
-    **dict.fromkeys(("loss_mask", "advantages", *LOG_PROB_COLUMNS), np.dtype(np.float32)),
+    **dict.fromkeys(("loss_mask", "advantages", "is_weights", *LOG_PROB_COLUMNS),
+                    np.dtype(np.float32)),
     "routed_experts": np.dtype(np.int16),
 }
 MAX_CP = 2**16  # context-parallel ranks; a larger cp_size is a bug, not a layout
@@ -394,7 +398,10 @@ def _check_values(mb: "TrainMicroBatch") -> None:
             ("loss_mask", mb.loss_mask, (mb.loss_mask != 0) & (mb.loss_mask != 1), "is 0 or 1"),
             ("denominators", mb.denominators, ~np.isfinite(mb.denominators)
              | (mb.denominators < 0), "is finite and >= 0"),
-            ("advantages", mb.advantages, ~np.isfinite(mb.advantages), "is finite")):
+            ("advantages", mb.advantages, ~np.isfinite(mb.advantages), "is finite"),
+            *(() if mb.is_weights is None else (
+                ("is_weights", mb.is_weights, ~np.isfinite(mb.is_weights) | (mb.is_weights < 0),
+                 "is finite and >= 0"),))):
         first_bad(bad, name, values, rule, _RECORD_FIX)
     counted = np.bincount(mb.token_sample, weights=mb.loss_mask, minlength=k)
     first_bad((counted > 0) & (mb.denominators <= 0), "denominators", mb.denominators,
@@ -458,5 +465,6 @@ def _shapes(sample_indices: Int64[np.ndarray, " k"], seq_lengths: Int64[np.ndarr
             old_log_probs: Float32[np.ndarray, " R"] | None,
             ref_log_probs: Float32[np.ndarray, " R"] | None,
             teacher_log_probs: Float32[np.ndarray, " R"] | None,
-            routed_experts: Int16[np.ndarray, "T e"] | None) -> None:
+            routed_experts: Int16[np.ndarray, "T e"] | None,
+            is_weights: Float32[np.ndarray, " R"] | None) -> None:
     """Cross-field shapes of a packed row: ``k`` samples, ``T`` local positions, ``R`` tokens."""

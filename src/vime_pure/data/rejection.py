@@ -72,6 +72,29 @@ def with_rejection(rank: Any, share: Any, schedule: Any, keep: Any, *,
     return attrs.evolve(rank, steps=tuple(steps))
 
 
+def with_is_weights(rank: Any, weights: Any) -> RankBatch:
+    """``rank``'s records with ``is_weights`` (``--tis-function mis``): ``weights`` holds one
+    finite weight >= 0 per flat response token of the rank's share (share coordinates, e.g.
+    ``vime_pure.torch_ops.mis.mis_weights`` over the share), and each record gathers its
+    tokens by ``share_index``, as the log-probs. Raises ``RolloutBatchError`` otherwise.
+    Example: weights ``[2, 1, 1]`` and a record of share tokens ``[2, 0]``: ``[1, 2]``."""
+    if not isinstance(rank, RankBatch):
+        raise field_error(RolloutBatchError, "rank", type_tag(rank), "is not a RankBatch",
+                          "pass what rank_batch returned")
+    arr = weights if isinstance(weights, np.ndarray) else None
+    if arr is None or arr.shape != (rank.num_response_tokens,) or arr.dtype.kind != "f" or (
+            arr.size and not (np.isfinite(arr).all() and (arr >= 0).all())):
+        raise field_error(RolloutBatchError, "weights", type_tag(weights) if arr is None else
+                          Shown(f"<{arr.dtype}{list(arr.shape)}>"),
+                          f"is not a finite float array >= 0 of the share's "
+                          f"{rank.num_response_tokens} response tokens",
+                          "pass mis_weights(...).weights over the share's flat response tokens")
+    steps = [attrs.evolve(step, microbatches=tuple(
+        attrs.evolve(mb, is_weights=arr[mb.share_index].astype(np.float32))
+        for mb in step.microbatches)) for step in rank.steps]
+    return attrs.evolve(rank, steps=tuple(steps))
+
+
 def surviving_sums(share: RankShare, keep: Any) -> Float64[np.ndarray, " k"]:
     """Each share sample's loss-mask total after ``keep`` (share order). Example: masks
     ``[1, 1, 1]`` and ``[1, 1]``, keep ``[1, 0, 1, 1, 1]``: ``[2, 2]``."""

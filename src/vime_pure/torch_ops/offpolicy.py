@@ -21,7 +21,12 @@ the token and its sample: the loss and its gradient stay invariant to how a step
 
 Example: ``old = log [0.5, 0.5]``, ``behaviour = log [0.25, 0.5]``: ``w = [2, 1]``; token
 rejection with band ``[0.5, 1.5]`` keeps ``[0, 1]``.
+
+slime's mis.py weights (levels, modes, batch normalization) live in ``vime_pure.torch_ops.mis``;
+its rejection (``use_rs``, the veto) is :func:`rejection_keep`.
 """
+
+import math
 
 import torch
 from jaxtyping import Float, Int
@@ -50,15 +55,25 @@ def rejection_keep(old_log_probs: Float[Tensor, " t"], behaviour_log_probs: Floa
                           "is not a RejectionConfig", "pass RejectionConfig(level=...)")
     log_ratio = old_log_probs.detach() - behaviour_log_probs.detach()
     ones = torch.ones_like(loss_mask)
-    if config.level == "token":
-        return rejection_mask(log_ratio, ones, low=config.lower, high=config.upper)
-    # Whole samples: masked tokens do not vote, so test the masked ratios, then spread the
-    # verdict to every token of the sample.
-    voted = rejection_mask(log_ratio, loss_mask, low=config.lower, high=config.upper,
-                           sample_index=sample_index,
-                           reduce="sum" if config.level == "sequence" else "mean")
     counted = loss_mask.detach() != 0
+    if config.level == "token":
+        keep = rejection_mask(log_ratio, ones, low=config.lower, high=config.upper)
+    else:
+        # Whole samples: masked tokens do not vote, so test the masked ratios, then spread the
+        # verdict to every token of the sample.
+        voted = rejection_mask(log_ratio, loss_mask, low=config.lower, high=config.upper,
+                               sample_index=sample_index,
+                               reduce="sum" if config.level == "sequence" else "mean")
+        keep = ones * ~_any_per_sample(counted & (voted == 0), sample_index)
+    if config.veto is not None:  # one catastrophic token drops its sample (mis.py's veto)
+        vetoed = counted & (log_ratio < math.log(config.veto))
+        keep = keep * ~_any_per_sample(vetoed, sample_index)
+    return keep
+
+
+def _any_per_sample(flags: Tensor, sample_index: Tensor) -> Tensor:
+    """Per token: does any token of its sample carry ``flags``?"""
     n = int(sample_index.max()) + 1 if sample_index.numel() else 0
-    dropped = torch.zeros(n, dtype=torch.bool, device=sample_index.device).index_put_(
-        (sample_index[counted],), voted[counted] == 0, accumulate=False)
-    return ones * (~dropped[sample_index]).to(ones.dtype)
+    hit = torch.zeros(n, dtype=torch.bool, device=sample_index.device).index_put_(
+        (sample_index[flags],), torch.tensor(True, device=sample_index.device))
+    return hit[sample_index]

@@ -201,13 +201,15 @@ def token_log_probs(logits: Float[Tensor, "t v"], targets: Int[Tensor, " t"]
 
 @tensor_boundary
 def tis_weights(old_log_probs: Float[Tensor, " t"], rollout_log_probs: Float[Tensor, " t"], *,
-                cap: float | int = 2.0, low: float | int = 0.0) -> Float[Tensor, " t"]:
-    """Truncated importance weights ``clamp(exp(old - rollout), low, cap)``, detached.
+                cap: float | int = 2.0, low: float | int = 0.0, icepop: bool = False
+                ) -> Float[Tensor, " t"]:
+    """Truncated importance weights ``clamp(exp(old - rollout), low, cap)``, detached; with
+    ``icepop`` (slime's ``icepop_function``) the ratio itself inside ``[low, cap]``, else 0.
 
     Decoupled PPO's behaviour weight ``pi_old / pi_behaviour`` (slime's ``--tis-clip`` is
     ``cap``, ``--tis-clip-low`` is ``low``; ``vime_pure.torch_ops.offpolicy``); the rejection
     alternative is ``vime_pure.torch_ops.loss.rejection_mask``. Example: ratios ``[3.0, 0.1]``
-    with cap 2 and low 0.5 -> ``[2.0, 0.5]``.
+    with cap 2 and low 0.5 -> ``[2.0, 0.5]``; with ``icepop`` ``[0, 0]``.
     """
     cap = check_loss_knob("tis_clip", cap, field="cap")
     low = check_loss_knob("tis_clip_low", low, field="low")
@@ -221,8 +223,10 @@ def tis_weights(old_log_probs: Float[Tensor, " t"], rollout_log_probs: Float[Ten
                           "pass e.g. low=0 (no lower clamp) or 0.5")
     # A cap past the dtype's largest value truncates nothing (and torch refuses to convert it).
     cap = min(cap, top)
-    ratio = torch.exp((old_log_probs - rollout_log_probs).clamp(max=LOG_RATIO_LIMIT))
-    return ratio.clamp(min=low, max=cap).detach()
+    ratio = torch.exp((old_log_probs - rollout_log_probs).clamp(max=LOG_RATIO_LIMIT)).detach()
+    if icepop:
+        return torch.where((ratio >= low) & (ratio <= cap), ratio, torch.zeros_like(ratio))
+    return ratio.clamp(min=low, max=cap)
 
 
 @tensor_boundary

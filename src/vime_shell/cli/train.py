@@ -79,9 +79,12 @@ def launch_notes(cfg, args: argparse.Namespace, plan) -> list[str]:
         out.append("--use-precision-aware-optimizer: no TransformerEngine here, so Adam is "
                    "torch's, its state fp32, as the precision-aware optimizer keeps it at "
                    "Megatron's default state dtypes")
-    if cfg.load is not None and resume_checkpoint(cfg.load, cfg.save) is None:
-        out.append(f"--load {cfg.load}: no checkpoint yet (it is the --save directory): "
-                   "starting fresh, as slime does")
+    if cfg.load is not None and resume_checkpoint(cfg.load, cfg.save,
+                                                  weights=cfg.hf_checkpoint) is None:
+        out.append(f"--load {cfg.load}: " + (
+            "the --hf-checkpoint directory, HF weights without a checkpoint: starting from "
+            "them, as miles' FSDP backend does" if cfg.load == cfg.hf_checkpoint else
+            "no checkpoint yet (it is the --save directory): starting fresh, as slime does"))
     if cfg.eval_prompt_data is not None and cfg.eval_interval is None:
         out.append("--eval-prompt-data without --eval-interval: evaluating "
                    + ("" if cfg.skip_eval_before_train else "before the first rollout and ")
@@ -131,6 +134,7 @@ def checked_launch(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     """Validate every setting (no torch yet), then run the loop and print its summary."""
     cfg, plan = checked_launch(args)
+    os.environ.update(cfg.train_env())  # --train-env-vars: before the trainer is built
     if speaks_for_job():
         for line in launch_notes(cfg, args, plan):
             print(f"vime train: note: {line}", file=sys.stderr)

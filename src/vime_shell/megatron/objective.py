@@ -64,7 +64,8 @@ OPD_KEYS: tuple[str, ...] = ("opd_reverse_kl",)  # a token mean too, with --use-
 def extra_token_keys(cfg: LossConfig) -> tuple[str, ...]:
     """The token means a row reports beside ``TOKEN_KEYS`` (the step's and the rollout
     record's): ``TIS_KEYS`` with ``--use-tis``, ``OPD_KEYS`` with ``--use-opd``."""
-    return (TIS_KEYS if cfg.use_tis else ()) + (OPD_KEYS if cfg.opd_kl_coef else ())
+    tis = cfg.use_tis and cfg.tis_function != "mis"  # mis: whole-sample metrics (offpolicy)
+    return (TIS_KEYS if tis else ()) + (OPD_KEYS if cfg.opd_kl_coef else ())
 
 
 def loss_factor(record: TrainMicroBatch, dp: int, cp: int) -> float:
@@ -148,7 +149,7 @@ def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossCo
     report["log_prob"] = (logp.detach() * mask).sum()
     report["tokens"] = mask.sum().detach()
     # the decoupled-PPO weight pi_old / pi_behaviour, as clamped (tis: only with the latter)
-    if tis is not None and row.rollout_log_probs is not None:
+    if tis is not None and row.rollout_log_probs is not None and cfg.tis_function != "mis":
         report.update(_tis_sums(tis, old, row.rollout_log_probs, mask))
     if cfg.opd_kl_coef and row.teacher_log_probs is not None:  # the student's reverse KL
         report["opd_reverse_kl"] = ((old - row.teacher_log_probs) * mask).sum().detach()
@@ -161,12 +162,19 @@ def _policy_terms(logp: torch.Tensor, old: torch.Tensor, row: MicroBatchTensors,
                   ) -> tuple[Any, torch.Tensor | None]:
     """The policy loss's per-token pieces and the TIS weights (None without ``--use-tis``)."""
     tis = None
-    if cfg.use_tis:
+    if cfg.use_tis and cfg.tis_function == "mis":  # whole-sample weights, with the records
+        if row.is_weights is None:
+            raise field_error(LossConfigError, "tis_function", "mis",
+                              "needs the records' is_weights, which this row lacks",
+                              "attach them with vime_pure.data.rejection.with_is_weights")
+        tis = row.is_weights.to(logp.dtype)
+    elif cfg.use_tis:
         if row.rollout_log_probs is None:
             raise field_error(LossConfigError, "use_tis", True,
                               "needs the engine's rollout log-probs, which this batch lacks",
                               "record rollout_log_probs in the rollout function, or drop --use-tis")
-        tis = tis_weights(old, row.rollout_log_probs, cap=cfg.tis_clip, low=cfg.tis_clip_low)
+        tis = tis_weights(old, row.rollout_log_probs, cap=cfg.tis_clip, low=cfg.tis_clip_low,
+                          icepop=cfg.tis_function == "icepop")
     advantages = row.advantages
     if cfg.reward_kl_coef:  # --kl-coef: slime's KL in the reward (REINFORCE++-baseline)
         if row.ref_log_probs is None:

@@ -82,25 +82,30 @@ def require_checkpoint(root: str | Path, *, verify: bool = True) -> Path:
 
 
 def resume_checkpoint(load: str | Path | None, save: str | Path | None, *,
-                      verify: bool = True) -> Path | None:
+                      weights: str | Path | None = None, verify: bool = True) -> Path | None:
     """The checkpoint a run resumes from, or None for a fresh start.
 
     slime's idiom ``--load X --save X`` resumes when ``X`` holds a checkpoint and starts fresh
-    when ``X`` is missing or empty (a first run). A ``--load`` naming any other path must hold
-    a checkpoint (``require_checkpoint``): a typo never starts a run from scratch.
-    Example: ``resume_checkpoint("ck", "ck")`` is None before the first save."""
-    if load is None or starts_fresh(load, save):
+    when ``X`` is missing or empty (a first run); miles' FSDP scripts' ``--load`` naming the
+    ``--hf-checkpoint`` directory (``weights``) starts from those weights. A ``--load`` naming
+    any other path must hold a checkpoint (``require_checkpoint``): a typo never starts a run
+    from scratch. Example: ``resume_checkpoint("ck", "ck")`` is None before the first save."""
+    if load is None or starts_fresh(load, save, weights):
         return None
     return require_checkpoint(load, verify=verify)
 
 
-def starts_fresh(load: str | Path | None, save: str | Path | None) -> bool:
+def starts_fresh(load: str | Path | None, save: str | Path | None,
+                 weights: str | Path | None = None) -> bool:
     """slime's first run: ``--load`` is the ``--save`` directory and it is missing or empty
     (vime's own lock and owner files aside: a first run that stopped before its first
-    checkpoint leaves them, and its rerun starts fresh too)."""
+    checkpoint leaves them, and its rerun starts fresh too); or miles' FSDP first run:
+    ``--load`` is the ``weights`` directory (``--hf-checkpoint``), which holds no tracker."""
     if load is None:
         return False
     where = Path(load).expanduser()
+    if weights is not None and where.resolve() == Path(weights).expanduser().resolve():
+        return not (where / TRACKER).exists()
     same = save is not None and where.resolve() == Path(save).expanduser().resolve()
     return same and (not where.exists() or where.is_dir() and all(
         entry.name in BOOKKEEPING for entry in where.iterdir()))

@@ -224,7 +224,7 @@ def _run(loop: _Loop, cfg: TrainConfig, progress: bool | None) -> TrainResult:
     start = 0
     # --load must hold a checkpoint (a mistyped path never starts afresh; launch checked it and
     # its manifest), except slime's first run of --load X --save X on a missing or empty X
-    found = resume_checkpoint(cfg.load, cfg.save, verify=False)
+    found = resume_checkpoint(cfg.load, cfg.save, weights=cfg.hf_checkpoint, verify=False)
     if cfg.load is not None and found is None:
         log.info("--load %s holds no checkpoint yet and is the --save directory: starting "
                  "fresh (slime's first run)", cfg.load)

@@ -419,7 +419,8 @@ def check_run_paths(cfg: TrainConfig, num_rollout: int | None = None) -> str:
     start = 0
     # None: a fresh start (also slime's first run of --load X --save X); every file checked
     # against the manifest (once a node), and the dataset's fingerprint
-    found = resume_checkpoint(cfg.load, cfg.save, verify=local_rank_from_env() == 0)
+    found = resume_checkpoint(cfg.load, cfg.save, weights=cfg.hf_checkpoint,
+                              verify=local_rank_from_env() == 0)
     if found is not None:
         check_dataset(found, cfg.prompt_data, cfg.allow_dataset_change)
         check_waiting_groups(found, cfg.fully_async)

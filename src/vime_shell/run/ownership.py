@@ -73,7 +73,7 @@ def checkpoint_run_id(load: str | None) -> str | None:
 
 def resumes(cfg: TrainConfig) -> bool:
     """``--load`` continues a run, unless it is slime's first run (``starts_fresh``)."""
-    return cfg.load is not None and not starts_fresh(cfg.load, cfg.save)
+    return cfg.load is not None and not starts_fresh(cfg.load, cfg.save, cfg.hf_checkpoint)
 
 
 def run_id_for(cfg: TrainConfig) -> str:

@@ -120,7 +120,8 @@ def check_run_dir(cfg: TrainConfig) -> None:
                           "--save-rollout-data at the link's target directly")
     for name in (METRICS, CURVES, SCHEDULE_PLOT):  # a FIFO there would block the logger
         writable_target(run_dir / name, "--run-dir")
-    if cfg.load is not None and not starts_fresh(cfg.load, cfg.save):  # resuming
+    if cfg.load is not None and not starts_fresh(cfg.load, cfg.save,
+                                                 cfg.hf_checkpoint):  # resuming
         if cfg.overwrite_run_dir:
             raise field_error(RunDirError, "overwrite_run_dir", True,
                               f"contradicts --load {cfg.load}: a resumed run continues its "

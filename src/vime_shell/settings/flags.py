@@ -6,11 +6,14 @@ unsupported flags at their default (off) value with a note. slime's spellings of
 (``slime_flags.slime_values``) become vime's, with a note, and ``--wandb-key`` (flag or
 config key) goes into ``WANDB_API_KEY``, never into the configuration.
 
-Sources, later wins: the defaults, the ``--config`` file, then the flags given. Example:
+Sources, later wins: the defaults, the ``--config`` file, the flags given, then slime's
+``--custom-config-path`` file (slime applies it over the flags, and so does vime, with a note
+per value it replaces). Example:
 ``parse_train_config(["--lr", "1e-3", "--sglang-mem-fraction-static", "0.7"])``.
 """
 
 import argparse
+import base64
 import json
 import os
 import tomllib
@@ -29,6 +32,7 @@ from vime_shell.settings.slime_flags import (ALIASES, SLIME_VALUES, default_flag
 from vime_shell.settings.train_config import SECTIONS, ConfigError, TrainConfig
 
 WANDB_KEY_ENV = "WANDB_API_KEY"  # where W&B reads its key; the key is kept nowhere else
+BASE64 = "base64:"  # miles' inline config (--custom-config-path base64:<yaml>)
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -63,6 +67,42 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise field_error(ConfigError, f"--config {p} key", odd, "is not a setting name",
                           "write setting names as keys, e.g. global_batch_size: 64")
     return data
+
+
+def custom_config(path: str, fields: set[str]) -> dict[str, Any]:
+    """``--custom-config-path``'s settings (slime's and miles': applied over the flags): a
+    file as ``--config`` reads it, or miles' inline ``base64:<yaml>``. Every key must be a
+    setting (slime's spelling or vime's); slime sets any key on its args, vime names the
+    stray one. Example: slime's mis.yaml gives ``{"use_tis": True, "tis_level": "token",
+    ...}``."""
+    if path.startswith(BASE64):
+        try:
+            text = base64.b64decode(path[len(BASE64):], validate=True).decode("utf-8")
+            data = yaml.safe_load(text) or {}
+        except (ValueError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise field_error(ConfigError, "--custom-config-path", path[:40] + "...",
+                              f"is not base64 of a YAML mapping ({exc})",
+                              "pass base64:<the base64 of a YAML file>, or a file path") from None
+        if not isinstance(data, dict):
+            raise field_error(ConfigError, "--custom-config-path", path[:40] + "...",
+                              "does not hold a mapping", "encode key: value lines")
+        source = "base64"
+    else:
+        try:
+            data = load_config_file(path)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("--config", "--custom-config-path", 1)) from None
+        source = path
+    out = {}
+    for key, value in flatten_sections(data, source).items():
+        name = ALIASES.get("--" + str(key).replace("_", "-"), str(key).replace("-", "_"))
+        if name not in fields:
+            raise field_error(ConfigError, f"--custom-config-path {source} key", key,
+                              "is not a vime setting (slime would set it on its args for a "
+                              "plugin; vime's plugins read settings only)",
+                              "drop it, or spell it as a flag of vime train --help")
+        out[name] = value
+    return out
 
 
 def flatten_sections(data: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -108,6 +148,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     not silently mean ``--global-batch-size``.
     """
     parser.add_argument("--config", default=None, help="YAML / JSON / TOML file of settings")
+    parser.add_argument(
+        "--custom-config-path", default=None, metavar="FILE",
+        help="slime's and miles' config file (e.g. mis.yaml): settings applied over the flags, "
+        "each override noted; YAML, JSON or TOML, or miles' inline base64:<yaml>")
     groups = {name: parser.add_argument_group(name) for name in SECTIONS}
     # section order (the Megatron records are base classes, so their fields come first)
     order = {name: i for i, name in enumerate(SECTIONS)}
@@ -187,7 +231,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         os.environ[WANDB_KEY_ENV] = str(key)
     fields = {f.name for f in attrs.fields(TrainConfig)}
     merged.update({k: v for k, v in values.items() if k in fields})
-    merged, notes = slime_values(merged)
+    custom = values.pop("custom_config_path", None)
+    overrides = custom_config(custom, fields) if custom else {}
+    notes = [f"--custom-config-path: {k}={v!r} replaces {merged[k]!r} (the file wins, as in "
+             "slime)" for k, v in overrides.items() if k in merged and merged[k] != v]
+    merged.update(overrides)
+    merged, value_notes = slime_values(merged)
+    notes += value_notes
     if merged.get("rollout_function_path") == SFT_ROLLOUT_FUNCTION:
         # one sample per conversation: slime's default n (vime's 8 is for RL groups)
         merged.setdefault("n_samples_per_prompt", 1)

@@ -10,10 +10,11 @@ import attrs
 
 from vime_pure.denominators import LOSS_MODES, REJECTION_DENOMINATORS
 from vime_pure.errors import LossConfigError, field_error
-from vime_pure.policy_config import (KL_KINDS, LOSS_TYPES, RS_LEVELS, LossConfig,
-                                     RejectionConfig)
+from vime_pure.policy_config import (KL_KINDS, LOSS_TYPES, RS_LEVELS, TIS_FUNCTIONS,
+                                     TIS_MODES, LossConfig, MisConfig, RejectionConfig)
 from vime_shell.rollout.teacher import TeacherError, teacher_urls
-from vime_shell.settings.common import ConfigError, Record, in_range, setting, setting_list
+from vime_shell.settings.common import (ConfigError, Record, flag, in_range, setting,
+                                        setting_list)
 
 SECTION = "loss"
 DEFAULT_LOSS_MODE = "group_token_mean"
@@ -23,12 +24,18 @@ LOSS_FLAGS = {"eps_clip": "--eps-clip", "eps_clip_high": "--eps-clip-high",
               "kl_kind": "--kl-loss-type", "entropy_coef": "--entropy-coef",
               "use_tis": "--use-tis", "tis_clip": "--tis-clip", "tis_clip_low": "--tis-clip-low",
               "surrogate": "--advantage-estimator", "reward_kl_coef": "--kl-coef",
-              "loss_type": "--loss-type", "opd_kl_coef": "--opd-kl-coef"}
+              "loss_type": "--loss-type", "opd_kl_coef": "--opd-kl-coef",
+              "tis_function": "--tis-function"}
 # the policy flags supervised fine-tuning has no use for (it has no ratio, reference or
 # advantages): set beside --loss-type sft_loss they are an error, not ignored
 _POLICY_ONLY = ("use_tis", "use_rs", "use_kl_loss", "use_opd")
 OPD_TYPES = ("megatron", "sglang")  # a frozen teacher in the trainer; a teacher server
-_RS_FIELDS = ("rs_level", "rs_lower_bound", "rs_upper_bound", "rs_denominator")
+_RS_FIELDS = ("rs_level", "rs_lower_bound", "rs_upper_bound", "rs_denominator",
+              "rs_veto_threshold")
+# slime's mis.py keys (its mis.yaml, --custom-config-path): they act with --tis-function mis
+_MIS_FIELDS = ("tis_level", "tis_mode", "tis_lower_bound", "tis_upper_bound",
+               "tis_batch_normalize")
+MIS_FLAG = "--tis-function mis"
 
 
 def _f(default, help, choices=None):
@@ -84,6 +91,20 @@ class LossArgs(Record):
                        "surrogate by clamp(pi_old / pi_behaviour, --tis-clip-low, --tis-clip)")
     tis_clip: float = _f(2.0, "TIS weight cap")
     tis_clip_low: float = _f(0.0, "TIS weight floor")
+    tis_function: str = _f("vanilla", "the --use-tis weight: vanilla (clamp into [--tis-clip-low, "
+                           "--tis-clip]), icepop (the ratio inside that band, else 0) or mis "
+                           "(slime's mis.py: --tis-level, --tis-mode, its bounds, batch "
+                           "normalization per optimizer step); slime's --custom-tis-function-path "
+                           "names them by the anchors' paths", TIS_FUNCTIONS)
+    tis_level: str = _f("token", "mis: the ratio weighed, per token, per sample (sequence) or "
+                        "its geometric mean", RS_LEVELS)
+    tis_mode: str = _f("truncate", "mis: bound the weight at --tis-upper-bound (truncate), "
+                       "into the bounds (clip), or drop tokens outside them (mask)", TIS_MODES)
+    tis_lower_bound: float | None = _f(None, "mis: the weight's floor; default 1 / "
+                                       "--tis-upper-bound")
+    tis_upper_bound: float = _f(2.0, "mis: the weight's cap")
+    tis_batch_normalize: bool = _f(False, "mis: divide each optimizer step's weights by their "
+                                   "mean (slime: each micro-batch's, on each rank)")
     use_rs: bool = _f(False, "reject tokens (or samples, --rs-level) whose pi_old / "
                       "pi_behaviour leaves [--rs-lower-bound, --rs-upper-bound] (MIS / IcePop; "
                       "the keys of slime's mis.py as flags)")
@@ -93,6 +114,9 @@ class LossArgs(Record):
     rs_upper_bound: float | None = _f(None, "--use-rs band cap; default --tis-clip")
     rs_denominator: str = _f("original", "denominator after --use-rs: the masks before "
                              "rejection (slime) or the surviving tokens", REJECTION_DENOMINATORS)
+    rs_veto_threshold: float | None = _f(None, "--use-rs: drop a whole sample when any "
+                                         "loss-masked token's ratio is below it (mis.py's "
+                                         "veto, e.g. 1e-4)")
     logprob_gap_tolerance: float | None = _f(None, "max mean engine-trainer log-prob gap "
                                              "after a sync; default: by --rollout-dtype (fp32 "
                                              "1e-4)")
@@ -120,6 +144,7 @@ class LossArgs(Record):
                               tis_clip_low=self.tis_clip_low, surrogate=surrogate,
                               loss_type=self.loss_type,
                               opd_kl_coef=self.opd_kl_coef if self.use_opd else 0.0,
+                              tis_function=self.tis_function,
                               reward_kl_coef=self.kl_coef if reward_kl else 0.0)
         except LossConfigError as exc:
             field, _, rest = str(exc).partition("=")
@@ -146,10 +171,10 @@ class LossArgs(Record):
             raise field_error(ConfigError, "--opd-teacher-load", self.opd_teacher_load,
                               "is set with --opd-type sglang, whose teacher is a server",
                               "drop it, or pass --opd-type megatron")
-        for flag, value in (("--opd-teacher-load", self.opd_teacher_load),
+        for name, value in (("--opd-teacher-load", self.opd_teacher_load),
                             ("--opd-teacher-urls", self.opd_teacher_urls)):
             if value is not None and not self.use_opd:
-                raise field_error(ConfigError, flag, value if isinstance(value, str)
+                raise field_error(ConfigError, name, value if isinstance(value, str)
                                   else list(value), "is set but --use-opd is not",
                                   "add --use-opd, or drop it")
         if self.opd_teacher_urls is not None and self.opd_type != "sglang":
@@ -168,11 +193,36 @@ class LossArgs(Record):
         if not self.use_rs:
             return None
         return RejectionConfig(level=self.rs_level, lower=self._rs_band()[0],
-                               upper=self._rs_band()[1], denominator=self.rs_denominator)
+                               upper=self._rs_band()[1], denominator=self.rs_denominator,
+                               veto=self.rs_veto_threshold)
+
+    def mis_config(self) -> MisConfig | None:
+        """slime's mis.py weights as the core's record (None unless ``--use-tis
+        --tis-function mis``); its error is re-raised naming the key. Example: mis.yaml gives
+        ``MisConfig(level="token", mode="truncate", lower=0.5, upper=2.0,
+        batch_normalize=True)``."""
+        if not (self.use_tis and self.tis_function == "mis"):
+            return None
+        try:
+            return MisConfig(level=self.tis_level, mode=self.tis_mode, lower=self._tis_band()[0],
+                             upper=self.tis_upper_bound, batch_normalize=self.tis_batch_normalize)
+        except LossConfigError as exc:
+            field, _, rest = str(exc).partition("=")
+            key = {"lower": "lower_bound", "upper": "upper_bound"}.get(field, field)
+            raise ConfigError(f"{flag('tis_' + key)}={rest}") from None
+
+    def _tis_band(self) -> tuple[float, float]:
+        """mis.py's weight bounds: the lower one defaults to 1 / upper."""
+        upper = self.tis_upper_bound
+        lower = self.tis_lower_bound
+        return (1.0 / upper if upper > 0 else 0.0) if lower is None else lower, upper
 
     def _rs_band(self) -> tuple[float, float]:
-        lower = self.tis_clip_low if self.rs_lower_bound is None else self.rs_lower_bound
-        upper = self.tis_clip if self.rs_upper_bound is None else self.rs_upper_bound
+        """The --use-rs band's defaults: the TIS bounds (mis.py's under --tis-function mis)."""
+        low, high = (self._tis_band() if self.tis_function == "mis"
+                     else (self.tis_clip_low, self.tis_clip))
+        lower = low if self.rs_lower_bound is None else self.rs_lower_bound
+        upper = high if self.rs_upper_bound is None else self.rs_upper_bound
         return lower, upper
 
     def _check(self) -> None:
@@ -204,6 +254,23 @@ class LossArgs(Record):
                               "has no effect without --use-kl-loss",
                               "pass --use-kl-loss, or --kl-loss-coef 0")
         self._check_rejection()
+        self._check_mis()
+
+    def _check_mis(self) -> None:
+        """The mis.py keys act with --use-tis --tis-function mis only; set otherwise they are
+        an error, not ignored."""
+        in_range("tis_lower_bound", self.tis_lower_bound, 0.0, 1e6, "use e.g. 0.5")
+        in_range("tis_upper_bound", self.tis_upper_bound, 0.0, 1e6, "use e.g. 2.0")
+        in_range("rs_veto_threshold", self.rs_veto_threshold, 0.0, 1.0, "use e.g. 1e-4")
+        if self.use_tis and self.tis_function == "mis":
+            self.mis_config()
+            return
+        defaults = attrs.fields_dict(LossArgs)
+        changed = [k for k in _MIS_FIELDS if getattr(self, k) != defaults[k].default]
+        if changed:
+            raise field_error(ConfigError, flag(changed[0]), getattr(self, changed[0]),
+                              f"has no effect without --use-tis {MIS_FLAG}",
+                              f"pass --use-tis {MIS_FLAG}, or drop it")
 
     def _check_rejection(self) -> None:
         if not self.use_rs:
@@ -218,3 +285,8 @@ class LossArgs(Record):
             raise field_error(ConfigError, "rs_lower_bound", lower,
                               f"exceeds the band's cap {upper} (--rs-upper-bound, default "
                               "--tis-clip)", "pass a lower bound below the upper one")
+        try:
+            self.rejection_config()
+        except LossConfigError as exc:
+            field, _, rest = str(exc).partition("=")
+            raise ConfigError(f"{flag('rs_' + field)}={rest}") from None

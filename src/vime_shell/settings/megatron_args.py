@@ -15,6 +15,7 @@ Example: ``--num-layers 36`` against the embedded model (2 layers) raises ``--nu
 does not match .../config.json ("num_hidden_layers": 2) ...``.
 """
 
+import json
 import math
 from typing import Any
 
@@ -166,8 +167,25 @@ class MegatronSwitchArgs:
                                          "slime", ("bridge", "raw"))
     data_pad_size_multiplier: int | None = _f("accepted; vime pads packed rows to what the "
                                               "layout needs", "slime")
-    train_backend: str | None = _f("accepted; vime trains with Megatron-core only", "slime",
-                                   ("megatron",))
+    train_backend: str | None = _f("accepted; vime trains with Megatron-core (miles' fsdp: "
+                                   "data parallelism over the ranks with the distributed "
+                                   "optimizer's sharded state, the same loss and gradients)",
+                                   "slime", ("megatron", "fsdp"))
+    # miles' FSDP backend's switches
+    gradient_checkpointing: bool | None = _f("accepted; miles' FSDP activation checkpointing "
+                                             "is Megatron's full-layer recompute, set unless "
+                                             "--recompute-granularity is given", "slime")
+    attn_implementation: str | None = _f("accepted; the HF attention kernel of miles' FSDP "
+                                         "backend; vime's Megatron layers pick theirs by "
+                                         "platform", "slime")
+    dump_details: str | None = _f("accepted; vime dumps each rollout batch under "
+                                  "DIR/rollout_data (--save-rollout-data) and logs the "
+                                  "training numbers in metrics.jsonl; miles' train-data, "
+                                  "trajectory and event dumps have no vime counterpart",
+                                  "slime")
+    train_env_vars: str | None = _f("accepted; a JSON object of environment variables, set in "
+                                    "every training rank before the trainer is built (miles "
+                                    "sets them on its Ray actors)", "slime")
     model_name: str | None = _f("accepted; vime reads the architecture from --hf-checkpoint "
                                 "and converts with its own bridge", "slime")
     use_rollout_logprobs: bool | None = _f("accepted; vime's PPO ratio uses the trainer's "
@@ -214,6 +232,24 @@ class MegatronSwitchArgs:
         if self.log_probs_chunk_size is not None and self.log_probs_chunk_size < 1:
             raise field_error(ModelArgsError, "--log-probs-chunk-size",
                               self.log_probs_chunk_size, "must be >= 1", "drop it")
+        self.train_env()
+
+    def train_env(self) -> dict[str, str]:
+        """``--train-env-vars`` as a mapping (empty when unset). Example: ``'{"A": "1"}'``
+        gives ``{"A": "1"}``; anything but a JSON object of strings is an error."""
+        if self.train_env_vars is None:
+            return {}
+        try:
+            env = json.loads(self.train_env_vars)
+        except ValueError as exc:
+            raise field_error(ModelArgsError, "--train-env-vars", self.train_env_vars,
+                              f"is not JSON ({exc})", "pass e.g. '{\"NAME\": \"value\"}'"
+                              ) from None
+        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+            raise field_error(ModelArgsError, "--train-env-vars", self.train_env_vars,
+                              "is not a JSON object of strings",
+                              "pass e.g. '{\"NAME\": \"value\"}'")
+        return env
 
 
 @attrs.frozen(kw_only=True, slots=False)  # a base of TrainConfig

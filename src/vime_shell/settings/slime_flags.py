@@ -41,6 +41,20 @@ ALIASES: dict[str, str] = {
     "--sglang-dtype": "rollout_dtype",
     "--vllm-dtype": "rollout_dtype",
     "--offload-rollout": "colocate",  # slime: the engine releases its memory while training
+    "--custom-tis-function-path": "tis_function",  # the anchors' paths: ANCHOR_TIS_FUNCTIONS
+}
+
+# the anchors' --custom-tis-function-path values -> vime's built-in TIS function of the same
+# meaning (vime loads no TIS plugin: its weights are computed on whole samples, before the
+# micro-batches, where the anchors' hook sees one micro-batch's CP slice)
+_MIS = "train_infer_mismatch_helper.mis.compute_mis_weights"
+ANCHOR_TIS_FUNCTIONS: dict[str, str] = {
+    "slime.backends.megatron_utils.loss.vanilla_tis_function": "vanilla",
+    "slime.backends.megatron_utils.loss.icepop_function": "icepop",
+    "miles.backends.training_utils.loss_hub.corrections.vanilla_tis_function": "vanilla",
+    "miles.backends.training_utils.loss_hub.corrections.icepop_function": "icepop",
+    **{f"examples.{where}{_MIS}{suffix}": "mis" for where in ("", "infra_features.")
+       for suffix in ("", "_with_cp", "_fsdp")},
 }
 
 # --sglang-X -> vLLM's engine argument of the same meaning
@@ -81,10 +95,6 @@ UNSUPPORTED: dict[str, str] = {
     "--muon-momentum": "the Muon optimizer; vime trains with Adam",
     "--enable-mtp-training": "multi-token prediction", "--mtp-num-layers": "multi-token "
     "prediction", "--mtp-loss-scaling-factor": "multi-token prediction",
-    "--custom-config-path": "use --config FILE (flat flag names or sections)",
-    "--custom-tis-function-path": "use --use-tis / --use-rs (TIS, MIS and IcePop are built "
-    "in, with slime's mis.py keys as flags)",
-    "--train-env-vars": "set the environment of the torchrun command",
     # architectures vime's bridge does not build
     "--attention-output-gate": "gated attention (Qwen3-Next)",
     "--use-gated-attention": "gated attention and the gated delta net (Qwen3-Next, "
@@ -94,8 +104,6 @@ UNSUPPORTED: dict[str, str] = {
     "attention", "--softmax-type": "attention sinks (gpt-oss)",
     "--allgather-cp": "vime's context parallelism is Megatron's ring (--context-parallel-size)",
     "--fp8-format": FP8, "--fp8-recipe": FP8, "--fp8-param-gather": FP8,
-    "--attn-implementation": "the FSDP backend", "--gradient-checkpointing": "the FSDP "
-    "backend; use Megatron's recompute flags",
     # data, rollout and evaluation
     "--multimodal-keys": "multimodal prompts: vime's samples are token ids of text, and "
     "its engines and bridge load text-only models (images, audio and video need a "
@@ -106,7 +114,6 @@ UNSUPPORTED: dict[str, str] = {
     "--loss-mask-type": "the rollout function sets each sample's loss mask",
     # weight sync and serving
     "--prefill-num-servers": "prefill-decode disaggregation",
-    "--dump-details": "use --save-rollout-data (and metrics.jsonl)",
     "--critic-num-nodes": "critics (PPO value models)",
     "--critic-num-gpus-per-node": "critics (PPO value models)",
 }
@@ -123,7 +130,6 @@ UNSUPPORTED_VALUES: dict[str, str] = {
     "--rm-type ifbench": "IFBench's instruction checkers (and their language packages) are "
     "not bundled; pass them as --custom-rm-path",
     "--rm-type random": "a random reward trains nothing; use --custom-rm-path for a stub",
-    "--train-backend fsdp": "vime trains with Megatron-core only",
 }
 
 
@@ -138,7 +144,7 @@ UNSUPPORTED_OFF: dict[str, tuple[str, ...]] = {
     "--opd-log-prob-top-k": ("0",),
     "--opd-reward-weight-mode": ("student_p",), "--opd-top-k-strategy": ("only-student",),
     "--muon-momentum": ("0.9",), "--mtp-num-layers": ("0",),
-    "--mtp-loss-scaling-factor": ("0.2", "0.1"), "--train-env-vars": ("{}",),
+    "--mtp-loss-scaling-factor": ("0.2", "0.1"),
     "--softmax-type": ("vanilla",), "--fp8-recipe": ("delayed",),
     "--loss-mask-type": ("qwen",),
 }
@@ -159,6 +165,8 @@ SLIME_VALUES: dict[tuple[str, Any], tuple[Any, str | None]] = {
     ("moe_token_dispatcher_type", "allgather"): (
         "alltoall", "Megatron's default dispatcher; vime's MoE uses alltoall (allgather "
         "refuses the variable sequence lengths vime packs; the routing is the same)"),
+    **{("tis_function", path): (name, f"vime's built-in {name} TIS weights (--tis-function "
+                                      f"{name})") for path, name in ANCHOR_TIS_FUNCTIONS.items()},
     ("rollout_top_k", -1): (0, None),  # SGLang's and slime's "off"
     ("eval_top_k", -1): (0, None),
     ("log_probs_chunk_size", -1): (None, None),  # slime: -1, no chunking
@@ -259,6 +267,7 @@ def slime_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             out[name] = vime
             if note is not None:
                 notes.append(f"--{name.replace('_', '-')} {slime}: {note}")
+    notes += _miles_fsdp(out)
     evals = out.get("eval_prompt_data")
     if isinstance(evals, str):
         evals = [evals]
@@ -267,6 +276,28 @@ def slime_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         notes.append(f"--eval-prompt-data {evals[0]}: one path is slime's legacy form, an eval "
                      f"set named {LEGACY_EVAL_SET} (eval/{LEGACY_EVAL_SET}/...)")
     return out, notes
+
+
+def _miles_fsdp(out: dict[str, Any]) -> list[str]:
+    """miles' FSDP-backend switches in Megatron's terms, in place; a note per setting changed.
+    Each yields to the Megatron flag that says otherwise."""
+    notes = []
+    if out.get("train_backend") == "fsdp" and not out.get("use_distributed_optimizer"):
+        out["use_distributed_optimizer"] = True
+        notes.append("--train-backend fsdp: turns on the distributed optimizer (FSDP shards "
+                     "the optimizer state over the data-parallel ranks)")
+    if out.get("gradient_checkpointing") and out.get("recompute_granularity") is None:
+        out.update(recompute_granularity="full", recompute_method="uniform",
+                   recompute_num_layers=1)
+        notes.append("--gradient-checkpointing: --recompute-granularity full "
+                     "--recompute-method uniform --recompute-num-layers 1 (each layer's "
+                     "activations recomputed, as FSDP's checkpointing does)")
+    dump = out.get("dump_details")
+    if dump is not None and out.get("save_rollout_data") is None:
+        out["save_rollout_data"] = f"{dump}/rollout_data/rollout_{{rollout_id}}.npz"
+        notes.append(f"--dump-details {dump}: --save-rollout-data "
+                     f"{out['save_rollout_data']}")
+    return notes
 
 
 def redact(argv: Sequence[str]) -> list[str]:

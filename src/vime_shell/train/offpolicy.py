@@ -12,6 +12,9 @@ Per rollout, with the trainer at weight version ``v`` (the syncs so far):
 * **mismatch** (``mismatch_abs`` / ``mismatch_kl``): behaviour vs old log-probs over the
   loss-masked tokens whose old log-probs were recomputed, each token counted once (by its
   last-stage, TP-rank-0 owner) and reduced with ``vime_pure.reduce_metrics``;
+* **importance weights** (``--tis-function mis``, slime's mis.py): each DP rank weighs the
+  samples of its own share the same way (:func:`importance`); batch normalization sums one
+  pair of numbers per step over the DP ranks;
 * **rejection** (``--use-rs``): each DP rank judges the samples of its own share, whose old
   log-probs it completes over its CP ranks (``share_log_probs``); the ``"surviving"``
   denominator and ``rejected_token_frac`` sum one number per sample over the DP ranks. No
@@ -25,15 +28,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from vime_pure.data.microbatch import RankBatch, TrainMicroBatch
+from vime_pure.data.microbatch import RankBatch, TrainMicroBatch, step_of_sample
 from vime_pure.data.rejection import (batch_sums, rejection_metrics, surviving_sums,
-                                      with_rejection)
+                                      with_is_weights, with_rejection)
 from vime_pure.data.shares import RankShare
 from vime_pure.errors import LossConfigError, field_error
 from vime_pure.metrics import Metric, merge_metrics
-from vime_pure.policy_config import RejectionConfig
+from vime_pure.policy_config import MisConfig, RejectionConfig
 from vime_pure.scheduling.schedule import Schedule
 from vime_pure.staleness import mismatch_metrics
+from vime_pure.torch_ops.mis import mis_weights, norm_factors, norm_terms
 from vime_pure.torch_ops.offpolicy import rejection_keep
 from vime_shell.megatron.collectives import gather_metrics
 
@@ -100,32 +104,80 @@ def share_log_probs(old: np.ndarray, cp_group: dist.ProcessGroup | None, device
 
 
 def reject(rank: RankBatch, share: RankShare, schedule: Schedule, old: np.ndarray,
-           config: RejectionConfig, norm: float | None, *, counts: bool, device
-           ) -> tuple[RankBatch, dict[str, float | None]]:
-    """Collective over the world (the training ranks): ``rank`` with ``--use-rs`` applied and
-    ``rejected_token_frac`` (the same on every rank). ``old``: the share's whole-sample old
-    log-probs (:func:`share_log_probs`); ``counts``: this rank speaks for its DP replica in
-    the sums (one rank per replica), which carry one number per batch sample at most."""
-    if share.rollout_log_probs is None:
-        raise field_error(LossConfigError, "use_rs", True,
-                          "needs the engine's rollout log-probs, which this batch lacks",
-                          "record rollout_log_probs in the rollout function, or drop --use-rs")
-    behaviour = share.rollout_log_probs.astype(np.float64)
-    old = np.where(np.isfinite(old), old, behaviour)  # unscored: ratio 1
-    sample_index = np.repeat(np.arange(share.num_samples), share.response_lengths)
-    keep = rejection_keep(torch.from_numpy(old), torch.from_numpy(behaviour),
-                          torch.from_numpy(share.loss_masks.astype(np.float64)),
-                          torch.from_numpy(sample_index), config).numpy()
+           config: RejectionConfig | None, norm: float | None, *, counts: bool, device,
+           keep: np.ndarray | None = None) -> tuple[RankBatch, dict[str, float | None]]:
+    """Collective over the world (the training ranks): ``rank`` with ``--use-rs`` (``config``;
+    None: none) and ``keep`` (mode ``mask`` of the MIS weights; None: every token) applied,
+    and ``rejected_token_frac`` (the same on every rank). ``old``: the share's whole-sample
+    old log-probs (:func:`share_log_probs`); ``counts``: this rank speaks for its DP replica
+    in the sums (one rank per replica), which carry one number per batch sample at most."""
+    if config is not None:
+        behaviour = _behaviour(share, "use_rs", "--use-rs")
+        old = np.where(np.isfinite(old), old, behaviour)  # unscored: ratio 1
+        voted = rejection_keep(torch.from_numpy(old), torch.from_numpy(behaviour),
+                               torch.from_numpy(share.loss_masks.astype(np.float64)),
+                               torch.from_numpy(_sample_index(share)), config).numpy()
+        keep = voted if keep is None else keep * voted
+    assert keep is not None  # the caller passes a config, a keep, or both
+    denominator = "original" if config is None else config.denominator
     surviving = None
-    if config.denominator == "surviving":
+    if denominator == "surviving":
         n = len(schedule.lengths_array)
         mine = batch_sums(share, surviving_sums(share, keep), n) if counts else np.zeros(n)
         buf = torch.from_numpy(mine).to(device)
         dist.all_reduce(buf)
         surviving = buf.cpu().numpy()
-    out = with_rejection(rank, share, schedule, keep, denominator=config.denominator,
+    out = with_rejection(rank, share, schedule, keep, denominator=denominator,
                          surviving=surviving, norm=norm)
     local = (rejection_metrics(share, keep) if counts
              else {"rejected_token_frac": Metric(0.0, 0.0)})
     frac = gather_metrics(local, None, group_dst=None)["rejected_token_frac"]
     return out, {"rejected_token_frac": frac.value}
+
+
+def importance(rank: RankBatch, share: RankShare, schedule: Schedule, old: np.ndarray,
+               config: MisConfig, *, counts: bool, device
+               ) -> tuple[RankBatch, np.ndarray, dict[str, float | None]]:
+    """Collective over the world (the training ranks): ``rank`` with slime's mis.py weights
+    (``vime_pure.torch_ops.mis``) as ``is_weights``, mode ``mask``'s keep (share tokens, for
+    :func:`reject`) and the ``mis_*`` metrics: token means over the batch's loss-masked
+    tokens. Batch normalization divides each step's weights by the step's mean, summed over
+    the DP ranks (``counts`` as in :func:`reject`). ``old``: as in :func:`reject`."""
+    behaviour = _behaviour(share, "tis_function", "--tis-function mis")
+    old = np.where(np.isfinite(old), old, behaviour)
+    index = torch.from_numpy(_sample_index(share))
+    mask = torch.from_numpy(share.loss_masks.astype(np.float64))
+    out = mis_weights(torch.from_numpy(old), torch.from_numpy(behaviour), mask, index, config)
+    weights, columns = out.weights, dict(out.metrics)
+    if config.batch_normalize:
+        steps = torch.from_numpy(step_of_sample(schedule)[share.sample_ids])
+        sums = torch.zeros(2, schedule.num_steps, dtype=torch.float64)
+        if counts:
+            for row, terms in zip(sums, norm_terms(weights, mask, index, config.level)):
+                row.index_add_(0, steps, terms)
+        buf = sums.to(device)
+        dist.all_reduce(buf)
+        factor = norm_factors(*buf.cpu())[steps][index]
+        weights = weights / factor
+        columns["batch_norm_factor"] = factor
+    columns["is_ratio_mean_final"] = weights
+    local = {f"mis_{k}": Metric(float((v * mask).sum()) if counts else 0.0,
+                                float(mask.sum()) if counts else 0.0)
+             for k, v in columns.items()}
+    reduced = gather_metrics(local, None, group_dst=None)
+    return (with_is_weights(rank, weights.numpy()), out.keep.numpy(),
+            {k: m.value for k, m in reduced.items()})
+
+
+def _behaviour(share: RankShare, field: str, flag: str) -> np.ndarray:
+    """The share's engine log-probs (float64), which ``flag`` needs."""
+    if share.rollout_log_probs is None:
+        raise field_error(LossConfigError, field, True,
+                          "needs the engine's rollout log-probs, which this batch lacks",
+                          f"record rollout_log_probs in the rollout function, or drop {flag}")
+    return share.rollout_log_probs.astype(np.float64)
+
+
+def _sample_index(share: RankShare) -> np.ndarray:
+    """Each flat response token's sample, in share order."""
+    return np.repeat(np.arange(share.num_samples), share.response_lengths)
