@@ -147,6 +147,30 @@ def test_a_samples_weights_depend_on_its_own_tokens_only(drawn, rnd):
         np.testing.assert_array_equal(m2[j], m[i])
 
 
+@settings(max_examples=60, deadline=None)
+@given(mis_batches())
+def test_the_mismatch_metrics_equal_mis_pys_per_sample(drawn):
+    """add_ppl_metrics' values, per sample and spread over its tokens."""
+    samples, config, _ = drawn
+    old, behaviour, mask = (torch.from_numpy(np.concatenate([s[i] for s in samples]))
+                            for i in range(3))
+    index = torch.from_numpy(np.repeat(np.arange(len(samples)), [len(s[0]) for s in samples]))
+    got = mis_weights(old, behaviour, mask, index, config).metrics
+    at = 0
+    for train, rollout, m in samples:
+        n, mean = len(m), (lambda x, m=m: (x * m).sum() / max(m.sum(), 1.0))
+        r = train - rollout
+        want = {"training_log_ppl": -mean(train), "rollout_log_ppl": -mean(rollout),
+                "log_ppl_diff": mean(rollout) - mean(train), "kl": rollout - train,
+                "k3_kl": np.exp(r) - r - 1, "chi2_token": mean(np.exp(2 * r)) - 1,
+                "chi2_seq": np.exp(2 * np.clip((r * m).sum(), -20, 20)) - 1}
+        for key, value in want.items():
+            np.testing.assert_allclose(got[key][at:at + n].numpy(),
+                                       np.broadcast_to(value, (n,)), rtol=1e-9, atol=1e-12,
+                                       err_msg=key)
+        at += n
+
+
 def test_the_module_docstring_example():
     old, behaviour = torch.tensor([math.log(3.0), 0.0]), torch.zeros(2)
     mask, index = torch.ones(2), torch.zeros(2, dtype=torch.long)
@@ -249,6 +273,21 @@ def test_a_mis_key_without_mis_is_an_error_not_ignored():
     with pytest.raises(ConfigError, match="^--tis-batch-normalize=True: has no mean"):
         parse_train_config(["--use-tis", "--tis-function", "mis", "--tis-level", "geometric",
                             "--tis-batch-normalize"])
+
+
+def test_a_tis_function_without_use_tis_or_a_bad_veto_names_its_flag():
+    with pytest.raises(ConfigError, match="^--tis-function='mis': weighs the surrogate only "
+                                          "under --use-tis"):
+        parse_train_config(["--custom-tis-function-path", SLIME_MIS])
+    with pytest.raises(ConfigError, match="^--rs-veto-threshold=1.0: must lie in"):
+        parse_train_config(["--use-rs", "--rs-veto-threshold", "1"])
+
+
+def test_mismatch_metrics_alone_need_mis_and_no_use_tis():
+    cfg = parse_train_config(["--get-mismatch-metrics", "--tis-function", "mis"])
+    assert cfg.mis_config() == MisConfig() and not cfg.use_tis
+    with pytest.raises(ConfigError, match="^--get-mismatch-metrics=True: computes mis.py's"):
+        parse_train_config(["--get-mismatch-metrics"])
 
 
 def test_icepop_zeroes_the_ratios_outside_the_band():

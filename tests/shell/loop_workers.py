@@ -545,4 +545,14 @@ def stale_engine_mis_worker(rank: int, root: str, cache: str) -> dict:
                       tis_lower_bound=MIS_BAND[0], tis_upper_bound=MIS_BAND[1],
                       tis_batch_normalize=True, use_rs=True, rs_level="token",
                       rs_veto_threshold=1e-4), on_rollout=check, progress=False)
-    return {"mis": seen}
+    watched: list = []  # --get-mismatch-metrics alone: the metrics, no weights
+
+    def unweighted(event):
+        weights = [mb.is_weights for mb in event.records.microbatches]
+        watched.append({**event.metrics, "weighted": any(w is not None for w in weights)})
+
+    run_training(_cfg(run_dir=f"{root}/watch", num_rollout=2, global_batch_size=16,
+                      rollout_function_path="tests.shell.loop_workers:initial_weights_rollout",
+                      tis_function="mis", get_mismatch_metrics=True),
+                 on_rollout=unweighted, progress=False)
+    return {"mis": seen, "watch": watched}

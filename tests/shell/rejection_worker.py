@@ -115,7 +115,7 @@ def run_mis_layout(rank: int, dp: int, cp: int, cp_group, config: MisConfig) -> 
     cpu = torch.device("cpu")
     mine, keep, metrics = offpolicy.importance(rank_records, share, schedule, full, config,
                                                counts=rank % cp == 0, device=cpu)
-    if config.mode == "mask":
+    if keep is not None:  # mode mask
         mine, _ = offpolicy.reject(mine, share, schedule, full, None, NORM,
                                    counts=rank % cp == 0, device=cpu, keep=keep)
     masks = torch.from_numpy(batch.loss_masks.astype(np.float64))

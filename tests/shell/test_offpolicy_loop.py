@@ -72,7 +72,8 @@ def test_token_rejection_at_dp2_matches_each_ranks_own_ratios(tmp_path, cache):
 def test_slimes_mis_at_dp2_weighs_every_token_by_its_truncated_ratio(tmp_path, cache):
     """slime's mis.yaml (--tis-function mis): each rank's weights are its tokens' truncated
     ratios over one factor, the step's mean weight summed over both ranks, which is the
-    reported mis_batch_norm_factor; the masks reject outside the band."""
+    reported mis_batch_norm_factor; the masks reject outside the band. Then
+    --get-mismatch-metrics alone: the metrics without the weights."""
     out = spawn(stale_engine_mis_worker, 2, str(tmp_path), cache)
     for rank_out in out:
         mis = rank_out["mis"]
@@ -88,3 +89,9 @@ def test_slimes_mis_at_dp2_weighs_every_token_by_its_truncated_ratio(tmp_path, c
         assert all(0 < r["rejected_token_frac"] < 1 for r in mis[1:])
     assert [r["mis_batch_norm_factor"] for r in out[0]["mis"]] == [
         r["mis_batch_norm_factor"] for r in out[1]["mis"]]
+    # --get-mismatch-metrics: mis.py's mismatch metrics, and the loss left unweighted
+    for rank_out in out:
+        watch = rank_out["watch"]
+        assert not any(r["weighted"] for r in watch)
+        assert "mis_tis_weight_before_bound" not in watch[1] and watch[1]["mis_kl"] != 0
+        assert watch[0]["mis_k3_kl"] == pytest.approx(0.0, abs=1e-6)  # on policy

@@ -34,6 +34,10 @@ from vime_pure.errors import LossConfigError, field_error
 from vime_pure.policy_config import MisConfig
 from vime_pure.torch_ops.boundary import tensor_boundary
 
+# mis.py's mismatch metrics (add_ppl_metrics), logged with or without its weights
+MISMATCH_COLUMNS = ("training_log_ppl", "training_ppl", "rollout_log_ppl", "rollout_ppl", "kl",
+                    "k3_kl", "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_token",
+                    "chi2_seq")
 SAFETY_BOUND = 20.0  # |log weight| before exp: e^20 is finite in float32
 NORM_FLOOR = 1e-8  # a step mean at or below it leaves the weights unnormalized (mis.py's)
 
@@ -78,7 +82,35 @@ def mis_weights(old_log_probs: Float[Tensor, " t"], behaviour_log_probs: Float[T
             weights = raw * mask
             keep = 1.0 - low - high
     metrics["tis_weight_after_bound"] = weights
+    metrics.update(mismatch_columns(old_log_probs.detach().to(torch.float64),
+                                    behaviour_log_probs.detach().to(torch.float64), mask,
+                                    sample_index))
     return MisWeights(weights=weights, keep=keep, metrics=metrics)
+
+
+def mismatch_columns(old: Tensor, behaviour: Tensor, mask: Tensor, sample_index: Tensor
+                     ) -> dict[str, Tensor]:
+    """mis.py's perplexity, KL and chi-squared metrics, one value per token (a sample's value
+    spread over its tokens): the trainer's (``old``) and the engine's (``behaviour``) log
+    perplexity per sample and their difference, the per-token ``kl`` (behaviour - old) and
+    ``k3_kl``, and ``chi2_token`` / ``chi2_seq``, the second moments of the token ratio and of
+    the sample's ratio product, less 1. Example: old = behaviour gives every KL and chi2 0."""
+    count = _sample_sums(mask, sample_index).clamp(min=1.0)
+
+    def sample_mean(values: Tensor) -> Tensor:
+        return (_sample_sums(values * mask, sample_index) / count)[sample_index]
+
+    r = old - behaviour
+    train_ppl, rollout_ppl = -sample_mean(old), -sample_mean(behaviour)
+    diff = train_ppl - rollout_ppl  # mis.py's mean rollout log-prob - mean training log-prob
+    seq = level_value(r, mask, sample_index, "sequence").clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    rho = torch.exp(r.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+    return {"training_log_ppl": train_ppl, "training_ppl": torch.exp(train_ppl),
+            "rollout_log_ppl": rollout_ppl, "rollout_ppl": torch.exp(rollout_ppl),
+            "kl": -r, "k3_kl": torch.exp(r) - r - 1.0, "log_ppl_diff": diff,
+            "log_ppl_abs_diff": diff.abs(), "ppl_ratio": torch.exp(diff),
+            "chi2_token": sample_mean(rho**2) - 1.0,
+            "chi2_seq": torch.exp(2.0 * seq) - 1.0}
 
 
 def level_value(log_ratio: Tensor, mask: Tensor, sample_index: Tensor, level: str) -> Tensor:

@@ -96,6 +96,9 @@ class LossArgs(Record):
                            "(slime's mis.py: --tis-level, --tis-mode, its bounds, batch "
                            "normalization per optimizer step); slime's --custom-tis-function-path "
                            "names them by the anchors' paths", TIS_FUNCTIONS)
+    get_mismatch_metrics: bool = _f(False, "log mis.py's mismatch metrics (mis_*) with "
+                                    "--tis-function mis, without --use-tis's weights "
+                                    "(slime's)")
     tis_level: str = _f("token", "mis: the ratio weighed, per token, per sample (sequence) or "
                         "its geometric mean", RS_LEVELS)
     tis_mode: str = _f("truncate", "mis: bound the weight at --tis-upper-bound (truncate), "
@@ -197,11 +200,12 @@ class LossArgs(Record):
                                veto=self.rs_veto_threshold)
 
     def mis_config(self) -> MisConfig | None:
-        """slime's mis.py weights as the core's record (None unless ``--use-tis
-        --tis-function mis``); its error is re-raised naming the key. Example: mis.yaml gives
+        """slime's mis.py weights as the core's record (None unless ``--tis-function mis``
+        with ``--use-tis``, or with ``--get-mismatch-metrics`` for the metrics alone); its
+        error is re-raised naming the key. Example: mis.yaml gives
         ``MisConfig(level="token", mode="truncate", lower=0.5, upper=2.0,
         batch_normalize=True)``."""
-        if not (self.use_tis and self.tis_function == "mis"):
+        if not (self.tis_function == "mis" and (self.use_tis or self.get_mismatch_metrics)):
             return None
         try:
             return MisConfig(level=self.tis_level, mode=self.tis_mode, lower=self._tis_band()[0],
@@ -262,6 +266,18 @@ class LossArgs(Record):
         in_range("tis_lower_bound", self.tis_lower_bound, 0.0, 1e6, "use e.g. 0.5")
         in_range("tis_upper_bound", self.tis_upper_bound, 0.0, 1e6, "use e.g. 2.0")
         in_range("rs_veto_threshold", self.rs_veto_threshold, 0.0, 1.0, "use e.g. 1e-4")
+        if self.get_mismatch_metrics and self.tis_function != "mis":
+            raise field_error(ConfigError, "--get-mismatch-metrics", True,
+                              "computes mis.py's metrics, which --tis-function "
+                              f"{self.tis_function} has not", f"pass {MIS_FLAG} (slime: "
+                              "--custom-tis-function-path to mis.py)")
+        if self.tis_function == "mis" and self.get_mismatch_metrics and not self.use_tis:
+            self.mis_config()
+            return
+        if self.tis_function != "vanilla" and not self.use_tis:
+            raise field_error(ConfigError, "--tis-function", self.tis_function,
+                              "weighs the surrogate only under --use-tis (as slime's TIS "
+                              "function)", "pass --use-tis, or drop it")
         if self.use_tis and self.tis_function == "mis":
             self.mis_config()
             return
@@ -289,4 +305,6 @@ class LossArgs(Record):
             self.rejection_config()
         except LossConfigError as exc:
             field, _, rest = str(exc).partition("=")
-            raise ConfigError(f"{flag('rs_' + field)}={rest}") from None
+            key = {"lower": "rs_lower_bound", "upper": "rs_upper_bound",
+                   "veto": "rs_veto_threshold"}.get(field, "rs_" + field)
+            raise ConfigError(f"{flag(key)}={rest}") from None

@@ -14,8 +14,9 @@ table of flags vime does not support.
   (:func:`default_flags`): a flag at its default no-op value is never an error.
 * ``SLIME_VALUES``: slime's spelling of a value vime spells otherwise (slime's default rollout
   function is vime's; Megatron's default ``allgather`` dispatcher is vime's ``alltoall``;
-  ``--rollout-top-k -1`` is off), and slime's legacy one-path ``--eval-prompt-data PATH``, an
-  eval set named ``aime`` (:func:`slime_values`).
+  ``--rollout-top-k -1`` is off), slime's legacy one-path ``--eval-prompt-data PATH``, an
+  eval set named ``aime``, and miles' FSDP-backend switches in Megatron's terms
+  (:func:`slime_values`).
 * ``SECRET_FLAGS``: ``--wandb-key`` goes to W&B through ``WANDB_API_KEY`` only; :func:`redact`
   hides its value in a recorded command line.
 
@@ -280,9 +281,9 @@ def slime_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 def _miles_fsdp(out: dict[str, Any]) -> list[str]:
     """miles' FSDP-backend switches in Megatron's terms, in place; a note per setting changed.
-    Each yields to the Megatron flag that says otherwise."""
+    Each yields to the Megatron flag given (``values`` hold the given settings only)."""
     notes = []
-    if out.get("train_backend") == "fsdp" and not out.get("use_distributed_optimizer"):
+    if out.get("train_backend") == "fsdp" and out.get("use_distributed_optimizer") is None:
         out["use_distributed_optimizer"] = True
         notes.append("--train-backend fsdp: turns on the distributed optimizer (FSDP shards "
                      "the optimizer state over the data-parallel ranks)")

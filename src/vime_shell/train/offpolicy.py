@@ -37,7 +37,7 @@ from vime_pure.metrics import Metric, merge_metrics
 from vime_pure.policy_config import MisConfig, RejectionConfig
 from vime_pure.scheduling.schedule import Schedule
 from vime_pure.staleness import mismatch_metrics
-from vime_pure.torch_ops.mis import mis_weights, norm_factors, norm_terms
+from vime_pure.torch_ops.mis import MISMATCH_COLUMNS, mis_weights, norm_factors, norm_terms
 from vime_pure.torch_ops.offpolicy import rejection_keep
 from vime_shell.megatron.collectives import gather_metrics
 
@@ -112,7 +112,7 @@ def reject(rank: RankBatch, share: RankShare, schedule: Schedule, old: np.ndarra
     old log-probs (:func:`share_log_probs`); ``counts``: this rank speaks for its DP replica
     in the sums (one rank per replica), which carry one number per batch sample at most."""
     if config is not None:
-        behaviour = _behaviour(share, "use_rs", "--use-rs")
+        behaviour = _behaviour(share, "use_rs", True, "--use-rs")
         old = np.where(np.isfinite(old), old, behaviour)  # unscored: ratio 1
         voted = rejection_keep(torch.from_numpy(old), torch.from_numpy(behaviour),
                                torch.from_numpy(share.loss_masks.astype(np.float64)),
@@ -136,20 +136,24 @@ def reject(rank: RankBatch, share: RankShare, schedule: Schedule, old: np.ndarra
 
 
 def importance(rank: RankBatch, share: RankShare, schedule: Schedule, old: np.ndarray,
-               config: MisConfig, *, counts: bool, device
-               ) -> tuple[RankBatch, np.ndarray, dict[str, float | None]]:
+               config: MisConfig, *, counts: bool, device, weigh: bool = True
+               ) -> tuple[RankBatch, np.ndarray | None, dict[str, float | None]]:
     """Collective over the world (the training ranks): ``rank`` with slime's mis.py weights
     (``vime_pure.torch_ops.mis``) as ``is_weights``, mode ``mask``'s keep (share tokens, for
-    :func:`reject`) and the ``mis_*`` metrics: token means over the batch's loss-masked
+    :func:`reject`; None in the other modes, which reject nothing) and the ``mis_*`` metrics: token means over the batch's loss-masked
     tokens. Batch normalization divides each step's weights by the step's mean, summed over
-    the DP ranks (``counts`` as in :func:`reject`). ``old``: as in :func:`reject`."""
-    behaviour = _behaviour(share, "tis_function", "--tis-function mis")
+    the DP ranks (``counts`` as in :func:`reject`). ``old``: as in :func:`reject`. Without
+    ``weigh`` (``--get-mismatch-metrics`` alone): ``rank`` as it is, no keep, and mis.py's
+    mismatch metrics only, as mis.py returns without ``use_tis``."""
+    behaviour = _behaviour(share, "tis_function", "mis", "--tis-function mis")
     old = np.where(np.isfinite(old), old, behaviour)
     index = torch.from_numpy(_sample_index(share))
     mask = torch.from_numpy(share.loss_masks.astype(np.float64))
     out = mis_weights(torch.from_numpy(old), torch.from_numpy(behaviour), mask, index, config)
     weights, columns = out.weights, dict(out.metrics)
-    if config.batch_normalize:
+    if not weigh:
+        columns = {k: v for k, v in columns.items() if k in MISMATCH_COLUMNS}
+    elif config.batch_normalize:
         steps = torch.from_numpy(step_of_sample(schedule)[share.sample_ids])
         sums = torch.zeros(2, schedule.num_steps, dtype=torch.float64)
         if counts:
@@ -160,19 +164,23 @@ def importance(rank: RankBatch, share: RankShare, schedule: Schedule, old: np.nd
         factor = norm_factors(*buf.cpu())[steps][index]
         weights = weights / factor
         columns["batch_norm_factor"] = factor
-    columns["is_ratio_mean_final"] = weights
+    if weigh:
+        columns["is_ratio_mean_final"] = weights
     local = {f"mis_{k}": Metric(float((v * mask).sum()) if counts else 0.0,
                                 float(mask.sum()) if counts else 0.0)
              for k, v in columns.items()}
     reduced = gather_metrics(local, None, group_dst=None)
-    return (with_is_weights(rank, weights.numpy()), out.keep.numpy(),
-            {k: m.value for k, m in reduced.items()})
+    metrics = {k: m.value for k, m in reduced.items()}
+    if not weigh:
+        return rank, None, metrics
+    keep = out.keep.numpy() if config.mode == "mask" else None
+    return with_is_weights(rank, weights.numpy()), keep, metrics
 
 
-def _behaviour(share: RankShare, field: str, flag: str) -> np.ndarray:
-    """The share's engine log-probs (float64), which ``flag`` needs."""
+def _behaviour(share: RankShare, field: str, value: object, flag: str) -> np.ndarray:
+    """The share's engine log-probs (float64), which ``field=value`` (``flag``) needs."""
     if share.rollout_log_probs is None:
-        raise field_error(LossConfigError, field, True,
+        raise field_error(LossConfigError, field, value,
                           "needs the engine's rollout log-probs, which this batch lacks",
                           f"record rollout_log_probs in the rollout function, or drop {flag}")
     return share.rollout_log_probs.astype(np.float64)

@@ -288,20 +288,29 @@ class Step:
                               teacher_log_probs=teacher, old_from_step=1 if shortcut else 0)
         if judged:
             assert old is not None  # judging turns the step-0 shortcut off
-            trainer = self.trainer
-            full = offpolicy.share_log_probs(old, trainer.cp_group, trainer.device)
-            counts = trainer.owns_loss and trainer.cp_rank == 0
-            keep = None
-            if self.mis is not None:
-                mine, keep, weighed = offpolicy.importance(
-                    mine, share, schedule, full, self.mis, counts=counts, device=trainer.device)
-                metrics.update(weighed)
-            if self.rejection is not None or (self.mis is not None and self.mis.mode == "mask"):
-                mine, rejected = offpolicy.reject(
-                    mine, share, schedule, full, self.rejection, self._loss_norm(),
-                    counts=counts, device=trainer.device, keep=keep)
-                metrics.update(rejected)
+            mine = self._judge(mine, share, schedule, old, metrics)
         return mine, metrics
+
+    def _judge(self, mine: RankBatch, share: RankShare, schedule: Schedule, old: np.ndarray,
+               metrics: dict) -> RankBatch:
+        """Collective: the MIS weights and the rejection masks of this rank's ``share``, on
+        whole samples (``old`` completed over the CP ranks first); their metrics join
+        ``metrics``."""
+        trainer = self.trainer
+        full = offpolicy.share_log_probs(old, trainer.cp_group, trainer.device)
+        counts = trainer.owns_loss and trainer.cp_rank == 0  # one rank per DP replica
+        keep = None
+        if self.mis is not None:
+            mine, keep, weighed = offpolicy.importance(
+                mine, share, schedule, full, self.mis, counts=counts, device=trainer.device,
+                weigh=self.cfg.use_tis)
+            metrics.update(weighed)
+        if self.rejection is not None or keep is not None:
+            mine, rejected = offpolicy.reject(
+                mine, share, schedule, full, self.rejection, self._loss_norm(),
+                counts=counts, device=trainer.device, keep=keep)
+            metrics.update(rejected)
+        return mine
 
     # -- the weight sync and its checks --------------------------------------------------------
     def sync(self, version: int) -> SyncReport:
