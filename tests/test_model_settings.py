@@ -6,7 +6,8 @@ import pytest
 from vime_shell.megatron.layout import UnsupportedLayoutError, resolve_layout
 from vime_shell.megatron.model_options import ModelOptions, ModelOptionsError
 from vime_shell.megatron.rope import RopeScaling, gpt_rope_args, rope_scaling_of
-from vime_shell.models.hf_config import HfConfigSummary, ModelLoadError
+from vime_shell.models.hf_config import (HfConfigSummary, ModelLoadError, check_config,
+                                         first_dense_layers)
 from vime_shell.run.model_checks import check_model_settings
 from vime_shell.settings.flags import parse_train_config
 from vime_shell.settings.train_config import ConfigError, TrainConfig
@@ -206,14 +207,32 @@ def test_routing_replay_turns_off_the_fused_router_and_refuses_sinkhorn():
         ModelOptions(moe_enable_routing_replay=True, moe_router_load_balancing_type="sinkhorn")
 
 
+def test_glm_4_7_flash_is_built_as_deepseek_v3_with_its_dense_layers_first(tmp_path):
+    """GLM-4.7-Flash (glm4_moe_lite) is no longer refused; its mlp_layer_types become
+    first_k_dense_replace, and a pattern DeepSeek-V3 cannot hold is refused at launch."""
+    config = {"model_type": "glm4_moe_lite", "num_hidden_layers": 3, "vocab_size": 32,
+              "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
+              "mlp_layer_types": ["dense", "sparse", "sparse"]}
+    check_config(config, tmp_path / "config.json")
+    assert first_dense_layers(config["mlp_layer_types"], tmp_path) == 1
+    with pytest.raises(ModelLoadError, match="not dense layers followed by MoE layers"):
+        check_config({**config, "mlp_layer_types": ["sparse", "dense", "sparse"]},
+                     tmp_path / "config.json")
+
+
+def test_megatrons_no_switches_parse_as_given():
+    """--no-position-embedding is Megatron's switch on (argparse's BooleanOptionalAction read
+    every --no-... spelling as False, so slime's GLM-4.7 model file failed its check)."""
+    assert parse_train_config(["--no-position-embedding"]).no_position_embedding is True
+    assert parse_train_config(["--no-save-optim"]).no_save_optim is True
+
+
 @pytest.mark.parametrize("model_type, reason", [
     ("deepseek_v2", "DeepSeek-V2"), ("glm4_moe", "GLM-4 MoE"), ("mimo", "MiMo"),
     ("qwen3_next", "Qwen3-Next"), ("qwen2_5_vl", "multimodal")])
 def test_a_family_the_bridge_cannot_build_is_refused_at_launch(model_type, reason, tmp_path):
     """Before anything heavy is built (such a bridge fails inside Megatron's config, or
     mbridge has none): one line naming the family and the reason."""
-    from vime_shell.models.hf_config import check_config
-
     config = {"model_type": model_type, "num_hidden_layers": 2, "vocab_size": 32,
               "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
     with pytest.raises(ModelLoadError, match=rf"has \"model_type\" '{model_type}': not "

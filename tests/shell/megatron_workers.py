@@ -255,8 +255,10 @@ def loss_modes(hf_dir: str) -> dict:
     return out
 
 
-def conversion_only(hf_dir: str) -> dict:
-    """HF round trip and logit parity of a model at world size 1 (no training)."""
+def conversion_only(hf_dir: str, native: bool = False) -> dict:
+    """HF round trip and logit parity of a model at world size 1 (no training); ``native``:
+    against transformers' own class of the checkpoint's model_type, not the class vime reads
+    its config as (GLM-4.7-Flash is read as DeepSeek-V3)."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -265,8 +267,8 @@ def conversion_only(hf_dir: str) -> dict:
     from vime_shell.models.auto_config import auto_config
 
     trainer = MegatronTrainer.from_hf(hf_dir)
-    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, config=auto_config(hf_dir),
-                                                     dtype=torch.float32)
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        hf_dir, **({} if native else {"config": auto_config(hf_dir)}), dtype=torch.float32)
     original = load_file(f"{hf_dir}/model.safetensors")
     exported = trainer.hf_state_dict()
     out = {"roundtrip_keys_equal": set(exported) == set(original),

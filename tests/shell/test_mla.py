@@ -1,8 +1,10 @@
 """Multi-latent attention models (DeepSeek-V3 / R1, Moonlight; ``vime_shell.megatron.mla_bridge``)
 on CPU: tiny random DeepSeek-V3s with a query low-rank projection, a dense first layer, MoE
 layers with a shared expert, sigmoid routing with a non-zero expert bias, and, in variants,
-no query low-rank with 2 expert groups, YaRN RoPE, every layer dense, and one whose
-config.json says ``kimi_k2`` as Kimi-K2's does (DeepSeek-V3's classes under its own name).
+no query low-rank with 2 expert groups, YaRN RoPE, every layer dense, one whose
+config.json says ``kimi_k2`` as Kimi-K2's does (DeepSeek-V3's classes under its own name), and
+a GLM-4.7-Flash (``glm4_moe_lite``: the same model under GLM's config, checked against
+transformers' own GLM class).
 
 Asserted: the HF -> Megatron -> HF round trip is exact and Megatron's logits and log-probs
 equal transformers' (1e-5, fp32), for all five; DP2, EP2 and PP2 train the two rollouts to
@@ -57,6 +59,8 @@ def mla_runs(tmp_path_factory):
     dirs = {name: str(build_tiny_hf_model(root / name, spec)) for name, spec in SPECS.items()}
     dirs["kimi_k2"] = str(as_kimi_k2(build_tiny_hf_model(root / "kimi_k2", TinyModelSpec(
         arch="deepseek_v3", rope_scaling=YARN, seed=4))))
+    dirs["glm47_flash"] = str(build_tiny_hf_model(root / "glm47_flash", TinyModelSpec(
+        arch="glm4_moe_lite", num_layers=3, seed=5)))
     return spawn(mla_worker, 2, dirs, str(root / "ckpt"))
 
 
@@ -64,14 +68,15 @@ def _delta(a: dict, b: dict) -> float:
     return max(float(np.abs(a[k] - b[k]).max()) for k in b)
 
 
-@pytest.mark.parametrize("name", [*SPECS, "kimi_k2"])
+@pytest.mark.parametrize("name", [*SPECS, "kimi_k2", "glm47_flash"])
 def test_the_round_trip_is_exact_and_logits_match_transformers(mla_runs, name):
     run = mla_runs[0]["conversion"][name]
     assert run["roundtrip_keys_equal"] and run["roundtrip_max"] == 0.0
     assert run["logit_max"] <= 1e-5
 
 
-@pytest.mark.parametrize("name", ["dp2", "ep2", "no_q_lora_groups", "yarn", "dense"])
+@pytest.mark.parametrize("name", ["dp2", "ep2", "no_q_lora_groups", "yarn", "dense",
+                                  "glm47_flash"])
 def test_training_log_probs_match_transformers(mla_runs, name):
     for run in (r[name] for r in mla_runs):
         assert run["logit_max"] <= 1e-5 and run["hf_logprob_max"] <= 1e-5
@@ -96,13 +101,13 @@ def test_tensor_parallelism_without_sequence_parallelism_is_refused(mla_runs):
         "parallelism trains on a partial RoPE-key gradient" in mla_runs[0]["tp2_error"]
 
 
-@pytest.mark.parametrize("model_type", ["deepseek_v3", "kimi_k2"])
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "kimi_k2", "glm4_moe_lite"])
 def test_vime_train_syncs_and_exports_an_mla_model(tmp_path, model_type):
-    """The reverse task on a tiny DeepSeek-V3 (or Kimi-K2's config of it) with the embedded
-    model's tokenizer: 3 rollouts, the HF engine following each sync (the loop's gap check),
-    and the export reloaded."""
-    model = build_tiny_hf_model(tmp_path / "dsv3", TinyModelSpec(arch="deepseek_v3",
-                                                                 vocab_size=20))
+    """The reverse task on a tiny DeepSeek-V3 (or Kimi-K2's config of it, or GLM-4.7-Flash's)
+    with the embedded model's tokenizer: 3 rollouts, the HF engine following each sync (the
+    loop's gap check), and the export reloaded."""
+    arch = "glm4_moe_lite" if model_type == "glm4_moe_lite" else "deepseek_v3"
+    model = build_tiny_hf_model(tmp_path / "dsv3", TinyModelSpec(arch=arch, vocab_size=20))
     if model_type == "kimi_k2":
         as_kimi_k2(model)
     with_embedded_tokenizer(model)
@@ -123,3 +128,6 @@ def test_vime_train_syncs_and_exports_an_mla_model(tmp_path, model_type):
     assert not any("e_score_correction_bias" in k for k in moved)  # a fixed bias
     AutoModelForCausalLM.from_pretrained(tmp_path / "hf", config=auto_config(tmp_path / "hf"),
                                          dtype=torch.float32)  # loads
+    if model_type == "glm4_moe_lite":  # the export keeps GLM's config: transformers' own class
+        native = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+        assert type(native).__name__ == "Glm4MoeLiteForCausalLM"

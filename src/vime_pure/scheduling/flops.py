@@ -149,9 +149,12 @@ def num_experts(cfg: ConfigFields) -> int:
 
 def sparse_layers(cfg: ConfigFields, layers: int) -> set[int]:
     """Indices of MoE layers (Qwen's decoder_sparse_step / mlp_only_layers, DeepSeek's
-    first_k_dense_replace); none for a dense model."""
+    first_k_dense_replace, GLM-4.7-Flash's mlp_layer_types); none for a dense model."""
     if not num_experts(cfg):
         return set()
+    types = cfg.get("mlp_layer_types")  # GLM-4.7-Flash: "dense" / "sparse" per layer
+    if isinstance(types, list):
+        return {i for i, t in enumerate(types[:layers]) if t == "sparse"}
     step = cfg.int("decoder_sparse_step", 1)
     dense_only = set(cfg.get("mlp_only_layers", []) or [])
     first_dense = cfg.get("first_k_dense_replace", 0) or 0

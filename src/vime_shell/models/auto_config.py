@@ -1,5 +1,6 @@
 """The transformers config of a model directory, for checkpoints whose ``model_type`` names
-an architecture transformers has under another name.
+an architecture transformers has under another name, or an architecture vime builds as
+another's.
 
 Kimi-K2 (``model_type`` ``kimi_k2``) ships its config and model as remote code, and both are
 DeepSeek-V3's (``architectures`` is ``DeepseekV3ForCausalLM``, the same keys and weight
@@ -7,6 +8,15 @@ names): :data:`vime_shell.models.hf_config.MODEL_TYPE_ALIASES` maps it onto tran
 ``deepseek_v3`` classes, so the trainer's bridge and the HF engine build it without running
 the checkpoint's code. A real Kimi-K2 tokenizer is remote code too (tiktoken), which vime does
 not run: such a directory needs a tokenizer transformers loads.
+
+GLM-4.7-Flash (``glm4_moe_lite``) is DeepSeek-V3's architecture under GLM's config: the same
+weight names (multi-latent attention, a sigmoid router with an expert bias, a shared expert),
+its dense layers listed by ``mlp_layer_types`` instead of ``first_k_dense_replace``, and GLM's
+defaults (``routed_scaling_factor`` 1.8, ``rms_norm_eps`` 1e-5). Its config is read by
+transformers' own class, so GLM's defaults fill what config.json leaves out, and handed on
+as a ``DeepseekV3Config`` (transformers' two classes give equal logits on the same weights;
+``tests/shell/test_mla.py``); the trainer's bridge is DeepSeek-V3's, no mapping of vime's own.
+A layer pattern other than dense layers first is refused (DeepSeek-V3 has no other).
 
 Example: ``auto_config(path)`` of a ``kimi_k2`` directory is a ``DeepseekV3Config`` with the
 directory's sizes; of any other, ``AutoConfig.from_pretrained(path)``.
@@ -17,14 +27,25 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from vime_shell.models.hf_config import MODEL_TYPE_ALIASES
+from vime_shell.models.hf_config import MODEL_TYPE_ALIASES, first_dense_layers
 
 
 def auto_config(model_dir: str | Path):
     path = Path(model_dir)
     data = json.loads((path / "config.json").read_text())
-    alias = MODEL_TYPE_ALIASES.get(data.get("model_type"))
+    kind = data.get("model_type")
+    if kind == "glm4_moe_lite":
+        return _glm4_moe_lite(path)
+    alias = MODEL_TYPE_ALIASES.get(kind)
     if alias is None:
         return AutoConfig.from_pretrained(path)
     keys = {k: v for k, v in data.items() if k not in ("model_type", "auto_map")}
     return AutoConfig.for_model(alias, **keys)
+
+
+def _glm4_moe_lite(path: Path):
+    """GLM-4.7-Flash's config as DeepSeek-V3's (module docstring)."""
+    keys = AutoConfig.from_pretrained(path).to_dict()
+    first_dense = first_dense_layers(keys.pop("mlp_layer_types"), path / "config.json")
+    keys = {k: v for k, v in keys.items() if k not in ("model_type", "architectures")}
+    return AutoConfig.for_model("deepseek_v3", **keys, first_k_dense_replace=first_dense)

@@ -13,7 +13,7 @@ num_layers=2, vocab_size=20, max_position_embeddings=64, num_attention_heads=2)`
 
 import json
 from pathlib import Path
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import attrs
 
@@ -99,25 +99,39 @@ REQUIRED = (*SUMMARY_REQUIRED, "hidden_size", "num_attention_heads", "intermedia
 # model_type -> the transformers model_type of the same architecture (models/auto_config.py)
 MODEL_TYPE_ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3"}
 # multi-latent attention (megatron/mla_bridge.py)
-MLA_MODEL_TYPES: tuple[str, ...] = ("deepseek_v3", "kimi_k2")
+MLA_MODEL_TYPES: tuple[str, ...] = ("deepseek_v3", "kimi_k2", "glm4_moe_lite")
 # Model families the trainer's bridge cannot build yet, by config.json's model_type: each
 # failed deep inside model construction or needs a part vime lacks; refused at launch with
 # the reason instead. The families vime builds: Qwen2, Qwen3, their MoE variants, Llama,
-# DeepSeek-V3 and Kimi-K2 (multi-latent attention), GLM-4 (megatron/glm4_bridge.py).
+# DeepSeek-V3, Kimi-K2 and GLM-4.7-Flash (multi-latent attention), GLM-4
+# (megatron/glm4_bridge.py).
 MODEL_TYPE_REFUSALS: dict[str, str] = {
     "deepseek_v2": "DeepSeek-V2 (mbridge has no bridge for it; DeepSeek-V3, R1 and Moonlight "
     "train as deepseek_v3)",
     "mimo": "MiMo (its multi-token prediction layers)",
     "qwen3_next": "Qwen3-Next (gated and linear attention: slime's --spec)",
     "glm4_moe": "GLM-4 MoE (its layer spec: slime's --spec)",
-    "glm4_moe_lite": "GLM-4.7-Flash (multi-latent attention under GLM's weight names, and its "
-    "multi-token prediction layers: no bridge maps it)",
     **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
                     "Qwen3.5 (gated and linear attention: slime's --spec)"),
     "minimax_m2": "MiniMax-M2 (its layer spec: slime's --spec)",
     **dict.fromkeys(("qwen2_5_vl", "qwen2_vl", "glm4v", "internvl_chat"),
                     "multimodal models (vime trains on text token ids)"),
 }
+
+
+def first_dense_layers(types: Any, path: Path | str) -> int:
+    """GLM-4.7-Flash's ``mlp_layer_types`` as DeepSeek-V3's ``first_k_dense_replace``: how many
+    layers come first as dense; any other pattern is a ``ModelLoadError`` (DeepSeek-V3, the
+    model vime builds it as, has no other). Example: ``["dense", "sparse", "sparse"]`` gives
+    1."""
+    ok = isinstance(types, list) and all(t in ("dense", "sparse") for t in types)
+    k = next((i for i, t in enumerate(types) if t != "dense"), len(types)) if ok else 0
+    if not ok or list(types) != ["dense"] * k + ["sparse"] * (len(types) - k):
+        raise _malformed("--hf-checkpoint", Path(path), f'"mlp_layer_types" is {types!r}, not '
+                         "dense layers followed by MoE layers, the only layout of DeepSeek-V3's, "
+                         "which vime builds GLM-4.7-Flash as",
+                         "use a checkpoint whose dense layers come first")
+    return k
 
 
 def check_config(config: dict, path: Path, flag: str = "--hf-checkpoint",
@@ -148,7 +162,9 @@ def check_config(config: dict, path: Path, flag: str = "--hf-checkpoint",
     if refused is not None:
         raise _malformed(flag, path, f'has "model_type" {config["model_type"]!r}: not '
                          f"supported in vime ({refused})", "train a Qwen2, Qwen3 (dense or "
-                         "MoE), Llama, DeepSeek-V3, Kimi-K2 or GLM-4 checkpoint")
+                         "MoE), Llama, DeepSeek-V3, Kimi-K2, GLM-4.7-Flash or GLM-4 checkpoint")
+    if config.get("model_type") == "glm4_moe_lite" and "mlp_layer_types" in config:
+        first_dense_layers(config["mlp_layer_types"], path)
     _check_special_token_ids(config, path, flag)
     _check_heads(config, path, flag)
 

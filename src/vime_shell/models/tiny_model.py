@@ -15,6 +15,8 @@ MoE with a shared expert, sigmoid routing with an expert bias, drawn non-zero he
 ``n_group`` expert groups), with the router keys DeepSeek's own config.json has
 (``topk_method: noaux_tc``, ``scoring_func: sigmoid``). ``arch="glm4"`` is a dense GLM-4
 (post-norms, QKV bias, half of each head rotated in interleaved pairs).
+``arch="glm4_moe_lite"`` is a GLM-4.7-Flash: DeepSeek-V3's model under GLM's config
+(``mlp_layer_types``, routed scaling 1.8).
 """
 
 from pathlib import Path
@@ -22,14 +24,14 @@ from typing import Any
 
 import attrs
 import torch
-from transformers import (AutoModelForCausalLM, DeepseekV3Config, Glm4Config, LlamaConfig,
-                          Qwen2Config, Qwen2MoeConfig, Qwen3MoeConfig)
+from transformers import (AutoModelForCausalLM, DeepseekV3Config, Glm4Config, Glm4MoeLiteConfig,
+                          LlamaConfig, Qwen2Config, Qwen2MoeConfig, Qwen3MoeConfig)
 
 from vime_pure.errors import VimeError, field_error
 
 ARCHITECTURES: tuple[str, ...] = ("qwen2", "llama", "qwen2_moe", "qwen3_moe", "deepseek_v3",
-                                  "glm4")
-MOE_ARCHITECTURES: tuple[str, ...] = ("qwen2_moe", "qwen3_moe", "deepseek_v3")
+                                  "glm4", "glm4_moe_lite")
+MOE_ARCHITECTURES: tuple[str, ...] = ("qwen2_moe", "qwen3_moe", "deepseek_v3", "glm4_moe_lite")
 
 
 @attrs.frozen(kw_only=True)
@@ -100,7 +102,7 @@ def hf_config(spec: TinyModelSpec, **extra):
         mlp_only_layers=[], router_aux_loss_coef=0.0)
     if spec.arch == "qwen2":
         return Qwen2Config(use_sliding_window=False, **common)
-    if spec.arch == "deepseek_v3":
+    if spec.arch in ("deepseek_v3", "glm4_moe_lite"):
         return _deepseek_v3(spec, common)
     if spec.arch == "glm4":  # half of each head rotated, in interleaved pairs (GLM-4-9B's)
         common["rope_parameters"] = {"partial_rotary_factor": 0.5, **common["rope_parameters"]}
@@ -123,16 +125,23 @@ _DEEPSEEK_ROUTER_KEYS: dict[str, Any] = {"topk_method": "noaux_tc", "scoring_fun
 
 
 def _deepseek_v3(spec: TinyModelSpec, common: dict[str, Any]):
+    """DeepSeek-V3, or GLM-4.7-Flash: the same model under GLM's config (its dense layers in
+    ``mlp_layer_types``, GLM's routed scaling 1.8, no router keys in its config.json)."""
     common = {k: v for k, v in common.items() if k not in ("head_dim", "num_key_value_heads")}
-    return DeepseekV3Config(
+    shared = dict(
         q_lora_rank=spec.q_lora_rank, kv_lora_rank=spec.kv_lora_rank,
         qk_nope_head_dim=spec.qk_nope_head_dim, qk_rope_head_dim=spec.qk_rope_head_dim,
         v_head_dim=spec.v_head_dim, num_key_value_heads=spec.num_heads,
         n_routed_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
         moe_intermediate_size=spec.moe_intermediate_size, n_shared_experts=1,
-        first_k_dense_replace=spec.first_k_dense_replace, n_group=spec.n_group,
-        topk_group=spec.topk_group, norm_topk_prob=True, routed_scaling_factor=2.5,
-        num_mtp_layers=0, **common, **_DEEPSEEK_ROUTER_KEYS)
+        n_group=spec.n_group, topk_group=spec.topk_group, norm_topk_prob=True, **common)
+    if spec.arch == "glm4_moe_lite":
+        k = spec.first_k_dense_replace
+        return Glm4MoeLiteConfig(mlp_layer_types=["dense"] * k + ["sparse"] * (
+            spec.num_layers - k), routed_scaling_factor=1.8, **shared)
+    return DeepseekV3Config(first_k_dense_replace=spec.first_k_dense_replace,
+                            routed_scaling_factor=2.5, num_mtp_layers=0, **shared,
+                            **_DEEPSEEK_ROUTER_KEYS)
 
 
 def random_hf_model(spec: TinyModelSpec, **config_extra):

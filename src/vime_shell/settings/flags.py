@@ -162,6 +162,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                  *(alias for alias, name in ALIASES.items() if name == f.name)]
         help_text = f"{f.metadata['help']} (default: {f.default})"
         base, optional = field_type(f)
+        if base is bool and f.name.startswith("no_"):  # Megatron's --no-X switches: argparse's
+            # BooleanOptionalAction reads any --no-... spelling as False
+            group.add_argument(*flags, action="store_const", const=True,
+                               default=argparse.SUPPRESS, help=help_text)
+            continue
         if base is bool:
             group.add_argument(*flags, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)

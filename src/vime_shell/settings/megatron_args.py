@@ -327,7 +327,9 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
         "norm_epsilon": hf.get("rms_norm_eps", hf.get("layer_norm_eps")),
         "normalization": "RMSNorm" if "rms_norm_eps" in hf else None,
         "swiglu": act in ("silu", "swish") if act else None,
-        "add_qkv_bias": bool(qkv_bias),
+        # Megatron's MLA projections have no bias whatever --add-qkv-bias says (slime's
+        # GLM-4.7 model file passes it): not checked under MLA
+        "add_qkv_bias": None if mla else bool(qkv_bias),
         "untie_embeddings_and_output_weights": not hf.get("tie_word_embeddings", True),
         "num_experts": hf_num_experts(hf),
         "moe_ffn_hidden_size": hf.get("moe_intermediate_size"),

@@ -116,6 +116,8 @@ def _hf_layer_pattern(hf: dict[str, Any]) -> list[int] | None:
     if "first_k_dense_replace" in hf:  # DeepSeek-V3, GLM-4.x MoE
         k = int(hf["first_k_dense_replace"])
         return [0] * k + [1] * (layers - k)
+    if isinstance(hf.get("mlp_layer_types"), list):  # GLM-4.7-Flash: "dense" / "sparse"
+        return [int(t == "sparse") for t in hf["mlp_layer_types"]]
     dense = set(hf.get("mlp_only_layers") or ())
     step = int(hf.get("decoder_sparse_step", 1) or 1)
     return [int(i not in dense and (i + 1) % step == 0) for i in range(layers)]
