@@ -218,6 +218,8 @@ def test_glm_4_7_flash_is_built_as_deepseek_v3_with_its_dense_layers_first(tmp_p
     with pytest.raises(ModelLoadError, match="not dense layers followed by MoE layers"):
         check_config({**config, "mlp_layer_types": ["sparse", "dense", "sparse"]},
                      tmp_path / "config.json")
+    with pytest.raises(ModelLoadError, match='"first_k_dense_replace" is 2 but'):
+        check_config({**config, "first_k_dense_replace": 2}, tmp_path / "config.json")
 
 
 def test_megatrons_no_switches_parse_as_given():

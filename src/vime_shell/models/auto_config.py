@@ -46,6 +46,8 @@ def auto_config(model_dir: str | Path):
 def _glm4_moe_lite(path: Path):
     """GLM-4.7-Flash's config as DeepSeek-V3's (module docstring)."""
     keys = AutoConfig.from_pretrained(path).to_dict()
-    first_dense = first_dense_layers(keys.pop("mlp_layer_types"), path / "config.json")
+    keys["first_k_dense_replace"] = first_dense_layers(keys.pop("mlp_layer_types"),
+                                                       path / "config.json",
+                                                       keys.get("first_k_dense_replace"))
     keys = {k: v for k, v in keys.items() if k not in ("model_type", "architectures")}
-    return AutoConfig.for_model("deepseek_v3", **keys, first_k_dense_replace=first_dense)
+    return AutoConfig.for_model("deepseek_v3", **keys)

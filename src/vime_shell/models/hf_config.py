@@ -119,11 +119,12 @@ MODEL_TYPE_REFUSALS: dict[str, str] = {
 }
 
 
-def first_dense_layers(types: Any, path: Path | str) -> int:
-    """GLM-4.7-Flash's ``mlp_layer_types`` as DeepSeek-V3's ``first_k_dense_replace``: how many
-    layers come first as dense; any other pattern is a ``ModelLoadError`` (DeepSeek-V3, the
-    model vime builds it as, has no other). Example: ``["dense", "sparse", "sparse"]`` gives
-    1."""
+def first_dense_layers(types: Any, path: Path | str, stated: Any = None) -> int:
+    """GLM-4.7-Flash's ``mlp_layer_types`` (what transformers' GLM class builds) as DeepSeek-V3's
+    ``first_k_dense_replace`` (what vLLM's reads; a real config.json states both): how many
+    layers come first as dense. Any other pattern, or a ``stated`` count that disagrees, is a
+    ``ModelLoadError`` (DeepSeek-V3, the model vime builds it as, has no other). Example:
+    ``["dense", "sparse", "sparse"]`` gives 1."""
     ok = isinstance(types, list) and all(t in ("dense", "sparse") for t in types)
     k = next((i for i, t in enumerate(types) if t != "dense"), len(types)) if ok else 0
     if not ok or list(types) != ["dense"] * k + ["sparse"] * (len(types) - k):
@@ -131,6 +132,10 @@ def first_dense_layers(types: Any, path: Path | str) -> int:
                          "dense layers followed by MoE layers, the only layout of DeepSeek-V3's, "
                          "which vime builds GLM-4.7-Flash as",
                          "use a checkpoint whose dense layers come first")
+    if stated is not None and stated != k:
+        raise _malformed("--hf-checkpoint", Path(path), f'"first_k_dense_replace" is {stated!r} '
+                         f'but "mlp_layer_types" has {k} dense layers first (transformers '
+                         "builds the one, vLLM the other)", "make the two agree")
     return k
 
 
@@ -164,7 +169,7 @@ def check_config(config: dict, path: Path, flag: str = "--hf-checkpoint",
                          f"supported in vime ({refused})", "train a Qwen2, Qwen3 (dense or "
                          "MoE), Llama, DeepSeek-V3, Kimi-K2, GLM-4.7-Flash or GLM-4 checkpoint")
     if config.get("model_type") == "glm4_moe_lite" and "mlp_layer_types" in config:
-        first_dense_layers(config["mlp_layer_types"], path)
+        first_dense_layers(config["mlp_layer_types"], path, config.get("first_k_dense_replace"))
     _check_special_token_ids(config, path, flag)
     _check_heads(config, path, flag)
 

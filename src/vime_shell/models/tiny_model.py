@@ -16,7 +16,7 @@ MoE with a shared expert, sigmoid routing with an expert bias, drawn non-zero he
 (``topk_method: noaux_tc``, ``scoring_func: sigmoid``). ``arch="glm4"`` is a dense GLM-4
 (post-norms, QKV bias, half of each head rotated in interleaved pairs).
 ``arch="glm4_moe_lite"`` is a GLM-4.7-Flash: DeepSeek-V3's model under GLM's config
-(``mlp_layer_types``, routed scaling 1.8).
+(``mlp_layer_types`` and ``first_k_dense_replace``, routed scaling 1.8).
 """
 
 from pathlib import Path
@@ -137,8 +137,10 @@ def _deepseek_v3(spec: TinyModelSpec, common: dict[str, Any]):
         n_group=spec.n_group, topk_group=spec.topk_group, norm_topk_prob=True, **common)
     if spec.arch == "glm4_moe_lite":
         k = spec.first_k_dense_replace
+        # a real config.json states the dense layers both ways (vLLM reads the count)
+        extra: dict[str, Any] = {"first_k_dense_replace": k}  # kept, though undeclared
         return Glm4MoeLiteConfig(mlp_layer_types=["dense"] * k + ["sparse"] * (
-            spec.num_layers - k), routed_scaling_factor=1.8, **shared)
+            spec.num_layers - k), routed_scaling_factor=1.8, **shared, **extra)
     return DeepseekV3Config(first_k_dense_replace=spec.first_k_dense_replace,
                             routed_scaling_factor=2.5, num_mtp_layers=0, **shared,
                             **_DEEPSEEK_ROUTER_KEYS)
