@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from vime_shell.cli.dry_run import configuration_lines
 from vime_shell.cli.main import build_parser, main
 from vime_shell.engines.layout import DEFAULT_GPU_MEMORY_UTILIZATION
 from vime_shell.models.embedded import build_embedded, default_cache_dir
@@ -185,6 +186,13 @@ def test_load_naming_the_hf_checkpoint_starts_from_its_weights(tmp_path):
     (hf / "latest_checkpointed_iteration.txt").write_text("3\n")
     with pytest.raises(Exception, match="--load"):  # a tracker: must be a whole checkpoint
         resume_checkpoint(str(hf), str(tmp_path / "save"), weights=str(hf))
+
+
+def test_the_dry_run_report_shows_a_list_of_ids():
+    """slime's GLM scripts pass --rollout-stop-token-ids: the report printed it by joining
+    ints as strings, and the dry run crashed."""
+    lines = configuration_lines(parse_train_config(["--rollout-stop-token-ids", "1", "7"]))
+    assert any(line.endswith("--rollout-stop-token-ids 1 7") for line in lines)
 
 
 def test_eval_prompt_data_without_interval_is_valid():

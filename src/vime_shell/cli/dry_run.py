@@ -37,7 +37,7 @@ def configuration_lines(cfg: TrainConfig) -> list[str]:
         lines.append(f"[{section}]")
         for name, value in cfg.section(section).items():
             mark = "*" if value != defaults[name] else " "
-            shown = " ".join(value) if isinstance(value, tuple) else value
+            shown = " ".join(map(str, value)) if isinstance(value, tuple) else value
             lines.append(f"  {mark} --{name.replace('_', '-')} {shown}")
     return lines
 

@@ -1,7 +1,8 @@
 """Megatron ``GPTModel`` from a Hugging Face model directory, and export back to HF tensors.
 
-Purpose: load an HF checkpoint (Qwen2/Qwen3 and their MoE, Llama; DeepSeek-V3 and Kimi-K2,
-:mod:`vime_shell.megatron.mla_bridge`; GLM-4, :mod:`vime_shell.megatron.glm4_bridge`) into
+Purpose: load an HF checkpoint (Qwen2/Qwen3 and their MoE, Llama, GLM-4.5 MoE; DeepSeek-V3,
+Kimi-K2 and GLM-4.7-Flash, :mod:`vime_shell.megatron.mla_bridge`; GLM-4,
+:mod:`vime_shell.megatron.glm4_bridge`) into
 Megatron-core model chunks (one per virtual pipeline stage on this rank) with ``mbridge``, and
 stream the trained weights back out under their HF names (weight sync to the rollout engine,
 checkpoint export).
@@ -83,6 +84,11 @@ def read_hf_config(hf_dir: str | Path):
             raise ModelLoadError(f"{str(path / 'config.json')!r}: has no \"rope_theta\". Fix: "
                                  "use a RoPE model (Qwen2/Qwen3/Llama) with it set.")
         config.rope_theta = rope["rope_theta"]
+    if "partial_rotary_factor" in rope and getattr(config, "partial_rotary_factor",
+                                                   None) is None:
+        # GLM-4.5's half-rotated heads: transformers 5 moved it into rope_parameters too,
+        # mbridge's GLM-4.5 bridge reads the attribute
+        config.partial_rotary_factor = rope["partial_rotary_factor"]
     if not is_mla(config):  # MLA applies its own RoPE and YaRN (mla_bridge.py)
         rope_scaling_of(rope or getattr(config, "rope_scaling", None))  # refuses the rest
     return config
@@ -104,8 +110,8 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     except ValueError as exc:
         raise ModelLoadError(f"{str(Path(hf_dir) / 'config.json')!r}: \"model_type\" "
                              f"{config.model_type!r}: {one_line(str(exc))}. Fix: use a Qwen2/"
-                             "Qwen3 (dense or MoE), Llama, DeepSeek-V3, Kimi-K2 or GLM-4 "
-                             "checkpoint.") from None
+                             "Qwen3 (dense or MoE), Llama, DeepSeek-V3, Kimi-K2, GLM-4 or "
+                             "GLM-4.5 checkpoint.") from None
     # Adjustment 5 is the platform's overrides; they come last, so a field the run's options
     # also set (moe_router_fusion=False under routing replay) takes the platform's value.
     bridge.set_extra_args(**{**options.transformer_fields(), **router_fields(config),

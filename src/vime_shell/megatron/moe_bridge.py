@@ -1,4 +1,5 @@
-"""The mbridge adjustments MoE models (Qwen2-MoE, Qwen3-MoE, DeepSeek-V3) need, measured on CPU.
+"""The mbridge adjustments MoE models (Qwen2-MoE, Qwen3-MoE, DeepSeek-V3, GLM-4.5) need,
+measured on CPU.
 
 1. Local spec experts: ``moe_grouped_gemm=False`` and ``moe_shared_expert_overlap=False``
    (``Platform.transformer_overrides``): Megatron's ``SequentialMLP``, as the grouped GEMM needs
@@ -18,6 +19,10 @@
    order: vLLM rebuilds a layer from one call). As a frozen parameter it is exported inside
    its layer; nothing trains it (no gradient, no optimizer state, and the update rate is 0).
 
+5. GLM-4.5 / 4.6 / 4.7 (``glm4_moe``, mbridge's bridge): its shared expert is
+   ``n_shared_experts`` experts wide (mbridge assumes one), and its router is group-limited
+   by ``n_group`` / ``topk_group`` (mbridge leaves them out).
+
 Result measured with these: logits within 9.5e-7 of transformers at EP1, EP2 and TP2, export
 bit-exact.
 
@@ -30,7 +35,7 @@ import re
 
 import torch
 
-from vime_shell.models.hf_config import EXPERT_KEYS, MLA_MODEL_TYPES, ModelLoadError
+from vime_shell.models.hf_config import EXPERT_KEYS, SIGMOID_ROUTERS, ModelLoadError
 
 _LOCAL_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
 
@@ -57,7 +62,7 @@ def router_fields(hf_config) -> dict[str, object]:
             f"mlp_only_layers={dense}, decoder_sparse_step={step}: dense layers among the MoE "
             "layers are not mapped by the bridge. Fix: use a checkpoint whose every layer is "
             "MoE (mlp_only_layers=[], decoder_sparse_step=1).")
-    if getattr(hf_config, "model_type", None) in MLA_MODEL_TYPES and \
+    if getattr(hf_config, "model_type", None) in SIGMOID_ROUTERS and \
             not getattr(hf_config, "norm_topk_prob", True):
         raise ModelLoadError(
             "norm_topk_prob=false: a DeepSeek-V3 router that keeps its sigmoid top-k scores "
@@ -69,6 +74,12 @@ def router_fields(hf_config) -> dict[str, object]:
         fields["moe_router_pre_softmax"] = not bool(hf_config.norm_topk_prob)
     if getattr(hf_config, "model_type", None) == "qwen2_moe":
         fields["moe_shared_expert_gate"] = True
+    if getattr(hf_config, "model_type", None) == "glm4_moe":  # adjustment 5
+        fields["moe_shared_expert_intermediate_size"] = (
+            hf_config.moe_intermediate_size * getattr(hf_config, "n_shared_experts", 1))
+        if (getattr(hf_config, "n_group", 1) or 1) > 1:
+            fields["moe_router_num_groups"] = hf_config.n_group
+            fields["moe_router_group_topk"] = hf_config.topk_group
     return fields
 
 

@@ -100,17 +100,19 @@ REQUIRED = (*SUMMARY_REQUIRED, "hidden_size", "num_attention_heads", "intermedia
 MODEL_TYPE_ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3"}
 # multi-latent attention (megatron/mla_bridge.py)
 MLA_MODEL_TYPES: tuple[str, ...] = ("deepseek_v3", "kimi_k2", "glm4_moe_lite")
+# sigmoid routers with an expert bias (DeepSeek-V3's, GLM-4.5's): Megatron renormalises their
+# top-k always
+SIGMOID_ROUTERS: tuple[str, ...] = (*MLA_MODEL_TYPES, "glm4_moe")
 # Model families the trainer's bridge cannot build yet, by config.json's model_type: each
 # failed deep inside model construction or needs a part vime lacks; refused at launch with
 # the reason instead. The families vime builds: Qwen2, Qwen3, their MoE variants, Llama,
 # DeepSeek-V3, Kimi-K2 and GLM-4.7-Flash (multi-latent attention), GLM-4
-# (megatron/glm4_bridge.py).
+# (megatron/glm4_bridge.py), GLM-4.5 / 4.6 / 4.7 MoE (megatron/moe_bridge.py).
 MODEL_TYPE_REFUSALS: dict[str, str] = {
     "deepseek_v2": "DeepSeek-V2 (mbridge has no bridge for it; DeepSeek-V3, R1 and Moonlight "
     "train as deepseek_v3)",
     "mimo": "MiMo (its multi-token prediction layers)",
     "qwen3_next": "Qwen3-Next (gated and linear attention: slime's --spec)",
-    "glm4_moe": "GLM-4 MoE (its layer spec: slime's --spec)",
     **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
                     "Qwen3.5 (gated and linear attention: slime's --spec)"),
     "minimax_m2": "MiniMax-M2 (its layer spec: slime's --spec)",
@@ -167,7 +169,8 @@ def check_config(config: dict, path: Path, flag: str = "--hf-checkpoint",
     if refused is not None:
         raise _malformed(flag, path, f'has "model_type" {config["model_type"]!r}: not '
                          f"supported in vime ({refused})", "train a Qwen2, Qwen3 (dense or "
-                         "MoE), Llama, DeepSeek-V3, Kimi-K2, GLM-4.7-Flash or GLM-4 checkpoint")
+                         "MoE), Llama, DeepSeek-V3, Kimi-K2, GLM-4 or GLM-4.5 (dense or MoE) "
+                         "checkpoint")
     if config.get("model_type") == "glm4_moe_lite" and "mlp_layer_types" in config:
         first_dense_layers(config["mlp_layer_types"], path, config.get("first_k_dense_replace"))
     _check_special_token_ids(config, path, flag)

@@ -15,7 +15,9 @@ MoE with a shared expert, sigmoid routing with an expert bias, drawn non-zero he
 ``n_group`` expert groups), with the router keys DeepSeek's own config.json has
 (``topk_method: noaux_tc``, ``scoring_func: sigmoid``). ``arch="glm4"`` is a dense GLM-4
 (post-norms, QKV bias, half of each head rotated in interleaved pairs).
-``arch="glm4_moe_lite"`` is a GLM-4.7-Flash: DeepSeek-V3's model under GLM's config
+``arch="glm4_moe"`` is a GLM-4.5 / 4.6 / 4.7 MoE (half-rotated heads, QKV bias, q/k norms
+unless ``use_qk_norm`` is off as on GLM-4.5-Air, DeepSeek-style MoE). ``arch="glm4_moe_lite"``
+is a GLM-4.7-Flash: DeepSeek-V3's model under GLM's config
 (``mlp_layer_types`` and ``first_k_dense_replace``, routed scaling 1.8).
 """
 
@@ -24,14 +26,16 @@ from typing import Any
 
 import attrs
 import torch
-from transformers import (AutoModelForCausalLM, DeepseekV3Config, Glm4Config, Glm4MoeLiteConfig,
-                          LlamaConfig, Qwen2Config, Qwen2MoeConfig, Qwen3MoeConfig)
+from transformers import (AutoModelForCausalLM, DeepseekV3Config, Glm4Config, Glm4MoeConfig,
+                          Glm4MoeLiteConfig, LlamaConfig, Qwen2Config, Qwen2MoeConfig,
+                          Qwen3MoeConfig)
 
 from vime_pure.errors import VimeError, field_error
 
 ARCHITECTURES: tuple[str, ...] = ("qwen2", "llama", "qwen2_moe", "qwen3_moe", "deepseek_v3",
-                                  "glm4", "glm4_moe_lite")
-MOE_ARCHITECTURES: tuple[str, ...] = ("qwen2_moe", "qwen3_moe", "deepseek_v3", "glm4_moe_lite")
+                                  "glm4", "glm4_moe_lite", "glm4_moe")
+MOE_ARCHITECTURES: tuple[str, ...] = ("qwen2_moe", "qwen3_moe", "deepseek_v3", "glm4_moe_lite",
+                                      "glm4_moe")
 
 
 @attrs.frozen(kw_only=True)
@@ -63,6 +67,8 @@ class TinyModelSpec:
     first_k_dense_replace: int = 1
     n_group: int = 1
     topk_group: int = 1
+    use_qk_norm: bool = True  # glm4_moe (GLM-4.5 / 4.6 / 4.7 have it, GLM-4.5-Air not)
+    n_shared_experts: int = 1  # glm4_moe: the shared expert's width in experts
     seed: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -104,6 +110,8 @@ def hf_config(spec: TinyModelSpec, **extra):
         return Qwen2Config(use_sliding_window=False, **common)
     if spec.arch in ("deepseek_v3", "glm4_moe_lite"):
         return _deepseek_v3(spec, common)
+    if spec.arch == "glm4_moe":
+        return _glm4_moe(spec, common)
     if spec.arch == "glm4":  # half of each head rotated, in interleaved pairs (GLM-4-9B's)
         common["rope_parameters"] = {"partial_rotary_factor": 0.5, **common["rope_parameters"]}
         # GLM-4's default token ids lie beyond a tiny vocabulary (None means them here): id 1
@@ -144,6 +152,21 @@ def _deepseek_v3(spec: TinyModelSpec, common: dict[str, Any]):
     return DeepseekV3Config(first_k_dense_replace=spec.first_k_dense_replace,
                             routed_scaling_factor=2.5, num_mtp_layers=0, **shared,
                             **_DEEPSEEK_ROUTER_KEYS)
+
+
+def _glm4_moe(spec: TinyModelSpec, common: dict[str, Any]):
+    """GLM-4.5's MoE: half of each head rotated (not interleaved), QKV bias, optional q/k
+    norms, its first ``first_k_dense_replace`` layers dense, the rest DeepSeek-style MoE (a
+    shared expert, sigmoid routing with an expert bias, ``n_group`` groups)."""
+    common = {**common, "rope_parameters": {"partial_rotary_factor": 0.5,
+                                            **common["rope_parameters"]}}
+    return Glm4MoeConfig(
+        attention_bias=True, use_qk_norm=spec.use_qk_norm, n_routed_experts=spec.num_experts,
+        num_experts_per_tok=spec.num_experts_per_tok, n_shared_experts=spec.n_shared_experts,
+        moe_intermediate_size=spec.moe_intermediate_size,
+        first_k_dense_replace=spec.first_k_dense_replace, n_group=spec.n_group,
+        topk_group=spec.topk_group, norm_topk_prob=True, routed_scaling_factor=2.5,
+        **{"pad_token_id": None, "eos_token_id": 1, **common})
 
 
 def random_hf_model(spec: TinyModelSpec, **config_extra):

@@ -333,11 +333,15 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
         "untie_embeddings_and_output_weights": not hf.get("tie_word_embeddings", True),
         "num_experts": hf_num_experts(hf),
         "moe_ffn_hidden_size": hf.get("moe_intermediate_size"),
-        "moe_shared_expert_intermediate_size": hf.get("shared_expert_intermediate_size"),
+        # Qwen2-MoE's width, or DeepSeek's and GLM-4.5's experts x moe_intermediate_size
+        "moe_shared_expert_intermediate_size": hf.get("shared_expert_intermediate_size") or (
+            hf["n_shared_experts"] * hf["moe_intermediate_size"]
+            if hf.get("n_shared_experts") and hf.get("moe_intermediate_size") else None),
     }
     qk_norm = {"qwen3": True, "qwen3_moe": True, "qwen2": False, "qwen2_moe": False,
                "llama": False, "mistral": False}
-    out["qk_layernorm"] = True if mla else qk_norm.get(str(hf.get("model_type")))
+    out["qk_layernorm"] = True if mla else hf.get("use_qk_norm", qk_norm.get(  # GLM-4.5's key
+        str(hf.get("model_type"))))
     return out
 
 

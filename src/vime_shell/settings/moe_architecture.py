@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from vime_pure.errors import VimeError, field_error
-from vime_shell.models.hf_config import EXPERT_KEYS, MLA_MODEL_TYPES
+from vime_shell.models.hf_config import EXPERT_KEYS, SIGMOID_ROUTERS
 from vime_shell.settings.common import ConfigError, Record, setting
 
 SECTION = "architecture"
@@ -128,7 +128,7 @@ def moe_hf_values(hf: dict[str, Any]) -> dict[str, Any]:
     kind = str(hf.get("model_type"))
     rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     score = hf.get("scoring_func") or ("softmax" if kind in _SOFTMAX_ROUTERS else
-                                       "sigmoid" if kind in MLA_MODEL_TYPES else None)
+                                       "sigmoid" if kind in SIGMOID_ROUTERS else None)
     bias = hf.get("topk_method") == "noaux_tc" if "topk_method" in hf else (
         False if kind in _SOFTMAX_ROUTERS else None)
     return {
