@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from tests.shell.glm4_workers import glm4_worker
-from tests.shell.train_cli import logprob_gaps, vime, with_embedded_tokenizer
+from tests.shell.train_cli import train_and_export, vime, with_embedded_tokenizer
 from vime_shell.megatron.glm4_bridge import with_post_norms
 from vime_shell.megatron.spawn import spawn
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
@@ -83,14 +83,7 @@ def test_lora_on_its_post_normed_projections_is_refused(tmp_path):
 def test_vime_train_syncs_and_exports_a_glm4(tmp_path):
     model = with_embedded_tokenizer(build_tiny_hf_model(
         tmp_path / "glm4", TinyModelSpec(arch="glm4", vocab_size=20)))
-    done = vime("train", "--hf-checkpoint", str(model), "--run-dir", str(tmp_path / "run"),
-                "--num-rollout", "3", "--rollout-batch-size", "8", "--n-samples-per-prompt",
-                "4", "--global-batch-size", "32", "--lr", "1e-3", "--custom-rm-path",
-                "tests.shell.tied_workers:parity_reward", "--save-hf", str(tmp_path / "hf"),
-                home=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    gaps = logprob_gaps(tmp_path / "run")
-    assert len(gaps) == 3 and max(gaps) < 1e-4
+    train_and_export(model, tmp_path)
     base = load_file(model / "model.safetensors")
     trained = AutoModelForCausalLM.from_pretrained(tmp_path / "hf",
                                                    dtype=torch.float32).state_dict()

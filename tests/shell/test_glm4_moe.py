@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from tests.shell.glm4_moe_workers import glm4_moe_worker
-from tests.shell.train_cli import logprob_gaps, vime, with_embedded_tokenizer
+from tests.shell.train_cli import train_and_export, with_embedded_tokenizer
 from vime_shell.megatron.spawn import spawn
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
 
@@ -62,17 +62,8 @@ def test_expert_parallelism_trains_to_the_same_weights(glm4_moe_runs):
 def test_vime_train_syncs_and_exports_a_glm4_moe(tmp_path):
     model = with_embedded_tokenizer(build_tiny_hf_model(
         tmp_path / "glm45", TinyModelSpec(arch="glm4_moe", vocab_size=20)))
-    done = vime("train", "--hf-checkpoint", str(model), "--run-dir", str(tmp_path / "run"),
-                "--num-rollout", "3", "--rollout-batch-size", "8", "--n-samples-per-prompt",
-                "4", "--global-batch-size", "32", "--lr", "1e-3", "--custom-rm-path",
-                "tests.shell.tied_workers:parity_reward", "--save-hf", str(tmp_path / "hf"),
-                home=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    gaps = logprob_gaps(tmp_path / "run")
-    assert len(gaps) == 3 and max(gaps) < 1e-4
+    trained = train_and_export(model, tmp_path)
     base = load_file(model / "model.safetensors")
-    trained = {k: v for f in (tmp_path / "hf").glob("*.safetensors")
-               for k, v in load_file(f).items()}
     assert set(trained) == set(base)
     moved = [k for k in base if not torch.equal(trained[k], base[k])]
     assert any("q_norm" in k for k in moved) and any("shared_experts" in k for k in moved)

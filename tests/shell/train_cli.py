@@ -1,7 +1,8 @@
 """``vime train`` as a user runs it, for the model-family tests (``test_lora``, ``test_mla``,
-``test_glm4``): a subprocess of its own in a scratch home and cache, a tiny model given the
-embedded model's tokenizer (the task's digits and a chat template), and the log-prob gaps the
-loop checked after each weight sync.
+``test_glm4``, ``test_glm4_moe``): a subprocess of its own in a scratch home and cache, a tiny
+model given the embedded model's tokenizer (the task's digits and a chat template), the log-prob
+gaps the loop checked after each weight sync, and the three-rollout run with an export that the
+family tests share (:func:`train_and_export`).
 """
 
 import json
@@ -9,6 +10,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from safetensors.torch import load_file
 
 from vime_shell.models.embedded import build_embedded
 
@@ -38,3 +41,19 @@ def logprob_gaps(run_dir: Path) -> list[float]:
     one (the loop's check after each weight sync)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     return [r["logprob_gap"] for r in rows if r.get("logprob_gap") is not None]
+
+
+def train_and_export(model: Path, tmp_path: Path) -> dict:
+    """3 rollouts of the parity task on ``model`` (the HF engine following each sync), exported
+    with ``--save-hf`` to ``tmp_path/hf``; asserts the run passed the gap check every rollout
+    and returns the exported tensors by their HF names (as the files hold them: transformers 5
+    fuses experts in its state dict)."""
+    done = vime("train", "--hf-checkpoint", str(model), "--run-dir", str(tmp_path / "run"),
+                "--num-rollout", "3", "--rollout-batch-size", "8", "--n-samples-per-prompt",
+                "4", "--global-batch-size", "32", "--lr", "1e-3", "--custom-rm-path",
+                "tests.shell.tied_workers:parity_reward", "--save-hf", str(tmp_path / "hf"),
+                home=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    gaps = logprob_gaps(tmp_path / "run")
+    assert len(gaps) == 3 and max(gaps) < 1e-4
+    return {k: v for f in (tmp_path / "hf").glob("*.safetensors") for k, v in load_file(f).items()}
