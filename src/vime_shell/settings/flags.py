@@ -35,36 +35,43 @@ WANDB_KEY_ENV = "WANDB_API_KEY"  # where W&B reads its key; the key is kept nowh
 BASE64 = "base64:"  # miles' inline config (--custom-config-path base64:<yaml>)
 
 
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a ``.yaml`` / ``.yml`` / ``.json`` / ``.toml`` file into a mapping."""
+def load_config_file(path: str | Path, flag: str = "--config") -> dict[str, Any]:
+    """Read a ``.yaml`` / ``.yml`` / ``.json`` / ``.toml`` file into a mapping; errors name
+    ``flag`` (``--config`` or ``--custom-config-path``)."""
     p = Path(path).expanduser()
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise field_error(ConfigError, "--config", str(p), f"cannot be read ({exc})",
+        raise field_error(ConfigError, flag, str(p), f"cannot be read ({exc})",
                           "pass an existing YAML, JSON or TOML file (UTF-8 text)") from None
+    return parse_config_text(text, p.suffix, str(p), flag)
+
+
+def parse_config_text(text: str, suffix: str, where: str, flag: str) -> dict[str, Any]:
+    """A config file's text (its kind by ``suffix``) as a mapping of setting names; ``where``
+    and ``flag`` name it in errors."""
     try:
-        if p.suffix in (".yaml", ".yml"):
+        if suffix in (".yaml", ".yml"):
             data = yaml.safe_load(text) or {}
-        elif p.suffix == ".json":
+        elif suffix == ".json":
             data = json.loads(text)
-        elif p.suffix == ".toml":
+        elif suffix == ".toml":
             data = tomllib.loads(text)
         else:
-            raise field_error(ConfigError, "--config", str(p), "has an unknown extension",
+            raise field_error(ConfigError, flag, where, "has an unknown extension",
                               "name it .yaml, .yml, .json or .toml")
     except (ValueError, yaml.YAMLError, RecursionError) as exc:
         if isinstance(exc, ConfigError):
             raise
         # yaml.safe_load builds plain data only: a !!python/object tag fails here, unrun.
-        raise field_error(ConfigError, "--config", str(p), f"does not parse ({exc})",
+        raise field_error(ConfigError, flag, where, f"does not parse ({exc})",
                           "fix the file's syntax") from None
     if not isinstance(data, dict):
-        raise field_error(ConfigError, "--config", str(p), "does not hold a mapping",
+        raise field_error(ConfigError, flag, where, "does not hold a mapping",
                           "write one key: value per setting")
     odd = next((k for k in data if not isinstance(k, str)), None)
     if odd is not None or None in data:
-        raise field_error(ConfigError, f"--config {p} key", odd, "is not a setting name",
+        raise field_error(ConfigError, f"{flag} {where} key", odd, "is not a setting name",
                           "write setting names as keys, e.g. global_batch_size: 64")
     return data
 
@@ -75,29 +82,23 @@ def custom_config(path: str, fields: set[str]) -> dict[str, Any]:
     setting (slime's spelling or vime's); slime sets any key on its args, vime names the
     stray one. Example: slime's mis.yaml gives ``{"use_tis": True, "tis_level": "token",
     ...}``."""
+    flag = "--custom-config-path"
     if path.startswith(BASE64):
+        source = path[:40] + "..."
         try:
             text = base64.b64decode(path[len(BASE64):], validate=True).decode("utf-8")
-            data = yaml.safe_load(text) or {}
-        except (ValueError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise field_error(ConfigError, "--custom-config-path", path[:40] + "...",
-                              f"is not base64 of a YAML mapping ({exc})",
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise field_error(ConfigError, flag, source, f"is not base64 ({exc})",
                               "pass base64:<the base64 of a YAML file>, or a file path") from None
-        if not isinstance(data, dict):
-            raise field_error(ConfigError, "--custom-config-path", path[:40] + "...",
-                              "does not hold a mapping", "encode key: value lines")
-        source = "base64"
+        data = parse_config_text(text, ".yaml", source, flag)
     else:
-        try:
-            data = load_config_file(path)
-        except ConfigError as exc:
-            raise ConfigError(str(exc).replace("--config", "--custom-config-path", 1)) from None
         source = path
+        data = load_config_file(path, flag)
     out = {}
     for key, value in flatten_sections(data, source).items():
         name = ALIASES.get("--" + str(key).replace("_", "-"), str(key).replace("-", "_"))
         if name not in fields:
-            raise field_error(ConfigError, f"--custom-config-path {source} key", key,
+            raise field_error(ConfigError, f"{flag} {source} key", key,
                               "is not a vime setting (slime would set it on its args for a "
                               "plugin; vime's plugins read settings only)",
                               "drop it, or spell it as a flag of vime train --help")
