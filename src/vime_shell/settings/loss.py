@@ -36,6 +36,17 @@ _RS_FIELDS = ("rs_level", "rs_lower_bound", "rs_upper_bound", "rs_denominator",
 _MIS_FIELDS = ("tis_level", "tis_mode", "tis_lower_bound", "tis_upper_bound",
                "tis_batch_normalize")
 MIS_FLAG = "--tis-function mis"
+# MisConfig's and RejectionConfig's fields -> the flag a user writes (the error names the flag)
+MIS_FLAGS = {"level": "--tis-level", "mode": "--tis-mode", "lower": "--tis-lower-bound",
+             "upper": "--tis-upper-bound", "batch_normalize": "--tis-batch-normalize"}
+RS_FLAGS = {"level": "--rs-level", "lower": "--rs-lower-bound", "upper": "--rs-upper-bound",
+            "denominator": "--rs-denominator", "veto": "--rs-veto-threshold"}
+
+
+def flag_error(exc: LossConfigError, flags: dict[str, str]) -> ConfigError:
+    """A core record's ``field=value: ...`` error as the flag's (``flags``: field -> flag)."""
+    field, _, rest = str(exc).partition("=")
+    return ConfigError(f"{flags[field]}={rest}")
 
 
 def _f(default, help, choices=None):
@@ -150,8 +161,7 @@ class LossArgs(Record):
                               tis_function=self.tis_function,
                               reward_kl_coef=self.kl_coef if reward_kl else 0.0)
         except LossConfigError as exc:
-            field, _, rest = str(exc).partition("=")
-            raise ConfigError(f"{LOSS_FLAGS[field]}={rest}") from None
+            raise flag_error(exc, LOSS_FLAGS) from None
 
     @property
     def opd_server(self) -> bool:
@@ -211,9 +221,7 @@ class LossArgs(Record):
             return MisConfig(level=self.tis_level, mode=self.tis_mode, lower=self._tis_band()[0],
                              upper=self.tis_upper_bound, batch_normalize=self.tis_batch_normalize)
         except LossConfigError as exc:
-            field, _, rest = str(exc).partition("=")
-            key = {"lower": "lower_bound", "upper": "upper_bound"}.get(field, field)
-            raise ConfigError(f"{flag('tis_' + key)}={rest}") from None
+            raise flag_error(exc, MIS_FLAGS) from None
 
     def _tis_band(self) -> tuple[float, float]:
         """mis.py's weight bounds: the lower one defaults to 1 / upper."""
@@ -271,16 +279,12 @@ class LossArgs(Record):
                               "computes mis.py's metrics, which --tis-function "
                               f"{self.tis_function} has not", f"pass {MIS_FLAG} (slime: "
                               "--custom-tis-function-path to mis.py)")
-        if self.tis_function == "mis" and self.get_mismatch_metrics and not self.use_tis:
-            self.mis_config()
+        if self.mis_config() is not None:  # its record checks the mis.py keys
             return
         if self.tis_function != "vanilla" and not self.use_tis:
             raise field_error(ConfigError, "--tis-function", self.tis_function,
                               "weighs the surrogate only under --use-tis (as slime's TIS "
                               "function)", "pass --use-tis, or drop it")
-        if self.use_tis and self.tis_function == "mis":
-            self.mis_config()
-            return
         defaults = attrs.fields_dict(LossArgs)
         changed = [k for k in _MIS_FIELDS if getattr(self, k) != defaults[k].default]
         if changed:
@@ -304,7 +308,4 @@ class LossArgs(Record):
         try:
             self.rejection_config()
         except LossConfigError as exc:
-            field, _, rest = str(exc).partition("=")
-            key = {"lower": "rs_lower_bound", "upper": "rs_upper_bound",
-                   "veto": "rs_veto_threshold"}.get(field, "rs_" + field)
-            raise ConfigError(f"{flag(key)}={rest}") from None
+            raise flag_error(exc, RS_FLAGS) from None
