@@ -45,7 +45,7 @@ from vime_shell.cli.parser import REPORTED_ERRORS, VimeArgumentParser
 from vime_shell.engines import engine_traits
 from vime_shell.engines.reaper_mark import ENDS_PROCESS
 from vime_shell.megatron.layout import sequence_parallel_on, transformer_engine_available
-from vime_shell.run.checkpoint_index import resume_checkpoint
+from vime_shell.run.checkpoint_index import loads_the_weights, resume_checkpoint
 from vime_shell.run.interrupts import catch_interrupts, is_interrupt
 from vime_shell.run.launch_checks import launch_checks, model_dir
 from vime_shell.settings.flags import (absorb_engine_flags, add_train_arguments,
@@ -83,7 +83,8 @@ def launch_notes(cfg, args: argparse.Namespace, plan) -> list[str]:
                                                   weights=cfg.hf_checkpoint) is None:
         out.append(f"--load {cfg.load}: " + (
             "the --hf-checkpoint directory, HF weights without a checkpoint: starting from "
-            "them, as miles' FSDP backend does" if cfg.load == cfg.hf_checkpoint else
+            "them, as miles' FSDP backend does" if loads_the_weights(cfg.load, cfg.hf_checkpoint)
+            else
             "no checkpoint yet (it is the --save directory): starting fresh, as slime does"))
     if cfg.eval_prompt_data is not None and cfg.eval_interval is None:
         out.append("--eval-prompt-data without --eval-interval: evaluating "

@@ -95,6 +95,16 @@ def resume_checkpoint(load: str | Path | None, save: str | Path | None, *,
     return require_checkpoint(load, verify=verify)
 
 
+def loads_the_weights(load: str | Path | None, weights: str | Path | None) -> bool:
+    """miles' FSDP first run: ``--load`` is the ``weights`` directory (``--hf-checkpoint``),
+    which holds HF weights and no checkpoint tracker."""
+    if load is None or weights is None:
+        return False
+    where = Path(load).expanduser()
+    return (where.resolve() == Path(weights).expanduser().resolve()
+            and not (where / TRACKER).exists())
+
+
 def starts_fresh(load: str | Path | None, save: str | Path | None,
                  weights: str | Path | None = None) -> bool:
     """slime's first run: ``--load`` is the ``--save`` directory and it is missing or empty
@@ -104,8 +114,8 @@ def starts_fresh(load: str | Path | None, save: str | Path | None,
     if load is None:
         return False
     where = Path(load).expanduser()
-    if weights is not None and where.resolve() == Path(weights).expanduser().resolve():
-        return not (where / TRACKER).exists()
+    if loads_the_weights(load, weights):
+        return True
     same = save is not None and where.resolve() == Path(save).expanduser().resolve()
     return same and (not where.exists() or where.is_dir() and all(
         entry.name in BOOKKEEPING for entry in where.iterdir()))
