@@ -5,8 +5,8 @@ routing with an expert bias, group-limited routing).
 
 Asserted on tiny random GLM-4.5s: the HF -> Megatron -> HF round trip is exact and the logits
 equal transformers' own GLM class's (1e-5, fp32), with q/k norms and without them, two expert
-groups and a shared expert two experts wide (without vime's adjustments mbridge's bridge is
-0.046 off on the groups and fails on the width); log-probs match transformers' at DP2 and EP2, which train to the same losses
+groups and a shared expert two experts wide (without vime's adjustments mbridge's bridge was
+0.046 off on the groups, measured once, and fails on the width); log-probs match transformers' at DP2 and EP2, which train to the same losses
 (1e-6) and weights (1e-5); ``vime train`` on it (HF engine) passes the gap check after each sync and its ``--save-hf`` export loads in transformers
 with the attention, the experts and the shared expert moved and the expert bias fixed.
 """

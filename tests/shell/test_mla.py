@@ -64,6 +64,20 @@ def mla_runs(tmp_path_factory):
     return spawn(mla_worker, 2, dirs, str(root / "ckpt"))
 
 
+def test_glm_4_7_flash_read_as_deepseek_v3_gives_transformers_own_logits(tmp_path):
+    """auto_config hands GLM-4.7-Flash on as DeepSeek-V3 (the HF engine and the bridge read
+    it so): on the same weights transformers' two classes give the same logits, exactly."""
+    model = build_tiny_hf_model(tmp_path / "glm47", TinyModelSpec(arch="glm4_moe_lite",
+                                                                  num_layers=3))
+    native = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    as_dsv3 = AutoModelForCausalLM.from_pretrained(model, config=auto_config(model),
+                                                   dtype=torch.float32).eval()
+    assert type(as_dsv3).__name__ == "DeepseekV3ForCausalLM"
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(native(ids).logits, as_dsv3(ids).logits)
+
+
 def _delta(a: dict, b: dict) -> float:
     return max(float(np.abs(a[k] - b[k]).max()) for k in b)
 
