@@ -125,8 +125,7 @@ def test_static_micro_batches_without_dynamic_batch_size():
 
 
 @pytest.mark.parametrize("flag", ["--opd-log-prob-top-k", "--lora-base-cpu-backup",
-                                  "--use-gated-attention", "--mtp-num-layers",
-                                  "--apply-layernorm-1p"])
+                                  "--mtp-num-layers", "--window-size"])
 def test_unsupported_flag_prints_its_table_line(flag, capsys, tmp_path):
     # a dry run in a scratch run directory: a flag that stops being refused never trains here
     status, err = _exit([flag, "1", "--dry-run", "--run-dir", str(tmp_path)], capsys)
@@ -313,8 +312,8 @@ SLIME_DEFAULTS: dict[str, str] = {
 # Refused flags with no value to type at their default (a store_true, or None): nothing to try.
 NO_TYPED_DEFAULT = {
     "--lora-base-cpu-backup",
-    "--experts-shared-outer-loras", "--enable-mtp-training", "--use-fault-tolerance", "--attention-output-gate",
-    "--use-gated-attention", "--apply-layernorm-1p", "--window-size", "--window-attn-skip-freq", "--allgather-cp", "--fp8-format",
+    "--experts-shared-outer-loras", "--enable-mtp-training", "--use-fault-tolerance",
+    "--window-size", "--window-attn-skip-freq", "--allgather-cp", "--fp8-format",
     "--fp8-param-gather",
     "--multimodal-keys", "--filter-zero-reward-samples",
     "--use-dynamic-global-batch-size", "--prefill-num-servers",

@@ -55,12 +55,14 @@ def env(tmp_path_factory):
     glm4 = build_tiny_hf_model(root / "glm4", TinyModelSpec(arch="glm4"))
     glm47 = build_tiny_hf_model(root / "glm47", TinyModelSpec(arch="glm4_moe_lite"))
     glm45 = build_tiny_hf_model(root / "glm45", TinyModelSpec(arch="glm4_moe", vocab_size=20))
-    for model in (moe, moonlight, glm4, glm47, glm45):
+    qwen35 = build_tiny_hf_model(root / "qwen35", TinyModelSpec(arch="qwen3_5", num_layers=4,
+                                                                vocab_size=20))
+    for model in (moe, moonlight, glm4, glm47, glm45, qwen35):
         with_embedded_tokenizer(model)  # the dataset's digits and a chat template
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
             "VIME_PYTHON": sys.executable, "MODEL_DIR": str(embedded), "MOE_DIR": str(moe),
             "MOONLIGHT_DIR": str(moonlight), "GLM4_DIR": str(glm4), "GLM47_DIR": str(glm47),
-            "GLM45_DIR": str(glm45),
+            "GLM45_DIR": str(glm45), "QWEN35_DIR": str(qwen35),
             "DATA_DIR": str(data), "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(SCRIPTS)])}
 
@@ -124,6 +126,9 @@ WANDB_KEY = "slime-script-test-key-7c1e"
     ("run-glm4.7-30B-A3B-delta.sh", [  # GLM-4.7-Flash: DeepSeek-V3's model, GLM's config
         "--update-weight-mode: accepted; vime syncs full weights in-process"]),
     ("run-glm4.7-355B-A32B.sh", [  # GLM-4.5's MoE architecture (glm4_moe)
+        "--sglang-speculative-algorithm EAGLE: no vLLM equivalent in vime; ignored"]),
+    ("run-qwen3.5-27B.sh", [  # linear and gated attention (slime's qwen3_5 layer spec)
+        "--sequence-parallel: off on the local layer spec",
         "--sglang-speculative-algorithm EAGLE: no vLLM equivalent in vime; ignored"]),
     ("run-moonlight-16B-A3B.sh", [  # multi-latent attention
         "--moe-router-bias-update-rate: accepted; vime keeps a DeepSeek-V3 router's expert bias",

@@ -44,7 +44,9 @@ def _count_forwards(trainer) -> dict[str, int]:
     for chunk in trainer.model:
         for layer in chunk.module.decoder.layers:
             getattr(layer.mlp, "experts", layer.mlp).register_forward_hook(hook("mlp"))
-            layer.self_attention.core_attention.register_forward_hook(hook("core_attention"))
+            # a linear-attention layer (Qwen3.5's) counts as its attention
+            getattr(layer.self_attention, "core_attention", layer.self_attention) \
+                .register_forward_hook(hook("core_attention"))
     return counts
 
 

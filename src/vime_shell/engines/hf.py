@@ -89,6 +89,7 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 _EXPERT_NAME = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+_TEXT_PREFIX = "model.language_model."  # a multimodal checkpoint's text model (in_memory_name)
 
 
 def fused_expert_slice(params: dict[str, torch.Tensor], name: str) -> torch.Tensor | None:
@@ -107,6 +108,13 @@ def fused_expert_slice(params: dict[str, torch.Tensor], name: str) -> torch.Tens
         return fused[expert]
     half = fused.shape[1] // 2
     return fused[expert, :half] if proj == "gate" else fused[expert, half:]
+
+
+def in_memory_name(name: str) -> str:
+    """The model's own name for a checkpoint name: transformers writes some text models
+    (Qwen3.5's) under the multimodal layout's ``model.language_model.`` and loads them as
+    ``model.``. Example: ``model.language_model.norm.weight`` -> ``model.norm.weight``."""
+    return "model." + name.removeprefix(_TEXT_PREFIX) if name.startswith(_TEXT_PREFIX) else name
 
 
 def fused_expert_name(name: str) -> str | None:
@@ -281,6 +289,7 @@ class HfEngine:
         params.update(dict(self.model.named_buffers()))
         with torch.no_grad():
             for name, tensor in named_tensors:
+                name = in_memory_name(name)
                 target = params.get(name)
                 if target is None:
                     target = fused_expert_slice(params, name)
@@ -298,7 +307,8 @@ class HfEngine:
         """Load every ``*.safetensors`` in ``path``; all parameters must be present."""
         tensors = load_safetensors_dir(path)
         own = {n for n, _ in self.model.named_parameters()}  # tied weights are listed once
-        covered = {n if n in own else fused_expert_name(n) for n in tensors}
+        names = map(in_memory_name, tensors)
+        covered = {n if n in own else fused_expert_name(n) for n in names}
         missing = sorted(own - covered)
         if missing:
             raise field_error(EngineError, "path", str(path),

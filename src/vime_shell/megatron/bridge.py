@@ -43,6 +43,7 @@ from vime_shell.models.hf_config import ModelLoadError
 from vime_shell.megatron.layout import TrainLayout
 from vime_shell.megatron.glm4_bridge import Glm4
 from vime_shell.megatron.mla_bridge import DeepseekV3, is_mla
+from vime_shell.megatron.qwen3_5_bridge import Qwen3_5
 from vime_shell.megatron.model_options import ModelOptions
 from vime_shell.megatron.moe_bridge import (expert_bias_in_layer_order, map_sequential_experts,
                                             num_experts_of, router_fields)
@@ -51,8 +52,9 @@ from vime_shell.megatron.rope import apply_rope_scaling, gpt_rope_args, rope_sca
 
 # model_type -> the bridge vime builds it with (mbridge's adjusted, or vime's own mapping);
 # each adds its layers to the block spec (adapt_layer_spec) and its norms' names
-# (EXTRA_NORM_NAMES) to adjustments 1 and 2
-_OWN_BRIDGES: dict[str, Any] = {"deepseek_v3": DeepseekV3, "glm4": Glm4}
+# (EXTRA_NORM_NAMES) to adjustments 1 and 2, and Qwen3.5 its names' prefix (HF_NAME)
+_OWN_BRIDGES: dict[str, Any] = {"deepseek_v3": DeepseekV3, "glm4": Glm4,
+                                "qwen3_5_text": Qwen3_5}
 
 _LOCAL_NORM_NAMES = {
     "input_layernorm.weight": "model.layers.{n}.input_layernorm.weight",
@@ -125,7 +127,8 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     def layer_spec(vp_stage=None):  # adjustment 1
         spec = get_gpt_decoder_block_spec(bridge.config, use_transformer_engine=use_te,
                                           normalization="RMSNorm", vp_stage=vp_stage)
-        return own.adapt_layer_spec(spec, transformer_engine=use_te) if own else spec
+        return bridge.adapt_layer_spec(spec, transformer_engine=use_te, vp_stage=vp_stage) \
+            if own else spec
 
     bridge.has_vp_stage = True
     bridge._get_transformer_layer_spec = layer_spec
@@ -133,12 +136,13 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
 
     # Qwen3's local q/k norms share the MLA norms' names: these are MLA's only for MLA models
     norm_names = {**_LOCAL_NORM_NAMES, **getattr(own, "EXTRA_NORM_NAMES", {})}
+    hf_name = getattr(own, "HF_NAME", lambda name: name)
 
     def name_to_hf(name: str) -> list[str]:  # adjustment 2
         for suffix, template in norm_names.items():
             if name.startswith("decoder.layers.") and name.endswith(suffix):
-                return [template.format(n=name.split(".")[2])]
-        return to_hf(name)
+                return [hf_name(template.format(n=name.split(".")[2]))]
+        return [hf_name(n) for n in to_hf(name)]
 
     bridge._weight_name_mapping_mcore_to_hf = name_to_hf
     if num_experts_of(config) is not None:

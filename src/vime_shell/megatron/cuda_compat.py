@@ -32,8 +32,9 @@ What it does (and nothing else):
    its ``TELinear`` is not a class (megatron's TransformerEngine extension imports without TE,
    with mock names, so 0.16.1 sets ``HAVE_TE`` and then fails on ``isinstance(...,
    TELinear)`` when it builds an MLA layer); A6 the router's expert-bias token count
-   (DeepSeek-V3's aux-free balancing) runs eagerly: megatron wraps it in ``torch.compile`` at
-   import (``jit_fuser``), which on CPU needs a C++ compiler and compiles for seconds; A7
+   (DeepSeek-V3's aux-free balancing) and gated attention's output gate (Qwen3.5's; 6.6 s on
+   its first forward) run eagerly: megatron wraps them in ``torch.compile`` at import
+   (``jit_fuser``), which on CPU needs a C++ compiler and compiles for seconds; A7
    ``torch.device(<CUDA index>)`` and ``Tensor.new_empty(*sizes)`` (YaRN's rotary tables,
    transformers' DeepSeek-V3 attention) reach the CPU.
 
@@ -58,6 +59,7 @@ from megatron.core.pipeline_parallel import schedules
 from megatron.core.tensor_parallel import random as mrandom
 from megatron.core.tensor_parallel.random import CheckpointWithoutOutput
 from megatron.core.transformer import multi_latent_attention
+from megatron.core.transformer.attention import Attention
 from megatron.core.transformer.moe import moe_utils, token_dispatcher
 from megatron.core.transformer.moe.router import TopKRouter
 from torch.overrides import TorchFunctionMode, _get_current_function_mode, _pop_mode_temporarily
@@ -300,7 +302,7 @@ _SPECIAL[torch.Tensor.backward] = _backward
 
 
 def _patch_moe_and_recompute() -> None:
-    """A1-A4 of the module docstring."""
+    """A1-A6 of the module docstring."""
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None  # A1
     to_cpu = token_dispatcher.maybe_move_tensor_to_cpu
@@ -328,8 +330,9 @@ def _patch_moe_and_recompute() -> None:
     CheckpointWithoutOutput.__init__ = checkpoint_init
     if not isinstance(multi_latent_attention.TELinear, type):  # A5
         multi_latent_attention.HAVE_TE = False
-    bias = TopKRouter._apply_expert_bias  # A6
-    TopKRouter._apply_expert_bias = getattr(bias, "_torchdynamo_orig_callable", bias)
+    for owner, name in ((TopKRouter, "_apply_expert_bias"), (Attention, "_apply_output_gate")):
+        compiled = getattr(owner, name)  # A6
+        setattr(owner, name, getattr(compiled, "_torchdynamo_orig_callable", compiled))
 
 
 def install() -> bool:

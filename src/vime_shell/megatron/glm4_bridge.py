@@ -80,7 +80,7 @@ class Glm4(Qwen2Bridge):
     EXTRA_NORM_NAMES = GLM4_NORM_NAMES  # the post-norms (bridge.make_bridge)
 
     @staticmethod
-    def adapt_layer_spec(spec, *, transformer_engine: bool):
+    def adapt_layer_spec(spec, *, transformer_engine: bool, vp_stage=None):
         """The block spec with GLM-4's post-norms (:func:`with_post_norms`, either spec)."""
         return with_post_norms(spec)
 

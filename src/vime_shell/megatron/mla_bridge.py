@@ -47,7 +47,7 @@ class DeepseekV3(DeepseekV3Bridge):
     EXTRA_NORM_NAMES = MLA_LOCAL_NORM_NAMES  # the local spec's norms (bridge.make_bridge)
 
     @staticmethod
-    def adapt_layer_spec(spec, *, transformer_engine: bool):
+    def adapt_layer_spec(spec, *, transformer_engine: bool, vp_stage=None):
         """The block spec with :class:`MLACoreAttention` on the local spec (adjustment 4)."""
         if not transformer_engine:
             for layer in spec.layer_specs:

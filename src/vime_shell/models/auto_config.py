@@ -18,6 +18,12 @@ as a ``DeepseekV3Config`` (transformers' two classes give equal logits on the sa
 ``tests/shell/test_mla.py``); the trainer's bridge is DeepSeek-V3's, no mapping of vime's own.
 A layer pattern other than dense layers first is refused (DeepSeek-V3 has no other).
 
+Qwen3.5 (``qwen3_5``) ships as a multimodal model whose language model is
+``Qwen3_5ForCausalLM`` (``qwen3_5_text``, the ``text_config``): vime trains that, so the
+config is the text config, with the checkpoint's ``tie_word_embeddings`` (which the outer
+config states for the whole model). ``AutoModelForCausalLM`` builds the same text model from
+such a directory.
+
 Example: ``auto_config(path)`` of a ``kimi_k2`` directory is a ``DeepseekV3Config`` with the
 directory's sizes; of any other, ``AutoConfig.from_pretrained(path)``.
 """
@@ -27,7 +33,8 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from vime_shell.models.hf_config import MODEL_TYPE_ALIASES, first_dense_layers
+from vime_shell.models.hf_config import (LANGUAGE_MODEL_OF, MODEL_TYPE_ALIASES,
+                                         first_dense_layers)
 
 
 def auto_config(model_dir: str | Path):
@@ -36,6 +43,8 @@ def auto_config(model_dir: str | Path):
     kind = data.get("model_type")
     if kind == "glm4_moe_lite":
         return _glm4_moe_lite(path)
+    if kind in LANGUAGE_MODEL_OF:
+        return _language_model(path)
     alias = MODEL_TYPE_ALIASES.get(kind)
     if alias is None:
         return AutoConfig.from_pretrained(path)
@@ -51,3 +60,11 @@ def _glm4_moe_lite(path: Path):
                                                        keys.get("first_k_dense_replace"))
     keys = {k: v for k, v in keys.items() if k not in ("model_type", "architectures")}
     return AutoConfig.for_model("deepseek_v3", **keys)
+
+
+def _language_model(path: Path):
+    """The text config of a multimodal checkpoint whose language model vime trains."""
+    config = AutoConfig.from_pretrained(path)
+    text = config.text_config
+    text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+    return text

@@ -98,6 +98,8 @@ REQUIRED = (*SUMMARY_REQUIRED, "hidden_size", "num_attention_heads", "intermedia
 
 # model_type -> the transformers model_type of the same architecture (models/auto_config.py)
 MODEL_TYPE_ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3"}
+# multimodal model_type -> its language model's, which vime trains (models/auto_config.py)
+LANGUAGE_MODEL_OF: dict[str, str] = {"qwen3_5": "qwen3_5_text"}
 # multi-latent attention (megatron/mla_bridge.py)
 MLA_MODEL_TYPES: tuple[str, ...] = ("deepseek_v3", "kimi_k2", "glm4_moe_lite")
 # sigmoid routers with an expert bias (DeepSeek-V3's, GLM-4.5's): Megatron renormalises their
@@ -113,8 +115,8 @@ MODEL_TYPE_REFUSALS: dict[str, str] = {
     "train as deepseek_v3)",
     "mimo": "MiMo (its multi-token prediction layers)",
     "qwen3_next": "Qwen3-Next (gated and linear attention: slime's --spec)",
-    **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
-                    "Qwen3.5 (gated and linear attention: slime's --spec)"),
+    **dict.fromkeys(("qwen3_5_moe", "qwen3_5_moe_text"),
+                    "Qwen3.5 MoE (gated and linear attention with MoE layers)"),
     "minimax_m2": "MiniMax-M2 (its layer spec: slime's --spec)",
     **dict.fromkeys(("qwen2_5_vl", "qwen2_vl", "glm4v", "internvl_chat"),
                     "multimodal models (vime trains on text token ids)"),

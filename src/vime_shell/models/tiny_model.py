@@ -18,7 +18,10 @@ MoE with a shared expert, sigmoid routing with an expert bias, drawn non-zero he
 ``arch="glm4_moe"`` is a GLM-4.5 / 4.6 / 4.7 MoE (half-rotated heads, QKV bias, q/k norms
 unless ``use_qk_norm`` is off as on GLM-4.5-Air, DeepSeek-style MoE). ``arch="glm4_moe_lite"``
 is a GLM-4.7-Flash: DeepSeek-V3's model under GLM's config
-(``mlp_layer_types`` and ``first_k_dense_replace``, routed scaling 1.8).
+(``mlp_layer_types`` and ``first_k_dense_replace``, routed scaling 1.8). ``arch="qwen3_5"`` is
+a dense Qwen3.5, written as the released checkpoints are (multimodal, with a one-block vision
+tower): linear attention in three of every four layers (as many linear heads as attention
+heads), gated attention, (1 + w) norms drawn non-zero, a quarter of each head rotated.
 """
 
 from pathlib import Path
@@ -28,12 +31,12 @@ import attrs
 import torch
 from transformers import (AutoModelForCausalLM, DeepseekV3Config, Glm4Config, Glm4MoeConfig,
                           Glm4MoeLiteConfig, LlamaConfig, Qwen2Config, Qwen2MoeConfig,
-                          Qwen3MoeConfig)
+                          Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3MoeConfig)
 
 from vime_pure.errors import VimeError, field_error
 
 ARCHITECTURES: tuple[str, ...] = ("qwen2", "llama", "qwen2_moe", "qwen3_moe", "deepseek_v3",
-                                  "glm4", "glm4_moe_lite", "glm4_moe")
+                                  "glm4", "glm4_moe_lite", "glm4_moe", "qwen3_5")
 MOE_ARCHITECTURES: tuple[str, ...] = ("qwen2_moe", "qwen3_moe", "deepseek_v3", "glm4_moe_lite",
                                       "glm4_moe")
 
@@ -112,6 +115,8 @@ def hf_config(spec: TinyModelSpec, **extra):
         return _deepseek_v3(spec, common)
     if spec.arch == "glm4_moe":
         return _glm4_moe(spec, common)
+    if spec.arch == "qwen3_5":
+        return _qwen3_5(spec, common)
     if spec.arch == "glm4":  # half of each head rotated, in interleaved pairs (GLM-4-9B's)
         common["rope_parameters"] = {"partial_rotary_factor": 0.5, **common["rope_parameters"]}
         # GLM-4's default token ids lie beyond a tiny vocabulary (None means them here): id 1
@@ -169,18 +174,35 @@ def _glm4_moe(spec: TinyModelSpec, common: dict[str, Any]):
         **{"pad_token_id": None, "eos_token_id": 1, **common})
 
 
+def _qwen3_5(spec: TinyModelSpec, common: dict[str, Any]):
+    """Qwen3.5 as released: a multimodal config whose ``text_config`` is the language model."""
+    text = {**common, "rope_parameters": {"partial_rotary_factor": 0.25,
+                                          **common["rope_parameters"]},
+            "linear_num_key_heads": spec.num_kv_heads, "linear_num_value_heads": spec.num_heads,
+            "linear_key_head_dim": spec.head_dim, "linear_value_head_dim": spec.head_dim,
+            "pad_token_id": None, "eos_token_id": 1}
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                  out_hidden_size=spec.hidden_size)
+    return Qwen3_5Config(text_config=text, vision_config=vision,
+                         tie_word_embeddings=spec.tie_word_embeddings)
+
+
 def random_hf_model(spec: TinyModelSpec, **config_extra):
     """A randomly initialised fp32 model of ``spec``, seeded by ``spec.seed`` without touching
-    the global RNG. A DeepSeek-V3's expert bias is drawn too (transformers starts it at 0,
-    which would leave the bias's path untested)."""
+    the global RNG. A DeepSeek-V3's expert bias and Qwen3.5's norms are drawn too
+    (transformers starts them at 0, which would leave their paths untested)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = AutoModelForCausalLM.from_config(hf_config(spec, **config_extra),
-                                                 dtype=torch.float32)
+        config = hf_config(spec, **config_extra)
+        model = Qwen3_5ForConditionalGeneration(config) if spec.arch == "qwen3_5" else \
+            AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         with torch.no_grad():
             for name, buffer in model.named_buffers():
                 if name.endswith("e_score_correction_bias"):
                     buffer.normal_(0.0, 0.1)
+            for name, param in model.named_parameters():  # Qwen3.5's (1 + w) norms start at 0
+                if spec.arch == "qwen3_5" and name.endswith("norm.weight"):
+                    param.normal_(0.0, 0.1)
         return model
 
 

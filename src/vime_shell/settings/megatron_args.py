@@ -27,14 +27,16 @@ from vime_shell.settings.moe_architecture import given_values, hf_num_experts, m
 
 
 # slime's --spec values -> the model_type whose layers vime builds for it
-SPEC_MODEL_TYPES: dict[str, str] = {"slime_plugins.models.glm4 get_glm_spec": "glm4"}
+SPEC_MODEL_TYPES: dict[str, str] = {
+    "slime_plugins.models.glm4 get_glm_spec": "glm4",
+    **dict.fromkeys(("slime_plugins.models.qwen3_5 get_qwen3_5_spec",
+                     "miles_plugins.models.qwen3_5 get_qwen3_5_spec"), "qwen3_5_text")}
+# the model types whose layers are Qwen3.5's: linear and gated attention, (1 + w) norms
+GATED_DELTA_NET_TYPES: tuple[str, ...] = ("qwen3_5_text",)
 # slime's other layer-spec plugins (by module) -> why vime does not build them
 SPEC_REFUSALS: dict[str, str] = {
-    "slime_plugins.models.qwen3_next": "Qwen3-Next: its gated delta net runs on fla's Triton "
-    "kernels in Megatron (GPU-only), and mbridge maps no Qwen3-Next",
-    **dict.fromkeys(("slime_plugins.models.qwen3_5", "miles_plugins.models.qwen3_5"),
-                    "Qwen3.5: its gated delta net runs on fla's Triton kernels in Megatron "
-                    "(GPU-only), and mbridge maps no Qwen3.5"),
+    "slime_plugins.models.qwen3_next": "Qwen3-Next: its MoE layers beside the gated delta "
+    "net are not built yet (Qwen3.5 dense is)",
     "slime_plugins.models.minimax_m2": "MiniMax-M2: no HF mapping in mbridge or vime",
     "slime_plugins.models.glm5": "GLM-5: DeepSeek sparse attention, no HF mapping in mbridge "
     "or vime",
@@ -81,6 +83,10 @@ class ModelArchArgs:
     disable_bias_linear: bool | None = _arch("linear layers without bias")
     add_qkv_bias: bool | None = _arch("bias on the QKV projection")
     qk_layernorm: bool | None = _arch("norm of queries and keys")
+    apply_layernorm_1p: bool | None = _arch("norms scaled by 1 + w (Qwen3.5)")
+    attention_output_gate: bool | None = _arch("attention output gated by sigmoid (Qwen3.5)")
+    use_gated_attention: bool | None = _arch("Qwen3.5's gated attention (slime's alias of "
+                                             "--attention-output-gate)")
     untie_embeddings_and_output_weights: bool | None = _arch("separate LM head")
     spec: tuple[str, ...] | None = setting_list(
         "slime's layer-spec plugin (MODULE FUNCTION); vime builds the layers from config.json, "
@@ -304,7 +310,10 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     mla = hf.get("kv_lora_rank") is not None
     glm4 = hf.get("model_type") == "glm4"
+    gated = hf.get("model_type") in GATED_DELTA_NET_TYPES
     out = {
+        "apply_layernorm_1p": gated, "attention_output_gate": gated,
+        "use_gated_attention": gated,
         "post_self_attn_layernorm": glm4, "post_mlp_layernorm": glm4,
         # MLA de-interleaves its RoPE dims itself (slime's MLA scripts pass no such flag)
         "rotary_interleaved": None if mla else glm4,
@@ -338,8 +347,8 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
             hf["n_shared_experts"] * hf["moe_intermediate_size"]
             if hf.get("n_shared_experts") and hf.get("moe_intermediate_size") else None),
     }
-    qk_norm = {"qwen3": True, "qwen3_moe": True, "qwen2": False, "qwen2_moe": False,
-               "llama": False, "mistral": False}
+    qk_norm = {"qwen3": True, "qwen3_moe": True, "qwen3_5_text": True, "qwen2": False,
+               "qwen2_moe": False, "llama": False, "mistral": False}
     out["qk_layernorm"] = True if mla else hf.get("use_qk_norm", qk_norm.get(  # GLM-4.5's key
         str(hf.get("model_type"))))
     return out
@@ -436,7 +445,8 @@ def _hf_key(name: str) -> str:
             "qk_layernorm": "model_type's q/k norm", "multi_latent_attention": "kv_lora_rank",
             "qk_head_dim": "qk_nope_head_dim", "qk_pos_emb_head_dim": "qk_rope_head_dim",
             "post_self_attn_layernorm": "model_type", "post_mlp_layernorm": "model_type",
-            "rotary_interleaved": "model_type",
+            "rotary_interleaved": "model_type", "apply_layernorm_1p": "model_type",
+            "attention_output_gate": "model_type", "use_gated_attention": "model_type",
             "moe_shared_expert_intermediate_size": "shared_expert_intermediate_size",
             }.get(name, name)
 

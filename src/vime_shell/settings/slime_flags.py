@@ -97,10 +97,6 @@ UNSUPPORTED: dict[str, str] = {
     "--enable-mtp-training": "multi-token prediction", "--mtp-num-layers": "multi-token "
     "prediction", "--mtp-loss-scaling-factor": "multi-token prediction",
     # architectures vime's bridge does not build
-    "--attention-output-gate": "gated attention (Qwen3-Next)",
-    "--use-gated-attention": "gated attention and the gated delta net (Qwen3-Next, "
-    "Qwen3.5; the delta net's kernels are fla's Triton ones, GPU-only)",
-    "--apply-layernorm-1p": "LayerNorm-1p models (Qwen3-Next, Qwen3.5)",
     "--window-size": "sliding-window attention", "--window-attn-skip-freq": "sliding-window "
     "attention", "--softmax-type": "attention sinks (gpt-oss)",
     "--allgather-cp": "vime's context parallelism is Megatron's ring (--context-parallel-size)",

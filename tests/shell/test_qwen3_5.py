@@ -1,0 +1,163 @@
+"""Qwen3.5 (dense; slime's ``--spec slime_plugins.models.qwen3_5``,
+``vime_shell.megatron.qwen3_5_bridge``): linear attention (transformers' gated delta-net in
+Megatron's attention slot) in three of every four layers, gated attention, (1 + w) norms, a
+quarter of each head rotated, the checkpoint written multimodal as released.
+
+Asserted on a tiny random Qwen3.5: the HF -> Megatron -> HF round trip of the language model
+is exact (the vision tower is left out, and said so) and the logits equal transformers'
+``Qwen3_5ForCausalLM`` (1e-5, fp32); log-probs match transformers' at DP2, TP2 and PP2, which
+train to the same losses and weights; the linear-attention layer split by sequence
+parallelism or by context parallelism's zigzag chunks gives the whole layer's outputs and
+gradients; ``vime train`` on it (HF engine) passes the gap check after each sync, and its
+``--save-hf`` export loads in transformers with every trained weight moved.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from tests.metric_keys import without_timing
+from tests.shell.qwen3_5_workers import qwen3_5_worker
+from tests.shell.train_cli import train_and_export, vime, with_embedded_tokenizer
+from vime_shell.engines.hf import in_memory_name
+from vime_shell.megatron.spawn import spawn
+from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_model(tmp_path_factory):
+    return build_tiny_hf_model(tmp_path_factory.mktemp("qwen3_5") / "qwen3_5",
+                               TinyModelSpec(arch="qwen3_5", num_layers=4))
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_runs(qwen3_5_model):
+    return spawn(qwen3_5_worker, 2, str(qwen3_5_model))
+
+
+def _delta(a: dict, b: dict) -> float:
+    return max(float(np.abs(a[k] - b[k]).max()) for k in b)
+
+
+def test_the_language_model_round_trip_is_exact_and_logits_match_transformers(qwen3_5_runs):
+    run = qwen3_5_runs[0]["conversion"]
+    assert run["hf_class"] == "Qwen3_5ForCausalLM"
+    assert run["keys_equal"] and run["roundtrip_max"] == 0.0 and run["visual"] > 0
+    assert run["logit_max"] <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["dp2", "tp2", "pp2"])
+def test_training_log_probs_match_transformers(qwen3_5_runs, name):
+    for run in (r[name] for r in qwen3_5_runs):
+        assert run["hf_logprob_max"] <= 1e-5
+        assert run["logit_max"] is None or run["logit_max"] <= 1e-5  # None under PP
+        assert len(run["losses"]) == 4 and all(np.isfinite(run["losses"]))
+
+
+@pytest.mark.parametrize("name", ["tp2", "pp2"])
+def test_layouts_train_to_the_same_weights(qwen3_5_runs, name):
+    """TP2's embedding rows sum their gradient in another order (see test_glm4.py)."""
+    ref, run = qwen3_5_runs[0]["dp2"], qwen3_5_runs[0][name]
+    assert run["export_keys"] == ref["export_keys"]
+    assert max(abs(a - b) for a, b in zip(run["losses"], ref["losses"])) <= 1e-6
+    assert _delta({k: v for k, v in run["final"].items() if "embed" not in k},
+                  {k: v for k, v in ref["final"].items() if "embed" not in k}) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["sp", "cp"])
+def test_the_split_linear_attention_layer_equals_the_whole(qwen3_5_runs, name):
+    for run in (r["split"][name] for r in qwen3_5_runs):
+        assert run["output_max"] <= 1e-6
+        # CP sums each position's gradient over the ranks in another order (measured 1.1e-6
+        # on the input, 7.6e-6 on the weights)
+        assert run["input_grad_max"] <= 1e-5 and run["weight_grad_max"] <= 1e-4
+
+
+def test_vime_train_syncs_and_exports_a_qwen3_5(tmp_path):
+    """The export holds the language model under the checkpoint's names and the checkpoint's
+    (multimodal) config.json; transformers loads its language model from it, and the vision
+    tower, which vime does not train, is not written."""
+    model = with_embedded_tokenizer(build_tiny_hf_model(
+        tmp_path / "qwen3_5", TinyModelSpec(arch="qwen3_5", num_layers=4, vocab_size=20)))
+    trained = train_and_export(model, tmp_path)
+    base = load_file(model / "model.safetensors")
+    assert set(trained) == {k for k in base if not k.startswith("model.visual.")}
+    moved = [k for k in trained if not torch.equal(trained[k], base[k])]
+    assert any(".linear_attn.A_log" in k for k in moved)
+    assert any(".self_attn.q_proj" in k for k in moved) and any("q_norm" in k for k in moved)
+    native = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    assert type(native).__name__ == "Qwen3_5ForCausalLM"
+    state = native.state_dict()
+    for name in moved:
+        assert torch.equal(state[in_memory_name(name)], trained[name]), name
+
+
+def test_the_layer_pattern_and_norms_of_either_spec(qwen3_5_model):
+    """Linear attention where ``layer_types`` says so (from the stage's first layer on); the
+    local spec's norms are all (1 + w); TransformerEngine's spec, whose input norm is fused
+    into the QKV projection, gives each linear-attention layer a ``TENorm`` of its own."""
+    import copy
+
+    from megatron.core.extensions.transformer_engine import TENorm
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    from vime_shell.megatron.linear_attention import LinearAttention
+    from vime_shell.megatron.qwen3_5_bridge import OnePlusRMSNorm, Qwen3_5, hybrid_spec
+    from vime_shell.models.auto_config import auto_config
+
+    text = auto_config(qwen3_5_model)
+    local = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    fused = copy.deepcopy(local)  # TransformerEngine's layer: its input norm fused away
+    fused.submodules.input_layernorm = IdentityOp
+    for te, layer in ((False, local), (True, fused)):
+        base = TransformerBlockSubmodules(layer_specs=[layer, layer], layer_norm=TENorm)
+        spec = hybrid_spec(base, text, transformer_engine=te, offset=2,  # layers 2 and 3
+                           gdn_class=Qwen3_5.GDN_CLASS)
+        linear, full = (layer.submodules for layer in spec.layer_specs)
+        assert linear.self_attention.module is LinearAttention
+        assert full.self_attention.module is not LinearAttention
+        if te:
+            assert linear.input_layernorm is TENorm and full.input_layernorm is IdentityOp
+        else:
+            assert spec.layer_norm is OnePlusRMSNorm
+            assert {linear.input_layernorm, full.input_layernorm, full.pre_mlp_layernorm,
+                    full.self_attention.submodules.q_layernorm} == {OnePlusRMSNorm}
+
+
+def test_qwen3_5_flags_on_another_model_fail_naming_both(tmp_path):
+    model = build_tiny_hf_model(tmp_path / "qwen2", TinyModelSpec())
+    done = vime("train", "--hf-checkpoint", str(model), "--apply-layernorm-1p", "--dry-run",
+                "--run-dir", str(tmp_path / "run"), home=tmp_path, timeout=300)
+    assert done.returncode == 2
+    line = done.stderr.strip().splitlines()[-1]
+    assert "--apply-layernorm-1p" in line and '"model_type": \'qwen2\'' in line, line
+
+
+def test_a_resumed_run_ends_where_the_uninterrupted_one_ends(tmp_path):
+    """The checkpoint holds transformers' modules inside Megatron's layers: every layer is
+    saved under its own key (the layers differ), and ``--load`` brings back the same run."""
+    model = with_embedded_tokenizer(build_tiny_hf_model(
+        tmp_path / "qwen3_5", TinyModelSpec(arch="qwen3_5", num_layers=4, vocab_size=20)))
+
+    def run(name: str, rollouts: int, *extra: str) -> list[dict]:
+        done = vime("train", "--hf-checkpoint", str(model), "--run-dir", str(tmp_path / name),
+                    "--num-rollout", str(rollouts), "--rollout-batch-size", "8",
+                    "--n-samples-per-prompt", "4", "--global-batch-size", "32", "--lr", "1e-3",
+                    "--custom-rm-path", "tests.shell.tied_workers:parity_reward", *extra,
+                    home=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [without_timing(json.loads(line)) for line in lines]
+
+    full = run("full", 3)
+    run("first", 2, "--save", str(tmp_path / "ckpt"), "--save-interval", "2")
+    resumed = run("resumed", 3, "--load", str(tmp_path / "ckpt"))
+    assert [x["rollout"] for x in resumed] == [2] and resumed[0] == full[2]
