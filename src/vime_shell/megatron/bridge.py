@@ -112,8 +112,8 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     except ValueError as exc:
         raise ModelLoadError(f"{str(Path(hf_dir) / 'config.json')!r}: \"model_type\" "
                              f"{config.model_type!r}: {one_line(str(exc))}. Fix: use a Qwen2/"
-                             "Qwen3 (dense or MoE), Llama, DeepSeek-V3, Kimi-K2, GLM-4 or "
-                             "GLM-4.5 checkpoint.") from None
+                             "Qwen3 (dense or MoE), Qwen3.5 (dense), Llama, DeepSeek-V3, "
+                             "Kimi-K2, GLM-4 or GLM-4.5 checkpoint.") from None
     # Adjustment 5 is the platform's overrides; they come last, so a field the run's options
     # also set (moe_router_fusion=False under routing replay) takes the platform's value.
     bridge.set_extra_args(**{**options.transformer_fields(), **router_fields(config),

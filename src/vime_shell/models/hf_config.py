@@ -171,8 +171,8 @@ def check_config(config: dict, path: Path, flag: str = "--hf-checkpoint",
     if refused is not None:
         raise _malformed(flag, path, f'has "model_type" {config["model_type"]!r}: not '
                          f"supported in vime ({refused})", "train a Qwen2, Qwen3 (dense or "
-                         "MoE), Llama, DeepSeek-V3, Kimi-K2, GLM-4 or GLM-4.5 (dense or MoE) "
-                         "checkpoint")
+                         "MoE), Qwen3.5 (dense), Llama, DeepSeek-V3, Kimi-K2, GLM-4 or GLM-4.5 "
+                         "(dense or MoE) checkpoint")
     if config.get("model_type") == "glm4_moe_lite" and "mlp_layer_types" in config:
         first_dense_layers(config["mlp_layer_types"], path, config.get("first_k_dense_replace"))
     _check_special_token_ids(config, path, flag)
