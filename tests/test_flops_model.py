@@ -102,3 +102,21 @@ def test_mla_with_equal_head_dims_has_the_dense_pair_term():
                                   "intermediate_size", "vocab_size")}
     assert FlopsModel.from_hf_config(equal).quadratic == FlopsModel.from_hf_config(
         {**dense, "head_dim": 16}).quadratic
+
+
+def test_linear_attention_layers_cost_no_quadratic_term():
+    """Qwen3.5: three of four layers are gated delta nets, the MoE text model has no dense
+    width at all."""
+    hybrid = {**DENSE_8B, "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+              "vocab_size": 20, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+              "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+              "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
+    model = FlopsModel.from_hf_config(hybrid)
+    attention = 2 * 64 * (64 + 2 * 32) + 2 * 64 * 64
+    assert model.quadratic == 2 * 64 * 1
+    assert model.linear == 3 * 37888 + attention + 4 * 6 * 64 * 128 + 2 * 64 * 20
+    moe = {k: v for k, v in hybrid.items() if k != "intermediate_size"}
+    moe.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    assert FlopsModel.from_hf_config(moe).linear == \
+        model.linear - 4 * 6 * 64 * 128 + 4 * (6 * 64 * 32 * 2 + 2 * 64 * 4)

@@ -71,15 +71,20 @@ class ModelShape:
         hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
         layers = cfg.int("num_hidden_layers")
         experts = num_experts(cfg)
-        moe_ffn = cfg.int("moe_intermediate_size", cfg.int("intermediate_size")) if experts else 0
+        moe_layers = len(sparse_layers(cfg, layers))
+        # Mixtral's experts are intermediate_size wide; an all-MoE model may state no dense width
+        moe_ffn = cfg.int("moe_intermediate_size" if cfg.get("moe_intermediate_size") is not None
+                          else "intermediate_size") if experts else 0
+        ffn = cfg.int("intermediate_size") if moe_layers < layers else \
+            int(cfg.get("intermediate_size", 0) or 0)
         shared = int(cfg.get("shared_expert_intermediate_size", 0) or 0)
         shared += int(cfg.get("n_shared_experts", 0) or 0) * moe_ffn
         return cls(hidden=hidden, layers=layers, heads=heads,
                    kv_heads=cfg.int("num_key_value_heads", heads),
                    head_dim=cfg.int("head_dim", hidden // heads),
-                   ffn=cfg.int("intermediate_size"), vocab=cfg.int("vocab_size"),
+                   ffn=ffn, vocab=cfg.int("vocab_size"),
                    tied=bool(cfg.get("tie_word_embeddings", False)), num_experts=experts,
-                   moe_layers=len(sparse_layers(cfg, layers)), moe_ffn=moe_ffn,
+                   moe_layers=moe_layers, moe_ffn=moe_ffn,
                    shared_ffn=shared)
 
 

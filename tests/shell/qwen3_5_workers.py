@@ -1,16 +1,46 @@
 """Qwen3.5 runs in one 2-process gloo spawn (``tests/shell/test_qwen3_5.py``): a tiny dense
-Qwen3.5 (``TinyModelSpec(arch="qwen3_5")``, written multimodal as released) checked against
-transformers and trained on the two synthetic rollouts of ``megatron_workers`` at DP2, TP2 and
-PP2, then converted at world size 1; and its linear-attention layer alone under sequence and
-context parallelism against the same layer on one rank.
+Qwen3.5 and a tiny Qwen3.5-MoE (``TinyModelSpec(arch="qwen3_5")`` / ``"qwen3_5_moe"``, written
+multimodal as released) checked against transformers and trained on the two synthetic
+rollouts of ``megatron_workers`` (dense at DP2, TP2 and PP2; MoE at DP2 and EP2), then
+converted at world size 1, the MoE also from its experts fused as Qwen3.5-MoE's release
+stores them; and the linear-attention layer alone under sequence and context parallelism
+against the same layer on one rank.
 """
+
+from pathlib import Path
 
 from tests.shell.model_workers import train_run
 
 QWEN3_5_LAYOUTS = {"dp2": {}, "tp2": {"tp": 2}, "pp2": {"pp": 2}}
+MOE_LAYOUTS = {"dp2": {}, "ep2": {"ep": 2}}
 
 
-def qwen3_5_worker(rank: int, hf_dir: str) -> dict:
+def fuse_experts(src: Path, dst: Path) -> Path:
+    """A copy of checkpoint ``src`` whose experts are stored fused per layer
+    (``experts.gate_up_proj`` ``[E, 2I, H]``, ``experts.down_proj`` ``[E, H, I]``), as
+    Qwen3.5-MoE's release stores them (transformers 5 writes them one by one)."""
+    import re
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(src / "model.safetensors")
+    per = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+    layers = sorted({m.group(1) for m in map(per.match, tensors) if m})
+    for layer in layers:
+        count = len({m.group(2) for m in map(per.match, tensors) if m and m.group(1) == layer})
+        take = [{p: tensors.pop(f"{layer}.{e}.{p}_proj.weight") for p in ("gate", "up", "down")}
+                for e in range(count)]
+        tensors[f"{layer}.gate_up_proj"] = torch.stack([torch.cat([t["gate"], t["up"]])
+                                                        for t in take])
+        tensors[f"{layer}.down_proj"] = torch.stack([t["down"] for t in take])
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def qwen3_5_worker(rank: int, dirs: dict[str, str]) -> dict:
     import warnings
 
     import torch.distributed as dist
@@ -20,22 +50,26 @@ def qwen3_5_worker(rank: int, hf_dir: str) -> dict:
     warnings.filterwarnings("ignore", category=UserWarning, module="megatron")
     detect_platform()
     dist.init_process_group("gloo")
-    out = {name: train_run(hf_dir, with_parity=True, **layout)
+    out = {name: train_run(dirs["dense"], with_parity=True, **layout)
            for name, layout in QWEN3_5_LAYOUTS.items()}
-    out["split"] = {name: split_layer_run(hf_dir, **kw) for name, kw in
+    out["moe"] = {name: train_run(dirs["moe"], with_parity=True, **layout)
+                  for name, layout in MOE_LAYOUTS.items()}
+    out["split"] = {name: split_layer_run(dirs["dense"], **kw) for name, kw in
                     (("sp", {"tp": 2, "sequence_parallel": True}), ("cp", {"cp": 2}))}
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        out["conversion"] = conversion(hf_dir)
+        out["conversion"] = {"dense": conversion(dirs["dense"]), "moe": conversion(dirs["moe"]),
+                             "moe_fused": conversion(dirs["moe_fused"], dirs["moe"])}
         dist.destroy_process_group()
     return out
 
 
-def conversion(hf_dir: str) -> dict:
+def conversion(hf_dir: str, per_expert_dir: str | None = None) -> dict:
     """The HF round trip of the language model (the vision tower is not trained, loaded or
-    exported) and logit parity with transformers' ``Qwen3_5ForCausalLM``."""
+    exported) and logit parity with transformers' ``Qwen3_5ForCausalLM``; the export names
+    experts one by one, so a fused checkpoint is compared with ``per_expert_dir``'s."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -47,7 +81,7 @@ def conversion(hf_dir: str) -> dict:
     trainer = MegatronTrainer.from_hf(hf_dir)
     hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, config=auto_config(hf_dir),
                                                      dtype=torch.float32)
-    original = load_file(f"{hf_dir}/model.safetensors")
+    original = load_file(f"{per_expert_dir or hf_dir}/model.safetensors")
     language = {k for k in original if not k.startswith("model.visual.")}
     exported = trainer.hf_state_dict()
     out = {"keys_equal": set(exported) == language, "visual": len(original) - len(language),

@@ -21,9 +21,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from tests.metric_keys import without_timing
-from tests.shell.qwen3_5_workers import qwen3_5_worker
+from tests.shell.qwen3_5_workers import fuse_experts, qwen3_5_worker
 from tests.shell.train_cli import train_and_export, vime, with_embedded_tokenizer
-from vime_shell.engines.hf import in_memory_name
+from vime_shell.models.hf_names import fused_expert_slice, in_memory_name
 from vime_shell.megatron.spawn import spawn
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
 
@@ -37,17 +37,26 @@ def qwen3_5_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def qwen3_5_runs(qwen3_5_model):
-    return spawn(qwen3_5_worker, 2, str(qwen3_5_model))
+def qwen3_5_runs(qwen3_5_model, tmp_path_factory):
+    moe = build_tiny_hf_model(tmp_path_factory.mktemp("qwen3_5_moe") / "moe",
+                              TinyModelSpec(arch="qwen3_5_moe", num_layers=4))
+    fused = fuse_experts(moe, moe.parent / "fused")
+    return spawn(qwen3_5_worker, 2, {"dense": str(qwen3_5_model), "moe": str(moe),
+                                     "moe_fused": str(fused)})
 
 
 def _delta(a: dict, b: dict) -> float:
     return max(float(np.abs(a[k] - b[k]).max()) for k in b)
 
 
-def test_the_language_model_round_trip_is_exact_and_logits_match_transformers(qwen3_5_runs):
-    run = qwen3_5_runs[0]["conversion"]
-    assert run["hf_class"] == "Qwen3_5ForCausalLM"
+@pytest.mark.parametrize("name, hf_class", [("dense", "Qwen3_5ForCausalLM"),
+                                             ("moe", "Qwen3_5MoeForCausalLM"),
+                                             ("moe_fused", "Qwen3_5MoeForCausalLM")])
+def test_the_language_model_round_trip_is_exact_and_logits_match_transformers(
+        qwen3_5_runs, name, hf_class):
+    """A fused checkpoint (Qwen3.5-MoE's release) loads and exports its experts one by one."""
+    run = qwen3_5_runs[0]["conversion"][name]
+    assert run["hf_class"] == hf_class
     assert run["keys_equal"] and run["roundtrip_max"] == 0.0 and run["visual"] > 0
     assert run["logit_max"] <= 1e-5
 
@@ -58,6 +67,16 @@ def test_training_log_probs_match_transformers(qwen3_5_runs, name):
         assert run["hf_logprob_max"] <= 1e-5
         assert run["logit_max"] is None or run["logit_max"] <= 1e-5  # None under PP
         assert len(run["losses"]) == 4 and all(np.isfinite(run["losses"]))
+
+
+@pytest.mark.parametrize("name", ["dp2", "ep2"])
+def test_moe_log_probs_match_transformers_and_ep2_trains_as_dp2(qwen3_5_runs, name):
+    for run in (r["moe"][name] for r in qwen3_5_runs):
+        assert run["hf_logprob_max"] <= 1e-5 and run["logit_max"] <= 1e-5
+        assert run["transformer"]["moe_shared_expert_gate"]
+    ref, run = qwen3_5_runs[0]["moe"]["dp2"], qwen3_5_runs[0]["moe"][name]
+    assert max(abs(a - b) for a, b in zip(run["losses"], ref["losses"])) <= 1e-6
+    assert _delta(run["final"], ref["final"]) <= 1e-5
 
 
 @pytest.mark.parametrize("name", ["tp2", "pp2"])
@@ -79,23 +98,31 @@ def test_the_split_linear_attention_layer_equals_the_whole(qwen3_5_runs, name):
         assert run["input_grad_max"] <= 1e-5 and run["weight_grad_max"] <= 1e-4
 
 
-def test_vime_train_syncs_and_exports_a_qwen3_5(tmp_path):
+@pytest.mark.parametrize("arch, hf_class", [("qwen3_5", "Qwen3_5ForCausalLM"),
+                                             ("qwen3_5_moe", "Qwen3_5MoeForCausalLM")])
+def test_vime_train_syncs_and_exports_a_qwen3_5(tmp_path, arch, hf_class):
     """The export holds the language model under the checkpoint's names and the checkpoint's
     (multimodal) config.json; transformers loads its language model from it, and the vision
     tower, which vime does not train, is not written."""
     model = with_embedded_tokenizer(build_tiny_hf_model(
-        tmp_path / "qwen3_5", TinyModelSpec(arch="qwen3_5", num_layers=4, vocab_size=20)))
+        tmp_path / arch, TinyModelSpec(arch=arch, num_layers=4, vocab_size=20)))
     trained = train_and_export(model, tmp_path)
     base = load_file(model / "model.safetensors")
     assert set(trained) == {k for k in base if not k.startswith("model.visual.")}
     moved = [k for k in trained if not torch.equal(trained[k], base[k])]
     assert any(".linear_attn.A_log" in k for k in moved)
     assert any(".self_attn.q_proj" in k for k in moved) and any("q_norm" in k for k in moved)
+    if arch == "qwen3_5_moe":
+        assert any(".experts.0." in k for k in moved) and any("shared_expert_gate" in k
+                                                               for k in moved)
     native = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
-    assert type(native).__name__ == "Qwen3_5ForCausalLM"
+    assert type(native).__name__ == hf_class
     state = native.state_dict()
     for name in moved:
-        assert torch.equal(state[in_memory_name(name)], trained[name]), name
+        target = state.get(in_memory_name(name))
+        if target is None:  # transformers holds the experts fused
+            target = fused_expert_slice(state, in_memory_name(name))
+        assert torch.equal(target, trained[name]), name
 
 
 def test_the_layer_pattern_and_norms_of_either_spec(qwen3_5_model):

@@ -9,6 +9,9 @@ Purpose: give FLOPs packing and balancing a workload estimate per sample. For a 
   once, the LM head ``2*h*vocab``;
 - quadratic term ``b``: causal attention scores and weighted values, ``2*heads*head_dim`` per
   layer (``QK^T`` and ``AV`` cost ``2*L**2*head_dim`` each per head, halved by the causal mask).
+- linear-attention layers (``layer_types`` ``linear_attention``: Qwen3.5's gated delta net)
+  cost no quadratic term: per token their projections (query, key, value, gate, the two
+  per-head scalars, output) and the state update and read-out, ``4*v_heads*k_dim*v_dim``.
 
 Invariants the tests assert: the dense ~8B example below, MoE counting only routed top-k
 experts, ``a`` and ``b`` positive, per-sample FLOPs increasing in ``L``.
@@ -87,13 +90,27 @@ class FlopsModel:
             head_dim = cfg.int("head_dim", hidden // heads)
             q, kv = heads * head_dim, kv_heads * head_dim
             attention, pair = 2 * hidden * (q + 2 * kv) + 2 * q * hidden, 2 * q
-        dense_mlp = 6 * hidden * cfg.int("intermediate_size")
         sparse = sparse_layers(cfg, layers)
+        # a model whose every layer is MoE need not state a dense width
+        dense_mlp = 6 * hidden * cfg.int("intermediate_size") if len(sparse) < layers else 0
         moe_mlp = _moe_mlp(cfg, hidden, experts_per_token) if sparse else 0
-        per_layer = [attention + (moe_mlp if i in sparse else dense_mlp)
-                     for i in range(layers)]
+        linear_layers = {i for i, t in enumerate(cfg.get("layer_types") or [])
+                         if t == "linear_attention" and i < layers}
+        mixer = _linear_attention(cfg, hidden) if linear_layers else 0
+        per_layer = [(mixer if i in linear_layers else attention)
+                     + (moe_mlp if i in sparse else dense_mlp) for i in range(layers)]
         linear = sum(per_layer) + 2 * hidden * cfg.int("vocab_size")
-        return cls(linear=linear, quadratic=pair * layers)
+        return cls(linear=linear, quadratic=pair * (layers - len(linear_layers)))
+
+
+def _linear_attention(cfg: "ConfigFields", hidden: int) -> int:
+    """Per-token FLOPs of a gated delta-net layer (module docstring). Example: hidden 64, 2 key
+    heads and 4 value heads of 16: 2*64*(2*32 + 2*64 + 8) + 2*64*64 + 4*4*16*16 = 37888."""
+    k_heads, v_heads = cfg.int("linear_num_key_heads"), cfg.int("linear_num_value_heads")
+    k_dim, v_dim = cfg.int("linear_key_head_dim"), cfg.int("linear_value_head_dim")
+    keys, values = k_heads * k_dim, v_heads * v_dim
+    return (2 * hidden * (2 * keys + 2 * values + 2 * v_heads) + 2 * values * hidden
+            + 4 * v_heads * k_dim * v_dim)
 
 
 def _mla_attention(cfg: "ConfigFields", hidden: int, heads: int) -> tuple[int, int]:
@@ -165,7 +182,8 @@ def sparse_layers(cfg: ConfigFields, layers: int) -> set[int]:
 def _moe_mlp(cfg: ConfigFields, hidden: int, top_k: int | None = None) -> int:
     """Per-token FLOPs of a MoE MLP: top-k routed experts, shared experts, and the router."""
     experts = num_experts(cfg)
-    expert_ffn = cfg.int("moe_intermediate_size", cfg.int("intermediate_size"))
+    expert_ffn = cfg.int("moe_intermediate_size" if cfg.get("moe_intermediate_size") is not None
+                         else "intermediate_size")  # Mixtral's experts are intermediate_size
     routed = 6 * hidden * expert_ffn * (top_k or cfg.int("num_experts_per_tok"))
     shared_ffn = cfg.get("shared_expert_intermediate_size", 0) or 0
     shared_ffn += (cfg.get("n_shared_experts", 0) or 0) * expert_ffn

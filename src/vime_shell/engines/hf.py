@@ -17,7 +17,6 @@ How it meets the protocol's invariants (see :mod:`vime_shell.engines.base`):
   router logits, for every token.
 """
 
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +35,7 @@ from vime_shell.engines.group import EngineOptions
 from vime_shell.engines.layout import EngineLayout
 from vime_shell.engines.weights import load_safetensors_dir
 from vime_shell.models.auto_config import auto_config
+from vime_shell.models.hf_names import fused_expert_name, fused_expert_slice, in_memory_name
 
 if TYPE_CHECKING:  # what AutoModelForCausalLM builds: a PreTrainedModel with GenerationMixin
     from transformers.models.auto.modeling_auto import _BaseModelWithGenerate as CausalLM
@@ -86,44 +86,6 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     keep_sorted = sorted_p.cumsum(dim=-1) - sorted_p < top_p  # always keeps the top token
     keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
     return probs * keep
-
-
-_EXPERT_NAME = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
-_TEXT_PREFIX = "model.language_model."  # a multimodal checkpoint's text model (in_memory_name)
-
-
-def fused_expert_slice(params: dict[str, torch.Tensor], name: str) -> torch.Tensor | None:
-    """The view of transformers' fused MoE parameters that a checkpoint's per-expert tensor
-    fills, or None. transformers 5 stores a layer's experts as ``experts.gate_up_proj``
-    ``[E, 2 * I, H]`` (gate rows, then up rows) and ``experts.down_proj`` ``[E, H, I]``, while
-    checkpoints and the trainer's export name ``experts.{e}.gate_proj.weight`` ``[I, H]``.
-    Example: ``model.layers.0.mlp.experts.3.up_proj.weight`` is
-    ``params["model.layers.0.mlp.experts.gate_up_proj"][3, I:]``."""
-    match = _EXPERT_NAME.match(name)
-    fused = params.get(fused_expert_name(name) or "")
-    if match is None or fused is None:
-        return None
-    expert, proj = int(match.group(2)), match.group(3)
-    if proj == "down":
-        return fused[expert]
-    half = fused.shape[1] // 2
-    return fused[expert, :half] if proj == "gate" else fused[expert, half:]
-
-
-def in_memory_name(name: str) -> str:
-    """The model's own name for a checkpoint name: transformers writes some text models
-    (Qwen3.5's) under the multimodal layout's ``model.language_model.`` and loads them as
-    ``model.``. Example: ``model.language_model.norm.weight`` -> ``model.norm.weight``."""
-    return "model." + name.removeprefix(_TEXT_PREFIX) if name.startswith(_TEXT_PREFIX) else name
-
-
-def fused_expert_name(name: str) -> str | None:
-    """The fused parameter a per-expert checkpoint name belongs to (:func:`fused_expert_slice`).
-    Example: ``...experts.3.gate_proj.weight`` -> ``...experts.gate_up_proj``."""
-    match = _EXPERT_NAME.match(name)
-    if match is None:
-        return None
-    return f"{match.group(1)}.{'down_proj' if match.group(3) == 'down' else 'gate_up_proj'}"
 
 
 class HfEngine:

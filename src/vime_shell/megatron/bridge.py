@@ -43,10 +43,11 @@ from vime_shell.models.hf_config import ModelLoadError
 from vime_shell.megatron.layout import TrainLayout
 from vime_shell.megatron.glm4_bridge import Glm4
 from vime_shell.megatron.mla_bridge import DeepseekV3, is_mla
-from vime_shell.megatron.qwen3_5_bridge import Qwen3_5
+from vime_shell.megatron.qwen3_5_bridge import Qwen3_5, Qwen3_5Moe
 from vime_shell.megatron.model_options import ModelOptions
-from vime_shell.megatron.moe_bridge import (expert_bias_in_layer_order, map_sequential_experts,
-                                            num_experts_of, router_fields)
+from vime_shell.megatron.moe_bridge import (FusedExpertReader, expert_bias_in_layer_order,
+                                            map_sequential_experts, num_experts_of,
+                                            router_fields)
 from vime_shell.megatron.platform import Platform
 from vime_shell.megatron.rope import apply_rope_scaling, gpt_rope_args, rope_scaling_of
 
@@ -54,7 +55,7 @@ from vime_shell.megatron.rope import apply_rope_scaling, gpt_rope_args, rope_sca
 # each adds its layers to the block spec (adapt_layer_spec) and its norms' names
 # (EXTRA_NORM_NAMES) to adjustments 1 and 2, and Qwen3.5 its names' prefix (HF_NAME)
 _OWN_BRIDGES: dict[str, Any] = {"deepseek_v3": DeepseekV3, "glm4": Glm4,
-                                "qwen3_5_text": Qwen3_5}
+                                "qwen3_5_text": Qwen3_5, "qwen3_5_moe_text": Qwen3_5Moe}
 
 _LOCAL_NORM_NAMES = {
     "input_layernorm.weight": "model.layers.{n}.input_layernorm.weight",
@@ -147,6 +148,8 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     bridge._weight_name_mapping_mcore_to_hf = name_to_hf
     if num_experts_of(config) is not None:
         _adjust_expert_names(bridge)
+        reader = bridge._get_safetensor_io
+        bridge._get_safetensor_io = lambda path: FusedExpertReader(reader(path))
     return bridge
 
 

@@ -31,10 +31,12 @@ Example: ``Qwen3_5(text_config, dtype=torch.float32)`` is the bridge of a Qwen3.
 import copy
 
 import torch
+from mbridge.models.qwen2moe import Qwen2MoEBridge
 from mbridge.models.qwen3 import Qwen3Bridge
 from megatron.core.extensions.transformer_engine import TENorm
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeGatedDeltaNet
 
 from vime_shell.megatron.linear_attention import linear_attention_spec
 
@@ -95,13 +97,17 @@ class Qwen3_5(Qwen3Bridge):
                            offset=offset, gdn_class=self.GDN_CLASS)
 
     def _build_config(self):
+        return self._build_base_config(**self._fields())
+
+    def _fields(self) -> dict:
+        """The ``TransformerConfig`` fields of Qwen3.5's layers (the run's options override)."""
         # linear_attention_freq (1: linear attention) only tells Megatron's checkpointing that
         # the layers differ, so each saves under its own key: the layers here come from
         # hybrid_spec, not from Megatron's experimental spec that also reads it
         pattern = [int(t == "linear_attention") for t in self.hf_config.layer_types]
-        return self._build_base_config(
-            qk_layernorm=True, attention_output_gate=True, layernorm_zero_centered_gamma=True,
-            kv_channels=self.hf_config.head_dim, linear_attention_freq=pattern)
+        return dict(qk_layernorm=True, attention_output_gate=True,
+                    layernorm_zero_centered_gamma=True, kv_channels=self.hf_config.head_dim,
+                    linear_attention_freq=pattern)
 
     def _get_gptmodel_args(self) -> dict:
         rope = getattr(self.hf_config, "rope_parameters", None) or {}
@@ -124,6 +130,30 @@ class Qwen3_5(Qwen3Bridge):
         if mcore_weights_name.endswith("self_attention.linear_qkv.weight"):
             return merge_gated_qkv(*hf_weights, self.hf_config).to(self.dtype)
         return super()._weight_to_mcore_format(mcore_weights_name, hf_weights)
+
+
+class Qwen3_5Moe(Qwen3_5):
+    """Qwen3.5's MoE (``qwen3_5_moe``): every layer's MLP is a softmax top-k router whose
+    top-k weights are renormalised, routed experts and a shared expert behind a sigmoid gate,
+    which Megatron's MoE layer has (Qwen2-MoE's names, mbridge's mapping)."""
+
+    GDN_CLASS: type = Qwen3_5MoeGatedDeltaNet
+    # no dense MLP, so no intermediate_size: Megatron's default stands in for a width no
+    # layer uses
+    _CONFIG_MAPPING = {**Qwen3Bridge._CONFIG_MAPPING, "ffn_hidden_size": ("intermediate_size",
+                                                                          None)}
+    _MLP_MAPPING = Qwen2MoEBridge._MLP_MAPPING
+    _weight_name_mapping_mlp = Qwen2MoEBridge._weight_name_mapping_mlp
+
+    def _fields(self) -> dict:
+        hf = self.hf_config
+        return {**super()._fields(),
+                "num_moe_experts": hf.num_experts, "moe_router_topk": hf.num_experts_per_tok,
+                "moe_ffn_hidden_size": hf.moe_intermediate_size,
+                "moe_shared_expert_intermediate_size": hf.shared_expert_intermediate_size,
+                "moe_shared_expert_gate": True, "moe_router_score_function": "softmax",
+                "moe_router_pre_softmax": False,  # the top-k of the softmax, renormalised
+                "moe_router_load_balancing_type": "none", "moe_aux_loss_coeff": 0.0}
 
 
 def merge_gated_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hf) -> torch.Tensor:

@@ -98,8 +98,11 @@ REQUIRED = (*SUMMARY_REQUIRED, "hidden_size", "num_attention_heads", "intermedia
 
 # model_type -> the transformers model_type of the same architecture (models/auto_config.py)
 MODEL_TYPE_ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3"}
+# MoE models with no dense layer, whose config.json states no dense intermediate_size
+MOE_ONLY_TYPES: tuple[str, ...] = ("qwen3_5_moe_text",)
 # multimodal model_type -> its language model's, which vime trains (models/auto_config.py)
-LANGUAGE_MODEL_OF: dict[str, str] = {"qwen3_5": "qwen3_5_text"}
+LANGUAGE_MODEL_OF: dict[str, str] = {"qwen3_5": "qwen3_5_text",
+                                     "qwen3_5_moe": "qwen3_5_moe_text"}
 # multi-latent attention (megatron/mla_bridge.py)
 MLA_MODEL_TYPES: tuple[str, ...] = ("deepseek_v3", "kimi_k2", "glm4_moe_lite")
 # sigmoid routers with an expert bias (DeepSeek-V3's, GLM-4.5's): Megatron renormalises their
@@ -115,8 +118,6 @@ MODEL_TYPE_REFUSALS: dict[str, str] = {
     "train as deepseek_v3)",
     "mimo": "MiMo (its multi-token prediction layers)",
     "qwen3_next": "Qwen3-Next (gated and linear attention: slime's --spec)",
-    **dict.fromkeys(("qwen3_5_moe", "qwen3_5_moe_text"),
-                    "Qwen3.5 MoE (gated and linear attention with MoE layers)"),
     "minimax_m2": "MiniMax-M2 (its layer spec: slime's --spec)",
     **dict.fromkeys(("qwen2_5_vl", "qwen2_vl", "glm4v", "internvl_chat"),
                     "multimodal models (vime trains on text token ids)"),
@@ -150,6 +151,9 @@ def check_config(config: dict, path: Path, flag: str = "--hf-checkpoint",
     Example: ``{"vocab_size": "20", ...}`` raises ``ModelLoadError: --hf-checkpoint='m/config.
     json': "vocab_size" is "20" (a string), not a positive integer. Fix: ...``."""
     for key in required:
+        if key == "intermediate_size" and config.get("moe_intermediate_size") is not None \
+                and config.get("model_type") in MOE_ONLY_TYPES:
+            continue  # every layer is MoE: no dense width to state
         if config.get(key) is None:
             raise _malformed(flag, path, f'has no "{key}" (every model\'s config.json gives '
                              "it)", f'add "{key}" as the model\'s source has it')
@@ -171,7 +175,7 @@ def check_config(config: dict, path: Path, flag: str = "--hf-checkpoint",
     if refused is not None:
         raise _malformed(flag, path, f'has "model_type" {config["model_type"]!r}: not '
                          f"supported in vime ({refused})", "train a Qwen2, Qwen3 (dense or "
-                         "MoE), Qwen3.5 (dense), Llama, DeepSeek-V3, Kimi-K2, GLM-4 or GLM-4.5 "
+                         "MoE), Qwen3.5 (dense or MoE), Llama, DeepSeek-V3, Kimi-K2, GLM-4 or GLM-4.5 "
                          "(dense or MoE) checkpoint")
     if config.get("model_type") == "glm4_moe_lite" and "mlp_layer_types" in config:
         first_dense_layers(config["mlp_layer_types"], path, config.get("first_k_dense_replace"))

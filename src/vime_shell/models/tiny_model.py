@@ -21,7 +21,9 @@ is a GLM-4.7-Flash: DeepSeek-V3's model under GLM's config
 (``mlp_layer_types`` and ``first_k_dense_replace``, routed scaling 1.8). ``arch="qwen3_5"`` is
 a dense Qwen3.5, written as the released checkpoints are (multimodal, with a one-block vision
 tower): linear attention in three of every four layers (as many linear heads as attention
-heads), gated attention, (1 + w) norms drawn non-zero, a quarter of each head rotated.
+heads), gated attention, (1 + w) norms drawn non-zero, a quarter of each head rotated;
+``arch="qwen3_5_moe"`` the same with MoE layers (a shared expert of
+``shared_expert_intermediate_size`` behind a sigmoid gate).
 """
 
 from pathlib import Path
@@ -31,14 +33,15 @@ import attrs
 import torch
 from transformers import (AutoModelForCausalLM, DeepseekV3Config, Glm4Config, Glm4MoeConfig,
                           Glm4MoeLiteConfig, LlamaConfig, Qwen2Config, Qwen2MoeConfig,
-                          Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3MoeConfig)
+                          Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig,
+                          Qwen3_5MoeForConditionalGeneration, Qwen3MoeConfig)
 
 from vime_pure.errors import VimeError, field_error
 
 ARCHITECTURES: tuple[str, ...] = ("qwen2", "llama", "qwen2_moe", "qwen3_moe", "deepseek_v3",
-                                  "glm4", "glm4_moe_lite", "glm4_moe", "qwen3_5")
+                                  "glm4", "glm4_moe_lite", "glm4_moe", "qwen3_5", "qwen3_5_moe")
 MOE_ARCHITECTURES: tuple[str, ...] = ("qwen2_moe", "qwen3_moe", "deepseek_v3", "glm4_moe_lite",
-                                      "glm4_moe")
+                                      "glm4_moe", "qwen3_5_moe")
 
 
 @attrs.frozen(kw_only=True)
@@ -60,7 +63,7 @@ class TinyModelSpec:
     num_experts: int = 4  # MoE architectures only
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 32
-    shared_expert_intermediate_size: int = 48  # qwen2_moe
+    shared_expert_intermediate_size: int = 48  # qwen2_moe, qwen3_5_moe
     # deepseek_v3 (multi-latent attention); its heads are these, not head_dim / num_kv_heads
     q_lora_rank: int | None = 24
     kv_lora_rank: int = 16
@@ -115,7 +118,7 @@ def hf_config(spec: TinyModelSpec, **extra):
         return _deepseek_v3(spec, common)
     if spec.arch == "glm4_moe":
         return _glm4_moe(spec, common)
-    if spec.arch == "qwen3_5":
+    if spec.arch in ("qwen3_5", "qwen3_5_moe"):
         return _qwen3_5(spec, common)
     if spec.arch == "glm4":  # half of each head rotated, in interleaved pairs (GLM-4-9B's)
         common["rope_parameters"] = {"partial_rotary_factor": 0.5, **common["rope_parameters"]}
@@ -175,7 +178,8 @@ def _glm4_moe(spec: TinyModelSpec, common: dict[str, Any]):
 
 
 def _qwen3_5(spec: TinyModelSpec, common: dict[str, Any]):
-    """Qwen3.5 as released: a multimodal config whose ``text_config`` is the language model."""
+    """Qwen3.5 (dense or MoE) as released: a multimodal config whose ``text_config`` is the
+    language model."""
     text = {**common, "rope_parameters": {"partial_rotary_factor": 0.25,
                                           **common["rope_parameters"]},
             "linear_num_key_heads": spec.num_kv_heads, "linear_num_value_heads": spec.num_heads,
@@ -183,6 +187,13 @@ def _qwen3_5(spec: TinyModelSpec, common: dict[str, Any]):
             "pad_token_id": None, "eos_token_id": 1}
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
                   out_hidden_size=spec.hidden_size)
+    if spec.arch == "qwen3_5_moe":
+        text = {k: v for k, v in text.items() if k != "intermediate_size"}
+        return Qwen3_5MoeConfig(text_config=dict(
+            text, num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
+            moe_intermediate_size=spec.moe_intermediate_size, router_aux_loss_coef=0.0,
+            shared_expert_intermediate_size=spec.shared_expert_intermediate_size),
+            vision_config=vision, tie_word_embeddings=spec.tie_word_embeddings)
     return Qwen3_5Config(text_config=text, vision_config=vision,
                          tie_word_embeddings=spec.tie_word_embeddings)
 
@@ -194,15 +205,17 @@ def random_hf_model(spec: TinyModelSpec, **config_extra):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         config = hf_config(spec, **config_extra)
-        model = Qwen3_5ForConditionalGeneration(config) if spec.arch == "qwen3_5" else \
+        multimodal = {"qwen3_5": Qwen3_5ForConditionalGeneration,
+                      "qwen3_5_moe": Qwen3_5MoeForConditionalGeneration}.get(spec.arch)
+        model = multimodal(config) if multimodal else \
             AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         with torch.no_grad():
             for name, buffer in model.named_buffers():
                 if name.endswith("e_score_correction_bias"):
                     buffer.normal_(0.0, 0.1)
-            for name, param in model.named_parameters():  # Qwen3.5's (1 + w) norms start at 0
-                if spec.arch == "qwen3_5" and name.endswith("norm.weight"):
-                    param.normal_(0.0, 0.1)
+            for name, param in model.named_parameters():  # Qwen3.5: (1 + w) norms start at 0
+                if multimodal and name.endswith("norm.weight"):
+                    param.add_(torch.randn_like(param), alpha=0.1)
         return model
 
 

@@ -26,13 +26,14 @@ from vime_shell.settings.common import setting_list
 from vime_shell.settings.moe_architecture import given_values, hf_num_experts, moe_hf_values
 
 
-# slime's --spec values -> the model_type whose layers vime builds for it
-SPEC_MODEL_TYPES: dict[str, str] = {
-    "slime_plugins.models.glm4 get_glm_spec": "glm4",
+# slime's --spec values -> the model types whose layers vime builds for it
+SPEC_MODEL_TYPES: dict[str, tuple[str, ...]] = {
+    "slime_plugins.models.glm4 get_glm_spec": ("glm4",),
     **dict.fromkeys(("slime_plugins.models.qwen3_5 get_qwen3_5_spec",
-                     "miles_plugins.models.qwen3_5 get_qwen3_5_spec"), "qwen3_5_text")}
+                     "miles_plugins.models.qwen3_5 get_qwen3_5_spec"),
+                    ("qwen3_5_text", "qwen3_5_moe_text"))}
 # the model types whose layers are Qwen3.5's: linear and gated attention, (1 + w) norms
-GATED_DELTA_NET_TYPES: tuple[str, ...] = ("qwen3_5_text",)
+GATED_DELTA_NET_TYPES: tuple[str, ...] = ("qwen3_5_text", "qwen3_5_moe_text")
 # slime's other layer-spec plugins (by module) -> why vime does not build them
 SPEC_REFUSALS: dict[str, str] = {
     "slime_plugins.models.qwen3_next": "Qwen3-Next: its MoE layers beside the gated delta "
@@ -91,7 +92,8 @@ class ModelArchArgs:
     spec: tuple[str, ...] | None = setting_list(
         "slime's layer-spec plugin (MODULE FUNCTION); vime builds the layers from config.json, "
         "so it is checked to name that model's spec: "
-        + "; ".join(f"{k} ({t})" for k, t in SPEC_MODEL_TYPES.items()), "architecture")
+        + "; ".join(f"{k} ({', '.join(t)})" for k, t in SPEC_MODEL_TYPES.items()),
+        "architecture")
     post_self_attn_layernorm: bool | None = _arch("GLM-4's norm after attention")
     post_mlp_layernorm: bool | None = _arch("GLM-4's norm after the MLP")
     rotary_interleaved: bool | None = _arch("RoPE on interleaved pairs (GLM-4)")
@@ -347,7 +349,8 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
             hf["n_shared_experts"] * hf["moe_intermediate_size"]
             if hf.get("n_shared_experts") and hf.get("moe_intermediate_size") else None),
     }
-    qk_norm = {"qwen3": True, "qwen3_moe": True, "qwen3_5_text": True, "qwen2": False,
+    qk_norm = {"qwen3": True, "qwen3_moe": True, **dict.fromkeys(GATED_DELTA_NET_TYPES, True),
+               "qwen2": False,
                "qwen2_moe": False, "llama": False, "mistral": False}
     out["qk_layernorm"] = True if mla else hf.get("use_qk_norm", qk_norm.get(  # GLM-4.5's key
         str(hf.get("model_type"))))
@@ -371,9 +374,10 @@ def check_spec(spec: tuple[str, ...] | None, model_type: Any, hf_dir: str) -> No
                           f"not supported in vime ({spec_refusal(key)})",
                           f"vime builds the layers from config.json; the specs it knows: "
                           f"{list(SPEC_MODEL_TYPES)}")
-    if SPEC_MODEL_TYPES[key] != model_type:
+    if model_type not in SPEC_MODEL_TYPES[key]:
         raise field_error(ModelArgsError, "--spec", key,
-                          f"is {SPEC_MODEL_TYPES[key]}'s spec, and {hf_dir}/config.json has "
+                          f"is the spec of {' or '.join(SPEC_MODEL_TYPES[key])}, and "
+                          f"{hf_dir}/config.json has "
                           f'"model_type": {model_type!r}', "drop --spec, or pass the "
                           "--hf-checkpoint the script was written for")
 

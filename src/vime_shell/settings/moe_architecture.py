@@ -24,8 +24,9 @@ from vime_shell.settings.common import ConfigError, Record, setting
 SECTION = "architecture"
 SCORE_FUNCTIONS: tuple[str, ...] = ("softmax", "sigmoid")
 # model types whose router is a plain softmax top-k without expert bias (no HF key says so)
-_SOFTMAX_ROUTERS = ("qwen2_moe", "qwen3_moe", "mixtral", "qwen3_next")
-_SHARED_GATE = {"qwen2_moe": True, "qwen3_next": True, "qwen3_moe": False, "mixtral": False}
+_SOFTMAX_ROUTERS = ("qwen2_moe", "qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_moe_text")
+_SHARED_GATE = {"qwen2_moe": True, "qwen3_next": True, "qwen3_5_moe_text": True,
+                "qwen3_moe": False, "mixtral": False}
 
 
 class LayerPatternError(VimeError):
