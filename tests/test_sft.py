@@ -3,9 +3,11 @@ slime's ``slime.rollout.sft_rollout.generate_rollout``).
 
 Asserted: a conversation's tokens are its turns' tokens in order, with loss mask 1 exactly on
 what the assistant turns add after the template's generation prompt (Hypothesis over
-conversations, on the embedded template and a Qwen-style one with role headers); rows that are
-not conversations, that have no assistant turn, or whose template rewrites earlier turns are
-typed errors; the SFT terms are each token's negative log-likelihood, so a step's loss is the
+conversations, on the embedded template and a Qwen-style one with role headers);
+``--loss-mask-type qwen3_5`` marks the assistant texts of one rendering where the template
+drops earlier reasoning, and ``distill_qwen`` the last message after the first; rows that are
+not conversations, that have no assistant turn, or whose template rewrites earlier turns (under
+the turn-by-turn types) are typed errors; the SFT terms are each token's negative log-likelihood, so a step's loss is the
 loss mode's mean of it and any split into rows gives the same loss and gradient; the flags
 (slime's path maps to vime's, ``--n-samples-per-prompt`` defaults to 1 there, the policy knobs
 and ``--disable-compute-advantages-and-returns`` are checked against the loss type, slime's
@@ -109,6 +111,64 @@ def test_bad_rows_are_typed_errors(tokenizer, headed):
                 {"role": "user", "content": "3"}]
     with pytest.raises(TaskError, match=r"renders turn 2 \(user\) by rewriting the turns"):
         conversation_tokens(rewriting, messages)
+
+
+# Qwen3.5's shape: role headers, <|im_end|>, and earlier turns' reasoning dropped
+QWEN35 = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+          "{% if m['role'] == 'assistant' and not loop.last %}"
+          "{{ m['content'].split('</think>\n')[-1] }}{% else %}{{ m['content'] }}{% endif %}"
+          "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+          "{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def qwen35():
+    """A character-level fast tokenizer (offsets) with Qwen's two special tokens."""
+    import string
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = {c: i for i, c in enumerate(sorted(set(string.printable)))}
+    inner = Tokenizer(models.BPE(vocab=chars, merges=[]))
+    inner.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    fast = PreTrainedTokenizerFast(tokenizer_object=inner)
+    fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    fast.chat_template = QWEN35
+    return fast
+
+
+def _trained(tokenizer, tokens, mask) -> str:
+    return "".join(tokenizer.convert_ids_to_tokens([t for t, m in zip(tokens, mask) if m]))
+
+
+def test_qwen3_5_masks_each_assistant_text_of_one_rendering(qwen35):
+    """--loss-mask-type qwen3_5: the template drops earlier reasoning, which the turn-by-turn
+    method refuses; one rendering's assistant texts are trained (the last turn's reasoning
+    too, its <think> line not), with <|im_end|> and its newline; a turn with step_loss_mask
+    0 is not."""
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "<think>\nr1</think>\nA1"},
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "<think>\nr2</think>\nA2"}]
+    with pytest.raises(TaskError, match="rewriting the turns"):
+        conversation_tokens(qwen35, messages, mask_type="qwen")
+    tokens, mask = conversation_tokens(qwen35, messages, mask_type="qwen3_5")
+    assert tokens == _ids(qwen35, qwen35.apply_chat_template(messages, tokenize=False))
+    assert _trained(qwen35, tokens, mask) == "A1<|im_end|>\nr2</think>\nA2<|im_end|>\n"
+    skipped = [*messages[:3], {**messages[3], "step_loss_mask": 0}]
+    assert _trained(qwen35, *conversation_tokens(qwen35, skipped, mask_type="qwen3_5")) == \
+        "A1<|im_end|>\n"
+    tokens, mask = conversation_tokens(qwen35, messages, mask_type="distill_qwen")
+    assert _trained(qwen35, tokens, mask) == "<think>\nr2</think>\nA2"
+    assert "".join(qwen35.convert_ids_to_tokens(tokens[:mask.index(1)])) == \
+        qwen35.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
+
+
+def test_qwen3_5_needs_the_qwen_markers(headed):
+    messages = [{"role": "user", "content": "12"}, {"role": "assistant", "content": "21"}]
+    with pytest.raises(TaskError, match="without Qwen's"):
+        conversation_tokens(headed, messages, mask_type="qwen3_5")
 
 
 @given(st.lists(st.integers(1, 6), min_size=1, max_size=5), st.sampled_from(list(LossMode)),

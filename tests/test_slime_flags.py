@@ -294,12 +294,13 @@ SLIME_DEFAULTS: dict[str, str] = {
     "--qkv-format": "thd", "--megatron-to-hf-mode": "raw",  # mi
     "--update-weight-transfer-mode": "broadcast",  # mi
     "--data-pad-size-multiplier": "128", "--train-backend": "megatron",  # s
+    "--loss-mask-type": "qwen",  # s
     "--update-weight-mode": "full", "--update-weight-transport": "nccl",  # s
     "--update-weight-delta-encoding": "xor", "--update-weight-delta-checksum": "xxh3-128",  # s
     "--actor-num-nodes": "1", "--actor-num-gpus-per-node": "8", "--num-gpus-per-node": "8",
     # refused features, at the value that leaves them off
     "--loss-type": "policy_loss", "--opd-kl-coef": "1.0", "--train-env-vars": "{}",  # s
-    "--mtp-loss-scaling-factor": "0.2", "--loss-mask-type": "qwen",  # s
+    "--mtp-loss-scaling-factor": "0.2",  # s
     "--mtp-num-layers": "0",  # s, mc: None; Megatron builds no MTP layer for 0
     "--opd-teacher-key": "opd_teacher", "--opd-log-prob-top-k": "0",  # mi
     "--opd-reward-weight-mode": "student_p", "--opd-top-k-strategy": "only-student",  # mi

@@ -106,7 +106,8 @@ class RolloutContext:
     first, see :func:`share_context`). ``per_sample``: how per-sample ``generate`` functions
     run (a :class:`vime_shell.rollout.per_sample.PerSample`, for ``generate_rollout``);
     ``target_groups``: under ``--partial-rollout``, the prompt groups this round needs (the
-    rest is aborted once they are done).
+    rest is aborted once they are done). ``loss_mask_type``: ``sft_rollout``'s
+    (``--loss-mask-type``).
     """
 
     rollout_id: int
@@ -124,6 +125,7 @@ class RolloutContext:
     prompt_offset: int = 0
     per_sample: Any = None
     target_groups: int | None = None
+    loss_mask_type: str | None = None
 
 
 def share_context(ctx: RolloutContext, share: range) -> RolloutContext:

@@ -204,7 +204,7 @@ def _prompt_sets(cfg: TrainConfig, hf_dir: Path, context_len: int | None):
         return encode_prompt(tokenizer, row, cfg.apply_chat_template)
 
     def conversation(row: TaskExample) -> list[int]:
-        return conversation_tokens(tokenizer, row.prompt, row.tools)[0]
+        return conversation_tokens(tokenizer, row.prompt, row.tools, cfg.loss_mask_type)[0]
 
     # sft_rollout's sample is the whole conversation: it must fit, with nothing generated
     train_encode, response = (conversation, 0) if sft else (encode, cfg.max_response_len)

@@ -8,6 +8,7 @@ Example: ``DataArgs(num_epoch=2)`` raises ``num_epoch=2: needs --prompt-data. Fi
 import attrs
 
 from vime_pure.errors import field_error
+from vime_shell.rollout.sft import LOSS_MASK_TYPES
 from vime_shell.rollout.tasks import TASKS
 from vime_shell.settings.common import ConfigError, Record, at_least, setting
 
@@ -39,6 +40,12 @@ class DataArgs(Record):
     metadata_key: str | None = _f(None, "row field holding a metadata dict")
     tool_key: str | None = _f(None, "row field holding tools for the chat template")
     apply_chat_template: bool = _f(False, "render prompts with the tokenizer's chat template")
+    loss_mask_type: str | None = _f(None, "how sft_rollout finds a conversation's trained "
+                                    "tokens: qwen / qwen3 (default) render it turn by turn; "
+                                    "qwen3_5 renders it once and marks each assistant turn's "
+                                    "text (templates that rewrite earlier turns); "
+                                    "distill_qwen trains the last message after the first",
+                                    tuple(LOSS_MASK_TYPES))
     rollout_shuffle: bool = _f(False, "shuffle the dataset each epoch (seeded, resumable)")
     rollout_seed: int | None = _f(None, "seed of prompt order and sampling; default --seed")
     num_epoch: int | None = _f(None, "passes over the dataset; sets the rollout count when "

@@ -108,7 +108,6 @@ UNSUPPORTED: dict[str, str] = {
     "--filter-zero-reward-samples": "use --dynamic-sampling-filter-path "
     "vime_shell.rollout.filters:nonzero_reward_std",
     "--use-dynamic-global-batch-size": "use --allow-partial-train-step",
-    "--loss-mask-type": "the rollout function sets each sample's loss mask",
     # weight sync and serving
     "--prefill-num-servers": "prefill-decode disaggregation",
     "--critic-num-nodes": "critics (PPO value models)",
@@ -143,7 +142,6 @@ UNSUPPORTED_OFF: dict[str, tuple[str, ...]] = {
     "--muon-momentum": ("0.9",), "--mtp-num-layers": ("0",),
     "--mtp-loss-scaling-factor": ("0.2", "0.1"),
     "--softmax-type": ("vanilla",), "--fp8-recipe": ("delayed",),
-    "--loss-mask-type": ("qwen",),
 }
 
 # slime's value of a vime setting that vime spells otherwise: (setting, slime's value) ->

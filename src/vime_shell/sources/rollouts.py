@@ -573,7 +573,7 @@ class RolloutProducer:
             apply_chat_template=cfg.apply_chat_template, first_group_id=first_group_id,
             task=self.task, num_turns=cfg.rollout_num_turns, turn_reward=cfg.rollout_turn_reward,
             per_sample=self.per_sample if target_groups is not None else self._eval_per_sample,
-            target_groups=target_groups)
+            target_groups=target_groups, loss_mask_type=cfg.loss_mask_type)
 
     def _generate(self, rid: int, prompts: tuple[TaskExample, ...], sampling: SamplingParams, *,
                   first_group_id: int, n: int | None = None, target_groups: int | None = None,
