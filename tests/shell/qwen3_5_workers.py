@@ -1,7 +1,8 @@
 """Qwen3.5 runs in one 2-process gloo spawn (``tests/shell/test_qwen3_5.py``): a tiny dense
-Qwen3.5 and a tiny Qwen3.5-MoE (``TinyModelSpec(arch="qwen3_5")`` / ``"qwen3_5_moe"``, written
-multimodal as released) checked against transformers and trained on the two synthetic
-rollouts of ``megatron_workers`` (dense at DP2, TP2 and PP2; MoE at DP2 and EP2), then
+Qwen3.5, a tiny Qwen3.5-MoE (``TinyModelSpec(arch="qwen3_5")`` / ``"qwen3_5_moe"``, written
+multimodal as released) and a tiny Qwen3-Next (``"qwen3_next"``) checked against transformers
+and trained on the two synthetic rollouts of ``megatron_workers`` (dense at DP2, TP2 and PP2;
+the MoE models at DP2 and EP2), then
 converted at world size 1, the MoE also from its experts fused as Qwen3.5-MoE's release
 stores them; and the linear-attention layer alone under sequence and context parallelism
 against the same layer on one rank.
@@ -52,16 +53,17 @@ def qwen3_5_worker(rank: int, dirs: dict[str, str]) -> dict:
     dist.init_process_group("gloo")
     out = {name: train_run(dirs["dense"], with_parity=True, **layout)
            for name, layout in QWEN3_5_LAYOUTS.items()}
-    out["moe"] = {name: train_run(dirs["moe"], with_parity=True, **layout)
-                  for name, layout in MOE_LAYOUTS.items()}
+    for model in ("moe", "next"):
+        out[model] = {name: train_run(dirs[model], with_parity=True, **layout)
+                      for name, layout in MOE_LAYOUTS.items()}
     out["split"] = {name: split_layer_run(dirs["dense"], **kw) for name, kw in
                     (("sp", {"tp": 2, "sequence_parallel": True}), ("cp", {"cp": 2}))}
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        out["conversion"] = {"dense": conversion(dirs["dense"]), "moe": conversion(dirs["moe"]),
-                             "moe_fused": conversion(dirs["moe_fused"], dirs["moe"])}
+        out["conversion"] = {name: conversion(dirs[name]) for name in ("dense", "moe", "next")}
+        out["conversion"]["moe_fused"] = conversion(dirs["moe_fused"], dirs["moe"])
         dist.destroy_process_group()
     return out
 
@@ -85,6 +87,7 @@ def conversion(hf_dir: str, per_expert_dir: str | None = None) -> dict:
     language = {k for k in original if not k.startswith("model.visual.")}
     exported = trainer.hf_state_dict()
     out = {"keys_equal": set(exported) == language, "visual": len(original) - len(language),
+           "keys": len(exported),
            "roundtrip_max": max(float((exported[k] - original[k]).abs().max())
                                 for k in language),
            "logit_max": _logit_diff(trainer, hf_model, hf_model.config.vocab_size),

@@ -41,8 +41,9 @@ def qwen3_5_runs(qwen3_5_model, tmp_path_factory):
     moe = build_tiny_hf_model(tmp_path_factory.mktemp("qwen3_5_moe") / "moe",
                               TinyModelSpec(arch="qwen3_5_moe", num_layers=4))
     fused = fuse_experts(moe, moe.parent / "fused")
+    nxt = build_tiny_hf_model(moe.parent / "next", TinyModelSpec(arch="qwen3_next", num_layers=4))
     return spawn(qwen3_5_worker, 2, {"dense": str(qwen3_5_model), "moe": str(moe),
-                                     "moe_fused": str(fused)})
+                                     "moe_fused": str(fused), "next": str(nxt)})
 
 
 def _delta(a: dict, b: dict) -> float:
@@ -51,13 +52,16 @@ def _delta(a: dict, b: dict) -> float:
 
 @pytest.mark.parametrize("name, hf_class", [("dense", "Qwen3_5ForCausalLM"),
                                              ("moe", "Qwen3_5MoeForCausalLM"),
-                                             ("moe_fused", "Qwen3_5MoeForCausalLM")])
+                                             ("moe_fused", "Qwen3_5MoeForCausalLM"),
+                                             ("next", "Qwen3NextForCausalLM")])
 def test_the_language_model_round_trip_is_exact_and_logits_match_transformers(
         qwen3_5_runs, name, hf_class):
-    """A fused checkpoint (Qwen3.5-MoE's release) loads and exports its experts one by one."""
+    """A fused checkpoint (Qwen3.5-MoE's release) loads and exports its experts one by one;
+    Qwen3-Next's checkpoint is text only (no vision tower)."""
     run = qwen3_5_runs[0]["conversion"][name]
     assert run["hf_class"] == hf_class
-    assert run["keys_equal"] and run["roundtrip_max"] == 0.0 and run["visual"] > 0
+    assert run["keys_equal"] and run["roundtrip_max"] == 0.0
+    assert (run["visual"] == 0) == (name == "next")
     assert run["logit_max"] <= 1e-5
 
 
@@ -69,12 +73,13 @@ def test_training_log_probs_match_transformers(qwen3_5_runs, name):
         assert len(run["losses"]) == 4 and all(np.isfinite(run["losses"]))
 
 
+@pytest.mark.parametrize("model", ["moe", "next"])
 @pytest.mark.parametrize("name", ["dp2", "ep2"])
-def test_moe_log_probs_match_transformers_and_ep2_trains_as_dp2(qwen3_5_runs, name):
-    for run in (r["moe"][name] for r in qwen3_5_runs):
+def test_moe_log_probs_match_transformers_and_ep2_trains_as_dp2(qwen3_5_runs, model, name):
+    for run in (r[model][name] for r in qwen3_5_runs):
         assert run["hf_logprob_max"] <= 1e-5 and run["logit_max"] <= 1e-5
         assert run["transformer"]["moe_shared_expert_gate"]
-    ref, run = qwen3_5_runs[0]["moe"]["dp2"], qwen3_5_runs[0]["moe"][name]
+    ref, run = qwen3_5_runs[0][model]["dp2"], qwen3_5_runs[0][model][name]
     assert max(abs(a - b) for a, b in zip(run["losses"], ref["losses"])) <= 1e-6
     assert _delta(run["final"], ref["final"]) <= 1e-5
 
@@ -99,7 +104,8 @@ def test_the_split_linear_attention_layer_equals_the_whole(qwen3_5_runs, name):
 
 
 @pytest.mark.parametrize("arch, hf_class", [("qwen3_5", "Qwen3_5ForCausalLM"),
-                                             ("qwen3_5_moe", "Qwen3_5MoeForCausalLM")])
+                                             ("qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
+                                             ("qwen3_next", "Qwen3NextForCausalLM")])
 def test_vime_train_syncs_and_exports_a_qwen3_5(tmp_path, arch, hf_class):
     """The export holds the language model under the checkpoint's names and the checkpoint's
     (multimodal) config.json; transformers loads its language model from it, and the vision
@@ -112,7 +118,7 @@ def test_vime_train_syncs_and_exports_a_qwen3_5(tmp_path, arch, hf_class):
     moved = [k for k in trained if not torch.equal(trained[k], base[k])]
     assert any(".linear_attn.A_log" in k for k in moved)
     assert any(".self_attn.q_proj" in k for k in moved) and any("q_norm" in k for k in moved)
-    if arch == "qwen3_5_moe":
+    if arch != "qwen3_5":
         assert any(".experts.0." in k for k in moved) and any("shared_expert_gate" in k
                                                                for k in moved)
     native = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)

@@ -43,7 +43,7 @@ from vime_shell.models.hf_config import ModelLoadError
 from vime_shell.megatron.layout import TrainLayout
 from vime_shell.megatron.glm4_bridge import Glm4
 from vime_shell.megatron.mla_bridge import DeepseekV3, is_mla
-from vime_shell.megatron.qwen3_5_bridge import Qwen3_5, Qwen3_5Moe
+from vime_shell.megatron.qwen3_5_bridge import Qwen3_5, Qwen3_5Moe, Qwen3Next
 from vime_shell.megatron.model_options import ModelOptions
 from vime_shell.megatron.moe_bridge import (FusedExpertReader, expert_bias_in_layer_order,
                                             map_sequential_experts, num_experts_of,
@@ -55,7 +55,8 @@ from vime_shell.megatron.rope import apply_rope_scaling, gpt_rope_args, rope_sca
 # each adds its layers to the block spec (adapt_layer_spec) and its norms' names
 # (EXTRA_NORM_NAMES) to adjustments 1 and 2, and Qwen3.5 its names' prefix (HF_NAME)
 _OWN_BRIDGES: dict[str, Any] = {"deepseek_v3": DeepseekV3, "glm4": Glm4,
-                                "qwen3_5_text": Qwen3_5, "qwen3_5_moe_text": Qwen3_5Moe}
+                                "qwen3_5_text": Qwen3_5, "qwen3_5_moe_text": Qwen3_5Moe,
+                                "qwen3_next": Qwen3Next}
 
 _LOCAL_NORM_NAMES = {
     "input_layernorm.weight": "model.layers.{n}.input_layernorm.weight",
@@ -113,7 +114,7 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     except ValueError as exc:
         raise ModelLoadError(f"{str(Path(hf_dir) / 'config.json')!r}: \"model_type\" "
                              f"{config.model_type!r}: {one_line(str(exc))}. Fix: use a Qwen2/"
-                             "Qwen3 (dense or MoE), Qwen3.5 (dense), Llama, DeepSeek-V3, "
+                             "Qwen3 (dense or MoE), Qwen3.5, Qwen3-Next, Llama, DeepSeek-V3, "
                              "Kimi-K2, GLM-4 or GLM-4.5 checkpoint.") from None
     # Adjustment 5 is the platform's overrides; they come last, so a field the run's options
     # also set (moe_router_fusion=False under routing replay) takes the platform's value.
@@ -137,7 +138,7 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
 
     # Qwen3's local q/k norms share the MLA norms' names: these are MLA's only for MLA models
     norm_names = {**_LOCAL_NORM_NAMES, **getattr(own, "EXTRA_NORM_NAMES", {})}
-    hf_name = getattr(own, "HF_NAME", lambda name: name)
+    hf_name = getattr(own, "HF_NAME", None) or (lambda name: name)
 
     def name_to_hf(name: str) -> list[str]:  # adjustment 2
         for suffix, template in norm_names.items():

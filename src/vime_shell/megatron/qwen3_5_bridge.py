@@ -1,6 +1,7 @@
-"""Qwen3.5 (dense; ``model_type`` ``qwen3_5`` and its text model ``qwen3_5_text``; slime's
-``--spec slime_plugins.models.qwen3_5 get_qwen3_5_spec``): Megatron's GPT layers with linear
-attention in three of every four layers, and the HF mapping.
+"""Qwen3.5 (dense and MoE; ``model_type`` ``qwen3_5`` / ``qwen3_5_moe`` and their text models;
+slime's ``--spec slime_plugins.models.qwen3_5 get_qwen3_5_spec``) and Qwen3-Next
+(``qwen3_next``, ``--spec slime_plugins.models.qwen3_next get_qwen3_next_spec``): Megatron's
+GPT layers with linear attention in three of every four layers, and the HF mapping.
 
 No kept library maps it (mbridge 0.15 has no Qwen3.5; Megatron's own gated delta-net needs
 fla's Triton kernels, :mod:`vime_shell.megatron.linear_attention`), so vime writes the lines
@@ -20,9 +21,11 @@ that differ from Qwen3, whose bridge it extends:
   linear-attention layer gets a ``TENorm`` of its own.
 - **RoPE** on the first ``partial_rotary_factor`` of each head (Qwen3.5's text positions are
   one-dimensional, where its multimodal RoPE is this).
-- **Names**: transformers writes the text model under ``model.language_model.`` (the
+- **Names**: transformers writes Qwen3.5's text model under ``model.language_model.`` (the
   multimodal checkpoint's layout, which ``Qwen3_5ForCausalLM`` writes too); the vision tower
-  (``model.visual.*``) is not trained, loaded or exported.
+  (``model.visual.*``) is not trained, loaded or exported. Qwen3-Next is text only.
+- **MoE** (Qwen3.5-MoE, Qwen3-Next): Megatron's MoE layer with a softmax router and a shared
+  expert behind a sigmoid gate, in mbridge's Qwen2-MoE names.
 
 Example: ``Qwen3_5(text_config, dtype=torch.float32)`` is the bridge of a Qwen3.5 checkpoint
 (``bridge.make_bridge`` picks it by ``model_type``).
@@ -37,6 +40,7 @@ from megatron.core.extensions.transformer_engine import TENorm
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeGatedDeltaNet
+from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
 from vime_shell.megatron.linear_attention import linear_attention_spec
 
@@ -154,6 +158,16 @@ class Qwen3_5Moe(Qwen3_5):
                 "moe_shared_expert_gate": True, "moe_router_score_function": "softmax",
                 "moe_router_pre_softmax": False,  # the top-k of the softmax, renormalised
                 "moe_router_load_balancing_type": "none", "moe_aux_loss_coeff": 0.0}
+
+
+class Qwen3Next(Qwen3_5Moe):
+    """Qwen3-Next (``qwen3_next``), Qwen3.5-MoE's forerunner: the same layers (its delta net
+    projects queries, keys, values and gates in two grouped matrices, which transformers'
+    module holds), a router that renormalises its top-k only under ``norm_topk_prob`` (the
+    MoE adjustments read it), and a text-only checkpoint with transformers' plain names."""
+
+    GDN_CLASS: type = Qwen3NextGatedDeltaNet
+    HF_NAME = None  # model.layers.*, as the checkpoint has them
 
 
 def merge_gated_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hf) -> torch.Tensor:

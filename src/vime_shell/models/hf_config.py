@@ -117,7 +117,6 @@ MODEL_TYPE_REFUSALS: dict[str, str] = {
     "deepseek_v2": "DeepSeek-V2 (mbridge has no bridge for it; DeepSeek-V3, R1 and Moonlight "
     "train as deepseek_v3)",
     "mimo": "MiMo (its multi-token prediction layers)",
-    "qwen3_next": "Qwen3-Next (gated and linear attention: slime's --spec)",
     "minimax_m2": "MiniMax-M2 (its layer spec: slime's --spec)",
     **dict.fromkeys(("qwen2_5_vl", "qwen2_vl", "glm4v", "internvl_chat"),
                     "multimodal models (vime trains on text token ids)"),
@@ -175,7 +174,7 @@ def check_config(config: dict, path: Path, flag: str = "--hf-checkpoint",
     if refused is not None:
         raise _malformed(flag, path, f'has "model_type" {config["model_type"]!r}: not '
                          f"supported in vime ({refused})", "train a Qwen2, Qwen3 (dense or "
-                         "MoE), Qwen3.5 (dense or MoE), Llama, DeepSeek-V3, Kimi-K2, GLM-4 or GLM-4.5 "
+                         "MoE), Qwen3.5 (dense or MoE), Qwen3-Next, Llama, DeepSeek-V3, Kimi-K2, GLM-4 or GLM-4.5 "
                          "(dense or MoE) checkpoint")
     if config.get("model_type") == "glm4_moe_lite" and "mlp_layer_types" in config:
         first_dense_layers(config["mlp_layer_types"], path, config.get("first_k_dense_replace"))

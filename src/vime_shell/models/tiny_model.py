@@ -23,7 +23,8 @@ a dense Qwen3.5, written as the released checkpoints are (multimodal, with a one
 tower): linear attention in three of every four layers (as many linear heads as attention
 heads), gated attention, (1 + w) norms drawn non-zero, a quarter of each head rotated;
 ``arch="qwen3_5_moe"`` the same with MoE layers (a shared expert of
-``shared_expert_intermediate_size`` behind a sigmoid gate).
+``shared_expert_intermediate_size`` behind a sigmoid gate); ``arch="qwen3_next"`` is
+Qwen3-Next, those MoE layers in a text-only checkpoint.
 """
 
 from pathlib import Path
@@ -34,14 +35,18 @@ import torch
 from transformers import (AutoModelForCausalLM, DeepseekV3Config, Glm4Config, Glm4MoeConfig,
                           Glm4MoeLiteConfig, LlamaConfig, Qwen2Config, Qwen2MoeConfig,
                           Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig,
-                          Qwen3_5MoeForConditionalGeneration, Qwen3MoeConfig)
+                          Qwen3_5MoeForConditionalGeneration, Qwen3MoeConfig,
+                          Qwen3NextConfig)
 
 from vime_pure.errors import VimeError, field_error
 
 ARCHITECTURES: tuple[str, ...] = ("qwen2", "llama", "qwen2_moe", "qwen3_moe", "deepseek_v3",
-                                  "glm4", "glm4_moe_lite", "glm4_moe", "qwen3_5", "qwen3_5_moe")
+                                  "glm4", "glm4_moe_lite", "glm4_moe", "qwen3_5", "qwen3_5_moe",
+                                  "qwen3_next")
 MOE_ARCHITECTURES: tuple[str, ...] = ("qwen2_moe", "qwen3_moe", "deepseek_v3", "glm4_moe_lite",
-                                      "glm4_moe", "qwen3_5_moe")
+                                      "glm4_moe", "qwen3_5_moe", "qwen3_next")
+# gated delta-net models: their (1 + w) norms start at 0, so the tiny ones draw them
+_ONE_PLUS_NORMS: tuple[str, ...] = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
 
 @attrs.frozen(kw_only=True)
@@ -118,7 +123,7 @@ def hf_config(spec: TinyModelSpec, **extra):
         return _deepseek_v3(spec, common)
     if spec.arch == "glm4_moe":
         return _glm4_moe(spec, common)
-    if spec.arch in ("qwen3_5", "qwen3_5_moe"):
+    if spec.arch in _ONE_PLUS_NORMS:
         return _qwen3_5(spec, common)
     if spec.arch == "glm4":  # half of each head rotated, in interleaved pairs (GLM-4-9B's)
         common["rope_parameters"] = {"partial_rotary_factor": 0.5, **common["rope_parameters"]}
@@ -178,8 +183,8 @@ def _glm4_moe(spec: TinyModelSpec, common: dict[str, Any]):
 
 
 def _qwen3_5(spec: TinyModelSpec, common: dict[str, Any]):
-    """Qwen3.5 (dense or MoE) as released: a multimodal config whose ``text_config`` is the
-    language model."""
+    """Qwen3.5 (dense or MoE) as released, a multimodal config whose ``text_config`` is the
+    language model; Qwen3-Next's text-only config."""
     text = {**common, "rope_parameters": {"partial_rotary_factor": 0.25,
                                           **common["rope_parameters"]},
             "linear_num_key_heads": spec.num_kv_heads, "linear_num_value_heads": spec.num_heads,
@@ -187,13 +192,16 @@ def _qwen3_5(spec: TinyModelSpec, common: dict[str, Any]):
             "pad_token_id": None, "eos_token_id": 1}
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
                   out_hidden_size=spec.hidden_size)
+    moe = dict(num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
+               moe_intermediate_size=spec.moe_intermediate_size, router_aux_loss_coef=0.0,
+               shared_expert_intermediate_size=spec.shared_expert_intermediate_size)
+    if spec.arch == "qwen3_next":
+        return Qwen3NextConfig(**text, **moe, norm_topk_prob=True, decoder_sparse_step=1,
+                               mlp_only_layers=[])
     if spec.arch == "qwen3_5_moe":
         text = {k: v for k, v in text.items() if k != "intermediate_size"}
-        return Qwen3_5MoeConfig(text_config=dict(
-            text, num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
-            moe_intermediate_size=spec.moe_intermediate_size, router_aux_loss_coef=0.0,
-            shared_expert_intermediate_size=spec.shared_expert_intermediate_size),
-            vision_config=vision, tie_word_embeddings=spec.tie_word_embeddings)
+        return Qwen3_5MoeConfig(text_config={**text, **moe}, vision_config=vision,
+                                tie_word_embeddings=spec.tie_word_embeddings)
     return Qwen3_5Config(text_config=text, vision_config=vision,
                          tie_word_embeddings=spec.tie_word_embeddings)
 
@@ -213,8 +221,8 @@ def random_hf_model(spec: TinyModelSpec, **config_extra):
             for name, buffer in model.named_buffers():
                 if name.endswith("e_score_correction_bias"):
                     buffer.normal_(0.0, 0.1)
-            for name, param in model.named_parameters():  # Qwen3.5: (1 + w) norms start at 0
-                if multimodal and name.endswith("norm.weight"):
+            for name, param in model.named_parameters():
+                if spec.arch in _ONE_PLUS_NORMS and name.endswith("norm.weight"):
                     param.add_(torch.randn_like(param), alpha=0.1)
         return model
 

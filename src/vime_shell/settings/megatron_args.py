@@ -31,13 +31,12 @@ SPEC_MODEL_TYPES: dict[str, tuple[str, ...]] = {
     "slime_plugins.models.glm4 get_glm_spec": ("glm4",),
     **dict.fromkeys(("slime_plugins.models.qwen3_5 get_qwen3_5_spec",
                      "miles_plugins.models.qwen3_5 get_qwen3_5_spec"),
-                    ("qwen3_5_text", "qwen3_5_moe_text"))}
+                    ("qwen3_5_text", "qwen3_5_moe_text")),
+    "slime_plugins.models.qwen3_next get_qwen3_next_spec": ("qwen3_next",)}
 # the model types whose layers are Qwen3.5's: linear and gated attention, (1 + w) norms
-GATED_DELTA_NET_TYPES: tuple[str, ...] = ("qwen3_5_text", "qwen3_5_moe_text")
+GATED_DELTA_NET_TYPES: tuple[str, ...] = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 # slime's other layer-spec plugins (by module) -> why vime does not build them
 SPEC_REFUSALS: dict[str, str] = {
-    "slime_plugins.models.qwen3_next": "Qwen3-Next: its MoE layers beside the gated delta "
-    "net are not built yet (Qwen3.5 dense is)",
     "slime_plugins.models.minimax_m2": "MiniMax-M2: no HF mapping in mbridge or vime",
     "slime_plugins.models.glm5": "GLM-5: DeepSeek sparse attention, no HF mapping in mbridge "
     "or vime",
