@@ -32,6 +32,7 @@ Example: ``Qwen3_5(text_config, dtype=torch.float32)`` is the bridge of a Qwen3.
 """
 
 import copy
+from collections.abc import Callable
 
 import torch
 from mbridge.models.qwen2moe import Qwen2MoEBridge
@@ -93,7 +94,7 @@ class Qwen3_5(Qwen3Bridge):
     """mbridge's Qwen3 bridge with Qwen3.5's layers, gated QKV, norms and names."""
 
     GDN_CLASS: type = Qwen3_5GatedDeltaNet
-    HF_NAME = staticmethod(text_name)  # the names' prefix (make_bridge)
+    HF_NAME: Callable[[str], str] | None = staticmethod(text_name)  # names' prefix (make_bridge)
 
     def adapt_layer_spec(self, spec, *, transformer_engine: bool, vp_stage=None):
         offset = get_transformer_layer_offset(self.config, vp_stage)

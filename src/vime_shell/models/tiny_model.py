@@ -192,9 +192,10 @@ def _qwen3_5(spec: TinyModelSpec, common: dict[str, Any]):
             "pad_token_id": None, "eos_token_id": 1}
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
                   out_hidden_size=spec.hidden_size)
-    moe = dict(num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
-               moe_intermediate_size=spec.moe_intermediate_size, router_aux_loss_coef=0.0,
-               shared_expert_intermediate_size=spec.shared_expert_intermediate_size)
+    moe: dict[str, Any] = dict(
+        num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
+        moe_intermediate_size=spec.moe_intermediate_size, router_aux_loss_coef=0.0,
+        shared_expert_intermediate_size=spec.shared_expert_intermediate_size)
     if spec.arch == "qwen3_next":
         return Qwen3NextConfig(**text, **moe, norm_topk_prob=True, decoder_sparse_step=1,
                                mlp_only_layers=[])
