@@ -125,7 +125,7 @@ def test_static_micro_batches_without_dynamic_batch_size():
 
 
 @pytest.mark.parametrize("flag", ["--opd-log-prob-top-k", "--lora-base-cpu-backup",
-                                  "--mtp-num-layers", "--window-size"])
+                                  "--enable-mtp-training", "--window-size"])
 def test_unsupported_flag_prints_its_table_line(flag, capsys, tmp_path):
     # a dry run in a scratch run directory: a flag that stops being refused never trains here
     status, err = _exit([flag, "1", "--dry-run", "--run-dir", str(tmp_path)], capsys)
@@ -301,7 +301,6 @@ SLIME_DEFAULTS: dict[str, str] = {
     # refused features, at the value that leaves them off
     "--loss-type": "policy_loss", "--opd-kl-coef": "1.0", "--train-env-vars": "{}",  # s
     "--mtp-loss-scaling-factor": "0.2",  # s
-    "--mtp-num-layers": "0",  # s, mc: None; Megatron builds no MTP layer for 0
     "--opd-teacher-key": "opd_teacher", "--opd-log-prob-top-k": "0",  # mi
     "--opd-reward-weight-mode": "student_p", "--opd-top-k-strategy": "only-student",  # mi
     "--lora-rank": "0", "--lora-alpha": "16", "--lora-dropout": "0.0",  # mi (vime's own now)
@@ -404,19 +403,31 @@ def test_expert_tensor_parallel_size_1_is_a_no_op_on_a_dense_model(model, monkey
 def test_unsupported_flag_at_slimes_default_is_a_note_and_at_another_value_its_line(capsys,
                                                                                    tmp_path):
     status, err = _exit(["--dry-run", "--run-dir", str(tmp_path), "--muon-momentum", "0.9",
-                         "--loss-type=policy_loss", "--mtp-num-layers", "0"], capsys)
+                         "--loss-type=policy_loss", "--mtp-loss-scaling-factor", "0.2"], capsys)
     assert status == 0, err
     assert "note: --muon-momentum 0.9: slime's default, a no-op (not supported in vime: the " \
         "Muon optimizer" in err
-    assert "note: --mtp-num-layers 0: slime's default" in err
+    assert "note: --mtp-loss-scaling-factor 0.2: slime's default" in err
     assert "--loss-type" not in err  # a flag of vime's own now (policy_loss, sft_loss)
+    status, err = _exit(["--muon-momentum", "0.95", "--dry-run", "--run-dir", str(tmp_path)],
+                        capsys)
+    assert (status, err) == (2, "vime train: error: --muon-momentum: not supported in vime "
+                             "(the Muon optimizer; vime trains with Adam)")
+    assert default_flags(["--muon-momentum", "0.90", "--lr", "1"]) == (
+        ["--muon-momentum 0.90: slime's default, a no-op (not supported in vime: the Muon "
+         "optimizer; vime trains with Adam)"], ["--lr", "1"])
+
+
+def test_mtp_num_layers_is_checked_against_the_checkpoint(capsys, tmp_path):
+    """The checkpoint's MTP layers are carried, not trained: a count it does not have is an
+    error naming both (0, slime's default, is the count of a model without them)."""
+    status, err = _exit(["--mtp-num-layers", "0", "--dry-run", "--run-dir", str(tmp_path)],
+                        capsys)
+    assert status == 0, err
     status, err = _exit(["--mtp-num-layers", "1", "--dry-run", "--run-dir", str(tmp_path)],
                         capsys)
-    assert (status, err) == (2, "vime train: error: --mtp-num-layers: not supported in vime "
-                             "(multi-token prediction)")
-    assert default_flags(["--mtp-num-layers", "0.0", "--lr", "1"]) == (
-        ["--mtp-num-layers 0.0: slime's default, a no-op (not supported in vime: multi-token "
-         "prediction)"], ["--lr", "1"])
+    assert status == 2 and "--mtp-num-layers=1: does not match" in err and \
+        "mtp_num_hidden_layers / num_nextn_predict_layers" in err, err
 
 
 def test_slimes_spellings_of_values_become_vimes(capsys, tmp_path):

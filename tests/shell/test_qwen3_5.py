@@ -13,6 +13,7 @@ gradients; ``vime train`` on it (HF engine) passes the gap check after each sync
 """
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -107,16 +108,21 @@ def test_the_split_linear_attention_layer_equals_the_whole(qwen3_5_runs, name):
                                              ("qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
                                              ("qwen3_next", "Qwen3NextForCausalLM")])
 def test_vime_train_syncs_and_exports_a_qwen3_5(tmp_path, arch, hf_class):
-    """The export holds the language model under the checkpoint's names and the checkpoint's
-    (multimodal) config.json; transformers loads its language model from it, and the vision
-    tower, which vime does not train, is not written."""
+    """The export holds the trained language model under the checkpoint's names beside the
+    checkpoint's config.json, and the tensors vime does not train as they were: the vision
+    tower and the MTP layer (``--mtp-num-layers 1``, checked against config.json);
+    transformers loads the language model from it."""
     model = with_embedded_tokenizer(build_tiny_hf_model(
         tmp_path / arch, TinyModelSpec(arch=arch, num_layers=4, vocab_size=20)))
-    trained = train_and_export(model, tmp_path)
+    with_mtp_layer(model)
+    trained = train_and_export(model, tmp_path, "--mtp-num-layers", "1")
     base = load_file(model / "model.safetensors")
-    assert set(trained) == {k for k in base if not k.startswith("model.visual.")}
+    assert set(trained) == set(base)
+    untrained = [k for k in base if k.startswith(("mtp.", "model.visual."))]
+    assert any(k.startswith("mtp.") for k in untrained)
+    assert all(torch.equal(trained[k], base[k]) for k in untrained)
     moved = [k for k in trained if not torch.equal(trained[k], base[k])]
-    assert any(".linear_attn.A_log" in k for k in moved)
+    assert not set(moved) & set(untrained) and any(".linear_attn.A_log" in k for k in moved)
     assert any(".self_attn.q_proj" in k for k in moved) and any("q_norm" in k for k in moved)
     if arch != "qwen3_5":
         assert any(".experts.0." in k for k in moved) and any("shared_expert_gate" in k
@@ -129,6 +135,27 @@ def test_vime_train_syncs_and_exports_a_qwen3_5(tmp_path, arch, hf_class):
         if target is None:  # transformers holds the experts fused
             target = fused_expert_slice(state, in_memory_name(name))
         assert torch.equal(target, trained[name]), name
+
+
+def with_mtp_layer(model: Path) -> Path:
+    """``model`` with one multi-token prediction layer's tensors, named as Qwen3.5's and
+    Qwen3-Next's checkpoints name them, and its count in config.json."""
+    import json
+
+    from safetensors.torch import save_file
+
+    tensors = load_file(model / "model.safetensors")
+    hidden = next(v for k, v in tensors.items() if k.endswith("embed_tokens.weight")).shape[1]
+    tensors.update({"mtp.fc.weight": torch.randn(hidden, 2 * hidden),
+                    "mtp.pre_fc_norm_embedding.weight": torch.randn(hidden),
+                    "mtp.pre_fc_norm_hidden.weight": torch.randn(hidden),
+                    "mtp.layers.0.mlp.down_proj.weight": torch.randn(hidden, 8),
+                    "mtp.norm.weight": torch.randn(hidden)})
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((model / "config.json").read_text())
+    (config.get("text_config") or config)["mtp_num_hidden_layers"] = 1
+    (model / "config.json").write_text(json.dumps(config))
+    return model
 
 
 def test_the_layer_pattern_and_norms_of_either_spec(qwen3_5_model):

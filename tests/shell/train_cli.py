@@ -43,16 +43,16 @@ def logprob_gaps(run_dir: Path) -> list[float]:
     return [r["logprob_gap"] for r in rows if r.get("logprob_gap") is not None]
 
 
-def train_and_export(model: Path, tmp_path: Path) -> dict:
+def train_and_export(model: Path, tmp_path: Path, *extra: str) -> dict:
     """3 rollouts of the parity task on ``model`` (the HF engine following each sync), exported
-    with ``--save-hf`` to ``tmp_path/hf``; asserts the run passed the gap check every rollout
-    and returns the exported tensors by their HF names (as the files hold them: transformers 5
-    fuses experts in its state dict)."""
+    with ``--save-hf`` to ``tmp_path/hf`` (``extra``: more flags); asserts the run passed the
+    gap check every rollout and returns the exported tensors by their HF names (as the files
+    hold them: transformers 5 fuses experts in its state dict)."""
     done = vime("train", "--hf-checkpoint", str(model), "--run-dir", str(tmp_path / "run"),
                 "--num-rollout", "3", "--rollout-batch-size", "8", "--n-samples-per-prompt",
                 "4", "--global-batch-size", "32", "--lr", "1e-3", "--custom-rm-path",
                 "tests.shell.tied_workers:parity_reward", "--save-hf", str(tmp_path / "hf"),
-                home=tmp_path)
+                *extra, home=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     gaps = logprob_gaps(tmp_path / "run")
     assert len(gaps) == 3 and max(gaps) < 1e-4

@@ -7,7 +7,8 @@
    5 moved into ``rope_parameters`` (a YaRN checkpoint would silently run plain RoPE).
 2. No multi-token prediction: mbridge builds ``num_nextn_predict_layers`` MTP layers with
    TransformerEngine hard-coded; slime's DeepSeek scripts train without them, and so does
-   vime (their weights in the checkpoint are not loaded, and not written by ``--save-hf``).
+   vime (their weights in the checkpoint are not loaded; ``--save-hf`` copies them unchanged,
+   ``vime_shell.storage.untrained``).
 3. Routing as the HF model routes: group-limited top-k (``n_group`` / ``topk_group``, which
    mbridge drops) and a fixed expert bias (``moe_router_bias_update_rate=0``, as slime's
    scripts pass: an RL step must not move the routing the engine used).

@@ -5,6 +5,7 @@ Example: ``--save-hf out/hf_{rollout_id} --save-hf-interval 10`` over 20 rollout
 ``out/hf_10`` and ``out/hf_20``; a plain ``--save-hf out/hf`` writes ``out/hf`` once, at the end.
 """
 
+import itertools
 from pathlib import Path
 
 import torch
@@ -16,6 +17,7 @@ from vime_shell.models.hf_config import read_config_summary
 from vime_shell.settings.train_config import TrainConfig
 from vime_shell.storage.hf_export import save_hf_checkpoint
 from vime_shell.storage.sizes import parse_size
+from vime_shell.storage.untrained import untrained_tensors
 
 
 def saves_hf(cfg: TrainConfig, done: int, total: int) -> bool:
@@ -36,24 +38,27 @@ def save_hf(cfg: TrainConfig, trainer: MegatronTrainer, hf_dir: Path, template: 
     Streamed: the export comes in buckets of one shard's size (``trainer.hf_buckets``),
     each cast to the export dtype, and each writer keeps only its own shards, so a rank
     holds about one shard and one bucket of host memory, never the model; ranks without a
-    writer drain the export."""
+    writer drain the export. The checkpoint's tensors vime does not train (a vision tower,
+    multi-token prediction layers: ``vime_shell.storage.untrained``) follow, as they are."""
     target = save_hf_path(template, rollouts_done)
-    dtype = cfg.save_hf_dtype or read_config_summary(hf_dir).dtype
+    summary = read_config_summary(hf_dir)
+    dtype = cfg.save_hf_dtype or summary.dtype
     limit = parse_size(cfg.save_hf_max_shard_size)
-    pairs = (pair for bucket in trainer.hf_buckets(limit)
-             for pair in as_export_dtype(dict(bucket), dtype).items())
+    trained = (pair for bucket in trainer.hf_buckets(limit)
+               for pair in as_export_dtype(dict(bucket), dtype).items())
     rank, world = dist.get_rank(), dist.get_world_size()
     per_node = ranks_per_node_from_env() or world
     writers = list(range(0, world, per_node))
     group = dist.new_group(writers)
     try:
         if rank in writers:
+            pairs = itertools.chain(trained, untrained_tensors(hf_dir, summary.num_layers))
             save_hf_checkpoint(pairs, source_dir=hf_dir, target_dir=target,
                                max_shard_size=limit, writer_rank=writers.index(rank),
                                writers=len(writers), barrier=lambda: dist.barrier(group=group),
                                overwrite=cfg.save_hf_overwrite)
     finally:
-        for _ in pairs:  # the export is collective: drained here too after a failure
+        for _ in trained:  # the export is collective: drained here too after a failure
             pass
     dist.barrier()
     return target

@@ -33,6 +33,8 @@ SPEC_MODEL_TYPES: dict[str, tuple[str, ...]] = {
                      "miles_plugins.models.qwen3_5 get_qwen3_5_spec"),
                     ("qwen3_5_text", "qwen3_5_moe_text")),
     "slime_plugins.models.qwen3_next get_qwen3_next_spec": ("qwen3_next",)}
+# config.json's count of multi-token prediction layers (Qwen3.5 / Qwen3-Next, DeepSeek-V3 / GLM)
+MTP_KEYS: tuple[str, ...] = ("mtp_num_hidden_layers", "num_nextn_predict_layers")
 # the model types whose layers are Qwen3.5's: linear and gated attention, (1 + w) norms
 GATED_DELTA_NET_TYPES: tuple[str, ...] = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 # slime's other layer-spec plugins (by module) -> why vime does not build them
@@ -106,6 +108,8 @@ class ModelArchArgs:
     num_experts: int | None = _arch("MoE experts")
     moe_ffn_hidden_size: int | None = _arch("MoE expert intermediate size")
     moe_shared_expert_intermediate_size: int | None = _arch("MoE shared-expert size")
+    mtp_num_layers: int | None = _arch("multi-token prediction layers (the checkpoint's; vime "
+                                       "does not train them: --save-hf carries them unchanged)")
     make_vocab_size_divisible_by: int | None = _f(
         "vime never pads the vocabulary: TP must divide the HF vocab_size (checked)",
         "architecture")
@@ -313,6 +317,8 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
     glm4 = hf.get("model_type") == "glm4"
     gated = hf.get("model_type") in GATED_DELTA_NET_TYPES
     out = {
+        # 0 for a checkpoint without MTP layers (Megatron builds none for 0)
+        "mtp_num_layers": next((hf[k] for k in MTP_KEYS if hf.get(k) is not None), 0),
         "apply_layernorm_1p": gated, "attention_output_gate": gated,
         "use_gated_attention": gated,
         "post_self_attn_layernorm": glm4, "post_mlp_layernorm": glm4,
@@ -450,6 +456,7 @@ def _hf_key(name: str) -> str:
             "post_self_attn_layernorm": "model_type", "post_mlp_layernorm": "model_type",
             "rotary_interleaved": "model_type", "apply_layernorm_1p": "model_type",
             "attention_output_gate": "model_type", "use_gated_attention": "model_type",
+            "mtp_num_layers": "mtp_num_hidden_layers / num_nextn_predict_layers",
             "moe_shared_expert_intermediate_size": "shared_expert_intermediate_size",
             }.get(name, name)
 

@@ -8,9 +8,10 @@ table of flags vime does not support.
   ``--sglang-X V`` is the vLLM argument ``SGLANG_TO_VLLM`` names, and where there is none it is
   accepted with a one-line warning saying so (:func:`engine_flags`).
 * ``UNSUPPORTED``: every other flag the anchors' example scripts pass, with the reason or the
-  vime equivalent: ``vime train --mtp-num-layers 1`` prints ``--mtp-num-layers: not supported
-  in vime (multi-token prediction)`` and exits 2. The line comes from this table, never from spelling
-  distance. At slime's default (``UNSUPPORTED_OFF``: ``--mtp-num-layers 0``) such a flag leaves its feature off, so it is accepted with a note
+  vime equivalent: ``vime train --muon-momentum 0.95`` prints ``--muon-momentum: not supported
+  in vime (the Muon optimizer; vime trains with Adam)`` and exits 2. The line comes from this
+  table, never from spelling distance. At slime's default (``UNSUPPORTED_OFF``:
+  ``--muon-momentum 0.9``) such a flag leaves its feature off, so it is accepted with a note
   (:func:`default_flags`): a flag at its default no-op value is never an error.
 * ``SLIME_VALUES``: slime's spelling of a value vime spells otherwise (slime's default rollout
   function is vime's; Megatron's default ``allgather`` dispatcher is vime's ``alltoall``;
@@ -94,8 +95,10 @@ UNSUPPORTED: dict[str, str] = {
     "merged weights)",
     "--experts-shared-outer-loras": "LoRA on MoE experts",
     "--muon-momentum": "the Muon optimizer; vime trains with Adam",
-    "--enable-mtp-training": "multi-token prediction", "--mtp-num-layers": "multi-token "
-    "prediction", "--mtp-loss-scaling-factor": "multi-token prediction",
+    "--enable-mtp-training": "training the multi-token prediction layers beside the policy "
+    "(vime carries the checkpoint's MTP layers unchanged: --mtp-num-layers)",
+    "--mtp-loss-scaling-factor": "training the multi-token prediction layers "
+    "(--enable-mtp-training)",
     # architectures vime's bridge does not build
     "--window-size": "sliding-window attention", "--window-attn-skip-freq": "sliding-window "
     "attention", "--softmax-type": "attention sinks (gpt-oss)",
@@ -134,12 +137,11 @@ UNSUPPORTED_VALUES: dict[str, str] = {
 # (624b824), radixark/miles miles/utils/arguments.py (31f1ca9; the OPD-top-k flags),
 # NVIDIA/Megatron-LM megatron/training/arguments.py (d98e8a64: --muon-momentum) and
 # megatron-core's TransformerConfig defaults (--softmax-type, --fp8-recipe,
-# --mtp-loss-scaling-factor 0.1; slime resets it to 0.2). --mtp-num-layers defaults to None,
-# and Megatron builds no MTP layer for 0.
+# --mtp-loss-scaling-factor 0.1; slime resets it to 0.2).
 UNSUPPORTED_OFF: dict[str, tuple[str, ...]] = {
     "--opd-log-prob-top-k": ("0",),
     "--opd-reward-weight-mode": ("student_p",), "--opd-top-k-strategy": ("only-student",),
-    "--muon-momentum": ("0.9",), "--mtp-num-layers": ("0",),
+    "--muon-momentum": ("0.9",),
     "--mtp-loss-scaling-factor": ("0.2", "0.1"),
     "--softmax-type": ("vanilla",), "--fp8-recipe": ("delayed",),
 }
@@ -232,9 +234,9 @@ def _matches(text: str, default: str) -> bool:
 def default_flags(tokens: Sequence[str]) -> tuple[list[str], list[str]]:
     """Split ``tokens`` into ``(notes, rest)``: every ``FLAG VALUE`` / ``FLAG=VALUE`` of
     ``UNSUPPORTED_OFF`` at slime's default becomes a note; everything else stays in ``rest``
-    (a flag at another value keeps its table line). Example: ``["--mtp-num-layers", "0"]`` gives
-    the note ``--mtp-num-layers 0: slime's default, a no-op (not supported in vime:
-    multi-token prediction)``."""
+    (a flag at another value keeps its table line). Example: ``["--muon-momentum", "0.9"]``
+    gives the note ``--muon-momentum 0.9: slime's default, a no-op (not supported in vime:
+    the Muon optimizer; vime trains with Adam)``."""
     notes, rest = [], []
     i = 0
     while i < len(tokens):

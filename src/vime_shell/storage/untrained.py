@@ -1,0 +1,58 @@
+"""The tensors of a checkpoint that vime does not train, carried into ``--save-hf`` unchanged,
+so an export is as complete a checkpoint as its source.
+
+Two groups, by name, and nothing else (a weight the trainer should have exported but did not
+is a mapping error, never filled in from the source):
+
+- a multimodal checkpoint's vision tower (``model.visual.*``: Qwen3.5's); vime trains the
+  language model;
+- multi-token prediction layers (``mtp.*``: Qwen3.5, Qwen3-Next; ``model.mtp_layers.*``:
+  MiMo; ``model.layers.{n}.*`` from ``n = num_hidden_layers`` on: DeepSeek-V3, GLM-4.5,
+  GLM-4.7-Flash). vime does not train them (slime's ``--mtp-num-layers`` without
+  ``--enable-mtp-training``: built, loaded and synced there, never updated), so they stay the
+  checkpoint's: an engine that drafts with them (speculative decoding) loads them from the
+  checkpoint, and a weight sync need not carry them.
+
+Example: a Qwen3.5 checkpoint with ``model.visual.blocks.0.attn.qkv.weight`` and
+``mtp.fc.weight`` gives both names; a Qwen2 checkpoint none.
+"""
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+_UNTRAINED = re.compile(r"^(model\.visual\.|mtp\.|model\.mtp_layers\.)")
+_LAYER = re.compile(r"^model\.(?:language_model\.)?layers\.(\d+)\.")
+
+
+def is_untrained(name: str, num_layers: int) -> bool:
+    """Whether checkpoint tensor ``name`` is in a group vime does not train (module docstring);
+    ``num_layers``: the decoder's (``num_hidden_layers``)."""
+    layer = _LAYER.match(name)
+    return bool(_UNTRAINED.match(name)) or (layer is not None and int(layer.group(1)) >= num_layers)
+
+
+def untrained_tensors(hf_dir: str | Path, num_layers: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of every untrained tensor of the checkpoint in ``hf_dir``, in name
+    order, read one at a time."""
+    for name, file in sorted(_weight_files(Path(hf_dir)).items()):
+        if is_untrained(name, num_layers):
+            with safe_open(str(file), framework="pt") as handle:
+                yield name, handle.get_tensor(name)
+
+
+def _weight_files(root: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it (the index's map, or every file's keys)."""
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        return {name: root / file for name, file in
+                json.loads(index.read_text())["weight_map"].items()}
+    out: dict[str, Path] = {}
+    for file in sorted(root.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            out.update(dict.fromkeys(handle.keys(), file))
+    return out
