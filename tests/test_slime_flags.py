@@ -562,3 +562,23 @@ def test_slimes_int4_qat_switch_in_the_environment_is_refused(capsys, tmp_path, 
     assert status == 2
     assert "OPEN_TRAINING_INT4_FAKE_QAT_FLAG='1': is set in the environment: not supported " \
         "in vime (int4 quantisation-aware training" in err
+
+
+def test_the_anchors_built_in_plugin_paths_are_vimes_counterparts(capsys, tmp_path):
+    """slime's and miles' own filter, miles' SFT rollout, and slime's fully-async rollout
+    function (vime's --fully-async mode), each with its launch note."""
+    for anchor in ("slime", "miles"):
+        path = f"{anchor}.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
+        cfg = parse_train_config(["--dynamic-sampling-filter-path", path])
+        assert cfg.dynamic_sampling_filter_path == "vime_shell.rollout.filters:nonzero_reward_std"
+        cfg = parse_train_config(["--rollout-function-path",
+                                  f"{anchor}.rollout.sft_rollout.generate_rollout",
+                                  "--loss-type", "sft_loss", "--global-batch-size", "16"])
+        assert cfg.rollout_function_path == "vime_shell.rollout.sft:sft_rollout"
+    fully = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
+    cfg = parse_train_config(["--rollout-function-path", fully])
+    assert cfg.fully_async and cfg.rollout_function_path.endswith(":single_turn_rollout")
+    status, err = _exit(["--rollout-function-path", fully, "--dry-run", "--run-dir",
+                         str(tmp_path)], capsys)
+    # the mode's own launch check: one process has no rank to spare for the pools
+    assert status == 2 and "--fully-async runs engines on ranks of their own" in err, err

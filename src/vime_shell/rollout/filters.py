@@ -17,6 +17,10 @@ from vime_shell.rollout.reward_plugins import positional_arity
 
 SampleFilter = Callable[[list[Any]], bool]
 BUILT_IN_FILTER = "vime_shell.rollout.filters:nonzero_reward_std"
+# slime's and miles' own path of the same filter (their scripts pass it)
+ANCHOR_FILTERS: tuple[str, ...] = tuple(
+    f"{anchor}.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
+    for anchor in ("slime", "miles"))
 
 
 def nonzero_reward_std(samples: Sequence[Any]) -> bool:

@@ -29,6 +29,7 @@ gives the warning ``--sglang-ep-size 8: no vLLM equivalent in vime; ignored``.
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vime_shell.rollout.filters import ANCHOR_FILTERS, BUILT_IN_FILTER
 from vime_shell.rollout.functions import DEFAULT_ROLLOUT_FUNCTION, SFT_ROLLOUT_FUNCTION
 from vime_shell.rollout.teacher import ANCHOR_OPD_REWARDS, OPD_REWARD
 
@@ -152,13 +153,17 @@ SLIME_VALUES: dict[tuple[str, Any], tuple[Any, str | None]] = {
     ("rollout_function_path", "slime.rollout.sglang_rollout.generate_rollout"): (
         DEFAULT_ROLLOUT_FUNCTION, "slime's default rollout function; vime's default "
         f"({DEFAULT_ROLLOUT_FUNCTION}) is its counterpart"),
-    ("rollout_function_path", "slime.rollout.sft_rollout.generate_rollout"): (
+    **{("rollout_function_path", f"{anchor}.rollout.sft_rollout.generate_rollout"): (
         SFT_ROLLOUT_FUNCTION, "slime's SFT rollout function; vime's counterpart is "
-        f"{SFT_ROLLOUT_FUNCTION} (conversations with assistant-turn loss masks)"),
+        f"{SFT_ROLLOUT_FUNCTION} (conversations with assistant-turn loss masks)")
+       for anchor in ("slime", "miles")},
     **{("custom_rm_path", path): (
         OPD_REWARD, "on-policy distillation's reward (0: the teacher alone teaches); vime asks "
         "the teacher for its log-probs itself (--opd-type sglang)") for path in
        ANCHOR_OPD_REWARDS},
+    **{("dynamic_sampling_filter_path", path): (
+        BUILT_IN_FILTER, "slime's filter of prompt groups whose rewards are all equal; vime's "
+        f"counterpart is {BUILT_IN_FILTER}") for path in ANCHOR_FILTERS},
     ("moe_token_dispatcher_type", "allgather"): (
         "alltoall", "Megatron's default dispatcher; vime's MoE uses alltoall (allgather "
         "refuses the variable sequence lengths vime packs; the routing is the same)"),
@@ -264,7 +269,7 @@ def slime_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             out[name] = vime
             if note is not None:
                 notes.append(f"--{name.replace('_', '-')} {slime}: {note}")
-    notes += _miles_fsdp(out)
+    notes += _miles_fsdp(out) + _fully_async_rollout(out)
     evals = out.get("eval_prompt_data")
     if isinstance(evals, str):
         evals = [evals]
@@ -273,6 +278,25 @@ def slime_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         notes.append(f"--eval-prompt-data {evals[0]}: one path is slime's legacy form, an eval "
                      f"set named {LEGACY_EVAL_SET} (eval/{LEGACY_EVAL_SET}/...)")
     return out, notes
+
+
+# slime's fully asynchronous rollout function: in vime a mode (--fully-async), not a function
+FULLY_ASYNC_ROLLOUTS: tuple[str, ...] = (
+    "slime.rollout.fully_async_rollout.generate_rollout_fully_async",)
+
+
+def _fully_async_rollout(out: dict[str, Any]) -> list[str]:
+    """slime's fully-async rollout function as vime's ``--fully-async`` with its default
+    rollout function, in place; a note (``--train-async`` given stays an error: the two
+    modes exclude each other)."""
+    if out.get("rollout_function_path") not in FULLY_ASYNC_ROLLOUTS:
+        return []
+    path, out["rollout_function_path"] = out["rollout_function_path"], DEFAULT_ROLLOUT_FUNCTION
+    if out.get("fully_async") is None and not out.get("train_async"):
+        out["fully_async"] = True
+    return [f"--rollout-function-path {path}: slime's fully asynchronous rollout, which is "
+            f"vime's --fully-async (a persistent pool on every engine rank) running "
+            f"{DEFAULT_ROLLOUT_FUNCTION}"]
 
 
 def _miles_fsdp(out: dict[str, Any]) -> list[str]:
