@@ -42,6 +42,7 @@ from vime_shell.models.auto_config import auto_config
 from vime_shell.models.hf_config import ModelLoadError
 from vime_shell.megatron.layout import TrainLayout
 from vime_shell.megatron.glm4_bridge import Glm4
+from vime_shell.megatron.minimax_m2_bridge import MiniMaxM2
 from vime_shell.megatron.mla_bridge import DeepseekV3, is_mla
 from vime_shell.megatron.qwen3_5_bridge import Qwen3_5, Qwen3_5Moe, Qwen3Next
 from vime_shell.megatron.model_options import ModelOptions
@@ -56,7 +57,7 @@ from vime_shell.megatron.rope import apply_rope_scaling, gpt_rope_args, rope_sca
 # (EXTRA_NORM_NAMES) to adjustments 1 and 2, and Qwen3.5 its names' prefix (HF_NAME)
 _OWN_BRIDGES: dict[str, Any] = {"deepseek_v3": DeepseekV3, "glm4": Glm4,
                                 "qwen3_5_text": Qwen3_5, "qwen3_5_moe_text": Qwen3_5Moe,
-                                "qwen3_next": Qwen3Next}
+                                "qwen3_next": Qwen3Next, "minimax_m2": MiniMaxM2}
 
 _LOCAL_NORM_NAMES = {
     "input_layernorm.weight": "model.layers.{n}.input_layernorm.weight",
@@ -114,7 +115,7 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     except ValueError as exc:
         raise ModelLoadError(f"{str(Path(hf_dir) / 'config.json')!r}: \"model_type\" "
                              f"{config.model_type!r}: {one_line(str(exc))}. Fix: use a Qwen2/"
-                             "Qwen3 (dense or MoE), Qwen3.5, Qwen3-Next, Llama, DeepSeek-V3, "
+                             "Qwen3 (dense or MoE), Qwen3.5, Qwen3-Next, MiniMax-M2, Llama, DeepSeek-V3, "
                              "Kimi-K2, GLM-4 or GLM-4.5 checkpoint.") from None
     # Adjustment 5 is the platform's overrides; they come last, so a field the run's options
     # also set (moe_router_fusion=False under routing replay) takes the platform's value.

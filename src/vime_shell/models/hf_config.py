@@ -107,7 +107,7 @@ LANGUAGE_MODEL_OF: dict[str, str] = {"qwen3_5": "qwen3_5_text",
 MLA_MODEL_TYPES: tuple[str, ...] = ("deepseek_v3", "kimi_k2", "glm4_moe_lite")
 # sigmoid routers with an expert bias (DeepSeek-V3's, GLM-4.5's): Megatron renormalises their
 # top-k always
-SIGMOID_ROUTERS: tuple[str, ...] = (*MLA_MODEL_TYPES, "glm4_moe")
+SIGMOID_ROUTERS: tuple[str, ...] = (*MLA_MODEL_TYPES, "glm4_moe", "minimax_m2")
 # Model families the trainer's bridge cannot build yet, by config.json's model_type: each
 # failed deep inside model construction or needs a part vime lacks; refused at launch with
 # the reason instead. The families vime builds: Qwen2, Qwen3, their MoE variants, Llama,
@@ -117,7 +117,6 @@ MODEL_TYPE_REFUSALS: dict[str, str] = {
     "deepseek_v2": "DeepSeek-V2 (mbridge has no bridge for it; DeepSeek-V3, R1 and Moonlight "
     "train as deepseek_v3)",
     "mimo": "MiMo (its multi-token prediction layers)",
-    "minimax_m2": "MiniMax-M2 (its layer spec: slime's --spec)",
     **dict.fromkeys(("qwen2_5_vl", "qwen2_vl", "glm4v", "internvl_chat"),
                     "multimodal models (vime trains on text token ids)"),
 }
@@ -174,7 +173,7 @@ def check_config(config: dict, path: Path, flag: str = "--hf-checkpoint",
     if refused is not None:
         raise _malformed(flag, path, f'has "model_type" {config["model_type"]!r}: not '
                          f"supported in vime ({refused})", "train a Qwen2, Qwen3 (dense or "
-                         "MoE), Qwen3.5 (dense or MoE), Qwen3-Next, Llama, DeepSeek-V3, Kimi-K2, GLM-4 or GLM-4.5 "
+                         "MoE), Qwen3.5 (dense or MoE), Qwen3-Next, MiniMax-M2, Llama, DeepSeek-V3, Kimi-K2, GLM-4 or GLM-4.5 "
                          "(dense or MoE) checkpoint")
     if config.get("model_type") == "glm4_moe_lite" and "mlp_layer_types" in config:
         first_dense_layers(config["mlp_layer_types"], path, config.get("first_k_dense_replace"))

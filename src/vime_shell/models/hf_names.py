@@ -4,7 +4,9 @@ parameters in memory: the two places they differ, read by the engines and the tr
 - MoE experts: checkpoints (and the trainer's export) name each expert
   ``experts.{e}.gate_proj.weight`` ``[I, H]``; transformers 5 holds a layer's experts fused,
   ``experts.gate_up_proj`` ``[E, 2 * I, H]`` (gate rows, then up rows) and ``experts.down_proj``
-  ``[E, H, I]``, and some checkpoints are written so (Qwen3.5-MoE's release).
+  ``[E, H, I]``, and some checkpoints are written so (Qwen3.5-MoE's release). Mixtral's
+  layout (MiniMax-M2's) names the projections ``w1`` (gate), ``w3`` (up) and ``w2`` (down)
+  under ``block_sparse_moe``, which transformers loads as ``mlp``.
 - Multimodal layout: transformers writes some text models (Qwen3.5's) under
   ``model.language_model.`` and loads them as ``model.``.
 
@@ -17,7 +19,11 @@ import re
 
 import torch
 
-_EXPERT_NAME = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+_EXPERT_NAME = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)"
+                          r"\.weight$")
+# Mixtral's (and MiniMax-M2's) names of an expert's projections
+_PROJECTIONS = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate",
+                "w3": "up", "w2": "down"}
 _TEXT_PREFIX = "model.language_model."  # a multimodal checkpoint's text model (in_memory_name)
 
 
@@ -29,7 +35,7 @@ def fused_expert_slice(params: dict[str, torch.Tensor], name: str) -> torch.Tens
     fused = params.get(fused_expert_name(name) or "")
     if match is None or fused is None:
         return None
-    expert, proj = int(match.group(2)), match.group(3)
+    expert, proj = int(match.group(2)), _PROJECTIONS[match.group(3)]
     if proj == "down":
         return fused[expert]
     half = fused.shape[1] // 2
@@ -37,10 +43,11 @@ def fused_expert_slice(params: dict[str, torch.Tensor], name: str) -> torch.Tens
 
 
 def in_memory_name(name: str) -> str:
-    """The model's own name for a checkpoint name: transformers writes some text models
-    (Qwen3.5's) under the multimodal layout's ``model.language_model.`` and loads them as
-    ``model.``. Example: ``model.language_model.norm.weight`` -> ``model.norm.weight``."""
-    return "model." + name.removeprefix(_TEXT_PREFIX) if name.startswith(_TEXT_PREFIX) else name
+    """The model's own name for a checkpoint name (module docstring: the multimodal layout's
+    prefix, Mixtral's ``block_sparse_moe``). Example: ``model.language_model.norm.weight`` ->
+    ``model.norm.weight``."""
+    name = "model." + name.removeprefix(_TEXT_PREFIX) if name.startswith(_TEXT_PREFIX) else name
+    return name.replace(".block_sparse_moe.", ".mlp.")
 
 
 def fused_expert_name(name: str) -> str | None:
@@ -49,4 +56,5 @@ def fused_expert_name(name: str) -> str | None:
     match = _EXPERT_NAME.match(name)
     if match is None:
         return None
-    return f"{match.group(1)}.{'down_proj' if match.group(3) == 'down' else 'gate_up_proj'}"
+    fused = "down_proj" if _PROJECTIONS[match.group(3)] == "down" else "gate_up_proj"
+    return f"{match.group(1)}.{fused}"

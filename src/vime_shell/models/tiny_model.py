@@ -24,7 +24,9 @@ tower): linear attention in three of every four layers (as many linear heads as 
 heads), gated attention, (1 + w) norms drawn non-zero, a quarter of each head rotated;
 ``arch="qwen3_5_moe"`` the same with MoE layers (a shared expert of
 ``shared_expert_intermediate_size`` behind a sigmoid gate); ``arch="qwen3_next"`` is
-Qwen3-Next, those MoE layers in a text-only checkpoint.
+Qwen3-Next, those MoE layers in a text-only checkpoint. ``arch="minimax_m2"`` is MiniMax-M2:
+q/k norms over all heads, half of each head rotated, sigmoid routing with an expert bias
+(drawn non-zero), experts ``intermediate_size`` wide, in Mixtral's names.
 """
 
 from pathlib import Path
@@ -36,15 +38,15 @@ from transformers import (AutoModelForCausalLM, DeepseekV3Config, Glm4Config, Gl
                           Glm4MoeLiteConfig, LlamaConfig, Qwen2Config, Qwen2MoeConfig,
                           Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig,
                           Qwen3_5MoeForConditionalGeneration, Qwen3MoeConfig,
-                          Qwen3NextConfig)
+                          MiniMaxM2Config, Qwen3NextConfig)
 
 from vime_pure.errors import VimeError, field_error
 
 ARCHITECTURES: tuple[str, ...] = ("qwen2", "llama", "qwen2_moe", "qwen3_moe", "deepseek_v3",
                                   "glm4", "glm4_moe_lite", "glm4_moe", "qwen3_5", "qwen3_5_moe",
-                                  "qwen3_next")
+                                  "qwen3_next", "minimax_m2")
 MOE_ARCHITECTURES: tuple[str, ...] = ("qwen2_moe", "qwen3_moe", "deepseek_v3", "glm4_moe_lite",
-                                      "glm4_moe", "qwen3_5_moe", "qwen3_next")
+                                      "glm4_moe", "qwen3_5_moe", "qwen3_next", "minimax_m2")
 # gated delta-net models: their (1 + w) norms start at 0, so the tiny ones draw them
 _ONE_PLUS_NORMS: tuple[str, ...] = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
@@ -125,6 +127,13 @@ def hf_config(spec: TinyModelSpec, **extra):
         return _glm4_moe(spec, common)
     if spec.arch in _ONE_PLUS_NORMS:
         return _qwen3_5(spec, common)
+    if spec.arch == "minimax_m2":
+        return MiniMaxM2Config(**{
+            **common, "intermediate_size": spec.moe_intermediate_size,
+            "rope_parameters": {"partial_rotary_factor": 0.5, **common["rope_parameters"]},
+            "num_local_experts": spec.num_experts, "num_experts_per_tok": spec.num_experts_per_tok,
+            "router_aux_loss_coef": 0.0, "pad_token_id": None, "bos_token_id": None,
+            "eos_token_id": 1})
     if spec.arch == "glm4":  # half of each head rotated, in interleaved pairs (GLM-4-9B's)
         common["rope_parameters"] = {"partial_rotary_factor": 0.5, **common["rope_parameters"]}
         # GLM-4's default token ids lie beyond a tiny vocabulary (None means them here): id 1

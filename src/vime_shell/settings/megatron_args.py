@@ -32,14 +32,14 @@ SPEC_MODEL_TYPES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("slime_plugins.models.qwen3_5 get_qwen3_5_spec",
                      "miles_plugins.models.qwen3_5 get_qwen3_5_spec"),
                     ("qwen3_5_text", "qwen3_5_moe_text")),
-    "slime_plugins.models.qwen3_next get_qwen3_next_spec": ("qwen3_next",)}
+    "slime_plugins.models.qwen3_next get_qwen3_next_spec": ("qwen3_next",),
+    "slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec": ("minimax_m2",)}
 # config.json's count of multi-token prediction layers (Qwen3.5 / Qwen3-Next, DeepSeek-V3 / GLM)
 MTP_KEYS: tuple[str, ...] = ("mtp_num_hidden_layers", "num_nextn_predict_layers")
 # the model types whose layers are Qwen3.5's: linear and gated attention, (1 + w) norms
 GATED_DELTA_NET_TYPES: tuple[str, ...] = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 # slime's other layer-spec plugins (by module) -> why vime does not build them
 SPEC_REFUSALS: dict[str, str] = {
-    "slime_plugins.models.minimax_m2": "MiniMax-M2: no HF mapping in mbridge or vime",
     "slime_plugins.models.glm5": "GLM-5: DeepSeek sparse attention, no HF mapping in mbridge "
     "or vime",
 }
@@ -355,7 +355,7 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
             if hf.get("n_shared_experts") and hf.get("moe_intermediate_size") else None),
     }
     qk_norm = {"qwen3": True, "qwen3_moe": True, **dict.fromkeys(GATED_DELTA_NET_TYPES, True),
-               "qwen2": False,
+               "minimax_m2": True, "qwen2": False,
                "qwen2_moe": False, "llama": False, "mistral": False}
     out["qk_layernorm"] = True if mla else hf.get("use_qk_norm", qk_norm.get(  # GLM-4.5's key
         str(hf.get("model_type"))))

@@ -130,8 +130,9 @@ def moe_hf_values(hf: dict[str, Any]) -> dict[str, Any]:
     rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     score = hf.get("scoring_func") or ("softmax" if kind in _SOFTMAX_ROUTERS else
                                        "sigmoid" if kind in SIGMOID_ROUTERS else None)
-    bias = hf.get("topk_method") == "noaux_tc" if "topk_method" in hf else (
-        False if kind in _SOFTMAX_ROUTERS else None)
+    bias = hf.get("topk_method") == "noaux_tc" if "topk_method" in hf else \
+        bool(hf["use_routing_bias"]) if "use_routing_bias" in hf else (  # MiniMax-M2's key
+            False if kind in _SOFTMAX_ROUTERS else None)
     return {
         "moe_layer_freq": _hf_layer_pattern(hf),
         "moe_router_score_function": score,
