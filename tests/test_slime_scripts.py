@@ -59,13 +59,15 @@ def env(tmp_path_factory):
                                                                 vocab_size=20))
     minimax = build_tiny_hf_model(root / "minimax", TinyModelSpec(arch="minimax_m2",
                                                                   vocab_size=20))
-    for model in (moe, moonlight, glm4, glm47, glm45, qwen35, minimax):
+    qwen3_next = build_tiny_hf_model(root / "qwen3_next", TinyModelSpec(
+        arch="qwen3_next", num_layers=4, vocab_size=20))
+    for model in (moe, moonlight, glm4, glm47, glm45, qwen35, minimax, qwen3_next):
         with_embedded_tokenizer(model)  # the dataset's digits and a chat template
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
             "VIME_PYTHON": sys.executable, "MODEL_DIR": str(embedded), "MOE_DIR": str(moe),
             "MOONLIGHT_DIR": str(moonlight), "GLM4_DIR": str(glm4), "GLM47_DIR": str(glm47),
             "GLM45_DIR": str(glm45), "QWEN35_DIR": str(qwen35),
-            "MINIMAX_DIR": str(minimax),
+            "MINIMAX_DIR": str(minimax), "QWEN3_NEXT_DIR": str(qwen3_next),
             "DATA_DIR": str(data), "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(SCRIPTS)])}
 
@@ -132,6 +134,8 @@ WANDB_KEY = "slime-script-test-key-7c1e"
         "--sglang-speculative-algorithm EAGLE: no vLLM equivalent in vime; ignored"]),
     ("run-qwen3.5-27B.sh", [  # linear and gated attention (slime's qwen3_5 layer spec)
         "--sequence-parallel: off on the local layer spec",
+        "--sglang-speculative-algorithm EAGLE: no vLLM equivalent in vime; ignored"]),
+    ("run-qwen3-next-80B-A3B.sh", [  # slime's qwen3_next layer spec, MoE
         "--sglang-speculative-algorithm EAGLE: no vLLM equivalent in vime; ignored"]),
     ("run-minimax-m2.sh", [  # q/k norms over all heads (slime's minimax_m2 layer spec)
         "--sglang-ep-size 16: no vLLM equivalent in vime; ignored",
