@@ -7,7 +7,8 @@ logits equal transformers' (1e-5, fp32); log-probs match transformers' at DP2 an
 train to the same losses and weights; the q/k norm split over TP2 (an all-reduce of the
 partial sums) gives the whole norm's outputs and gradients; ``vime train`` on it (HF engine)
 passes the gap check after each sync and its ``--save-hf`` export loads in transformers with
-every trained weight moved and the expert bias unchanged.
+every trained weight moved and the expert bias unchanged; the HF engine reports the experts the
+biased router picked (routing replay).
 """
 
 import numpy as np
@@ -79,3 +80,25 @@ def test_vime_train_syncs_and_exports_a_minimax_m2(tmp_path):
         if target is None:  # transformers holds the experts fused
             target = fused_expert_slice(state, in_memory_name(name))
         assert torch.equal(target, trained[name]), name
+
+
+def test_the_hf_engine_routes_as_the_biased_router_picks(tmp_path):
+    """Routing replay: the engine reports the experts the router chose (its sigmoid scores
+    plus the expert bias), not the top-k of its logits. With a bias of +10 on experts 0 and
+    1 every token goes to them, whatever the logits say."""
+    from safetensors.torch import save_file
+
+    from vime_shell.engines.base import SamplingParams
+    from vime_shell.engines.hf import HfEngine
+
+    model = build_tiny_hf_model(tmp_path / "m2", TinyModelSpec(arch="minimax_m2"))
+    tensors = load_file(model / "model.safetensors")
+    for name in tensors:
+        if name.endswith("e_score_correction_bias"):
+            tensors[name] = torch.tensor([-10.0, 10.0, -10.0, 10.0])
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    engine = HfEngine(model, return_routed_experts=True)
+    out = engine.generate([[5, 6, 7], [8, 9]], SamplingParams(max_new_tokens=3, seed=0))
+    for generation in out:
+        assert generation.routed_experts.shape[1:] == (2, 2)  # layers, top-k
+        assert set(np.unique(generation.routed_experts)) == {1, 3}

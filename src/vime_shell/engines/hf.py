@@ -13,8 +13,10 @@ How it meets the protocol's invariants (see :mod:`vime_shell.engines.base`):
   long it ran on. Stop strings are matched on the text of the model directory's tokenizer.
 - Routed experts (``return_routed_experts=True``, MoE models, for routing replay): ``generate``
   does not expose its routers' choices, so one forward of the same weights over each prompt +
-  response (right-padded, ``output_router_logits``) gives them: the top-k of every MoE layer's
-  router logits, for every token.
+  response (right-padded) gives them: what every MoE layer's router picked for every token,
+  read off the router (transformers 5's ``*TopKRouter`` modules return ``(logits, weights,
+  indices)``), so an expert bias or group-limited routing (DeepSeek-V3, GLM-4.5, MiniMax-M2)
+  is the router's own, not a top-k of its logits.
 """
 
 from collections.abc import Callable, Sequence
@@ -88,6 +90,11 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return probs * keep
 
 
+def _routers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The MoE routers of a transformers 5 model, in layer order (module docstring)."""
+    return [m for m in model.modules() if type(m).__name__.lower().endswith("topkrouter")]
+
+
 class HfEngine:
     """A Hugging Face causal LM generating in-process (CPU by default).
 
@@ -150,6 +157,10 @@ class HfEngine:
             raise field_error(EngineError, "return_routed_experts", True,
                               f"needs an MoE model, and {model.config.model_type} is dense",
                               "drop --use-rollout-routing-replay for a dense model")
+        if return_routed_experts and not _routers(model):
+            raise field_error(EngineError, "return_routed_experts", True,
+                              f"finds no router module (*TopKRouter) in {type(model).__name__}",
+                              "drop --use-rollout-routing-replay, or use the vLLM engine")
         self.return_routed_experts = return_routed_experts
         self.device = torch.device(device)
         # transformers wraps PreTrainedModel.to in functools.wraps, which mypy binds without self
@@ -211,10 +222,16 @@ class HfEngine:
         for i, seq in enumerate(seqs):  # right padding: causal, the real tokens see no pad
             ids[i, :len(seq)] = torch.tensor(seq)
             mask[i, :len(seq)] = 1
-        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                         output_router_logits=True)
-        top = torch.stack([logits.view(len(seqs), width, -1).topk(self.topk, dim=-1).indices
-                           for logits in out.router_logits], dim=2).to(torch.int16).cpu()
+        chosen: list[torch.Tensor] = []  # each MoE layer's top-k ids, in forward order
+        hooks = [m.register_forward_hook(lambda _m, _i, out: chosen.append(out[2]))
+                 for m in _routers(self.model)]
+        try:
+            self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        top = torch.stack([c.view(len(seqs), width, -1) for c in chosen],
+                          dim=2).to(torch.int16).cpu()
         return [attrs.evolve(g, routed_experts=top[i, :len(seq)].numpy())
                 for i, (g, seq) in enumerate(zip(gens, seqs))]
 
