@@ -74,8 +74,8 @@ def test_slime_flag_coverage_on_our_corpus(tmp_path):
         "ARGS=(--enable-mtp-training)\npython3 train.py ${ARGS[@]} --lr 1e-6\n")
     (tmp_path / "scripts" / "run-fsdp.sh").write_text(  # a value outside vime's choices
         "python3 train.py --advantage-estimator ppo --optimizer $OPT --lr 1e-6\n")
-    (tmp_path / "scripts" / "run-m2.sh").write_text(  # a layer spec vime does not build
-        'ARGS=(--spec "slime_plugins.models.minimax_m2" "get_minimax_m2_layer_spec")\n'
+    (tmp_path / "scripts" / "run-glm5.sh").write_text(  # a layer spec vime does not build
+        'ARGS=(--spec "slime_plugins.models.glm5.glm5" "get_glm5_spec")\n'
         "python3 train.py ${ARGS[@]}\n")
     (tmp_path / "scripts" / "run-int4.sh").write_text(  # slime's int4 QAT, in the Ray env
         'RUNTIME_ENV_JSON="{ \\"env_vars\\": { \\"OPEN_TRAINING_INT4_FAKE_QAT_FLAG\\": '
@@ -85,7 +85,7 @@ def test_slime_flag_coverage_on_our_corpus(tmp_path):
     # (our run-glm4-9B.sh passes GLM-4's spec, from its model file: accepted)
     assert (result["scripts"], result["accepted"]) == (ours + 4, ours)
     assert result["refused"] == {"--enable-mtp-training": 1, "--advantage-estimator ppo": 1,
-                                 "--spec slime_plugins.models.minimax_m2": 1,
+                                 "--spec slime_plugins.models.glm5.glm5": 1,
                                  "env OPEN_TRAINING_INT4_FAKE_QAT_FLAG": 1}
 
 

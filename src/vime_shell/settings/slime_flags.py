@@ -292,8 +292,8 @@ def _fully_async_rollout(out: dict[str, Any]) -> list[str]:
     if out.get("rollout_function_path") not in FULLY_ASYNC_ROLLOUTS:
         return []
     path, out["rollout_function_path"] = out["rollout_function_path"], DEFAULT_ROLLOUT_FUNCTION
-    if out.get("fully_async") is None and not out.get("train_async"):
-        out["fully_async"] = True
+    if not out.get("train_async"):
+        out.setdefault("fully_async", True)  # unless given
     return [f"--rollout-function-path {path}: slime's fully asynchronous rollout, which is "
             f"vime's --fully-async (a persistent pool on every engine rank) running "
             f"{DEFAULT_ROLLOUT_FUNCTION}"]
