@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
 
 from tests.shell.minimax_m2_workers import minimax_m2_worker
-from tests.shell.train_cli import train_and_export, with_embedded_tokenizer
+from tests.shell.train_cli import (assert_transformers_loads, train_and_export,
+                                   with_embedded_tokenizer)
 from vime_shell.megatron.spawn import spawn
-from vime_shell.models.hf_names import fused_expert_slice, in_memory_name
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
 
 pytestmark = pytest.mark.slow
@@ -72,14 +71,7 @@ def test_vime_train_syncs_and_exports_a_minimax_m2(tmp_path):
     moved = [k for k in base if not torch.equal(trained[k], base[k])]
     assert any("q_norm" in k for k in moved) and any(".experts." in k for k in moved)
     assert not any("e_score_correction_bias" in k for k in moved)  # a fixed bias
-    native = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
-    assert type(native).__name__ == "MiniMaxM2ForCausalLM"
-    state = native.state_dict()
-    for name in moved:
-        target = state.get(in_memory_name(name))
-        if target is None:  # transformers holds the experts fused
-            target = fused_expert_slice(state, in_memory_name(name))
-        assert torch.equal(target, trained[name]), name
+    assert assert_transformers_loads(tmp_path / "hf", trained, moved) == "MiniMaxM2ForCausalLM"
 
 
 def test_the_hf_engine_routes_as_the_biased_router_picks(tmp_path):

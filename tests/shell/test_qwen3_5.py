@@ -19,12 +19,11 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
 
 from tests.metric_keys import without_timing
 from tests.shell.qwen3_5_workers import fuse_experts, qwen3_5_worker
-from tests.shell.train_cli import train_and_export, vime, with_embedded_tokenizer
-from vime_shell.models.hf_names import fused_expert_slice, in_memory_name
+from tests.shell.train_cli import (assert_transformers_loads, train_and_export, vime,
+                                   with_embedded_tokenizer)
 from vime_shell.megatron.spawn import spawn
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
 
@@ -127,14 +126,7 @@ def test_vime_train_syncs_and_exports_a_qwen3_5(tmp_path, arch, hf_class):
     if arch != "qwen3_5":
         assert any(".experts.0." in k for k in moved) and any("shared_expert_gate" in k
                                                                for k in moved)
-    native = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
-    assert type(native).__name__ == hf_class
-    state = native.state_dict()
-    for name in moved:
-        target = state.get(in_memory_name(name))
-        if target is None:  # transformers holds the experts fused
-            target = fused_expert_slice(state, in_memory_name(name))
-        assert torch.equal(target, trained[name]), name
+    assert assert_transformers_loads(tmp_path / "hf", trained, moved) == hf_class
 
 
 def with_mtp_layer(model: Path) -> Path:

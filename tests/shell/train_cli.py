@@ -57,3 +57,22 @@ def train_and_export(model: Path, tmp_path: Path, *extra: str) -> dict:
     gaps = logprob_gaps(tmp_path / "run")
     assert len(gaps) == 3 and max(gaps) < 1e-4
     return {k: v for f in (tmp_path / "hf").glob("*.safetensors") for k, v in load_file(f).items()}
+
+
+def assert_transformers_loads(hf_dir: Path, trained: dict, names) -> str:
+    """``hf_dir`` (an export) loads in transformers with each of ``names`` equal to
+    ``trained``'s tensor, found under transformers' own name (its multimodal prefix dropped,
+    its experts fused: ``vime_shell.models.hf_names``); returns the loaded class's name."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from vime_shell.models.hf_names import fused_expert_slice, in_memory_name
+
+    native = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    state = native.state_dict()
+    for name in names:
+        target = state.get(in_memory_name(name))
+        if target is None:  # transformers holds the experts fused
+            target = fused_expert_slice(state, in_memory_name(name))
+        assert target is not None and torch.equal(target, trained[name]), name
+    return type(native).__name__
