@@ -133,7 +133,10 @@ def hf_config(spec: TinyModelSpec, **extra):
             "rope_parameters": {"partial_rotary_factor": 0.5, **common["rope_parameters"]},
             "num_local_experts": spec.num_experts, "num_experts_per_tok": spec.num_experts_per_tok,
             "router_aux_loss_coef": 0.0, "pad_token_id": None, "bos_token_id": None,
-            "eos_token_id": 1})
+            "eos_token_id": 1,
+            # keys the release's config.json states (vLLM reads them)
+            "rotary_dim": spec.head_dim // 2, "scoring_func": "sigmoid",
+            "use_routing_bias": True})
     if spec.arch == "glm4":  # half of each head rotated, in interleaved pairs (GLM-4-9B's)
         common["rope_parameters"] = {"partial_rotary_factor": 0.5, **common["rope_parameters"]}
         # GLM-4's default token ids lie beyond a tiny vocabulary (None means them here): id 1
