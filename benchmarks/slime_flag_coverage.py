@@ -7,7 +7,8 @@ the ``scripts/models/*.sh`` file it sources (or miles' ``tests/snapshots/model_a
 slime's Weights & Biases flags included (vime takes them). A flag is
 *refused* when ``vime train`` has no such option or its table of unsupported flags names it,
 when the script gives it a literal value outside the flag's choices (``--train-backend fsdp``),
-when ``--spec`` names a layer spec vime does not build (the script's or its model file's), or
+when ``--spec`` names a layer spec vime does not build (the script's or its model file's), when
+a plugin path names a module of slime's or miles' own that vime has no counterpart of, or
 when the script turns on a switch slime reads from the job's environment that vime refuses
 (``UNSUPPORTED_ENV``: int4 QAT);
 ``--sglang-*`` / ``--vllm-*`` are accepted (mapped or warned about). A script is *accepted*
@@ -29,7 +30,8 @@ from pathlib import Path
 
 from vime_shell.cli.main import build_parser
 from vime_shell.settings.megatron_args import SPEC_MODEL_TYPES, spec_refusal
-from vime_shell.settings.slime_flags import UNSUPPORTED, UNSUPPORTED_ENV, unsupported_line
+from vime_shell.settings.slime_flags import (FULLY_ASYNC_ROLLOUTS, SLIME_VALUES, UNSUPPORTED,
+                                             UNSUPPORTED_ENV, unsupported_line)
 
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*[a-z0-9])")
 ARRAY_START = re.compile(r"([A-Z_][A-Z0-9_]*)\+?=\(")
@@ -156,6 +158,21 @@ def refused_specs(repo: Repo, names: set[str], name: str) -> set[str]:
             if f"{module} {function}" not in SPEC_MODEL_TYPES}
 
 
+def refused_paths(repo: Repo, name: str, choices: dict[str, tuple]) -> set[str]:
+    """Plugin paths (``--*-path`` / ``--*-function`` values) naming slime's or miles' own
+    modules that vime has no counterpart of: they fail at launch ("not importable"), as
+    slime's dynamic-sampling filter did before it was mapped. vime's counterparts are
+    ``SLIME_VALUES``, a flag's own choices (the OPD post-process paths) and slime's
+    fully-async rollout function; a user plugin (``examples.``) is the user's to put on
+    PYTHONPATH, as with slime."""
+    found = re.findall(r"(?<![\w-])--([a-z][a-z0-9-]*(?:-path|-function))[ \t=]+"
+                       r"((?:slime|miles)\.[\w.:]+)", _code(repo.read(name)))
+    mapped = {(setting, value) for setting, value in SLIME_VALUES}
+    return {f"--{flag} {value}" for flag, value in found
+            if (flag.replace("-", "_"), value) not in mapped
+            and value not in (*choices.get(f"--{flag}", ()), *FULLY_ASYNC_ROLLOUTS)}
+
+
 def refused_env(repo: Repo, name: str) -> set[str]:
     """slime switches the script turns on in its job's environment (``UNSUPPORTED_ENV``: the
     int4 QAT flag in the Ray runtime env), as ``env NAME``."""
@@ -179,7 +196,7 @@ def coverage(repo: Repo, accepted: set[str]) -> dict:
         bad = {f for f in set(flags) if f in UNSUPPORTED or (
             f not in accepted and not f.startswith(("--sglang-", "--vllm-")))}
         bad |= refused_values(repo, name, choices) | refused_specs(repo, known, name)
-        bad |= refused_env(repo, name)
+        bad |= refused_env(repo, name) | refused_paths(repo, name, choices)
         refused_per_script.append(len(bad))
         refused.update(bad)
     return {"scripts": len(refused_per_script),

@@ -66,7 +66,8 @@ def test_slime_flag_coverage_on_our_corpus(tmp_path):
     """The coverage tool on our own slime-style scripts laid out as a slime checkout: every
     script is found, its MODEL_ARGS read from the sourced models file, and all accepted; a
     script passing a table flag, a literal value outside a flag's choices, a layer spec vime
-    does not build, or slime's int4 QAT switch in its job's environment, is refused."""
+    does not build, a module of slime's own vime has no counterpart of, or slime's int4 QAT
+    switch in its job's environment, is refused (slime's own filter path is vime's)."""
     corpus = Path(__file__).parent / "slime_scripts"
     shutil.copytree(corpus, tmp_path / "scripts")
     ours = len(list(corpus.glob("run-*.sh")))
@@ -77,16 +78,22 @@ def test_slime_flag_coverage_on_our_corpus(tmp_path):
     (tmp_path / "scripts" / "run-glm5.sh").write_text(  # a layer spec vime does not build
         'ARGS=(--spec "slime_plugins.models.glm5.glm5" "get_glm5_spec")\n'
         "python3 train.py ${ARGS[@]}\n")
+    (tmp_path / "scripts" / "run-plugin.sh").write_text(  # slime's module vime has not
+        "python3 train.py --rollout-function-path slime.rollout.new_rollout.generate\n")
+    (tmp_path / "scripts" / "run-filter.sh").write_text(  # slime's own filter: vime's spelling
+        "python3 train.py --dynamic-sampling-filter-path "
+        "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std\n")
     (tmp_path / "scripts" / "run-int4.sh").write_text(  # slime's int4 QAT, in the Ray env
         'RUNTIME_ENV_JSON="{ \\"env_vars\\": { \\"OPEN_TRAINING_INT4_FAKE_QAT_FLAG\\": '
         '\\"1\\" } }"\npython3 train.py --lr 1e-6\n')
     result = slime_flag_coverage.coverage(slime_flag_coverage.Repo(tmp_path),
                                           slime_flag_coverage.accepted_flags())
     # (our run-glm4-9B.sh passes GLM-4's spec, from its model file: accepted)
-    assert (result["scripts"], result["accepted"]) == (ours + 4, ours)
+    assert (result["scripts"], result["accepted"]) == (ours + 6, ours + 1)
     assert result["refused"] == {"--enable-mtp-training": 1, "--advantage-estimator ppo": 1,
                                  "--spec slime_plugins.models.glm5.glm5": 1,
-                                 "env OPEN_TRAINING_INT4_FAKE_QAT_FLAG": 1}
+                                 "env OPEN_TRAINING_INT4_FAKE_QAT_FLAG": 1,
+                                 "--rollout-function-path slime.rollout.new_rollout.generate": 1}
 
 
 def test_async_tail_summary_of_a_synthetic_run():
