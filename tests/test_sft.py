@@ -27,6 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.loss_helpers import Step, step_denominators
+from tests.qwen_tokenizer import qwen35_tokenizer
 from vime_pure import LossMode
 from vime_pure.torch_ops.loss import microbatch_loss
 from vime_pure.torch_ops.policy_loss import sft_terms
@@ -113,29 +114,9 @@ def test_bad_rows_are_typed_errors(tokenizer, headed):
         conversation_tokens(rewriting, messages)
 
 
-# Qwen3.5's shape: role headers, <|im_end|>, and earlier turns' reasoning dropped
-QWEN35 = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-          "{% if m['role'] == 'assistant' and not loop.last %}"
-          "{{ m['content'].split('</think>\n')[-1] }}{% else %}{{ m['content'] }}{% endif %}"
-          "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-          "{% endif %}")
-
-
 @pytest.fixture(scope="module")
 def qwen35():
-    """A character-level fast tokenizer (offsets) with Qwen's two special tokens."""
-    import string
-
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    chars = {c: i for i, c in enumerate(sorted(set(string.printable)))}
-    inner = Tokenizer(models.BPE(vocab=chars, merges=[]))
-    inner.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    fast = PreTrainedTokenizerFast(tokenizer_object=inner)
-    fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    fast.chat_template = QWEN35
-    return fast
+    return qwen35_tokenizer()
 
 
 def _trained(tokenizer, tokens, mask) -> str:

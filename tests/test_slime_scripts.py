@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.qwen_tokenizer import with_qwen35_tokenizer
 from tests.shell.train_cli import with_embedded_tokenizer
 from vime_shell.engines import vllm_available
 from vime_shell.models.embedded import build_embedded
@@ -27,6 +28,9 @@ exit 0
 """
 FAKE_PYTHON = """#!/bin/bash
 if [ "$1" = train.py ]; then shift; exec "$VIME_PYTHON" -m vime_shell.cli train --dry-run "$@"; fi
+if [ "$1" = train_async.py ]; then  # slime's one-step-off trainer: vime's --train-async
+  shift; exec "$VIME_PYTHON" -m vime_shell.cli train --dry-run --train-async "$@"
+fi
 exec "$VIME_PYTHON" "$@"
 """
 
@@ -59,6 +63,14 @@ def env(tmp_path_factory):
                                                                 vocab_size=20))
     minimax = build_tiny_hf_model(root / "minimax", TinyModelSpec(arch="minimax_m2",
                                                                   vocab_size=20))
+    write_jsonl(data / "qwen35_conversations.jsonl", [  # reasoning the template drops later
+        {"messages": [{"role": "user", "content": f"{a}+{b}?"},
+                      {"role": "assistant", "content": f"<think>\nadd</think>\n{a + b}"},
+                      {"role": "user", "content": "again"},
+                      {"role": "assistant", "content": f"<think>\nsame</think>\n{a + b}"}]}
+        for a in range(4) for b in range(4)])
+    qwen35_moe = with_qwen35_tokenizer(build_tiny_hf_model(root / "qwen35_moe", TinyModelSpec(
+        arch="qwen3_5_moe", num_layers=4)))
     qwen3_next = build_tiny_hf_model(root / "qwen3_next", TinyModelSpec(
         arch="qwen3_next", num_layers=4, vocab_size=20))
     for model in (moe, moonlight, glm4, glm47, glm45, qwen35, minimax, qwen3_next):
@@ -68,6 +80,7 @@ def env(tmp_path_factory):
             "MOONLIGHT_DIR": str(moonlight), "GLM4_DIR": str(glm4), "GLM47_DIR": str(glm47),
             "GLM45_DIR": str(glm45), "QWEN35_DIR": str(qwen35),
             "MINIMAX_DIR": str(minimax), "QWEN3_NEXT_DIR": str(qwen3_next),
+            "QWEN35_MOE_DIR": str(qwen35_moe),
             "DATA_DIR": str(data), "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(SCRIPTS)])}
 
@@ -135,6 +148,9 @@ WANDB_KEY = "slime-script-test-key-7c1e"
     ("run-qwen3.5-27B.sh", [  # linear and gated attention (slime's qwen3_5 layer spec)
         "--sequence-parallel: off on the local layer spec",
         "--sglang-speculative-algorithm EAGLE: no vLLM equivalent in vime; ignored"]),
+    ("run-qwen3.5-35B-A3B-sft.sh", [  # --loss-mask-type qwen3_5 on its chat template
+        "slime's SFT rollout function",
+        "--train-async: the SFT rollout generates nothing"]),
     ("run-qwen3-next-80B-A3B.sh", [  # slime's qwen3_next layer spec, MoE
         "--sglang-speculative-algorithm EAGLE: no vLLM equivalent in vime; ignored"]),
     ("run-minimax-m2.sh", [  # q/k norms over all heads (slime's minimax_m2 layer spec)

@@ -269,7 +269,7 @@ def slime_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             out[name] = vime
             if note is not None:
                 notes.append(f"--{name.replace('_', '-')} {slime}: {note}")
-    notes += _miles_fsdp(out) + _fully_async_rollout(out)
+    notes += _miles_fsdp(out) + _fully_async_rollout(out) + _nothing_to_overlap(out)
     evals = out.get("eval_prompt_data")
     if isinstance(evals, str):
         evals = [evals]
@@ -297,6 +297,17 @@ def _fully_async_rollout(out: dict[str, Any]) -> list[str]:
     return [f"--rollout-function-path {path}: slime's fully asynchronous rollout, which is "
             f"vime's --fully-async (a persistent pool on every engine rank) running "
             f"{DEFAULT_ROLLOUT_FUNCTION}"]
+
+
+def _nothing_to_overlap(out: dict[str, Any]) -> list[str]:
+    """``--train-async`` (slime's ``train_async.py``) with the SFT rollout, which generates
+    nothing: there is no rollout to overlap with training, so the steps run in order, as
+    slime's scripts run SFT under ``train_async.py``; in place, with a note."""
+    if not (out.get("train_async") and out.get("rollout_function_path") == SFT_ROLLOUT_FUNCTION):
+        return []
+    out["train_async"] = False
+    return ["--train-async: the SFT rollout generates nothing, so there is no generation to "
+            "overlap; training one step after another"]
 
 
 def _miles_fsdp(out: dict[str, Any]) -> list[str]:
