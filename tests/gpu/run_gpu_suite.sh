@@ -5,7 +5,7 @@
 # 2. refuses to run without CUDA (exit 3) or with a missing dependency (exit 4): never a silent
 #    all-skipped pass;
 # 3. runs tests/gpu: bf16 Megatron step, THD vs mask packing (needs TransformerEngine), CP=2
-#    (needs 2 GPUs and TE), the same three for Qwen3.5 (linear attention on TE's spec),
+#    (needs 2 GPUs and TE), each for a Qwen2 and a Qwen3.5 (linear attention on TE's spec),
 #    --offload-train bytes freed, optimizer CPU offload and the
 #    precision-aware optimizer (TE), MoE EP2 on NCCL (2 GPUs: NCCL refuses two ranks on one
 #    device), the trainer-to-engine weight bridge on NCCL (2 GPUs), routing replay (R3) in the

@@ -1,4 +1,5 @@
-"""CUDA-only checks of the Megatron shell; every test skips cleanly without CUDA.
+"""CUDA-only checks of the Megatron shell, on a tiny Qwen2 and a tiny Qwen3.5; every test
+skips cleanly without CUDA.
 
 - THD packing (TransformerEngine) gives the same log-probs as block-diagonal mask packing
   (local spec), both bf16;
@@ -19,14 +20,18 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow,
 BF16_LOGP_TOL = 5e-2  # bf16 activations: ~3 significant digits per op
 
 
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
+@pytest.fixture(scope="module", params=["qwen2", "qwen3_5"])
+def hf_dir(request, tmp_path_factory):
+    """A tiny Qwen2, and a tiny Qwen3.5 (its linear-attention layers on TransformerEngine's
+    spec: cut at ``cu_seqlens`` under THD, zigzag chunks gathered under CP; 4 layers, 3 of
+    them linear)."""
     from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
 
     # head_dim 64: fused attention kernels want a supported head size.
-    spec = TinyModelSpec(hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
-                         intermediate_size=512, num_layers=2)
-    return str(build_tiny_hf_model(tmp_path_factory.mktemp("gpu") / "tiny", spec))
+    spec = TinyModelSpec(arch=request.param, hidden_size=256, num_heads=4, num_kv_heads=2,
+                         head_dim=64, intermediate_size=512,
+                         num_layers=4 if request.param == "qwen3_5" else 2)
+    return str(build_tiny_hf_model(tmp_path_factory.mktemp("gpu") / request.param, spec))
 
 
 def _te_available() -> bool:
