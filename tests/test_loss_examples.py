@@ -234,3 +234,14 @@ def test_import_vime_pure_stays_torch_free():
 def test_group_mask_sums_keeps_numpy_float64_behaviour():
     out = group_mask_sums(np.array([3, 3, 7]), [np.ones(2), np.ones(1), np.zeros(4)])
     assert out.dtype == np.float64 and out.tolist() == [3.0, 3.0, 0.0]
+
+
+def test_zigzag_row_positions_cut_each_sample_and_tile_the_row():
+    """A packed row's positions per CP rank: each sample's two zigzag chunks, in place; the
+    ranks together hold every position once."""
+    from vime_pure.cp import zigzag_row_positions
+
+    assert zigzag_row_positions([4, 8], 0, 2).tolist() == [0, 3, 4, 5, 10, 11]
+    assert zigzag_row_positions([4, 8], 1, 2).tolist() == [1, 2, 6, 7, 8, 9]
+    both = np.concatenate([zigzag_row_positions([6, 12, 6], r, 3) for r in range(3)])
+    assert sorted(both.tolist()) == list(range(24))

@@ -20,9 +20,11 @@ Example: ``L = 16, R = 8, cp_size = 2`` (prompt 8, chunk 4): rank 0 holds positi
 [12,16) and scores response indices [5,8); rank 1 holds [4,8) and [8,12) and scores [0,5).
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 
 from vime_pure.errors import CPConfigError, field_error
 
@@ -113,3 +115,17 @@ def zigzag_chunks(length: int, cp_rank: int, cp_size: int) -> tuple[Range, Range
     chunk = -(-length // (2 * cp_size))
     first, second = cp_rank, 2 * cp_size - 1 - cp_rank
     return (first * chunk, (first + 1) * chunk), (second * chunk, (second + 1) * chunk)
+
+
+def zigzag_row_positions(lengths: Sequence[int], cp_rank: int, cp_size: int) -> np.ndarray:
+    """Where a CP rank's positions sit in a packed row of samples of ``lengths`` (each cut on
+    its own, :func:`zigzag_chunks`), in the order the rank holds them: its tokens' indices
+    into the whole row (int64).
+
+    Example: ``lengths [4, 8]``, ``cp_size=2``: rank 0 holds ``[0, 3, 4, 5, 10, 11]``, rank 1
+    ``[1, 2, 6, 7, 8, 9]``.
+    """
+    starts = np.cumsum([0, *lengths[:-1]], dtype=np.int64)
+    return np.concatenate([np.arange(start + a, start + e, dtype=np.int64)
+                           for start, n in zip(starts.tolist(), lengths)
+                           for a, e in zigzag_chunks(int(n), cp_rank, cp_size)])

@@ -51,7 +51,7 @@ import numpy as np
 from jaxtyping import Float32, Float64, Int16, Int32, Int64, TypeCheckError
 
 from vime_pure.config import as_int
-from vime_pure.cp import zigzag_offsets
+from vime_pure.cp import zigzag_row_positions
 from vime_pure.data.batch import RolloutBatch
 from vime_pure.data.columns import (all_finite, check_dtypes, first_bad, shape_checker,
                                     shape_error)
@@ -310,10 +310,7 @@ def _record(share: RankShare, a: int, b: int, dens: np.ndarray, cp_rank: int, cp
     token_sample = np.repeat(np.arange(b - a, dtype=np.int32), resp)
     keep = slice(None)
     if cp_size > 1:
-        local = np.concatenate([
-            np.arange(start + c, start + d, dtype=np.int64)
-            for start, n, r in zip(starts.tolist(), lens.tolist(), resp.tolist())
-            for c, d in zigzag_offsets(n, r, cp_rank, cp_size).chunks])
+        local = zigzag_row_positions(seq.tolist(), cp_rank, cp_size)
         to_local = np.full(total, -1, dtype=np.int64)
         to_local[local] = np.arange(len(local))
         keep = to_local[logit_index] >= 0

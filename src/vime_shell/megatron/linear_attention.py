@@ -20,9 +20,9 @@ layout to the module's and back:
   gradient, which is already whole, since every rank computes the full output) and this
   rank's slice of the output is kept. The weights are replicated over TP, as slime's are.
 - Context parallelism (THD): each rank holds two zigzag chunks of every sample
-  (``vime_pure.cp.zigzag_chunks``); the chunks are gathered over CP and put back in order, the
-  samples run whole, and this rank keeps its chunks. The backward sums the gradient of each
-  input position over the CP ranks (reduce-scatter).
+  (``vime_pure.cp.zigzag_row_positions``, as the records cut them); the chunks are gathered
+  over CP and put back in order, the samples run whole, and this rank keeps its chunks. The
+  backward sums the gradient of each input position over the CP ranks (reduce-scatter).
 
 Example: ``linear_attention_spec(text_config)`` is the ``self_attention`` spec of a Qwen3.5
 linear-attention layer; the layer's output equals transformers' (``tests/shell/test_qwen3_5.py``).
@@ -36,7 +36,7 @@ from megatron.core.tensor_parallel.mappings import (gather_from_sequence_paralle
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from vime_pure.cp import zigzag_chunks
+from vime_pure.cp import zigzag_row_positions
 
 
 class LinearAttention(MegatronModule):
@@ -98,14 +98,6 @@ def _sample_bounds(shape, attention_mask, lengths) -> list[tuple[int, int, int]]
     return bounds
 
 
-def _zigzag_positions(lengths: list[int], cp_rank: int, cp: int) -> np.ndarray:
-    """Where the rank's local positions sit in the whole packed row (samples of ``lengths``,
-    each a multiple of ``2 * cp``; ``vime_pure.data.microbatch`` pads them so)."""
-    starts = np.cumsum([0, *lengths[:-1]])
-    return np.concatenate([np.arange(start + a, start + e) for start, n in zip(starts, lengths)
-                           for a, e in zigzag_chunks(n, cp_rank, cp)])
-
-
 def _gather_zigzag(x: torch.Tensor, lengths, cp: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole packed row from every CP rank's zigzag chunks, and the rows of it this rank
     holds (module docstring)."""
@@ -114,7 +106,7 @@ def _gather_zigzag(x: torch.Tensor, lengths, cp: int) -> tuple[torch.Tensor, tor
     group = mpu.get_context_parallel_group()
     gathered = gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=True,
                                                     group=group)
-    positions = [_zigzag_positions(lengths, r, cp) for r in range(cp)]
+    positions = [zigzag_row_positions(lengths, r, cp) for r in range(cp)]
     order = torch.from_numpy(np.argsort(np.concatenate(positions))).to(x.device)
     local = torch.from_numpy(positions[mpu.get_context_parallel_rank()]).to(x.device)
     return gathered.index_select(0, order), local
