@@ -18,6 +18,7 @@ def test_the_untrained_groups_by_name():
 
 
 def test_they_are_read_from_the_checkpoint_in_name_order(tmp_path):
+    """(Within a shard; here the only one.)"""
     tensors = {"model.layers.0.w": torch.zeros(1), "model.layers.2.w": torch.ones(2),
                "mtp.norm.weight": torch.full((3,), 2.0), "lm_head.weight": torch.zeros(1)}
     save_file(tensors, tmp_path / "model.safetensors")

@@ -74,7 +74,7 @@ def check_safetensors(flag: str, path: Path) -> None:
                     f"tensors, the file holds {data}")
 
 
-def _weight_files(flag: str, root: Path) -> list[Path]:
+def weight_files(flag: str, root: Path) -> list[Path]:
     """The safetensors files the trainer's loader (mbridge) reads: the index's shards, else
     every ``*.safetensors`` (it reads no ``pytorch_model*.bin``)."""
     index = root / INDEX
@@ -98,7 +98,7 @@ def check_hf_dir(hf_dir: str | Path, flag: str = "--hf-checkpoint") -> None:
     """Refuse a damaged model directory (module docstring); reads headers only."""
     root = Path(hf_dir).expanduser()
     check_config(read_config_json(root, flag), root / "config.json", flag)
-    for path in _weight_files(flag, root):
+    for path in weight_files(flag, root):
         check_safetensors(flag, path)
     for name in TOKENIZER_JSON:
         if (root / name).exists():

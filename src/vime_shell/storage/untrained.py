@@ -17,13 +17,14 @@ Example: a Qwen3.5 checkpoint with ``model.visual.blocks.0.attn.qkv.weight`` and
 ``mtp.fc.weight`` gives both names; a Qwen2 checkpoint none.
 """
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+
+from vime_shell.storage.hf_check import weight_files
 
 _UNTRAINED = re.compile(r"^(model\.visual\.|mtp\.|model\.mtp_layers\.)")
 _LAYER = re.compile(r"^model\.(?:language_model\.)?layers\.(\d+)\.")
@@ -37,22 +38,10 @@ def is_untrained(name: str, num_layers: int) -> bool:
 
 
 def untrained_tensors(hf_dir: str | Path, num_layers: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` of every untrained tensor of the checkpoint in ``hf_dir``, in name
-    order, read one at a time."""
-    for name, file in sorted(_weight_files(Path(hf_dir)).items()):
-        if is_untrained(name, num_layers):
-            with safe_open(str(file), framework="pt") as handle:
-                yield name, handle.get_tensor(name)
-
-
-def _weight_files(root: Path) -> dict[str, Path]:
-    """Tensor name -> the safetensors file holding it (the index's map, or every file's keys)."""
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        return {name: root / file for name, file in
-                json.loads(index.read_text())["weight_map"].items()}
-    out: dict[str, Path] = {}
-    for file in sorted(root.glob("*.safetensors")):
+    """``(name, tensor)`` of every untrained tensor of the checkpoint in ``hf_dir``, shard by
+    shard (the ones the trainer's loader reads, ``hf_check.weight_files``), in name order
+    within each, one tensor in memory at a time."""
+    for file in weight_files("--hf-checkpoint", Path(hf_dir)):
         with safe_open(str(file), framework="pt") as handle:
-            out.update(dict.fromkeys(handle.keys(), file))
-    return out
+            for name in sorted(n for n in handle.keys() if is_untrained(n, num_layers)):
+                yield name, handle.get_tensor(name)
