@@ -164,16 +164,21 @@ def _stage_fields(layout: TrainLayout | None) -> dict[str, object]:
 
 
 def _adjust_rope(bridge, config) -> None:
-    """The checkpoint's RoPE scaling, in place of mbridge's (``vime_shell.megatron.rope``)."""
+    """The checkpoint's RoPE scaling, in place of mbridge's (``vime_shell.megatron.rope``),
+    and its partial RoPE: the first ``partial_rotary_factor`` of each head rotated (GLM-4's,
+    GLM-4.5's, Qwen3.5's, MiniMax-M2's; transformers 5 keeps it in ``rope_parameters``)."""
+    rope = getattr(config, "rope_parameters", None) or {}
     scaling = rope_scaling_of(None if is_mla(config) else  # MLA applies its own (mla_bridge)
-                              getattr(config, "rope_parameters", None)
-                              or getattr(config, "rope_scaling", None))
+                              rope or getattr(config, "rope_scaling", None))
+    partial = None if is_mla(config) else rope.get("partial_rotary_factor")
     gpt_args = bridge._get_gptmodel_args
 
     def gptmodel_args() -> dict:
         args = gpt_args()
         args.pop("seq_len_interpolation_factor", None)
         args.pop("rope_scaling", None)
+        if partial is not None:
+            args["rotary_percent"] = float(partial)
         return {**args, **gpt_rope_args(scaling)}
 
     bridge._get_gptmodel_args = gptmodel_args

@@ -10,7 +10,8 @@ differ from Qwen2, whose bridge it extends:
   carries the norm (:func:`with_post_norms`), and Megatron's own ``SelfAttention``, ``MLP``
   and residual adds stay as they are; its ``post_norm.weight`` maps to the HF names.
 - **RoPE**: interleaved pairs (``rotary_interleaved``) on the first ``partial_rotary_factor``
-  of each head (``rotary_percent``), as transformers' ``Glm4`` applies it.
+  of each head (``rotary_percent``, which ``bridge.make_bridge`` sets from it for every
+  bridge), as transformers' ``Glm4`` applies it.
 - **The fused gate/up projection**: HF's ``mlp.gate_up_proj`` is Megatron's ``linear_fc1``
   row for row (gate rows, then up rows), so it maps whole; mbridge splits it over TP the way
   it splits Qwen2's concatenated gate and up.
@@ -90,10 +91,6 @@ class Glm4(Qwen2Bridge):
             add_qkv_bias=bool(getattr(hf, "attention_bias", True)), qk_layernorm=False,
             rotary_interleaved=True, kv_channels=getattr(hf, "head_dim", None))
 
-    def _get_gptmodel_args(self) -> dict:
-        rope = getattr(self.hf_config, "rope_parameters", None) or {}
-        return {**super()._get_gptmodel_args(),
-                "rotary_percent": float(rope.get("partial_rotary_factor", 1.0))}
 
     def _weight_to_hf_format(self, mcore_weights_name, mcore_weights):
         if "linear_fc1.weight" in mcore_weights_name:

@@ -98,7 +98,3 @@ class MiniMaxM2(MixtralBridge):
             moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
             moe_router_dtype="fp32", qk_layernorm=True, kv_channels=hf.head_dim)
 
-    def _get_gptmodel_args(self) -> dict:
-        rope = getattr(self.hf_config, "rope_parameters", None) or {}
-        return {**super()._get_gptmodel_args(),
-                "rotary_percent": float(rope.get("partial_rotary_factor", 1.0))}

@@ -114,10 +114,6 @@ class Qwen3_5(Qwen3Bridge):
                     layernorm_zero_centered_gamma=True, kv_channels=self.hf_config.head_dim,
                     linear_attention_freq=pattern)
 
-    def _get_gptmodel_args(self) -> dict:
-        rope = getattr(self.hf_config, "rope_parameters", None) or {}
-        return {**super()._get_gptmodel_args(),
-                "rotary_percent": float(rope.get("partial_rotary_factor", 1.0))}
 
     def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name: str) -> list[str]:
         if ".linear_attn." in mcore_weights_name:  # transformers' module: its own names
