@@ -124,19 +124,17 @@ class FusedExpertReader:
         return getattr(self.io, name)
 
     def load_some_hf_weight(self, names: list[str]) -> dict[str, torch.Tensor]:
-        sliced = [n for n in names if n not in self.names]
+        fused = {n: fused_expert_name(n) for n in names if n not in self.names}
         out = self.io.load_some_hf_weight([n for n in names if n in self.names])
-        fused = {fused_expert_name(n) for n in sliced}
-        absent = sorted(n for n in sliced if fused_expert_name(n) not in self.names)
+        absent = sorted(n for n, f in fused.items() if f not in self.names)
         if absent:
-            fused_name = fused_expert_name(absent[0])
             raise ModelLoadError(
                 f"{self.io.hf_dir!r}: the checkpoint has no {absent[0]!r}"
-                + (f" and no {fused_name!r}" if fused_name else "")
+                + (f" and no {fused[absent[0]]!r}" if fused[absent[0]] else "")
                 + f" ({len(absent)} tensors missing). Fix: point --hf-checkpoint at a complete "
                 "checkpoint of this model.")
-        tensors = self.io.load_some_hf_weight(sorted(f for f in fused if f is not None))
-        for name in sliced:
+        tensors = self.io.load_some_hf_weight(sorted({f for f in fused.values() if f}))
+        for name in fused:
             expert = fused_expert_slice(tensors, name)
             assert expert is not None  # every sliced name's fused tensor was found above
             out[name] = expert.clone()

@@ -23,7 +23,8 @@ that differ from Qwen3, whose bridge it extends:
   one-dimensional, where its multimodal RoPE is this).
 - **Names**: transformers writes Qwen3.5's text model under ``model.language_model.`` (the
   multimodal checkpoint's layout, which ``Qwen3_5ForCausalLM`` writes too); the vision tower
-  (``model.visual.*``) is not trained, loaded or exported. Qwen3-Next is text only.
+  (``model.visual.*``) is neither loaded nor trained, and ``--save-hf`` copies it unchanged
+  (``vime_shell.storage.untrained``). Qwen3-Next is text only.
 - **MoE** (Qwen3.5-MoE, Qwen3-Next): Megatron's MoE layer with a softmax router and a shared
   expert behind a sigmoid gate, in mbridge's Qwen2-MoE names.
 
@@ -67,11 +68,12 @@ class OnePlusRMSNorm(torch.nn.Module):
 def hybrid_spec(spec, hf_config, *, transformer_engine: bool, offset: int, gdn_class: type):
     """``spec`` (this stage's decoder block spec) with the layer pattern of ``hf_config`` (its
     ``layer_types``; ``offset``: the stage's first layer) and (1 + w) norms (module docstring)."""
-    spec = copy.deepcopy(spec)
+    spec = copy.copy(spec)
+    # a copy per layer: the layers of a block spec may share one record
+    spec.layer_specs = [copy.deepcopy(layer) for layer in spec.layer_specs]
     if not transformer_engine:
         spec.layer_norm = OnePlusRMSNorm
     for i, layer in enumerate(spec.layer_specs):
-        layer = spec.layer_specs[i] = copy.deepcopy(layer)  # layers may share one record
         parts = layer.submodules
         if not transformer_engine:
             parts.input_layernorm = parts.pre_mlp_layernorm = OnePlusRMSNorm
