@@ -9,6 +9,10 @@ import numpy as np
 
 from vime_pure import LossMode, RankBatch, RolloutBatch, Schedule, Status, group_mask_sums
 
+# The optional float32 columns of one value per response token (the samples' fields of the
+# same names): log-probs, and top-k distillation's reverse-KL estimates (any finite real).
+RESPONSE_FLOATS = ("rollout_log_probs", "teacher_log_probs", "opd_reverse_kl")
+
 
 def _rows(flat, offsets, i):
     return flat[offsets[i]:offsets[i + 1]].tolist()
@@ -42,6 +46,10 @@ def assert_rolloutbatch_invariants(b: RolloutBatch, samples=None, group_ids=None
         assert (lo, hi) == (-1, -1) or 0 <= lo <= hi
     for arr in b.columns().values():
         assert arr is None or not arr.flags.writeable
+    for name in RESPONSE_FLOATS:  # one finite float32 per response token, or None
+        col = getattr(b, name)
+        assert col is None or (col.dtype == np.float32 and col.shape == (len(b.loss_masks),)
+                               and np.isfinite(col).all()), name
     if samples is None:
         return
     assert n == len(samples)
@@ -57,7 +65,7 @@ def assert_rolloutbatch_invariants(b: RolloutBatch, samples=None, group_ids=None
         versions = list(s.weight_versions)
         assert (b.weight_version_min[i], b.weight_version_max[i]) == (
             (versions[0], versions[-1]) if versions else (-1, -1))
-        for name in ("rollout_log_probs", "teacher_log_probs"):
+        for name in RESPONSE_FLOATS:
             if getattr(s, name) is not None:
                 np.testing.assert_array_equal(_rows(getattr(b, name), b.response_offsets, i),
                                               np.asarray(getattr(s, name), dtype=np.float32))
@@ -143,7 +151,7 @@ def _check_microbatch(records, samples, b: RolloutBatch, dens, step, s: int,
             assert rec.labels[logit] == b.tokens[b.token_offsets[g] + prompt + j]
             assert rec.loss_mask[t] == b.loss_masks[flat]
             assert rec.advantages[t] == np.float32(b.advantages[g])
-            for name in ("rollout_log_probs", "teacher_log_probs"):
+            for name in RESPONSE_FLOATS:
                 if getattr(b, name) is not None:
                     assert getattr(rec, name)[t] == getattr(b, name)[flat]
             scored.append(flat)

@@ -169,6 +169,24 @@ def test_routed_experts_survive_a_dump(tmp_path):
     assert loaded.rollout_routed_experts.tolist() == [[0, 3, 1, 2], [2, 3, 0, 1], [2, 3, 0, 1]]
 
 
+def test_opd_reverse_kl_survives_a_dump_and_dumps_without_it_load_none(dump, tmp_path):
+    """Top-k distillation's per-token reverse-KL estimates (negative ones too) are one more
+    optional column: written when the batch has them, None from a dump without them (this
+    vime's, or a version-1 dump)."""
+    batch = RolloutBatch.from_samples([[
+        Sample(tokens=[1, 2, 3], response_length=2, reward=1.0, opd_reverse_kl=[0.5, -2.25]),
+        Sample(tokens=[4, 5], response_length=1, reward=0.0, opd_reverse_kl=[1e-3])]])
+    path = save_rollout_batch(tmp_path / "kl.npz", batch)
+    assert "opd_reverse_kl" in np.load(path).files
+    loaded = load_rollout_batch(path)
+    assert_same_batch(batch, loaded)
+    assert loaded.opd_reverse_kl.dtype == np.float32
+    assert loaded.opd_reverse_kl.tolist() == [0.5, -2.25, np.float32(1e-3)]
+    assert "opd_reverse_kl" not in np.load(dump).files
+    assert load_rollout_batch(dump).opd_reverse_kl is None
+    assert load_rollout_batch(V1_DUMP).opd_reverse_kl is None
+
+
 def test_foreign_files(dump, tmp_path):
     _rewrite(dump, header_edit=lambda h: h.update(format="something.else"))
     with pytest.raises(DumpFormatError, match="format='something.else'"):

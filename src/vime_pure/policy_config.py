@@ -59,7 +59,8 @@ class LossConfig:
     negative log-likelihood, through the same denominators; the policy knobs do not act);
     ``opd_kl_coef``: on-policy distillation (slime's ``--opd-kl-coef`` under ``--use-opd``; 0
     off), each token's advantage minus ``opd_kl_coef * (logp_old - logp_teacher)``, the
-    student's reverse-KL estimate against the teacher, on top of any estimator;
+    student's reverse-KL estimate against the teacher (or the batch's per-token
+    ``opd_reverse_kl`` under miles' top-k distillation), on top of any estimator;
     ``tis_function``: ``vanilla`` (the clamp above), ``icepop`` (the ratio where it lies in
     ``[tis_clip_low, tis_clip]``, else 0) or ``mis`` (the weights come with the records,
     computed on whole samples by ``vime_pure.torch_ops.mis`` from a ``MisConfig``);

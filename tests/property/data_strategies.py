@@ -13,7 +13,8 @@ finite = st.floats(-10, 10, allow_nan=False, allow_infinity=False, width=32)
 @st.composite
 def samples(draw, group_id=None, reward=None, with_log_probs: bool | None = None) -> Sample:
     """A valid sample; ``group_id`` / ``reward`` fixed when given, else drawn. Tokens and
-    log-probs (the engine's and a teacher's, both or neither) come from one drawn seed (cheap to generate; their values are not under test)."""
+    log-probs (the engine's and a teacher's) and reverse-KL estimates (all or none) come from
+    one drawn seed (cheap to generate; their values are not under test)."""
     prompt = draw(st.integers(1, 6))
     resp = draw(st.integers(0, 6))
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
@@ -29,6 +30,9 @@ def samples(draw, group_id=None, reward=None, with_log_probs: bool | None = None
         rollout_log_probs=(-rng.random(resp, dtype=np.float32) * 5).tolist() if lp else None,
         # the teacher server's (--opd-type sglang) travel with the engine's
         teacher_log_probs=(-rng.random(resp, dtype=np.float32) * 7).tolist() if lp else None,
+        # and top-k distillation's reverse-KL estimates (any finite real, negative too)
+        opd_reverse_kl=(rng.standard_normal(resp, dtype=np.float32) * 3).tolist() if lp
+        else None,
         remove_sample=draw(st.booleans()),
         weight_versions=draw(weight_versions()),
     )

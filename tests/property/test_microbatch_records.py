@@ -125,6 +125,13 @@ def test_bad_inputs_are_typed_errors():
         with_log_probs(mine, old_log_probs=np.zeros(2, dtype=np.float32))
     with pytest.raises(RolloutBatchError, match=r"TrainMicroBatch.loss_mask has shape"):
         attrs.evolve(mine.microbatches[0], loss_mask=np.zeros(1, dtype=np.float32))
+    mb = mine.microbatches[0]  # reverse-KL estimates: any finite real, one per scored token
+    kl = np.full(len(mb.loss_mask), -3.5, dtype=np.float32)
+    assert attrs.evolve(mb, opd_reverse_kl=kl).opd_reverse_kl.tolist() == kl.tolist()
+    with pytest.raises(RolloutBatchError, match=r"opd_reverse_kl\[0\]=inf breaks the rule"):
+        attrs.evolve(mb, opd_reverse_kl=kl * np.float32(-np.inf))
+    with pytest.raises(RolloutBatchError, match=r"TrainMicroBatch.opd_reverse_kl has shape"):
+        attrs.evolve(mb, opd_reverse_kl=kl[:1])
 
 
 @given(scheduled_batches(depth=1), st.integers(2, 8))

@@ -1,12 +1,13 @@
 """Rollout output validation and flattening: nesting depths, compact leaves, ids, loss masks."""
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vime_pure import (RolloutBatch, RolloutValidationError, Sample, fallback_ids,
-                       flatten_rollout_output, normalized_loss_mask)
+from vime_pure import (RolloutBatch, RolloutBatchError, RolloutValidationError, Sample,
+                       fallback_ids, flatten_rollout_output, normalized_loss_mask)
 from vime_pure.data.rollout_output import path_of
 from tests.property.data_strategies import rollout_outputs
 
@@ -184,6 +185,28 @@ def test_bad_samples_are_named_by_path_in_from_samples(sample, match):
     good = S(tokens=[7, 8], response_length=1, reward=0.0)
     with pytest.raises(RolloutValidationError, match=match):
         RolloutBatch.from_samples([[good, sample]])
+
+
+def test_opd_reverse_kl_is_any_finite_real_not_a_log_prob():
+    """Top-k distillation's reverse-KL estimates may be positive or negative, one per response
+    token, all samples or none; a non-finite one is named as an estimate, not a log-prob."""
+    def kl(*values):
+        return S(tokens=[1, 2, 3], response_length=2, reward=1.0, opd_reverse_kl=list(values))
+
+    batch = RolloutBatch.from_samples([[kl(2.5, -0.75), kl(0.0, 1e6)]])
+    assert batch.opd_reverse_kl.tolist() == [2.5, -0.75, 0.0, 1e6]
+    assert batch.teacher_log_probs is None and batch.rollout_log_probs is None
+    with pytest.raises(RolloutValidationError, match=r"output\[0\]\[1\]: opd_reverse_kl holds "
+                       r"nan\. Fix: reverse-KL estimates must be finite"):
+        RolloutBatch.from_samples([[kl(1.0, 2.0), kl(1.0, float("nan"))]])
+    with pytest.raises(RolloutValidationError, match=r"len\(opd_reverse_kl\)=1 but response"):
+        RolloutBatch.from_samples([[kl(1.0)]])
+    with pytest.raises(RolloutValidationError, match=r"opd_reverse_kl is set but"):
+        RolloutBatch.from_samples([[S(tokens=[7, 8], response_length=1, reward=0.0),
+                                    kl(1.0, 2.0)]])
+    with pytest.raises(RolloutBatchError, match=r"opd_reverse_kl\[1\]=-inf breaks the rule: "
+                       r"reverse-KL estimates are finite"):
+        attrs.evolve(batch, opd_reverse_kl=np.array([0, -np.inf, 0, 0], dtype=np.float32))
 
 
 def test_empty_output_is_an_error():

@@ -20,9 +20,10 @@ from vime_pure import (BatchingPolicy, ParallelLayout, RolloutBatch, Sample, Sch
 from vime_pure.data.microbatch import share_batch
 from vime_pure.data.shards import merge_rollout_shares, prompt_shares
 from vime_pure.data.held_parts import claimed_part, held_rows, join_parts
-from vime_pure.data.batch import COLUMNS
-from vime_pure.data.shares import (META_COLUMNS, assemble_share, merge_meta, output_part,
-                                   part_meta, plan_shares, share_piece)
+from vime_pure.data.batch import COLUMNS, OPTIONAL_COLUMNS
+from vime_pure.data.shares import (META_COLUMNS, PRESENCE_FLAGS, BatchMeta, assemble_share,
+                                   merge_meta, output_part, part_meta, plan_shares,
+                                   share_piece)
 from vime_pure.data.work_queue import (chunk_range, chunks_per_engine, in_prompt_order,
                                        queue_chunk_size)
 from vime_pure.denominators import LossMode
@@ -263,3 +264,18 @@ def test_metadata_with_a_column_in_another_dtype_or_length_is_a_typed_error():
         attrs.evolve(meta, rewards=meta.rewards.astype(np.float32))
     with pytest.raises(RolloutBatchError, match=r"BatchMeta.statuses"):
         attrs.evolve(meta, statuses=np.zeros(2, np.uint8))
+
+
+def test_each_optional_column_has_a_presence_flag_the_parts_agree_on():
+    """``PRESENCE_FLAGS`` names a ``BatchMeta`` flag for every optional batch column; a part
+    recording top-k distillation's reverse-KL estimates merges only with parts that do too."""
+    assert tuple(PRESENCE_FLAGS) == OPTIONAL_COLUMNS
+    assert set(PRESENCE_FLAGS.values()) <= {f.name for f in attrs.fields(BatchMeta)}
+    _, with_kl = output_part([[Sample(tokens=[1, 2], response_length=1, reward=1.0,
+                                      opd_reverse_kl=[-0.5])]])
+    _, without = output_part([[Sample(tokens=[3, 4], response_length=1, reward=0.0)]], start=1)
+    assert with_kl.has_opd_reverse_kl and not without.has_opd_reverse_kl
+    assert merge_meta([with_kl, attrs.evolve(without, has_opd_reverse_kl=True)]
+                      ).has_opd_reverse_kl
+    with pytest.raises(RolloutValidationError, match="^opd_reverse_kl are recorded by some"):
+        merge_meta([with_kl, without])

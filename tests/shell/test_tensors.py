@@ -20,7 +20,8 @@ from vime_pure import (BatchingPolicy, LossConfig, LossMode, ParallelLayout, Rol
 from vime_pure.errors import LossConfigError, VimeError
 from vime_pure.scheduling.flops import FlopsModel
 from vime_pure.torch_ops.loss import microbatch_loss
-from vime_shell.megatron.objective import loss_factor, microbatch_objective
+from vime_shell.megatron.objective import (loss_factor, microbatch_objective,
+                                           opd_shaped_advantages)
 from vime_shell.megatron.tensors import block_causal_mask, cpu_layout, to_tensors
 
 ARRAYS = {"tokens": "tokens", "position_ids": "positions", "labels": "labels",
@@ -178,3 +179,38 @@ def test_reward_kl_shapes_the_advantages_before_the_surrogate():
     assert float(loss) == pytest.approx(float(plain), abs=1e-6)
     with pytest.raises(LossConfigError, match="reward_kl_coef=0.1: needs the reference"):
         microbatch_objective(logp, attrs.evolve(row, ref_log_probs=None), shaped_cfg, 1.0)
+
+
+def test_opd_reverse_kl_shapes_the_advantages_and_is_reported():
+    """Top-k distillation (miles'): with the rollout's per-token ``opd_reverse_kl`` the
+    advantages are ``A - coef * kl``, detached, before the surrogate, and the row reports
+    ``sum(kl * mask)``; they win over teacher log-probs, whose path is unchanged; with
+    neither, the error names both."""
+    old = np.log(np.array([0.5, 0.4, 0.3, 0.2, 0.1], dtype=np.float32))
+    kl = np.array([0.5, -1.0, 2.0, 0.25, -3.0], dtype=np.float32)  # any real, not a log-prob
+    rec = attrs.evolve(_record(old=old), opd_reverse_kl=kl)
+    row = to_tensors(rec, "mask")
+    assert torch.equal(row.opd_reverse_kl, torch.from_numpy(kl))
+    coef, mask = 0.2, rec.loss_mask
+    shaped = opd_shaped_advantages(row.advantages, row.old_log_probs, row, coef)
+    torch.testing.assert_close(shaped, row.advantages - coef * torch.from_numpy(kl))
+    logp = torch.from_numpy(old).clone().requires_grad_(True)
+    cfg = LossConfig(opd_kl_coef=coef)
+    loss, report = microbatch_objective(logp, row, cfg, factor=1.0)
+    plain, _ = microbatch_objective(logp, attrs.evolve(row, advantages=shaped), LossConfig(),
+                                    factor=1.0)
+    assert float(loss) == pytest.approx(float(plain), abs=1e-6)
+    assert float(report["opd_reverse_kl"]) == pytest.approx(float((kl * mask).sum()))
+    assert not report["opd_reverse_kl"].requires_grad
+    teacher = torch.from_numpy(old - np.float32(0.5))
+    both = attrs.evolve(row, teacher_log_probs=teacher)
+    assert float(microbatch_objective(logp, both, cfg, factor=1.0)[0]) == float(loss)
+    only_teacher = attrs.evolve(both, opd_reverse_kl=None)  # slime's k1: old - teacher = 0.5
+    _, report = microbatch_objective(logp, only_teacher, cfg, factor=1.0)
+    assert float(report["opd_reverse_kl"]) == pytest.approx(0.5 * float(mask.sum()))
+    torch.testing.assert_close(
+        opd_shaped_advantages(row.advantages, row.old_log_probs, only_teacher, coef),
+        row.advantages - coef * 0.5)
+    with pytest.raises(LossConfigError, match="needs the teacher's log-probs or the "
+                                              "rollout's opd_reverse_kl"):
+        microbatch_objective(logp, attrs.evolve(row, opd_reverse_kl=None), cfg, factor=1.0)

@@ -22,6 +22,8 @@ one int16 row of ``layers * topk`` expert ids per token, aligned with ``tokens``
 Teacher log-probs (on-policy distillation from a teacher server, ``--opd-type sglang``):
 ``teacher_log_probs`` is None, or the teacher's log-prob of every response token, aligned with
 ``loss_masks``; the trainer's records carry them as they carry the reference's.
+``opd_reverse_kl`` (top-k on-policy distillation) is None, or one reverse-KL estimate per
+response token, aligned alike: any finite real, not a log-prob.
 
 Invariants (checked in ``__attrs_post_init__``, asserted by the tests): dtypes as documented;
 cross-field shapes (checked with jaxtyping); offsets start at 0 and step by the lengths;
@@ -44,8 +46,8 @@ import attrs
 import numpy as np
 from jaxtyping import Bool, Float32, Float64, Int16, Int32, Int64, TypeCheckError, UInt8
 
-from vime_pure.data.columns import (all_finite, check_dtypes, check_offsets, first_bad,
-                                    shape_checker, shape_error)
+from vime_pure.data.columns import (RESPONSE_FLOAT_COLUMNS, all_finite, check_dtypes,
+                                    check_offsets, first_bad, shape_checker, shape_error)
 from vime_pure.data.convert import batch_columns
 from vime_pure.data.ragged import row_sums
 from vime_pure.data.rewards import RewardNormalization
@@ -70,9 +72,11 @@ COLUMNS: dict[str, np.dtype] = {
     "sample_indices": np.dtype(np.int64),
     "weight_version_min": np.dtype(np.int64), "weight_version_max": np.dtype(np.int64),
     "rollout_routed_experts": ROUTE_DTYPE, "teacher_log_probs": np.dtype(np.float32),
+    "opd_reverse_kl": np.dtype(np.float32),
 }
 # None when not recorded
-OPTIONAL_COLUMNS = ("rollout_log_probs", "rollout_routed_experts", "teacher_log_probs")
+OPTIONAL_COLUMNS = ("rollout_log_probs", "rollout_routed_experts", "teacher_log_probs",
+                    "opd_reverse_kl")
 
 
 @attrs.frozen(eq=False)
@@ -102,6 +106,7 @@ class RolloutBatch:
         default=attrs.Factory(lambda self: _on_policy(self.lengths), takes_self=True))
     rollout_routed_experts: Int16[np.ndarray, "t e"] | None = None
     teacher_log_probs: Float32[np.ndarray, " r"] | None = None
+    opd_reverse_kl: Float32[np.ndarray, " r"] | None = None
     # Each sample's loss-mask total (int64), summed once when the batch is checked: what
     # denominators, staleness and the shard metadata read instead of rescanning the masks.
     mask_sums: Int64[np.ndarray, " n"] = attrs.field(init=False, repr=False)
@@ -187,7 +192,7 @@ def check_batch(b: RolloutBatch) -> None:
             b.rollout_log_probs, b.loss_masks, b.group_ids, b.prompt_groups,
             b.group_mask_sums, b.rewards, b.advantages, b.statuses, b.removed, b.sample_indices,
             b.weight_version_min, b.weight_version_max, b.rollout_routed_experts,
-            b.teacher_log_probs)
+            b.teacher_log_probs, b.opd_reverse_kl)
     except TypeCheckError as exc:
         raise shape_error("RolloutBatch", b, exc) from None
     first_bad(b.lengths < 1, "lengths", b.lengths, "every sample needs at least one token")
@@ -210,10 +215,10 @@ def check_batch(b: RolloutBatch) -> None:
     if routes is not None and routes.size and routes.min() < 0:
         first_bad(routes.min(axis=1) < 0, "rollout_routed_experts", routes.min(axis=1),
                   "expert ids are non-negative")
-    for name in ("rollout_log_probs", "teacher_log_probs"):
+    for name, values in RESPONSE_FLOAT_COLUMNS.items():
         col = getattr(b, name)
         if col is not None and not all_finite(col):
-            first_bad(~np.isfinite(col), name, col, "log-probs are finite")
+            first_bad(~np.isfinite(col), name, col, f"{values} are finite")
     _check_dense("group_ids", b.group_ids, b.group_id_values)
     _check_dense("prompt_groups", b.prompt_groups, b.prompt_group_values)
     first = np.unique(b.group_ids, return_index=True)[1]
@@ -269,5 +274,6 @@ def _shapes(lengths: Int64[np.ndarray, " n"], token_offsets: Int64[np.ndarray, "
             weight_version_min: Int64[np.ndarray, " n"],
             weight_version_max: Int64[np.ndarray, " n"],
             rollout_routed_experts: Int16[np.ndarray, "t e"] | None,
-            teacher_log_probs: Float32[np.ndarray, " r"] | None) -> None:
+            teacher_log_probs: Float32[np.ndarray, " r"] | None,
+            opd_reverse_kl: Float32[np.ndarray, " r"] | None) -> None:
     """Cross-field shapes: per-sample columns n, offsets n+1, masks and log-probs alike."""

@@ -34,6 +34,14 @@ def all_finite(values: np.ndarray) -> bool:
 # Columns with one row of several values per token (routed experts: layers x topk).
 MATRIX_COLUMNS = ("rollout_routed_experts", "routed_experts")
 
+# The optional float32 columns of one value per response token, each a ``Sample`` field of the
+# same name, and what their values are (the words of their finite check): the engine's and a
+# teacher server's log-probs, and top-k on-policy distillation's reverse-KL estimates (any
+# finite real, not log-probs). Every layer that carries one carries them all, in this order.
+RESPONSE_FLOAT_COLUMNS: dict[str, str] = {
+    "rollout_log_probs": "log-probs", "teacher_log_probs": "log-probs",
+    "opd_reverse_kl": "reverse-KL estimates"}
+
 
 def check_dtypes(record: object, columns: dict[str, np.dtype], what: str,
                  optional: tuple[str, ...] = ("rollout_log_probs",)) -> None:

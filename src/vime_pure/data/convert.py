@@ -13,12 +13,13 @@ response_length=1, loss_mask=[0]`` give ``tokens=[1, 2, 3, 4, 5]``, ``token_offs
 """
 
 from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
 from jaxtyping import Float32, Int32, Int64, UInt8
 
-from vime_pure.data.columns import all_finite
+from vime_pure.data.columns import RESPONSE_FLOAT_COLUMNS, all_finite
 from vime_pure.denominators import group_totals
 from vime_pure.errors import RolloutValidationError
 from vime_pure.data.ragged import offsets_from_lengths, row_positions, row_sums
@@ -52,9 +53,8 @@ def batch_columns(output: object, reward_key: str | None,
         tokens=_flat_tokens(flat, rows["tokens"], int(lengths.sum())),
         token_offsets=offsets_from_lengths(lengths), lengths=lengths,
         response_lengths=response_lengths, loss_masks=masks, response_offsets=response_offsets,
-        rollout_log_probs=_flat_log_probs(flat, rows["log_probs"], response_offsets),
-        teacher_log_probs=_flat_log_probs(flat, rows["teacher_log_probs"], response_offsets,
-                                          name="teacher_log_probs"),
+        **{name: _flat_floats(flat, rows[name], response_offsets, name=name)
+           for name in RESPONSE_FLOAT_COLUMNS},
         group_ids=groups, group_id_values=group_values,
         prompt_groups=prompts, prompt_group_values=prompt_values,
         group_mask_sums=group_totals(groups,
@@ -157,10 +157,8 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
         resp = np.fromiter((check_response_length(s, flat.path(i)) for i, s in enumerate(ss)),
                            dtype=np.int64, count=n)
     masks = [None if s.remove_sample else s.loss_mask for s in ss]
-    log_probs = [s.rollout_log_probs for s in ss]
-    teacher = [s.teacher_log_probs for s in ss]
-    for name, col in (("loss_mask", [s.loss_mask for s in ss]), ("rollout_log_probs", log_probs),
-                      ("teacher_log_probs", teacher)):
+    floats = {name: list(map(attrgetter(name), ss)) for name in RESPONSE_FLOAT_COLUMNS}
+    for name, col in (("loss_mask", [s.loss_mask for s in ss]), *floats.items()):
         odd = next((i for i, m in enumerate(col) if m is not None and not _flat_sequence(m)),
                    None)
         if odd is not None:  # a str or an int would broadcast or fail inside numpy
@@ -193,8 +191,7 @@ def _read_samples(flat: FlatRollout, reward_key: str | None) -> dict[str, Any]:
     indices = [-1 if (k := s.index) is None else k if type(k) is int and 0 <= k < _INT64_END
                else _check_index(k, flat.path(i)) for i, s in enumerate(ss)]
     return dict(tokens=tokens, lengths=lengths, response_lengths=resp, masks=masks,
-                log_probs=log_probs, teacher_log_probs=teacher, rewards=rewards,
-                statuses=statuses, removed=removed, indices=indices)
+                rewards=rewards, statuses=statuses, removed=removed, indices=indices, **floats)
 
 
 _SEQUENCES = (list, tuple, np.ndarray)
@@ -275,9 +272,10 @@ def _ints_or_floats(parts: list) -> np.ndarray:
         return np.array([], dtype=object)
 
 
-def _flat_log_probs(flat: FlatRollout, parts: list, offsets: np.ndarray, *,
-                    name: str = "rollout_log_probs") -> Float32[np.ndarray, " r"] | None:
-    """One log-prob column (the engine's, or the teacher's) over every response token."""
+def _flat_floats(flat: FlatRollout, parts: list, offsets: np.ndarray, *,
+                 name: str) -> Float32[np.ndarray, " r"] | None:
+    """One of the ``RESPONSE_FLOAT_COLUMNS`` (log-probs, reverse-KL estimates) over every
+    response token."""
     if not all_or_none(parts, name, flat.path, f"record {name} for every sample or for none "
                        "(never silently train on a mix)"):
         return None
@@ -290,6 +288,6 @@ def _flat_log_probs(flat: FlatRollout, parts: list, offsets: np.ndarray, *,
         bad = np.flatnonzero(~np.isfinite(values))
         i = int(np.searchsorted(offsets, bad[0], side="right")) - 1
         raise RolloutValidationError(f"{flat.path(i)}: {name} holds {values[bad[0]]}. "
-                                     "Fix: log-probs must be finite.")
+                                     f"Fix: {RESPONSE_FLOAT_COLUMNS[name]} must be finite.")
     return values
 

@@ -20,6 +20,7 @@ import numpy as np
 from jaxtyping import Int64
 
 from vime_pure.data.batch import RolloutBatch
+from vime_pure.data.columns import RESPONSE_FLOAT_COLUMNS
 from vime_pure.data.ragged import offsets_from_lengths, row_positions
 from vime_pure.data.rewards import RewardNormalization
 from vime_pure.data.shares import BatchMeta, merge_meta, optional_cat, output_part, routes_of
@@ -104,9 +105,9 @@ def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta | PlannedIds, *,
              "rewards", "statuses", "removed", "sample_indices", "weight_version_min",
              "weight_version_max")
     cols: dict[str, Any] = {n: np.concatenate([getattr(p, n) for p in parts]) for n in names}
-    cols["rollout_log_probs"] = optional_cat([p.rollout_log_probs for p in parts])
+    cols.update({name: optional_cat([getattr(p, name) for p in parts])
+                 for name in RESPONSE_FLOAT_COLUMNS})
     cols["rollout_routed_experts"] = routes_of(parts)
-    cols["teacher_log_probs"] = optional_cat([p.teacher_log_probs for p in parts])
     if rows is not None:
         cols = _take_rows(cols, np.asarray(rows, dtype=np.int64))
 
@@ -118,7 +119,6 @@ def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta | PlannedIds, *,
         tokens=cat("tokens"), token_offsets=offsets_from_lengths(lengths), lengths=lengths,
         response_lengths=response_lengths, loss_masks=cat("loss_masks"),
         response_offsets=offsets_from_lengths(response_lengths),
-        rollout_log_probs=cols["rollout_log_probs"],
         group_ids=meta.group_ids.astype(np.int64), group_id_values=meta.group_id_values,
         prompt_groups=meta.prompt_groups.astype(np.int64),
         prompt_group_values=meta.prompt_group_values, group_mask_sums=cat("group_mask_sums"),
@@ -127,7 +127,7 @@ def join_parts(parts: Sequence[RolloutBatch], meta: BatchMeta | PlannedIds, *,
         weight_version_min=cat("weight_version_min"),
         weight_version_max=cat("weight_version_max"),
         rollout_routed_experts=cols["rollout_routed_experts"],
-        teacher_log_probs=cols["teacher_log_probs"])
+        **{name: cols[name] for name in RESPONSE_FLOAT_COLUMNS})
 
 
 def _take_rows(cols: dict, rows: np.ndarray) -> dict:
@@ -135,5 +135,5 @@ def _take_rows(cols: dict, rows: np.ndarray) -> dict:
     tok = row_positions(offsets_from_lengths(cols["lengths"]), rows)
     resp = row_positions(offsets_from_lengths(cols["response_lengths"]), rows)
     flat = {"tokens": tok, "rollout_routed_experts": tok, "loss_masks": resp,
-            "rollout_log_probs": resp, "teacher_log_probs": resp}
+            **dict.fromkeys(RESPONSE_FLOAT_COLUMNS, resp)}
     return {k: None if v is None else v[flat.get(k, rows)] for k, v in cols.items()}

@@ -17,6 +17,8 @@ One record is one packed row (the micro-batch's samples back to back):
   the row), ``loss_mask``, ``advantages`` and the engine's ``rollout_log_probs``; ``old_log_probs``
   ``ref_log_probs`` and ``teacher_log_probs`` (on-policy distillation's teacher) once attached
   with :func:`with_log_probs` (a teacher server's, ``--opd-type sglang``, come with the share);
+  ``opd_reverse_kl`` (top-k on-policy distillation's per-token reverse-KL estimates, not
+  log-probs) comes with the share when the batch records it;
   ``is_weights`` (``--tis-function mis``: each token's importance weight, computed on whole
   samples, ``vime_pure.data.rejection.with_is_weights``);
 - ``routed_experts`` (MoE routing replay, when the batch has ``rollout_routed_experts``): one
@@ -53,10 +55,10 @@ from jaxtyping import Float32, Float64, Int16, Int32, Int64, TypeCheckError
 from vime_pure.config import as_int
 from vime_pure.cp import zigzag_row_positions
 from vime_pure.data.batch import RolloutBatch
-from vime_pure.data.columns import (all_finite, check_dtypes, first_bad, shape_checker,
-                                    shape_error)
+from vime_pure.data.columns import (RESPONSE_FLOAT_COLUMNS, all_finite, check_dtypes,
+                                    first_bad, shape_checker, shape_error)
 from vime_pure.data.ragged import offsets_from_lengths
-from vime_pure.data.shares import RankShare, share_of_batch
+from vime_pure.data.shares import RankShare, response_floats, share_of_batch
 from vime_pure.denominators import LossMode, step_denominators
 from vime_pure.errors import RolloutBatchError, Shown, field_error, type_tag
 from vime_pure.scheduling.schedule import Schedule
@@ -89,20 +91,22 @@ class TrainMicroBatch:
     old_log_probs: Float32[np.ndarray, " R"] | None = None
     ref_log_probs: Float32[np.ndarray, " R"] | None = None
     teacher_log_probs: Float32[np.ndarray, " R"] | None = None
+    opd_reverse_kl: Float32[np.ndarray, " R"] | None = None
     routed_experts: Int16[np.ndarray, "T e"] | None = None
     is_weights: Float32[np.ndarray, " R"] | None = None
 
     def __attrs_post_init__(self) -> None:
         _check_counts(self)
         check_dtypes(self, MICROBATCH_COLUMNS, "TrainMicroBatch",
-                     optional=(*LOG_PROB_COLUMNS, "routed_experts", "is_weights"))
+                     optional=(*SCORED_FLOAT_COLUMNS, "routed_experts", "is_weights"))
         try:
             shape_checker(_shapes)(
                 self.sample_indices, self.seq_lengths, self.denominators, self.tokens,
                 self.positions, self.labels, self.logit_index, self.response_index,
                 self.share_index, self.token_sample, self.loss_mask, self.advantages,
                 self.rollout_log_probs, self.old_log_probs, self.ref_log_probs,
-                self.teacher_log_probs, self.routed_experts, self.is_weights)
+                self.teacher_log_probs, self.opd_reverse_kl, self.routed_experts,
+                self.is_weights)
         except TypeCheckError as exc:
             raise shape_error("TrainMicroBatch", self, exc) from None
         _check_values(self)
@@ -318,7 +322,6 @@ def _record(share: RankShare, a: int, b: int, dens: np.ndarray, cp_rank: int, cp
         logit_index = to_local[logit_index[keep]]
         source = None if source is None else source[local]
     share_index = share_index[keep]
-    log_probs, teacher = share.rollout_log_probs, share.teacher_log_probs
     idx = share.sample_ids[a:b]
     return TrainMicroBatch(
         **step_fields, cp_rank=cp_rank, cp_size=cp_size, sample_indices=idx,
@@ -328,8 +331,7 @@ def _record(share: RankShare, a: int, b: int, dens: np.ndarray, cp_rank: int, cp
         token_sample=token_sample[keep],
         loss_mask=share.loss_masks[share_index].astype(np.float32),
         advantages=np.repeat(share.advantages[a:b], resp)[keep].astype(np.float32, copy=False),
-        rollout_log_probs=None if log_probs is None else log_probs[share_index],
-        teacher_log_probs=None if teacher is None else teacher[share_index],
+        **response_floats(share, share_index),
         routed_experts=None if routes is None else routes[source])
 
 
@@ -355,6 +357,9 @@ def step_of_sample(schedule: Schedule) -> np.ndarray:
 
 
 LOG_PROB_COLUMNS = ("rollout_log_probs", "old_log_probs", "ref_log_probs", "teacher_log_probs")
+# The optional float32 columns of one value per scored token: the log-probs and the share's
+# reverse-KL estimates (``RESPONSE_FLOAT_COLUMNS``), each None or finite.
+SCORED_FLOAT_COLUMNS = tuple(dict.fromkeys((*LOG_PROB_COLUMNS, *RESPONSE_FLOAT_COLUMNS)))
 # int32 where a row or a share bounds the value (ids, row positions, share positions: half the
 # bytes per token); int64 for per-sample columns and response_index (batch coordinates, which
 # pass 2**31 at ~1M samples of a few thousand tokens).
@@ -363,7 +368,7 @@ MICROBATCH_COLUMNS: dict[str, np.dtype] = {
     **dict.fromkeys(("tokens", "positions", "labels", "logit_index", "share_index",
                      "token_sample"), np.dtype(np.int32)),
     "denominators": np.dtype(np.float64),
-    **dict.fromkeys(("loss_mask", "advantages", "is_weights", *LOG_PROB_COLUMNS),
+    **dict.fromkeys(("loss_mask", "advantages", "is_weights", *SCORED_FLOAT_COLUMNS),
                     np.dtype(np.float32)),
     "routed_experts": np.dtype(np.int16),
 }
@@ -403,7 +408,7 @@ def _check_values(mb: "TrainMicroBatch") -> None:
     counted = np.bincount(mb.token_sample, weights=mb.loss_mask, minlength=k)
     first_bad((counted > 0) & (mb.denominators <= 0), "denominators", mb.denominators,
               "is > 0 for a sample with loss-masked tokens", _RECORD_FIX)
-    for name in LOG_PROB_COLUMNS:
+    for name in SCORED_FLOAT_COLUMNS:
         values = getattr(mb, name)
         if values is not None and not all_finite(values):
             first_bad(~np.isfinite(values), name, values, "is finite", _RECORD_FIX)
@@ -462,6 +467,7 @@ def _shapes(sample_indices: Int64[np.ndarray, " k"], seq_lengths: Int64[np.ndarr
             old_log_probs: Float32[np.ndarray, " R"] | None,
             ref_log_probs: Float32[np.ndarray, " R"] | None,
             teacher_log_probs: Float32[np.ndarray, " R"] | None,
+            opd_reverse_kl: Float32[np.ndarray, " R"] | None,
             routed_experts: Int16[np.ndarray, "T e"] | None,
             is_weights: Float32[np.ndarray, " R"] | None) -> None:
     """Cross-field shapes of a packed row: ``k`` samples, ``T`` local positions, ``R`` tokens."""

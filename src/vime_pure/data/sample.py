@@ -102,6 +102,13 @@ class Sample:
     ``teacher_log_probs``: on-policy distillation from a teacher server (``--opd-type
     sglang``): the teacher's log-prob of every response token, set after generation
     (``vime_shell.rollout.teacher``; slime's field name).
+    ``rollout_top_log_probs``: top-k on-policy distillation (``--opd-log-prob-top-k K``):
+    per response token, the engine's K most likely tokens as ``[token id, raw log-prob]``
+    pairs, most likely first; ``[]`` for a token the engine did not sample (a tool's output).
+    Read by the teacher; not a batch column.
+    ``opd_reverse_kl``: top-k on-policy distillation: each response token's reverse-KL
+    estimate against the teacher over the top-k tokens, set after generation (miles' field
+    name); training subtracts ``--opd-kl-coef`` times it from the advantages.
     ``rollout_routed_experts``: MoE models, the experts the engine's router chose for every
     token in every MoE layer, ``[len(tokens) or len(tokens) - 1, layers, topk]`` integers
     (``vime_pure.data.routes``); ``--use-rollout-routing-replay`` replays them in training.
@@ -123,6 +130,8 @@ class Sample:
     rollout_routed_experts: list | np.ndarray | None = attrs.field(default=None, eq=_ARRAY_EQ)
     token_versions: list[int] | np.ndarray | None = attrs.field(default=None, eq=_ARRAY_EQ)
     teacher_log_probs: list[float] | np.ndarray | None = attrs.field(default=None, eq=_ARRAY_EQ)
+    rollout_top_log_probs: list[list[list[float]]] | None = None
+    opd_reverse_kl: list[float] | np.ndarray | None = attrs.field(default=None, eq=_ARRAY_EQ)
 
     def _read_rollout_id(self) -> Any:
         raise AttributeError("Sample.rollout_id is a deprecated write-only alias of group_id. "

@@ -14,8 +14,9 @@ the merged ``BatchMeta`` and the ``SharePlan`` (``vime_pure.data.shares``), with
 2. **share** (``share_bytes``): what the all-to-all delivers to DP rank ``d``, as
    ``vime_shell.sources.exchange.pack_piece`` lays it out: a ``PIECE_HEADER_BYTES`` header per
    holder's piece, ``SAMPLE_BYTES`` per sample (id and response start int64, lengths int32),
-   int32 tokens, uint8 loss masks, float32 rollout log-probs when recorded, int16 routed
-   experts (``route_width`` per token) under routing replay;
+   int32 tokens, uint8 loss masks, float32 per response token for each recorded
+   ``RESPONSE_FLOAT_COLUMNS`` column (rollout and teacher log-probs, reverse-KL estimates),
+   int16 routed experts (``route_width`` per token) under routing replay;
 3. **bound** (``rank_bound``): 1 + 2.
 
 Example: 16 samples in 1 part, DP rank 0 trains 8 of them with 40 tokens of which 20 are
@@ -24,14 +25,15 @@ response tokens, log-probs recorded: its share is 32 + 8 * 24 + 40 * 4 + 20 * 5 
 
 import numpy as np
 
-from vime_pure.data.shares import BatchMeta, SharePlan
+from vime_pure.data.columns import RESPONSE_FLOAT_COLUMNS
+from vime_pure.data.shares import PRESENCE_FLAGS, BatchMeta, SharePlan
 from vime_pure.errors import RolloutBatchError, field_error
 
 PIECE_HEADER_BYTES = 32  # 4 int64: samples, tokens, response tokens, flags
 SAMPLE_BYTES = 24  # sample id and response start (int64), length and response length (int32)
 TOKEN_BYTES = 4  # int32
 MASK_BYTES = 1  # uint8
-LOG_PROB_BYTES = 4  # float32
+FLOAT_BYTES = 4  # float32, per response token of each RESPONSE_FLOAT_COLUMNS column
 ROUTE_BYTES = 2  # int16 per routed expert
 ADVANTAGE_BYTES = 8  # float64, in a whole batch's metadata (a replay's, a filtered batch's)
 # a part's size, response tokens, outputs, first prompt and tool calls (int64 each)
@@ -70,8 +72,8 @@ def share_bytes(meta: BatchMeta, plan: SharePlan, dp_rank: int, *, holders: int 
     ids = plan.schedule.rank_sample_ids(dp_rank)
     tokens = int(meta.lengths[ids].astype(np.int64).sum())
     response = int(meta.response_lengths[ids].astype(np.int64).sum())
-    per_response = (MASK_BYTES + (LOG_PROB_BYTES if meta.has_log_probs else 0)
-                    + (LOG_PROB_BYTES if meta.has_teacher else 0))
+    floats = sum(getattr(meta, PRESENCE_FLAGS[name]) for name in RESPONSE_FLOAT_COLUMNS)
+    per_response = MASK_BYTES + FLOAT_BYTES * floats
     per_token = TOKEN_BYTES + (ROUTE_BYTES * route_width if meta.has_routes else 0)
     pieces = len(plan.part_starts) if holders is None else holders
     return (PIECE_HEADER_BYTES * pieces + SAMPLE_BYTES * len(ids) + per_token * tokens

@@ -22,7 +22,9 @@ its groups, never straddle chunks). The global batch is every chunk in global pr
    ids and global response offsets.
 4. **Share** (``assemble_share``): a rank joins its pieces in execution order: a ``RankShare``,
    which ``vime_pure.data.microbatch.share_batch`` turns into the same records
-   ``rank_batch`` builds from the whole batch (tested bit for bit).
+   ``rank_batch`` builds from the whole batch (tested bit for bit). Its per-response-token
+   float32 columns (``RESPONSE_FLOAT_COLUMNS``: rollout and teacher log-probs, top-k
+   distillation's ``opd_reverse_kl``) travel when the batch records them.
 
 Example: chunks of 3 and 2 samples, at prompts 0 and 1, held by holders 0 and 1; the schedule
 gives DP rank 1 samples ``[4, 0]``: holder 0 sends it sample 0 (its local 0), holder 1 sample 4
@@ -38,7 +40,7 @@ import numpy as np
 from jaxtyping import Int64
 
 from vime_pure.data.batch import COLUMNS, RolloutBatch
-from vime_pure.data.columns import check_dtypes
+from vime_pure.data.columns import RESPONSE_FLOAT_COLUMNS, check_dtypes
 from vime_pure.data.ragged import offsets_from_lengths, row_positions
 from vime_pure.data.rewards import RewardNormalization, normalize_rewards
 from vime_pure.data.rollout_output import fallback_ids
@@ -62,6 +64,11 @@ META_COLUMNS: dict[str, np.dtype] = {
     **{name: COLUMNS[name] for name in ("rewards", "statuses", "weight_version_min",
                                         "weight_version_max")}}
 _DENSE_IDS = ("group_ids", "prompt_groups")  # renumbered at the merge, not concatenated
+# Each optional batch column (``OPTIONAL_COLUMNS``) and the ``BatchMeta`` flag saying that the
+# part records it (all parts or none: ``merge_meta``).
+PRESENCE_FLAGS: dict[str, str] = {
+    "rollout_log_probs": "has_log_probs", "rollout_routed_experts": "has_routes",
+    "teacher_log_probs": "has_teacher", "opd_reverse_kl": "has_opd_reverse_kl"}
 
 
 def _on_the_wire(name: str, values: np.ndarray) -> np.ndarray:
@@ -87,7 +94,8 @@ class BatchMeta:
     when parts merge); ``prompt_fallback`` alike. ``part_sizes[p]`` / ``part_response_tokens``
     [p]: samples and response tokens of part ``p``; ``has_log_probs``: the engine recorded
     rollout log-probs (in every part); ``has_teacher``: the samples carry a teacher server's
-    log-probs (``--opd-type sglang``). ``part_tool_calls[p]``: the tool calls of part ``p``'s
+    log-probs (``--opd-type sglang``); ``has_opd_reverse_kl``: the samples carry top-k
+    distillation's reverse-KL estimates. ``part_tool_calls[p]``: the tool calls of part ``p``'s
     executions (:func:`execution_tool_calls`); None where a part was not built from samples
     (a replay, a remote engine's batch) or none of its samples counts them: not known, never 0.
     """
@@ -113,6 +121,7 @@ class BatchMeta:
     advantages: np.ndarray | None = None  # float64: a whole batch's, or set by plan_shares
     has_routes: bool = False  # the engine recorded routed experts (MoE routing replay)
     has_teacher: bool = False  # the samples carry teacher log-probs (--opd-type sglang)
+    has_opd_reverse_kl: bool = False  # the samples carry reverse-KL estimates (top-k OPD)
     part_tool_calls: np.ndarray | None = None  # int64, per part (None: not known)
 
     def __attrs_post_init__(self) -> None:
@@ -163,20 +172,19 @@ def part_meta(part: RolloutBatch, *, group_fallback: np.ndarray | None = None,
                               f"does not have one flag per id ({size})",
                               "pass what output_part returned")
         resolved[name] = arr
+    fields: dict[str, Any] = {  # the columns, the fallback flags, the presence flags
+        **{name: _on_the_wire(name, getattr(part, name)) for name in META_COLUMNS}, **resolved,
+        **{flag: getattr(part, name) is not None for name, flag in PRESENCE_FLAGS.items()}}
     return BatchMeta(
-        **{name: _on_the_wire(name, getattr(part, name)) for name in META_COLUMNS},
+        **fields,
         group_id_values=part.group_id_values, prompt_group_values=part.prompt_group_values,
         part_sizes=np.array([part.num_samples], dtype=np.int64),
         part_response_tokens=np.array([int(part.response_offsets[-1])], dtype=np.int64),
         part_outputs=np.array([len(part.prompt_group_values) if outputs is None else outputs],
                               dtype=np.int64),
         part_starts=np.array([start], dtype=np.int64),
-        has_log_probs=part.rollout_log_probs is not None,
-        has_routes=part.rollout_routed_experts is not None,
-        has_teacher=part.teacher_log_probs is not None,
         advantages=part.advantages if whole else None,
-        part_tool_calls=None if tool_calls is None else np.array([tool_calls], dtype=np.int64),
-        **resolved)
+        part_tool_calls=None if tool_calls is None else np.array([tool_calls], dtype=np.int64))
 
 
 def execution_tool_calls(samples: Sequence[Any], group_ids: np.ndarray) -> int | None:
@@ -260,9 +268,7 @@ def merge_meta(parts: Sequence[BatchMeta]) -> BatchMeta:
     if not parts:
         raise RolloutValidationError("no part holds a sample. Fix: generate at least one.")
     parts = _in_prompt_order(parts)
-    for flag, name in (("has_log_probs", "rollout_log_probs"),
-                       ("has_routes", "rollout_routed_experts"),
-                       ("has_teacher", "teacher_log_probs")):
+    for name, flag in PRESENCE_FLAGS.items():
         if len({getattr(m, flag) for m in parts}) > 1:
             raise RolloutValidationError(
                 f"{name} are recorded by some engines' rollout functions and not by others. "
@@ -274,8 +280,11 @@ def merge_meta(parts: Sequence[BatchMeta]) -> BatchMeta:
     def cat(name: str) -> np.ndarray:
         return np.concatenate([getattr(m, name) for m in parts])
 
-    return BatchMeta(
+    fields: dict[str, Any] = {  # the columns but the renumbered ids, the presence flags
         **{name: cat(name) for name in META_COLUMNS if name not in _DENSE_IDS},
+        **{flag: getattr(parts[0], flag) for flag in PRESENCE_FLAGS.values()}}
+    return BatchMeta(
+        **fields,
         group_ids=np.concatenate([m.group_ids + np.int32(o) for m, o in zip(parts, g_off)]),
         group_id_values=groups, group_fallback=np.zeros(len(groups), dtype=bool),
         prompt_groups=np.concatenate([m.prompt_groups + np.int32(o)
@@ -283,9 +292,6 @@ def merge_meta(parts: Sequence[BatchMeta]) -> BatchMeta:
         prompt_group_values=prompts, prompt_fallback=np.zeros(len(prompts), dtype=bool),
         part_sizes=cat("part_sizes"), part_response_tokens=cat("part_response_tokens"),
         part_outputs=cat("part_outputs"), part_starts=cat("part_starts"),
-        has_log_probs=parts[0].has_log_probs,
-        has_routes=parts[0].has_routes,
-        has_teacher=parts[0].has_teacher,
         advantages=cat("advantages") if all(m.advantages is not None for m in parts) else None,
         part_tool_calls=(cat("part_tool_calls")
                          if all(m.part_tool_calls is not None for m in parts) else None))
@@ -359,8 +365,8 @@ class RankShare:
 
     ``sample_ids``: global sample indices; ``response_starts``: each sample's first response
     token in the global batch (so records keep batch coordinates in ``response_index``);
-    ragged ``tokens`` / ``loss_masks`` / ``rollout_log_probs`` / ``teacher_log_probs`` with
-    local offsets;
+    ragged ``tokens`` / ``loss_masks`` / ``RESPONSE_FLOAT_COLUMNS`` (``rollout_log_probs``,
+    ``teacher_log_probs``, ``opd_reverse_kl``) with local offsets;
     ``advantages`` (float32) per sample.
     """
 
@@ -376,6 +382,7 @@ class RankShare:
     advantages: np.ndarray  # float32
     rollout_routed_experts: np.ndarray | None = None  # int16 [tokens, layers * topk]
     teacher_log_probs: np.ndarray | None = None  # float32, per response token
+    opd_reverse_kl: np.ndarray | None = None  # float32, per response token
 
     def __attrs_post_init__(self) -> None:
         n = len(self.sample_ids)
@@ -414,18 +421,23 @@ def take_samples(source: Any, rows: np.ndarray, *, sample_ids: np.ndarray,
     tok = row_positions(source.token_offsets, rows)
     resp = row_positions(source.response_offsets, rows)
     lengths, response_lengths = source.lengths[rows], source.response_lengths[rows]
-    log_probs, teacher = source.rollout_log_probs, source.teacher_log_probs
     return RankShare(
         sample_ids=np.asarray(sample_ids, dtype=np.int64),
         response_starts=np.asarray(response_starts, dtype=np.int64),
         lengths=lengths.astype(np.int64), response_lengths=response_lengths.astype(np.int64),
         tokens=source.tokens[tok], token_offsets=offsets_from_lengths(lengths),
         loss_masks=source.loss_masks[resp], response_offsets=offsets_from_lengths(response_lengths),
-        rollout_log_probs=None if log_probs is None else log_probs[resp],
         advantages=np.asarray(advantages, dtype=np.float32),
         rollout_routed_experts=None if source.rollout_routed_experts is None
         else source.rollout_routed_experts[tok],
-        teacher_log_probs=None if teacher is None else teacher[resp])
+        **response_floats(source, resp))
+
+
+def response_floats(source: Any, positions: np.ndarray) -> dict[str, Any]:
+    """The ``RESPONSE_FLOAT_COLUMNS`` of a batch, share or piece at its flat response
+    ``positions`` (None where not recorded): what a cut carries of them."""
+    return {name: None if (col := getattr(source, name)) is None else col[positions]
+            for name in RESPONSE_FLOAT_COLUMNS}
 
 
 def share_of_batch(batch: RolloutBatch, ids: np.ndarray) -> RankShare:
@@ -517,9 +529,9 @@ def _concat(pieces: Sequence[RankShare]) -> RankShare:
                      lengths=lengths, response_lengths=response_lengths, tokens=cat("tokens"),
                      token_offsets=offsets_from_lengths(lengths), loss_masks=cat("loss_masks"),
                      response_offsets=offsets_from_lengths(response_lengths),
-                     rollout_log_probs=optional_cat([p.rollout_log_probs for p in pieces]),
                      advantages=cat("advantages"), rollout_routed_experts=routes_of(pieces),
-                     teacher_log_probs=optional_cat([p.teacher_log_probs for p in pieces]))
+                     **{name: optional_cat([getattr(p, name) for p in pieces])
+                        for name in RESPONSE_FLOAT_COLUMNS})
 
 
 def optional_cat(columns: Sequence[np.ndarray | None]) -> np.ndarray | None:

@@ -14,7 +14,8 @@ The shell only wires tensors; every formula lives in the core:
    the gradient; with ``--use-tis`` the surrogate is decoupled PPO's, weighted by
    ``tis_weights(old, behaviour)`` (``vime_pure.torch_ops.offpolicy``), reported as
    ``TIS_KEYS``; rejection (MIS / IcePop) already zeroed the record's mask; ``--kl-coef``
-   (REINFORCE++-baseline) and ``--use-opd`` (the teacher) shape the advantages first;
+   (REINFORCE++-baseline) and ``--use-opd`` (the teacher, or the rollout's per-token
+   ``opd_reverse_kl`` under top-k distillation) shape the advantages first;
 3. partial numerators ``P = sum_t m[t] * x[t] / D[sample(t)]`` of the loss and every reported
    term at once, from ``vime_pure.torch_ops.loss.microbatch_losses`` over the record's
    **step-level** denominators
@@ -151,8 +152,8 @@ def microbatch_objective(logp: torch.Tensor, row: MicroBatchTensors, cfg: LossCo
     # the decoupled-PPO weight pi_old / pi_behaviour, as clamped (tis: only with the latter)
     if tis is not None and row.rollout_log_probs is not None and cfg.tis_function != "mis":
         report.update(_tis_sums(tis, old, row.rollout_log_probs, mask))
-    if cfg.opd_kl_coef and row.teacher_log_probs is not None:  # the student's reverse KL
-        report["opd_reverse_kl"] = ((old - row.teacher_log_probs) * mask).sum().detach()
+    if cfg.opd_kl_coef and (opd_kl := opd_token_kl(old, row)) is not None:
+        report["opd_reverse_kl"] = (opd_kl * mask).sum().detach()  # the student's reverse KL
     report.update(_gap_sums(logp, row))
     return numerator * factor, report
 
@@ -184,13 +185,7 @@ def _policy_terms(logp: torch.Tensor, old: torch.Tensor, row: MicroBatchTensors,
         advantages = kl_shaped_advantages(advantages, old, row.ref_log_probs,
                                           coef=cfg.reward_kl_coef, kind=cfg.kl_kind)
     if cfg.opd_kl_coef:  # --use-opd: the reverse KL to the teacher, on any estimator (slime)
-        if row.teacher_log_probs is None:
-            raise field_error(LossConfigError, "opd_kl_coef", cfg.opd_kl_coef,
-                              "needs the teacher's log-probs, which this batch lacks",
-                              "load the teacher (the loop does for --opd-type megatron), or "
-                              "ask the teacher server for every sample (--opd-type sglang)")
-        advantages = kl_shaped_advantages(advantages, old, row.teacher_log_probs,
-                                          coef=cfg.opd_kl_coef, kind="k1")
+        advantages = opd_shaped_advantages(advantages, old, row, cfg.opd_kl_coef)
     terms = policy_loss(logp, old, advantages, ref_log_probs=row.ref_log_probs,
                         kl_coef=cfg.kl_coef, kl_kind=cfg.kl_kind, eps_clip=cfg.eps_clip,
                         eps_clip_high=cfg.eps_clip_high, dual_clip=cfg.dual_clip,
@@ -199,6 +194,33 @@ def _policy_terms(logp: torch.Tensor, old: torch.Tensor, row: MicroBatchTensors,
                         sample_index=row.token_sample, num_samples=len(row.denominators),
                         reduce=None if cp_group is None else cp_sum(cp_group))
     return terms, tis
+
+
+def opd_token_kl(old: torch.Tensor, row: MicroBatchTensors) -> torch.Tensor | None:
+    """Each scored token's reverse-KL estimate against the teacher: the rollout's own
+    (``opd_reverse_kl``, miles' top-k distillation) when the row carries it, else the sampled
+    token's ``old - teacher`` log-prob (slime's); None when the row has neither."""
+    if row.opd_reverse_kl is not None:
+        return row.opd_reverse_kl
+    return None if row.teacher_log_probs is None else old - row.teacher_log_probs
+
+
+def opd_shaped_advantages(advantages: torch.Tensor, old: torch.Tensor,
+                          row: MicroBatchTensors, coef: float) -> torch.Tensor:
+    """``--use-opd``: each token's advantage minus ``coef`` times its reverse KL to the
+    teacher, detached: the rollout's ``opd_reverse_kl`` when the row carries it, else slime's
+    k1 ``old - teacher`` (``kl_shaped_advantages``). Example: ``A = 1``, ``opd_reverse_kl =
+    0.5``, ``coef = 0.2``: ``0.9``."""
+    if row.opd_reverse_kl is not None:  # top-k distillation: precomputed at rollout time
+        return advantages - coef * row.opd_reverse_kl.detach()
+    if row.teacher_log_probs is None:
+        raise field_error(LossConfigError, "opd_kl_coef", coef,
+                          "needs the teacher's log-probs or the rollout's opd_reverse_kl, "
+                          "which this batch lacks",
+                          "load the teacher (the loop does for --opd-type megatron), ask the "
+                          "teacher server for every sample (--opd-type sglang), or set "
+                          "opd_reverse_kl on every sample (top-k distillation)")
+    return kl_shaped_advantages(advantages, old, row.teacher_log_probs, coef=coef, kind="k1")
 
 
 def _tis_sums(tis: torch.Tensor, old: torch.Tensor, behaviour: torch.Tensor,

@@ -59,6 +59,7 @@ class MicroBatchTensors:
     old_log_probs: torch.Tensor | None
     ref_log_probs: torch.Tensor | None
     teacher_log_probs: torch.Tensor | None = None
+    opd_reverse_kl: torch.Tensor | None = None
     routed_experts: torch.Tensor | None = None  # [tokens, e] int16, the router's token order
     is_weights: torch.Tensor | None = None
 
@@ -119,6 +120,7 @@ def to_tensors(record: TrainMicroBatch, layout: Layout,
         old_log_probs=optional(record.old_log_probs),
         ref_log_probs=optional(record.ref_log_probs),
         teacher_log_probs=optional(record.teacher_log_probs),
+        opd_reverse_kl=optional(record.opd_reverse_kl),
         is_weights=optional(record.is_weights),
         routed_experts=optional(None if record.routed_experts is None else routes_in_model_order(
             record.routed_experts, seq, flat)))

@@ -24,7 +24,9 @@ rollout (``ShareExchange.distribute``)::
 3. **all-to-all**: each holder cuts from its part the samples every trainer rank trains
    (``share_piece``: the plan's per-chunk offsets and the first prompts of the holder's own
    chunks are the owner map) and one all-to-all moves them: each trainer rank receives exactly
-   its DP rank's samples. Ranks sharing a DP index (TP / CP / PP peers) each receive the share
+   its DP rank's samples. A piece (``pack_piece``) carries tokens, masks and each recorded
+   per-response-token column: rollout and teacher log-probs, top-k distillation's
+   ``opd_reverse_kl``. Ranks sharing a DP index (TP / CP / PP peers) each receive the share
    directly from the holders: one collective, every receiver's bytes equal its share, at the
    price of holders sending a DP group's share ``tp*cp*pp`` times (a fan-out inside the DP
    group would save holder bandwidth but add a second collective and per-DP-index groups);
@@ -50,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from vime_pure.data.batch import RolloutBatch
+from vime_pure.data.columns import RESPONSE_FLOAT_COLUMNS
 from vime_pure.data.ragged import offsets_from_lengths
 from vime_pure.data.shares import (BatchMeta, RankShare, SharePlan, assemble_share, merge_meta,
                                    share_piece)
@@ -80,22 +83,25 @@ _COLUMNS = (("sample_ids", np.int64), ("response_starts", np.int64), ("lengths",
             ("response_lengths", np.int32))
 
 
+# Header flags: bit k says column k of RESPONSE_FLOAT_COLUMNS is present (bit 0 rollout
+# log-probs, 1 teacher log-probs, 2 reverse-KL estimates); the bits above, shifted down by
+# _ROUTE_SHIFT, hold (width + 1) of the routed-expert rows, 0 without them.
+_ROUTE_SHIFT = len(RESPONSE_FLOAT_COLUMNS)
+
+
 def pack_piece(piece: RankShare) -> np.ndarray:
     """A piece as one byte array: a 4-int header, the per-sample columns, tokens (int32),
-    masks (uint8), log-probs (float32, when recorded), teacher log-probs (float32, when
-    recorded), routed experts (int16 rows, MoE routing replay). Advantages travel in the
-    plan."""
-    lp, routes = piece.rollout_log_probs, piece.rollout_routed_experts
-    teacher = piece.teacher_log_probs
-    # flags: bit 0 log-probs present, bit 1 teacher log-probs present; the rest (width + 1)
-    # of the routed-expert rows, if any
-    flags = (int(lp is not None) + 2 * int(teacher is not None)
-             + (0 if routes is None else 4 * (routes.shape[1] + 1)))
+    masks (uint8), the recorded ``RESPONSE_FLOAT_COLUMNS`` (float32 each: log-probs,
+    teacher log-probs, reverse-KL estimates), routed experts (int16 rows, MoE routing
+    replay). Advantages travel in the plan."""
+    floats = [getattr(piece, name) for name in RESPONSE_FLOAT_COLUMNS]
+    routes = piece.rollout_routed_experts
+    flags = (sum(1 << k for k, col in enumerate(floats) if col is not None)
+             + (0 if routes is None else (routes.shape[1] + 1) << _ROUTE_SHIFT))
     header = np.array([piece.num_samples, len(piece.tokens), len(piece.loss_masks), flags],
                       dtype=np.int64)
     parts = [header, *(getattr(piece, n).astype(t, copy=False) for n, t in _COLUMNS),
-             piece.tokens, piece.loss_masks, *(() if lp is None else (lp,)),
-             *(() if teacher is None else (teacher,)),
+             piece.tokens, piece.loss_masks, *(col for col in floats if col is not None),
              *(() if routes is None else (np.ascontiguousarray(routes).reshape(-1),))]
     return np.concatenate([p.view(np.uint8) for p in parts])
 
@@ -103,7 +109,7 @@ def pack_piece(piece: RankShare) -> np.ndarray:
 def unpack_piece(buf: np.ndarray, plan: SharePlan) -> RankShare:
     """The inverse of :func:`pack_piece`; the advantages come from the plan."""
     n, t, r, flags = (int(x) for x in buf[:32].view(np.int64))
-    has_lp, has_teacher, width = flags & 1, flags & 2, flags // 4 - 1
+    width = (flags >> _ROUTE_SHIFT) - 1
     pos, cols = 32, {}
 
     def take(count: int, dtype) -> np.ndarray:
@@ -116,17 +122,16 @@ def unpack_piece(buf: np.ndarray, plan: SharePlan) -> RankShare:
     for name, dtype in _COLUMNS:
         cols[name] = take(n, dtype).astype(np.int64)
     tokens, masks = take(t, np.int32), take(r, np.uint8)
-    log_probs = take(r, np.float32) if has_lp else None
-    teacher = take(r, np.float32) if has_teacher else None
+    floats = {name: take(r, np.float32) if flags >> k & 1 else None
+              for k, name in enumerate(RESPONSE_FLOAT_COLUMNS)}
     routes = take(t * width, np.int16).reshape(t, width) if width >= 0 else None
     lengths, response_lengths = cols["lengths"], cols["response_lengths"]
     return RankShare(sample_ids=cols["sample_ids"], response_starts=cols["response_starts"],
                      lengths=lengths, response_lengths=response_lengths, tokens=tokens,
                      token_offsets=offsets_from_lengths(lengths), loss_masks=masks,
                      response_offsets=offsets_from_lengths(response_lengths),
-                     rollout_log_probs=log_probs,
                      advantages=plan.advantages[cols["sample_ids"]],
-                     rollout_routed_experts=routes, teacher_log_probs=teacher)
+                     rollout_routed_experts=routes, **floats)
 
 
 class ShareExchange:

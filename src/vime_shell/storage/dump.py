@@ -10,9 +10,10 @@ tool, and pandas via ``pd.DataFrame({k: d[k] for k in per_sample_columns})``.
 ``header.json``: ``{"format": "vime.rollout_batch", "version": 2, "num_samples": n,
 "columns": {name: {"dtype": "<i4", "shape": [t]}}, "group_id_values": [...],
 "prompt_group_values": [...], "sha256": hex}``. The checksum covers the header (without the
-checksum) and every column's name, dtype, shape and bytes. ``rollout_log_probs`` and
-``rollout_routed_experts`` (a 2-D int16 ``[t, layers * topk]``) are absent when the batch has
-none. An optional ``"annotations"`` list holds one JSON object per sample
+checksum) and every column's name, dtype, shape and bytes. An optional column
+(``OPTIONAL_COLUMNS``: ``rollout_log_probs``, ``rollout_routed_experts`` as a 2-D int16
+``[t, layers * topk]``, ``teacher_log_probs``, ``opd_reverse_kl``) is absent when the batch has
+none, and a dump without it loads it as None. An optional ``"annotations"`` list holds one JSON object per sample
 (``label``, ``metadata``: what a person needs to read a reward, ``vime inspect``); an optional
 ``"tokenizer"`` object, ``{"path": model directory, "sha256": tokenizer_fingerprint}``, names
 the tokenizer whose ids the dump holds (``vime train`` records its model's, so ``vime inspect``
@@ -68,7 +69,7 @@ VERSION_COLUMNS = ("weight_version_min", "weight_version_max")  # added in versi
 # The columns of each readable version; a dump omits the OPTIONAL_COLUMNS the batch lacks.
 COLUMNS_OF: dict[int, tuple[str, ...]] = {
     1: tuple(c for c in COLUMNS if c not in (*VERSION_COLUMNS, "rollout_routed_experts",
-                                             "teacher_log_probs")),
+                                             "teacher_log_probs", "opd_reverse_kl")),
     2: tuple(COLUMNS)}
 # A dump of parts (``--save-rollout-data`` where engine leaders keep their parts): every
 # holder writes its part as a batch file beside the index, which trainer rank 0 writes.
