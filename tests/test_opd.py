@@ -18,28 +18,34 @@ answering with transformers) logs rollout 0's reverse KL within 1e-4 of the in-t
 teacher's: the same samples, the same teacher, two forwards.
 """
 
+import asyncio
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import attrs
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
-from tests.sglang_teacher import sglang_teacher, teacher_log_probs
+from tests.sglang_teacher import position_log_probs, sglang_teacher, teacher_log_probs
 from vime_pure import BatchingPolicy, ParallelLayout, RolloutBatch, Sample, rank_batch, schedule_for
 from vime_pure.data.shares import output_part, plan_shares, share_of_batch
 from vime_pure.policy_config import LossConfig
 from vime_pure.torch_ops.policy_loss import kl_shaped_advantages
+from vime_shell.engines.base import SamplingParams
+from vime_shell.engines.hf import HfEngine
+from vime_shell.engines.hf_async import HfAsyncFront
 from vime_shell.models.embedded import EmbeddedSpec, build_embedded
 from vime_shell.rollout import remote_reward
 from vime_shell.rollout.teacher import (ANCHOR_OPD_POST_PROCESS, Teacher, TeacherError,
-                                        response_log_probs)
+                                        response_entries, response_log_probs)
 from vime_shell.sources.exchange import pack_piece, unpack_piece
+from vime_shell.storage.dump import load_rollout_batch
 from vime_shell.settings.common import ConfigError
 from vime_shell.settings.train_config import TrainConfig
 
@@ -124,6 +130,74 @@ def test_the_server_teacher_scores_every_sample(tmp_path, monkeypatch):
             [None, 1, None], [-1.0, 2, None], [None, 3, None]]}}, 3, 2, where="t")
 
 
+def test_top_k_distillation_scores_the_engines_top_tokens(tmp_path):
+    """miles' ``--opd-log-prob-top-k``: the engine reports each generated token's K most likely
+    tokens (raw log-probs, most likely first: the model's own top-K there, the sync and the
+    per-request HF engines alike), the teacher server scores the union of their ids in one
+    request per sample, and each response token's ``opd_reverse_kl`` is the estimate over the
+    student's top-K, weighted by the student's softmax over them, from the two models."""
+    k = 4
+    student_dir = build_embedded(tmp_path / "s", EmbeddedSpec(seed=0))
+    teacher_dir = build_embedded(tmp_path / "t", EmbeddedSpec(seed=1))
+    student, teacher = (AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
+                        for d in (student_dir, teacher_dir))
+    engine = HfEngine(student_dir)
+    params = SamplingParams(max_new_tokens=5, seed=3, top_log_probs=k)
+    prompts = [[5, 6, 7], [8, 9]]
+    gens = engine.generate(prompts, params)
+    one = asyncio.run(HfAsyncFront(engine).generate(prompts[1], params))
+    samples = []
+    for prompt, gen in [*zip(prompts, gens), (prompts[1], one)]:
+        tokens = prompt + list(gen.token_ids)
+        full = position_log_probs(student, tokens)[len(prompt) - 1:]
+        values, ids = full.topk(k, dim=-1)
+        np.testing.assert_array_equal(gen.top_token_ids, ids.numpy())
+        np.testing.assert_allclose(gen.top_log_probs, values.numpy(), atol=1e-5)
+        samples.append(Sample(tokens=tokens, response_length=len(gen.token_ids),
+                              rollout_top_log_probs=gen.top_pairs()))
+    with sglang_teacher(teacher_dir) as (url, seen):
+        Teacher(urls={"default": url}, top_k=k).score([samples])
+    for sample, body in zip(samples, seen):
+        union = sorted({y for entries in sample.rollout_top_log_probs for y, _ in entries})
+        assert body["token_ids_logprob"] == union and "top_logprobs_num" not in body
+        prompt_len = len(sample.tokens) - sample.response_length
+        t_full = position_log_probs(teacher, list(sample.tokens))[prompt_len - 1:]
+        want = []
+        for entries, t_row in zip(sample.rollout_top_log_probs, t_full):
+            ids, ls = [int(y) for y, _ in entries], torch.tensor([v for _, v in entries])
+            want.append(float((torch.softmax(ls, 0) * (ls - t_row[ids])).sum()))
+        np.testing.assert_allclose(sample.opd_reverse_kl, want, atol=1e-5)
+        assert sample.teacher_log_probs is None
+
+
+def test_top_k_flags_follow_miles_rules():
+    """A top-K needs a teacher server, a strategy vime's engines serve, K >= 0; the engine is
+    asked for K log-probs in training rounds only; a sample without the engine's top-K, or a
+    teacher reply without the scored ids, is a TeacherError naming the sample."""
+    server = dict(use_opd=True, opd_type="sglang", rm_url="http://t/generate")
+    cfg = TrainConfig(**server, opd_log_prob_top_k=16, opd_top_k_strategy="intersection")
+    assert cfg.opd_engine_top_k == 16 and TrainConfig(**server).opd_engine_top_k == 0
+    with pytest.raises(ConfigError, match="--opd-log-prob-top-k=-1: must be >= 0"):
+        TrainConfig(**server, opd_log_prob_top_k=-1)
+    with pytest.raises(ConfigError, match="--opd-log-prob-top-k=4: needs --use-opd --opd-type "
+                                          "sglang"):
+        TrainConfig(opd_log_prob_top_k=4)
+    with pytest.raises(ConfigError, match="--opd-top-k-strategy='union': needs the student's "
+                                          "server to score"):
+        TrainConfig(**server, opd_log_prob_top_k=4, opd_top_k_strategy="union")
+    TrainConfig(opd_top_k_strategy="union")  # without a top-K the strategy is a no-op
+    teacher = Teacher(urls={"default": "http://t"}, top_k=2, strategy="intersection")
+    sample = Sample(tokens=[1, 2, 3], response_length=2)
+    with pytest.raises(TeacherError, match="sample 0: --opd-log-prob-top-k 2 needs the engine's"
+                                           " top-k log-probs of each of the 2 response tokens"):
+        teacher._one(sample, 0)
+    assert teacher._request([1, 2, 3], [{5: -0.1}, {6: -0.2}])["top_logprobs_num"] == 2
+    per = attrs.evolve(teacher, per_position=True)._request([1, 2, 3], [{5: -0.1}, {6: -0.2}])
+    assert per["token_ids_logprob_positions"] == [[], [5], [6]]
+    with pytest.raises(TeacherError, match="t: the reply .* has no meta_info.input_top_logprobs"):
+        response_entries({"meta_info": {}}, "input_top_logprobs", 3, 2, "t")
+
+
 def test_teacher_log_probs_travel_with_the_batch_to_the_records():
     """Sample -> batch column -> a packed exchange piece -> the DP rank's share -> every
     record at its own tokens (CP 2: each rank scores its zigzag chunks)."""
@@ -198,3 +272,42 @@ def test_the_teacher_alone_teaches(tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     assert "--opd-teacher-load=" in done.stderr
     assert "has --num-layers=3, the trained model 2" in done.stderr
+
+
+@pytest.mark.slow
+def test_top_k_distillation_from_a_server_trains_on_its_estimates(tmp_path):
+    """miles' top-k script's flags (``--opd-log-prob-top-k 16 --opd-top-k-strategy
+    only-student --opd-reward-weight-mode student_p``, its reward plugins) against a stand-in
+    SGLang teacher: every sample is scored on the engine's top-16 ids; rollout 0's dumped
+    ``opd_reverse_kl`` is the estimate recomputed here from the two models on the dumped
+    tokens, and its token mean is the logged ``opd_reverse_kl``. No learning is asserted:
+    the estimate is a function of each position's prefix, not of the sampled token, so as an
+    advantage offset its expected gradient is 0 (docs/train.md)."""
+    k = 16
+    teacher_dir = build_embedded(tmp_path / "teachers", EmbeddedSpec(seed=1))
+    anchor = "miles.rollout.on_policy_distillation"
+    with sglang_teacher(teacher_dir) as (url, seen):
+        done = _train(tmp_path, "--use-opd", "--opd-type", "sglang", "--rm-url", url,
+                      "--opd-log-prob-top-k", str(k), "--opd-top-k-strategy", "only-student",
+                      "--opd-reward-weight-mode", "student_p",
+                      "--custom-reward-post-process-path", f"{anchor}.post_process_rewards",
+                      "--save-rollout-data", str(tmp_path / "dumps" / "r{rollout_id}.npz"),
+                      run="topk", reward=f"{anchor}.reward_func")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(seen) == 8 * 8 * 4 and all(b["token_ids_logprob"] for b in seen)
+    batch = load_rollout_batch(tmp_path / "dumps" / "r0.npz")
+    assert batch.teacher_log_probs is None and batch.opd_reverse_kl is not None
+    student, teacher = (AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
+                        for d in (build_embedded(tmp_path / "student"), teacher_dir))
+    for i in range(batch.num_samples):
+        tokens = batch.sample_tokens(i).tolist()
+        start = len(tokens) - int(batch.response_lengths[i]) - 1
+        s_full, t_full = (position_log_probs(m, tokens)[start:] for m in (student, teacher))
+        ls, ids = s_full.topk(k, dim=-1)
+        want = (torch.softmax(ls, -1) * (ls - t_full.gather(1, ids))).sum(-1)
+        got = batch.opd_reverse_kl[batch.response_offsets[i]:batch.response_offsets[i + 1]]
+        np.testing.assert_allclose(got, want.numpy(), atol=1e-4)
+    mask = batch.loss_masks.astype(bool)
+    logged = _reverse_kl(tmp_path / "topk")
+    assert len(logged) == 8
+    assert logged[0] == pytest.approx(float(batch.opd_reverse_kl[mask].mean()), abs=1e-5)

@@ -124,7 +124,7 @@ def test_static_micro_batches_without_dynamic_batch_size():
     assert packed.batching_policy().max_tokens_per_gpu == 512
 
 
-@pytest.mark.parametrize("flag", ["--opd-log-prob-top-k", "--lora-base-cpu-backup",
+@pytest.mark.parametrize("flag", ["--muon-momentum", "--lora-base-cpu-backup",
                                   "--enable-mtp-training", "--window-size"])
 def test_unsupported_flag_prints_its_table_line(flag, capsys, tmp_path):
     # a dry run in a scratch run directory: a flag that stops being refused never trains here

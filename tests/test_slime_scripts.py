@@ -156,6 +156,8 @@ WANDB_KEY = "slime-script-test-key-7c1e"
     ("run-minimax-m2.sh", [  # q/k norms over all heads (slime's minimax_m2 layer spec)
         "--sglang-ep-size 16: no vLLM equivalent in vime; ignored",
         "slime's filter of prompt groups whose rewards are all equal"]),
+    ("run-qwen3-8B-opd.sh", [  # miles' top-k on-policy distillation from a teacher server
+        "miles.rollout.on_policy_distillation.reward_func"]),
     ("run-moonlight-16B-A3B.sh", [  # multi-latent attention
         "--moe-router-bias-update-rate: accepted; vime keeps a DeepSeek-V3 router's expert bias",
         "--sglang-cuda-graph-bs 1 2 4 8 16"]),

@@ -81,6 +81,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = attrs.field(default=(), converter=_strs)
     max_context_len: int | None = None
+    top_log_probs: int = 0
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
@@ -89,9 +90,11 @@ class SamplingParams:
                               "must be a positive integer", "pass e.g. max_new_tokens=2")
         _check_number("temperature", self.temperature, 0.0, 100.0, "use 1.0 for RL, 0 for greedy")
         _check_number("top_p", self.top_p, 1e-6, 1.0, "use 1.0 to disable nucleus sampling")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise field_error(EngineError, "top_k", self.top_k, "must be an integer >= 0",
-                              "use 0 to disable top-k")
+        for name, fix in (("top_k", "use 0 to disable top-k"),
+                          ("top_log_probs", "use 0 to report none")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise field_error(EngineError, name, value, "must be an integer >= 0", fix)
         for tok in self.stop_token_ids:
             if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
                 raise field_error(EngineError, "stop_token_ids", self.stop_token_ids,
@@ -142,6 +145,9 @@ class Generation:
     experts routed for each prompt and response token, an int array ``[tokens, layers, topk]``
     (``tokens`` may omit the last response token, which the engine never fed back;
     ``vime_pure.data.routes``); None otherwise.
+    ``top_token_ids`` / ``top_log_probs``: asked for (``SamplingParams.top_log_probs`` = k),
+    each generated position's k most likely tokens, most likely first, and their raw
+    log-probs: ``[len(token_ids), k]`` int64 / float32; None otherwise.
     Example: ``Generation(token_ids=(7, 4), log_probs=(-0.1, -2.3), finish_reason="length")``.
     """
 
@@ -152,6 +158,8 @@ class Generation:
     routed_experts: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
     token_versions: tuple[int, ...] | None = attrs.field(
         default=None, converter=attrs.converters.optional(_ints))
+    top_token_ids: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
+    top_log_probs: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if len(self.token_ids) != len(self.log_probs):
@@ -163,9 +171,26 @@ class Generation:
                               f"<{len(self.token_versions)} values>",
                               f"must have one entry per token ({len(self.token_ids)} tokens)",
                               "record the engine's weight version at each sampled token")
+        ids, values = self.top_token_ids, self.top_log_probs
+        shapes = (None if ids is None else ids.shape, None if values is None else values.shape)
+        if shapes[0] != shapes[1] or ids is not None and (
+                ids.ndim != 2 or len(ids) != len(self.token_ids)):
+            raise field_error(EngineError, "top_token_ids", shapes[0],
+                              f"must match top_log_probs' shape {shapes[1]}, one row per token "
+                              f"({len(self.token_ids)} tokens)",
+                              "return both, [tokens, k], or neither")
         if self.finish_reason not in FINISH_REASONS:
             raise field_error(EngineError, "finish_reason", self.finish_reason,
                               "is not a known finish reason", f"use one of {FINISH_REASONS}")
+
+
+    def top_pairs(self) -> list[list[list[float]]] | None:
+        """``Sample.rollout_top_log_probs`` of these tokens: per token its top-k as
+        ``[token id, log-prob]`` pairs, most likely first; None when not asked for."""
+        if self.top_token_ids is None or self.top_log_probs is None:
+            return None
+        return [[[int(t), float(v)] for t, v in zip(ids, values)]
+                for ids, values in zip(self.top_token_ids.tolist(), self.top_log_probs.tolist())]
 
 
 NamedTensors = Iterable[tuple[str, "torch.Tensor"]]

@@ -5,7 +5,8 @@ How it meets the protocol's invariants (see :mod:`vime_shell.engines.base`):
   ``seed + i``; it turns the chosen token into the only finite logit and lets ``generate`` pick it
   greedily. A request's draw therefore depends on its seed alone, not on batch composition, and
   the samples of a group differ.
-- Log-probs come from the **raw** logits (``output_logits=True``), never from processed scores.
+- Log-probs come from the **raw** logits (``output_logits=True``), never from processed scores;
+  so do the top-k log-probs asked for with ``SamplingParams.top_log_probs`` (:func:`top_entries`).
 - Prompts are left-padded (``generate`` needs that for batched decoding); the padding side is
   set on every call, because loading a tokenizer or model can reset it.
 - Per-request budgets (``max_context_len``) and stop strings are applied to each row after the
@@ -55,6 +56,17 @@ class _SeededSampler:
         out = torch.full_like(scores, float("-inf"))
         out.scatter_(1, chosen[:, None], 0.0)
         return out
+
+
+def top_entries(log_probs: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The ``k`` most likely tokens of each position of ``log_probs`` ``[..., V]`` (raw
+    log-probs) as ``(ids int64, log-probs float32)`` arrays ``[..., k]``, most likely first;
+    None for ``k == 0`` (not asked). Example: log-probs ``[[-2, -0.5, -1]]``, ``k=2`` ->
+    ``([[1, 2]], [[-0.5, -1]])``."""
+    if not k:
+        return None
+    values, ids = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1)
+    return ids.cpu().numpy().astype(np.int64), values.cpu().numpy().astype(np.float32)
 
 
 def choose_tokens(scores: torch.Tensor, generators: Sequence[torch.Generator],
@@ -204,11 +216,13 @@ class HfEngine:
                 logits_processor=LogitsProcessorList([sampler]),
             )
         response = out.sequences[:, input_ids.shape[1]:]
-        raw = torch.stack(out.logits, dim=1).float()  # [B, T, V], unprocessed
-        logp = torch.log_softmax(raw, dim=-1).gather(-1, response[..., None]).squeeze(-1)
+        raw = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1)  # [B, T, V]
+        logp = raw.gather(-1, response[..., None]).squeeze(-1)
+        top = top_entries(raw, params.top_log_probs)
         decode = self._decoder().decode if params.stop else None
         gens = [self._cut(response[i, :budgets[i]].tolist(), logp[i, :budgets[i]].tolist(),
-                          params, decode) for i in range(len(ids))]
+                          params, decode, None if top is None else (top[0][i], top[1][i]))
+                for i in range(len(ids))]
         return self._with_routes(ids, gens) if self.return_routed_experts else gens
 
     @torch.no_grad()
@@ -246,19 +260,21 @@ class HfEngine:
 
     @staticmethod
     def _cut(tokens: list[int], logps: list[float], params: SamplingParams,
-             decode: Callable[[Sequence[int]], str] | None = None) -> Generation:
+             decode: Callable[[Sequence[int]], str] | None = None,
+             top: tuple[np.ndarray, np.ndarray] | None = None) -> Generation:
         """Keep tokens up to and including the first stop token (dropping the padding after
-        it), then up to the token completing the first stop string."""
+        it), then up to the token completing the first stop string (``top``: each position's
+        top-k ids and log-probs, cut alike)."""
         stops = set(params.stop_token_ids)
         end = next((j + 1 for j, tok in enumerate(tokens) if tok in stops), None)
-        if end is not None:
-            tokens, logps = tokens[:end], logps[:end]
         if decode is not None:
-            at = stop_string_end(tokens, decode, params.stop)
-            if at is not None:
-                end, tokens, logps = at, tokens[:at], logps[:at]
-        return Generation(token_ids=tokens, log_probs=logps,
-                          finish_reason="length" if end is None else "stop")
+            at = stop_string_end(tokens[:end], decode, params.stop)
+            end = end if at is None else at
+        keep = slice(None, end if end is not None else len(tokens))
+        return Generation(token_ids=tokens[keep], log_probs=logps[keep],
+                          finish_reason="length" if end is None else "stop",
+                          top_token_ids=None if top is None else top[0][keep],
+                          top_log_probs=None if top is None else top[1][keep])
 
     def update_weights_from_tensors(self, named_tensors: NamedTensors) -> None:
         """Copy HF-named tensors into the model in place; unknown names or shapes are errors.

@@ -54,6 +54,7 @@ import inspect
 from collections.abc import Callable, Sequence
 
 import attrs
+import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
@@ -62,7 +63,7 @@ from vime_pure.errors import field_error
 from vime_shell.engines.async_engine import checked_pause_mode
 from vime_shell.engines.base import (EngineError, FinishReason, Generation, SamplingParams,
                                      check_prompts)
-from vime_shell.engines.hf import HfEngine, choose_tokens
+from vime_shell.engines.hf import HfEngine, choose_tokens, top_entries
 
 
 @attrs.define(eq=False)
@@ -75,6 +76,7 @@ class _Request:
     tokens: list[int] = attrs.Factory(list)
     log_probs: list[float] = attrs.Factory(list)
     versions: list[int] = attrs.Factory(list)  # the weight version that sampled each token
+    top: list[tuple[np.ndarray, np.ndarray]] = attrs.Factory(list)  # top_log_probs asked
 
     def key(self) -> tuple[float, float, int]:
         p = self.params
@@ -289,11 +291,15 @@ class HfAsyncFront:
             generators = [g for i in members if (g := rows[i].generator) is not None]
             chosen[idx] = choose_tokens(logits.index_select(0, idx), generators,
                                         rows[members[0]].params).cpu()
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None].to(logits.device))
+        full = torch.log_softmax(logits, dim=-1)
+        logp = full.gather(-1, chosen[:, None].to(logits.device))
         staying: list[int] = []
         for i, r in enumerate(rows):
             r.tokens.append(int(chosen[i]))
             r.log_probs.append(float(logp[i, 0]))
+            top = top_entries(full[i], r.params.top_log_probs)
+            if top is not None:
+                r.top.append(top)
             r.versions.append(self.weight_version)
             reason = self._finish_reason(r)
             if reason is None:
@@ -320,6 +326,9 @@ class HfAsyncFront:
     @staticmethod
     def _finish(r: _Request, reason: FinishReason) -> None:
         if not r.future.done():
+            ids = np.stack([t[0] for t in r.top]) if r.top else None
+            values = np.stack([t[1] for t in r.top]) if r.top else None
             r.future.set_result(Generation(token_ids=r.tokens, log_probs=r.log_probs,
                                            finish_reason=reason, weight_version=r.version,
-                                           token_versions=r.versions))
+                                           token_versions=r.versions, top_token_ids=ids,
+                                           top_log_probs=values))

@@ -2,13 +2,15 @@
 
 This module imports ``vllm``; ``vime_shell.engines`` loads it only when the vLLM engine is
 chosen, so vime imports and runs without vllm. The adapter uses only public entry points:
-``vllm.LLM``, ``vllm.SamplingParams(logprobs=0, seed=...)``,
+``vllm.LLM``, ``vllm.SamplingParams(logprobs=k, seed=...)``,
 ``TokensPrompt``, ``LLM.collective_rpc("reload_weights", ...)``, ``LLM.reset_prefix_cache`` and
 ``LLM.sleep`` / ``LLM.wake_up``.
 
 Invariants (the protocol's, see :mod:`vime_shell.engines.base`), plus:
-- ``logprobs=0`` returns the sampled token's log-prob; vLLM's default ``logprobs_mode`` is
-  ``raw_logprobs`` (before temperature / top-p), matching the trainer's forward;
+- ``logprobs=0`` returns the sampled token's log-prob (``logprobs=k``, for
+  ``SamplingParams.top_log_probs``: also the ``k`` most likely tokens'); vLLM's default
+  ``logprobs_mode`` is ``raw_logprobs`` (before temperature / top-p), matching the trainer's
+  forward;
 - weight updates go through the workers' ``reload_weights``: from an iterator of tensors when
   the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, and always under
   ``distributed_executor_backend="external_launcher"``): the iterator is consumed lazily, no
@@ -36,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import vllm
 from vllm.inputs import TokensPrompt
@@ -161,7 +164,7 @@ class VllmEngine(StagedWeights):
         requests = [TokensPrompt(prompt_token_ids=p) for p in ids]
         sampling = [self._sampling_params(params, i, len(p)) for i, p in enumerate(ids)]
         outputs = self._llm.generate(requests, sampling, use_tqdm=False)
-        return [self._to_generation(out, self._routes) for out in outputs]
+        return [self._to_generation(out, self._routes, params.top_log_probs) for out in outputs]
 
     @staticmethod
     def _sampling_params(params: SamplingParams, i: int, prompt_len: int) -> Any:
@@ -173,12 +176,13 @@ class VllmEngine(StagedWeights):
             temperature=params.temperature, top_p=params.top_p,
             top_k=params.top_k if params.top_k else -1,
             stop_token_ids=list(params.stop_token_ids), ignore_eos=True,
-            stop=list(params.stop) or None, seed=params.request_seed(i), logprobs=0,
+            stop=list(params.stop) or None, seed=params.request_seed(i),
+            logprobs=params.top_log_probs,
             detokenize=bool(params.stop),
         )
 
     @staticmethod
-    def _to_generation(out: Any, routed: bool = False) -> Generation:
+    def _to_generation(out: Any, routed: bool = False, top_k: int = 0) -> Generation:
         completion = out.outputs[0]
         tokens = list(completion.token_ids)
         if completion.logprobs is None or len(completion.logprobs) != len(tokens):
@@ -186,6 +190,7 @@ class VllmEngine(StagedWeights):
                               f"for {len(tokens)} tokens of request {out.request_id}. Fix: "
                               "do not override SamplingParams.logprobs.")
         logps = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, tokens)]
+        top_ids, top_logps = _top_entries(completion.logprobs, top_k)
         reason = completion.finish_reason
         routes = getattr(completion, "routed_experts", None) if routed else None
         if routed and routes is None:
@@ -195,7 +200,7 @@ class VllmEngine(StagedWeights):
                               "--use-rollout-routing-replay.")
         return Generation(token_ids=tokens, log_probs=logps,
                           finish_reason=reason if reason in ("stop", "length") else "abort",
-                          routed_experts=routes)
+                          routed_experts=routes, top_token_ids=top_ids, top_log_probs=top_logps)
 
     def update_weights_from_tensors(self, named_tensors: NamedTensors) -> None:
         """Reload the given HF-named tensors in place (in memory when in-process)."""
@@ -224,3 +229,21 @@ class VllmEngine(StagedWeights):
     def close(self) -> None:
         self._llm = None
         self._drop_staging()
+
+
+def _top_entries(steps: Any, k: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Each step's ``k`` most likely tokens (vLLM's ``logprobs=k`` entries of rank 1..k; the
+    sampled token is listed too where its rank is lower) as ``[steps, k]`` id and log-prob
+    arrays, most likely first; ``(None, None)`` for ``k == 0``."""
+    if not k:
+        return None, None
+    ids = np.zeros((len(steps), k), dtype=np.int64)
+    values = np.zeros((len(steps), k), dtype=np.float32)
+    for j, step in enumerate(steps):
+        ranked = sorted((e.rank, t, e.logprob) for t, e in step.items() if e.rank <= k)
+        if len(ranked) != k:
+            raise EngineError(f"vLLM returned {len(ranked)} of the {k} top log-probs of step "
+                              f"{j}. Fix: do not override SamplingParams.logprobs.")
+        ids[j] = [t for _, t, _ in ranked]
+        values[j] = [lp for _, _, lp in ranked]
+    return ids, values

@@ -40,6 +40,7 @@ from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
@@ -176,10 +177,9 @@ class VllmAsyncEngine(StagedWeights):
         if last is None:
             return Generation(token_ids=(), log_probs=(), finish_reason="abort",
                               weight_version=version, token_versions=())
-        gen = VllmEngine._to_generation(last)
-        return Generation(token_ids=gen.token_ids, log_probs=gen.log_probs,
-                          finish_reason=gen.finish_reason, weight_version=version,
-                          token_versions=versions[:len(gen.token_ids)])
+        gen = VllmEngine._to_generation(last, top_k=params.top_log_probs)
+        return attrs.evolve(gen, weight_version=version,
+                            token_versions=versions[:len(gen.token_ids)])
 
     @property
     def _sampling_version(self) -> int:

@@ -208,6 +208,7 @@ def _sample(prompt_ids: list[int], gen: Generation, text: str, example: TaskExam
         status=FINISH_STATUS[gen.finish_reason], group_id=group_id, index=index,
         rollout_log_probs=list(gen.log_probs), rollout_routed_experts=gen.routed_experts,
         token_versions=None if gen.token_versions is None else list(gen.token_versions),
+        rollout_top_log_probs=gen.top_pairs(),
         metadata={**example.metadata, "prompt": example.prompt, "response": text,
                   "label": example.label, "turn": turn},
     )

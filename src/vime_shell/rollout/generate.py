@@ -266,12 +266,14 @@ def engine_params(sampling_params: Mapping[str, Any] | SamplingParams) -> Sampli
 
 def append_tokens(sample: Sample, token_ids: Sequence[int], *, loss_mask: int = 0,
                   log_probs: Sequence[float] | None = None,
-                  versions: Sequence[int] | None = None) -> Sample:
+                  versions: Sequence[int] | None = None,
+                  top: Sequence[Sequence[Sequence[float]]] | None = None) -> Sample:
     """Append ``token_ids`` to the response: tool output (``loss_mask=0``, log-probs 0, not
     trained) or generated tokens (``loss_mask=1`` with their log-probs and, where the engine
-    records them, the weight version of each, ``Generation.token_versions``). The sample's
-    ``token_versions`` are kept while every generated piece records them (tool output gets
-    ``NO_VERSION``), else None.
+    records them, the weight version of each, ``Generation.token_versions``, and each one's
+    top-k log-probs, ``Generation.top_pairs``). The sample's ``token_versions`` and
+    ``rollout_top_log_probs`` are each kept while every generated piece records them (tool
+    output gets ``NO_VERSION`` and no top-k), else None.
 
     Example: a 3-token response plus ``append_tokens(s, [7, 8])`` has ``response_length`` 5
     and ``loss_mask`` ``[1, 1, 1, 0, 0]``.
@@ -288,6 +290,12 @@ def append_tokens(sample: Sample, token_ids: Sequence[int], *, loss_mask: int = 
         prev = []
     added = [NO_VERSION] * n if not loss_mask else None if versions is None else list(versions)
     sample.token_versions = None if prev is None or added is None else list(prev) + added
+    prev_top = [] if sample.rollout_top_log_probs is None and old == 0 \
+        else sample.rollout_top_log_probs
+    added_top: list | None = ([[] for _ in range(n)] if not loss_mask
+                              else None if top is None else list(top))
+    sample.rollout_top_log_probs = None if prev_top is None or added_top is None \
+        else list(prev_top) + added_top
     sample.response_length = old + n
     return sample
 
@@ -325,7 +333,7 @@ async def generate(args: Any, sample: Sample, sampling_params: Mapping[str, Any]
             task.cancel()  # as abort() did to the others: at the function's next wait
     if gen.token_ids:
         append_tokens(sample, gen.token_ids, loss_mask=1, log_probs=gen.log_probs,
-                      versions=gen.token_versions)
+                      versions=gen.token_versions, top=gen.top_pairs())
         # one entry per segment, or per run of versions where a sync landed inside it
         ran = ([int(gen.weight_version or 0)] if gen.token_versions is None
                else version_runs(gen.token_versions)[0])

@@ -23,6 +23,16 @@ goes to ``--rm-url``. A request that fails (refused, timed out, HTTP 5xx) is ret
 naming the URL; a reply without one finite log-prob per token is a :class:`TeacherError`
 naming the sample.
 
+Top-k distillation (``--opd-log-prob-top-k K``, miles'): the engine reported each generated
+token's ``K`` most likely tokens (``Sample.rollout_top_log_probs``); the request adds
+``"token_ids_logprob"``, the sorted ids of all of them (or, with ``--opd-topk-per-position``,
+``"token_ids_logprob_positions"``: one id list per input position, for a patched server), and
+``"top_logprobs_num": K`` for a strategy that reads the teacher's own top-k. The reply's
+``meta_info.input_token_ids_logprobs`` / ``input_top_logprobs`` hold one list of ``[log-prob,
+id, text]`` per input token (the first a placeholder); the last ``response_length`` are the
+response's. :func:`vime_pure.distillation.top_k_reverse_kl` turns them into
+``sample.opd_reverse_kl``, which replaces ``teacher_log_probs``.
+
 Example: ``Teacher.build(cfg).score(samples)`` sets ``s.teacher_log_probs`` on each sample.
 """
 
@@ -34,6 +44,7 @@ from typing import Any
 import attrs
 
 from vime_pure.data.rollout_output import flatten_rollout_output
+from vime_pure.distillation import TEACHER_TOP, DistillationError, LogProbs, top_k_reverse_kl
 from vime_pure.errors import VimeError, field_error, one_line
 from vime_shell.rollout.remote_reward import RM_URL_TIMEOUT_S, post_with_retries
 
@@ -84,6 +95,10 @@ class Teacher:
     key: str = "opd_teacher"  # the sample metadata entry naming its teacher
     temperature: float = 1.0
     timeout: float = RM_URL_TIMEOUT_S
+    top_k: int = 0  # --opd-log-prob-top-k; 0: the sampled token's log-prob only
+    strategy: str = "only-student"  # --opd-top-k-strategy
+    weight_mode: str = "student_p"  # --opd-reward-weight-mode
+    per_position: bool = False  # --opd-topk-per-position
 
     @classmethod
     def build(cls, cfg: Any) -> "Teacher | None":
@@ -92,7 +107,9 @@ class Teacher:
             return None
         urls = teacher_urls(cfg.opd_teacher_urls) or {DEFAULT_TEACHER: cfg.rm_url}
         return cls(urls=urls, key=cfg.opd_teacher_key, temperature=cfg.rollout_temperature,
-                   timeout=cfg.reward_timeout or RM_URL_TIMEOUT_S)
+                   timeout=cfg.reward_timeout or RM_URL_TIMEOUT_S, top_k=cfg.opd_log_prob_top_k,
+                   strategy=cfg.opd_top_k_strategy, weight_mode=cfg.opd_reward_weight_mode,
+                   per_position=cfg.opd_topk_per_position)
 
     def url_of(self, sample: Any) -> str:
         """The URL of ``sample``'s teacher: its metadata's name, else ``default``."""
@@ -110,15 +127,17 @@ class Teacher:
         return url
 
     def score(self, output: Any) -> None:
-        """Every sample of a rollout output gets ``teacher_log_probs`` (module docstring)."""
+        """Every sample of a rollout output gets ``teacher_log_probs``, or with
+        ``--opd-log-prob-top-k`` ``opd_reverse_kl`` (module docstring)."""
         samples = flatten_rollout_output(output).samples
         if not samples:
             return
         with ThreadPoolExecutor(min(MAX_REQUESTS, len(samples)),
                                 thread_name_prefix="vime-teacher") as pool:
             found = list(pool.map(self._one, samples, range(len(samples))))
-        for sample, log_probs in zip(samples, found):
-            sample.teacher_log_probs = log_probs
+        field = "opd_reverse_kl" if self.top_k else "teacher_log_probs"
+        for sample, values in zip(samples, found):
+            setattr(sample, field, values)
 
     def _one(self, sample: Any, k: int) -> list[float]:
         r = int(sample.response_length)
@@ -126,13 +145,81 @@ class Teacher:
             return []
         tokens = [int(t) for t in sample.tokens]
         url = self.url_of(sample)
-        reply = post_with_retries(url, {
+        where = f"{url}, sample {k}"
+        student = self._student_top(sample, r, where) if self.top_k else None
+        reply = post_with_retries(url, self._request(tokens, student), self.timeout,
+                                  error=TeacherError, what=f"teacher {url}",
+                                  fix="start the teacher server (SGLang's /generate) or correct "
+                                  "--rm-url / --opd-teacher-urls")
+        if student is None:
+            return response_log_probs(reply, len(tokens), r, where=where)
+        top = (response_entries(reply, "input_top_logprobs", len(tokens), r, where)
+               if self.strategy in TEACHER_TOP else [{}] * r)
+        scored = response_entries(reply, "input_token_ids_logprobs", len(tokens), r, where)
+        try:
+            return top_k_reverse_kl(student, top, scored, strategy=self.strategy,
+                                    weight_mode=self.weight_mode).tolist()
+        except DistillationError as exc:
+            raise TeacherError(f"{where}: {exc}") from None
+
+    def _request(self, tokens: list[int], student: list[LogProbs] | None) -> dict[str, Any]:
+        """SGLang's scoring request for ``tokens`` (module docstring)."""
+        body: dict[str, Any] = {
             "input_ids": tokens, "return_logprob": True, "logprob_start_len": 0,
             "sampling_params": {"temperature": self.temperature, "max_new_tokens": 0,
-                                "skip_special_tokens": False}}, self.timeout,
-            error=TeacherError, what=f"teacher {url}", fix="start the teacher server (SGLang's "
-            "/generate) or correct --rm-url / --opd-teacher-urls")
-        return response_log_probs(reply, len(tokens), r, where=f"{url}, sample {k}")
+                                "skip_special_tokens": False}}
+        if student is None:
+            return body
+        if self.strategy in TEACHER_TOP:
+            body["top_logprobs_num"] = self.top_k
+        if self.per_position:  # response position j is input position len(tokens) - r + j
+            body["token_ids_logprob_positions"] = (
+                [[] for _ in range(len(tokens) - len(student))] + [list(m) for m in student])
+        else:
+            body["token_ids_logprob"] = sorted({y for m in student for y in m})
+        return body
+
+    def _student_top(self, sample: Any, r: int, where: str) -> list[LogProbs]:
+        """The engine's top-k of each response token (``Sample.rollout_top_log_probs``)."""
+        top = sample.rollout_top_log_probs
+        if top is None or len(top) != r:
+            raise TeacherError(
+                f"{where}: --opd-log-prob-top-k {self.top_k} needs the engine's top-k log-probs "
+                f"of each of the {r} response tokens, and the sample has "
+                f"{'none' if top is None else len(top)}. Fix: generate with vime's rollout "
+                "functions (they ask the engine for them), or set "
+                "sample.rollout_top_log_probs in a custom one.")
+        return [{int(y): float(v) for y, v in entries} for entries in top]
+
+
+def response_entries(reply: Any, field: str, num_tokens: int, response_length: int,
+                     where: str) -> list[LogProbs]:
+    """The last ``response_length`` entries of SGLang's per-input-token list ``field``
+    (``input_token_ids_logprobs``, ``input_top_logprobs``: per token a list of ``[log-prob,
+    id, text]``) as ``{id: log-prob}`` maps. Example: ``[None, [[-1.0, 5, "a"]]]`` with a
+    response of 1 gives ``[{5: -1.0}]``."""
+    entries = _meta_list(reply, field, num_tokens, where, ", top_logprobs_num, token_ids_logprob")
+    out: list[LogProbs] = []
+    for j, lists in enumerate(entries[num_tokens - response_length:]):
+        try:
+            out.append({int(e[1]): float(e[0]) for e in lists or () if e is not None})
+        except (TypeError, ValueError, IndexError):
+            raise TeacherError(f"{where}: meta_info.{field} of response token {j} is "
+                               f"{one_line(repr(lists))[:80]}, not [log-prob, id, text] "
+                               "entries. Fix: serve the teacher with SGLang's /generate.") from None
+    return out
+
+
+def _meta_list(reply: Any, field: str, num_tokens: int, where: str, how: str = "") -> list:
+    """``reply['meta_info'][field]``, checked to hold one entry per input token."""
+    meta = reply.get("meta_info") if isinstance(reply, dict) else None
+    entries = meta.get(field) if isinstance(meta, dict) else None
+    if not isinstance(entries, list) or len(entries) != num_tokens:
+        raise TeacherError(
+            f"{where}: the reply {one_line(repr(reply))[:160]} has no meta_info.{field} with "
+            f"one entry per input token ({num_tokens}). Fix: point the URL at SGLang's "
+            f"/generate (return_logprob with logprob_start_len 0{how}).")
+    return entries
 
 
 def response_log_probs(reply: Any, num_tokens: int, response_length: int, *, where: str
@@ -140,13 +227,7 @@ def response_log_probs(reply: Any, num_tokens: int, response_length: int, *, whe
     """The last ``response_length`` log-probs of SGLang's ``input_token_logprobs`` (one
     ``[log-prob, id, text]`` per input token). Example: a reply for 4 tokens with log-probs
     ``[None, -1, -2, -3]`` and a response of 2 gives ``[-2.0, -3.0]``."""
-    meta = reply.get("meta_info") if isinstance(reply, dict) else None
-    entries = meta.get("input_token_logprobs") if isinstance(meta, dict) else None
-    if not isinstance(entries, list) or len(entries) != num_tokens:
-        raise TeacherError(
-            f"{where}: the reply {one_line(repr(reply))[:160]} has no meta_info."
-            f"input_token_logprobs with one entry per input token ({num_tokens}). Fix: point "
-            "the URL at SGLang's /generate (return_logprob with logprob_start_len 0).")
+    entries = _meta_list(reply, "input_token_logprobs", num_tokens, where)
     out = []
     for j, entry in enumerate(entries[num_tokens - response_length:]):
         value = entry[0] if isinstance(entry, (list, tuple)) and entry else None

@@ -9,6 +9,7 @@ Example: ``LossArgs(eps_clip=0)`` raises ``--eps-clip=0: must lie in (0, 1]. Fix
 import attrs
 
 from vime_pure.denominators import LOSS_MODES, REJECTION_DENOMINATORS
+from vime_pure.distillation import STUDENT_SCORED, TOP_K_STRATEGIES, WEIGHT_MODES
 from vime_pure.errors import LossConfigError, field_error
 from vime_pure.policy_config import (KL_KINDS, LOSS_TYPES, RS_LEVELS, TIS_FUNCTIONS,
                                      TIS_MODES, LossConfig, MisConfig, RejectionConfig)
@@ -80,6 +81,24 @@ class LossArgs(Record):
         "to the one its metadata's --opd-teacher-key names, else to 'default'", SECTION)
     opd_teacher_key: str = _f("opd_teacher", "the prompt rows' metadata entry naming their "
                               "teacher in --opd-teacher-urls")
+    opd_log_prob_top_k: int = _f(0, "top-k distillation (--opd-type sglang, miles'): the "
+                                 "engine reports each token's K most likely tokens, the "
+                                 "teacher scores them, and each token's advantage loses "
+                                 "--opd-kl-coef x the reverse-KL estimate over them "
+                                 "(vime_pure.distillation); 0: the sampled token's. As in "
+                                 "miles the estimate does not depend on the sampled token, so "
+                                 "its expected gradient is 0 (docs/train.md)")
+    opd_top_k_strategy: str = _f("only-student", "the tokens of top-k distillation: the "
+                                 "student's top-k, or those also in the teacher's "
+                                 "(intersection); miles' only-teacher, union and xor need the "
+                                 "student's server to score the teacher's tokens, which vime's "
+                                 "engines do not offer (an error)", TOP_K_STRATEGIES)
+    opd_reward_weight_mode: str = _f("student_p", "the weights of top-k distillation: the "
+                                     "softmax over the tokens of the student's log-probs, the "
+                                     "teacher's, or uniform (none)", WEIGHT_MODES)
+    opd_topk_per_position: bool = _f(False, "ask the teacher about each position's own "
+                                     "top-k ids (token_ids_logprob_positions, a patched SGLang) "
+                                     "instead of the union of all of them")
     loss_mode: str | None = _f(None, f"loss denominators; default {DEFAULT_LOSS_MODE} "
                                "(token_mean under --calculate-per-token-loss)", LOSS_MODES)
     calculate_per_token_loss: bool = _f(False, "slime's name for --loss-mode token_mean")
@@ -198,6 +217,30 @@ class LossArgs(Record):
             teacher_urls(self.opd_teacher_urls)
         except TeacherError as exc:
             raise ConfigError(str(exc)) from None
+        self._check_top_k()
+
+    def _check_top_k(self) -> None:
+        """miles' rules for --opd-log-prob-top-k: >= 0, a teacher server's, and (vime's) a
+        strategy whose student log-probs the engine reports (``vime_pure.distillation``)."""
+        k = self.opd_log_prob_top_k
+        if k < 0:
+            raise field_error(ConfigError, "--opd-log-prob-top-k", k, "must be >= 0",
+                              "use 0 to distil on the sampled token")
+        if k and not self.opd_server:
+            raise field_error(ConfigError, "--opd-log-prob-top-k", k,
+                              "needs --use-opd --opd-type sglang (the teacher server scores "
+                              "the tokens)", "add them, or drop --opd-log-prob-top-k")
+        if k and self.opd_top_k_strategy not in STUDENT_SCORED:
+            raise field_error(ConfigError, "--opd-top-k-strategy", self.opd_top_k_strategy,
+                              "needs the student's server to score the teacher's top-k "
+                              "tokens (SGLang's token_ids_logprob), which vime's engines do "
+                              "not offer", f"use one of {list(STUDENT_SCORED)}")
+
+    @property
+    def opd_engine_top_k(self) -> int:
+        """How many top log-probs the engine reports per generated token (top-k
+        distillation's student side; 0 otherwise)."""
+        return self.opd_log_prob_top_k if self.opd_server else 0
 
     def rejection_config(self) -> RejectionConfig | None:
         """The ``--use-rs`` settings as the core's record (None without ``--use-rs``); unset

@@ -88,10 +88,6 @@ UNSUPPORTED_ENV: dict[str, str] = {
 
 UNSUPPORTED: dict[str, str] = {
     # training backends and modes
-    "--opd-log-prob-top-k": "on-policy distillation over the top-k tokens of each position; "
-    "vime distils on the sampled token (top-k 0)",
-    "--opd-reward-weight-mode": "top-k on-policy distillation (--opd-log-prob-top-k)",
-    "--opd-top-k-strategy": "top-k on-policy distillation (--opd-log-prob-top-k)",
     "--lora-base-cpu-backup": "an engine-side copy of the base weights (vime syncs the "
     "merged weights)",
     "--experts-shared-outer-loras": "LoRA on MoE experts",
@@ -135,13 +131,10 @@ UNSUPPORTED_VALUES: dict[str, str] = {
 
 # slime's defaults of flags in UNSUPPORTED, at which their feature is off (a no-op; accepted
 # with a note). Sources, as typed on a command line: THUDM/slime slime/utils/arguments.py
-# (624b824), radixark/miles miles/utils/arguments.py (31f1ca9; the OPD-top-k flags),
-# NVIDIA/Megatron-LM megatron/training/arguments.py (d98e8a64: --muon-momentum) and
+# (624b824), NVIDIA/Megatron-LM megatron/training/arguments.py (d98e8a64: --muon-momentum) and
 # megatron-core's TransformerConfig defaults (--softmax-type, --fp8-recipe,
 # --mtp-loss-scaling-factor 0.1; slime resets it to 0.2).
 UNSUPPORTED_OFF: dict[str, tuple[str, ...]] = {
-    "--opd-log-prob-top-k": ("0",),
-    "--opd-reward-weight-mode": ("student_p",), "--opd-top-k-strategy": ("only-student",),
     "--muon-momentum": ("0.9",),
     "--mtp-loss-scaling-factor": ("0.2", "0.1"),
     "--softmax-type": ("vanilla",), "--fp8-recipe": ("delayed",),

@@ -423,7 +423,7 @@ class RolloutProducer:
                               top_p=pick("top_p"), top_k=pick("top_k"),
                               stop_token_ids=tuple(dict.fromkeys((*self.stop, *extra))),
                               stop=pick("stop") or (), max_context_len=pick("max_context_len"),
-                              seed=seed)
+                              seed=seed, top_log_probs=0 if for_eval else cfg.opd_engine_top_k)
 
     def partial_state(self) -> dict[str, Any]:
         """For the checkpoint's data state: ``{"partial_buffer": ...}`` under
