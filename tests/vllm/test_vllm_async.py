@@ -4,7 +4,8 @@ Skips without ``vllm``. One ``AsyncLLM`` (multiprocess, ~15 s to start) serves e
 the in-process ``vllm.LLM`` engine and the HF engine on the same weights as references.
 
 Asserts: concurrent requests return what the batched ``LLM`` call returns for the same seeds
-(tokens exactly, log-probs to 1e-5), also when called from two event loops in turn; an aborted
+(tokens exactly, log-probs to 1e-5), also when called from two event loops in turn; a
+request's top-4 ids and log-probs (``top_log_probs=4``) equal HF's; an aborted
 greedy request returns its partial tokens and, resubmitted, continues them exactly; a weight
 update from a directory bumps ``weight_version`` and greedy output follows the new weights; a
 sync that meets a request (``--pause-generation-mode`` in_place, retract) continues it exactly
@@ -16,6 +17,7 @@ import asyncio
 import os
 import threading
 
+import numpy as np
 import pytest
 
 pytest.importorskip("vllm")
@@ -73,6 +75,21 @@ def test_concurrent_requests_equal_the_batched_llm(engine, embedded_pair, prompt
             assert g.weight_version == 0
     assert len({g.token_ids for g in gens}) > 1
     assert engine.in_flight == 0
+
+
+def test_a_request_reports_the_top_log_probs_hf_reports(engine, embedded_pair, prompt_ids):
+    """A greedy request with ``top_log_probs=4`` reports the top-4 ids the HF engine reports for
+    every token, most likely first, log-probs to 1e-5; with ``top_log_probs=0``, neither field."""
+    params = SamplingParams(max_new_tokens=6, temperature=0.0, top_log_probs=4)
+    gen = asyncio.run(engine.generate(prompt_ids[4], params))
+    (ref,) = HfEngine(embedded_pair[0]).generate([prompt_ids[4]], params)
+    assert gen.token_ids == ref.token_ids
+    assert gen.top_token_ids.shape == (len(gen.token_ids), 4)
+    np.testing.assert_array_equal(gen.top_token_ids, ref.top_token_ids)
+    np.testing.assert_allclose(gen.top_log_probs, ref.top_log_probs, rtol=0, atol=1e-5)
+    plain = asyncio.run(engine.generate(prompt_ids[4], SamplingParams(max_new_tokens=2,
+                                                                      temperature=0.0)))
+    assert plain.top_token_ids is None and plain.top_log_probs is None
 
 
 def _streamed(engine, tokens: int) -> threading.Event:

@@ -4,13 +4,15 @@ Skips cleanly when ``vllm`` is not importable (the main venv). Run with ``make t
 which builds ``.venv-vllm``. One in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) on the
 embedded tiny Qwen2 serves every test; the HF engine on the same weights is the reference.
 
-Asserts: greedy tokens equal HF's and log-probs agree to 1e-5; seeded sampling is
-reproducible and diverse within a group; both weight-update paths make vLLM's log-probs follow
-the new weights; stop tokens end generation with ``finish_reason == "stop"``.
+Asserts: greedy tokens equal HF's and log-probs agree to 1e-5, and so do the top-4 ids and
+log-probs of ``top_log_probs=4``; seeded sampling is reproducible and diverse within a group;
+both weight-update paths make vLLM's log-probs follow the new weights; stop tokens end
+generation with ``finish_reason == "stop"``.
 """
 
 import os
 
+import numpy as np
 import pytest
 
 pytest.importorskip("vllm")
@@ -68,6 +70,23 @@ def test_greedy_matches_hf_tokens_and_logprobs(engines, prompt_ids):
     assert_generation_invariants(ours, params)
     assert [g.token_ids for g in ours] == [g.token_ids for g in ref]
     assert _max_gap(ours, ref) < LOGPROB_TOL
+
+
+def test_greedy_top_log_probs_match_hf(engines, prompt_ids):
+    """With ``top_log_probs=4`` every generated token's top-4 ids equal HF's, most likely first,
+    and their log-probs agree to 1e-5; with ``top_log_probs=0`` neither field is reported."""
+    vllm_engine, hf = engines
+    params = SamplingParams(max_new_tokens=6, temperature=0.0, top_log_probs=4)
+    ours, ref = vllm_engine.generate(prompt_ids, params), hf.generate(prompt_ids, params)
+    assert [g.token_ids for g in ours] == [g.token_ids for g in ref]
+    for g, r in zip(ours, ref):
+        assert g.top_token_ids.shape == g.top_log_probs.shape == (len(g.token_ids), 4)
+        assert g.top_token_ids.dtype == np.int64 and g.top_log_probs.dtype == np.float32
+        np.testing.assert_array_equal(g.top_token_ids, r.top_token_ids)
+        np.testing.assert_allclose(g.top_log_probs, r.top_log_probs, rtol=0, atol=LOGPROB_TOL)
+    plain = vllm_engine.generate(prompt_ids[:2], SamplingParams(max_new_tokens=3,
+                                                                temperature=0.0))
+    assert all(g.top_token_ids is None and g.top_log_probs is None for g in plain)
 
 
 def test_seeded_sampling_is_reproducible_and_diverse(engines, prompt_ids):
