@@ -230,7 +230,7 @@ def test_megatrons_no_switches_parse_as_given():
 
 
 @pytest.mark.parametrize("model_type, reason", [
-    ("deepseek_v2", "DeepSeek-V2"), ("mimo", "MiMo"), ("qwen2_5_vl", "multimodal")])
+    ("deepseek_v2", "DeepSeek-V2"), ("qwen2_5_vl", "multimodal")])
 def test_a_family_the_bridge_cannot_build_is_refused_at_launch(model_type, reason, tmp_path):
     """Before anything heavy is built (such a bridge fails inside Megatron's config, or
     mbridge has none): one line naming the family and the reason."""

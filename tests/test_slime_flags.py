@@ -125,7 +125,7 @@ def test_static_micro_batches_without_dynamic_batch_size():
 
 
 @pytest.mark.parametrize("flag", ["--muon-momentum", "--lora-base-cpu-backup",
-                                  "--enable-mtp-training", "--window-size"])
+                                  "--softmax-type", "--window-size"])
 def test_unsupported_flag_prints_its_table_line(flag, capsys, tmp_path):
     # a dry run in a scratch run directory: a flag that stops being refused never trains here
     status, err = _exit([flag, "1", "--dry-run", "--run-dir", str(tmp_path)], capsys)
@@ -300,7 +300,6 @@ SLIME_DEFAULTS: dict[str, str] = {
     "--actor-num-nodes": "1", "--actor-num-gpus-per-node": "8", "--num-gpus-per-node": "8",
     # refused features, at the value that leaves them off
     "--loss-type": "policy_loss", "--opd-kl-coef": "1.0", "--train-env-vars": "{}",  # s
-    "--mtp-loss-scaling-factor": "0.2",  # s
     "--opd-teacher-key": "opd_teacher", "--opd-log-prob-top-k": "0",  # mi
     "--opd-reward-weight-mode": "student_p", "--opd-top-k-strategy": "only-student",  # mi
     "--lora-rank": "0", "--lora-alpha": "16", "--lora-dropout": "0.0",  # mi (vime's own now)
@@ -312,7 +311,7 @@ SLIME_DEFAULTS: dict[str, str] = {
 # Refused flags with no value to type at their default (a store_true, or None): nothing to try.
 NO_TYPED_DEFAULT = {
     "--lora-base-cpu-backup",
-    "--experts-shared-outer-loras", "--enable-mtp-training", "--use-fault-tolerance",
+    "--experts-shared-outer-loras", "--use-fault-tolerance",
     "--window-size", "--window-attn-skip-freq", "--allgather-cp", "--fp8-format",
     "--fp8-param-gather",
     "--multimodal-keys", "--filter-zero-reward-samples",
@@ -403,11 +402,10 @@ def test_expert_tensor_parallel_size_1_is_a_no_op_on_a_dense_model(model, monkey
 def test_unsupported_flag_at_slimes_default_is_a_note_and_at_another_value_its_line(capsys,
                                                                                    tmp_path):
     status, err = _exit(["--dry-run", "--run-dir", str(tmp_path), "--muon-momentum", "0.9",
-                         "--loss-type=policy_loss", "--mtp-loss-scaling-factor", "0.2"], capsys)
+                         "--loss-type=policy_loss"], capsys)
     assert status == 0, err
     assert "note: --muon-momentum 0.9: slime's default, a no-op (not supported in vime: the " \
         "Muon optimizer" in err
-    assert "note: --mtp-loss-scaling-factor 0.2: slime's default" in err
     assert "--loss-type" not in err  # a flag of vime's own now (policy_loss, sft_loss)
     status, err = _exit(["--muon-momentum", "0.95", "--dry-run", "--run-dir", str(tmp_path)],
                         capsys)

@@ -59,16 +59,18 @@ def train_and_export(model: Path, tmp_path: Path, *extra: str) -> dict:
     return {k: v for f in (tmp_path / "hf").glob("*.safetensors") for k, v in load_file(f).items()}
 
 
-def assert_transformers_loads(hf_dir: Path, trained: dict, names) -> str:
-    """``hf_dir`` (an export) loads in transformers with each of ``names`` equal to
-    ``trained``'s tensor, found under transformers' own name (its multimodal prefix dropped,
-    its experts fused: ``vime_shell.models.hf_names``); returns the loaded class's name."""
+def assert_transformers_loads(hf_dir: Path, trained: dict, names, config=None) -> str:
+    """``hf_dir`` (an export) loads in transformers (with ``config``, where its model_type is
+    remote code: ``auto_config``'s alias) with each of ``names`` equal to ``trained``'s
+    tensor, found under transformers' own name (its multimodal prefix dropped, its experts
+    fused: ``vime_shell.models.hf_names``); returns the loaded class's name."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from vime_shell.models.hf_names import fused_expert_slice, in_memory_name
 
-    native = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    native = AutoModelForCausalLM.from_pretrained(
+        hf_dir, dtype=torch.float32, **({} if config is None else {"config": config}))
     state = native.state_dict()
     for name in names:
         target = state.get(in_memory_name(name))

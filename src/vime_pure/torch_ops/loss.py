@@ -71,7 +71,7 @@ def microbatch_loss(per_token: Float[Tensor, " t"], loss_mask: Float[Tensor, " t
     non-finite, or 0 under a non-zero mask (O(t), one host sync).
     """
     _check_row(loss_mask, sample_index, denominators)
-    return (per_token * _token_weights(loss_mask, sample_index, denominators,
+    return (per_token * token_weights(loss_mask, sample_index, denominators,
                                        per_token.dtype)).sum()
 
 
@@ -86,11 +86,11 @@ def microbatch_losses(per_token: Float[Tensor, "k t"], loss_mask: Float[Tensor, 
     ``D = [4, 2]`` gives ``[0.75, 0.25]``.
     """
     _check_row(loss_mask, sample_index, denominators)
-    weights = _token_weights(loss_mask, sample_index, denominators, per_token.dtype)
+    weights = token_weights(loss_mask, sample_index, denominators, per_token.dtype)
     return (per_token * weights).sum(dim=-1)
 
 
-def _token_weights(loss_mask: Tensor, sample_index: Tensor, denominators: Tensor,
+def token_weights(loss_mask: Tensor, sample_index: Tensor, denominators: Tensor,
                    dtype: torch.dtype) -> Tensor:
     """``m[t] / D[sample_index[t]]``: the one place a token meets its denominator."""
     # Replace D=0 by 1 before dividing: those tokens have m=0 (checked by _check_row), and a

@@ -54,7 +54,7 @@ Example (2 ranks, HF engine, 16 prompts)::
     out = group.run_shares(lambda chunk: rollout_fn(share_context(ctx, chunk)), 16)
     # chunks of 2 prompts; e.g. engine 0 claimed prompts 0-1, 4-9, 12-15, engine 1 (slower)
     # 2-3 and 10-11; rank 0: the 16 per-prompt lists in prompt order; None elsewhere
-    group.sync_weights(trainer.export_hf())
+    group.sync_weights(trainer.engine_weights())
 """
 
 import logging
@@ -410,7 +410,7 @@ class EngineGroup:
     # -- weights and memory --------------------------------------------------------------------
     def sync_weights(self, named: Iterable[tuple[str, torch.Tensor]], *,
                      version: int | None = None) -> SyncReport:
-        """Collective: stream ``named`` (the trainer's ``export_hf()``) into the engine in
+        """Collective: stream ``named`` (the trainer's ``engine_weights()``) into the engine in
         buckets; drained on ranks without an engine. The engine's weights are awake after.
         The engine's ``weight_version`` becomes ``version`` (the trainer's count of syncs,
         ``vime_pure.data.sample``), or one more than before when None."""

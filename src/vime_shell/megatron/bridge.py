@@ -26,6 +26,7 @@ Example: ``bridge = make_bridge(hf_dir, platform); chunks = build_model_chunks(b
 platform, layout)`` gives ``layout.vpp`` ``GPTModel`` chunks holding the checkpoint's weights.
 """
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,8 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
 from vime_pure.errors import one_line
 from vime_shell.models.auto_config import auto_config
-from vime_shell.models.hf_config import ModelLoadError
+from vime_shell.models.hf_config import MTP_MODEL_TYPES, ModelLoadError
+from vime_shell.megatron import mtp
 from vime_shell.megatron.layout import TrainLayout
 from vime_shell.megatron.glm4_bridge import Glm4
 from vime_shell.megatron.minimax_m2_bridge import MiniMaxM2
@@ -141,18 +143,43 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     norm_names = {**_LOCAL_NORM_NAMES, **getattr(own, "EXTRA_NORM_NAMES", {})}
     hf_name = getattr(own, "HF_NAME", None) or (lambda name: name)
 
+    mtp_names = None if options.mtp_loss_scaling_factor is None else _mtp_names(hf_dir, config)
+
     def name_to_hf(name: str) -> list[str]:  # adjustment 2
+        mtp_layer = None if mtp_names is None else \
+            mtp.hf_names(name, config.num_hidden_layers, mtp_names, name_to_hf)  # mtp.py
+        if mtp_layer is not None:
+            return mtp_layer
         for suffix, template in norm_names.items():
             if name.startswith("decoder.layers.") and name.endswith(suffix):
                 return [hf_name(template.format(n=name.split(".")[2]))]
         return [hf_name(n) for n in to_hf(name)]
 
     bridge._weight_name_mapping_mcore_to_hf = name_to_hf
+    if mtp_names is not None:  # --enable-mtp-training
+        bridge.set_extra_args(mtp_num_layers=int(config.num_nextn_predict_layers),
+                              mtp_loss_scaling_factor=options.mtp_loss_scaling_factor)
+        mtp.adjust_bridge(bridge, mtp_names, layer_spec, use_te)
     if num_experts_of(config) is not None:
         _adjust_expert_names(bridge)
         reader = bridge._get_safetensor_io
         bridge._get_safetensor_io = lambda path: FusedExpertReader(reader(path))
     return bridge
+
+
+def _mtp_names(hf_dir: str | Path, config) -> "mtp.MtpNames":
+    """How the checkpoint names the MTP layers ``--enable-mtp-training`` trains
+    (:mod:`vime_shell.megatron.mtp`), by its own ``model_type`` (MiMo's reads as Qwen2's);
+    a checkpoint without MTP layers vime maps is a ``ModelLoadError``."""
+    kind = json.loads((Path(hf_dir) / "config.json").read_text()).get("model_type")
+    layers = int(getattr(config, "num_nextn_predict_layers", 0) or 0)
+    if kind not in mtp.NAMES_OF or layers < 1:
+        raise ModelLoadError(
+            f"--enable-mtp-training: the checkpoint (model_type {kind!r}, "
+            f"num_nextn_predict_layers {layers}) has no multi-token prediction layers vime "
+            f"trains ({', '.join(MTP_MODEL_TYPES)}). Fix: drop --enable-mtp-training "
+            "(--mtp-num-layers carries the layers untrained).")
+    return mtp.NAMES_OF[kind]
 
 
 def _stage_fields(layout: TrainLayout | None) -> dict[str, object]:
@@ -213,6 +240,7 @@ def build_model_chunks(bridge, platform: Platform, layout: TrainLayout,
         chunk.model_type = ModelType.encoder_or_decoder
         chunk.vp_stage = vp
         apply_rope_scaling(chunk, bridge.rope_scaling)
+        mtp.attach(chunk)
         expert_bias_in_layer_order(chunk)
         for param in chunk.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
@@ -231,10 +259,10 @@ def export_hf_weights(bridge, chunks: list[torch.nn.Module]) -> Iterator[tuple[s
     Collective: every rank of the model-parallel group must drain the iterator together. Each
     rank receives every tensor (full, unsharded), so any rank can sync or save.
 
-    Tied embeddings under PP: the first stage holds the embedding and the last stage its copy
-    as the output layer (Megatron all-reduces their gradients, so they stay equal), and mbridge
-    exports both as ``model.embed_tokens.weight``. The name is yielded once; a copy that
-    differs is an error, never a silent choice.
+    The embedding under PP: the first stage holds it and the last stage a copy, as the tied
+    output layer or as the MTP layers' embedding (Megatron all-reduces their gradients, so
+    they stay equal), and mbridge exports both as ``model.embed_tokens.weight``. The name is
+    yielded once; a copy that differs is an error, never a silent choice.
     """
     seen: dict[str, torch.Tensor] = {}
     with torch.no_grad():
@@ -242,18 +270,14 @@ def export_hf_weights(bridge, chunks: list[torch.nn.Module]) -> Iterator[tuple[s
             if name in seen:
                 if not torch.equal(seen[name], tensor):
                     raise ModelLoadError(
-                        f"{name}: the pipeline's two copies of the tied embedding differ (max "
+                        f"{name}: the pipeline's two copies of the embedding differ (max "
                         f"{float((seen[name] - tensor).abs().max()):.3g}). Fix: report this; "
                         "the embedding gradients were not all-reduced between the first and "
                         "last stage.")
                 continue
-            if _tied(bridge) and name.endswith("embed_tokens.weight"):
+            if name.endswith("embed_tokens.weight"):
                 seen[name] = tensor.detach()
             yield name, tensor.detach()
-
-
-def _tied(bridge) -> bool:
-    return bool(getattr(bridge.hf_config, "tie_word_embeddings", False))
 
 
 def hf_state_dict(bridge, chunks: list[torch.nn.Module]) -> dict[str, torch.Tensor]:

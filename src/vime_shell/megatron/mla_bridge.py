@@ -5,10 +5,11 @@
    ``MLATransformerConfig`` calls the YaRN field ``original_max_position_embeddings`` (a
    ``TypeError`` before this), and reads RoPE scaling from ``rope_scaling``, which transformers
    5 moved into ``rope_parameters`` (a YaRN checkpoint would silently run plain RoPE).
-2. No multi-token prediction: mbridge builds ``num_nextn_predict_layers`` MTP layers with
-   TransformerEngine hard-coded; slime's DeepSeek scripts train without them, and so does
-   vime (their weights in the checkpoint are not loaded; ``--save-hf`` copies them unchanged,
-   ``vime_shell.storage.untrained``).
+2. Multi-token prediction: mbridge builds ``num_nextn_predict_layers`` MTP layers with
+   TransformerEngine hard-coded, for DeepSeek-V3's 61 layers only. Without
+   ``--enable-mtp-training`` none is built (as slime's DeepSeek scripts run; ``--save-hf``
+   copies the checkpoint's unchanged, ``vime_shell.storage.untrained``); with it
+   :mod:`vime_shell.megatron.mtp` builds, maps and trains them.
 3. Routing as the HF model routes: group-limited top-k (``n_group`` / ``topk_group``, which
    mbridge drops) and a fixed expert bias (``moe_router_bias_update_rate=0``, as slime's
    scripts pass: an RL step must not move the routing the engine used).
@@ -25,6 +26,7 @@ import math
 
 import torch
 from mbridge.core.bridge import Bridge
+from mbridge.core.llm_bridge import LLMBridge
 from mbridge.models.deepseek_v3 import DeepseekV3Bridge
 from megatron.core.transformer.module import MegatronModule
 
@@ -67,6 +69,10 @@ class DeepseekV3(DeepseekV3Bridge):
                           moe_router_group_topk=int(hf.topk_group))
         kwargs["moe_router_bias_update_rate"] = 0.0
         return super()._build_base_config(text_config_key, **kwargs)
+
+    # mbridge's DeepSeek-V3 provider builds any MTP block with TransformerEngine hard-coded;
+    # the plain provider takes the block spec bridge.make_bridge gives (megatron/mtp.py)
+    _model_provider = LLMBridge._model_provider
 
     def _get_safetensor_io(self, weights_path: str):
         # mbridge reads DeepSeek's FP8 release dequantised to bf16 and raises for any other

@@ -59,6 +59,9 @@ class ModelOptions:
     moe_grouped_gemm: bool | None = None
     moe_permute_fusion: bool | None = None
     moe_enable_routing_replay: bool = False
+    # --enable-mtp-training: the MTP loss weight (--mtp-loss-scaling-factor); None: the
+    # checkpoint's MTP layers are not built (vime_shell.megatron.mtp)
+    mtp_loss_scaling_factor: float | None = None
 
     def __attrs_post_init__(self) -> None:
         for name, choices in (("recompute_granularity", RECOMPUTE_GRANULARITIES),
@@ -126,7 +129,8 @@ class ModelOptions:
         out: dict[str, object] = {}
         for f in attrs.fields(type(self)):
             value = getattr(self, f.name)
-            if value is not None and f.name != "moe_enable_routing_replay":
+            if value is not None and f.name not in ("moe_enable_routing_replay",
+                                                    "mtp_loss_scaling_factor"):
                 out[f.name] = list(value) if f.name == "recompute_modules" else value
         if self.moe_enable_routing_replay:
             out["moe_enable_routing_replay"] = True

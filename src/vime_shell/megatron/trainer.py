@@ -35,6 +35,7 @@ Example::
     results = trainer.train(with_log_probs(mine, old_log_probs=logps))  # one per step
 """
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -54,7 +55,8 @@ from megatron.core.transformer.module import Float16Module
 from vime_pure.data.microbatch import RankBatch, StepBatch, TrainMicroBatch
 from vime_pure.errors import VimeError, field_error
 from vime_pure.metrics import Metric
-from vime_shell.megatron import checkpoint
+from vime_pure.torch_ops.loss import token_weights
+from vime_shell.megatron import checkpoint, mtp
 from vime_shell.megatron.bridge import (build_model_chunks, export_hf_weights, hf_state_dict,
                                         make_bridge, read_hf_config)
 from vime_shell.megatron.collectives import gather_metrics, gather_step_report
@@ -94,6 +96,22 @@ def _natively(loss_fn, row, output):
     """``loss_fn(row, output)`` outside the CPU device mode (see ``cuda_compat.native_torch``)."""
     with native_torch(model=True):
         return loss_fn(row, output)
+
+
+def _with_mtp_report(loss_fn, row, mtp_report: dict, output):
+    """:func:`_natively` with the forward's MTP sums in the report (``mtp_loss``)."""
+    loss, report = _natively(loss_fn, row, output)
+    return loss, {**report, **mtp_report}
+
+
+def mtp_position_weights(row: MicroBatchTensors, *, factor: float, depth: int) -> torch.Tensor:
+    """Each position's MTP loss weight ``[rows, columns]``, aligned with ``row.labels``: the
+    policy's ``m / D`` of the response token it predicts (``token_weights``) times ``factor``,
+    0 elsewhere and at positions ``< depth`` of a sample (``vime_shell.megatron.mtp``)."""
+    weights = torch.zeros(row.labels.numel(), dtype=torch.float32, device=row.labels.device)
+    weights[row.logit_index] = token_weights(row.loss_mask.float(), row.token_sample,
+                                             row.denominators, torch.float32) * factor
+    return torch.where(row.position_ids >= depth, weights.view_as(row.labels), 0.0)
 
 
 class MegatronTrainer:
@@ -247,7 +265,9 @@ class MegatronTrainer:
         iters = [iter(rows) for _ in self.model]
         return iters if len(iters) > 1 else iters[0]
 
-    def _forward_step(self, loss_fn, record_step: int | None):
+    def _forward_step(self, loss_fn, record_step: int | None, mtp_weights=None):
+        """Megatron's forward step over the rows; ``mtp_weights(row)``: train the MTP layers
+        on the row with those per-position weights (``vime_shell.megatron.mtp``)."""
         def forward_step(data_iterator: Iterator[MicroBatchTensors], model):
             row = next(data_iterator)
             if record_step is not None and model is self.model[0]:
@@ -256,16 +276,21 @@ class MegatronTrainer:
             if self.replay is not None:
                 assert row.routed_experts is not None  # _tensors' replay.check refused none
                 self.replay.before_forward(model, row.routed_experts)
+            chunk = unwrap_model(model)
+            inputs = contextlib.nullcontext() if mtp_weights is None else \
+                mtp.mtp_inputs(chunk, row.labels, mtp_weights(row))
             # No labels: the last stage returns vocab-parallel logits [rows, T, V/tp], of which the
             # loss needs only the rows that predict response tokens.
-            with native_torch(model=True):  # no CUDA name in the forward: skip the CPU mode
+            with native_torch(model=True), inputs:  # no CUDA name in the forward: skip the CPU mode
                 out = model(row.tokens, row.position_ids, row.attention_mask,
                             packed_seq_params=row.packed_seq_params)
+            if mtp_weights is not None:
+                return out, partial(_with_mtp_report, loss_fn, row, mtp.pop_report(chunk))
             return out, partial(_natively, loss_fn, row)
         return forward_step
 
     def _run(self, rows: list[MicroBatchTensors], loss_fn, forward_only: bool, record_step=None,
-             model: list[torch.nn.Module] | None = None):
+             model: list[torch.nn.Module] | None = None, mtp_weights=None):
         group = self.layout.scheduler_layout().microbatch_multiple  # 1 without vpp
         if self.layout.vpp > 1 and len(rows) % group:
             raise field_error(VimeError, "num_microbatches", len(rows),
@@ -275,7 +300,7 @@ class MegatronTrainer:
                               "(TrainLayout.scheduler_layout())")
         try:
             return get_forward_backward_func()(
-                forward_step_func=self._forward_step(loss_fn, record_step),
+                forward_step_func=self._forward_step(loss_fn, record_step, mtp_weights),
                 data_iterator=self._iterators(rows), model=model or self.model,
                 num_microbatches=len(rows), seq_length=max(r.seq_length for r in rows),
                 micro_batch_size=1, forward_only=forward_only)
@@ -309,7 +334,11 @@ class MegatronTrainer:
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        reports = self._run(rows, loss_fn, forward_only=False, record_step=self.steps_done)
+        mtp_weights = None if self.config.model.mtp_loss_scaling_factor is None else \
+            partial(mtp_position_weights, factor=factor * self.layout.cp,
+                    depth=self.bridge.config.mtp_num_layers)
+        reports = self._run(rows, loss_fn, forward_only=False, record_step=self.steps_done,
+                            mtp_weights=mtp_weights)
         metrics = self._reduce(reports, step)
         if before_update is not None:
             before_update(metrics)
@@ -382,6 +411,9 @@ class MegatronTrainer:
         tokens = sum(float(r["tokens"]) for r in owned)
         keys = TOKEN_KEYS + extra_token_keys(self.config.loss)
         metrics = {k: Metric(sum(float(r[k]) for r in owned), tokens) for k in keys}
+        for key in mtp.mtp_keys(self.config.model):  # the MTP layers' cross entropy
+            metrics[key] = Metric(sum(float(r["mtp_sum"]) for r in owned),
+                                  sum(float(r["mtp_tokens"]) for r in owned))
         gaps = [r for r in owned if "gap_sum" in r]
         gap_tokens = sum(float(r["gap_tokens"]) for r in gaps)
         metrics["logprob_gap"] = Metric(sum(float(r["gap_sum"]) for r in gaps), gap_tokens)
@@ -396,6 +428,8 @@ class MegatronTrainer:
         out.update({k: m.value for k, m in reduced.items()})
         out["tokens"] = reduced[TOKEN_KEYS[0]].count
         out["gap_tokens"] = reduced["logprob_gap"].count
+        if "mtp_loss" in reduced:
+            out["mtp_tokens"] = reduced["mtp_loss"].count
         out["num_samples"] = float(step.num_samples)
         return out
 
@@ -519,6 +553,13 @@ class MegatronTrainer:
         self._finish_param_sync()
         with merged(self.model):
             yield from export_hf_weights(self.bridge, self.model)
+
+    def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """:meth:`export_hf` without trained MTP layers, which no engine drafts with (vime
+        runs no speculative decoding): what a weight sync sends. Collective."""
+        layers = self.bridge.config.num_layers
+        return ((name, t) for name, t in self.export_hf()
+                if not mtp.is_mtp_weight(name, layers))
 
     def hf_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """The export (:meth:`export_hf`) as host copies in consecutive buckets of at most

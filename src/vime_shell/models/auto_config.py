@@ -7,7 +7,9 @@ DeepSeek-V3's (``architectures`` is ``DeepseekV3ForCausalLM``, the same keys and
 names): :data:`vime_shell.models.hf_config.MODEL_TYPE_ALIASES` maps it onto transformers'
 ``deepseek_v3`` classes, so the trainer's bridge and the HF engine build it without running
 the checkpoint's code. A real Kimi-K2 tokenizer is remote code too (tiktoken), which vime does
-not run: such a directory needs a tokenizer transformers loads.
+not run: such a directory needs a tokenizer transformers loads. MiMo (``mimo``, remote code
+too) is Qwen2 with multi-token prediction layers (``model.mtp_layers.*``, which Qwen2's
+classes leave unloaded): it reads as ``qwen2``.
 
 GLM-4.7-Flash (``glm4_moe_lite``) is DeepSeek-V3's architecture under GLM's config: the same
 weight names (multi-latent attention, a sigmoid router with an expert bias, a shared expert),

@@ -97,7 +97,7 @@ REQUIRED = (*SUMMARY_REQUIRED, "hidden_size", "num_attention_heads", "intermedia
 
 
 # model_type -> the transformers model_type of the same architecture (models/auto_config.py)
-MODEL_TYPE_ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3"}
+MODEL_TYPE_ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3", "mimo": "qwen2"}
 # MoE models with no dense layer, whose config.json states no dense intermediate_size
 MOE_ONLY_TYPES: tuple[str, ...] = ("qwen3_5_moe_text",)
 # multimodal model_type -> its language model's, which vime trains (models/auto_config.py)
@@ -105,6 +105,9 @@ LANGUAGE_MODEL_OF: dict[str, str] = {"qwen3_5": "qwen3_5_text",
                                      "qwen3_5_moe": "qwen3_5_moe_text"}
 # multi-latent attention (megatron/mla_bridge.py)
 MLA_MODEL_TYPES: tuple[str, ...] = ("deepseek_v3", "kimi_k2", "glm4_moe_lite")
+# multi-token prediction layers vime trains (--enable-mtp-training, megatron/mtp.py): the
+# DeepSeek-V3-style ones (decoder layers num_hidden_layers + i) and MiMo's (model.mtp_layers)
+MTP_MODEL_TYPES: tuple[str, ...] = (*MLA_MODEL_TYPES, "mimo")
 # sigmoid routers with an expert bias (DeepSeek-V3's, GLM-4.5's): Megatron renormalises their
 # top-k always
 SIGMOID_ROUTERS: tuple[str, ...] = (*MLA_MODEL_TYPES, "glm4_moe", "minimax_m2")
@@ -116,7 +119,6 @@ SIGMOID_ROUTERS: tuple[str, ...] = (*MLA_MODEL_TYPES, "glm4_moe", "minimax_m2")
 MODEL_TYPE_REFUSALS: dict[str, str] = {
     "deepseek_v2": "DeepSeek-V2 (mbridge has no bridge for it; DeepSeek-V3, R1 and Moonlight "
     "train as deepseek_v3)",
-    "mimo": "MiMo (its multi-token prediction layers)",
     **dict.fromkeys(("qwen2_5_vl", "qwen2_vl", "glm4v", "internvl_chat"),
                     "multimodal models (vime trains on text token ids)"),
 }

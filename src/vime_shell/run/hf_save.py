@@ -52,7 +52,8 @@ def save_hf(cfg: TrainConfig, trainer: MegatronTrainer, hf_dir: Path, template: 
     group = dist.new_group(writers)
     try:
         if rank in writers:
-            pairs = itertools.chain(trained, untrained_tensors(hf_dir, summary.num_layers))
+            pairs = itertools.chain(trained, untrained_tensors(
+                hf_dir, summary.num_layers, mtp_trained=cfg.enable_mtp_training))
             save_hf_checkpoint(pairs, source_dir=hf_dir, target_dir=target,
                                max_shard_size=limit, writer_rank=writers.index(rank),
                                writers=len(writers), barrier=lambda: dist.barrier(group=group),

@@ -37,7 +37,7 @@ from vime_shell.engines import engine_traits, engines_with
 from vime_shell.megatron.layout import (TrainLayout, UnsupportedLayoutError,
                                         check_mla_tensor_parallel, cuda_available,
                                         sequence_parallel_on, transformer_engine_available)
-from vime_shell.models.hf_config import MLA_MODEL_TYPES, HfConfigSummary
+from vime_shell.models.hf_config import MLA_MODEL_TYPES, MTP_MODEL_TYPES, HfConfigSummary
 from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
 from vime_shell.settings.train_config import ConfigError, TrainConfig
 
@@ -110,6 +110,12 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                           "inside the projection vime builds (glm4_bridge), so an adapter "
                           "there would add after the norm",
                           "adapt q_proj,k_proj,v_proj,gate_proj,up_proj on GLM-4")
+    if cfg.enable_mtp_training and summary.model_type not in MTP_MODEL_TYPES:
+        raise field_error(ConfigError, "--enable-mtp-training", True,
+                          f"trains the MTP layers of {', '.join(MTP_MODEL_TYPES)} checkpoints,"
+                          f" and the checkpoint is {summary.model_type}",
+                          "drop --enable-mtp-training (--mtp-num-layers carries the layers "
+                          "untrained)")
     if cfg.recompute_num_layers is not None:
         smallest = min(layout.stage_layers(summary.num_layers))
         if cfg.recompute_num_layers > smallest:

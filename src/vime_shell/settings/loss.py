@@ -6,6 +6,8 @@ Example: ``LossArgs(eps_clip=0)`` raises ``--eps-clip=0: must lie in (0, 1]. Fix
 0.2 (1: no lower clip).`` (the core's ``LOSS_BOUNDS``, the one home of that bound).
 """
 
+import math
+
 import attrs
 
 from vime_pure.denominators import LOSS_MODES, REJECTION_DENOMINATORS
@@ -99,6 +101,14 @@ class LossArgs(Record):
     opd_topk_per_position: bool = _f(False, "ask the teacher about each position's own "
                                      "top-k ids (token_ids_logprob_positions, a patched SGLang) "
                                      "instead of the union of all of them")
+    enable_mtp_training: bool = _f(False, "train the checkpoint's multi-token prediction "
+                                   "layers (--mtp-num-layers) beside the policy, on each "
+                                   "trained token's cross entropy weighted as the policy "
+                                   "weighs it; their inputs are detached, so the policy's "
+                                   "gradient is unchanged (slime's); DeepSeek-V3's MTP layers "
+                                   "(DeepSeek-V3, Kimi-K2, GLM-4.7-Flash) and MiMo's")
+    mtp_loss_scaling_factor: float = _f(0.2, "weight of the MTP loss (over the MTP layers' "
+                                        "mean; slime's default)")
     loss_mode: str | None = _f(None, f"loss denominators; default {DEFAULT_LOSS_MODE} "
                                "(token_mean under --calculate-per-token-loss)", LOSS_MODES)
     calculate_per_token_loss: bool = _f(False, "slime's name for --loss-mode token_mean")
@@ -283,6 +293,8 @@ class LossArgs(Record):
     def _check(self) -> None:
         self.loss_config_for(surrogate="ppo", reward_kl=True)  # --kl-coef's range too
         self._check_opd()
+        in_range("--mtp-loss-scaling-factor", self.mtp_loss_scaling_factor, 0.0, math.inf,
+                 "use e.g. 0.2 (slime's default)")
         if self.loss_type == "sft_loss":
             for name in _POLICY_ONLY:
                 if getattr(self, name):

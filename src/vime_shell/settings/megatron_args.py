@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from vime_pure.errors import VimeError, field_error
+from vime_shell.models.hf_config import MODEL_TYPE_ALIASES
 from vime_shell.settings.common import setting_list
 from vime_shell.settings.moe_architecture import given_values, hf_num_experts, moe_hf_values
 
@@ -108,8 +109,9 @@ class ModelArchArgs:
     num_experts: int | None = _arch("MoE experts")
     moe_ffn_hidden_size: int | None = _arch("MoE expert intermediate size")
     moe_shared_expert_intermediate_size: int | None = _arch("MoE shared-expert size")
-    mtp_num_layers: int | None = _arch("multi-token prediction layers (the checkpoint's; vime "
-                                       "does not train them: --save-hf carries them unchanged)")
+    mtp_num_layers: int | None = _arch("multi-token prediction layers (the checkpoint's; "
+                                       "trained with --enable-mtp-training, else --save-hf "
+                                       "carries them unchanged)")
     make_vocab_size_divisible_by: int | None = _f(
         "vime never pads the vocabulary: TP must divide the HF vocab_size (checked)",
         "architecture")
@@ -310,7 +312,8 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
     """What each architecture flag means in HF config terms (absent keys: unknown)."""
     heads = hf.get("num_attention_heads")
     hidden = hf.get("hidden_size")
-    qkv_bias = hf.get("attention_bias", hf.get("model_type") == "qwen2")
+    kind = hf.get("model_type")
+    qkv_bias = hf.get("attention_bias", MODEL_TYPE_ALIASES.get(str(kind), kind) == "qwen2")
     act = hf.get("hidden_act")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     mla = hf.get("kv_lora_rank") is not None

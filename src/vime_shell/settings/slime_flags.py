@@ -92,10 +92,6 @@ UNSUPPORTED: dict[str, str] = {
     "merged weights)",
     "--experts-shared-outer-loras": "LoRA on MoE experts",
     "--muon-momentum": "the Muon optimizer; vime trains with Adam",
-    "--enable-mtp-training": "training the multi-token prediction layers beside the policy "
-    "(vime carries the checkpoint's MTP layers unchanged: --mtp-num-layers)",
-    "--mtp-loss-scaling-factor": "training the multi-token prediction layers "
-    "(--enable-mtp-training)",
     # architectures vime's bridge does not build
     "--window-size": "sliding-window attention", "--window-attn-skip-freq": "sliding-window "
     "attention", "--softmax-type": "attention sinks (gpt-oss)",
@@ -132,11 +128,9 @@ UNSUPPORTED_VALUES: dict[str, str] = {
 # slime's defaults of flags in UNSUPPORTED, at which their feature is off (a no-op; accepted
 # with a note). Sources, as typed on a command line: THUDM/slime slime/utils/arguments.py
 # (624b824), NVIDIA/Megatron-LM megatron/training/arguments.py (d98e8a64: --muon-momentum) and
-# megatron-core's TransformerConfig defaults (--softmax-type, --fp8-recipe,
-# --mtp-loss-scaling-factor 0.1; slime resets it to 0.2).
+# megatron-core's TransformerConfig defaults (--softmax-type, --fp8-recipe).
 UNSUPPORTED_OFF: dict[str, tuple[str, ...]] = {
     "--muon-momentum": ("0.9",),
-    "--mtp-loss-scaling-factor": ("0.2", "0.1"),
     "--softmax-type": ("vanilla",), "--fp8-recipe": ("delayed",),
 }
 

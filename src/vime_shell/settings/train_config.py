@@ -172,6 +172,10 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
                               "pass --over-sampling-batch-size, e.g. "
                               f"{self.rollout_batch_size * 3 // 2} (with --fully-async the "
                               "pool cuts at every weight sync and needs none)")
+        if self.enable_mtp_training and not self.mtp_num_layers:
+            raise field_error(ConfigError, "--mtp-num-layers", self.mtp_num_layers,
+                              "is required with --enable-mtp-training (slime's rule)",
+                              "pass the checkpoint's count, e.g. --mtp-num-layers 1")
         self.model_options()  # recompute / MoE consistency (ModelOptions' own checks)
         self._check_steps()
 
@@ -315,7 +319,9 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
                 moe_token_dispatcher_type=self.moe_token_dispatcher_type,
                 moe_router_dtype=self.moe_router_dtype, moe_grouped_gemm=self.moe_grouped_gemm,
                 moe_permute_fusion=self.moe_permute_fusion,
-                moe_enable_routing_replay=self.use_rollout_routing_replay)
+                moe_enable_routing_replay=self.use_rollout_routing_replay,
+                mtp_loss_scaling_factor=self.mtp_loss_scaling_factor
+                if self.enable_mtp_training else None)
         except VimeError as exc:
             raise ConfigError(str(exc)) from exc
 

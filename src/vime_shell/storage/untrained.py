@@ -8,10 +8,12 @@ is a mapping error, never filled in from the source):
   language model;
 - multi-token prediction layers (``mtp.*``: Qwen3.5, Qwen3-Next; ``model.mtp_layers.*``:
   MiMo; ``model.layers.{n}.*`` from ``n = num_hidden_layers`` on: DeepSeek-V3, GLM-4.5,
-  GLM-4.7-Flash). vime does not train them (slime's ``--mtp-num-layers`` without
-  ``--enable-mtp-training``: built, loaded and synced there, never updated), so they stay the
+  GLM-4.7-Flash). Without ``--enable-mtp-training`` vime does not train them (slime's
+  ``--mtp-num-layers`` alone: built, loaded and synced there, never updated), so they stay the
   checkpoint's: an engine that drafts with them (speculative decoding) loads them from the
-  checkpoint, and a weight sync need not carry them.
+  checkpoint, and a weight sync need not carry them. With it (``mtp_trained``: DeepSeek-V3's
+  and MiMo's, the families ``vime_shell.megatron.mtp`` trains) they are the trainer's export,
+  not carried.
 
 Example: a Qwen3.5 checkpoint with ``model.visual.blocks.0.attn.qkv.weight`` and
 ``mtp.fc.weight`` gives both names; a Qwen2 checkpoint none.
@@ -26,22 +28,28 @@ from safetensors import safe_open
 
 from vime_shell.storage.hf_check import weight_files
 
-_UNTRAINED = re.compile(r"^(model\.visual\.|mtp\.|model\.mtp_layers\.)")
+_VISION = re.compile(r"^model\.visual\.")
+_MTP = re.compile(r"^(mtp\.|model\.mtp_layers\.)")
 _LAYER = re.compile(r"^model\.(?:language_model\.)?layers\.(\d+)\.")
 
 
-def is_untrained(name: str, num_layers: int) -> bool:
+def is_untrained(name: str, num_layers: int, mtp_trained: bool = False) -> bool:
     """Whether checkpoint tensor ``name`` is in a group vime does not train (module docstring);
     ``num_layers``: the decoder's (``num_hidden_layers``)."""
+    if _VISION.match(name):
+        return True
     layer = _LAYER.match(name)
-    return bool(_UNTRAINED.match(name)) or (layer is not None and int(layer.group(1)) >= num_layers)
+    mtp = bool(_MTP.match(name)) or (layer is not None and int(layer.group(1)) >= num_layers)
+    return mtp and not mtp_trained
 
 
-def untrained_tensors(hf_dir: str | Path, num_layers: int) -> Iterator[tuple[str, torch.Tensor]]:
+def untrained_tensors(hf_dir: str | Path, num_layers: int, mtp_trained: bool = False
+                      ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` of every untrained tensor of the checkpoint in ``hf_dir``, shard by
     shard (the ones the trainer's loader reads, ``hf_check.weight_files``), in name order
     within each, one tensor in memory at a time."""
     for file in weight_files("--hf-checkpoint", Path(hf_dir)):
         with safe_open(str(file), framework="pt") as handle:
-            for name in sorted(n for n in handle.keys() if is_untrained(n, num_layers)):
+            for name in sorted(n for n in handle.keys()
+                               if is_untrained(n, num_layers, mtp_trained)):
                 yield name, handle.get_tensor(name)

@@ -74,15 +74,16 @@ def mismatch(records: list[TrainMicroBatch], old: np.ndarray, owns: bool,
     return {k: m.value for k, m in reduced.items()}
 
 
-def token_means(results: list, keys: tuple[str, ...]) -> dict[str, float | None]:
-    """Token-mean ``keys`` (``objective.extra_token_keys``: TIS's, OPD's) over the whole
-    rollout: each step's token mean weighted by its loss-masked tokens, through
-    ``merge_metrics``; None when no token trained (every token rejected). Example: steps of 10
-    and 30 tokens with ``tis`` 1.0 and 2.0 give 1.75."""
+def token_means(results: list, keys: tuple[str, ...], count: str = "tokens"
+                ) -> dict[str, float | None]:
+    """Token-mean ``keys`` (``objective.extra_token_keys``: TIS's, OPD's; ``mtp_loss`` with
+    ``count="mtp_tokens"``) over the whole rollout: each step's token mean weighted by its
+    ``count`` of tokens, through ``merge_metrics``; None when no token trained (every token
+    rejected). Example: steps of 10 and 30 tokens with ``tis`` 1.0 and 2.0 give 1.75."""
     if not keys or not results:
         return {}
-    means = {k: merge_metrics([Metric(r.metrics[k] * r.metrics["tokens"], r.metrics["tokens"])
-                               for r in results], k) for k in keys}
+    means = {k: merge_metrics([Metric((r.metrics[k] or 0.0) * r.metrics[count],
+                                      r.metrics[count]) for r in results], k) for k in keys}
     return {k: m.value for k, m in means.items()}
 
 

@@ -42,6 +42,7 @@ from vime_pure.scheduling.schedule import Schedule
 from vime_shell.engines.byte_counts import ByteCounts
 from vime_shell.engines.group import EngineGroupError
 from vime_shell.megatron.collectives import rank0_result
+from vime_shell.megatron.mtp import mtp_keys
 from vime_shell.megatron.objective import extra_token_keys
 from vime_shell.megatron.offload import offloaded
 from vime_shell.megatron.trainer import MegatronTrainer
@@ -160,6 +161,8 @@ class Step:
                   "old_logprob_s": t_old - t1, "logprob_check": int(self.logprob_check),
                   "probe_gap": self.probe_gap, **extra["stats"], **corrections,
                   **offpolicy.token_means(results, extra_token_keys(self.trainer.config.loss)),
+                  **offpolicy.token_means(results, mtp_keys(self.trainer.config.model),
+                                          count="mtp_tokens"),
                   **evaluated}
         self._notify(rid, record, plan, share, mine)
         self.last_schedule = plan.schedule
@@ -316,7 +319,7 @@ class Step:
     def sync(self, version: int) -> SyncReport:
         """Collective: the trainer's HF-named weights into the source's engines as ``version``
         (rollouts trained); a probe the source generated is scored on the same weights."""
-        report = self.source.sync(self.trainer.export_hf, version)
+        report = self.source.sync(self.trainer.engine_weights, version)
         if report.moved is not None:
             self.syncs_done += 1
         if report.probed:
