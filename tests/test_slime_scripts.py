@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.qwen_tokenizer import with_qwen35_tokenizer
+from tests.shell.mtp_workers import as_mimo, with_deepseek_mtp
 from tests.shell.train_cli import with_embedded_tokenizer
 from vime_shell.engines import vllm_available
 from vime_shell.models.embedded import build_embedded
@@ -73,14 +74,20 @@ def env(tmp_path_factory):
         arch="qwen3_5_moe", num_layers=4)))
     qwen3_next = build_tiny_hf_model(root / "qwen3_next", TinyModelSpec(
         arch="qwen3_next", num_layers=4, vocab_size=20))
-    for model in (moe, moonlight, glm4, glm47, glm45, qwen35, minimax, qwen3_next):
+    # one multi-token prediction layer each (--enable-mtp-training): DeepSeek-V3's names, MiMo's
+    glm47_mtp = with_deepseek_mtp(build_tiny_hf_model(root / "glm47_mtp", TinyModelSpec(
+        arch="glm4_moe_lite", num_layers=3)))
+    mimo = as_mimo(build_tiny_hf_model(root / "mimo", TinyModelSpec(num_layers=3)))
+    for model in (moe, moonlight, glm4, glm47, glm45, qwen35, minimax, qwen3_next, glm47_mtp,
+                  mimo):
         with_embedded_tokenizer(model)  # the dataset's digits and a chat template
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
             "VIME_PYTHON": sys.executable, "MODEL_DIR": str(embedded), "MOE_DIR": str(moe),
             "MOONLIGHT_DIR": str(moonlight), "GLM4_DIR": str(glm4), "GLM47_DIR": str(glm47),
             "GLM45_DIR": str(glm45), "QWEN35_DIR": str(qwen35),
             "MINIMAX_DIR": str(minimax), "QWEN3_NEXT_DIR": str(qwen3_next),
-            "QWEN35_MOE_DIR": str(qwen35_moe),
+            "QWEN35_MOE_DIR": str(qwen35_moe), "GLM47_MTP_DIR": str(glm47_mtp),
+            "MIMO_DIR": str(mimo),
             "DATA_DIR": str(data), "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(SCRIPTS)])}
 
@@ -158,6 +165,10 @@ WANDB_KEY = "slime-script-test-key-7c1e"
         "slime's filter of prompt groups whose rewards are all equal"]),
     ("run-qwen3-8B-opd.sh", [  # miles' top-k on-policy distillation from a teacher server
         "miles.rollout.on_policy_distillation.reward_func"]),
+    ("run-glm4.7-30B-A3B.sh", [  # --enable-mtp-training: GLM-4.7-Flash's MTP layer, PP2
+        "--sglang-speculative-algorithm EAGLE: no vLLM equivalent in vime; ignored"]),
+    ("run-mimo-7B-rl-eagle.sh", [  # --enable-mtp-training: MiMo's MTP layer names
+        "--sglang-speculative-algorithm EAGLE: no vLLM equivalent in vime; ignored"]),
     ("run-moonlight-16B-A3B.sh", [  # multi-latent attention
         "--moe-router-bias-update-rate: accepted; vime keeps a DeepSeek-V3 router's expert bias",
         "--sglang-cuda-graph-bs 1 2 4 8 16"]),
