@@ -18,6 +18,8 @@ import numpy as np
 from tests.shell.megatron_workers import ROLLOUT_SEEDS, _optim, rank_rollout
 
 FACTOR = 0.2  # slime's --mtp-loss-scaling-factor
+RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform",
+             "recompute_num_layers": 1}  # slime's MTP scripts'
 
 
 def with_deepseek_mtp(model: Path) -> Path:
@@ -75,7 +77,8 @@ def as_mimo(model: Path) -> Path:
 
 
 def mtp_worker(rank: int, hf_dir: str) -> dict:
-    """DP2 with and without MTP training, and PP2 (module docstring)."""
+    """DP2 with and without MTP training, PP2, and DP2 under full recompute (module
+    docstring)."""
     import warnings
 
     import torch.distributed as dist
@@ -86,7 +89,8 @@ def mtp_worker(rank: int, hf_dir: str) -> dict:
     detect_platform()
     dist.init_process_group("gloo")
     out = {"dp2": mtp_run(hf_dir, FACTOR), "dp2_plain": mtp_run(hf_dir, None),
-           "pp2": mtp_run(hf_dir, FACTOR, pp=2)}
+           "pp2": mtp_run(hf_dir, FACTOR, pp=2),
+           "dp2_recompute": mtp_run(hf_dir, FACTOR, options=RECOMPUTE)}
     dist.barrier()
     dist.destroy_process_group()
     return out
@@ -109,12 +113,13 @@ def reference_worker(rank: int, hf_dir: str) -> dict:
     return out
 
 
-def _trainer(hf_dir: str, factor: float | None, **kwargs):
+def _trainer(hf_dir: str, factor: float | None, options: dict | None = None, **kwargs):
     from vime_shell.megatron.model_options import ModelOptions
     from vime_shell.megatron.trainer import MegatronTrainer, TrainerConfig
 
-    config = TrainerConfig(optim=_optim(False), model=ModelOptions(mtp_loss_scaling_factor=factor))
-    return MegatronTrainer.from_hf(hf_dir, config, **kwargs)
+    model = ModelOptions(mtp_loss_scaling_factor=factor, **(options or {}))
+    return MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=_optim(False), model=model),
+                                   **kwargs)
 
 
 def _first_step(trainer):
@@ -126,9 +131,10 @@ def _first_step(trainer):
     return batch, with_log_probs(mine, old_log_probs=old).steps[0]
 
 
-def mtp_run(hf_dir: str, factor: float | None, **kwargs) -> dict:
-    """The first step, its gradients by name, then three more steps on it (module docstring)."""
-    trainer = _trainer(hf_dir, factor, **kwargs)
+def mtp_run(hf_dir: str, factor: float | None, options: dict | None = None, **kwargs) -> dict:
+    """The first step, its gradients by name, then three more steps on it (module docstring);
+    ``options``: ``ModelOptions`` fields."""
+    trainer = _trainer(hf_dir, factor, options, **kwargs)
     _, step = _first_step(trainer)
     results = [trainer.train_step(step)]
     grads = {name: p.main_grad.numpy().copy() for chunk in trainer.model

@@ -32,12 +32,17 @@ What each part does, and why it is here:
   on the micro-batch split. A token at position ``< N`` of its sample (a prompt of at most
   ``N`` tokens) gets no MTP weight: in a packed row its MTP position would lie in the sample
   before it. Reported: ``mtp_loss``, the token mean of the cross entropy over every depth.
+- **No recompute in the MTP layers**: under ``--recompute-granularity full`` megatron-core
+  0.16 checkpoints each MTP layer, and its gradients then differ from plain autograd's (up to
+  1.7e-3 on ``eh_proj``, the same loss; measured on the tiny MiMo, whose decoder recomputes
+  exactly); the MTP layers run without it (one layer's activations kept), the decoder with it.
 
 Example: ``adjust_bridge(bridge, NAMES_OF["mimo"], layer_spec, use_te)`` at build, then per
 training forward ``with mtp_inputs(chunk, labels, weights): chunk(tokens, ...)``.
 """
 
 import contextlib
+import dataclasses
 import re
 from collections.abc import Callable, Iterator
 from types import MethodType
@@ -163,9 +168,12 @@ def is_mtp_weight(hf_name: str, num_layers: int) -> bool:
 
 
 def attach(chunk: torch.nn.Module) -> None:
-    """Give ``chunk`` (a ``GPTModel`` holding MTP layers) :func:`mtp_postprocess`."""
+    """Give ``chunk`` (a ``GPTModel`` holding MTP layers) :func:`mtp_postprocess`, and its MTP
+    layers a config without full recompute (module docstring)."""
     if getattr(chunk, "mtp_process", False):
         setattr(chunk, "_postprocess", MethodType(mtp_postprocess, chunk))
+        for layer in chunk.mtp.layers:
+            layer.config = dataclasses.replace(layer.config, recompute_granularity=None)
 
 
 @contextlib.contextmanager
