@@ -172,7 +172,8 @@ def attach(chunk: torch.nn.Module) -> None:
     layers a config without full recompute (module docstring)."""
     if getattr(chunk, "mtp_process", False):
         setattr(chunk, "_postprocess", MethodType(mtp_postprocess, chunk))
-        for layer in chunk.mtp.layers:
+        block: Any = chunk.mtp
+        for layer in block.layers:
             layer.config = dataclasses.replace(layer.config, recompute_granularity=None)
 
 
