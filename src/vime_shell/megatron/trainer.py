@@ -334,6 +334,8 @@ class MegatronTrainer:
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
+        # Megatron's schedule scales the returned loss by cp / K and the MTP loss (through
+        # MTPLossAutoScaler) by 1 / K: the factor times cp treats both alike
         mtp_weights = None if self.config.model.mtp_loss_scaling_factor is None else \
             partial(mtp_position_weights, factor=factor * self.layout.cp,
                     depth=self.bridge.config.mtp_num_layers)

@@ -285,19 +285,20 @@ def append_tokens(sample: Sample, token_ids: Sequence[int], *, loss_mask: int = 
     sample.loss_mask = mask + [int(loss_mask)] * n
     logps = [0.0] * old if sample.rollout_log_probs is None else list(sample.rollout_log_probs)
     sample.rollout_log_probs = logps + (list(log_probs) if log_probs is not None else [0.0] * n)
-    prev = sample.token_versions
-    if prev is None and old == 0:
-        prev = []
-    added = [NO_VERSION] * n if not loss_mask else None if versions is None else list(versions)
-    sample.token_versions = None if prev is None or added is None else list(prev) + added
-    prev_top = [] if sample.rollout_top_log_probs is None and old == 0 \
-        else sample.rollout_top_log_probs
-    added_top: list | None = ([[] for _ in range(n)] if not loss_mask
-                              else None if top is None else list(top))
-    sample.rollout_top_log_probs = None if prev_top is None or added_top is None \
-        else list(prev_top) + added_top
+    generated = bool(loss_mask)
+    sample.token_versions = _kept(sample.token_versions, old, versions if generated
+                                  else [NO_VERSION] * n)
+    sample.rollout_top_log_probs = _kept(sample.rollout_top_log_probs, old, top if generated
+                                         else [[] for _ in range(n)])
     sample.response_length = old + n
     return sample
+
+
+def _kept(prev: Any, old: int, added: Sequence | None) -> list | None:
+    """A per-token record extended by ``added``, kept while every piece has one (a response
+    of ``old == 0`` tokens starts it empty), else None."""
+    prev = [] if prev is None and old == 0 else prev
+    return None if prev is None or added is None else list(prev) + list(added)
 
 
 async def generate(args: Any, sample: Sample, sampling_params: Mapping[str, Any]) -> Sample:
