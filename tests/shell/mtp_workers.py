@@ -46,7 +46,8 @@ def with_deepseek_mtp(model: Path) -> Path:
                     p + "embed_tokens.weight": tensors["model.embed_tokens.weight"].clone()})
     save_file(tensors, file, metadata={"format": "pt"})
     config.update(num_hidden_layers=n, num_nextn_predict_layers=1)
-    config["mlp_layer_types"] = config["mlp_layer_types"][:n]
+    if "mlp_layer_types" in config:  # GLM-4.7-Flash's; GLM-4.5's states first_k_dense_replace
+        config["mlp_layer_types"] = config["mlp_layer_types"][:n]
     (model / "config.json").write_text(json.dumps(config, indent=2))
     return model
 
@@ -172,8 +173,8 @@ def reference_run(hf_dir: str) -> dict:
 _HF_CACHE: dict = {}
 # the checkpoint's MTP parts by family: (prefix, enorm, hnorm, eh_proj, final norm, whether
 # eh_proj takes [hidden, embedding])
-_PARTS = {"glm4_moe_lite": ("model.layers.{n}.", "enorm", "hnorm", "eh_proj",
-                            "shared_head.norm", False),
+_PARTS = {**dict.fromkeys(("glm4_moe_lite", "glm4_moe"), (
+              "model.layers.{n}.", "enorm", "hnorm", "eh_proj", "shared_head.norm", False)),
           "mimo": ("model.mtp_layers.0.", "token_layernorm", "hidden_layernorm", "input_proj",
                    "final_layernorm", True)}
 

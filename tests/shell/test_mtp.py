@@ -1,9 +1,10 @@
 """Multi-token prediction trained beside the policy (slime's ``--enable-mtp-training``,
-``vime_shell.megatron.mtp``), on a tiny GLM-4.7-Flash with one DeepSeek-V3-style MTP layer and
-a tiny MiMo (its MTP layer under MiMo's names, ``input_proj`` over ``[hidden, embedding]``).
+``vime_shell.megatron.mtp``), on a tiny GLM-4.7-Flash and a tiny GLM-4.5 MoE with one
+DeepSeek-V3-style MTP layer each, and a tiny MiMo (its MTP layer under MiMo's names,
+``input_proj`` over ``[hidden, embedding]``).
 
 Asserted: the first step's MTP loss is the checkpoint's MTP module computed in transformers'
-own layers (1e-6), for both: the layer is built, named, loaded and run as the checkpoint
+own layers (1e-6), for each: the layer is built, named, loaded and run as the checkpoint
 means it. Only the MTP layers learn from it: every other parameter's gradient equals the run
 without MTP training, and the MTP layers' gradients are not zero. The loss does not depend on
 the layout: DP2 and PP2 (the MTP layer on the last stage) give the same MTP losses and MTP
@@ -38,6 +39,18 @@ def mtp_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def glm45_model(tmp_path_factory):
+    model = build_tiny_hf_model(tmp_path_factory.mktemp("mtp") / "glm45",
+                                TinyModelSpec(arch="glm4_moe", num_layers=3, vocab_size=20))
+    return with_embedded_tokenizer(with_deepseek_mtp(model))
+
+
+@pytest.fixture(scope="module")
+def models(mtp_model, glm45_model, mimo_model):
+    return {"glm47": mtp_model, "glm45": glm45_model, "mimo": mimo_model}
+
+
+@pytest.fixture(scope="module")
 def mimo_model(tmp_path_factory):
     model = build_tiny_hf_model(tmp_path_factory.mktemp("mtp") / "mimo",
                                 TinyModelSpec(num_layers=3, vocab_size=20))
@@ -49,10 +62,9 @@ def runs(mtp_model):
     return spawn(mtp_worker, 2, str(mtp_model))
 
 
-@pytest.mark.parametrize("family", ["glm47", "mimo"])
-def test_the_mtp_loss_is_the_checkpoints_module_in_transformers(family, mtp_model, mimo_model):
-    model = {"glm47": mtp_model, "mimo": mimo_model}[family]
-    (ref,) = spawn(reference_worker, 1, str(model))
+@pytest.mark.parametrize("family", ["glm47", "glm45", "mimo"])
+def test_the_mtp_loss_is_the_checkpoints_module_in_transformers(family, models):
+    (ref,) = spawn(reference_worker, 1, str(models[family]))
     assert ref["tokens"] > 100
     assert ref["reported"] == pytest.approx(ref["hf"], abs=1e-6)
 
@@ -102,23 +114,25 @@ def test_the_sync_leaves_the_mtp_layer_out_and_the_export_keeps_it(runs, mtp_mod
 
 MOVED = {"glm47": ("model.layers.2.eh_proj.weight", "model.layers.2.enorm.weight",
                    "model.layers.2.self_attn.q_a_proj.weight"),
+         "glm45": ("model.layers.2.eh_proj.weight", "model.layers.2.hnorm.weight",
+                   "model.layers.2.self_attn.q_proj.weight"),
          "mimo": ("model.mtp_layers.0.input_proj.weight",
                   "model.mtp_layers.0.token_layernorm.weight",
                   "model.mtp_layers.0.self_attn.q_proj.weight")}
 
 
-@pytest.mark.parametrize("family", ["glm47", "mimo"])
-def test_vime_train_trains_and_exports_the_mtp_layer(family, mtp_model, mimo_model, tmp_path):
+@pytest.mark.parametrize("family", ["glm47", "glm45", "mimo"])
+def test_vime_train_trains_and_exports_the_mtp_layer(family, models, tmp_path):
     from safetensors.torch import load_file
 
-    model = {"glm47": mtp_model, "mimo": mimo_model}[family]
+    model = models[family]
     base = load_file(next(model.glob("*.safetensors")))
     trained = train_and_export(model, tmp_path, "--enable-mtp-training",
                                "--mtp-num-layers", "1", "--mtp-loss-scaling-factor", "0.2")
     assert set(trained) == set(base)
     for key in MOVED[family]:
         assert float((trained[key] - base[key]).abs().max()) > 0, key
-    if family == "glm47":  # the MTP layer's copy of the output layer is the trained one
+    if family != "mimo":  # the MTP layer's copy of the output layer is the trained one
         assert (trained["model.layers.2.shared_head.head.weight"] ==
                 trained["lm_head.weight"]).all()
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()

@@ -8,7 +8,7 @@ What each part does, and why it is here:
   (``get_gpt_mtp_block_spec`` returns None elsewhere); mbridge's DeepSeek-V3 provider would
   build it with TransformerEngine hard-coded, so the MLA bridge takes mbridge's plain provider.
 - **Names** (:class:`MtpNames`): a DeepSeek-V3-style checkpoint (DeepSeek-V3, Kimi-K2,
-  GLM-4.7-Flash) keeps MTP layer ``i`` as decoder layer ``num_hidden_layers + i``: ``enorm``,
+  GLM-4.7-Flash, GLM-4.5 / 4.6 / 4.7 MoE) keeps MTP layer ``i`` as decoder layer ``num_hidden_layers + i``: ``enorm``,
   ``hnorm``, ``eh_proj``, ``shared_head.norm`` and a whole layer (attention, MoE); its
   ``embed_tokens`` and ``shared_head.head`` are copies of the model's embedding and output
   layer, which the MTP layers share (exported as those copies). mbridge's own mapping assumes
@@ -84,7 +84,8 @@ _MIMO = MtpNames(prefix="model.mtp_layers.{i}.",
                          "eh_proj.weight": "input_proj.weight",
                          "final_layernorm.weight": "final_layernorm.weight"},
                  hidden_first=True)
-NAMES_OF: dict[str, MtpNames] = {**dict.fromkeys(MLA_MODEL_TYPES, _DEEPSEEK), "mimo": _MIMO}
+NAMES_OF: dict[str, MtpNames] = {**dict.fromkeys((*MLA_MODEL_TYPES, "glm4_moe"), _DEEPSEEK),
+                                  "mimo": _MIMO}
 _MTP_NAME = re.compile(r"^mtp\.layers\.(\d+)\.(.+)$")
 MTP_REPORT = "vime_mtp_report"  # the chunk attribute holding a forward's MTP sums
 MTP_INPUTS = "vime_mtp_inputs"  # the chunk attribute holding a training forward's MTP inputs

@@ -106,8 +106,9 @@ LANGUAGE_MODEL_OF: dict[str, str] = {"qwen3_5": "qwen3_5_text",
 # multi-latent attention (megatron/mla_bridge.py)
 MLA_MODEL_TYPES: tuple[str, ...] = ("deepseek_v3", "kimi_k2", "glm4_moe_lite")
 # multi-token prediction layers vime trains (--enable-mtp-training, megatron/mtp.py): the
-# DeepSeek-V3-style ones (decoder layers num_hidden_layers + i) and MiMo's (model.mtp_layers)
-MTP_MODEL_TYPES: tuple[str, ...] = (*MLA_MODEL_TYPES, "mimo")
+# DeepSeek-V3-style ones (decoder layers num_hidden_layers + i; GLM-4.5's too) and MiMo's
+# (model.mtp_layers)
+MTP_MODEL_TYPES: tuple[str, ...] = (*MLA_MODEL_TYPES, "glm4_moe", "mimo")
 # sigmoid routers with an expert bias (DeepSeek-V3's, GLM-4.5's): Megatron renormalises their
 # top-k always
 SIGMOID_ROUTERS: tuple[str, ...] = (*MLA_MODEL_TYPES, "glm4_moe", "minimax_m2")

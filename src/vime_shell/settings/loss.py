@@ -106,7 +106,8 @@ class LossArgs(Record):
                                    "trained token's cross entropy weighted as the policy "
                                    "weighs it; their inputs are detached, so the policy's "
                                    "gradient is unchanged (slime's); DeepSeek-V3's MTP layers "
-                                   "(DeepSeek-V3, Kimi-K2, GLM-4.7-Flash) and MiMo's")
+                                   "(DeepSeek-V3, Kimi-K2, GLM-4.7-Flash, GLM-4.5 MoE) and "
+                                   "MiMo's")
     mtp_loss_scaling_factor: float = _f(0.2, "weight of the MTP loss (over the MTP layers' "
                                         "mean; slime's default)")
     loss_mode: str | None = _f(None, f"loss denominators; default {DEFAULT_LOSS_MODE} "
