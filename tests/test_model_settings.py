@@ -1,6 +1,7 @@
 """Recompute, MoE, uneven-pipeline and offload settings: parsed as slime spells them, checked
 at launch with the flag, the value and the fix, before anything heavy is built."""
 
+import attrs
 import pytest
 
 from vime_shell.megatron.layout import UnsupportedLayoutError, resolve_layout
@@ -240,3 +241,14 @@ def test_a_family_the_bridge_cannot_build_is_refused_at_launch(model_type, reaso
                                              rf"supported in vime \({reason}"):
         check_config(config, tmp_path / "config.json")
     check_config({**config, "model_type": "qwen3"}, tmp_path / "config.json")
+
+
+def test_vllm_is_refused_for_a_model_type_only_remote_code_defines():
+    """MiMo reads as Qwen2 in vime (its engines and bridge run no checkpoint code); vLLM reads
+    its config.json only through that code (Kimi-K2's it maps itself)."""
+    mimo = attrs.evolve(DENSE, model_type="mimo")
+    check_model_settings(parse_train_config(["--rollout-engine", "hf"]), mimo, _layout())
+    with pytest.raises(ConfigError, match="--rollout-engine='vllm': reads a mimo config.json "
+                                          "only as the checkpoint's remote code.*Fix: use "
+                                          "--rollout-engine hf"):
+        check_model_settings(parse_train_config(["--rollout-engine", "vllm"]), mimo, _layout())

@@ -50,7 +50,8 @@ ENGINES: dict[str, EngineTraits] = {t.name: t for t in (
                          "under Model Runner V2, and that needs triton-cpu (PyPI's triton has "
                          "no CPU backend)",
         max_temperature=2.0,  # vLLM 0.32's SamplingParams refuses more
-        takes_engine_args=True),
+        takes_engine_args=True,
+        remote_code_types=("mimo",)),  # vLLM 0.32 maps kimi_k2 to DeepSeek-V3 itself
 )}
 
 

@@ -63,6 +63,9 @@ class EngineTraits:
     routes_need_cuda: str | None = None  # what returns routed experts only on CUDA
     max_temperature: float | None = None  # the largest sampling temperature it accepts
     takes_engine_args: bool = False  # --vllm-engine-args (and the mapped --sglang-X flags)
+    # model_types whose config.json it reads only as the checkpoint's remote code, which vime
+    # never runs (vime reads them as their aliases, models/hf_config.MODEL_TYPE_ALIASES)
+    remote_code_types: tuple[str, ...] = ()
 
     @property
     def per_request(self) -> bool:

@@ -37,7 +37,8 @@ from vime_shell.engines import engine_traits, engines_with
 from vime_shell.megatron.layout import (TrainLayout, UnsupportedLayoutError,
                                         check_mla_tensor_parallel, cuda_available,
                                         sequence_parallel_on, transformer_engine_available)
-from vime_shell.models.hf_config import MLA_MODEL_TYPES, MTP_MODEL_TYPES, HfConfigSummary
+from vime_shell.models.hf_config import (MLA_MODEL_TYPES, MODEL_TYPE_ALIASES, MTP_MODEL_TYPES,
+                                         HfConfigSummary)
 from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
 from vime_shell.settings.train_config import ConfigError, TrainConfig
 
@@ -110,6 +111,13 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                           "inside the projection vime builds (glm4_bridge), so an adapter "
                           "there would add after the norm",
                           "adapt q_proj,k_proj,v_proj,gate_proj,up_proj on GLM-4")
+    rollout = engine_traits(cfg.rollout_engine)
+    if summary.model_type in rollout.remote_code_types:
+        raise field_error(ConfigError, "--rollout-engine", rollout.name,
+                          f"reads a {summary.model_type} config.json only as the checkpoint's "
+                          "remote code, which vime never runs (it reads the model as "
+                          f"{MODEL_TYPE_ALIASES[summary.model_type]})",
+                          f"use --rollout-engine {engines_with(lambda t: summary.model_type not in t.remote_code_types)}")
     if cfg.enable_mtp_training and summary.model_type not in MTP_MODEL_TYPES:
         raise field_error(ConfigError, "--enable-mtp-training", True,
                           f"trains the MTP layers of {', '.join(MTP_MODEL_TYPES)} checkpoints,"
