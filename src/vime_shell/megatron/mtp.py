@@ -159,15 +159,6 @@ def hf_names(name: str, num_layers: int, names: MtpNames,
     return [prefix + names.direct[rest]]
 
 
-def is_mtp_weight(hf_name: str, num_layers: int) -> bool:
-    """Whether checkpoint weight ``hf_name`` belongs to an MTP layer (a decoder layer index
-    from ``num_layers`` on, or MiMo's ``model.mtp_layers``): what a weight sync leaves out
-    (no engine drafts with them)."""
-    match = re.match(r"^model\.layers\.(\d+)\.", hf_name)
-    return hf_name.startswith("model.mtp_layers.") or (
-        match is not None and int(match.group(1)) >= num_layers)
-
-
 def attach(chunk: torch.nn.Module) -> None:
     """Give ``chunk`` (a ``GPTModel`` holding MTP layers) :func:`mtp_postprocess`, and its MTP
     layers a config without full recompute (module docstring)."""

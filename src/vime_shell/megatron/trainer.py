@@ -77,6 +77,7 @@ from vime_shell.megatron.objective import (STEP_KEYS, TOKEN_KEYS, extra_token_ke
 from vime_shell.megatron.platform import Platform, detect_platform, initialize_parallel
 from vime_shell.megatron.routing_replay import RouteReplayer
 from vime_shell.megatron.tensors import Layout, MicroBatchTensors, cpu_layout, to_tensors
+from vime_shell.storage.untrained import is_mtp_tensor
 
 
 def _model_platform(platform: Platform, config: TrainerConfig) -> Platform:
@@ -561,7 +562,7 @@ class MegatronTrainer:
         runs no speculative decoding): what a weight sync sends. Collective."""
         layers = self.bridge.config.num_layers
         return ((name, t) for name, t in self.export_hf()
-                if not mtp.is_mtp_weight(name, layers))
+                if not is_mtp_tensor(name, layers))
 
     def hf_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """The export (:meth:`export_hf`) as host copies in consecutive buckets of at most

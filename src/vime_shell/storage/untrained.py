@@ -36,11 +36,14 @@ _LAYER = re.compile(r"^model\.(?:language_model\.)?layers\.(\d+)\.")
 def is_untrained(name: str, num_layers: int, mtp_trained: bool = False) -> bool:
     """Whether checkpoint tensor ``name`` is in a group vime does not train (module docstring);
     ``num_layers``: the decoder's (``num_hidden_layers``)."""
-    if _VISION.match(name):
-        return True
+    return bool(_VISION.match(name)) or (is_mtp_tensor(name, num_layers) and not mtp_trained)
+
+
+def is_mtp_tensor(name: str, num_layers: int) -> bool:
+    """Whether checkpoint tensor ``name`` belongs to a multi-token prediction layer (module
+    docstring); what a weight sync leaves out too (no engine drafts with them)."""
     layer = _LAYER.match(name)
-    mtp = bool(_MTP.match(name)) or (layer is not None and int(layer.group(1)) >= num_layers)
-    return mtp and not mtp_trained
+    return bool(_MTP.match(name)) or (layer is not None and int(layer.group(1)) >= num_layers)
 
 
 def untrained_tensors(hf_dir: str | Path, num_layers: int, mtp_trained: bool = False
