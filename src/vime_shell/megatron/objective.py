@@ -52,8 +52,8 @@ from vime_pure.denominators import megatron_loss_scale
 from vime_pure.errors import LossConfigError, field_error
 from vime_pure.policy_config import LossConfig
 from vime_pure.torch_ops.loss import microbatch_losses
-from vime_pure.torch_ops.policy_loss import (kl_shaped_advantages, policy_loss, sft_terms,
-                                              tis_weights)
+from vime_pure.torch_ops.policy_loss import (kl_penalty, kl_shaped_advantages, policy_loss,
+                                              sft_terms, tis_weights)
 from vime_shell.megatron.tensors import MicroBatchTensors
 
 STEP_KEYS: tuple[str, ...] = ("loss", "pg_loss", "kl", "entropy", "clipfrac")  # divided by C
@@ -202,25 +202,24 @@ def opd_token_kl(old: torch.Tensor, row: MicroBatchTensors) -> torch.Tensor | No
     token's ``old - teacher`` log-prob (slime's); None when the row has neither."""
     if row.opd_reverse_kl is not None:
         return row.opd_reverse_kl
-    return None if row.teacher_log_probs is None else old - row.teacher_log_probs
+    return None if row.teacher_log_probs is None else \
+        kl_penalty(old.detach(), row.teacher_log_probs, "k1")
 
 
 def opd_shaped_advantages(advantages: torch.Tensor, old: torch.Tensor,
                           row: MicroBatchTensors, coef: float) -> torch.Tensor:
     """``--use-opd``: each token's advantage minus ``coef`` times its reverse KL to the
-    teacher, detached: the rollout's ``opd_reverse_kl`` when the row carries it, else slime's
-    k1 ``old - teacher`` (``kl_shaped_advantages``). Example: ``A = 1``, ``opd_reverse_kl =
-    0.5``, ``coef = 0.2``: ``0.9``."""
-    if row.opd_reverse_kl is not None:  # top-k distillation: precomputed at rollout time
-        return advantages - coef * row.opd_reverse_kl.detach()
-    if row.teacher_log_probs is None:
+    teacher (:func:`opd_token_kl`), detached. Example: ``A = 1``, ``opd_reverse_kl = 0.5``,
+    ``coef = 0.2``: ``0.9``."""
+    kl = opd_token_kl(old, row)
+    if kl is None:
         raise field_error(LossConfigError, "opd_kl_coef", coef,
                           "needs the teacher's log-probs or the rollout's opd_reverse_kl, "
                           "which this batch lacks",
                           "load the teacher (the loop does for --opd-type megatron), ask the "
                           "teacher server for every sample (--opd-type sglang), or set "
                           "opd_reverse_kl on every sample (top-k distillation)")
-    return kl_shaped_advantages(advantages, old, row.teacher_log_probs, coef=coef, kind="k1")
+    return advantages - coef * kl.detach()
 
 
 def _tis_sums(tis: torch.Tensor, old: torch.Tensor, behaviour: torch.Tensor,
