@@ -1,7 +1,8 @@
 """Megatron ``GPTModel`` from a Hugging Face model directory, and export back to HF tensors.
 
 Purpose: load an HF checkpoint (Qwen2/Qwen3 and their MoE, Llama, GLM-4.5 MoE; DeepSeek-V3,
-Kimi-K2 and GLM-4.7-Flash, :mod:`vime_shell.megatron.mla_bridge`; GLM-4,
+Kimi-K2 and GLM-4.7-Flash, :mod:`vime_shell.megatron.mla_bridge`; GLM-5,
+:mod:`vime_shell.megatron.glm5_bridge`; GLM-4,
 :mod:`vime_shell.megatron.glm4_bridge`) into
 Megatron-core model chunks (one per virtual pipeline stage on this rank) with ``mbridge``, and
 stream the trained weights back out under their HF names (weight sync to the rollout engine,
@@ -44,6 +45,7 @@ from vime_shell.models.hf_config import MTP_MODEL_TYPES, ModelLoadError
 from vime_shell.megatron import mtp
 from vime_shell.megatron.layout import TrainLayout
 from vime_shell.megatron.glm4_bridge import Glm4
+from vime_shell.megatron.glm5_bridge import GlmMoeDsa
 from vime_shell.megatron.minimax_m2_bridge import MiniMaxM2
 from vime_shell.megatron.mla_bridge import DeepseekV3, is_mla
 from vime_shell.megatron.qwen3_5_bridge import Qwen3_5, Qwen3_5Moe, Qwen3Next
@@ -57,7 +59,7 @@ from vime_shell.megatron.rope import apply_rope_scaling, gpt_rope_args, rope_sca
 # model_type -> the bridge vime builds it with (mbridge's adjusted, or vime's own mapping);
 # each adds its layers to the block spec (adapt_layer_spec) and its norms' names
 # (EXTRA_NORM_NAMES) to adjustments 1 and 2, and Qwen3.5 its names' prefix (HF_NAME)
-_OWN_BRIDGES: dict[str, Any] = {"deepseek_v3": DeepseekV3, "glm4": Glm4,
+_OWN_BRIDGES: dict[str, Any] = {"deepseek_v3": DeepseekV3, "glm_moe_dsa": GlmMoeDsa, "glm4": Glm4,
                                 "qwen3_5_text": Qwen3_5, "qwen3_5_moe_text": Qwen3_5Moe,
                                 "qwen3_next": Qwen3Next, "minimax_m2": MiniMaxM2}
 

@@ -54,7 +54,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
 from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler, roll_tensor
 
 from vime_pure.errors import VimeError, field_error
-from vime_shell.models.hf_config import MLA_MODEL_TYPES
+from vime_shell.models.hf_config import MTP_MODEL_TYPES
 
 
 @attrs.frozen(kw_only=True)
@@ -84,8 +84,8 @@ _MIMO = MtpNames(prefix="model.mtp_layers.{i}.",
                          "eh_proj.weight": "input_proj.weight",
                          "final_layernorm.weight": "final_layernorm.weight"},
                  hidden_first=True)
-NAMES_OF: dict[str, MtpNames] = {**dict.fromkeys((*MLA_MODEL_TYPES, "glm4_moe"), _DEEPSEEK),
-                                  "mimo": _MIMO}
+NAMES_OF: dict[str, MtpNames] = {**dict.fromkeys((t for t in MTP_MODEL_TYPES if t != "mimo"),
+                                                 _DEEPSEEK), "mimo": _MIMO}
 _MTP_NAME = re.compile(r"^mtp\.layers\.(\d+)\.(.+)$")
 MTP_REPORT = "vime_mtp_report"  # the chunk attribute holding a forward's MTP sums
 MTP_INPUTS = "vime_mtp_inputs"  # the chunk attribute holding a training forward's MTP inputs

@@ -19,6 +19,8 @@ transformers' own class, so GLM's defaults fill what config.json leaves out, and
 as a ``DeepseekV3Config`` (transformers' two classes give equal logits on the same weights;
 ``tests/shell/test_mla.py``); the trainer's bridge is DeepSeek-V3's, no mapping of vime's own.
 A layer pattern other than dense layers first is refused (DeepSeek-V3 has no other).
+GLM-5 (``glm_moe_dsa``) is that model with sparse attention: its config stays transformers'
+own (the HF engine needs GLM-5's class), with the dense-layer count read the same way.
 
 Qwen3.5 (``qwen3_5``) ships as a multimodal model whose language model is
 ``Qwen3_5ForCausalLM`` (``qwen3_5_text``, the ``text_config``): vime trains that, so the
@@ -45,6 +47,8 @@ def auto_config(model_dir: str | Path):
     kind = data.get("model_type")
     if kind == "glm4_moe_lite":
         return _glm4_moe_lite(path)
+    if kind == "glm_moe_dsa":
+        return _glm_moe_dsa(path)
     if kind in LANGUAGE_MODEL_OF:
         return _language_model(path)
     alias = MODEL_TYPE_ALIASES.get(kind)
@@ -62,6 +66,17 @@ def _glm4_moe_lite(path: Path):
                                                        keys.get("first_k_dense_replace"))
     keys = {k: v for k, v in keys.items() if k not in ("model_type", "architectures")}
     return AutoConfig.for_model("deepseek_v3", **keys)
+
+
+def _glm_moe_dsa(path: Path):
+    """GLM-5's own config (the HF engine runs transformers' ``GlmMoeDsaForCausalLM``), with
+    ``first_k_dense_replace`` read from ``mlp_layer_types`` as for GLM-4.7-Flash (the trainer
+    builds the model as DeepSeek-V3's, ``megatron/glm5_bridge.py``)."""
+    config = AutoConfig.from_pretrained(path)
+    config.first_k_dense_replace = first_dense_layers(
+        config.mlp_layer_types, path / "config.json",
+        json.loads((path / "config.json").read_text()).get("first_k_dense_replace"))
+    return config
 
 
 def _language_model(path: Path):

@@ -37,6 +37,8 @@ class HfConfigSummary:
     num_key_value_heads: int | None = None  # None: as many as attention heads (MHA)
     num_experts: int | None = None  # routed experts of an MoE model; None: dense
     dtype: str | None = None  # "torch_dtype" (or transformers 5's "dtype"), e.g. "bfloat16"
+    # GLM-5's per-layer DSA indexer, "full" or "shared" (sparse_indexer_types); None elsewhere
+    indexer_types: tuple[str, ...] | None = None
 
 
 def read_config_summary(hf_dir: str | Path, flag: str = "--hf-checkpoint") -> HfConfigSummary:
@@ -52,7 +54,34 @@ def read_config_summary(hf_dir: str | Path, flag: str = "--hf-checkpoint") -> Hf
         num_attention_heads=config.get("num_attention_heads"),
         num_key_value_heads=config.get("num_key_value_heads"),
         num_experts=next((config[k] for k in EXPERT_KEYS if config.get(k)), None),
-        dtype=_dtype_name(config.get("torch_dtype") or config.get("dtype")))
+        dtype=_dtype_name(config.get("torch_dtype") or config.get("dtype")),
+        indexer_types=sparse_indexer_types(config, _path(hf_dir), flag))
+
+
+def sparse_indexer_types(config: dict, path: Path, flag: str = "--hf-checkpoint"
+                         ) -> tuple[str, ...] | None:
+    """Which layers of a GLM-5 run their own DSA indexer (``"full"``) and which reuse the last
+    full layer's selection (``"shared"``): ``indexer_types`` as stated, else derived as
+    transformers' ``GlmMoeDsaConfig`` derives it (``index_topk_pattern`` of F / S, else every
+    ``index_topk_freq``-th layer from ``index_skip_topk_offset``); None for other models.
+    Example: 6 layers, freq 2, offset 2 give full, full, shared, full, shared, full."""
+    if config.get("model_type") not in DSA_MODEL_TYPES:
+        return None
+    layers = config["num_hidden_layers"]
+    pattern = config.get("indexer_types", config.get("index_topk_pattern"))
+    if isinstance(pattern, str):
+        pattern = [{"F": "full", "S": "shared"}.get(c, c) for c in pattern]
+    if pattern is None:
+        freq = max(int(config.get("index_topk_freq", 1)), 1)
+        offset = int(config.get("index_skip_topk_offset", 2))
+        pattern = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared"
+                   for i in range(layers)]
+    if not isinstance(pattern, list) or len(pattern) != layers or \
+            set(pattern) - {"full", "shared"} or pattern[:1] != ["full"]:
+        raise _malformed(flag, path, f'"indexer_types" is {_shown(pattern)}: not "full" or '
+                         f'"shared" for each of the {layers} layers, the first full',
+                         "state them as the model's source does")
+    return tuple(pattern)
 
 
 def read_config_json(hf_dir: str | Path, flag: str = "--hf-checkpoint") -> dict:
@@ -104,18 +133,22 @@ MOE_ONLY_TYPES: tuple[str, ...] = ("qwen3_5_moe_text",)
 LANGUAGE_MODEL_OF: dict[str, str] = {"qwen3_5": "qwen3_5_text",
                                      "qwen3_5_moe": "qwen3_5_moe_text"}
 # multi-latent attention (megatron/mla_bridge.py)
-MLA_MODEL_TYPES: tuple[str, ...] = ("deepseek_v3", "kimi_k2", "glm4_moe_lite")
+MLA_MODEL_TYPES: tuple[str, ...] = ("deepseek_v3", "kimi_k2", "glm4_moe_lite", "glm_moe_dsa")
+# DeepSeek sparse attention on MLA: GLM-5 (megatron/glm5_bridge.py, sparse_attention.py)
+DSA_MODEL_TYPES: tuple[str, ...] = ("glm_moe_dsa",)
 # multi-token prediction layers vime trains (--enable-mtp-training, megatron/mtp.py): the
 # DeepSeek-V3-style ones (decoder layers num_hidden_layers + i; GLM-4.5's too) and MiMo's
-# (model.mtp_layers)
-MTP_MODEL_TYPES: tuple[str, ...] = (*MLA_MODEL_TYPES, "glm4_moe", "mimo")
+# (model.mtp_layers); GLM-5's MTP layer has sparse attention, which vime's MTP block lacks
+MTP_MODEL_TYPES: tuple[str, ...] = (*(t for t in MLA_MODEL_TYPES if t not in DSA_MODEL_TYPES),
+                                    "glm4_moe", "mimo")
 # sigmoid routers with an expert bias (DeepSeek-V3's, GLM-4.5's): Megatron renormalises their
 # top-k always
 SIGMOID_ROUTERS: tuple[str, ...] = (*MLA_MODEL_TYPES, "glm4_moe", "minimax_m2")
 # Model families the trainer's bridge cannot build yet, by config.json's model_type: each
 # failed deep inside model construction or needs a part vime lacks; refused at launch with
 # the reason instead. The families vime builds: Qwen2, Qwen3, their MoE variants, Llama,
-# DeepSeek-V3, Kimi-K2 and GLM-4.7-Flash (multi-latent attention), GLM-4
+# DeepSeek-V3, Kimi-K2, GLM-4.7-Flash (multi-latent attention) and GLM-5 (with sparse
+# attention), GLM-4
 # (megatron/glm4_bridge.py), GLM-4.5 / 4.6 / 4.7 MoE (megatron/moe_bridge.py).
 MODEL_TYPE_REFUSALS: dict[str, str] = {
     "deepseek_v2": "DeepSeek-V2 (mbridge has no bridge for it; DeepSeek-V3, R1 and Moonlight "
@@ -176,9 +209,9 @@ def check_config(config: dict, path: Path, flag: str = "--hf-checkpoint",
     if refused is not None:
         raise _malformed(flag, path, f'has "model_type" {config["model_type"]!r}: not '
                          f"supported in vime ({refused})", "train a Qwen2, Qwen3 (dense or "
-                         "MoE), Qwen3.5 (dense or MoE), Qwen3-Next, MiniMax-M2, Llama, DeepSeek-V3, Kimi-K2, GLM-4 or GLM-4.5 "
-                         "(dense or MoE) checkpoint")
-    if config.get("model_type") == "glm4_moe_lite" and "mlp_layer_types" in config:
+                         "MoE), Qwen3.5 (dense or MoE), Qwen3-Next, MiniMax-M2, Llama, DeepSeek-V3, Kimi-K2, GLM-4, GLM-4.5 "
+                         "(dense or MoE) or GLM-5 checkpoint")
+    if config.get("model_type") in ("glm4_moe_lite", "glm_moe_dsa") and "mlp_layer_types" in config:
         first_dense_layers(config["mlp_layer_types"], path, config.get("first_k_dense_replace"))
     _check_special_token_ids(config, path, flag)
     _check_heads(config, path, flag)

@@ -18,7 +18,9 @@ MoE with a shared expert, sigmoid routing with an expert bias, drawn non-zero he
 ``arch="glm4_moe"`` is a GLM-4.5 / 4.6 / 4.7 MoE (half-rotated heads, QKV bias, q/k norms
 unless ``use_qk_norm`` is off as on GLM-4.5-Air, DeepSeek-style MoE). ``arch="glm4_moe_lite"``
 is a GLM-4.7-Flash: DeepSeek-V3's model under GLM's config
-(``mlp_layer_types`` and ``first_k_dense_replace``, routed scaling 1.8). ``arch="qwen3_5"`` is
+(``mlp_layer_types`` and ``first_k_dense_replace``, routed scaling 1.8); ``arch="glm_moe_dsa"``
+a GLM-5: that model with DeepSeek sparse attention (``index_topk`` keys per query, chosen by
+an indexer on the ``"full"`` layers of ``indexer_types`` and reused by the ``"shared"`` ones). ``arch="qwen3_5"`` is
 a dense Qwen3.5, written as the released checkpoints are (multimodal, with a one-block vision
 tower): linear attention in three of every four layers (as many linear heads as attention
 heads), gated attention, (1 + w) norms drawn non-zero, a quarter of each head rotated;
@@ -35,7 +37,7 @@ from typing import Any
 import attrs
 import torch
 from transformers import (AutoModelForCausalLM, DeepseekV3Config, Glm4Config, Glm4MoeConfig,
-                          Glm4MoeLiteConfig, LlamaConfig, Qwen2Config, Qwen2MoeConfig,
+                          Glm4MoeLiteConfig, GlmMoeDsaConfig, LlamaConfig, Qwen2Config, Qwen2MoeConfig,
                           Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig,
                           Qwen3_5MoeForConditionalGeneration, Qwen3MoeConfig,
                           MiniMaxM2Config, Qwen3NextConfig)
@@ -44,9 +46,10 @@ from vime_pure.errors import VimeError, field_error
 
 ARCHITECTURES: tuple[str, ...] = ("qwen2", "llama", "qwen2_moe", "qwen3_moe", "deepseek_v3",
                                   "glm4", "glm4_moe_lite", "glm4_moe", "qwen3_5", "qwen3_5_moe",
-                                  "qwen3_next", "minimax_m2")
+                                  "qwen3_next", "minimax_m2", "glm_moe_dsa")
 MOE_ARCHITECTURES: tuple[str, ...] = ("qwen2_moe", "qwen3_moe", "deepseek_v3", "glm4_moe_lite",
-                                      "glm4_moe", "qwen3_5_moe", "qwen3_next", "minimax_m2")
+                                      "glm4_moe", "qwen3_5_moe", "qwen3_next", "minimax_m2",
+                                      "glm_moe_dsa")
 # gated delta-net models: their (1 + w) norms start at 0, so the tiny ones draw them
 _ONE_PLUS_NORMS: tuple[str, ...] = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
@@ -82,6 +85,12 @@ class TinyModelSpec:
     topk_group: int = 1
     use_qk_norm: bool = True  # glm4_moe (GLM-4.5 / 4.6 / 4.7 have it, GLM-4.5-Air not)
     n_shared_experts: int = 1  # glm4_moe: the shared expert's width in experts
+    # glm_moe_dsa (GLM-5's sparse attention): keys per query, the indexer's heads, and which
+    # layers run their own indexer ("full") or reuse the last full layer's ("shared")
+    index_topk: int = 4
+    index_n_heads: int = 4
+    index_head_dim: int = 16
+    indexer_types: tuple[str, ...] | None = None
     seed: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -121,7 +130,7 @@ def hf_config(spec: TinyModelSpec, **extra):
         mlp_only_layers=[], router_aux_loss_coef=0.0)
     if spec.arch == "qwen2":
         return Qwen2Config(use_sliding_window=False, **common)
-    if spec.arch in ("deepseek_v3", "glm4_moe_lite"):
+    if spec.arch in ("deepseek_v3", "glm4_moe_lite", "glm_moe_dsa"):
         return _deepseek_v3(spec, common)
     if spec.arch == "glm4_moe":
         return _glm4_moe(spec, common)
@@ -168,6 +177,14 @@ def _deepseek_v3(spec: TinyModelSpec, common: dict[str, Any]):
         n_routed_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
         moe_intermediate_size=spec.moe_intermediate_size, n_shared_experts=1,
         n_group=spec.n_group, topk_group=spec.topk_group, norm_topk_prob=True, **common)
+    if spec.arch == "glm_moe_dsa":
+        k = spec.first_k_dense_replace
+        types = list(spec.indexer_types or ["full"] * spec.num_layers)
+        return GlmMoeDsaConfig(mlp_layer_types=["dense"] * k + ["sparse"] * (spec.num_layers - k),
+                               first_k_dense_replace=k, routed_scaling_factor=2.5,
+                               index_topk=spec.index_topk, index_n_heads=spec.index_n_heads,
+                               index_head_dim=spec.index_head_dim, indexer_types=types,
+                               pad_token_id=None, eos_token_id=1, **shared)
     if spec.arch == "glm4_moe_lite":
         k = spec.first_k_dense_replace
         # a real config.json states the dense layers both ways (vLLM reads the count)

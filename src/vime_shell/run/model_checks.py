@@ -23,6 +23,8 @@ CUDA-only flag is set). What is refused, and why (measured on CPU with megatron-
 - a ``--moe-*`` flag on a dense model, unless at Megatron's or vime's default (``MOE_NO_OPS``):
   a flag at its default no-op value is never an error;
 - ``--recompute-num-layers`` above the layers of the smallest pipeline stage (Megatron's rule);
+- a pipeline split of GLM-5 whose stage starts on a ``"shared"`` DSA indexer layer (its
+  selection comes from the stage before; slime refuses the same split);
 - a ``--tensor-model-parallel-size`` that does not divide the attention heads, or that is
   neither a divisor nor a multiple of the KV heads (Megatron's ``TransformerConfig`` rule: more
   TP ranks than KV heads is fine, each KV head is then replicated; Qwen2.5-0.5B's 14 heads
@@ -58,6 +60,29 @@ MOE_NO_OPS: dict[str, tuple[object, ...]] = {
     "moe_token_dispatcher_type": ("alltoall",), "moe_router_dtype": (),
     "moe_grouped_gemm": (False,), "moe_permute_fusion": (False,),
 }
+
+
+def _check_index_sharing(types: tuple[str, ...], layout: TrainLayout) -> None:
+    """Every model chunk of a GLM-5 starts on a layer that runs its own DSA indexer: a
+    ``"shared"`` layer reuses the last full layer's selection, which never crosses a pipeline
+    stage (``megatron/sparse_attention.py``; slime refuses the same split)."""
+    if layout.vpp > 1:
+        per = len(types) // (layout.pp * layout.vpp)
+        starts = list(range(0, len(types), per))
+    else:
+        stages = layout.stage_layers(len(types))
+        starts = [sum(stages[:i]) for i in range(len(stages))]
+    bad = [start for start in starts if types[start] == "shared"]
+    if bad:
+        full = [i + 1 for i, t in enumerate(types) if t == "full"]
+        raise field_error(ConfigError, "pipeline_model_parallel_size", layout.pp,
+                          f"starts a pipeline stage on layer {bad[0] + 1}, which reuses the "
+                          "DSA selection of a layer on the stage before (config.json "
+                          '"indexer_types": "shared"; the selection does not cross stages)',
+                          "pick --decoder-first-pipeline-num-layers / --decoder-last-pipeline-"
+                          "num-layers (or --num-layers-per-virtual-pipeline-stage) so that every "
+                          f"stage starts on a full layer (1-based: {full[:12]}"
+                          f"{' ...' if len(full) > 12 else ''})")
 
 
 def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
@@ -130,6 +155,13 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
             raise field_error(ConfigError, "recompute_num_layers", cfg.recompute_num_layers,
                               f"exceeds the {smallest} layers of the smallest pipeline stage",
                               f"use 1..{smallest}")
+    if summary.indexer_types is not None:
+        _check_index_sharing(summary.indexer_types, layout)
+    elif cfg.allgather_cp and cfg.context_parallel_size > 1:
+        raise field_error(ConfigError, "--allgather-cp", True,
+                          f"is the all-gather attention of DeepSeek-sparse-attention models "
+                          f"(GLM-5), and {summary.model_type} attends by Megatron's ring "
+                          "(slime refuses the same)", "drop --allgather-cp")
     if cfg.use_rollout_routing_replay:
         _check_routing_replay(cfg)
     etp = cfg.expert_tensor_parallel_size
