@@ -75,8 +75,8 @@ def test_slime_flag_coverage_on_our_corpus(tmp_path):
         "ARGS=(--muon-momentum 0.95)\npython3 train.py ${ARGS[@]} --lr 1e-6\n")
     (tmp_path / "scripts" / "run-fsdp.sh").write_text(  # a value outside vime's choices
         "python3 train.py --advantage-estimator ppo --optimizer $OPT --lr 1e-6\n")
-    (tmp_path / "scripts" / "run-glm5.sh").write_text(  # a layer spec vime does not build
-        'ARGS=(--spec "slime_plugins.models.glm5.glm5" "get_glm5_spec")\n'
+    (tmp_path / "scripts" / "run-custom.sh").write_text(  # a layer spec vime does not build
+        'ARGS=(--spec "slime_plugins.models.custom" "get_custom_spec")\n'
         "python3 train.py ${ARGS[@]}\n")
     (tmp_path / "scripts" / "run-plugin.sh").write_text(  # slime's module vime has not
         "python3 train.py --rollout-function-path slime.rollout.new_rollout.generate\n")
@@ -91,7 +91,7 @@ def test_slime_flag_coverage_on_our_corpus(tmp_path):
     # (our run-glm4-9B.sh passes GLM-4's spec, from its model file: accepted)
     assert (result["scripts"], result["accepted"]) == (ours + 6, ours + 1)
     assert result["refused"] == {"--muon-momentum": 1, "--advantage-estimator ppo": 1,
-                                 "--spec slime_plugins.models.glm5.glm5": 1,
+                                 "--spec slime_plugins.models.custom": 1,
                                  "env OPEN_TRAINING_INT4_FAKE_QAT_FLAG": 1,
                                  "--rollout-function-path slime.rollout.new_rollout.generate": 1}
 

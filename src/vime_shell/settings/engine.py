@@ -47,11 +47,19 @@ class EngineArgs(Record):
                                               "sent only its experts")
     rollout_enforce_eager: bool = _f(False, "vLLM without CUDA graphs (faster start, slower "
                                      "decode)")
+    prefill_num_servers: int | None = _f(None, "slime's prefill-decode disaggregation (its "
+                                         "SGLang router's prefill servers); vime's engines "
+                                         "prefill and decode each request themselves, so it "
+                                         "is accepted with a launch note: the same rollouts, "
+                                         "another serving layout")
     vllm_engine_args: tuple[str, ...] | None = setting_list(
         "vLLM engine arguments KEY=VALUE; what --vllm-KEY VALUE and the mapped --sglang-X "
         "flags become", SECTION)
 
     def _check(self) -> None:
+        if self.prefill_num_servers is not None and self.prefill_num_servers < 1:
+            raise field_error(ConfigError, "--prefill-num-servers", self.prefill_num_servers,
+                              "is not a server count", "pass 1 or more, or drop the flag")
         try:
             check_gpu_memory_utilization(self.rollout_gpu_memory_utilization)
         except EngineLayoutError as exc:

@@ -34,16 +34,13 @@ SPEC_MODEL_TYPES: dict[str, tuple[str, ...]] = {
                      "miles_plugins.models.qwen3_5 get_qwen3_5_spec"),
                     ("qwen3_5_text", "qwen3_5_moe_text")),
     "slime_plugins.models.qwen3_next get_qwen3_next_spec": ("qwen3_next",),
-    "slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec": ("minimax_m2",)}
+    "slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec": ("minimax_m2",),
+    **dict.fromkeys(("slime_plugins.models.glm5.glm5 get_glm5_spec",
+                     "miles_plugins.models.glm5.glm5 get_glm5_spec"), ("glm_moe_dsa",))}
 # config.json's count of multi-token prediction layers (Qwen3.5 / Qwen3-Next, DeepSeek-V3 / GLM)
 MTP_KEYS: tuple[str, ...] = ("mtp_num_hidden_layers", "num_nextn_predict_layers")
 # the model types whose layers are Qwen3.5's: linear and gated attention, (1 + w) norms
 GATED_DELTA_NET_TYPES: tuple[str, ...] = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
-# slime's other layer-spec plugins (by module) -> why vime does not build them
-SPEC_REFUSALS: dict[str, str] = {
-    "slime_plugins.models.glm5": "GLM-5: DeepSeek sparse attention, no HF mapping in mbridge "
-    "or vime",
-}
 
 
 class ModelArgsError(VimeError):
@@ -132,6 +129,16 @@ class MegatronSwitchArgs:
                                         "of TP); off at TP 1 (as in Megatron) and on the local "
                                         "spec (a launch note says which)", "megatron")
     attention_softmax_in_fp32: bool | None = _f("accepted; always on in vime", "megatron")
+    enable_experimental: bool | None = _f("accepted; Megatron's switch for its experimental "
+                                          "features, which slime's GLM-5 scripts pass for "
+                                          "sparse attention: vime builds that (glm5_bridge) "
+                                          "without it", "megatron")
+    allgather_cp: bool | None = _f(
+        "slime's all-gather context parallelism for DeepSeek-sparse-attention models (GLM-5): "
+        "vime's sparse-attention layers always gather keys and values over CP; the tokens "
+        "keep vime's zigzag split (slime's cuts the packed row in CP pieces), the same loss. "
+        "With --context-parallel-size > 1 on another model it is refused, as slime refuses "
+        "it", "megatron")
     accumulate_allreduce_grads_in_fp32: bool | None = _f("accepted; always on in vime "
                                                          "(fp32 gradient reduce)", "megatron")
     attention_backend: str | None = _f("accepted; vime picks the kernels by platform (TE on "
@@ -366,9 +373,10 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def spec_refusal(spec: str) -> str:
-    """Why vime does not build the layer spec ``spec`` (``MODULE FUNCTION`` or ``MODULE``)."""
-    return next((why for module, why in SPEC_REFUSALS.items() if spec.startswith(module)),
-                "a layer spec vime does not build")
+    """Why vime does not build the layer spec ``spec`` (``MODULE FUNCTION`` or ``MODULE``):
+    every spec of slime's and miles' scripts is in ``SPEC_MODEL_TYPES``, so another is one
+    vime does not know."""
+    return "a layer spec vime does not build"
 
 
 def check_spec(spec: tuple[str, ...] | None, model_type: Any, hf_dir: str) -> None:

@@ -95,7 +95,6 @@ UNSUPPORTED: dict[str, str] = {
     # architectures vime's bridge does not build
     "--window-size": "sliding-window attention", "--window-attn-skip-freq": "sliding-window "
     "attention", "--softmax-type": "attention sinks (gpt-oss)",
-    "--allgather-cp": "vime's context parallelism is Megatron's ring (--context-parallel-size)",
     "--fp8-format": FP8, "--fp8-recipe": FP8, "--fp8-param-gather": FP8,
     # data, rollout and evaluation
     "--multimodal-keys": "multimodal prompts: vime's samples are token ids of text, and "
@@ -105,7 +104,6 @@ UNSUPPORTED: dict[str, str] = {
     "vime_shell.rollout.filters:nonzero_reward_std",
     "--use-dynamic-global-batch-size": "use --allow-partial-train-step",
     # weight sync and serving
-    "--prefill-num-servers": "prefill-decode disaggregation",
     "--critic-num-nodes": "critics (PPO value models)",
     "--critic-num-gpus-per-node": "critics (PPO value models)",
 }
@@ -257,6 +255,10 @@ def slime_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             if note is not None:
                 notes.append(f"--{name.replace('_', '-')} {slime}: {note}")
     notes += _miles_fsdp(out) + _fully_async_rollout(out) + _nothing_to_overlap(out)
+    if out.get("prefill_num_servers") is not None:
+        notes.append(f"--prefill-num-servers {out['prefill_num_servers']}: slime's prefill-"
+                     "decode disaggregation; vime's engines prefill and decode each request "
+                     "themselves (the same rollouts, another serving layout)")
     evals = out.get("eval_prompt_data")
     if isinstance(evals, str):
         evals = [evals]
