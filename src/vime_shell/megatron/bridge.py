@@ -2,8 +2,8 @@
 
 Purpose: load an HF checkpoint (Qwen2/Qwen3 and their MoE, Llama, GLM-4.5 MoE; DeepSeek-V3,
 Kimi-K2 and GLM-4.7-Flash, :mod:`vime_shell.megatron.mla_bridge`; GLM-5,
-:mod:`vime_shell.megatron.glm5_bridge`; GLM-4,
-:mod:`vime_shell.megatron.glm4_bridge`) into
+:mod:`vime_shell.megatron.glm5_bridge`; GLM-4, :mod:`vime_shell.megatron.glm4_bridge`;
+gpt-oss, :mod:`vime_shell.megatron.gpt_oss_bridge`) into
 Megatron-core model chunks (one per virtual pipeline stage on this rank) with ``mbridge``, and
 stream the trained weights back out under their HF names (weight sync to the rollout engine,
 checkpoint export).
@@ -46,6 +46,7 @@ from vime_shell.megatron import mtp
 from vime_shell.megatron.layout import TrainLayout
 from vime_shell.megatron.glm4_bridge import Glm4
 from vime_shell.megatron.glm5_bridge import GlmMoeDsa
+from vime_shell.megatron.gpt_oss_bridge import GptOss
 from vime_shell.megatron.minimax_m2_bridge import MiniMaxM2
 from vime_shell.megatron.mla_bridge import DeepseekV3, is_mla
 from vime_shell.megatron.qwen3_5_bridge import Qwen3_5, Qwen3_5Moe, Qwen3Next
@@ -54,14 +55,16 @@ from vime_shell.megatron.moe_bridge import (FusedExpertReader, expert_bias_in_la
                                             map_sequential_experts, num_experts_of,
                                             router_fields)
 from vime_shell.megatron.platform import Platform
-from vime_shell.megatron.rope import apply_rope_scaling, gpt_rope_args, rope_scaling_of
+from vime_shell.megatron.rope import (apply_rope_scaling, gpt_rope_args, rope_scaling_of,
+                                      yarn_config_fields)
 
 # model_type -> the bridge vime builds it with (mbridge's adjusted, or vime's own mapping);
 # each adds its layers to the block spec (adapt_layer_spec) and its norms' names
 # (EXTRA_NORM_NAMES) to adjustments 1 and 2, and Qwen3.5 its names' prefix (HF_NAME)
 _OWN_BRIDGES: dict[str, Any] = {"deepseek_v3": DeepseekV3, "glm_moe_dsa": GlmMoeDsa, "glm4": Glm4,
                                 "qwen3_5_text": Qwen3_5, "qwen3_5_moe_text": Qwen3_5Moe,
-                                "qwen3_next": Qwen3Next, "minimax_m2": MiniMaxM2}
+                                "qwen3_next": Qwen3Next, "minimax_m2": MiniMaxM2,
+                                "gpt_oss": GptOss}
 
 _LOCAL_NORM_NAMES = {
     "input_layernorm.weight": "model.layers.{n}.input_layernorm.weight",
@@ -99,7 +102,8 @@ def read_hf_config(hf_dir: str | Path):
         # mbridge's GLM-4.5 bridge reads the attribute
         config.partial_rotary_factor = rope["partial_rotary_factor"]
     if not is_mla(config):  # MLA applies its own RoPE and YaRN (mla_bridge.py)
-        rope_scaling_of(rope or getattr(config, "rope_scaling", None))  # refuses the rest
+        rope_scaling_of(rope or getattr(config, "rope_scaling", None),  # refuses the rest
+                        config.model_type)
     return config
 
 
@@ -120,7 +124,7 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
         raise ModelLoadError(f"{str(Path(hf_dir) / 'config.json')!r}: \"model_type\" "
                              f"{config.model_type!r}: {one_line(str(exc))}. Fix: use a Qwen2/"
                              "Qwen3 (dense or MoE), Qwen3.5, Qwen3-Next, MiniMax-M2, Llama, DeepSeek-V3, "
-                             "Kimi-K2, GLM-4 or GLM-4.5 checkpoint.") from None
+                             "Kimi-K2, GLM-4, GLM-4.5 or gpt-oss checkpoint.") from None
     # Adjustment 5 is the platform's overrides; they come last, so a field the run's options
     # also set (moe_router_fusion=False under routing replay) takes the platform's value.
     bridge.set_extra_args(**{**options.transformer_fields(), **router_fields(config),
@@ -198,7 +202,7 @@ def _adjust_rope(bridge, config) -> None:
     GLM-4.5's, Qwen3.5's, MiniMax-M2's; transformers 5 keeps it in ``rope_parameters``)."""
     rope = getattr(config, "rope_parameters", None) or {}
     scaling = rope_scaling_of(None if is_mla(config) else  # MLA applies its own (mla_bridge)
-                              rope or getattr(config, "rope_scaling", None))
+                              rope or getattr(config, "rope_scaling", None), config.model_type)
     partial = None if is_mla(config) else rope.get("partial_rotary_factor")
     gpt_args = bridge._get_gptmodel_args
 
@@ -212,6 +216,18 @@ def _adjust_rope(bridge, config) -> None:
 
     bridge._get_gptmodel_args = gptmodel_args
     bridge.rope_scaling = scaling
+    yarn = yarn_config_fields(scaling)
+    if yarn:  # attributes, not fields: set on every config the bridge builds
+        build = bridge._build_config
+
+        def build_config():
+            built = build()
+            for key, value in yarn.items():
+                setattr(built, key, value)
+            return built
+
+        bridge._build_config = build_config
+        bridge.config = build_config()
 
 
 def _adjust_expert_names(bridge) -> None:

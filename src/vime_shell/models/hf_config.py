@@ -148,8 +148,8 @@ SIGMOID_ROUTERS: tuple[str, ...] = (*MLA_MODEL_TYPES, "glm4_moe", "minimax_m2")
 # failed deep inside model construction or needs a part vime lacks; refused at launch with
 # the reason instead. The families vime builds: Qwen2, Qwen3, their MoE variants, Llama,
 # DeepSeek-V3, Kimi-K2, GLM-4.7-Flash (multi-latent attention) and GLM-5 (with sparse
-# attention), GLM-4
-# (megatron/glm4_bridge.py), GLM-4.5 / 4.6 / 4.7 MoE (megatron/moe_bridge.py).
+# attention), GLM-4 (megatron/glm4_bridge.py), GLM-4.5 / 4.6 / 4.7 MoE
+# (megatron/moe_bridge.py), gpt-oss (megatron/gpt_oss_bridge.py).
 MODEL_TYPE_REFUSALS: dict[str, str] = {
     "deepseek_v2": "DeepSeek-V2 (mbridge has no bridge for it; DeepSeek-V3, R1 and Moonlight "
     "train as deepseek_v3)",
@@ -209,7 +209,7 @@ def check_config(config: dict, path: Path, flag: str = "--hf-checkpoint",
     if refused is not None:
         raise _malformed(flag, path, f'has "model_type" {config["model_type"]!r}: not '
                          f"supported in vime ({refused})", "train a Qwen2, Qwen3 (dense or "
-                         "MoE), Qwen3.5 (dense or MoE), Qwen3-Next, MiniMax-M2, Llama, DeepSeek-V3, Kimi-K2, GLM-4, GLM-4.5 "
+                         "MoE), Qwen3.5 (dense or MoE), Qwen3-Next, MiniMax-M2, Llama, DeepSeek-V3, Kimi-K2, GLM-4, gpt-oss, GLM-4.5 "
                          "(dense or MoE) or GLM-5 checkpoint")
     if config.get("model_type") in ("glm4_moe_lite", "glm_moe_dsa") and "mlp_layer_types" in config:
         first_dense_layers(config["mlp_layer_types"], path, config.get("first_k_dense_replace"))

@@ -28,7 +28,12 @@ heads), gated attention, (1 + w) norms drawn non-zero, a quarter of each head ro
 ``shared_expert_intermediate_size`` behind a sigmoid gate); ``arch="qwen3_next"`` is
 Qwen3-Next, those MoE layers in a text-only checkpoint. ``arch="minimax_m2"`` is MiniMax-M2:
 q/k norms over all heads, half of each head rotated, sigmoid routing with an expert bias
-(drawn non-zero), experts ``intermediate_size`` wide, in Mixtral's names.
+(drawn non-zero), experts ``intermediate_size`` wide, in Mixtral's names. ``arch="gpt_oss"`` is
+gpt-oss: attention sinks, a ``sliding_window``-token window on every other layer (the first
+sliding, as the release alternates them), biases on every projection and on the router,
+experts ``moe_intermediate_size`` wide with the clamped SwiGLU, fused on disk, YaRN RoPE (the
+release's factor 32 over 4096 positions); its router and expert biases and sinks are drawn
+non-zero here.
 """
 
 from pathlib import Path
@@ -37,6 +42,7 @@ from typing import Any
 import attrs
 import torch
 from transformers import (AutoModelForCausalLM, DeepseekV3Config, Glm4Config, Glm4MoeConfig,
+                          GptOssConfig,
                           Glm4MoeLiteConfig, GlmMoeDsaConfig, LlamaConfig, Qwen2Config, Qwen2MoeConfig,
                           Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig,
                           Qwen3_5MoeForConditionalGeneration, Qwen3MoeConfig,
@@ -46,12 +52,15 @@ from vime_pure.errors import VimeError, field_error
 
 ARCHITECTURES: tuple[str, ...] = ("qwen2", "llama", "qwen2_moe", "qwen3_moe", "deepseek_v3",
                                   "glm4", "glm4_moe_lite", "glm4_moe", "qwen3_5", "qwen3_5_moe",
-                                  "qwen3_next", "minimax_m2", "glm_moe_dsa")
+                                  "qwen3_next", "minimax_m2", "glm_moe_dsa", "gpt_oss")
 MOE_ARCHITECTURES: tuple[str, ...] = ("qwen2_moe", "qwen3_moe", "deepseek_v3", "glm4_moe_lite",
                                       "glm4_moe", "qwen3_5_moe", "qwen3_next", "minimax_m2",
-                                      "glm_moe_dsa")
+                                      "glm_moe_dsa", "gpt_oss")
 # gated delta-net models: their (1 + w) norms start at 0, so the tiny ones draw them
 _ONE_PLUS_NORMS: tuple[str, ...] = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+# gpt-oss parameters transformers starts at 0 or near it: drawn, so their paths are tested
+_GPT_OSS_DRAWN: tuple[str, ...] = ("sinks", "router.bias", "gate_up_proj_bias",
+                                   "down_proj_bias", "_proj.bias")
 
 
 @attrs.frozen(kw_only=True)
@@ -91,6 +100,7 @@ class TinyModelSpec:
     index_n_heads: int = 4
     index_head_dim: int = 16
     indexer_types: tuple[str, ...] | None = None
+    sliding_window: int = 4  # gpt_oss: tokens a sliding layer's query sees (itself included)
     seed: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -146,6 +156,8 @@ def hf_config(spec: TinyModelSpec, **extra):
             # keys the release's config.json states (vLLM reads them)
             "rotary_dim": spec.head_dim // 2, "scoring_func": "sigmoid",
             "use_routing_bias": True})
+    if spec.arch == "gpt_oss":
+        return _gpt_oss(spec, common)
     if spec.arch == "glm4":  # half of each head rotated, in interleaved pairs (GLM-4-9B's)
         common["rope_parameters"] = {"partial_rotary_factor": 0.5, **common["rope_parameters"]}
         # GLM-4's default token ids lie beyond a tiny vocabulary (None means them here): id 1
@@ -194,6 +206,19 @@ def _deepseek_v3(spec: TinyModelSpec, common: dict[str, Any]):
     return DeepseekV3Config(first_k_dense_replace=spec.first_k_dense_replace,
                             routed_scaling_factor=2.5, num_mtp_layers=0, **shared,
                             **_DEEPSEEK_ROUTER_KEYS)
+
+
+def _gpt_oss(spec: TinyModelSpec, common: dict[str, Any]):
+    # the release's YaRN (factor 32 over 4096 positions), its default when none is given
+    yarn = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": False, "original_max_position_embeddings": 4096,
+            "rope_theta": spec.rope_theta}
+    return GptOssConfig(**{
+        **common, "intermediate_size": spec.moe_intermediate_size, "rope_parameters": yarn,
+        "max_position_embeddings": 4096 * 32, "num_local_experts": spec.num_experts,
+        "num_experts_per_tok": spec.num_experts_per_tok, "sliding_window": spec.sliding_window,
+        "router_aux_loss_coef": 0.0, "pad_token_id": None, "bos_token_id": None,
+        "eos_token_id": 1})
 
 
 def _glm4_moe(spec: TinyModelSpec, common: dict[str, Any]):
@@ -254,6 +279,8 @@ def random_hf_model(spec: TinyModelSpec, **config_extra):
             for name, param in model.named_parameters():
                 if spec.arch in _ONE_PLUS_NORMS and name.endswith("norm.weight"):
                     param.add_(torch.randn_like(param), alpha=0.1)
+                if spec.arch == "gpt_oss" and name.endswith(_GPT_OSS_DRAWN):
+                    param.normal_(0.0, 0.5)
         return model
 
 
