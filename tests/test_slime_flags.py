@@ -125,7 +125,7 @@ def test_static_micro_batches_without_dynamic_batch_size():
 
 
 @pytest.mark.parametrize("flag", ["--muon-momentum", "--lora-base-cpu-backup",
-                                  "--softmax-type", "--window-size"])
+                                  "--allgather-cp", "--fp8-format"])
 def test_unsupported_flag_prints_its_table_line(flag, capsys, tmp_path):
     # a dry run in a scratch run directory: a flag that stops being refused never trains here
     status, err = _exit([flag, "1", "--dry-run", "--run-dir", str(tmp_path)], capsys)
@@ -306,13 +306,13 @@ SLIME_DEFAULTS: dict[str, str] = {
     "--muon-momentum": "0.9",  # m
     "--kv-lora-rank": "32", "--qk-head-dim": "128",  # m: MLA's, vime's own now (checked
     "--qk-pos-emb-head-dim": "64", "--v-head-dim": "128",  # against an MLA config only)
-    "--softmax-type": "vanilla", "--fp8-recipe": "delayed",  # mc
+    "--fp8-recipe": "delayed",  # mc
 }
 # Refused flags with no value to type at their default (a store_true, or None): nothing to try.
 NO_TYPED_DEFAULT = {
     "--lora-base-cpu-backup",
     "--experts-shared-outer-loras", "--use-fault-tolerance",
-    "--window-size", "--window-attn-skip-freq", "--allgather-cp", "--fp8-format",
+    "--allgather-cp", "--fp8-format",
     "--fp8-param-gather",
     "--multimodal-keys", "--filter-zero-reward-samples",
     "--use-dynamic-global-batch-size", "--prefill-num-servers",

@@ -25,6 +25,10 @@ CUDA-only flag is set). What is refused, and why (measured on CPU with megatron-
 - ``--recompute-num-layers`` above the layers of the smallest pipeline stage (Megatron's rule);
 - a pipeline split of GLM-5 whose stage starts on a ``"shared"`` DSA indexer layer (its
   selection comes from the stage before; slime refuses the same split);
+- gpt-oss (``gpt_oss``) at TP or EP above 1, or on TransformerEngine: its experts' biases
+  are mapped one expert at a time at expert-TP 1 and EP 1 only (the only layouts its CPU test
+  checks; MoE under TP needs sequence parallelism, which needs TransformerEngine), and its
+  sinks and window are the local spec's attention (``megatron/gpt_oss_bridge.py``);
 - a ``--tensor-model-parallel-size`` that does not divide the attention heads, or that is
   neither a divisor nor a multiple of the KV heads (Megatron's ``TransformerConfig`` rule: more
   TP ranks than KV heads is fine, each KV head is then replicated; Qwen2.5-0.5B's 14 heads
@@ -108,6 +112,8 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                           f"exceeds the model's {summary.num_experts} experts",
                           "use at most the expert count")
     check_tp_heads(cfg.tensor_model_parallel_size, summary)
+    if summary.model_type == "gpt_oss":
+        _check_gpt_oss(cfg)
     tp = cfg.tensor_model_parallel_size
     try:
         check_mla_tensor_parallel(tp, mla=summary.model_type in MLA_MODEL_TYPES,
@@ -190,6 +196,22 @@ def check_tp_heads(tp: int, summary: HfConfigSummary) -> None:
                           "(Megatron splits the query heads evenly over the TP ranks, and the "
                           "KV heads evenly, or replicates each over TP / KV-heads ranks)",
                           f"use a TP size in {fits}")
+
+
+def _check_gpt_oss(cfg: TrainConfig) -> None:
+    """gpt-oss trains at TP 1 and EP 1 on the local spec (module docstring)."""
+    for name in ("tensor_model_parallel_size", "expert_model_parallel_size"):
+        value = getattr(cfg, name)
+        if value is not None and value > 1:
+            raise field_error(ConfigError, name, value,
+                              "is not built for gpt-oss (its expert biases and fused experts "
+                              "are mapped at TP 1 and EP 1, the layouts its test checks)",
+                              "train gpt-oss with data parallelism (and PP), TP 1 and EP 1")
+    if transformer_engine_available() and cuda_available():
+        raise ConfigError("gpt_oss: its attention sinks and sliding window are built on "
+                          "Megatron's local spec, and this machine would build "
+                          "TransformerEngine's (THD packing). Fix: train gpt-oss in an "
+                          "environment without transformer_engine.")
 
 
 def _check_routing_replay(cfg: TrainConfig) -> None:

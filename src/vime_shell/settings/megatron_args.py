@@ -24,7 +24,9 @@ import attrs
 from vime_pure.errors import VimeError, field_error
 from vime_shell.models.hf_config import MODEL_TYPE_ALIASES
 from vime_shell.settings.common import setting_list
-from vime_shell.settings.moe_architecture import given_values, hf_num_experts, moe_hf_values
+from vime_shell.settings.moe_architecture import (LayerPatternError, given_values,
+                                                  hf_num_experts, moe_hf_values,
+                                                  moe_layer_pattern)
 
 
 # slime's --spec values -> the model types whose layers vime builds for it
@@ -109,6 +111,20 @@ class ModelArchArgs:
     mtp_num_layers: int | None = _arch("multi-token prediction layers (the checkpoint's; "
                                        "trained with --enable-mtp-training, else --save-hf "
                                        "carries them unchanged)")
+    softmax_type: str | None = _f("attention softmax: learnable is gpt-oss's per-head sinks; "
+                                  "checked against the HF config (model_type gpt_oss has "
+                                  "them, every other family vanilla)", "architecture",
+                                  ("vanilla", "off-by-one", "learnable"))
+    window_size: str | None = _f(
+        "sliding-window attention as Megatron's LEFT,RIGHT; checked against the HF config's "
+        "sliding_window W, which vime applies exactly as transformers does (the query and "
+        "the W-1 tokens before it: W-1,0). miles' gpt-oss scripts write W,0 for the same "
+        "checkpoint (Megatron's 129-token window for W=128); vime accepts it and still "
+        "trains the checkpoint's W tokens", "architecture")
+    window_attn_skip_freq: str | None = _f(
+        "which layers slide: N (every N-th layer has full attention) or a 0/1 list such as "
+        "'[1,0]*12' (1: sliding); checked against the HF config's layer_types",
+        "architecture")
     make_vocab_size_divisible_by: int | None = _f(
         "vime never pads the vocabulary: TP must divide the HF vocab_size (checked)",
         "architecture")
@@ -332,6 +348,7 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
         "apply_layernorm_1p": gated, "attention_output_gate": gated,
         "use_gated_attention": gated,
         "post_self_attn_layernorm": glm4, "post_mlp_layernorm": glm4,
+        "softmax_type": "learnable" if kind == "gpt_oss" else "vanilla",
         # MLA de-interleaves its RoPE dims itself (slime's MLA scripts pass no such flag)
         "rotary_interleaved": None if mla else glm4,
         "multi_latent_attention": mla, "q_lora_rank": hf.get("q_lora_rank"),
@@ -365,7 +382,7 @@ def _hf_values(hf: dict[str, Any]) -> dict[str, Any]:
             if hf.get("n_shared_experts") and hf.get("moe_intermediate_size") else None),
     }
     qk_norm = {"qwen3": True, "qwen3_moe": True, **dict.fromkeys(GATED_DELTA_NET_TYPES, True),
-               "minimax_m2": True, "qwen2": False,
+               "minimax_m2": True, "qwen2": False, "gpt_oss": False,
                "qwen2_moe": False, "llama": False, "mistral": False}
     out["qk_layernorm"] = True if mla else hf.get("use_qk_norm", qk_norm.get(  # GLM-4.5's key
         str(hf.get("model_type"))))
@@ -424,9 +441,57 @@ def check_architecture(cfg: Any, hf: dict[str, Any], hf_dir: str) -> None:
                               f"does not match {hf_dir}/config.json ({_moe_hf_text(name)}: "
                               f"{actual!r})", "pass the checkpoint's value, or the "
                               "--hf-checkpoint the script was written for")
+    _check_window(cfg, hf, hf_dir)
     if cfg.disable_bias_linear and want["add_qkv_bias"] and not cfg.add_qkv_bias:
         raise field_error(ModelArgsError, "--disable-bias-linear", True,
                           f"but the HF config of {hf_dir} has QKV biases", "add --add-qkv-bias")
+
+
+def sliding_layers(hf: dict[str, Any]) -> list[int] | None:
+    """config.json's sliding layers as Megatron's 0/1 list (1: sliding), None without a
+    sliding window (``sliding_window`` unset, or no ``sliding_attention`` layer)."""
+    types = hf.get("layer_types")
+    if not hf.get("sliding_window") or not isinstance(types, list) \
+            or "sliding_attention" not in types:
+        return None
+    return [int(t == "sliding_attention") for t in types]
+
+
+def _check_window(cfg: Any, hf: dict[str, Any], hf_dir: str) -> None:
+    """``--window-size`` and ``--window-attn-skip-freq`` describe config.json's sliding
+    window and its layers (the flags' help says how)."""
+    layers = sliding_layers(hf)
+    where = f"{hf_dir}/config.json"
+    for name in ("window_size", "window_attn_skip_freq"):
+        if getattr(cfg, name) is not None and layers is None:
+            raise field_error(ModelArgsError, _flag(name), getattr(cfg, name),
+                              f"describes sliding-window attention, and {where} has none "
+                              '(no "sliding_window" with "sliding_attention" layer_types)',
+                              "drop it, or pass the --hf-checkpoint the script was written for")
+    if layers is None:
+        return
+    width = int(hf["sliding_window"])
+    if cfg.window_size is not None:
+        given = cfg.window_size.replace(" ", "").strip("()[]")
+        if given not in (f"{width - 1},0", f"{width},0"):
+            raise field_error(ModelArgsError, "--window-size", cfg.window_size,
+                              f'does not match {where} ("sliding_window": {width}: the query '
+                              f"and the {width - 1} tokens before it)",
+                              f"pass --window-size {width - 1},0 (miles' {width},0 is "
+                              "accepted too), or drop it")
+    if cfg.window_attn_skip_freq is not None:
+        text = cfg.window_attn_skip_freq
+        try:
+            pattern = [int(i % int(text) != 0) for i in range(1, len(layers) + 1)] \
+                if text.strip().isdigit() else moe_layer_pattern(text, len(layers))
+        except (LayerPatternError, ZeroDivisionError):
+            raise field_error(ModelArgsError, "--window-attn-skip-freq", text,
+                              "is neither a positive int nor a 0/1 list written as Python",
+                              "pass e.g. 2 or '[1,0]*12'") from None
+        if pattern != layers:
+            raise field_error(ModelArgsError, "--window-attn-skip-freq", text,
+                              f'does not match {where} ("layer_types": sliding layers '
+                              f"{layers}, 1 sliding)", "pass that list, or drop it")
 
 
 def _moe_hf_text(name: str) -> str:

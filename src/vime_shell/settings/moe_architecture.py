@@ -24,9 +24,12 @@ from vime_shell.settings.common import ConfigError, Record, setting
 SECTION = "architecture"
 SCORE_FUNCTIONS: tuple[str, ...] = ("softmax", "sigmoid")
 # model types whose router is a plain softmax top-k without expert bias (no HF key says so)
-_SOFTMAX_ROUTERS = ("qwen2_moe", "qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_moe_text")
+_SOFTMAX_ROUTERS = ("qwen2_moe", "qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_moe_text",
+                    "gpt_oss")
 _SHARED_GATE = {"qwen2_moe": True, "qwen3_next": True, "qwen3_5_moe_text": True,
-                "qwen3_moe": False, "mixtral": False}
+                "qwen3_moe": False, "mixtral": False, "gpt_oss": False}
+# softmax routers whose top-k softmax no norm_topk_prob states: gpt-oss's is over the k picked
+_PRE_SOFTMAX = {"gpt_oss": False}
 
 
 class LayerPatternError(VimeError):
@@ -139,7 +142,8 @@ def moe_hf_values(hf: dict[str, Any]) -> dict[str, Any]:
         # Megatron reads it for softmax routers only (sigmoid top-k is always renormalised),
         # and slime's DeepSeek / Moonlight scripts pass it beside norm_topk_prob true
         "moe_router_pre_softmax": (not bool(hf["norm_topk_prob"])
-                                   if "norm_topk_prob" in hf and score != "sigmoid" else None),
+                                   if "norm_topk_prob" in hf and score != "sigmoid" else
+                                   _PRE_SOFTMAX.get(kind)),
         "moe_router_topk_scaling_factor": hf.get("routed_scaling_factor"),
         "moe_router_num_groups": hf.get("n_group"),
         "moe_router_group_topk": hf.get("topk_group"),

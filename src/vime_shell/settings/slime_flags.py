@@ -93,8 +93,6 @@ UNSUPPORTED: dict[str, str] = {
     "--experts-shared-outer-loras": "LoRA on MoE experts",
     "--muon-momentum": "the Muon optimizer; vime trains with Adam",
     # architectures vime's bridge does not build
-    "--window-size": "sliding-window attention", "--window-attn-skip-freq": "sliding-window "
-    "attention", "--softmax-type": "attention sinks (gpt-oss)",
     "--fp8-format": FP8, "--fp8-recipe": FP8, "--fp8-param-gather": FP8,
     # data, rollout and evaluation
     "--multimodal-keys": "multimodal prompts: vime's samples are token ids of text, and "
@@ -126,10 +124,10 @@ UNSUPPORTED_VALUES: dict[str, str] = {
 # slime's defaults of flags in UNSUPPORTED, at which their feature is off (a no-op; accepted
 # with a note). Sources, as typed on a command line: THUDM/slime slime/utils/arguments.py
 # (624b824), NVIDIA/Megatron-LM megatron/training/arguments.py (d98e8a64: --muon-momentum) and
-# megatron-core's TransformerConfig defaults (--softmax-type, --fp8-recipe).
+# megatron-core's TransformerConfig default (--fp8-recipe).
 UNSUPPORTED_OFF: dict[str, tuple[str, ...]] = {
     "--muon-momentum": ("0.9",),
-    "--softmax-type": ("vanilla",), "--fp8-recipe": ("delayed",),
+    "--fp8-recipe": ("delayed",),
 }
 
 # slime's value of a vime setting that vime spells otherwise: (setting, slime's value) ->
