@@ -206,7 +206,7 @@ def _check_gpt_oss(cfg: TrainConfig) -> None:
             raise field_error(ConfigError, name, value,
                               "is not built for gpt-oss (its expert biases and fused experts "
                               "are mapped at TP 1 and EP 1, the layouts its test checks)",
-                              "train gpt-oss with data parallelism (and PP), TP 1 and EP 1")
+                              "train gpt-oss with data parallelism, TP 1 and EP 1")
     if transformer_engine_available() and cuda_available():
         raise ConfigError("gpt_oss: its attention sinks and sliding window are built on "
                           "Megatron's local spec, and this machine would build "
