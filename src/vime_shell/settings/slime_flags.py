@@ -92,7 +92,7 @@ UNSUPPORTED: dict[str, str] = {
     "merged weights)",
     "--experts-shared-outer-loras": "LoRA on MoE experts",
     "--muon-momentum": "the Muon optimizer; vime trains with Adam",
-    # architectures vime's bridge does not build
+    # precision formats vime does not train in
     "--fp8-format": FP8, "--fp8-recipe": FP8, "--fp8-param-gather": FP8,
     # data, rollout and evaluation
     "--multimodal-keys": "multimodal prompts: vime's samples are token ids of text, and "
