@@ -125,7 +125,7 @@ def test_static_micro_batches_without_dynamic_batch_size():
 
 
 @pytest.mark.parametrize("flag", ["--muon-momentum", "--lora-base-cpu-backup",
-                                  "--allgather-cp", "--fp8-format"])
+                                  "--multimodal-keys", "--fp8-format"])
 def test_unsupported_flag_prints_its_table_line(flag, capsys, tmp_path):
     # a dry run in a scratch run directory: a flag that stops being refused never trains here
     status, err = _exit([flag, "1", "--dry-run", "--run-dir", str(tmp_path)], capsys)
@@ -312,10 +312,9 @@ SLIME_DEFAULTS: dict[str, str] = {
 NO_TYPED_DEFAULT = {
     "--lora-base-cpu-backup",
     "--experts-shared-outer-loras", "--use-fault-tolerance",
-    "--allgather-cp", "--fp8-format",
-    "--fp8-param-gather",
+    "--fp8-format", "--fp8-param-gather",
     "--multimodal-keys", "--filter-zero-reward-samples",
-    "--use-dynamic-global-batch-size", "--prefill-num-servers",
+    "--use-dynamic-global-batch-size",
     "--critic-num-nodes", "--critic-num-gpus-per-node",
 }
 # Not no-ops, so outside the rule: Megatron's default is a statement about the model (the

@@ -78,8 +78,9 @@ def env(tmp_path_factory):
     glm47_mtp = with_deepseek_mtp(build_tiny_hf_model(root / "glm47_mtp", TinyModelSpec(
         arch="glm4_moe_lite", num_layers=3)))
     mimo = as_mimo(build_tiny_hf_model(root / "mimo", TinyModelSpec(num_layers=3)))
+    glm5 = build_tiny_hf_model(root / "glm5", TinyModelSpec(arch="glm_moe_dsa", num_layers=4))
     for model in (moe, moonlight, glm4, glm47, glm45, qwen35, minimax, qwen3_next, glm47_mtp,
-                  mimo):
+                  mimo, glm5):
         with_embedded_tokenizer(model)  # the dataset's digits and a chat template
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
             "VIME_PYTHON": sys.executable, "MODEL_DIR": str(embedded), "MOE_DIR": str(moe),
@@ -87,7 +88,7 @@ def env(tmp_path_factory):
             "GLM45_DIR": str(glm45), "QWEN35_DIR": str(qwen35),
             "MINIMAX_DIR": str(minimax), "QWEN3_NEXT_DIR": str(qwen3_next),
             "QWEN35_MOE_DIR": str(qwen35_moe), "GLM47_MTP_DIR": str(glm47_mtp),
-            "MIMO_DIR": str(mimo),
+            "MIMO_DIR": str(mimo), "GLM5_DIR": str(glm5),
             "DATA_DIR": str(data), "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(SCRIPTS)])}
 
@@ -169,6 +170,9 @@ WANDB_KEY = "slime-script-test-key-7c1e"
         "--sglang-speculative-algorithm EAGLE: no vLLM equivalent in vime; ignored"]),
     ("run-mimo-7B-rl-eagle.sh", [  # --enable-mtp-training: MiMo's MTP layer names
         "--sglang-speculative-algorithm EAGLE: no vLLM equivalent in vime; ignored"]),
+    ("run-glm5-744B-A40B.sh", [  # DeepSeek sparse attention (slime's glm5 layer spec)
+        "--prefill-num-servers 1: slime's prefill-decode disaggregation",
+        "--sglang-attention-backend nsa"]),
     ("run-moonlight-16B-A3B.sh", [  # multi-latent attention
         "--moe-router-bias-update-rate: accepted; vime keeps a DeepSeek-V3 router's expert bias",
         "--sglang-cuda-graph-bs 1 2 4 8 16"]),
