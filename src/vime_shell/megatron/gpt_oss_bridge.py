@@ -51,6 +51,7 @@ from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.utils import is_layer_window_attention
 
+from vime_shell.megatron.attention import causal_mask, softmax_attention
 from vime_shell.models.hf_config import ModelLoadError
 
 # a Megatron expert parameter: the grouped form (vime's SequentialMLP rename, weights) or the
@@ -98,25 +99,15 @@ class GptOssCoreAttention(MegatronModule):
             raise ModelLoadError("gpt-oss's attention runs on packed rows with a mask (the "
                                  "local spec), not THD. Fix: train gpt-oss without "
                                  "TransformerEngine.")
-        repeat = self.heads // self.groups
-        key, value = (t.repeat_interleave(repeat, dim=2) for t in (key, value))
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
-        scores = torch.matmul(q.float(), k.float().transpose(-2, -1)) * self.softmax_scale
-        scores = scores.masked_fill(self._blocked(attention_mask, q.shape[2], q.device),
-                                    float("-inf"))
-        b, h, s, _ = scores.shape
-        sink = self.softmax_offset.float().view(1, h, 1, 1).expand(b, h, s, 1)
-        logits = torch.cat([scores, sink], dim=-1)
-        logits = logits - logits.max(dim=-1, keepdim=True).values  # as transformers does
-        probs = torch.softmax(logits, dim=-1)[..., :-1].to(v.dtype)
-        out = torch.matmul(probs, v)  # [b, h, s, d]
-        return out.permute(2, 0, 1, 3).reshape(s, b, h * out.shape[-1])
+        blocked = self._blocked(attention_mask, query.shape[0], query.device)
+        return softmax_attention(query, key, value, blocked, self.softmax_scale,
+                                 sinks=self.softmax_offset)
 
     def _blocked(self, mask, s: int, device) -> torch.Tensor:
         """The record's mask (or causal), and beyond the window on a sliding layer: packed
         samples stay apart whatever the window (module docstring)."""
         if mask is None:
-            mask = torch.ones(s, s, dtype=torch.bool, device=device).triu(1)
+            mask = causal_mask(s, device)
         if self.window_left is None:
             return mask
         i = torch.arange(s, device=device)

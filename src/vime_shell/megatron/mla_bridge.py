@@ -30,6 +30,7 @@ from mbridge.core.llm_bridge import LLMBridge
 from mbridge.models.deepseek_v3 import DeepseekV3Bridge
 from megatron.core.transformer.module import MegatronModule
 
+from vime_shell.megatron.attention import causal_mask, softmax_attention
 from vime_shell.models.hf_config import MLA_MODEL_TYPES, ModelLoadError
 
 
@@ -49,8 +50,7 @@ class DeepseekV3(DeepseekV3Bridge):
 
     EXTRA_NORM_NAMES = MLA_LOCAL_NORM_NAMES  # the local spec's norms (bridge.make_bridge)
 
-    @staticmethod
-    def adapt_layer_spec(spec, *, transformer_engine: bool, vp_stage=None):
+    def adapt_layer_spec(self, spec, *, transformer_engine: bool, vp_stage=None):
         """The block spec with :class:`MLACoreAttention` on the local spec (adjustment 4)."""
         if not transformer_engine:
             for layer in spec.layer_specs:
@@ -115,13 +115,6 @@ class MLACoreAttention(MegatronModule):
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None):
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
-        scores = torch.matmul(q.float(), k.float().transpose(-2, -1)) * self.softmax_scale
         if attention_mask is None:
-            s = q.shape[2]
-            attention_mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(attention_mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(v.dtype)
-        out = torch.matmul(probs, v)  # [b, h, s, dv]
-        b, h, s, dv = out.shape
-        return out.permute(2, 0, 1, 3).reshape(s, b, h * dv)
+            attention_mask = causal_mask(query.shape[0], query.device)
+        return softmax_attention(query, key, value, attention_mask, self.softmax_scale)

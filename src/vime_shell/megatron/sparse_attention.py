@@ -62,6 +62,7 @@ from megatron.core.transformer.module import MegatronModule
 from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import GlmMoeDsaRotaryEmbedding
 
 from vime_pure.cp import zigzag_row_positions
+from vime_shell.megatron.attention import softmax_attention
 from vime_shell.models.hf_config import ModelLoadError
 
 FULL, SHARED = "full", "shared"  # config.json's indexer_types
@@ -86,11 +87,13 @@ class Indexer(torch.nn.Module):
     def queries(self, qr: torch.Tensor, rope: tuple) -> torch.Tensor:
         """``qr`` [s, b, q_lora_rank] at ``rope`` (cos, sin ``[s, rope_dim / 2]``) -> [s, b, H, D]."""
         q = self.wq_b(qr).unflatten(-1, (self.heads, self.dim))
-        return _rotate_first(q, *(t[:, None, None] for t in rope), self.rope_dim)
+        cos, sin = rope
+        return _rotate_first(q, cos[:, None, None], sin[:, None, None], self.rope_dim)
 
     def keys(self, x: torch.Tensor, rope: tuple) -> torch.Tensor:
         """``x`` [s, b, hidden] -> [s, b, D]."""
-        return _rotate_first(self.k_norm(self.wk(x)), *(t[:, None] for t in rope), self.rope_dim)
+        cos, sin = rope
+        return _rotate_first(self.k_norm(self.wk(x)), cos[:, None], sin[:, None], self.rope_dim)
 
     def scores(self, x_q: torch.Tensor, qr: torch.Tensor, x_k: torch.Tensor, q_rope: tuple,
                k_rope: tuple) -> torch.Tensor:
@@ -214,11 +217,13 @@ class SparseCoreAttention(MegatronModule):
         else:
             selected = self._select(x, qr, blocked, q_pos, k_pos, cp, lengths)
             self.store.put(batch, self.layer_number, selected)
-        return _attend(query, key, value, blocked | ~selected, self.softmax_scale)
+        return softmax_attention(query, key, value, (blocked | ~selected)[:, None],
+                                 self.softmax_scale)
 
     @torch.no_grad()
     def _select(self, x, qr, blocked, q_pos, k_pos, cp, lengths) -> torch.Tensor:
         """``[b, sq, sk]`` bool: the keys the indexer picks for each query."""
+        assert self.indexer is not None  # a full layer (forward)
         x, qr = x.detach(), qr.detach()
         if self.config.sequence_parallel and mpu.get_tensor_model_parallel_world_size() > 1:
             x = gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False)
@@ -252,18 +257,6 @@ def _blocked(attention_mask, lengths, q_pos, k_pos) -> torch.Tensor:
                                      torch.as_tensor(lengths, device=k_pos.device))
     other = sample[q_pos][:, None] != sample[k_pos][None, :]
     return (other | (k_pos[None, :] > q_pos[:, None]))[None]
-
-
-def _attend(query, key, value, blocked, softmax_scale) -> torch.Tensor:
-    """Softmax attention of ``[sq, b, h, dk]`` queries over ``[sk, b, h, dk]`` keys and
-    ``[sk, b, h, dv]`` values, ``blocked`` ``[b or 1, sq, sk]`` (True = masked out), in fp32;
-    ``[sq, b, h * dv]``."""
-    q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
-    scores = torch.matmul(q.float(), k.float().transpose(-2, -1)) * softmax_scale
-    scores = scores.masked_fill(blocked[:, None], float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)  # [b, h, sq, dv]
-    b, h, s, dv = out.shape
-    return out.permute(2, 0, 1, 3).reshape(s, b, h * dv)
 
 
 def _zigzag_order(lengths, cp: int, device) -> tuple[torch.Tensor, torch.Tensor]:
