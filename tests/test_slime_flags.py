@@ -124,8 +124,8 @@ def test_static_micro_batches_without_dynamic_batch_size():
     assert packed.batching_policy().max_tokens_per_gpu == 512
 
 
-@pytest.mark.parametrize("flag", ["--muon-momentum", "--lora-base-cpu-backup",
-                                  "--multimodal-keys", "--fp8-format"])
+@pytest.mark.parametrize("flag", ["--muon-momentum", "--multimodal-keys",
+                                  "--fp8-format", "--filter-zero-reward-samples"])
 def test_unsupported_flag_prints_its_table_line(flag, capsys, tmp_path):
     # a dry run in a scratch run directory: a flag that stops being refused never trains here
     status, err = _exit([flag, "1", "--dry-run", "--run-dir", str(tmp_path)], capsys)
@@ -310,8 +310,7 @@ SLIME_DEFAULTS: dict[str, str] = {
 }
 # Refused flags with no value to type at their default (a store_true, or None): nothing to try.
 NO_TYPED_DEFAULT = {
-    "--lora-base-cpu-backup",
-    "--experts-shared-outer-loras", "--use-fault-tolerance",
+    "--use-fault-tolerance",
     "--fp8-format", "--fp8-param-gather",
     "--multimodal-keys", "--filter-zero-reward-samples",
     "--use-dynamic-global-batch-size",

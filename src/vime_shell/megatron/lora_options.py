@@ -3,7 +3,17 @@
 miles' flags and meanings: ``--lora-rank R`` (0: off), ``--lora-alpha A`` (the update is
 ``A / R x B A``), ``--lora-dropout`` (must be 0 here, as vime's other dropouts: the log-prob
 ratio of RL needs a deterministic forward), ``--target-modules`` (``all-linear``, or HF or
-Megatron module names, comma-separated) and ``--exclude-modules``.
+Megatron module names, comma-separated), ``--exclude-modules`` and
+``--experts-shared-outer-loras``.
+
+On a MoE layer ``gate_proj`` / ``up_proj`` / ``down_proj`` (``linear_fc1`` / ``linear_fc2``)
+adapt every routed expert's linear layers (and a shared expert's, a plain MLP), as miles'
+Megatron-Bridge LoRA matches every module of that name. By default each routed expert has its
+own ``A`` and ``B`` (miles' per-expert layout). ``--experts-shared-outer-loras`` is miles'
+shared-outer layout: the factors on the hidden-size side are one per layer, shared by the
+layer's experts (``linear_fc1``'s ``A``, ``linear_fc2``'s ``B``), and the factors on the expert's
+own intermediate side stay per expert, so expert ``e`` gets ``W1_e + s B1_e A1`` and
+``W2_e + s B2 A2_e``.
 
 The adapters sit on Megatron's fused layers, as miles' (and Megatron-Bridge's) standard
 ``lora`` type has them: ``q_proj``, ``k_proj`` and ``v_proj`` name the one ``linear_qkv``
@@ -11,7 +21,8 @@ The adapters sit on Megatron's fused layers, as miles' (and Megatron-Bridge's) s
 :data:`MEGATRON_MODULE` is the one table of those names.
 
 Example: ``LoraOptions(rank=8, alpha=16, target_modules=("q_proj", "v_proj"))
-.megatron_modules`` is ``("linear_qkv",)`` and ``.scaling`` is 2.0.
+.megatron_modules`` is ``("linear_qkv",)`` and ``.scaling`` is 2.0;
+``LoraOptions(rank=8, target_modules=("down_proj",)).expert_modules`` is ``("linear_fc2",)``.
 """
 
 import attrs
@@ -25,6 +36,7 @@ MEGATRON_MODULE: dict[str, str] = {
     "down_proj": "linear_fc2",
 }
 MEGATRON_LAYERS: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+EXPERT_LAYERS: tuple[str, ...] = ("linear_fc1", "linear_fc2")  # what a routed expert holds
 ALL_LINEAR = "all-linear"
 LORA_TYPES: tuple[str, ...] = ("lora",)
 
@@ -57,6 +69,7 @@ class LoraOptions:
     dropout: float = 0.0
     target_modules: tuple[str, ...] = (ALL_LINEAR,)
     exclude_modules: tuple[str, ...] = ()
+    experts_shared_outer: bool = False  # MoE experts: hidden-side factors shared (docstring)
 
     def __attrs_post_init__(self) -> None:
         if self.rank < 1:
@@ -93,3 +106,14 @@ class LoraOptions:
             if layer not in self.exclude_modules and not hf_names <= hf_excluded:
                 excluded.discard(layer)
         return tuple(m for m in MEGATRON_LAYERS if m in names and m not in excluded)
+
+    @property
+    def expert_modules(self) -> tuple[str, ...]:
+        """The adapted layers a MoE layer's routed experts have (``linear_fc1``,
+        ``linear_fc2``)."""
+        return tuple(m for m in self.megatron_modules if m in EXPERT_LAYERS)
+
+    @property
+    def expert_layout(self) -> str:
+        """miles' name of the experts' adapter layout, for the launch log."""
+        return "shared-outer" if self.experts_shared_outer else "per-expert"

@@ -130,9 +130,11 @@ class _Loop:
         if trainer.config.lora is not None:
             lora = trainer.config.lora
             params = [p for chunk in trainer.model for p in chunk.parameters()]
-            log.info("startup: LoRA rank %d (alpha %g) on %s: %d of %d parameters train on "
+            experts = (f" (MoE experts: {lora.expert_layout})" if lora.expert_modules
+                       and num_experts_of(trainer.bridge.hf_config) is not None else "")
+            log.info("startup: LoRA rank %d (alpha %g) on %s%s: %d of %d parameters train on "
                      "this rank; the engine and --save-hf get the merged weights", lora.rank,
-                     lora.alpha, ",".join(lora.megatron_modules),
+                     lora.alpha, ",".join(lora.megatron_modules), experts,
                      sum(p.numel() for p in params if p.requires_grad),
                      sum(p.numel() for p in params))
         return trainer

@@ -29,6 +29,9 @@ CUDA-only flag is set). What is refused, and why (measured on CPU with megatron-
   are mapped one expert at a time at expert-TP 1 and EP 1 only (the only layouts its CPU test
   checks; MoE under TP needs sequence parallelism, which needs TransformerEngine), and its
   sinks and window are the local spec's attention (``megatron/gpt_oss_bridge.py``);
+- LoRA on MoE experts (``linear_fc1`` / ``linear_fc2`` targets on a MoE model) with
+  ``--tensor-model-parallel-size`` above 1: without TransformerEngine the expert TP size is the
+  TP size, and an expert's TP reductions are the token dispatcher's (``vime_shell.megatron.lora``);
 - a ``--tensor-model-parallel-size`` that does not divide the attention heads, or that is
   neither a divisor nor a multiple of the KV heads (Megatron's ``TransformerConfig`` rule: more
   TP ranks than KV heads is fine, each KV head is then replicated; Qwen2.5-0.5B's 14 heads
@@ -123,18 +126,22 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                                       transformer_engine=transformer_engine_available()))
     except UnsupportedLayoutError as exc:
         raise ConfigError(str(exc)) from None
-    if cfg.lora_rank > 0 and summary.num_experts is not None:
-        raise field_error(ConfigError, "--lora-rank", cfg.lora_rank,
-                          f"adapts dense layers, and {summary.model_type} has "
-                          f"{summary.num_experts} experts (LoRA on experts needs expert-"
-                          "parallel adapters vime does not build)",
-                          "train the MoE model without --lora-rank, or use a dense model")
+    lora = cfg.lora_options()
+    if lora is not None and lora.expert_modules and summary.num_experts is not None and tp > 1:
+        raise field_error(ConfigError, "--tensor-model-parallel-size", tp,
+                          f"splits {summary.model_type}'s experts (expert TP follows TP "
+                          "without TransformerEngine), and LoRA on experts "
+                          f"({','.join(lora.expert_modules)}) needs them whole: Megatron leaves "
+                          "an expert's TP reductions to the token dispatcher, which a "
+                          "replicated adapter factor would count twice",
+                          "use --tensor-model-parallel-size 1 (expert parallelism is "
+                          "supported), or target attention layers only (q_proj,k_proj,v_proj,"
+                          "o_proj)")
     if cfg.lora_rank > 0 and cfg.context_parallel_size > 1:
         raise field_error(ConfigError, "--context-parallel-size", cfg.context_parallel_size,
                           "needs TransformerEngine's attention, and a LoRA run builds "
                           "Megatron's local layers (its adapters wrap them)",
                           "train LoRA with --context-parallel-size 1")
-    lora = cfg.lora_options()
     post_normed = {"linear_proj", "linear_fc2"} & set(lora.megatron_modules if lora else ())
     if summary.model_type == "glm4" and post_normed:
         raise field_error(ConfigError, "--target-modules", cfg.target_modules,

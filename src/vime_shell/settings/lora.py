@@ -36,6 +36,14 @@ class LoraArgs(Record):
                                        "linear_proj, linear_fc1, linear_fc2) names")
     exclude_modules: str | None = _lora(None, "comma-separated names left out of "
                                         "--target-modules")
+    experts_shared_outer_loras: bool = _lora(
+        False, "MoE experts (gate/up/down_proj targets): miles' shared-outer layout, "
+        "linear_fc1's A and linear_fc2's B one per layer, shared by its experts (the other "
+        "factor per expert); default: per-expert A and B")
+    lora_base_cpu_backup: bool = _lora(
+        False, "accepted, a no-op: miles keeps a host copy of the engine's frozen base so it "
+        "re-sends only the adapter; vime's engine holds no separate base (every sync sends the "
+        "merged W + alpha/rank x B A), so its weights are the same with or without it")
 
     def lora_options(self) -> LoraOptions | None:
         """The adapters, or None when ``--lora-rank`` is 0."""
@@ -45,7 +53,8 @@ class LoraArgs(Record):
             return LoraOptions(rank=self.lora_rank, alpha=self.lora_alpha,
                                dropout=self.lora_dropout,
                                target_modules=split_names(self.target_modules),
-                               exclude_modules=split_names(self.exclude_modules))
+                               exclude_modules=split_names(self.exclude_modules),
+                               experts_shared_outer=self.experts_shared_outer_loras)
         except VimeError as exc:
             raise ConfigError(str(exc)) from None
 
@@ -57,4 +66,9 @@ class LoraArgs(Record):
             raise field_error(ConfigError, "--target-modules", self.target_modules,
                               "is required with --lora-rank", f"pass {ALL_LINEAR!r} or "
                               "names such as q_proj,v_proj")
+        if self.experts_shared_outer_loras and self.lora_rank == 0:
+            raise field_error(ConfigError, "--experts-shared-outer-loras", True,
+                              "lays out LoRA adapters on MoE experts, and --lora-rank is 0 "
+                              "(no adapters)", "pass --lora-rank (with gate_proj,up_proj,"
+                              "down_proj in --target-modules), or drop the flag")
         self.lora_options()  # the rules on the names, rank, alpha and dropout

@@ -88,9 +88,6 @@ UNSUPPORTED_ENV: dict[str, str] = {
 
 UNSUPPORTED: dict[str, str] = {
     # training backends and modes
-    "--lora-base-cpu-backup": "an engine-side copy of the base weights (vime syncs the "
-    "merged weights)",
-    "--experts-shared-outer-loras": "LoRA on MoE experts",
     "--muon-momentum": "the Muon optimizer; vime trains with Adam",
     # precision formats vime does not train in
     "--fp8-format": FP8, "--fp8-recipe": FP8, "--fp8-param-gather": FP8,
