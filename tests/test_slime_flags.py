@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from vime_pure import ParallelLayout, build_schedule
 from vime_shell.cli.dry_run import configuration_lines
 from vime_shell.cli.main import build_parser, main
 from vime_shell.engines.layout import DEFAULT_GPU_MEMORY_UTILIZATION
@@ -27,6 +28,7 @@ from vime_shell.rollout.functions import DEFAULT_ROLLOUT_FUNCTION
 from vime_shell.run.checkpoint_index import resume_checkpoint
 from vime_shell.run.components import engine_options, trainer_config
 from vime_shell.run.launch_checks import launch_checks, model_dir
+from vime_shell.run.report import launch_warnings
 from vime_shell.run.run_log import wandb_names
 from vime_shell.settings.flags import config_from_args, parse_train_config
 from vime_shell.settings.megatron_args import ModelArchArgs
@@ -131,6 +133,29 @@ def test_unsupported_flag_prints_its_table_line(flag, capsys, tmp_path):
     status, err = _exit([flag, "1", "--dry-run", "--run-dir", str(tmp_path)], capsys)
     assert status == 2
     assert err == f"vime train: error: {flag}: not supported in vime ({UNSUPPORTED[flag]})"
+
+
+def test_miles_dynamic_global_batch_size_is_one_step_per_rollout():
+    """miles' --use-dynamic-global-batch-size: each rollout's kept samples are one optimizer
+    step (its gbs is ignored). vime: --num-steps-per-rollout 1 with partial steps, so a rollout
+    dynamic sampling cut to 100 of its 256 groups is one step of 100, and a full one of 256."""
+    cfg = parse_train_config(["--use-dynamic-global-batch-size", "--rollout-batch-size", "32",
+                              "--n-samples-per-prompt", "8", "--global-batch-size", "64"])
+    policy = cfg.batching_policy()
+    assert (policy.global_batch_size, policy.allow_partial_step) == (256, True)
+    for groups in (100, 256):
+        schedule = build_schedule([12] * groups, list(range(groups)), ParallelLayout(dp=2),
+                                  policy)
+        assert schedule.num_steps == 1 and list(schedule.step_groups) == [groups]
+    lr = cfg.lr_schedule(10)  # one step of 256 groups per rollout
+    assert (lr.steps_per_rollout, lr.decay_steps, lr.decay_groups) == (1, 10, 2560)
+    notes = launch_warnings(cfg, 10)
+    assert any(n.startswith("--use-dynamic-global-batch-size: one optimizer step per rollout")
+               and n.endswith("--global-batch-size 64 is unused, as in miles") for n in notes)
+    with pytest.raises(ConfigError, match="--num-steps-per-rollout=2: contradicts "
+                                          "--use-dynamic-global-batch-size"):
+        parse_train_config(["--use-dynamic-global-batch-size", "--num-steps-per-rollout", "2"])
+    assert not parse_train_config([]).partial_steps  # off by default: whole steps of 128
 
 
 @pytest.mark.parametrize("flag", ["--rm-urll", "--use-dynamic-batchsize2", "--partial-rollouts"])
@@ -313,7 +338,6 @@ NO_TYPED_DEFAULT = {
     "--use-fault-tolerance",
     "--fp8-format", "--fp8-param-gather",
     "--multimodal-keys", "--filter-zero-reward-samples",
-    "--use-dynamic-global-batch-size",
     "--critic-num-nodes", "--critic-num-gpus-per-node",
 }
 # Not no-ops, so outside the rule: Megatron's default is a statement about the model (the

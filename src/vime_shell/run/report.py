@@ -40,7 +40,13 @@ def launch_warnings(cfg: TrainConfig, num_rollout: int) -> list[str]:
     """Settings that run but likely not as meant (logged once at launch)."""
     out = lr_schedule_warnings(style=cfg.lr_decay_style, lr=cfg.lr, min_lr=cfg.min_lr,
                                schedule=cfg.lr_schedule(num_rollout), num_rollout=num_rollout)
-    if cfg.partial_steps and not cfg.allow_partial_train_step:
+    if cfg.use_dynamic_global_batch_size:
+        unused = (f"; --global-batch-size {cfg.global_batch_size} is unused, as in miles"
+                  if cfg.global_batch_size is not None else "")
+        out.append("--use-dynamic-global-batch-size: one optimizer step per rollout, of all the "
+                   "groups it kept (--num-steps-per-rollout 1 with --allow-partial-train-step)"
+                   + unused)
+    elif cfg.partial_by_dynamic_sampling and not cfg.allow_partial_train_step:
         out.append("dynamic sampling may keep fewer than --rollout-batch-size "
                    f"{cfg.rollout_batch_size} prompts per rollout: the last optimizer step of "
                    "such a rollout is a partial one (--allow-partial-train-step is implied; "

@@ -50,6 +50,12 @@ class BatchingArgs(Record):
     allow_partial_train_step: bool = _f(False, "train a short last step instead of dropping; "
                                         "implied by --dynamic-sampling-filter-path (without "
                                         "--dynamic-sampling-fill-filtered)")
+    use_dynamic_global_batch_size: bool = _f(
+        False, "miles' switch: one optimizer step per rollout, of all the groups it kept "
+        "(--num-steps-per-rollout 1 with --allow-partial-train-step; --global-batch-size is "
+        "then unused, as in miles). miles rounds a step down to a multiple of the DP size and "
+        "drops the rest; vime's schedule spreads whole groups over the ranks and trains them "
+        "all")
 
     @property
     def effective_max_tokens_per_gpu(self) -> int | None:

@@ -95,9 +95,11 @@ UNSUPPORTED: dict[str, str] = {
     "--multimodal-keys": "multimodal prompts: vime's samples are token ids of text, and "
     "its engines and bridge load text-only models (images, audio and video need a "
     "processor path and vision towers end to end)",
-    "--filter-zero-reward-samples": "use --dynamic-sampling-filter-path "
+    # no parser of miles defines it (miles exits on it: only its Kimi-K2.5 LoRA recipe passed
+    # it, and miles' fix drops the line), so it has no meaning to keep
+    "--filter-zero-reward-samples": "miles has no such flag (its parser refuses it too); to "
+    "drop prompt groups whose rewards are all equal, use --dynamic-sampling-filter-path "
     "vime_shell.rollout.filters:nonzero_reward_std",
-    "--use-dynamic-global-batch-size": "use --allow-partial-train-step",
     # weight sync and serving
     "--critic-num-nodes": "critics (PPO value models)",
     "--critic-num-gpus-per-node": "critics (PPO value models)",

@@ -182,6 +182,11 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
     def _check_steps(self) -> None:
         groups = self.groups_per_rollout
         steps = self.num_steps_per_rollout
+        if self.use_dynamic_global_batch_size and steps not in (None, 1):
+            raise field_error(ConfigError, "--num-steps-per-rollout", steps,
+                              "contradicts --use-dynamic-global-batch-size, which trains one "
+                              "optimizer step per rollout",
+                              "drop one of the two flags")
         if steps is not None and groups % steps:
             raise field_error(ConfigError, "num_steps_per_rollout", steps,
                               f"does not divide the {groups} groups of a rollout",
@@ -203,7 +208,10 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
     @property
     def effective_global_batch_size(self) -> int:
         """Groups per optimizer step: ``--global-batch-size``, or the rollout's groups divided
-        by ``--num-steps-per-rollout`` (slime's rule)."""
+        by ``--num-steps-per-rollout`` (slime's rule); all of them under miles'
+        ``--use-dynamic-global-batch-size``."""
+        if self.use_dynamic_global_batch_size:
+            return self.groups_per_rollout
         if self.num_steps_per_rollout is not None:
             return self.groups_per_rollout // self.num_steps_per_rollout
         return (DEFAULT_GLOBAL_BATCH_SIZE if self.global_batch_size is None
@@ -237,9 +245,18 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
     def partial_steps(self) -> bool:
         """``--allow-partial-train-step``, implied by dynamic sampling: a rollout may keep
         fewer prompts than ``--rollout-batch-size``, and its groups must still train (unless
-        ``--dynamic-sampling-fill-filtered`` keeps every batch full)."""
-        return self.allow_partial_train_step or (self.dynamic_sampling_filter_path is not None
-                                                 and not self.dynamic_sampling_fill_filtered)
+        ``--dynamic-sampling-fill-filtered`` keeps every batch full); and by miles'
+        ``--use-dynamic-global-batch-size``, whose one step per rollout is as long as the
+        rollout."""
+        return (self.allow_partial_train_step or self.use_dynamic_global_batch_size
+                or self.partial_by_dynamic_sampling)
+
+    @property
+    def partial_by_dynamic_sampling(self) -> bool:
+        """Dynamic sampling may keep fewer prompts than a rollout draws (unless
+        ``--dynamic-sampling-fill-filtered`` fills its batch)."""
+        return (self.dynamic_sampling_filter_path is not None
+                and not self.dynamic_sampling_fill_filtered)
 
     def warmup_iters(self, num_rollout: int | None = None) -> int:
         """``--lr-warmup-iters``, or slime's ``--lr-warmup-fraction`` of the run's optimizer
