@@ -71,8 +71,8 @@ def test_slime_flag_coverage_on_our_corpus(tmp_path):
     corpus = Path(__file__).parent / "slime_scripts"
     shutil.copytree(corpus, tmp_path / "scripts")
     ours = len(list(corpus.glob("run-*.sh")))
-    (tmp_path / "scripts" / "run-muon.sh").write_text(
-        "ARGS=(--muon-momentum 0.95)\npython3 train.py ${ARGS[@]} --lr 1e-6\n")
+    (tmp_path / "scripts" / "run-fp8.sh").write_text(  # a table flag (a GPU-only format)
+        "ARGS=(--fp8-format e4m3)\npython3 train.py ${ARGS[@]} --lr 1e-6\n")
     (tmp_path / "scripts" / "run-fsdp.sh").write_text(  # a value outside vime's choices
         "python3 train.py --advantage-estimator ppo --optimizer $OPT --lr 1e-6\n")
     (tmp_path / "scripts" / "run-custom.sh").write_text(  # a layer spec vime does not build
@@ -90,7 +90,7 @@ def test_slime_flag_coverage_on_our_corpus(tmp_path):
                                           slime_flag_coverage.accepted_flags())
     # (our run-glm4-9B.sh passes GLM-4's spec, from its model file: accepted)
     assert (result["scripts"], result["accepted"]) == (ours + 6, ours + 1)
-    assert result["refused"] == {"--muon-momentum": 1, "--advantage-estimator ppo": 1,
+    assert result["refused"] == {"--fp8-format": 1, "--advantage-estimator ppo": 1,
                                  "--spec slime_plugins.models.custom": 1,
                                  "env OPEN_TRAINING_INT4_FAKE_QAT_FLAG": 1,
                                  "--rollout-function-path slime.rollout.new_rollout.generate": 1}

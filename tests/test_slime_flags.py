@@ -32,7 +32,8 @@ from vime_shell.run.report import launch_warnings
 from vime_shell.run.run_log import wandb_names
 from vime_shell.settings.flags import config_from_args, parse_train_config
 from vime_shell.settings.megatron_args import ModelArchArgs
-from vime_shell.settings.slime_flags import UNSUPPORTED, default_flags, engine_flags, redact
+from vime_shell.settings.slime_flags import (FP8, UNSUPPORTED, default_flags, engine_flags,
+                                             redact)
 from vime_shell.settings.train_config import ConfigError, TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,8 +127,8 @@ def test_static_micro_batches_without_dynamic_batch_size():
     assert packed.batching_policy().max_tokens_per_gpu == 512
 
 
-@pytest.mark.parametrize("flag", ["--muon-momentum", "--multimodal-keys",
-                                  "--fp8-format", "--filter-zero-reward-samples"])
+@pytest.mark.parametrize("flag", ["--multimodal-keys", "--fp8-format",
+                                  "--filter-zero-reward-samples"])
 def test_unsupported_flag_prints_its_table_line(flag, capsys, tmp_path):
     # a dry run in a scratch run directory: a flag that stops being refused never trains here
     status, err = _exit([flag, "1", "--dry-run", "--run-dir", str(tmp_path)], capsys)
@@ -328,7 +329,10 @@ SLIME_DEFAULTS: dict[str, str] = {
     "--opd-teacher-key": "opd_teacher", "--opd-log-prob-top-k": "0",  # mi
     "--opd-reward-weight-mode": "student_p", "--opd-top-k-strategy": "only-student",  # mi
     "--lora-rank": "0", "--lora-alpha": "16", "--lora-dropout": "0.0",  # mi (vime's own now)
-    "--muon-momentum": "0.9",  # m
+    "--muon-momentum": "0.9", "--muon-scale-mode": "spectral",  # m
+    "--muon-fp32-matmul-prec": "medium", "--muon-num-ns-steps": "5",  # m
+    "--muon-extra-scale-factor": "1.0",  # m (--muon-tp-mode: 0.16's blockwise, main's
+    "--muon-tp-mode": "duplicated",  # duplicated, vime's default; both accepted)
     "--kv-lora-rank": "32", "--qk-head-dim": "128",  # m: MLA's, vime's own now (checked
     "--qk-pos-emb-head-dim": "64", "--v-head-dim": "128",  # against an MLA config only)
     "--fp8-recipe": "delayed",  # mc
@@ -423,19 +427,19 @@ def test_expert_tensor_parallel_size_1_is_a_no_op_on_a_dense_model(model, monkey
 
 def test_unsupported_flag_at_slimes_default_is_a_note_and_at_another_value_its_line(capsys,
                                                                                    tmp_path):
-    status, err = _exit(["--dry-run", "--run-dir", str(tmp_path), "--muon-momentum", "0.9",
+    status, err = _exit(["--dry-run", "--run-dir", str(tmp_path), "--softmax-type", "vanilla",
                          "--loss-type=policy_loss"], capsys)
     assert status == 0, err
-    assert "note: --muon-momentum 0.9: slime's default, a no-op (not supported in vime: the " \
-        "Muon optimizer" in err
+    assert "note: --softmax-type vanilla: slime's default, a no-op (not supported in vime: " \
+        "attention sinks (gpt-oss))" in err
     assert "--loss-type" not in err  # a flag of vime's own now (policy_loss, sft_loss)
-    status, err = _exit(["--muon-momentum", "0.95", "--dry-run", "--run-dir", str(tmp_path)],
-                        capsys)
-    assert (status, err) == (2, "vime train: error: --muon-momentum: not supported in vime "
-                             "(the Muon optimizer; vime trains with Adam)")
-    assert default_flags(["--muon-momentum", "0.90", "--lr", "1"]) == (
-        ["--muon-momentum 0.90: slime's default, a no-op (not supported in vime: the Muon "
-         "optimizer; vime trains with Adam)"], ["--lr", "1"])
+    status, err = _exit(["--softmax-type", "learnable", "--dry-run", "--run-dir",
+                         str(tmp_path)], capsys)
+    assert (status, err) == (2, "vime train: error: --softmax-type: not supported in vime "
+                             "(attention sinks (gpt-oss))")
+    assert default_flags(["--fp8-recipe", "delayed", "--lr", "1"]) == (
+        [f"--fp8-recipe delayed: slime's default, a no-op (not supported in vime: {FP8})"],
+        ["--lr", "1"])
 
 
 def test_mtp_num_layers_is_checked_against_the_checkpoint(capsys, tmp_path):

@@ -7,7 +7,9 @@ Purpose: ``--save`` / ``--load`` for the RL loop. :func:`save_checkpoint` writes
   (:mod:`vime_shell.megatron.torch_dist`) of the model weights and the optimizer: Adam's
   ``exp_avg`` / ``exp_avg_sq`` (and, with the distributed optimizer, its fp32 main params) as
   ShardedTensors under global keys (``decoder.layers.mlp.linear_fc1.weight`` has global shape
-  ``[num_layers, ...]``), Adam's step and param groups in ``common.pt``;
+  ``[num_layers, ...]``), Adam's step and param groups in ``common.pt``; under
+  ``--optimizer muon`` each Muon weight's ``momentum_buffer`` likewise (Adam's state for the
+  rest);
 - ``trainer_state.json``: the step counter, the LR scheduler, the layout it was saved with and
   every rank's torch and Megatron RNG states (base64), as JSON.
 
@@ -20,7 +22,7 @@ too. Not resharded: the RNG states are restored only into the layout they were s
 ``_extra_state`` (FP8 scaling history; ``None`` on CPU) is not loaded, because it is stored
 pickled. Refused with ``CheckpointError``: a switch between the plain and the distributed
 optimizer (either way: their common state differs, and a plain fp32 checkpoint has no
-``fp32_param`` entries), another model (missing keys, other shapes).
+``fp32_param`` entries), between Adam and Muon, another model (missing keys, other shapes).
 
 Invariants: same-layout resume is bit-identical to the uninterrupted run; PP=2 -> DP=2 resume
 equals it to float rounding; loading never unpickles code (``torch_dist`` module docstring).
@@ -46,6 +48,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from vime_pure.errors import VimeError, field_error
 from vime_shell.megatron.collectives import rank0_result
+from vime_shell.megatron.muon import Muon
 from vime_shell.megatron.torch_dist import (EXTRA_STATE, SafeCommonLoad, SyncTorchDistSave,
                                             check_metadata, split_objects)
 from vime_shell.storage.files import fsync_tree, write_atomic
@@ -72,14 +75,19 @@ def _inner_optimizers(trainer) -> list:
     return [o.optimizer for o in _sub_optimizers(trainer)]
 
 
-def _allocate_adam_state(trainer) -> None:
+def _allocate_state(trainer) -> None:
     """torch Adam creates its state at its first step, and Megatron 0.16.1's
     ``DistributedOptimizer.state_dict()`` (the load request is built from it) asserts on an
-    empty one: give a fresh optimizer zero moments and step 0, all overwritten by the load."""
+    empty one: give a fresh optimizer zero moments and step 0 (Muon: a zero momentum buffer),
+    all overwritten by the load."""
     for inner in _inner_optimizers(trainer):
         for group in inner.param_groups:
             for p in group["params"]:
-                if not inner.state[p]:
+                if inner.state[p]:
+                    continue
+                if isinstance(inner, Muon):
+                    inner.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                else:
                     inner.state[p].update(exp_avg=torch.zeros_like(p),
                                           exp_avg_sq=torch.zeros_like(p),
                                           step=torch.tensor(0.0))
@@ -146,6 +154,7 @@ def save_checkpoint(trainer, path: str | Path) -> None:
     def write_state() -> None:
         state = {"format": FORMAT, "layout": attrs.asdict(trainer.layout),
                  "distributed_optimizer": trainer.config.optim.use_distributed_optimizer,
+                 "optimizer": trainer.config.optim.optimizer,
                  "steps_done": trainer.steps_done, "scheduler": trainer.scheduler.state_dict(),
                  "rng": rngs}
         write_atomic(out / TRAINER_STATE, json.dumps(state))
@@ -172,7 +181,19 @@ def read_state(path: Path) -> dict:
                           "pass a directory written by save_checkpoint") from None
 
 
+def _check_optimizer(trainer, path: Path, state: dict) -> None:
+    """The checkpoint's optimizer is this trainer's (a checkpoint written before Muon existed
+    records none: Adam). Adam's moments and Muon's momentum do not convert."""
+    saved, mine = state.get("optimizer", "adam"), trainer.config.optim.optimizer
+    if saved != mine:
+        raise field_error(CheckpointError, "optimizer", mine,
+                          f"differs from the checkpoint's {saved} ({path}): Adam's moments and "
+                          "Muon's momentum do not convert",
+                          f"pass --optimizer {saved} to resume this checkpoint")
+
+
 def _load_sharded(trainer, path: Path, state: dict) -> dict:
+    _check_optimizer(trainer, path, state)
     distributed = trainer.config.optim.use_distributed_optimizer
     if state["distributed_optimizer"] != distributed:
         # The two keep different common state (param groups with the step vs a common step)
@@ -186,7 +207,7 @@ def _load_sharded(trainer, path: Path, state: dict) -> dict:
                            "optimizer and --overlap-param-gather (each turns it on)")
                           + " to resume with the optimizer it was saved with (TP, PP and DP "
                           "sizes may change)")
-    _allocate_adam_state(trainer)
+    _allocate_state(trainer)
     request, _ = split_objects(_sharded_state_dict(trainer, is_loading=True))
     try:
         return dist_checkpointing.load(request, str(path), common_strategy=SafeCommonLoad(),

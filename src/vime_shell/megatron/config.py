@@ -17,9 +17,44 @@ from vime_shell.megatron.lora_options import LoraOptions
 from vime_shell.megatron.model_options import ModelOptions
 
 
+OPTIMIZERS: tuple[str, ...] = ("adam", "muon")
+MUON_TP_MODES: tuple[str, ...] = ("duplicated", "blockwise")  # Megatron's distributed: not built
+MUON_SCALE_MODES: tuple[str, ...] = ("spectral", "unit_rms_norm", "shape_scaling")
+MUON_MATMUL_PRECISIONS: tuple[str, ...] = ("medium", "high")  # medium: bf16 Newton-Schulz
+
+
+@attrs.frozen(kw_only=True)
+class MuonSettings:
+    """Megatron-LM's ``--muon-*`` flags, as ``vime_shell.megatron.muon`` applies them."""
+
+    momentum: float = 0.9
+    split_qkv: bool = True
+    nesterov: bool = False
+    scale_mode: str = "spectral"
+    fp32_matmul_prec: str = "medium"
+    num_ns_steps: int = 5
+    tp_mode: str = "duplicated"
+    extra_scale_factor: float = 1.0
+
+    def check(self) -> None:
+        """Each knob in range (``OptimConfig`` runs it for ``optimizer="muon"``)."""
+        _check_range("muon_momentum", self.momentum, 0.0, 1.0, "use e.g. 0.9 or 0.95",
+                     hi_open=True)
+        _check_range("muon_num_ns_steps", self.num_ns_steps, 1, 100, "use 5")
+        _check_range("muon_extra_scale_factor", self.extra_scale_factor, 0.0, 1e6,
+                     "use 1.0 (0.2 matches AdamW's update RMS)", lo_open=True)
+        for name, value, choices in (("muon_tp_mode", self.tp_mode, MUON_TP_MODES),
+                                     ("muon_scale_mode", self.scale_mode, MUON_SCALE_MODES),
+                                     ("muon_fp32_matmul_prec", self.fp32_matmul_prec,
+                                      MUON_MATMUL_PRECISIONS)):
+            if value not in choices:
+                raise field_error(OptimConfigError, name, value,
+                                  f"is not one of {', '.join(choices)}", f"use {choices[0]}")
+
+
 @attrs.frozen(kw_only=True)
 class OptimConfig:
-    """Adam and LR schedule. LR warmup/decay lengths count **groups** (the unit of
+    """Adam (or Muon, ``optimizer="muon"``) and LR schedule. LR warmup/decay lengths count **groups** (the unit of
     ``increment=G_s``), e.g. ``lr_decay_groups=640`` decays over 20 steps of 32 groups."""
 
     lr: float = 1e-5
@@ -39,6 +74,8 @@ class OptimConfig:
     overlap_cpu_optimizer_d2h_h2d: bool = False
     use_precision_aware_optimizer: bool = False  # TE FusedAdam (CUDA + TE only)
     skip_nonfinite_grad_steps: bool = False  # else a NaN/inf gradient norm stops the run
+    optimizer: str = "adam"  # "muon": Muon on the hidden 2-D weights, Adam(W) on the rest
+    muon: MuonSettings = attrs.field(factory=MuonSettings)
 
     def __attrs_post_init__(self) -> None:
         """The one check of each optimizer knob (``TrainConfig`` builds this record to run it)."""
@@ -54,6 +91,28 @@ class OptimConfig:
             raise field_error(OptimConfigError, "overlap_param_gather", True,
                               "needs the distributed optimizer",
                               "pass --use-distributed-optimizer")
+        if self.optimizer not in OPTIMIZERS:
+            raise field_error(OptimConfigError, "optimizer", self.optimizer,
+                              f"is not one of {', '.join(OPTIMIZERS)}", "use adam or muon")
+        if self.optimizer == "muon":
+            self._check_muon()
+
+    def _check_muon(self) -> None:
+        """Muon's knobs, and the optimizer switches it does not run with (megatron-core
+        0.16.1 refuses the distributed optimizer with Muon too; offload is Adam's)."""
+        self.muon.check()
+        if self.use_distributed_optimizer:
+            raise field_error(OptimConfigError, "optimizer", "muon",
+                              "runs without the distributed optimizer (Muon orthogonalises "
+                              "whole matrices; the distributed optimizer shards them over DP)",
+                              "drop --use-distributed-optimizer and what turns it on "
+                              "(--overlap-param-gather, --use-precision-aware-optimizer, "
+                              "--train-backend fsdp), or use --optimizer adam")
+        if self.optimizer_cpu_offload:
+            raise field_error(OptimConfigError, "optimizer", "muon",
+                              "has no CPU-offloaded form (--optimizer-cpu-offload is "
+                              "Megatron's hybrid Adam)",
+                              "drop --optimizer-cpu-offload, or use --optimizer adam")
 
 
 class OptimConfigError(VimeError):

@@ -64,6 +64,7 @@ from vime_pure.scheduling.flops import FlopsModel
 from vime_shell.megatron.config import OptimConfig, StepResult, TrainerConfig  # noqa: F401
 from vime_shell.megatron.cuda_compat import native_torch
 from vime_shell.megatron.lora import attach_lora, merged
+from vime_shell.megatron.muon import build_muon_optimizer
 from vime_shell.megatron.mla_bridge import is_mla
 from vime_shell.megatron.layout import (TrainLayout, UnsupportedLayoutError,
                                         check_mla_tensor_parallel, resolve_layout,
@@ -224,7 +225,10 @@ class MegatronTrainer:
     def _optimizer(self):
         o = self.config.optim
         bf16 = self.platform.dtype is torch.bfloat16
-        optimizer = get_megatron_optimizer(
+        # Muon's chain builds its Adam(W) part from this same config (muon.py)
+        build = get_megatron_optimizer if o.optimizer == "adam" else \
+            partial(build_muon_optimizer, settings=o.muon)
+        optimizer = build(
             OptimizerConfig(optimizer="adam", lr=o.lr, min_lr=o.min_lr,
                             weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,
                             adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad,

@@ -5,9 +5,9 @@ Ray placement, as records ``TrainConfig`` is composed of (same flag names, one h
   ``scripts/models/*.sh``). vime builds the model from the HF config, so these are *checked*
   against it (:func:`check_architecture`): a mismatch is an error naming both values, so a
   script written for another checkpoint never trains the wrong shape silently.
-* :class:`MegatronSwitchArgs`: ``--optimizer``, the dropouts, ``--sequence-parallel``,
-  ``--attention-backend``, ... Each is wired where vime has the setting (dropout must be 0, the
-  optimizer Adam) and otherwise accepted with the one-line note in ``NOTES`` (printed at launch).
+* :class:`MegatronSwitchArgs`: the dropouts, ``--sequence-parallel``,
+  ``--attention-backend``, ... Each is wired where vime has the setting (dropout must be 0)
+  and otherwise accepted with the one-line note in ``NOTES`` (printed at launch).
 * :class:`PlacementArgs`: ``--actor-num-nodes`` / ``--actor-num-gpus-per-node`` are checked
   against the ``torchrun`` world, which is what places ranks in vime.
 
@@ -134,8 +134,6 @@ class ModelArchArgs:
 class MegatronSwitchArgs:
     """Megatron training switches slime passes through (module docstring)."""
 
-    optimizer: str | None = _f("vime trains with Adam (weight decay decoupled, as Megatron's "
-                               "adam)", "megatron", ("adam",))
     attention_dropout: float | None = _f("must be 0: RL log-prob ratios need a deterministic "
                                          "forward (vime always trains without dropout)",
                                          "megatron")
@@ -317,7 +315,7 @@ class PlacementArgs:
 
 # wired where they have a meaning (sequence_parallel's note: cli/train.launch_notes)
 NOTED = tuple(f.name for f in attrs.fields(MegatronSwitchArgs)
-              if f.name not in ("optimizer", "attention_dropout", "hidden_dropout",
+              if f.name not in ("attention_dropout", "hidden_dropout",
                                 "sequence_parallel"))
 
 

@@ -1,4 +1,4 @@
-"""Adam and the LR schedule (section ``optimizer``), and the run's seed. The ranges live in
+"""Adam or Muon and the LR schedule (section ``optimizer``), and the run's seed. The ranges live in
 ``OptimConfig`` (``vime_shell.megatron.config``); this record spells them as slime's flags.
 
 Warmup and decay lengths are optimizer steps in the flags (as in slime) and groups in the
@@ -11,7 +11,9 @@ from typing import Any
 import attrs
 
 from vime_pure.errors import field_error
-from vime_shell.megatron.config import OptimConfig, OptimConfigError
+from vime_shell.megatron.config import (MUON_MATMUL_PRECISIONS, MUON_SCALE_MODES,
+                                        MUON_TP_MODES, OPTIMIZERS, MuonSettings, OptimConfig,
+                                        OptimConfigError)
 from vime_shell.settings.common import ConfigError, Record, at_least, in_range, setting
 from vime_shell.settings.data import check_seed
 
@@ -27,7 +29,13 @@ def _f(default, help, choices=None):
 class OptimizerArgs(Record):
     """The flags of ``OptimConfig`` (offload switches: the ``memory`` section)."""
 
-    lr: float = _f(3e-4, "Adam learning rate")
+    optimizer: str = _f("adam", "adam: Adam(W) for every weight; muon: Megatron-LM's Muon for "
+                        "the hidden 2-D weights and Adam(W) for the embedding, output layer, "
+                        "norms and biases (vime's own build of Megatron's rule, on CPU too; "
+                        "not with the distributed optimizer, as in megatron-core 0.16)",
+                        OPTIMIZERS)
+    lr: float = _f(3e-4, "learning rate (Adam's, and Muon's step on the scaled "
+                   "orthogonalised update)")
     min_lr: float = _f(0.0, "learning rate floor of the decay")
     lr_warmup_iters: int = _f(0, "warmup length in optimizer steps")
     lr_warmup_fraction: float | None = _f(None, "warmup as a share of the run's optimizer "
@@ -39,6 +47,31 @@ class OptimizerArgs(Record):
     adam_beta1: float = _f(0.9, "Adam beta1")
     adam_beta2: float = _f(0.999, "Adam beta2")
     adam_eps: float = _f(1e-8, "Adam epsilon")
+    muon_momentum: float = _f(0.9, "Muon's momentum: M = m M + (1 - m) G (Megatron-LM's flag "
+                              "default; its OptimizerConfig's is 0.95)")
+    muon_no_split_qkv: bool = _f(False, "orthogonalise the fused QKV weight whole, instead of "
+                                 "its Q, K and V rows (over all head groups) each on its own")
+    muon_use_nesterov: bool = _f(False, "Muon's Nesterov momentum: G + m (M - G) is "
+                                 "orthogonalised instead of M (--muon-nesterov: Megatron-LM "
+                                 "main's spelling)")
+    muon_scale_mode: str = _f("spectral", "Muon's update scale by the matrix shape: "
+                              "spectral sqrt(max(rows, cols)), unit_rms_norm "
+                              "sqrt(rows / cols), shape_scaling sqrt(max(1, rows / cols))",
+                              MUON_SCALE_MODES)
+    muon_fp32_matmul_prec: str = _f("medium", "Newton-Schulz precision: medium iterates in "
+                                    "bf16 (as Megatron does), high in fp32 (TF32 on CUDA); "
+                                    "Megatron's low is refused (torch has no such setting)",
+                                    MUON_MATMUL_PRECISIONS)
+    muon_num_ns_steps: int = _f(5, "Newton-Schulz iterations (Megatron's quintic "
+                                "coefficients, cycled)")
+    muon_tp_mode: str = _f("duplicated", "a TP-split matrix: duplicated gathers it and "
+                           "orthogonalises it whole (the update does not depend on TP); "
+                           "blockwise orthogonalises each shard alone. vime's default is "
+                           "Megatron-LM main's (megatron-core 0.16's was blockwise); "
+                           "distributed is refused (duplicated computes its update)",
+                           MUON_TP_MODES)
+    muon_extra_scale_factor: float = _f(1.0, "a factor on every Muon update (0.2 with "
+                                        "spectral matches AdamW's update RMS)")
     use_distributed_optimizer: bool = _f(False, "shard optimizer state over DP ranks; on "
                                          "without it when --overlap-param-gather or "
                                          "--use-precision-aware-optimizer needs it (slime "
@@ -67,10 +100,19 @@ class OptimizerArgs(Record):
                 use_distributed_optimizer=self.use_distributed_optimizer or needed is not None,
                 overlap_grad_reduce=self.overlap_grad_reduce,
                 overlap_param_gather=self.overlap_param_gather,
-                skip_nonfinite_grad_steps=self.skip_nonfinite_grad_steps, **offload)
+                skip_nonfinite_grad_steps=self.skip_nonfinite_grad_steps,
+                optimizer=self.optimizer, muon=self.muon_settings(), **offload)
         except OptimConfigError as exc:
             field, _, rest = str(exc).partition("=")
             raise ConfigError(f"--{field.replace('_', '-')}={rest}") from None
+
+    def muon_settings(self) -> MuonSettings:
+        """The ``--muon-*`` flags as the trainer's ``MuonSettings``."""
+        return MuonSettings(
+            momentum=self.muon_momentum, split_qkv=not self.muon_no_split_qkv,
+            nesterov=self.muon_use_nesterov, scale_mode=self.muon_scale_mode,
+            fp32_matmul_prec=self.muon_fp32_matmul_prec, num_ns_steps=self.muon_num_ns_steps,
+            tp_mode=self.muon_tp_mode, extra_scale_factor=self.muon_extra_scale_factor)
 
     def distributed_optimizer_needed_by(self, precision_aware: bool) -> str | None:
         """The flag that turns the distributed optimizer on when ``--use-distributed-optimizer``

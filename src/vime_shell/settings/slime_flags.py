@@ -8,10 +8,10 @@ table of flags vime does not support.
   ``--sglang-X V`` is the vLLM argument ``SGLANG_TO_VLLM`` names, and where there is none it is
   accepted with a one-line warning saying so (:func:`engine_flags`).
 * ``UNSUPPORTED``: every other flag the anchors' example scripts pass, with the reason or the
-  vime equivalent: ``vime train --muon-momentum 0.95`` prints ``--muon-momentum: not supported
-  in vime (the Muon optimizer; vime trains with Adam)`` and exits 2. The line comes from this
+  vime equivalent: ``vime train --softmax-type learnable`` prints ``--softmax-type: not
+  supported in vime (attention sinks (gpt-oss))`` and exits 2. The line comes from this
   table, never from spelling distance. At slime's default (``UNSUPPORTED_OFF``:
-  ``--muon-momentum 0.9``) such a flag leaves its feature off, so it is accepted with a note
+  ``--softmax-type vanilla``) such a flag leaves its feature off, so it is accepted with a note
   (:func:`default_flags`): a flag at its default no-op value is never an error.
 * ``SLIME_VALUES``: slime's spelling of a value vime spells otherwise (slime's default rollout
   function is vime's; Megatron's default ``allgather`` dispatcher is vime's ``alltoall``;
@@ -45,6 +45,7 @@ ALIASES: dict[str, str] = {
     "--vllm-dtype": "rollout_dtype",
     "--offload-rollout": "colocate",  # slime: the engine releases its memory while training
     "--custom-tis-function-path": "tis_function",  # the anchors' paths: ANCHOR_TIS_FUNCTIONS
+    "--muon-nesterov": "muon_use_nesterov",  # Megatron-LM main's name (0.16: --muon-use-...)
 }
 
 # the anchors' --custom-tis-function-path values -> vime's built-in TIS function of the same
@@ -87,8 +88,6 @@ UNSUPPORTED_ENV: dict[str, str] = {
 }
 
 UNSUPPORTED: dict[str, str] = {
-    # training backends and modes
-    "--muon-momentum": "the Muon optimizer; vime trains with Adam",
     # precision formats vime does not train in
     "--fp8-format": FP8, "--fp8-recipe": FP8, "--fp8-param-gather": FP8,
     # data, rollout and evaluation
@@ -117,15 +116,19 @@ UNSUPPORTED_VALUES: dict[str, str] = {
     "--rm-type ifbench": "IFBench's instruction checkers (and their language packages) are "
     "not bundled; pass them as --custom-rm-path",
     "--rm-type random": "a random reward trains nothing; use --custom-rm-path for a stub",
+    "--optimizer dist_muon": "Megatron's layer-wise distributed Muon; vime's Muon runs "
+    "without the distributed optimizer: use --optimizer muon",
+    "--muon-tp-mode distributed": "Newton-Schulz with all-reduced Gram matrices; "
+    "--muon-tp-mode duplicated gives the same update (the whole matrix on each TP rank)",
+    "--muon-fp32-matmul-prec low": "torch has no 'low' float32 matmul precision (Megatron "
+    "fails on it too); use medium (bf16 Newton-Schulz) or high",
 }
 
 
 # slime's defaults of flags in UNSUPPORTED, at which their feature is off (a no-op; accepted
 # with a note). Sources, as typed on a command line: THUDM/slime slime/utils/arguments.py
-# (624b824), NVIDIA/Megatron-LM megatron/training/arguments.py (d98e8a64: --muon-momentum) and
-# megatron-core's TransformerConfig default (--fp8-recipe).
+# (624b824) and megatron-core's TransformerConfig default (--fp8-recipe).
 UNSUPPORTED_OFF: dict[str, tuple[str, ...]] = {
-    "--muon-momentum": ("0.9",),
     "--fp8-recipe": ("delayed",),
 }
 
@@ -221,9 +224,9 @@ def _matches(text: str, default: str) -> bool:
 def default_flags(tokens: Sequence[str]) -> tuple[list[str], list[str]]:
     """Split ``tokens`` into ``(notes, rest)``: every ``FLAG VALUE`` / ``FLAG=VALUE`` of
     ``UNSUPPORTED_OFF`` at slime's default becomes a note; everything else stays in ``rest``
-    (a flag at another value keeps its table line). Example: ``["--muon-momentum", "0.9"]``
-    gives the note ``--muon-momentum 0.9: slime's default, a no-op (not supported in vime:
-    the Muon optimizer; vime trains with Adam)``."""
+    (a flag at another value keeps its table line). Example: ``["--softmax-type",
+    "vanilla"]`` gives the note ``--softmax-type vanilla: slime's default, a no-op (not
+    supported in vime: attention sinks (gpt-oss))``."""
     notes, rest = [], []
     i = 0
     while i < len(tokens):

@@ -176,6 +176,12 @@ class TrainConfig(EngineArgs, DataArgs, RolloutArgs, AsyncArgs, HealthArgs, Rewa
             raise field_error(ConfigError, "--mtp-num-layers", self.mtp_num_layers,
                               "is required with --enable-mtp-training (slime's rule)",
                               "pass the checkpoint's count, e.g. --mtp-num-layers 1")
+        if self.optimizer == "muon" and self.lora_rank:
+            raise field_error(ConfigError, "--optimizer", "muon",
+                              f"does not train LoRA adapters (--lora-rank {self.lora_rank}): "
+                              "Muon orthogonalises whole weight matrices, and a rank-r "
+                              "adapter's update is not one", "use --optimizer adam with LoRA, "
+                              "or drop --lora-rank")
         self.model_options()  # recompute / MoE consistency (ModelOptions' own checks)
         self._check_steps()
 
