@@ -192,6 +192,16 @@ def test_slimes_own_scripts_pass_the_dry_run(script, notes, env, tmp_path):
     # (bash's `set -x` of slime's script echoes its own command line, key and all)
 
 
+def test_miles_muon_script_passes_the_dry_run(env, tmp_path):
+    """miles' eval example with MILES_OPTIMIZER=muon (--optimizer muon --muon-momentum 0.9)
+    at TP 2: accepted, and the configuration it prints says Muon."""
+    out = _run("run-qwen3-4B-eval-muon.sh", env, tmp_path / "run", WANDB_KEY=WANDB_KEY,
+               MILES_OPTIMIZER="muon", **TWO_RANKS)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "every launch check passed" in out.stdout
+    assert "* --optimizer muon" in out.stdout and "  --muon-momentum 0.9" in out.stdout
+
+
 def test_a_script_for_another_checkpoint_fails_naming_both_values(env, tmp_path):
     out = _run("run-tiny-grpo.sh", {**env, "MODEL_ARGS_ROTARY_BASE": "1000000"}, tmp_path)
     assert out.returncode == 2
