@@ -4,7 +4,8 @@ One spawn of 2 gloo processes trains the tiny GQA Qwen2 (4 heads in 2 KV groups,
 QKV) with ``--optimizer muon``: TP2 duplicated (with a save after the first rollout and a
 resume from it), DP2 with overlapped gradient reduce, and one TP2 blockwise step checked per
 shard; then rank 0 alone (a world of 1) runs TP1, the one-step checks against the float64
-reference below, the TP2 checkpoint loaded at TP1, and an Adam trainer refusing it.
+reference below, the TP2 checkpoint loaded at TP1, an Adam trainer refusing it, and a bf16
+trainer (Megatron's fp32 main parameters under Muon).
 
 The reference is written from the update rule's definition, not from vime's code: float64,
 plain matrix products, Megatron's quintic coefficients, Megatron's rule that biases and 1-D
@@ -158,6 +159,32 @@ def one_step_errors(hf_dir: str, nesterov: bool = False, tp: int = 1, **muon) ->
     return {"errors": errors, "counts": kinds}
 
 
+def bf16_chain(hf_dir: str) -> dict:
+    """A bf16 trainer on CPU (the CUDA dtype): what Muon's Megatron wrapper holds, and one
+    rollout's losses and gradient norms."""
+    import attrs
+    import torch
+
+    from vime_shell.megatron.muon import LAYOUT_ATTR
+    from vime_shell.megatron.platform import detect_platform
+    from vime_shell.megatron.trainer import MegatronTrainer, OptimConfig, TrainerConfig
+
+    platform = attrs.evolve(detect_platform(), dtype=torch.bfloat16)
+    optim = OptimConfig(lr=LR, optimizer="muon", muon=_settings())
+    trainer = MegatronTrainer.from_hf(hf_dir, TrainerConfig(optim=optim), platform=platform)
+    chain = trainer.optimizer.chained_optimizers
+    main = [p for g in chain[0].optimizer.param_groups for p in g["params"]]
+    results = trainer.train(_rollout(trainer, ROLLOUT_SEEDS[0]))
+    out = {"wrappers": [type(o).__name__ for o in chain],
+           "inner": [type(o.optimizer).__name__ for o in chain],
+           "main_fp32_with_layout": all(p.dtype == torch.float32 and hasattr(p, LAYOUT_ATTR)
+                                        for p in main),
+           "losses": [r.metrics["loss"] for r in results],
+           "grad_norms": [r.grad_norm for r in results]}
+    trainer.shutdown()
+    return out
+
+
 def adam_refusal(hf_dir: str, checkpoint: str) -> str:
     """The error an Adam trainer gives on a Muon checkpoint."""
     from vime_shell.megatron.checkpoint import CheckpointError
@@ -200,5 +227,6 @@ def muon_worker(rank: int, hf_dir: str, root: str) -> dict:
             scale_mode="unit_rms_norm")
         out["step_medium"] = one_step_errors(hf_dir)
         out["adam_refusal"] = adam_refusal(hf_dir, f"{root}/tp2")
+        out["bf16"] = bf16_chain(hf_dir)
         dist.destroy_process_group()
     return out

@@ -15,6 +15,7 @@
 - Two rollouts straight equal one rollout + save + load + one rollout, bit for bit (same
   layout), and the TP2 checkpoint loaded at TP1 continues to TP1's weights to 1e-5; an Adam
   trainer refuses a Muon checkpoint, naming the field and the fix.
+- bf16 (on CPU): Muon runs in Megatron's Float16 wrapper on fp32 main parameters.
 """
 
 import numpy as np
@@ -93,3 +94,13 @@ def test_adam_refuses_a_muon_checkpoint(runs):
     message = runs[0]["adam_refusal"]
     assert message.startswith("optimizer='adam': differs from the checkpoint's muon"), message
     assert "Fix: pass --optimizer muon" in message
+
+
+def test_bf16_muon_updates_fp32_main_parameters(runs):
+    """bf16 (the CUDA dtype; here on CPU): Muon sits in Megatron's Float16 wrapper, whose fp32
+    main copies keep each weight's orthogonalisation layout, and the steps run finite."""
+    out = runs[0]["bf16"]
+    assert out["wrappers"] == ["Float16OptimizerWithFloat16Params"] * 2
+    assert out["inner"] == ["Muon", "AdamW"]
+    assert out["main_fp32_with_layout"]
+    assert len(out["losses"]) == 2 and np.all(np.isfinite(out["losses"] + out["grad_norms"]))
