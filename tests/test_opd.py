@@ -157,7 +157,10 @@ def test_top_k_distillation_scores_the_engines_top_tokens(tmp_path):
                               rollout_top_log_probs=gen.top_pairs()))
     with sglang_teacher(teacher_dir) as (url, seen):
         Teacher(urls={"default": url}, top_k=k).score([samples])
-    for sample, body in zip(samples, seen):
+    # the requests run concurrently: each reply is matched to its sample by the tokens sent
+    bodies = {tuple(body["input_ids"]): body for body in seen}
+    for sample in samples:
+        body = bodies[tuple(sample.tokens)]
         union = sorted({y for entries in sample.rollout_top_log_probs for y, _ in entries})
         assert body["token_ids_logprob"] == union and "top_logprobs_num" not in body
         prompt_len = len(sample.tokens) - sample.response_length

@@ -427,16 +427,15 @@ def test_expert_tensor_parallel_size_1_is_a_no_op_on_a_dense_model(model, monkey
 
 def test_unsupported_flag_at_slimes_default_is_a_note_and_at_another_value_its_line(capsys,
                                                                                    tmp_path):
-    status, err = _exit(["--dry-run", "--run-dir", str(tmp_path), "--softmax-type", "vanilla",
+    status, err = _exit(["--dry-run", "--run-dir", str(tmp_path), "--fp8-recipe", "delayed",
                          "--loss-type=policy_loss"], capsys)
     assert status == 0, err
-    assert "note: --softmax-type vanilla: slime's default, a no-op (not supported in vime: " \
-        "attention sinks (gpt-oss))" in err
+    assert f"note: --fp8-recipe delayed: slime's default, a no-op (not supported in vime: " \
+        f"{FP8})" in err
     assert "--loss-type" not in err  # a flag of vime's own now (policy_loss, sft_loss)
-    status, err = _exit(["--softmax-type", "learnable", "--dry-run", "--run-dir",
+    status, err = _exit(["--fp8-recipe", "blockwise", "--dry-run", "--run-dir",
                          str(tmp_path)], capsys)
-    assert (status, err) == (2, "vime train: error: --softmax-type: not supported in vime "
-                             "(attention sinks (gpt-oss))")
+    assert (status, err) == (2, f"vime train: error: --fp8-recipe: not supported in vime ({FP8})")
     assert default_flags(["--fp8-recipe", "delayed", "--lr", "1"]) == (
         [f"--fp8-recipe delayed: slime's default, a no-op (not supported in vime: {FP8})"],
         ["--lr", "1"])
