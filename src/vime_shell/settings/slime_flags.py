@@ -8,10 +8,10 @@ table of flags vime does not support.
   ``--sglang-X V`` is the vLLM argument ``SGLANG_TO_VLLM`` names, and where there is none it is
   accepted with a one-line warning saying so (:func:`engine_flags`).
 * ``UNSUPPORTED``: every other flag the anchors' example scripts pass, with the reason or the
-  vime equivalent: ``vime train --softmax-type learnable`` prints ``--softmax-type: not
-  supported in vime (attention sinks (gpt-oss))`` and exits 2. The line comes from this
-  table, never from spelling distance. At slime's default (``UNSUPPORTED_OFF``:
-  ``--softmax-type vanilla``) such a flag leaves its feature off, so it is accepted with a note
+  vime equivalent: ``vime train --fp8-format e4m3`` prints ``--fp8-format: not supported in
+  vime (FP8 training: ...)`` and exits 2. The line comes from this table, never from spelling
+  distance. At slime's default (``UNSUPPORTED_OFF``: ``--fp8-recipe delayed``) such a flag
+  leaves its feature off, so it is accepted with a note
   (:func:`default_flags`): a flag at its default no-op value is never an error.
 * ``SLIME_VALUES``: slime's spelling of a value vime spells otherwise (slime's default rollout
   function is vime's; Megatron's default ``allgather`` dispatcher is vime's ``alltoall``;
