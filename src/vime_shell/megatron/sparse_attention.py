@@ -230,7 +230,7 @@ class SparseCoreAttention(MegatronModule):
             qr = gather_from_sequence_parallel_region(qr, tensor_parallel_output_grad=False)
         if qr.dim() == 2:  # THD: Megatron's MLA drops the batch axis of qr
             qr = qr.unsqueeze(1)
-        x_k = _gather_rows(x, lengths, cp) if cp > 1 else x
+        x_k = _gather_over_cp(x, lengths, cp) if cp > 1 else x
         # transformers' cos / sin: its frequencies times its attention scaling (YaRN's mscale)
         angles = torch.outer(torch.arange(x_k.shape[0], device=x.device).float(),
                              self.inv_freq.to(x.device))
@@ -267,7 +267,7 @@ def _zigzag_order(lengths, cp: int, device) -> tuple[torch.Tensor, torch.Tensor]
     return order, local
 
 
-def _gather_rows(t: torch.Tensor, lengths, cp: int) -> torch.Tensor:
+def _gather_over_cp(t: torch.Tensor, lengths, cp: int) -> torch.Tensor:
     """``t`` [s_local, ...] of every CP rank, in row order (the backward sums each row's
     gradient over the ranks and keeps this rank's)."""
     if lengths is None:
@@ -281,5 +281,5 @@ def _gather_rows(t: torch.Tensor, lengths, cp: int) -> torch.Tensor:
 
 def _gather_keys(key, value, lengths, cp: int):
     """Keys and values of the whole row, and this rank's query positions in it."""
-    keys, values = _gather_rows(key, lengths, cp), _gather_rows(value, lengths, cp)
+    keys, values = _gather_over_cp(key, lengths, cp), _gather_over_cp(value, lengths, cp)
     return keys, values, _zigzag_order(lengths, cp, key.device)[1]
