@@ -84,7 +84,7 @@ def split_layer_run(hf_dir: str, tp: int = 1, cp: int = 1,
 
     def layer(config):
         return SparseCoreAttention(config, 1, None, "self", softmax_scale=0.2,
-                                   hf_config=hf, store=SelectionStore())
+                                   hf_config=hf, store=SelectionStore(1))
 
     torch.manual_seed(0)
     whole = layer(base)

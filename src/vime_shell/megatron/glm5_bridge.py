@@ -26,7 +26,8 @@ logits equal transformers' ``GlmMoeDsaForCausalLM`` (``tests/shell/test_glm5.py`
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from vime_shell.megatron.mla_bridge import MLA_LOCAL_NORM_NAMES, DeepseekV3
-from vime_shell.megatron.sparse_attention import SelectionStore, SparseCoreAttention
+from vime_shell.megatron.sparse_attention import (SelectionStore, SparseCoreAttention,
+                                                  in_flight)
 
 try:  # TransformerEngine's layers, for its spec (adjustment 1); absent on CPU
     from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TENorm
@@ -45,7 +46,7 @@ class GlmMoeDsa(DeepseekV3):
     EXTRA_NORM_NAMES = {**MLA_LOCAL_NORM_NAMES, **INDEXER_NAMES}  # 1:1 names (bridge.py)
 
     def adapt_layer_spec(self, spec, *, transformer_engine: bool, vp_stage=None):
-        store = SelectionStore()  # one per model chunk: its full layers' selections
+        store = SelectionStore(in_flight())  # one per model chunk: its full layers' selections
         core = ModuleSpec(module=SparseCoreAttention,
                           params={"hf_config": self.hf_config, "store": store})
         for layer in spec.layer_specs:

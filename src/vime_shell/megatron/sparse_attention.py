@@ -48,8 +48,8 @@ What vime's layer does:
   GPU-only.
 
 Example: ``SparseCoreAttention(config, layer_number=1, ..., hf_config=glm5_config,
-store=SelectionStore())`` in a layer spec's ``core_attention``; its output equals transformers'
-``GlmMoeDsaAttention`` on the same weights (``tests/shell/test_glm5.py``).
+store=SelectionStore(in_flight()))`` in a layer spec's ``core_attention``; its output equals
+transformers' ``GlmMoeDsaAttention`` on the same weights (``tests/shell/test_glm5.py``).
 """
 
 from collections import OrderedDict
@@ -120,10 +120,11 @@ def _rotate_first(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
 class SelectionStore:
     """The top-k selections of a model chunk's full layers, per micro-batch (module
-    docstring): ``put`` by the full layer, ``get`` by the shared layers after it. Holds the
-    last ``capacity`` micro-batches (those a pipeline schedule can still recompute)."""
+    docstring): ``put`` by a full layer that shared layers read, ``get`` by those. Holds the
+    last ``capacity`` micro-batches: :func:`in_flight` of them, what a pipeline schedule
+    can still recompute (each entry is a ``[b, sq, sk]`` mask per full layer)."""
 
-    def __init__(self, capacity: int = 64):
+    def __init__(self, capacity: int):
         self.capacity = capacity
         self._by_batch: OrderedDict[object, dict[int, torch.Tensor]] = OrderedDict()
 
@@ -142,6 +143,14 @@ class SelectionStore:
                 f"{layer}, which did not run on this pipeline stage for this micro-batch. Fix: "
                 "split the pipeline so that every stage starts on a full indexer layer "
                 "(config.json indexer_types).") from None
+
+
+def in_flight() -> int:
+    """An upper bound on the micro-batches whose backward a rank's pipeline schedule has not
+    run yet (Megatron's 1F1B warm-up, interleaved or not), plus the one in hand."""
+    stages = mpu.get_pipeline_model_parallel_world_size()
+    chunks = mpu.get_virtual_pipeline_model_parallel_world_size() or 1
+    return 2 * stages * chunks + 1
 
 
 def batch_key(attention_mask, packed_seq_params) -> object:
@@ -195,6 +204,10 @@ class SparseCoreAttention(MegatronModule):
         self.softmax_scale = softmax_scale
         self.indexer = Indexer(hf_config, config.params_dtype) \
             if self.source == layer_number else None
+        # a full layer keeps its selection only where a shared layer reads it
+        self.read_later = self.indexer is not None and any(
+            source_layer(types, n) == layer_number
+            for n in range(layer_number + 1, len(types) + 1) if types[n - 1] == SHARED)
         # transformers' own rotary frequencies for the indexer (its RoPE type and scaling)
         rotary = GlmMoeDsaRotaryEmbedding(hf_config)
         self.register_buffer("inv_freq", rotary.inv_freq.float(), persistent=False)
@@ -216,7 +229,8 @@ class SparseCoreAttention(MegatronModule):
             selected = self.store.get(batch, self.source, self.layer_number)
         else:
             selected = self._select(x, qr, blocked, q_pos, k_pos, cp, lengths)
-            self.store.put(batch, self.layer_number, selected)
+            if self.read_later:
+                self.store.put(batch, self.layer_number, selected)
         return softmax_attention(query, key, value, (blocked | ~selected)[:, None],
                                  self.softmax_scale)
 
