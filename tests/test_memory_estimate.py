@@ -67,3 +67,21 @@ def test_a_runs_flags_become_the_plan(tmp_path):
     layout = resolve_layout(world_size=8, num_layers=28, supports_context_parallel=False, tp=2)
     gib = estimate_run(cfg, tmp_path, layout, gpu_bytes=80 * GIB).as_gib()
     assert (gib["train_peak"], gib["generate_peak"]) == (43.6, 40.0)
+
+
+def test_muon_keeps_one_moment_for_the_decoders_weights():
+    """Under --optimizer muon the decoder's weights (experts too) keep one fp32 momentum where
+    Adam keeps two: 4 bytes less per decoder parameter (plus the fp32 master either way); the
+    embedding and LM head stay Adam's."""
+    for config, kw in ((QWEN25_7B, {"tp": 2}), (QWEN3_30B_A3B, {"ep": 8, "dp": 8})):
+        shape = ModelShape.from_hf_config(config)
+        plan = MemoryPlan(gpu_bytes=80 * GIB, tokens_per_microbatch=16384, **kw)
+        adam = estimate_memory(shape, plan)
+        muon = estimate_memory(shape, attrs.evolve(plan, optimizer="muon"))
+        embedding = 2 * shape.vocab * shape.hidden / plan.tp  # untied: embedding and LM head
+        decoder = adam.weights / plan.param_bytes - embedding
+        assert muon.optimizer == pytest.approx(adam.optimizer - 4 * decoder, rel=1e-6)
+        assert (muon.weights, muon.grads, muon.activations) == \
+            (adam.weights, adam.grads, adam.activations)
+    with pytest.raises(MemoryEstimateError, match="optimizer='sgd': is not one of"):
+        estimate_memory(shape, attrs.evolve(plan, optimizer="sgd"))

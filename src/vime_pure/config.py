@@ -20,6 +20,8 @@ Packing = Literal["ffd", "first_fit", "flops"]
 Balance = Literal["strided", "tokens", "flops", "straggler"]
 PACKINGS: tuple[str, ...] = get_args(Packing)
 BALANCES: tuple[str, ...] = get_args(Balance)
+Optimizer = Literal["adam", "muon"]  # --optimizer (muon: vime_shell.megatron.muon)
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 
 
 def _plain_int(value: object) -> object:

@@ -9,7 +9,10 @@ run's layout and memory settings (:class:`MemoryPlan`) and returns a :class:`Mem
 - **gradients** ``grad_bytes`` per parameter (Megatron's fp32 grad buffer, vime's setting);
 - **optimizer** Adam: two fp32 moments, plus an fp32 master copy when parameters are 16-bit;
   sharded over the data-parallel ranks (experts: the expert-data-parallel ranks) with the
-  distributed optimizer; 0 on the GPU with ``optimizer_cpu_offload``;
+  distributed optimizer; 0 on the GPU with ``optimizer_cpu_offload``. Under ``optimizer=
+  "muon"`` the decoder's weights (experts included) keep one fp32 momentum instead of Adam's
+  two (their norms and biases, a small share, are counted with them), the embedding and the
+  LM head Adam's;
 - **activations**, Megatron's formula (Korthikanti et al. 2022, as Megatron-LM documents it):
   per layer and micro-batch of ``s`` tokens (``s`` divided by CP), with sequence parallelism,
   ``34*s*h/tp`` bytes plus the attention scores ``5*heads*s**2/tp`` unless flash attention;
@@ -39,6 +42,7 @@ from typing import Any
 
 import attrs
 
+from vime_pure.config import OPTIMIZERS
 from vime_pure.errors import MemoryEstimateError, field_error
 from vime_pure.scheduling.flops import ConfigFields, num_experts, sparse_layers
 
@@ -109,6 +113,7 @@ class MemoryPlan:
     offload_train: bool = False
     colocate: bool = True
     engine_share: float = 0.5  # --rollout-gpu-memory-utilization
+    optimizer: str = "adam"  # --optimizer: "muon" keeps one moment for the decoder's weights
     param_bytes: int = 2  # bf16
     grad_bytes: int = 4  # fp32 grad buffer
     flash_attention: bool = True  # TransformerEngine attention: no stored scores
@@ -146,11 +151,18 @@ def _parameters(shape: ModelShape, plan: MemoryPlan, etp: int) -> tuple[float, f
     moe = min(stage, shape.moe_layers)
     dense_layer = attention + 3 * h * shape.ffn
     moe_layer = attention + 3 * h * shape.shared_ffn + h * shape.num_experts
-    embeddings = 1 if plan.pp > 1 or shape.tied else 2  # the stage holding both, or one of them
-    sharded = ((stage - moe) * dense_layer + moe * moe_layer + embeddings * shape.vocab * h) \
-        / plan.tp
+    # the embedding and LM head: the stage holding both, or one of them
+    sharded = ((stage - moe) * dense_layer + moe * moe_layer) / plan.tp \
+        + _embedding_parameters(shape, plan)
     experts = moe * shape.num_experts * 3 * h * shape.moe_ffn / (plan.ep * etp)
     return sharded, experts, stage
+
+
+def _embedding_parameters(shape: ModelShape, plan: MemoryPlan) -> float:
+    """The embedding and LM-head parameters of the busiest stage (part of ``_parameters``'
+    TP-sharded count)."""
+    embeddings = 1 if plan.pp > 1 or shape.tied else 2
+    return embeddings * shape.vocab * shape.hidden / plan.tp
 
 
 def _activations(shape: ModelShape, plan: MemoryPlan, layers: int,
@@ -191,15 +203,21 @@ def estimate_memory(shape: ModelShape, plan: MemoryPlan) -> MemoryEstimate:
     if not 0.0 < plan.engine_share <= 1.0:
         raise field_error(MemoryEstimateError, "engine_share", plan.engine_share,
                           "must be in (0, 1]", "use e.g. 0.5")
+    if plan.optimizer not in OPTIMIZERS:
+        raise field_error(MemoryEstimateError, "optimizer", plan.optimizer,
+                          f"is not one of {OPTIMIZERS}", "pass the run's --optimizer")
     sharded, experts, layers = _parameters(shape, plan, etp)
     weights = (sharded + experts) * plan.param_bytes
     grads = (sharded + experts) * plan.grad_bytes
-    state = 8 + (4 if plan.param_bytes < 4 else 0)  # Adam moments, fp32 master for bf16
+    master = 4 if plan.param_bytes < 4 else 0  # an fp32 master copy of bf16 parameters
+    adam, decoder = 8 + master, (4 if plan.optimizer == "muon" else 8) + master
+    embedding = _embedding_parameters(shape, plan)
     world = plan.dp * plan.tp * plan.pp * plan.cp
     dense_shards = plan.dp * plan.cp if plan.distributed_optimizer else 1
     expert_shards = world // (plan.pp * plan.ep * etp) if plan.distributed_optimizer else 1
-    optimizer = 0.0 if plan.optimizer_cpu_offload else state * (
-        sharded / dense_shards + experts / max(expert_shards, 1))
+    optimizer = 0.0 if plan.optimizer_cpu_offload else (
+        (adam * embedding + decoder * (sharded - embedding)) / dense_shards
+        + decoder * experts / max(expert_shards, 1))
     activations = _activations(shape, plan, layers, plan.recompute_granularity)
     engine = plan.engine_share * plan.gpu_bytes if plan.colocate else 0.0
     static = weights + grads + optimizer

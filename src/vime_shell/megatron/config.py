@@ -11,13 +11,13 @@ import math
 
 import attrs
 
+from vime_pure.config import OPTIMIZERS
 from vime_pure.errors import VimeError, field_error
 from vime_pure.policy_config import LossConfig
 from vime_shell.megatron.lora_options import LoraOptions
 from vime_shell.megatron.model_options import ModelOptions
 
 
-OPTIMIZERS: tuple[str, ...] = ("adam", "muon")
 MUON_TP_MODES: tuple[str, ...] = ("duplicated", "blockwise")  # Megatron's distributed: not built
 MUON_SCALE_MODES: tuple[str, ...] = ("spectral", "unit_rms_norm", "shape_scaling")
 MUON_MATMUL_PRECISIONS: tuple[str, ...] = ("medium", "high")  # medium: bf16 Newton-Schulz

@@ -27,7 +27,7 @@ def memory_plan(cfg: TrainConfig, layout: TrainLayout, *, gpu_bytes: int,
         distributed_optimizer=cfg.optim_config().use_distributed_optimizer,
         optimizer_cpu_offload=cfg.optimizer_cpu_offload, offload_train=cfg.offload_train,
         colocate=cfg.colocate is not False, engine_share=cfg.rollout_gpu_memory_utilization,
-        param_bytes=param_bytes)
+        optimizer=cfg.optimizer, param_bytes=param_bytes)
 
 
 def estimate_run(cfg: TrainConfig, hf_dir: str | Path, layout: TrainLayout, *,

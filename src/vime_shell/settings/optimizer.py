@@ -10,9 +10,10 @@ from typing import Any
 
 import attrs
 
+from vime_pure.config import OPTIMIZERS
 from vime_pure.errors import field_error
 from vime_shell.megatron.config import (MUON_MATMUL_PRECISIONS, MUON_SCALE_MODES,
-                                        MUON_TP_MODES, OPTIMIZERS, MuonSettings, OptimConfig,
+                                        MUON_TP_MODES, MuonSettings, OptimConfig,
                                         OptimConfigError)
 from vime_shell.settings.common import ConfigError, Record, at_least, in_range, setting
 from vime_shell.settings.data import check_seed
