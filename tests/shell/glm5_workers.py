@@ -83,8 +83,9 @@ def split_layer_run(hf_dir: str, tp: int = 1, cp: int = 1,
                              context_parallel_size=cp)
 
     def layer(config):
-        return SparseCoreAttention(config, 1, None, "self", softmax_scale=0.2,
-                                   hf_config=hf, store=SelectionStore(1))
+        return SparseCoreAttention(config, 1, None, "self", softmax_scale=0.2, hf_config=hf,
+                                   indexer_types=tuple(hf.indexer_types),
+                                   store=SelectionStore(1))
 
     torch.manual_seed(0)
     whole = layer(base)

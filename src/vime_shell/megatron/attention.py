@@ -4,11 +4,21 @@ heads, ``mla_bridge``), gpt-oss's (sinks and a window inside packed samples,
 ``gpt_oss_bridge``) and GLM-5's sparse one (``sparse_attention``). Each decides which keys a
 query may see; this computes the attention over them, in fp32.
 
+Under context parallelism (THD, each rank holding two zigzag chunks of every sample, as the
+records cut them) a layer that needs the whole row calls :func:`gather_zigzag`: gated
+delta-net's recurrence (``linear_attention``) and the sparse attention's keys
+(``sparse_attention``).
+
 Example: ``softmax_attention(q, k, v, causal_mask(s)[None, None], 0.125)`` for queries ``[s, b,
 h, d]`` is causal attention, ``[s, b, h * dv]``.
 """
 
+import numpy as np
 import torch
+from megatron.core import parallel_state as mpu
+from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+
+from vime_pure.cp import zigzag_row_positions
 
 
 def causal_mask(s: int, device=None) -> torch.Tensor:
@@ -39,3 +49,18 @@ def softmax_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     out = torch.matmul(probs.to(v.dtype), v)  # [b, h, sq, dv]
     b, h, s, dv = out.shape
     return out.permute(2, 0, 1, 3).reshape(s, b, h * dv)
+
+
+def gather_zigzag(x: torch.Tensor, lengths, cp: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` ``[s_local, ...]`` of every CP rank put back in row order (the backward sums each
+    row's gradient over the ranks and keeps this rank's), and this rank's positions in the
+    row (module docstring); ``lengths``: the samples of the packed row (THD ``cu_seqlens``)."""
+    if lengths is None:
+        raise NotImplementedError("context parallelism needs THD packing (cu_seqlens)")
+    group = mpu.get_context_parallel_group()
+    gathered = gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=True,
+                                                    group=group)
+    positions = [zigzag_row_positions(lengths, r, cp) for r in range(cp)]
+    order = torch.from_numpy(np.argsort(np.concatenate(positions))).to(x.device)
+    local = torch.from_numpy(positions[mpu.get_context_parallel_rank()]).to(x.device)
+    return gathered.index_select(0, order), local

@@ -28,6 +28,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from vime_shell.megatron.mla_bridge import MLA_LOCAL_NORM_NAMES, DeepseekV3
 from vime_shell.megatron.sparse_attention import (SelectionStore, SparseCoreAttention,
                                                   in_flight)
+from vime_shell.models.hf_config import sparse_indexer_types
 
 try:  # TransformerEngine's layers, for its spec (adjustment 1); absent on CPU
     from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TENorm
@@ -47,8 +48,10 @@ class GlmMoeDsa(DeepseekV3):
 
     def adapt_layer_spec(self, spec, *, transformer_engine: bool, vp_stage=None):
         store = SelectionStore(in_flight())  # one per model chunk: its full layers' selections
+        types = sparse_indexer_types(self.hf_config.to_dict(), self.hf_dir / "config.json")
         core = ModuleSpec(module=SparseCoreAttention,
-                          params={"hf_config": self.hf_config, "store": store})
+                          params={"hf_config": self.hf_config, "indexer_types": types,
+                                  "store": store})
         for layer in spec.layer_specs:
             attention = layer.submodules.self_attention.submodules
             attention.core_attention = core

@@ -36,7 +36,7 @@ from megatron.core.tensor_parallel.mappings import (gather_from_sequence_paralle
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from vime_pure.cp import zigzag_row_positions
+from vime_shell.megatron.attention import gather_zigzag
 
 
 class LinearAttention(MegatronModule):
@@ -56,7 +56,7 @@ class LinearAttention(MegatronModule):
         lengths = None if packed_seq_params is None else \
             torch.diff(packed_seq_params.cu_seqlens_q).tolist()
         if cp > 1:
-            x, local = _gather_zigzag(x, lengths, cp)
+            x, local = gather_zigzag(x, lengths, cp)
         out = self._per_sample(x, _sample_bounds(x.shape, attention_mask, lengths))
         if cp > 1:
             out = out.index_select(0, local)
@@ -96,20 +96,6 @@ def _sample_bounds(shape, attention_mask, lengths) -> list[tuple[int, int, int]]
                   .tolist()]
         bounds += [(row, a, e) for a, e in zip(starts, [*starts[1:], s])]
     return bounds
-
-
-def _gather_zigzag(x: torch.Tensor, lengths, cp: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The whole packed row from every CP rank's zigzag chunks, and the rows of it this rank
-    holds (module docstring)."""
-    if lengths is None:
-        raise NotImplementedError("context parallelism needs THD packing (cu_seqlens)")
-    group = mpu.get_context_parallel_group()
-    gathered = gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=True,
-                                                    group=group)
-    positions = [zigzag_row_positions(lengths, r, cp) for r in range(cp)]
-    order = torch.from_numpy(np.argsort(np.concatenate(positions))).to(x.device)
-    local = torch.from_numpy(positions[mpu.get_context_parallel_rank()]).to(x.device)
-    return gathered.index_select(0, order), local
 
 
 def linear_attention_spec(hf_config, hf_class: type) -> ModuleSpec:

@@ -54,15 +54,14 @@ transformers' ``GlmMoeDsaAttention`` on the same weights (``tests/shell/test_glm
 
 from collections import OrderedDict
 
-import numpy as np
 import torch
 from megatron.core import parallel_state as mpu
 from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 from megatron.core.transformer.module import MegatronModule
 from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import GlmMoeDsaRotaryEmbedding
 
-from vime_pure.cp import zigzag_row_positions
-from vime_shell.megatron.attention import softmax_attention
+from vime_shell.megatron.attention import causal_mask, gather_zigzag, softmax_attention
+from vime_shell.megatron.tensors import block_causal_mask
 from vime_shell.models.hf_config import ModelLoadError
 
 FULL, SHARED = "full", "shared"  # config.json's indexer_types
@@ -162,27 +161,11 @@ def batch_key(attention_mask, packed_seq_params) -> object:
     return None if attention_mask is None else attention_mask.data_ptr()
 
 
-def source_layer(indexer_types: list[str], layer_number: int) -> int:
+def source_layer(indexer_types: tuple[str, ...], layer_number: int) -> int:
     """The 1-based layer whose selection layer ``layer_number`` uses: itself when full, else
-    the last full layer before it (transformers passes each layer's top-k to the next)."""
-    full = [n for n in range(1, layer_number + 1) if indexer_types[n - 1] == FULL]
-    if not full:
-        raise ModelLoadError(f"config.json indexer_types={indexer_types!r}: layer "
-                             f"{layer_number} is shared with no full layer before it. Fix: "
-                             "the first layer's type must be \"full\".")
-    return full[-1]
-
-
-def indexer_types_of(hf_config) -> list[str]:
-    """``config.json``'s per-layer indexer types (transformers derives them from
-    ``index_topk_freq`` / ``index_skip_topk_offset`` when absent)."""
-    types = list(getattr(hf_config, "indexer_types", None) or
-                 [FULL] * int(hf_config.num_hidden_layers))
-    if len(types) != int(hf_config.num_hidden_layers) or set(types) - {FULL, SHARED}:
-        raise ModelLoadError(f"config.json indexer_types={types!r}: not one of \"full\" / "
-                             f"\"shared\" per layer ({hf_config.num_hidden_layers} layers). "
-                             "Fix: state one entry per layer, as the model's source does.")
-    return types
+    the last full layer before it (transformers passes each layer's top-k to the next; the
+    first layer is full, ``hf_config.sparse_indexer_types``)."""
+    return max(n for n in range(1, layer_number + 1) if indexer_types[n - 1] == FULL)
 
 
 class SparseCoreAttention(MegatronModule):
@@ -190,13 +173,15 @@ class SparseCoreAttention(MegatronModule):
     Megatron's MLA gives a DSA core attention: queries / keys ``[s, b, h, dk]``, values
     ``[s, b, h, dv]``, the mask ``[b or 1, 1, s, s]`` (True = blocked) or THD
     ``packed_seq_params``, and ``x`` (the layer's normalised input) and ``qr``; returns
-    ``[s, b, h * dv]``."""
+    ``[s, b, h * dv]``. ``indexer_types``: the checkpoint's, as launch read and checked them
+    (``vime_shell.models.hf_config.sparse_indexer_types``)."""
 
     def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str,
                  attention_dropout=None, softmax_scale=None, k_channels=None, v_channels=None,
-                 cp_comm_type=None, pg_collection=None, *, hf_config, store: SelectionStore):
+                 cp_comm_type=None, pg_collection=None, *, hf_config,
+                 indexer_types: tuple[str, ...], store: SelectionStore):
         super().__init__(config=config)
-        types = indexer_types_of(hf_config)
+        types = indexer_types
         self.layer_number = layer_number
         self.source = source_layer(types, layer_number)
         self.store = store
@@ -219,23 +204,23 @@ class SparseCoreAttention(MegatronModule):
             torch.diff(packed_seq_params.cu_seqlens_q).tolist()
         cp = mpu.get_context_parallel_world_size()
         if cp > 1:
-            key, value, q_pos = _gather_keys(key, value, lengths, cp)
+            key, q_pos = gather_zigzag(key, lengths, cp)
+            value, _ = gather_zigzag(value, lengths, cp)
         else:
             q_pos = torch.arange(query.shape[0], device=query.device)
-        k_pos = torch.arange(key.shape[0], device=key.device)
-        blocked = _blocked(attention_mask, lengths, q_pos, k_pos)  # [b or 1, sq, sk]
+        blocked = _blocked(attention_mask, lengths, q_pos)  # [b or 1, sq, sk]
         batch = batch_key(attention_mask, packed_seq_params)
         if self.indexer is None:
             selected = self.store.get(batch, self.source, self.layer_number)
         else:
-            selected = self._select(x, qr, blocked, q_pos, k_pos, cp, lengths)
+            selected = self._select(x, qr, blocked, q_pos, cp, lengths)
             if self.read_later:
                 self.store.put(batch, self.layer_number, selected)
         return softmax_attention(query, key, value, (blocked | ~selected)[:, None],
                                  self.softmax_scale)
 
     @torch.no_grad()
-    def _select(self, x, qr, blocked, q_pos, k_pos, cp, lengths) -> torch.Tensor:
+    def _select(self, x, qr, blocked, q_pos, cp, lengths) -> torch.Tensor:
         """``[b, sq, sk]`` bool: the keys the indexer picks for each query."""
         assert self.indexer is not None  # a full layer (forward)
         x, qr = x.detach(), qr.detach()
@@ -244,13 +229,12 @@ class SparseCoreAttention(MegatronModule):
             qr = gather_from_sequence_parallel_region(qr, tensor_parallel_output_grad=False)
         if qr.dim() == 2:  # THD: Megatron's MLA drops the batch axis of qr
             qr = qr.unsqueeze(1)
-        x_k = _gather_over_cp(x, lengths, cp) if cp > 1 else x
+        x_k = gather_zigzag(x, lengths, cp)[0] if cp > 1 else x
         # transformers' cos / sin: its frequencies times its attention scaling (YaRN's mscale)
         angles = torch.outer(torch.arange(x_k.shape[0], device=x.device).float(),
                              self.inv_freq.to(x.device))
         cos, sin = angles.cos() * self.rope_scaling, angles.sin() * self.rope_scaling
-        scores = self.indexer.scores(x, qr, x_k, (cos[q_pos], sin[q_pos]),
-                                     (cos[k_pos], sin[k_pos]))
+        scores = self.indexer.scores(x, qr, x_k, (cos[q_pos], sin[q_pos]), (cos, sin))
         return top_keys(scores.masked_fill(blocked, float("-inf")), self.topk)
 
 
@@ -261,39 +245,12 @@ def top_keys(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, order, True)
 
 
-def _blocked(attention_mask, lengths, q_pos, k_pos) -> torch.Tensor:
-    """``[b or 1, sq, sk]`` True where the layout blocks query ``q_pos`` from key ``k_pos``:
-    the record's mask, or (THD) another sample or a later position."""
-    if lengths is None:
-        return attention_mask[:, 0] if attention_mask is not None else \
-            (k_pos[None, :] > q_pos[:, None])[None]
-    sample = torch.repeat_interleave(torch.arange(len(lengths), device=k_pos.device),
-                                     torch.as_tensor(lengths, device=k_pos.device))
-    other = sample[q_pos][:, None] != sample[k_pos][None, :]
-    return (other | (k_pos[None, :] > q_pos[:, None]))[None]
-
-
-def _zigzag_order(lengths, cp: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The row order of the CP ranks' gathered chunks, and this rank's positions in the row."""
-    positions = [zigzag_row_positions(lengths, r, cp) for r in range(cp)]
-    order = torch.from_numpy(np.argsort(np.concatenate(positions))).to(device)
-    local = torch.from_numpy(positions[mpu.get_context_parallel_rank()]).to(device)
-    return order, local
-
-
-def _gather_over_cp(t: torch.Tensor, lengths, cp: int) -> torch.Tensor:
-    """``t`` [s_local, ...] of every CP rank, in row order (the backward sums each row's
-    gradient over the ranks and keeps this rank's)."""
-    if lengths is None:
-        raise ModelLoadError("context parallelism needs THD packing (cu_seqlens); run it on "
-                             "CUDA with TransformerEngine")
-    order, _ = _zigzag_order(lengths, cp, t.device)
-    gathered = gather_from_sequence_parallel_region(
-        t, tensor_parallel_output_grad=True, group=mpu.get_context_parallel_group())
-    return gathered.index_select(0, order)
-
-
-def _gather_keys(key, value, lengths, cp: int):
-    """Keys and values of the whole row, and this rank's query positions in it."""
-    keys, values = _gather_over_cp(key, lengths, cp), _gather_over_cp(value, lengths, cp)
-    return keys, values, _zigzag_order(lengths, cp, key.device)[1]
+def _blocked(attention_mask, lengths, q_pos) -> torch.Tensor:
+    """``[b or 1, sq, sk]`` True where the layout blocks the queries at row positions ``q_pos``
+    from the row's keys: the samples of the THD ``lengths`` (``tensors.block_causal_mask``),
+    else the record's mask, else causal."""
+    if lengths is not None:
+        return block_causal_mask(lengths, q_pos.device)[:, 0, q_pos]
+    if attention_mask is not None:
+        return attention_mask[:, 0]
+    return causal_mask(len(q_pos), q_pos.device)[None]

@@ -148,12 +148,14 @@ def _scatter(values: np.ndarray, flat: np.ndarray, rows: int, width: int) -> np.
     return out.reshape(rows, width)
 
 
-def block_causal_mask(lengths: Sequence[int]) -> torch.Tensor:
+def block_causal_mask(lengths: Sequence[int], device: torch.device | str = "cpu"
+                      ) -> torch.Tensor:
     """``[1, 1, T, T]`` bool, True where attention is *blocked*: across samples or to the future."""
     total = int(sum(lengths))
-    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.as_tensor(list(lengths)))
+    doc = torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                  torch.as_tensor(list(lengths), device=device))
     same = doc[:, None] == doc[None, :]
-    return ~(same & torch.ones(total, total, dtype=torch.bool).tril())[None, None]
+    return ~(same & torch.ones(total, total, dtype=torch.bool, device=device).tril())[None, None]
 
 
 def thd_params(lengths: Sequence[int], device: torch.device | str = "cpu") -> PackedSeqParams:
