@@ -169,7 +169,8 @@ def make_bridge(hf_dir: str | Path, platform: Platform, options: ModelOptions = 
     if num_experts_of(config) is not None:
         _adjust_expert_names(bridge)
         reader = bridge._get_safetensor_io
-        bridge._get_safetensor_io = lambda path: FusedExpertReader(reader(path))
+        fused = getattr(own, "FUSED_EXPERTS", ())  # the checkpoint's layout of fused experts
+        bridge._get_safetensor_io = lambda path: FusedExpertReader(reader(path), *fused)
     return bridge
 
 

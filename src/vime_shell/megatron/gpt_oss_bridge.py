@@ -27,8 +27,9 @@ matching transformers 5's ``models/gpt_oss`` line by line:
   ``[E, H, 2I]`` with gate and up *interleaved* along the last axis (gate in the even
   columns), ``experts.down_proj`` ``[E, I, H]`` (both ``x @ W``), and the biases
   ``gate_up_proj_bias`` ``[E, 2I]`` (interleaved too) and ``down_proj_bias`` ``[E, H]``.
-  Loading slices an expert out of them (:class:`FusedExpertsIO`); export stacks each layer's
-  experts back into those four tensors, so ``--save-hf`` writes the checkpoint's own names.
+  Loading slices an expert out of them (``FUSED_EXPERTS``, read by ``moe_bridge``'s
+  ``FusedExpertReader``); export stacks each layer's experts back into those four tensors,
+  so ``--save-hf`` writes the checkpoint's own names.
 - **RoPE**: YaRN (``vime_shell.megatron.rope``), on halves of each head (not interleaved).
 
 Refused (``ModelLoadError``): the MXFP4-quantised release (``*_blocks`` / ``*_scales``
@@ -142,44 +143,37 @@ def with_gpt_oss_attention(spec, *, transformer_engine: bool):
     return spec
 
 
-class FusedExpertsIO:
-    """mbridge's ``SafeTensorIO`` that also answers each expert's slice of a layer's fused
-    tensors (``...experts.{e}.gate_up_proj``: ``experts.gate_up_proj[e]``); every other name,
-    and every other method, as mbridge's."""
+def expert_of(name: str) -> tuple[str, int] | None:
+    """The checkpoint's fused tensor an expert's slice belongs to and the expert
+    (``...experts.3.gate_up_proj`` -> ``(...experts.gate_up_proj, 3)``), or None."""
+    m = _SLICE.match(name)
+    return None if m is None else (f"{m.group(1)}.{m.group(3)}{m.group(4) or ''}",
+                                   int(m.group(2)))
 
-    def __init__(self, io, num_experts: int):
-        self.io = io
-        names = list(io.load_hf_weight_names())
-        quantised = [n for n in names if n.endswith(("_blocks", "_scales"))]
-        if quantised:
-            raise ModelLoadError(
-                f"{io.hf_dir!r}: holds MXFP4-quantised experts ({quantised[0]!r}, "
-                f"{len(quantised)} such tensors); vime trains the bf16 or fp32 weights. Fix: "
-                "point --hf-checkpoint at a dequantised copy (gpt-oss-20b-BF16 style: "
-                "experts.gate_up_proj / down_proj and their biases).")
-        fused = [n for n in names if n.endswith(tuple(f".experts.{f}" for f in _FUSED.values()))]
-        self.names = names + [f"{n.rsplit('.', 1)[0]}.{e}.{n.rsplit('.', 1)[1]}"
-                              for n in fused for e in range(num_experts)]
 
-    def __getattr__(self, name: str):
-        return getattr(self.io, name)
+def fused_name_of(name: str) -> str | None:
+    """The fused tensor of an expert's slice, or None: gpt-oss's ``FUSED_EXPERTS`` layout for
+    ``moe_bridge.FusedExpertReader``."""
+    slot = expert_of(name)
+    return None if slot is None else slot[0]
 
-    def load_hf_weight_names(self) -> list[str]:
-        return self.names
 
-    def load_some_hf_weight(self, names: list[str]) -> dict[str, torch.Tensor]:
-        slices = {n: _SLICE.match(n) for n in names}
-        out = self.io.load_some_hf_weight([n for n, m in slices.items() if m is None])
-        wanted = {f"{m.group(1)}.{m.group(3)}{m.group(4) or ''}" for m in slices.values() if m}
-        fused = self.io.load_some_hf_weight(sorted(wanted))
-        for name, m in slices.items():
-            if m is not None:
-                out[name] = fused[f"{m.group(1)}.{m.group(3)}{m.group(4) or ''}"][
-                    int(m.group(2))].clone()
-        return out
+def expert_slice_of(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    """An expert's slice of the loaded fused tensors (``experts.gate_up_proj[3]``), or None."""
+    slot = expert_of(name)
+    fused = None if slot is None else tensors.get(slot[0])
+    return None if fused is None or slot is None else fused[slot[1]]
 
-    def load_one_hf_weight(self, name: str) -> torch.Tensor:
-        return self.load_some_hf_weight([name])[name]
+
+def _refuse_mxfp4(io) -> None:
+    """The MXFP4-quantised release (``*_blocks`` / ``*_scales`` expert tensors) is refused."""
+    quantised = [n for n in io.load_hf_weight_names() if n.endswith(("_blocks", "_scales"))]
+    if quantised:
+        raise ModelLoadError(
+            f"{io.hf_dir!r}: holds MXFP4-quantised experts ({quantised[0]!r}, "
+            f"{len(quantised)} such tensors); vime trains the bf16 or fp32 weights. Fix: "
+            "point --hf-checkpoint at a dequantised copy (gpt-oss-20b-BF16 style: "
+            "experts.gate_up_proj / down_proj and their biases).")
 
 
 def expert_key(mcore_name: str) -> tuple[int, int, str, str] | None:
@@ -256,9 +250,13 @@ class GptOss(LLMBridge):
             moe_aux_loss_coeff=0.0, moe_router_dtype="fp32",
             moe_shared_expert_intermediate_size=None)
 
+    # the checkpoint's experts, read by bridge.make_bridge's moe_bridge.FusedExpertReader
+    FUSED_EXPERTS = (fused_name_of, expert_slice_of)
+
     def _get_safetensor_io(self, weights_path: str):
-        return FusedExpertsIO(super()._get_safetensor_io(weights_path),
-                              int(self.hf_config.num_local_experts))
+        io = super()._get_safetensor_io(weights_path)
+        _refuse_mxfp4(io)
+        return io
 
     def _weight_name_mapping_mlp(self, name: str) -> list[str]:
         key = expert_key(name)
@@ -286,12 +284,12 @@ class GptOss(LLMBridge):
         experts = int(self.hf_config.num_local_experts)
         pending: dict[str, dict[int, torch.Tensor]] = {}
         for name, tensor in super().export_weights(models):
-            m = _SLICE.match(name)
-            if m is None:
+            slot = expert_of(name)
+            if slot is None:
                 yield name, tensor
                 continue
-            fused = f"{m.group(1)}.{m.group(3)}{m.group(4) or ''}"
-            pending.setdefault(fused, {})[int(m.group(2))] = tensor
+            fused, expert = slot
+            pending.setdefault(fused, {})[expert] = tensor
             if len(pending[fused]) == experts:
                 parts = pending.pop(fused)
                 yield fused, torch.stack([parts[e] for e in range(experts)])

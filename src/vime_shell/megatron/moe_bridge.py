@@ -37,6 +37,7 @@ maps the name to ``decoder.layers.0.mlp.experts.linear_fc2.weight3``.
 """
 
 import re
+from collections.abc import Callable
 
 import torch
 
@@ -114,17 +115,22 @@ def expert_bias_in_layer_order(chunk: torch.nn.Module) -> None:
 class FusedExpertReader:
     """mbridge's ``SafeTensorIO`` reading a per-expert name missing from the checkpoint out of
     its layer's fused tensor (adjustment 6); every other name, and every other method, as
-    mbridge's."""
+    mbridge's. ``fused_name`` (a per-expert name -> its fused tensor's name, or None) and
+    ``expert_slice`` (the loaded fused tensors, a per-expert name -> its slice) are the
+    checkpoint's layout: ``hf_names``' (Qwen3.5-MoE's) unless a bridge states its own
+    (``FUSED_EXPERTS``: gpt-oss's)."""
 
-    def __init__(self, io):
-        self.io = io
+    def __init__(self, io, fused_name: Callable[[str], str | None] = fused_expert_name,
+                 expert_slice: Callable[[dict[str, torch.Tensor], str], torch.Tensor | None]
+                 = fused_expert_slice):
+        self.io, self.fused_name, self.expert_slice = io, fused_name, expert_slice
         self.names = set(io.load_hf_weight_names())
 
     def __getattr__(self, name: str):
         return getattr(self.io, name)
 
     def load_some_hf_weight(self, names: list[str]) -> dict[str, torch.Tensor]:
-        fused = {n: fused_expert_name(n) for n in names if n not in self.names}
+        fused = {n: self.fused_name(n) for n in names if n not in self.names}
         out = self.io.load_some_hf_weight([n for n in names if n in self.names])
         absent = sorted(n for n, f in fused.items() if f not in self.names)
         if absent:
@@ -135,7 +141,7 @@ class FusedExpertReader:
                 "checkpoint of this model.")
         tensors = self.io.load_some_hf_weight(sorted({f for f in fused.values() if f}))
         for name in fused:
-            expert = fused_expert_slice(tensors, name)
+            expert = self.expert_slice(tensors, name)
             assert expert is not None  # every sliced name's fused tensor was found above
             out[name] = expert.clone()
         return out
