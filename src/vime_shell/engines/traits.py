@@ -26,12 +26,14 @@ registered in ``vime_shell.engines.ENGINES``, ``--rollout-engine echo`` runs it.
 
 import importlib
 import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
 from vime_pure.errors import field_error
 from vime_shell.engines.base import EngineError
+from vime_shell.models.hf_config import MODEL_TYPE_ALIASES
 
 
 def load_target(target: str) -> type[Any]:
@@ -69,6 +71,17 @@ class EngineTraits:
     # model_types it serves only on CUDA (their attention kernels), and why
     cuda_only_types: tuple[str, ...] = ()
     cuda_only_why: str = ""
+
+    def cannot_serve(self, model_type: str, cuda: Callable[[], bool]) -> str | None:
+        """Why it cannot serve a ``model_type`` checkpoint on this machine (``cuda``: asked only
+        where the answer matters), or None."""
+        if model_type in self.remote_code_types:
+            return (f"reads a {model_type} config.json only as the checkpoint's remote code, "
+                    "which vime never runs (it reads the model as "
+                    f"{MODEL_TYPE_ALIASES[model_type]})")
+        if model_type in self.cuda_only_types and not cuda():
+            return f"serves {model_type} on CUDA only: {self.cuda_only_why}"
+        return None
 
     @property
     def per_request(self) -> bool:

@@ -46,8 +46,7 @@ from vime_shell.engines import engine_traits, engines_with
 from vime_shell.megatron.layout import (TrainLayout, UnsupportedLayoutError,
                                         check_mla_tensor_parallel, cuda_available,
                                         sequence_parallel_on, transformer_engine_available)
-from vime_shell.models.hf_config import (MLA_MODEL_TYPES, MODEL_TYPE_ALIASES, MTP_MODEL_TYPES,
-                                         HfConfigSummary)
+from vime_shell.models.hf_config import MLA_MODEL_TYPES, MTP_MODEL_TYPES, HfConfigSummary
 from vime_shell.rollout.functions import PER_SAMPLE_ROLLOUT_FUNCTION
 from vime_shell.settings.train_config import ConfigError, TrainConfig
 
@@ -150,18 +149,12 @@ def check_model_settings(cfg: TrainConfig, summary: HfConfigSummary,
                           "there would add after the norm",
                           "adapt q_proj,k_proj,v_proj,gate_proj,up_proj on GLM-4")
     rollout = engine_traits(cfg.rollout_engine)
-    if summary.model_type in rollout.remote_code_types:
-        raise field_error(ConfigError, "--rollout-engine", rollout.name,
-                          f"reads a {summary.model_type} config.json only as the checkpoint's "
-                          "remote code, which vime never runs (it reads the model as "
-                          f"{MODEL_TYPE_ALIASES[summary.model_type]})",
-                          f"use --rollout-engine {engines_with(lambda t: summary.model_type not in t.remote_code_types)}")
-    if summary.model_type in rollout.cuda_only_types and not cuda_available():
-        raise field_error(ConfigError, "--rollout-engine", rollout.name,
-                          f"serves {summary.model_type} on CUDA only: {rollout.cuda_only_why}",
-                          "use --rollout-engine "
-                          f"{engines_with(lambda t: summary.model_type not in t.cuda_only_types)}"
-                          " on CPU")
+    why = rollout.cannot_serve(summary.model_type, cuda_available)
+    if why is not None:
+        raise field_error(ConfigError, "--rollout-engine", rollout.name, why,
+                          "use --rollout-engine " + engines_with(
+                              lambda t: t.cannot_serve(summary.model_type, cuda_available)
+                              is None))
     if cfg.enable_mtp_training and summary.model_type not in MTP_MODEL_TYPES:
         raise field_error(ConfigError, "--enable-mtp-training", True,
                           f"trains the MTP layers of {', '.join(MTP_MODEL_TYPES)} checkpoints,"
